@@ -1,0 +1,400 @@
+//! The codec: one fixed bincode configuration, a byte limit, no trailing bytes. JSON for producers in other
+//! languages. Nothing outside this module calls bincode.
+//!
+//! Command wire form (bincode):
+//!
+//! ```text
+//! [format tag 0x01][schema version: varint u16][header][body]
+//! header = type name (string), command id, class, issuer, issuer time, correlation id?, causation id?
+//! body   = the struct of the command named by the type name
+//! ```
+//!
+//! A payload whose first byte is `{` is the JSON form (see `schemas/README.md`). Outcomes are
+//! `[format tag 0x01][schema version][outcome]`. bincode is unmaintained upstream (RUSTSEC-2025-0141); the format
+//! tag is what lets a later codec coexist with this one.
+
+use std::fmt;
+
+use bincode::config::{Configuration, Limit, LittleEndian, Varint};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::command::Command;
+use crate::envelope::{CommandClass, Envelope};
+use crate::ids::{CommandId, Issuer, Timestamp};
+use crate::outcome::Outcome;
+
+/// The first byte of every bincode payload this build writes.
+pub const FORMAT_BINCODE_V1: u8 = 0x01;
+/// The first byte of a JSON payload.
+pub const FORMAT_JSON: u8 = b'{';
+/// The largest command accepted (NATS's default `max_payload`).
+pub const MAX_COMMAND_BYTES: usize = 1 << 20;
+/// The largest outcome a writer appends (DESIGN section 9); larger decisions continue in follow-up commands.
+pub const MAX_OUTCOME_BYTES: usize = 512 * 1024;
+
+const DECODE_LIMIT: usize = 1 << 20;
+type Config = Configuration<LittleEndian, Varint, Limit<DECODE_LIMIT>>;
+const CONFIG: Config = bincode::config::standard().with_limit::<DECODE_LIMIT>();
+
+/// What went wrong, for programs: a dead-letter reason, or "stop this partition" for a newer schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CodecErrorKind {
+    Empty,
+    UnknownFormat,
+    /// Written by a newer leasehold: not garbage, so a worker stops the partition instead of dead-lettering it.
+    NewerSchema,
+    UnknownType,
+    ClassMismatch,
+    Malformed,
+    TrailingBytes,
+    TooLarge,
+    Encode,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{detail}")]
+pub struct CodecError {
+    kind: CodecErrorKind,
+    detail: String,
+}
+
+impl CodecError {
+    fn new(kind: CodecErrorKind, detail: impl Into<String>) -> Self {
+        CodecError { kind, detail: detail.into() }
+    }
+
+    pub fn kind(&self) -> CodecErrorKind {
+        self.kind
+    }
+
+    pub(crate) fn unknown_type(type_name: &str) -> Self {
+        Self::new(CodecErrorKind::UnknownType, format!("unknown command type {type_name:?}"))
+    }
+
+    pub(crate) fn json(error: serde_json::Error) -> Self {
+        Self::new(CodecErrorKind::Malformed, format!("bad JSON: {error}"))
+    }
+}
+
+impl fmt::Display for CodecErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+pub(crate) fn encode_into<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), CodecError> {
+    bincode::serde::encode_into_std_write(value, out, CONFIG)
+        .map(|_| ())
+        .map_err(|e| CodecError::new(CodecErrorKind::Encode, format!("cannot encode: {e}")))
+}
+
+pub(crate) fn decode_from<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize), CodecError> {
+    bincode::serde::decode_from_slice::<T, _>(bytes, CONFIG).map_err(|e| {
+        let kind = match e {
+            bincode::error::DecodeError::LimitExceeded => CodecErrorKind::TooLarge,
+            _ => CodecErrorKind::Malformed,
+        };
+        CodecError::new(kind, format!("cannot decode {}: {e}", std::any::type_name::<T>()))
+    })
+}
+
+/// The bincode size of a value, without allocating it: how the decider keeps an outcome under its cap.
+pub fn encoded_len<T: Serialize>(value: &T) -> usize {
+    let mut writer = bincode::enc::write::SizeWriter::default();
+    match bincode::serde::encode_into_writer(value, &mut writer, CONFIG) {
+        Ok(()) => writer.bytes_written,
+        Err(_) => usize::MAX,
+    }
+}
+
+/// Decodes a whole value: every byte must be used.
+fn decode_exact<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    let (value, read) = decode_from::<T>(bytes)?;
+    if read != bytes.len() {
+        return Err(CodecError::new(
+            CodecErrorKind::TrailingBytes,
+            format!("{} trailing bytes after the message", bytes.len() - read),
+        ));
+    }
+    Ok(value)
+}
+
+fn check_size(bytes: &[u8], limit: usize, what: &str) -> Result<(), CodecError> {
+    if bytes.len() > limit {
+        return Err(CodecError::new(
+            CodecErrorKind::TooLarge,
+            format!("{what} of {} bytes is over the limit of {limit} bytes", bytes.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn check_version(version: u16) -> Result<(), CodecError> {
+    if version > crate::SCHEMA_VERSION {
+        return Err(CodecError::new(
+            CodecErrorKind::NewerSchema,
+            format!(
+                "schema version {version} is newer than this build understands ({}); a newer leasehold must decide it",
+                crate::SCHEMA_VERSION
+            ),
+        ));
+    }
+    if version == 0 {
+        return Err(CodecError::new(CodecErrorKind::Malformed, "schema version 0 does not exist"));
+    }
+    Ok(())
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    type_name: String,
+    command_id: CommandId,
+    class: CommandClass,
+    issuer: Issuer,
+    issued_at: Timestamp,
+    correlation_id: Option<Uuid>,
+    causation_id: Option<Uuid>,
+}
+
+fn check_class(type_name: &str, declared: CommandClass, body: &Command) -> Result<(), CodecError> {
+    if declared != body.class() {
+        return Err(CodecError::new(
+            CodecErrorKind::ClassMismatch,
+            format!("{type_name} is a {} command, but the envelope says {declared}", body.class()),
+        ));
+    }
+    Ok(())
+}
+
+/// Encodes a command in the bincode form.
+pub fn encode_command(envelope: &Envelope) -> Result<Vec<u8>, CodecError> {
+    let mut out = vec![FORMAT_BINCODE_V1];
+    encode_into(&envelope.schema_version, &mut out)?;
+    let header = Header {
+        type_name: envelope.type_name().to_owned(),
+        command_id: envelope.command_id,
+        class: envelope.class,
+        issuer: envelope.issuer.clone(),
+        issued_at: envelope.issued_at,
+        correlation_id: envelope.correlation_id,
+        causation_id: envelope.causation_id,
+    };
+    encode_into(&header, &mut out)?;
+    envelope.body.encode_body(&mut out)?;
+    check_size(&out, MAX_COMMAND_BYTES, "command")?;
+    Ok(out)
+}
+
+/// Decodes a command in either form (bincode, or JSON if it starts with `{`).
+pub fn decode_command(bytes: &[u8]) -> Result<Envelope, CodecError> {
+    check_size(bytes, MAX_COMMAND_BYTES, "command")?;
+    match bytes.first() {
+        None => Err(CodecError::new(CodecErrorKind::Empty, "empty payload")),
+        Some(&FORMAT_BINCODE_V1) => decode_command_bincode(&bytes[1..]),
+        Some(&FORMAT_JSON) => command_from_json(bytes),
+        Some(other) => Err(CodecError::new(
+            CodecErrorKind::UnknownFormat,
+            format!("unknown format tag 0x{other:02x} (expected 0x01 for bincode or '{{' for JSON)"),
+        )),
+    }
+}
+
+fn decode_command_bincode(bytes: &[u8]) -> Result<Envelope, CodecError> {
+    let (schema_version, read_version) = decode_from::<u16>(bytes)?;
+    check_version(schema_version)?;
+    let rest = &bytes[read_version..];
+    let (header, read_header) = decode_from::<Header>(rest)?;
+    let rest = &rest[read_header..];
+    let (body, read_body) = Command::decode_body(&header.type_name, rest)?;
+    if read_body != rest.len() {
+        return Err(CodecError::new(
+            CodecErrorKind::TrailingBytes,
+            format!("{} trailing bytes after the {} body", rest.len() - read_body, header.type_name),
+        ));
+    }
+    check_class(&header.type_name, header.class, &body)?;
+    Ok(Envelope {
+        schema_version,
+        command_id: header.command_id,
+        class: header.class,
+        issuer: header.issuer,
+        issued_at: header.issued_at,
+        correlation_id: header.correlation_id,
+        causation_id: header.causation_id,
+        body,
+    })
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonEnvelope {
+    schema_version: u16,
+    #[serde(rename = "type")]
+    type_name: String,
+    command_id: CommandId,
+    class: CommandClass,
+    issuer: Issuer,
+    issued_at: Timestamp,
+    #[serde(default)]
+    correlation_id: Option<Uuid>,
+    #[serde(default)]
+    causation_id: Option<Uuid>,
+    body: serde_json::Value,
+}
+
+/// The JSON form of a command, as producers in other languages write it.
+pub fn command_to_json(envelope: &Envelope) -> Result<String, CodecError> {
+    let json = JsonEnvelope {
+        schema_version: envelope.schema_version,
+        type_name: envelope.type_name().to_owned(),
+        command_id: envelope.command_id,
+        class: envelope.class,
+        issuer: envelope.issuer.clone(),
+        issued_at: envelope.issued_at,
+        correlation_id: envelope.correlation_id,
+        causation_id: envelope.causation_id,
+        body: envelope.body.body_to_json().map_err(CodecError::json)?,
+    };
+    serde_json::to_string(&json).map_err(CodecError::json)
+}
+
+/// Decodes the JSON form of a command.
+pub fn command_from_json(bytes: &[u8]) -> Result<Envelope, CodecError> {
+    check_size(bytes, MAX_COMMAND_BYTES, "command")?;
+    // The version is read first, so a newer producer's fields are reported as "newer", not as garbage.
+    #[derive(Deserialize)]
+    struct VersionOnly {
+        schema_version: u16,
+    }
+    let version: VersionOnly = serde_json::from_slice(bytes).map_err(CodecError::json)?;
+    check_version(version.schema_version)?;
+    let json: JsonEnvelope = serde_json::from_slice(bytes).map_err(CodecError::json)?;
+    let body = Command::body_from_json(&json.type_name, json.body)?;
+    check_class(&json.type_name, json.class, &body)?;
+    Ok(Envelope {
+        schema_version: json.schema_version,
+        command_id: json.command_id,
+        class: json.class,
+        issuer: json.issuer,
+        issued_at: json.issued_at,
+        correlation_id: json.correlation_id,
+        causation_id: json.causation_id,
+        body,
+    })
+}
+
+/// Encodes an outcome; refuses one over [`MAX_OUTCOME_BYTES`].
+pub fn encode_outcome(outcome: &Outcome) -> Result<Vec<u8>, CodecError> {
+    let mut out = vec![FORMAT_BINCODE_V1];
+    encode_into(&crate::SCHEMA_VERSION, &mut out)?;
+    encode_into(outcome, &mut out)?;
+    check_size(&out, MAX_OUTCOME_BYTES, "outcome")?;
+    Ok(out)
+}
+
+/// Decodes an outcome. An outcome that cannot be decoded must stop whoever reads it: it is never skipped.
+pub fn decode_outcome(bytes: &[u8]) -> Result<Outcome, CodecError> {
+    check_size(bytes, DECODE_LIMIT, "outcome")?;
+    match bytes.first() {
+        None => Err(CodecError::new(CodecErrorKind::Empty, "empty payload")),
+        Some(&FORMAT_BINCODE_V1) => {
+            let (schema_version, read) = decode_from::<u16>(&bytes[1..])?;
+            check_version(schema_version)?;
+            decode_exact::<Outcome>(&bytes[1 + read..])
+        }
+        Some(other) => Err(CodecError::new(
+            CodecErrorKind::UnknownFormat,
+            format!("unknown outcome format tag 0x{other:02x}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{Heartbeat, MarkStalled};
+    use crate::ids::{AgentName, Position};
+
+    fn heartbeat() -> Envelope {
+        Envelope::new(
+            CommandId::from_parts(1_700_000_000_000, [3; 10]),
+            Issuer::new("w1").unwrap(),
+            Timestamp(1_700_000_000_000),
+            Heartbeat { agent: AgentName::new("w1").unwrap(), epoch: Position(4) },
+        )
+    }
+
+    #[test]
+    fn commands_round_trip_in_both_forms() {
+        let env = heartbeat();
+        let bytes = encode_command(&env).unwrap();
+        assert_eq!(bytes[0], FORMAT_BINCODE_V1);
+        assert_eq!(decode_command(&bytes).unwrap(), env);
+        let json = command_to_json(&env).unwrap();
+        assert!(json.contains(r#""type":"agent.heartbeat""#), "{json}");
+        assert_eq!(decode_command(json.as_bytes()).unwrap(), env);
+    }
+
+    #[test]
+    fn bad_payloads_say_why() {
+        let bytes = encode_command(&heartbeat()).unwrap();
+        assert_eq!(decode_command(&[]).unwrap_err().kind(), CodecErrorKind::Empty);
+        assert_eq!(decode_command(&[0x7f, 1, 2]).unwrap_err().kind(), CodecErrorKind::UnknownFormat);
+        let mut trailing = bytes.clone();
+        trailing.push(0);
+        assert_eq!(decode_command(&trailing).unwrap_err().kind(), CodecErrorKind::TrailingBytes);
+        for cut in 1..bytes.len() {
+            let err = decode_command(&bytes[..cut]).unwrap_err();
+            assert_eq!(err.kind(), CodecErrorKind::Malformed, "cut at {cut}: {err}");
+        }
+        let huge = vec![FORMAT_BINCODE_V1; MAX_COMMAND_BYTES + 1];
+        assert_eq!(decode_command(&huge).unwrap_err().kind(), CodecErrorKind::TooLarge);
+    }
+
+    #[test]
+    fn a_newer_schema_is_not_garbage() {
+        let mut bytes = encode_command(&heartbeat()).unwrap();
+        bytes[1] = 2; // the varint schema version
+        assert_eq!(decode_command(&bytes).unwrap_err().kind(), CodecErrorKind::NewerSchema);
+        let json = command_to_json(&heartbeat()).unwrap().replace(r#""schema_version":1"#, r#""schema_version":9"#);
+        assert_eq!(decode_command(json.as_bytes()).unwrap_err().kind(), CodecErrorKind::NewerSchema);
+    }
+
+    #[test]
+    fn the_class_must_match_the_type() {
+        let mut env = Envelope::new(
+            CommandId::from_parts(1, [0; 10]),
+            Issuer::new("sweeper").unwrap(),
+            Timestamp(1),
+            MarkStalled { agent: AgentName::new("w1").unwrap() },
+        );
+        env.class = CommandClass::Agent;
+        let bytes = encode_command(&env).unwrap();
+        let err = decode_command(&bytes).unwrap_err();
+        assert_eq!(err.kind(), CodecErrorKind::ClassMismatch);
+        assert!(err.to_string().contains("sys.mark-stalled is a sys command"), "{err}");
+    }
+
+    #[test]
+    fn unknown_types_and_fields_are_refused_in_json() {
+        let json = command_to_json(&heartbeat()).unwrap();
+        let unknown = json.replace("agent.heartbeat", "agent.dance");
+        assert_eq!(decode_command(unknown.as_bytes()).unwrap_err().kind(), CodecErrorKind::UnknownType);
+        let extra = json.replace(r#""epoch":4"#, r#""epoch":4,"colour":"red""#);
+        assert_eq!(decode_command(extra.as_bytes()).unwrap_err().kind(), CodecErrorKind::Malformed);
+        let bad_name = json.replace(r#""agent":"w1""#, r#""agent":"W 1""#);
+        let err = decode_command(bad_name.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("not a valid name"), "{err}");
+    }
+
+    #[test]
+    fn encoded_len_matches_the_encoding() {
+        let env = heartbeat();
+        let Command::Heartbeat(body) = &env.body else { unreachable!() };
+        let mut out = Vec::new();
+        encode_into(body, &mut out).unwrap();
+        assert_eq!(encoded_len(body), out.len());
+    }
+}

@@ -1,0 +1,742 @@
+//! Every command leasehold understands, in its class, with its stable type name.
+//!
+//! - `op`: producers and operators ask for something (allocate, acquire, release, pause...).
+//! - `agent`: an agent tells what it observed on its own machine (register, heartbeat, reports).
+//! - `sys`: the sweeper (and the writer itself) asks for time-driven and cross-partition work.
+//!
+//! The type name (`op.allocate`, `agent.sync`...) is the wire's discriminant: a body is encoded as its struct alone,
+//! so adding a command never changes the bytes of another.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::envelope::CommandClass;
+use crate::ids::{
+    AgentName, Key, LeaseId, Millis, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp,
+};
+use crate::pool::{PoolKind, PoolValue};
+use crate::settings::{AgentSettings, PartitionSettings};
+
+/// At most this many handles may be named in one report or one resync chunk (about 140 KiB of ids), so that an
+/// outcome always has room for the rest of the work when a decision must continue.
+pub const MAX_REPORT_HANDLES: usize = 8192;
+
+// ---------------------------------------------------------------------------------------------------------------
+// op: producers and operators
+
+/// Put a resource `pending` on an agent; once its claims are bound, the agent creates it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Allocate {
+    pub agent: AgentName,
+    pub resource: ResourceId,
+    /// What the driver makes: `container`, `volume`, `vm`... (`[a-z0-9][a-z0-9_.-]{0,62}`).
+    pub kind: String,
+    /// How many live leases it takes at once.
+    pub capacity: u32,
+    #[serde(default)]
+    pub attributes: BTreeMap<String, String>,
+    /// A resource this one depends on; when it leaves for good, this one is released.
+    pub parent: Option<ResourceRef>,
+    /// One identifier is claimed from each of these pools before the resource is created.
+    #[serde(default)]
+    pub pools: Vec<PoolName>,
+}
+
+/// Ask for a lease on a resource. Granted at once on an `active` resource with spare capacity; waits on a
+/// `pending` one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Acquire {
+    pub agent: AgentName,
+    pub resource: ResourceId,
+    pub lease: LeaseId,
+    /// Who holds the lease (a build, a job, a task): for people and audit only.
+    pub holder: String,
+    /// The lease expires this long after its grant or its last renewal; `None`: held until released.
+    pub ttl: Option<Millis>,
+    /// A waiting lease fails after this long; `None`: it waits as long as the resource is `pending`.
+    pub wait_timeout: Option<Millis>,
+}
+
+/// Extend an active lease; `ttl` `None` keeps the lease's own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Renew {
+    pub agent: AgentName,
+    pub lease: LeaseId,
+    pub token: Position,
+    pub ttl: Option<Millis>,
+}
+
+/// Give a lease back. An active lease needs its token; a waiting lease has none yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseLease {
+    pub agent: AgentName,
+    pub lease: LeaseId,
+    pub token: Option<Position>,
+}
+
+/// Order a resource destroyed. Its leases break at once; its claims stay held until the agent confirms it gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Release {
+    pub agent: AgentName,
+    pub resource: ResourceId,
+    pub reason: Option<String>,
+}
+
+/// No new leases on an active resource (maintenance); existing leases stay.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pause {
+    pub agent: AgentName,
+    pub resource: ResourceId,
+    pub reason: Option<String>,
+    /// The pause ends by itself at this log time.
+    pub until: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Unpause {
+    pub agent: AgentName,
+    pub resource: ResourceId,
+}
+
+/// Change a resource's attributes or capacity (while `active` or `paused`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Update {
+    pub agent: AgentName,
+    pub resource: ResourceId,
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+    #[serde(default)]
+    pub remove: Vec<String>,
+    pub capacity: Option<u32>,
+}
+
+/// An operator (or a lease holder) saw the resource fail: it turns `suspect` and a health check is due.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportFailureByOperator {
+    pub agent: AgentName,
+    pub resource: ResourceId,
+    pub detail: String,
+}
+
+/// Take an agent out of service: no new placements, and everything it holds is released.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetireAgent {
+    pub agent: AgentName,
+}
+
+/// The operator confirms that an agent whose circuit breaker tripped really lost what it reported missing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfirmLoss {
+    pub agent: AgentName,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DefinePool {
+    pub pool: PoolName,
+    pub kind: PoolKind,
+    /// A freed identifier is handed out again only after this long; `None`: the default (60 s).
+    pub cooldown: Option<Millis>,
+}
+
+/// Settings of one partition. `partition` must name the partition that decides it (a guard against routing
+/// mistakes); `key` only routes the command there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetPartitionSettings {
+    pub key: Key,
+    pub partition: u32,
+    pub settings: PartitionSettings,
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// agent: observations an agent makes of its own machine
+
+/// A new agent process asks for an epoch: the position of the `AgentRegistered` effect its registration gets.
+/// Observations of any other epoch are refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Register {
+    pub agent: AgentName,
+    /// Chosen at random by the process, so it can recognise its own registration on its subject.
+    pub incarnation: Uuid,
+    /// "My disk was wiped": losing everything in the first reports is expected, not a fault.
+    pub wiped: bool,
+    pub settings: AgentSettings,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Heartbeat {
+    pub agent: AgentName,
+    pub epoch: Position,
+}
+
+/// A `pending` resource now exists on the machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportCreated {
+    pub agent: AgentName,
+    pub epoch: Position,
+    pub obs: u64,
+    pub resource: ResourceId,
+    /// The driver's own id for it (a container id, a volume path).
+    pub native_id: Option<String>,
+}
+
+/// The agent's periodic report: differences between its assignment set (as of `watermark`) and its machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyncReport {
+    pub agent: AgentName,
+    pub epoch: Position,
+    pub obs: u64,
+    /// Every effect on this agent up to this position has been applied by the agent.
+    pub watermark: Position,
+    /// Pending handles now present.
+    #[serde(default)]
+    pub created: Vec<ResourceId>,
+    /// Handles that should exist and do not.
+    #[serde(default)]
+    pub missing: Vec<ResourceId>,
+    /// Releasing handles now absent.
+    #[serde(default)]
+    pub destroyed: Vec<ResourceId>,
+    /// Creates and destroys still running: they count as present.
+    #[serde(default)]
+    pub in_flight: Vec<ResourceId>,
+    /// How many handles of its assignment set the agent holds (present or in flight), and their digest.
+    pub count: u64,
+    pub digest: HandleDigest,
+}
+
+/// One chunk of a full resync: "in id range `[lo, hi)` I hold exactly `held` (and `in_flight` is running)".
+/// Each chunk is decided on its own; `hi` `None` means the end of the id space.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResyncChunk {
+    pub agent: AgentName,
+    pub epoch: Position,
+    pub obs: u64,
+    pub watermark: Position,
+    pub lo: Uuid,
+    pub hi: Option<Uuid>,
+    #[serde(default)]
+    pub held: Vec<ResourceId>,
+    #[serde(default)]
+    pub in_flight: Vec<ResourceId>,
+}
+
+impl ResyncChunk {
+    /// True when `id` falls in `[lo, hi)`.
+    pub fn covers(&self, id: ResourceId) -> bool {
+        let id = id.as_uuid();
+        id >= self.lo && self.hi.is_none_or(|hi| id < hi)
+    }
+}
+
+/// What the driver said went wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// A definitive creation error: the handle does not and will not exist.
+    CreateFailed,
+    /// The resource exists but misbehaves: a health check is due.
+    Unhealthy,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportFailure {
+    pub agent: AgentName,
+    pub epoch: Position,
+    pub obs: u64,
+    pub resource: ResourceId,
+    pub failure: FailureKind,
+    pub detail: String,
+}
+
+/// The result of the driver's `check` on a `suspect` resource.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthResult {
+    pub agent: AgentName,
+    pub epoch: Position,
+    pub obs: u64,
+    pub resource: ResourceId,
+    pub healthy: bool,
+    pub detail: String,
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// sys: the sweeper and the writer. Time-driven ones are requests: early ones are rejected `not-yet-due`.
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpireLease {
+    pub agent: AgentName,
+    pub lease: LeaseId,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaitTimeout {
+    pub agent: AgentName,
+    pub lease: LeaseId,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTimeout {
+    pub agent: AgentName,
+    pub resource: ResourceId,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpirePause {
+    pub agent: AgentName,
+    pub resource: ResourceId,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MarkStalled {
+    pub agent: AgentName,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MarkGone {
+    pub agent: AgentName,
+}
+
+/// Orphan one resource of a `gone` agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Orphan {
+    pub agent: AgentName,
+    pub resource: ResourceId,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestHealthCheck {
+    pub agent: AgentName,
+    pub resource: ResourceId,
+}
+
+/// To a pool: `holder` wants one identifier. `source` is the `ClaimWanted` effect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Claim {
+    pub pool: PoolName,
+    pub holder: ResourceRef,
+    pub source: Source,
+}
+
+/// To a resource: the pool granted `value` with `token`. `source` is the `ClaimGranted` effect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BindClaim {
+    pub holder: ResourceRef,
+    pub pool: PoolName,
+    pub value: PoolValue,
+    pub token: Position,
+    pub source: Source,
+}
+
+/// To a pool: give back the claim of `holder` with `token` (`None`: withdraw a holder still waiting).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Free {
+    pub pool: PoolName,
+    pub holder: ResourceRef,
+    pub token: Option<Position>,
+    pub source: Source,
+}
+
+/// To a pool: serve waiters with identifiers whose cool-down has passed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TickPool {
+    pub pool: PoolName,
+}
+
+/// What a parent's state means for its children.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParentState {
+    /// The parent left for good (`releasing` or terminal): release the child.
+    Left,
+    /// The parent is `suspect`: flag the child `suspect-upstream`.
+    Suspect,
+    /// The parent is healthy again: clear the flag.
+    Healthy,
+}
+
+/// To a child resource: its parent's state changed. `source` is the parent's effect that changed it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cascade {
+    pub child: ResourceRef,
+    pub parent: ResourceRef,
+    pub parent_state: ParentState,
+    pub source: Source,
+}
+
+/// The writer to itself: carry on with the work an outcome left for later (`origin` is its `ContinueRequested`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Continue {
+    pub key: Key,
+    pub origin: Position,
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The enum of all commands, their type names and classes.
+
+macro_rules! commands {
+    ($( $variant:ident($body:ident) = $class:ident $name:literal, )*) => {
+        /// Every command. The variant is the wire's type name; the body is encoded on its own.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub enum Command {
+            $( $variant($body), )*
+        }
+
+        impl Command {
+            /// Every type name, in declaration order.
+            pub const TYPE_NAMES: &'static [&'static str] = &[$($name),*];
+
+            /// The stable type name: `op.allocate`, `agent.sync`...
+            pub fn type_name(&self) -> &'static str {
+                match self {
+                    $( Command::$variant(_) => $name, )*
+                }
+            }
+
+            pub fn class(&self) -> CommandClass {
+                match self {
+                    $( Command::$variant(_) => CommandClass::$class, )*
+                }
+            }
+
+            pub(crate) fn encode_body(&self, out: &mut Vec<u8>) -> Result<(), crate::codec::CodecError> {
+                match self {
+                    $( Command::$variant(body) => crate::codec::encode_into(body, out), )*
+                }
+            }
+
+            /// Decodes a body of type `type_name`; returns the command and the bytes read.
+            pub(crate) fn decode_body(
+                type_name: &str,
+                bytes: &[u8],
+            ) -> Result<(Command, usize), crate::codec::CodecError> {
+                match type_name {
+                    $( $name => {
+                        let (body, read) = crate::codec::decode_from::<$body>(bytes)?;
+                        Ok((Command::$variant(body), read))
+                    } )*
+                    other => Err(crate::codec::CodecError::unknown_type(other)),
+                }
+            }
+
+            pub(crate) fn body_to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
+                match self {
+                    $( Command::$variant(body) => serde_json::to_value(body), )*
+                }
+            }
+
+            pub(crate) fn body_from_json(
+                type_name: &str,
+                value: serde_json::Value,
+            ) -> Result<Command, crate::codec::CodecError> {
+                match type_name {
+                    $( $name => serde_json::from_value::<$body>(value)
+                        .map(Command::$variant)
+                        .map_err(|e| crate::codec::CodecError::json(e)), )*
+                    other => Err(crate::codec::CodecError::unknown_type(other)),
+                }
+            }
+        }
+
+        $(
+            impl From<$body> for Command {
+                fn from(body: $body) -> Command {
+                    Command::$variant(body)
+                }
+            }
+        )*
+    };
+}
+
+commands! {
+    Allocate(Allocate) = Op "op.allocate",
+    Acquire(Acquire) = Op "op.acquire",
+    Renew(Renew) = Op "op.renew",
+    ReleaseLease(ReleaseLease) = Op "op.release-lease",
+    Release(Release) = Op "op.release",
+    Pause(Pause) = Op "op.pause",
+    Unpause(Unpause) = Op "op.unpause",
+    Update(Update) = Op "op.update",
+    ReportFailureByOperator(ReportFailureByOperator) = Op "op.report-failure",
+    RetireAgent(RetireAgent) = Op "op.retire-agent",
+    ConfirmLoss(ConfirmLoss) = Op "op.confirm-loss",
+    DefinePool(DefinePool) = Op "op.define-pool",
+    SetPartitionSettings(SetPartitionSettings) = Op "op.set-partition-settings",
+    Register(Register) = Agent "agent.register",
+    Heartbeat(Heartbeat) = Agent "agent.heartbeat",
+    ReportCreated(ReportCreated) = Agent "agent.report-created",
+    Sync(SyncReport) = Agent "agent.sync",
+    ResyncChunk(ResyncChunk) = Agent "agent.resync-chunk",
+    ReportFailure(ReportFailure) = Agent "agent.report-failure",
+    HealthResult(HealthResult) = Agent "agent.health-result",
+    ExpireLease(ExpireLease) = Sys "sys.expire-lease",
+    WaitTimeout(WaitTimeout) = Sys "sys.wait-timeout",
+    CreateTimeout(CreateTimeout) = Sys "sys.create-timeout",
+    ExpirePause(ExpirePause) = Sys "sys.expire-pause",
+    MarkStalled(MarkStalled) = Sys "sys.mark-stalled",
+    MarkGone(MarkGone) = Sys "sys.mark-gone",
+    Orphan(Orphan) = Sys "sys.orphan",
+    RequestHealthCheck(RequestHealthCheck) = Sys "sys.request-health-check",
+    Claim(Claim) = Sys "sys.claim",
+    BindClaim(BindClaim) = Sys "sys.bind-claim",
+    Free(Free) = Sys "sys.free",
+    TickPool(TickPool) = Sys "sys.tick-pool",
+    Cascade(Cascade) = Sys "sys.cascade",
+    Continue(Continue) = Sys "sys.continue",
+}
+
+/// The last subject token of a command: the resource or lease it is about, or `_`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubjectId {
+    Resource(ResourceId),
+    Lease(LeaseId),
+    None,
+}
+
+impl fmt::Display for SubjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SubjectId::Resource(id) => write!(f, "{id}"),
+            SubjectId::Lease(id) => write!(f, "{id}"),
+            SubjectId::None => f.write_str("_"),
+        }
+    }
+}
+
+impl Command {
+    /// The agent or pool this command is about: it picks the partition that decides it.
+    pub fn key(&self) -> Key {
+        let agent = |a: &AgentName| Key::Agent(a.clone());
+        let pool = |p: &PoolName| Key::Pool(p.clone());
+        match self {
+            Command::Allocate(c) => agent(&c.agent),
+            Command::Acquire(c) => agent(&c.agent),
+            Command::Renew(c) => agent(&c.agent),
+            Command::ReleaseLease(c) => agent(&c.agent),
+            Command::Release(c) => agent(&c.agent),
+            Command::Pause(c) => agent(&c.agent),
+            Command::Unpause(c) => agent(&c.agent),
+            Command::Update(c) => agent(&c.agent),
+            Command::ReportFailureByOperator(c) => agent(&c.agent),
+            Command::RetireAgent(c) => agent(&c.agent),
+            Command::ConfirmLoss(c) => agent(&c.agent),
+            Command::DefinePool(c) => pool(&c.pool),
+            Command::SetPartitionSettings(c) => c.key.clone(),
+            Command::Register(c) => agent(&c.agent),
+            Command::Heartbeat(c) => agent(&c.agent),
+            Command::ReportCreated(c) => agent(&c.agent),
+            Command::Sync(c) => agent(&c.agent),
+            Command::ResyncChunk(c) => agent(&c.agent),
+            Command::ReportFailure(c) => agent(&c.agent),
+            Command::HealthResult(c) => agent(&c.agent),
+            Command::ExpireLease(c) => agent(&c.agent),
+            Command::WaitTimeout(c) => agent(&c.agent),
+            Command::CreateTimeout(c) => agent(&c.agent),
+            Command::ExpirePause(c) => agent(&c.agent),
+            Command::MarkStalled(c) => agent(&c.agent),
+            Command::MarkGone(c) => agent(&c.agent),
+            Command::Orphan(c) => agent(&c.agent),
+            Command::RequestHealthCheck(c) => agent(&c.agent),
+            Command::Claim(c) => pool(&c.pool),
+            Command::BindClaim(c) => agent(&c.holder.agent),
+            Command::Free(c) => pool(&c.pool),
+            Command::TickPool(c) => pool(&c.pool),
+            Command::Cascade(c) => agent(&c.child.agent),
+            Command::Continue(c) => c.key.clone(),
+        }
+    }
+
+    /// The resource or lease this command is about, for its subject: a resource's command history is one filter.
+    pub fn subject_id(&self) -> SubjectId {
+        use SubjectId::{Lease, None, Resource};
+        match self {
+            Command::Allocate(c) => Resource(c.resource),
+            Command::Acquire(c) => Lease(c.lease),
+            Command::Renew(c) => Lease(c.lease),
+            Command::ReleaseLease(c) => Lease(c.lease),
+            Command::Release(c) => Resource(c.resource),
+            Command::Pause(c) => Resource(c.resource),
+            Command::Unpause(c) => Resource(c.resource),
+            Command::Update(c) => Resource(c.resource),
+            Command::ReportFailureByOperator(c) => Resource(c.resource),
+            Command::ReportCreated(c) => Resource(c.resource),
+            Command::ReportFailure(c) => Resource(c.resource),
+            Command::HealthResult(c) => Resource(c.resource),
+            Command::ExpireLease(c) => Lease(c.lease),
+            Command::WaitTimeout(c) => Lease(c.lease),
+            Command::CreateTimeout(c) => Resource(c.resource),
+            Command::ExpirePause(c) => Resource(c.resource),
+            Command::Orphan(c) => Resource(c.resource),
+            Command::RequestHealthCheck(c) => Resource(c.resource),
+            Command::Claim(c) => Resource(c.holder.resource),
+            Command::BindClaim(c) => Resource(c.holder.resource),
+            Command::Free(c) => Resource(c.holder.resource),
+            Command::Cascade(c) => Resource(c.child.resource),
+            Command::RetireAgent(_)
+            | Command::ConfirmLoss(_)
+            | Command::DefinePool(_)
+            | Command::SetPartitionSettings(_)
+            | Command::Register(_)
+            | Command::Heartbeat(_)
+            | Command::Sync(_)
+            | Command::ResyncChunk(_)
+            | Command::MarkStalled(_)
+            | Command::MarkGone(_)
+            | Command::TickPool(_)
+            | Command::Continue(_) => None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The digest of an agent's listing.
+
+/// An order-independent digest of a set of handles: the wrapping sum of a 64-bit mix of each id. The agent computes
+/// it over the handles of its assignment set that it holds (present or in flight); the writer keeps the same sum
+/// of what it believes the agent holds, so a drift the difference reports missed shows as a mismatch.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct HandleDigest(pub u64);
+
+impl HandleDigest {
+    fn mix(id: ResourceId) -> u64 {
+        let bits = id.as_uuid().as_u128();
+        let mut z = (bits as u64) ^ ((bits >> 64) as u64).rotate_left(29) ^ 0x9e37_79b9_7f4a_7c15;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    pub fn add(&mut self, id: ResourceId) {
+        self.0 = self.0.wrapping_add(Self::mix(id));
+    }
+
+    pub fn remove(&mut self, id: ResourceId) {
+        self.0 = self.0.wrapping_sub(Self::mix(id));
+    }
+
+    pub fn of<'a>(ids: impl IntoIterator<Item = &'a ResourceId>) -> HandleDigest {
+        let mut digest = HandleDigest::default();
+        for id in ids {
+            digest.add(*id);
+        }
+        digest
+    }
+}
+
+impl fmt::Display for HandleDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+impl fmt::Debug for HandleDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "digest({self})")
+    }
+}
+
+/// In JSON a digest is 16 hex digits (a JSON number would lose bits in JavaScript); in bincode, a `u64`.
+impl Serialize for HandleDigest {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            serializer.collect_str(self)
+        } else {
+            serializer.serialize_u64(self.0)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for HandleDigest {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        if deserializer.is_human_readable() {
+            let text = String::deserialize(deserializer)?;
+            u64::from_str_radix(&text, 16)
+                .map(HandleDigest)
+                .map_err(|_| serde::de::Error::custom(format!("digest {text:?} is not 16 hex digits")))
+        } else {
+            u64::deserialize(deserializer).map(HandleDigest)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digest_is_order_independent_and_removable() {
+        let a = ResourceId::from_parts(1, [1; 10]);
+        let b = ResourceId::from_parts(2, [2; 10]);
+        let ab = HandleDigest::of([&a, &b]);
+        assert_eq!(ab, HandleDigest::of([&b, &a]));
+        let mut d = ab;
+        d.remove(b);
+        assert_eq!(d, HandleDigest::of([&a]));
+        assert_ne!(HandleDigest::of([&a]), HandleDigest::of([&b]));
+    }
+
+    #[test]
+    fn type_names_are_unique_and_prefixed_by_class() {
+        let mut seen = std::collections::BTreeSet::new();
+        for name in Command::TYPE_NAMES {
+            assert!(seen.insert(*name), "duplicate type name {name}");
+            let class = name.split('.').next().unwrap();
+            assert!(["op", "agent", "sys"].contains(&class), "{name}");
+        }
+    }
+
+    #[test]
+    fn chunk_ranges_are_half_open() {
+        let lo = ResourceId::from_parts(10, [0; 10]);
+        let hi = ResourceId::from_parts(20, [0; 10]);
+        let chunk = ResyncChunk {
+            agent: AgentName::new("w1").unwrap(),
+            epoch: Position(1),
+            obs: 1,
+            watermark: Position(1),
+            lo: lo.as_uuid(),
+            hi: Some(hi.as_uuid()),
+            held: vec![],
+            in_flight: vec![],
+        };
+        assert!(chunk.covers(lo));
+        assert!(!chunk.covers(hi));
+        assert!(chunk.covers(ResourceId::from_parts(15, [9; 10])));
+    }
+}

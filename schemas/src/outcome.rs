@@ -1,0 +1,367 @@
+//! Outcomes and effects: the one message a writer appends for one command, and the facts inside it.
+//!
+//! An accepted outcome holds effects at consecutive positions starting at `first_position`. A rejected outcome holds
+//! a reason that names the thing and why; it takes no position. Both are on record.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::command::{ResyncChunk, SyncReport};
+use crate::envelope::CommandClass;
+use crate::ids::{
+    CommandId, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source,
+    Timestamp,
+};
+use crate::pool::{PoolKind, PoolValue};
+use crate::settings::{AgentSettings, PartitionSettings};
+
+/// The one message a writer appends for one command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// The version of the decider that made this decision; re-deciding history is checked within ranges of one
+    /// version.
+    pub decider_version: u32,
+    /// The partition that decided it.
+    pub partition: u32,
+    pub command: CommandSummary,
+    /// The command's sequence in the command log: the log itself holds the writer's cursor.
+    pub cmd_seq: u64,
+    /// The time the log stamped on the command.
+    pub log_time: Timestamp,
+    /// `max(partition time, log_time)`: the time every deadline of this decision was set and checked with.
+    pub decided_at: Timestamp,
+    pub decision: Decision,
+}
+
+/// The command an outcome answers, for the audit trail.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandSummary {
+    pub id: CommandId,
+    pub class: CommandClass,
+    pub type_name: String,
+    pub issuer: Issuer,
+    pub issued_at: Timestamp,
+    /// The agent or pool the command was about: the outcome's subject.
+    pub key: Key,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    /// Effects at positions `first_position`, `first_position + 1`, ...
+    Accepted { first_position: Position, effects: Vec<Effect> },
+    Rejected(Rejection),
+}
+
+impl Outcome {
+    /// The effects with their positions (none for a rejection).
+    pub fn positioned_effects(&self) -> impl Iterator<Item = (Position, &Effect)> {
+        let (first, effects) = match &self.decision {
+            Decision::Accepted { first_position, effects } => (*first_position, effects.as_slice()),
+            Decision::Rejected(_) => (Position::ZERO, &[][..]),
+        };
+        effects.iter().enumerate().map(move |(i, effect)| (Position(first.0 + i as u64), effect))
+    }
+
+    pub fn rejection(&self) -> Option<&Rejection> {
+        match &self.decision {
+            Decision::Rejected(rejection) => Some(rejection),
+            Decision::Accepted { .. } => None,
+        }
+    }
+
+    pub fn effects(&self) -> &[Effect] {
+        match &self.decision {
+            Decision::Accepted { effects, .. } => effects,
+            Decision::Rejected(_) => &[],
+        }
+    }
+}
+
+/// Why a command changed nothing. `kind` is for programs; `message` names the thing and the reason for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rejection {
+    pub kind: RejectionKind,
+    pub message: String,
+}
+
+impl Rejection {
+    pub fn new(kind: RejectionKind, message: impl Into<String>) -> Self {
+        Rejection { kind, message: message.into() }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectionKind {
+    /// The resource, lease, agent or pool is not known here.
+    Unknown,
+    /// The thing's state forbids this transition.
+    InvalidState,
+    /// The resource has no spare capacity.
+    AtCapacity,
+    /// A time-driven command came before its deadline.
+    NotYetDue,
+    /// An observation not newer than the last one decided for that agent.
+    StaleObservation,
+    /// An observation from an epoch that is not the agent's current one.
+    WrongEpoch,
+    /// The command was issued longer ago than the outcome horizon.
+    StaleCommand,
+    /// The lease or claim token does not match.
+    TokenMismatch,
+    /// The class or issuer may not send this command.
+    NotPermitted,
+    /// The thing already exists (with another definition).
+    AlreadyExists,
+    /// What was asked is already done (a second release, a repeated claim).
+    AlreadyDone,
+    /// The command is malformed (bad names, limits, values).
+    Invalid,
+    /// The command's key does not belong to the partition that received it.
+    WrongPartition,
+    /// The decider failed on this command; it was recorded instead of wedging the partition.
+    InternalError,
+    /// A cross-partition command older than what the target already saw from that source.
+    StaleSource,
+    /// A time-driven command found nothing to do.
+    NothingToDo,
+}
+
+impl fmt::Display for RejectionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text = match self {
+            RejectionKind::Unknown => "unknown",
+            RejectionKind::InvalidState => "invalid-state",
+            RejectionKind::AtCapacity => "at-capacity",
+            RejectionKind::NotYetDue => "not-yet-due",
+            RejectionKind::StaleObservation => "stale-observation",
+            RejectionKind::WrongEpoch => "wrong-epoch",
+            RejectionKind::StaleCommand => "stale-command",
+            RejectionKind::TokenMismatch => "token-mismatch",
+            RejectionKind::NotPermitted => "not-permitted",
+            RejectionKind::AlreadyExists => "already-exists",
+            RejectionKind::AlreadyDone => "already-done",
+            RejectionKind::Invalid => "invalid",
+            RejectionKind::WrongPartition => "wrong-partition",
+            RejectionKind::InternalError => "internal-error",
+            RejectionKind::StaleSource => "stale-source",
+            RejectionKind::NothingToDo => "nothing-to-do",
+        };
+        f.write_str(text)
+    }
+}
+
+/// Why a resource is being destroyed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReleaseCause {
+    Released { by: Issuer, reason: Option<String> },
+    HealthCheckFailed { detail: String },
+    ParentLeft { parent: ResourceRef },
+    CreateTimeout,
+    AgentRetired,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SuspectCause {
+    Operator { by: Issuer, detail: String },
+    Agent { detail: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnpauseCause {
+    Operator { by: Issuer },
+    PauseExpired,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakReason {
+    /// The resource left for good (released, lost, orphaned, failed, parent gone).
+    ResourceLeft,
+    /// The resource failed its health check.
+    HealthCheckFailed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerClear {
+    /// A report showed the handles again (or losses within the limit).
+    HandlesBack,
+    /// An operator confirmed the loss.
+    LossConfirmed { by: Issuer },
+    /// The agent registered a wiped incarnation.
+    Wiped,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResyncReason {
+    DigestMismatch { expected_count: u64, reported_count: u64 },
+    LossConfirmed,
+}
+
+/// Work an outcome left for a follow-up `sys.continue` because the outcome would have grown past its size cap.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Work {
+    /// Orphan the remaining non-terminal resources of a `gone` agent.
+    OrphanResources,
+    /// Release the remaining live resources of a retired agent.
+    ReleaseResources,
+    /// The rest of a sync report; losses are marked only if `mark_losses` (the breaker's verdict on the whole).
+    Report { report: SyncReport, mark_losses: bool },
+    /// The rest of a resync chunk (its range narrowed to what is left).
+    Chunk { chunk: ResyncChunk, mark_losses: bool },
+}
+
+/// One fact inside an outcome. Every effect has a position; the outcome's key says which agent or pool it is about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    // Agents. The epoch of a registration is the position of its `AgentRegistered`.
+    AgentRegistered { incarnation: Uuid, wiped: bool, settings: AgentSettings },
+    AgentSeen { at: Timestamp },
+    AgentStalled { last_seen: Timestamp },
+    AgentRecovered,
+    AgentGone { last_seen: Timestamp },
+    AgentRetired { by: Issuer },
+    /// The circuit breaker tripped: a report would have lost `would_lose` of `live` resources. Nothing was marked.
+    AgentSuspect { would_lose: u32, live: u32 },
+    AgentBreakerCleared { reason: BreakerClear },
+    ResyncRequested { reason: ResyncReason },
+    /// An observation was decided: later observations must carry a higher number.
+    ObservationAccepted { stamp: ObsStamp, watermark: Position },
+
+    // Resources.
+    ResourceAllocated {
+        resource: ResourceId,
+        kind: String,
+        capacity: u32,
+        attributes: BTreeMap<String, String>,
+        parent: Option<ResourceRef>,
+    },
+    ClaimWanted { resource: ResourceId, pool: PoolName },
+    ClaimBound { resource: ResourceId, pool: PoolName, value: PoolValue, token: Position },
+    /// The agent must create the resource. Its position is the resource's creation position.
+    CreateOrdered { resource: ResourceId },
+    ResourceActivated { resource: ResourceId, stamp: ObsStamp, native_id: Option<String> },
+    ResourcePaused { resource: ResourceId, reason: Option<String>, until: Option<Timestamp> },
+    ResourceUnpaused { resource: ResourceId, cause: UnpauseCause },
+    ResourceUpdated {
+        resource: ResourceId,
+        set: BTreeMap<String, String>,
+        remove: Vec<String>,
+        capacity: Option<u32>,
+    },
+    ResourceSuspect { resource: ResourceId, cause: SuspectCause },
+    HealthCheckRequested { resource: ResourceId },
+    ResourceHealthy { resource: ResourceId },
+    UpstreamFlagged { resource: ResourceId, parent: ResourceRef, suspect: bool },
+    /// The agent must destroy the resource. Its position is the resource's destruction position.
+    ResourceReleasing { resource: ResourceId, cause: ReleaseCause },
+    ResourceDestroyed { resource: ResourceId, stamp: ObsStamp },
+    ResourceLost { resource: ResourceId, stamp: ObsStamp },
+    ResourceOrphaned { resource: ResourceId },
+    ResourceFailed { resource: ResourceId, detail: String },
+    /// The claim may go back to its pool (`value`/`token` `None`: the holder was still waiting).
+    ClaimReleasable { resource: ResourceId, pool: PoolName, value: Option<PoolValue>, token: Option<Position> },
+
+    // Leases. A grant's position is the lease token.
+    LeaseWaiting {
+        lease: LeaseId,
+        resource: ResourceId,
+        holder: String,
+        ttl: Option<Millis>,
+        wait_until: Option<Timestamp>,
+    },
+    LeaseGranted {
+        lease: LeaseId,
+        resource: ResourceId,
+        holder: String,
+        ttl: Option<Millis>,
+        expires_at: Option<Timestamp>,
+    },
+    LeaseRenewed { lease: LeaseId, ttl: Option<Millis>, expires_at: Option<Timestamp> },
+    LeaseReleased { lease: LeaseId },
+    LeaseBroken { lease: LeaseId, reason: BreakReason },
+    LeaseExpired { lease: LeaseId },
+    LeaseFailed { lease: LeaseId },
+
+    // Pools. A grant's position is the claim token.
+    PoolDefined { kind: PoolKind, cooldown: Millis },
+    ClaimGranted { holder: ResourceRef, value: PoolValue, source: Source },
+    ClaimQueued { holder: ResourceRef, source: Source },
+    ClaimFreed { holder: ResourceRef, value: PoolValue, token: Position },
+    ClaimWithdrawn { holder: ResourceRef },
+
+    // The partition and the writer.
+    PartitionSettingsChanged { settings: PartitionSettings },
+    /// The writer must send itself a `sys.continue` naming this position.
+    ContinueRequested { work: Work },
+    /// The continuation that `ContinueRequested` at `origin` asked for was taken up.
+    ContinuationTaken { origin: Position },
+}
+
+impl Effect {
+    /// A short stable name for logs and timelines.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Effect::AgentRegistered { .. } => "agent-registered",
+            Effect::AgentSeen { .. } => "agent-seen",
+            Effect::AgentStalled { .. } => "agent-stalled",
+            Effect::AgentRecovered => "agent-recovered",
+            Effect::AgentGone { .. } => "agent-gone",
+            Effect::AgentRetired { .. } => "agent-retired",
+            Effect::AgentSuspect { .. } => "agent-suspect",
+            Effect::AgentBreakerCleared { .. } => "agent-breaker-cleared",
+            Effect::ResyncRequested { .. } => "resync-requested",
+            Effect::ObservationAccepted { .. } => "observation-accepted",
+            Effect::ResourceAllocated { .. } => "resource-allocated",
+            Effect::ClaimWanted { .. } => "claim-wanted",
+            Effect::ClaimBound { .. } => "claim-bound",
+            Effect::CreateOrdered { .. } => "create-ordered",
+            Effect::ResourceActivated { .. } => "resource-activated",
+            Effect::ResourcePaused { .. } => "resource-paused",
+            Effect::ResourceUnpaused { .. } => "resource-unpaused",
+            Effect::ResourceUpdated { .. } => "resource-updated",
+            Effect::ResourceSuspect { .. } => "resource-suspect",
+            Effect::HealthCheckRequested { .. } => "health-check-requested",
+            Effect::ResourceHealthy { .. } => "resource-healthy",
+            Effect::UpstreamFlagged { .. } => "upstream-flagged",
+            Effect::ResourceReleasing { .. } => "resource-releasing",
+            Effect::ResourceDestroyed { .. } => "resource-destroyed",
+            Effect::ResourceLost { .. } => "resource-lost",
+            Effect::ResourceOrphaned { .. } => "resource-orphaned",
+            Effect::ResourceFailed { .. } => "resource-failed",
+            Effect::ClaimReleasable { .. } => "claim-releasable",
+            Effect::LeaseWaiting { .. } => "lease-waiting",
+            Effect::LeaseGranted { .. } => "lease-granted",
+            Effect::LeaseRenewed { .. } => "lease-renewed",
+            Effect::LeaseReleased { .. } => "lease-released",
+            Effect::LeaseBroken { .. } => "lease-broken",
+            Effect::LeaseExpired { .. } => "lease-expired",
+            Effect::LeaseFailed { .. } => "lease-failed",
+            Effect::PoolDefined { .. } => "pool-defined",
+            Effect::ClaimGranted { .. } => "claim-granted",
+            Effect::ClaimQueued { .. } => "claim-queued",
+            Effect::ClaimFreed { .. } => "claim-freed",
+            Effect::ClaimWithdrawn { .. } => "claim-withdrawn",
+            Effect::PartitionSettingsChanged { .. } => "partition-settings-changed",
+            Effect::ContinueRequested { .. } => "continue-requested",
+            Effect::ContinuationTaken { .. } => "continuation-taken",
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! Pools: what set of identifiers a pool hands out, and the identifiers themselves.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+
+use serde::{Deserialize, Serialize};
+
+/// The identifiers a pool holds. `0` is a valid slot (Arvados bug 12073).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolKind {
+    /// The addresses of `network/prefix_len`, without the network and broadcast addresses (for prefixes up to
+    /// /30) and without `exclude` (gateways, reserved addresses).
+    Ipv4 { network: Ipv4Addr, prefix_len: u8, exclude: Vec<Ipv4Addr> },
+    /// Slots `0..count`.
+    Slots { count: u32 },
+    /// Ports `first..=last` without `exclude`.
+    Ports { first: u16, last: u16, exclude: Vec<u16> },
+}
+
+/// Why a pool definition was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolKindError {
+    #[error("prefix length /{0} is not between /8 and /32")]
+    Prefix(u8),
+    #[error("{network}/{prefix_len} has host bits set; did you mean {canonical}/{prefix_len}?")]
+    HostBits { network: Ipv4Addr, prefix_len: u8, canonical: Ipv4Addr },
+    #[error("excluded address {0} is not in the subnet")]
+    ExcludedOutside(Ipv4Addr),
+    #[error("excluded port {0} is not in the range")]
+    ExcludedPortOutside(u16),
+    #[error("a slot pool needs at least one slot")]
+    NoSlots,
+    #[error("port range {first}..={last} is empty")]
+    EmptyPorts { first: u16, last: u16 },
+    #[error("the pool would hold no identifier at all")]
+    Empty,
+}
+
+impl PoolKind {
+    /// Checks the definition; the error says what to change.
+    pub fn validate(&self) -> Result<(), PoolKindError> {
+        match self {
+            PoolKind::Ipv4 { network, prefix_len, exclude } => {
+                if !(8..=32).contains(prefix_len) {
+                    return Err(PoolKindError::Prefix(*prefix_len));
+                }
+                let mask = Self::mask(*prefix_len);
+                let canonical = Ipv4Addr::from(u32::from(*network) & mask);
+                if canonical != *network {
+                    return Err(PoolKindError::HostBits { network: *network, prefix_len: *prefix_len, canonical });
+                }
+                if let Some(outside) = exclude.iter().find(|a| u32::from(**a) & mask != u32::from(*network)) {
+                    return Err(PoolKindError::ExcludedOutside(*outside));
+                }
+            }
+            PoolKind::Slots { count } => {
+                if *count == 0 {
+                    return Err(PoolKindError::NoSlots);
+                }
+            }
+            PoolKind::Ports { first, last, exclude } => {
+                if first > last {
+                    return Err(PoolKindError::EmptyPorts { first: *first, last: *last });
+                }
+                if let Some(outside) = exclude.iter().find(|p| !(*first..=*last).contains(*p)) {
+                    return Err(PoolKindError::ExcludedPortOutside(*outside));
+                }
+            }
+        }
+        if self.n_usable() == 0 {
+            return Err(PoolKindError::Empty);
+        }
+        Ok(())
+    }
+
+    /// How many identifiers the pool can hand out.
+    pub fn n_usable(&self) -> u64 {
+        match self {
+            PoolKind::Ipv4 { network, prefix_len, exclude } => {
+                let size = self.size();
+                let reserved = if *prefix_len <= 30 { 2 } else { 0 };
+                let excluded: std::collections::BTreeSet<u32> = exclude
+                    .iter()
+                    .map(|a| u32::from(*a).wrapping_sub(u32::from(*network)))
+                    .filter(|idx| u64::from(*idx) < size && !(reserved == 2 && (*idx == 0 || u64::from(*idx) == size - 1)))
+                    .collect();
+                size.saturating_sub(reserved + excluded.len() as u64)
+            }
+            PoolKind::Slots { count } => u64::from(*count),
+            PoolKind::Ports { first, last, exclude } => {
+                let excluded: std::collections::BTreeSet<u16> =
+                    exclude.iter().copied().filter(|p| (*first..=*last).contains(p)).collect();
+                self.size().saturating_sub(excluded.len() as u64)
+            }
+        }
+    }
+
+    fn mask(prefix_len: u8) -> u32 {
+        if prefix_len == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix_len)) }
+    }
+
+    /// How many index positions the pool spans (some may be excluded).
+    pub fn size(&self) -> u64 {
+        match self {
+            PoolKind::Ipv4 { prefix_len, .. } => 1u64 << (32 - u32::from(*prefix_len)),
+            PoolKind::Slots { count } => u64::from(*count),
+            PoolKind::Ports { first, last, .. } => u64::from(*last) - u64::from(*first) + 1,
+        }
+    }
+
+    /// The identifier at index `idx`, or `None` if that index is excluded or out of range.
+    pub fn value_at(&self, idx: u64) -> Option<PoolValue> {
+        if idx >= self.size() {
+            return None;
+        }
+        match self {
+            PoolKind::Ipv4 { network, prefix_len, exclude } => {
+                let size = self.size();
+                if *prefix_len <= 30 && (idx == 0 || idx == size - 1) {
+                    return None;
+                }
+                let addr = Ipv4Addr::from(u32::from(*network) + idx as u32);
+                (!exclude.contains(&addr)).then_some(PoolValue::Ipv4(addr))
+            }
+            PoolKind::Slots { .. } => Some(PoolValue::Slot(idx as u32)),
+            PoolKind::Ports { first, exclude, .. } => {
+                let port = *first + idx as u16;
+                (!exclude.contains(&port)).then_some(PoolValue::Port(port))
+            }
+        }
+    }
+
+    /// True when `value` is one this pool could hand out.
+    pub fn contains(&self, value: &PoolValue) -> bool {
+        match (self, value) {
+            (PoolKind::Ipv4 { network, .. }, PoolValue::Ipv4(addr)) => {
+                let idx = u64::from(u32::from(*addr).wrapping_sub(u32::from(*network)));
+                self.value_at(idx) == Some(*value)
+            }
+            (PoolKind::Slots { count }, PoolValue::Slot(slot)) => slot < count,
+            (PoolKind::Ports { first, .. }, PoolValue::Port(port)) => {
+                port >= first && self.value_at(u64::from(port - first)) == Some(*value)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// One identifier of a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolValue {
+    Ipv4(Ipv4Addr),
+    Slot(u32),
+    Port(u16),
+}
+
+impl fmt::Display for PoolValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoolValue::Ipv4(addr) => write!(f, "{addr}"),
+            PoolValue::Slot(slot) => write!(f, "slot {slot}"),
+            PoolValue::Port(port) => write!(f, "port {port}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slash_29_has_six_hosts_minus_exclusions() {
+        let kind = PoolKind::Ipv4 {
+            network: Ipv4Addr::new(10, 0, 0, 0),
+            prefix_len: 29,
+            exclude: vec![Ipv4Addr::new(10, 0, 0, 1)],
+        };
+        kind.validate().unwrap();
+        let values: Vec<_> = (0..kind.size()).filter_map(|i| kind.value_at(i)).collect();
+        assert_eq!(values.len(), 5);
+        assert_eq!(values[0], PoolValue::Ipv4(Ipv4Addr::new(10, 0, 0, 2)));
+        assert!(kind.contains(&PoolValue::Ipv4(Ipv4Addr::new(10, 0, 0, 6))));
+        assert!(!kind.contains(&PoolValue::Ipv4(Ipv4Addr::new(10, 0, 0, 7))));
+        assert!(!kind.contains(&PoolValue::Ipv4(Ipv4Addr::new(10, 0, 0, 1))));
+        assert!(!kind.contains(&PoolValue::Slot(2)));
+    }
+
+    #[test]
+    fn slot_zero_is_a_slot() {
+        let kind = PoolKind::Slots { count: 2 };
+        assert_eq!(kind.value_at(0), Some(PoolValue::Slot(0)));
+        assert!(kind.contains(&PoolValue::Slot(0)));
+        assert!(!kind.contains(&PoolValue::Slot(2)));
+    }
+
+    #[test]
+    fn bad_definitions_say_what_to_fix() {
+        let host_bits = PoolKind::Ipv4 { network: Ipv4Addr::new(10, 0, 0, 5), prefix_len: 24, exclude: vec![] };
+        assert!(host_bits.validate().unwrap_err().to_string().contains("did you mean 10.0.0.0/24"));
+        assert_eq!(PoolKind::Slots { count: 0 }.validate(), Err(PoolKindError::NoSlots));
+        let all_excluded = PoolKind::Ports { first: 80, last: 80, exclude: vec![80] };
+        assert_eq!(all_excluded.validate(), Err(PoolKindError::Empty));
+    }
+}

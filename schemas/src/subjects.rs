@@ -1,0 +1,104 @@
+//! Subjects (DESIGN section 9) and the partition function.
+//!
+//! Producers publish to `lh.in.<class>.<key>.<id>`; the stream transform maps that to
+//! `lh.cmd.<partition>.<class>.<key>.<id>`, where `partition = fnv1a32(key) % P`, byte-for-byte what NATS's
+//! `{{partition(P,2)}}` computes, so clients, the embedded log and the server agree.
+
+use crate::command::{Command, SubjectId};
+use crate::envelope::CommandClass;
+use crate::ids::Key;
+
+/// FNV-1a, 32 bits.
+pub fn fnv1a32(bytes: &[u8]) -> u32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in bytes {
+        hash ^= u32::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    hash
+}
+
+/// The partition of a subject token among `partitions` (which must be at least 1).
+pub fn partition_of(token: &str, partitions: u32) -> u32 {
+    assert!(partitions > 0, "a log has at least one partition");
+    fnv1a32(token.as_bytes()) % partitions
+}
+
+/// The partition that decides commands about `key`.
+pub fn partition_of_key(key: &Key, partitions: u32) -> u32 {
+    partition_of(&key.token(), partitions)
+}
+
+/// Where a producer publishes a command.
+pub fn ingress_subject(class: CommandClass, key: &Key, id: SubjectId) -> String {
+    format!("lh.in.{}.{}.{}", class.token(), key.token(), id)
+}
+
+/// Where a command is stored after the transform.
+pub fn command_subject(partition: u32, class: CommandClass, key: &Key, id: SubjectId) -> String {
+    format!("lh.cmd.{partition}.{}.{}.{}", class.token(), key.token(), id)
+}
+
+/// The ingress subject of a command.
+pub fn ingress_subject_of(command: &Command) -> String {
+    ingress_subject(command.class(), &command.key(), command.subject_id())
+}
+
+/// The subject a writer consumes for one partition.
+pub fn command_filter(partition: u32) -> String {
+    format!("lh.cmd.{partition}.>")
+}
+
+/// Where the outcomes about one agent or pool are appended: one literal subject an agent can be allowed to read.
+pub fn outcome_subject(partition: u32, key: &Key) -> String {
+    format!("lh.evt.{partition}.{}", key.token())
+}
+
+/// Every outcome subject of a partition: the fence's `Nats-Expected-Last-Subject-Sequence-Subject`.
+pub fn outcome_filter(partition: u32) -> String {
+    format!("lh.evt.{partition}.>")
+}
+
+/// Where an undecodable command goes, mirroring its command subject.
+pub fn dead_letter_subject(partition: u32, class: &str, key: &str, id: &str) -> String {
+    format!("lh.dlq.{partition}.{class}.{key}.{id}")
+}
+
+/// The stream transform of `LH_CMD`: source and destination, for `partitions` partitions.
+pub fn partition_transform(partitions: u32) -> (String, String) {
+    (
+        "lh.in.*.*.*".to_owned(),
+        format!("lh.cmd.{{{{partition({partitions},2)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}.{{{{wildcard(3)}}}}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{AgentName, PoolName};
+
+    #[test]
+    fn matches_nats_partition_test_vector() {
+        // nats-server 2.15 stored `cmd.sync.res-a` as `cmd.7.sync.res-a` for `{{partition(8,2)}}`.
+        assert_eq!(partition_of("res-a", 8), 7);
+    }
+
+    #[test]
+    fn fnv1a32_known_values() {
+        assert_eq!(fnv1a32(b""), 0x811c_9dc5);
+        assert_eq!(fnv1a32(b"a"), 0xe40c_292c);
+        assert_eq!(fnv1a32(b"foobar"), 0xbf9c_f968);
+    }
+
+    #[test]
+    fn subjects_follow_the_layout() {
+        let agent = Key::Agent(AgentName::new("w1").unwrap());
+        let pool = Key::Pool(PoolName::new("ips").unwrap());
+        assert_eq!(ingress_subject(CommandClass::Op, &agent, SubjectId::None), "lh.in.op.w1._");
+        assert_eq!(outcome_subject(3, &pool), "lh.evt.3.@ips");
+        assert_eq!(partition_of_key(&pool, 8), partition_of("@ips", 8));
+        let (src, dest) = partition_transform(8);
+        assert_eq!(src, "lh.in.*.*.*");
+        assert_eq!(dest, "lh.cmd.{{partition(8,2)}}.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}");
+    }
+}
