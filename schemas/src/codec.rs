@@ -304,10 +304,9 @@ pub fn decode_outcome(bytes: &[u8]) -> Result<Outcome, CodecError> {
             check_version(schema_version)?;
             decode_exact::<Outcome>(&bytes[1 + read..])
         }
-        Some(other) => Err(CodecError::new(
-            CodecErrorKind::UnknownFormat,
-            format!("unknown outcome format tag 0x{other:02x}"),
-        )),
+        Some(other) => {
+            Err(CodecError::new(CodecErrorKind::UnknownFormat, format!("unknown outcome format tag 0x{other:02x}")))
+        }
     }
 }
 

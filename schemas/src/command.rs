@@ -14,9 +14,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::envelope::CommandClass;
-use crate::ids::{
-    AgentName, Key, LeaseId, Millis, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp,
-};
+use crate::ids::{AgentName, Key, LeaseId, Millis, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp};
 use crate::pool::{PoolKind, PoolValue};
 use crate::settings::{AgentSettings, PartitionSettings};
 
@@ -674,11 +672,7 @@ impl fmt::Debug for HandleDigest {
 /// In JSON a digest is 16 hex digits (a JSON number would lose bits in JavaScript); in bincode, a `u64`.
 impl Serialize for HandleDigest {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        if serializer.is_human_readable() {
-            serializer.collect_str(self)
-        } else {
-            serializer.serialize_u64(self.0)
-        }
+        if serializer.is_human_readable() { serializer.collect_str(self) } else { serializer.serialize_u64(self.0) }
     }
 }
 

@@ -32,9 +32,7 @@ pub fn is_safe_token(s: &str) -> bool {
     !bytes.is_empty()
         && bytes.len() <= 63
         && (bytes[0].is_ascii_lowercase() || bytes[0].is_ascii_digit())
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_' || *b == b'-')
+        && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_' || *b == b'-')
 }
 
 macro_rules! safe_name {
@@ -391,9 +389,7 @@ impl FromStr for Key {
 
 /// A dense counter per partition (1, 2, 3...) that `decide` assigns to every effect. Lease tokens, claim tokens,
 /// epochs, creation positions and watermarks are positions. `0` means "before every effect".
-#[derive(
-    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Position(pub u64);
 
@@ -418,9 +414,7 @@ impl fmt::Debug for Position {
 }
 
 /// An instant, in milliseconds since the Unix epoch. Decisions only ever see log time.
-#[derive(
-    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Timestamp(pub u64);
 
@@ -452,9 +446,7 @@ impl fmt::Debug for Timestamp {
 }
 
 /// A duration in milliseconds.
-#[derive(
-    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Millis(pub u64);
 
@@ -475,11 +467,11 @@ impl Millis {
 impl fmt::Display for Millis {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0;
-        if ms != 0 && ms % 3_600_000 == 0 {
+        if ms != 0 && ms.is_multiple_of(3_600_000) {
             write!(f, "{}h", ms / 3_600_000)
-        } else if ms != 0 && ms % 60_000 == 0 {
+        } else if ms != 0 && ms.is_multiple_of(60_000) {
             write!(f, "{}min", ms / 60_000)
-        } else if ms != 0 && ms % 1000 == 0 {
+        } else if ms != 0 && ms.is_multiple_of(1000) {
             write!(f, "{}s", ms / 1000)
         } else {
             write!(f, "{ms}ms")
@@ -495,9 +487,7 @@ impl fmt::Debug for Millis {
 
 /// Orders an agent's observations: the epoch (position of its registration) first, then the observation number
 /// the incarnation gave it. Any observation of an earlier epoch is older than every observation of a later one.
-#[derive(
-    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 pub struct ObsStamp {
     pub epoch: Position,
     pub obs: u64,

@@ -25,10 +25,12 @@ pub mod subjects;
 pub use command::Command;
 pub use envelope::{CommandClass, Envelope};
 pub use ids::{
-    AgentName, CommandId, IdError, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position,
-    ResourceId, ResourceRef, Source, Timestamp,
+    AgentName, CommandId, IdError, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef,
+    Source, Timestamp,
 };
 pub use outcome::{Decision, Effect, Outcome, Rejection, RejectionKind};
+/// The UUID type ids are built on, for crates that name it without depending on `uuid` themselves.
+pub use uuid::Uuid;
 
 /// The schema version this build writes. Readers accept every version up to this one.
 pub const SCHEMA_VERSION: u16 = 1;

@@ -12,8 +12,7 @@ use uuid::Uuid;
 use crate::command::{ResyncChunk, SyncReport};
 use crate::envelope::CommandClass;
 use crate::ids::{
-    CommandId, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source,
-    Timestamp,
+    CommandId, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp,
 };
 use crate::pool::{PoolKind, PoolValue};
 use crate::settings::{AgentSettings, PartitionSettings};
@@ -52,7 +51,10 @@ pub struct CommandSummary {
 #[serde(rename_all = "snake_case")]
 pub enum Decision {
     /// Effects at positions `first_position`, `first_position + 1`, ...
-    Accepted { first_position: Position, effects: Vec<Effect> },
+    Accepted {
+        first_position: Position,
+        effects: Vec<Effect>,
+    },
     Rejected(Rejection),
 }
 
@@ -232,18 +234,40 @@ pub enum Work {
 #[serde(rename_all = "snake_case")]
 pub enum Effect {
     // Agents. The epoch of a registration is the position of its `AgentRegistered`.
-    AgentRegistered { incarnation: Uuid, wiped: bool, settings: AgentSettings },
-    AgentSeen { at: Timestamp },
-    AgentStalled { last_seen: Timestamp },
+    AgentRegistered {
+        incarnation: Uuid,
+        wiped: bool,
+        settings: AgentSettings,
+    },
+    AgentSeen {
+        at: Timestamp,
+    },
+    AgentStalled {
+        last_seen: Timestamp,
+    },
     AgentRecovered,
-    AgentGone { last_seen: Timestamp },
-    AgentRetired { by: Issuer },
+    AgentGone {
+        last_seen: Timestamp,
+    },
+    AgentRetired {
+        by: Issuer,
+    },
     /// The circuit breaker tripped: a report would have lost `would_lose` of `live` resources. Nothing was marked.
-    AgentSuspect { would_lose: u32, live: u32 },
-    AgentBreakerCleared { reason: BreakerClear },
-    ResyncRequested { reason: ResyncReason },
-    /// An observation was decided: later observations must carry a higher number.
-    ObservationAccepted { stamp: ObsStamp, watermark: Position },
+    AgentSuspect {
+        would_lose: u32,
+        live: u32,
+    },
+    AgentBreakerCleared {
+        reason: BreakerClear,
+    },
+    ResyncRequested {
+        reason: ResyncReason,
+    },
+    /// An observation was decided: later observations must carry a higher number. Reports carry their watermark.
+    ObservationAccepted {
+        stamp: ObsStamp,
+        watermark: Option<Position>,
+    },
 
     // Resources.
     ResourceAllocated {
@@ -253,31 +277,83 @@ pub enum Effect {
         attributes: BTreeMap<String, String>,
         parent: Option<ResourceRef>,
     },
-    ClaimWanted { resource: ResourceId, pool: PoolName },
-    ClaimBound { resource: ResourceId, pool: PoolName, value: PoolValue, token: Position },
+    ClaimWanted {
+        resource: ResourceId,
+        pool: PoolName,
+    },
+    ClaimBound {
+        resource: ResourceId,
+        pool: PoolName,
+        value: PoolValue,
+        token: Position,
+    },
     /// The agent must create the resource. Its position is the resource's creation position.
-    CreateOrdered { resource: ResourceId },
-    ResourceActivated { resource: ResourceId, stamp: ObsStamp, native_id: Option<String> },
-    ResourcePaused { resource: ResourceId, reason: Option<String>, until: Option<Timestamp> },
-    ResourceUnpaused { resource: ResourceId, cause: UnpauseCause },
+    CreateOrdered {
+        resource: ResourceId,
+    },
+    ResourceActivated {
+        resource: ResourceId,
+        stamp: ObsStamp,
+        native_id: Option<String>,
+    },
+    ResourcePaused {
+        resource: ResourceId,
+        reason: Option<String>,
+        until: Option<Timestamp>,
+    },
+    ResourceUnpaused {
+        resource: ResourceId,
+        cause: UnpauseCause,
+    },
     ResourceUpdated {
         resource: ResourceId,
         set: BTreeMap<String, String>,
         remove: Vec<String>,
         capacity: Option<u32>,
     },
-    ResourceSuspect { resource: ResourceId, cause: SuspectCause },
-    HealthCheckRequested { resource: ResourceId },
-    ResourceHealthy { resource: ResourceId },
-    UpstreamFlagged { resource: ResourceId, parent: ResourceRef, suspect: bool },
+    ResourceSuspect {
+        resource: ResourceId,
+        cause: SuspectCause,
+    },
+    HealthCheckRequested {
+        resource: ResourceId,
+    },
+    ResourceHealthy {
+        resource: ResourceId,
+    },
+    UpstreamFlagged {
+        resource: ResourceId,
+        parent: ResourceRef,
+        suspect: bool,
+        source: Source,
+    },
     /// The agent must destroy the resource. Its position is the resource's destruction position.
-    ResourceReleasing { resource: ResourceId, cause: ReleaseCause },
-    ResourceDestroyed { resource: ResourceId, stamp: ObsStamp },
-    ResourceLost { resource: ResourceId, stamp: ObsStamp },
-    ResourceOrphaned { resource: ResourceId },
-    ResourceFailed { resource: ResourceId, detail: String },
+    ResourceReleasing {
+        resource: ResourceId,
+        cause: ReleaseCause,
+    },
+    ResourceDestroyed {
+        resource: ResourceId,
+        stamp: ObsStamp,
+    },
+    ResourceLost {
+        resource: ResourceId,
+        stamp: ObsStamp,
+    },
+    ResourceOrphaned {
+        resource: ResourceId,
+    },
+    ResourceFailed {
+        resource: ResourceId,
+        detail: String,
+    },
     /// The claim may go back to its pool (`value`/`token` `None`: the holder was still waiting).
-    ClaimReleasable { resource: ResourceId, pool: PoolName, value: Option<PoolValue>, token: Option<Position> },
+    ClaimReleasable {
+        resource: ResourceId,
+        pool: PoolName,
+        value: Option<PoolValue>,
+        token: Option<Position>,
+    },
 
     // Leases. A grant's position is the lease token.
     LeaseWaiting {
@@ -294,25 +370,60 @@ pub enum Effect {
         ttl: Option<Millis>,
         expires_at: Option<Timestamp>,
     },
-    LeaseRenewed { lease: LeaseId, ttl: Option<Millis>, expires_at: Option<Timestamp> },
-    LeaseReleased { lease: LeaseId },
-    LeaseBroken { lease: LeaseId, reason: BreakReason },
-    LeaseExpired { lease: LeaseId },
-    LeaseFailed { lease: LeaseId },
+    LeaseRenewed {
+        lease: LeaseId,
+        ttl: Option<Millis>,
+        expires_at: Option<Timestamp>,
+    },
+    LeaseReleased {
+        lease: LeaseId,
+    },
+    LeaseBroken {
+        lease: LeaseId,
+        reason: BreakReason,
+    },
+    LeaseExpired {
+        lease: LeaseId,
+    },
+    LeaseFailed {
+        lease: LeaseId,
+    },
 
     // Pools. A grant's position is the claim token.
-    PoolDefined { kind: PoolKind, cooldown: Millis },
-    ClaimGranted { holder: ResourceRef, value: PoolValue, source: Source },
-    ClaimQueued { holder: ResourceRef, source: Source },
-    ClaimFreed { holder: ResourceRef, value: PoolValue, token: Position },
-    ClaimWithdrawn { holder: ResourceRef },
+    PoolDefined {
+        kind: PoolKind,
+        cooldown: Millis,
+    },
+    ClaimGranted {
+        holder: ResourceRef,
+        value: PoolValue,
+        source: Source,
+    },
+    ClaimQueued {
+        holder: ResourceRef,
+        source: Source,
+    },
+    ClaimFreed {
+        holder: ResourceRef,
+        value: PoolValue,
+        token: Position,
+    },
+    ClaimWithdrawn {
+        holder: ResourceRef,
+    },
 
     // The partition and the writer.
-    PartitionSettingsChanged { settings: PartitionSettings },
+    PartitionSettingsChanged {
+        settings: PartitionSettings,
+    },
     /// The writer must send itself a `sys.continue` naming this position.
-    ContinueRequested { work: Work },
+    ContinueRequested {
+        work: Work,
+    },
     /// The continuation that `ContinueRequested` at `origin` asked for was taken up.
-    ContinuationTaken { origin: Position },
+    ContinuationTaken {
+        origin: Position,
+    },
 }
 
 impl Effect {

@@ -83,7 +83,9 @@ impl PoolKind {
                 let excluded: std::collections::BTreeSet<u32> = exclude
                     .iter()
                     .map(|a| u32::from(*a).wrapping_sub(u32::from(*network)))
-                    .filter(|idx| u64::from(*idx) < size && !(reserved == 2 && (*idx == 0 || u64::from(*idx) == size - 1)))
+                    .filter(|idx| {
+                        u64::from(*idx) < size && !(reserved == 2 && (*idx == 0 || u64::from(*idx) == size - 1))
+                    })
                     .collect();
                 size.saturating_sub(reserved + excluded.len() as u64)
             }
@@ -131,19 +133,22 @@ impl PoolKind {
         }
     }
 
+    /// The index of `value` in this pool, if it is one the pool could hand out.
+    pub fn index_of(&self, value: &PoolValue) -> Option<u64> {
+        let idx = match (self, value) {
+            (PoolKind::Ipv4 { network, .. }, PoolValue::Ipv4(addr)) => {
+                u64::from(u32::from(*addr).wrapping_sub(u32::from(*network)))
+            }
+            (PoolKind::Slots { .. }, PoolValue::Slot(slot)) => u64::from(*slot),
+            (PoolKind::Ports { first, .. }, PoolValue::Port(port)) => u64::from(port.wrapping_sub(*first)),
+            _ => return None,
+        };
+        (self.value_at(idx) == Some(*value)).then_some(idx)
+    }
+
     /// True when `value` is one this pool could hand out.
     pub fn contains(&self, value: &PoolValue) -> bool {
-        match (self, value) {
-            (PoolKind::Ipv4 { network, .. }, PoolValue::Ipv4(addr)) => {
-                let idx = u64::from(u32::from(*addr).wrapping_sub(u32::from(*network)));
-                self.value_at(idx) == Some(*value)
-            }
-            (PoolKind::Slots { count }, PoolValue::Slot(slot)) => slot < count,
-            (PoolKind::Ports { first, .. }, PoolValue::Port(port)) => {
-                port >= first && self.value_at(u64::from(port - first)) == Some(*value)
-            }
-            _ => false,
-        }
+        self.index_of(value).is_some()
     }
 }
 

@@ -1,0 +1,502 @@
+//! `apply`: fold one outcome into partition state. No decisions here: every branch follows from an effect.
+
+use std::sync::Arc;
+
+use leasehold_schemas::Outcome;
+use leasehold_schemas::ids::{Position, ResourceId, Timestamp};
+use leasehold_schemas::outcome::{Effect, UnpauseCause};
+
+use crate::state::{
+    Agent, Breaker, ClaimSlot, Forget, Holding, Lease, LeaseState, Liveness, PartitionState, Pool, Resource,
+    ResourceState,
+};
+
+/// Folds `outcome` into `state`. An outcome at or below the cursor (a retried command answered with its first
+/// outcome) changes nothing.
+pub fn apply(state: &mut PartitionState, outcome: &Outcome) {
+    if outcome.cmd_seq <= state.cursor {
+        return;
+    }
+    state.cursor = outcome.cmd_seq;
+    state.now = state.now.max(outcome.decided_at);
+    let now = state.now;
+    let key = outcome.command.key.clone();
+    let mut last = state.last_position();
+    for (position, effect) in outcome.positioned_effects() {
+        debug_assert_eq!(position, last.next(), "positions are dense");
+        apply_effect(state, &key, position, now, effect);
+        last = position;
+    }
+    state.next_position = last.next();
+    if crate::decide::remembered(&outcome.command.type_name) {
+        state.recent.by_id.insert(outcome.command.id, Arc::new(outcome.clone()));
+        state.recent.order.push_back((now, outcome.command.id));
+    }
+    forget_old(state);
+}
+
+/// Drops what the horizon no longer needs: outcomes of old commands, terminal records, released pool holders.
+fn forget_old(state: &mut PartitionState) {
+    let horizon = state.settings.outcome_horizon;
+    let now = state.now;
+    let expired = |t: Timestamp| t.saturating_add(horizon) <= now;
+    while let Some((t, id)) = state.recent.order.front().copied() {
+        if !expired(t) {
+            break;
+        }
+        state.recent.order.pop_front();
+        state.recent.by_id.remove(&id);
+    }
+    while let Some((t, _)) = state.forget.front() {
+        if !expired(*t) {
+            break;
+        }
+        let Some((_, item)) = state.forget.pop_front() else {
+            break;
+        };
+        match item {
+            Forget::Resource(id) => {
+                if let Some(resource) = state.resources.remove(&id)
+                    && let Some(agent) = state.agents.get_mut(&resource.agent)
+                {
+                    agent.resources.remove(&id);
+                }
+            }
+            Forget::Lease(id) => {
+                state.leases.remove(&id);
+            }
+            Forget::PoolHolder(pool, holder) => {
+                if let Some(pool) = state.pools.get_mut(&pool) {
+                    pool.released.remove(&holder);
+                }
+            }
+        }
+    }
+}
+
+fn agent_of<'a>(state: &'a mut PartitionState, key: &leasehold_schemas::Key) -> Option<&'a mut Agent> {
+    match key {
+        leasehold_schemas::Key::Agent(name) => state.agents.get_mut(name),
+        leasehold_schemas::Key::Pool(_) => None,
+    }
+}
+
+fn pool_of<'a>(state: &'a mut PartitionState, key: &leasehold_schemas::Key) -> Option<&'a mut Pool> {
+    match key {
+        leasehold_schemas::Key::Pool(name) => state.pools.get_mut(name),
+        leasehold_schemas::Key::Agent(_) => None,
+    }
+}
+
+/// Moves a resource to `next`, keeping the agent's held view and the forget queue in step.
+fn set_resource_state(
+    state: &mut PartitionState,
+    id: ResourceId,
+    next: ResourceState,
+    position: Position,
+    now: Timestamp,
+) {
+    let Some(resource) = state.resources.get_mut(&id) else {
+        return;
+    };
+    let was_held = resource.state.is_held();
+    let was_releasing = matches!(resource.state, ResourceState::Releasing { .. });
+    let is_held = next.is_held();
+    let is_releasing = matches!(next, ResourceState::Releasing { .. });
+    let is_terminal = next.is_terminal();
+    resource.state = next;
+    if is_releasing {
+        resource.destruction_ordered = Some(position);
+    }
+    if is_terminal {
+        resource.terminal_at = Some(now);
+    }
+    let destruction = resource.destruction_ordered;
+    let agent_name = resource.agent.clone();
+    if let Some(agent) = state.agents.get_mut(&agent_name) {
+        if was_held && !is_held {
+            agent.n_held -= 1;
+            agent.held_digest.remove(id);
+        }
+        if !was_held && is_held {
+            agent.n_held += 1;
+            agent.held_digest.add(id);
+        }
+        if is_releasing && !was_releasing {
+            agent.releasing.insert(position, id);
+        }
+        if was_releasing
+            && !is_releasing
+            && let Some(pos) = destruction
+        {
+            agent.releasing.remove(&pos);
+        }
+    }
+    if is_terminal {
+        state.forget.push_back((now, Forget::Resource(id)));
+    }
+}
+
+fn end_lease(state: &mut PartitionState, lease_id: leasehold_schemas::LeaseId, next: LeaseState, now: Timestamp) {
+    let Some(lease) = state.leases.get_mut(&lease_id) else {
+        return;
+    };
+    lease.state = next;
+    lease.terminal_at = Some(now);
+    let resource_id = lease.resource;
+    if let Some(resource) = state.resources.get_mut(&resource_id) {
+        resource.live_leases.retain(|_, id| *id != lease_id);
+    }
+    state.forget.push_back((now, Forget::Lease(lease_id)));
+}
+
+fn apply_effect(
+    state: &mut PartitionState,
+    key: &leasehold_schemas::Key,
+    position: Position,
+    now: Timestamp,
+    effect: &Effect,
+) {
+    match effect {
+        Effect::AgentRegistered { incarnation, wiped, settings } => {
+            let leasehold_schemas::Key::Agent(name) = key else {
+                return;
+            };
+            let bypass = wiped.then(|| now.saturating_add(settings.loss_window));
+            let agent = state.agents.entry(name.clone()).or_insert_with(|| Agent {
+                name: name.clone(),
+                liveness: Liveness::Live,
+                retired: false,
+                breaker: None,
+                epoch: position,
+                incarnation: *incarnation,
+                wiped: *wiped,
+                settings: settings.clone(),
+                last_seen: now,
+                last_obs: Default::default(),
+                breaker_bypass_until: None,
+                recent_losses: Default::default(),
+                resources: Default::default(),
+                releasing: Default::default(),
+                n_held: 0,
+                held_digest: Default::default(),
+            });
+            agent.liveness = Liveness::Live;
+            agent.retired = false;
+            agent.epoch = position;
+            agent.incarnation = *incarnation;
+            agent.wiped = *wiped;
+            agent.settings = settings.clone();
+            agent.last_seen = now;
+            agent.last_obs = leasehold_schemas::ObsStamp { epoch: position, obs: 0 };
+            agent.breaker_bypass_until = bypass;
+            if *wiped {
+                agent.breaker = None;
+            }
+        }
+        Effect::AgentSeen { at } => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.last_seen = agent.last_seen.max(*at);
+            }
+        }
+        Effect::AgentStalled { .. } => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.liveness = Liveness::Stalled;
+            }
+        }
+        Effect::AgentRecovered => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.liveness = Liveness::Live;
+            }
+        }
+        Effect::AgentGone { .. } => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.liveness = Liveness::Gone;
+            }
+        }
+        Effect::AgentRetired { .. } => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.retired = true;
+            }
+        }
+        Effect::AgentSuspect { would_lose, .. } => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.breaker = Some(Breaker { tripped_at: now, would_lose: *would_lose });
+            }
+        }
+        Effect::AgentBreakerCleared { reason } => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.breaker = None;
+                if matches!(reason, leasehold_schemas::outcome::BreakerClear::LossConfirmed { .. }) {
+                    agent.breaker_bypass_until = Some(now.saturating_add(agent.settings.loss_window));
+                    agent.recent_losses.clear();
+                }
+            }
+        }
+        Effect::ResyncRequested { .. } => {}
+        Effect::ObservationAccepted { stamp, .. } => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.last_obs = agent.last_obs.max(*stamp);
+            }
+        }
+        Effect::ResourceAllocated { resource, kind, capacity, attributes, parent } => {
+            let leasehold_schemas::Key::Agent(agent_name) = key else {
+                return;
+            };
+            state.resources.insert(
+                *resource,
+                Resource {
+                    id: *resource,
+                    agent: agent_name.clone(),
+                    kind: kind.clone(),
+                    capacity: *capacity,
+                    attributes: attributes.clone(),
+                    parent: parent.clone(),
+                    state: ResourceState::Pending,
+                    allocated_at: now,
+                    allocated_pos: position,
+                    create_ordered: None,
+                    destruction_ordered: None,
+                    last_present: None,
+                    native_id: None,
+                    upstream_suspect: None,
+                    parent_seen: None,
+                    claims: Default::default(),
+                    live_leases: Default::default(),
+                    terminal_at: None,
+                },
+            );
+            if let Some(agent) = state.agents.get_mut(agent_name) {
+                agent.resources.insert(*resource);
+            }
+        }
+        Effect::ClaimWanted { resource, pool } => {
+            if let Some(r) = state.resources.get_mut(resource) {
+                r.claims.insert(pool.clone(), ClaimSlot::Wanted);
+            }
+        }
+        Effect::ClaimBound { resource, pool, value, token } => {
+            if let Some(r) = state.resources.get_mut(resource) {
+                r.claims.insert(pool.clone(), ClaimSlot::Bound { value: *value, token: *token });
+            }
+        }
+        Effect::CreateOrdered { resource } => {
+            if let Some(r) = state.resources.get_mut(resource) {
+                r.create_ordered = Some(position);
+            }
+        }
+        Effect::ResourceActivated { resource, stamp, native_id } => {
+            if let Some(r) = state.resources.get_mut(resource) {
+                r.last_present = Some(*stamp);
+                if native_id.is_some() {
+                    r.native_id = native_id.clone();
+                }
+            }
+            set_resource_state(state, *resource, ResourceState::Active, position, now);
+        }
+        Effect::ResourcePaused { resource, reason, until } => {
+            let next = ResourceState::Paused { reason: reason.clone(), until: *until };
+            set_resource_state(state, *resource, next, position, now);
+        }
+        Effect::ResourceUnpaused { resource, cause: UnpauseCause::Operator { .. } | UnpauseCause::PauseExpired } => {
+            set_resource_state(state, *resource, ResourceState::Active, position, now);
+        }
+        Effect::ResourceUpdated { resource, set, remove, capacity } => {
+            if let Some(r) = state.resources.get_mut(resource) {
+                for name in remove {
+                    r.attributes.remove(name);
+                }
+                r.attributes.extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
+                if let Some(capacity) = capacity {
+                    r.capacity = *capacity;
+                }
+            }
+        }
+        Effect::ResourceSuspect { resource, cause } => {
+            set_resource_state(state, *resource, ResourceState::Suspect { cause: cause.clone() }, position, now);
+        }
+        Effect::HealthCheckRequested { .. } => {}
+        Effect::ResourceHealthy { resource } => {
+            set_resource_state(state, *resource, ResourceState::Active, position, now);
+        }
+        Effect::UpstreamFlagged { resource, parent, suspect, source } => {
+            if let Some(r) = state.resources.get_mut(resource) {
+                r.upstream_suspect = suspect.then(|| parent.clone());
+                r.parent_seen = Some(*source);
+            }
+        }
+        Effect::ResourceReleasing { resource, cause } => {
+            set_resource_state(state, *resource, ResourceState::Releasing { cause: cause.clone() }, position, now);
+        }
+        Effect::ResourceDestroyed { resource, .. } => {
+            set_resource_state(state, *resource, ResourceState::Destroyed, position, now);
+        }
+        Effect::ResourceLost { resource, .. } => {
+            set_resource_state(state, *resource, ResourceState::Lost, position, now);
+            if let Some(agent) = agent_of(state, key) {
+                let window_start = now.saturating_sub(agent.settings.loss_window);
+                while agent.recent_losses.front().is_some_and(|t| *t <= window_start) {
+                    agent.recent_losses.pop_front();
+                }
+                agent.recent_losses.push_back(now);
+            }
+        }
+        Effect::ResourceOrphaned { resource } => {
+            set_resource_state(state, *resource, ResourceState::Orphaned, position, now);
+        }
+        Effect::ResourceFailed { resource, detail } => {
+            set_resource_state(state, *resource, ResourceState::Failed { detail: detail.clone() }, position, now);
+        }
+        Effect::ClaimReleasable { resource, pool, .. } => {
+            if let Some(r) = state.resources.get_mut(resource)
+                && let Some(slot) = r.claims.get_mut(pool)
+            {
+                *slot = ClaimSlot::Returned;
+            }
+        }
+        Effect::LeaseWaiting { lease, resource, holder, ttl, wait_until } => {
+            insert_lease(
+                state,
+                key,
+                *lease,
+                *resource,
+                holder,
+                *ttl,
+                LeaseState::Waiting { until: *wait_until },
+                position,
+            );
+        }
+        Effect::LeaseGranted { lease, resource, holder, ttl, expires_at } => {
+            let granted = LeaseState::Active { token: position, expires_at: *expires_at };
+            match state.leases.get_mut(lease) {
+                Some(existing) => existing.state = granted,
+                None => insert_lease(state, key, *lease, *resource, holder, *ttl, granted, position),
+            }
+        }
+        Effect::LeaseRenewed { lease, ttl, expires_at } => {
+            if let Some(l) = state.leases.get_mut(lease) {
+                l.ttl = *ttl;
+                if let LeaseState::Active { expires_at: e, .. } = &mut l.state {
+                    *e = *expires_at;
+                }
+            }
+        }
+        Effect::LeaseReleased { lease } => end_lease(state, *lease, LeaseState::Released, now),
+        Effect::LeaseBroken { lease, reason } => end_lease(state, *lease, LeaseState::Broken { reason: *reason }, now),
+        Effect::LeaseExpired { lease } => end_lease(state, *lease, LeaseState::Expired, now),
+        Effect::LeaseFailed { lease } => end_lease(state, *lease, LeaseState::Failed, now),
+        Effect::PoolDefined { kind, cooldown } => {
+            let leasehold_schemas::Key::Pool(name) = key else {
+                return;
+            };
+            state.pools.insert(
+                name.clone(),
+                Pool {
+                    name: name.clone(),
+                    kind: kind.clone(),
+                    cooldown: *cooldown,
+                    next_fresh: 0,
+                    cooling: Default::default(),
+                    held: Default::default(),
+                    holders: Default::default(),
+                    waiters: Default::default(),
+                    released: Default::default(),
+                },
+            );
+        }
+        Effect::ClaimGranted { holder, value, source } => {
+            let Some(pool) = pool_of(state, key) else {
+                return;
+            };
+            match pool.kind.index_of(value) {
+                Some(idx) if idx >= pool.next_fresh => pool.next_fresh = idx + 1,
+                _ => pool.cooling.retain(|_, v| v != value),
+            }
+            if let Some(Holding::Waiting { queued_at, .. }) = pool.holders.get(holder) {
+                pool.waiters.remove(queued_at);
+            }
+            pool.held.insert(*value, holder.clone());
+            pool.holders.insert(holder.clone(), Holding::Granted { value: *value, token: position, source: *source });
+        }
+        Effect::ClaimQueued { holder, source } => {
+            let Some(pool) = pool_of(state, key) else {
+                return;
+            };
+            pool.waiters.insert(position, holder.clone());
+            pool.holders.insert(holder.clone(), Holding::Waiting { queued_at: position, source: *source });
+        }
+        Effect::ClaimFreed { holder, value, .. } => {
+            let Some(pool) = pool_of(state, key) else {
+                return;
+            };
+            pool.held.remove(value);
+            pool.cooling.insert((now, position), *value);
+            if let Some(holding) = pool.holders.remove(holder) {
+                let source = match holding {
+                    Holding::Waiting { source, .. } | Holding::Granted { source, .. } => source,
+                };
+                pool.released.insert(holder.clone(), source);
+                let name = pool.name.clone();
+                state.forget.push_back((now, Forget::PoolHolder(name, holder.clone())));
+            }
+        }
+        Effect::ClaimWithdrawn { holder } => {
+            let Some(pool) = pool_of(state, key) else {
+                return;
+            };
+            if let Some(holding) = pool.holders.remove(holder) {
+                let source = match holding {
+                    Holding::Waiting { queued_at, source } => {
+                        pool.waiters.remove(&queued_at);
+                        source
+                    }
+                    Holding::Granted { source, .. } => source,
+                };
+                pool.released.insert(holder.clone(), source);
+                let name = pool.name.clone();
+                state.forget.push_back((now, Forget::PoolHolder(name, holder.clone())));
+            }
+        }
+        Effect::PartitionSettingsChanged { settings } => {
+            state.settings = settings.clone();
+        }
+        Effect::ContinueRequested { work } => {
+            state.continuations.insert(position, (key.clone(), work.clone()));
+        }
+        Effect::ContinuationTaken { origin } => {
+            state.continuations.remove(origin);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn insert_lease(
+    state: &mut PartitionState,
+    key: &leasehold_schemas::Key,
+    lease: leasehold_schemas::LeaseId,
+    resource: ResourceId,
+    holder: &str,
+    ttl: Option<leasehold_schemas::Millis>,
+    lease_state: LeaseState,
+    position: Position,
+) {
+    let leasehold_schemas::Key::Agent(agent) = key else {
+        return;
+    };
+    state.leases.insert(
+        lease,
+        Lease {
+            id: lease,
+            resource,
+            agent: agent.clone(),
+            holder: holder.to_owned(),
+            ttl,
+            state: lease_state,
+            requested_pos: position,
+            terminal_at: None,
+        },
+    );
+    if let Some(r) = state.resources.get_mut(&resource) {
+        r.live_leases.insert(position, lease);
+    }
+}

@@ -1,0 +1,233 @@
+//! Agents: registration and epochs, heartbeats, stalled and gone, retirement, the breaker's confirm-loss, and the
+//! partition's own settings.
+
+use leasehold_schemas::RejectionKind;
+use leasehold_schemas::command::{
+    ConfirmLoss, Heartbeat, MarkGone, MarkStalled, Orphan, Register, RetireAgent, SetPartitionSettings,
+};
+use leasehold_schemas::ids::{Millis, Timestamp};
+use leasehold_schemas::outcome::{BreakerClear, Effect, ResyncReason, Work};
+use leasehold_schemas::settings::AgentSettings;
+
+use super::{Decider, Verdict, reject};
+use crate::state::{Agent, Liveness};
+
+/// A recorded heartbeat may lag the real last one by up to a third of `stall_after` (heartbeats are coalesced),
+/// so silence is judged from the recorded one plus that third: an agent is never called stalled or gone early.
+fn coalesce_interval(settings: &AgentSettings) -> Millis {
+    Millis(settings.stall_after.0 / 3)
+}
+
+fn stalled_at(agent: &Agent) -> Timestamp {
+    agent.last_seen.saturating_add(agent.settings.stall_after).saturating_add(coalesce_interval(&agent.settings))
+}
+
+fn gone_at(agent: &Agent) -> Timestamp {
+    agent.last_seen.saturating_add(agent.settings.orphan_after).saturating_add(coalesce_interval(&agent.settings))
+}
+
+fn check_settings(settings: &AgentSettings) -> Result<(), String> {
+    if settings.max_loss_percent > 100 {
+        return Err(format!("max_loss_percent {} is over 100", settings.max_loss_percent));
+    }
+    for (name, value) in [
+        ("loss_window", settings.loss_window),
+        ("create_timeout", settings.create_timeout),
+        ("stall_after", settings.stall_after),
+        ("orphan_after", settings.orphan_after),
+    ] {
+        if value.0 == 0 {
+            return Err(format!("{name} must be longer than 0"));
+        }
+    }
+    if settings.orphan_after <= settings.stall_after {
+        return Err(format!(
+            "orphan_after ({}) must be longer than stall_after ({})",
+            settings.orphan_after, settings.stall_after
+        ));
+    }
+    Ok(())
+}
+
+impl<'s> Decider<'s> {
+    pub(super) fn register(&mut self, command: &Register) -> Verdict {
+        if let Err(problem) = check_settings(&command.settings) {
+            return reject(RejectionKind::Invalid, format!("agent {}: {problem}", command.agent));
+        }
+        if let Some(agent) = self.state.agents.get(&command.agent) {
+            if agent.retired {
+                let n_live = self.state.resources_of(agent).filter(|r| !r.state.is_terminal()).count();
+                if n_live > 0 {
+                    return reject(
+                        RejectionKind::InvalidState,
+                        format!(
+                            "agent {} is retired and still has {n_live} resources being released; \
+                             it can register again once they are gone",
+                            command.agent
+                        ),
+                    );
+                }
+            }
+            if command.wiped && agent.breaker.is_some() {
+                self.out.push(Effect::AgentBreakerCleared { reason: BreakerClear::Wiped });
+            }
+        }
+        self.out.push(Effect::AgentRegistered {
+            incarnation: command.incarnation,
+            wiped: command.wiped,
+            settings: command.settings.clone(),
+        });
+        Ok(())
+    }
+
+    pub(super) fn heartbeat(&mut self, command: &Heartbeat) -> Verdict {
+        let agent = self.agent(&command.agent)?;
+        if agent.liveness == Liveness::Gone {
+            return reject(
+                RejectionKind::InvalidState,
+                format!("agent {} is gone and its resources are orphaned; register a new incarnation", agent.name),
+            );
+        }
+        if command.epoch != agent.epoch {
+            return reject(
+                RejectionKind::WrongEpoch,
+                format!(
+                    "heartbeat from epoch {} of agent {}, whose current epoch is {}",
+                    command.epoch, agent.name, agent.epoch
+                ),
+            );
+        }
+        if agent.liveness == Liveness::Stalled {
+            self.out.push(Effect::AgentRecovered);
+            self.out.push(Effect::AgentSeen { at: self.now });
+        } else if self.now.since(agent.last_seen) >= coalesce_interval(&agent.settings) {
+            self.out.push(Effect::AgentSeen { at: self.now });
+        }
+        Ok(())
+    }
+
+    pub(super) fn mark_stalled(&mut self, command: &MarkStalled) -> Verdict {
+        let agent = self.agent(&command.agent)?;
+        if agent.liveness != Liveness::Live {
+            return reject(RejectionKind::AlreadyDone, format!("agent {} is already {}", agent.name, agent.status()));
+        }
+        let due = stalled_at(agent);
+        if self.now < due {
+            return reject(
+                RejectionKind::NotYetDue,
+                format!("agent {} was seen at {}; it is not stalled before {due}", agent.name, agent.last_seen),
+            );
+        }
+        self.out.push(Effect::AgentStalled { last_seen: agent.last_seen });
+        Ok(())
+    }
+
+    pub(super) fn mark_gone(&mut self, command: &MarkGone) -> Verdict {
+        let agent = self.agent(&command.agent)?;
+        if agent.liveness == Liveness::Gone {
+            return reject(RejectionKind::AlreadyDone, format!("agent {} is already gone", agent.name));
+        }
+        let due = gone_at(agent);
+        if self.now < due {
+            return reject(
+                RejectionKind::NotYetDue,
+                format!("agent {} was seen at {}; it is not gone before {due}", agent.name, agent.last_seen),
+            );
+        }
+        self.out.push(Effect::AgentGone { last_seen: agent.last_seen });
+        // The gone effect is not applied yet, so orphan here rather than through `orphan_rest`'s liveness check.
+        for resource in self.state.resources_of(agent).filter(|r| !r.state.is_terminal()) {
+            if self.out.over_budget() {
+                self.continue_later(Work::OrphanResources);
+                return Ok(());
+            }
+            self.orphan_unit(resource);
+        }
+        Ok(())
+    }
+
+    pub(super) fn orphan(&mut self, command: &Orphan) -> Verdict {
+        let agent = self.agent(&command.agent)?;
+        let resource = self.resource(&command.agent, command.resource)?;
+        if agent.liveness != Liveness::Gone {
+            return reject(
+                RejectionKind::InvalidState,
+                format!(
+                    "agent {} is {}, not gone: only the resources of a gone agent are orphaned",
+                    agent.name,
+                    agent.status()
+                ),
+            );
+        }
+        if resource.state.is_terminal() {
+            return reject(
+                RejectionKind::AlreadyDone,
+                format!("resource {} is already {}", resource.reference(), resource.state.name()),
+            );
+        }
+        self.orphan_unit(resource);
+        Ok(())
+    }
+
+    pub(super) fn retire_agent(&mut self, command: &RetireAgent) -> Verdict {
+        let agent = self.agent(&command.agent)?;
+        if agent.retired {
+            return reject(RejectionKind::AlreadyDone, format!("agent {} is already retired", agent.name));
+        }
+        self.out.push(Effect::AgentRetired { by: self.envelope.issuer.clone() });
+        let live =
+            |r: &&crate::state::Resource| matches!(r.state, crate::state::ResourceState::Pending) || r.state.is_held();
+        for resource in self.state.resources_of(agent).filter(live) {
+            if self.out.over_budget() {
+                self.continue_later(Work::ReleaseResources);
+                return Ok(());
+            }
+            self.order_release(
+                resource,
+                leasehold_schemas::outcome::ReleaseCause::AgentRetired,
+                leasehold_schemas::outcome::BreakReason::ResourceLeft,
+            );
+        }
+        Ok(())
+    }
+
+    pub(super) fn confirm_loss(&mut self, command: &ConfirmLoss) -> Verdict {
+        let agent = self.agent(&command.agent)?;
+        if agent.breaker.is_none() {
+            return reject(
+                RejectionKind::InvalidState,
+                format!("agent {}'s circuit breaker has not tripped; there is no loss to confirm", agent.name),
+            );
+        }
+        // The losses are marked by the agent's next reports (a full resync is asked for at once), without the
+        // breaker, for one breaker window.
+        self.out.push(Effect::AgentBreakerCleared {
+            reason: BreakerClear::LossConfirmed { by: self.envelope.issuer.clone() },
+        });
+        self.out.push(Effect::ResyncRequested { reason: ResyncReason::LossConfirmed });
+        Ok(())
+    }
+
+    pub(super) fn set_partition_settings(&mut self, command: &SetPartitionSettings) -> Verdict {
+        if command.partition != self.state.partition {
+            return reject(
+                RejectionKind::WrongPartition,
+                format!(
+                    "settings for partition {} reached partition {}; route them with a key of that partition",
+                    command.partition, self.state.partition
+                ),
+            );
+        }
+        if command.settings.outcome_horizon < Millis::from_mins(1) {
+            return reject(
+                RejectionKind::Invalid,
+                format!("an outcome horizon of {} is too short; use at least 1min", command.settings.outcome_horizon),
+            );
+        }
+        if command.settings == self.state.settings {
+            return reject(RejectionKind::AlreadyDone, "the partition already has these settings");
+        }
+        self.out.push(Effect::PartitionSettingsChanged { settings: command.settings.clone() });
+        Ok(())
+    }
+}

@@ -1,0 +1,194 @@
+//! Leases: acquire (granted or waiting), renew, release, expiry and wait timeouts. A grant's position is the
+//! lease token; renew and release of an active lease must present it.
+
+use leasehold_schemas::command::{Acquire, ExpireLease, ReleaseLease, Renew, WaitTimeout};
+use leasehold_schemas::ids::{AgentName, LeaseId, Timestamp};
+use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::{Rejection, RejectionKind};
+
+use super::{Decider, Verdict, check_text, reject};
+use crate::state::{Lease, LeaseState, Liveness, ResourceState};
+
+impl<'s> Decider<'s> {
+    fn lease(&self, agent: &AgentName, id: LeaseId) -> Result<&'s Lease, Rejection> {
+        match self.state.leases.get(&id) {
+            Some(lease) if lease.agent == *agent => Ok(lease),
+            Some(lease) => {
+                reject(RejectionKind::Unknown, format!("lease {id} is on agent {}, not on {agent}", lease.agent))
+            }
+            None => reject(RejectionKind::Unknown, format!("lease {id} on agent {agent} is not known")),
+        }
+    }
+
+    pub(super) fn acquire(&mut self, command: &Acquire) -> Verdict {
+        let agent = self.agent(&command.agent)?;
+        let resource = self.resource(&command.agent, command.resource)?;
+        if let Some(existing) = self.state.leases.get(&command.lease) {
+            return reject(
+                RejectionKind::AlreadyExists,
+                format!("lease {} already exists ({})", existing.id, existing.state.name()),
+            );
+        }
+        let horizon = self.state.settings.outcome_horizon;
+        if Timestamp(command.lease.unix_ms()).saturating_add(horizon) < self.now {
+            return reject(
+                RejectionKind::Invalid,
+                format!("lease id {} is older than the outcome horizon; choose a fresh UUIDv7", command.lease),
+            );
+        }
+        if command.holder.is_empty() {
+            return reject(RejectionKind::Invalid, "a lease needs a holder (who uses it)");
+        }
+        check_text("holder", &command.holder)?;
+        if command.ttl.is_some_and(|ttl| ttl.0 == 0) || command.wait_timeout.is_some_and(|w| w.0 == 0) {
+            return reject(RejectionKind::Invalid, "ttl and wait_timeout must be longer than 0 when given");
+        }
+        if agent.liveness == Liveness::Gone {
+            return reject(RejectionKind::InvalidState, format!("agent {} is gone", agent.name));
+        }
+        let name = resource.reference();
+        let n_live = resource.live_leases.len() as u64;
+        let capacity = u64::from(resource.capacity);
+        match &resource.state {
+            ResourceState::Pending => {
+                if n_live >= capacity {
+                    return reject(
+                        RejectionKind::AtCapacity,
+                        format!("resource {name} is pending with {n_live} of {capacity} leases already waiting"),
+                    );
+                }
+                self.out.push(Effect::LeaseWaiting {
+                    lease: command.lease,
+                    resource: resource.id,
+                    holder: command.holder.clone(),
+                    ttl: command.ttl,
+                    wait_until: command.wait_timeout.map(|w| self.now.saturating_add(w)),
+                });
+                Ok(())
+            }
+            ResourceState::Active => {
+                if let Some(parent) = &resource.upstream_suspect {
+                    return reject(
+                        RejectionKind::InvalidState,
+                        format!("resource {name} is suspect-upstream (parent {parent} is suspect); acquire refused"),
+                    );
+                }
+                if n_live >= capacity {
+                    return reject(
+                        RejectionKind::AtCapacity,
+                        format!("resource {name} is at capacity ({n_live} of {capacity} leases held)"),
+                    );
+                }
+                self.out.push(Effect::LeaseGranted {
+                    lease: command.lease,
+                    resource: resource.id,
+                    holder: command.holder.clone(),
+                    ttl: command.ttl,
+                    expires_at: command.ttl.map(|ttl| self.now.saturating_add(ttl)),
+                });
+                Ok(())
+            }
+            state => {
+                reject(RejectionKind::InvalidState, format!("resource {name} is {}; acquire refused", state.name()))
+            }
+        }
+    }
+
+    pub(super) fn renew(&mut self, command: &Renew) -> Verdict {
+        let lease = self.lease(&command.agent, command.lease)?;
+        let LeaseState::Active { token, expires_at } = lease.state else {
+            return reject(
+                RejectionKind::InvalidState,
+                format!("lease {} is {}; only an active lease can be renewed", lease.id, lease.state.name()),
+            );
+        };
+        if token != command.token {
+            return reject(
+                RejectionKind::TokenMismatch,
+                format!("lease {} has token {token}, not {}", lease.id, command.token),
+            );
+        }
+        if let Some(expires_at) = expires_at
+            && expires_at <= self.now
+        {
+            return reject(
+                RejectionKind::InvalidState,
+                format!("lease {} expired at {expires_at}; acquire a new one", lease.id),
+            );
+        }
+        if command.ttl.is_some_and(|ttl| ttl.0 == 0) {
+            return reject(RejectionKind::Invalid, "ttl must be longer than 0 when given");
+        }
+        let ttl = command.ttl.or(lease.ttl);
+        self.out.push(Effect::LeaseRenewed {
+            lease: lease.id,
+            ttl,
+            expires_at: ttl.map(|ttl| self.now.saturating_add(ttl)),
+        });
+        Ok(())
+    }
+
+    pub(super) fn release_lease(&mut self, command: &ReleaseLease) -> Verdict {
+        let lease = self.lease(&command.agent, command.lease)?;
+        match (&lease.state, command.token) {
+            (LeaseState::Waiting { .. }, None) => {}
+            (LeaseState::Waiting { .. }, Some(token)) => {
+                return reject(
+                    RejectionKind::TokenMismatch,
+                    format!("lease {} is still waiting and has no token; {token} is not its token", lease.id),
+                );
+            }
+            (LeaseState::Active { token, .. }, Some(given)) if *token == given => {}
+            (LeaseState::Active { token, .. }, given) => {
+                let given = given.map(|g| g.to_string()).unwrap_or_else(|| "none".to_owned());
+                return reject(
+                    RejectionKind::TokenMismatch,
+                    format!("lease {} has token {token}; the release gave {given}", lease.id),
+                );
+            }
+            (state, _) => {
+                return reject(RejectionKind::AlreadyDone, format!("lease {} is already {}", lease.id, state.name()));
+            }
+        }
+        self.out.push(Effect::LeaseReleased { lease: lease.id });
+        Ok(())
+    }
+
+    pub(super) fn expire_lease(&mut self, command: &ExpireLease) -> Verdict {
+        let lease = self.lease(&command.agent, command.lease)?;
+        match lease.state {
+            LeaseState::Active { expires_at: Some(at), .. } if at <= self.now => {
+                self.out.push(Effect::LeaseExpired { lease: lease.id });
+                Ok(())
+            }
+            LeaseState::Active { expires_at: Some(at), .. } => {
+                reject(RejectionKind::NotYetDue, format!("lease {} expires at {at}", lease.id))
+            }
+            LeaseState::Active { expires_at: None, .. } => {
+                reject(RejectionKind::NothingToDo, format!("lease {} has no ttl; it lasts until released", lease.id))
+            }
+            _ => {
+                reject(RejectionKind::NothingToDo, format!("lease {} is {}, not active", lease.id, lease.state.name()))
+            }
+        }
+    }
+
+    pub(super) fn wait_timeout(&mut self, command: &WaitTimeout) -> Verdict {
+        let lease = self.lease(&command.agent, command.lease)?;
+        match lease.state {
+            LeaseState::Waiting { until: Some(until) } if until <= self.now => {
+                self.out.push(Effect::LeaseFailed { lease: lease.id });
+                Ok(())
+            }
+            LeaseState::Waiting { until: Some(until) } => {
+                reject(RejectionKind::NotYetDue, format!("lease {} may wait until {until}", lease.id))
+            }
+            LeaseState::Waiting { until: None } => {
+                reject(RejectionKind::NothingToDo, format!("lease {} has no wait timeout", lease.id))
+            }
+            _ => {
+                reject(RejectionKind::NothingToDo, format!("lease {} is {}, not waiting", lease.id, lease.state.name()))
+            }
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Pools: definition, claims keyed by holder (idempotent), first-in-first-out waiters, claim tokens, frees that
+//! must match holder and token, cool-down, least-recently-freed first, and `tick`.
+
+use leasehold_schemas::command::{Claim, DefinePool, Free, TickPool};
+use leasehold_schemas::ids::{PoolName, Timestamp};
+use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::pool::PoolValue;
+use leasehold_schemas::settings::DEFAULT_POOL_COOLDOWN;
+use leasehold_schemas::{Rejection, RejectionKind};
+
+use super::{Decider, Verdict, reject};
+use crate::state::{Holding, Pool};
+
+/// Identifiers a pool can hand out at `now`, in the order it hands them out: never-used ones first, then freed
+/// ones whose cool-down has passed, least recently freed first.
+fn available(pool: &Pool, now: Timestamp) -> impl Iterator<Item = PoolValue> + '_ {
+    let fresh = (pool.next_fresh..pool.kind.size()).filter_map(|idx| pool.kind.value_at(idx));
+    let cooled = pool
+        .cooling
+        .iter()
+        .take_while(move |((freed_at, _), _)| freed_at.saturating_add(pool.cooldown) <= now)
+        .map(|(_, value)| *value);
+    fresh.chain(cooled)
+}
+
+impl<'s> Decider<'s> {
+    fn pool(&self, name: &PoolName) -> Result<&'s Pool, Rejection> {
+        self.state
+            .pools
+            .get(name)
+            .ok_or_else(|| Rejection::new(RejectionKind::Unknown, format!("pool {name} is not defined")))
+    }
+
+    /// Grants available identifiers to waiting holders, first in first out, and returns the identifiers left.
+    fn serve_waiters(&mut self, pool: &Pool, values: &mut impl Iterator<Item = PoolValue>) -> usize {
+        let mut n_served = 0;
+        for holder in pool.waiters.values() {
+            if self.out.over_budget() {
+                break;
+            }
+            let Some(value) = values.next() else { break };
+            let Some(Holding::Waiting { source, .. }) = pool.holders.get(holder) else {
+                continue;
+            };
+            self.out.push(Effect::ClaimGranted { holder: holder.clone(), value, source: *source });
+            n_served += 1;
+        }
+        n_served
+    }
+
+    pub(super) fn define_pool(&mut self, command: &DefinePool) -> Verdict {
+        if let Err(problem) = command.kind.validate() {
+            return reject(RejectionKind::Invalid, format!("pool {}: {problem}", command.pool));
+        }
+        let cooldown = command.cooldown.unwrap_or(DEFAULT_POOL_COOLDOWN);
+        if let Some(existing) = self.state.pools.get(&command.pool) {
+            if existing.kind == command.kind && existing.cooldown == cooldown {
+                return reject(RejectionKind::AlreadyDone, format!("pool {} is already defined so", command.pool));
+            }
+            return reject(
+                RejectionKind::AlreadyExists,
+                format!("pool {} is already defined differently; pools are not redefined", command.pool),
+            );
+        }
+        self.out.push(Effect::PoolDefined { kind: command.kind.clone(), cooldown });
+        Ok(())
+    }
+
+    pub(super) fn claim(&mut self, command: &Claim) -> Verdict {
+        let pool = self.pool(&command.pool)?;
+        let holder = &command.holder;
+        if let Some(source) = pool.released.get(holder) {
+            return reject(
+                RejectionKind::StaleSource,
+                format!(
+                    "the claim of {holder} on pool {} already ended (claimed from {source}); this claim is stale",
+                    pool.name
+                ),
+            );
+        }
+        match pool.holders.get(holder) {
+            Some(Holding::Granted { value, token, .. }) => {
+                return reject(
+                    RejectionKind::AlreadyDone,
+                    format!("{holder} already holds {value} of pool {} (claim token {token})", pool.name),
+                );
+            }
+            Some(Holding::Waiting { queued_at, .. }) => {
+                let place = pool.waiters.range(..=*queued_at).count();
+                return reject(
+                    RejectionKind::AlreadyDone,
+                    format!("{holder} is already waiting for pool {} (place {place} in the queue)", pool.name),
+                );
+            }
+            None => {}
+        }
+        let mut values = available(pool, self.now);
+        self.serve_waiters(pool, &mut values);
+        match values.next() {
+            Some(value) if !self.out.over_budget() => {
+                self.out.push(Effect::ClaimGranted { holder: holder.clone(), value, source: command.source });
+            }
+            _ => {
+                self.out.push(Effect::ClaimQueued { holder: holder.clone(), source: command.source });
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn free(&mut self, command: &Free) -> Verdict {
+        let pool = self.pool(&command.pool)?;
+        let holder = &command.holder;
+        match (pool.holders.get(holder), command.token) {
+            (Some(Holding::Granted { value, token, .. }), Some(given)) if *token == given => {
+                self.out.push(Effect::ClaimFreed { holder: holder.clone(), value: *value, token: given });
+            }
+            (Some(Holding::Granted { token, .. }), given) => {
+                let given = given.map(|g| g.to_string()).unwrap_or_else(|| "none".to_owned());
+                return reject(
+                    RejectionKind::TokenMismatch,
+                    format!("{holder} holds its claim on pool {} with token {token}, not {given}", pool.name),
+                );
+            }
+            (Some(Holding::Waiting { .. }), None) => {
+                self.out.push(Effect::ClaimWithdrawn { holder: holder.clone() });
+            }
+            (Some(Holding::Waiting { .. }), Some(given)) => {
+                return reject(
+                    RejectionKind::TokenMismatch,
+                    format!("{holder} is still waiting for pool {}; it holds no token {given}", pool.name),
+                );
+            }
+            (None, _) if pool.released.contains_key(holder) => {
+                return reject(
+                    RejectionKind::AlreadyDone,
+                    format!("the claim of {holder} on pool {} was already freed", pool.name),
+                );
+            }
+            (None, _) => {
+                return reject(RejectionKind::Unknown, format!("{holder} holds no claim on pool {}", pool.name));
+            }
+        }
+        // The freed identifier cools down first; others may be ready for the waiters already.
+        let mut values = available(pool, self.now);
+        self.serve_waiters(pool, &mut values);
+        Ok(())
+    }
+
+    pub(super) fn tick_pool(&mut self, command: &TickPool) -> Verdict {
+        let pool = self.pool(&command.pool)?;
+        if pool.waiters.is_empty() {
+            return reject(RejectionKind::NothingToDo, format!("nobody waits for pool {}", pool.name));
+        }
+        let mut values = available(pool, self.now);
+        if self.serve_waiters(pool, &mut values) > 0 {
+            return Ok(());
+        }
+        match pool.next_cooled_at() {
+            Some(at) => reject(
+                RejectionKind::NotYetDue,
+                format!("pool {}: the next identifier finishes its cool-down at {at}", pool.name),
+            ),
+            None => reject(
+                RejectionKind::NothingToDo,
+                format!("pool {} has no identifier free or cooling; {} holders wait", pool.name, pool.waiters.len()),
+            ),
+        }
+    }
+}

@@ -1,0 +1,444 @@
+//! Observations: `report-created`, sync reports, resync chunks, failure reports and health results (DESIGN
+//! section 6).
+//!
+//! The rules, exactly:
+//! - an observation whose (epoch, number) is not newer than the last one decided for the agent is stale;
+//! - `created` (or held, in a chunk) on a `pending` resource: `active`;
+//! - absent on a `releasing` resource whose destruction position is `<= watermark`: `destroyed`, claims freed;
+//! - absent on an `active`/`paused`/`suspect` resource whose creation position is `<= watermark` and whose last
+//!   observation of presence is older: `lost` (leases break, claims free), unless the circuit breaker holds;
+//! - a resource created after the watermark is never judged (the agent could not have known of it);
+//! - in-flight creates and destroys count as present: they are never judged;
+//! - a count/digest that disagrees with the writer's view asks for a full resync;
+//! - every chunk is decided on its own.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use leasehold_schemas::command::{
+    FailureKind, HandleDigest, HealthResult, MAX_REPORT_HANDLES, ReportCreated, ReportFailure, ResyncChunk, SyncReport,
+};
+use leasehold_schemas::ids::{AgentName, ObsStamp, Position, ResourceId};
+use leasehold_schemas::outcome::{BreakReason, BreakerClear, Effect, ReleaseCause, ResyncReason, SuspectCause, Work};
+use leasehold_schemas::{Rejection, RejectionKind};
+
+use super::{Decider, Verdict, check_text, reject};
+use crate::state::{Agent, Liveness, Resource, ResourceState};
+
+/// What a report says of one handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    Present,
+    Absent,
+    /// A create or destroy still running: counts as present, is never judged.
+    InFlight,
+}
+
+type Judged<'s> = Vec<(&'s Resource, Seen)>;
+
+/// The position from which the agent could know it should create the resource.
+fn creation_position(resource: &Resource) -> Position {
+    resource.create_ordered.unwrap_or(resource.allocated_pos)
+}
+
+/// Whether an absent handle would make its resource `lost`.
+fn would_lose(resource: &Resource, seen: Seen, stamp: ObsStamp, watermark: Position) -> bool {
+    seen == Seen::Absent
+        && resource.state.is_held()
+        && creation_position(resource) <= watermark
+        && resource.last_present.is_none_or(|present| present < stamp)
+}
+
+/// Whether the writer counts the resource in its view of what the agent holds, as the agent saw the log at
+/// `watermark`: held resources, and releasing ones whose release the agent cannot know of yet.
+fn counted_in_view(resource: &Resource, watermark: Position) -> bool {
+    resource.state.is_held()
+        || (matches!(resource.state, ResourceState::Releasing { .. })
+            && resource.destruction_ordered.is_some_and(|at| at > watermark)
+            && resource.last_present.is_some())
+}
+
+impl<'s> Decider<'s> {
+    /// The observing agent, if the observation is from its current epoch and newer than the last one decided.
+    fn observer(&self, name: &AgentName, epoch: Position, obs: u64) -> Result<(&'s Agent, ObsStamp), Rejection> {
+        let agent = self.agent(name)?;
+        if agent.liveness == Liveness::Gone {
+            return reject(
+                RejectionKind::InvalidState,
+                format!("agent {name} is gone and its resources are orphaned; register a new incarnation"),
+            );
+        }
+        if epoch != agent.epoch {
+            return reject(
+                RejectionKind::WrongEpoch,
+                format!("observation from epoch {epoch} of agent {name}, whose current epoch is {}", agent.epoch),
+            );
+        }
+        let stamp = ObsStamp { epoch, obs };
+        if stamp <= agent.last_obs {
+            return reject(
+                RejectionKind::StaleObservation,
+                format!(
+                    "observation {obs} of agent {name} is not newer than the last one decided ({}); ignored",
+                    agent.last_obs.obs
+                ),
+            );
+        }
+        Ok((agent, stamp))
+    }
+
+    fn check_watermark(&self, watermark: Position) -> Verdict {
+        if watermark > self.state.last_position() {
+            return reject(
+                RejectionKind::Invalid,
+                format!("watermark {watermark} is beyond the last position {}", self.state.last_position()),
+            );
+        }
+        Ok(())
+    }
+
+    pub(super) fn report_created(&mut self, command: &ReportCreated) -> Verdict {
+        let (_, stamp) = self.observer(&command.agent, command.epoch, command.obs)?;
+        if let Some(native_id) = &command.native_id {
+            check_text("native id", native_id)?;
+        }
+        let resource = self.resource(&command.agent, command.resource)?;
+        self.out.push(Effect::ObservationAccepted { stamp, watermark: None });
+        if resource.state == ResourceState::Pending {
+            self.activate(resource, stamp, command.native_id.clone());
+        }
+        Ok(())
+    }
+
+    pub(super) fn sync(&mut self, report: &SyncReport) -> Verdict {
+        let (agent, stamp) = self.observer(&report.agent, report.epoch, report.obs)?;
+        let n_named = report.created.len() + report.missing.len() + report.destroyed.len() + report.in_flight.len();
+        if n_named > MAX_REPORT_HANDLES {
+            return reject(
+                RejectionKind::Invalid,
+                format!(
+                    "the report names {n_named} handles; at most {MAX_REPORT_HANDLES}: send the rest in the next \
+                     report or as a full resync in chunks"
+                ),
+            );
+        }
+        self.check_watermark(report.watermark)?;
+        let judged = self.report_verdicts(agent, report)?;
+        self.out.push(Effect::ObservationAccepted { stamp, watermark: Some(report.watermark) });
+        let n_losses = judged.iter().filter(|(r, seen)| would_lose(r, *seen, stamp, report.watermark)).count();
+        let mark_losses = self.breaker(agent, n_losses);
+        let (count, digest) = self.expected_view(agent, &judged, report.watermark);
+        if count != report.count || digest != report.digest {
+            self.out.push(Effect::ResyncRequested {
+                reason: ResyncReason::DigestMismatch { expected_count: count, reported_count: report.count },
+            });
+        }
+        self.judge_report(report, judged, stamp, mark_losses);
+        Ok(())
+    }
+
+    /// Each handle named once, with what the report says of it; only this agent's known resources are judged
+    /// (anything else on the machine is garbage the agent destroys on its own).
+    fn report_verdicts(&self, agent: &Agent, report: &SyncReport) -> Result<Judged<'s>, Rejection> {
+        let mut seen: BTreeMap<ResourceId, Seen> = BTreeMap::new();
+        for id in &report.in_flight {
+            seen.insert(*id, Seen::InFlight);
+        }
+        let lists =
+            [(&report.created, Seen::Present), (&report.missing, Seen::Absent), (&report.destroyed, Seen::Absent)];
+        for (ids, verdict) in lists {
+            for id in ids {
+                match seen.get(id) {
+                    Some(Seen::InFlight) => {}
+                    Some(other) if *other != verdict => {
+                        return reject(
+                            RejectionKind::Invalid,
+                            format!("handle {id} is named both present and absent in one report"),
+                        );
+                    }
+                    _ => {
+                        seen.insert(*id, verdict);
+                    }
+                }
+            }
+        }
+        Ok(self.known(agent, seen))
+    }
+
+    fn known(&self, agent: &Agent, seen: BTreeMap<ResourceId, Seen>) -> Judged<'s> {
+        seen.into_iter()
+            .filter_map(|(id, verdict)| {
+                self.state.resources.get(&id).filter(|r| r.agent == agent.name).map(|r| (r, verdict))
+            })
+            .collect()
+    }
+
+    /// The circuit breaker: whether losses may be marked. Trips when the window's losses would reach
+    /// `max_loss_min` and exceed `max_loss_percent` of what the agent held at the start of the window.
+    fn breaker(&mut self, agent: &Agent, n_losses: usize) -> bool {
+        if agent.breaker_bypass_until.is_some_and(|until| self.now < until) {
+            return true;
+        }
+        let settings = &agent.settings;
+        let in_window = u64::from(agent.losses_in_window(self.now));
+        let total = in_window + n_losses as u64;
+        let held_at_window_start = agent.n_held + in_window;
+        let trips = n_losses > 0
+            && total >= u64::from(settings.max_loss_min)
+            && total * 100 > held_at_window_start * u64::from(settings.max_loss_percent);
+        if trips {
+            if agent.breaker.is_none() {
+                self.out.push(Effect::AgentSuspect { would_lose: n_losses as u32, live: agent.n_held as u32 });
+            }
+            false
+        } else {
+            if agent.breaker.is_some() {
+                self.out.push(Effect::AgentBreakerCleared { reason: BreakerClear::HandlesBack });
+            }
+            true
+        }
+    }
+
+    /// The count and digest the agent should have reported, after the report's own verdicts.
+    fn expected_view(&self, agent: &Agent, judged: &Judged<'s>, watermark: Position) -> (u64, HandleDigest) {
+        let mut count = agent.n_held;
+        let mut digest = agent.held_digest;
+        for id in agent.releasing.range(watermark.next()..).map(|(_, id)| id) {
+            if self.state.resources.get(id).is_some_and(|r| counted_in_view(r, watermark)) {
+                count += 1;
+                digest.add(*id);
+            }
+        }
+        for (resource, seen) in judged {
+            let counted = counted_in_view(resource, watermark);
+            match seen {
+                Seen::Absent | Seen::InFlight if counted => {
+                    count -= 1;
+                    digest.remove(resource.id);
+                }
+                Seen::Present if resource.state == ResourceState::Pending => {
+                    count += 1;
+                    digest.add(resource.id);
+                }
+                _ => {}
+            }
+        }
+        (count, digest)
+    }
+
+    /// Applies the verdicts on one resource.
+    fn judge(&mut self, resource: &Resource, seen: Seen, stamp: ObsStamp, watermark: Position, mark_losses: bool) {
+        match seen {
+            Seen::InFlight => {}
+            Seen::Present => {
+                if resource.state == ResourceState::Pending {
+                    self.activate(resource, stamp, None);
+                }
+            }
+            Seen::Absent => {
+                if would_lose(resource, seen, stamp, watermark) {
+                    if mark_losses {
+                        self.leave_for_good(resource, Effect::ResourceLost { resource: resource.id, stamp });
+                    }
+                } else if matches!(resource.state, ResourceState::Releasing { .. })
+                    && resource.destruction_ordered.is_some_and(|at| at <= watermark)
+                {
+                    self.leave_for_good(resource, Effect::ResourceDestroyed { resource: resource.id, stamp });
+                }
+            }
+        }
+    }
+
+    /// Judges every handle, stopping before the budget runs out; the rest goes to `rest`.
+    fn judge_all(
+        &mut self,
+        judged: Judged<'s>,
+        stamp: ObsStamp,
+        watermark: Position,
+        mark_losses: bool,
+        rest: impl FnOnce(&[(&Resource, Seen)]) -> Work,
+    ) {
+        for (idx, (resource, seen)) in judged.iter().enumerate() {
+            if self.out.over_budget() {
+                self.continue_later(rest(&judged[idx..]));
+                return;
+            }
+            self.judge(resource, *seen, stamp, watermark, mark_losses);
+        }
+    }
+
+    fn judge_report(&mut self, report: &SyncReport, judged: Judged<'s>, stamp: ObsStamp, mark_losses: bool) {
+        let rest = |left: &[(&Resource, Seen)]| {
+            let pick = |want: Seen| left.iter().filter(|(_, s)| *s == want).map(|(r, _)| r.id).collect();
+            Work::Report {
+                report: SyncReport {
+                    agent: report.agent.clone(),
+                    epoch: report.epoch,
+                    obs: report.obs,
+                    watermark: report.watermark,
+                    created: pick(Seen::Present),
+                    missing: pick(Seen::Absent),
+                    destroyed: Vec::new(),
+                    in_flight: Vec::new(),
+                    count: 0,
+                    digest: HandleDigest::default(),
+                },
+                mark_losses,
+            }
+        };
+        self.judge_all(judged, stamp, report.watermark, mark_losses, rest);
+    }
+
+    pub(super) fn continue_report(&mut self, agent: &'s Agent, report: &SyncReport, mark_losses: bool) {
+        if agent.epoch != report.epoch {
+            return;
+        }
+        let stamp = ObsStamp { epoch: report.epoch, obs: report.obs };
+        let seen = report
+            .created
+            .iter()
+            .map(|id| (*id, Seen::Present))
+            .chain(report.missing.iter().map(|id| (*id, Seen::Absent)))
+            .collect();
+        let judged = self.known(agent, seen);
+        self.judge_report(report, judged, stamp, mark_losses);
+    }
+
+    pub(super) fn resync_chunk(&mut self, chunk: &ResyncChunk) -> Verdict {
+        let (agent, stamp) = self.observer(&chunk.agent, chunk.epoch, chunk.obs)?;
+        let n_named = chunk.held.len() + chunk.in_flight.len();
+        if n_named > MAX_REPORT_HANDLES {
+            return reject(
+                RejectionKind::Invalid,
+                format!("the chunk names {n_named} handles; at most {MAX_REPORT_HANDLES}: use narrower ranges"),
+            );
+        }
+        if chunk.hi.is_some_and(|hi| hi <= chunk.lo) {
+            return reject(RejectionKind::Invalid, format!("chunk range [{}, {:?}) is empty", chunk.lo, chunk.hi));
+        }
+        if let Some(outside) = chunk.held.iter().chain(&chunk.in_flight).find(|id| !chunk.covers(**id)) {
+            return reject(RejectionKind::Invalid, format!("handle {outside} is outside the chunk's range"));
+        }
+        self.check_watermark(chunk.watermark)?;
+        let judged = self.chunk_verdicts(agent, chunk);
+        self.out.push(Effect::ObservationAccepted { stamp, watermark: Some(chunk.watermark) });
+        let n_losses = judged.iter().filter(|(r, seen)| would_lose(r, *seen, stamp, chunk.watermark)).count();
+        let mark_losses = self.breaker(agent, n_losses);
+        self.judge_chunk(chunk, judged, stamp, mark_losses);
+        Ok(())
+    }
+
+    /// Every resource of the agent in the chunk's range: held (or in flight) or absent.
+    fn chunk_verdicts(&self, agent: &Agent, chunk: &ResyncChunk) -> Judged<'s> {
+        let held: BTreeSet<ResourceId> = chunk.held.iter().copied().collect();
+        let in_flight: BTreeSet<ResourceId> = chunk.in_flight.iter().copied().collect();
+        agent
+            .resources
+            .iter()
+            .skip_while(|id| id.as_uuid() < chunk.lo)
+            .take_while(|id| chunk.covers(**id))
+            .filter_map(|id| self.state.resources.get(id))
+            .map(|r| {
+                let seen = if in_flight.contains(&r.id) {
+                    Seen::InFlight
+                } else if held.contains(&r.id) {
+                    Seen::Present
+                } else {
+                    Seen::Absent
+                };
+                (r, seen)
+            })
+            .collect()
+    }
+
+    fn judge_chunk(&mut self, chunk: &ResyncChunk, judged: Judged<'s>, stamp: ObsStamp, mark_losses: bool) {
+        let rest = |left: &[(&Resource, Seen)]| {
+            let lo = left[0].0.id.as_uuid();
+            let narrow = |ids: &[ResourceId]| ids.iter().copied().filter(|id| id.as_uuid() >= lo).collect();
+            Work::Chunk {
+                chunk: ResyncChunk {
+                    lo,
+                    held: narrow(&chunk.held),
+                    in_flight: narrow(&chunk.in_flight),
+                    ..chunk.clone()
+                },
+                mark_losses,
+            }
+        };
+        self.judge_all(judged, stamp, chunk.watermark, mark_losses, rest);
+    }
+
+    pub(super) fn continue_chunk(&mut self, agent: &'s Agent, chunk: &ResyncChunk, mark_losses: bool) {
+        if agent.epoch != chunk.epoch {
+            return;
+        }
+        let stamp = ObsStamp { epoch: chunk.epoch, obs: chunk.obs };
+        let judged = self.chunk_verdicts(agent, chunk);
+        self.judge_chunk(chunk, judged, stamp, mark_losses);
+    }
+
+    pub(super) fn report_failure(&mut self, command: &ReportFailure) -> Verdict {
+        let (_, stamp) = self.observer(&command.agent, command.epoch, command.obs)?;
+        check_text("detail", &command.detail)?;
+        let resource = self.resource(&command.agent, command.resource)?;
+        let name = resource.reference();
+        match (command.failure, &resource.state) {
+            (FailureKind::CreateFailed, ResourceState::Pending) => {}
+            (FailureKind::CreateFailed, ResourceState::Releasing { .. }) if resource.last_present.is_none() => {}
+            (FailureKind::CreateFailed, state) => {
+                return reject(
+                    RejectionKind::InvalidState,
+                    format!("resource {name} is {}; a create failure does not apply to it", state.name()),
+                );
+            }
+            (FailureKind::Unhealthy, ResourceState::Active | ResourceState::Paused { .. }) => {}
+            (FailureKind::Unhealthy, ResourceState::Suspect { .. }) => {
+                return reject(
+                    RejectionKind::AlreadyDone,
+                    format!("resource {name} is already suspect; its health check is due"),
+                );
+            }
+            (FailureKind::Unhealthy, state) => {
+                return reject(
+                    RejectionKind::InvalidState,
+                    format!("resource {name} is {}; only a created resource can be unhealthy", state.name()),
+                );
+            }
+        }
+        self.out.push(Effect::ObservationAccepted { stamp, watermark: None });
+        match command.failure {
+            FailureKind::CreateFailed => {
+                let failed = Effect::ResourceFailed { resource: resource.id, detail: command.detail.clone() };
+                self.leave_for_good(resource, failed);
+            }
+            FailureKind::Unhealthy => {
+                let cause = SuspectCause::Agent { detail: command.detail.clone() };
+                self.out.push(Effect::ResourceSuspect { resource: resource.id, cause });
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn health_result(&mut self, command: &HealthResult) -> Verdict {
+        let (_, stamp) = self.observer(&command.agent, command.epoch, command.obs)?;
+        check_text("detail", &command.detail)?;
+        let resource = self.resource(&command.agent, command.resource)?;
+        if !matches!(resource.state, ResourceState::Suspect { .. }) {
+            return reject(
+                RejectionKind::InvalidState,
+                format!(
+                    "resource {} is {}, not suspect; the health result is ignored",
+                    resource.reference(),
+                    resource.state.name()
+                ),
+            );
+        }
+        self.out.push(Effect::ObservationAccepted { stamp, watermark: None });
+        if command.healthy {
+            self.out.push(Effect::ResourceHealthy { resource: resource.id });
+        } else {
+            let cause = ReleaseCause::HealthCheckFailed { detail: command.detail.clone() };
+            self.order_release(resource, cause, BreakReason::HealthCheckFailed);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,89 @@
+//! Invariants every reachable partition state keeps. Tests check them after every step; a violation names the
+//! thing and what is wrong.
+
+use std::collections::BTreeMap;
+
+use leasehold_schemas::command::HandleDigest;
+use leasehold_schemas::pool::PoolValue;
+
+use crate::state::{ClaimSlot, Holding, PartitionState};
+
+/// Checks the structural invariants of `state`.
+pub fn check(state: &PartitionState) -> Result<(), String> {
+    for resource in state.resources() {
+        let name = resource.reference();
+        let live: Vec<_> = state.live_leases_of(resource).collect();
+        if live.len() != resource.live_leases.len() {
+            return Err(format!("resource {name} lists a live lease that is not in state"));
+        }
+        if live.len() as u64 > u64::from(resource.capacity) {
+            return Err(format!("resource {name} has {} live leases over capacity {}", live.len(), resource.capacity));
+        }
+        if resource.state.has_left() && !live.is_empty() {
+            return Err(format!("resource {name} is {} with live leases", resource.state.name()));
+        }
+        if resource.state.is_terminal() && resource.claims.values().any(|slot| !matches!(slot, ClaimSlot::Returned)) {
+            return Err(format!("resource {name} is {} and still holds a claim", resource.state.name()));
+        }
+        if live.iter().any(|lease| lease.resource != resource.id || !lease.state.is_live()) {
+            return Err(format!("resource {name} lists a lease that is not its own live lease"));
+        }
+        let n_active = live.iter().filter(|l| matches!(l.state, crate::state::LeaseState::Active { .. })).count();
+        if resource.state == crate::state::ResourceState::Pending && n_active > 0 {
+            return Err(format!("pending resource {name} has an active lease"));
+        }
+    }
+    for lease in state.leases() {
+        if lease.state.is_live() && state.resource(lease.resource).is_none() {
+            return Err(format!("live lease {} is on unknown resource {}", lease.id, lease.resource));
+        }
+    }
+    for agent in state.agents() {
+        let held: Vec<_> = state.resources_of(agent).filter(|r| r.state.is_held()).map(|r| r.id).collect();
+        if held.len() as u64 != agent.n_held || HandleDigest::of(held.iter()) != agent.held_digest {
+            return Err(format!("agent {}'s held view does not match its resources", agent.name));
+        }
+        for (position, id) in &agent.releasing {
+            let ok = state.resource(*id).is_some_and(|r| {
+                matches!(r.state, crate::state::ResourceState::Releasing { .. })
+                    && r.destruction_ordered == Some(*position)
+            });
+            if !ok {
+                return Err(format!("agent {}'s releasing index is stale at {position}", agent.name));
+            }
+        }
+    }
+    for pool in state.pools() {
+        let mut granted: BTreeMap<PoolValue, _> = BTreeMap::new();
+        for (holder, holding) in &pool.holders {
+            match holding {
+                Holding::Granted { value, .. } => {
+                    if granted.insert(*value, holder).is_some() {
+                        return Err(format!("pool {}: {value} is granted to two holders", pool.name));
+                    }
+                    if pool.held.get(value) != Some(holder) {
+                        return Err(format!("pool {}: {value} granted to {holder} is not in the held map", pool.name));
+                    }
+                    if !pool.kind.contains(value) {
+                        return Err(format!("pool {}: {value} is not an identifier of the pool", pool.name));
+                    }
+                }
+                Holding::Waiting { queued_at, .. } => {
+                    if pool.waiters.get(queued_at) != Some(holder) {
+                        return Err(format!("pool {}: waiting holder {holder} is not queued", pool.name));
+                    }
+                }
+            }
+        }
+        if granted.len() != pool.held.len() {
+            return Err(format!("pool {}: the held map has values nobody was granted", pool.name));
+        }
+        if pool.cooling.values().any(|v| pool.held.contains_key(v)) {
+            return Err(format!("pool {}: an identifier is both held and cooling", pool.name));
+        }
+        if pool.waiters.len() != pool.holders.values().filter(|h| matches!(h, Holding::Waiting { .. })).count() {
+            return Err(format!("pool {}: the queue and the waiting holders disagree", pool.name));
+        }
+    }
+    Ok(())
+}

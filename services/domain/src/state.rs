@@ -1,0 +1,426 @@
+//! Partition state: the agents, resources, leases and pools whose keys hash to one partition, folded from outcomes.
+//!
+//! State is only ever changed by [`crate::apply`]. It is deliberately not `Serialize`: the log of outcomes is the
+//! durable form, and state is what folding it gives.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use leasehold_schemas::Outcome;
+use leasehold_schemas::Uuid;
+use leasehold_schemas::command::HandleDigest;
+use leasehold_schemas::ids::{
+    AgentName, CommandId, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source,
+    Timestamp,
+};
+use leasehold_schemas::outcome::{BreakReason, ReleaseCause, SuspectCause, Work};
+use leasehold_schemas::pool::{PoolKind, PoolValue};
+use leasehold_schemas::settings::{AgentSettings, PartitionSettings};
+
+/// Everything one partition's writer knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionState {
+    pub(crate) partition: u32,
+    pub(crate) partitions: u32,
+    pub(crate) now: Timestamp,
+    pub(crate) cursor: u64,
+    pub(crate) next_position: Position,
+    pub(crate) settings: PartitionSettings,
+    pub(crate) agents: BTreeMap<AgentName, Agent>,
+    pub(crate) resources: BTreeMap<ResourceId, Resource>,
+    pub(crate) leases: BTreeMap<LeaseId, Lease>,
+    pub(crate) pools: BTreeMap<PoolName, Pool>,
+    pub(crate) recent: RecentOutcomes,
+    pub(crate) continuations: BTreeMap<Position, (Key, Work)>,
+    /// Terminal records and released pool holders, in the order they became forgettable (log time).
+    pub(crate) forget: VecDeque<(Timestamp, Forget)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Forget {
+    Resource(ResourceId),
+    Lease(LeaseId),
+    PoolHolder(PoolName, ResourceRef),
+}
+
+/// Outcomes of the last horizon, by command id: a retried command gets its first outcome back.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct RecentOutcomes {
+    pub(crate) by_id: BTreeMap<CommandId, Arc<Outcome>>,
+    pub(crate) order: VecDeque<(Timestamp, CommandId)>,
+}
+
+impl PartitionState {
+    /// The empty state of partition `partition` of `partitions`.
+    pub fn new(partition: u32, partitions: u32) -> Self {
+        assert!(partitions > 0 && partition < partitions, "partition {partition} of {partitions} does not exist");
+        PartitionState {
+            partition,
+            partitions,
+            now: Timestamp(0),
+            cursor: 0,
+            next_position: Position(1),
+            settings: PartitionSettings::default(),
+            agents: BTreeMap::new(),
+            resources: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            pools: BTreeMap::new(),
+            recent: RecentOutcomes::default(),
+            continuations: BTreeMap::new(),
+            forget: VecDeque::new(),
+        }
+    }
+
+    pub fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    /// Partition time: the latest log time decided so far.
+    pub fn now(&self) -> Timestamp {
+        self.now
+    }
+
+    /// The command log sequence of the last outcome applied.
+    pub fn cursor(&self) -> u64 {
+        self.cursor
+    }
+
+    /// The position the next effect will get.
+    pub fn next_position(&self) -> Position {
+        self.next_position
+    }
+
+    /// The position of the last effect (0 before the first).
+    pub fn last_position(&self) -> Position {
+        Position(self.next_position.0 - 1)
+    }
+
+    pub fn settings(&self) -> &PartitionSettings {
+        &self.settings
+    }
+
+    pub fn agent(&self, name: &AgentName) -> Option<&Agent> {
+        self.agents.get(name)
+    }
+
+    pub fn agents(&self) -> impl Iterator<Item = &Agent> {
+        self.agents.values()
+    }
+
+    pub fn resource(&self, id: ResourceId) -> Option<&Resource> {
+        self.resources.get(&id)
+    }
+
+    pub fn resources(&self) -> impl Iterator<Item = &Resource> {
+        self.resources.values()
+    }
+
+    pub fn lease(&self, id: LeaseId) -> Option<&Lease> {
+        self.leases.get(&id)
+    }
+
+    pub fn leases(&self) -> impl Iterator<Item = &Lease> {
+        self.leases.values()
+    }
+
+    pub fn pool(&self, name: &PoolName) -> Option<&Pool> {
+        self.pools.get(name)
+    }
+
+    pub fn pools(&self) -> impl Iterator<Item = &Pool> {
+        self.pools.values()
+    }
+
+    /// The outcome recorded for a command id within the horizon.
+    pub fn recent_outcome(&self, id: CommandId) -> Option<&Outcome> {
+        self.recent.by_id.get(&id).map(Arc::as_ref)
+    }
+
+    /// How many outcomes are remembered for idempotency.
+    pub fn n_recent_outcomes(&self) -> usize {
+        self.recent.by_id.len()
+    }
+
+    /// Work left for `sys.continue` commands, by the position of its `ContinueRequested`.
+    pub fn continuations(&self) -> impl Iterator<Item = (Position, &Key, &Work)> {
+        self.continuations.iter().map(|(pos, (key, work))| (*pos, key, work))
+    }
+
+    /// The resources of an agent, in id order.
+    pub fn resources_of<'a>(&'a self, agent: &'a Agent) -> impl Iterator<Item = &'a Resource> + 'a {
+        agent.resources.iter().filter_map(|id| self.resources.get(id))
+    }
+
+    /// The live (waiting or active) leases of a resource.
+    pub fn live_leases_of<'a>(&'a self, resource: &'a Resource) -> impl Iterator<Item = &'a Lease> + 'a {
+        resource.live_leases.values().filter_map(|id| self.leases.get(id))
+    }
+}
+
+// -----------------------------------------------------------------------------------------------------------------
+// Agents
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    Live,
+    /// No heartbeat for `stall_after`: no new placements.
+    Stalled,
+    /// No heartbeat for `orphan_after`: its resources are orphaned; it must register again.
+    Gone,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Agent {
+    pub name: AgentName,
+    pub liveness: Liveness,
+    /// Retired by an operator: no new placements; what it holds is released.
+    pub retired: bool,
+    /// `Some` while the circuit breaker holds: the agent is `suspect`.
+    pub breaker: Option<Breaker>,
+    /// The position of the current incarnation's registration.
+    pub epoch: Position,
+    pub incarnation: Uuid,
+    pub wiped: bool,
+    pub settings: AgentSettings,
+    /// The last heartbeat recorded (coalesced: at most every `stall_after / 3`).
+    pub last_seen: Timestamp,
+    /// The last observation decided.
+    pub last_obs: ObsStamp,
+    /// Until then, losses are marked without the breaker (a wiped incarnation, a confirmed loss).
+    pub breaker_bypass_until: Option<Timestamp>,
+    /// Log times of the losses marked recently (for the breaker's window).
+    pub recent_losses: VecDeque<Timestamp>,
+    /// Every resource of the agent still in state, in id order.
+    pub resources: BTreeSet<ResourceId>,
+    /// Releasing resources by the position that ordered their destruction.
+    pub releasing: BTreeMap<Position, ResourceId>,
+    /// What the writer believes the agent holds: `active`, `paused` and `suspect` resources.
+    pub n_held: u64,
+    pub held_digest: HandleDigest,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Breaker {
+    pub tripped_at: Timestamp,
+    pub would_lose: u32,
+}
+
+impl Agent {
+    /// True while the breaker holds.
+    pub fn is_suspect(&self) -> bool {
+        self.breaker.is_some()
+    }
+
+    /// Losses marked within the breaker window ending at `now`.
+    pub fn losses_in_window(&self, now: Timestamp) -> u32 {
+        let since = now.saturating_sub(self.settings.loss_window);
+        self.recent_losses.iter().filter(|t| **t > since).count() as u32
+    }
+
+    /// The status a person would read: `live`, `stalled`, `gone`, `suspect`, `retired`.
+    pub fn status(&self) -> &'static str {
+        match (self.liveness, self.retired, self.breaker.is_some()) {
+            (Liveness::Gone, _, _) => "gone",
+            (_, true, _) => "retired",
+            (_, _, true) => "suspect",
+            (Liveness::Stalled, _, _) => "stalled",
+            (Liveness::Live, _, _) => "live",
+        }
+    }
+}
+
+// -----------------------------------------------------------------------------------------------------------------
+// Resources
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResourceState {
+    Pending,
+    Active,
+    Paused { reason: Option<String>, until: Option<Timestamp> },
+    Suspect { cause: SuspectCause },
+    Releasing { cause: ReleaseCause },
+    Destroyed,
+    Lost,
+    Orphaned,
+    Failed { detail: String },
+}
+
+impl ResourceState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            ResourceState::Pending => "pending",
+            ResourceState::Active => "active",
+            ResourceState::Paused { .. } => "paused",
+            ResourceState::Suspect { .. } => "suspect",
+            ResourceState::Releasing { .. } => "releasing",
+            ResourceState::Destroyed => "destroyed",
+            ResourceState::Lost => "lost",
+            ResourceState::Orphaned => "orphaned",
+            ResourceState::Failed { .. } => "failed",
+        }
+    }
+
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            ResourceState::Destroyed | ResourceState::Lost | ResourceState::Orphaned | ResourceState::Failed { .. }
+        )
+    }
+
+    /// `active`, `paused` or `suspect`: observed present and meant to exist.
+    pub fn is_held(&self) -> bool {
+        matches!(self, ResourceState::Active | ResourceState::Paused { .. } | ResourceState::Suspect { .. })
+    }
+
+    /// Left for good: `releasing` or terminal.
+    pub fn has_left(&self) -> bool {
+        matches!(self, ResourceState::Releasing { .. }) || self.is_terminal()
+    }
+}
+
+/// A resource's claim on one pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimSlot {
+    /// Asked for; not bound yet.
+    Wanted,
+    Bound {
+        value: PoolValue,
+        token: Position,
+    },
+    /// Given back (`ClaimReleasable`).
+    Returned,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resource {
+    pub id: ResourceId,
+    pub agent: AgentName,
+    pub kind: String,
+    pub capacity: u32,
+    pub attributes: BTreeMap<String, String>,
+    pub parent: Option<ResourceRef>,
+    pub state: ResourceState,
+    pub allocated_at: Timestamp,
+    pub allocated_pos: Position,
+    /// The position of `CreateOrdered`: the agent could know of it from this watermark on.
+    pub create_ordered: Option<Position>,
+    /// The position of `ResourceReleasing`.
+    pub destruction_ordered: Option<Position>,
+    /// The last observation of presence.
+    pub last_present: Option<ObsStamp>,
+    pub native_id: Option<String>,
+    /// `Some(parent)` while flagged `suspect-upstream`.
+    pub upstream_suspect: Option<ResourceRef>,
+    /// The source of the last parent cascade applied.
+    pub parent_seen: Option<Source>,
+    pub claims: BTreeMap<PoolName, ClaimSlot>,
+    /// Live (waiting or active) leases, by the position of their request: first come, first granted.
+    pub live_leases: BTreeMap<Position, LeaseId>,
+    pub terminal_at: Option<Timestamp>,
+}
+
+impl Resource {
+    pub fn reference(&self) -> ResourceRef {
+        ResourceRef::new(self.agent.clone(), self.id)
+    }
+
+    pub fn all_claims_bound(&self) -> bool {
+        self.claims.values().all(|slot| matches!(slot, ClaimSlot::Bound { .. }))
+    }
+}
+
+// -----------------------------------------------------------------------------------------------------------------
+// Leases
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseState {
+    Waiting { until: Option<Timestamp> },
+    Active { token: Position, expires_at: Option<Timestamp> },
+    Released,
+    Broken { reason: BreakReason },
+    Expired,
+    Failed,
+}
+
+impl LeaseState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            LeaseState::Waiting { .. } => "waiting",
+            LeaseState::Active { .. } => "active",
+            LeaseState::Released => "released",
+            LeaseState::Broken { .. } => "broken",
+            LeaseState::Expired => "expired",
+            LeaseState::Failed => "failed",
+        }
+    }
+
+    pub fn is_live(&self) -> bool {
+        matches!(self, LeaseState::Waiting { .. } | LeaseState::Active { .. })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub id: LeaseId,
+    pub resource: ResourceId,
+    pub agent: AgentName,
+    pub holder: String,
+    pub ttl: Option<Millis>,
+    pub state: LeaseState,
+    /// The position of its first effect (waiting or granted): its place in the queue.
+    pub requested_pos: Position,
+    pub terminal_at: Option<Timestamp>,
+}
+
+// -----------------------------------------------------------------------------------------------------------------
+// Pools
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holding {
+    Waiting { queued_at: Position, source: Source },
+    Granted { value: PoolValue, token: Position, source: Source },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pool {
+    pub name: PoolName,
+    pub kind: PoolKind,
+    pub cooldown: Millis,
+    /// Index of the next identifier never handed out (identifiers never used come first).
+    pub next_fresh: u64,
+    /// Freed identifiers, least recently freed first: `(freed at, position of the free)`.
+    pub cooling: BTreeMap<(Timestamp, Position), PoolValue>,
+    pub held: BTreeMap<PoolValue, ResourceRef>,
+    pub holders: BTreeMap<ResourceRef, Holding>,
+    /// Holders waiting, first in first out (by the position of their `ClaimQueued`).
+    pub waiters: BTreeMap<Position, ResourceRef>,
+    /// Holders whose claim ended, with the source of their claim: any later claim from them is stale.
+    pub released: BTreeMap<ResourceRef, Source>,
+}
+
+impl Pool {
+    /// The identifier the next grant would get at `now`: a never-used one first, then the least recently freed
+    /// one whose cool-down has passed.
+    pub fn next_available(&self, now: Timestamp) -> Option<PoolValue> {
+        let size = self.kind.size();
+        if let Some(value) = (self.next_fresh..size).find_map(|idx| self.kind.value_at(idx)) {
+            return Some(value);
+        }
+        let (&(freed_at, _), &value) = self.cooling.iter().next()?;
+        (freed_at.saturating_add(self.cooldown) <= now).then_some(value)
+    }
+
+    /// When the least recently freed identifier finishes its cool-down.
+    pub fn next_cooled_at(&self) -> Option<Timestamp> {
+        self.cooling.keys().next().map(|(freed_at, _)| freed_at.saturating_add(self.cooldown))
+    }
+
+    /// Identifiers free right now or later (not held).
+    pub fn n_free(&self) -> u64 {
+        self.kind.n_usable() - self.held.len() as u64
+    }
+}

@@ -1,0 +1,371 @@
+//! Test support: a world with one partition, helpers that build commands, and the table `check()`.
+
+#![allow(dead_code, unreachable_pub)]
+
+use leasehold_domain::driver::Driver;
+use leasehold_domain::state::PartitionState;
+use leasehold_schemas::command::*;
+use leasehold_schemas::ids::*;
+use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::settings::AgentSettings;
+use leasehold_schemas::{Command, Outcome, RejectionKind};
+
+/// Log time at the start of every test (2027-01-15).
+pub const T0: Timestamp = Timestamp(1_800_000_000_000);
+pub const OP: &str = "op:alice";
+pub const SWEEPER: &str = "sweeper-1";
+
+pub fn agent_name(name: &str) -> AgentName {
+    AgentName::new(name).unwrap()
+}
+
+pub fn pool_name(name: &str) -> PoolName {
+    PoolName::new(name).unwrap()
+}
+
+pub fn secs(n: u64) -> Millis {
+    Millis::from_secs(n)
+}
+
+/// One partition (P = 1 unless asked), an agent `w1` by default, and the last things made, so table cases can
+/// name them: `w.a()`, `w.r()`, `w.l()`, `w.token()`.
+pub struct World {
+    pub d: Driver,
+    pub obs: std::collections::BTreeMap<AgentName, u64>,
+    pub last_resource: Option<ResourceId>,
+    pub last_lease: Option<LeaseId>,
+    pub last_token: Option<Position>,
+    pub agent: AgentName,
+}
+
+impl World {
+    pub fn new() -> Self {
+        World::with_partitions(0, 1)
+    }
+
+    pub fn with_partitions(partition: u32, partitions: u32) -> Self {
+        World {
+            d: Driver::new(partition, partitions, T0),
+            obs: Default::default(),
+            last_resource: None,
+            last_lease: None,
+            last_token: None,
+            agent: agent_name("w1"),
+        }
+    }
+
+    pub fn state(&self) -> &PartitionState {
+        self.d.state()
+    }
+
+    pub fn a(&self) -> AgentName {
+        self.agent.clone()
+    }
+
+    pub fn r(&self) -> ResourceId {
+        self.last_resource.expect("a resource was made in `given`")
+    }
+
+    pub fn rref(&self) -> ResourceRef {
+        ResourceRef::new(self.a(), self.r())
+    }
+
+    pub fn l(&self) -> LeaseId {
+        self.last_lease.expect("a lease was made in `given`")
+    }
+
+    pub fn token(&self) -> Position {
+        self.last_token.expect("a lease was granted in `given`")
+    }
+
+    pub fn epoch(&self, agent: &AgentName) -> Position {
+        self.state().agent(agent).expect("agent registered").epoch
+    }
+
+    pub fn next_obs(&mut self, agent: &AgentName) -> u64 {
+        let n = self.obs.entry(agent.clone()).or_insert(0);
+        *n += 1;
+        *n
+    }
+
+    pub fn op(&mut self, body: impl Into<Command>) -> Outcome {
+        self.d.submit(OP, body)
+    }
+
+    pub fn sys(&mut self, body: impl Into<Command>) -> Outcome {
+        self.d.submit(SWEEPER, body)
+    }
+
+    /// A command from an agent, sent under its own name.
+    pub fn from_agent(&mut self, body: impl Into<Command>) -> Outcome {
+        let body = body.into();
+        let Key::Agent(agent) = body.key() else { panic!("agent commands are keyed by agent") };
+        self.d.submit(agent.as_str(), body)
+    }
+
+    pub fn advance(&mut self, by: Millis) {
+        self.d.advance(by);
+    }
+
+    // --- agents ---------------------------------------------------------------------------------------------
+
+    pub fn register_with(&mut self, agent: &AgentName, settings: AgentSettings, wiped: bool) -> Outcome {
+        self.obs.insert(agent.clone(), 0);
+        let incarnation = leasehold_schemas::Uuid::from_u128(self.d.outcomes().len() as u128 + 1);
+        self.from_agent(Register { agent: agent.clone(), incarnation, wiped, settings })
+    }
+
+    /// Registers the default agent `w1`.
+    pub fn registered(&mut self) -> &mut Self {
+        let agent = self.a();
+        accepted(&self.register_with(&agent, AgentSettings::default(), false));
+        self
+    }
+
+    pub fn heartbeat(&mut self, agent: &AgentName) -> Outcome {
+        let epoch = self.epoch(agent);
+        self.from_agent(Heartbeat { agent: agent.clone(), epoch })
+    }
+
+    // --- resources ------------------------------------------------------------------------------------------
+
+    pub fn allocate_cmd(&mut self, agent: &AgentName) -> Allocate {
+        let resource = self.d.new_resource_id();
+        Allocate {
+            agent: agent.clone(),
+            resource,
+            kind: "container".into(),
+            capacity: 2,
+            attributes: Default::default(),
+            parent: None,
+            pools: vec![],
+        }
+    }
+
+    /// Allocates a resource (capacity 2) on `w1`; it becomes `w.r()`.
+    pub fn pending(&mut self) -> &mut Self {
+        self.pending_with(|_| {})
+    }
+
+    pub fn pending_with(&mut self, edit: impl FnOnce(&mut Allocate)) -> &mut Self {
+        let agent = self.a();
+        let mut cmd = self.allocate_cmd(&agent);
+        edit(&mut cmd);
+        self.last_resource = Some(cmd.resource);
+        accepted(&self.op(cmd));
+        self
+    }
+
+    pub fn report_created(&mut self, agent: &AgentName, resource: ResourceId) -> Outcome {
+        let epoch = self.epoch(agent);
+        let obs = self.next_obs(agent);
+        self.from_agent(ReportCreated { agent: agent.clone(), epoch, obs, resource, native_id: None })
+    }
+
+    /// A registered agent with an active resource `w.r()`.
+    pub fn active(&mut self) -> &mut Self {
+        self.registered().pending();
+        let (agent, resource) = (self.a(), self.r());
+        accepted(&self.report_created(&agent, resource));
+        self
+    }
+
+    pub fn acquire_cmd(&mut self, ttl: Option<Millis>, wait_timeout: Option<Millis>) -> Acquire {
+        let lease = self.d.new_lease_id();
+        Acquire { agent: self.a(), resource: self.r(), lease, holder: "build-42".into(), ttl, wait_timeout }
+    }
+
+    /// Acquires a lease on `w.r()`; it becomes `w.l()` (and `w.token()` if granted).
+    pub fn leased(&mut self, ttl: Option<Millis>) -> &mut Self {
+        let cmd = self.acquire_cmd(ttl, Some(secs(60)));
+        self.last_lease = Some(cmd.lease);
+        let outcome = self.op(cmd);
+        accepted(&outcome);
+        self.last_token = outcome
+            .positioned_effects()
+            .find_map(|(pos, e)| matches!(e, Effect::LeaseGranted { .. }).then_some(pos))
+            .or(self.last_token);
+        self
+    }
+
+    pub fn release(&mut self) -> Outcome {
+        let (agent, resource) = (self.a(), self.r());
+        self.op(Release { agent, resource, reason: Some("done".into()) })
+    }
+
+    /// A sync report from `agent` at the current last position, with `edit` filling in the lists.
+    pub fn sync_cmd(&mut self, agent: &AgentName, edit: impl FnOnce(&mut SyncReport)) -> SyncReport {
+        let epoch = self.epoch(agent);
+        let obs = self.next_obs(agent);
+        let watermark = self.state().last_position();
+        let mut report = SyncReport {
+            agent: agent.clone(),
+            epoch,
+            obs,
+            watermark,
+            created: vec![],
+            missing: vec![],
+            destroyed: vec![],
+            in_flight: vec![],
+            count: 0,
+            digest: HandleDigest::default(),
+        };
+        edit(&mut report);
+        report
+    }
+
+    /// A sync report whose count and digest match what the writer believes after its lists are applied.
+    pub fn sync(&mut self, agent: &AgentName, edit: impl FnOnce(&mut SyncReport)) -> Outcome {
+        let mut report = self.sync_cmd(agent, edit);
+        let (count, digest) = self.expected_listing(agent, &report);
+        report.count = count;
+        report.digest = digest;
+        self.from_agent(report)
+    }
+
+    /// What an honest agent would count: held resources plus the ones it reports created, minus the ones it
+    /// reports missing, destroyed or in flight; releasing ones it cannot know of yet count as held.
+    pub fn expected_listing(&self, agent: &AgentName, report: &SyncReport) -> (u64, HandleDigest) {
+        let state = self.state();
+        let a = state.agent(agent).unwrap();
+        let mut ids = std::collections::BTreeSet::new();
+        for r in state.resources_of(a) {
+            let held_view = r.state.is_held()
+                || (r.state.name() == "releasing"
+                    && r.destruction_ordered.is_some_and(|p| p > report.watermark)
+                    && r.last_present.is_some());
+            if held_view || (r.state.name() == "pending" && report.created.contains(&r.id)) {
+                ids.insert(r.id);
+            }
+        }
+        for id in report.missing.iter().chain(&report.destroyed).chain(&report.in_flight) {
+            ids.remove(id);
+        }
+        (ids.len() as u64, HandleDigest::of(ids.iter()))
+    }
+
+    // --- pools ----------------------------------------------------------------------------------------------
+
+    pub fn define_slots(&mut self, name: &str, count: u32, cooldown: Millis) -> Outcome {
+        self.op(DefinePool {
+            pool: pool_name(name),
+            kind: leasehold_schemas::pool::PoolKind::Slots { count },
+            cooldown: Some(cooldown),
+        })
+    }
+
+    /// The source of the first effect named `name` in `outcome`.
+    pub fn source_of(&self, outcome: &Outcome, name: &str) -> Source {
+        let position = outcome
+            .positioned_effects()
+            .find_map(|(p, e)| (e.name() == name).then_some(p))
+            .unwrap_or_else(|| panic!("no {name} in {:?}", effect_names(outcome)));
+        Source { partition: self.state().partition(), position }
+    }
+}
+
+// --- assertions ---------------------------------------------------------------------------------------------------
+
+pub fn effect_names(outcome: &Outcome) -> Vec<&'static str> {
+    outcome.effects().iter().map(Effect::name).collect()
+}
+
+/// Asserts the outcome is accepted and returns its effects.
+#[track_caller]
+pub fn accepted(outcome: &Outcome) -> &[Effect] {
+    if let Some(rejection) = outcome.rejection() {
+        panic!("{} was rejected: {rejection}", outcome.command.type_name);
+    }
+    outcome.effects()
+}
+
+/// Asserts the outcome is rejected with `kind` and returns its message.
+#[track_caller]
+pub fn rejected(outcome: &Outcome, kind: RejectionKind) -> &str {
+    match outcome.rejection() {
+        Some(rejection) if rejection.kind == kind => &rejection.message,
+        Some(rejection) => panic!("{} was rejected as {rejection}, expected {kind}", outcome.command.type_name),
+        None => panic!(
+            "{} was accepted with {:?}, expected a {kind} rejection",
+            outcome.command.type_name,
+            effect_names(outcome)
+        ),
+    }
+}
+
+/// What a table case expects.
+pub enum Then {
+    /// Accepted with exactly these effects, in order.
+    Effects(&'static [&'static str]),
+    /// Rejected with this kind and a message containing each fragment.
+    Rejected(RejectionKind, &'static [&'static str]),
+}
+
+/// One row of a table: given (steps on a fresh world) / when (the command) / then (the outcome).
+pub struct Case {
+    pub name: &'static str,
+    pub given: Box<dyn Fn(&mut World)>,
+    pub when: Box<dyn Fn(&mut World) -> Outcome>,
+    pub then: Then,
+}
+
+pub fn case(
+    name: &'static str,
+    given: impl Fn(&mut World) + 'static,
+    when: impl Fn(&mut World) -> Outcome + 'static,
+    then: Then,
+) -> Case {
+    Case { name, given: Box::new(given), when: Box::new(when), then }
+}
+
+/// Runs every case on a fresh world. Besides each case's expectation, checks that a rejection changed nothing but
+/// the cursor and remembered outcomes, that the invariants hold, and that folding the outcomes from scratch gives
+/// the same state.
+pub fn check(cases: Vec<Case>) {
+    let mut failures = Vec::new();
+    for case in cases {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut world = World::new();
+            (case.given)(&mut world);
+            let before = world.state().clone();
+            let outcome = (case.when)(&mut world);
+            match case.then {
+                Then::Effects(names) => {
+                    accepted(&outcome);
+                    assert_eq!(effect_names(&outcome), names, "effects");
+                }
+                Then::Rejected(kind, fragments) => {
+                    let message = rejected(&outcome, kind);
+                    for fragment in fragments {
+                        assert!(message.contains(fragment), "message {message:?} lacks {fragment:?}");
+                    }
+                    assert_same_except_bookkeeping(&before, world.state());
+                }
+            }
+            leasehold_domain::invariants::check(world.state()).expect("invariants");
+            assert!(world.d.rebuild() == *world.state(), "folding the outcomes from scratch gives another state");
+        }));
+        if let Err(panic) = result {
+            let text = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            failures.push(format!("{}: {text}", case.name));
+        }
+    }
+    assert!(failures.is_empty(), "{} cases failed:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// A rejection moves the cursor and partition time and may be remembered; nothing else changes.
+#[track_caller]
+pub fn assert_same_except_bookkeeping(before: &PartitionState, after: &PartitionState) {
+    assert_eq!(before.next_position(), after.next_position(), "a rejection took a position");
+    assert!(
+        before.agents().eq(after.agents())
+            && before.resources().eq(after.resources())
+            && before.leases().eq(after.leases())
+            && before.pools().eq(after.pools()),
+        "a rejection changed state"
+    );
+}
