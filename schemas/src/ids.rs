@@ -433,10 +433,36 @@ impl Timestamp {
     }
 }
 
+/// RFC 3339 in UTC with milliseconds: `2027-01-15T08:00:00.000Z`.
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "t={}ms", self.0)
+        let ms = self.0;
+        let secs = ms / 1000;
+        let (year, month, day) = civil_from_days((secs / 86_400) as i64);
+        let in_day = secs % 86_400;
+        write!(
+            f,
+            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+            in_day / 3600,
+            in_day % 3600 / 60,
+            in_day % 60,
+            ms % 1000
+        )
     }
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01 (the "days from civil" inverse over 400-year eras).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let shifted = days + 719_468;
+    let era = shifted.div_euclid(146_097);
+    let day_of_era = shifted.rem_euclid(146_097);
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = (day_of_year - (153 * month_index + 2) / 5 + 1) as u32;
+    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 } as u32;
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
 }
 
 impl fmt::Debug for Timestamp {
@@ -565,6 +591,14 @@ mod tests {
         assert_eq!("@ips".parse::<Key>().unwrap(), Key::Pool(PoolName::new("ips").unwrap()));
         assert_eq!("w1".parse::<Key>().unwrap(), Key::Agent(AgentName::new("w1").unwrap()));
         assert_eq!(Key::Pool(PoolName::new("ips").unwrap()).token(), "@ips");
+    }
+
+    #[test]
+    fn timestamps_print_as_utc_dates() {
+        assert_eq!(Timestamp(0).to_string(), "1970-01-01T00:00:00.000Z");
+        assert_eq!(Timestamp(951_782_400_000).to_string(), "2000-02-29T00:00:00.000Z");
+        assert_eq!(Timestamp(1_800_000_000_123).to_string(), "2027-01-15T08:00:00.123Z");
+        assert_eq!(Timestamp(4_102_444_799_999).to_string(), "2099-12-31T23:59:59.999Z");
     }
 
     #[test]

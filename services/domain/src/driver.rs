@@ -7,7 +7,7 @@
 use leasehold_schemas::ids::{CommandId, Issuer, LeaseId, Millis, ResourceId, Timestamp};
 use leasehold_schemas::{Command, Envelope, Outcome};
 
-use crate::{apply, decide, follow_ups, Ctx, PartitionState};
+use crate::{Ctx, PartitionState, apply, decide, follow_ups};
 
 #[derive(Debug, Clone)]
 pub struct Driver {

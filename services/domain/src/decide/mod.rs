@@ -9,6 +9,8 @@ mod agents;
 mod leases;
 mod pools;
 mod reports;
+
+pub use reports::expected_listing;
 mod resources;
 
 use leasehold_schemas::codec;

@@ -22,7 +22,7 @@ use leasehold_schemas::outcome::{BreakReason, BreakerClear, Effect, ReleaseCause
 use leasehold_schemas::{Rejection, RejectionKind};
 
 use super::{Decider, Verdict, check_text, reject};
-use crate::state::{Agent, Liveness, Resource, ResourceState};
+use crate::state::{Agent, Liveness, PartitionState, Resource, ResourceState};
 
 /// What a report says of one handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +55,81 @@ fn counted_in_view(resource: &Resource, watermark: Position) -> bool {
         || (matches!(resource.state, ResourceState::Releasing { .. })
             && resource.destruction_ordered.is_some_and(|at| at > watermark)
             && resource.last_present.is_some())
+}
+
+/// Each handle named once, with what the report says of it; only this agent's known resources are judged (anything
+/// else on the machine is garbage the agent destroys on its own).
+fn report_verdicts<'s>(state: &'s PartitionState, agent: &Agent, report: &SyncReport) -> Result<Judged<'s>, Rejection> {
+    let mut seen: BTreeMap<ResourceId, Seen> = BTreeMap::new();
+    for id in &report.in_flight {
+        seen.insert(*id, Seen::InFlight);
+    }
+    let lists = [(&report.created, Seen::Present), (&report.missing, Seen::Absent), (&report.destroyed, Seen::Absent)];
+    for (ids, verdict) in lists {
+        for id in ids {
+            match seen.get(id) {
+                Some(Seen::InFlight) => {}
+                Some(other) if *other != verdict => {
+                    return reject(
+                        RejectionKind::Invalid,
+                        format!("handle {id} is named both present and absent in one report"),
+                    );
+                }
+                _ => {
+                    seen.insert(*id, verdict);
+                }
+            }
+        }
+    }
+    Ok(known(state, agent, seen))
+}
+
+fn known<'s>(state: &'s PartitionState, agent: &Agent, seen: BTreeMap<ResourceId, Seen>) -> Judged<'s> {
+    seen.into_iter()
+        .filter_map(|(id, verdict)| state.resources.get(&id).filter(|r| r.agent == agent.name).map(|r| (r, verdict)))
+        .collect()
+}
+
+/// The count and digest the agent should have reported, after the report's own verdicts.
+fn expected_view(
+    state: &PartitionState,
+    agent: &Agent,
+    judged: &Judged<'_>,
+    watermark: Position,
+) -> (u64, HandleDigest) {
+    let mut count = agent.n_held;
+    let mut digest = agent.held_digest;
+    for id in agent.releasing.range(watermark.next()..).map(|(_, id)| id) {
+        if state.resources.get(id).is_some_and(|r| counted_in_view(r, watermark)) {
+            count += 1;
+            digest.add(*id);
+        }
+    }
+    for (resource, seen) in judged {
+        let counted = counted_in_view(resource, watermark);
+        match seen {
+            Seen::Absent | Seen::InFlight if counted => {
+                count -= 1;
+                digest.remove(resource.id);
+            }
+            Seen::Present if resource.state == ResourceState::Pending => {
+                count += 1;
+                digest.add(resource.id);
+            }
+            _ => {}
+        }
+    }
+    (count, digest)
+}
+
+/// The count and digest the writer expects in `report`, given what the report itself says: the handles of the
+/// agent's assignment set (as of the report's watermark) that should exist, minus those it names missing,
+/// destroyed or in flight, plus the pending ones it names created. `None` if the agent is unknown or the report
+/// contradicts itself. Agents in simulations and tests use it to send an honest report.
+pub fn expected_listing(state: &PartitionState, report: &SyncReport) -> Option<(u64, HandleDigest)> {
+    let agent = state.agents.get(&report.agent)?;
+    let judged = report_verdicts(state, agent, report).ok()?;
+    Some(expected_view(state, agent, &judged, report.watermark))
 }
 
 impl<'s> Decider<'s> {
@@ -122,11 +197,11 @@ impl<'s> Decider<'s> {
             );
         }
         self.check_watermark(report.watermark)?;
-        let judged = self.report_verdicts(agent, report)?;
+        let judged = report_verdicts(self.state, agent, report)?;
         self.out.push(Effect::ObservationAccepted { stamp, watermark: Some(report.watermark) });
         let n_losses = judged.iter().filter(|(r, seen)| would_lose(r, *seen, stamp, report.watermark)).count();
         let mark_losses = self.breaker(agent, n_losses);
-        let (count, digest) = self.expected_view(agent, &judged, report.watermark);
+        let (count, digest) = expected_view(self.state, agent, &judged, report.watermark);
         if count != report.count || digest != report.digest {
             self.out.push(Effect::ResyncRequested {
                 reason: ResyncReason::DigestMismatch { expected_count: count, reported_count: report.count },
@@ -134,42 +209,6 @@ impl<'s> Decider<'s> {
         }
         self.judge_report(report, judged, stamp, mark_losses);
         Ok(())
-    }
-
-    /// Each handle named once, with what the report says of it; only this agent's known resources are judged
-    /// (anything else on the machine is garbage the agent destroys on its own).
-    fn report_verdicts(&self, agent: &Agent, report: &SyncReport) -> Result<Judged<'s>, Rejection> {
-        let mut seen: BTreeMap<ResourceId, Seen> = BTreeMap::new();
-        for id in &report.in_flight {
-            seen.insert(*id, Seen::InFlight);
-        }
-        let lists =
-            [(&report.created, Seen::Present), (&report.missing, Seen::Absent), (&report.destroyed, Seen::Absent)];
-        for (ids, verdict) in lists {
-            for id in ids {
-                match seen.get(id) {
-                    Some(Seen::InFlight) => {}
-                    Some(other) if *other != verdict => {
-                        return reject(
-                            RejectionKind::Invalid,
-                            format!("handle {id} is named both present and absent in one report"),
-                        );
-                    }
-                    _ => {
-                        seen.insert(*id, verdict);
-                    }
-                }
-            }
-        }
-        Ok(self.known(agent, seen))
-    }
-
-    fn known(&self, agent: &Agent, seen: BTreeMap<ResourceId, Seen>) -> Judged<'s> {
-        seen.into_iter()
-            .filter_map(|(id, verdict)| {
-                self.state.resources.get(&id).filter(|r| r.agent == agent.name).map(|r| (r, verdict))
-            })
-            .collect()
     }
 
     /// The circuit breaker: whether losses may be marked. Trips when the window's losses would reach
@@ -196,33 +235,6 @@ impl<'s> Decider<'s> {
             }
             true
         }
-    }
-
-    /// The count and digest the agent should have reported, after the report's own verdicts.
-    fn expected_view(&self, agent: &Agent, judged: &Judged<'s>, watermark: Position) -> (u64, HandleDigest) {
-        let mut count = agent.n_held;
-        let mut digest = agent.held_digest;
-        for id in agent.releasing.range(watermark.next()..).map(|(_, id)| id) {
-            if self.state.resources.get(id).is_some_and(|r| counted_in_view(r, watermark)) {
-                count += 1;
-                digest.add(*id);
-            }
-        }
-        for (resource, seen) in judged {
-            let counted = counted_in_view(resource, watermark);
-            match seen {
-                Seen::Absent | Seen::InFlight if counted => {
-                    count -= 1;
-                    digest.remove(resource.id);
-                }
-                Seen::Present if resource.state == ResourceState::Pending => {
-                    count += 1;
-                    digest.add(resource.id);
-                }
-                _ => {}
-            }
-        }
-        (count, digest)
     }
 
     /// Applies the verdicts on one resource.
@@ -299,7 +311,7 @@ impl<'s> Decider<'s> {
             .map(|id| (*id, Seen::Present))
             .chain(report.missing.iter().map(|id| (*id, Seen::Absent)))
             .collect();
-        let judged = self.known(agent, seen);
+        let judged = known(self.state, agent, seen);
         self.judge_report(report, judged, stamp, mark_losses);
     }
 
