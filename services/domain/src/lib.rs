@@ -20,7 +20,7 @@ pub mod state;
 pub use apply::apply;
 pub use decide::{
     Ctx, DECIDER_VERSION, EFFECT_BUDGET_BYTES, MAX_ATTRIBUTE_KEY_BYTES, MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES,
-    MAX_CAPACITY, MAX_POOLS_PER_RESOURCE, MAX_TEXT_BYTES, WRITER_ISSUER, decide, expected_listing, follow_ups,
-    internal_error_outcome,
+    MAX_CAPACITY, MAX_HOLDER_BYTES, MAX_POOLS_PER_RESOURCE, MAX_TEXT_BYTES, MAX_UNIT_BYTES, WRITER_ISSUER, decide,
+    expected_listing, follow_ups, internal_error_outcome,
 };
 pub use state::PartitionState;

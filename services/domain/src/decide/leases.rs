@@ -6,7 +6,7 @@ use leasehold_schemas::ids::{AgentName, LeaseId, Timestamp};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::{Rejection, RejectionKind};
 
-use super::{Decider, Verdict, check_text, reject};
+use super::{Decider, MAX_HOLDER_BYTES, Verdict, reject};
 use crate::state::{Lease, LeaseState, Liveness, ResourceState};
 
 impl<'s> Decider<'s> {
@@ -39,7 +39,12 @@ impl<'s> Decider<'s> {
         if command.holder.is_empty() {
             return reject(RejectionKind::Invalid, "a lease needs a holder (who uses it)");
         }
-        check_text("holder", &command.holder)?;
+        if command.holder.len() > MAX_HOLDER_BYTES {
+            return reject(
+                RejectionKind::Invalid,
+                format!("holder is {} bytes; at most {MAX_HOLDER_BYTES}", command.holder.len()),
+            );
+        }
         if command.ttl.is_some_and(|ttl| ttl.0 == 0) || command.wait_timeout.is_some_and(|w| w.0 == 0) {
             return reject(RejectionKind::Invalid, "ttl and wait_timeout must be longer than 0 when given");
         }

@@ -31,12 +31,17 @@ pub const MAX_POOLS_PER_RESOURCE: usize = 8;
 pub const MAX_ATTRIBUTES: usize = 64;
 pub const MAX_ATTRIBUTE_KEY_BYTES: usize = 64;
 pub const MAX_ATTRIBUTE_VALUE_BYTES: usize = 1024;
-/// Reasons, details, holders and native ids.
+/// Reasons, details and native ids.
 pub const MAX_TEXT_BYTES: usize = 1024;
-/// Past this many bytes of effects, a decision stops before its next resource and continues later. The largest
-/// unit (a resource with `MAX_CAPACITY` leases) plus the largest rest of a report still fit under
-/// `codec::MAX_OUTCOME_BYTES`.
-pub const EFFECT_BUDGET_BYTES: usize = 320 * 1024;
+/// Lease holders (they are repeated in every lease effect).
+pub const MAX_HOLDER_BYTES: usize = 128;
+/// A bound on the effects of one unit of work: one resource's transition with all its leases (at most
+/// `MAX_CAPACITY` grants of about 190 bytes each) and claims.
+pub const MAX_UNIT_BYTES: usize = 200 * 1024;
+const OUTCOME_OVERHEAD_BYTES: usize = 4 * 1024;
+/// Past this many bytes of effects, a decision stops before its next unit and continues later, so that the last
+/// unit and the rest of the work (which a report reserves room for) still fit in `codec::MAX_OUTCOME_BYTES`.
+pub const EFFECT_BUDGET_BYTES: usize = codec::MAX_OUTCOME_BYTES - MAX_UNIT_BYTES - OUTCOME_OVERHEAD_BYTES;
 /// The issuer of the commands the writer sends itself.
 pub const WRITER_ISSUER: &str = "leasehold-writer";
 
@@ -129,11 +134,17 @@ struct Effects {
     first: Position,
     list: Vec<Effect>,
     bytes: usize,
+    limit: usize,
 }
 
 impl Effects {
     fn new(first: Position) -> Self {
-        Effects { first, list: Vec::new(), bytes: 0 }
+        Effects { first, list: Vec::new(), bytes: 0, limit: EFFECT_BUDGET_BYTES }
+    }
+
+    /// Keeps `bytes` free for the rest of the work, should the decision have to continue.
+    fn reserve(&mut self, bytes: usize) {
+        self.limit = self.limit.saturating_sub(bytes);
     }
 
     /// Adds an effect and returns its position.
@@ -149,7 +160,7 @@ impl Effects {
     }
 
     fn over_budget(&self) -> bool {
-        self.bytes >= EFFECT_BUDGET_BYTES
+        self.bytes >= self.limit
     }
 }
 

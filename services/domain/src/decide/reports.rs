@@ -19,7 +19,7 @@ use leasehold_schemas::command::{
 };
 use leasehold_schemas::ids::{AgentName, ObsStamp, Position, ResourceId};
 use leasehold_schemas::outcome::{BreakReason, BreakerClear, Effect, ReleaseCause, ResyncReason, SuspectCause, Work};
-use leasehold_schemas::{Rejection, RejectionKind};
+use leasehold_schemas::{Rejection, RejectionKind, codec};
 
 use super::{Decider, Verdict, check_text, reject};
 use crate::state::{Agent, Liveness, PartitionState, Resource, ResourceState};
@@ -198,6 +198,7 @@ impl<'s> Decider<'s> {
         }
         self.check_watermark(report.watermark)?;
         let judged = report_verdicts(self.state, agent, report)?;
+        self.out.reserve(codec::encoded_len(&(&report.created, &report.missing, &report.destroyed)));
         self.out.push(Effect::ObservationAccepted { stamp, watermark: Some(report.watermark) });
         let n_losses = judged.iter().filter(|(r, seen)| would_lose(r, *seen, stamp, report.watermark)).count();
         let mark_losses = self.breaker(agent, n_losses);
@@ -305,6 +306,7 @@ impl<'s> Decider<'s> {
             return;
         }
         let stamp = ObsStamp { epoch: report.epoch, obs: report.obs };
+        self.out.reserve(codec::encoded_len(&(&report.created, &report.missing)));
         let seen = report
             .created
             .iter()
@@ -332,6 +334,7 @@ impl<'s> Decider<'s> {
         }
         self.check_watermark(chunk.watermark)?;
         let judged = self.chunk_verdicts(agent, chunk);
+        self.out.reserve(codec::encoded_len(&(&chunk.held, &chunk.in_flight)));
         self.out.push(Effect::ObservationAccepted { stamp, watermark: Some(chunk.watermark) });
         let n_losses = judged.iter().filter(|(r, seen)| would_lose(r, *seen, stamp, chunk.watermark)).count();
         let mark_losses = self.breaker(agent, n_losses);
@@ -384,6 +387,7 @@ impl<'s> Decider<'s> {
             return;
         }
         let stamp = ObsStamp { epoch: chunk.epoch, obs: chunk.obs };
+        self.out.reserve(codec::encoded_len(&(&chunk.held, &chunk.in_flight)));
         let judged = self.chunk_verdicts(agent, chunk);
         self.judge_chunk(chunk, judged, stamp, mark_losses);
     }
