@@ -168,10 +168,11 @@ fn check_class(type_name: &str, declared: CommandClass, body: &Command) -> Resul
     Ok(())
 }
 
-/// Encodes a command in the bincode form.
+/// Encodes a command in the bincode form, in the current schema version (whatever version it was read in: the
+/// types are always the current ones).
 pub fn encode_command(envelope: &Envelope) -> Result<Vec<u8>, CodecError> {
     let mut out = vec![FORMAT_BINCODE_V1];
-    encode_into(&envelope.schema_version, &mut out)?;
+    encode_into(&crate::SCHEMA_VERSION, &mut out)?;
     let header = Header {
         type_name: envelope.type_name().to_owned(),
         command_id: envelope.command_id,
@@ -227,7 +228,7 @@ fn decode_command_bincode(bytes: &[u8]) -> Result<Envelope, CodecError> {
     })
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct JsonEnvelope {
     schema_version: u16,
@@ -244,18 +245,32 @@ struct JsonEnvelope {
     body: serde_json::Value,
 }
 
-/// The JSON form of a command, as producers in other languages write it.
+#[derive(Serialize)]
+struct JsonEnvelopeOut<'a> {
+    schema_version: u16,
+    #[serde(rename = "type")]
+    type_name: &'a str,
+    command_id: CommandId,
+    class: CommandClass,
+    issuer: &'a Issuer,
+    issued_at: Timestamp,
+    correlation_id: Option<Uuid>,
+    causation_id: Option<Uuid>,
+    body: crate::command::BodyRef<'a>,
+}
+
+/// The JSON form of a command, as producers in other languages write it (in the current schema version).
 pub fn command_to_json(envelope: &Envelope) -> Result<String, CodecError> {
-    let json = JsonEnvelope {
-        schema_version: envelope.schema_version,
-        type_name: envelope.type_name().to_owned(),
+    let json = JsonEnvelopeOut {
+        schema_version: crate::SCHEMA_VERSION,
+        type_name: envelope.type_name(),
         command_id: envelope.command_id,
         class: envelope.class,
-        issuer: envelope.issuer.clone(),
+        issuer: &envelope.issuer,
         issued_at: envelope.issued_at,
         correlation_id: envelope.correlation_id,
         causation_id: envelope.causation_id,
-        body: envelope.body.body_to_json().map_err(CodecError::json)?,
+        body: crate::command::BodyRef(&envelope.body),
     };
     serde_json::to_string(&json).map_err(CodecError::json)
 }

@@ -249,7 +249,7 @@ impl ResyncChunk {
 
 /// What the driver said went wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum FailureKind {
     /// A definitive creation error: the handle does not and will not exist.
     CreateFailed,
@@ -377,7 +377,7 @@ pub struct TickPool {
 
 /// What a parent's state means for its children.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum ParentState {
     /// The parent left for good (`releasing` or terminal): release the child.
     Left,
@@ -453,11 +453,6 @@ macro_rules! commands {
                 }
             }
 
-            pub(crate) fn body_to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
-                match self {
-                    $( Command::$variant(body) => serde_json::to_value(body), )*
-                }
-            }
 
             pub(crate) fn body_from_json(
                 type_name: &str,
@@ -468,6 +463,17 @@ macro_rules! commands {
                         .map(Command::$variant)
                         .map_err(|e| crate::codec::CodecError::json(e)), )*
                     other => Err(crate::codec::CodecError::unknown_type(other)),
+                }
+            }
+        }
+
+        /// Serializes a command's body as its own struct (for the JSON form).
+        pub(crate) struct BodyRef<'a>(pub(crate) &'a Command);
+
+        impl Serialize for BodyRef<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                match self.0 {
+                    $( Command::$variant(body) => body.serialize(serializer), )*
                 }
             }
         }
@@ -680,9 +686,12 @@ impl<'de> Deserialize<'de> for HandleDigest {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         if deserializer.is_human_readable() {
             let text = String::deserialize(deserializer)?;
-            u64::from_str_radix(&text, 16)
+            let well_formed = text.len() == 16 && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            well_formed
+                .then(|| u64::from_str_radix(&text, 16).ok())
+                .flatten()
                 .map(HandleDigest)
-                .map_err(|_| serde::de::Error::custom(format!("digest {text:?} is not 16 hex digits")))
+                .ok_or_else(|| serde::de::Error::custom(format!("digest {text:?} is not 16 lowercase hex digits")))
         } else {
             u64::deserialize(deserializer).map(HandleDigest)
         }

@@ -48,7 +48,7 @@ pub struct CommandSummary {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum Decision {
     /// Effects at positions `first_position`, `first_position + 1`, ...
     Accepted {
@@ -103,7 +103,7 @@ impl fmt::Display for Rejection {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum RejectionKind {
     /// The resource, lease, agent or pool is not known here.
     Unknown,
@@ -165,31 +165,31 @@ impl fmt::Display for RejectionKind {
 
 /// Why a resource is being destroyed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum ReleaseCause {
     Released { by: Issuer, reason: Option<String> },
     HealthCheckFailed { detail: String },
     ParentLeft { parent: ResourceRef },
-    CreateTimeout,
-    AgentRetired,
+    CreateTimeout {},
+    AgentRetired {},
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum SuspectCause {
     Operator { by: Issuer, detail: String },
     Agent { detail: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum UnpauseCause {
     Operator { by: Issuer },
-    PauseExpired,
+    PauseExpired {},
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum BreakReason {
     /// The resource left for good (released, lost, orphaned, failed, parent gone).
     ResourceLeft,
@@ -198,31 +198,31 @@ pub enum BreakReason {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum BreakerClear {
     /// A report showed the handles again (or losses within the limit).
-    HandlesBack,
+    HandlesBack {},
     /// An operator confirmed the loss.
     LossConfirmed { by: Issuer },
     /// The agent registered a wiped incarnation.
-    Wiped,
+    Wiped {},
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum ResyncReason {
     DigestMismatch { expected_count: u64, reported_count: u64 },
-    LossConfirmed,
+    LossConfirmed {},
 }
 
 /// Work an outcome left for a follow-up `sys.continue` because the outcome would have grown past its size cap.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum Work {
     /// Orphan the remaining non-terminal resources of a `gone` agent.
-    OrphanResources,
+    OrphanResources {},
     /// Release the remaining live resources of a retired agent.
-    ReleaseResources,
+    ReleaseResources {},
     /// The rest of a sync report; losses are marked only if `mark_losses` (the breaker's verdict on the whole).
     Report { report: SyncReport, mark_losses: bool },
     /// The rest of a resync chunk (its range narrowed to what is left).
@@ -231,7 +231,7 @@ pub enum Work {
 
 /// One fact inside an outcome. Every effect has a position; the outcome's key says which agent or pool it is about.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum Effect {
     // Agents. The epoch of a registration is the position of its `AgentRegistered`.
     AgentRegistered {
@@ -245,7 +245,7 @@ pub enum Effect {
     AgentStalled {
         last_seen: Timestamp,
     },
-    AgentRecovered,
+    AgentRecovered {},
     AgentGone {
         last_seen: Timestamp,
     },
@@ -260,6 +260,8 @@ pub enum Effect {
     AgentBreakerCleared {
         reason: BreakerClear,
     },
+    /// The breaker is back in force after the report it let through (a wiped incarnation, a confirmed loss).
+    AgentBreakerRearmed {},
     ResyncRequested {
         reason: ResyncReason,
     },
@@ -292,6 +294,12 @@ pub enum Effect {
         resource: ResourceId,
     },
     ResourceActivated {
+        resource: ResourceId,
+        stamp: ObsStamp,
+        native_id: Option<String>,
+    },
+    /// A resource already ordered destroyed was observed present (its create finished after the release).
+    ResourceSeen {
         resource: ResourceId,
         stamp: ObsStamp,
         native_id: Option<String>,
@@ -433,11 +441,12 @@ impl Effect {
             Effect::AgentRegistered { .. } => "agent-registered",
             Effect::AgentSeen { .. } => "agent-seen",
             Effect::AgentStalled { .. } => "agent-stalled",
-            Effect::AgentRecovered => "agent-recovered",
+            Effect::AgentRecovered {} => "agent-recovered",
             Effect::AgentGone { .. } => "agent-gone",
             Effect::AgentRetired { .. } => "agent-retired",
             Effect::AgentSuspect { .. } => "agent-suspect",
             Effect::AgentBreakerCleared { .. } => "agent-breaker-cleared",
+            Effect::AgentBreakerRearmed {} => "agent-breaker-rearmed",
             Effect::ResyncRequested { .. } => "resync-requested",
             Effect::ObservationAccepted { .. } => "observation-accepted",
             Effect::ResourceAllocated { .. } => "resource-allocated",
@@ -445,6 +454,7 @@ impl Effect {
             Effect::ClaimBound { .. } => "claim-bound",
             Effect::CreateOrdered { .. } => "create-ordered",
             Effect::ResourceActivated { .. } => "resource-activated",
+            Effect::ResourceSeen { .. } => "resource-seen",
             Effect::ResourcePaused { .. } => "resource-paused",
             Effect::ResourceUnpaused { .. } => "resource-unpaused",
             Effect::ResourceUpdated { .. } => "resource-updated",

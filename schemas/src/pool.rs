@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// The identifiers a pool holds. `0` is a valid slot (Arvados bug 12073).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum PoolKind {
     /// The addresses of `network/prefix_len`, without the network and broadcast addresses (for prefixes up to
     /// /30) and without `exclude` (gateways, reserved addresses).
@@ -38,6 +38,24 @@ pub enum PoolKindError {
 }
 
 impl PoolKind {
+    /// The same definition with its exclusions sorted and without repeats: two definitions are the same pool when
+    /// their canonical forms are equal.
+    pub fn canonical(&self) -> PoolKind {
+        let mut kind = self.clone();
+        match &mut kind {
+            PoolKind::Ipv4 { exclude, .. } => {
+                exclude.sort();
+                exclude.dedup();
+            }
+            PoolKind::Ports { exclude, .. } => {
+                exclude.sort();
+                exclude.dedup();
+            }
+            PoolKind::Slots { .. } => {}
+        }
+        kind
+    }
+
     /// Checks the definition; the error says what to change.
     pub fn validate(&self) -> Result<(), PoolKindError> {
         match self {
@@ -154,7 +172,7 @@ impl PoolKind {
 
 /// One identifier of a pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum PoolValue {
     Ipv4(Ipv4Addr),
     Slot(u32),

@@ -44,6 +44,36 @@ pub fn ingress_subject_of(command: &Command) -> String {
     ingress_subject(command.class(), &command.key(), command.subject_id())
 }
 
+/// A subject that does not name the command it carries.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("subject {subject:?} does not fit the {type_name} command it carries: expected {expected:?}")]
+pub struct SubjectMismatch {
+    pub subject: String,
+    pub type_name: &'static str,
+    pub expected: String,
+}
+
+/// Checks that an ingress (`lh.in.<class>.<key>.<id>`) or stored (`lh.cmd.<p>.<class>.<key>.<id>`) subject names
+/// exactly the class, key and id of `command`, in canonical form. Identity comes from the subject the server let
+/// the sender publish on, so a body about another agent, pool or resource is refused; and a resource's command
+/// history stays one subject filter.
+pub fn check_subject(subject: &str, command: &Command) -> Result<(), SubjectMismatch> {
+    let expected_tail = format!("{}.{}.{}", command.class().token(), command.key().token(), command.subject_id());
+    let tail = subject.strip_prefix("lh.in.").or_else(|| {
+        let rest = subject.strip_prefix("lh.cmd.")?;
+        let (partition, tail) = rest.split_once('.')?;
+        partition.bytes().all(|b| b.is_ascii_digit()).then_some(tail)
+    });
+    if tail == Some(expected_tail.as_str()) {
+        return Ok(());
+    }
+    Err(SubjectMismatch {
+        subject: subject.to_owned(),
+        type_name: command.type_name(),
+        expected: format!("lh.in.{expected_tail}"),
+    })
+}
+
 /// The subject a writer consumes for one partition.
 pub fn command_filter(partition: u32) -> String {
     format!("lh.cmd.{partition}.>")
@@ -88,6 +118,19 @@ mod tests {
         assert_eq!(fnv1a32(b""), 0x811c_9dc5);
         assert_eq!(fnv1a32(b"a"), 0xe40c_292c);
         assert_eq!(fnv1a32(b"foobar"), 0xbf9c_f968);
+    }
+
+    #[test]
+    fn a_subject_must_name_its_command() {
+        use crate::command::Heartbeat;
+        use crate::ids::Position;
+        let heartbeat: Command = Heartbeat { agent: AgentName::new("w1").unwrap(), epoch: Position(1) }.into();
+        assert!(check_subject("lh.in.agent.w1._", &heartbeat).is_ok());
+        assert!(check_subject("lh.cmd.5.agent.w1._", &heartbeat).is_ok());
+        for wrong in ["lh.in.agent.w2._", "lh.in.op.w1._", "lh.in.agent.w1.x", "lh.cmd.x.agent.w1._", "lh.evt.5.w1"] {
+            let err = check_subject(wrong, &heartbeat).unwrap_err();
+            assert!(err.to_string().contains("expected \"lh.in.agent.w1._\""), "{err}");
+        }
     }
 
     #[test]

@@ -6,10 +6,7 @@ use leasehold_schemas::Outcome;
 use leasehold_schemas::ids::{Position, ResourceId, Timestamp};
 use leasehold_schemas::outcome::{Effect, UnpauseCause};
 
-use crate::state::{
-    Agent, Breaker, ClaimSlot, Forget, Holding, Lease, LeaseState, Liveness, PartitionState, Pool, Resource,
-    ResourceState,
-};
+use crate::state::{Agent, Breaker, ClaimSlot, Forget, Holding, Lease, LeaseState, Liveness, PartitionState, PauseInfo, Pool, Resource, ResourceState};
 
 /// Folds `outcome` into `state`. An outcome at or below the cursor (a retried command answered with its first
 /// outcome) changes nothing.
@@ -112,15 +109,18 @@ fn set_resource_state(
         resource.terminal_at = Some(now);
     }
     let destruction = resource.destruction_ordered;
+    let creation = resource.creation_position();
     let agent_name = resource.agent.clone();
     if let Some(agent) = state.agents.get_mut(&agent_name) {
         if was_held && !is_held {
             agent.n_held -= 1;
             agent.held_digest.remove(id);
+            agent.held_by_creation.remove(&creation);
         }
         if !was_held && is_held {
             agent.n_held += 1;
             agent.held_digest.add(id);
+            agent.held_by_creation.insert(creation, id);
         }
         if is_releasing && !was_releasing {
             agent.releasing.insert(position, id);
@@ -162,7 +162,6 @@ fn apply_effect(
             let leasehold_schemas::Key::Agent(name) = key else {
                 return;
             };
-            let bypass = wiped.then(|| now.saturating_add(settings.loss_window));
             let agent = state.agents.entry(name.clone()).or_insert_with(|| Agent {
                 name: name.clone(),
                 liveness: Liveness::Live,
@@ -174,12 +173,13 @@ fn apply_effect(
                 settings: settings.clone(),
                 last_seen: now,
                 last_obs: Default::default(),
-                breaker_bypass_until: None,
+                breaker_bypass: false,
                 recent_losses: Default::default(),
                 resources: Default::default(),
                 releasing: Default::default(),
                 n_held: 0,
                 held_digest: Default::default(),
+                held_by_creation: Default::default(),
             });
             agent.liveness = Liveness::Live;
             agent.retired = false;
@@ -189,7 +189,7 @@ fn apply_effect(
             agent.settings = settings.clone();
             agent.last_seen = now;
             agent.last_obs = leasehold_schemas::ObsStamp { epoch: position, obs: 0 };
-            agent.breaker_bypass_until = bypass;
+            agent.breaker_bypass = *wiped;
             if *wiped {
                 agent.breaker = None;
             }
@@ -204,7 +204,7 @@ fn apply_effect(
                 agent.liveness = Liveness::Stalled;
             }
         }
-        Effect::AgentRecovered => {
+        Effect::AgentRecovered {} => {
             if let Some(agent) = agent_of(state, key) {
                 agent.liveness = Liveness::Live;
             }
@@ -228,9 +228,14 @@ fn apply_effect(
             if let Some(agent) = agent_of(state, key) {
                 agent.breaker = None;
                 if matches!(reason, leasehold_schemas::outcome::BreakerClear::LossConfirmed { .. }) {
-                    agent.breaker_bypass_until = Some(now.saturating_add(agent.settings.loss_window));
+                    agent.breaker_bypass = true;
                     agent.recent_losses.clear();
                 }
+            }
+        }
+        Effect::AgentBreakerRearmed {} => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.breaker_bypass = false;
             }
         }
         Effect::ResyncRequested { .. } => {}
@@ -285,6 +290,14 @@ fn apply_effect(
                 r.create_ordered = Some(position);
             }
         }
+        Effect::ResourceSeen { resource, stamp, native_id } => {
+            if let Some(r) = state.resources.get_mut(resource) {
+                r.last_present = Some(*stamp);
+                if native_id.is_some() {
+                    r.native_id = native_id.clone();
+                }
+            }
+        }
         Effect::ResourceActivated { resource, stamp, native_id } => {
             if let Some(r) = state.resources.get_mut(resource) {
                 r.last_present = Some(*stamp);
@@ -298,7 +311,7 @@ fn apply_effect(
             let next = ResourceState::Paused { reason: reason.clone(), until: *until };
             set_resource_state(state, *resource, next, position, now);
         }
-        Effect::ResourceUnpaused { resource, cause: UnpauseCause::Operator { .. } | UnpauseCause::PauseExpired } => {
+        Effect::ResourceUnpaused { resource, cause: UnpauseCause::Operator { .. } | UnpauseCause::PauseExpired {} } => {
             set_resource_state(state, *resource, ResourceState::Active, position, now);
         }
         Effect::ResourceUpdated { resource, set, remove, capacity } => {
@@ -313,11 +326,21 @@ fn apply_effect(
             }
         }
         Effect::ResourceSuspect { resource, cause } => {
-            set_resource_state(state, *resource, ResourceState::Suspect { cause: cause.clone() }, position, now);
+            let paused = state.resources.get(resource).and_then(|r| match &r.state {
+                ResourceState::Paused { reason, until } => Some(PauseInfo { reason: reason.clone(), until: *until }),
+                _ => None,
+            });
+            set_resource_state(state, *resource, ResourceState::Suspect { cause: cause.clone(), paused }, position, now);
         }
         Effect::HealthCheckRequested { .. } => {}
         Effect::ResourceHealthy { resource } => {
-            set_resource_state(state, *resource, ResourceState::Active, position, now);
+            let next = match state.resources.get(resource).map(|r| &r.state) {
+                Some(ResourceState::Suspect { paused: Some(pause), .. }) => {
+                    ResourceState::Paused { reason: pause.reason.clone(), until: pause.until }
+                }
+                _ => ResourceState::Active,
+            };
+            set_resource_state(state, *resource, next, position, now);
         }
         Effect::UpstreamFlagged { resource, parent, suspect, source } => {
             if let Some(r) = state.resources.get_mut(resource) {
@@ -347,11 +370,11 @@ fn apply_effect(
         Effect::ResourceFailed { resource, detail } => {
             set_resource_state(state, *resource, ResourceState::Failed { detail: detail.clone() }, position, now);
         }
-        Effect::ClaimReleasable { resource, pool, .. } => {
+        Effect::ClaimReleasable { resource, pool, token, .. } => {
             if let Some(r) = state.resources.get_mut(resource)
                 && let Some(slot) = r.claims.get_mut(pool)
             {
-                *slot = ClaimSlot::Returned;
+                *slot = ClaimSlot::Returned { token: *token };
             }
         }
         Effect::LeaseWaiting { lease, resource, holder, ttl, wait_until } => {

@@ -22,7 +22,7 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
         if resource.state.has_left() && !live.is_empty() {
             return Err(format!("resource {name} is {} with live leases", resource.state.name()));
         }
-        if resource.state.is_terminal() && resource.claims.values().any(|slot| !matches!(slot, ClaimSlot::Returned)) {
+        if resource.state.is_terminal() && resource.claims.values().any(|slot| !matches!(slot, ClaimSlot::Returned { .. })) {
             return Err(format!("resource {name} is {} and still holds a claim", resource.state.name()));
         }
         if live.iter().any(|lease| lease.resource != resource.id || !lease.state.is_live()) {
@@ -39,8 +39,12 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
         }
     }
     for agent in state.agents() {
-        let held: Vec<_> = state.resources_of(agent).filter(|r| r.state.is_held()).map(|r| r.id).collect();
-        if held.len() as u64 != agent.n_held || HandleDigest::of(held.iter()) != agent.held_digest {
+        let held: Vec<_> = state.resources_of(agent).filter(|r| r.state.is_held()).collect();
+        let by_creation: BTreeMap<_, _> = held.iter().map(|r| (r.creation_position(), r.id)).collect();
+        if held.len() as u64 != agent.n_held
+            || HandleDigest::of(held.iter().map(|r| &r.id)) != agent.held_digest
+            || by_creation != agent.held_by_creation
+        {
             return Err(format!("agent {}'s held view does not match its resources", agent.name));
         }
         for (position, id) in &agent.releasing {

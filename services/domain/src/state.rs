@@ -190,17 +190,20 @@ pub struct Agent {
     pub last_seen: Timestamp,
     /// The last observation decided.
     pub last_obs: ObsStamp,
-    /// Until then, losses are marked without the breaker (a wiped incarnation, a confirmed loss).
-    pub breaker_bypass_until: Option<Timestamp>,
+    /// The next sync report (and the resync chunks before it) mark losses without the breaker: set by a wiped
+    /// registration or a confirmed loss, cleared by `AgentBreakerRearmed`.
+    pub breaker_bypass: bool,
     /// Log times of the losses marked recently (for the breaker's window).
     pub recent_losses: VecDeque<Timestamp>,
     /// Every resource of the agent still in state, in id order.
     pub resources: BTreeSet<ResourceId>,
     /// Releasing resources by the position that ordered their destruction.
     pub releasing: BTreeMap<Position, ResourceId>,
-    /// What the writer believes the agent holds: `active`, `paused` and `suspect` resources.
+    /// What the writer believes the agent holds: `active`, `paused` and `suspect` resources, with their count and
+    /// digest, and by creation position (to leave out what a report's watermark could not know of).
     pub n_held: u64,
     pub held_digest: HandleDigest,
+    pub held_by_creation: BTreeMap<Position, ResourceId>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,7 +244,8 @@ pub enum ResourceState {
     Pending,
     Active,
     Paused { reason: Option<String>, until: Option<Timestamp> },
-    Suspect { cause: SuspectCause },
+    /// A failure was reported; `paused` keeps a pause it interrupted, restored when the health check passes.
+    Suspect { cause: SuspectCause, paused: Option<PauseInfo> },
     Releasing { cause: ReleaseCause },
     Destroyed,
     Lost,
@@ -282,6 +286,13 @@ impl ResourceState {
     }
 }
 
+/// A pause: why, and until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PauseInfo {
+    pub reason: Option<String>,
+    pub until: Option<Timestamp>,
+}
+
 /// A resource's claim on one pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimSlot {
@@ -291,8 +302,8 @@ pub enum ClaimSlot {
         value: PoolValue,
         token: Position,
     },
-    /// Given back (`ClaimReleasable`).
-    Returned,
+    /// Given back (`ClaimReleasable`), with the token it had if it was bound.
+    Returned { token: Option<Position> },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -326,6 +337,11 @@ pub struct Resource {
 impl Resource {
     pub fn reference(&self) -> ResourceRef {
         ResourceRef::new(self.agent.clone(), self.id)
+    }
+
+    /// The position from which the agent could know it should create the resource.
+    pub fn creation_position(&self) -> Position {
+        self.create_ordered.unwrap_or(self.allocated_pos)
     }
 
     pub fn all_claims_bound(&self) -> bool {

@@ -181,7 +181,7 @@ impl<W: Write> Demo<'_, W> {
             let claim = resource.claims.get(&self.pool).map(|slot| match slot {
                 ClaimSlot::Bound { value, .. } => format!(" holding {value}"),
                 ClaimSlot::Wanted => " waiting for an address".to_owned(),
-                ClaimSlot::Returned => " (address returned)".to_owned(),
+                ClaimSlot::Returned { .. } => " (address returned)".to_owned(),
             });
             let line = format!(
                 "  {} {:<9} {:<10}{}",
@@ -426,22 +426,23 @@ fn describe(effect: &Effect) -> String {
         }
         Effect::AgentSeen { .. } => "agent seen".to_owned(),
         Effect::AgentStalled { .. } => "agent stalled: no new placements".to_owned(),
-        Effect::AgentRecovered => "agent recovered".to_owned(),
+        Effect::AgentRecovered {} => "agent recovered".to_owned(),
         Effect::AgentGone { .. } => "agent gone: its resources are orphaned".to_owned(),
         Effect::AgentRetired { by } => format!("agent retired by {by}"),
         Effect::AgentSuspect { would_lose, live } => format!(
             "CIRCUIT BREAKER: the report would lose {would_lose} of {live} resources; nothing is marked, agent is suspect"
         ),
+        Effect::AgentBreakerRearmed {} => "breaker armed again after the report it let through".to_owned(),
         Effect::AgentBreakerCleared { reason } => match reason {
-            BreakerClear::HandlesBack => "breaker cleared: the handles are back".to_owned(),
+            BreakerClear::HandlesBack {} => "breaker cleared: the handles are back".to_owned(),
             BreakerClear::LossConfirmed { by } => format!("breaker cleared: {by} confirmed the loss"),
-            BreakerClear::Wiped => "breaker cleared: the agent registered wiped".to_owned(),
+            BreakerClear::Wiped {} => "breaker cleared: the agent registered wiped".to_owned(),
         },
         Effect::ResyncRequested { reason } => match reason {
             ResyncReason::DigestMismatch { expected_count, reported_count } => {
                 format!("full resync requested: expected {expected_count} handles, the agent counted {reported_count}")
             }
-            ResyncReason::LossConfirmed => "full resync requested after a confirmed loss".to_owned(),
+            ResyncReason::LossConfirmed {} => "full resync requested after a confirmed loss".to_owned(),
         },
         Effect::ObservationAccepted { stamp: s, watermark } => match watermark {
             Some(w) => format!("{} accepted (watermark {w})", stamp(s)),
@@ -465,6 +466,9 @@ fn describe(effect: &Effect) -> String {
             stamp(s),
             native_id.as_ref().map(|n| format!(", driver id {n}")).unwrap_or_default()
         ),
+        Effect::ResourceSeen { resource, stamp: s, .. } => {
+            format!("{} seen present in {} although it is being destroyed", short(resource), stamp(s))
+        }
         Effect::ResourcePaused { resource, .. } => format!("{} paused", short(resource)),
         Effect::ResourceUnpaused { resource, .. } => format!("{} unpaused", short(resource)),
         Effect::ResourceUpdated { resource, .. } => format!("{} updated", short(resource)),
@@ -483,8 +487,8 @@ fn describe(effect: &Effect) -> String {
                 ReleaseCause::Released { by, .. } => format!("released by {by}"),
                 ReleaseCause::HealthCheckFailed { .. } => "failed its health check".to_owned(),
                 ReleaseCause::ParentLeft { parent } => format!("its parent {} left", short(parent.resource)),
-                ReleaseCause::CreateTimeout => "its create timed out".to_owned(),
-                ReleaseCause::AgentRetired => "its agent retired".to_owned(),
+                ReleaseCause::CreateTimeout {} => "its create timed out".to_owned(),
+                ReleaseCause::AgentRetired {} => "its agent retired".to_owned(),
             };
             format!("{} releasing ({why}); the agent must destroy it; its claims stay held", short(resource))
         }
@@ -521,8 +525,8 @@ fn describe(effect: &Effect) -> String {
         Effect::PartitionSettingsChanged { .. } => "partition settings changed".to_owned(),
         Effect::ContinueRequested { work } => {
             let what = match work {
-                Work::OrphanResources => "orphaning",
-                Work::ReleaseResources => "releasing",
+                Work::OrphanResources {} => "orphaning",
+                Work::ReleaseResources {} => "releasing",
                 Work::Report { .. } | Work::Chunk { .. } => "the report",
             };
             format!("outcome full: {what} continues in a follow-up command")

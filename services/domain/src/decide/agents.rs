@@ -69,7 +69,7 @@ impl<'s> Decider<'s> {
                 }
             }
             if command.wiped && agent.breaker.is_some() {
-                self.out.push(Effect::AgentBreakerCleared { reason: BreakerClear::Wiped });
+                self.out.push(Effect::AgentBreakerCleared { reason: BreakerClear::Wiped {} });
             }
         }
         self.out.push(Effect::AgentRegistered {
@@ -98,7 +98,7 @@ impl<'s> Decider<'s> {
             );
         }
         if agent.liveness == Liveness::Stalled {
-            self.out.push(Effect::AgentRecovered);
+            self.out.push(Effect::AgentRecovered {});
             self.out.push(Effect::AgentSeen { at: self.now });
         } else if self.now.since(agent.last_seen) >= coalesce_interval(&agent.settings) {
             self.out.push(Effect::AgentSeen { at: self.now });
@@ -138,7 +138,7 @@ impl<'s> Decider<'s> {
         // The gone effect is not applied yet, so orphan here rather than through `orphan_rest`'s liveness check.
         for resource in self.state.resources_of(agent).filter(|r| !r.state.is_terminal()) {
             if self.out.over_budget() {
-                self.continue_later(Work::OrphanResources);
+                self.continue_later(Work::OrphanResources {});
                 return Ok(());
             }
             self.orphan_unit(resource);
@@ -179,12 +179,12 @@ impl<'s> Decider<'s> {
             |r: &&crate::state::Resource| matches!(r.state, crate::state::ResourceState::Pending) || r.state.is_held();
         for resource in self.state.resources_of(agent).filter(live) {
             if self.out.over_budget() {
-                self.continue_later(Work::ReleaseResources);
+                self.continue_later(Work::ReleaseResources {});
                 return Ok(());
             }
             self.order_release(
                 resource,
-                leasehold_schemas::outcome::ReleaseCause::AgentRetired,
+                leasehold_schemas::outcome::ReleaseCause::AgentRetired {},
                 leasehold_schemas::outcome::BreakReason::ResourceLeft,
             );
         }
@@ -204,7 +204,7 @@ impl<'s> Decider<'s> {
         self.out.push(Effect::AgentBreakerCleared {
             reason: BreakerClear::LossConfirmed { by: self.envelope.issuer.clone() },
         });
-        self.out.push(Effect::ResyncRequested { reason: ResyncReason::LossConfirmed });
+        self.out.push(Effect::ResyncRequested { reason: ResyncReason::LossConfirmed {} });
         Ok(())
     }
 

@@ -52,6 +52,12 @@ impl<'s> Decider<'s> {
             return reject(RejectionKind::InvalidState, format!("agent {} is gone", agent.name));
         }
         let name = resource.reference();
+        if let Some(parent) = &resource.upstream_suspect {
+            return reject(
+                RejectionKind::InvalidState,
+                format!("resource {name} is suspect-upstream (parent {parent} is suspect); acquire refused"),
+            );
+        }
         let n_live = resource.live_leases.len() as u64;
         let capacity = u64::from(resource.capacity);
         match &resource.state {
@@ -72,12 +78,6 @@ impl<'s> Decider<'s> {
                 Ok(())
             }
             ResourceState::Active => {
-                if let Some(parent) = &resource.upstream_suspect {
-                    return reject(
-                        RejectionKind::InvalidState,
-                        format!("resource {name} is suspect-upstream (parent {parent} is suspect); acquire refused"),
-                    );
-                }
                 if n_live >= capacity {
                     return reject(
                         RejectionKind::AtCapacity,

@@ -289,7 +289,7 @@ impl<'s> Decider<'s> {
             let (value, token) = match slot {
                 ClaimSlot::Wanted => (None, None),
                 ClaimSlot::Bound { value, token } => (Some(*value), Some(*token)),
-                ClaimSlot::Returned => continue,
+                ClaimSlot::Returned { .. } => continue,
             };
             self.out.push(Effect::ClaimReleasable { resource: resource.id, pool: pool.clone(), value, token });
         }
@@ -361,8 +361,8 @@ impl<'s> Decider<'s> {
             return Ok(());
         };
         match work {
-            Work::OrphanResources => self.orphan_rest(agent),
-            Work::ReleaseResources => self.release_rest(agent),
+            Work::OrphanResources {} => self.orphan_rest(agent),
+            Work::ReleaseResources {} => self.release_rest(agent),
             Work::Report { report, mark_losses } => self.continue_report(agent, report, *mark_losses),
             Work::Chunk { chunk, mark_losses } => self.continue_chunk(agent, chunk, *mark_losses),
         }
@@ -376,7 +376,7 @@ impl<'s> Decider<'s> {
         }
         for resource in self.state.resources_of(agent).filter(|r| !r.state.is_terminal()) {
             if self.out.over_budget() {
-                self.continue_later(Work::OrphanResources);
+                self.continue_later(Work::OrphanResources {});
                 return;
             }
             self.orphan_unit(resource);
@@ -391,10 +391,10 @@ impl<'s> Decider<'s> {
         let live = |r: &&Resource| matches!(r.state, ResourceState::Pending) || r.state.is_held();
         for resource in self.state.resources_of(agent).filter(live) {
             if self.out.over_budget() {
-                self.continue_later(Work::ReleaseResources);
+                self.continue_later(Work::ReleaseResources {});
                 return;
             }
-            self.order_release(resource, ReleaseCause::AgentRetired, BreakReason::ResourceLeft);
+            self.order_release(resource, ReleaseCause::AgentRetired {}, BreakReason::ResourceLeft);
         }
     }
 }

@@ -2,7 +2,7 @@
 //! must match holder and token, cool-down, least-recently-freed first, and `tick`.
 
 use leasehold_schemas::command::{Claim, DefinePool, Free, TickPool};
-use leasehold_schemas::ids::{PoolName, Timestamp};
+use leasehold_schemas::ids::{PoolName, ResourceRef, Timestamp};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::PoolValue;
 use leasehold_schemas::settings::DEFAULT_POOL_COOLDOWN;
@@ -32,9 +32,14 @@ impl<'s> Decider<'s> {
     }
 
     /// Grants available identifiers to waiting holders, first in first out, and returns the identifiers left.
-    fn serve_waiters(&mut self, pool: &Pool, values: &mut impl Iterator<Item = PoolValue>) -> usize {
+    fn serve_waiters(
+        &mut self,
+        pool: &Pool,
+        values: &mut impl Iterator<Item = PoolValue>,
+        except: Option<&ResourceRef>,
+    ) -> usize {
         let mut n_served = 0;
-        for holder in pool.waiters.values() {
+        for holder in pool.waiters.values().filter(|h| Some(*h) != except) {
             if self.out.over_budget() {
                 break;
             }
@@ -54,7 +59,7 @@ impl<'s> Decider<'s> {
         }
         let cooldown = command.cooldown.unwrap_or(DEFAULT_POOL_COOLDOWN);
         if let Some(existing) = self.state.pools.get(&command.pool) {
-            if existing.kind == command.kind && existing.cooldown == cooldown {
+            if existing.kind.canonical() == command.kind.canonical() && existing.cooldown == cooldown {
                 return reject(RejectionKind::AlreadyDone, format!("pool {} is already defined so", command.pool));
             }
             return reject(
@@ -95,7 +100,7 @@ impl<'s> Decider<'s> {
             None => {}
         }
         let mut values = available(pool, self.now);
-        self.serve_waiters(pool, &mut values);
+        self.serve_waiters(pool, &mut values, None);
         match values.next() {
             Some(value) if !self.out.over_budget() => {
                 self.out.push(Effect::ClaimGranted { holder: holder.clone(), value, source: command.source });
@@ -110,9 +115,11 @@ impl<'s> Decider<'s> {
     pub(super) fn free(&mut self, command: &Free) -> Verdict {
         let pool = self.pool(&command.pool)?;
         let holder = &command.holder;
+        let mut freed = None;
         match (pool.holders.get(holder), command.token) {
             (Some(Holding::Granted { value, token, .. }), Some(given)) if *token == given => {
                 self.out.push(Effect::ClaimFreed { holder: holder.clone(), value: *value, token: given });
+                freed = Some(*value);
             }
             (Some(Holding::Granted { token, .. }), given) => {
                 let given = given.map(|g| g.to_string()).unwrap_or_else(|| "none".to_owned());
@@ -140,9 +147,11 @@ impl<'s> Decider<'s> {
                 return reject(RejectionKind::Unknown, format!("{holder} holds no claim on pool {}", pool.name));
             }
         }
-        // The freed identifier cools down first; others may be ready for the waiters already.
-        let mut values = available(pool, self.now);
-        self.serve_waiters(pool, &mut values);
+        // Others may be ready for the waiters already; the freed identifier joins them (last: it is the most
+        // recently freed) only if the pool has no cool-down. The holder that just left the queue is skipped.
+        let no_cooldown = pool.cooldown.0 == 0;
+        let mut values = available(pool, self.now).chain(freed.filter(|_| no_cooldown));
+        self.serve_waiters(pool, &mut values, Some(holder));
         Ok(())
     }
 
@@ -152,7 +161,7 @@ impl<'s> Decider<'s> {
             return reject(RejectionKind::NothingToDo, format!("nobody waits for pool {}", pool.name));
         }
         let mut values = available(pool, self.now);
-        if self.serve_waiters(pool, &mut values) > 0 {
+        if self.serve_waiters(pool, &mut values, None) > 0 {
             return Ok(());
         }
         match pool.next_cooled_at() {

@@ -35,26 +35,34 @@ enum Seen {
 
 type Judged<'s> = Vec<(&'s Resource, Seen)>;
 
-/// The position from which the agent could know it should create the resource.
-fn creation_position(resource: &Resource) -> Position {
-    resource.create_ordered.unwrap_or(resource.allocated_pos)
-}
-
 /// Whether an absent handle would make its resource `lost`.
 fn would_lose(resource: &Resource, seen: Seen, stamp: ObsStamp, watermark: Position) -> bool {
     seen == Seen::Absent
         && resource.state.is_held()
-        && creation_position(resource) <= watermark
+        && resource.creation_position() <= watermark
         && resource.last_present.is_none_or(|present| present < stamp)
 }
 
 /// Whether the writer counts the resource in its view of what the agent holds, as the agent saw the log at
-/// `watermark`: held resources, and releasing ones whose release the agent cannot know of yet.
+/// `watermark`: resources it could know it had to create, which are held, or releasing with a release it cannot
+/// know of yet and seen present.
 fn counted_in_view(resource: &Resource, watermark: Position) -> bool {
-    resource.state.is_held()
-        || (matches!(resource.state, ResourceState::Releasing { .. })
-            && resource.destruction_ordered.is_some_and(|at| at > watermark)
-            && resource.last_present.is_some())
+    resource.creation_position() <= watermark
+        && (resource.state.is_held() || (releasing_unknown_to(resource, watermark) && resource.last_present.is_some()))
+}
+
+/// A releasing resource whose release came after `watermark`.
+fn releasing_unknown_to(resource: &Resource, watermark: Position) -> bool {
+    matches!(resource.state, ResourceState::Releasing { .. })
+        && resource.destruction_ordered.is_some_and(|at| at > watermark)
+}
+
+/// Whether a `created` handle joins the view: the agent counts a pending resource it created (or one whose
+/// release it has not read yet) as held.
+fn joins_view(resource: &Resource, watermark: Position) -> bool {
+    resource.creation_position() <= watermark
+        && (resource.state == ResourceState::Pending
+            || (releasing_unknown_to(resource, watermark) && resource.last_present.is_none()))
 }
 
 /// Each handle named once, with what the report says of it; only this agent's known resources are judged (anything
@@ -99,6 +107,10 @@ fn expected_view(
 ) -> (u64, HandleDigest) {
     let mut count = agent.n_held;
     let mut digest = agent.held_digest;
+    for id in agent.held_by_creation.range(watermark.next()..).map(|(_, id)| id) {
+        count -= 1;
+        digest.remove(*id);
+    }
     for id in agent.releasing.range(watermark.next()..).map(|(_, id)| id) {
         if state.resources.get(id).is_some_and(|r| counted_in_view(r, watermark)) {
             count += 1;
@@ -112,7 +124,7 @@ fn expected_view(
                 count -= 1;
                 digest.remove(resource.id);
             }
-            Seen::Present if resource.state == ResourceState::Pending => {
+            Seen::Present if joins_view(resource, watermark) => {
                 count += 1;
                 digest.add(resource.id);
             }
@@ -178,10 +190,20 @@ impl<'s> Decider<'s> {
         }
         let resource = self.resource(&command.agent, command.resource)?;
         self.out.push(Effect::ObservationAccepted { stamp, watermark: None });
-        if resource.state == ResourceState::Pending {
-            self.activate(resource, stamp, command.native_id.clone());
-        }
+        self.observed_present(resource, stamp, command.native_id.clone());
         Ok(())
+    }
+
+    /// A handle seen on the machine: a pending resource turns active; a releasing one whose create finished after
+    /// its release is recorded as present (it must now be seen destroyed, and its create can no longer fail).
+    fn observed_present(&mut self, resource: &Resource, stamp: ObsStamp, native_id: Option<String>) {
+        match resource.state {
+            ResourceState::Pending => self.activate(resource, stamp, native_id),
+            ResourceState::Releasing { .. } if resource.last_present.is_none() => {
+                self.out.push(Effect::ResourceSeen { resource: resource.id, stamp, native_id });
+            }
+            _ => {}
+        }
     }
 
     pub(super) fn sync(&mut self, report: &SyncReport) -> Verdict {
@@ -202,6 +224,9 @@ impl<'s> Decider<'s> {
         self.out.push(Effect::ObservationAccepted { stamp, watermark: Some(report.watermark) });
         let n_losses = judged.iter().filter(|(r, seen)| would_lose(r, *seen, stamp, report.watermark)).count();
         let mark_losses = self.breaker(agent, n_losses);
+        if agent.breaker_bypass {
+            self.out.push(Effect::AgentBreakerRearmed {});
+        }
         let (count, digest) = expected_view(self.state, agent, &judged, report.watermark);
         if count != report.count || digest != report.digest {
             self.out.push(Effect::ResyncRequested {
@@ -215,7 +240,7 @@ impl<'s> Decider<'s> {
     /// The circuit breaker: whether losses may be marked. Trips when the window's losses would reach
     /// `max_loss_min` and exceed `max_loss_percent` of what the agent held at the start of the window.
     fn breaker(&mut self, agent: &Agent, n_losses: usize) -> bool {
-        if agent.breaker_bypass_until.is_some_and(|until| self.now < until) {
+        if agent.breaker_bypass {
             return true;
         }
         let settings = &agent.settings;
@@ -232,7 +257,7 @@ impl<'s> Decider<'s> {
             false
         } else {
             if agent.breaker.is_some() {
-                self.out.push(Effect::AgentBreakerCleared { reason: BreakerClear::HandlesBack });
+                self.out.push(Effect::AgentBreakerCleared { reason: BreakerClear::HandlesBack {} });
             }
             true
         }
@@ -242,11 +267,7 @@ impl<'s> Decider<'s> {
     fn judge(&mut self, resource: &Resource, seen: Seen, stamp: ObsStamp, watermark: Position, mark_losses: bool) {
         match seen {
             Seen::InFlight => {}
-            Seen::Present => {
-                if resource.state == ResourceState::Pending {
-                    self.activate(resource, stamp, None);
-                }
-            }
+            Seen::Present => self.observed_present(resource, stamp, None),
             Seen::Absent => {
                 if would_lose(resource, seen, stamp, watermark) {
                     if mark_losses {

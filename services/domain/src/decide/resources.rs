@@ -8,7 +8,7 @@ use leasehold_schemas::command::{
 };
 use leasehold_schemas::outcome::{BreakReason, Effect, ReleaseCause, SuspectCause, UnpauseCause};
 use leasehold_schemas::subjects::partition_of_key;
-use leasehold_schemas::{Key, RejectionKind};
+use leasehold_schemas::{Key, RejectionKind, Source};
 
 use super::{
     Decider, MAX_ATTRIBUTE_KEY_BYTES, MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES, MAX_CAPACITY, MAX_POOLS_PER_RESOURCE,
@@ -117,6 +117,7 @@ impl<'s> Decider<'s> {
         if distinct.len() != command.pools.len() {
             return reject(RejectionKind::Invalid, "a pool is named twice; a resource holds one claim per pool");
         }
+        let mut suspect_parent = None;
         if let Some(parent) = &command.parent {
             if parent.resource == id {
                 return reject(RejectionKind::Invalid, format!("resource {id} cannot be its own parent"));
@@ -133,6 +134,11 @@ impl<'s> Decider<'s> {
                         format!("parent {parent} is {}; it cannot take children", describe_state(parent_resource)),
                     );
                 }
+                if matches!(parent_resource.state, ResourceState::Suspect { .. }) {
+                    // Flagged from birth, as of everything this partition has decided about the parent so far.
+                    let source = Source { partition: self.state.partition, position: self.state.last_position() };
+                    suspect_parent = Some((parent.clone(), source));
+                }
             }
         }
         self.out.push(Effect::ResourceAllocated {
@@ -142,6 +148,9 @@ impl<'s> Decider<'s> {
             attributes: command.attributes.clone(),
             parent: command.parent.clone(),
         });
+        if let Some((parent, source)) = suspect_parent {
+            self.out.push(Effect::UpstreamFlagged { resource: id, parent, suspect: true, source });
+        }
         for pool in &command.pools {
             self.out.push(Effect::ClaimWanted { resource: id, pool: pool.clone() });
         }
@@ -226,7 +235,7 @@ impl<'s> Decider<'s> {
         let resource = self.resource(&command.agent, command.resource)?;
         match resource.state {
             ResourceState::Paused { until: Some(until), .. } if until <= self.now => {
-                let cause = UnpauseCause::PauseExpired;
+                let cause = UnpauseCause::PauseExpired {};
                 self.out.push(Effect::ResourceUnpaused { resource: resource.id, cause });
                 Ok(())
             }
@@ -332,7 +341,7 @@ impl<'s> Decider<'s> {
             );
         }
         // Not `failed`: the create may still be running. The agent destroys it; an observation frees its claims.
-        self.order_release(resource, ReleaseCause::CreateTimeout, BreakReason::ResourceLeft);
+        self.order_release(resource, ReleaseCause::CreateTimeout {}, BreakReason::ResourceLeft);
         Ok(())
     }
 
@@ -379,17 +388,8 @@ impl<'s> Decider<'s> {
                 self.order_release(child, cause, BreakReason::ResourceLeft);
             }
             ParentState::Suspect | ParentState::Healthy => {
+                // Recorded even when the flag does not change, so that an older cascade arriving later is stale.
                 let suspect = command.parent_state == ParentState::Suspect;
-                if child.upstream_suspect.is_some() == suspect {
-                    return reject(
-                        RejectionKind::AlreadyDone,
-                        format!(
-                            "resource {} is already {}",
-                            child.reference(),
-                            if suspect { "flagged suspect-upstream" } else { "clear of suspect-upstream" }
-                        ),
-                    );
-                }
                 self.out.push(Effect::UpstreamFlagged {
                     resource: child.id,
                     parent: command.parent.clone(),
@@ -441,7 +441,15 @@ impl<'s> Decider<'s> {
                     command.token
                 ),
             ),
-            Some(ClaimSlot::Returned) => {
+            Some(ClaimSlot::Returned { token: Some(token) }) if *token == command.token => reject(
+                RejectionKind::AlreadyDone,
+                format!(
+                    "the claim of resource {} on pool {} with token {token} was already sent back",
+                    resource.reference(),
+                    command.pool
+                ),
+            ),
+            Some(ClaimSlot::Returned { .. }) => {
                 // The holder went terminal before the grant arrived: the claim goes straight back.
                 self.out.push(send_back);
                 Ok(())
