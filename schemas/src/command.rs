@@ -217,7 +217,9 @@ pub struct SyncReport {
     /// Creates and destroys still running: they count as present.
     #[serde(default)]
     pub in_flight: Vec<ResourceId>,
-    /// How many handles of its assignment set the agent holds (present or in flight), and their digest.
+    /// How many handles of its assignment set (as of `watermark`) the agent holds, present or in flight, and their
+    /// digest: resources it knows of as pending (created), active, paused, suspect or releasing, that are on the
+    /// machine or whose create or destroy is running. Garbage (handles of no known resource) is not counted.
     pub count: u64,
     pub digest: HandleDigest,
 }

@@ -238,6 +238,8 @@ pub enum Effect {
         incarnation: Uuid,
         wiped: bool,
         settings: AgentSettings,
+        /// The agent stays retired: it registered only to finish releasing what it still holds.
+        retired: bool,
     },
     AgentSeen {
         at: Timestamp,

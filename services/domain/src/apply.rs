@@ -27,7 +27,8 @@ pub fn apply(state: &mut PartitionState, outcome: &Outcome) {
     state.next_position = last.next();
     if crate::decide::remembered(&outcome.command.type_name) {
         state.recent.by_id.insert(outcome.command.id, Arc::new(outcome.clone()));
-        state.recent.order.push_back((now, outcome.command.id));
+        let since = now.max(outcome.command.issued_at);
+        state.recent.order.insert((since, outcome.command.id));
     }
     forget_old(state);
 }
@@ -36,12 +37,13 @@ pub fn apply(state: &mut PartitionState, outcome: &Outcome) {
 fn forget_old(state: &mut PartitionState) {
     let horizon = state.settings.outcome_horizon;
     let now = state.now;
-    let expired = |t: Timestamp| t.saturating_add(horizon) <= now;
-    while let Some((t, id)) = state.recent.order.front().copied() {
+    // Strictly older than the horizon, as staleness is judged: at exactly the horizon a retry is still answered.
+    let expired = |t: Timestamp| t.saturating_add(horizon) < now;
+    while let Some((t, id)) = state.recent.order.first().copied() {
         if !expired(t) {
             break;
         }
-        state.recent.order.pop_front();
+        state.recent.order.pop_first();
         state.recent.by_id.remove(&id);
     }
     while let Some((t, _)) = state.forget.front() {
@@ -158,7 +160,7 @@ fn apply_effect(
     effect: &Effect,
 ) {
     match effect {
-        Effect::AgentRegistered { incarnation, wiped, settings } => {
+        Effect::AgentRegistered { incarnation, wiped, settings, retired } => {
             let leasehold_schemas::Key::Agent(name) = key else {
                 return;
             };
@@ -174,6 +176,7 @@ fn apply_effect(
                 last_seen: now,
                 last_obs: Default::default(),
                 breaker_bypass: false,
+                bypass_spent_on: None,
                 recent_losses: Default::default(),
                 resources: Default::default(),
                 releasing: Default::default(),
@@ -182,7 +185,7 @@ fn apply_effect(
                 held_by_creation: Default::default(),
             });
             agent.liveness = Liveness::Live;
-            agent.retired = false;
+            agent.retired = *retired;
             agent.epoch = position;
             agent.incarnation = *incarnation;
             agent.wiped = *wiped;
@@ -236,6 +239,7 @@ fn apply_effect(
         Effect::AgentBreakerRearmed {} => {
             if let Some(agent) = agent_of(state, key) {
                 agent.breaker_bypass = false;
+                agent.bypass_spent_on = Some(agent.last_obs);
             }
         }
         Effect::ResyncRequested { .. } => {}
@@ -354,9 +358,12 @@ fn apply_effect(
         Effect::ResourceDestroyed { resource, .. } => {
             set_resource_state(state, *resource, ResourceState::Destroyed, position, now);
         }
-        Effect::ResourceLost { resource, .. } => {
+        Effect::ResourceLost { resource, stamp } => {
             set_resource_state(state, *resource, ResourceState::Lost, position, now);
-            if let Some(agent) = agent_of(state, key) {
+            if let Some(agent) = agent_of(state, key)
+                && !agent.breaker_bypass
+                && agent.bypass_spent_on != Some(*stamp)
+            {
                 let window_start = now.saturating_sub(agent.settings.loss_window);
                 while agent.recent_losses.front().is_some_and(|t| *t <= window_start) {
                     agent.recent_losses.pop_front();

@@ -47,7 +47,9 @@ pub(crate) enum Forget {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct RecentOutcomes {
     pub(crate) by_id: BTreeMap<CommandId, Arc<Outcome>>,
-    pub(crate) order: VecDeque<(Timestamp, CommandId)>,
+    /// By the time each is remembered from: the later of its decision and its issuer time, so that a retry is
+    /// answered from memory for as long as it is not stale.
+    pub(crate) order: BTreeSet<(Timestamp, CommandId)>,
 }
 
 impl PartitionState {
@@ -193,7 +195,10 @@ pub struct Agent {
     /// The next sync report (and the resync chunks before it) mark losses without the breaker: set by a wiped
     /// registration or a confirmed loss, cleared by `AgentBreakerRearmed`.
     pub breaker_bypass: bool,
-    /// Log times of the losses marked recently (for the breaker's window).
+    /// The report that used the last bypass: its losses (some may be marked by continuations after the breaker
+    /// is armed again) do not count against the breaker's window.
+    pub bypass_spent_on: Option<ObsStamp>,
+    /// Log times of the losses marked recently under the breaker (for its window).
     pub recent_losses: VecDeque<Timestamp>,
     /// Every resource of the agent still in state, in id order.
     pub resources: BTreeSet<ResourceId>,

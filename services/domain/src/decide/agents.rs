@@ -54,20 +54,11 @@ impl<'s> Decider<'s> {
         if let Err(problem) = check_settings(&command.settings) {
             return reject(RejectionKind::Invalid, format!("agent {}: {problem}", command.agent));
         }
+        let mut stays_retired = false;
         if let Some(agent) = self.state.agents.get(&command.agent) {
-            if agent.retired {
-                let n_live = self.state.resources_of(agent).filter(|r| !r.state.is_terminal()).count();
-                if n_live > 0 {
-                    return reject(
-                        RejectionKind::InvalidState,
-                        format!(
-                            "agent {} is retired and still has {n_live} resources being released; \
-                             it can register again once they are gone",
-                            command.agent
-                        ),
-                    );
-                }
-            }
+            // A retired agent registers to finish releasing what it holds; once nothing is left, registering
+            // brings the name back into service.
+            stays_retired = agent.retired && self.state.resources_of(agent).any(|r| !r.state.is_terminal());
             if command.wiped && agent.breaker.is_some() {
                 self.out.push(Effect::AgentBreakerCleared { reason: BreakerClear::Wiped {} });
             }
@@ -76,6 +67,7 @@ impl<'s> Decider<'s> {
             incarnation: command.incarnation,
             wiped: command.wiped,
             settings: command.settings.clone(),
+            retired: stays_retired,
         });
         Ok(())
     }
@@ -109,7 +101,8 @@ impl<'s> Decider<'s> {
     pub(super) fn mark_stalled(&mut self, command: &MarkStalled) -> Verdict {
         let agent = self.agent(&command.agent)?;
         if agent.liveness != Liveness::Live {
-            return reject(RejectionKind::AlreadyDone, format!("agent {} is already {}", agent.name, agent.status()));
+            let liveness = if agent.liveness == Liveness::Gone { "gone" } else { "stalled" };
+            return reject(RejectionKind::AlreadyDone, format!("agent {} is already {liveness}", agent.name));
         }
         let due = stalled_at(agent);
         if self.now < due {

@@ -197,6 +197,16 @@ impl<'s> Decider<'s> {
                 ),
             );
         }
+        if envelope.issued_at > self.now.saturating_add(horizon) {
+            return reject(
+                RejectionKind::Invalid,
+                format!(
+                    "command {} says it was issued at {}, more than the outcome horizon ({horizon}) after the log's \
+                     time {}; fix the issuer's clock",
+                    envelope.command_id, envelope.issued_at, self.now
+                ),
+            );
+        }
         let key = command.key();
         let home = partition_of_key(&key, self.state.partitions);
         if home != self.state.partition {

@@ -43,26 +43,14 @@ fn would_lose(resource: &Resource, seen: Seen, stamp: ObsStamp, watermark: Posit
         && resource.last_present.is_none_or(|present| present < stamp)
 }
 
-/// Whether the writer counts the resource in its view of what the agent holds, as the agent saw the log at
-/// `watermark`: resources it could know it had to create, which are held, or releasing with a release it cannot
-/// know of yet and seen present.
+/// Whether the writer counts a resource the report does not name in its view of the agent's listing as of
+/// `watermark`: one the agent could know of (created at or before the watermark) that is held, or releasing and
+/// seen present (not yet confirmed destroyed). A named handle counts by what the report says: absent ones do not,
+/// present or in-flight ones do (DESIGN section 6: in-flight counts as present).
 fn counted_in_view(resource: &Resource, watermark: Position) -> bool {
     resource.creation_position() <= watermark
-        && (resource.state.is_held() || (releasing_unknown_to(resource, watermark) && resource.last_present.is_some()))
-}
-
-/// A releasing resource whose release came after `watermark`.
-fn releasing_unknown_to(resource: &Resource, watermark: Position) -> bool {
-    matches!(resource.state, ResourceState::Releasing { .. })
-        && resource.destruction_ordered.is_some_and(|at| at > watermark)
-}
-
-/// Whether a `created` handle joins the view: the agent counts a pending resource it created (or one whose
-/// release it has not read yet) as held.
-fn joins_view(resource: &Resource, watermark: Position) -> bool {
-    resource.creation_position() <= watermark
-        && (resource.state == ResourceState::Pending
-            || (releasing_unknown_to(resource, watermark) && resource.last_present.is_none()))
+        && (resource.state.is_held()
+            || (matches!(resource.state, ResourceState::Releasing { .. }) && resource.last_present.is_some()))
 }
 
 /// Each handle named once, with what the report says of it; only this agent's known resources are judged (anything
@@ -111,7 +99,7 @@ fn expected_view(
         count -= 1;
         digest.remove(*id);
     }
-    for id in agent.releasing.range(watermark.next()..).map(|(_, id)| id) {
+    for id in agent.releasing.values() {
         if state.resources.get(id).is_some_and(|r| counted_in_view(r, watermark)) {
             count += 1;
             digest.add(*id);
@@ -119,24 +107,26 @@ fn expected_view(
     }
     for (resource, seen) in judged {
         let counted = counted_in_view(resource, watermark);
-        match seen {
-            Seen::Absent | Seen::InFlight if counted => {
-                count -= 1;
-                digest.remove(resource.id);
-            }
-            Seen::Present if joins_view(resource, watermark) => {
-                count += 1;
-                digest.add(resource.id);
-            }
-            _ => {}
+        let named_present = matches!(seen, Seen::Present | Seen::InFlight);
+        if counted && !named_present {
+            count -= 1;
+            digest.remove(resource.id);
+        } else if !counted
+            && named_present
+            && resource.creation_position() <= watermark
+            && !resource.state.is_terminal()
+        {
+            count += 1;
+            digest.add(resource.id);
         }
     }
     (count, digest)
 }
 
 /// The count and digest the writer expects in `report`, given what the report itself says: the handles of the
-/// agent's assignment set (as of the report's watermark) that should exist, minus those it names missing,
-/// destroyed or in flight, plus the pending ones it names created. `None` if the agent is unknown or the report
+/// agent's assignment set as of the report's watermark that it holds (present or in flight) — held resources and
+/// releasing ones seen present, minus those it names missing or destroyed, plus those it names created or in
+/// flight. `None` if the agent is unknown or the report
 /// contradicts itself. Agents in simulations and tests use it to send an honest report.
 pub fn expected_listing(state: &PartitionState, report: &SyncReport) -> Option<(u64, HandleDigest)> {
     let agent = state.agents.get(&report.agent)?;

@@ -223,23 +223,25 @@ impl World {
         self.from_agent(report)
     }
 
-    /// What an honest agent would count: held resources plus the ones it reports created, minus the ones it
-    /// reports missing, destroyed or in flight; releasing ones it cannot know of yet count as held.
+    /// What an honest agent would count: every handle of its assignment set as of the watermark that it holds,
+    /// present or in flight — held resources and releasing ones seen present — minus the ones it reports missing or
+    /// destroyed, plus the ones it reports created or in flight.
     pub fn expected_listing(&self, agent: &AgentName, report: &SyncReport) -> (u64, HandleDigest) {
         let state = self.state();
         let a = state.agent(agent).unwrap();
+        let known = |r: &leasehold_domain::state::Resource| r.creation_position() <= report.watermark;
         let mut ids = std::collections::BTreeSet::new();
-        for r in state.resources_of(a) {
-            let held_view = r.state.is_held()
-                || (r.state.name() == "releasing"
-                    && r.destruction_ordered.is_some_and(|p| p > report.watermark)
-                    && r.last_present.is_some());
-            if held_view || (r.state.name() == "pending" && report.created.contains(&r.id)) {
+        for r in state.resources_of(a).filter(|r| known(r)) {
+            let releasing_seen = r.state.name() == "releasing" && r.last_present.is_some();
+            let named_present = report.created.contains(&r.id) || report.in_flight.contains(&r.id);
+            if r.state.is_held() || releasing_seen || (named_present && !r.state.is_terminal()) {
                 ids.insert(r.id);
             }
         }
-        for id in report.missing.iter().chain(&report.destroyed).chain(&report.in_flight) {
-            ids.remove(id);
+        for id in report.missing.iter().chain(&report.destroyed) {
+            if !report.in_flight.contains(id) {
+                ids.remove(id);
+            }
         }
         (ids.len() as u64, HandleDigest::of(ids.iter()))
     }

@@ -1,0 +1,1316 @@
+//! Table tests: agents (DESIGN sections 3, 4 and 5): registration and epochs, heartbeats, stalled and gone,
+//! retirement, the breaker's confirm-loss, the checks every command passes (class and issuer, partition, staleness),
+//! partition settings, idempotency and what the outcome horizon forgets.
+
+mod support;
+
+use Then::{Effects, Rejected};
+use leasehold_domain::state::{Agent, Liveness};
+use leasehold_schemas::RejectionKind::*;
+use leasehold_schemas::command::*;
+use leasehold_schemas::ids::{Key, Millis, Position, ResourceId, Source, Timestamp};
+use leasehold_schemas::pool::PoolValue;
+use leasehold_schemas::settings::{AgentSettings, PartitionSettings};
+use leasehold_schemas::subjects::partition_of_key;
+use leasehold_schemas::{CommandClass, Outcome, RejectionKind};
+use support::*;
+
+// --- helpers --------------------------------------------------------------------------------------------------
+
+const DAY: Millis = Millis::from_hours(24);
+
+fn ms(n: u64) -> Millis {
+    Millis(n)
+}
+
+fn plus(a: Millis, b: Millis) -> Millis {
+    Millis(a.0 + b.0)
+}
+
+fn minus(a: Millis, b: Millis) -> Millis {
+    Millis(a.0 - b.0)
+}
+
+/// With the default settings: `stall_after` (60 s) plus a third of it.
+fn stall_due() -> Millis {
+    let s = AgentSettings::default();
+    plus(s.stall_after, Millis(s.stall_after.0 / 3))
+}
+
+/// With the default settings: `orphan_after` (24 h) plus a third of `stall_after`.
+fn gone_due() -> Millis {
+    let s = AgentSettings::default();
+    plus(s.orphan_after, Millis(s.stall_after.0 / 3))
+}
+
+fn agent(w: &World) -> &Agent {
+    w.state().agent(&w.a()).expect("w1 registered")
+}
+
+fn state_name(w: &World, id: ResourceId) -> &'static str {
+    w.state().resource(id).expect("resource in state").state.name()
+}
+
+/// Invariants hold and folding every outcome from scratch gives the same state.
+#[track_caller]
+fn settle(w: &World) {
+    leasehold_domain::invariants::check(w.state()).expect("invariants");
+    assert!(w.d.rebuild() == *w.state(), "folding the outcomes from scratch gives another state");
+}
+
+/// Runs `when`, asserts a rejection of `kind` whose message has every fragment, and that it changed nothing.
+#[track_caller]
+fn refused(w: &mut World, when: impl FnOnce(&mut World) -> Outcome, kind: RejectionKind, fragments: &[&str]) {
+    let before = w.state().clone();
+    let outcome = when(w);
+    let message = rejected(&outcome, kind);
+    for fragment in fragments {
+        assert!(message.contains(fragment), "message {message:?} lacks {fragment:?}");
+    }
+    assert_same_except_bookkeeping(&before, w.state());
+}
+
+fn allocate(w: &mut World) -> Outcome {
+    let cmd = w.allocate_cmd(&w.a());
+    w.op(cmd)
+}
+
+/// `n` new resources on `w1`, made active by one sync report.
+fn active_n(w: &mut World, n: usize) -> Vec<ResourceId> {
+    let made: Vec<ResourceId> = (0..n)
+        .map(|_| {
+            w.pending();
+            w.r()
+        })
+        .collect();
+    let a = w.a();
+    let created = made.clone();
+    accepted(&w.sync(&a, |r| r.created = created));
+    made
+}
+
+/// `w1` with 8 active resources whose circuit breaker tripped on a report with 5 of them missing.
+fn tripped(w: &mut World) -> Vec<ResourceId> {
+    w.registered();
+    let made = active_n(w, 8);
+    let missing = made[..5].to_vec();
+    let a = w.a();
+    let outcome = w.sync(&a, |r| r.missing = missing);
+    assert_eq!(effect_names(&outcome), ["observation-accepted", "agent-suspect"]);
+    made
+}
+
+/// A pending resource `w.r()` with a claim on pool `ips`, bound, so its create is ordered.
+fn claimed(w: &mut World) -> &mut World {
+    w.pending_with(|c| c.pools = vec![pool_name("ips")]);
+    let holder = w.rref();
+    let bind = BindClaim {
+        holder,
+        pool: pool_name("ips"),
+        value: PoolValue::Slot(3),
+        token: Position(1),
+        source: Source { partition: 0, position: Position(1) },
+    };
+    assert_eq!(effect_names(&w.sys(bind)), ["claim-bound", "create-ordered"]);
+    w
+}
+
+fn created(w: &mut World) -> &mut World {
+    let (a, r) = (w.a(), w.r());
+    accepted(&w.report_created(&a, r));
+    w
+}
+
+fn mark_stalled(w: &mut World) -> Outcome {
+    let agent = w.a();
+    w.sys(MarkStalled { agent })
+}
+
+fn mark_gone(w: &mut World) -> Outcome {
+    let agent = w.a();
+    w.sys(MarkGone { agent })
+}
+
+fn stalled(w: &mut World) {
+    w.advance(stall_due());
+    accepted(&mark_stalled(w));
+}
+
+fn gone(w: &mut World) {
+    w.advance(gone_due());
+    accepted(&mark_gone(w));
+}
+
+fn retire(w: &mut World) -> Outcome {
+    let agent = w.a();
+    w.op(RetireAgent { agent })
+}
+
+fn confirm_loss(w: &mut World) -> Outcome {
+    let agent = w.a();
+    w.op(ConfirmLoss { agent })
+}
+
+fn register(w: &mut World, settings: AgentSettings, wiped: bool) -> Outcome {
+    let a = w.a();
+    w.register_with(&a, settings, wiped)
+}
+
+fn settings(edit: impl FnOnce(&mut AgentSettings)) -> AgentSettings {
+    let mut s = AgentSettings::default();
+    edit(&mut s);
+    s
+}
+
+fn partition_settings(w: &mut World, partition: u32, horizon: Millis) -> Outcome {
+    let key = Key::Agent(w.a());
+    w.op(SetPartitionSettings { key, partition, settings: PartitionSettings { outcome_horizon: horizon } })
+}
+
+/// An agent name that hashes to `partition` of `partitions`.
+fn agent_in(partition: u32, partitions: u32) -> leasehold_schemas::AgentName {
+    (0..1000)
+        .map(|i| agent_name(&format!("w{i}")))
+        .find(|name| partition_of_key(&Key::Agent(name.clone()), partitions) == partition)
+        .expect("some name hashes there")
+}
+
+// --- registration -----------------------------------------------------------------------------------------------
+
+#[test]
+fn registration() {
+    check(vec![
+        case(
+            "a new agent registers",
+            |_| {},
+            |w| register(w, AgentSettings::default(), false),
+            Effects(&["agent-registered"]),
+        ),
+        case(
+            "a live agent registers a new incarnation",
+            |w| {
+                w.registered();
+            },
+            |w| register(w, AgentSettings::default(), false),
+            Effects(&["agent-registered"]),
+        ),
+        case(
+            "orphan_after equal to stall_after",
+            |_| {},
+            |w| register(w, settings(|s| s.orphan_after = s.stall_after), false),
+            Rejected(Invalid, &["agent w1", "orphan_after (1min) must be longer than stall_after (1min)"]),
+        ),
+        case(
+            "orphan_after shorter than stall_after",
+            |_| {},
+            |w| register(w, settings(|s| s.orphan_after = secs(30)), false),
+            Rejected(Invalid, &["orphan_after (30s) must be longer than stall_after"]),
+        ),
+        case(
+            "max_loss_percent over 100",
+            |_| {},
+            |w| register(w, settings(|s| s.max_loss_percent = 101), false),
+            Rejected(Invalid, &["max_loss_percent 101 is over 100"]),
+        ),
+        case(
+            "max_loss_percent of exactly 100 is allowed",
+            |_| {},
+            |w| register(w, settings(|s| s.max_loss_percent = 100), false),
+            Effects(&["agent-registered"]),
+        ),
+        case(
+            "a zero stall_after",
+            |_| {},
+            |w| register(w, settings(|s| s.stall_after = ms(0)), false),
+            Rejected(Invalid, &["stall_after must be longer than 0"]),
+        ),
+        case(
+            "a zero loss window",
+            |_| {},
+            |w| register(w, settings(|s| s.loss_window = ms(0)), false),
+            Rejected(Invalid, &["loss_window must be longer than 0"]),
+        ),
+        case(
+            "invalid settings on a re-registration",
+            |w| {
+                w.registered();
+            },
+            |w| register(w, settings(|s| s.max_loss_percent = 200), true),
+            Rejected(Invalid, &["max_loss_percent 200"]),
+        ),
+        case(
+            "a retired agent with a resource still releasing registers to finish it, and stays retired",
+            |w| {
+                w.active();
+                accepted(&retire(w));
+            },
+            |w| {
+                let outcome = register(w, AgentSettings::default(), false);
+                assert!(w.state().agent(&w.a()).unwrap().retired, "still retired: no new placements");
+                outcome
+            },
+            Effects(&["agent-registered"]),
+        ),
+        case(
+            "a retired agent whose resources are all destroyed registers again",
+            |w| {
+                w.active();
+                accepted(&retire(w));
+                let (a, r) = (w.a(), w.r());
+                let o = w.sync(&a, |s| s.destroyed = vec![r]);
+                assert_eq!(effect_names(&o), ["observation-accepted", "resource-destroyed"]);
+            },
+            |w| register(w, AgentSettings::default(), false),
+            Effects(&["agent-registered"]),
+        ),
+        case(
+            "a wiped registration clears a tripped breaker",
+            |w| {
+                tripped(w);
+            },
+            |w| register(w, AgentSettings::default(), true),
+            Effects(&["agent-breaker-cleared", "agent-registered"]),
+        ),
+        case(
+            "a plain registration leaves a tripped breaker alone",
+            |w| {
+                tripped(w);
+            },
+            |w| register(w, AgentSettings::default(), false),
+            Effects(&["agent-registered"]),
+        ),
+        case(
+            "a wiped registration without a breaker",
+            |w| {
+                w.active();
+            },
+            |w| register(w, AgentSettings::default(), true),
+            Effects(&["agent-registered"]),
+        ),
+        case(
+            "a gone agent registers again",
+            |w| {
+                w.registered();
+                gone(w);
+            },
+            |w| register(w, AgentSettings::default(), false),
+            Effects(&["agent-registered"]),
+        ),
+    ]);
+}
+
+#[test]
+fn a_new_incarnation_gets_a_new_epoch_and_old_observations_are_refused() {
+    let mut w = World::new();
+    let first = register(&mut w, AgentSettings::default(), false);
+    let (p1, _) = first.positioned_effects().next().unwrap();
+    assert_eq!(w.epoch(&w.a()), p1, "the epoch is the position of agent-registered");
+    w.pending();
+    let (a, r) = (w.a(), w.r());
+
+    let second = register(&mut w, AgentSettings::default(), false);
+    let (p2, effect) = second.positioned_effects().next().unwrap();
+    assert_eq!(effect.name(), "agent-registered");
+    assert!(p2 > p1);
+    assert_eq!(w.epoch(&a), p2);
+    assert_eq!(agent(&w).liveness, Liveness::Live);
+
+    let current = format!("current epoch is {p2}");
+    let from_old = format!("observation from epoch {p1} of agent w1");
+    let hb = Heartbeat { agent: a.clone(), epoch: p1 };
+    refused(&mut w, |w| w.from_agent(hb), WrongEpoch, &[&format!("heartbeat from epoch {p1}"), &current]);
+    let old = ReportCreated { agent: a.clone(), epoch: p1, obs: 99, resource: r, native_id: None };
+    refused(&mut w, |w| w.from_agent(old), WrongEpoch, &[&from_old, &current]);
+    let old = w.sync_cmd(&a, |s| {
+        s.epoch = p1;
+        s.created = vec![r];
+    });
+    refused(&mut w, |w| w.from_agent(old), WrongEpoch, &[&from_old]);
+
+    // The new incarnation starts counting observations again.
+    let o = w.from_agent(ReportCreated { agent: a.clone(), epoch: p2, obs: 1, resource: r, native_id: None });
+    assert_eq!(effect_names(&o), ["observation-accepted", "resource-activated"]);
+    settle(&w);
+}
+
+#[test]
+fn registering_a_gone_or_retired_agent_makes_it_placeable_again() {
+    let mut w = World::new();
+    w.registered();
+    gone(&mut w);
+    refused(&mut w, allocate, InvalidState, &["agent w1 is gone", "no new placements"]);
+    accepted(&register(&mut w, AgentSettings::default(), false));
+    assert_eq!(agent(&w).liveness, Liveness::Live);
+    assert_eq!(effect_names(&allocate(&mut w)), ["resource-allocated", "create-ordered"]);
+
+    let mut w = World::new();
+    w.registered();
+    accepted(&retire(&mut w));
+    accepted(&register(&mut w, AgentSettings::default(), false));
+    assert!(!agent(&w).retired);
+    assert_eq!(effect_names(&allocate(&mut w)), ["resource-allocated", "create-ordered"]);
+    settle(&w);
+}
+
+#[test]
+fn a_plain_registration_keeps_the_agent_suspect_a_wiped_one_does_not() {
+    let mut w = World::new();
+    tripped(&mut w);
+    accepted(&register(&mut w, AgentSettings::default(), false));
+    assert!(agent(&w).is_suspect());
+    refused(&mut w, allocate, InvalidState, &["suspect (its circuit breaker tripped)"]);
+    let o = register(&mut w, AgentSettings::default(), true);
+    assert_eq!(effect_names(&o), ["agent-breaker-cleared", "agent-registered"]);
+    let (registered_at, _) = o.positioned_effects().nth(1).unwrap();
+    assert_eq!(
+        w.epoch(&w.a()),
+        registered_at,
+        "the epoch is the position of agent-registered, not of the first effect"
+    );
+    assert!(!agent(&w).is_suspect());
+    assert_eq!(effect_names(&allocate(&mut w)), ["resource-allocated", "create-ordered"]);
+    settle(&w);
+}
+
+// --- heartbeats -------------------------------------------------------------------------------------------------
+
+#[test]
+fn heartbeats() {
+    check(vec![
+        case(
+            "right after registering there is nothing to record",
+            |w| {
+                w.registered();
+            },
+            |w| w.heartbeat(&w.a()),
+            Effects(&[]),
+        ),
+        case(
+            "just under a third of stall_after since the last one: nothing",
+            |w| {
+                w.registered();
+                w.advance(ms(19_999));
+            },
+            |w| w.heartbeat(&w.a()),
+            Effects(&[]),
+        ),
+        case(
+            "a third of stall_after since the last one: recorded",
+            |w| {
+                w.registered();
+                w.advance(secs(20));
+            },
+            |w| w.heartbeat(&w.a()),
+            Effects(&["agent-seen"]),
+        ),
+        case(
+            "a stalled agent recovers",
+            |w| {
+                w.registered();
+                stalled(w);
+            },
+            |w| w.heartbeat(&w.a()),
+            Effects(&["agent-recovered", "agent-seen"]),
+        ),
+        case(
+            "a heartbeat from another epoch",
+            |w| {
+                w.registered();
+            },
+            |w| {
+                let agent = w.a();
+                w.from_agent(Heartbeat { agent, epoch: Position(7) })
+            },
+            Rejected(WrongEpoch, &["heartbeat from epoch #7 of agent w1", "current epoch is #1"]),
+        ),
+        case(
+            "a gone agent's heartbeat",
+            |w| {
+                w.registered();
+                gone(w);
+            },
+            |w| w.heartbeat(&w.a()),
+            Rejected(InvalidState, &["agent w1 is gone", "register a new incarnation"]),
+        ),
+        case(
+            "an unknown agent's heartbeat",
+            |_| {},
+            |w| {
+                let agent = w.a();
+                w.from_agent(Heartbeat { agent, epoch: Position(1) })
+            },
+            Rejected(Unknown, &["agent w1 has never registered"]),
+        ),
+    ]);
+}
+
+#[test]
+fn heartbeats_are_coalesced_to_one_record_per_third_of_stall_after() {
+    let mut w = World::new();
+    w.registered();
+    let a = w.a();
+    let mut seen_at = Vec::new();
+    for i in 1..=12u64 {
+        w.advance(secs(5));
+        let o = w.heartbeat(&a);
+        match effect_names(&o).as_slice() {
+            [] => {}
+            ["agent-seen"] => seen_at.push(i * 5),
+            other => panic!("unexpected effects {other:?}"),
+        }
+    }
+    assert_eq!(seen_at, [20, 40, 60]);
+    assert_eq!(agent(&w).last_seen, T0.saturating_add(secs(60)));
+    assert_eq!(w.state().n_recent_outcomes(), 1, "heartbeats are not remembered (only the registration)");
+    settle(&w);
+}
+
+// --- stalled and gone -------------------------------------------------------------------------------------------
+
+#[test]
+fn mark_stalled_table() {
+    check(vec![
+        case(
+            "one millisecond before last_seen + stall_after + stall_after/3",
+            |w| {
+                w.registered();
+                w.advance(minus(stall_due(), ms(1)));
+            },
+            mark_stalled,
+            Rejected(NotYetDue, &["agent w1 was seen at", "not stalled before 2027-01-15T08:01:20.000Z"]),
+        ),
+        case(
+            "exactly at last_seen + stall_after + stall_after/3",
+            |w| {
+                w.registered();
+                w.advance(stall_due());
+            },
+            mark_stalled,
+            Effects(&["agent-stalled"]),
+        ),
+        case(
+            "a recorded heartbeat moves the deadline",
+            |w| {
+                w.registered();
+                w.advance(secs(20));
+                accepted(&w.heartbeat(&w.a()));
+                w.advance(minus(stall_due(), ms(1)));
+            },
+            mark_stalled,
+            Rejected(NotYetDue, &["not stalled before 2027-01-15T08:01:40.000Z"]),
+        ),
+        case(
+            "a recovered agent's deadline starts again from its recovery",
+            |w| {
+                w.registered();
+                stalled(w);
+                accepted(&w.heartbeat(&w.a()));
+                w.advance(minus(stall_due(), ms(1)));
+            },
+            mark_stalled,
+            Rejected(NotYetDue, &["not stalled before 2027-01-15T08:02:40.000Z"]),
+        ),
+        case(
+            "a shorter stall_after is honoured: 30 s + 10 s",
+            |w| {
+                register(w, settings(|s| s.stall_after = secs(30)), false);
+                w.advance(secs(40));
+            },
+            mark_stalled,
+            Effects(&["agent-stalled"]),
+        ),
+        case(
+            "a shorter stall_after, one millisecond early",
+            |w| {
+                register(w, settings(|s| s.stall_after = secs(30)), false);
+                w.advance(ms(39_999));
+            },
+            mark_stalled,
+            Rejected(NotYetDue, &["not stalled before 2027-01-15T08:00:40.000Z"]),
+        ),
+        case(
+            "already stalled",
+            |w| {
+                w.registered();
+                stalled(w);
+            },
+            mark_stalled,
+            Rejected(AlreadyDone, &["agent w1 is already stalled"]),
+        ),
+        case(
+            "a gone agent",
+            |w| {
+                w.registered();
+                gone(w);
+            },
+            mark_stalled,
+            Rejected(AlreadyDone, &["agent w1 is already gone"]),
+        ),
+        case("an unknown agent", |_| {}, mark_stalled, Rejected(Unknown, &["agent w1 has never registered"])),
+    ]);
+}
+
+#[test]
+fn mark_gone_table() {
+    check(vec![
+        case(
+            "one millisecond before last_seen + orphan_after + stall_after/3",
+            |w| {
+                w.registered();
+                w.advance(minus(gone_due(), ms(1)));
+            },
+            mark_gone,
+            Rejected(NotYetDue, &["agent w1 was seen at", "not gone before 2027-01-16T08:00:20.000Z"]),
+        ),
+        case(
+            "an agent with nothing",
+            |w| {
+                w.registered();
+                w.advance(gone_due());
+            },
+            mark_gone,
+            Effects(&["agent-gone"]),
+        ),
+        case(
+            "a stalled agent",
+            |w| {
+                w.registered();
+                stalled(w);
+                w.advance(minus(gone_due(), stall_due()));
+            },
+            mark_gone,
+            Effects(&["agent-gone"]),
+        ),
+        case(
+            "every non-terminal resource is orphaned, its leases broken and claims returned",
+            |w| {
+                w.registered();
+                // pending, with a waiting lease
+                w.pending().leased(None);
+                // active, with a bound claim and a granted lease
+                claimed(w);
+                created(w).leased(None);
+                // releasing, with a bound claim
+                claimed(w);
+                accepted(&w.release());
+                // destroyed: terminal, left alone
+                w.pending();
+                accepted(&w.release());
+                let (a, r) = (w.a(), w.r());
+                accepted(&w.sync(&a, |s| s.destroyed = vec![r]));
+                w.advance(gone_due());
+            },
+            mark_gone,
+            Effects(&[
+                "agent-gone",
+                "resource-orphaned",
+                "lease-broken",
+                "resource-orphaned",
+                "lease-broken",
+                "claim-releasable",
+                "resource-orphaned",
+                "claim-releasable",
+            ]),
+        ),
+        case(
+            "already gone",
+            |w| {
+                w.registered();
+                gone(w);
+            },
+            mark_gone,
+            Rejected(AlreadyDone, &["agent w1 is already gone"]),
+        ),
+        case("an unknown agent", |_| {}, mark_gone, Rejected(Unknown, &["agent w1 has never registered"])),
+    ]);
+}
+
+#[test]
+fn a_gone_agent_leaves_nothing_behind() {
+    let mut w = World::new();
+    w.registered();
+    w.pending().leased(None);
+    let (r1, l1) = (w.r(), w.l());
+    claimed(&mut w);
+    created(&mut w).leased(None);
+    let (r2, l2) = (w.r(), w.l());
+    gone(&mut w);
+    assert_eq!(agent(&w).liveness, Liveness::Gone);
+    for r in [r1, r2] {
+        let resource = w.state().resource(r).unwrap();
+        assert_eq!(resource.state.name(), "orphaned");
+        assert!(resource.live_leases.is_empty());
+        assert!(resource.claims.values().all(|c| matches!(c, leasehold_domain::state::ClaimSlot::Returned { .. })));
+    }
+    for l in [l1, l2] {
+        assert_eq!(w.state().lease(l).unwrap().state.name(), "broken");
+    }
+    assert_eq!(agent(&w).n_held, 0);
+    settle(&w);
+}
+
+#[test]
+fn the_log_clock_stepping_back_does_not_undo_time() {
+    let mut w = World::new();
+    w.registered();
+    w.agent = agent_name("w2");
+    w.registered();
+    w.agent = agent_name("w1");
+    w.advance(stall_due());
+    // Some other command moves partition time to T0 + 80 s...
+    accepted(&w.heartbeat(&agent_name("w2")));
+    // ...then a new stream leader stamps an earlier time: the deadline is still judged at T0 + 80 s.
+    w.d.set_clock(T0.saturating_add(secs(10)));
+    let o = mark_stalled(&mut w);
+    assert_eq!(effect_names(&o), ["agent-stalled"]);
+    assert_eq!(o.decided_at, T0.saturating_add(stall_due()));
+    settle(&w);
+}
+
+#[test]
+fn orphan() {
+    check(vec![
+        case(
+            "a live agent's resource",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let (agent, resource) = (w.a(), w.r());
+                w.sys(Orphan { agent, resource })
+            },
+            Rejected(InvalidState, &["agent w1 is live, not gone", "only the resources of a gone agent"]),
+        ),
+        case(
+            "a stalled agent's resource",
+            |w| {
+                w.active();
+                stalled(w);
+            },
+            |w| {
+                let (agent, resource) = (w.a(), w.r());
+                w.sys(Orphan { agent, resource })
+            },
+            Rejected(InvalidState, &["agent w1 is stalled, not gone"]),
+        ),
+        case(
+            "a resource already orphaned with its agent",
+            |w| {
+                w.active();
+                gone(w);
+            },
+            |w| {
+                let (agent, resource) = (w.a(), w.r());
+                w.sys(Orphan { agent, resource })
+            },
+            Rejected(AlreadyDone, &["is already orphaned"]),
+        ),
+        case(
+            "an unknown resource",
+            |w| {
+                w.registered();
+                gone(w);
+            },
+            |w| {
+                let agent = w.a();
+                let resource = w.d.new_resource_id();
+                w.sys(Orphan { agent, resource })
+            },
+            Rejected(Unknown, &["is not known"]),
+        ),
+        // The accepted case (a gone agent's resource the budget left for later) is in reports.rs,
+        // `a_gone_agent_with_thousands_of_leased_resources_is_orphaned_in_bounded_outcomes`.
+    ]);
+}
+
+// --- retirement and placement -----------------------------------------------------------------------------------
+
+#[test]
+fn retire_agent() {
+    check(vec![
+        case(
+            "its pending and held resources are released, their leases broken",
+            |w| {
+                w.registered();
+                // pending
+                w.pending();
+                // active with a lease
+                w.pending();
+                created(w).leased(None);
+                // paused
+                w.pending();
+                created(w);
+                let (agent, resource) = (w.a(), w.r());
+                accepted(&w.op(Pause { agent, resource, reason: None, until: None }));
+                // suspect
+                w.pending();
+                created(w);
+                let (agent, resource) = (w.a(), w.r());
+                accepted(&w.op(ReportFailureByOperator { agent, resource, detail: "flaky".into() }));
+                // already releasing: left alone
+                w.pending();
+                accepted(&w.release());
+            },
+            retire,
+            Effects(&[
+                "agent-retired",
+                "resource-releasing",
+                "resource-releasing",
+                "lease-broken",
+                "resource-releasing",
+                "resource-releasing",
+            ]),
+        ),
+        case(
+            "an agent with nothing",
+            |w| {
+                w.registered();
+            },
+            retire,
+            Effects(&["agent-retired"]),
+        ),
+        case(
+            "again",
+            |w| {
+                w.active();
+                accepted(&retire(w));
+            },
+            retire,
+            Rejected(AlreadyDone, &["agent w1 is already retired"]),
+        ),
+        case("an unknown agent", |_| {}, retire, Rejected(Unknown, &["agent w1 has never registered"])),
+    ]);
+}
+
+#[test]
+fn retirement_releases_everything_and_the_agent_reports_it_destroyed() {
+    let mut w = World::new();
+    w.registered();
+    let made = active_n(&mut w, 3);
+    let o = retire(&mut w);
+    assert_eq!(effect_names(&o), ["agent-retired", "resource-releasing", "resource-releasing", "resource-releasing"]);
+    assert!(agent(&w).retired);
+    for r in &made {
+        assert_eq!(state_name(&w, *r), "releasing");
+    }
+    let a = w.a();
+    let destroyed = made.clone();
+    let o = w.sync(&a, |s| s.destroyed = destroyed);
+    assert_eq!(
+        effect_names(&o),
+        ["observation-accepted", "resource-destroyed", "resource-destroyed", "resource-destroyed"]
+    );
+    settle(&w);
+}
+
+#[test]
+fn allocation_refused() {
+    check(vec![
+        case(
+            "on a stalled agent",
+            |w| {
+                w.registered();
+                stalled(w);
+            },
+            allocate,
+            Rejected(InvalidState, &["agent w1 is stalled (no recent heartbeat)", "no new placements"]),
+        ),
+        case(
+            "on a gone agent",
+            |w| {
+                w.registered();
+                gone(w);
+            },
+            allocate,
+            Rejected(InvalidState, &["agent w1 is gone", "no new placements"]),
+        ),
+        case(
+            "on a retired agent",
+            |w| {
+                w.registered();
+                accepted(&retire(w));
+            },
+            allocate,
+            Rejected(InvalidState, &["agent w1 is retired", "no new placements"]),
+        ),
+        case(
+            "on a suspect agent (breaker tripped)",
+            |w| {
+                tripped(w);
+            },
+            allocate,
+            Rejected(InvalidState, &["agent w1 is suspect (its circuit breaker tripped)", "no new placements"]),
+        ),
+        case(
+            "on a recovered agent it is allowed again",
+            |w| {
+                w.registered();
+                stalled(w);
+                accepted(&w.heartbeat(&w.a()));
+            },
+            allocate,
+            Effects(&["resource-allocated", "create-ordered"]),
+        ),
+    ]);
+}
+
+// --- the breaker's confirm-loss ---------------------------------------------------------------------------------
+
+#[test]
+fn confirm_loss_table() {
+    check(vec![
+        case(
+            "no breaker has tripped",
+            |w| {
+                w.active();
+            },
+            confirm_loss,
+            Rejected(InvalidState, &["agent w1's circuit breaker has not tripped"]),
+        ),
+        case(
+            "a tripped breaker",
+            |w| {
+                tripped(w);
+            },
+            confirm_loss,
+            Effects(&["agent-breaker-cleared", "resync-requested"]),
+        ),
+        case(
+            "twice",
+            |w| {
+                tripped(w);
+                accepted(&confirm_loss(w));
+            },
+            confirm_loss,
+            Rejected(InvalidState, &["has not tripped"]),
+        ),
+        case("an unknown agent", |_| {}, confirm_loss, Rejected(Unknown, &["agent w1 has never registered"])),
+    ]);
+}
+
+#[test]
+fn after_confirm_loss_the_next_report_marks_the_losses() {
+    let mut w = World::new();
+    let made = tripped(&mut w);
+    for r in &made {
+        assert_eq!(state_name(&w, *r), "active", "a tripped breaker marks nothing");
+    }
+    let o = confirm_loss(&mut w);
+    assert_eq!(effect_names(&o), ["agent-breaker-cleared", "resync-requested"]);
+    assert!(!agent(&w).is_suspect());
+    let a = w.a();
+    let missing = made[..5].to_vec();
+    let o = w.sync(&a, |s| s.missing = missing);
+    assert_eq!(
+        effect_names(&o),
+        [
+            "observation-accepted",
+            "agent-breaker-rearmed",
+            "resource-lost",
+            "resource-lost",
+            "resource-lost",
+            "resource-lost",
+            "resource-lost"
+        ]
+    );
+    for r in &made[..5] {
+        assert_eq!(state_name(&w, *r), "lost");
+    }
+    assert_eq!(state_name(&w, made[5]), "active");
+    assert!(!agent(&w).is_suspect());
+    settle(&w);
+}
+
+// --- checks every command passes --------------------------------------------------------------------------------
+
+#[test]
+fn issuers_and_classes() {
+    check(vec![
+        case(
+            "a heartbeat about w1 sent by w2",
+            |w| {
+                w.registered();
+            },
+            |w| {
+                let (agent, epoch) = (w.a(), w.epoch(&w.a()));
+                w.d.submit("w2", Heartbeat { agent, epoch })
+            },
+            Rejected(NotPermitted, &["agent.heartbeat about agent w1 was sent by w2", "only about themselves"]),
+        ),
+        case(
+            "a sync report about w1 sent by an operator",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let a = w.a();
+                let report = w.sync_cmd(&a, |s| s.missing = vec![]);
+                w.d.submit(OP, report)
+            },
+            Rejected(NotPermitted, &["agent.sync about agent w1 was sent by op:alice"]),
+        ),
+        case(
+            "a report-created sent by the sweeper",
+            |w| {
+                w.registered().pending();
+            },
+            |w| {
+                let (agent, resource, epoch) = (w.a(), w.r(), w.epoch(&w.a()));
+                w.d.submit(SWEEPER, ReportCreated { agent, epoch, obs: 1, resource, native_id: None })
+            },
+            Rejected(NotPermitted, &["agent.report-created about agent w1 was sent by sweeper-1"]),
+        ),
+        case(
+            "a registration of w1 sent by w2",
+            |_| {},
+            |w| {
+                let agent = w.a();
+                let incarnation = leasehold_schemas::Uuid::from_u128(9);
+                w.d.submit("w2", Register { agent, incarnation, wiped: false, settings: AgentSettings::default() })
+            },
+            Rejected(NotPermitted, &["agent.register about agent w1 was sent by w2"]),
+        ),
+        case(
+            "an op command sent as class agent",
+            |w| {
+                w.registered();
+            },
+            |w| {
+                let agent = w.a();
+                let mut e = w.d.envelope("w1", RetireAgent { agent });
+                e.class = CommandClass::Agent;
+                w.d.submit_envelope(&e)
+            },
+            Rejected(NotPermitted, &["op.retire-agent is a op command, but it came as class agent"]),
+        ),
+        case(
+            "an agent command sent as class op",
+            |w| {
+                w.registered();
+            },
+            |w| {
+                let (agent, epoch) = (w.a(), w.epoch(&w.a()));
+                let mut e = w.d.envelope("w1", Heartbeat { agent, epoch });
+                e.class = CommandClass::Op;
+                w.d.submit_envelope(&e)
+            },
+            Rejected(NotPermitted, &["agent.heartbeat is a agent command, but it came as class op"]),
+        ),
+        case(
+            "a sys command sent as class op",
+            |w| {
+                w.registered();
+                w.advance(stall_due());
+            },
+            |w| {
+                let agent = w.a();
+                let mut e = w.d.envelope(OP, MarkStalled { agent });
+                e.class = CommandClass::Op;
+                w.d.submit_envelope(&e)
+            },
+            Rejected(NotPermitted, &["sys.mark-stalled is a sys command, but it came as class op"]),
+        ),
+    ]);
+}
+
+#[test]
+fn commands_for_another_partition_are_refused() {
+    let mine = agent_in(0, 2);
+    let theirs = agent_in(1, 2);
+    let mut w = World::with_partitions(0, 2);
+    w.agent = mine.clone();
+    w.registered();
+    settle(&w);
+
+    w.agent = theirs.clone();
+    let message = format!("agent {theirs} belongs to partition 1, not 0");
+    refused(&mut w, |w| register(w, AgentSettings::default(), false), WrongPartition, &[&message]);
+    refused(&mut w, |w| w.op(RetireAgent { agent: theirs.clone() }), WrongPartition, &[&message]);
+    refused(&mut w, |w| w.sys(MarkStalled { agent: theirs.clone() }), WrongPartition, &[&message]);
+    let pool = (0..1000)
+        .map(|i| pool_name(&format!("p{i}")))
+        .find(|p| partition_of_key(&Key::Pool(p.clone()), 2) == 1)
+        .unwrap();
+    refused(
+        &mut w,
+        |w| {
+            w.op(DefinePool {
+                pool: pool.clone(),
+                kind: leasehold_schemas::pool::PoolKind::Slots { count: 4 },
+                cooldown: None,
+            })
+        },
+        WrongPartition,
+        &[&format!("pool {pool} belongs to partition 1, not 0")],
+    );
+    settle(&w);
+}
+
+#[test]
+fn commands_issued_longer_ago_than_the_horizon_are_stale() {
+    let mut w = World::new();
+    w.registered();
+    let name = w.a();
+
+    // Issued exactly a horizon ago: still decided.
+    let e = w.d.envelope(OP, ConfirmLoss { agent: name.clone() });
+    w.advance(DAY);
+    let o = w.d.submit_envelope(&e);
+    rejected(&o, InvalidState);
+
+    // Issued a horizon and a millisecond ago: stale, whatever it asks.
+    let e = w.d.envelope(OP, RetireAgent { agent: name.clone() });
+    w.advance(plus(DAY, ms(1)));
+    refused(
+        &mut w,
+        |w| w.d.submit_envelope(&e),
+        StaleCommand,
+        &["longer ago than the outcome horizon (24h)", "issue a new command"],
+    );
+    assert!(!agent(&w).retired);
+
+    let epoch = w.epoch(&name);
+    let e = w.d.envelope("w1", Heartbeat { agent: name.clone(), epoch });
+    w.advance(plus(DAY, ms(1)));
+    refused(&mut w, |w| w.d.submit_envelope(&e), StaleCommand, &["longer ago than the outcome horizon"]);
+    settle(&w);
+}
+
+// --- partition settings -----------------------------------------------------------------------------------------
+
+#[test]
+fn set_partition_settings() {
+    check(vec![
+        case(
+            "a longer horizon",
+            |_| {},
+            |w| partition_settings(w, 0, Millis::from_hours(48)),
+            Effects(&["partition-settings-changed"]),
+        ),
+        case(
+            "exactly one minute is allowed",
+            |_| {},
+            |w| partition_settings(w, 0, Millis::from_mins(1)),
+            Effects(&["partition-settings-changed"]),
+        ),
+        case(
+            "the same settings again",
+            |_| {},
+            |w| partition_settings(w, 0, DAY),
+            Rejected(AlreadyDone, &["the partition already has these settings"]),
+        ),
+        case(
+            "a horizon under a minute",
+            |_| {},
+            |w| partition_settings(w, 0, ms(59_999)),
+            Rejected(Invalid, &["an outcome horizon of 59999ms is too short", "at least 1min"]),
+        ),
+        case(
+            "settings naming another partition",
+            |_| {},
+            |w| partition_settings(w, 1, Millis::from_hours(48)),
+            Rejected(WrongPartition, &["settings for partition 1 reached partition 0"]),
+        ),
+    ]);
+}
+
+#[test]
+fn a_shorter_horizon_makes_commands_stale_sooner_and_outcomes_forgotten_sooner() {
+    let mut w = World::new();
+    w.registered();
+    let o = partition_settings(&mut w, 0, Millis::from_hours(1));
+    assert_eq!(effect_names(&o), ["partition-settings-changed"]);
+    assert_eq!(w.state().settings().outcome_horizon, Millis::from_hours(1));
+    let agent = w.a();
+    let e = w.d.envelope(OP, RetireAgent { agent });
+    w.advance(plus(Millis::from_hours(1), ms(1)));
+    refused(&mut w, |w| w.d.submit_envelope(&e), StaleCommand, &["outcome horizon (1h)"]);
+    assert_eq!(w.state().n_recent_outcomes(), 1, "only the stale command's own outcome is left");
+    settle(&w);
+}
+
+// --- idempotency and the horizon --------------------------------------------------------------------------------
+
+#[test]
+fn a_retried_command_gets_its_first_outcome_back() {
+    let mut w = World::new();
+    w.active().leased(None);
+    let (agent, resource) = (w.a(), w.r());
+    let e = w.d.envelope(OP, Release { agent: agent.clone(), resource, reason: None });
+    let first = w.d.submit_envelope(&e);
+    assert_eq!(effect_names(&first), ["resource-releasing", "lease-broken"]);
+    let n = w.d.outcomes().len();
+    let before = w.state().clone();
+
+    let again = w.d.submit_envelope(&e);
+    assert_eq!(again, first, "the first outcome, unchanged");
+    assert_eq!(w.d.outcomes().len(), n, "nothing appended");
+    assert!(*w.state() == before, "nothing changed");
+
+    // Still the first outcome after the world moved on (the resource is destroyed now).
+    accepted(&w.sync(&agent, |s| s.destroyed = vec![resource]));
+    w.advance(Millis::from_hours(23));
+    let again = w.d.submit_envelope(&e);
+    assert_eq!(again, first);
+
+    // A rejection is remembered too.
+    let e = w.d.envelope(OP, ConfirmLoss { agent: agent.clone() });
+    let first = w.d.submit_envelope(&e);
+    rejected(&first, InvalidState);
+    let n = w.d.outcomes().len();
+    assert_eq!(w.d.submit_envelope(&e), first);
+    assert_eq!(w.d.outcomes().len(), n);
+    settle(&w);
+}
+
+#[test]
+fn a_double_release_with_two_command_ids_is_already_done() {
+    // Drydock: two holders both decide to release the same resource.
+    check(vec![case(
+        "the second release",
+        |w| {
+            w.active().leased(None);
+            assert_eq!(effect_names(&w.release()), ["resource-releasing", "lease-broken"]);
+        },
+        |w| w.release(),
+        Rejected(AlreadyDone, &["is already releasing (destruction ordered at #"]),
+    )]);
+}
+
+#[test]
+fn outcomes_are_forgotten_after_the_horizon() {
+    let mut w = World::new();
+    w.active().leased(None);
+    let remembered = w.state().n_recent_outcomes();
+    assert_eq!(remembered, 4, "register, allocate, report-created, acquire");
+
+    w.advance(DAY);
+    accepted(&retire(&mut w));
+    assert_eq!(w.state().n_recent_outcomes(), remembered + 1, "nothing forgotten at exactly the horizon");
+
+    w.advance(ms(1));
+    let agent = w.a();
+    rejected(&w.op(ConfirmLoss { agent }), InvalidState);
+    assert_eq!(w.state().n_recent_outcomes(), 2, "everything decided a horizon ago is forgotten");
+    settle(&w);
+}
+
+#[test]
+fn a_retry_after_the_horizon_is_stale_not_decided_again() {
+    let mut w = World::new();
+    w.registered();
+    let agent = w.a();
+    let e = w.d.envelope(OP, RetireAgent { agent });
+    accepted(&w.d.submit_envelope(&e));
+    w.advance(plus(DAY, ms(1)));
+    accepted(&w.heartbeat(&w.a()));
+    assert!(w.state().recent_outcome(e.command_id).is_none());
+    refused(&mut w, |w| w.d.submit_envelope(&e), StaleCommand, &["longer ago than the outcome horizon"]);
+    settle(&w);
+}
+
+#[test]
+fn terminal_resources_and_their_leases_are_forgotten_after_the_horizon() {
+    let mut w = World::new();
+    w.active().leased(None);
+    let (a, r, l) = (w.a(), w.r(), w.l());
+    w.pending();
+    let live = w.r();
+    assert_eq!(
+        effect_names(&w.op(Release { agent: a.clone(), resource: r, reason: None })),
+        ["resource-releasing", "lease-broken"]
+    );
+    let o = w.sync(&a, |s| s.destroyed = vec![r]);
+    assert_eq!(effect_names(&o), ["observation-accepted", "resource-destroyed"]);
+
+    w.advance(DAY);
+    accepted(&w.heartbeat(&a));
+    assert!(w.state().resource(r).is_some(), "kept until the horizon has passed");
+    assert!(w.state().lease(l).is_some());
+
+    w.advance(ms(1));
+    accepted(&w.heartbeat(&a));
+    assert!(w.state().resource(r).is_none(), "forgotten a horizon after it became terminal");
+    assert!(w.state().lease(l).is_none(), "its broken lease too");
+    assert!(!agent(&w).resources.contains(&r));
+    assert!(w.state().resource(live).is_some(), "a live resource is never forgotten");
+
+    // Late news about a forgotten resource is refused or ignored, never an error.
+    refused(&mut w, |w| w.op(Release { agent: a.clone(), resource: r, reason: None }), Unknown, &["is not known"]);
+    let o = w.sync(&a, |s| s.destroyed = vec![r]);
+    assert_eq!(effect_names(&o), ["observation-accepted"]);
+    settle(&w);
+}
+
+// --- suspected bugs ---------------------------------------------------------------------------------------------
+
+/// Runs each named check and reports every failure together.
+/// A named check that may panic.
+type NamedCheck = (&'static str, Box<dyn Fn()>);
+
+fn all_hold(checks: Vec<NamedCheck>) {
+    let mut failures = Vec::new();
+    for (name, f) in checks {
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            let text = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            failures.push(format!("{name}: {text}"));
+        }
+    }
+    assert!(failures.is_empty(), "{} suspected bugs confirmed:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Behaviour that contradicts DESIGN.md or would surprise a user. Each check states the correct behaviour.
+#[test]
+fn suspected_bugs() {
+    all_hold(vec![
+        (
+            "a command whose issuer clock runs ahead of the log is decided twice",
+            Box::new(|| {
+                // DESIGN 3: one command, one outcome; a retried command inside the horizon gets its first outcome
+                // back; one older than the horizon is stale. The outcome is forgotten a horizon after its *log*
+                // time, but staleness is judged from the *issuer* time: with an issuer clock one hour ahead there is
+                // an hour in which a retry is neither answered from memory nor stale, and it is decided again.
+                let mut w = World::new();
+                w.registered();
+                let a = w.a();
+                let incarnation = leasehold_schemas::Uuid::from_u128(77);
+                let mut e = w.d.envelope(
+                    "w1",
+                    Register { agent: a.clone(), incarnation, wiped: false, settings: AgentSettings::default() },
+                );
+                e.issued_at = Timestamp(e.issued_at.0 + Millis::from_hours(1).0);
+                let first = w.d.submit_envelope(&e);
+                accepted(&first);
+                let epoch = w.epoch(&a);
+                w.advance(plus(DAY, Millis::from_mins(30)));
+                accepted(&w.heartbeat(&a));
+                let n = w.d.outcomes().len();
+                let again = w.d.submit_envelope(&e);
+                assert!(
+                    again == first || again.rejection().is_some_and(|r| r.kind == StaleCommand),
+                    "the retry was decided again: {:?}",
+                    effect_names(&again)
+                );
+                assert_eq!(w.d.outcomes().len(), n, "the retry appended an outcome");
+                assert_eq!(w.epoch(&a), epoch, "the retry moved the running agent to a new epoch");
+            }),
+        ),
+        (
+            "mark-stalled on a stalled agent whose breaker tripped gives the wrong reason",
+            Box::new(|| {
+                // DESIGN 12: a rejection names the thing and the reason. The agent is refused because it is already
+                // stalled; the message says it is "already suspect" (its status, not its liveness).
+                let mut w = World::new();
+                tripped(&mut w);
+                stalled(&mut w);
+                let o = mark_stalled(&mut w);
+                let message = rejected(&o, AlreadyDone);
+                assert!(message.contains("already stalled"), "message {message:?}");
+            }),
+        ),
+    ]);
+}

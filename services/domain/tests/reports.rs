@@ -1,0 +1,1804 @@
+//! Table tests: observations (DESIGN section 6): report-created, sync reports (watermark, observation numbers,
+//! epochs, the destroyed and lost rules, in-flight handles, count and digest), the circuit breaker, full resync
+//! chunks, failure reports, and decisions too big for one outcome (DESIGN section 9).
+
+mod support;
+
+use Then::{Effects, Rejected};
+use leasehold_domain::state::Liveness;
+use leasehold_domain::{PartitionState, follow_ups};
+use leasehold_schemas::RejectionKind::*;
+use leasehold_schemas::codec::{MAX_OUTCOME_BYTES, encode_outcome};
+use leasehold_schemas::command::*;
+use leasehold_schemas::ids::{Millis, Position, ResourceId, Source};
+use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::pool::PoolValue;
+use leasehold_schemas::settings::AgentSettings;
+use leasehold_schemas::{Outcome, RejectionKind, Uuid};
+use support::*;
+
+// --- helpers --------------------------------------------------------------------------------------------------
+
+const WINDOW: Millis = Millis::from_mins(10);
+
+/// Invariants hold and folding every outcome from scratch gives the same state.
+#[track_caller]
+fn settle(w: &World) {
+    leasehold_domain::invariants::check(w.state()).expect("invariants");
+    assert!(w.d.rebuild() == *w.state(), "folding the outcomes from scratch gives another state");
+}
+
+/// Runs `when`, asserts a rejection of `kind` whose message has every fragment, and that it changed nothing.
+#[track_caller]
+fn refused(w: &mut World, when: impl FnOnce(&mut World) -> Outcome, kind: RejectionKind, fragments: &[&str]) {
+    let before = w.state().clone();
+    let outcome = when(w);
+    let message = rejected(&outcome, kind);
+    for fragment in fragments {
+        assert!(message.contains(fragment), "message {message:?} lacks {fragment:?}");
+    }
+    assert_same_except_bookkeeping(&before, w.state());
+}
+
+fn state_name(w: &World, id: ResourceId) -> &'static str {
+    w.state().resource(id).expect("resource in state").state.name()
+}
+
+/// The resources of the current agent still in state, in id order.
+fn ids(w: &World) -> Vec<ResourceId> {
+    let state = w.state();
+    let agent = state.agent(&w.a()).expect("registered");
+    state.resources_of(agent).map(|r| r.id).collect()
+}
+
+/// The ids of the agent's resources in a given state, in id order.
+fn ids_in(w: &World, state_name: &str) -> Vec<ResourceId> {
+    let state = w.state();
+    let agent = state.agent(&w.a()).expect("registered");
+    state.resources_of(agent).filter(|r| r.state.name() == state_name).map(|r| r.id).collect()
+}
+
+fn create_ordered(w: &World, id: ResourceId) -> Position {
+    w.state().resource(id).unwrap().create_ordered.expect("create ordered")
+}
+
+fn destruction_ordered(w: &World, id: ResourceId) -> Position {
+    w.state().resource(id).unwrap().destruction_ordered.expect("destruction ordered")
+}
+
+fn before(p: Position) -> Position {
+    Position(p.0 - 1)
+}
+
+/// `n` new resources on the current agent, made active by one sync report.
+fn active_n(w: &mut World, n: usize) -> Vec<ResourceId> {
+    let made: Vec<ResourceId> = (0..n)
+        .map(|_| {
+            w.pending();
+            w.r()
+        })
+        .collect();
+    let a = w.a();
+    let created = made.clone();
+    accepted(&w.sync(&a, |r| r.created = created));
+    made
+}
+
+/// A pending resource `w.r()` with a claim on pool `ips`, bound, so its create is ordered.
+fn claimed(w: &mut World) -> &mut World {
+    w.pending_with(|c| c.pools = vec![pool_name("ips")]);
+    let holder = w.rref();
+    let bind = BindClaim {
+        holder,
+        pool: pool_name("ips"),
+        value: PoolValue::Slot(3),
+        token: Position(1),
+        source: Source { partition: 0, position: Position(1) },
+    };
+    assert_eq!(effect_names(&w.sys(bind)), ["claim-bound", "create-ordered"]);
+    w
+}
+
+/// `w.r()` observed present by a report-created.
+fn created(w: &mut World) -> &mut World {
+    let (a, r) = (w.a(), w.r());
+    accepted(&w.report_created(&a, r));
+    w
+}
+
+/// An active resource `w.r()` with a bound claim, released: `releasing`, its claim still held.
+fn releasing_with_claim(w: &mut World) {
+    w.registered();
+    claimed(w);
+    created(w);
+    accepted(&w.release());
+}
+
+fn pause(w: &mut World) {
+    let (agent, resource) = (w.a(), w.r());
+    accepted(&w.op(Pause { agent, resource, reason: None, until: None }));
+}
+
+fn suspect(w: &mut World) {
+    let (agent, resource) = (w.a(), w.r());
+    accepted(&w.op(ReportFailureByOperator { agent, resource, detail: "flaky".into() }));
+}
+
+fn register(w: &mut World, wiped: bool) -> Outcome {
+    let a = w.a();
+    w.register_with(&a, AgentSettings::default(), wiped)
+}
+
+fn sync_with(w: &mut World, edit: impl FnOnce(&mut SyncReport)) -> Outcome {
+    let a = w.a();
+    w.sync(&a, edit)
+}
+
+fn missing(w: &mut World, ids: Vec<ResourceId>) -> Outcome {
+    sync_with(w, |s| s.missing = ids)
+}
+
+fn report_failure(w: &mut World, failure: FailureKind, detail: &str) -> Outcome {
+    let (agent, resource) = (w.a(), w.r());
+    let epoch = w.epoch(&agent);
+    let obs = w.next_obs(&agent);
+    w.from_agent(ReportFailure { agent, epoch, obs, resource, failure, detail: detail.into() })
+}
+
+/// A resync chunk over `[lo, hi)` at the current last position, with the next observation number.
+fn chunk(w: &mut World, lo: Uuid, hi: Option<Uuid>, held: Vec<ResourceId>, in_flight: Vec<ResourceId>) -> ResyncChunk {
+    let agent = w.a();
+    let epoch = w.epoch(&agent);
+    let obs = w.next_obs(&agent);
+    let watermark = w.state().last_position();
+    ResyncChunk { agent, epoch, obs, watermark, lo, hi, held, in_flight }
+}
+
+/// The chunk bounds that cover exactly `id`.
+fn just(id: ResourceId) -> (Uuid, Option<Uuid>) {
+    (id.as_uuid(), Some(Uuid::from_u128(id.as_uuid().as_u128() + 1)))
+}
+
+fn lost_n(n: usize) -> Vec<&'static str> {
+    let mut names = vec!["observation-accepted"];
+    names.extend(std::iter::repeat_n("resource-lost", n));
+    names
+}
+
+// --- report-created ---------------------------------------------------------------------------------------------
+
+#[test]
+fn report_created() {
+    check(vec![
+        case(
+            "a pending resource becomes active",
+            |w| {
+                w.registered().pending();
+            },
+            |w| w.report_created(&w.a(), w.r()),
+            Effects(&["observation-accepted", "resource-activated"]),
+        ),
+        case(
+            "its waiting lease is granted",
+            |w| {
+                w.registered().pending().leased(None);
+            },
+            |w| w.report_created(&w.a(), w.r()),
+            Effects(&["observation-accepted", "resource-activated", "lease-granted"]),
+        ),
+        case(
+            "an active resource: only the observation",
+            |w| {
+                w.active();
+            },
+            |w| w.report_created(&w.a(), w.r()),
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "an observation number equal to the last one",
+            |w| {
+                w.registered().pending();
+                let (agent, resource) = (w.a(), w.r());
+                let epoch = w.epoch(&agent);
+                accepted(&w.from_agent(ReportCreated { agent, epoch, obs: 5, resource, native_id: None }));
+                w.pending();
+            },
+            |w| {
+                let (agent, resource) = (w.a(), w.r());
+                let epoch = w.epoch(&agent);
+                w.from_agent(ReportCreated { agent, epoch, obs: 5, resource, native_id: None })
+            },
+            Rejected(StaleObservation, &["observation 5 of agent w1 is not newer than the last one decided (5)"]),
+        ),
+        case(
+            "an observation number lower than the last one",
+            |w| {
+                w.registered().pending();
+                let (agent, resource) = (w.a(), w.r());
+                let epoch = w.epoch(&agent);
+                accepted(&w.from_agent(ReportCreated { agent, epoch, obs: 5, resource, native_id: None }));
+                w.pending();
+            },
+            |w| {
+                let (agent, resource) = (w.a(), w.r());
+                let epoch = w.epoch(&agent);
+                w.from_agent(ReportCreated { agent, epoch, obs: 4, resource, native_id: None })
+            },
+            Rejected(StaleObservation, &["observation 4 of agent w1"]),
+        ),
+        case(
+            "an observation of an old epoch",
+            |w| {
+                w.registered().pending();
+                accepted(&register(w, false));
+            },
+            |w| {
+                let (agent, resource) = (w.a(), w.r());
+                w.from_agent(ReportCreated { agent, epoch: Position(1), obs: 1, resource, native_id: None })
+            },
+            Rejected(WrongEpoch, &["observation from epoch #1 of agent w1, whose current epoch is #4"]),
+        ),
+        case(
+            "an unknown resource",
+            |w| {
+                w.registered();
+            },
+            |w| {
+                let r = w.d.new_resource_id();
+                w.report_created(&w.a(), r)
+            },
+            Rejected(Unknown, &["is not known"]),
+        ),
+        case(
+            "a resource of another agent",
+            |w| {
+                w.agent = agent_name("w2");
+                w.registered().pending();
+                w.agent = agent_name("w1");
+                w.registered();
+            },
+            |w| w.report_created(&w.a(), w.r()),
+            Rejected(Unknown, &["is on agent w2, not on w1"]),
+        ),
+        case(
+            "a gone agent",
+            |w| {
+                w.registered().pending();
+                w.advance(Millis(Millis::from_hours(24).0 + 20_000));
+                let agent = w.a();
+                accepted(&w.sys(MarkGone { agent }));
+            },
+            |w| w.report_created(&w.a(), w.r()),
+            Rejected(InvalidState, &["agent w1 is gone", "register a new incarnation"]),
+        ),
+        case(
+            "a native id over the limit",
+            |w| {
+                w.registered().pending();
+            },
+            |w| {
+                let (agent, resource) = (w.a(), w.r());
+                let epoch = w.epoch(&agent);
+                let native_id = Some("x".repeat(1025));
+                w.from_agent(ReportCreated { agent, epoch, obs: 1, resource, native_id })
+            },
+            Rejected(Invalid, &["native id is 1025 bytes"]),
+        ),
+    ]);
+}
+
+// --- sync: the rules --------------------------------------------------------------------------------------------
+
+#[test]
+fn sync_rules() {
+    check(vec![
+        case(
+            "created: a pending resource becomes active",
+            |w| {
+                w.registered().pending();
+            },
+            |w| {
+                let r = w.r();
+                sync_with(w, |s| s.created = vec![r])
+            },
+            Effects(&["observation-accepted", "resource-activated"]),
+        ),
+        case(
+            "created: its waiting leases are granted",
+            |w| {
+                w.registered().pending().leased(None).leased(None);
+            },
+            |w| {
+                let r = w.r();
+                sync_with(w, |s| s.created = vec![r])
+            },
+            Effects(&["observation-accepted", "resource-activated", "lease-granted", "lease-granted"]),
+        ),
+        case(
+            "destroyed on a releasing resource ordered at or before the watermark",
+            releasing_with_claim,
+            |w| {
+                let r = w.r();
+                sync_with(w, |s| s.destroyed = vec![r])
+            },
+            Effects(&["observation-accepted", "resource-destroyed", "claim-releasable"]),
+        ),
+        case(
+            "destroyed with the watermark exactly at the destruction",
+            |w| {
+                releasing_with_claim(w);
+                w.pending();
+            },
+            |w| {
+                let r = ids(w)[0];
+                let at = destruction_ordered(w, r);
+                sync_with(w, |s| {
+                    s.watermark = at;
+                    s.destroyed = vec![r];
+                })
+            },
+            Effects(&["observation-accepted", "resource-destroyed", "claim-releasable"]),
+        ),
+        case(
+            "absent (named missing) on a releasing resource ordered before the watermark",
+            releasing_with_claim,
+            |w| {
+                let r = w.r();
+                missing(w, vec![r])
+            },
+            Effects(&["observation-accepted", "resource-destroyed", "claim-releasable"]),
+        ),
+        case(
+            "destroyed on a resource released before it was ever created",
+            |w| {
+                w.registered().pending();
+                accepted(&w.release());
+            },
+            |w| {
+                let r = w.r();
+                sync_with(w, |s| s.destroyed = vec![r])
+            },
+            Effects(&["observation-accepted", "resource-destroyed"]),
+        ),
+        case(
+            "destroyed on a releasing resource ordered after the watermark: not judged",
+            releasing_with_claim,
+            |w| {
+                let r = w.r();
+                let at = destruction_ordered(w, r);
+                sync_with(w, |s| {
+                    s.watermark = before(at);
+                    s.destroyed = vec![r];
+                })
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "missing on an active resource: lost, its leases break, its claims free",
+            |w| {
+                w.registered();
+                claimed(w);
+                created(w).leased(None);
+            },
+            |w| {
+                let r = w.r();
+                missing(w, vec![r])
+            },
+            Effects(&["observation-accepted", "resource-lost", "lease-broken", "claim-releasable"]),
+        ),
+        case(
+            "missing on a paused resource: lost",
+            |w| {
+                w.active();
+                pause(w);
+            },
+            |w| {
+                let r = w.r();
+                missing(w, vec![r])
+            },
+            Effects(&["observation-accepted", "resource-lost"]),
+        ),
+        case(
+            "missing on a suspect resource: lost",
+            |w| {
+                w.active();
+                suspect(w);
+            },
+            |w| {
+                let r = w.r();
+                missing(w, vec![r])
+            },
+            Effects(&["observation-accepted", "resource-lost"]),
+        ),
+        case(
+            "named destroyed on an active resource: absent, so lost",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let r = w.r();
+                sync_with(w, |s| s.destroyed = vec![r])
+            },
+            Effects(&["observation-accepted", "resource-lost"]),
+        ),
+        case(
+            "missing with the watermark exactly at the create order: lost",
+            |w| {
+                w.active();
+                w.pending();
+            },
+            |w| {
+                let r = ids(w)[0];
+                let at = create_ordered(w, r);
+                sync_with(w, |s| {
+                    s.watermark = at;
+                    s.missing = vec![r];
+                })
+            },
+            Effects(&["observation-accepted", "resource-lost"]),
+        ),
+        case(
+            "the Concourse race: missing, but its create was ordered after the watermark",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let r = w.r();
+                let at = create_ordered(w, r);
+                sync_with(w, |s| {
+                    s.watermark = before(at);
+                    s.missing = vec![r];
+                })
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "the Concourse race with a claim: allocated before the watermark, create ordered after it",
+            |w| {
+                w.registered();
+                claimed(w);
+                created(w);
+            },
+            |w| {
+                let r = w.r();
+                let at = create_ordered(w, r);
+                assert!(w.state().resource(r).unwrap().allocated_pos < before(at));
+                sync_with(w, |s| {
+                    s.watermark = before(at);
+                    s.missing = vec![r];
+                })
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "missing on a pending resource: nothing (the create timeout deals with it)",
+            |w| {
+                w.registered().pending();
+            },
+            |w| {
+                let r = w.r();
+                missing(w, vec![r])
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "in flight and missing on an active resource: never judged",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let r = w.r();
+                sync_with(w, |s| {
+                    s.in_flight = vec![r];
+                    s.missing = vec![r];
+                })
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "in flight and destroyed on a releasing resource: never judged",
+            releasing_with_claim,
+            |w| {
+                let r = w.r();
+                sync_with(w, |s| {
+                    s.in_flight = vec![r];
+                    s.destroyed = vec![r];
+                })
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "in flight and created on a pending resource: never judged",
+            |w| {
+                w.registered().pending();
+            },
+            |w| {
+                let r = w.r();
+                sync_with(w, |s| {
+                    s.in_flight = vec![r];
+                    s.created = vec![r];
+                })
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "named both missing and destroyed: both absent, fine",
+            releasing_with_claim,
+            |w| {
+                let r = w.r();
+                sync_with(w, |s| {
+                    s.missing = vec![r];
+                    s.destroyed = vec![r];
+                })
+            },
+            Effects(&["observation-accepted", "resource-destroyed", "claim-releasable"]),
+        ),
+        case(
+            "named both created and missing",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let r = w.r();
+                sync_with(w, |s| {
+                    s.created = vec![r];
+                    s.missing = vec![r];
+                })
+            },
+            Rejected(Invalid, &["is named both present and absent in one report"]),
+        ),
+        case(
+            "named both created and destroyed",
+            |w| {
+                w.registered().pending();
+            },
+            |w| {
+                let r = w.r();
+                sync_with(w, |s| {
+                    s.created = vec![r];
+                    s.destroyed = vec![r];
+                })
+            },
+            Rejected(Invalid, &["is named both present and absent"]),
+        ),
+        case(
+            "a watermark beyond the last position",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let r = w.r();
+                sync_with(w, |s| {
+                    s.watermark = Position(s.watermark.0 + 1);
+                    s.missing = vec![r];
+                })
+            },
+            Rejected(Invalid, &["watermark #6 is beyond the last position #5"]),
+        ),
+        case(
+            "more than MAX_REPORT_HANDLES handles",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let many: Vec<ResourceId> =
+                    (0..=MAX_REPORT_HANDLES as u64).map(|i| ResourceId::from_parts(i, [7; 10])).collect();
+                sync_with(w, |s| s.missing = many)
+            },
+            Rejected(Invalid, &["the report names 8193 handles; at most 8192"]),
+        ),
+        case(
+            "more than MAX_REPORT_HANDLES across the lists",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let many: Vec<ResourceId> =
+                    (0..MAX_REPORT_HANDLES as u64).map(|i| ResourceId::from_parts(i, [7; 10])).collect();
+                let r = w.r();
+                sync_with(w, |s| {
+                    s.destroyed = many;
+                    s.in_flight = vec![r];
+                })
+            },
+            Rejected(Invalid, &["the report names 8193 handles"]),
+        ),
+        case(
+            "exactly MAX_REPORT_HANDLES handles, none known: only the observation",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let many: Vec<ResourceId> =
+                    (0..MAX_REPORT_HANDLES as u64).map(|i| ResourceId::from_parts(i, [7; 10])).collect();
+                sync_with(w, |s| s.missing = many)
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "handles of another agent are not judged",
+            |w| {
+                w.agent = agent_name("w2");
+                w.active();
+                w.agent = agent_name("w1");
+                w.registered();
+            },
+            |w| {
+                let r = w.r();
+                missing(w, vec![r])
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "an observation number equal to the last one",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let a = w.a();
+                let mut report = w.sync_cmd(&a, |_| {});
+                report.obs = 1;
+                let (count, digest) = w.expected_listing(&a, &report);
+                report.count = count;
+                report.digest = digest;
+                w.from_agent(report)
+            },
+            Rejected(StaleObservation, &["observation 1 of agent w1 is not newer than the last one decided (1)"]),
+        ),
+        case(
+            "an observation number lower than the last one",
+            |w| {
+                w.active();
+                accepted(&sync_with(w, |_| {}));
+                accepted(&sync_with(w, |_| {}));
+            },
+            |w| {
+                let a = w.a();
+                let report = w.sync_cmd(&a, |s| s.obs = 2);
+                w.from_agent(report)
+            },
+            Rejected(StaleObservation, &["observation 2 of agent w1", "(3)"]),
+        ),
+        case(
+            "a report of an old epoch",
+            |w| {
+                w.active();
+                accepted(&register(w, false));
+            },
+            |w| {
+                let a = w.a();
+                let report = w.sync_cmd(&a, |s| s.epoch = Position(1));
+                w.from_agent(report)
+            },
+            Rejected(WrongEpoch, &["observation from epoch #1 of agent w1, whose current epoch is #6"]),
+        ),
+        case(
+            "a gone agent",
+            |w| {
+                w.active();
+                w.advance(Millis(Millis::from_hours(24).0 + 20_000));
+                let agent = w.a();
+                accepted(&w.sys(MarkGone { agent }));
+            },
+            |w| sync_with(w, |_| {}),
+            Rejected(InvalidState, &["agent w1 is gone"]),
+        ),
+        case(
+            "an unknown agent",
+            |_| {},
+            |w| {
+                let agent = w.a();
+                w.from_agent(SyncReport {
+                    agent,
+                    epoch: Position(1),
+                    obs: 1,
+                    watermark: Position(0),
+                    created: vec![],
+                    missing: vec![],
+                    destroyed: vec![],
+                    in_flight: vec![],
+                    count: 0,
+                    digest: HandleDigest::default(),
+                })
+            },
+            Rejected(Unknown, &["agent w1 has never registered"]),
+        ),
+    ]);
+}
+
+// --- sync: count and digest -------------------------------------------------------------------------------------
+
+#[test]
+fn count_and_digest() {
+    check(vec![
+        case(
+            "they agree: no resync",
+            |w| {
+                w.registered();
+                active_n(w, 3);
+            },
+            |w| sync_with(w, |_| {}),
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "the count disagrees",
+            |w| {
+                w.registered();
+                active_n(w, 3);
+            },
+            |w| {
+                let a = w.a();
+                let mut report = w.sync_cmd(&a, |_| {});
+                let (count, digest) = w.expected_listing(&a, &report);
+                assert_eq!(count, 3);
+                report.count = 2;
+                report.digest = digest;
+                w.from_agent(report)
+            },
+            Effects(&["observation-accepted", "resync-requested"]),
+        ),
+        case(
+            "the count agrees but the digest does not",
+            |w| {
+                w.registered();
+                active_n(w, 3);
+            },
+            |w| {
+                let a = w.a();
+                let mut report = w.sync_cmd(&a, |_| {});
+                let (count, _) = w.expected_listing(&a, &report);
+                report.count = count;
+                report.digest = HandleDigest::of([&ResourceId::from_parts(1, [1; 10])]);
+                w.from_agent(report)
+            },
+            Effects(&["observation-accepted", "resync-requested"]),
+        ),
+        case(
+            "a mismatch is still decided: the report's verdicts apply",
+            |w| {
+                w.registered();
+                active_n(w, 3);
+                w.pending();
+            },
+            |w| {
+                let (a, r) = (w.a(), w.r());
+                let report = w.sync_cmd(&a, |s| s.created = vec![r]);
+                w.from_agent(report)
+            },
+            Effects(&["observation-accepted", "resync-requested", "resource-activated"]),
+        ),
+        case(
+            "the view after the report's own verdicts: created counts, missing does not",
+            |w| {
+                w.registered();
+                active_n(w, 3);
+                w.pending();
+            },
+            |w| {
+                let (r_new, r_gone) = (w.r(), ids(w)[0]);
+                sync_with(w, |s| {
+                    s.created = vec![r_new];
+                    s.missing = vec![r_gone];
+                })
+            },
+            Effects(&["observation-accepted", "resource-lost", "resource-activated"]),
+        ),
+        case(
+            "a release the agent cannot know of yet still counts as held",
+            |w| {
+                w.registered();
+                active_n(w, 2);
+                accepted(&w.release());
+            },
+            |w| {
+                let a = w.a();
+                let r = w.r();
+                let at = destruction_ordered(w, r);
+                let mut report = w.sync_cmd(&a, |s| s.watermark = before(at));
+                report.count = 2;
+                report.digest = HandleDigest::of(&ids(w));
+                w.from_agent(report)
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "created as of a watermark before its release: seen present, counted, no resync",
+            |w| {
+                w.registered();
+                active_n(w, 1);
+                w.pending();
+            },
+            |w| {
+                let (a, r) = (w.a(), w.r());
+                let watermark = w.state().last_position();
+                accepted(&w.release());
+                let mut report = w.sync_cmd(&a, |s| {
+                    s.watermark = watermark;
+                    s.created = vec![r];
+                });
+                // The agent holds both: the one it had and the one it just created.
+                report.count = 2;
+                report.digest = HandleDigest::of(&ids(w));
+                w.from_agent(report)
+            },
+            Effects(&["observation-accepted", "resource-seen"]),
+        ),
+        case(
+            "a released handle still on the machine counts until it is reported destroyed",
+            |w| {
+                w.registered();
+                active_n(w, 2);
+                accepted(&w.release());
+            },
+            |w| {
+                let a = w.a();
+                let mut report = w.sync_cmd(&a, |_| {});
+                report.count = 2;
+                report.digest = HandleDigest::of(&ids(w));
+                w.from_agent(report)
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "a released handle reported destroyed no longer counts",
+            |w| {
+                w.registered();
+                active_n(w, 2);
+                accepted(&w.release());
+            },
+            |w| {
+                let (a, released) = (w.a(), w.r());
+                let mut report = w.sync_cmd(&a, |r| r.destroyed = vec![released]);
+                let kept: Vec<_> = ids(w).into_iter().filter(|id| *id != released).collect();
+                report.count = 1;
+                report.digest = HandleDigest::of(&kept);
+                w.from_agent(report)
+            },
+            Effects(&["observation-accepted", "resource-destroyed"]),
+        ),
+    ]);
+}
+
+// --- the circuit breaker ----------------------------------------------------------------------------------------
+
+#[test]
+fn circuit_breaker() {
+    check(vec![
+        case(
+            "5 of 8 missing trips it: the agent is suspect, nothing is lost",
+            |w| {
+                w.registered();
+                active_n(w, 8);
+            },
+            |w| {
+                let m = ids(w)[..5].to_vec();
+                missing(w, m)
+            },
+            Effects(&["observation-accepted", "agent-suspect"]),
+        ),
+        case(
+            "4 of 5 missing: under max_loss_min, lost",
+            |w| {
+                w.registered();
+                active_n(w, 5);
+            },
+            |w| {
+                let m = ids(w)[..4].to_vec();
+                missing(w, m)
+            },
+            Effects(&["observation-accepted", "resource-lost", "resource-lost", "resource-lost", "resource-lost"]),
+        ),
+        case(
+            "5 of 10 missing: exactly half is not more than half, lost",
+            |w| {
+                w.registered();
+                active_n(w, 10);
+            },
+            |w| {
+                let m = ids(w)[..5].to_vec();
+                missing(w, m)
+            },
+            Effects(&[
+                "observation-accepted",
+                "resource-lost",
+                "resource-lost",
+                "resource-lost",
+                "resource-lost",
+                "resource-lost",
+            ]),
+        ),
+        case(
+            "6 of 10 missing trips it",
+            |w| {
+                w.registered();
+                active_n(w, 10);
+            },
+            |w| {
+                let m = ids(w)[..6].to_vec();
+                missing(w, m)
+            },
+            Effects(&["observation-accepted", "agent-suspect"]),
+        ),
+        case(
+            "losses accumulate within the window: 3 of 10, then 3 more",
+            |w| {
+                w.registered();
+                active_n(w, 10);
+                let m = ids(w)[..3].to_vec();
+                assert_eq!(effect_names(&missing(w, m)), lost_n(3));
+                w.advance(Millis(WINDOW.0 - 1));
+            },
+            |w| {
+                let m = ids_in(w, "active")[..3].to_vec();
+                missing(w, m)
+            },
+            Effects(&["observation-accepted", "agent-suspect"]),
+        ),
+        case(
+            "losses older than the window do not count",
+            |w| {
+                w.registered();
+                active_n(w, 10);
+                let m = ids(w)[..3].to_vec();
+                assert_eq!(effect_names(&missing(w, m)), lost_n(3));
+                w.advance(WINDOW);
+            },
+            |w| {
+                let m = ids_in(w, "active")[..3].to_vec();
+                missing(w, m)
+            },
+            Effects(&["observation-accepted", "resource-lost", "resource-lost", "resource-lost"]),
+        ),
+        case(
+            "the same losses again while tripped: nothing new",
+            |w| {
+                w.registered();
+                active_n(w, 8);
+                let m = ids(w)[..5].to_vec();
+                accepted(&missing(w, m));
+            },
+            |w| {
+                let m = ids(w)[..5].to_vec();
+                missing(w, m)
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "a later report with nothing missing clears it",
+            |w| {
+                w.registered();
+                active_n(w, 8);
+                let m = ids(w)[..5].to_vec();
+                accepted(&missing(w, m));
+            },
+            |w| sync_with(w, |_| {}),
+            Effects(&["observation-accepted", "agent-breaker-cleared"]),
+        ),
+        case(
+            "a later report with losses within the limit clears it and marks them",
+            |w| {
+                w.registered();
+                active_n(w, 8);
+                let m = ids(w)[..5].to_vec();
+                accepted(&missing(w, m));
+            },
+            |w| {
+                let m = ids(w)[..2].to_vec();
+                missing(w, m)
+            },
+            Effects(&["observation-accepted", "agent-breaker-cleared", "resource-lost", "resource-lost"]),
+        ),
+        case(
+            "a tripping report still destroys and activates",
+            |w| {
+                w.registered();
+                active_n(w, 8);
+                w.pending();
+                accepted(&w.release());
+                w.pending();
+            },
+            |w| {
+                let all = ids(w);
+                let (m, destroyed, created) = (all[..5].to_vec(), all[8], all[9]);
+                sync_with(w, |s| {
+                    s.missing = m;
+                    s.destroyed = vec![destroyed];
+                    s.created = vec![created];
+                })
+            },
+            Effects(&["observation-accepted", "agent-suspect", "resource-destroyed", "resource-activated"]),
+        ),
+        case(
+            "a wiped registration bypasses it",
+            |w| {
+                w.registered();
+                active_n(w, 8);
+                accepted(&register(w, true));
+            },
+            |w| {
+                let m = ids(w);
+                missing(w, m)
+            },
+            Effects(&[
+                "observation-accepted",
+                "agent-breaker-rearmed",
+                "resource-lost",
+                "resource-lost",
+                "resource-lost",
+                "resource-lost",
+                "resource-lost",
+                "resource-lost",
+                "resource-lost",
+                "resource-lost",
+            ]),
+        ),
+        case(
+            "a wiped registration bypasses only the first report after it",
+            |w| {
+                w.registered();
+                active_n(w, 8);
+                accepted(&register(w, true));
+                assert_eq!(effect_names(&sync_with(w, |_| {})), ["observation-accepted", "agent-breaker-rearmed"]);
+            },
+            |w| {
+                let m = ids(w)[..5].to_vec();
+                missing(w, m)
+            },
+            Effects(&["observation-accepted", "agent-suspect"]),
+        ),
+        case(
+            "a plain re-registration does not bypass it",
+            |w| {
+                w.registered();
+                active_n(w, 8);
+                accepted(&register(w, false));
+            },
+            |w| {
+                let m = ids(w)[..5].to_vec();
+                missing(w, m)
+            },
+            Effects(&["observation-accepted", "agent-suspect"]),
+        ),
+        case(
+            "confirm-loss bypasses it",
+            |w| {
+                w.registered();
+                active_n(w, 8);
+                let m = ids(w)[..5].to_vec();
+                accepted(&missing(w, m));
+                let agent = w.a();
+                accepted(&w.op(ConfirmLoss { agent }));
+            },
+            |w| {
+                let m = ids(w)[..6].to_vec();
+                missing(w, m)
+            },
+            Effects(&[
+                "observation-accepted",
+                "agent-breaker-rearmed",
+                "resource-lost",
+                "resource-lost",
+                "resource-lost",
+                "resource-lost",
+                "resource-lost",
+                "resource-lost",
+            ]),
+        ),
+    ]);
+}
+
+#[test]
+fn a_tripped_breaker_holds_until_the_handles_come_back() {
+    let mut w = World::new();
+    w.registered();
+    let made = active_n(&mut w, 8);
+    let o = missing(&mut w, made[..5].to_vec());
+    assert_eq!(effect_names(&o), ["observation-accepted", "agent-suspect"]);
+    let Effect::AgentSuspect { would_lose, live } = o.effects()[1] else { unreachable!() };
+    assert_eq!((would_lose, live), (5, 8));
+    let agent = w.state().agent(&w.a()).unwrap();
+    assert!(agent.is_suspect());
+    assert_eq!(agent.status(), "suspect");
+    assert!(made.iter().all(|r| state_name(&w, *r) == "active"), "nothing was marked");
+
+    w.advance(Millis::from_mins(30));
+    let o = missing(&mut w, made[..5].to_vec());
+    assert_eq!(effect_names(&o), ["observation-accepted"], "still tripped, even after the window");
+    let o = sync_with(&mut w, |_| {});
+    assert_eq!(effect_names(&o), ["observation-accepted", "agent-breaker-cleared"]);
+    assert!(!w.state().agent(&w.a()).unwrap().is_suspect());
+    settle(&w);
+}
+
+// --- resync chunks ----------------------------------------------------------------------------------------------
+
+#[test]
+fn resync_chunks() {
+    check(vec![
+        case(
+            "held in range: a pending resource becomes active",
+            |w| {
+                w.registered().pending();
+            },
+            |w| {
+                let r = w.r();
+                let (lo, hi) = just(r);
+                let c = chunk(w, lo, hi, vec![r], vec![]);
+                w.from_agent(c)
+            },
+            Effects(&["observation-accepted", "resource-activated"]),
+        ),
+        case(
+            "held in range: an active resource, nothing to say",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let r = w.r();
+                let c = chunk(w, Uuid::nil(), None, vec![r], vec![]);
+                w.from_agent(c)
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "absent in range: an active resource is lost",
+            |w| {
+                w.active().leased(None);
+            },
+            |w| {
+                let r = w.r();
+                let (lo, hi) = just(r);
+                let c = chunk(w, lo, hi, vec![], vec![]);
+                w.from_agent(c)
+            },
+            Effects(&["observation-accepted", "resource-lost", "lease-broken"]),
+        ),
+        case(
+            "absent in range: a releasing resource ordered before the watermark is destroyed",
+            releasing_with_claim,
+            |w| {
+                let c = chunk(w, Uuid::nil(), None, vec![], vec![]);
+                w.from_agent(c)
+            },
+            Effects(&["observation-accepted", "resource-destroyed", "claim-releasable"]),
+        ),
+        case(
+            "absent in range: a releasing resource ordered after the watermark is not judged",
+            releasing_with_claim,
+            |w| {
+                let r = w.r();
+                let at = destruction_ordered(w, r);
+                let mut c = chunk(w, Uuid::nil(), None, vec![], vec![]);
+                c.watermark = before(at);
+                w.from_agent(c)
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "absent in range: an active resource created after the watermark is not judged",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let r = w.r();
+                let at = create_ordered(w, r);
+                let mut c = chunk(w, Uuid::nil(), None, vec![], vec![]);
+                c.watermark = before(at);
+                w.from_agent(c)
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "absent in range: a pending resource, nothing",
+            |w| {
+                w.registered().pending();
+            },
+            |w| {
+                let c = chunk(w, Uuid::nil(), None, vec![], vec![]);
+                w.from_agent(c)
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "in flight in range: never judged",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let r = w.r();
+                let c = chunk(w, Uuid::nil(), None, vec![], vec![r]);
+                w.from_agent(c)
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "resources outside the range are not judged",
+            |w| {
+                w.registered();
+                active_n(w, 3);
+            },
+            |w| {
+                let middle = ids(w)[1];
+                let (lo, hi) = just(middle);
+                let c = chunk(w, lo, hi, vec![], vec![]);
+                w.from_agent(c)
+            },
+            Effects(&["observation-accepted", "resource-lost"]),
+        ),
+        case(
+            "held handles unknown to the writer are ignored",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let r = w.r();
+                let stranger = w.d.new_resource_id();
+                let c = chunk(w, Uuid::nil(), None, vec![r, stranger], vec![]);
+                w.from_agent(c)
+            },
+            Effects(&["observation-accepted"]),
+        ),
+        case(
+            "a handle outside the range",
+            |w| {
+                w.registered();
+                active_n(w, 2);
+            },
+            |w| {
+                let all = ids(w);
+                let (lo, hi) = just(all[0]);
+                let c = chunk(w, lo, hi, vec![all[0], all[1]], vec![]);
+                w.from_agent(c)
+            },
+            Rejected(Invalid, &["is outside the chunk's range"]),
+        ),
+        case(
+            "an in-flight handle outside the range",
+            |w| {
+                w.registered();
+                active_n(w, 2);
+            },
+            |w| {
+                let all = ids(w);
+                let (lo, hi) = just(all[1]);
+                let c = chunk(w, lo, hi, vec![], vec![all[0]]);
+                w.from_agent(c)
+            },
+            Rejected(Invalid, &["is outside the chunk's range"]),
+        ),
+        case(
+            "an empty range",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let lo = w.r().as_uuid();
+                let c = chunk(w, lo, Some(lo), vec![], vec![]);
+                w.from_agent(c)
+            },
+            Rejected(Invalid, &["is empty"]),
+        ),
+        case(
+            "a reversed range",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let lo = w.r().as_uuid();
+                let c = chunk(w, lo, Some(Uuid::nil()), vec![], vec![]);
+                w.from_agent(c)
+            },
+            Rejected(Invalid, &["is empty"]),
+        ),
+        case(
+            "a watermark beyond the last position",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let mut c = chunk(w, Uuid::nil(), None, vec![], vec![]);
+                c.watermark = Position(c.watermark.0 + 1);
+                w.from_agent(c)
+            },
+            Rejected(Invalid, &["watermark #6 is beyond the last position #5"]),
+        ),
+        case(
+            "more than MAX_REPORT_HANDLES handles",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let many: Vec<ResourceId> =
+                    (0..=MAX_REPORT_HANDLES as u64).map(|i| ResourceId::from_parts(i, [7; 10])).collect();
+                let c = chunk(w, Uuid::nil(), None, many, vec![]);
+                w.from_agent(c)
+            },
+            Rejected(Invalid, &["the chunk names 8193 handles; at most 8192"]),
+        ),
+        case(
+            "a stale observation number",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let mut c = chunk(w, Uuid::nil(), None, vec![], vec![]);
+                c.obs = 1;
+                w.from_agent(c)
+            },
+            Rejected(StaleObservation, &["observation 1 of agent w1 is not newer"]),
+        ),
+        case(
+            "an old epoch",
+            |w| {
+                w.active();
+                accepted(&register(w, false));
+            },
+            |w| {
+                let mut c = chunk(w, Uuid::nil(), None, vec![], vec![]);
+                c.epoch = Position(1);
+                w.from_agent(c)
+            },
+            Rejected(WrongEpoch, &["observation from epoch #1"]),
+        ),
+        case(
+            "the breaker holds for chunks too",
+            |w| {
+                w.registered();
+                active_n(w, 8);
+            },
+            |w| {
+                let keep = ids(w)[5..].to_vec();
+                let c = chunk(w, Uuid::nil(), None, keep, vec![]);
+                w.from_agent(c)
+            },
+            Effects(&["observation-accepted", "agent-suspect"]),
+        ),
+    ]);
+}
+
+#[test]
+fn each_chunk_is_decided_on_its_own() {
+    let mut w = World::new();
+    w.registered();
+    let made = active_n(&mut w, 4);
+    let mid = made[2].as_uuid();
+    // [nil, mid): made[0] held, made[1] gone.
+    let c1 = chunk(&mut w, Uuid::nil(), Some(mid), vec![made[0]], vec![]);
+    assert_eq!(effect_names(&w.from_agent(c1.clone())), ["observation-accepted", "resource-lost"]);
+    assert_eq!(state_name(&w, made[1]), "lost");
+    assert_eq!(state_name(&w, made[2]), "active", "outside the first chunk");
+    assert_eq!(state_name(&w, made[3]), "active", "outside the first chunk");
+    // [mid, end): both held.
+    let c2 = chunk(&mut w, mid, None, vec![made[2], made[3]], vec![]);
+    assert_eq!(effect_names(&w.from_agent(c2)), ["observation-accepted"]);
+    // The first chunk again (lost in a failover, sent again with a new number): nothing more happens.
+    let mut again = c1;
+    again.obs = w.next_obs(&w.a());
+    assert_eq!(effect_names(&w.from_agent(again)), ["observation-accepted"]);
+    // The same chunk with its old number is stale.
+    let mut stale = chunk(&mut w, Uuid::nil(), Some(mid), vec![made[0]], vec![]);
+    stale.obs = 1;
+    refused(&mut w, |w| w.from_agent(stale), StaleObservation, &["not newer"]);
+    settle(&w);
+}
+
+// --- failure reports --------------------------------------------------------------------------------------------
+
+#[test]
+fn report_failure_table() {
+    check(vec![
+        case(
+            "create-failed on a pending resource: failed, its waiting leases broken, its claims returned",
+            |w| {
+                w.registered();
+                claimed(w).leased(None);
+            },
+            |w| report_failure(w, FailureKind::CreateFailed, "image not found"),
+            Effects(&["observation-accepted", "resource-failed", "lease-broken", "claim-releasable"]),
+        ),
+        case(
+            "create-failed on a pending resource still waiting for its claim",
+            |w| {
+                w.registered().pending_with(|c| c.pools = vec![pool_name("ips")]);
+            },
+            |w| report_failure(w, FailureKind::CreateFailed, "quota"),
+            Effects(&["observation-accepted", "resource-failed", "claim-releasable"]),
+        ),
+        case(
+            "create-failed on a resource released before it was created",
+            |w| {
+                w.registered().pending();
+                accepted(&w.release());
+            },
+            |w| report_failure(w, FailureKind::CreateFailed, "quota"),
+            Effects(&["observation-accepted", "resource-failed"]),
+        ),
+        case(
+            "create-failed on an active resource",
+            |w| {
+                w.active();
+            },
+            |w| report_failure(w, FailureKind::CreateFailed, "quota"),
+            Rejected(InvalidState, &["is active; a create failure does not apply to it"]),
+        ),
+        case(
+            "create-failed on a releasing resource that was created",
+            |w| {
+                w.active();
+                accepted(&w.release());
+            },
+            |w| report_failure(w, FailureKind::CreateFailed, "quota"),
+            Rejected(InvalidState, &["is releasing; a create failure does not apply to it"]),
+        ),
+        case(
+            "unhealthy on an active resource",
+            |w| {
+                w.active().leased(None);
+            },
+            |w| report_failure(w, FailureKind::Unhealthy, "disk errors"),
+            Effects(&["observation-accepted", "resource-suspect"]),
+        ),
+        case(
+            "unhealthy on a paused resource",
+            |w| {
+                w.active();
+                pause(w);
+            },
+            |w| report_failure(w, FailureKind::Unhealthy, "disk errors"),
+            Effects(&["observation-accepted", "resource-suspect"]),
+        ),
+        case(
+            "unhealthy on a suspect resource",
+            |w| {
+                w.active();
+                accepted(&report_failure(w, FailureKind::Unhealthy, "disk errors"));
+            },
+            |w| report_failure(w, FailureKind::Unhealthy, "still disk errors"),
+            Rejected(AlreadyDone, &["is already suspect; its health check is due"]),
+        ),
+        case(
+            "unhealthy on a pending resource",
+            |w| {
+                w.registered().pending();
+            },
+            |w| report_failure(w, FailureKind::Unhealthy, "?"),
+            Rejected(InvalidState, &["is pending; only a created resource can be unhealthy"]),
+        ),
+        case(
+            "a detail over the limit",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let detail = "x".repeat(1025);
+                report_failure(w, FailureKind::Unhealthy, &detail)
+            },
+            Rejected(Invalid, &["detail is 1025 bytes"]),
+        ),
+        case(
+            "an unknown resource",
+            |w| {
+                w.registered();
+                w.last_resource = Some(w.d.new_resource_id());
+            },
+            |w| report_failure(w, FailureKind::CreateFailed, "quota"),
+            Rejected(Unknown, &["is not known"]),
+        ),
+        case(
+            "a stale observation number",
+            |w| {
+                w.active();
+                w.obs.insert(w.a(), 0);
+            },
+            |w| report_failure(w, FailureKind::Unhealthy, "disk"),
+            Rejected(StaleObservation, &["observation 1 of agent w1"]),
+        ),
+    ]);
+}
+
+// --- decisions too big for one outcome --------------------------------------------------------------------------
+
+/// Registers the current agent with `n` active resources, each holding `k` granted leases.
+fn leased_resources(w: &mut World, n: usize, k: u32) -> Vec<ResourceId> {
+    w.registered();
+    let agent = w.a();
+    let mut made = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut cmd = w.allocate_cmd(&agent);
+        cmd.capacity = k;
+        made.push(cmd.resource);
+        accepted(&w.op(cmd));
+    }
+    for part in made.chunks(MAX_REPORT_HANDLES) {
+        let mut report = w.sync_cmd(&agent, |s| s.created = part.to_vec());
+        // Everything active so far plus this part: computed directly (the support helper is quadratic here).
+        let state = w.state();
+        let held: Vec<ResourceId> = state
+            .resources_of(state.agent(&agent).unwrap())
+            .filter(|r| r.state.is_held())
+            .map(|r| r.id)
+            .chain(part.iter().copied())
+            .collect();
+        report.count = held.len() as u64;
+        report.digest = HandleDigest::of(&held);
+        assert_eq!(effect_names(&w.from_agent(report))[..1], ["observation-accepted"]);
+    }
+    for id in &made {
+        for _ in 0..k {
+            let lease = w.d.new_lease_id();
+            let acquire = Acquire {
+                agent: agent.clone(),
+                resource: *id,
+                lease,
+                holder: "b".into(),
+                ttl: None,
+                wait_timeout: None,
+            };
+            assert_eq!(effect_names(&w.op(acquire)), ["lease-granted"]);
+        }
+    }
+    made
+}
+
+/// Every outcome encodes within the cap; returns how many asked to continue and how many continued.
+#[track_caller]
+fn check_sizes(outcomes: &[Outcome]) -> (usize, usize) {
+    let mut asked = 0;
+    let mut taken = 0;
+    for outcome in outcomes {
+        let bytes =
+            encode_outcome(outcome).unwrap_or_else(|e| panic!("{} does not encode: {e}", outcome.command.type_name));
+        assert!(bytes.len() <= MAX_OUTCOME_BYTES);
+        asked += effect_names(outcome).iter().filter(|n| **n == "continue-requested").count();
+        taken += effect_names(outcome).iter().filter(|n| **n == "continuation-taken").count();
+    }
+    (asked, taken)
+}
+
+fn count_effects(outcomes: &[Outcome], name: &str) -> usize {
+    outcomes.iter().map(|o| effect_names(o).iter().filter(|n| **n == name).count()).sum()
+}
+
+fn second_world(w: &World) -> World {
+    World {
+        d: w.d.clone(),
+        obs: w.obs.clone(),
+        last_resource: w.last_resource,
+        last_lease: w.last_lease,
+        last_token: w.last_token,
+        agent: w.a(),
+    }
+}
+
+fn orphaned_everywhere(state: &PartitionState, made: &[ResourceId]) {
+    for r in made {
+        let resource = state.resource(*r).expect("kept");
+        assert_eq!(resource.state.name(), "orphaned");
+        assert!(resource.live_leases.is_empty());
+    }
+    assert!(state.leases().all(|l| l.state.name() == "broken"));
+    assert_eq!(state.continuations().count(), 0, "no work left behind");
+}
+
+#[test]
+fn a_gone_agent_with_thousands_of_leased_resources_is_orphaned_in_bounded_outcomes() {
+    const N: usize = 5200;
+    const K: u32 = 6;
+    let mut w = World::new();
+    let made = leased_resources(&mut w, N, K);
+    w.advance(Millis(Millis::from_hours(24).0 + 20_000));
+    let mut manual = second_world(&w);
+
+    // The driver sends the writer's follow-ups at once.
+    let start = w.d.outcomes().len();
+    let first = w.sys(MarkGone { agent: w.a() });
+    let names = effect_names(&first);
+    assert_eq!(names[0], "agent-gone");
+    assert_eq!(names.last(), Some(&"continue-requested"));
+    let tail = &w.d.outcomes()[start..];
+    assert!(tail.len() >= 3, "one outcome could not hold it all, nor two: {} outcomes", tail.len());
+    let (asked, taken) = check_sizes(tail);
+    assert_eq!(asked, tail.len() - 1);
+    assert_eq!(taken, asked, "every continuation was taken up");
+    for follow_up in &tail[1..] {
+        assert_eq!(follow_up.command.type_name, "sys.continue");
+        assert_eq!(effect_names(follow_up)[0], "continuation-taken");
+    }
+    assert_eq!(count_effects(tail, "resource-orphaned"), N);
+    assert_eq!(count_effects(tail, "lease-broken"), N * K as usize);
+    assert_eq!(w.state().agent(&w.a()).unwrap().liveness, Liveness::Gone);
+    orphaned_everywhere(w.state(), &made);
+    settle(&w);
+
+    // Without the follow-ups, the resources past the budget wait, still owned by a gone agent: the sweeper may
+    // orphan one of them, and the continuation then skips it.
+    manual.d.auto_continue = false;
+    let manual_start = manual.d.outcomes().len();
+    let first = manual.sys(MarkGone { agent: manual.a() });
+    let waiting = ids_in(&manual, "active");
+    assert!(!waiting.is_empty());
+    let one = *waiting.last().unwrap();
+    let agent = manual.a();
+    let o = manual.sys(Orphan { agent: agent.clone(), resource: one });
+    let mut expected = vec!["resource-orphaned"];
+    expected.extend(std::iter::repeat_n("lease-broken", K as usize));
+    assert_eq!(effect_names(&o), expected);
+    refused(&mut manual, |w| w.sys(Orphan { agent: agent.clone(), resource: one }), AlreadyDone, &["already orphaned"]);
+
+    let mut pending = follow_ups(&first);
+    assert_eq!(pending.len(), 1);
+    let first_continue = pending[0].clone();
+    while let Some(envelope) = pending.pop() {
+        let o = manual.d.submit_envelope(&envelope);
+        assert_eq!(effect_names(&o)[0], "continuation-taken");
+        pending.extend(follow_ups(&o));
+    }
+    orphaned_everywhere(manual.state(), &made);
+    let mark_gone_on = &manual.d.outcomes()[manual_start..];
+    check_sizes(mark_gone_on);
+    assert_eq!(count_effects(mark_gone_on, "resource-orphaned"), N, "the one orphaned by hand is not orphaned twice");
+
+    // The continuation, asked for again under another command id, finds nothing left to do.
+    let mut again = manual.d.envelope(leasehold_domain::WRITER_ISSUER, first_continue.body.clone());
+    again.issued_at = manual.d.now();
+    refused(&mut manual, |w| w.d.submit_envelope(&again), AlreadyDone, &["no work waits at", "already taken up"]);
+    settle(&manual);
+}
+
+#[test]
+fn a_wiped_agent_reporting_thousands_of_handles_missing_loses_them_in_bounded_outcomes() {
+    const N: usize = MAX_REPORT_HANDLES;
+    const K: u32 = 3;
+    let mut w = World::new();
+    let made = leased_resources(&mut w, N, K);
+    let o = register(&mut w, true);
+    assert_eq!(effect_names(&o), ["agent-registered"]);
+    let mut stale = second_world(&w);
+
+    let start = w.d.outcomes().len();
+    let report = {
+        let a = w.a();
+        let all = made.clone();
+        w.sync_cmd(&a, |s| s.missing = all)
+    };
+    assert_eq!(report.count, 0, "a wiped agent holds nothing");
+    let first = w.from_agent(report.clone());
+    let names = effect_names(&first);
+    assert_eq!(names[..3], ["observation-accepted", "agent-breaker-rearmed", "resource-lost"], "no breaker, no resync");
+    assert_eq!(names.last(), Some(&"continue-requested"));
+    let tail = &w.d.outcomes()[start..];
+    assert!(tail.len() >= 3, "{} outcomes", tail.len());
+    let (asked, taken) = check_sizes(tail);
+    assert_eq!(asked, tail.len() - 1);
+    assert_eq!(taken, asked);
+    assert_eq!(count_effects(tail, "resource-lost"), N);
+    assert_eq!(count_effects(tail, "lease-broken"), N * K as usize);
+    assert_eq!(count_effects(tail, "agent-suspect"), 0);
+    for r in &made {
+        assert_eq!(state_name(&w, *r), "lost");
+    }
+    let agent = w.state().agent(&w.a()).unwrap();
+    assert_eq!(agent.n_held, 0);
+    assert!(!agent.is_suspect());
+    assert_eq!(w.state().continuations().count(), 0);
+    settle(&w);
+
+    // A continuation of a report from an epoch that has since been replaced judges nothing more.
+    stale.d.auto_continue = false;
+    let first = stale.from_agent(report);
+    let lost_first = count_effects(std::slice::from_ref(&first), "resource-lost");
+    assert!(lost_first < N);
+    accepted(&register(&mut stale, false));
+    let follow = follow_ups(&first);
+    assert_eq!(follow.len(), 1);
+    let o = stale.d.submit_envelope(&follow[0]);
+    assert_eq!(effect_names(&o), ["continuation-taken"]);
+    assert_eq!(ids_in(&stale, "lost").len(), lost_first);
+    assert_eq!(stale.state().continuations().count(), 0);
+    settle(&stale);
+}
+
+// --- suspected bugs ---------------------------------------------------------------------------------------------
+
+/// Runs each named check and reports every failure together.
+/// A named check that may panic.
+type NamedCheck = (&'static str, Box<dyn Fn()>);
+
+fn all_hold(checks: Vec<NamedCheck>) {
+    let mut failures = Vec::new();
+    for (name, f) in checks {
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            let text = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            failures.push(format!("{name}: {text}"));
+        }
+    }
+    assert!(failures.is_empty(), "{} suspected bugs confirmed:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Behaviour that contradicts DESIGN.md (or the schema's own documentation) or would surprise a user. Each check
+/// states the correct behaviour.
+#[test]
+fn suspected_bugs() {
+    all_hold(vec![
+        (
+            "an honest agent with a create in flight is asked for a full resync",
+            Box::new(|| {
+                // DESIGN 6 and `SyncReport::count`: in-flight creates and destroys count as present; `count` and
+                // `digest` cover the handles the agent holds, present or in flight. The writer leaves a pending
+                // resource named in flight out of its view, so every report sent while a create runs (a VM
+                // takes minutes; reports go every 30 s) asks for a full resync.
+                let mut w = World::new();
+                w.registered();
+                let held = active_n(&mut w, 1);
+                w.pending();
+                let creating = w.r();
+                let a = w.a();
+                let mut report = w.sync_cmd(&a, |s| s.in_flight = vec![creating]);
+                report.count = 2;
+                report.digest = HandleDigest::of([&held[0], &creating]);
+                let o = w.from_agent(report);
+                assert_eq!(effect_names(&o), ["observation-accepted"]);
+            }),
+        ),
+        (
+            "an honest agent with a destroy in flight is asked for a full resync",
+            Box::new(|| {
+                // The same rule for a destroy still running on a releasing resource the agent knows of.
+                let mut w = World::new();
+                w.registered();
+                let made = active_n(&mut w, 2);
+                accepted(&w.release());
+                let a = w.a();
+                let mut report = w.sync_cmd(&a, |s| s.in_flight = vec![made[1]]);
+                report.count = 2;
+                report.digest = HandleDigest::of(&made);
+                let o = w.from_agent(report);
+                assert_eq!(effect_names(&o), ["observation-accepted"]);
+            }),
+        ),
+        (
+            "losses marked under a wiped registration's bypass trip the breaker after it",
+            Box::new(|| {
+                // DESIGN 5/6: a wiped incarnation's first reports may lose everything without the breaker. Those
+                // expected losses stay in the loss window, so once the bypass ends a single ordinary loss trips
+                // the breaker (agent suspect, no placements) although 1 of 10 held resources is far under the
+                // limit.
+                let mut w = World::new();
+                w.registered();
+                active_n(&mut w, 10);
+                accepted(&register(&mut w, true));
+                w.advance(Millis::from_mins(5));
+                let all = ids(&w);
+                assert_eq!(count_effects(&[missing(&mut w, all)], "resource-lost"), 10, "the wiped report loses all");
+                let fresh = active_n(&mut w, 10);
+                w.advance(Millis::from_mins(5));
+                let o = missing(&mut w, vec![fresh[0]]);
+                assert_eq!(effect_names(&o), lost_n(1));
+            }),
+        ),
+        (
+            "losses marked after confirm-loss trip the breaker again after the bypass",
+            Box::new(|| {
+                // The same after an operator's confirm-loss: the confirmed losses, marked by the next report,
+                // count against the breaker once the bypass window ends.
+                let mut w = World::new();
+                w.registered();
+                active_n(&mut w, 16);
+                let m = ids(&w)[..9].to_vec();
+                assert_eq!(effect_names(&missing(&mut w, m.clone())), ["observation-accepted", "agent-suspect"]);
+                let agent = w.a();
+                accepted(&w.op(ConfirmLoss { agent }));
+                w.advance(Millis::from_mins(5));
+                assert_eq!(count_effects(&[missing(&mut w, m)], "resource-lost"), 9, "the confirmed losses");
+                w.advance(Millis::from_mins(5));
+                let one = ids_in(&w, "active")[0];
+                let o = missing(&mut w, vec![one]);
+                assert_eq!(effect_names(&o), lost_n(1));
+            }),
+        ),
+    ]);
+}
