@@ -349,7 +349,9 @@ pub struct Claim {
     pub source: Source,
 }
 
-/// To a resource: the pool granted `value` with `token`. `source` is the `ClaimGranted` effect.
+/// To a resource: the pool granted `value` with `token`. `source` is the `ClaimGranted` effect; `wanted` is the
+/// `ClaimWanted` effect the grant answers (the grant's own `source`): a resource binds only a grant of its own
+/// claim and sends any other straight back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BindClaim {
@@ -358,6 +360,7 @@ pub struct BindClaim {
     pub value: PoolValue,
     pub token: Position,
     pub source: Source,
+    pub wanted: Source,
 }
 
 /// To a pool: give back the claim of `holder` with `token` (`None`: withdraw a holder still waiting).
@@ -688,7 +691,8 @@ impl<'de> Deserialize<'de> for HandleDigest {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         if deserializer.is_human_readable() {
             let text = String::deserialize(deserializer)?;
-            let well_formed = text.len() == 16 && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            let well_formed =
+                text.len() == 16 && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
             well_formed
                 .then(|| u64::from_str_radix(&text, 16).ok())
                 .flatten()

@@ -330,6 +330,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                     value: PoolValue::Ipv4(ip(7)),
                     token: Position(55),
                     source: source(),
+                    wanted: Source { partition: 5, position: Position(12) },
                 },
             ),
             29,
@@ -460,7 +461,7 @@ fn effect_samples() -> Vec<Effect> {
     let r = resource;
     let stamp = ObsStamp { epoch: Position(3), obs: 41 };
     vec![
-        Effect::AgentRegistered { incarnation: incarnation(), wiped: false, settings: agent_settings() },
+        Effect::AgentRegistered { incarnation: incarnation(), wiped: false, settings: agent_settings(), retired: false },
         Effect::AgentSeen { at: Timestamp(T0 + 1_000) },
         Effect::AgentStalled { last_seen: Timestamp(T0 - 60_000) },
         Effect::AgentRecovered {},

@@ -6,7 +6,10 @@ use leasehold_schemas::Outcome;
 use leasehold_schemas::ids::{Position, ResourceId, Timestamp};
 use leasehold_schemas::outcome::{Effect, UnpauseCause};
 
-use crate::state::{Agent, Breaker, ClaimSlot, Forget, Holding, Lease, LeaseState, Liveness, PartitionState, PauseInfo, Pool, Resource, ResourceState};
+use crate::state::{
+    Agent, Breaker, ClaimSlot, Forget, Holding, Lease, LeaseState, Liveness, PartitionState, PauseInfo, Pool, Resource,
+    ResourceState,
+};
 
 /// Folds `outcome` into `state`. An outcome at or below the cursor (a retried command answered with its first
 /// outcome) changes nothing.
@@ -281,7 +284,7 @@ fn apply_effect(
         }
         Effect::ClaimWanted { resource, pool } => {
             if let Some(r) = state.resources.get_mut(resource) {
-                r.claims.insert(pool.clone(), ClaimSlot::Wanted);
+                r.claims.insert(pool.clone(), ClaimSlot::Wanted { wanted_at: position });
             }
         }
         Effect::ClaimBound { resource, pool, value, token } => {
@@ -334,7 +337,13 @@ fn apply_effect(
                 ResourceState::Paused { reason, until } => Some(PauseInfo { reason: reason.clone(), until: *until }),
                 _ => None,
             });
-            set_resource_state(state, *resource, ResourceState::Suspect { cause: cause.clone(), paused }, position, now);
+            set_resource_state(
+                state,
+                *resource,
+                ResourceState::Suspect { cause: cause.clone(), paused },
+                position,
+                now,
+            );
         }
         Effect::HealthCheckRequested { .. } => {}
         Effect::ResourceHealthy { resource } => {
@@ -378,10 +387,18 @@ fn apply_effect(
             set_resource_state(state, *resource, ResourceState::Failed { detail: detail.clone() }, position, now);
         }
         Effect::ClaimReleasable { resource, pool, token, .. } => {
+            // Only the resource's own claim changes; a stray grant sent straight back leaves the slot as it is.
             if let Some(r) = state.resources.get_mut(resource)
                 && let Some(slot) = r.claims.get_mut(pool)
             {
-                *slot = ClaimSlot::Returned { token: *token };
+                let own = match (&*slot, token) {
+                    (ClaimSlot::Bound { token: bound, .. }, Some(token)) => bound == token,
+                    (ClaimSlot::Wanted { .. }, None) => true,
+                    _ => false,
+                };
+                if own {
+                    *slot = ClaimSlot::Returned { token: *token };
+                }
             }
         }
         Effect::LeaseWaiting { lease, resource, holder, ttl, wait_until } => {

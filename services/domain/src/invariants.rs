@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use leasehold_schemas::ResourceId;
 use leasehold_schemas::command::HandleDigest;
 use leasehold_schemas::pool::PoolValue;
 
@@ -22,7 +23,9 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
         if resource.state.has_left() && !live.is_empty() {
             return Err(format!("resource {name} is {} with live leases", resource.state.name()));
         }
-        if resource.state.is_terminal() && resource.claims.values().any(|slot| !matches!(slot, ClaimSlot::Returned { .. })) {
+        if resource.state.is_terminal()
+            && resource.claims.values().any(|slot| !matches!(slot, ClaimSlot::Returned { .. }))
+        {
             return Err(format!("resource {name} is {} and still holds a claim", resource.state.name()));
         }
         if live.iter().any(|lease| lease.resource != resource.id || !lease.state.is_live()) {
@@ -31,6 +34,16 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
         let n_active = live.iter().filter(|l| matches!(l.state, crate::state::LeaseState::Active { .. })).count();
         if resource.state == crate::state::ResourceState::Pending && n_active > 0 {
             return Err(format!("pending resource {name} has an active lease"));
+        }
+    }
+    let mut bound: BTreeMap<(&leasehold_schemas::PoolName, PoolValue), ResourceId> = BTreeMap::new();
+    for resource in state.resources().filter(|r| !r.state.is_terminal()) {
+        for (pool, slot) in &resource.claims {
+            if let ClaimSlot::Bound { value, .. } = slot
+                && let Some(other) = bound.insert((pool, *value), resource.id)
+            {
+                return Err(format!("{value} of pool {pool} is bound to both {other} and {}", resource.id));
+            }
         }
     }
     for lease in state.leases() {

@@ -248,14 +248,24 @@ impl Agent {
 pub enum ResourceState {
     Pending,
     Active,
-    Paused { reason: Option<String>, until: Option<Timestamp> },
+    Paused {
+        reason: Option<String>,
+        until: Option<Timestamp>,
+    },
     /// A failure was reported; `paused` keeps a pause it interrupted, restored when the health check passes.
-    Suspect { cause: SuspectCause, paused: Option<PauseInfo> },
-    Releasing { cause: ReleaseCause },
+    Suspect {
+        cause: SuspectCause,
+        paused: Option<PauseInfo>,
+    },
+    Releasing {
+        cause: ReleaseCause,
+    },
     Destroyed,
     Lost,
     Orphaned,
-    Failed { detail: String },
+    Failed {
+        detail: String,
+    },
 }
 
 impl ResourceState {
@@ -301,14 +311,18 @@ pub struct PauseInfo {
 /// A resource's claim on one pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimSlot {
-    /// Asked for; not bound yet.
-    Wanted,
+    /// Asked for by the `ClaimWanted` at `wanted_at`; not bound yet.
+    Wanted {
+        wanted_at: Position,
+    },
     Bound {
         value: PoolValue,
         token: Position,
     },
     /// Given back (`ClaimReleasable`), with the token it had if it was bound.
-    Returned { token: Option<Position> },
+    Returned {
+        token: Option<Position>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -100,6 +100,14 @@ fn tripped(w: &mut World) -> Vec<ResourceId> {
     made
 }
 
+/// The claim-wanted of `w.r()` on `pool`, which a grant must answer.
+fn wanted_by(w: &World, pool: &str) -> Source {
+    match w.state().resource(w.r()).expect("allocated").claims.get(&pool_name(pool)) {
+        Some(leasehold_domain::state::ClaimSlot::Wanted { wanted_at }) => Source { partition: 0, position: *wanted_at },
+        other => panic!("no wanted claim on {pool}: {other:?}"),
+    }
+}
+
 /// A pending resource `w.r()` with a claim on pool `ips`, bound, so its create is ordered.
 fn claimed(w: &mut World) -> &mut World {
     w.pending_with(|c| c.pools = vec![pool_name("ips")]);
@@ -110,6 +118,7 @@ fn claimed(w: &mut World) -> &mut World {
         value: PoolValue::Slot(3),
         token: Position(1),
         source: Source { partition: 0, position: Position(1) },
+        wanted: wanted_by(w, "ips"),
     };
     assert_eq!(effect_names(&w.sys(bind)), ["claim-bound", "create-ordered"]);
     w
@@ -318,17 +327,17 @@ fn a_new_incarnation_gets_a_new_epoch_and_old_observations_are_refused() {
     let current = format!("current epoch is {p2}");
     let from_old = format!("observation from epoch {p1} of agent w1");
     let hb = Heartbeat { agent: a.clone(), epoch: p1 };
-    refused(&mut w, |w| w.from_agent(hb), WrongEpoch, &[&format!("heartbeat from epoch {p1}"), &current]);
+    refused(&mut w, |w| w.agent_says(hb), WrongEpoch, &[&format!("heartbeat from epoch {p1}"), &current]);
     let old = ReportCreated { agent: a.clone(), epoch: p1, obs: 99, resource: r, native_id: None };
-    refused(&mut w, |w| w.from_agent(old), WrongEpoch, &[&from_old, &current]);
+    refused(&mut w, |w| w.agent_says(old), WrongEpoch, &[&from_old, &current]);
     let old = w.sync_cmd(&a, |s| {
         s.epoch = p1;
         s.created = vec![r];
     });
-    refused(&mut w, |w| w.from_agent(old), WrongEpoch, &[&from_old]);
+    refused(&mut w, |w| w.agent_says(old), WrongEpoch, &[&from_old]);
 
     // The new incarnation starts counting observations again.
-    let o = w.from_agent(ReportCreated { agent: a.clone(), epoch: p2, obs: 1, resource: r, native_id: None });
+    let o = w.agent_says(ReportCreated { agent: a.clone(), epoch: p2, obs: 1, resource: r, native_id: None });
     assert_eq!(effect_names(&o), ["observation-accepted", "resource-activated"]);
     settle(&w);
 }
@@ -419,7 +428,7 @@ fn heartbeats() {
             },
             |w| {
                 let agent = w.a();
-                w.from_agent(Heartbeat { agent, epoch: Position(7) })
+                w.agent_says(Heartbeat { agent, epoch: Position(7) })
             },
             Rejected(WrongEpoch, &["heartbeat from epoch #7 of agent w1", "current epoch is #1"]),
         ),
@@ -437,7 +446,7 @@ fn heartbeats() {
             |_| {},
             |w| {
                 let agent = w.a();
-                w.from_agent(Heartbeat { agent, epoch: Position(1) })
+                w.agent_says(Heartbeat { agent, epoch: Position(1) })
             },
             Rejected(Unknown, &["agent w1 has never registered"]),
         ),
@@ -1242,7 +1251,7 @@ fn terminal_resources_and_their_leases_are_forgotten_after_the_horizon() {
     settle(&w);
 }
 
-// --- suspected bugs ---------------------------------------------------------------------------------------------
+// --- regressions: behaviour once found wrong in review, now fixed ----------------------------------------------------
 
 /// Runs each named check and reports every failure together.
 /// A named check that may panic.
@@ -1260,12 +1269,13 @@ fn all_hold(checks: Vec<NamedCheck>) {
             failures.push(format!("{name}: {text}"));
         }
     }
-    assert!(failures.is_empty(), "{} suspected bugs confirmed:\n{}", failures.len(), failures.join("\n"));
+    assert!(failures.is_empty(), "{} regressions:\n{}", failures.len(), failures.join("\n"));
 }
 
-/// Behaviour that contradicts DESIGN.md or would surprise a user. Each check states the correct behaviour.
+/// Behaviour that once contradicted DESIGN.md or would have surprised a user, and was fixed. Each check states the
+/// correct behaviour.
 #[test]
-fn suspected_bugs() {
+fn regressions_found_in_review() {
     all_hold(vec![
         (
             "a command whose issuer clock runs ahead of the log is decided twice",

@@ -114,7 +114,7 @@ fn health(w: &mut World, healthy: bool) -> Outcome {
     let (agent, resource) = (w.a(), w.r());
     let epoch = w.epoch(&agent);
     let obs = w.next_obs(&agent);
-    w.from_agent(HealthResult { agent, epoch, obs, resource, healthy, detail: "probe failed".into() })
+    w.agent_says(HealthResult { agent, epoch, obs, resource, healthy, detail: "probe failed".into() })
 }
 
 fn src(position: u64) -> Source {
@@ -337,7 +337,7 @@ fn acquire_by_resource_state() {
                 let (agent, resource) = (w.a(), w.r());
                 let (epoch, obs) = (w.epoch(&agent), w.next_obs(&agent));
                 let failure = FailureKind::CreateFailed;
-                accepted(&w.from_agent(ReportFailure { agent, epoch, obs, resource, failure, detail: "no".into() }));
+                accepted(&w.agent_says(ReportFailure { agent, epoch, obs, resource, failure, detail: "no".into() }));
             },
             |w| acquire(w, None, None),
             Rejected(InvalidState, &["is failed; acquire refused"]),
@@ -1156,7 +1156,7 @@ fn leases_break_when_the_resource_leaves() {
                 let (agent, resource) = (w.a(), w.r());
                 let (epoch, obs) = (w.epoch(&agent), w.next_obs(&agent));
                 let failure = FailureKind::CreateFailed;
-                w.from_agent(ReportFailure { agent, epoch, obs, resource, failure, detail: "no image".into() })
+                w.agent_says(ReportFailure { agent, epoch, obs, resource, failure, detail: "no image".into() })
             },
             Effects(&["observation-accepted", "resource-failed", "lease-broken"]),
         ),
@@ -1207,10 +1207,10 @@ fn leases_break_when_the_resource_leaves() {
     ]);
 }
 
-// --- suspected bugs: the behaviour a user would expect, which the domain does not have (these may fail) ------------
+// --- regressions: behaviour once found wrong in review, now fixed ----------------------------------------------------
 
 #[test]
-fn suspected_bugs() {
+fn regressions_found_in_review() {
     check(vec![
         // Acquire on an active resource flagged suspect-upstream is refused, but on a pending one it waits, and
         // the activation then grants it although the parent is still suspect (decide/leases.rs, the `Pending` arm

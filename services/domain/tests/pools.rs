@@ -721,12 +721,12 @@ fn a_retried_claim_gets_its_first_outcome_back() {
     assert!(w.d.rebuild() == *w.state());
 }
 
-// --- suspected bugs ------------------------------------------------------------------------------------------------
+// --- regressions: behaviour once found wrong in review, now fixed ----------------------------------------------------
 
-/// Behaviour that contradicts DESIGN.md or would surprise an operator. Each check says what is expected; the test
-/// fails while the domain does otherwise.
+/// Behaviour that once contradicted DESIGN.md or would have surprised an operator, and was fixed. Each check says
+/// what is expected.
 #[test]
-fn suspected_bugs() {
+fn regressions_found_in_review() {
     let mut failures: Vec<String> = Vec::new();
     let mut expect = |what: &str, outcome: &Outcome, kind: RejectionKind| {
         let got = match outcome.rejection() {
@@ -745,5 +745,5 @@ fn suspected_bugs() {
     let again = define(&mut w, "ips", subnet_29(vec![addr(2), addr(1)]), Some(COOL));
     expect("the same exclusions in another order", &again, AlreadyDone);
 
-    assert!(failures.is_empty(), "{} suspected bugs:\n{}", failures.len(), failures.join("\n"));
+    assert!(failures.is_empty(), "{} regressions:\n{}", failures.len(), failures.join("\n"));
 }

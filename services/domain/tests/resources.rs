@@ -316,7 +316,7 @@ fn agent_failure(w: &mut World, failure: FailureKind) -> Outcome {
     let (agent, resource) = (w.a(), w.r());
     let epoch = w.epoch(&agent);
     let obs = w.next_obs(&agent);
-    w.from_agent(ReportFailure { agent, epoch, obs, resource, failure, detail: "driver said no".into() })
+    w.agent_says(ReportFailure { agent, epoch, obs, resource, failure, detail: "driver said no".into() })
 }
 
 /// A pending resource whose create failed for good.
@@ -329,7 +329,7 @@ fn health(w: &mut World, healthy: bool) -> Outcome {
     let (agent, resource) = (w.a(), w.r());
     let epoch = w.epoch(&agent);
     let obs = w.next_obs(&agent);
-    w.from_agent(HealthResult { agent, epoch, obs, resource, healthy, detail: "probe".into() })
+    w.agent_says(HealthResult { agent, epoch, obs, resource, healthy, detail: "probe".into() })
 }
 
 fn request_check(w: &mut World) -> Outcome {
@@ -422,7 +422,22 @@ fn grant_of(w: &World, pool: &str) -> (PoolValue, Position) {
 
 fn bind(w: &mut World, pool: &str, value: PoolValue, token: Position) -> Outcome {
     let holder = w.rref();
-    w.sys(BindClaim { holder, pool: pool_name(pool), value, token, source: src(token.0) })
+    let wanted = wanted_of(w, pool, token);
+    w.sys(BindClaim { holder, pool: pool_name(pool), value, token, source: src(token.0), wanted })
+}
+
+/// The claim-wanted a bind answers: the one the pool granted with `token`, else the resource's own wanted claim
+/// (for binds made up by the test), else position 0.
+fn wanted_of(w: &World, pool: &str, token: Position) -> Source {
+    let from_grant = w.d.outcomes().iter().flat_map(|o| o.positioned_effects()).find_map(|(p, e)| match e {
+        Effect::ClaimGranted { source, .. } if p == token => Some(*source),
+        _ => None,
+    });
+    let from_slot = || match w.state().resource(w.r())?.claims.get(&pool_name(pool))? {
+        leasehold_domain::state::ClaimSlot::Wanted { wanted_at } => Some(src(wanted_at.0)),
+        _ => None,
+    };
+    from_grant.or_else(from_slot).unwrap_or(src(0))
 }
 
 /// Carries the pool's grant back to `w.r()`.
@@ -1458,7 +1473,7 @@ fn failure_and_health() {
                 let (agent, resource) = (w.a(), w.r());
                 let epoch = w.epoch(&agent);
                 let obs = w.obs[&agent];
-                w.from_agent(HealthResult { agent, epoch, obs, resource, healthy: true, detail: String::new() })
+                w.agent_says(HealthResult { agent, epoch, obs, resource, healthy: true, detail: String::new() })
             },
             Rejected(StaleObservation, &["is not newer than the last one decided"]),
         ),
@@ -1472,7 +1487,7 @@ fn failure_and_health() {
                 let (agent, resource) = (w.a(), w.r());
                 let obs = w.next_obs(&agent);
                 let epoch = Position(w.epoch(&agent).0 + 100);
-                w.from_agent(HealthResult { agent, epoch, obs, resource, healthy: true, detail: String::new() })
+                w.agent_says(HealthResult { agent, epoch, obs, resource, healthy: true, detail: String::new() })
             },
             Rejected(WrongEpoch, &["whose current epoch is"]),
         ),
@@ -1946,17 +1961,18 @@ fn claim_binding() {
             |w| {
                 let (value, token) = grant_of(w, "ips");
                 let holder = ResourceRef::new(agent_name("w2"), w.r());
-                w.sys(BindClaim { holder, pool: pool_name("ips"), value, token, source: src(token.0) })
+                let wanted = wanted_of(w, "ips", token);
+                w.sys(BindClaim { holder, pool: pool_name("ips"), value, token, source: src(token.0), wanted })
             },
             Rejected(Unknown, &["is on agent w1, not w2"]),
         ),
     ]);
 }
 
-// --- suspected bugs: the behaviour a user would expect, which the domain does not have (these may fail) ------------
+// --- regressions: behaviour once found wrong in review, now fixed ----------------------------------------------------
 
 #[test]
-fn suspected_bugs() {
+fn regressions_found_in_review() {
     check(vec![
         // A pause is an operator's maintenance window. A failure report turns the paused resource suspect, and a
         // healthy check then makes it `active` (apply.rs `ResourceHealthy`, decide/reports.rs `health_result`):

@@ -40,12 +40,13 @@ fn binds_for(granted: &Outcome) -> Vec<BindClaim> {
     granted
         .positioned_effects()
         .filter_map(|(position, effect)| match effect {
-            Effect::ClaimGranted { holder, value, .. } => Some(BindClaim {
+            Effect::ClaimGranted { holder, value, source: wanted } => Some(BindClaim {
                 holder: holder.clone(),
                 pool: pool.clone(),
                 value: *value,
                 token: position,
                 source: Source { partition: granted.partition, position },
+                wanted: *wanted,
             }),
             _ => None,
         })
@@ -227,7 +228,7 @@ fn stale_report_after_report_created() {
     step(&w.report_created(&agent, id), &["observation-accepted", "resource-activated"]);
 
     // The delayed sync arrives: stale.
-    let message = refused(&mut w, StaleObservation, |w| w.from_agent(delayed.clone()));
+    let message = refused(&mut w, StaleObservation, |w| w.agent_says(delayed.clone()));
     assert!(message.contains("observation 1 of agent w1 is not newer"), "{message}");
     assert_eq!(state_of(&w, id), "active");
 
@@ -235,14 +236,14 @@ fn stale_report_after_report_created() {
     let mut damaging = delayed.clone();
     damaging.in_flight.clear();
     damaging.missing = vec![id];
-    refused(&mut w, StaleObservation, |w| w.from_agent(damaging));
+    refused(&mut w, StaleObservation, |w| w.agent_says(damaging));
     assert_eq!(state_of(&w, id), "active");
 
     // The agent's next report is newer and is accepted; a redelivery of it is stale.
     let mut fresh = w.sync_cmd(&agent, |_| {});
     (fresh.count, fresh.digest) = w.expected_listing(&agent, &fresh);
-    step(&w.from_agent(fresh.clone()), &["observation-accepted"]);
-    refused(&mut w, StaleObservation, |w| w.from_agent(fresh));
+    step(&w.agent_says(fresh.clone()), &["observation-accepted"]);
+    refused(&mut w, StaleObservation, |w| w.agent_says(fresh));
 
     closing(&w);
 }
@@ -412,7 +413,7 @@ fn wiped_worker_reregistering_loses_everything_and_returns_its_claims() {
         count: 0,
         digest: HandleDigest::default(),
     };
-    refused(&mut w, WrongEpoch, |w| w.from_agent(late));
+    refused(&mut w, WrongEpoch, |w| w.agent_says(late));
 
     // Its first report: everything missing. All five are lost at once, no breaker; leases break; claims go back.
     let report = w.sync(&agent, |r| r.missing = ids.clone());
@@ -625,7 +626,7 @@ fn drydock_suspect_health_check_unhealthy_releasing() {
         failure: FailureKind::Unhealthy,
         detail: "ssh: connection refused".into(),
     };
-    step(&w.from_agent(failure), &["observation-accepted", "resource-suspect"]);
+    step(&w.agent_says(failure), &["observation-accepted", "resource-suspect"]);
     assert_eq!(state_of(&w, id), "suspect");
 
     // No new leases on a suspect resource; the existing one stays and can be renewed.
@@ -641,7 +642,7 @@ fn drydock_suspect_health_check_unhealthy_releasing() {
     let obs = w.next_obs(&agent);
     let result =
         HealthResult { agent: agent.clone(), epoch, obs, resource: id, healthy: false, detail: "disk gone".into() };
-    step(&w.from_agent(result), &["observation-accepted", "resource-releasing", "lease-broken"]);
+    step(&w.agent_says(result), &["observation-accepted", "resource-releasing", "lease-broken"]);
     assert!(matches!(lease_state(&w, lease), LeaseState::Broken { reason: BreakReason::HealthCheckFailed }));
 
     // A late health check request finds nothing to do; the agent destroys it and says so.
@@ -731,7 +732,7 @@ fn arvados_slot_zero_and_stale_slot() {
         count: 1,
         digest: HandleDigest::of([&job]),
     };
-    refused(&mut w, InvalidState, |w| w.from_agent(late));
+    refused(&mut w, InvalidState, |w| w.agent_says(late));
 
     // After the cool-down the waiting job gets slot 0: a cleaned record's slot is reused, and only that one.
     w.advance(cooldown);
@@ -793,12 +794,12 @@ fn claim_of_a_holder_gone_terminal_before_the_bind_goes_straight_back() {
     closing(&pools);
 }
 
-// --- suspected bugs -----------------------------------------------------------------------------------------------
+// --- regressions: behaviour once found wrong in review, now fixed ----------------------------------------------------
 
-/// Behaviour that contradicts DESIGN.md or would surprise an operator, written as the behaviour expected. This test
-/// fails while the domain does otherwise; each failure names its case.
+/// Behaviour that once contradicted DESIGN.md or would have surprised an operator, written as the behaviour
+/// expected; each failure names its case.
 #[test]
-fn suspected_bugs() {
+fn regressions_found_in_review() {
     let mut failures: Vec<String> = Vec::new();
     let mut expect = |case: &str, outcome: &Outcome, names: &[&str]| {
         let got = match outcome.rejection() {
@@ -824,7 +825,7 @@ fn suspected_bugs() {
         let mut report = w.sync_cmd(&agent, |r| r.watermark = watermark);
         report.count = 1;
         report.digest = HandleDigest::of([&old]);
-        let outcome = w.from_agent(report);
+        let outcome = w.agent_says(report);
         expect("honest report from before a create asks for no resync", &outcome, &["observation-accepted"]);
         assert_eq!(state_of(&w, new), "active");
     }
@@ -866,7 +867,7 @@ fn suspected_bugs() {
         let mut report = w.sync_cmd(&agent, |r| r.watermark = before_release);
         report.count = 1;
         report.digest = HandleDigest::of([&id]);
-        let outcome = w.from_agent(report);
+        let outcome = w.agent_says(report);
         expect(
             "an honest report after a create confirmed during release asks for no resync",
             &outcome,
@@ -881,7 +882,7 @@ fn suspected_bugs() {
             failure: FailureKind::CreateFailed,
             detail: "create timed out on the client side".into(),
         };
-        let outcome = w.from_agent(failure);
+        let outcome = w.agent_says(failure);
         expect("a create failure after the create was confirmed", &outcome, &["invalid-state"]);
     }
 
@@ -919,5 +920,5 @@ fn suspected_bugs() {
         expect("the slow first report of a wiped incarnation loses everything", &first, &all_lost);
     }
 
-    assert!(failures.is_empty(), "{} suspected bugs:\n{}", failures.len(), failures.join("\n"));
+    assert!(failures.is_empty(), "{} regressions:\n{}", failures.len(), failures.join("\n"));
 }

@@ -138,15 +138,10 @@ impl<W: Write> Demo<'_, W> {
         self.chapter("after the cool-down, the sweeper's tick hands out the least recently freed address")?;
         self.driver.advance(Millis::from_secs(30));
         let ticked = self.sweeper(TickPool { pool: self.pool.clone() })?;
-        let (reused_address, token, grant_source) = granted(&ticked);
+        let grant = granted(&ticked);
+        let reused_address = grant.value;
         let reuse_after = self.driver.now().since(freed_at);
-        self.sweeper(BindClaim {
-            holder: self.reference(container3),
-            pool: self.pool.clone(),
-            value: reused_address,
-            token,
-            source: grant_source,
-        })?;
+        self.bind(container3, grant)?;
         self.created(container3)?;
 
         self.chapter("five more volumes, reported created together in the agent's periodic report")?;
@@ -180,7 +175,7 @@ impl<W: Write> Demo<'_, W> {
             let resource = state.resource(id).expect("known");
             let claim = resource.claims.get(&self.pool).map(|slot| match slot {
                 ClaimSlot::Bound { value, .. } => format!(" holding {value}"),
-                ClaimSlot::Wanted => " waiting for an address".to_owned(),
+                ClaimSlot::Wanted { .. } => " waiting for an address".to_owned(),
                 ClaimSlot::Returned { .. } => " (address returned)".to_owned(),
             });
             let line = format!(
@@ -271,16 +266,16 @@ impl<W: Write> Demo<'_, W> {
     /// The sweeper's two steps: claim at the pool, carry the grant back to the resource.
     fn claim_and_bind(&mut self, id: ResourceId) -> io::Result<PoolValue> {
         let source = self.claim_wanted_source(id);
-        let grant = self.sweeper(Claim { pool: self.pool.clone(), holder: self.reference(id), source })?;
-        let (value, token, grant_source) = granted(&grant);
-        self.sweeper(BindClaim {
-            holder: self.reference(id),
-            pool: self.pool.clone(),
-            value,
-            token,
-            source: grant_source,
-        })?;
+        let outcome = self.sweeper(Claim { pool: self.pool.clone(), holder: self.reference(id), source })?;
+        let grant = granted(&outcome);
+        let value = grant.value;
+        self.bind(id, grant)?;
         Ok(value)
+    }
+
+    fn bind(&mut self, id: ResourceId, grant: Grant) -> io::Result<Outcome> {
+        let Grant { value, token, source, wanted } = grant;
+        self.sweeper(BindClaim { holder: self.reference(id), pool: self.pool.clone(), value, token, source, wanted })
     }
 
     /// The sweeper frees every claim an outcome made releasable.
@@ -390,14 +385,26 @@ fn first_position(outcome: &Outcome) -> Position {
     outcome.positioned_effects().next().map(|(p, _)| p).expect("accepted with an effect")
 }
 
-/// The grant in an outcome: its identifier, token (position) and source.
-fn granted(outcome: &Outcome) -> (PoolValue, Position, Source) {
+/// What the sweeper carries back from a grant to its holder.
+struct Grant {
+    value: PoolValue,
+    token: Position,
+    /// The grant itself.
+    source: Source,
+    /// The claim it answers.
+    wanted: Source,
+}
+
+fn granted(outcome: &Outcome) -> Grant {
     outcome
         .positioned_effects()
         .find_map(|(position, e)| match e {
-            Effect::ClaimGranted { value, .. } => {
-                Some((*value, position, Source { partition: outcome.partition, position }))
-            }
+            Effect::ClaimGranted { value, source, .. } => Some(Grant {
+                value: *value,
+                token: position,
+                source: Source { partition: outcome.partition, position },
+                wanted: *source,
+            }),
             _ => None,
         })
         .expect("the pool granted a claim")

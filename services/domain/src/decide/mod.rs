@@ -297,7 +297,7 @@ impl<'s> Decider<'s> {
     fn return_claims(&mut self, resource: &Resource) {
         for (pool, slot) in &resource.claims {
             let (value, token) = match slot {
-                ClaimSlot::Wanted => (None, None),
+                ClaimSlot::Wanted { .. } => (None, None),
                 ClaimSlot::Bound { value, token } => (Some(*value), Some(*token)),
                 ClaimSlot::Returned { .. } => continue,
             };

@@ -74,15 +74,6 @@ impl<'s> Decider<'s> {
     pub(super) fn claim(&mut self, command: &Claim) -> Verdict {
         let pool = self.pool(&command.pool)?;
         let holder = &command.holder;
-        if let Some(source) = pool.released.get(holder) {
-            return reject(
-                RejectionKind::StaleSource,
-                format!(
-                    "the claim of {holder} on pool {} already ended (claimed from {source}); this claim is stale",
-                    pool.name
-                ),
-            );
-        }
         match pool.holders.get(holder) {
             Some(Holding::Granted { value, token, .. }) => {
                 return reject(
@@ -98,6 +89,16 @@ impl<'s> Decider<'s> {
                 );
             }
             None => {}
+        }
+        // A claim of a holder whose claim ended is stale unless it is newer (a new life of the same id).
+        if let Some(source) = pool.released.get(holder).filter(|ended| command.source <= **ended) {
+            return reject(
+                RejectionKind::StaleSource,
+                format!(
+                    "the claim of {holder} on pool {} already ended (claimed from {source}); this claim is stale",
+                    pool.name
+                ),
+            );
         }
         let mut values = available(pool, self.now);
         self.serve_waiters(pool, &mut values, None);

@@ -454,7 +454,15 @@ impl<'s> Decider<'s> {
                 self.out.push(send_back);
                 Ok(())
             }
-            Some(ClaimSlot::Wanted) => {
+            Some(ClaimSlot::Wanted { wanted_at })
+                if command.wanted != Source { partition: self.state.partition, position: *wanted_at } =>
+            {
+                // A grant of some other claim (an earlier life of this id, a confused sweeper): not this
+                // resource's to keep, so it goes straight back and the claim stays wanted.
+                self.out.push(send_back);
+                Ok(())
+            }
+            Some(ClaimSlot::Wanted { .. }) => {
                 self.out.push(Effect::ClaimBound {
                     resource: resource.id,
                     pool: command.pool.clone(),

@@ -97,7 +97,7 @@ impl World {
     }
 
     /// A command from an agent, sent under its own name.
-    pub fn from_agent(&mut self, body: impl Into<Command>) -> Outcome {
+    pub fn agent_says(&mut self, body: impl Into<Command>) -> Outcome {
         let body = body.into();
         let Key::Agent(agent) = body.key() else { panic!("agent commands are keyed by agent") };
         self.d.submit(agent.as_str(), body)
@@ -112,7 +112,7 @@ impl World {
     pub fn register_with(&mut self, agent: &AgentName, settings: AgentSettings, wiped: bool) -> Outcome {
         self.obs.insert(agent.clone(), 0);
         let incarnation = leasehold_schemas::Uuid::from_u128(self.d.outcomes().len() as u128 + 1);
-        self.from_agent(Register { agent: agent.clone(), incarnation, wiped, settings })
+        self.agent_says(Register { agent: agent.clone(), incarnation, wiped, settings })
     }
 
     /// Registers the default agent `w1`.
@@ -124,7 +124,7 @@ impl World {
 
     pub fn heartbeat(&mut self, agent: &AgentName) -> Outcome {
         let epoch = self.epoch(agent);
-        self.from_agent(Heartbeat { agent: agent.clone(), epoch })
+        self.agent_says(Heartbeat { agent: agent.clone(), epoch })
     }
 
     // --- resources ------------------------------------------------------------------------------------------
@@ -159,7 +159,7 @@ impl World {
     pub fn report_created(&mut self, agent: &AgentName, resource: ResourceId) -> Outcome {
         let epoch = self.epoch(agent);
         let obs = self.next_obs(agent);
-        self.from_agent(ReportCreated { agent: agent.clone(), epoch, obs, resource, native_id: None })
+        self.agent_says(ReportCreated { agent: agent.clone(), epoch, obs, resource, native_id: None })
     }
 
     /// A registered agent with an active resource `w.r()`.
@@ -220,7 +220,7 @@ impl World {
         let (count, digest) = self.expected_listing(agent, &report);
         report.count = count;
         report.digest = digest;
-        self.from_agent(report)
+        self.agent_says(report)
     }
 
     /// What an honest agent would count: every handle of its assignment set as of the watermark that it holds,
