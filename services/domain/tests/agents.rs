@@ -1253,24 +1253,6 @@ fn terminal_resources_and_their_leases_are_forgotten_after_the_horizon() {
 
 // --- regressions: behaviour once found wrong in review, now fixed ----------------------------------------------------
 
-/// Runs each named check and reports every failure together.
-/// A named check that may panic.
-type NamedCheck = (&'static str, Box<dyn Fn()>);
-
-fn all_hold(checks: Vec<NamedCheck>) {
-    let mut failures = Vec::new();
-    for (name, f) in checks {
-        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-            let text = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            failures.push(format!("{name}: {text}"));
-        }
-    }
-    assert!(failures.is_empty(), "{} regressions:\n{}", failures.len(), failures.join("\n"));
-}
 
 /// Behaviour that once contradicted DESIGN.md or would have surprised a user, and was fixed. Each check states the
 /// correct behaviour.

@@ -1709,24 +1709,6 @@ fn a_wiped_agent_reporting_thousands_of_handles_missing_loses_them_in_bounded_ou
 
 // --- regressions: behaviour once found wrong in review, now fixed ----------------------------------------------------
 
-/// Runs each named check and reports every failure together.
-/// A named check that may panic.
-type NamedCheck = (&'static str, Box<dyn Fn()>);
-
-fn all_hold(checks: Vec<NamedCheck>) {
-    let mut failures = Vec::new();
-    for (name, f) in checks {
-        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-            let text = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            failures.push(format!("{name}: {text}"));
-        }
-    }
-    assert!(failures.is_empty(), "{} regressions:\n{}", failures.len(), failures.join("\n"));
-}
 
 /// Behaviour that once contradicted DESIGN.md (or the schema's own documentation) and was fixed. Each check states
 /// the correct behaviour.

@@ -324,39 +324,30 @@ pub fn case(
 /// the cursor and remembered outcomes, that the invariants hold, and that folding the outcomes from scratch gives
 /// the same state.
 pub fn check(cases: Vec<Case>) {
-    let mut failures = Vec::new();
-    for case in cases {
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let mut world = World::new();
-            (case.given)(&mut world);
-            let before = world.state().clone();
-            let outcome = (case.when)(&mut world);
-            match case.then {
-                Then::Effects(names) => {
-                    accepted(&outcome);
-                    assert_eq!(effect_names(&outcome), names, "effects");
-                }
-                Then::Rejected(kind, fragments) => {
-                    let message = rejected(&outcome, kind);
-                    for fragment in fragments {
-                        assert!(message.contains(fragment), "message {message:?} lacks {fragment:?}");
-                    }
-                    assert_same_except_bookkeeping(&before, world.state());
-                }
+    let checks = cases.into_iter().map(|case| (case.name, Box::new(move || run_case(&case)) as Box<dyn Fn()>)).collect();
+    all_hold(checks);
+}
+
+fn run_case(case: &Case) {
+    let mut world = World::new();
+    (case.given)(&mut world);
+    let before = world.state().clone();
+    let outcome = (case.when)(&mut world);
+    match case.then {
+        Then::Effects(names) => {
+            accepted(&outcome);
+            assert_eq!(effect_names(&outcome), names, "effects");
+        }
+        Then::Rejected(kind, fragments) => {
+            let message = rejected(&outcome, kind);
+            for fragment in fragments {
+                assert!(message.contains(fragment), "message {message:?} lacks {fragment:?}");
             }
-            leasehold_domain::invariants::check(world.state()).expect("invariants");
-            assert!(world.d.rebuild() == *world.state(), "folding the outcomes from scratch gives another state");
-        }));
-        if let Err(panic) = result {
-            let text = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            failures.push(format!("{}: {text}", case.name));
+            assert_same_except_bookkeeping(&before, world.state());
         }
     }
-    assert!(failures.is_empty(), "{} cases failed:\n{}", failures.len(), failures.join("\n"));
+    leasehold_domain::invariants::check(world.state()).expect("invariants");
+    assert!(world.d.rebuild() == *world.state(), "folding the outcomes from scratch gives another state");
 }
 
 /// A rejection moves the cursor and partition time and may be remembered; nothing else changes.
@@ -370,4 +361,23 @@ pub fn assert_same_except_bookkeeping(before: &PartitionState, after: &Partition
             && before.pools().eq(after.pools()),
         "a rejection changed state"
     );
+}
+
+/// A named check that may panic.
+pub type NamedCheck = (&'static str, Box<dyn Fn()>);
+
+/// Runs each named check and reports every failure together, each under its name.
+pub fn all_hold(checks: Vec<NamedCheck>) {
+    let mut failures = Vec::new();
+    for (name, check) in checks {
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(check)) {
+            let text = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            failures.push(format!("{name}: {text}"));
+        }
+    }
+    assert!(failures.is_empty(), "{} checks failed:\n{}", failures.len(), failures.join("\n"));
 }
