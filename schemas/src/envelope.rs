@@ -11,7 +11,7 @@ use crate::ids::{CommandId, Issuer, Timestamp};
 /// Who may send a command: producers and operators (`op`), an agent about its own machine (`agent`), the sweeper
 /// and the writer (`sys`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum CommandClass {
     Op,
     Agent,

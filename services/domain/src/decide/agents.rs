@@ -192,8 +192,8 @@ impl<'s> Decider<'s> {
                 format!("agent {}'s circuit breaker has not tripped; there is no loss to confirm", agent.name),
             );
         }
-        // The losses are marked by the agent's next reports (a full resync is asked for at once), without the
-        // breaker, for one breaker window.
+        // The losses are marked by the agent's full resync (asked for at once) and its next sync report, which the
+        // breaker lets through; that report arms it again.
         self.out.push(Effect::AgentBreakerCleared {
             reason: BreakerClear::LossConfirmed { by: self.envelope.issuer.clone() },
         });
