@@ -461,7 +461,12 @@ fn effect_samples() -> Vec<Effect> {
     let r = resource;
     let stamp = ObsStamp { epoch: Position(3), obs: 41 };
     vec![
-        Effect::AgentRegistered { incarnation: incarnation(), wiped: false, settings: agent_settings(), retired: false },
+        Effect::AgentRegistered {
+            incarnation: incarnation(),
+            wiped: false,
+            settings: agent_settings(),
+            retired: false,
+        },
         Effect::AgentSeen { at: Timestamp(T0 + 1_000) },
         Effect::AgentStalled { last_seen: Timestamp(T0 - 60_000) },
         Effect::AgentRecovered {},

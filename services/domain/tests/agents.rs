@@ -1253,7 +1253,6 @@ fn terminal_resources_and_their_leases_are_forgotten_after_the_horizon() {
 
 // --- regressions: behaviour once found wrong in review, now fixed ----------------------------------------------------
 
-
 /// Behaviour that once contradicted DESIGN.md or would have surprised a user, and was fixed. Each check states the
 /// correct behaviour.
 #[test]

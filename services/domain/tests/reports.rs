@@ -1709,7 +1709,6 @@ fn a_wiped_agent_reporting_thousands_of_handles_missing_loses_them_in_bounded_ou
 
 // --- regressions: behaviour once found wrong in review, now fixed ----------------------------------------------------
 
-
 /// Behaviour that once contradicted DESIGN.md (or the schema's own documentation) and was fixed. Each check states
 /// the correct behaviour.
 #[test]

@@ -324,7 +324,8 @@ pub fn case(
 /// the cursor and remembered outcomes, that the invariants hold, and that folding the outcomes from scratch gives
 /// the same state.
 pub fn check(cases: Vec<Case>) {
-    let checks = cases.into_iter().map(|case| (case.name, Box::new(move || run_case(&case)) as Box<dyn Fn()>)).collect();
+    let checks =
+        cases.into_iter().map(|case| (case.name, Box::new(move || run_case(&case)) as Box<dyn Fn()>)).collect();
     all_hold(checks);
 }
 
