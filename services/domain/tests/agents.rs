@@ -8,8 +8,7 @@ use Then::{Effects, Rejected};
 use leasehold_domain::state::{Agent, Liveness};
 use leasehold_schemas::RejectionKind::*;
 use leasehold_schemas::command::*;
-use leasehold_schemas::ids::{Key, Millis, Position, ResourceId, Source, Timestamp};
-use leasehold_schemas::pool::PoolValue;
+use leasehold_schemas::ids::{Key, Millis, Position, ResourceId, Timestamp};
 use leasehold_schemas::settings::{AgentSettings, PartitionSettings};
 use leasehold_schemas::subjects::partition_of_key;
 use leasehold_schemas::{CommandClass, Outcome, RejectionKind};
@@ -98,36 +97,6 @@ fn tripped(w: &mut World) -> Vec<ResourceId> {
     let outcome = w.sync(&a, |r| r.missing = missing);
     assert_eq!(effect_names(&outcome), ["observation-accepted", "agent-suspect"]);
     made
-}
-
-/// The claim-wanted of `w.r()` on `pool`, which a grant must answer.
-fn wanted_by(w: &World, pool: &str) -> Source {
-    match w.state().resource(w.r()).expect("allocated").claims.get(&pool_name(pool)) {
-        Some(leasehold_domain::state::ClaimSlot::Wanted { wanted_at }) => Source { partition: 0, position: *wanted_at },
-        other => panic!("no wanted claim on {pool}: {other:?}"),
-    }
-}
-
-/// A pending resource `w.r()` with a claim on pool `ips`, bound, so its create is ordered.
-fn claimed(w: &mut World) -> &mut World {
-    w.pending_with(|c| c.pools = vec![pool_name("ips")]);
-    let holder = w.rref();
-    let bind = BindClaim {
-        holder,
-        pool: pool_name("ips"),
-        value: PoolValue::Slot(3),
-        token: Position(1),
-        source: Source { partition: 0, position: Position(1) },
-        wanted: wanted_by(w, "ips"),
-    };
-    assert_eq!(effect_names(&w.sys(bind)), ["claim-bound", "create-ordered"]);
-    w
-}
-
-fn created(w: &mut World) -> &mut World {
-    let (a, r) = (w.a(), w.r());
-    accepted(&w.report_created(&a, r));
-    w
 }
 
 fn mark_stalled(w: &mut World) -> Outcome {
@@ -597,10 +566,10 @@ fn mark_gone_table() {
                 // pending, with a waiting lease
                 w.pending().leased(None);
                 // active, with a bound claim and a granted lease
-                claimed(w);
-                created(w).leased(None);
+                w.claimed();
+                w.created().leased(None);
                 // releasing, with a bound claim
-                claimed(w);
+                w.claimed();
                 accepted(&w.release());
                 // destroyed: terminal, left alone
                 w.pending();
@@ -640,8 +609,8 @@ fn a_gone_agent_leaves_nothing_behind() {
     w.registered();
     w.pending().leased(None);
     let (r1, l1) = (w.r(), w.l());
-    claimed(&mut w);
-    created(&mut w).leased(None);
+    w.claimed();
+    w.created().leased(None);
     let (r2, l2) = (w.r(), w.l());
     gone(&mut w);
     assert_eq!(agent(&w).liveness, Liveness::Gone);
@@ -745,15 +714,15 @@ fn retire_agent() {
                 w.pending();
                 // active with a lease
                 w.pending();
-                created(w).leased(None);
+                w.created().leased(None);
                 // paused
                 w.pending();
-                created(w);
+                w.created();
                 let (agent, resource) = (w.a(), w.r());
                 accepted(&w.op(Pause { agent, resource, reason: None, until: None }));
                 // suspect
                 w.pending();
-                created(w);
+                w.created();
                 let (agent, resource) = (w.a(), w.r());
                 accepted(&w.op(ReportFailureByOperator { agent, resource, detail: "flaky".into() }));
                 // already releasing: left alone

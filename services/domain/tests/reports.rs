@@ -10,9 +10,8 @@ use leasehold_domain::{PartitionState, follow_ups};
 use leasehold_schemas::RejectionKind::*;
 use leasehold_schemas::codec::{MAX_OUTCOME_BYTES, encode_outcome};
 use leasehold_schemas::command::*;
-use leasehold_schemas::ids::{Millis, Position, ResourceId, Source};
+use leasehold_schemas::ids::{Millis, Position, ResourceId};
 use leasehold_schemas::outcome::Effect;
-use leasehold_schemas::pool::PoolValue;
 use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::{Outcome, RejectionKind, Uuid};
 use support::*;
@@ -84,42 +83,11 @@ fn active_n(w: &mut World, n: usize) -> Vec<ResourceId> {
     made
 }
 
-/// The claim-wanted of `w.r()` on `pool`, which a grant must answer.
-fn wanted_by(w: &World, pool: &str) -> Source {
-    match w.state().resource(w.r()).expect("allocated").claims.get(&pool_name(pool)) {
-        Some(leasehold_domain::state::ClaimSlot::Wanted { wanted_at }) => Source { partition: 0, position: *wanted_at },
-        other => panic!("no wanted claim on {pool}: {other:?}"),
-    }
-}
-
-/// A pending resource `w.r()` with a claim on pool `ips`, bound, so its create is ordered.
-fn claimed(w: &mut World) -> &mut World {
-    w.pending_with(|c| c.pools = vec![pool_name("ips")]);
-    let holder = w.rref();
-    let bind = BindClaim {
-        holder,
-        pool: pool_name("ips"),
-        value: PoolValue::Slot(3),
-        token: Position(1),
-        source: Source { partition: 0, position: Position(1) },
-        wanted: wanted_by(w, "ips"),
-    };
-    assert_eq!(effect_names(&w.sys(bind)), ["claim-bound", "create-ordered"]);
-    w
-}
-
-/// `w.r()` observed present by a report-created.
-fn created(w: &mut World) -> &mut World {
-    let (a, r) = (w.a(), w.r());
-    accepted(&w.report_created(&a, r));
-    w
-}
-
 /// An active resource `w.r()` with a bound claim, released: `releasing`, its claim still held.
 fn releasing_with_claim(w: &mut World) {
     w.registered();
-    claimed(w);
-    created(w);
+    w.claimed();
+    w.created();
     accepted(&w.release());
 }
 
@@ -386,8 +354,8 @@ fn sync_rules() {
             "missing on an active resource: lost, its leases break, its claims free",
             |w| {
                 w.registered();
-                claimed(w);
-                created(w).leased(None);
+                w.claimed();
+                w.created().leased(None);
             },
             |w| {
                 let r = w.r();
@@ -465,8 +433,8 @@ fn sync_rules() {
             "the Concourse race with a claim: allocated before the watermark, create ordered after it",
             |w| {
                 w.registered();
-                claimed(w);
-                created(w);
+                w.claimed();
+                w.created();
             },
             |w| {
                 let r = w.r();
@@ -1400,7 +1368,7 @@ fn report_failure_table() {
             "create-failed on a pending resource: failed, its waiting leases broken, its claims returned",
             |w| {
                 w.registered();
-                claimed(w).leased(None);
+                w.claimed().leased(None);
             },
             |w| report_failure(w, FailureKind::CreateFailed, "image not found"),
             Effects(&["observation-accepted", "resource-failed", "lease-broken", "claim-releasable"]),

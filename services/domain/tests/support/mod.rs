@@ -246,6 +246,38 @@ impl World {
         (ids.len() as u64, HandleDigest::of(ids.iter()))
     }
 
+    /// The claim-wanted of `w.r()` on `pool`, which a grant must answer.
+    pub fn wanted_by(&self, pool: &str) -> Source {
+        match self.state().resource(self.r()).expect("allocated").claims.get(&pool_name(pool)) {
+            Some(leasehold_domain::state::ClaimSlot::Wanted { wanted_at }) => {
+                Source { partition: self.state().partition(), position: *wanted_at }
+            }
+            other => panic!("no wanted claim on {pool}: {other:?}"),
+        }
+    }
+
+    /// A pending resource `w.r()` with a claim on pool `ips`, bound (without a real pool), so its create is ordered.
+    pub fn claimed(&mut self) -> &mut Self {
+        self.pending_with(|c| c.pools = vec![pool_name("ips")]);
+        let bind = BindClaim {
+            holder: self.rref(),
+            pool: pool_name("ips"),
+            value: leasehold_schemas::pool::PoolValue::Slot(3),
+            token: Position(1),
+            source: Source { partition: self.state().partition(), position: Position(1) },
+            wanted: self.wanted_by("ips"),
+        };
+        assert_eq!(effect_names(&self.sys(bind)), ["claim-bound", "create-ordered"]);
+        self
+    }
+
+    /// `w.r()` observed present by a report-created.
+    pub fn created(&mut self) -> &mut Self {
+        let (agent, resource) = (self.a(), self.r());
+        accepted(&self.report_created(&agent, resource));
+        self
+    }
+
     // --- pools ----------------------------------------------------------------------------------------------
 
     pub fn define_slots(&mut self, name: &str, count: u32, cooldown: Millis) -> Outcome {
