@@ -224,6 +224,24 @@ pub struct SyncReport {
     pub digest: HandleDigest,
 }
 
+impl SyncReport {
+    /// A report that names nothing yet (lists empty, count 0, empty digest): callers fill in what they saw.
+    pub fn new(agent: AgentName, epoch: Position, obs: u64, watermark: Position) -> Self {
+        SyncReport {
+            agent,
+            epoch,
+            obs,
+            watermark,
+            created: Vec::new(),
+            missing: Vec::new(),
+            destroyed: Vec::new(),
+            in_flight: Vec::new(),
+            count: 0,
+            digest: HandleDigest::default(),
+        }
+    }
+}
+
 /// One chunk of a full resync: "in id range `[lo, hi)` I hold exactly `held` (and `in_flight` is running)".
 /// Each chunk is decided on its own; `hi` `None` means the end of the id space.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

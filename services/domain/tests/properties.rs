@@ -1473,18 +1473,7 @@ impl Sim {
                 let (own, universe) = self.report_candidates(&agent);
                 let (epoch, obs) = self.stamp(&agent, *obs);
                 let watermark = self.watermark(*wm);
-                let mut report = SyncReport {
-                    agent: agent.clone(),
-                    epoch,
-                    obs,
-                    watermark,
-                    created: vec![],
-                    missing: vec![],
-                    destroyed: vec![],
-                    in_flight: vec![],
-                    count: 0,
-                    digest: HandleDigest::default(),
-                };
+                let mut report = SyncReport::new(agent.clone(), epoch, obs, watermark);
                 let mut named = BTreeSet::new();
                 for (kind, which) in marks {
                     let from = if which % 4 == 0 || own.is_empty() { &universe } else { &own };

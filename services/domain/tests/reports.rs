@@ -665,18 +665,7 @@ fn sync_rules() {
             |_| {},
             |w| {
                 let agent = w.a();
-                w.agent_says(SyncReport {
-                    agent,
-                    epoch: Position(1),
-                    obs: 1,
-                    watermark: Position(0),
-                    created: vec![],
-                    missing: vec![],
-                    destroyed: vec![],
-                    in_flight: vec![],
-                    count: 0,
-                    digest: HandleDigest::default(),
-                })
+                w.agent_says(SyncReport::new(agent, Position(1), 1, Position(0)))
             },
             Rejected(Unknown, &["agent w1 has never registered"]),
         ),

@@ -401,18 +401,8 @@ fn wiped_worker_reregistering_loses_everything_and_returns_its_claims() {
     assert!(new_epoch > old_epoch);
 
     // A report still in flight from the old process is from another epoch.
-    let late = SyncReport {
-        agent: agent.clone(),
-        epoch: old_epoch,
-        obs: 99,
-        watermark: w.state().last_position(),
-        created: vec![],
-        missing: ids.clone(),
-        destroyed: vec![],
-        in_flight: vec![],
-        count: 0,
-        digest: HandleDigest::default(),
-    };
+    let late =
+        SyncReport { missing: ids.clone(), ..SyncReport::new(agent.clone(), old_epoch, 99, w.state().last_position()) };
     refused(&mut w, WrongEpoch, |w| w.agent_says(late));
 
     // Its first report: everything missing. All five are lost at once, no breaker; leases break; claims go back.
@@ -721,16 +711,10 @@ fn arvados_slot_zero_and_stale_slot() {
     refused(&mut w, AlreadyDone, |w| w.sys(free.clone()));
     // A late report from the gone node is refused.
     let late = SyncReport {
-        agent: node.clone(),
-        epoch: w.epoch(&node),
-        obs: 50,
-        watermark: w.state().last_position(),
         created: vec![job],
-        missing: vec![],
-        destroyed: vec![],
-        in_flight: vec![],
         count: 1,
         digest: HandleDigest::of([&job]),
+        ..SyncReport::new(node.clone(), w.epoch(&node), 50, w.state().last_position())
     };
     refused(&mut w, InvalidState, |w| w.agent_says(late));
 

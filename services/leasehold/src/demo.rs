@@ -10,8 +10,7 @@ use std::net::Ipv4Addr;
 use leasehold_domain::driver::Driver;
 use leasehold_domain::state::ClaimSlot;
 use leasehold_schemas::command::{
-    Acquire, Allocate, BindClaim, Claim, DefinePool, Free, HandleDigest, Register, Release, ReportCreated, SyncReport,
-    TickPool,
+    Acquire, Allocate, BindClaim, Claim, DefinePool, Free, Register, Release, ReportCreated, SyncReport, TickPool,
 };
 use leasehold_schemas::ids::{
     AgentName, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp,
@@ -333,18 +332,7 @@ impl<W: Write> Demo<'_, W> {
     fn report(&mut self, watermark: Position, lists: impl FnOnce(&mut SyncReport)) -> io::Result<Outcome> {
         self.driver.advance(Millis::from_secs(1));
         self.obs += 1;
-        let mut report = SyncReport {
-            agent: self.agent.clone(),
-            epoch: self.epoch,
-            obs: self.obs,
-            watermark,
-            created: vec![],
-            missing: vec![],
-            destroyed: vec![],
-            in_flight: vec![],
-            count: 0,
-            digest: HandleDigest::default(),
-        };
+        let mut report = SyncReport::new(self.agent.clone(), self.epoch, self.obs, watermark);
         lists(&mut report);
         (report.count, report.digest) =
             leasehold_domain::expected_listing(self.driver.state(), &report).expect("an honest report");

@@ -295,16 +295,9 @@ impl<'s> Decider<'s> {
             let pick = |want: Seen| left.iter().filter(|(_, s)| *s == want).map(|(r, _)| r.id).collect();
             Work::Report {
                 report: SyncReport {
-                    agent: report.agent.clone(),
-                    epoch: report.epoch,
-                    obs: report.obs,
-                    watermark: report.watermark,
                     created: pick(Seen::Present),
                     missing: pick(Seen::Absent),
-                    destroyed: Vec::new(),
-                    in_flight: Vec::new(),
-                    count: 0,
-                    digest: HandleDigest::default(),
+                    ..SyncReport::new(report.agent.clone(), report.epoch, report.obs, report.watermark)
                 },
                 mark_losses,
             }

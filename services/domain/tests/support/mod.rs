@@ -198,18 +198,7 @@ impl World {
         let epoch = self.epoch(agent);
         let obs = self.next_obs(agent);
         let watermark = self.state().last_position();
-        let mut report = SyncReport {
-            agent: agent.clone(),
-            epoch,
-            obs,
-            watermark,
-            created: vec![],
-            missing: vec![],
-            destroyed: vec![],
-            in_flight: vec![],
-            count: 0,
-            digest: HandleDigest::default(),
-        };
+        let mut report = SyncReport::new(agent.clone(), epoch, obs, watermark);
         edit(&mut report);
         report
     }
