@@ -11,7 +11,7 @@ use leasehold_schemas::command::*;
 use leasehold_schemas::ids::{Key, Millis, Position, ResourceId, Timestamp};
 use leasehold_schemas::settings::{AgentSettings, PartitionSettings};
 use leasehold_schemas::subjects::partition_of_key;
-use leasehold_schemas::{CommandClass, Outcome, RejectionKind};
+use leasehold_schemas::{CommandClass, Outcome};
 use support::*;
 
 // --- helpers --------------------------------------------------------------------------------------------------
@@ -44,29 +44,6 @@ fn gone_due() -> Millis {
 
 fn agent(w: &World) -> &Agent {
     w.state().agent(&w.a()).expect("w1 registered")
-}
-
-fn state_name(w: &World, id: ResourceId) -> &'static str {
-    w.state().resource(id).expect("resource in state").state.name()
-}
-
-/// Invariants hold and folding every outcome from scratch gives the same state.
-#[track_caller]
-fn settle(w: &World) {
-    leasehold_domain::invariants::check(w.state()).expect("invariants");
-    assert!(w.d.rebuild() == *w.state(), "folding the outcomes from scratch gives another state");
-}
-
-/// Runs `when`, asserts a rejection of `kind` whose message has every fragment, and that it changed nothing.
-#[track_caller]
-fn refused(w: &mut World, when: impl FnOnce(&mut World) -> Outcome, kind: RejectionKind, fragments: &[&str]) {
-    let before = w.state().clone();
-    let outcome = when(w);
-    let message = rejected(&outcome, kind);
-    for fragment in fragments {
-        assert!(message.contains(fragment), "message {message:?} lacks {fragment:?}");
-    }
-    assert_same_except_bookkeeping(&before, w.state());
 }
 
 fn allocate(w: &mut World) -> Outcome {

@@ -13,35 +13,12 @@ use leasehold_schemas::command::*;
 use leasehold_schemas::ids::{Millis, Position, ResourceId};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::settings::AgentSettings;
-use leasehold_schemas::{Outcome, RejectionKind, Uuid};
+use leasehold_schemas::{Outcome, Uuid};
 use support::*;
 
 // --- helpers --------------------------------------------------------------------------------------------------
 
 const WINDOW: Millis = Millis::from_mins(10);
-
-/// Invariants hold and folding every outcome from scratch gives the same state.
-#[track_caller]
-fn settle(w: &World) {
-    leasehold_domain::invariants::check(w.state()).expect("invariants");
-    assert!(w.d.rebuild() == *w.state(), "folding the outcomes from scratch gives another state");
-}
-
-/// Runs `when`, asserts a rejection of `kind` whose message has every fragment, and that it changed nothing.
-#[track_caller]
-fn refused(w: &mut World, when: impl FnOnce(&mut World) -> Outcome, kind: RejectionKind, fragments: &[&str]) {
-    let before = w.state().clone();
-    let outcome = when(w);
-    let message = rejected(&outcome, kind);
-    for fragment in fragments {
-        assert!(message.contains(fragment), "message {message:?} lacks {fragment:?}");
-    }
-    assert_same_except_bookkeeping(&before, w.state());
-}
-
-fn state_name(w: &World, id: ResourceId) -> &'static str {
-    w.state().resource(id).expect("resource in state").state.name()
-}
 
 /// The resources of the current agent still in state, in id order.
 fn ids(w: &World) -> Vec<ResourceId> {

@@ -88,18 +88,7 @@ fn step(outcome: &Outcome, names: &[&str]) {
 /// Asserts the outcome was rejected with `kind` and changed nothing but bookkeeping.
 #[track_caller]
 fn refused(w: &mut World, kind: leasehold_schemas::RejectionKind, send: impl FnOnce(&mut World) -> Outcome) -> String {
-    let before = w.state().clone();
-    let outcome = send(w);
-    let message = rejected(&outcome, kind).to_owned();
-    assert_same_except_bookkeeping(&before, w.state());
-    message
-}
-
-/// The closing check of every scenario: the invariants hold and folding the log again gives the same state.
-#[track_caller]
-fn closing(w: &World) {
-    leasehold_domain::invariants::check(w.state()).expect("invariants");
-    assert!(w.d.rebuild() == *w.state(), "folding the outcomes from scratch gives another state");
+    support::refused(w, send, kind, &[])
 }
 
 fn allocate(w: &mut World, pools: &[&str]) -> (ResourceId, Outcome) {
@@ -118,10 +107,6 @@ fn active_resource(w: &mut World) -> ResourceId {
     let agent = w.a();
     step(&w.report_created(&agent, id), &["observation-accepted", "resource-activated"]);
     id
-}
-
-fn state_of(w: &World, id: ResourceId) -> &'static str {
-    w.state().resource(id).expect("resource in state").state.name()
 }
 
 fn claim_of(w: &World, id: ResourceId, pool: &str) -> ClaimSlot {
@@ -197,17 +182,17 @@ fn concourse_report_vs_create_race() {
         r.missing = vec![new];
     });
     step(&report, &["observation-accepted"]);
-    assert_eq!(state_of(&w, new), "active", "the new resource is not reaped");
-    assert_eq!(state_of(&w, old), "active");
+    assert_eq!(state_name(&w, new), "active", "the new resource is not reaped");
+    assert_eq!(state_name(&w, old), "active");
 
     // 5. A later report whose watermark covers the create and still lacks the handle does judge it: gone
     //    out-of-band, it is lost (one of two: under the breaker's minimum).
     let report = w.sync(&agent, |r| r.missing = vec![new]);
     step(&report, &["observation-accepted", "resource-lost"]);
-    assert_eq!(state_of(&w, new), "lost");
-    assert_eq!(state_of(&w, old), "active");
+    assert_eq!(state_name(&w, new), "lost");
+    assert_eq!(state_name(&w, old), "active");
 
-    closing(&w);
+    settle(&w);
 }
 
 // --- (b) a stale report -------------------------------------------------------------------------------------------
@@ -230,14 +215,14 @@ fn stale_report_after_report_created() {
     // The delayed sync arrives: stale.
     let message = refused(&mut w, StaleObservation, |w| w.agent_says(delayed.clone()));
     assert!(message.contains("observation 1 of agent w1 is not newer"), "{message}");
-    assert_eq!(state_of(&w, id), "active");
+    assert_eq!(state_name(&w, id), "active");
 
     // Even one that would have been damaging (naming the resource missing) is refused the same way.
     let mut damaging = delayed.clone();
     damaging.in_flight.clear();
     damaging.missing = vec![id];
     refused(&mut w, StaleObservation, |w| w.agent_says(damaging));
-    assert_eq!(state_of(&w, id), "active");
+    assert_eq!(state_name(&w, id), "active");
 
     // The agent's next report is newer and is accepted; a redelivery of it is stale.
     let mut fresh = w.sync_cmd(&agent, |_| {});
@@ -245,7 +230,7 @@ fn stale_report_after_report_created() {
     step(&w.agent_says(fresh.clone()), &["observation-accepted"]);
     refused(&mut w, StaleObservation, |w| w.agent_says(fresh));
 
-    closing(&w);
+    settle(&w);
 }
 
 // --- (c) a release racing a slow create ---------------------------------------------------------------------------
@@ -288,13 +273,13 @@ fn release_racing_a_slow_create_keeps_the_ip_until_confirmed() {
         r.destroyed = vec![id];
     });
     step(&report, &["observation-accepted"]);
-    assert_eq!(state_of(&agents, id), "releasing");
+    assert_eq!(state_name(&agents, id), "releasing");
     assert!(matches!(claim_of(&agents, id, "overlay"), ClaimSlot::Bound { .. }));
     assert_eq!(holder_of(&pools, "overlay", address), held());
 
     // The slow create finishes after all; the resource stays releasing, now known to be present.
     step(&agents.report_created(&agent, id), &["observation-accepted", "resource-seen"]);
-    assert_eq!(state_of(&agents, id), "releasing");
+    assert_eq!(state_name(&agents, id), "releasing");
 
     // The agent has seen the release and is destroying it: in flight, still nothing freed.
     let report = agents.sync(&agent, |r| r.in_flight = vec![id]);
@@ -304,7 +289,7 @@ fn release_racing_a_slow_create_keeps_the_ip_until_confirmed() {
     // A report whose watermark covers the release says destroyed: destroyed, and the claim may go back.
     let report = agents.sync(&agent, |r| r.destroyed = vec![id]);
     step(&report, &["observation-accepted", "resource-destroyed", "claim-releasable"]);
-    assert_eq!(state_of(&agents, id), "destroyed");
+    assert_eq!(state_name(&agents, id), "destroyed");
 
     // The sweeper frees it at the pool, with the holder's token.
     let free = only(frees_for(&report));
@@ -312,8 +297,8 @@ fn release_racing_a_slow_create_keeps_the_ip_until_confirmed() {
     step(&pools.sys(free), &["claim-freed"]);
     assert_eq!(holder_of(&pools, "overlay", address), None);
 
-    closing(&agents);
-    closing(&pools);
+    settle(&agents);
+    settle(&pools);
 }
 
 // --- (d) a flaky driver -------------------------------------------------------------------------------------------
@@ -339,7 +324,7 @@ fn flaky_driver_reporting_empty_twice_trips_the_breaker() {
     let report = w.sync(&agent, |r| r.missing = all.clone());
     step(&report, &["observation-accepted", "agent-suspect"]);
     assert_eq!(w.state().agent(&agent).unwrap().status(), "suspect");
-    assert!(all.iter().all(|id| state_of(&w, *id) == "active"), "nothing lost");
+    assert!(all.iter().all(|id| state_name(&w, *id) == "active"), "nothing lost");
     let message = refused(&mut w, InvalidState, |w| {
         let cmd = w.allocate_cmd(&agent);
         w.op(cmd)
@@ -349,7 +334,7 @@ fn flaky_driver_reporting_empty_twice_trips_the_breaker() {
     // Again: the breaker holds, still nothing marked.
     let report = w.sync(&agent, |r| r.missing = all.clone());
     step(&report, &["observation-accepted"]);
-    assert!(all.iter().all(|id| state_of(&w, *id) == "active"), "nothing lost");
+    assert!(all.iter().all(|id| state_name(&w, *id) == "active"), "nothing lost");
     assert!(matches!(lease_state(&w, lease), LeaseState::Active { .. }), "the lease holds");
     assert!(matches!(claim_of(&w, with_slot, "slots"), ClaimSlot::Bound { value: PoolValue::Slot(0), .. }));
 
@@ -360,7 +345,7 @@ fn flaky_driver_reporting_empty_twice_trips_the_breaker() {
     let cmd = w.allocate_cmd(&agent);
     step(&w.op(cmd), &["resource-allocated", "create-ordered"]);
 
-    closing(&w);
+    settle(&w);
 }
 
 // --- (e) a wiped worker -------------------------------------------------------------------------------------------
@@ -416,7 +401,7 @@ fn wiped_worker_reregistering_loses_everything_and_returns_its_claims() {
         expected.push("claim-releasable");
     }
     step(&report, &expected);
-    assert!(ids.iter().all(|id| state_of(&w, *id) == "lost"));
+    assert!(ids.iter().all(|id| state_name(&w, *id) == "lost"));
     assert!(matches!(lease_state(&w, lease), LeaseState::Broken { reason: BreakReason::ResourceLeft }));
     assert!(!w.state().agent(&agent).unwrap().is_suspect());
 
@@ -426,7 +411,7 @@ fn wiped_worker_reregistering_loses_everything_and_returns_its_claims() {
         step(&w.sys(free), &["claim-freed"]);
     }
     assert!(w.state().pool(&pool_name("slots")).unwrap().held.is_empty());
-    closing(&w);
+    settle(&w);
 
     // The same story without --wiped: the report trips the breaker and nothing is lost.
     let mut plain = World::new();
@@ -435,14 +420,14 @@ fn wiped_worker_reregistering_loses_everything_and_returns_its_claims() {
     step(&plain.register_with(&agent, AgentSettings::default(), false), &["agent-registered"]);
     let report = plain.sync(&agent, |r| r.missing = ids.clone());
     step(&report, &["observation-accepted", "agent-suspect"]);
-    assert!(ids.iter().all(|id| state_of(&plain, *id) == "active"));
+    assert!(ids.iter().all(|id| state_name(&plain, *id) == "active"));
     assert_eq!(plain.state().pool(&pool_name("slots")).unwrap().held.len(), 5);
     // The operator then restarts it with --wiped: the breaker clears and the next report loses everything.
     step(&plain.register_with(&agent, AgentSettings::default(), true), &["agent-breaker-cleared", "agent-registered"]);
     let report = plain.sync(&agent, |r| r.missing = ids.clone());
     assert_eq!(effect_names(&report).iter().filter(|n| **n == "resource-lost").count(), 5);
     assert_eq!(frees_for(&report).len(), 5);
-    closing(&plain);
+    settle(&plain);
 }
 
 // --- (f) SwarmKit: IP reuse ---------------------------------------------------------------------------------------
@@ -491,7 +476,7 @@ fn swarmkit_ip_is_not_reused_before_the_old_container_is_gone_and_cooled() {
     step(&report, &["observation-accepted"]);
     let report = agents.sync(&agent, |r| r.in_flight = vec![a]);
     step(&report, &["observation-accepted"]);
-    assert_eq!(state_of(&agents, a), "releasing");
+    assert_eq!(state_name(&agents, a), "releasing");
     assert_eq!(holder_of(&pools, "overlay", address), holder_a);
 
     // The shutdown finishes and the agent confirms it: destroyed, and the address may go back.
@@ -514,8 +499,8 @@ fn swarmkit_ip_is_not_reused_before_the_old_container_is_gone_and_cooled() {
     step(&agents.sys(only(binds_for(&granted_b))), &["claim-bound", "create-ordered"]);
     assert!(matches!(claim_of(&agents, b, "overlay"), ClaimSlot::Bound { value, .. } if value == address));
 
-    closing(&agents);
-    closing(&pools);
+    settle(&agents);
+    settle(&pools);
 }
 
 // --- (g) Drydock --------------------------------------------------------------------------------------------------
@@ -560,7 +545,7 @@ fn drydock_double_release_orders_one_destruction() {
             .collect();
     assert_eq!(issuers, ["op:web-ui", "op:cli"]);
 
-    closing(&w);
+    settle(&w);
 }
 
 /// Drydock "resources mangled outside Drydock's control": a spot instance vanishes. The next report says it is
@@ -578,8 +563,8 @@ fn drydock_lease_on_a_vanished_spot_instance() {
 
     let report = w.sync(&agent, |r| r.missing = vec![spot]);
     step(&report, &["observation-accepted", "resource-lost", "lease-broken"]);
-    assert_eq!(state_of(&w, spot), "lost");
-    assert_eq!(state_of(&w, other), "active");
+    assert_eq!(state_name(&w, spot), "lost");
+    assert_eq!(state_name(&w, other), "active");
     assert!(matches!(lease_state(&w, lease), LeaseState::Broken { reason: BreakReason::ResourceLeft }));
 
     // The holder renewing its lease learns it is broken.
@@ -594,7 +579,7 @@ fn drydock_lease_on_a_vanished_spot_instance() {
     // A release of a lost resource has nothing to do.
     refused(&mut w, AlreadyDone, |w| w.release());
 
-    closing(&w);
+    settle(&w);
 }
 
 /// Drydock's check-after-failure: a failure makes the resource suspect (no new leases, existing ones stay), a health
@@ -617,7 +602,7 @@ fn drydock_suspect_health_check_unhealthy_releasing() {
         detail: "ssh: connection refused".into(),
     };
     step(&w.agent_says(failure), &["observation-accepted", "resource-suspect"]);
-    assert_eq!(state_of(&w, id), "suspect");
+    assert_eq!(state_name(&w, id), "suspect");
 
     // No new leases on a suspect resource; the existing one stays and can be renewed.
     let message = refused(&mut w, InvalidState, |w| {
@@ -640,7 +625,7 @@ fn drydock_suspect_health_check_unhealthy_releasing() {
     let report = w.sync(&agent, |r| r.destroyed = vec![id]);
     step(&report, &["observation-accepted", "resource-destroyed"]);
 
-    closing(&w);
+    settle(&w);
 }
 
 // --- (h) Arvados: slot 0 and stale slots --------------------------------------------------------------------------
@@ -726,7 +711,7 @@ fn arvados_slot_zero_and_stale_slot() {
     step(&w.sys(only(binds_for(&granted_3))), &["claim-bound", "create-ordered"]);
     assert!(matches!(claim_of(&w, third, "slots"), ClaimSlot::Bound { value: PoolValue::Slot(0), .. }));
 
-    closing(&w);
+    settle(&w);
 }
 
 // --- (i) a holder that goes terminal before the bind --------------------------------------------------------------
@@ -774,8 +759,8 @@ fn claim_of_a_holder_gone_terminal_before_the_bind_goes_straight_back() {
     assert_eq!(holder_of(&pools, "overlay", bind.value), None);
     assert!(!pools.state().pool(&pool_name("overlay")).unwrap().holders.contains_key(&holder));
 
-    closing(&agents);
-    closing(&pools);
+    settle(&agents);
+    settle(&pools);
 }
 
 // --- regressions: behaviour once found wrong in review, now fixed ----------------------------------------------------
@@ -811,7 +796,7 @@ fn regressions_found_in_review() {
         report.digest = HandleDigest::of([&old]);
         let outcome = w.agent_says(report);
         expect("honest report from before a create asks for no resync", &outcome, &["observation-accepted"]);
-        assert_eq!(state_of(&w, new), "active");
+        assert_eq!(state_name(&w, new), "active");
     }
 
     // 2. A duplicate bind (a second sweeper, the same grant, the same source) after the holder's claim was bound and

@@ -361,15 +361,52 @@ fn run_case(case: &Case) {
             assert_eq!(effect_names(&outcome), names, "effects");
         }
         Then::Rejected(kind, fragments) => {
-            let message = rejected(&outcome, kind);
-            for fragment in fragments {
-                assert!(message.contains(fragment), "message {message:?} lacks {fragment:?}");
-            }
-            assert_same_except_bookkeeping(&before, world.state());
+            assert_refusal(&before, world.state(), &outcome, kind, fragments);
         }
     }
-    leasehold_domain::invariants::check(world.state()).expect("invariants");
-    assert!(world.d.rebuild() == *world.state(), "folding the outcomes from scratch gives another state");
+    settle(&world);
+}
+
+/// Invariants hold and folding every outcome from scratch gives the same state.
+#[track_caller]
+pub fn settle(w: &World) {
+    leasehold_domain::invariants::check(w.state()).expect("invariants");
+    assert!(w.d.rebuild() == *w.state(), "folding the outcomes from scratch gives another state");
+}
+
+/// Runs `when`, asserts a rejection of `kind` whose message has every fragment and which changed nothing but
+/// bookkeeping; returns the message.
+#[track_caller]
+pub fn refused(
+    w: &mut World,
+    when: impl FnOnce(&mut World) -> Outcome,
+    kind: RejectionKind,
+    fragments: &[&str],
+) -> String {
+    let before = w.state().clone();
+    let outcome = when(w);
+    assert_refusal(&before, w.state(), &outcome, kind, fragments)
+}
+
+#[track_caller]
+fn assert_refusal(
+    before: &PartitionState,
+    after: &PartitionState,
+    outcome: &Outcome,
+    kind: RejectionKind,
+    fragments: &[&str],
+) -> String {
+    let message = rejected(outcome, kind);
+    for fragment in fragments {
+        assert!(message.contains(fragment), "message {message:?} lacks {fragment:?}");
+    }
+    assert_same_except_bookkeeping(before, after);
+    message.to_owned()
+}
+
+/// The name of a resource's state.
+pub fn state_name(w: &World, id: ResourceId) -> &'static str {
+    w.state().resource(id).expect("resource in state").state.name()
 }
 
 /// A rejection moves the cursor and partition time and may be remembered; nothing else changes.
