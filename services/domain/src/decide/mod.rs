@@ -129,17 +129,21 @@ fn reject<T>(kind: RejectionKind, message: impl Into<String>) -> Result<T, Rejec
     Err(Rejection::new(kind, message))
 }
 
-/// Effects of the decision being made, with their byte count against the budget.
+/// Effects of the decision being made, with their byte count against the budget. Effects are sized only when a
+/// decision asks whether it is over budget (only decisions over many resources do), so an ordinary decision never
+/// encodes its effects twice.
 struct Effects {
     first: Position,
     list: Vec<Effect>,
+    /// Bytes of `list[..n_sized]`.
     bytes: usize,
+    n_sized: usize,
     limit: usize,
 }
 
 impl Effects {
     fn new(first: Position) -> Self {
-        Effects { first, list: Vec::new(), bytes: 0, limit: EFFECT_BUDGET_BYTES }
+        Effects { first, list: Vec::new(), bytes: 0, n_sized: 0, limit: EFFECT_BUDGET_BYTES }
     }
 
     /// Keeps `bytes` free for the rest of the work, should the decision have to continue.
@@ -150,7 +154,6 @@ impl Effects {
     /// Adds an effect and returns its position.
     fn push(&mut self, effect: Effect) -> Position {
         let position = self.next_position();
-        self.bytes += codec::encoded_len(&effect);
         self.list.push(effect);
         position
     }
@@ -159,7 +162,9 @@ impl Effects {
         Position(self.first.0 + self.list.len() as u64)
     }
 
-    fn over_budget(&self) -> bool {
+    fn over_budget(&mut self) -> bool {
+        self.bytes += self.list[self.n_sized..].iter().map(codec::encoded_len).sum::<usize>();
+        self.n_sized = self.list.len();
         self.bytes >= self.limit
     }
 }
