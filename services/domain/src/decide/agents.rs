@@ -73,22 +73,7 @@ impl<'s> Decider<'s> {
     }
 
     pub(super) fn heartbeat(&mut self, command: &Heartbeat) -> Verdict {
-        let agent = self.agent(&command.agent)?;
-        if agent.liveness == Liveness::Gone {
-            return reject(
-                RejectionKind::InvalidState,
-                format!("agent {} is gone and its resources are orphaned; register a new incarnation", agent.name),
-            );
-        }
-        if command.epoch != agent.epoch {
-            return reject(
-                RejectionKind::WrongEpoch,
-                format!(
-                    "heartbeat from epoch {} of agent {}, whose current epoch is {}",
-                    command.epoch, agent.name, agent.epoch
-                ),
-            );
-        }
+        let agent = self.incarnation(&command.agent, command.epoch, "heartbeat")?;
         if agent.liveness == Liveness::Stalled {
             self.out.push(Effect::AgentRecovered {});
             self.out.push(Effect::AgentSeen { at: self.now });

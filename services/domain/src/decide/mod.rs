@@ -279,6 +279,24 @@ impl<'s> Decider<'s> {
         })
     }
 
+    /// The agent, if it is not gone and `epoch` is its current one (`what` names the message in the rejection).
+    fn incarnation(&self, name: &AgentName, epoch: Position, what: &str) -> Result<&'s Agent, Rejection> {
+        let agent = self.agent(name)?;
+        if agent.liveness == crate::state::Liveness::Gone {
+            return reject(
+                RejectionKind::InvalidState,
+                format!("agent {name} is gone and its resources are orphaned; register a new incarnation"),
+            );
+        }
+        if epoch != agent.epoch {
+            return reject(
+                RejectionKind::WrongEpoch,
+                format!("{what} from epoch {epoch} of agent {name}, whose current epoch is {}", agent.epoch),
+            );
+        }
+        Ok(agent)
+    }
+
     fn resource(&self, agent: &AgentName, id: ResourceId) -> Result<&'s Resource, Rejection> {
         match self.state.resources.get(&id) {
             Some(resource) if resource.agent == *agent => Ok(resource),

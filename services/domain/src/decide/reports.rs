@@ -22,7 +22,7 @@ use leasehold_schemas::outcome::{BreakReason, BreakerClear, Effect, ReleaseCause
 use leasehold_schemas::{Rejection, RejectionKind, codec};
 
 use super::{Decider, Verdict, check_text, reject};
-use crate::state::{Agent, Liveness, PartitionState, Resource, ResourceState};
+use crate::state::{Agent, PartitionState, Resource, ResourceState};
 
 /// What a report says of one handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,19 +137,7 @@ pub fn expected_listing(state: &PartitionState, report: &SyncReport) -> Option<(
 impl<'s> Decider<'s> {
     /// The observing agent, if the observation is from its current epoch and newer than the last one decided.
     fn observer(&self, name: &AgentName, epoch: Position, obs: u64) -> Result<(&'s Agent, ObsStamp), Rejection> {
-        let agent = self.agent(name)?;
-        if agent.liveness == Liveness::Gone {
-            return reject(
-                RejectionKind::InvalidState,
-                format!("agent {name} is gone and its resources are orphaned; register a new incarnation"),
-            );
-        }
-        if epoch != agent.epoch {
-            return reject(
-                RejectionKind::WrongEpoch,
-                format!("observation from epoch {epoch} of agent {name}, whose current epoch is {}", agent.epoch),
-            );
-        }
+        let agent = self.incarnation(name, epoch, "observation")?;
         let stamp = ObsStamp { epoch, obs };
         if stamp <= agent.last_obs {
             return reject(
