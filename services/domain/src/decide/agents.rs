@@ -6,7 +6,7 @@ use leasehold_schemas::command::{
     ConfirmLoss, Heartbeat, MarkGone, MarkStalled, Orphan, Register, RetireAgent, SetPartitionSettings,
 };
 use leasehold_schemas::ids::{Millis, Timestamp};
-use leasehold_schemas::outcome::{BreakerClear, Effect, ResyncReason, Work};
+use leasehold_schemas::outcome::{BreakerClear, Effect, ResyncReason};
 use leasehold_schemas::settings::AgentSettings;
 
 use super::{Decider, Verdict, reject};
@@ -113,14 +113,7 @@ impl<'s> Decider<'s> {
             );
         }
         self.out.push(Effect::AgentGone { last_seen: agent.last_seen });
-        // The gone effect is not applied yet, so orphan here rather than through `orphan_rest`'s liveness check.
-        for resource in self.state.resources_of(agent).filter(|r| !r.state.is_terminal()) {
-            if self.out.over_budget() {
-                self.continue_later(Work::OrphanResources {});
-                return Ok(());
-            }
-            self.orphan_unit(resource);
-        }
+        self.orphan_rest(agent);
         Ok(())
     }
 
@@ -153,19 +146,7 @@ impl<'s> Decider<'s> {
             return reject(RejectionKind::AlreadyDone, format!("agent {} is already retired", agent.name));
         }
         self.out.push(Effect::AgentRetired { by: self.envelope.issuer.clone() });
-        let live =
-            |r: &&crate::state::Resource| matches!(r.state, crate::state::ResourceState::Pending) || r.state.is_held();
-        for resource in self.state.resources_of(agent).filter(live) {
-            if self.out.over_budget() {
-                self.continue_later(Work::ReleaseResources {});
-                return Ok(());
-            }
-            self.order_release(
-                resource,
-                leasehold_schemas::outcome::ReleaseCause::AgentRetired {},
-                leasehold_schemas::outcome::BreakReason::ResourceLeft,
-            );
-        }
+        self.release_rest(agent);
         Ok(())
     }
 

@@ -393,9 +393,11 @@ impl<'s> Decider<'s> {
         let Some(agent) = self.state.agents.get(agent_name) else {
             return Ok(());
         };
+        // An agent that registered again since (no longer gone, or no longer retired) keeps what is left.
         match work {
-            Work::OrphanResources {} => self.orphan_rest(agent),
-            Work::ReleaseResources {} => self.release_rest(agent),
+            Work::OrphanResources {} if agent.liveness == crate::state::Liveness::Gone => self.orphan_rest(agent),
+            Work::ReleaseResources {} if agent.retired => self.release_rest(agent),
+            Work::OrphanResources {} | Work::ReleaseResources {} => {}
             Work::Report { report, mark_losses } => self.continue_report(agent, report, *mark_losses),
             Work::Chunk { chunk, mark_losses } => self.continue_chunk(agent, chunk, *mark_losses),
         }
@@ -404,9 +406,6 @@ impl<'s> Decider<'s> {
 
     /// Orphans the agent's non-terminal resources, as many as the budget allows.
     fn orphan_rest(&mut self, agent: &'s Agent) {
-        if agent.liveness != crate::state::Liveness::Gone {
-            return;
-        }
         for resource in self.state.resources_of(agent).filter(|r| !r.state.is_terminal()) {
             if self.out.over_budget() {
                 self.continue_later(Work::OrphanResources {});
@@ -418,9 +417,6 @@ impl<'s> Decider<'s> {
 
     /// Releases the retired agent's live resources, as many as the budget allows.
     fn release_rest(&mut self, agent: &'s Agent) {
-        if !agent.retired {
-            return;
-        }
         let live = |r: &&Resource| matches!(r.state, ResourceState::Pending) || r.state.is_held();
         for resource in self.state.resources_of(agent).filter(live) {
             if self.out.over_budget() {
