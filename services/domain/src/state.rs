@@ -438,24 +438,8 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// The identifier the next grant would get at `now`: a never-used one first, then the least recently freed
-    /// one whose cool-down has passed.
-    pub fn next_available(&self, now: Timestamp) -> Option<PoolValue> {
-        let size = self.kind.size();
-        if let Some(value) = (self.next_fresh..size).find_map(|idx| self.kind.value_at(idx)) {
-            return Some(value);
-        }
-        let (&(freed_at, _), &value) = self.cooling.iter().next()?;
-        (freed_at.saturating_add(self.cooldown) <= now).then_some(value)
-    }
-
     /// When the least recently freed identifier finishes its cool-down.
     pub fn next_cooled_at(&self) -> Option<Timestamp> {
         self.cooling.keys().next().map(|(freed_at, _)| freed_at.saturating_add(self.cooldown))
-    }
-
-    /// Identifiers free right now or later (not held).
-    pub fn n_free(&self) -> u64 {
-        self.kind.n_usable() - self.held.len() as u64
     }
 }
