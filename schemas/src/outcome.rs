@@ -2,6 +2,10 @@
 //!
 //! An accepted outcome holds effects at consecutive positions starting at `first_position`. A rejected outcome holds
 //! a reason that names the thing and why; it takes no position. Both are on record.
+//!
+//! A decision too large for one message is one outcome in consecutive parts (same `cmd_seq`, `part` 0, 1, 2...):
+//! every part but the last ends with a `decision-continues` effect, and the writer appends the next part before it
+//! decides anything else of the partition.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -28,6 +32,8 @@ pub struct Outcome {
     pub command: CommandSummary,
     /// The command's sequence in the command log: the log itself holds the writer's cursor.
     pub cmd_seq: u64,
+    /// 0 for the first part of the decision; the next parts count on (see the module's documentation).
+    pub part: u32,
     /// The time the log stamped on the command.
     pub log_time: Timestamp,
     /// `max(partition time, log_time)`: the time every deadline of this decision was set and checked with.
@@ -80,6 +86,11 @@ impl Outcome {
             Decision::Accepted { effects, .. } => effects,
             Decision::Rejected(_) => &[],
         }
+    }
+
+    /// True when the decision goes on in a next part (this part ends with `decision-continues`).
+    pub fn continues(&self) -> bool {
+        matches!(self.effects().last(), Some(Effect::DecisionContinues { .. }))
     }
 }
 
@@ -215,7 +226,7 @@ pub enum ResyncReason {
     LossConfirmed {},
 }
 
-/// Work an outcome left for a follow-up `sys.continue` because the outcome would have grown past its size cap.
+/// What a decision still has to do when a part would grow past the size cap: the next part does it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Work {
@@ -357,12 +368,30 @@ pub enum Effect {
         resource: ResourceId,
         detail: String,
     },
-    /// The claim may go back to its pool (`value`/`token` `None`: the holder was still waiting).
+    /// The resource's own claim may go back to its pool (`value`/`token` `None`: the holder was still waiting).
+    /// Only ever with a terminal state.
     ClaimReleasable {
         resource: ResourceId,
         pool: PoolName,
         value: Option<PoolValue>,
         token: Option<Position>,
+    },
+    /// A grant that is not the resource's to keep (the resource is unknown, terminal, bound already, never claimed
+    /// from the pool, or the grant answers another claim) goes straight back to its pool. The partition remembers
+    /// it: the same grant is never bound here later.
+    GrantReturned {
+        resource: ResourceId,
+        pool: PoolName,
+        value: PoolValue,
+        token: Position,
+    },
+    /// The answer to a child's adoption: the parent's state as of this position (a parent unknown here and too old
+    /// to be allocated any more has left).
+    ChildAdopted {
+        parent: ResourceId,
+        child: ResourceRef,
+        child_source: Source,
+        parent_state: crate::command::ParentState,
     },
 
     // Leases. A grant's position is the lease token.
@@ -426,13 +455,9 @@ pub enum Effect {
     PartitionSettingsChanged {
         settings: PartitionSettings,
     },
-    /// The writer must send itself a `sys.continue` naming this position.
-    ContinueRequested {
+    /// This part of the outcome ends here; the next part (same command, `part + 1`) does `work`.
+    DecisionContinues {
         work: Work,
-    },
-    /// The continuation that `ContinueRequested` at `origin` asked for was taken up.
-    ContinuationTaken {
-        origin: Position,
     },
 }
 
@@ -470,6 +495,8 @@ impl Effect {
             Effect::ResourceOrphaned { .. } => "resource-orphaned",
             Effect::ResourceFailed { .. } => "resource-failed",
             Effect::ClaimReleasable { .. } => "claim-releasable",
+            Effect::GrantReturned { .. } => "grant-returned",
+            Effect::ChildAdopted { .. } => "child-adopted",
             Effect::LeaseWaiting { .. } => "lease-waiting",
             Effect::LeaseGranted { .. } => "lease-granted",
             Effect::LeaseRenewed { .. } => "lease-renewed",
@@ -483,8 +510,7 @@ impl Effect {
             Effect::ClaimFreed { .. } => "claim-freed",
             Effect::ClaimWithdrawn { .. } => "claim-withdrawn",
             Effect::PartitionSettingsChanged { .. } => "partition-settings-changed",
-            Effect::ContinueRequested { .. } => "continue-requested",
-            Effect::ContinuationTaken { .. } => "continuation-taken",
+            Effect::DecisionContinues { .. } => "decision-continues",
         }
     }
 }

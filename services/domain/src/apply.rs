@@ -1,42 +1,110 @@
 //! `apply`: fold one outcome into partition state. No decisions here: every branch follows from an effect.
 
-use std::sync::Arc;
+use std::fmt;
 
 use leasehold_schemas::Outcome;
-use leasehold_schemas::ids::{Position, ResourceId, Timestamp};
-use leasehold_schemas::outcome::{Effect, UnpauseCause};
+use leasehold_schemas::ids::{Position, ResourceId, ResourceRef, Timestamp};
+use leasehold_schemas::outcome::{Decision, Effect, UnpauseCause};
+use leasehold_schemas::subjects::partition_of_key;
 
 use crate::state::{
-    Agent, Breaker, ClaimSlot, Forget, Holding, Lease, LeaseState, Liveness, PartitionState, PauseInfo, Pool, Resource,
-    ResourceState,
+    Agent, Breaker, ClaimSlot, Forget, Holding, Lease, LeaseState, Liveness, PartitionState, PauseInfo, PendingDecision,
+    Pool, Resource, ResourceState,
 };
 
-/// Folds `outcome` into `state`. An outcome at or below the cursor (a retried command answered with its first
-/// outcome) changes nothing.
-pub fn apply(state: &mut PartitionState, outcome: &Outcome) {
-    if outcome.cmd_seq <= state.cursor {
-        return;
+/// An outcome that does not follow the state it is folded into: a log out of order, with a gap, or of another
+/// partition. Whoever folds must stop: skipping it would serve a state the log does not hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FoldError {
+    WrongPartition { state: u32, outcome: u32 },
+    /// The outcome is not the next one: after `(cursor, part)`, with `pending` the part expected next if a decision
+    /// is unfinished.
+    OutOfOrder { cursor: (u64, u32), pending: Option<(u64, u32)>, got: (u64, u32) },
+    /// Its first position is not the next position of the partition.
+    PositionGap { expected: Position, got: Position },
+}
+
+impl fmt::Display for FoldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FoldError::WrongPartition { state, outcome } => {
+                write!(f, "an outcome of partition {outcome} cannot be folded into partition {state}")
+            }
+            FoldError::OutOfOrder { cursor, pending: Some(next), got } => write!(
+                f,
+                "expected part {} of command {} next (last applied: command {} part {}), got command {} part {}",
+                next.1, next.0, cursor.0, cursor.1, got.0, got.1
+            ),
+            FoldError::OutOfOrder { cursor, pending: None, got } => write!(
+                f,
+                "expected the first part of a command after {} (last applied part {}), got command {} part {}",
+                cursor.0, cursor.1, got.0, got.1
+            ),
+            FoldError::PositionGap { expected, got } => {
+                write!(f, "the outcome starts at position {got}, but the next position is {expected}")
+            }
+        }
     }
+}
+
+impl std::error::Error for FoldError {}
+
+/// Folds the next outcome of the partition into `state`: the first part of a later command, or the next part of
+/// the unfinished decision. Anything else is refused and changes nothing.
+pub fn apply(state: &mut PartitionState, outcome: &Outcome) -> Result<(), FoldError> {
+    if outcome.partition != state.partition {
+        return Err(FoldError::WrongPartition { state: state.partition, outcome: outcome.partition });
+    }
+    let got = (outcome.cmd_seq, outcome.part);
+    let in_order = match &state.pending {
+        Some(pending) => got == (pending.cmd_seq, pending.next_part()),
+        None => outcome.part == 0 && outcome.cmd_seq > state.cursor,
+    };
+    if !in_order {
+        return Err(FoldError::OutOfOrder {
+            cursor: (state.cursor, state.cursor_part),
+            pending: state.pending.as_ref().map(|p| (p.cmd_seq, p.next_part())),
+            got,
+        });
+    }
+    if let Decision::Accepted { first_position, .. } = &outcome.decision
+        && *first_position != state.next_position
+    {
+        return Err(FoldError::PositionGap { expected: state.next_position, got: *first_position });
+    }
+    state.pending = None;
     state.cursor = outcome.cmd_seq;
+    state.cursor_part = outcome.part;
     state.now = state.now.max(outcome.decided_at);
     let now = state.now;
     let key = outcome.command.key.clone();
     let mut last = state.last_position();
     for (position, effect) in outcome.positioned_effects() {
-        debug_assert_eq!(position, last.next(), "positions are dense");
         apply_effect(state, &key, position, now, effect);
         last = position;
     }
     state.next_position = last.next();
-    if crate::decide::remembered(&outcome.command.type_name) {
-        state.recent.by_id.insert(outcome.command.id, Arc::new(outcome.clone()));
-        let since = now.max(outcome.command.issued_at);
-        state.recent.order.insert((since, outcome.command.id));
+    if let Some(Effect::DecisionContinues { work }) = outcome.effects().last() {
+        state.pending = Some(PendingDecision {
+            cmd_seq: outcome.cmd_seq,
+            part: outcome.part,
+            log_time: outcome.log_time,
+            command: outcome.command.clone(),
+            work: work.clone(),
+        });
+    }
+    if outcome.part == 0 && crate::decide::remembered(outcome) {
+        let id = outcome.command.id;
+        state.recent.by_id.insert(id, outcome.cmd_seq);
+        let since = now.max(outcome.command.issued_at).max(Timestamp(id.unix_ms()));
+        state.recent.order.insert((since, id));
     }
     forget_old(state);
+    Ok(())
 }
 
-/// Drops what the horizon no longer needs: outcomes of old commands, terminal records, released pool holders.
+/// Drops what the horizon no longer needs: remembered command ids, terminal records, released pool holders, returned
+/// grants of unknown resources. Remembers the latest time it dropped anything from.
 fn forget_old(state: &mut PartitionState) {
     let horizon = state.settings.outcome_horizon;
     let now = state.now;
@@ -48,32 +116,51 @@ fn forget_old(state: &mut PartitionState) {
         }
         state.recent.order.pop_first();
         state.recent.by_id.remove(&id);
+        state.forgotten_up_to = state.forgotten_up_to.max(t);
     }
-    while let Some((t, _)) = state.forget.front() {
+    while let Some((t, _)) = state.forget.first() {
         if !expired(*t) {
             break;
         }
-        let Some((_, item)) = state.forget.pop_front() else {
+        let Some((t, item)) = state.forget.pop_first() else {
             break;
         };
+        state.forgotten_up_to = state.forgotten_up_to.max(t);
         match item {
             Forget::Resource(id) => {
-                if let Some(resource) = state.resources.remove(&id)
-                    && let Some(agent) = state.agents.get_mut(&resource.agent)
+                if state.resources.get(&id).is_some_and(|r| r.state.is_terminal())
+                    && let Some(resource) = state.resources.remove(&id)
                 {
-                    agent.resources.remove(&id);
+                    let reference = resource.reference();
+                    if let Some(agent) = state.agents.get_mut(&resource.agent) {
+                        agent.resources.remove(&id);
+                    }
+                    state.returned_grants.retain(|(holder, _, _)| *holder != reference);
                 }
             }
             Forget::Lease(id) => {
-                state.leases.remove(&id);
+                if state.leases.get(&id).is_some_and(|l| !l.state.is_live()) {
+                    state.leases.remove(&id);
+                }
             }
-            Forget::PoolHolder(pool, holder) => {
-                if let Some(pool) = state.pools.get_mut(&pool) {
+            Forget::PoolHolder(pool, holder, source) => {
+                if let Some(pool) = state.pools.get_mut(&pool)
+                    && pool.released.get(&holder) == Some(&source)
+                {
                     pool.released.remove(&holder);
+                }
+            }
+            Forget::ReturnedGrant(holder, pool, token) => {
+                if !resource_is(state, &holder) {
+                    state.returned_grants.remove(&(holder, pool, token));
                 }
             }
         }
     }
+}
+
+fn resource_is(state: &PartitionState, reference: &ResourceRef) -> bool {
+    state.resources.get(&reference.resource).is_some_and(|r| r.agent == reference.agent)
 }
 
 fn agent_of<'a>(state: &'a mut PartitionState, key: &leasehold_schemas::Key) -> Option<&'a mut Agent> {
@@ -138,7 +225,8 @@ fn set_resource_state(
         }
     }
     if is_terminal {
-        state.forget.push_back((now, Forget::Resource(id)));
+        // Kept until its id could no longer be allocated, even if it was stamped in the future.
+        state.forget.insert((now.max(Timestamp(id.unix_ms())), Forget::Resource(id)));
     }
 }
 
@@ -152,7 +240,7 @@ fn end_lease(state: &mut PartitionState, lease_id: leasehold_schemas::LeaseId, n
     if let Some(resource) = state.resources.get_mut(&resource_id) {
         resource.live_leases.retain(|_, id| *id != lease_id);
     }
-    state.forget.push_back((now, Forget::Lease(lease_id)));
+    state.forget.insert((now.max(Timestamp(lease_id.unix_ms())), Forget::Lease(lease_id)));
 }
 
 fn apply_effect(
@@ -255,6 +343,12 @@ fn apply_effect(
             let leasehold_schemas::Key::Agent(agent_name) = key else {
                 return;
             };
+            // A parent in this partition is known as of the allocation: a cascade older than that is stale. A parent
+            // elsewhere is learnt by the answer to the child's adoption.
+            let parent_seen = parent
+                .as_ref()
+                .filter(|p| partition_of_key(&leasehold_schemas::Key::Agent(p.agent.clone()), state.partitions) == state.partition)
+                .map(|_| leasehold_schemas::Source { partition: state.partition, position: Position(position.0 - 1) });
             state.resources.insert(
                 *resource,
                 Resource {
@@ -272,7 +366,7 @@ fn apply_effect(
                     last_present: None,
                     native_id: None,
                     upstream_suspect: None,
-                    parent_seen: None,
+                    parent_seen,
                     claims: Default::default(),
                     live_leases: Default::default(),
                     terminal_at: None,
@@ -299,7 +393,7 @@ fn apply_effect(
         }
         Effect::ResourceSeen { resource, stamp, native_id } => {
             if let Some(r) = state.resources.get_mut(resource) {
-                r.last_present = Some(*stamp);
+                r.last_present = r.last_present.max(Some(*stamp));
                 if native_id.is_some() {
                     r.native_id = native_id.clone();
                 }
@@ -387,20 +481,24 @@ fn apply_effect(
             set_resource_state(state, *resource, ResourceState::Failed { detail: detail.clone() }, position, now);
         }
         Effect::ClaimReleasable { resource, pool, token, .. } => {
-            // Only the resource's own claim changes; a stray grant sent straight back leaves the slot as it is.
             if let Some(r) = state.resources.get_mut(resource)
                 && let Some(slot) = r.claims.get_mut(pool)
             {
-                let own = match (&*slot, token) {
-                    (ClaimSlot::Bound { token: bound, .. }, Some(token)) => bound == token,
-                    (ClaimSlot::Wanted { .. }, None) => true,
-                    _ => false,
-                };
-                if own {
-                    *slot = ClaimSlot::Returned { token: *token };
-                }
+                *slot = ClaimSlot::Returned { token: *token };
             }
         }
+        Effect::GrantReturned { resource, pool, token, .. } => {
+            let leasehold_schemas::Key::Agent(agent) = key else {
+                return;
+            };
+            let holder = ResourceRef::new(agent.clone(), *resource);
+            if !resource_is(state, &holder) {
+                let until = now.max(Timestamp(resource.unix_ms()));
+                state.forget.insert((until, Forget::ReturnedGrant(holder.clone(), pool.clone(), *token)));
+            }
+            state.returned_grants.insert((holder, pool.clone(), *token));
+        }
+        Effect::ChildAdopted { .. } => {}
         Effect::LeaseWaiting { lease, resource, holder, ttl, wait_until } => {
             insert_lease(
                 state,
@@ -483,8 +581,8 @@ fn apply_effect(
                     Holding::Waiting { source, .. } | Holding::Granted { source, .. } => source,
                 };
                 pool.released.insert(holder.clone(), source);
-                let name = pool.name.clone();
-                state.forget.push_back((now, Forget::PoolHolder(name, holder.clone())));
+                let forget = Forget::PoolHolder(pool.name.clone(), holder.clone(), source);
+                state.forget.insert((now, forget));
             }
         }
         Effect::ClaimWithdrawn { holder } => {
@@ -500,19 +598,15 @@ fn apply_effect(
                     Holding::Granted { source, .. } => source,
                 };
                 pool.released.insert(holder.clone(), source);
-                let name = pool.name.clone();
-                state.forget.push_back((now, Forget::PoolHolder(name, holder.clone())));
+                let forget = Forget::PoolHolder(pool.name.clone(), holder.clone(), source);
+                state.forget.insert((now, forget));
             }
         }
         Effect::PartitionSettingsChanged { settings } => {
             state.settings = settings.clone();
         }
-        Effect::ContinueRequested { work } => {
-            state.continuations.insert(position, (key.clone(), work.clone()));
-        }
-        Effect::ContinuationTaken { origin } => {
-            state.continuations.remove(origin);
-        }
+        // The pending decision is recorded by `apply` from the outcome as a whole.
+        Effect::DecisionContinues { .. } => {}
     }
 }
 

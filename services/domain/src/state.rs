@@ -4,16 +4,14 @@
 //! durable form, and state is what folding it gives.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Arc;
 
-use leasehold_schemas::Outcome;
 use leasehold_schemas::Uuid;
 use leasehold_schemas::command::HandleDigest;
 use leasehold_schemas::ids::{
-    AgentName, CommandId, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source,
+    AgentName, CommandId, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source,
     Timestamp,
 };
-use leasehold_schemas::outcome::{BreakReason, ReleaseCause, SuspectCause, Work};
+use leasehold_schemas::outcome::{BreakReason, CommandSummary, ReleaseCause, SuspectCause, Work};
 use leasehold_schemas::pool::{PoolKind, PoolValue};
 use leasehold_schemas::settings::{AgentSettings, PartitionSettings};
 
@@ -23,33 +21,68 @@ pub struct PartitionState {
     pub(crate) partition: u32,
     pub(crate) partitions: u32,
     pub(crate) now: Timestamp,
+    /// The command sequence and part of the last outcome applied.
     pub(crate) cursor: u64,
+    pub(crate) cursor_part: u32,
     pub(crate) next_position: Position,
     pub(crate) settings: PartitionSettings,
     pub(crate) agents: BTreeMap<AgentName, Agent>,
     pub(crate) resources: BTreeMap<ResourceId, Resource>,
     pub(crate) leases: BTreeMap<LeaseId, Lease>,
     pub(crate) pools: BTreeMap<PoolName, Pool>,
-    pub(crate) recent: RecentOutcomes,
-    pub(crate) continuations: BTreeMap<Position, (Key, Work)>,
-    /// Terminal records and released pool holders, in the order they became forgettable (log time).
-    pub(crate) forget: VecDeque<(Timestamp, Forget)>,
+    pub(crate) recent: RecentCommands,
+    /// A decision whose last part so far ends with `decision-continues`: its next part comes before anything else.
+    pub(crate) pending: Option<PendingDecision>,
+    /// Grants this partition sent straight back (`grant-returned`): never bound here later. Kept while the
+    /// resource is in state, or until its id can no longer be allocated.
+    pub(crate) returned_grants: BTreeSet<(ResourceRef, PoolName, Position)>,
+    /// Terminal records, released pool holders and returned grants of unknown resources, by the log time from which
+    /// the horizon counts for each.
+    pub(crate) forget: BTreeSet<(Timestamp, Forget)>,
+    /// The latest "since" of anything forgotten (a command id, a terminal resource or lease...): ids stamped at or
+    /// before it may have been forgotten, so they are refused rather than decided or allocated a second time, even
+    /// after the horizon grows.
+    pub(crate) forgotten_up_to: Timestamp,
+    /// Bytes of effects after which decisions that can continue stop and continue in the next part. Not a decision
+    /// setting: where parts split changes nothing in the effects. Tests make it small to split often.
+    pub(crate) split_budget: usize,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Something to drop from state once the horizon has passed since its time. Each names the record it was made for,
+/// so a newer record under the same name is never erased by an older entry.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Forget {
     Resource(ResourceId),
     Lease(LeaseId),
-    PoolHolder(PoolName, ResourceRef),
+    PoolHolder(PoolName, ResourceRef, Source),
+    ReturnedGrant(ResourceRef, PoolName, Position),
 }
 
-/// Outcomes of the last horizon, by command id: a retried command gets its first outcome back.
+/// Command ids decided within the horizon, with the command sequence that decided them: a retry is answered
+/// "already decided at N" (its outcome is in the log and the projection), and nothing is appended.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct RecentOutcomes {
-    pub(crate) by_id: BTreeMap<CommandId, Arc<Outcome>>,
-    /// By the time each is remembered from: the later of its decision and its issuer time, so that a retry is
-    /// answered from memory for as long as it is not stale.
+pub(crate) struct RecentCommands {
+    pub(crate) by_id: BTreeMap<CommandId, u64>,
+    /// By the time the horizon counts from for each: the latest of its decision, its issuer time and its id's
+    /// time, so that a retry is answered from memory for as long as it is not stale.
     pub(crate) order: BTreeSet<(Timestamp, CommandId)>,
+}
+
+/// A decision not finished yet: its last part so far, and the work the next part does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingDecision {
+    pub cmd_seq: u64,
+    /// The last part applied.
+    pub part: u32,
+    pub log_time: Timestamp,
+    pub command: CommandSummary,
+    pub work: Work,
+}
+
+impl PendingDecision {
+    pub fn next_part(&self) -> u32 {
+        self.part + 1
+    }
 }
 
 impl PartitionState {
@@ -61,16 +94,31 @@ impl PartitionState {
             partitions,
             now: Timestamp(0),
             cursor: 0,
+            cursor_part: 0,
             next_position: Position(1),
             settings: PartitionSettings::default(),
             agents: BTreeMap::new(),
             resources: BTreeMap::new(),
             leases: BTreeMap::new(),
             pools: BTreeMap::new(),
-            recent: RecentOutcomes::default(),
-            continuations: BTreeMap::new(),
-            forget: VecDeque::new(),
+            recent: RecentCommands::default(),
+            pending: None,
+            returned_grants: BTreeSet::new(),
+            forget: BTreeSet::new(),
+            forgotten_up_to: Timestamp(0),
+            split_budget: crate::decide::EFFECT_BUDGET_BYTES,
         }
+    }
+
+    /// The same empty state, whose long decisions split into parts after `bytes` of effects (at least one unit of
+    /// work per part). For tests and simulations: the effects of a decision are the same whatever the split.
+    pub fn with_split_budget(mut self, bytes: usize) -> Self {
+        self.split_budget = bytes.min(crate::decide::EFFECT_BUDGET_BYTES);
+        self
+    }
+
+    pub fn split_budget(&self) -> usize {
+        self.split_budget
     }
 
     pub fn partition(&self) -> u32 {
@@ -89,6 +137,21 @@ impl PartitionState {
     /// The command log sequence of the last outcome applied.
     pub fn cursor(&self) -> u64 {
         self.cursor
+    }
+
+    /// The part of the last outcome applied (0 for the first part of a decision).
+    pub fn cursor_part(&self) -> u32 {
+        self.cursor_part
+    }
+
+    /// The decision whose next part must be appended before anything else is decided.
+    pub fn pending(&self) -> Option<&PendingDecision> {
+        self.pending.as_ref()
+    }
+
+    /// Ids stamped at or before this time may have been forgotten: they are refused.
+    pub fn forgotten_up_to(&self) -> Timestamp {
+        self.forgotten_up_to
     }
 
     /// The position the next effect will get.
@@ -137,19 +200,19 @@ impl PartitionState {
         self.pools.values()
     }
 
-    /// The outcome recorded for a command id within the horizon.
-    pub fn recent_outcome(&self, id: CommandId) -> Option<&Outcome> {
-        self.recent.by_id.get(&id).map(Arc::as_ref)
+    /// The command sequence that decided a command id, while it is remembered (within the horizon).
+    pub fn decided_at_seq(&self, id: CommandId) -> Option<u64> {
+        self.recent.by_id.get(&id).copied()
     }
 
-    /// How many outcomes are remembered for idempotency.
-    pub fn n_recent_outcomes(&self) -> usize {
+    /// How many command ids are remembered for idempotency.
+    pub fn n_recent_commands(&self) -> usize {
         self.recent.by_id.len()
     }
 
-    /// Work left for `sys.continue` commands, by the position of its `ContinueRequested`.
-    pub fn continuations(&self) -> impl Iterator<Item = (Position, &Key, &Work)> {
-        self.continuations.iter().map(|(pos, (key, work))| (*pos, key, work))
+    /// True when this grant was sent straight back by this partition: it is never bound here.
+    pub fn grant_returned(&self, holder: &ResourceRef, pool: &PoolName, token: Position) -> bool {
+        self.returned_grants.contains(&(holder.clone(), pool.clone(), token))
     }
 
     /// The resources of an agent, in id order.

@@ -416,7 +416,7 @@ fn heartbeats_are_coalesced_to_one_record_per_third_of_stall_after() {
     }
     assert_eq!(seen_at, [20, 40, 60]);
     assert_eq!(agent(&w).last_seen, T0.saturating_add(secs(60)));
-    assert_eq!(w.state().n_recent_outcomes(), 1, "heartbeats are not remembered (only the registration)");
+    assert_eq!(w.state().n_recent_commands(), 1, "heartbeats are not remembered (only the registration)");
     settle(&w);
 }
 
@@ -1080,7 +1080,7 @@ fn a_shorter_horizon_makes_commands_stale_sooner_and_outcomes_forgotten_sooner()
     let e = w.d.envelope(OP, RetireAgent { agent });
     w.advance(plus(Millis::from_hours(1), ms(1)));
     refused(&mut w, |w| w.d.submit_envelope(&e), StaleCommand, &["outcome horizon (1h)"]);
-    assert_eq!(w.state().n_recent_outcomes(), 1, "only the stale command's own outcome is left");
+    assert_eq!(w.state().n_recent_commands(), 1, "only the stale command's own outcome is left");
     settle(&w);
 }
 
@@ -1136,17 +1136,17 @@ fn a_double_release_with_two_command_ids_is_already_done() {
 fn outcomes_are_forgotten_after_the_horizon() {
     let mut w = World::new();
     w.active().leased(None);
-    let remembered = w.state().n_recent_outcomes();
+    let remembered = w.state().n_recent_commands();
     assert_eq!(remembered, 4, "register, allocate, report-created, acquire");
 
     w.advance(DAY);
     accepted(&retire(&mut w));
-    assert_eq!(w.state().n_recent_outcomes(), remembered + 1, "nothing forgotten at exactly the horizon");
+    assert_eq!(w.state().n_recent_commands(), remembered + 1, "nothing forgotten at exactly the horizon");
 
     w.advance(ms(1));
     let agent = w.a();
     rejected(&w.op(ConfirmLoss { agent }), InvalidState);
-    assert_eq!(w.state().n_recent_outcomes(), 2, "everything decided a horizon ago is forgotten");
+    assert_eq!(w.state().n_recent_commands(), 2, "everything decided a horizon ago is forgotten");
     settle(&w);
 }
 
@@ -1159,7 +1159,7 @@ fn a_retry_after_the_horizon_is_stale_not_decided_again() {
     accepted(&w.d.submit_envelope(&e));
     w.advance(plus(DAY, ms(1)));
     accepted(&w.heartbeat(&w.a()));
-    assert!(w.state().recent_outcome(e.command_id).is_none());
+    assert!(w.state().decided_at_seq(e.command_id).is_none());
     refused(&mut w, |w| w.d.submit_envelope(&e), StaleCommand, &["longer ago than the outcome horizon"]);
     settle(&w);
 }
@@ -1184,7 +1184,11 @@ fn terminal_resources_and_their_leases_are_forgotten_after_the_horizon() {
     assert!(w.state().lease(l).is_some());
 
     w.advance(ms(1));
+    // A heartbeat that changes nothing appends nothing (so forgets nothing); the next outcome does.
     accepted(&w.heartbeat(&a));
+    assert_eq!(w.d.last_answer(), leasehold_domain::driver::Answer::Unchanged);
+    assert!(w.state().resource(r).is_some());
+    accepted(&w.sync(&a, |_| {}));
     assert!(w.state().resource(r).is_none(), "forgotten a horizon after it became terminal");
     assert!(w.state().lease(l).is_none(), "its broken lease too");
     assert!(!agent(&w).resources.contains(&r));

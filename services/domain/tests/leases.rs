@@ -131,7 +131,7 @@ fn pending_child(w: &mut World) {
 fn cascade(w: &mut World, parent_state: ParentState, position: u64) -> Outcome {
     let child = w.rref();
     let parent = w.state().resource(w.r()).and_then(|r| r.parent.clone()).expect("a child");
-    w.sys(Cascade { child, parent, parent_state, source: src(position) })
+    w.sys(Cascade { child, parent, parent_state, source: src(position), answers: None })
 }
 
 /// Every lease break in `outcome` has `reason`.
@@ -396,7 +396,7 @@ fn acquire_validations() {
                 let outcome = acquire_with(w, |c| c.lease = lease);
                 naming(outcome, lease)
             },
-            Rejected(Invalid, &["is older than the outcome horizon; choose a fresh UUIDv7"]),
+            Rejected(Invalid, &["longer ago than the outcome horizon (24h)"]),
         ),
         case(
             "acquire without a holder",

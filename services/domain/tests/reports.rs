@@ -6,7 +6,7 @@ mod support;
 
 use Then::{Effects, Rejected};
 use leasehold_domain::state::Liveness;
-use leasehold_domain::{PartitionState, follow_ups};
+use leasehold_domain::{PartitionState, WriterError};
 use leasehold_schemas::RejectionKind::*;
 use leasehold_schemas::codec::{MAX_OUTCOME_BYTES, encode_outcome};
 use leasehold_schemas::command::*;
@@ -141,12 +141,12 @@ fn report_created() {
             Effects(&["observation-accepted", "resource-activated", "lease-granted"]),
         ),
         case(
-            "an active resource: only the observation",
+            "an active resource: its presence is recorded (no older observation can make it lost)",
             |w| {
                 w.active();
             },
             |w| w.report_created(&w.a(), w.r()),
-            Effects(&["observation-accepted"]),
+            Effects(&["observation-accepted", "resource-seen"]),
         ),
         case(
             "an observation number equal to the last one",
@@ -1072,7 +1072,7 @@ fn resync_chunks() {
             Effects(&["observation-accepted", "resource-activated"]),
         ),
         case(
-            "held in range: an active resource, nothing to say",
+            "held in range: an active resource is seen present",
             |w| {
                 w.active();
             },
@@ -1081,7 +1081,7 @@ fn resync_chunks() {
                 let c = chunk(w, Uuid::nil(), None, vec![r], vec![]);
                 w.agent_says(c)
             },
-            Effects(&["observation-accepted"]),
+            Effects(&["observation-accepted", "resource-seen"]),
         ),
         case(
             "absent in range: an active resource is lost",
@@ -1179,7 +1179,7 @@ fn resync_chunks() {
                 let c = chunk(w, Uuid::nil(), None, vec![r, stranger], vec![]);
                 w.agent_says(c)
             },
-            Effects(&["observation-accepted"]),
+            Effects(&["observation-accepted", "resource-seen"]),
         ),
         case(
             "a handle outside the range",
@@ -1284,7 +1284,7 @@ fn resync_chunks() {
             Rejected(WrongEpoch, &["observation from epoch #1"]),
         ),
         case(
-            "the breaker holds for chunks too",
+            "the breaker holds for chunks too (what is held is still seen present)",
             |w| {
                 w.registered();
                 active_n(w, 8);
@@ -1294,7 +1294,7 @@ fn resync_chunks() {
                 let c = chunk(w, Uuid::nil(), None, keep, vec![]);
                 w.agent_says(c)
             },
-            Effects(&["observation-accepted", "agent-suspect"]),
+            Effects(&["observation-accepted", "agent-suspect", "resource-seen", "resource-seen", "resource-seen"]),
         ),
     ]);
 }
@@ -1307,17 +1307,18 @@ fn each_chunk_is_decided_on_its_own() {
     let mid = made[2].as_uuid();
     // [nil, mid): made[0] held, made[1] gone.
     let c1 = chunk(&mut w, Uuid::nil(), Some(mid), vec![made[0]], vec![]);
-    assert_eq!(effect_names(&w.agent_says(c1.clone())), ["observation-accepted", "resource-lost"]);
+    assert_eq!(effect_names(&w.agent_says(c1.clone())), ["observation-accepted", "resource-seen", "resource-lost"]);
     assert_eq!(state_name(&w, made[1]), "lost");
     assert_eq!(state_name(&w, made[2]), "active", "outside the first chunk");
     assert_eq!(state_name(&w, made[3]), "active", "outside the first chunk");
     // [mid, end): both held.
     let c2 = chunk(&mut w, mid, None, vec![made[2], made[3]], vec![]);
-    assert_eq!(effect_names(&w.agent_says(c2)), ["observation-accepted"]);
-    // The first chunk again (lost in a failover, sent again with a new number): nothing more happens.
+    assert_eq!(effect_names(&w.agent_says(c2)), ["observation-accepted", "resource-seen", "resource-seen"]);
+    // The first chunk again (lost in a failover, sent again with a new number): nothing more happens but the
+    // presence of what it holds.
     let mut again = c1;
     again.obs = w.next_obs(&w.a());
-    assert_eq!(effect_names(&w.agent_says(again)), ["observation-accepted"]);
+    assert_eq!(effect_names(&w.agent_says(again)), ["observation-accepted", "resource-seen"]);
     // The same chunk with its old number is stale.
     let mut stale = chunk(&mut w, Uuid::nil(), Some(mid), vec![made[0]], vec![]);
     stale.obs = 1;
@@ -1483,19 +1484,21 @@ fn leased_resources(w: &mut World, n: usize, k: u32) -> Vec<ResourceId> {
     made
 }
 
-/// Every outcome encodes within the cap; returns how many asked to continue and how many continued.
+/// Every part encodes within the cap, and the parts are one outcome: same command, parts 0, 1, 2..., every part
+/// but the last ends with `decision-continues`. Returns how many parts there are.
 #[track_caller]
-fn check_sizes(outcomes: &[Outcome]) -> (usize, usize) {
-    let mut asked = 0;
-    let mut taken = 0;
-    for outcome in outcomes {
-        let bytes =
-            encode_outcome(outcome).unwrap_or_else(|e| panic!("{} does not encode: {e}", outcome.command.type_name));
+fn check_parts(parts: &[Outcome]) -> usize {
+    for (i, part) in parts.iter().enumerate() {
+        let bytes = encode_outcome(part).unwrap_or_else(|e| panic!("{} does not encode: {e}", part.command.type_name));
         assert!(bytes.len() <= MAX_OUTCOME_BYTES);
-        asked += effect_names(outcome).iter().filter(|n| **n == "continue-requested").count();
-        taken += effect_names(outcome).iter().filter(|n| **n == "continuation-taken").count();
+        assert_eq!(part.part, i as u32, "parts count up");
+        assert_eq!((part.cmd_seq, &part.command), (parts[0].cmd_seq, &parts[0].command), "one command's outcome");
+        let continues = effect_names(part).iter().filter(|n| **n == "decision-continues").count();
+        let last = i + 1 == parts.len();
+        assert_eq!(continues, usize::from(!last), "part {i}: only the last part does not continue");
+        assert_eq!(part.continues(), !last);
     }
-    (asked, taken)
+    parts.len()
 }
 
 fn count_effects(outcomes: &[Outcome], name: &str) -> usize {
@@ -1520,85 +1523,79 @@ fn orphaned_everywhere(state: &PartitionState, made: &[ResourceId]) {
         assert!(resource.live_leases.is_empty());
     }
     assert!(state.leases().all(|l| l.state.name() == "broken"));
-    assert_eq!(state.continuations().count(), 0, "no work left behind");
+    assert!(state.pending().is_none(), "no work left behind");
+}
+
+/// Plays a writer that appends the first part and then crashes after every part: each new writer folds the log
+/// (finding the decision unfinished), is offered `interloper` first (refused by the core: a writer bug, never an
+/// interleave), and appends the next part. Returns the parts.
+fn crash_between_parts(w: &mut World, first: Outcome, interloper: &leasehold_schemas::Envelope) -> Vec<Outcome> {
+    let mut parts = vec![first];
+    loop {
+        w.d.reload();
+        let Some(pending) = w.state().pending() else { break };
+        assert_eq!(pending.cmd_seq, parts[0].cmd_seq);
+        assert_eq!(pending.next_part(), parts.len() as u32, "the log says which part comes next");
+        let seq = w.d.next_seq();
+        let err = w.d.try_submit_envelope(interloper).expect_err("nothing comes between two parts");
+        assert_eq!(err, WriterError::PartsPending { cmd_seq: parts[0].cmd_seq, next_part: parts.len() as u32 });
+        assert_eq!(w.d.next_seq(), seq, "the refused command is not consumed");
+        parts.push(w.d.continue_pending().expect("a part is pending"));
+    }
+    assert_eq!(w.d.continue_pending(), Err(WriterError::NothingPending), "no part after the last");
+    parts
 }
 
 #[test]
-fn a_gone_agent_with_thousands_of_leased_resources_is_orphaned_in_bounded_outcomes() {
+fn a_gone_agent_with_thousands_of_leased_resources_is_orphaned_in_bounded_parts() {
     const N: usize = 5200;
     const K: u32 = 6;
     let mut w = World::new();
     let made = leased_resources(&mut w, N, K);
     w.advance(Millis(Millis::from_hours(24).0 + 20_000));
-    let mut manual = second_world(&w);
+    let mut crashing = second_world(&w);
 
-    // The driver sends the writer's follow-ups at once.
+    // The driver appends every part before the next command, as a writer does.
     let start = w.d.outcomes().len();
     let first = w.sys(MarkGone { agent: w.a() });
     let names = effect_names(&first);
     assert_eq!(names[0], "agent-gone");
-    assert_eq!(names.last(), Some(&"continue-requested"));
-    let tail = &w.d.outcomes()[start..];
-    assert!(tail.len() >= 3, "one outcome could not hold it all, nor two: {} outcomes", tail.len());
-    let (asked, taken) = check_sizes(tail);
-    assert_eq!(asked, tail.len() - 1);
-    assert_eq!(taken, asked, "every continuation was taken up");
-    for follow_up in &tail[1..] {
-        assert_eq!(follow_up.command.type_name, "sys.continue");
-        assert_eq!(effect_names(follow_up)[0], "continuation-taken");
-    }
-    assert_eq!(count_effects(tail, "resource-orphaned"), N);
-    assert_eq!(count_effects(tail, "lease-broken"), N * K as usize);
+    assert_eq!(names.last(), Some(&"decision-continues"));
+    let parts = w.d.parts_of(first.cmd_seq).to_vec();
+    assert_eq!(parts.len(), w.d.outcomes().len() - start, "nothing else was appended");
+    assert!(check_parts(&parts) >= 3, "one part could not hold it all, nor two: {} parts", parts.len());
+    assert_eq!(count_effects(&parts, "resource-orphaned"), N);
+    assert_eq!(count_effects(&parts, "lease-broken"), N * K as usize);
     assert_eq!(w.state().agent(&w.a()).unwrap().liveness, Liveness::Gone);
     orphaned_everywhere(w.state(), &made);
     settle(&w);
 
-    // Without the follow-ups, the resources past the budget wait, still owned by a gone agent: the sweeper may
-    // orphan one of them, and the continuation then skips it.
-    manual.d.auto_continue = false;
-    let manual_start = manual.d.outcomes().len();
-    let first = manual.sys(MarkGone { agent: manual.a() });
-    let waiting = ids_in(&manual, "active");
-    assert!(!waiting.is_empty());
-    let one = *waiting.last().unwrap();
-    let agent = manual.a();
-    let o = manual.sys(Orphan { agent: agent.clone(), resource: one });
-    let mut expected = vec!["resource-orphaned"];
-    expected.extend(std::iter::repeat_n("lease-broken", K as usize));
-    assert_eq!(effect_names(&o), expected);
-    refused(&mut manual, |w| w.sys(Orphan { agent: agent.clone(), resource: one }), AlreadyDone, &["already orphaned"]);
-
-    let mut pending = follow_ups(&first);
-    assert_eq!(pending.len(), 1);
-    let first_continue = pending[0].clone();
-    while let Some(envelope) = pending.pop() {
-        let o = manual.d.submit_envelope(&envelope);
-        assert_eq!(effect_names(&o)[0], "continuation-taken");
-        pending.extend(follow_ups(&o));
-    }
-    orphaned_everywhere(manual.state(), &made);
-    let mark_gone_on = &manual.d.outcomes()[manual_start..];
-    check_sizes(mark_gone_on);
-    assert_eq!(count_effects(mark_gone_on, "resource-orphaned"), N, "the one orphaned by hand is not orphaned twice");
-
-    // The continuation, asked for again under another command id, finds nothing left to do.
-    let mut again = manual.d.envelope(leasehold_domain::WRITER_ISSUER, first_continue.body.clone());
-    again.issued_at = manual.d.now();
-    refused(&mut manual, |w| w.d.submit_envelope(&again), AlreadyDone, &["no work waits at", "already taken up"]);
-    settle(&manual);
+    // A writer that crashes after every part: the next one finds the decision unfinished in the log, refuses to
+    // decide anything else first (the sweeper's orphan of one of the resources waits), and finishes it. The log is
+    // the same as the uninterrupted writer's.
+    crashing.d.finish_parts = false;
+    let first = crashing.sys(MarkGone { agent: crashing.a() });
+    let waiting = ids_in(&crashing, "active");
+    let one = *waiting.last().expect("resources past the first part wait");
+    let orphan_one = crashing.d.envelope(SWEEPER, Orphan { agent: crashing.a(), resource: one });
+    let crash_parts = crash_between_parts(&mut crashing, first, &orphan_one);
+    assert_eq!(crash_parts, parts, "the same parts as the writer that never crashed");
+    orphaned_everywhere(crashing.state(), &made);
+    // The orphan is decided after the decision, on what it left.
+    refused(&mut crashing, |w| w.d.submit_envelope(&orphan_one), AlreadyDone, &["already orphaned"]);
+    settle(&crashing);
 }
 
 #[test]
-fn a_wiped_agent_reporting_thousands_of_handles_missing_loses_them_in_bounded_outcomes() {
+fn a_wiped_agent_reporting_thousands_of_handles_missing_loses_them_in_bounded_parts() {
     const N: usize = MAX_REPORT_HANDLES;
     const K: u32 = 3;
     let mut w = World::new();
     let made = leased_resources(&mut w, N, K);
     let o = register(&mut w, true);
     assert_eq!(effect_names(&o), ["agent-registered"]);
-    let mut stale = second_world(&w);
+    let mut crashing = second_world(&w);
 
-    let start = w.d.outcomes().len();
     let report = {
         let a = w.a();
         let all = made.clone();
@@ -1608,37 +1605,36 @@ fn a_wiped_agent_reporting_thousands_of_handles_missing_loses_them_in_bounded_ou
     let first = w.agent_says(report.clone());
     let names = effect_names(&first);
     assert_eq!(names[..3], ["observation-accepted", "agent-breaker-rearmed", "resource-lost"], "no breaker, no resync");
-    assert_eq!(names.last(), Some(&"continue-requested"));
-    let tail = &w.d.outcomes()[start..];
-    assert!(tail.len() >= 3, "{} outcomes", tail.len());
-    let (asked, taken) = check_sizes(tail);
-    assert_eq!(asked, tail.len() - 1);
-    assert_eq!(taken, asked);
-    assert_eq!(count_effects(tail, "resource-lost"), N);
-    assert_eq!(count_effects(tail, "lease-broken"), N * K as usize);
-    assert_eq!(count_effects(tail, "agent-suspect"), 0);
+    assert_eq!(names.last(), Some(&"decision-continues"));
+    let parts = w.d.parts_of(first.cmd_seq).to_vec();
+    assert!(check_parts(&parts) >= 3, "{} parts", parts.len());
+    assert_eq!(count_effects(&parts, "resource-lost"), N);
+    assert_eq!(count_effects(&parts, "lease-broken"), N * K as usize);
+    assert_eq!(count_effects(&parts, "agent-suspect"), 0);
     for r in &made {
         assert_eq!(state_name(&w, *r), "lost");
     }
     let agent = w.state().agent(&w.a()).unwrap();
     assert_eq!(agent.n_held, 0);
     assert!(!agent.is_suspect());
-    assert_eq!(w.state().continuations().count(), 0);
+    assert!(w.state().pending().is_none());
     settle(&w);
 
-    // A continuation of a report from an epoch that has since been replaced judges nothing more.
-    stale.d.auto_continue = false;
-    let first = stale.agent_says(report);
-    let lost_first = count_effects(std::slice::from_ref(&first), "resource-lost");
-    assert!(lost_first < N);
-    accepted(&register(&mut stale, false));
-    let follow = follow_ups(&first);
-    assert_eq!(follow.len(), 1);
-    let o = stale.d.submit_envelope(&follow[0]);
-    assert_eq!(effect_names(&o), ["continuation-taken"]);
-    assert_eq!(ids_in(&stale, "lost").len(), lost_first);
-    assert_eq!(stale.state().continuations().count(), 0);
-    settle(&stale);
+    // A new incarnation registering between two parts is refused by the core until the report is finished: the
+    // report is judged as a whole against the epoch it was sent in.
+    crashing.d.finish_parts = false;
+    let first = crashing.agent_says(report);
+    assert!(count_effects(std::slice::from_ref(&first), "resource-lost") < N);
+    let a = crashing.a();
+    let register_again = crashing.d.envelope(
+        a.as_str(),
+        Register { agent: a.clone(), incarnation: Uuid::from_u128(77), wiped: false, settings: AgentSettings::default() },
+    );
+    let crash_parts = crash_between_parts(&mut crashing, first, &register_again);
+    assert_eq!(crash_parts, parts);
+    assert_eq!(ids_in(&crashing, "lost").len(), N);
+    accepted(&crashing.d.submit_envelope(&register_again));
+    settle(&crashing);
 }
 
 // --- regressions: behaviour once found wrong in review, now fixed ----------------------------------------------------

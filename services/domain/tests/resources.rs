@@ -370,7 +370,7 @@ fn parent_of(w: &World) -> ResourceRef {
 /// A cascade to `w.r()` from its parent, whose effect was at `position`.
 fn cascade(w: &mut World, parent_state: ParentState, position: u64) -> Outcome {
     let (child, parent) = (w.rref(), parent_of(w));
-    w.sys(Cascade { child, parent, parent_state, source: src(position) })
+    w.sys(Cascade { child, parent, parent_state, source: src(position), answers: None })
 }
 
 /// A registered agent and a pending resource `w.r()` that wants a slot of each pool (each defined with 4 slots).
@@ -1745,6 +1745,7 @@ fn cascades() {
                     parent: impostor.clone(),
                     parent_state: ParentState::Left,
                     source: src(100),
+                    answers: None,
                 });
                 naming(outcome, impostor)
             },
@@ -1758,7 +1759,7 @@ fn cascades() {
             |w| {
                 let child = w.rref();
                 let parent = ResourceRef::new(w.a(), w.d.new_resource_id());
-                w.sys(Cascade { child, parent, parent_state: ParentState::Suspect, source: src(100) })
+                w.sys(Cascade { child, parent, parent_state: ParentState::Suspect, source: src(100), answers: None })
             },
             Rejected(Invalid, &["is not the parent of resource"]),
         ),
@@ -1788,7 +1789,7 @@ fn cascades() {
             |w| {
                 let parent = w.rref();
                 let child = ResourceRef::new(w.a(), w.d.new_resource_id());
-                w.sys(Cascade { child, parent, parent_state: ParentState::Left, source: src(100) })
+                w.sys(Cascade { child, parent, parent_state: ParentState::Left, source: src(100), answers: None })
             },
             Rejected(Unknown, &["is not known"]),
         ),
@@ -1883,7 +1884,7 @@ fn claim_binding() {
             Rejected(AlreadyDone, &["on pool ips is already bound to slot 0"]),
         ),
         case(
-            "bind with another token",
+            "bind with another token: not this resource's to keep, it goes straight back",
             |w| {
                 wanting(w, &["ips"]);
                 granted(w, "ips");
@@ -1893,15 +1894,19 @@ fn claim_binding() {
                 let (value, token) = grant_of(w, "ips");
                 bind(w, "ips", value, Position(token.0 + 100))
             },
-            Rejected(TokenMismatch, &["on pool ips is bound to slot 0 with token #"]),
+            Effects(&["grant-returned"]),
         ),
         case(
-            "bind a claim on a pool the resource never wanted",
+            "bind a claim on a pool the resource never wanted: it goes straight back, so the pool never keeps it",
             |w| {
                 wanting(w, &["ips"]);
             },
-            |w| bind(w, "other", PoolValue::Slot(0), Position(3)),
-            Rejected(Invalid, &["has no claim on pool other"]),
+            |w| {
+                let outcome = bind(w, "other", PoolValue::Slot(0), Position(3));
+                assert!(w.state().grant_returned(&w.rref(), &pool_name("other"), Position(3)));
+                outcome
+            },
+            Effects(&["grant-returned"]),
         ),
         case(
             "bind a claim to a holder that failed: the claim goes straight back",
@@ -1915,11 +1920,11 @@ fn claim_binding() {
                 let outcome = bind(w, "ips", value, token);
                 assert!(matches!(
                     &outcome.effects()[0],
-                    Effect::ClaimReleasable { value: Some(v), token: Some(t), .. } if *v == value && *t == token
+                    Effect::GrantReturned { value: v, token: t, .. } if *v == value && *t == token
                 ));
                 outcome
             },
-            Effects(&["claim-releasable"]),
+            Effects(&["grant-returned"]),
         ),
         case(
             "bind a claim to a holder destroyed before the grant arrived: the claim goes straight back",
@@ -1931,16 +1936,16 @@ fn claim_binding() {
                 accepted(&w.sync(&agent, |report| report.destroyed = vec![resource]));
             },
             |w| bind_granted(w, "ips"),
-            Effects(&["claim-releasable"]),
+            Effects(&["grant-returned"]),
         ),
         case(
-            "a bind sent again after its holder was destroyed: the claim with that token was already sent back",
+            "a bind sent again after its holder was destroyed: the claim with that token was already given back",
             |w| {
                 active_with_claim(w);
                 destroyed(w);
             },
             |w| bind_granted(w, "ips"),
-            Rejected(AlreadyDone, &["was already sent back"]),
+            Rejected(AlreadyDone, &["was already given back"]),
         ),
         case(
             "bind a claim to an unknown resource: the claim goes straight back",
@@ -1949,10 +1954,10 @@ fn claim_binding() {
                 w.last_resource = Some(w.d.new_resource_id());
             },
             |w| bind(w, "ips", PoolValue::Slot(2), Position(9)),
-            Effects(&["claim-releasable"]),
+            Effects(&["grant-returned"]),
         ),
         case(
-            "bind a claim to a resource named on the wrong agent",
+            "bind a claim to a resource named on the wrong agent: that holder does not exist, the grant goes back",
             |w| {
                 wanting(w, &["ips"]);
                 granted(w, "ips");
@@ -1964,7 +1969,7 @@ fn claim_binding() {
                 let wanted = wanted_of(w, "ips", token);
                 w.sys(BindClaim { holder, pool: pool_name("ips"), value, token, source: src(token.0), wanted })
             },
-            Rejected(Unknown, &["is on agent w1, not w2"]),
+            Effects(&["grant-returned"]),
         ),
     ]);
 }

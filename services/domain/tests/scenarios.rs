@@ -53,7 +53,7 @@ fn binds_for(granted: &Outcome) -> Vec<BindClaim> {
         .collect()
 }
 
-/// `free` for every `claim-releasable` in an agent partition's outcome.
+/// `free` for every `claim-releasable` and `grant-returned` in an agent partition's outcome.
 fn frees_for(releasable: &Outcome) -> Vec<Free> {
     let Key::Agent(agent) = &releasable.command.key else { panic!("claim-releasable comes from an agent's partition") };
     releasable
@@ -63,6 +63,12 @@ fn frees_for(releasable: &Outcome) -> Vec<Free> {
                 pool: pool.clone(),
                 holder: ResourceRef::new(agent.clone(), *resource),
                 token: *token,
+                source: Source { partition: releasable.partition, position },
+            }),
+            Effect::GrantReturned { resource, pool, token, .. } => Some(Free {
+                pool: pool.clone(),
+                holder: ResourceRef::new(agent.clone(), *resource),
+                token: Some(*token),
                 source: Source { partition: releasable.partition, position },
             }),
             _ => None,
@@ -752,7 +758,7 @@ fn claim_of_a_holder_gone_terminal_before_the_bind_goes_straight_back() {
 
     // The bind arrives: the holder is terminal, so the claim goes straight back, with its token.
     let sent_back = agents.sys(bind.clone());
-    step(&sent_back, &["claim-releasable"]);
+    step(&sent_back, &["grant-returned"]);
     let free = only(frees_for(&sent_back));
     assert_eq!(free.token, Some(bind.token));
     step(&pools.sys(free), &["claim-freed"]);

@@ -1,12 +1,31 @@
-//! What a writer relies on besides `decide`/`apply`: the recorded outcome for a command the decider failed on,
-//! the follow-up commands an outcome asks for, and answers to retried commands.
+//! What a writer relies on besides deciding: the answers `decide` gives besides an outcome (already decided,
+//! unchanged), the parts of a long decision and the refusals that keep them together, the recorded outcome for a
+//! command the decider failed on, and a fold that refuses an outcome out of order.
 
 mod support;
 
-use leasehold_domain::{Ctx, apply, decide, follow_ups, internal_error_outcome};
-use leasehold_schemas::command::{Command, MarkGone};
+use leasehold_domain::driver::Answer;
+use leasehold_domain::{
+    Ctx, Decided, FoldError, WriterError, abandon_pending, apply, continue_work, decide, internal_error_outcome,
+};
+use leasehold_schemas::command::{MarkGone, Release};
+use leasehold_schemas::outcome::Decision;
 use leasehold_schemas::{RejectionKind, codec};
 use support::*;
+
+/// A registered agent with enough leased resources that orphaning them all takes several parts (of 2 KiB).
+fn heavy_world() -> World {
+    let mut w = World::with_split_budget(2048);
+    w.registered();
+    for _ in 0..100 {
+        w.pending_with(|c| c.capacity = 8);
+        for _ in 0..4 {
+            w.leased(None);
+        }
+    }
+    w.advance(leasehold_schemas::Millis::from_hours(25));
+    w
+}
 
 #[test]
 fn a_command_the_decider_failed_on_is_recorded_and_changes_nothing_else() {
@@ -16,60 +35,125 @@ fn a_command_the_decider_failed_on_is_recorded_and_changes_nothing_else() {
     let envelope = w.d.envelope(SWEEPER, MarkGone { agent });
     let before = w.state().clone();
     let ctx = Ctx { cmd_seq: 1000, log_time: w.d.now() };
-    let outcome = internal_error_outcome(w.state(), &ctx, &envelope, "index out of bounds");
+    // A panic message is free text: a multi-byte character at the cut must not panic in turn.
+    let detail = format!("index out of bounds {}", "é".repeat(2000));
+    let outcome = internal_error_outcome(w.state(), &ctx, &envelope, &detail).expect("nothing pending");
     let rejection = outcome.rejection().expect("a rejection");
     assert_eq!(rejection.kind, RejectionKind::InternalError);
     assert!(rejection.message.contains("index out of bounds"), "{}", rejection.message);
-    assert_eq!(outcome.cmd_seq, 1000);
+    assert!(rejection.message.len() <= leasehold_domain::MAX_MESSAGE_BYTES);
+    assert_eq!((outcome.cmd_seq, outcome.part), (1000, 0));
     codec::encode_outcome(&outcome).expect("encodable");
     let mut after = before.clone();
-    apply(&mut after, &outcome);
+    apply(&mut after, &outcome).expect("folds");
     assert_eq!(after.cursor(), 1000);
     assert_same_except_bookkeeping(&before, &after);
-    assert_eq!(after.recent_outcome(envelope.command_id), Some(&outcome), "a retry gets this answer back");
+    assert_eq!(after.decided_at_seq(envelope.command_id), Some(1000), "a retry is answered: already decided");
 }
 
 #[test]
-fn follow_ups_are_the_same_on_every_writer_and_name_their_origin() {
-    let mut w = World::new();
-    w.registered();
-    // Enough resources with leases that orphaning them all overflows one outcome.
-    for _ in 0..4000 {
-        w.pending_with(|c| c.capacity = 8);
-        for _ in 0..4 {
-            w.leased(None);
-        }
-    }
-    w.advance(leasehold_schemas::Millis::from_hours(25));
-    let agent = w.a();
-    let envelope = w.d.envelope(SWEEPER, MarkGone { agent });
-    let ctx = Ctx { cmd_seq: 1_000_000, log_time: w.d.now() };
-    let first = decide(w.state(), &ctx, &envelope);
-    let again = decide(w.state(), &ctx, &envelope);
-    assert_eq!(first, again, "deciding twice gives the same outcome");
-    let ups = follow_ups(&first);
-    assert_eq!(ups.len(), 1, "one continue-requested, one follow-up");
-    assert_eq!(ups, follow_ups(&again), "a writer that re-decides after a failover sends the same follow-ups");
-    let Command::Continue(body) = &ups[0].body else { panic!("a sys.continue") };
-    let origin = first.positioned_effects().find(|(_, e)| e.name() == "continue-requested").unwrap().0;
-    assert_eq!(body.origin, origin);
-    assert_eq!(ups[0].causation_id, Some(envelope.command_id.as_uuid()));
-    assert_eq!(ups[0].issuer.as_str(), leasehold_domain::WRITER_ISSUER);
-    assert_ne!(ups[0].command_id, envelope.command_id);
-}
-
-#[test]
-fn a_retried_command_gets_its_first_outcome_and_apply_ignores_it() {
+fn a_retried_command_is_already_decided_and_nothing_is_appended() {
     let mut w = World::new();
     w.active();
     let (agent, resource) = (w.a(), w.r());
-    let envelope = w.d.envelope(OP, leasehold_schemas::command::Release { agent, resource, reason: None });
+    let envelope = w.d.envelope(OP, Release { agent, resource, reason: None });
     let first = w.d.submit_envelope(&envelope);
     let state = w.state().clone();
     let ctx = Ctx { cmd_seq: state.cursor() + 7, log_time: w.d.now() };
-    let retried = decide(&state, &ctx, &envelope);
-    assert_eq!(retried, first, "the first outcome, with the first command's sequence");
-    let mut after = state.clone();
-    apply(&mut after, &retried);
-    assert!(after == state, "applying the first outcome again changes nothing");
+    assert_eq!(decide(&state, &ctx, &envelope), Ok(Decided::AlreadyDecided { cmd_seq: first.cmd_seq }));
+    let n = w.d.outcomes().len();
+    assert_eq!(w.d.submit_envelope(&envelope), first, "the driver answers from the log, as the gateway will");
+    assert_eq!(w.d.last_answer(), Answer::AlreadyDecided { cmd_seq: first.cmd_seq });
+    assert_eq!(w.d.outcomes().len(), n);
+    assert!(*w.state() == state);
+}
+
+#[test]
+fn a_heartbeat_that_changes_nothing_gets_no_outcome() {
+    let mut w = World::new();
+    w.registered();
+    let agent = w.a();
+    let epoch = w.epoch(&agent);
+    let issuer = agent.as_str().to_owned();
+    let envelope = w.d.envelope(&issuer, leasehold_schemas::command::Heartbeat { agent, epoch });
+    let ctx = Ctx { cmd_seq: 99, log_time: w.d.now() };
+    assert_eq!(decide(w.state(), &ctx, &envelope), Ok(Decided::Unchanged));
+    // One that is due records the agent as seen.
+    w.advance(secs(30));
+    let ctx = Ctx { cmd_seq: 99, log_time: w.d.now() };
+    assert!(matches!(decide(w.state(), &ctx, &envelope), Ok(Decided::Append(_))));
+}
+
+#[test]
+fn the_parts_of_a_decision_come_before_anything_else() {
+    let mut w = heavy_world();
+    w.d.finish_parts = false;
+    let agent = w.a();
+    let first = w.sys(MarkGone { agent: agent.clone() });
+    assert!(first.continues());
+    let pending = w.state().pending().expect("unfinished").clone();
+    assert_eq!((pending.cmd_seq, pending.next_part()), (first.cmd_seq, 1));
+
+    // The core refuses anything else: decide, and the internal-error record of another command.
+    let other = w.d.envelope(OP, Release { agent: agent.clone(), resource: w.r(), reason: None });
+    let ctx = Ctx { cmd_seq: w.d.next_seq(), log_time: w.d.now() };
+    let bug = WriterError::PartsPending { cmd_seq: first.cmd_seq, next_part: 1 };
+    assert_eq!(decide(w.state(), &ctx, &other), Err(bug.clone()));
+    assert_eq!(internal_error_outcome(w.state(), &ctx, &other, "boom"), Err(bug.clone()));
+    assert!(bug.to_string().contains("before deciding anything else"), "{bug}");
+
+    // The next part: same command, next part index, positions going on.
+    let second = continue_work(w.state()).expect("a part is pending");
+    assert_eq!((second.cmd_seq, second.part, &second.command), (first.cmd_seq, 1, &first.command));
+    let Decision::Accepted { first_position, .. } = &second.decision else { panic!("accepted") };
+    assert_eq!(*first_position, w.state().next_position());
+    assert_eq!(second, continue_work(w.state()).unwrap(), "deciding a part twice gives the same part");
+
+    // The fold refuses parts out of order: the same part twice, a skipped part, a new command between.
+    let mut state = w.state().clone();
+    apply(&mut state, &second).expect("the next part folds");
+    assert!(matches!(apply(&mut state, &second), Err(FoldError::OutOfOrder { .. })));
+    let mut skipped = continue_work(&state).unwrap();
+    skipped.part += 1;
+    let err = apply(&mut state.clone(), &skipped).unwrap_err();
+    assert!(err.to_string().contains("expected part 2 of command"), "{err}");
+    let mut interleaved = first.clone();
+    interleaved.cmd_seq = state.cursor() + 1;
+    assert!(matches!(apply(&mut state.clone(), &interleaved), Err(FoldError::OutOfOrder { .. })));
+    let mut gap = continue_work(&state).unwrap();
+    if let Decision::Accepted { first_position, .. } = &mut gap.decision {
+        first_position.0 += 1;
+    }
+    assert!(matches!(apply(&mut state.clone(), &gap), Err(FoldError::PositionGap { .. })));
+
+    // Finished: nothing pending, and continue_work says so.
+    while w.state().pending().is_some() {
+        w.d.continue_pending().unwrap();
+    }
+    assert_eq!(continue_work(w.state()), Err(WriterError::NothingPending));
+    assert_eq!(abandon_pending(w.state(), "x"), Err(WriterError::NothingPending));
+    settle(&w);
+}
+
+#[test]
+fn a_part_the_decider_failed_on_abandons_the_rest_on_record() {
+    let mut w = heavy_world();
+    w.d.finish_parts = false;
+    let first = w.sys(MarkGone { agent: w.a() });
+    let last = abandon_pending(w.state(), "index out of bounds").expect("a part is pending");
+    assert_eq!((last.cmd_seq, last.part), (first.cmd_seq, 1));
+    assert_eq!(last.rejection().map(|r| r.kind), Some(RejectionKind::InternalError));
+    let mut state = w.state().clone();
+    apply(&mut state, &last).expect("folds");
+    assert!(state.pending().is_none(), "the partition moves on");
+    assert_eq!(state.next_position(), w.state().next_position(), "the abandoned part takes no position");
+}
+
+#[test]
+fn an_outcome_of_another_partition_does_not_fold() {
+    let mut w = World::new();
+    w.registered();
+    let outcome = w.d.outcomes()[0].clone();
+    let mut other = leasehold_domain::PartitionState::new(1, 2);
+    assert_eq!(apply(&mut other, &outcome), Err(FoldError::WrongPartition { state: 1, outcome: 0 }));
 }

@@ -518,15 +518,20 @@ fn describe(effect: &Effect) -> String {
         Effect::ClaimFreed { value, .. } => format!("{value} freed: cooling down before reuse"),
         Effect::ClaimWithdrawn { holder } => format!("{} left the queue", short(holder.resource)),
         Effect::PartitionSettingsChanged { .. } => "partition settings changed".to_owned(),
-        Effect::ContinueRequested { work } => {
+        Effect::DecisionContinues { work } => {
             let what = match work {
                 Work::OrphanResources {} => "orphaning",
                 Work::ReleaseResources {} => "releasing",
                 Work::Report { .. } | Work::Chunk { .. } => "the report",
             };
-            format!("outcome full: {what} continues in a follow-up command")
+            format!("part full: {what} continues in the next part of this outcome")
         }
-        Effect::ContinuationTaken { origin } => format!("continuing the work left at {origin}"),
+        Effect::GrantReturned { resource, pool, value, .. } => {
+            format!("{value} of pool {pool} is not {}'s to keep: sent straight back", short(resource))
+        }
+        Effect::ChildAdopted { parent, child, parent_state, .. } => {
+            format!("{} answers its child {}: {parent_state:?}", short(parent), short(&child.resource))
+        }
     }
 }
 

@@ -145,7 +145,7 @@ impl<'s> Decider<'s> {
         if agent.retired {
             return reject(RejectionKind::AlreadyDone, format!("agent {} is already retired", agent.name));
         }
-        self.out.push(Effect::AgentRetired { by: self.envelope.issuer.clone() });
+        self.out.push(Effect::AgentRetired { by: self.issuer.clone() });
         self.release_rest(agent);
         Ok(())
     }
@@ -161,7 +161,7 @@ impl<'s> Decider<'s> {
         // The losses are marked by the agent's full resync (asked for at once) and its next sync report, which the
         // breaker lets through; that report arms it again.
         self.out.push(Effect::AgentBreakerCleared {
-            reason: BreakerClear::LossConfirmed { by: self.envelope.issuer.clone() },
+            reason: BreakerClear::LossConfirmed { by: self.issuer.clone() },
         });
         self.out.push(Effect::ResyncRequested { reason: ResyncReason::LossConfirmed {} });
         Ok(())

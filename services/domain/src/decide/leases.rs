@@ -2,7 +2,7 @@
 //! lease token; renew and release of an active lease must present it.
 
 use leasehold_schemas::command::{Acquire, ExpireLease, ReleaseLease, Renew, WaitTimeout};
-use leasehold_schemas::ids::{AgentName, LeaseId, Timestamp};
+use leasehold_schemas::ids::{AgentName, LeaseId};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::{Rejection, RejectionKind};
 
@@ -29,13 +29,8 @@ impl<'s> Decider<'s> {
                 format!("lease {} already exists ({})", existing.id, existing.state.name()),
             );
         }
-        let horizon = self.state.settings.outcome_horizon;
-        if Timestamp(command.lease.unix_ms()).saturating_add(horizon) < self.now {
-            return reject(
-                RejectionKind::Invalid,
-                format!("lease id {} is older than the outcome horizon; choose a fresh UUIDv7", command.lease),
-            );
-        }
+        let stamped = super::id_time(command.lease.unix_ms());
+        self.check_fresh_id("lease id", &command.lease, stamped, RejectionKind::Invalid)?;
         if command.holder.is_empty() {
             return reject(RejectionKind::Invalid, "a lease needs a holder (who uses it)");
         }

@@ -3,7 +3,9 @@
 //!
 //! Each command type has its own function in a submodule; they share the "units" here (leave for good, order a
 //! release, activate), which keep one resource's effects together so that a huge decision can stop between two
-//! resources and continue in a follow-up `sys.continue`.
+//! resources. Such a decision is one outcome in parts: [`decide`] gives the first part, and while
+//! [`PartitionState::pending`] says a decision is unfinished, [`continue_work`] gives the next one. The writer
+//! appends every part before it decides anything else, so nothing can come between the parts of a decision.
 
 mod agents;
 mod leases;
@@ -13,9 +15,11 @@ mod reports;
 pub use reports::expected_listing;
 mod resources;
 
+use std::fmt;
+
 use leasehold_schemas::codec;
-use leasehold_schemas::command::{Command, Continue};
-use leasehold_schemas::ids::{AgentName, CommandId, Issuer, Key, ObsStamp, Position, ResourceId, Timestamp};
+use leasehold_schemas::command::Command;
+use leasehold_schemas::ids::{AgentName, Issuer, Key, ObsStamp, Position, ResourceId, Timestamp};
 use leasehold_schemas::outcome::{BreakReason, CommandSummary, Decision, Effect, ReleaseCause, Work};
 use leasehold_schemas::subjects::partition_of_key;
 use leasehold_schemas::{CommandClass, Envelope, Outcome, Rejection, RejectionKind};
@@ -35,15 +39,18 @@ pub const MAX_ATTRIBUTE_VALUE_BYTES: usize = 1024;
 pub const MAX_TEXT_BYTES: usize = 1024;
 /// Lease holders (they are repeated in every lease effect).
 pub const MAX_HOLDER_BYTES: usize = 128;
+/// Excluded addresses or ports of one pool (each is repeated in its `pool-defined`).
+pub const MAX_POOL_EXCLUSIONS: usize = 4096;
+/// A rejection's message: what it echoes of a command is shortened to fit.
+pub const MAX_MESSAGE_BYTES: usize = 2048;
 /// A bound on the effects of one unit of work: one resource's transition with all its leases (at most
 /// `MAX_CAPACITY` grants of about 190 bytes each) and claims.
 pub const MAX_UNIT_BYTES: usize = 200 * 1024;
 const OUTCOME_OVERHEAD_BYTES: usize = 4 * 1024;
-/// Past this many bytes of effects, a decision stops before its next unit and continues later, so that the last
-/// unit and the rest of the work (which a report reserves room for) still fit in `codec::MAX_OUTCOME_BYTES`.
+/// Past this many bytes of effects, a decision stops before its next unit and continues in the next part, so that
+/// the last unit and the rest of the work (which a report reserves room for) still fit in
+/// `codec::MAX_OUTCOME_BYTES`.
 pub const EFFECT_BUDGET_BYTES: usize = codec::MAX_OUTCOME_BYTES - MAX_UNIT_BYTES - OUTCOME_OVERHEAD_BYTES;
-/// The issuer of the commands the writer sends itself.
-pub const WRITER_ISSUER: &str = "leasehold-writer";
 
 /// What the log says about the command being decided: its sequence and the time the log stamped on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,81 +59,213 @@ pub struct Ctx {
     pub log_time: Timestamp,
 }
 
-/// Decides one command. A command id already answered within the horizon gets its first outcome back (whose
-/// `cmd_seq` is the first command's: `apply` then changes nothing).
-pub fn decide(state: &PartitionState, ctx: &Ctx, envelope: &Envelope) -> Outcome {
-    if let Some(first) = state.recent.by_id.get(&envelope.command_id) {
-        return first.as_ref().clone();
+/// What the writer does with a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decided {
+    /// Append this outcome (the first part of the decision; while the state after it has a pending decision,
+    /// [`continue_work`] gives the next part).
+    Append(Outcome),
+    /// The command id was decided within the horizon, at this command sequence (its outcome is in the log and the
+    /// projection): append nothing and ack.
+    AlreadyDecided { cmd_seq: u64 },
+    /// A heartbeat that changes nothing: append nothing and ack (deciding it again changes nothing either).
+    Unchanged,
+}
+
+/// A writer that asks the core for something out of order: a bug in the writer, never a decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriterError {
+    /// A decision's parts are unfinished: its next part comes before any other command.
+    PartsPending { cmd_seq: u64, next_part: u32 },
+    /// No decision is unfinished: there is no next part to make.
+    NothingPending,
+}
+
+impl fmt::Display for WriterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WriterError::PartsPending { cmd_seq, next_part } => write!(
+                f,
+                "the decision of command {cmd_seq} is unfinished: append its part {next_part} (continue_work) before \
+                 deciding anything else"
+            ),
+            WriterError::NothingPending => f.write_str("no decision is unfinished: there is no next part to make"),
+        }
+    }
+}
+
+impl std::error::Error for WriterError {}
+
+fn refuse_while_pending(state: &PartitionState) -> Result<(), WriterError> {
+    match &state.pending {
+        Some(pending) => {
+            Err(WriterError::PartsPending { cmd_seq: pending.cmd_seq, next_part: pending.next_part() })
+        }
+        None => Ok(()),
+    }
+}
+
+/// Decides one command: the first part of its outcome, or "already decided" for a command id remembered within the
+/// horizon, or "unchanged" for a heartbeat that changes nothing. Refused (a writer bug) while a decision is
+/// unfinished.
+pub fn decide(state: &PartitionState, ctx: &Ctx, envelope: &Envelope) -> Result<Decided, WriterError> {
+    refuse_while_pending(state)?;
+    if let Some(cmd_seq) = state.recent.by_id.get(&envelope.command_id) {
+        return Ok(Decided::AlreadyDecided { cmd_seq: *cmd_seq });
     }
     let now = state.now.max(ctx.log_time);
-    let mut decider = Decider { state, envelope, now, out: Effects::new(state.next_position) };
-    let decision = match decider.run() {
+    let mut decider = Decider::new(state, &envelope.issuer, now);
+    let decision = match decider.run(envelope) {
         Ok(()) => Decision::Accepted { first_position: state.next_position, effects: decider.out.list },
         Err(rejection) => Decision::Rejected(rejection),
     };
-    outcome(state, ctx, envelope, now, decision)
+    if envelope.body.type_name() == "agent.heartbeat" && matches!(&decision, Decision::Accepted { effects, .. } if effects.is_empty())
+    {
+        return Ok(Decided::Unchanged);
+    }
+    let summary = summary(envelope);
+    Ok(Decided::Append(capped(outcome(state, summary, ctx.cmd_seq, 0, ctx.log_time, now, decision))))
+}
+
+/// The next part of the unfinished decision: it does what the last part left (`decision-continues`), as much as fits,
+/// and ends with `decision-continues` again if there is more. Refused (a writer bug) when nothing is pending.
+pub fn continue_work(state: &PartitionState) -> Result<Outcome, WriterError> {
+    let pending = state.pending.as_ref().ok_or(WriterError::NothingPending)?;
+    let mut decider = Decider::new(state, &pending.command.issuer, state.now);
+    decider.continue_work(&pending.work);
+    let decision = Decision::Accepted { first_position: state.next_position, effects: decider.out.list };
+    let part = outcome(
+        state,
+        pending.command.clone(),
+        pending.cmd_seq,
+        pending.next_part(),
+        pending.log_time,
+        state.now,
+        decision,
+    );
+    Ok(capped(part))
 }
 
 /// The recorded outcome for a command the decider could not decide (it panicked): the partition moves on and the
-/// failure is on record.
-pub fn internal_error_outcome(state: &PartitionState, ctx: &Ctx, envelope: &Envelope, detail: &str) -> Outcome {
+/// failure is on record. Refused (a writer bug) while a decision is unfinished: see [`abandon_pending`].
+pub fn internal_error_outcome(
+    state: &PartitionState,
+    ctx: &Ctx,
+    envelope: &Envelope,
+    detail: &str,
+) -> Result<Outcome, WriterError> {
+    refuse_while_pending(state)?;
     let now = state.now.max(ctx.log_time);
-    let mut message = format!("the decider failed on this command: {detail}");
-    message.truncate(MAX_TEXT_BYTES);
-    let decision = Decision::Rejected(Rejection::new(RejectionKind::InternalError, message));
-    outcome(state, ctx, envelope, now, decision)
+    let decision = Decision::Rejected(internal_error(detail));
+    Ok(outcome(state, summary(envelope), ctx.cmd_seq, 0, ctx.log_time, now, decision))
 }
 
-fn outcome(state: &PartitionState, ctx: &Ctx, envelope: &Envelope, now: Timestamp, decision: Decision) -> Outcome {
+/// The last part of an unfinished decision whose next part the decider could not make (it panicked): the work
+/// left is abandoned, on record, and the partition moves on.
+pub fn abandon_pending(state: &PartitionState, detail: &str) -> Result<Outcome, WriterError> {
+    let pending = state.pending.as_ref().ok_or(WriterError::NothingPending)?;
+    let decision = Decision::Rejected(internal_error(&format!("the rest of the decision was abandoned: {detail}")));
+    Ok(outcome(
+        state,
+        pending.command.clone(),
+        pending.cmd_seq,
+        pending.next_part(),
+        pending.log_time,
+        state.now,
+        decision,
+    ))
+}
+
+fn internal_error(detail: &str) -> Rejection {
+    Rejection::new(RejectionKind::InternalError, bounded(format!("the decider failed on this command: {detail}")))
+}
+
+fn summary(envelope: &Envelope) -> CommandSummary {
+    CommandSummary {
+        id: envelope.command_id,
+        class: envelope.class,
+        type_name: envelope.type_name().to_owned(),
+        issuer: envelope.issuer.clone(),
+        issued_at: envelope.issued_at,
+        key: envelope.body.key(),
+    }
+}
+
+fn outcome(
+    state: &PartitionState,
+    command: CommandSummary,
+    cmd_seq: u64,
+    part: u32,
+    log_time: Timestamp,
+    now: Timestamp,
+    decision: Decision,
+) -> Outcome {
     Outcome {
         decider_version: DECIDER_VERSION,
         partition: state.partition,
-        command: CommandSummary {
-            id: envelope.command_id,
-            class: envelope.class,
-            type_name: envelope.type_name().to_owned(),
-            issuer: envelope.issuer.clone(),
-            issued_at: envelope.issued_at,
-            key: envelope.body.key(),
-        },
-        cmd_seq: ctx.cmd_seq,
-        log_time: ctx.log_time,
+        command,
+        cmd_seq,
+        part,
+        log_time,
         decided_at: now,
         decision,
     }
 }
 
-/// The commands an outcome asks its writer to send itself (`sys.continue` for each `ContinueRequested`). Their
-/// ids derive from the partition and position, so a writer that re-decides after a failover sends the same ones.
-pub fn follow_ups(outcome: &Outcome) -> Vec<Envelope> {
-    outcome
-        .positioned_effects()
-        .filter(|(_, effect)| matches!(effect, Effect::ContinueRequested { .. }))
-        .map(|(position, _)| {
-            let mut entropy = [0u8; 10];
-            entropy[..4].copy_from_slice(&outcome.partition.to_be_bytes());
-            entropy[4..].copy_from_slice(&position.0.to_be_bytes()[2..]);
-            let id = CommandId::from_parts(outcome.decided_at.0, entropy);
-            let issuer = Issuer::new(WRITER_ISSUER).expect("the writer's issuer name is valid");
-            let body = Continue { key: outcome.command.key.clone(), origin: position };
-            let mut envelope = Envelope::new(id, issuer, outcome.decided_at, body);
-            envelope.causation_id = Some(outcome.command.id.as_uuid());
-            envelope
-        })
-        .collect()
+/// The last guard of the size cap: an outcome that would not encode under it (a bug in the budgets, never expected)
+/// is recorded as an internal error instead of wedging the partition. A first part becomes a rejection; a later part
+/// abandons the rest.
+fn capped(outcome: Outcome) -> Outcome {
+    let bytes = codec::encoded_len(&outcome).saturating_add(OUTCOME_HEADER_BYTES);
+    if bytes <= codec::MAX_OUTCOME_BYTES {
+        return outcome;
+    }
+    let detail = format!("its outcome would be {bytes} bytes, over the cap of {} bytes", codec::MAX_OUTCOME_BYTES);
+    Outcome { decision: Decision::Rejected(internal_error(&detail)), ..outcome }
 }
 
-/// Whether the outcome of a command type is kept for idempotency. Heartbeats and reports are not: they are
+/// The format tag and schema version `codec::encode_outcome` puts before an outcome.
+const OUTCOME_HEADER_BYTES: usize = 4;
+
+/// Shortens a message to `MAX_MESSAGE_BYTES` at a character boundary.
+fn bounded(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE_BYTES {
+        let mut cut = MAX_MESSAGE_BYTES - 3;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push_str("...");
+    }
+    message
+}
+
+/// A command's text as a rejection echoes it: quoted, and cut after 64 bytes with its full length said.
+pub(crate) fn echo(text: &str) -> String {
+    const SHOWN: usize = 64;
+    if text.len() <= SHOWN {
+        return format!("{text:?}");
+    }
+    let mut cut = SHOWN;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{:?}... ({} bytes)", &text[..cut], text.len())
+}
+
+/// Whether a command id is remembered for idempotency once decided. Heartbeats and reports are not: they are
 /// frequent, a heartbeat is idempotent by nature, and a report is ordered by its observation number (a repeated
-/// one is stale).
-pub(crate) fn remembered(type_name: &str) -> bool {
+/// one is stale). A `not-yet-due` answer is not either: the same request, sent again later, is decided then.
+pub(crate) fn remembered(outcome: &Outcome) -> bool {
+    let type_name = outcome.command.type_name.as_str();
     !matches!(type_name, "agent.heartbeat" | "agent.sync" | "agent.resync-chunk")
+        && outcome.rejection().is_none_or(|r| r.kind != RejectionKind::NotYetDue)
 }
 
 type Verdict = Result<(), Rejection>;
 
 fn reject<T>(kind: RejectionKind, message: impl Into<String>) -> Result<T, Rejection> {
-    Err(Rejection::new(kind, message))
+    Err(Rejection::new(kind, bounded(message.into())))
 }
 
 /// Effects of the decision being made, with their byte count against the budget. Effects are sized only when a
@@ -138,17 +277,21 @@ struct Effects {
     /// Bytes of `list[..n_sized]`.
     bytes: usize,
     n_sized: usize,
+    /// Where decisions that can continue stop (the partition's split budget, minus what they reserve).
+    split_limit: usize,
+    /// Where decisions that cannot continue stop (pools serving waiters: the rest wait for the next tick).
     limit: usize,
 }
 
 impl Effects {
-    fn new(first: Position) -> Self {
-        Effects { first, list: Vec::new(), bytes: 0, n_sized: 0, limit: EFFECT_BUDGET_BYTES }
+    fn new(first: Position, split_budget: usize) -> Self {
+        Effects { first, list: Vec::new(), bytes: 0, n_sized: 0, split_limit: split_budget, limit: EFFECT_BUDGET_BYTES }
     }
 
     /// Keeps `bytes` free for the rest of the work, should the decision have to continue.
     fn reserve(&mut self, bytes: usize) {
         self.limit = self.limit.saturating_sub(bytes);
+        self.split_limit = self.split_limit.saturating_sub(bytes);
     }
 
     /// Adds an effect and returns its position.
@@ -162,23 +305,79 @@ impl Effects {
         Position(self.first.0 + self.list.len() as u64)
     }
 
-    fn over_budget(&mut self) -> bool {
+    fn size(&mut self) -> usize {
         self.bytes += self.list[self.n_sized..].iter().map(codec::encoded_len).sum::<usize>();
         self.n_sized = self.list.len();
-        self.bytes >= self.limit
+        self.bytes
+    }
+
+    /// For decisions that can continue in a next part: stop before the next unit.
+    fn over_budget(&mut self) -> bool {
+        self.size() >= self.split_limit
+    }
+
+    /// For decisions that cannot continue: stop doing more.
+    fn over_cap(&mut self) -> bool {
+        self.size() >= self.limit
     }
 }
 
 struct Decider<'s> {
     state: &'s PartitionState,
-    envelope: &'s Envelope,
+    issuer: &'s Issuer,
     now: Timestamp,
     out: Effects,
 }
 
+/// An id's time part, as its issuer's clock stamped it.
+fn id_time(unix_ms: u64) -> Timestamp {
+    Timestamp(unix_ms)
+}
+
 impl<'s> Decider<'s> {
-    fn run(&mut self) -> Verdict {
-        let envelope = self.envelope;
+    fn new(state: &'s PartitionState, issuer: &'s Issuer, now: Timestamp) -> Self {
+        Decider { state, issuer, now, out: Effects::new(state.next_position, state.split_budget) }
+    }
+
+    /// Refuses an id (`what` names it) that was made longer ago than the horizon, at or before something this
+    /// partition has forgotten (it may be a forgotten one), or further in the future than the horizon.
+    fn check_fresh_id(&self, what: &str, id: &dyn fmt::Display, stamped: Timestamp, kind: RejectionKind) -> Verdict {
+        let horizon = self.state.settings.outcome_horizon;
+        let advice = if kind == RejectionKind::StaleCommand { "issue a new command" } else { "choose a fresh UUIDv7" };
+        if stamped.saturating_add(horizon) < self.now {
+            return reject(
+                kind,
+                format!(
+                    "{what} {id} was made at {stamped}, longer ago than the outcome horizon ({horizon}) before {}; \
+                     {advice}",
+                    self.now
+                ),
+            );
+        }
+        if stamped <= self.state.forgotten_up_to {
+            return reject(
+                kind,
+                format!(
+                    "{what} {id} was made at {stamped}, no later than what this partition has forgotten (up to {}; \
+                     the outcome horizon was shorter then): it may have been decided before; {advice}",
+                    self.state.forgotten_up_to
+                ),
+            );
+        }
+        if stamped > self.now.saturating_add(horizon) {
+            return reject(
+                RejectionKind::Invalid,
+                format!(
+                    "{what} {id} says it was made at {stamped}, more than the outcome horizon ({horizon}) after the \
+                     log's time {}; fix the issuer's clock",
+                    self.now
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, envelope: &Envelope) -> Verdict {
         let command = &envelope.body;
         if envelope.class != command.class() {
             return reject(
@@ -192,6 +391,8 @@ impl<'s> Decider<'s> {
             );
         }
         let horizon = self.state.settings.outcome_horizon;
+        let id = envelope.command_id;
+        self.check_fresh_id("command id", &id, id_time(id.unix_ms()), RejectionKind::StaleCommand)?;
         if envelope.issued_at.saturating_add(horizon) < self.now {
             return reject(
                 RejectionKind::StaleCommand,
@@ -267,7 +468,7 @@ impl<'s> Decider<'s> {
             Command::Free(c) => self.free(c),
             Command::TickPool(c) => self.tick_pool(c),
             Command::Cascade(c) => self.cascade(c),
-            Command::Continue(c) => self.continue_work(c),
+            Command::Adopt(c) => self.adopt(c),
         }
     }
 
@@ -368,46 +569,32 @@ impl<'s> Decider<'s> {
         self.leave_for_good(resource, Effect::ResourceOrphaned { resource: resource.id });
     }
 
-    /// Stops a decision that grew past its budget: the rest continues in a `sys.continue`.
+    /// Stops a part that grew past its budget: the next part of the outcome does `work`.
     fn continue_later(&mut self, work: Work) {
-        self.out.push(Effect::ContinueRequested { work });
+        self.out.push(Effect::DecisionContinues { work });
     }
 
-    fn continue_work(&mut self, command: &Continue) -> Verdict {
-        let Some((key, work)) = self.state.continuations.get(&command.origin) else {
-            return reject(
-                RejectionKind::AlreadyDone,
-                format!("no work waits at {} (it was already taken up)", command.origin),
-            );
-        };
-        if *key != command.key {
-            return reject(
-                RejectionKind::Invalid,
-                format!("the work at {} is about {key}, not {}", command.origin, command.key),
-            );
-        }
-        self.out.push(Effect::ContinuationTaken { origin: command.origin });
-        let Key::Agent(agent_name) = key else {
-            return Ok(());
+    /// The next part of the pending decision. Nothing can have been decided since its last part, so the work is
+    /// done against exactly the state that part left.
+    fn continue_work(&mut self, work: &Work) {
+        let Key::Agent(agent_name) = &self.state.pending.as_ref().expect("a decision is pending").command.key else {
+            return;
         };
         let Some(agent) = self.state.agents.get(agent_name) else {
-            return Ok(());
+            return;
         };
-        // An agent that registered again since (no longer gone, or no longer retired) keeps what is left.
         match work {
-            Work::OrphanResources {} if agent.liveness == crate::state::Liveness::Gone => self.orphan_rest(agent),
-            Work::ReleaseResources {} if agent.retired => self.release_rest(agent),
-            Work::OrphanResources {} | Work::ReleaseResources {} => {}
+            Work::OrphanResources {} => self.orphan_rest(agent),
+            Work::ReleaseResources {} => self.release_rest(agent),
             Work::Report { report, mark_losses } => self.continue_report(agent, report, *mark_losses),
             Work::Chunk { chunk, mark_losses } => self.continue_chunk(agent, chunk, *mark_losses),
         }
-        Ok(())
     }
 
-    /// Orphans the agent's non-terminal resources, as many as the budget allows.
+    /// Orphans the agent's non-terminal resources, at least one and as many as the budget allows.
     fn orphan_rest(&mut self, agent: &'s Agent) {
-        for resource in self.state.resources_of(agent).filter(|r| !r.state.is_terminal()) {
-            if self.out.over_budget() {
+        for (n, resource) in self.state.resources_of(agent).filter(|r| !r.state.is_terminal()).enumerate() {
+            if n > 0 && self.out.over_budget() {
                 self.continue_later(Work::OrphanResources {});
                 return;
             }
@@ -415,11 +602,11 @@ impl<'s> Decider<'s> {
         }
     }
 
-    /// Releases the retired agent's live resources, as many as the budget allows.
+    /// Releases the retired agent's live resources, at least one and as many as the budget allows.
     fn release_rest(&mut self, agent: &'s Agent) {
         let live = |r: &&Resource| matches!(r.state, ResourceState::Pending) || r.state.is_held();
-        for resource in self.state.resources_of(agent).filter(live) {
-            if self.out.over_budget() {
+        for (n, resource) in self.state.resources_of(agent).filter(live).enumerate() {
+            if n > 0 && self.out.over_budget() {
                 self.continue_later(Work::ReleaseResources {});
                 return;
             }
@@ -428,7 +615,7 @@ impl<'s> Decider<'s> {
     }
 }
 
-/// Checks free text from a command.
+/// Checks free text from a command (its length only: it is never echoed).
 fn check_text(what: &str, text: &str) -> Verdict {
     if text.len() > MAX_TEXT_BYTES {
         return reject(

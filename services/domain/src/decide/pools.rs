@@ -4,11 +4,11 @@
 use leasehold_schemas::command::{Claim, DefinePool, Free, TickPool};
 use leasehold_schemas::ids::{PoolName, ResourceRef, Timestamp};
 use leasehold_schemas::outcome::Effect;
-use leasehold_schemas::pool::PoolValue;
+use leasehold_schemas::pool::{PoolKind, PoolValue};
 use leasehold_schemas::settings::DEFAULT_POOL_COOLDOWN;
 use leasehold_schemas::{Rejection, RejectionKind};
 
-use super::{Decider, Verdict, reject};
+use super::{Decider, MAX_POOL_EXCLUSIONS, Verdict, reject};
 use crate::state::{Holding, Pool};
 
 /// Identifiers a pool can hand out at `now`, in the order it hands them out: never-used ones first, then freed
@@ -40,7 +40,7 @@ impl<'s> Decider<'s> {
     ) -> usize {
         let mut n_served = 0;
         for holder in pool.waiters.values().filter(|h| Some(*h) != except) {
-            if self.out.over_budget() {
+            if self.out.over_cap() {
                 break;
             }
             let Some(value) = values.next() else { break };
@@ -56,6 +56,21 @@ impl<'s> Decider<'s> {
     pub(super) fn define_pool(&mut self, command: &DefinePool) -> Verdict {
         if let Err(problem) = command.kind.validate() {
             return reject(RejectionKind::Invalid, format!("pool {}: {problem}", command.pool));
+        }
+        let n_excluded = match &command.kind {
+            PoolKind::Ipv4 { exclude, .. } => exclude.len(),
+            PoolKind::Ports { exclude, .. } => exclude.len(),
+            PoolKind::Slots { .. } => 0,
+        };
+        if n_excluded > MAX_POOL_EXCLUSIONS {
+            return reject(
+                RejectionKind::Invalid,
+                format!(
+                    "pool {} excludes {n_excluded} identifiers; at most {MAX_POOL_EXCLUSIONS} (split the range into \
+                     several pools instead)",
+                    command.pool
+                ),
+            );
         }
         let cooldown = command.cooldown.unwrap_or(DEFAULT_POOL_COOLDOWN);
         if let Some(existing) = self.state.pools.get(&command.pool) {
@@ -103,7 +118,7 @@ impl<'s> Decider<'s> {
         let mut values = available(pool, self.now);
         self.serve_waiters(pool, &mut values, None);
         match values.next() {
-            Some(value) if !self.out.over_budget() => {
+            Some(value) if !self.out.over_cap() => {
                 self.out.push(Effect::ClaimGranted { holder: holder.clone(), value, source: command.source });
             }
             _ => {

@@ -172,15 +172,17 @@ impl<'s> Decider<'s> {
         Ok(())
     }
 
-    /// A handle seen on the machine: a pending resource turns active; a releasing one whose create finished after
-    /// its release is recorded as present (it must now be seen destroyed, and its create can no longer fail).
+    /// A handle seen on the machine: a pending resource turns active; any other resource not terminal is recorded
+    /// as present at this observation (`resource-seen`): a releasing one whose create finished after its release must
+    /// now be seen destroyed (and its create can no longer fail), and no observation older than this one can make a
+    /// held one `lost`.
     fn observed_present(&mut self, resource: &Resource, stamp: ObsStamp, native_id: Option<String>) {
         match resource.state {
             ResourceState::Pending => self.activate(resource, stamp, native_id),
-            ResourceState::Releasing { .. } if resource.last_present.is_none() => {
+            _ if resource.state.is_terminal() => {}
+            _ => {
                 self.out.push(Effect::ResourceSeen { resource: resource.id, stamp, native_id });
             }
-            _ => {}
         }
     }
 
@@ -270,7 +272,7 @@ impl<'s> Decider<'s> {
         rest: impl FnOnce(&[(&Resource, Seen)]) -> Work,
     ) {
         for (idx, (resource, seen)) in judged.iter().enumerate() {
-            if self.out.over_budget() {
+            if idx > 0 && self.out.over_budget() {
                 self.continue_later(rest(&judged[idx..]));
                 return;
             }
@@ -294,9 +296,6 @@ impl<'s> Decider<'s> {
     }
 
     pub(super) fn continue_report(&mut self, agent: &'s Agent, report: &SyncReport, mark_losses: bool) {
-        if agent.epoch != report.epoch {
-            return;
-        }
         let stamp = ObsStamp { epoch: report.epoch, obs: report.obs };
         self.out.reserve(codec::encoded_len(&(&report.created, &report.missing)));
         let seen = report
@@ -375,9 +374,6 @@ impl<'s> Decider<'s> {
     }
 
     pub(super) fn continue_chunk(&mut self, agent: &'s Agent, chunk: &ResyncChunk, mark_losses: bool) {
-        if agent.epoch != chunk.epoch {
-            return;
-        }
         let stamp = ObsStamp { epoch: chunk.epoch, obs: chunk.obs };
         self.out.reserve(codec::encoded_len(&(&chunk.held, &chunk.in_flight)));
         let judged = self.chunk_verdicts(agent, chunk);

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use leasehold_schemas::command::{
-    Allocate, BindClaim, Cascade, CreateTimeout, ExpirePause, ParentState, Pause, Release, ReportFailureByOperator,
+    Adopt, Allocate, BindClaim, Cascade, CreateTimeout, ExpirePause, ParentState, Pause, Release, ReportFailureByOperator,
     RequestHealthCheck, Unpause, Update,
 };
 use leasehold_schemas::outcome::{BreakReason, Effect, ReleaseCause, SuspectCause, UnpauseCause};
@@ -12,7 +12,7 @@ use leasehold_schemas::{Key, RejectionKind, Source};
 
 use super::{
     Decider, MAX_ATTRIBUTE_KEY_BYTES, MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES, MAX_CAPACITY, MAX_POOLS_PER_RESOURCE,
-    Verdict, check_text, reject,
+    Verdict, check_text, echo, id_time, reject,
 };
 use crate::state::{ClaimSlot, Liveness, Resource, ResourceState};
 
@@ -25,18 +25,23 @@ fn is_kind(kind: &str) -> bool {
         && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(b))
 }
 
+fn check_attribute_name(name: &str) -> Verdict {
+    if name.is_empty() || name.len() > MAX_ATTRIBUTE_KEY_BYTES {
+        return reject(
+            RejectionKind::Invalid,
+            format!("attribute name {} must be 1 to {MAX_ATTRIBUTE_KEY_BYTES} bytes", echo(name)),
+        );
+    }
+    Ok(())
+}
+
 fn check_attributes<'a>(pairs: impl IntoIterator<Item = (&'a String, &'a String)>) -> Verdict {
     for (name, value) in pairs {
-        if name.is_empty() || name.len() > MAX_ATTRIBUTE_KEY_BYTES {
-            return reject(
-                RejectionKind::Invalid,
-                format!("attribute name {name:?} must be 1 to {MAX_ATTRIBUTE_KEY_BYTES} bytes"),
-            );
-        }
+        check_attribute_name(name)?;
         if value.len() > MAX_ATTRIBUTE_VALUE_BYTES {
             return reject(
                 RejectionKind::Invalid,
-                format!("attribute {name:?} is {} bytes; at most {MAX_ATTRIBUTE_VALUE_BYTES}", value.len()),
+                format!("attribute {} is {} bytes; at most {MAX_ATTRIBUTE_VALUE_BYTES}", echo(name), value.len()),
             );
         }
     }
@@ -83,20 +88,11 @@ impl<'s> Decider<'s> {
                 format!("resource {} already exists ({})", existing.reference(), existing.state.name()),
             );
         }
-        let horizon = self.state.settings.outcome_horizon;
-        if leasehold_schemas::Timestamp(id.unix_ms()).saturating_add(horizon) < self.now {
-            return reject(
-                RejectionKind::Invalid,
-                format!(
-                    "resource id {id} was made longer ago than the outcome horizon ({horizon}); \
-                     choose a fresh UUIDv7"
-                ),
-            );
-        }
+        self.check_fresh_id("resource id", &id, id_time(id.unix_ms()), RejectionKind::Invalid)?;
         if !is_kind(&command.kind) {
             return reject(
                 RejectionKind::Invalid,
-                format!("kind {:?} must match [a-z0-9][a-z0-9_.-]{{0,62}}", command.kind),
+                format!("kind {} must match [a-z0-9][a-z0-9_.-]{{0,62}}", echo(&command.kind)),
             );
         }
         check_capacity(command.capacity)?;
@@ -171,7 +167,7 @@ impl<'s> Decider<'s> {
                 format!("resource {} is already {}", resource.reference(), describe_state(resource)),
             );
         }
-        let cause = ReleaseCause::Released { by: self.envelope.issuer.clone(), reason: command.reason.clone() };
+        let cause = ReleaseCause::Released { by: self.issuer.clone(), reason: command.reason.clone() };
         self.order_release(resource, cause, BreakReason::ResourceLeft);
         Ok(())
     }
@@ -217,7 +213,7 @@ impl<'s> Decider<'s> {
         let resource = self.resource(&command.agent, command.resource)?;
         match resource.state {
             ResourceState::Paused { .. } => {
-                let cause = UnpauseCause::Operator { by: self.envelope.issuer.clone() };
+                let cause = UnpauseCause::Operator { by: self.issuer.clone() };
                 self.out.push(Effect::ResourceUnpaused { resource: resource.id, cause });
                 Ok(())
             }
@@ -270,6 +266,15 @@ impl<'s> Decider<'s> {
             return reject(RejectionKind::Invalid, "the update changes nothing");
         }
         check_attributes(&command.set)?;
+        if command.remove.len() > MAX_ATTRIBUTES {
+            return reject(
+                RejectionKind::Invalid,
+                format!("{} attribute names to remove; at most {MAX_ATTRIBUTES}", command.remove.len()),
+            );
+        }
+        for name in &command.remove {
+            check_attribute_name(name)?;
+        }
         let mut names: BTreeSet<&String> = resource.attributes.keys().collect();
         for name in &command.remove {
             names.remove(name);
@@ -305,7 +310,7 @@ impl<'s> Decider<'s> {
         check_text("detail", &command.detail)?;
         match resource.state {
             ResourceState::Active | ResourceState::Paused { .. } => {
-                let cause = SuspectCause::Operator { by: self.envelope.issuer.clone(), detail: command.detail.clone() };
+                let cause = SuspectCause::Operator { by: self.issuer.clone(), detail: command.detail.clone() };
                 self.out.push(Effect::ResourceSuspect { resource: resource.id, cause });
                 Ok(())
             }
@@ -382,6 +387,21 @@ impl<'s> Decider<'s> {
                 format!("resource {} is already {}", child.reference(), describe_state(child)),
             );
         }
+        // A child whose parent is in another partition knows nothing of it until its adoption is answered: a
+        // suspect or healthy cascade sent before the child existed could be older than the parent's real state.
+        // Only the answer to its own adoption (or a `left`, which is final) is taken until then.
+        let own_life = Source { partition: self.state.partition, position: child.allocated_pos };
+        let adopted = child.parent_seen.is_some();
+        if !adopted && command.parent_state != ParentState::Left && command.answers != Some(own_life) {
+            return reject(
+                RejectionKind::NotYetDue,
+                format!(
+                    "resource {} has not learnt its parent's state since it was allocated (at {own_life}); the \
+                     answer to its adoption comes first",
+                    child.reference()
+                ),
+            );
+        }
         match command.parent_state {
             ParentState::Left => {
                 let cause = ReleaseCause::ParentLeft { parent: command.parent.clone() };
@@ -401,29 +421,71 @@ impl<'s> Decider<'s> {
         Ok(())
     }
 
-    pub(super) fn bind_claim(&mut self, command: &BindClaim) -> Verdict {
-        let send_back = Effect::ClaimReleasable {
-            resource: command.holder.resource,
-            pool: command.pool.clone(),
-            value: Some(command.value),
-            token: Some(command.token),
+    /// The parent's side of an adoption: its state as of now, for a child allocated in another partition. A parent
+    /// unknown here that could still be allocated is asked about again later; one that never can be has left.
+    pub(super) fn adopt(&mut self, command: &Adopt) -> Verdict {
+        let child_home = partition_of_key(&Key::Agent(command.child.agent.clone()), self.state.partitions);
+        if command.source.partition != child_home {
+            return reject(
+                RejectionKind::Invalid,
+                format!(
+                    "child {} lives in partition {child_home}; its allocation cannot be at {}",
+                    command.child, command.source
+                ),
+            );
+        }
+        let parent = self.state.resources.get(&command.parent.resource).filter(|r| r.agent == command.parent.agent);
+        let parent_state = match parent {
+            Some(parent) if parent.state.has_left() => ParentState::Left,
+            Some(parent) if matches!(parent.state, ResourceState::Suspect { .. }) => ParentState::Suspect,
+            Some(_) => ParentState::Healthy,
+            None => {
+                let stamped = id_time(command.parent.resource.unix_ms());
+                let horizon = self.state.settings.outcome_horizon;
+                let may_come = stamped.saturating_add(horizon) >= self.now && stamped > self.state.forgotten_up_to;
+                if may_come {
+                    return reject(
+                        RejectionKind::NotYetDue,
+                        format!("parent {} is not known here yet; ask again later", command.parent),
+                    );
+                }
+                ParentState::Left
+            }
         };
-        let Some(resource) = self.state.resources.get(&command.holder.resource) else {
-            // Unknown here (never allocated, or forgotten after the horizon): the claim goes straight back.
+        self.out.push(Effect::ChildAdopted {
+            parent: command.parent.resource,
+            child: command.child.clone(),
+            child_source: command.source,
+            parent_state,
+        });
+        Ok(())
+    }
+
+    pub(super) fn bind_claim(&mut self, command: &BindClaim) -> Verdict {
+        let holder = &command.holder;
+        if self.state.grant_returned(holder, &command.pool, command.token) {
+            return reject(
+                RejectionKind::AlreadyDone,
+                format!(
+                    "the grant of {} (claim token {}) of pool {} to {holder} was already sent back",
+                    command.value, command.token, command.pool
+                ),
+            );
+        }
+        let send_back = Effect::GrantReturned {
+            resource: holder.resource,
+            pool: command.pool.clone(),
+            value: command.value,
+            token: command.token,
+        };
+        let resource = self.state.resources.get(&holder.resource).filter(|r| r.agent == holder.agent);
+        let Some(resource) = resource else {
+            // Unknown here (never allocated, forgotten after the horizon, or an id of another agent): the grant
+            // goes straight back, and is never bound here later.
             self.out.push(send_back);
             return Ok(());
         };
-        if resource.agent != command.holder.agent {
-            return reject(
-                RejectionKind::Unknown,
-                format!("resource {} is on agent {}, not {}", resource.id, resource.agent, command.holder.agent),
-            );
-        }
         match resource.claims.get(&command.pool) {
-            None => reject(
-                RejectionKind::Invalid,
-                format!("resource {} has no claim on pool {}", resource.reference(), command.pool),
-            ),
             Some(ClaimSlot::Bound { token, value }) if *token == command.token => reject(
                 RejectionKind::AlreadyDone,
                 format!(
@@ -432,37 +494,17 @@ impl<'s> Decider<'s> {
                     command.pool
                 ),
             ),
-            Some(ClaimSlot::Bound { token, value }) => reject(
-                RejectionKind::TokenMismatch,
-                format!(
-                    "the claim of resource {} on pool {} is bound to {value} with token {token}, not {}",
-                    resource.reference(),
-                    command.pool,
-                    command.token
-                ),
-            ),
             Some(ClaimSlot::Returned { token: Some(token) }) if *token == command.token => reject(
                 RejectionKind::AlreadyDone,
                 format!(
-                    "the claim of resource {} on pool {} with token {token} was already sent back",
+                    "the claim of resource {} on pool {} with token {token} was already given back",
                     resource.reference(),
                     command.pool
                 ),
             ),
-            Some(ClaimSlot::Returned { .. }) => {
-                // The holder went terminal before the grant arrived: the claim goes straight back.
-                self.out.push(send_back);
-                Ok(())
-            }
             Some(ClaimSlot::Wanted { wanted_at })
-                if command.wanted != Source { partition: self.state.partition, position: *wanted_at } =>
+                if command.wanted == Source { partition: self.state.partition, position: *wanted_at } =>
             {
-                // A grant of some other claim (an earlier life of this id, a confused sweeper): not this
-                // resource's to keep, so it goes straight back and the claim stays wanted.
-                self.out.push(send_back);
-                Ok(())
-            }
-            Some(ClaimSlot::Wanted { .. }) => {
                 self.out.push(Effect::ClaimBound {
                     resource: resource.id,
                     pool: command.pool.clone(),
@@ -476,6 +518,13 @@ impl<'s> Decider<'s> {
                 if others_bound && resource.state == ResourceState::Pending && resource.create_ordered.is_none() {
                     self.out.push(Effect::CreateOrdered { resource: resource.id });
                 }
+                Ok(())
+            }
+            // Not this resource's to keep: it never claimed from this pool, it holds another grant, it went
+            // terminal before the grant arrived, or the grant answers some other claim (an earlier life of the id, a
+            // confused sweeper). The claim, if any, stays as it is; the grant goes straight back.
+            None | Some(ClaimSlot::Bound { .. } | ClaimSlot::Returned { .. } | ClaimSlot::Wanted { .. }) => {
+                self.out.push(send_back);
                 Ok(())
             }
         }

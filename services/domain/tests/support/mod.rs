@@ -43,6 +43,12 @@ impl World {
         World::with_partitions(0, 1)
     }
 
+    /// One partition whose long decisions split into parts after `bytes` of effects.
+    pub fn with_split_budget(bytes: usize) -> Self {
+        let state = PartitionState::new(0, 1).with_split_budget(bytes);
+        World { d: Driver::with_state(state, T0), ..World::new() }
+    }
+
     pub fn with_partitions(partition: u32, partitions: u32) -> Self {
         World {
             d: Driver::new(partition, partitions, T0),
