@@ -9,14 +9,17 @@
 //! body   = the struct of the command named by the type name
 //! ```
 //!
-//! A payload whose first byte is `{` is the JSON form (see `schemas/README.md`). Outcomes are
+//! A payload whose first byte is `{` is the JSON form (see `schemas/README.md`). It is decoded strictly: unknown
+//! fields, duplicate keys and ids not in canonical text are refused, and an error names the field's path (`body.`
+//! and the field for the body) and the value. Outcomes are
 //! `[format tag 0x01][schema version][outcome]`. bincode is unmaintained upstream (RUSTSEC-2025-0141); the format
 //! tag is what lets a later codec coexist with this one.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use bincode::config::{Configuration, Limit, LittleEndian, Varint};
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -76,6 +79,11 @@ impl CodecError {
     pub(crate) fn json(error: serde_json::Error) -> Self {
         Self::new(CodecErrorKind::Malformed, format!("bad JSON: {error}"))
     }
+
+    /// A JSON decoding error with the path of the field it is about (`body.capacity: invalid type...`).
+    fn json_at(error: serde_path_to_error::Error<serde_json::Error>) -> Self {
+        Self::new(CodecErrorKind::Malformed, format!("bad JSON: {error}"))
+    }
 }
 
 impl fmt::Display for CodecErrorKind {
@@ -107,6 +115,64 @@ pub fn encoded_len<T: Serialize>(value: &T) -> usize {
         Ok(()) => writer.bytes_written,
         Err(_) => usize::MAX,
     }
+}
+
+/// Decodes a JSON value from the whole payload (only whitespace may follow it); an error names the path of the
+/// field it is about.
+fn from_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(CodecError::json_at)?;
+    deserializer.end().map_err(CodecError::json)?;
+    Ok(value)
+}
+
+/// Only the `body` of a JSON command, read from the whole payload, so that an error's path starts with `body.` and
+/// its line and column count from the payload's start. The other envelope fields are checked by [`JsonEnvelope`].
+#[derive(Deserialize)]
+struct JsonBody<T> {
+    body: T,
+}
+
+/// Decodes the body of a JSON command, as a `T`, from the whole payload.
+pub(crate) fn body_from_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    from_json::<JsonBody<T>>(bytes).map(|json| json.body)
+}
+
+/// `deserialize_with` for a map in a command: a repeated key is refused (serde's own map keeps the last one
+/// silently). The serialize side stays the default, so the bincode form (length, then the pairs) is unchanged.
+pub(crate) fn unique_keys<'de, D, K, V>(deserializer: D) -> Result<BTreeMap<K, V>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    K: Deserialize<'de> + Ord + fmt::Debug,
+    V: Deserialize<'de>,
+{
+    struct UniqueKeys<K, V>(std::marker::PhantomData<(K, V)>);
+
+    impl<'de, K, V> serde::de::Visitor<'de> for UniqueKeys<K, V>
+    where
+        K: Deserialize<'de> + Ord + fmt::Debug,
+        V: Deserialize<'de>,
+    {
+        type Value = BTreeMap<K, V>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a map without repeated keys")
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(key) = map.next_key::<K>()? {
+                if out.contains_key(&key) {
+                    return Err(serde::de::Error::custom(format!("duplicate key {key:?}")));
+                }
+                let value = map.next_value()?;
+                out.insert(key, value);
+            }
+            Ok(out)
+        }
+    }
+
+    deserializer.deserialize_map(UniqueKeys(std::marker::PhantomData))
 }
 
 /// Decodes a whole value: every byte must be used.
@@ -195,11 +261,27 @@ pub fn decode_command(bytes: &[u8]) -> Result<Envelope, CodecError> {
         None => Err(CodecError::new(CodecErrorKind::Empty, "empty payload")),
         Some(&FORMAT_BINCODE_V1) => decode_command_bincode(&bytes[1..]),
         Some(&FORMAT_JSON) => command_from_json(bytes),
-        Some(other) => Err(CodecError::new(
-            CodecErrorKind::UnknownFormat,
-            format!("unknown format tag 0x{other:02x} (expected 0x01 for bincode or '{{' for JSON)"),
-        )),
+        Some(other) => Err(json_prefix_error(bytes).unwrap_or_else(|| {
+            CodecError::new(
+                CodecErrorKind::UnknownFormat,
+                format!("unknown format tag 0x{other:02x} (expected 0x01 for bincode or '{{' for JSON)"),
+            )
+        })),
     }
+}
+
+/// The first byte is what tells the forms apart, so JSON gets no leading whitespace or byte-order mark. A payload
+/// that starts with either is most likely JSON from a producer that added it: the error says so.
+fn json_prefix_error(bytes: &[u8]) -> Option<CodecError> {
+    const NO_PREFIX: &str = "a JSON command must start with '{': no leading whitespace or byte-order mark";
+    let detail = match bytes {
+        [0xef, 0xbb, 0xbf, ..] => format!("{NO_PREFIX} (this one starts with the UTF-8 byte-order mark EF BB BF)"),
+        [first @ (b' ' | b'\t' | b'\n' | b'\r'), ..] => {
+            format!("{NO_PREFIX} (this one starts with whitespace, 0x{first:02x})")
+        }
+        _ => return None,
+    };
+    Some(CodecError::new(CodecErrorKind::UnknownFormat, detail))
 }
 
 fn decode_command_bincode(bytes: &[u8]) -> Result<Envelope, CodecError> {
@@ -238,11 +320,13 @@ struct JsonEnvelope {
     class: CommandClass,
     issuer: Issuer,
     issued_at: Timestamp,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::ids::canonical_uuid_option")]
     correlation_id: Option<Uuid>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::ids::canonical_uuid_option")]
     causation_id: Option<Uuid>,
-    body: serde_json::Value,
+    /// Checked here for its syntax only: [`JsonBody`] decodes it once the type is known.
+    #[serde(rename = "body")]
+    _body: IgnoredAny,
 }
 
 #[derive(Serialize)]
@@ -275,18 +359,31 @@ pub fn command_to_json(envelope: &Envelope) -> Result<String, CodecError> {
     serde_json::to_string(&json).map_err(CodecError::json)
 }
 
-/// Decodes the JSON form of a command.
+/// Decodes the JSON form of a command: it must start with `{`, like every payload [`decode_command`] takes as JSON.
 pub fn command_from_json(bytes: &[u8]) -> Result<Envelope, CodecError> {
     check_size(bytes, MAX_COMMAND_BYTES, "command")?;
+    match bytes.first() {
+        None => return Err(CodecError::new(CodecErrorKind::Empty, "empty payload")),
+        Some(&FORMAT_JSON) => {}
+        Some(other) => {
+            return Err(json_prefix_error(bytes).unwrap_or_else(|| {
+                CodecError::new(
+                    CodecErrorKind::UnknownFormat,
+                    format!("a JSON command must start with '{{', not with the byte 0x{other:02x}"),
+                )
+            }));
+        }
+    }
     // The version is read first, so a newer producer's fields are reported as "newer", not as garbage.
     #[derive(Deserialize)]
     struct VersionOnly {
         schema_version: u16,
     }
-    let version: VersionOnly = serde_json::from_slice(bytes).map_err(CodecError::json)?;
+    let version: VersionOnly = from_json(bytes)?;
     check_version(version.schema_version)?;
-    let json: JsonEnvelope = serde_json::from_slice(bytes).map_err(CodecError::json)?;
-    let body = Command::body_from_json(&json.type_name, json.body)?;
+    // The envelope, then the body: its type is known only once `type` is read, wherever it stands in the object.
+    let json: JsonEnvelope = from_json(bytes)?;
+    let body = Command::body_from_json(&json.type_name, bytes)?;
     check_class(&json.type_name, json.class, &body)?;
     Ok(Envelope {
         schema_version: json.schema_version,
@@ -401,6 +498,47 @@ mod tests {
         let bad_name = json.replace(r#""agent":"w1""#, r#""agent":"W 1""#);
         let err = decode_command(bad_name.as_bytes()).unwrap_err();
         assert!(err.to_string().contains("not a valid name"), "{err}");
+    }
+
+    #[test]
+    fn unique_keys_keep_the_bincode_form() {
+        #[derive(Debug, Serialize, Deserialize)]
+        struct Strict {
+            #[serde(deserialize_with = "unique_keys")]
+            map: BTreeMap<String, String>,
+        }
+        let pairs = |keys: [&str; 2]| -> Vec<(String, String)> {
+            keys.iter().enumerate().map(|(i, k)| ((*k).to_owned(), i.to_string())).collect()
+        };
+        let map: BTreeMap<String, String> = pairs(["a", "b"]).into_iter().collect();
+        let mut plain = Vec::new();
+        encode_into(&map, &mut plain).unwrap();
+        let mut strict = Vec::new();
+        encode_into(&Strict { map: map.clone() }, &mut strict).unwrap();
+        assert_eq!(strict, plain);
+        assert_eq!(decode_exact::<Strict>(&strict).unwrap().map, map);
+
+        // A map is its length and its pairs, like a list of pairs: that is how a repeated key gets into bincode.
+        let mut repeated = Vec::new();
+        encode_into(&pairs(["a", "a"]), &mut repeated).unwrap();
+        assert_eq!(decode_exact::<BTreeMap<String, String>>(&repeated).unwrap().len(), 1, "serde's own map");
+        let err = decode_exact::<Strict>(&repeated).unwrap_err();
+        assert_eq!(err.kind(), CodecErrorKind::Malformed);
+        assert!(err.to_string().contains("duplicate key"), "{err}");
+        let err = serde_json::from_str::<Strict>(r#"{"map":{"a":"0","b":"1","a":"2"}}"#).unwrap_err();
+        assert!(err.to_string().contains(r#"duplicate key "a""#), "{err}");
+    }
+
+    #[test]
+    fn leading_whitespace_or_a_bom_is_named() {
+        let json = command_to_json(&heartbeat()).unwrap();
+        for prefix in ["\u{feff}", " ", "\n"] {
+            let err = decode_command(format!("{prefix}{json}").as_bytes()).unwrap_err();
+            assert_eq!(err.kind(), CodecErrorKind::UnknownFormat);
+            assert!(err.to_string().starts_with("a JSON command must start with '{': no leading whitespace"), "{err}");
+        }
+        let err = decode_command(&[0x7f, 1, 2]).unwrap_err();
+        assert_eq!(err.to_string(), "unknown format tag 0x7f (expected 0x01 for bincode or '{' for JSON)");
     }
 
     #[test]

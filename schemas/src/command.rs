@@ -2,7 +2,7 @@
 //!
 //! - `op`: producers and operators ask for something (allocate, acquire, release, pause...).
 //! - `agent`: an agent tells what it observed on its own machine (register, heartbeat, reports).
-//! - `sys`: the sweeper (and the writer itself) asks for time-driven and cross-partition work.
+//! - `sys`: the sweeper asks for time-driven and cross-partition work.
 //!
 //! The type name (`op.allocate`, `agent.sync`...) is the wire's discriminant: a body is encoded as its struct alone,
 //! so adding a command never changes the bytes of another.
@@ -35,7 +35,7 @@ pub struct Allocate {
     pub kind: String,
     /// How many live leases it takes at once.
     pub capacity: u32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::codec::unique_keys")]
     pub attributes: BTreeMap<String, String>,
     /// A resource this one depends on; when it leaves for good, this one is released.
     pub parent: Option<ResourceRef>,
@@ -112,7 +112,7 @@ pub struct Unpause {
 pub struct Update {
     pub agent: AgentName,
     pub resource: ResourceId,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::codec::unique_keys")]
     pub set: BTreeMap<String, String>,
     #[serde(default)]
     pub remove: Vec<String>,
@@ -171,6 +171,7 @@ pub struct SetPartitionSettings {
 pub struct Register {
     pub agent: AgentName,
     /// Chosen at random by the process, so it can recognise its own registration on its subject.
+    #[serde(deserialize_with = "crate::ids::canonical_uuid")]
     pub incarnation: Uuid,
     /// "My disk was wiped": losing everything in the first reports is expected, not a fault.
     pub wiped: bool,
@@ -251,7 +252,9 @@ pub struct ResyncChunk {
     pub epoch: Position,
     pub obs: u64,
     pub watermark: Position,
+    #[serde(deserialize_with = "crate::ids::canonical_uuid")]
     pub lo: Uuid,
+    #[serde(default, deserialize_with = "crate::ids::canonical_uuid_option")]
     pub hi: Option<Uuid>,
     #[serde(default)]
     pub held: Vec<ResourceId>,
@@ -301,7 +304,7 @@ pub struct HealthResult {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// sys: the sweeper and the writer. Time-driven ones are requests: early ones are rejected `not-yet-due`.
+// sys: the sweeper. Time-driven ones are requests: early ones are rejected `not-yet-due`.
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -410,7 +413,9 @@ pub enum ParentState {
     Healthy,
 }
 
-/// To a child resource: its parent's state changed. `source` is the parent's effect that changed it.
+/// To a child resource: its parent's state. `source` is the parent's effect that says so: a state change, or the
+/// `child-adopted` that answered the child's adoption (then `answers` is the child's `resource-allocated`, which is
+/// how the child knows the answer is about its own life, not a message sent before it existed).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cascade {
@@ -418,14 +423,17 @@ pub struct Cascade {
     pub parent: ResourceRef,
     pub parent_state: ParentState,
     pub source: Source,
+    pub answers: Option<Source>,
 }
 
-/// The writer to itself: carry on with the work an outcome left for later (`origin` is its `ContinueRequested`).
+/// To a parent resource in another partition: a child was allocated (`source`: its `resource-allocated`) and needs
+/// the parent's state as of now. The answer (`child-adopted`) is carried back as a `cascade` with `answers` set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Continue {
-    pub key: Key,
-    pub origin: Position,
+pub struct Adopt {
+    pub parent: ResourceRef,
+    pub child: ResourceRef,
+    pub source: Source,
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -477,14 +485,13 @@ macro_rules! commands {
             }
 
 
+            /// Decodes the body of a JSON command of type `type_name` from the whole payload.
             pub(crate) fn body_from_json(
                 type_name: &str,
-                value: serde_json::Value,
+                payload: &[u8],
             ) -> Result<Command, crate::codec::CodecError> {
                 match type_name {
-                    $( $name => serde_json::from_value::<$body>(value)
-                        .map(Command::$variant)
-                        .map_err(|e| crate::codec::CodecError::json(e)), )*
+                    $( $name => crate::codec::body_from_json::<$body>(payload).map(Command::$variant), )*
                     other => Err(crate::codec::CodecError::unknown_type(other)),
                 }
             }
@@ -545,7 +552,7 @@ commands! {
     Free(Free) = Sys "sys.free",
     TickPool(TickPool) = Sys "sys.tick-pool",
     Cascade(Cascade) = Sys "sys.cascade",
-    Continue(Continue) = Sys "sys.continue",
+    Adopt(Adopt) = Sys "sys.adopt",
 }
 
 /// The last subject token of a command: the resource or lease it is about, or `_`.
@@ -605,7 +612,7 @@ impl Command {
             Command::Free(c) => pool(&c.pool),
             Command::TickPool(c) => pool(&c.pool),
             Command::Cascade(c) => agent(&c.child.agent),
-            Command::Continue(c) => c.key.clone(),
+            Command::Adopt(c) => agent(&c.parent.agent),
         }
     }
 
@@ -635,6 +642,7 @@ impl Command {
             Command::BindClaim(c) => Resource(c.holder.resource),
             Command::Free(c) => Resource(c.holder.resource),
             Command::Cascade(c) => Resource(c.child.resource),
+            Command::Adopt(c) => Resource(c.parent.resource),
             Command::RetireAgent(_)
             | Command::ConfirmLoss(_)
             | Command::DefinePool(_)
@@ -645,8 +653,7 @@ impl Command {
             | Command::ResyncChunk(_)
             | Command::MarkStalled(_)
             | Command::MarkGone(_)
-            | Command::TickPool(_)
-            | Command::Continue(_) => None,
+            | Command::TickPool(_) => None,
         }
     }
 }

@@ -16,6 +16,8 @@ pub enum IdError {
     BadName { what: &'static str, value: String },
     #[error("{what} {value:?} is not a UUID: {reason}")]
     NotUuid { what: &'static str, value: String, reason: String },
+    #[error("{what} {value:?} is not in canonical form: write it lower-case and hyphenated, like {canonical}")]
+    NotCanonical { what: &'static str, value: String, canonical: Uuid },
     #[error("{what} {value} is a UUID of version {version}; leasehold ids are UUIDv7 (time-ordered)")]
     NotV7 { what: &'static str, value: Uuid, version: usize },
     #[error("resource reference {value:?} must look like <agent>.<resource id>")]
@@ -103,11 +105,49 @@ safe_name!(
     "pool name"
 );
 
+/// Parses the one spelling of a UUID that leasehold accepts as text: 36 lower-case characters with hyphens, the
+/// way every id is printed and every subject spells it. Upper-case, braced, `urn:uuid:` and unhyphenated forms would
+/// name the same id with different text, and so a different subject or audit record: they are refused.
+pub fn parse_canonical_uuid(what: &'static str, text: &str) -> Result<Uuid, IdError> {
+    let uuid =
+        Uuid::parse_str(text).map_err(|e| IdError::NotUuid { what, value: text.to_owned(), reason: e.to_string() })?;
+    let mut buffer = Uuid::encode_buffer();
+    if *uuid.hyphenated().encode_lower(&mut buffer) != *text {
+        return Err(IdError::NotCanonical { what, value: text.to_owned(), canonical: uuid });
+    }
+    Ok(uuid)
+}
+
+/// `deserialize_with` for a plain UUID field: only the canonical text in JSON; in bincode, `uuid`'s own form (its
+/// 16 bytes), which is what the field's default serialize side writes.
+pub(crate) fn canonical_uuid<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Uuid, D::Error> {
+    if deserializer.is_human_readable() {
+        let text = String::deserialize(deserializer)?;
+        parse_canonical_uuid("UUID", &text).map_err(serde::de::Error::custom)
+    } else {
+        Uuid::deserialize(deserializer)
+    }
+}
+
+/// [`canonical_uuid`] for an optional field (`null` or absent in JSON is `None`; the field needs `#[serde(default)]`
+/// to stay optional, since serde treats a field with `deserialize_with` as required).
+pub(crate) fn canonical_uuid_option<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Uuid>, D::Error> {
+    if deserializer.is_human_readable() {
+        match Option::<String>::deserialize(deserializer)? {
+            Some(text) => parse_canonical_uuid("UUID", &text).map(Some).map_err(serde::de::Error::custom),
+            None => Ok(None),
+        }
+    } else {
+        Option::<Uuid>::deserialize(deserializer)
+    }
+}
+
 macro_rules! v7_id {
     ($(#[$meta:meta])* $name:ident, $what:literal) => {
         $(#[$meta])*
-        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        #[serde(try_from = "Uuid", into = "Uuid")]
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub struct $name(Uuid);
 
         impl $name {
@@ -155,15 +195,30 @@ macro_rules! v7_id {
             }
         }
 
+        /// Only the canonical text (see [`parse_canonical_uuid`]).
         impl FromStr for $name {
             type Err = IdError;
             fn from_str(s: &str) -> Result<Self, IdError> {
-                let uuid = Uuid::parse_str(s).map_err(|e| IdError::NotUuid {
-                    what: $what,
-                    value: s.to_owned(),
-                    reason: e.to_string(),
-                })?;
-                Self::new(uuid)
+                Self::new(parse_canonical_uuid($what, s)?)
+            }
+        }
+
+        /// `uuid`'s own serde form: the canonical text in JSON, 16 bytes in bincode.
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                self.0.serialize(serializer)
+            }
+        }
+
+        /// The canonical text in JSON (nothing else, unlike `uuid`'s own); `uuid`'s 16 bytes in bincode.
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                if deserializer.is_human_readable() {
+                    let text = String::deserialize(deserializer)?;
+                    text.parse().map_err(serde::de::Error::custom)
+                } else {
+                    Self::new(Uuid::deserialize(deserializer)?).map_err(serde::de::Error::custom)
+                }
             }
         }
 
@@ -514,6 +569,7 @@ impl fmt::Debug for Millis {
 /// Orders an agent's observations: the epoch (position of its registration) first, then the observation number
 /// the incarnation gave it. Any observation of an earlier epoch is older than every observation of a later one.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ObsStamp {
     pub epoch: Position,
     pub obs: u64,
@@ -534,6 +590,7 @@ impl fmt::Debug for ObsStamp {
 /// Where a cross-partition command comes from: the partition and position of the effect that caused it. A target
 /// ignores anything from a source that is not newer than what it last saw from that source about the same thing.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Source {
     pub partition: u32,
     pub position: Position,
@@ -574,6 +631,78 @@ mod tests {
         assert_eq!(id.unix_ms(), 1_700_000_000_123);
         assert_eq!(id.to_string().parse::<ResourceId>().unwrap(), id);
         assert!("not-a-uuid".parse::<LeaseId>().is_err());
+    }
+
+    /// The spellings `uuid` accepts besides the canonical one, for the canonical `text`.
+    fn other_spellings(text: &str) -> [String; 4] {
+        [text.to_uppercase(), format!("{{{text}}}"), format!("urn:uuid:{text}"), text.replace('-', "")]
+    }
+
+    #[test]
+    fn ids_have_one_spelling() {
+        let id = ResourceId::from_parts(1_700_000_000_123, [7; 10]);
+        let text = id.to_string();
+        assert_eq!(text.parse::<ResourceId>().unwrap(), id);
+        assert_eq!(serde_json::from_str::<ResourceId>(&format!("{text:?}")).unwrap(), id);
+        for other in other_spellings(&text) {
+            assert_eq!(Uuid::parse_str(&other).unwrap(), id.as_uuid(), "uuid itself accepts {other}");
+            let err = other.parse::<ResourceId>().unwrap_err();
+            assert_eq!(
+                err,
+                IdError::NotCanonical { what: "resource id", value: other.clone(), canonical: id.as_uuid() }
+            );
+            let message = err.to_string();
+            assert!(message.contains("write it lower-case and hyphenated, like"), "{message}");
+            assert!(message.ends_with(&text), "{message}");
+            assert!(matches!(other.parse::<LeaseId>(), Err(IdError::NotCanonical { what: "lease id", .. })));
+            assert!(matches!(other.parse::<CommandId>(), Err(IdError::NotCanonical { what: "command id", .. })));
+            let json_err = serde_json::from_str::<ResourceId>(&format!("{other:?}")).unwrap_err().to_string();
+            assert!(json_err.contains("not in canonical form"), "{other}: {json_err}");
+            let reference = format!("w1.{other}");
+            assert!(matches!(reference.parse::<ResourceRef>(), Err(IdError::NotCanonical { .. })), "{reference}");
+            let json_err = serde_json::from_str::<ResourceRef>(&format!("{reference:?}")).unwrap_err().to_string();
+            assert!(json_err.contains("not in canonical form"), "{reference}: {json_err}");
+        }
+    }
+
+    #[test]
+    fn plain_uuid_fields_have_one_spelling_too() {
+        #[derive(Debug, Deserialize)]
+        struct Fields {
+            #[serde(deserialize_with = "canonical_uuid")]
+            one: Uuid,
+            #[serde(default, deserialize_with = "canonical_uuid_option")]
+            maybe: Option<Uuid>,
+        }
+        let text = "0190a0b0-0000-4000-8000-00000000000a";
+        let uuid = Uuid::parse_str(text).unwrap();
+        let ok: Fields = serde_json::from_str(&format!(r#"{{"one":"{text}","maybe":"{text}"}}"#)).unwrap();
+        assert_eq!((ok.one, ok.maybe), (uuid, Some(uuid)));
+        let absent: Fields = serde_json::from_str(&format!(r#"{{"one":"{text}"}}"#)).unwrap();
+        assert_eq!(absent.maybe, None);
+        let null: Fields = serde_json::from_str(&format!(r#"{{"one":"{text}","maybe":null}}"#)).unwrap();
+        assert_eq!(null.maybe, None);
+        for other in other_spellings(text) {
+            for json in [format!(r#"{{"one":"{other}"}}"#), format!(r#"{{"one":"{text}","maybe":"{other}"}}"#)] {
+                let err = serde_json::from_str::<Fields>(&json).unwrap_err().to_string();
+                assert!(err.contains(&format!("UUID {other:?} is not in canonical form")), "{json}: {err}");
+                assert!(err.contains(&format!("like {text}")), "{json}: {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_binary_form_of_ids_is_uuids_own() {
+        let config = bincode::config::standard();
+        let id = LeaseId::from_parts(1_700_000_000_000, [9; 10]);
+        let ours = bincode::serde::encode_to_vec(id, config).unwrap();
+        assert_eq!(ours, bincode::serde::encode_to_vec(id.as_uuid(), config).unwrap());
+        assert_eq!(ours.len(), 17, "a length byte and the 16 bytes");
+        let (back, _): (LeaseId, usize) = bincode::serde::decode_from_slice(&ours, config).unwrap();
+        assert_eq!(back, id);
+        let v4 = bincode::serde::encode_to_vec(Uuid::from_u128(0x1234_5678_9abc_4def_8000_0000_0000_0001), config);
+        let err = bincode::serde::decode_from_slice::<LeaseId, _>(&v4.unwrap(), config).unwrap_err();
+        assert!(err.to_string().contains("UUIDv7"), "{err}");
     }
 
     #[test]

@@ -6,8 +6,11 @@ use std::net::Ipv4Addr;
 use serde::{Deserialize, Serialize};
 
 /// The identifiers a pool holds. `0` is a valid slot (Arvados bug 12073).
+///
+/// `deny_unknown_fields` on the enum is what refuses unknown fields inside its struct variants: serde has no such
+/// attribute for a single variant (it does not compile there). `struct_variants_refuse_unknown_fields` checks it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub enum PoolKind {
     /// The addresses of `network/prefix_len`, without the network and broadcast addresses (for prefixes up to
     /// /30) and without `exclude` (gateways, reserved addresses).
@@ -216,6 +219,20 @@ mod tests {
         assert_eq!(kind.value_at(0), Some(PoolValue::Slot(0)));
         assert!(kind.contains(&PoolValue::Slot(0)));
         assert!(!kind.contains(&PoolValue::Slot(2)));
+    }
+
+    #[test]
+    fn struct_variants_refuse_unknown_fields() {
+        let known: PoolKind = serde_json::from_str(r#"{"slots":{"count":4}}"#).unwrap();
+        assert_eq!(known, PoolKind::Slots { count: 4 });
+        for (text, field) in [
+            (r#"{"slots":{"count":4,"size":8}}"#, "size"),
+            (r#"{"ports":{"first":80,"last":90,"exclude":[],"step":2}}"#, "step"),
+            (r#"{"ipv4":{"network":"10.0.0.0","prefix_len":24,"exclude":[],"gateway":"10.0.0.1"}}"#, "gateway"),
+        ] {
+            let err = serde_json::from_str::<PoolKind>(text).unwrap_err().to_string();
+            assert!(err.contains(&format!("unknown field `{field}`")), "{text}: {err}");
+        }
     }
 
     #[test]

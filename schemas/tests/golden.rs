@@ -22,9 +22,9 @@ use std::path::{Path, PathBuf};
 
 use leasehold_schemas::codec::{self, CodecErrorKind};
 use leasehold_schemas::command::{
-    Acquire, Allocate, BindClaim, Cascade, Claim, Command, ConfirmLoss, Continue, CreateTimeout, DefinePool,
-    ExpireLease, ExpirePause, FailureKind, Free, HandleDigest, HealthResult, Heartbeat, MarkGone, MarkStalled, Orphan,
-    ParentState, Pause, Register, Release, ReleaseLease, Renew, ReportCreated, ReportFailure, ReportFailureByOperator,
+    Acquire, Adopt, Allocate, BindClaim, Cascade, Claim, Command, ConfirmLoss, CreateTimeout, DefinePool, ExpireLease,
+    ExpirePause, FailureKind, Free, HandleDigest, HealthResult, Heartbeat, MarkGone, MarkStalled, Orphan, ParentState,
+    Pause, Register, Release, ReleaseLease, Renew, ReportCreated, ReportFailure, ReportFailureByOperator,
     RequestHealthCheck, ResyncChunk, RetireAgent, SetPartitionSettings, SyncReport, TickPool, Unpause, Update,
     WaitTimeout,
 };
@@ -48,7 +48,6 @@ use leasehold_schemas::{CommandClass, Envelope, SCHEMA_VERSION, Uuid};
 const T0: u64 = 1_767_225_600_000;
 const OP_ISSUER: &str = "op:alice@example";
 const SWEEPER: &str = "sweeper";
-const WRITER: &str = "leasehold-writer";
 
 fn agent() -> AgentName {
     AgentName::new("w1").unwrap()
@@ -311,7 +310,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
         caused(
             correlated(envelope(
                 29,
-                WRITER,
+                SWEEPER,
                 Claim {
                     pool: pool(),
                     holder: resource_ref(),
@@ -323,7 +322,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
         caused(
             envelope(
                 30,
-                WRITER,
+                SWEEPER,
                 BindClaim {
                     holder: resource_ref(),
                     pool: pool(),
@@ -338,7 +337,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
         caused(
             envelope(
                 31,
-                WRITER,
+                SWEEPER,
                 Free { pool: pool(), holder: resource_ref(), token: Some(Position(55)), source: source() },
             ),
             5,
@@ -347,17 +346,29 @@ fn command_samples() -> Vec<(String, Envelope)> {
         caused(
             envelope(
                 33,
-                WRITER,
+                SWEEPER,
                 Cascade {
                     child: resource_ref(),
                     parent: parent_ref(),
                     parent_state: ParentState::Left,
                     source: Source { partition: 5, position: Position(90) },
+                    answers: None,
                 },
             ),
             5,
         ),
-        caused(envelope(34, WRITER, Continue { key: Key::Pool(pool()), origin: Position(200) }), 33),
+        caused(
+            envelope(
+                34,
+                SWEEPER,
+                Adopt {
+                    parent: parent_ref(),
+                    child: resource_ref(),
+                    source: Source { partition: 3, position: Position(17) },
+                },
+            ),
+            10,
+        ),
     ];
     let mut samples: Vec<(String, Envelope)> =
         main.into_iter().map(|envelope| (envelope.type_name().to_owned(), envelope)).collect();
@@ -426,29 +437,30 @@ fn command_samples() -> Vec<(String, Envelope)> {
             "suspect",
             envelope(
                 46,
-                WRITER,
+                SWEEPER,
                 Cascade {
                     child: resource_ref(),
                     parent: parent_ref(),
                     parent_state: ParentState::Suspect,
                     source: source(),
+                    answers: None,
                 },
             ),
         ),
         (
-            "healthy",
+            "healthy-answer",
             envelope(
                 47,
-                WRITER,
+                SWEEPER,
                 Cascade {
                     child: resource_ref(),
                     parent: parent_ref(),
                     parent_state: ParentState::Healthy,
                     source: source(),
+                    answers: Some(Source { partition: 3, position: Position(17) }),
                 },
             ),
         ),
-        ("agent-key", envelope(48, WRITER, Continue { key: Key::Agent(a()), origin: Position(201) })),
     ];
     samples.extend(
         variants.into_iter().map(|(variant, envelope)| (format!("{}.{variant}", envelope.type_name()), envelope)),
@@ -545,10 +557,16 @@ fn effect_samples() -> Vec<Effect> {
         Effect::ClaimFreed { holder: resource_ref(), value: PoolValue::Ipv4(ip(7)), token: Position(55) },
         Effect::ClaimWithdrawn { holder: resource_ref() },
         Effect::PartitionSettingsChanged { settings: partition_settings() },
-        Effect::ContinueRequested { work: Work::OrphanResources {} },
-        Effect::ContinuationTaken { origin: Position(200) },
+        Effect::DecisionContinues { work: Work::OrphanResources {} },
+        Effect::GrantReturned { resource: r(), pool: pool(), value: PoolValue::Ipv4(ip(9)), token: Position(61) },
         Effect::AgentBreakerRearmed {},
         Effect::ResourceSeen { resource: r(), stamp, native_id: Some("d41d8cd98f01".into()) },
+        Effect::ChildAdopted {
+            parent: parent(),
+            child: ResourceRef::new(AgentName::new("w2").unwrap(), resource()),
+            child_source: Source { partition: 3, position: Position(17) },
+            parent_state: ParentState::Suspect,
+        },
     ]
 }
 
@@ -608,6 +626,7 @@ fn outcome_of(n: u8, envelope: &Envelope, decision: Decision) -> Outcome {
             key: envelope.body.key(),
         },
         cmd_seq: 1_000 + n64,
+        part: 0,
         log_time: Timestamp(envelope.issued_at.0 + 7),
         decided_at: Timestamp(envelope.issued_at.0 + 7),
         decision,
@@ -716,9 +735,23 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
     }
     for (i, work) in work_samples().into_iter().enumerate() {
         let name = format!("work.{}", work_name(&work));
-        let effects = vec![Effect::ContinueRequested { work }];
+        let effects = vec![Effect::DecisionContinues { work }];
         samples.push((name, outcome_of(60 + i as u8, &for_agent, accepted(500 + i as u64, effects))));
     }
+    // The second and last part of a decision (`outcome.accepted` would be the first).
+    let mut next_part = outcome_of(
+        4,
+        &command_sample("sys.mark-gone"),
+        accepted(
+            640,
+            vec![
+                Effect::ResourceOrphaned { resource: other_resource(1) },
+                Effect::LeaseBroken { lease: lease(), reason: BreakReason::ResourceLeft },
+            ],
+        ),
+    );
+    next_part.part = 1;
+    samples.push(("outcome.next-part".to_owned(), next_part));
     for (i, kind) in REJECTION_KINDS.into_iter().enumerate() {
         let rejection = Rejection::new(kind, format!("a sample {kind} rejection of {}", resource_ref()));
         samples
@@ -731,7 +764,7 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
 // Exhaustive maps from each wire enum to an index: a variant added without a fixture fails to compile here, and a
 // new arm without a sample fails `samples_cover_every_variant`.
 
-const EFFECT_VARIANTS: usize = 45;
+const EFFECT_VARIANTS: usize = 46;
 
 fn effect_index(effect: &Effect) -> usize {
     match effect {
@@ -776,10 +809,11 @@ fn effect_index(effect: &Effect) -> usize {
         Effect::ClaimFreed { .. } => 38,
         Effect::ClaimWithdrawn { .. } => 39,
         Effect::PartitionSettingsChanged { .. } => 40,
-        Effect::ContinueRequested { .. } => 41,
-        Effect::ContinuationTaken { .. } => 42,
+        Effect::DecisionContinues { .. } => 41,
+        Effect::GrantReturned { .. } => 42,
         Effect::AgentBreakerRearmed {} => 43,
         Effect::ResourceSeen { .. } => 44,
+        Effect::ChildAdopted { .. } => 45,
     }
 }
 
@@ -862,6 +896,15 @@ impl Seen {
         self.mark("PoolValue", index);
     }
 
+    fn parent_state(&mut self, state: ParentState) {
+        let index = match state {
+            ParentState::Left => 0,
+            ParentState::Suspect => 1,
+            ParentState::Healthy => 2,
+        };
+        self.mark("ParentState", index);
+    }
+
     fn option<T>(&mut self, what: &'static str, value: &Option<T>) {
         self.mark(what, usize::from(value.is_some()));
     }
@@ -882,12 +925,8 @@ impl Seen {
                 self.mark("FailureKind", index);
             }
             Command::Cascade(c) => {
-                let index = match c.parent_state {
-                    ParentState::Left => 0,
-                    ParentState::Suspect => 1,
-                    ParentState::Healthy => 2,
-                };
-                self.mark("ParentState", index);
+                self.parent_state(c.parent_state);
+                self.option("Option (cascade answers)", &c.answers);
             }
             _ => {}
         }
@@ -969,7 +1008,9 @@ impl Seen {
                     self.pool_value(value);
                 }
             }
-            Effect::ContinueRequested { work } => self.mark("Work", work_index(work)),
+            Effect::DecisionContinues { work } => self.mark("Work", work_index(work)),
+            Effect::GrantReturned { value, .. } => self.pool_value(value),
+            Effect::ChildAdopted { parent_state, .. } => self.parent_state(*parent_state),
             _ => {}
         }
     }
@@ -984,6 +1025,7 @@ const VARIANT_COUNTS: &[(&str, usize)] = &[
     ("Effect", EFFECT_VARIANTS),
     ("FailureKind", 2),
     ("Key", 2),
+    ("Option (cascade answers)", 2),
     ("Option (causation id)", 2),
     ("Option (claim value)", 2),
     ("Option (correlation id)", 2),

@@ -8,20 +8,30 @@ use leasehold_schemas::outcome::{Decision, Effect, UnpauseCause};
 use leasehold_schemas::subjects::partition_of_key;
 
 use crate::state::{
-    Agent, Breaker, ClaimSlot, Forget, Holding, Lease, LeaseState, Liveness, PartitionState, PauseInfo, PendingDecision,
-    Pool, Resource, ResourceState,
+    Agent, Breaker, ClaimSlot, Forget, Holding, Lease, LeaseState, Liveness, PartitionState, PauseInfo,
+    PendingDecision, Pool, Resource, ResourceState,
 };
 
 /// An outcome that does not follow the state it is folded into: a log out of order, with a gap, or of another
 /// partition. Whoever folds must stop: skipping it would serve a state the log does not hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FoldError {
-    WrongPartition { state: u32, outcome: u32 },
+    WrongPartition {
+        state: u32,
+        outcome: u32,
+    },
     /// The outcome is not the next one: after `(cursor, part)`, with `pending` the part expected next if a decision
     /// is unfinished.
-    OutOfOrder { cursor: (u64, u32), pending: Option<(u64, u32)>, got: (u64, u32) },
+    OutOfOrder {
+        cursor: (u64, u32),
+        pending: Option<(u64, u32)>,
+        got: (u64, u32),
+    },
     /// Its first position is not the next position of the partition.
-    PositionGap { expected: Position, got: Position },
+    PositionGap {
+        expected: Position,
+        got: Position,
+    },
 }
 
 impl fmt::Display for FoldError {
@@ -347,7 +357,10 @@ fn apply_effect(
             // elsewhere is learnt by the answer to the child's adoption.
             let parent_seen = parent
                 .as_ref()
-                .filter(|p| partition_of_key(&leasehold_schemas::Key::Agent(p.agent.clone()), state.partitions) == state.partition)
+                .filter(|p| {
+                    partition_of_key(&leasehold_schemas::Key::Agent(p.agent.clone()), state.partitions)
+                        == state.partition
+                })
                 .map(|_| leasehold_schemas::Source { partition: state.partition, position: Position(position.0 - 1) });
             state.resources.insert(
                 *resource,

@@ -8,8 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use leasehold_schemas::Uuid;
 use leasehold_schemas::command::HandleDigest;
 use leasehold_schemas::ids::{
-    AgentName, CommandId, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source,
-    Timestamp,
+    AgentName, CommandId, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp,
 };
 use leasehold_schemas::outcome::{BreakReason, CommandSummary, ReleaseCause, SuspectCause, Work};
 use leasehold_schemas::pool::{PoolKind, PoolValue};

@@ -530,7 +530,7 @@ fn describe(effect: &Effect) -> String {
             format!("{value} of pool {pool} is not {}'s to keep: sent straight back", short(resource))
         }
         Effect::ChildAdopted { parent, child, parent_state, .. } => {
-            format!("{} answers its child {}: {parent_state:?}", short(parent), short(&child.resource))
+            format!("{} answers its child {}: {parent_state:?}", short(parent), short(child.resource))
         }
     }
 }

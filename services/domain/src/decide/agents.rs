@@ -160,9 +160,7 @@ impl<'s> Decider<'s> {
         }
         // The losses are marked by the agent's full resync (asked for at once) and its next sync report, which the
         // breaker lets through; that report arms it again.
-        self.out.push(Effect::AgentBreakerCleared {
-            reason: BreakerClear::LossConfirmed { by: self.issuer.clone() },
-        });
+        self.out.push(Effect::AgentBreakerCleared { reason: BreakerClear::LossConfirmed { by: self.issuer.clone() } });
         self.out.push(Effect::ResyncRequested { reason: ResyncReason::LossConfirmed {} });
         Ok(())
     }

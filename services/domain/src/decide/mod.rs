@@ -98,9 +98,7 @@ impl std::error::Error for WriterError {}
 
 fn refuse_while_pending(state: &PartitionState) -> Result<(), WriterError> {
     match &state.pending {
-        Some(pending) => {
-            Err(WriterError::PartsPending { cmd_seq: pending.cmd_seq, next_part: pending.next_part() })
-        }
+        Some(pending) => Err(WriterError::PartsPending { cmd_seq: pending.cmd_seq, next_part: pending.next_part() }),
         None => Ok(()),
     }
 }
@@ -119,7 +117,8 @@ pub fn decide(state: &PartitionState, ctx: &Ctx, envelope: &Envelope) -> Result<
         Ok(()) => Decision::Accepted { first_position: state.next_position, effects: decider.out.list },
         Err(rejection) => Decision::Rejected(rejection),
     };
-    if envelope.body.type_name() == "agent.heartbeat" && matches!(&decision, Decision::Accepted { effects, .. } if effects.is_empty())
+    if envelope.body.type_name() == "agent.heartbeat"
+        && matches!(&decision, Decision::Accepted { effects, .. } if effects.is_empty())
     {
         return Ok(Decided::Unchanged);
     }

@@ -3,8 +3,8 @@
 use std::collections::BTreeSet;
 
 use leasehold_schemas::command::{
-    Adopt, Allocate, BindClaim, Cascade, CreateTimeout, ExpirePause, ParentState, Pause, Release, ReportFailureByOperator,
-    RequestHealthCheck, Unpause, Update,
+    Adopt, Allocate, BindClaim, Cascade, CreateTimeout, ExpirePause, ParentState, Pause, Release,
+    ReportFailureByOperator, RequestHealthCheck, Unpause, Update,
 };
 use leasehold_schemas::outcome::{BreakReason, Effect, ReleaseCause, SuspectCause, UnpauseCause};
 use leasehold_schemas::subjects::partition_of_key;

@@ -195,7 +195,13 @@ impl World {
     }
 
     pub fn release(&mut self) -> Outcome {
-        let (agent, resource) = (self.a(), self.r());
+        let resource = self.r();
+        self.release_of(resource)
+    }
+
+    /// Releases `resource` on the current agent.
+    pub fn release_of(&mut self, resource: ResourceId) -> Outcome {
+        let agent = self.a();
         self.op(Release { agent, resource, reason: Some("done".into()) })
     }
 
