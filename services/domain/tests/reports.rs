@@ -1628,7 +1628,12 @@ fn a_wiped_agent_reporting_thousands_of_handles_missing_loses_them_in_bounded_pa
     let a = crashing.a();
     let register_again = crashing.d.envelope(
         a.as_str(),
-        Register { agent: a.clone(), incarnation: Uuid::from_u128(77), wiped: false, settings: AgentSettings::default() },
+        Register {
+            agent: a.clone(),
+            incarnation: Uuid::from_u128(77),
+            wiped: false,
+            settings: AgentSettings::default(),
+        },
     );
     let crash_parts = crash_between_parts(&mut crashing, first, &register_again);
     assert_eq!(crash_parts, parts);
