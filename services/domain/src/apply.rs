@@ -8,7 +8,7 @@ use leasehold_schemas::outcome::{Decision, Effect, UnpauseCause};
 use leasehold_schemas::subjects::partition_of_key;
 
 use crate::state::{
-    Agent, Breaker, ClaimSlot, Forget, Holding, Lease, LeaseState, Liveness, PartitionState, PauseInfo,
+    Agent, Breaker, ClaimSlot, Forget, Holding, Lease, LeaseState, Liveness, ParentLink, PartitionState, PauseInfo,
     PendingDecision, Pool, Resource, ResourceState,
 };
 
@@ -355,22 +355,22 @@ fn apply_effect(
             };
             // A parent in this partition is known as of the allocation: a cascade older than that is stale. A parent
             // elsewhere is learnt by the answer to the child's adoption.
-            let parent_seen = parent
-                .as_ref()
-                .filter(|p| {
-                    partition_of_key(&leasehold_schemas::Key::Agent(p.agent.clone()), state.partitions)
-                        == state.partition
-                })
-                .map(|_| leasehold_schemas::Source { partition: state.partition, position: Position(position.0 - 1) });
+            let parent = parent.as_ref().map(|reference| {
+                let key = leasehold_schemas::Key::Agent(reference.agent.clone());
+                let local = partition_of_key(&key, state.partitions) == state.partition;
+                let before =
+                    leasehold_schemas::Source { partition: state.partition, position: Position(position.0 - 1) };
+                Box::new(ParentLink { reference: reference.clone(), seen: local.then_some(before), suspect: false })
+            });
             state.resources.insert(
                 *resource,
                 Resource {
                     id: *resource,
                     agent: agent_name.clone(),
-                    kind: kind.clone(),
+                    kind: kind.as_str().into(),
                     capacity: *capacity,
                     attributes: attributes.clone(),
-                    parent: parent.clone(),
+                    parent,
                     state: ResourceState::Pending,
                     allocated_at: now,
                     allocated_pos: position,
@@ -378,8 +378,6 @@ fn apply_effect(
                     destruction_ordered: None,
                     last_present: None,
                     native_id: None,
-                    upstream_suspect: None,
-                    parent_seen,
                     claims: Default::default(),
                     live_leases: Default::default(),
                     terminal_at: None,
@@ -407,16 +405,16 @@ fn apply_effect(
         Effect::ResourceSeen { resource, stamp, native_id } => {
             if let Some(r) = state.resources.get_mut(resource) {
                 r.last_present = r.last_present.max(Some(*stamp));
-                if native_id.is_some() {
-                    r.native_id = native_id.clone();
+                if let Some(native_id) = native_id {
+                    r.native_id = Some(native_id.as_str().into());
                 }
             }
         }
         Effect::ResourceActivated { resource, stamp, native_id } => {
             if let Some(r) = state.resources.get_mut(resource) {
                 r.last_present = Some(*stamp);
-                if native_id.is_some() {
-                    r.native_id = native_id.clone();
+                if let Some(native_id) = native_id {
+                    r.native_id = Some(native_id.as_str().into());
                 }
             }
             set_resource_state(state, *resource, ResourceState::Active, position, now);
@@ -447,7 +445,7 @@ fn apply_effect(
             set_resource_state(
                 state,
                 *resource,
-                ResourceState::Suspect { cause: cause.clone(), paused },
+                ResourceState::Suspect { cause: Box::new(cause.clone()), paused: paused.map(Box::new) },
                 position,
                 now,
             );
@@ -462,14 +460,15 @@ fn apply_effect(
             };
             set_resource_state(state, *resource, next, position, now);
         }
-        Effect::UpstreamFlagged { resource, parent, suspect, source } => {
-            if let Some(r) = state.resources.get_mut(resource) {
-                r.upstream_suspect = suspect.then(|| parent.clone());
-                r.parent_seen = Some(*source);
+        Effect::UpstreamFlagged { resource, suspect, source, .. } => {
+            if let Some(link) = state.resources.get_mut(resource).and_then(|r| r.parent.as_mut()) {
+                link.suspect = *suspect;
+                link.seen = Some(*source);
             }
         }
         Effect::ResourceReleasing { resource, cause } => {
-            set_resource_state(state, *resource, ResourceState::Releasing { cause: cause.clone() }, position, now);
+            let releasing = ResourceState::Releasing { cause: Box::new(cause.clone()) };
+            set_resource_state(state, *resource, releasing, position, now);
         }
         Effect::ResourceDestroyed { resource, .. } => {
             set_resource_state(state, *resource, ResourceState::Destroyed, position, now);

@@ -315,12 +315,13 @@ pub enum ResourceState {
         until: Option<Timestamp>,
     },
     /// A failure was reported; `paused` keeps a pause it interrupted, restored when the health check passes.
+    /// (Boxed, as the release cause: a resource record stays small, and 100,000 of them are held in memory.)
     Suspect {
-        cause: SuspectCause,
-        paused: Option<PauseInfo>,
+        cause: Box<SuspectCause>,
+        paused: Option<Box<PauseInfo>>,
     },
     Releasing {
-        cause: ReleaseCause,
+        cause: Box<ReleaseCause>,
     },
     Destroyed,
     Lost,
@@ -387,14 +388,26 @@ pub enum ClaimSlot {
     },
 }
 
+/// A resource's parent, and what the resource knows of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParentLink {
+    pub reference: ResourceRef,
+    /// The source of the last parent cascade (or adoption answer) taken; for a parent in the same partition, the
+    /// allocation itself. `None` while a child of a parent in another partition waits for its adoption answer.
+    pub seen: Option<Source>,
+    /// Flagged `suspect-upstream`: no new leases.
+    pub suspect: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resource {
     pub id: ResourceId,
     pub agent: AgentName,
-    pub kind: String,
+    pub kind: Box<str>,
     pub capacity: u32,
     pub attributes: BTreeMap<String, String>,
-    pub parent: Option<ResourceRef>,
+    /// Boxed: most resources have none.
+    pub parent: Option<Box<ParentLink>>,
     pub state: ResourceState,
     pub allocated_at: Timestamp,
     pub allocated_pos: Position,
@@ -404,11 +417,7 @@ pub struct Resource {
     pub destruction_ordered: Option<Position>,
     /// The last observation of presence.
     pub last_present: Option<ObsStamp>,
-    pub native_id: Option<String>,
-    /// `Some(parent)` while flagged `suspect-upstream`.
-    pub upstream_suspect: Option<ResourceRef>,
-    /// The source of the last parent cascade applied.
-    pub parent_seen: Option<Source>,
+    pub native_id: Option<Box<str>>,
     pub claims: BTreeMap<PoolName, ClaimSlot>,
     /// Live (waiting or active) leases, by the position of their request: first come, first granted.
     pub live_leases: BTreeMap<Position, LeaseId>,
@@ -427,6 +436,20 @@ impl Resource {
 
     pub fn all_claims_bound(&self) -> bool {
         self.claims.values().all(|slot| matches!(slot, ClaimSlot::Bound { .. }))
+    }
+
+    pub fn parent(&self) -> Option<&ResourceRef> {
+        self.parent.as_ref().map(|link| &link.reference)
+    }
+
+    /// The parent, while the resource is flagged `suspect-upstream`.
+    pub fn upstream_suspect(&self) -> Option<&ResourceRef> {
+        self.parent.as_ref().filter(|link| link.suspect).map(|link| &link.reference)
+    }
+
+    /// What the resource last heard from its parent (`None`: no parent, or not adopted yet).
+    pub fn parent_seen(&self) -> Option<Source> {
+        self.parent.as_ref().and_then(|link| link.seen)
     }
 }
 

@@ -130,7 +130,7 @@ fn pending_child(w: &mut World) {
 
 fn cascade(w: &mut World, parent_state: ParentState, position: u64) -> Outcome {
     let child = w.rref();
-    let parent = w.state().resource(w.r()).and_then(|r| r.parent.clone()).expect("a child");
+    let parent = w.state().resource(w.r()).and_then(|r| r.parent().cloned()).expect("a child");
     w.sys(Cascade { child, parent, parent_state, source: src(position), answers: None })
 }
 

@@ -2160,7 +2160,7 @@ impl Sim {
                     .drivers
                     .iter()
                     .flat_map(|d| d.state().resources())
-                    .filter(|r| r.parent.as_ref() == Some(&parent))
+                    .filter(|r| r.parent() == Some(&parent))
                     .map(|r| r.reference())
                     .collect();
                 for child in children {
@@ -2868,7 +2868,7 @@ impl Sim {
             2 => {
                 let children: Vec<(ResourceRef, ResourceRef, Position)> = self
                     .all_resources()
-                    .filter_map(|r| r.parent.clone().map(|p| (r.reference(), p, r.allocated_pos)))
+                    .filter_map(|r| r.parent().cloned().map(|p| (r.reference(), p, r.allocated_pos)))
                     .collect();
                 if children.is_empty() {
                     return None;

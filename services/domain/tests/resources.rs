@@ -364,7 +364,7 @@ fn family(w: &mut World) {
 }
 
 fn parent_of(w: &World) -> ResourceRef {
-    w.state().resource(w.r()).and_then(|r| r.parent.clone()).expect("the child has a parent")
+    w.state().resource(w.r()).and_then(|r| r.parent().cloned()).expect("the child has a parent")
 }
 
 /// A cascade to `w.r()` from its parent, whose effect was at `position`.
@@ -1682,7 +1682,7 @@ fn cascades() {
             |w| {
                 let outcome = cascade(w, ParentState::Suspect, 100);
                 let resource = w.state().resource(w.r()).unwrap();
-                assert_eq!(resource.upstream_suspect, resource.parent, "flagged with its parent");
+                assert_eq!(resource.upstream_suspect(), resource.parent(), "flagged with its parent");
                 assert_eq!(resource.state.name(), "active", "the flag is not a state");
                 outcome
             },
@@ -1696,7 +1696,7 @@ fn cascades() {
             },
             |w| {
                 let outcome = cascade(w, ParentState::Healthy, 101);
-                assert_eq!(w.state().resource(w.r()).unwrap().upstream_suspect, None);
+                assert_eq!(w.state().resource(w.r()).unwrap().upstream_suspect(), None);
                 outcome
             },
             Effects(&["upstream-flagged"]),

@@ -458,7 +458,7 @@ fn seq6_a_cascade_from_before_a_child_was_born_does_not_flag_it() {
     });
     let newer = Cascade { source: parents.source_of(&again, "resource-suspect"), ..late };
     assert_eq!(effect_names(&children.sys(newer)), ["upstream-flagged"]);
-    assert!(children.state().resource(child.resource).unwrap().upstream_suspect.is_some());
+    assert!(children.state().resource(child.resource).unwrap().upstream_suspect().is_some());
     settle(&parents);
     settle(&children);
 }

@@ -47,7 +47,7 @@ impl<'s> Decider<'s> {
             return reject(RejectionKind::InvalidState, format!("agent {} is gone", agent.name));
         }
         let name = resource.reference();
-        if let Some(parent) = &resource.upstream_suspect {
+        if let Some(parent) = resource.upstream_suspect() {
             return reject(
                 RejectionKind::InvalidState,
                 format!("resource {name} is suspect-upstream (parent {parent} is suspect); acquire refused"),

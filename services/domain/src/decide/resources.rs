@@ -364,19 +364,19 @@ impl<'s> Decider<'s> {
 
     pub(super) fn cascade(&mut self, command: &Cascade) -> Verdict {
         let child = self.resource(&command.child.agent, command.child.resource)?;
-        if child.parent.as_ref() != Some(&command.parent) {
+        if child.parent() != Some(&command.parent) {
             return reject(
                 RejectionKind::Invalid,
                 format!("{} is not the parent of resource {}", command.parent, child.reference()),
             );
         }
-        if child.parent_seen.is_some_and(|seen| command.source <= seen) {
+        if child.parent_seen().is_some_and(|seen| command.source <= seen) {
             return reject(
                 RejectionKind::StaleSource,
                 format!(
                     "resource {} already heard from its parent at {}; {} is older",
                     child.reference(),
-                    child.parent_seen.map(|s| s.to_string()).unwrap_or_default(),
+                    child.parent_seen().map(|s| s.to_string()).unwrap_or_default(),
                     command.source
                 ),
             );
@@ -391,7 +391,7 @@ impl<'s> Decider<'s> {
         // suspect or healthy cascade sent before the child existed could be older than the parent's real state.
         // Only the answer to its own adoption (or a `left`, which is final) is taken until then.
         let own_life = Source { partition: self.state.partition, position: child.allocated_pos };
-        let adopted = child.parent_seen.is_some();
+        let adopted = child.parent_seen().is_some();
         if !adopted && command.parent_state != ParentState::Left && command.answers != Some(own_life) {
             return reject(
                 RejectionKind::NotYetDue,
