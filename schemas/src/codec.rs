@@ -98,14 +98,72 @@ pub(crate) fn encode_into<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<
         .map_err(|e| CodecError::new(CodecErrorKind::Encode, format!("cannot encode: {e}")))
 }
 
+/// Decodes a value from the start of `bytes`. The payload's size was checked before, so a length inside it that
+/// passes the limit is a corrupt length, not a large message: `Malformed`.
 pub(crate) fn decode_from<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize), CodecError> {
     bincode::serde::decode_from_slice::<T, _>(bytes, CONFIG).map_err(|e| {
-        let kind = match e {
-            bincode::error::DecodeError::LimitExceeded => CodecErrorKind::TooLarge,
-            _ => CodecErrorKind::Malformed,
+        let what = std::any::type_name::<T>();
+        let detail = match e {
+            bincode::error::DecodeError::LimitExceeded => {
+                format!("cannot decode {what}: a length inside the message is larger than the message")
+            }
+            e => format!("cannot decode {what}: {e}"),
         };
-        CodecError::new(kind, format!("cannot decode {}: {e}", std::any::type_name::<T>()))
+        CodecError::new(CodecErrorKind::Malformed, detail)
     })
+}
+
+/// For fields whose enum never carries data: in JSON only the plain string (`"left"`), not `{"left": null}`;
+/// in bincode the variant index, as derived.
+pub(crate) fn unit_variant<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    use serde::de::IntoDeserializer;
+    if deserializer.is_human_readable() {
+        let text = String::deserialize(deserializer)?;
+        let plain: serde::de::value::StrDeserializer<'_, serde::de::value::Error> = text.as_str().into_deserializer();
+        T::deserialize(plain).map_err(serde::de::Error::custom)
+    } else {
+        T::deserialize(deserializer)
+    }
+}
+
+/// The list fields of a JSON command: the only places a JSON array may stand, and only of plain values. serde
+/// would read any struct from an array of its fields in order (`"source": [5, 118]`), which no name checks: that is
+/// refused, so that every object of a command is read by its field names.
+const JSON_LISTS: &[&str] = &["pools", "remove", "created", "missing", "destroyed", "in_flight", "held", "exclude"];
+
+fn refuse_positional(value: &serde_json::Value, path: &str) -> Result<(), CodecError> {
+    use serde_json::Value;
+    let Value::Object(fields) = value else {
+        return Ok(());
+    };
+    for (name, value) in fields {
+        let at = if path.is_empty() { name.clone() } else { format!("{path}.{name}") };
+        match value {
+            Value::Array(items) if JSON_LISTS.contains(&name.as_str()) => {
+                if let Some(i) = items.iter().position(|item| item.is_array() || item.is_object()) {
+                    return Err(CodecError::new(
+                        CodecErrorKind::Malformed,
+                        format!("bad JSON: {at}[{i}]: a list of {name} holds plain values, not arrays or objects"),
+                    ));
+                }
+            }
+            Value::Array(_) => {
+                return Err(CodecError::new(
+                    CodecErrorKind::Malformed,
+                    format!(
+                        "bad JSON: {at}: an array where an object or a value is expected; write an object with named fields"
+                    ),
+                ));
+            }
+            Value::Object(_) => refuse_positional(value, &at)?,
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The bincode size of a value, without allocating it: how the decider keeps an outcome under its cap.
@@ -298,7 +356,7 @@ fn decode_command_bincode(bytes: &[u8]) -> Result<Envelope, CodecError> {
         ));
     }
     check_class(&header.type_name, header.class, &body)?;
-    Ok(Envelope {
+    let envelope = Envelope {
         schema_version,
         command_id: header.command_id,
         class: header.class,
@@ -307,7 +365,16 @@ fn decode_command_bincode(bytes: &[u8]) -> Result<Envelope, CodecError> {
         correlation_id: header.correlation_id,
         causation_id: header.causation_id,
         body,
-    })
+    };
+    // One layout per command, as the README says (a number in as few bytes as it takes, map keys in order): a
+    // command has one byte form, so its bytes name it.
+    if schema_version == crate::SCHEMA_VERSION && encode_command(&envelope)?[1..] != *bytes {
+        return Err(CodecError::new(
+            CodecErrorKind::Malformed,
+            "not in the canonical bincode form: a number written in more bytes than it takes, or map keys out of order",
+        ));
+    }
+    Ok(envelope)
 }
 
 #[derive(Deserialize)]
@@ -317,6 +384,7 @@ struct JsonEnvelope {
     #[serde(rename = "type")]
     type_name: String,
     command_id: CommandId,
+    #[serde(deserialize_with = "unit_variant")]
     class: CommandClass,
     issuer: Issuer,
     issued_at: Timestamp,
@@ -356,7 +424,10 @@ pub fn command_to_json(envelope: &Envelope) -> Result<String, CodecError> {
         causation_id: envelope.causation_id,
         body: crate::command::BodyRef(&envelope.body),
     };
-    serde_json::to_string(&json).map_err(CodecError::json)
+    let text = serde_json::to_string(&json).map_err(CodecError::json)?;
+    // JSON is larger than bincode: a command within the limit in one form may not be in the other.
+    check_size(text.as_bytes(), MAX_COMMAND_BYTES, "command in JSON")?;
+    Ok(text)
 }
 
 /// Decodes the JSON form of a command: it must start with `{`, like every payload [`decode_command`] takes as JSON.
@@ -381,6 +452,8 @@ pub fn command_from_json(bytes: &[u8]) -> Result<Envelope, CodecError> {
     }
     let version: VersionOnly = from_json(bytes)?;
     check_version(version.schema_version)?;
+    let shape: serde_json::Value = from_json(bytes)?;
+    refuse_positional(&shape, "")?;
     // The envelope, then the body: its type is known only once `type` is read, wherever it stands in the object.
     let json: JsonEnvelope = from_json(bytes)?;
     let body = Command::body_from_json(&json.type_name, bytes)?;
@@ -408,7 +481,7 @@ pub fn encode_outcome(outcome: &Outcome) -> Result<Vec<u8>, CodecError> {
 
 /// Decodes an outcome. An outcome that cannot be decoded must stop whoever reads it: it is never skipped.
 pub fn decode_outcome(bytes: &[u8]) -> Result<Outcome, CodecError> {
-    check_size(bytes, DECODE_LIMIT, "outcome")?;
+    check_size(bytes, MAX_OUTCOME_BYTES, "outcome")?;
     match bytes.first() {
         None => Err(CodecError::new(CodecErrorKind::Empty, "empty payload")),
         Some(&FORMAT_BINCODE_V1) => {

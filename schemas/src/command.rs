@@ -287,6 +287,7 @@ pub struct ReportFailure {
     pub epoch: Position,
     pub obs: u64,
     pub resource: ResourceId,
+    #[serde(deserialize_with = "crate::codec::unit_variant")]
     pub failure: FailureKind,
     pub detail: String,
 }
@@ -421,6 +422,7 @@ pub enum ParentState {
 pub struct Cascade {
     pub child: ResourceRef,
     pub parent: ResourceRef,
+    #[serde(deserialize_with = "crate::codec::unit_variant")]
     pub parent_state: ParentState,
     pub source: Source,
     pub answers: Option<Source>,

@@ -71,7 +71,7 @@ impl Outcome {
             Decision::Accepted { first_position, effects } => (*first_position, effects.as_slice()),
             Decision::Rejected(_) => (Position::ZERO, &[][..]),
         };
-        effects.iter().enumerate().map(move |(i, effect)| (Position(first.0 + i as u64), effect))
+        effects.iter().enumerate().map(move |(i, effect)| (Position(first.0.saturating_add(i as u64)), effect))
     }
 
     pub fn rejection(&self) -> Option<&Rejection> {

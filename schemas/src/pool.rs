@@ -105,7 +105,8 @@ impl PoolKind {
                     .iter()
                     .map(|a| u32::from(*a).wrapping_sub(u32::from(*network)))
                     .filter(|idx| {
-                        u64::from(*idx) < size && !(reserved == 2 && (*idx == 0 || u64::from(*idx) == size - 1))
+                        u64::from(*idx) < size
+                            && !(reserved == 2 && (*idx == 0 || u64::from(*idx) == size.saturating_sub(1)))
                     })
                     .collect();
                 size.saturating_sub(reserved + excluded.len() as u64)
@@ -123,11 +124,14 @@ impl PoolKind {
         if prefix_len == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix_len)) }
     }
 
-    /// How many index positions the pool spans (some may be excluded).
+    /// How many index positions the pool spans (some may be excluded). 0 for a definition `validate` refuses
+    /// (a prefix over /32, an empty port range): these methods never panic on what decoded.
     pub fn size(&self) -> u64 {
         match self {
+            PoolKind::Ipv4 { prefix_len, .. } if *prefix_len > 32 => 0,
             PoolKind::Ipv4 { prefix_len, .. } => 1u64 << (32 - u32::from(*prefix_len)),
             PoolKind::Slots { count } => u64::from(*count),
+            PoolKind::Ports { first, last, .. } if last < first => 0,
             PoolKind::Ports { first, last, .. } => u64::from(*last) - u64::from(*first) + 1,
         }
     }
@@ -143,12 +147,12 @@ impl PoolKind {
                 if *prefix_len <= 30 && (idx == 0 || idx == size - 1) {
                     return None;
                 }
-                let addr = Ipv4Addr::from(u32::from(*network) + idx as u32);
+                let addr = Ipv4Addr::from(u32::from(*network).checked_add(idx as u32)?);
                 (!exclude.contains(&addr)).then_some(PoolValue::Ipv4(addr))
             }
             PoolKind::Slots { .. } => Some(PoolValue::Slot(idx as u32)),
             PoolKind::Ports { first, exclude, .. } => {
-                let port = *first + idx as u16;
+                let port = first.checked_add(idx as u16)?;
                 (!exclude.contains(&port)).then_some(PoolValue::Port(port))
             }
         }
@@ -233,6 +237,28 @@ mod tests {
             let err = serde_json::from_str::<PoolKind>(text).unwrap_err().to_string();
             assert!(err.contains(&format!("unknown field `{field}`")), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn a_kind_that_decoded_but_is_invalid_never_panics() {
+        let kinds = [
+            PoolKind::Ipv4 { network: Ipv4Addr::new(10, 0, 0, 0), prefix_len: 40, exclude: vec![] },
+            PoolKind::Ipv4 { network: Ipv4Addr::new(255, 255, 255, 0), prefix_len: 8, exclude: vec![] },
+            PoolKind::Ports { first: 30_099, last: 30_000, exclude: vec![30_050] },
+            PoolKind::Ports { first: 65_535, last: 65_535, exclude: vec![] },
+        ];
+        for kind in kinds {
+            let size = kind.size();
+            let _ = kind.n_usable();
+            for idx in [0, 1, size.saturating_sub(1), size, u64::MAX] {
+                let _ = kind.value_at(idx);
+            }
+            let _ = kind.contains(&PoolValue::Ipv4(Ipv4Addr::new(255, 255, 255, 255)));
+            let _ = kind.validate();
+        }
+        assert!(
+            PoolKind::Ipv4 { network: Ipv4Addr::new(10, 0, 0, 0), prefix_len: 40, exclude: vec![] }.validate().is_err()
+        );
     }
 
     #[test]

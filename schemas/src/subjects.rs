@@ -62,7 +62,8 @@ pub fn check_subject(subject: &str, command: &Command) -> Result<(), SubjectMism
     let tail = subject.strip_prefix("lh.in.").or_else(|| {
         let rest = subject.strip_prefix("lh.cmd.")?;
         let (partition, tail) = rest.split_once('.')?;
-        partition.bytes().all(|b| b.is_ascii_digit()).then_some(tail)
+        // One spelling: a u32 in decimal, without leading zeros.
+        partition.parse::<u32>().ok().filter(|p| p.to_string() == partition).map(|_| tail)
     });
     if tail == Some(expected_tail.as_str()) {
         return Ok(());
@@ -127,7 +128,18 @@ mod tests {
         let heartbeat: Command = Heartbeat { agent: AgentName::new("w1").unwrap(), epoch: Position(1) }.into();
         assert!(check_subject("lh.in.agent.w1._", &heartbeat).is_ok());
         assert!(check_subject("lh.cmd.5.agent.w1._", &heartbeat).is_ok());
-        for wrong in ["lh.in.agent.w2._", "lh.in.op.w1._", "lh.in.agent.w1.x", "lh.cmd.x.agent.w1._", "lh.evt.5.w1"] {
+        let wrongs = [
+            "lh.in.agent.w2._",
+            "lh.in.op.w1._",
+            "lh.in.agent.w1.x",
+            "lh.cmd.x.agent.w1._",
+            "lh.evt.5.w1",
+            // The partition has one spelling too.
+            "lh.cmd..agent.w1._",
+            "lh.cmd.05.agent.w1._",
+            "lh.cmd.99999999999999999999.agent.w1._",
+        ];
+        for wrong in wrongs {
             let err = check_subject(wrong, &heartbeat).unwrap_err();
             assert!(err.to_string().contains("expected \"lh.in.agent.w1._\""), "{err}");
         }

@@ -419,3 +419,72 @@ fn a_syntax_error_keeps_its_position() {
     assert_eq!(err.kind(), CodecErrorKind::Malformed);
     assert!(err.to_string().contains("at line 1 column"), "{err}");
 }
+
+#[test]
+fn objects_are_never_read_from_arrays() {
+    // serde would read a struct from an array of its fields in order, which no field name checks: an `op.acquire`
+    // body as an array with `ttl` and `wait_timeout` swapped would be another lease. Refused everywhere.
+    let heartbeat = json("agent.heartbeat");
+    let text = edit(&heartbeat, r#""body":{"agent":"w1","epoch":4}"#, r#""body":["w1",4]"#);
+    assert_refused(&text, CodecErrorKind::Malformed, &["body: an array where an object"]);
+    let text = edit(&json("sys.claim"), r#""source":{"partition":3,"position":40}"#, r#""source":[3,40]"#);
+    assert_refused(&text, CodecErrorKind::Malformed, &["body.source: an array where an object"]);
+    let register = json("agent.register");
+    let settings = register.split(r#""settings":"#).nth(1).unwrap().split('}').next().unwrap().to_owned() + "}";
+    let text = edit(&register, &settings, "[5,50,600000,600000,60000,86400000]");
+    assert_refused(&text, CodecErrorKind::Malformed, &["body.settings: an array"]);
+    let text = edit(
+        &json("op.define-pool"),
+        r#""ipv4":{"network":"10.20.0.0","prefix_len":24,"exclude":["10.20.0.1"]}"#,
+        r#""ipv4":["10.20.0.0",24,["10.20.0.1"]]"#,
+    );
+    assert_refused(&text, CodecErrorKind::Malformed, &["body.kind.ipv4: an array"]);
+    // Lists hold plain values.
+    let text = edit(&json("op.allocate"), r#""pools":["ips"]"#, r#""pools":[["ips"]]"#);
+    assert_refused(&text, CodecErrorKind::Malformed, &["body.pools[0]: a list of pools holds plain values"]);
+}
+
+#[test]
+fn enums_without_data_are_plain_strings() {
+    let text = edit(&json("sys.cascade"), r#""parent_state":"suspect""#, r#""parent_state":{"suspect":null}"#);
+    assert_refused(&text, CodecErrorKind::Malformed, &["body.parent_state:"]);
+    let text = edit(&json("agent.report-failure"), r#""failure":"unhealthy""#, r#""failure":{"unhealthy":null}"#);
+    assert_refused(&text, CodecErrorKind::Malformed, &["body.failure:"]);
+    let text = edit(&json("op.allocate"), r#""class":"op""#, r#""class":{"op":null}"#);
+    assert_refused(&text, CodecErrorKind::Malformed, &["class:"]);
+    let text = edit(&json("sys.cascade"), r#""parent_state":"suspect""#, r#""parent_state":"sick""#);
+    assert_refused(&text, CodecErrorKind::Malformed, &["body.parent_state:", "sick"]);
+}
+
+#[test]
+fn a_json_form_over_the_limit_is_refused_when_written() {
+    // JSON is larger than bincode: 200,000 control characters are 200 KB in bincode, 1.2 MB as JSON escapes.
+    let detail: String = std::iter::repeat_n('\u{1}', 200_000).collect();
+    let envelope = Envelope::new(
+        command_id(),
+        Issuer::new("op:alice@example").unwrap(),
+        Timestamp(T0),
+        ReportFailureByOperator { agent: agent(), resource: resource(), detail },
+    );
+    assert!(codec::encode_command(&envelope).is_ok());
+    assert_eq!(codec::command_to_json(&envelope).unwrap_err().kind(), CodecErrorKind::TooLarge);
+}
+
+#[test]
+fn the_bincode_form_has_one_layout() {
+    let envelope = envelope("agent.heartbeat", false);
+    let bytes = codec::encode_command(&envelope).unwrap();
+    assert_eq!(codec::decode_command(&bytes).unwrap(), envelope);
+    // The schema version (1) written as a three-byte varint: the same value, another layout.
+    let mut longer = vec![bytes[0], 0xfb, 0x01, 0x00];
+    longer.extend_from_slice(&bytes[2..]);
+    let err = codec::decode_command(&longer).unwrap_err();
+    assert_eq!(err.kind(), CodecErrorKind::Malformed, "{err}");
+    assert!(err.to_string().contains("canonical bincode form"), "{err}");
+    // A length that lies (larger than the message) is a corrupt message, not a large one.
+    let mut lying = bytes.clone();
+    let at = lying.iter().position(|b| *b == b"agent.heartbeat".len() as u8).unwrap();
+    lying.splice(at..at + 1, [0xfc, 0x00, 0x00, 0x00, 0x80]);
+    let err = codec::decode_command(&lying).unwrap_err();
+    assert_eq!(err.kind(), CodecErrorKind::Malformed, "{err}");
+}
