@@ -292,7 +292,9 @@ pub struct ReportFailure {
     pub detail: String,
 }
 
-/// The result of the driver's `check` on a `suspect` resource.
+/// The result of the driver's `check` on a `suspect` resource. `request` is the position of the
+/// `health-check-requested` it answers: a check asked for before the resource last turned suspect says nothing about
+/// the failure reported since, and is refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthResult {
@@ -300,6 +302,7 @@ pub struct HealthResult {
     pub epoch: Position,
     pub obs: u64,
     pub resource: ResourceId,
+    pub request: Position,
     pub healthy: bool,
     pub detail: String,
 }

@@ -94,6 +94,12 @@ pub fn apply(state: &mut PartitionState, outcome: &Outcome) -> Result<(), FoldEr
         last = position;
     }
     state.next_position = last.next();
+    if outcome.command.type_name == "op.renew"
+        && let Some(Effect::LeaseRenewed { lease, .. }) = outcome.effects().first()
+        && let Some(lease) = state.leases.get_mut(lease)
+    {
+        lease.last_renew = Some((outcome.command.id, outcome.cmd_seq));
+    }
     if let Some(Effect::DecisionContinues { work }) = outcome.effects().last() {
         state.pending = Some(PendingDecision {
             cmd_seq: outcome.cmd_seq,
@@ -250,7 +256,9 @@ fn end_lease(state: &mut PartitionState, lease_id: leasehold_schemas::LeaseId, n
     if let Some(resource) = state.resources.get_mut(&resource_id) {
         resource.live_leases.retain(|_, id| *id != lease_id);
     }
-    state.forget.insert((now.max(Timestamp(lease_id.unix_ms())), Forget::Lease(lease_id)));
+    // Kept until neither its id nor its last renew's id could be decided again.
+    let renewed = lease.last_renew.map(|(id, _)| Timestamp(id.unix_ms())).unwrap_or_default();
+    state.forget.insert((now.max(Timestamp(lease_id.unix_ms())).max(renewed), Forget::Lease(lease_id)));
 }
 
 fn apply_effect(
@@ -445,7 +453,11 @@ fn apply_effect(
             set_resource_state(
                 state,
                 *resource,
-                ResourceState::Suspect { cause: Box::new(cause.clone()), paused: paused.map(Box::new) },
+                ResourceState::Suspect {
+                    cause: Box::new(cause.clone()),
+                    paused: paused.map(Box::new),
+                    since: position,
+                },
                 position,
                 now,
             );
@@ -647,6 +659,7 @@ fn insert_lease(
             state: lease_state,
             requested_pos: position,
             terminal_at: None,
+            last_renew: None,
         },
     );
     if let Some(r) = state.resources.get_mut(&resource) {

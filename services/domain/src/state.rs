@@ -319,6 +319,8 @@ pub enum ResourceState {
     Suspect {
         cause: Box<SuspectCause>,
         paused: Option<Box<PauseInfo>>,
+        /// The position of the `resource-suspect`: a health check asked for before it is refused.
+        since: Position,
     },
     Releasing {
         cause: Box<ReleaseCause>,
@@ -494,6 +496,10 @@ pub struct Lease {
     /// The position of its first effect (waiting or granted): its place in the queue.
     pub requested_pos: Position,
     pub terminal_at: Option<Timestamp>,
+    /// The last accepted renew: its command id and command sequence. A lease renewed every minute would otherwise
+    /// keep 1,440 command ids a day in memory: a retry of the last renew is recognised here, and a renew with an
+    /// older id (UUIDv7 ids are ordered by their issuer's clock) is refused.
+    pub last_renew: Option<(CommandId, u64)>,
 }
 
 // -----------------------------------------------------------------------------------------------------------------

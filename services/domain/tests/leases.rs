@@ -114,7 +114,8 @@ fn health(w: &mut World, healthy: bool) -> Outcome {
     let (agent, resource) = (w.a(), w.r());
     let epoch = w.epoch(&agent);
     let obs = w.next_obs(&agent);
-    w.agent_says(HealthResult { agent, epoch, obs, resource, healthy, detail: "probe failed".into() })
+    let request = w.state().last_position();
+    w.agent_says(HealthResult { agent, epoch, obs, resource, request, healthy, detail: "probe failed".into() })
 }
 
 fn src(position: u64) -> Source {

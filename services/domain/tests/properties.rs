@@ -596,6 +596,12 @@ struct ResourceModel {
     live: BTreeSet<LeaseId>,
     /// Creation position: `create-ordered`, or the allocation until then.
     creation: Position,
+    /// Whether its create was ordered (only then can an observation make it active).
+    create_ordered: bool,
+    /// The position of its last `resource-suspect`.
+    suspect_since: Option<Position>,
+    /// Flagged suspect-upstream: no lease is granted.
+    flagged: bool,
     destruction: Option<Position>,
     last_present: Option<ObsStamp>,
 }
@@ -897,6 +903,24 @@ impl Checker {
         }
     }
 
+    /// A health result acts only on a check asked for since the resource last turned suspect.
+    fn health_answers(&self, reference: &ResourceRef, envelope: &Envelope) -> Result<(), Violation> {
+        let Command::HealthResult(result) = &envelope.body else {
+            return violation(9, format!("{reference}'s health decided by {}", envelope.type_name()));
+        };
+        let since = self.resources.get(reference).and_then(|m| m.suspect_since);
+        if since.is_none_or(|since| result.request < since) {
+            return violation(
+                9,
+                format!(
+                    "a health result for a check asked at {} acted on {reference}, suspect since {since:?}",
+                    result.request
+                ),
+            );
+        }
+        Ok(())
+    }
+
     fn terminal(&mut self, reference: &ResourceRef, at: Timestamp) {
         self.set_life(reference, Life::Terminal);
         if let Some(model) = self.resources.get_mut(reference) {
@@ -1002,6 +1026,12 @@ impl Checker {
                     }
                     model.last_obs = *stamp;
                 }
+                Effect::AgentBreakerCleared { reason: BreakerClear::HandlesBack {} } if ty != "agent.sync" => {
+                    return violation(
+                        10,
+                        format!("the breaker was cleared by {ty}; only a sync report names every handle"),
+                    );
+                }
                 Effect::AgentBreakerCleared { reason: BreakerClear::LossConfirmed { .. } } => {
                     if let Some(model) = agent_key.as_ref().and_then(|a| self.agents.get_mut(a)) {
                         model.bypass = true;
@@ -1026,6 +1056,9 @@ impl Checker {
                         life: Life::Pending,
                         live: BTreeSet::new(),
                         creation: position,
+                        create_ordered: false,
+                        suspect_since: None,
+                        flagged: false,
                         destruction: None,
                         last_present: None,
                     };
@@ -1034,6 +1067,12 @@ impl Checker {
                 Effect::CreateOrdered { resource } => {
                     if let Some(model) = at(resource).and_then(|r| self.resources.get_mut(&r)) {
                         model.creation = position;
+                        model.create_ordered = true;
+                    }
+                }
+                Effect::UpstreamFlagged { resource, suspect, .. } => {
+                    if let Some(model) = at(resource).and_then(|r| self.resources.get_mut(&r)) {
+                        model.flagged = *suspect;
                     }
                 }
                 Effect::ResourceUpdated { resource, capacity: Some(capacity), .. } => {
@@ -1047,6 +1086,19 @@ impl Checker {
                 Effect::ResourceActivated { resource, stamp, .. } => {
                     let Some(reference) = at(resource) else { continue };
                     if let Some(model) = self.resources.get_mut(&reference) {
+                        // An agent creates only what it was ordered to, and knew of as of its report's watermark.
+                        let known = observation_of(&envelope.body).is_none_or(|(_, _, w)| model.creation <= w);
+                        if !model.create_ordered || !known {
+                            return violation(
+                                9,
+                                format!(
+                                    "{reference} activated by {ty}: create ordered {} at {}, the report's watermark {:?}",
+                                    model.create_ordered,
+                                    model.creation,
+                                    observation_of(&envelope.body).map(|(_, _, w)| w)
+                                ),
+                            );
+                        }
                         model.last_present = model.last_present.max(Some(*stamp));
                     }
                     self.set_life(&reference, Life::Active);
@@ -1063,6 +1115,7 @@ impl Checker {
                 }
                 Effect::ResourceHealthy { resource } => {
                     let Some(reference) = at(resource) else { continue };
+                    self.health_answers(&reference, envelope)?;
                     let was_paused =
                         self.resources.get(&reference).map(|m| m.life) == Some(Life::Suspect { was_paused: true });
                     self.set_life(&reference, if was_paused { Life::Paused } else { Life::Active });
@@ -1074,11 +1127,17 @@ impl Checker {
                 }
                 Effect::ResourceSuspect { resource, .. } => {
                     let Some(reference) = at(resource) else { continue };
+                    if let Some(model) = self.resources.get_mut(&reference) {
+                        model.suspect_since = Some(position);
+                    }
                     let was_paused = self.resources.get(&reference).map(|m| m.life) == Some(Life::Paused);
                     self.set_life(&reference, Life::Suspect { was_paused });
                 }
-                Effect::ResourceReleasing { resource, .. } => {
+                Effect::ResourceReleasing { resource, cause } => {
                     let Some(reference) = at(resource) else { continue };
+                    if matches!(cause, leasehold_schemas::outcome::ReleaseCause::HealthCheckFailed { .. }) {
+                        self.health_answers(&reference, envelope)?;
+                    }
                     if let Some(model) = self.resources.get_mut(&reference) {
                         model.destruction = Some(position);
                     }
@@ -1170,6 +1229,9 @@ impl Checker {
                     if !grant_of_waiting && !self.leased.insert((partition, *lease)) {
                         return violation(11, format!("lease id {lease} used a second time ({})", effect.name()));
                     }
+                    if !waiting && model.flagged {
+                        return violation(2, format!("{lease} granted on {reference}, flagged suspect-upstream"));
+                    }
                     let want = if waiting { Life::Pending } else { Life::Active };
                     if model.life != want {
                         return violation(
@@ -1248,8 +1310,8 @@ impl Checker {
             Command::Claim(c) => {
                 if model.holders.contains_key(&c.holder) {
                     Expect::Rejected(Some(RejectionKind::AlreadyDone))
-                } else if let Some((at, _)) = model.released.get(&c.holder).filter(|(_, ended)| c.source <= *ended) {
-                    // Not newer than the claim that ended: stale while the pool remembers it.
+                } else if let Some((at, _)) = model.released.get(&c.holder).filter(|(_, ended)| c.source == *ended) {
+                    // The claim that ended, again: stale while the pool remembers it.
                     if now < at.saturating_add(MIN_HORIZON) {
                         Expect::Rejected(Some(RejectionKind::StaleSource))
                     } else {
@@ -1581,9 +1643,13 @@ impl Stats {
     }
 }
 
-/// Whether the domain remembers a decided command id (what `decide` answers "already decided" for).
+/// Whether the partition remembers a decided command id among its recent commands (DESIGN 3, 4): not heartbeats
+/// and reports (ordered by observation number), not `not-yet-due` answers (decided again when due), not accepted
+/// renews (their lease remembers its last one).
 fn remembered(o: &Outcome) -> bool {
-    !matches!(o.command.type_name.as_str(), "agent.heartbeat" | "agent.sync" | "agent.resync-chunk")
+    let ty = o.command.type_name.as_str();
+    !matches!(ty, "agent.heartbeat" | "agent.sync" | "agent.resync-chunk")
+        && !(ty == "op.renew" && o.rejection().is_none())
         && o.rejection().is_none_or(|r| r.kind != RejectionKind::NotYetDue)
 }
 
@@ -1612,10 +1678,13 @@ struct Sim {
     bag: VecDeque<Command>,
     /// Every real grant seen, for a confused sweeper to carry again.
     grants: Vec<BindClaim>,
+    /// The last health check asked for each resource (the agent answers it).
+    checks_asked: BTreeMap<ResourceRef, Position>,
     sent: Vec<Envelope>,
     /// Per partition, the command ids the model says it remembers.
     memory: Vec<Memory>,
-    /// Command ids decided once and forgotten since: their partition and command sequence. Never decided again.
+    /// Command ids decided once and forgotten since, and accepted renews: their partition and command sequence.
+    /// Never decided again.
     forgotten_ids: BTreeMap<CommandId, (usize, u64)>,
     trace: Vec<String>,
     names: BTreeMap<String, String>,
@@ -1660,6 +1729,7 @@ impl Sim {
             n_incarnations: 0,
             bag: VecDeque::new(),
             grants: Vec::new(),
+            checks_asked: BTreeMap::new(),
             sent: Vec::new(),
             memory: (0..partitions).map(|_| Memory::default()).collect(),
             forgotten_ids: BTreeMap::new(),
@@ -1743,7 +1813,9 @@ impl Sim {
                         let home = self.drivers[self.partition_of(&Key::Agent(holder.agent.clone()))].state();
                         let resource = home.resource(holder.resource).filter(|r| r.agent == holder.agent);
                         let live = resource.filter(|r| !r.state.is_terminal());
-                        let source = Source { partition: state.partition(), position: Position(0) };
+                        // A free comes from the holder's partition.
+                        let holder_p = partition_of_key(&Key::Agent(holder.agent.clone()), self.partitions);
+                        let source = Source { partition: holder_p, position: home.last_position() };
                         match holding {
                             Holding::Granted { value, token, source: wanted } => {
                                 let holds = live.is_some_and(|r| {
@@ -1791,10 +1863,47 @@ impl Sim {
                     }
                 }
             }
+            // A child whose parent has left is told so (DESIGN 5: a parent that leaves for good releases its children).
+            for state in self.drivers.iter().map(Driver::state) {
+                for child in state.resources().filter(|r| !r.state.has_left()) {
+                    let Some(parent) = child.parent() else { continue };
+                    let parent_p = partition_of_key(&Key::Agent(parent.agent.clone()), self.partitions);
+                    let home = self.drivers[parent_p as usize].state();
+                    if home.resource(parent.resource).is_some_and(|r| r.agent == parent.agent && r.state.has_left()) {
+                        let source = Source { partition: parent_p, position: home.last_position() };
+                        let left = ParentState::Left;
+                        let cascade = Cascade {
+                            child: child.reference(),
+                            parent: parent.clone(),
+                            parent_state: left,
+                            source,
+                            answers: None,
+                        };
+                        messages.push(cascade.into());
+                    }
+                }
+            }
             if messages.is_empty() && round > 0 {
                 break;
             }
             self.bag.extend(messages);
+        }
+        for state in self.drivers.iter().map(Driver::state) {
+            for child in state.resources().filter(|r| !r.state.has_left()) {
+                let Some(parent) = child.parent() else { continue };
+                let home = self.drivers[self.partition_of(&Key::Agent(parent.agent.clone()))].state();
+                if let Some(gone) =
+                    home.resource(parent.resource).filter(|r| r.agent == parent.agent && r.state.has_left())
+                {
+                    let message = format!(
+                        "after the sweeper caught up, {} is {} while its parent {parent} is {}",
+                        child.reference(),
+                        child.state.name(),
+                        gone.state.name()
+                    );
+                    return Err(self.report(14, message));
+                }
+            }
         }
         for state in self.drivers.iter().map(Driver::state) {
             for pool in state.pools() {
@@ -1905,6 +2014,9 @@ impl Sim {
                 return Err(self.report(5, format!("{answer:?} changed state or appended an outcome")));
             }
             return self.check_states();
+        }
+        if first.command.type_name == "op.renew" && first.rejection().is_none() {
+            self.forgotten_ids.insert(envelope.command_id, (p, first.cmd_seq));
         }
         if remembered(&first) {
             let id_time = Timestamp(envelope.command_id.unix_ms());
@@ -2095,6 +2207,9 @@ impl Sim {
                 {
                     let child = ResourceRef::new(a.clone(), *resource);
                     self.bag.push_back(Adopt { parent: parent.clone(), child, source: source(position) }.into());
+                }
+                (Effect::HealthCheckRequested { resource }, Key::Agent(a)) => {
+                    self.checks_asked.insert(ResourceRef::new(a.clone(), *resource), position);
                 }
                 (Effect::ClaimWanted { resource, pool }, Key::Agent(a)) => self.bag.push_back(
                     Claim {
@@ -2573,11 +2688,20 @@ impl Sim {
             Act::Health { res, healthy, obs } => {
                 let (agent, resource) = self.pick_resource(*res);
                 let (epoch, obs) = self.stamp(&agent, *obs);
+                // Mostly the check the sweeper asked for last; sometimes one asked for long ago, or none at all.
+                let latest = self.state(self.partition_of(&Key::Agent(agent.clone()))).last_position();
+                let asked = self.checks_asked.get(&ResourceRef::new(agent.clone(), resource)).copied();
+                let request = match step.who % 5 {
+                    0 => Position(1),
+                    1 => latest,
+                    _ => asked.unwrap_or(latest),
+                };
                 let body = HealthResult {
                     agent: agent.clone(),
                     epoch,
                     obs,
                     resource,
+                    request,
                     healthy: *healthy,
                     detail: "check".into(),
                 };
@@ -2876,12 +3000,18 @@ impl Sim {
                 let (child, parent, born) = children[a as usize % children.len()].clone();
                 let child_p = self.partition_of(&Key::Agent(child.agent.clone())) as u32;
                 let parent_state = [ParentState::Left, ParentState::Suspect, ParentState::Healthy][b as usize % 3];
+                // Mostly from the parent's own partition (a position it may never reach), sometimes from anywhere.
+                let parent_p = partition_of_key(&Key::Agent(parent.agent.clone()), self.partitions);
+                let source = if a % 3 == 0 {
+                    source
+                } else {
+                    Source { partition: parent_p, position: Position(u64::from(a) * 1000) }
+                };
                 let answers = match b % 4 {
                     0 => Some(Source { partition: child_p, position: born }),
                     1 => Some(source),
                     _ => None,
                 };
-                let source = Source { partition: source.partition, position: Position(u64::from(a) * 3) };
                 Some(Cascade { child, parent, parent_state, source, answers }.into())
             }
             3 => Some(TickPool { pool }.into()),

@@ -329,7 +329,8 @@ fn health(w: &mut World, healthy: bool) -> Outcome {
     let (agent, resource) = (w.a(), w.r());
     let epoch = w.epoch(&agent);
     let obs = w.next_obs(&agent);
-    w.agent_says(HealthResult { agent, epoch, obs, resource, healthy, detail: "probe".into() })
+    let request = w.state().last_position();
+    w.agent_says(HealthResult { agent, epoch, obs, resource, request, healthy, detail: "probe".into() })
 }
 
 fn request_check(w: &mut World) -> Outcome {
@@ -1473,7 +1474,15 @@ fn failure_and_health() {
                 let (agent, resource) = (w.a(), w.r());
                 let epoch = w.epoch(&agent);
                 let obs = w.obs[&agent];
-                w.agent_says(HealthResult { agent, epoch, obs, resource, healthy: true, detail: String::new() })
+                w.agent_says(HealthResult {
+                    agent,
+                    epoch,
+                    obs,
+                    resource,
+                    request: Position(1),
+                    healthy: true,
+                    detail: String::new(),
+                })
             },
             Rejected(StaleObservation, &["is not newer than the last one decided"]),
         ),
@@ -1487,7 +1496,15 @@ fn failure_and_health() {
                 let (agent, resource) = (w.a(), w.r());
                 let obs = w.next_obs(&agent);
                 let epoch = Position(w.epoch(&agent).0 + 100);
-                w.agent_says(HealthResult { agent, epoch, obs, resource, healthy: true, detail: String::new() })
+                w.agent_says(HealthResult {
+                    agent,
+                    epoch,
+                    obs,
+                    resource,
+                    request: Position(1),
+                    healthy: true,
+                    detail: String::new(),
+                })
             },
             Rejected(WrongEpoch, &["whose current epoch is"]),
         ),
@@ -1501,7 +1518,15 @@ fn failure_and_health() {
                 let (agent, resource) = (w.a(), w.r());
                 let epoch = w.epoch(&agent);
                 let obs = w.next_obs(&agent);
-                w.sys(HealthResult { agent, epoch, obs, resource, healthy: true, detail: String::new() })
+                w.sys(HealthResult {
+                    agent,
+                    epoch,
+                    obs,
+                    resource,
+                    request: Position(1),
+                    healthy: true,
+                    detail: String::new(),
+                })
             },
             Rejected(NotPermitted, &["agents report only about themselves"]),
         ),

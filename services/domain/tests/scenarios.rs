@@ -621,8 +621,15 @@ fn drydock_suspect_health_check_unhealthy_releasing() {
     // The sweeper asks for a health check; the agent runs it: unhealthy.
     step(&w.sys(RequestHealthCheck { agent: agent.clone(), resource: id }), &["health-check-requested"]);
     let obs = w.next_obs(&agent);
-    let result =
-        HealthResult { agent: agent.clone(), epoch, obs, resource: id, healthy: false, detail: "disk gone".into() };
+    let result = HealthResult {
+        agent: agent.clone(),
+        epoch,
+        obs,
+        resource: id,
+        request: w.state().last_position(),
+        healthy: false,
+        detail: "disk gone".into(),
+    };
     step(&w.agent_says(result), &["observation-accepted", "resource-releasing", "lease-broken"]);
     assert!(matches!(lease_state(&w, lease), LeaseState::Broken { reason: BreakReason::HealthCheckFailed }));
 

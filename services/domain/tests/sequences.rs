@@ -396,7 +396,8 @@ fn health(w: &mut World, healthy: bool) -> Outcome {
     let (agent, resource) = (w.a(), w.r());
     let epoch = w.epoch(&agent);
     let obs = w.next_obs(&agent);
-    w.agent_says(HealthResult { agent, epoch, obs, resource, healthy, detail: "check".into() })
+    let request = w.state().last_position();
+    w.agent_says(HealthResult { agent, epoch, obs, resource, request, healthy, detail: "check".into() })
 }
 
 /// A parent in partition 0 turns suspect and recovers; a child is then allocated in partition 1. Before, a late

@@ -40,6 +40,12 @@ fn check_settings(settings: &AgentSettings) -> Result<(), String> {
             return Err(format!("{name} must be longer than 0"));
         }
     }
+    if settings.stall_after < Millis::from_secs(3) {
+        return Err(format!(
+            "stall_after ({}) must be at least 3s: heartbeats are recorded at most every third of it",
+            settings.stall_after
+        ));
+    }
     if settings.orphan_after <= settings.stall_after {
         return Err(format!(
             "orphan_after ({}) must be longer than stall_after ({})",

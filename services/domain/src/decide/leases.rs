@@ -108,6 +108,18 @@ impl<'s> Decider<'s> {
                 format!("lease {} has token {token}, not {}", lease.id, command.token),
             );
         }
+        if let Some((last, _)) = lease.last_renew
+            && self.command_id.is_some_and(|id| id <= last)
+        {
+            return reject(
+                RejectionKind::StaleCommand,
+                format!(
+                    "lease {} was last renewed by command {last}; this renew's id is older (renews of one lease are \
+                     decided in the order their holder made them)",
+                    lease.id
+                ),
+            );
+        }
         if let Some(expires_at) = expires_at
             && expires_at <= self.now
         {

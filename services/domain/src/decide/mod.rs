@@ -19,7 +19,7 @@ use std::fmt;
 
 use leasehold_schemas::codec;
 use leasehold_schemas::command::Command;
-use leasehold_schemas::ids::{AgentName, Issuer, Key, ObsStamp, Position, ResourceId, Timestamp};
+use leasehold_schemas::ids::{AgentName, CommandId, Issuer, Key, ObsStamp, Position, ResourceId, Timestamp};
 use leasehold_schemas::outcome::{BreakReason, CommandSummary, Decision, Effect, ReleaseCause, Work};
 use leasehold_schemas::subjects::partition_of_key;
 use leasehold_schemas::{CommandClass, Envelope, Outcome, Rejection, RejectionKind};
@@ -108,11 +108,13 @@ fn refuse_while_pending(state: &PartitionState) -> Result<(), WriterError> {
 /// unfinished.
 pub fn decide(state: &PartitionState, ctx: &Ctx, envelope: &Envelope) -> Result<Decided, WriterError> {
     refuse_while_pending(state)?;
-    if let Some(cmd_seq) = state.recent.by_id.get(&envelope.command_id) {
-        return Ok(Decided::AlreadyDecided { cmd_seq: *cmd_seq });
+    if let Some(cmd_seq) = state.recent.by_id.get(&envelope.command_id).copied().or_else(|| renewed_by(state, envelope))
+    {
+        return Ok(Decided::AlreadyDecided { cmd_seq });
     }
     let now = state.now.max(ctx.log_time);
     let mut decider = Decider::new(state, &envelope.issuer, now);
+    decider.command_id = Some(envelope.command_id);
     let decision = match decider.run(envelope) {
         Ok(()) => Decision::Accepted { first_position: state.next_position, effects: decider.out.list },
         Err(rejection) => Decision::Rejected(rejection),
@@ -255,10 +257,23 @@ pub(crate) fn echo(text: &str) -> String {
 /// Whether a command id is remembered for idempotency once decided. Heartbeats and reports are not: they are
 /// frequent, a heartbeat is idempotent by nature, and a report is ordered by its observation number (a repeated
 /// one is stale). A `not-yet-due` answer is not either: the same request, sent again later, is decided then.
+/// An accepted renew is remembered by its lease instead (`Lease::last_renew`): a lease renewed every minute must not
+/// keep a day of command ids.
 pub(crate) fn remembered(outcome: &Outcome) -> bool {
     let type_name = outcome.command.type_name.as_str();
+    let accepted_renew = type_name == "op.renew" && outcome.rejection().is_none();
     !matches!(type_name, "agent.heartbeat" | "agent.sync" | "agent.resync-chunk")
+        && !accepted_renew
         && outcome.rejection().is_none_or(|r| r.kind != RejectionKind::NotYetDue)
+}
+
+/// The command sequence of the last accepted renew of a lease, if `envelope` is that renew again.
+fn renewed_by(state: &PartitionState, envelope: &Envelope) -> Option<u64> {
+    let Command::Renew(renew) = &envelope.body else {
+        return None;
+    };
+    let (id, cmd_seq) = state.leases.get(&renew.lease)?.last_renew?;
+    (id == envelope.command_id).then_some(cmd_seq)
 }
 
 type Verdict = Result<(), Rejection>;
@@ -324,6 +339,8 @@ impl Effects {
 struct Decider<'s> {
     state: &'s PartitionState,
     issuer: &'s Issuer,
+    /// The id of the command being decided (none for the next part of a decision).
+    command_id: Option<CommandId>,
     now: Timestamp,
     out: Effects,
 }
@@ -335,7 +352,7 @@ fn id_time(unix_ms: u64) -> Timestamp {
 
 impl<'s> Decider<'s> {
     fn new(state: &'s PartitionState, issuer: &'s Issuer, now: Timestamp) -> Self {
-        Decider { state, issuer, now, out: Effects::new(state.next_position, state.split_budget) }
+        Decider { state, issuer, command_id: None, now, out: Effects::new(state.next_position, state.split_budget) }
     }
 
     /// Refuses an id (`what` names it) that was made longer ago than the horizon, at or before something this
@@ -541,9 +558,26 @@ impl<'s> Decider<'s> {
         self.break_leases(resource, reason);
     }
 
-    /// A pending resource observed present: active, and its waiting leases granted first come first served.
+    /// A pending resource observed present: active, and its waiting leases granted first come first served (unless
+    /// its parent is suspect: they wait until the flag clears).
     fn activate(&mut self, resource: &Resource, stamp: ObsStamp, native_id: Option<String>) {
         self.out.push(Effect::ResourceActivated { resource: resource.id, stamp, native_id });
+        if resource.upstream_suspect().is_none() {
+            self.serve_waiting(resource);
+        }
+    }
+
+    /// A resource back to `active` (unpaused, healthy again): the leases that waited on it while it was not are
+    /// served now, unless its parent is suspect.
+    fn serve_if_clear(&mut self, resource: &Resource) {
+        if resource.upstream_suspect().is_none() {
+            self.serve_waiting(resource);
+        }
+    }
+
+    /// Grants the waiting leases of a resource that can take them now, first come first served; fails those whose
+    /// wait is over.
+    fn serve_waiting(&mut self, resource: &Resource) {
         for lease in self.state.live_leases_of(resource) {
             match lease.state {
                 LeaseState::Waiting { until: Some(until) } if until <= self.now => {

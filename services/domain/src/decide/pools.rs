@@ -6,7 +6,8 @@ use leasehold_schemas::ids::{PoolName, ResourceRef, Timestamp};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::{PoolKind, PoolValue};
 use leasehold_schemas::settings::DEFAULT_POOL_COOLDOWN;
-use leasehold_schemas::{Rejection, RejectionKind};
+use leasehold_schemas::subjects::partition_of_key;
+use leasehold_schemas::{Key, Rejection, RejectionKind, Source};
 
 use super::{Decider, MAX_POOL_EXCLUSIONS, Verdict, reject};
 use crate::state::{Holding, Pool};
@@ -89,6 +90,7 @@ impl<'s> Decider<'s> {
     pub(super) fn claim(&mut self, command: &Claim) -> Verdict {
         let pool = self.pool(&command.pool)?;
         let holder = &command.holder;
+        self.check_from_holder(holder, command.source, "claim")?;
         match pool.holders.get(holder) {
             Some(Holding::Granted { value, token, .. }) => {
                 return reject(
@@ -105,8 +107,11 @@ impl<'s> Decider<'s> {
             }
             None => {}
         }
-        // A claim of a holder whose claim ended is stale unless it is newer (a new life of the same id).
-        if let Some(source) = pool.released.get(holder).filter(|ended| command.source <= **ended) {
+        // The claim that ended, sent again, is stale. Any other claim of the holder is served: a holder has one
+        // claim per pool in its life (its `claim-wanted`), and its partition binds only a grant of that one, so a
+        // grant of a made-up claim goes straight back; refusing every claim not newer than a made-up one would keep
+        // the holder's real claim waiting for ever.
+        if let Some(source) = pool.released.get(holder).filter(|ended| command.source == **ended) {
             return reject(
                 RejectionKind::StaleSource,
                 format!(
@@ -128,9 +133,23 @@ impl<'s> Decider<'s> {
         Ok(())
     }
 
+    /// A message about a holder comes from the holder's partition (its `claim-wanted`, `claim-releasable` or
+    /// `grant-returned`).
+    fn check_from_holder(&self, holder: &ResourceRef, source: Source, what: &str) -> Verdict {
+        let home = partition_of_key(&Key::Agent(holder.agent.clone()), self.state.partitions);
+        if source.partition != home {
+            return reject(
+                RejectionKind::Invalid,
+                format!("{holder} lives in partition {home}; a {what} about it cannot come from {source}"),
+            );
+        }
+        Ok(())
+    }
+
     pub(super) fn free(&mut self, command: &Free) -> Verdict {
         let pool = self.pool(&command.pool)?;
         let holder = &command.holder;
+        self.check_from_holder(holder, command.source, "free")?;
         let mut freed = None;
         match (pool.holders.get(holder), command.token) {
             (Some(Holding::Granted { value, token, .. }), Some(given)) if *token == given => {

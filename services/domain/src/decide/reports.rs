@@ -167,18 +167,40 @@ impl<'s> Decider<'s> {
             check_text("native id", native_id)?;
         }
         let resource = self.resource(&command.agent, command.resource)?;
+        if resource.state == ResourceState::Pending && resource.create_ordered.is_none() {
+            return reject(
+                RejectionKind::InvalidState,
+                format!(
+                    "resource {} was never ordered created (its claims are not all bound); a handle the agent made \
+                     of it is not the resource",
+                    resource.reference()
+                ),
+            );
+        }
         self.out.push(Effect::ObservationAccepted { stamp, watermark: None });
-        self.observed_present(resource, stamp, command.native_id.clone());
+        self.observed_present(resource, stamp, command.native_id.clone(), None);
         Ok(())
     }
 
-    /// A handle seen on the machine: a pending resource turns active; any other resource not terminal is recorded
+    /// A handle seen on the machine: a pending resource turns active if its create was ordered (as of the report's
+    /// watermark: an agent cannot have made what it did not know of); any other resource not terminal is recorded
     /// as present at this observation (`resource-seen`): a releasing one whose create finished after its release must
     /// now be seen destroyed (and its create can no longer fail), and no observation older than this one can make a
     /// held one `lost`.
-    fn observed_present(&mut self, resource: &Resource, stamp: ObsStamp, native_id: Option<String>) {
+    fn observed_present(
+        &mut self,
+        resource: &Resource,
+        stamp: ObsStamp,
+        native_id: Option<String>,
+        watermark: Option<Position>,
+    ) {
         match resource.state {
-            ResourceState::Pending => self.activate(resource, stamp, native_id),
+            ResourceState::Pending => {
+                let ordered = resource.create_ordered.is_some_and(|at| watermark.is_none_or(|w| at <= w));
+                if ordered {
+                    self.activate(resource, stamp, native_id);
+                }
+            }
             _ if resource.state.is_terminal() => {}
             _ => {
                 self.out.push(Effect::ResourceSeen { resource: resource.id, stamp, native_id });
@@ -203,7 +225,7 @@ impl<'s> Decider<'s> {
         self.out.reserve(codec::encoded_len(&(&report.created, &report.missing, &report.destroyed)));
         self.out.push(Effect::ObservationAccepted { stamp, watermark: Some(report.watermark) });
         let n_losses = judged.iter().filter(|(r, seen)| would_lose(r, *seen, stamp, report.watermark)).count();
-        let mark_losses = self.breaker(agent, n_losses);
+        let mark_losses = self.breaker(agent, n_losses, true);
         if agent.breaker_bypass {
             self.out.push(Effect::AgentBreakerRearmed {});
         }
@@ -218,8 +240,9 @@ impl<'s> Decider<'s> {
     }
 
     /// The circuit breaker: whether losses may be marked. Trips when the window's losses would reach
-    /// `max_loss_min` and exceed `max_loss_percent` of what the agent held at the start of the window.
-    fn breaker(&mut self, agent: &Agent, n_losses: usize) -> bool {
+    /// `max_loss_min` and exceed `max_loss_percent` of what the agent held at the start of the window. Only a sync
+    /// report (`may_clear`), which names every difference, clears a tripped breaker; a chunk sees one range only.
+    fn breaker(&mut self, agent: &Agent, n_losses: usize, may_clear: bool) -> bool {
         if agent.breaker_bypass {
             return true;
         }
@@ -236,7 +259,7 @@ impl<'s> Decider<'s> {
             }
             false
         } else {
-            if agent.breaker.is_some() {
+            if agent.breaker.is_some() && may_clear {
                 self.out.push(Effect::AgentBreakerCleared { reason: BreakerClear::HandlesBack {} });
             }
             true
@@ -247,7 +270,7 @@ impl<'s> Decider<'s> {
     fn judge(&mut self, resource: &Resource, seen: Seen, stamp: ObsStamp, watermark: Position, mark_losses: bool) {
         match seen {
             Seen::InFlight => {}
-            Seen::Present => self.observed_present(resource, stamp, None),
+            Seen::Present => self.observed_present(resource, stamp, None, Some(watermark)),
             Seen::Absent => {
                 if would_lose(resource, seen, stamp, watermark) {
                     if mark_losses {
@@ -328,7 +351,7 @@ impl<'s> Decider<'s> {
         self.out.reserve(codec::encoded_len(&(&chunk.held, &chunk.in_flight)));
         self.out.push(Effect::ObservationAccepted { stamp, watermark: Some(chunk.watermark) });
         let n_losses = judged.iter().filter(|(r, seen)| would_lose(r, *seen, stamp, chunk.watermark)).count();
-        let mark_losses = self.breaker(agent, n_losses);
+        let mark_losses = self.breaker(agent, n_losses, false);
         self.judge_chunk(chunk, judged, stamp, mark_losses);
         Ok(())
     }
@@ -426,7 +449,7 @@ impl<'s> Decider<'s> {
         let (_, stamp) = self.observer(&command.agent, command.epoch, command.obs)?;
         check_text("detail", &command.detail)?;
         let resource = self.resource(&command.agent, command.resource)?;
-        if !matches!(resource.state, ResourceState::Suspect { .. }) {
+        let ResourceState::Suspect { since, .. } = &resource.state else {
             return reject(
                 RejectionKind::InvalidState,
                 format!(
@@ -435,10 +458,25 @@ impl<'s> Decider<'s> {
                     resource.state.name()
                 ),
             );
+        };
+        self.check_watermark(command.request)?;
+        if command.request < *since {
+            return reject(
+                RejectionKind::StaleObservation,
+                format!(
+                    "the health result answers a check asked for at {}, before resource {} turned suspect again at \
+                     {since}; it says nothing of that failure",
+                    command.request,
+                    resource.reference()
+                ),
+            );
         }
         self.out.push(Effect::ObservationAccepted { stamp, watermark: None });
         if command.healthy {
             self.out.push(Effect::ResourceHealthy { resource: resource.id });
+            if matches!(&resource.state, ResourceState::Suspect { paused: None, .. }) {
+                self.serve_if_clear(resource);
+            }
         } else {
             let cause = ReleaseCause::HealthCheckFailed { detail: command.detail.clone() };
             self.order_release(resource, cause, BreakReason::HealthCheckFailed);

@@ -215,6 +215,7 @@ impl<'s> Decider<'s> {
             ResourceState::Paused { .. } => {
                 let cause = UnpauseCause::Operator { by: self.issuer.clone() };
                 self.out.push(Effect::ResourceUnpaused { resource: resource.id, cause });
+                self.serve_if_clear(resource);
                 Ok(())
             }
             ResourceState::Active => {
@@ -233,6 +234,7 @@ impl<'s> Decider<'s> {
             ResourceState::Paused { until: Some(until), .. } if until <= self.now => {
                 let cause = UnpauseCause::PauseExpired {};
                 self.out.push(Effect::ResourceUnpaused { resource: resource.id, cause });
+                self.serve_if_clear(resource);
                 Ok(())
             }
             ResourceState::Paused { until: Some(until), .. } => reject(
@@ -370,6 +372,29 @@ impl<'s> Decider<'s> {
                 format!("{} is not the parent of resource {}", command.parent, child.reference()),
             );
         }
+        let parent_home = partition_of_key(&Key::Agent(command.parent.agent.clone()), self.state.partitions);
+        if command.source.partition != parent_home {
+            return reject(
+                RejectionKind::Invalid,
+                format!(
+                    "parent {} lives in partition {parent_home}; what it says comes from there, not from {}",
+                    command.parent, command.source
+                ),
+            );
+        }
+        if child.state.has_left() {
+            return reject(
+                RejectionKind::AlreadyDone,
+                format!("resource {} is already {}", child.reference(), describe_state(child)),
+            );
+        }
+        // A parent that left never comes back (ids are never reused): `left` is taken whatever the child heard
+        // before, so no message, however out of order, can keep a child of a departed parent alive.
+        if command.parent_state == ParentState::Left {
+            let cause = ReleaseCause::ParentLeft { parent: command.parent.clone() };
+            self.order_release(child, cause, BreakReason::ResourceLeft);
+            return Ok(());
+        }
         if child.parent_seen().is_some_and(|seen| command.source <= seen) {
             return reject(
                 RejectionKind::StaleSource,
@@ -379,12 +404,6 @@ impl<'s> Decider<'s> {
                     child.parent_seen().map(|s| s.to_string()).unwrap_or_default(),
                     command.source
                 ),
-            );
-        }
-        if child.state.has_left() {
-            return reject(
-                RejectionKind::AlreadyDone,
-                format!("resource {} is already {}", child.reference(), describe_state(child)),
             );
         }
         // A child whose parent is in another partition knows nothing of it until its adoption is answered: a
@@ -402,21 +421,17 @@ impl<'s> Decider<'s> {
                 ),
             );
         }
-        match command.parent_state {
-            ParentState::Left => {
-                let cause = ReleaseCause::ParentLeft { parent: command.parent.clone() };
-                self.order_release(child, cause, BreakReason::ResourceLeft);
-            }
-            ParentState::Suspect | ParentState::Healthy => {
-                // Recorded even when the flag does not change, so that an older cascade arriving later is stale.
-                let suspect = command.parent_state == ParentState::Suspect;
-                self.out.push(Effect::UpstreamFlagged {
-                    resource: child.id,
-                    parent: command.parent.clone(),
-                    suspect,
-                    source: command.source,
-                });
-            }
+        // Recorded even when the flag does not change, so that an older cascade arriving later is stale.
+        let suspect = command.parent_state == ParentState::Suspect;
+        self.out.push(Effect::UpstreamFlagged {
+            resource: child.id,
+            parent: command.parent.clone(),
+            suspect,
+            source: command.source,
+        });
+        // Cleared: the leases that waited on the flag are served now.
+        if !suspect && child.upstream_suspect().is_some() && child.state == ResourceState::Active {
+            self.serve_waiting(child);
         }
         Ok(())
     }
@@ -434,11 +449,14 @@ impl<'s> Decider<'s> {
                 ),
             );
         }
-        let parent = self.state.resources.get(&command.parent.resource).filter(|r| r.agent == command.parent.agent);
+        let known = self.state.resources.get(&command.parent.resource);
+        let parent = known.filter(|r| r.agent == command.parent.agent);
         let parent_state = match parent {
             Some(parent) if parent.state.has_left() => ParentState::Left,
             Some(parent) if matches!(parent.state, ResourceState::Suspect { .. }) => ParentState::Suspect,
             Some(_) => ParentState::Healthy,
+            // The id is another agent's resource here: this parent can never exist (ids are unique per partition).
+            None if known.is_some() => ParentState::Left,
             None => {
                 let stamped = id_time(command.parent.resource.unix_ms());
                 let horizon = self.state.settings.outcome_horizon;
