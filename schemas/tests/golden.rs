@@ -295,6 +295,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                 epoch: Position(3),
                 obs: 45,
                 resource: r(),
+                request: Position(130),
                 healthy: false,
                 detail: "probe timed out after 5s".into(),
             },

@@ -175,6 +175,7 @@ fn body(type_name: &str, full: bool) -> Command {
             epoch: Position(4),
             obs: 16,
             resource: resource(),
+            request: Position(9),
             healthy: true,
             detail: "ok".to_owned(),
         }

@@ -94,4 +94,47 @@ fn main() {
         (2 * N) as f64 / elapsed.as_secs_f64()
     );
     println!("  ratio to target: {:.2}", per_resource / TARGET_BYTES);
+    renewals(&mut w);
+}
+
+/// A lease on each of 1,000 of those resources, renewed every minute for an hour: a renew is remembered by its
+/// lease, not among the recent commands, so an hour of renewals costs (almost) nothing more.
+fn renewals(w: &mut Writer) {
+    use leasehold_schemas::command::{Acquire, Renew};
+    let agent = AgentName::new("w1").unwrap();
+    let ids: Vec<ResourceId> = w.state.resources().take(1000).map(|r| r.id).collect();
+    let mut leases = Vec::new();
+    for (i, resource) in ids.iter().enumerate() {
+        let lease = leasehold_schemas::ids::LeaseId::from_parts(w.clock, entropy(3, i as u64));
+        let acquire = Acquire {
+            agent: agent.clone(),
+            resource: *resource,
+            lease,
+            holder: "build".into(),
+            ttl: Some(Millis::from_mins(5)),
+            wait_timeout: None,
+        };
+        w.submit("op:scheduler", acquire);
+        let token = w.state.lease(lease).map(|l| match l.state {
+            leasehold_domain::state::LeaseState::Active { token, .. } => token,
+            _ => panic!("granted"),
+        });
+        leases.push((lease, token.expect("the lease exists")));
+    }
+    let base = dhat::HeapStats::get().curr_bytes;
+    let n_recent = w.state.n_recent_commands();
+    for _minute in 0..60 {
+        for (lease, token) in &leases {
+            w.submit("op:scheduler", Renew { agent: agent.clone(), lease: *lease, token: *token, ttl: None });
+        }
+        w.clock += 60_000 - 50 * leases.len() as u64;
+    }
+    let grown = dhat::HeapStats::get().curr_bytes.saturating_sub(base);
+    println!(
+        "  {} leases renewed every minute for an hour: {} renews, {grown} bytes more ({} recent command ids before and {} after)",
+        leases.len(),
+        60 * leases.len(),
+        n_recent,
+        w.state.n_recent_commands()
+    );
 }

@@ -38,7 +38,7 @@
 //!
 //! The light run uses small split budgets, so ordinary decisions take several parts; the heavy run uses the real
 //! budget with resources carrying hundreds of leases and reports naming hundreds of handles. A third test feeds two
-//! agents an endless stream of heartbeats and reports and checks that state stays bounded.
+//! agents an endless stream of heartbeats, lease renewals and reports and checks that state stays bounded.
 
 mod support;
 
@@ -1648,8 +1648,9 @@ impl Stats {
 /// renews (their lease remembers its last one).
 fn remembered(o: &Outcome) -> bool {
     let ty = o.command.type_name.as_str();
+    let accepted_renew = ty == "op.renew" && o.rejection().is_none();
     !matches!(ty, "agent.heartbeat" | "agent.sync" | "agent.resync-chunk")
-        && !(ty == "op.renew" && o.rejection().is_none())
+        && !accepted_renew
         && o.rejection().is_none_or(|r| r.kind != RejectionKind::NotYetDue)
 }
 
@@ -3002,7 +3003,7 @@ impl Sim {
                 let parent_state = [ParentState::Left, ParentState::Suspect, ParentState::Healthy][b as usize % 3];
                 // Mostly from the parent's own partition (a position it may never reach), sometimes from anywhere.
                 let parent_p = partition_of_key(&Key::Agent(parent.agent.clone()), self.partitions);
-                let source = if a % 3 == 0 {
+                let source = if a.is_multiple_of(3) {
                     source
                 } else {
                     Source { partition: parent_p, position: Position(u64::from(a) * 1000) }
@@ -3212,6 +3213,11 @@ fn state_stays_bounded_under_endless_heartbeats_and_reports() {
         w.advance(STEP);
         for agent in &agents {
             accepted(&w.heartbeat(agent));
+        }
+        // The lease's holder renews it every step: renews must not pile up in memory either.
+        if let Some((agent, lease, token)) = &lease {
+            let renew = Renew { agent: agent.clone(), lease: *lease, token: *token, ttl: None };
+            accepted(&w.op(renew));
         }
         let mut lose: Option<(AgentName, ResourceId)> = None;
         if step % HOURLY == HOURLY / 2 {

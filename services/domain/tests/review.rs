@@ -1,0 +1,281 @@
+//! What a red-team review of the hardened core found, each a named regression test of the fix: made-up sources that
+//! wedged a child or a claim, observations taken that an agent could not have made, leases granted under a suspect
+//! parent, stale health results, a chunk clearing the breaker, lease renewals filling memory, heartbeats that are
+//! never coalesced, and an adoption answered "ask later" for a parent that can never exist.
+
+mod support;
+
+use leasehold_domain::driver::Answer;
+use leasehold_schemas::RejectionKind::*;
+use leasehold_schemas::command::*;
+use leasehold_schemas::ids::*;
+use leasehold_schemas::settings::AgentSettings;
+use leasehold_schemas::subjects::partition_of_key;
+use leasehold_schemas::{Outcome, Uuid};
+use support::*;
+
+const P: u32 = 3;
+
+/// The first agent name `<prefix><i>` whose key falls in `partition` of `P`.
+fn agent_in(prefix: &str, partition: u32) -> AgentName {
+    (1..)
+        .map(|i| agent_name(&format!("{prefix}{i}")))
+        .find(|a| partition_of_key(&Key::Agent(a.clone()), P) == partition)
+        .expect("some name")
+}
+
+/// A parent active in partition 1; a child in partition 0, adopted (healthy) and created.
+fn adopted_child() -> (World, World, ResourceRef, ResourceRef) {
+    let mut parents = World::with_partitions(1, P);
+    parents.agent = agent_in("pa", 1);
+    parents.active();
+    let parent = parents.rref();
+    let mut children = World::with_partitions(0, P);
+    children.agent = agent_in("ch", 0);
+    children.advance(Millis(1));
+    children.registered();
+    let of = parent.clone();
+    children.pending_with(|c| c.parent = Some(of));
+    let born = children.source_of(&children.d.outcomes().last().unwrap().clone(), "resource-allocated");
+    let child = children.rref();
+    let adopted = parents.sys(Adopt { parent: parent.clone(), child: child.clone(), source: born });
+    let answer = Cascade {
+        child: child.clone(),
+        parent: parent.clone(),
+        parent_state: ParentState::Healthy,
+        source: parents.source_of(&adopted, "child-adopted"),
+        answers: Some(born),
+    };
+    assert_eq!(effect_names(&children.sys(answer)), ["upstream-flagged"]);
+    children.created();
+    (parents, children, parent, child)
+}
+
+fn cascade(child: &ResourceRef, parent: &ResourceRef, state: ParentState, source: Source) -> Cascade {
+    Cascade { child: child.clone(), parent: parent.clone(), parent_state: state, source, answers: None }
+}
+
+/// A cascade from a partition where the parent cannot live is refused; a made-up position far ahead in the right
+/// partition can no longer keep a child alive when its parent leaves: `left` is final and always taken.
+#[test]
+fn a_made_up_cascade_source_cannot_keep_a_child_of_a_departed_parent_alive() {
+    let (mut parents, mut children, parent, child) = adopted_child();
+    let elsewhere = Source { partition: 2, position: Position(1) };
+    refused(
+        &mut children,
+        |w| w.sys(cascade(&child, &parent, ParentState::Healthy, elsewhere)),
+        Invalid,
+        &["lives in partition 1"],
+    );
+    let far_ahead = Source { partition: 1, position: Position(1_000_000) };
+    assert_eq!(
+        effect_names(&children.sys(cascade(&child, &parent, ParentState::Healthy, far_ahead))),
+        ["upstream-flagged"]
+    );
+    let released = parents.release();
+    let left = cascade(&child, &parent, ParentState::Left, parents.source_of(&released, "resource-releasing"));
+    assert_eq!(effect_names(&children.sys(left)), ["resource-releasing"]);
+    settle(&children);
+}
+
+/// A claim whose source is not in the holder's partition is refused; a made-up claim from the right partition no
+/// longer makes the holder's real claim stale (only the claim that ended, sent again, is).
+#[test]
+fn a_made_up_claim_cannot_make_the_real_claim_stale() {
+    let mut w = World::with_partitions(0, 1);
+    w.registered();
+    accepted(&w.define_slots("ips", 4, secs(0)));
+    w.pending_with(|c| c.pools = vec![pool_name("ips")]);
+    let holder = w.rref();
+    let real = w.wanted_by("ips");
+    let made_up = Source { partition: 0, position: Position(real.position.0 + 1000) };
+    let refused_elsewhere =
+        w.sys(Claim { pool: pool_name("ips"), holder: holder.clone(), source: Source { partition: 5, ..real } });
+    assert_eq!(
+        rejected(&refused_elsewhere, Invalid),
+        format!("{holder} lives in partition 0; a claim about it cannot come from partition 5 {}", real.position)
+    );
+    let granted = w.sys(Claim { pool: pool_name("ips"), holder: holder.clone(), source: made_up });
+    let token = granted.positioned_effects().find(|(_, e)| e.name() == "claim-granted").unwrap().0;
+    let grant = BindClaim {
+        holder: holder.clone(),
+        pool: pool_name("ips"),
+        value: leasehold_schemas::pool::PoolValue::Slot(0),
+        token,
+        source: Source { partition: 0, position: token },
+        wanted: made_up,
+    };
+    let back = w.sys(grant);
+    assert_eq!(effect_names(&back), ["grant-returned"]);
+    let free = Free {
+        pool: pool_name("ips"),
+        holder: holder.clone(),
+        token: Some(token),
+        source: w.source_of(&back, "grant-returned"),
+    };
+    assert_eq!(effect_names(&w.sys(free)), ["claim-freed"]);
+    // The real claim is served; the made-up one, sent again, is stale.
+    assert_eq!(
+        effect_names(&w.sys(Claim { pool: pool_name("ips"), holder: holder.clone(), source: real })),
+        ["claim-granted"]
+    );
+    settle(&w);
+}
+
+/// DESIGN 5 and 6: an agent creates a resource once its create is ordered, and cannot report what it did not know
+/// of as of its report's watermark.
+#[test]
+fn nothing_turns_active_before_its_create_was_ordered() {
+    let mut w = World::new();
+    w.registered();
+    w.pending_with(|c| c.pools = vec![pool_name("ips")]);
+    let (agent, waiting) = (w.a(), w.r());
+    refused(&mut w, |w| w.report_created(&agent, waiting), InvalidState, &["was never ordered created"]);
+    let watermark = w.state().last_position();
+    w.pending();
+    let later = w.r();
+    let report = w.sync(&agent, |r| {
+        r.watermark = watermark;
+        r.created = vec![waiting, later];
+    });
+    assert_eq!(effect_names(&report)[0], "observation-accepted");
+    assert_eq!((state_name(&w, waiting), state_name(&w, later)), ("pending", "pending"));
+    settle(&w);
+}
+
+/// A pending child whose parent turns suspect keeps its waiting leases waiting when it is created (no new leases
+/// under a suspect parent); they are granted when the parent is healthy again.
+#[test]
+fn waiting_leases_wait_while_the_parent_is_suspect() {
+    let mut w = World::new();
+    w.active();
+    let parent = w.rref();
+    let of = parent.clone();
+    w.pending_with(|c| c.parent = Some(of));
+    let child = w.rref();
+    w.leased(None);
+    let suspect =
+        w.op(ReportFailureByOperator { agent: parent.agent.clone(), resource: parent.resource, detail: "x".into() });
+    let flagged = cascade(&child, &parent, ParentState::Suspect, w.source_of(&suspect, "resource-suspect"));
+    assert_eq!(effect_names(&w.sys(flagged)), ["upstream-flagged"]);
+    assert_eq!(
+        effect_names(&w.report_created(&child.agent, child.resource)),
+        ["observation-accepted", "resource-activated"]
+    );
+    let healthy = Source { partition: 0, position: w.state().last_position() };
+    let cleared = w.sys(cascade(&child, &parent, ParentState::Healthy, healthy));
+    assert_eq!(effect_names(&cleared), ["upstream-flagged", "lease-granted"]);
+    settle(&w);
+}
+
+fn health(w: &mut World, request: Position, healthy: bool) -> Outcome {
+    let (agent, resource) = (w.a(), w.r());
+    let epoch = w.epoch(&agent);
+    let obs = w.next_obs(&agent);
+    w.agent_says(HealthResult { agent, epoch, obs, resource, request, healthy, detail: "check".into() })
+}
+
+/// A health check asked for before the resource turned suspect again says nothing of the new failure.
+#[test]
+fn a_health_result_for_a_check_asked_before_the_latest_failure_is_refused() {
+    let mut w = World::new();
+    w.active();
+    let (agent, resource) = (w.a(), w.r());
+    accepted(&w.op(ReportFailureByOperator { agent: agent.clone(), resource, detail: "first".into() }));
+    let first = w.sys(RequestHealthCheck { agent: agent.clone(), resource });
+    let first_ask = w.source_of(&first, "health-check-requested").position;
+    let second = w.sys(RequestHealthCheck { agent: agent.clone(), resource });
+    let second_ask = w.source_of(&second, "health-check-requested").position;
+    assert_eq!(effect_names(&health(&mut w, first_ask, true)), ["observation-accepted", "resource-healthy"]);
+    accepted(&w.op(ReportFailureByOperator { agent, resource, detail: "again".into() }));
+    refused(&mut w, |w| health(w, second_ask, true), StaleObservation, &["before resource", "turned suspect again"]);
+    assert_eq!(state_name(&w, resource), "suspect");
+    settle(&w);
+}
+
+/// Only a sync report, which names every difference, clears a tripped breaker; a chunk sees one range.
+#[test]
+fn a_chunk_never_clears_the_breaker() {
+    let mut w = World::new();
+    w.registered();
+    let made: Vec<ResourceId> = (0..10)
+        .map(|_| {
+            w.pending();
+            w.r()
+        })
+        .collect();
+    let agent = w.a();
+    let created = made.clone();
+    accepted(&w.sync(&agent, |r| r.created = created));
+    let missing = made[4..].to_vec();
+    let tripped = w.sync(&agent, |r| r.missing = missing);
+    assert!(effect_names(&tripped).contains(&"agent-suspect"));
+    let epoch = w.epoch(&agent);
+    let obs = w.next_obs(&agent);
+    let watermark = w.state().last_position();
+    let chunk = ResyncChunk {
+        agent: agent.clone(),
+        epoch,
+        obs,
+        watermark,
+        lo: Uuid::nil(),
+        hi: Some(made[4].as_uuid()),
+        held: made[..4].to_vec(),
+        in_flight: vec![],
+    };
+    let outcome = w.agent_says(chunk);
+    assert!(!effect_names(&outcome).contains(&"agent-breaker-cleared"), "{:?}", effect_names(&outcome));
+    assert!(w.state().agent(&agent).unwrap().is_suspect());
+    settle(&w);
+}
+
+/// A lease renewed every minute kept a day of command ids in memory. The lease now remembers its last renew: a
+/// retry of it is "already decided", an older renew is stale, and renews never fill the recent-command memory.
+#[test]
+fn renews_are_remembered_by_their_lease() {
+    let mut w = World::new();
+    w.active().leased(Some(Millis::from_mins(5)));
+    let (agent, lease, token) = (w.a(), w.l(), w.token());
+    let before = w.state().n_recent_commands();
+    let mut renews = Vec::new();
+    for _ in 0..60 {
+        w.advance(Millis::from_mins(1));
+        let renew = w.d.envelope(OP, Renew { agent: agent.clone(), lease, token, ttl: None });
+        assert_eq!(effect_names(&w.d.submit_envelope(&renew)), ["lease-renewed"]);
+        renews.push(renew);
+    }
+    assert_eq!(w.state().n_recent_commands(), before, "renews are not kept among recent commands");
+    let last = renews.last().unwrap();
+    let decided = w.d.parts_of(w.state().cursor())[0].cmd_seq;
+    w.d.submit_envelope(last);
+    assert_eq!(w.d.last_answer(), Answer::AlreadyDecided { cmd_seq: decided });
+    refused(&mut w, |w| w.d.submit_envelope(&renews[10]), StaleCommand, &["this renew's id is older"]);
+    settle(&w);
+}
+
+/// Heartbeats are recorded at most every third of `stall_after`: a `stall_after` too short to coalesce them is
+/// refused.
+#[test]
+fn a_stall_after_too_short_to_coalesce_heartbeats_is_refused() {
+    let mut w = World::new();
+    let agent = w.a();
+    let settings = AgentSettings { stall_after: Millis(2), ..AgentSettings::default() };
+    refused(&mut w, |w| w.register_with(&agent, settings, false), Invalid, &["stall_after (2ms) must be at least 3s"]);
+}
+
+/// An adoption of a parent whose id is another agent's resource in that partition: that parent can never exist, so
+/// it has left (not "ask again later" for a whole horizon).
+#[test]
+fn an_adoption_of_another_agents_resource_id_is_left() {
+    let mut parents = World::with_partitions(1, P);
+    parents.agent = agent_in("pa", 1);
+    parents.active();
+    let someone_elses = ResourceRef::new(agent_in("qa", 1), parents.r());
+    let child = ResourceRef::new(agent_in("ch", 0), ResourceId::from_parts(T0.0, [4; 10]));
+    let source = Source { partition: 0, position: Position(7) };
+    let adopted = parents.sys(Adopt { parent: someone_elses, child, source });
+    assert!(matches!(
+        adopted.effects()[0],
+        leasehold_schemas::outcome::Effect::ChildAdopted { parent_state: ParentState::Left, .. }
+    ));
+}
