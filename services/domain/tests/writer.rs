@@ -61,6 +61,12 @@ fn a_retried_command_is_already_decided_and_nothing_is_appended() {
     let state = w.state().clone();
     let ctx = Ctx { cmd_seq: state.cursor() + 7, log_time: w.d.now() };
     assert_eq!(decide(&state, &ctx, &envelope), Ok(Decided::AlreadyDecided { cmd_seq: first.cmd_seq }));
+    // A command at or below the cursor is a writer reading the log out of order.
+    let behind = Ctx { cmd_seq: state.cursor(), log_time: w.d.now() };
+    assert_eq!(
+        decide(&state, &behind, &envelope),
+        Err(WriterError::NotAfterCursor { cursor: state.cursor(), cmd_seq: state.cursor() })
+    );
     let n = w.d.outcomes().len();
     assert_eq!(w.d.submit_envelope(&envelope), first, "the driver answers from the log, as the gateway will");
     assert_eq!(w.d.last_answer(), Answer::AlreadyDecided { cmd_seq: first.cmd_seq });

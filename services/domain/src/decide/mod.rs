@@ -79,6 +79,8 @@ pub enum WriterError {
     PartsPending { cmd_seq: u64, next_part: u32 },
     /// No decision is unfinished: there is no next part to make.
     NothingPending,
+    /// The command's sequence is not after the last one decided: the log is read strictly in order.
+    NotAfterCursor { cursor: u64, cmd_seq: u64 },
 }
 
 impl fmt::Display for WriterError {
@@ -90,6 +92,11 @@ impl fmt::Display for WriterError {
                  deciding anything else"
             ),
             WriterError::NothingPending => f.write_str("no decision is unfinished: there is no next part to make"),
+            WriterError::NotAfterCursor { cursor, cmd_seq } => write!(
+                f,
+                "command {cmd_seq} is not after the last one decided ({cursor}): commands are decided strictly in \
+                 log order"
+            ),
         }
     }
 }
@@ -108,6 +115,9 @@ fn refuse_while_pending(state: &PartitionState) -> Result<(), WriterError> {
 /// unfinished.
 pub fn decide(state: &PartitionState, ctx: &Ctx, envelope: &Envelope) -> Result<Decided, WriterError> {
     refuse_while_pending(state)?;
+    if ctx.cmd_seq <= state.cursor {
+        return Err(WriterError::NotAfterCursor { cursor: state.cursor, cmd_seq: ctx.cmd_seq });
+    }
     if let Some(cmd_seq) = state.recent.by_id.get(&envelope.command_id).copied().or_else(|| renewed_by(state, envelope))
     {
         return Ok(Decided::AlreadyDecided { cmd_seq });
