@@ -164,14 +164,7 @@ impl Driver {
                 Ok(Outcome {
                     decider_version: crate::DECIDER_VERSION,
                     partition: self.state.partition(),
-                    command: leasehold_schemas::outcome::CommandSummary {
-                        id: envelope.command_id,
-                        class: envelope.class,
-                        type_name: envelope.type_name().to_owned(),
-                        issuer: envelope.issuer.clone(),
-                        issued_at: envelope.issued_at,
-                        key: envelope.body.key(),
-                    },
+                    command: crate::decide::summary(envelope),
                     cmd_seq: ctx.cmd_seq,
                     part: 0,
                     log_time: ctx.log_time,

@@ -46,20 +46,6 @@ fn before(p: Position) -> Position {
     Position(p.0 - 1)
 }
 
-/// `n` new resources on the current agent, made active by one sync report.
-fn active_n(w: &mut World, n: usize) -> Vec<ResourceId> {
-    let made: Vec<ResourceId> = (0..n)
-        .map(|_| {
-            w.pending();
-            w.r()
-        })
-        .collect();
-    let a = w.a();
-    let created = made.clone();
-    accepted(&w.sync(&a, |r| r.created = created));
-    made
-}
-
 /// An active resource `w.r()` with a bound claim, released: `releasing`, its claim still held.
 fn releasing_with_claim(w: &mut World) {
     w.registered();
@@ -658,7 +644,7 @@ fn count_and_digest() {
             "they agree: no resync",
             |w| {
                 w.registered();
-                active_n(w, 3);
+                w.active_n(3);
             },
             |w| sync_with(w, |_| {}),
             Effects(&["observation-accepted"]),
@@ -667,7 +653,7 @@ fn count_and_digest() {
             "the count disagrees",
             |w| {
                 w.registered();
-                active_n(w, 3);
+                w.active_n(3);
             },
             |w| {
                 let a = w.a();
@@ -684,7 +670,7 @@ fn count_and_digest() {
             "the count agrees but the digest does not",
             |w| {
                 w.registered();
-                active_n(w, 3);
+                w.active_n(3);
             },
             |w| {
                 let a = w.a();
@@ -700,7 +686,7 @@ fn count_and_digest() {
             "a mismatch is still decided: the report's verdicts apply",
             |w| {
                 w.registered();
-                active_n(w, 3);
+                w.active_n(3);
                 w.pending();
             },
             |w| {
@@ -714,7 +700,7 @@ fn count_and_digest() {
             "the view after the report's own verdicts: created counts, missing does not",
             |w| {
                 w.registered();
-                active_n(w, 3);
+                w.active_n(3);
                 w.pending();
             },
             |w| {
@@ -730,7 +716,7 @@ fn count_and_digest() {
             "a release the agent cannot know of yet still counts as held",
             |w| {
                 w.registered();
-                active_n(w, 2);
+                w.active_n(2);
                 accepted(&w.release());
             },
             |w| {
@@ -748,7 +734,7 @@ fn count_and_digest() {
             "created as of a watermark before its release: seen present, counted, no resync",
             |w| {
                 w.registered();
-                active_n(w, 1);
+                w.active_n(1);
                 w.pending();
             },
             |w| {
@@ -770,7 +756,7 @@ fn count_and_digest() {
             "a released handle still on the machine counts until it is reported destroyed",
             |w| {
                 w.registered();
-                active_n(w, 2);
+                w.active_n(2);
                 accepted(&w.release());
             },
             |w| {
@@ -786,7 +772,7 @@ fn count_and_digest() {
             "a released handle reported destroyed no longer counts",
             |w| {
                 w.registered();
-                active_n(w, 2);
+                w.active_n(2);
                 accepted(&w.release());
             },
             |w| {
@@ -811,7 +797,7 @@ fn circuit_breaker() {
             "5 of 8 missing trips it: the agent is suspect, nothing is lost",
             |w| {
                 w.registered();
-                active_n(w, 8);
+                w.active_n(8);
             },
             |w| {
                 let m = ids(w)[..5].to_vec();
@@ -823,7 +809,7 @@ fn circuit_breaker() {
             "4 of 5 missing: under max_loss_min, lost",
             |w| {
                 w.registered();
-                active_n(w, 5);
+                w.active_n(5);
             },
             |w| {
                 let m = ids(w)[..4].to_vec();
@@ -835,7 +821,7 @@ fn circuit_breaker() {
             "5 of 10 missing: exactly half is not more than half, lost",
             |w| {
                 w.registered();
-                active_n(w, 10);
+                w.active_n(10);
             },
             |w| {
                 let m = ids(w)[..5].to_vec();
@@ -854,7 +840,7 @@ fn circuit_breaker() {
             "6 of 10 missing trips it",
             |w| {
                 w.registered();
-                active_n(w, 10);
+                w.active_n(10);
             },
             |w| {
                 let m = ids(w)[..6].to_vec();
@@ -866,7 +852,7 @@ fn circuit_breaker() {
             "losses accumulate within the window: 3 of 10, then 3 more",
             |w| {
                 w.registered();
-                active_n(w, 10);
+                w.active_n(10);
                 let m = ids(w)[..3].to_vec();
                 assert_eq!(effect_names(&missing(w, m)), lost_n(3));
                 w.advance(Millis(WINDOW.0 - 1));
@@ -881,7 +867,7 @@ fn circuit_breaker() {
             "losses older than the window do not count",
             |w| {
                 w.registered();
-                active_n(w, 10);
+                w.active_n(10);
                 let m = ids(w)[..3].to_vec();
                 assert_eq!(effect_names(&missing(w, m)), lost_n(3));
                 w.advance(WINDOW);
@@ -896,7 +882,7 @@ fn circuit_breaker() {
             "the same losses again while tripped: nothing new",
             |w| {
                 w.registered();
-                active_n(w, 8);
+                w.active_n(8);
                 let m = ids(w)[..5].to_vec();
                 accepted(&missing(w, m));
             },
@@ -910,7 +896,7 @@ fn circuit_breaker() {
             "a later report with nothing missing clears it",
             |w| {
                 w.registered();
-                active_n(w, 8);
+                w.active_n(8);
                 let m = ids(w)[..5].to_vec();
                 accepted(&missing(w, m));
             },
@@ -921,7 +907,7 @@ fn circuit_breaker() {
             "a later report with losses within the limit clears it and marks them",
             |w| {
                 w.registered();
-                active_n(w, 8);
+                w.active_n(8);
                 let m = ids(w)[..5].to_vec();
                 accepted(&missing(w, m));
             },
@@ -935,7 +921,7 @@ fn circuit_breaker() {
             "a tripping report still destroys and activates",
             |w| {
                 w.registered();
-                active_n(w, 8);
+                w.active_n(8);
                 w.pending();
                 accepted(&w.release());
                 w.pending();
@@ -955,7 +941,7 @@ fn circuit_breaker() {
             "a wiped registration bypasses it",
             |w| {
                 w.registered();
-                active_n(w, 8);
+                w.active_n(8);
                 accepted(&register(w, true));
             },
             |w| {
@@ -979,7 +965,7 @@ fn circuit_breaker() {
             "a wiped registration bypasses only the first report after it",
             |w| {
                 w.registered();
-                active_n(w, 8);
+                w.active_n(8);
                 accepted(&register(w, true));
                 assert_eq!(effect_names(&sync_with(w, |_| {})), ["observation-accepted", "agent-breaker-rearmed"]);
             },
@@ -993,7 +979,7 @@ fn circuit_breaker() {
             "a plain re-registration does not bypass it",
             |w| {
                 w.registered();
-                active_n(w, 8);
+                w.active_n(8);
                 accepted(&register(w, false));
             },
             |w| {
@@ -1006,7 +992,7 @@ fn circuit_breaker() {
             "confirm-loss bypasses it",
             |w| {
                 w.registered();
-                active_n(w, 8);
+                w.active_n(8);
                 let m = ids(w)[..5].to_vec();
                 accepted(&missing(w, m));
                 let agent = w.a();
@@ -1034,7 +1020,7 @@ fn circuit_breaker() {
 fn a_tripped_breaker_holds_until_the_handles_come_back() {
     let mut w = World::new();
     w.registered();
-    let made = active_n(&mut w, 8);
+    let made = w.active_n(8);
     let o = missing(&mut w, made[..5].to_vec());
     assert_eq!(effect_names(&o), ["observation-accepted", "agent-suspect"]);
     let Effect::AgentSuspect { would_lose, live } = o.effects()[1] else { unreachable!() };
@@ -1158,7 +1144,7 @@ fn resync_chunks() {
             "resources outside the range are not judged",
             |w| {
                 w.registered();
-                active_n(w, 3);
+                w.active_n(3);
             },
             |w| {
                 let middle = ids(w)[1];
@@ -1185,7 +1171,7 @@ fn resync_chunks() {
             "a handle outside the range",
             |w| {
                 w.registered();
-                active_n(w, 2);
+                w.active_n(2);
             },
             |w| {
                 let all = ids(w);
@@ -1199,7 +1185,7 @@ fn resync_chunks() {
             "an in-flight handle outside the range",
             |w| {
                 w.registered();
-                active_n(w, 2);
+                w.active_n(2);
             },
             |w| {
                 let all = ids(w);
@@ -1287,7 +1273,7 @@ fn resync_chunks() {
             "the breaker holds for chunks too (what is held is still seen present)",
             |w| {
                 w.registered();
-                active_n(w, 8);
+                w.active_n(8);
             },
             |w| {
                 let keep = ids(w)[5..].to_vec();
@@ -1303,7 +1289,7 @@ fn resync_chunks() {
 fn each_chunk_is_decided_on_its_own() {
     let mut w = World::new();
     w.registered();
-    let made = active_n(&mut w, 4);
+    let made = w.active_n(4);
     let mid = made[2].as_uuid();
     // [nil, mid): made[0] held, made[1] gone.
     let c1 = chunk(&mut w, Uuid::nil(), Some(mid), vec![made[0]], vec![]);
@@ -1658,7 +1644,7 @@ fn regressions_found_in_review() {
                 // takes minutes; reports go every 30 s) asks for a full resync.
                 let mut w = World::new();
                 w.registered();
-                let held = active_n(&mut w, 1);
+                let held = w.active_n(1);
                 w.pending();
                 let creating = w.r();
                 let a = w.a();
@@ -1675,7 +1661,7 @@ fn regressions_found_in_review() {
                 // The same rule for a destroy still running on a releasing resource the agent knows of.
                 let mut w = World::new();
                 w.registered();
-                let made = active_n(&mut w, 2);
+                let made = w.active_n(2);
                 accepted(&w.release());
                 let a = w.a();
                 let mut report = w.sync_cmd(&a, |s| s.in_flight = vec![made[1]]);
@@ -1694,12 +1680,12 @@ fn regressions_found_in_review() {
                 // limit.
                 let mut w = World::new();
                 w.registered();
-                active_n(&mut w, 10);
+                w.active_n(10);
                 accepted(&register(&mut w, true));
                 w.advance(Millis::from_mins(5));
                 let all = ids(&w);
                 assert_eq!(count_effects(&[missing(&mut w, all)], "resource-lost"), 10, "the wiped report loses all");
-                let fresh = active_n(&mut w, 10);
+                let fresh = w.active_n(10);
                 w.advance(Millis::from_mins(5));
                 let o = missing(&mut w, vec![fresh[0]]);
                 assert_eq!(effect_names(&o), lost_n(1));
@@ -1712,7 +1698,7 @@ fn regressions_found_in_review() {
                 // count against the breaker once the bypass window ends.
                 let mut w = World::new();
                 w.registered();
-                active_n(&mut w, 16);
+                w.active_n(16);
                 let m = ids(&w)[..9].to_vec();
                 assert_eq!(effect_names(&missing(&mut w, m.clone())), ["observation-accepted", "agent-suspect"]);
                 let agent = w.a();

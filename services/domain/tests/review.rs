@@ -7,31 +7,22 @@ mod support;
 
 use leasehold_domain::driver::Answer;
 use leasehold_schemas::RejectionKind::*;
+use leasehold_schemas::Uuid;
 use leasehold_schemas::command::*;
 use leasehold_schemas::ids::*;
 use leasehold_schemas::settings::AgentSettings;
-use leasehold_schemas::subjects::partition_of_key;
-use leasehold_schemas::{Outcome, Uuid};
 use support::*;
 
 const P: u32 = 3;
 
-/// The first agent name `<prefix><i>` whose key falls in `partition` of `P`.
-fn agent_in(prefix: &str, partition: u32) -> AgentName {
-    (1..)
-        .map(|i| agent_name(&format!("{prefix}{i}")))
-        .find(|a| partition_of_key(&Key::Agent(a.clone()), P) == partition)
-        .expect("some name")
-}
-
 /// A parent active in partition 1; a child in partition 0, adopted (healthy) and created.
 fn adopted_child() -> (World, World, ResourceRef, ResourceRef) {
     let mut parents = World::with_partitions(1, P);
-    parents.agent = agent_in("pa", 1);
+    parents.agent = agent_in("pa", 1, P);
     parents.active();
     let parent = parents.rref();
     let mut children = World::with_partitions(0, P);
-    children.agent = agent_in("ch", 0);
+    children.agent = agent_in("ch", 0, P);
     children.advance(Millis(1));
     children.registered();
     let of = parent.clone();
@@ -95,16 +86,8 @@ fn a_made_up_claim_cannot_make_the_real_claim_stale() {
         rejected(&refused_elsewhere, Invalid),
         format!("{holder} lives in partition 0; a claim about it cannot come from partition 5 {}", real.position)
     );
-    let granted = w.sys(Claim { pool: pool_name("ips"), holder: holder.clone(), source: made_up });
-    let token = granted.positioned_effects().find(|(_, e)| e.name() == "claim-granted").unwrap().0;
-    let grant = BindClaim {
-        holder: holder.clone(),
-        pool: pool_name("ips"),
-        value: leasehold_schemas::pool::PoolValue::Slot(0),
-        token,
-        source: Source { partition: 0, position: token },
-        wanted: made_up,
-    };
+    let grant = w.granted_claim(&pool_name("ips"), &holder, made_up);
+    let token = grant.token;
     let back = w.sys(grant);
     assert_eq!(effect_names(&back), ["grant-returned"]);
     let free = Free {
@@ -168,13 +151,6 @@ fn waiting_leases_wait_while_the_parent_is_suspect() {
     settle(&w);
 }
 
-fn health(w: &mut World, request: Position, healthy: bool) -> Outcome {
-    let (agent, resource) = (w.a(), w.r());
-    let epoch = w.epoch(&agent);
-    let obs = w.next_obs(&agent);
-    w.agent_says(HealthResult { agent, epoch, obs, resource, request, healthy, detail: "check".into() })
-}
-
 /// A health check asked for before the resource turned suspect again says nothing of the new failure.
 #[test]
 fn a_health_result_for_a_check_asked_before_the_latest_failure_is_refused() {
@@ -186,9 +162,14 @@ fn a_health_result_for_a_check_asked_before_the_latest_failure_is_refused() {
     let first_ask = w.source_of(&first, "health-check-requested").position;
     let second = w.sys(RequestHealthCheck { agent: agent.clone(), resource });
     let second_ask = w.source_of(&second, "health-check-requested").position;
-    assert_eq!(effect_names(&health(&mut w, first_ask, true)), ["observation-accepted", "resource-healthy"]);
+    assert_eq!(effect_names(&w.health_result(first_ask, true)), ["observation-accepted", "resource-healthy"]);
     accepted(&w.op(ReportFailureByOperator { agent, resource, detail: "again".into() }));
-    refused(&mut w, |w| health(w, second_ask, true), StaleObservation, &["before resource", "turned suspect again"]);
+    refused(
+        &mut w,
+        |w| w.health_result(second_ask, true),
+        StaleObservation,
+        &["before resource", "turned suspect again"],
+    );
     assert_eq!(state_name(&w, resource), "suspect");
     settle(&w);
 }
@@ -198,15 +179,8 @@ fn a_health_result_for_a_check_asked_before_the_latest_failure_is_refused() {
 fn a_chunk_never_clears_the_breaker() {
     let mut w = World::new();
     w.registered();
-    let made: Vec<ResourceId> = (0..10)
-        .map(|_| {
-            w.pending();
-            w.r()
-        })
-        .collect();
+    let made = w.active_n(10);
     let agent = w.a();
-    let created = made.clone();
-    accepted(&w.sync(&agent, |r| r.created = created));
     let missing = made[4..].to_vec();
     let tripped = w.sync(&agent, |r| r.missing = missing);
     assert!(effect_names(&tripped).contains(&"agent-suspect"));
@@ -268,10 +242,10 @@ fn a_stall_after_too_short_to_coalesce_heartbeats_is_refused() {
 #[test]
 fn an_adoption_of_another_agents_resource_id_is_left() {
     let mut parents = World::with_partitions(1, P);
-    parents.agent = agent_in("pa", 1);
+    parents.agent = agent_in("pa", 1, P);
     parents.active();
-    let someone_elses = ResourceRef::new(agent_in("qa", 1), parents.r());
-    let child = ResourceRef::new(agent_in("ch", 0), ResourceId::from_parts(T0.0, [4; 10]));
+    let someone_elses = ResourceRef::new(agent_in("qa", 1, P), parents.r());
+    let child = ResourceRef::new(agent_in("ch", 0, P), ResourceId::from_parts(T0.0, [4; 10]));
     let source = Source { partition: 0, position: Position(7) };
     let adopted = parents.sys(Adopt { parent: someone_elses, child, source });
     assert!(matches!(

@@ -22,7 +22,6 @@ use leasehold_schemas::ids::*;
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::{PoolKind, PoolValue};
 use leasehold_schemas::settings::PartitionSettings;
-use leasehold_schemas::subjects::partition_of_key;
 use leasehold_schemas::{Envelope, Outcome, Uuid};
 use support::*;
 
@@ -48,19 +47,6 @@ fn heavy_pending(w: &mut World, n: usize) -> Vec<ResourceId> {
         }
         made.push(w.r());
     }
-    made
-}
-
-fn active_n(w: &mut World, n: usize) -> Vec<ResourceId> {
-    let made: Vec<ResourceId> = (0..n)
-        .map(|_| {
-            w.pending();
-            w.r()
-        })
-        .collect();
-    let a = w.a();
-    let created = made.clone();
-    accepted(&w.sync(&a, |r| r.created = created));
     made
 }
 
@@ -128,7 +114,7 @@ fn seq1_a_newer_observation_cannot_come_between_the_parts_of_a_report() {
         let mut w = World::new();
         w.registered();
         let heavy = heavy_pending(&mut w, 40);
-        let v = active_n(&mut w, 1)[0];
+        let v = w.active_n(1)[0];
         if releasing {
             accepted(&w.release());
             assert_eq!(state_name(&w, v), "releasing");
@@ -164,7 +150,7 @@ fn seq1_a_newer_observation_cannot_come_between_the_parts_of_a_report() {
 fn seq1_presence_of_an_active_resource_is_recorded_by_every_observation() {
     let mut w = World::new();
     w.registered();
-    let v = active_n(&mut w, 1)[0];
+    let v = w.active_n(1)[0];
     let agent = w.a();
     let activated_at = w.state().resource(v).unwrap().last_present.expect("seen at activation");
     let (lo, hi) = just(v);
@@ -191,8 +177,8 @@ fn seq2_the_breaker_counts_a_decision_s_losses_as_a_whole() {
     let mut w = World::new();
     w.registered();
     let heavy = heavy_pending(&mut w, 40);
-    let batch1 = active_n(&mut w, 100);
-    let batch2 = active_n(&mut w, 100);
+    let batch1 = w.active_n(100);
+    let batch2 = w.active_n(100);
     let split = batch2[0].as_uuid();
     w.d.finish_parts = false;
     let c1 = chunk(&mut w, Uuid::nil(), Some(split), heavy.clone());
@@ -293,16 +279,8 @@ fn seq4_a_grant_sent_back_is_never_bound_later() {
     let first = w.state().next_position().0;
     // claim-granted at `first`, grant-returned at first+1, resource-allocated at first+2, claim-wanted at first+3.
     let future_wanted = Source { partition: 0, position: Position(first + 3) };
-    let granted = w.sys(Claim { pool: pool.clone(), holder: holder.clone(), source: future_wanted });
-    let (value, token) = grant_of(&granted);
-    let bind = BindClaim {
-        holder: holder.clone(),
-        pool: pool.clone(),
-        value,
-        token,
-        source: Source { partition: 0, position: token },
-        wanted: future_wanted,
-    };
+    let bind = w.granted_claim(&pool, &holder, future_wanted);
+    let (value, token) = (bind.value, bind.token);
     assert_eq!(effect_names(&w.sys(bind.clone())), ["grant-returned"]);
     let alloc = w.op(Allocate {
         agent: agent.clone(),
@@ -373,31 +351,15 @@ fn seq5_a_forget_entry_erases_only_its_own_record() {
 
 // --- 6 ---------------------------------------------------------------------------------------------------------
 
-/// The first agent name (w1, w2...) whose key falls in `partition` of 2.
-fn agent_in(partition: u32) -> AgentName {
-    (1..)
-        .map(|i| agent_name(&format!("w{i}")))
-        .find(|a| partition_of_key(&Key::Agent(a.clone()), 2) == partition)
-        .expect("some name")
-}
-
 /// Two partitions: the parent's and the child's.
 fn two_partitions() -> (World, World) {
     let mut parents = World::with_partitions(0, 2);
-    parents.agent = agent_in(0);
+    parents.agent = agent_in("w", 0, 2);
     parents.registered();
     let mut children = World::with_partitions(1, 2);
-    children.agent = agent_in(1);
+    children.agent = agent_in("w", 1, 2);
     children.registered();
     (parents, children)
-}
-
-fn health(w: &mut World, healthy: bool) -> Outcome {
-    let (agent, resource) = (w.a(), w.r());
-    let epoch = w.epoch(&agent);
-    let obs = w.next_obs(&agent);
-    let request = w.state().last_position();
-    w.agent_says(HealthResult { agent, epoch, obs, resource, request, healthy, detail: "check".into() })
 }
 
 /// A parent in partition 0 turns suspect and recovers; a child is then allocated in partition 1. Before, a late
@@ -415,7 +377,10 @@ fn seq6_a_cascade_from_before_a_child_was_born_does_not_flag_it() {
         detail: "flaky".into(),
     });
     let suspect_at = parents.source_of(&suspect, "resource-suspect");
-    assert_eq!(effect_names(&health(&mut parents, true)), ["observation-accepted", "resource-healthy"]);
+    assert_eq!(
+        effect_names(&parents.health_result(parents.state().last_position(), true)),
+        ["observation-accepted", "resource-healthy"]
+    );
 
     let alloc_parent = parent.clone();
     children.pending_with(|c| c.parent = Some(alloc_parent));
@@ -473,7 +438,10 @@ fn seq6_a_child_of_a_local_parent_knows_it_as_of_its_birth() {
     let suspect =
         w.op(ReportFailureByOperator { agent: parent.agent.clone(), resource: parent.resource, detail: "x".into() });
     let suspect_at = w.source_of(&suspect, "resource-suspect");
-    assert_eq!(effect_names(&health(&mut w, true)), ["observation-accepted", "resource-healthy"]);
+    assert_eq!(
+        effect_names(&w.health_result(w.state().last_position(), true)),
+        ["observation-accepted", "resource-healthy"]
+    );
     let alloc_parent = parent.clone();
     w.pending_with(|c| c.parent = Some(alloc_parent));
     let child = w.rref();
@@ -618,16 +586,8 @@ fn seq9_a_bind_for_a_pool_never_claimed_goes_back_and_is_freed() {
     let pool = one_slot_pool(&mut w);
     let holder = w.rref();
     let made_up = Source { partition: 0, position: Position(1) };
-    let granted = w.sys(Claim { pool: pool.clone(), holder: holder.clone(), source: made_up });
-    let (value, token) = grant_of(&granted);
-    let bind = BindClaim {
-        holder: holder.clone(),
-        pool: pool.clone(),
-        value,
-        token,
-        source: Source { partition: 0, position: token },
-        wanted: made_up,
-    };
+    let bind = w.granted_claim(&pool, &holder, made_up);
+    let token = bind.token;
     let back = w.sys(bind);
     assert_eq!(effect_names(&back), ["grant-returned"]);
     let freed =

@@ -145,16 +145,13 @@ pub fn continue_work(state: &PartitionState) -> Result<Outcome, WriterError> {
     let mut decider = Decider::new(state, &pending.command.issuer, state.now);
     decider.continue_work(&pending.work);
     let decision = Decision::Accepted { first_position: state.next_position, effects: decider.out.list };
-    let part = outcome(
-        state,
-        pending.command.clone(),
-        pending.cmd_seq,
-        pending.next_part(),
-        pending.log_time,
-        state.now,
-        decision,
-    );
-    Ok(capped(part))
+    Ok(capped(next_part(state, pending, decision)))
+}
+
+/// The next part of `pending`, with `decision`.
+fn next_part(state: &PartitionState, pending: &crate::state::PendingDecision, decision: Decision) -> Outcome {
+    let (command, cmd_seq, part) = (pending.command.clone(), pending.cmd_seq, pending.next_part());
+    outcome(state, command, cmd_seq, part, pending.log_time, state.now, decision)
 }
 
 /// The recorded outcome for a command the decider could not decide (it panicked): the partition moves on and the
@@ -176,22 +173,15 @@ pub fn internal_error_outcome(
 pub fn abandon_pending(state: &PartitionState, detail: &str) -> Result<Outcome, WriterError> {
     let pending = state.pending.as_ref().ok_or(WriterError::NothingPending)?;
     let decision = Decision::Rejected(internal_error(&format!("the rest of the decision was abandoned: {detail}")));
-    Ok(outcome(
-        state,
-        pending.command.clone(),
-        pending.cmd_seq,
-        pending.next_part(),
-        pending.log_time,
-        state.now,
-        decision,
-    ))
+    Ok(next_part(state, pending, decision))
 }
 
 fn internal_error(detail: &str) -> Rejection {
     Rejection::new(RejectionKind::InternalError, bounded(format!("the decider failed on this command: {detail}")))
 }
 
-fn summary(envelope: &Envelope) -> CommandSummary {
+/// The summary of a command that its outcome carries.
+pub(crate) fn summary(envelope: &Envelope) -> CommandSummary {
     CommandSummary {
         id: envelope.command_id,
         class: envelope.class,

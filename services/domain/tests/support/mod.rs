@@ -27,6 +27,14 @@ pub fn secs(n: u64) -> Millis {
     Millis::from_secs(n)
 }
 
+/// The first agent name `<prefix><i>` whose key falls in `partition` of `partitions`.
+pub fn agent_in(prefix: &str, partition: u32, partitions: u32) -> AgentName {
+    (1..)
+        .map(|i| agent_name(&format!("{prefix}{i}")))
+        .find(|a| leasehold_schemas::subjects::partition_of_key(&Key::Agent(a.clone()), partitions) == partition)
+        .expect("some name falls in every partition")
+}
+
 /// One partition (P = 1 unless asked), an agent `w1` by default, and the last things made, so table cases can
 /// name them: `w.a()`, `w.r()`, `w.l()`, `w.token()`.
 pub struct World {
@@ -270,6 +278,42 @@ impl World {
         };
         assert_eq!(effect_names(&self.sys(bind)), ["claim-bound", "create-ordered"]);
         self
+    }
+
+    /// `n` resources allocated and reported created by one sync report; the last is `w.r()`.
+    pub fn active_n(&mut self, n: usize) -> Vec<ResourceId> {
+        let made: Vec<ResourceId> = (0..n)
+            .map(|_| {
+                self.pending();
+                self.r()
+            })
+            .collect();
+        let a = self.a();
+        let created = made.clone();
+        accepted(&self.sync(&a, |r| r.created = created));
+        made
+    }
+
+    /// The agent's health result for `w.r()`, answering the check asked for at `request`.
+    pub fn health_result(&mut self, request: Position, healthy: bool) -> Outcome {
+        let (agent, resource) = (self.a(), self.r());
+        let epoch = self.epoch(&agent);
+        let obs = self.next_obs(&agent);
+        self.agent_says(HealthResult { agent, epoch, obs, resource, request, healthy, detail: "check".into() })
+    }
+
+    /// A claim of `holder` on `pool` (in this partition) from `source`, granted: the bind the sweeper carries back.
+    pub fn granted_claim(&mut self, pool: &PoolName, holder: &ResourceRef, source: Source) -> BindClaim {
+        let granted = self.sys(Claim { pool: pool.clone(), holder: holder.clone(), source });
+        let (value, token) = granted
+            .positioned_effects()
+            .find_map(|(p, e)| match e {
+                Effect::ClaimGranted { value, .. } => Some((*value, p)),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("a grant, not {:?}", effect_names(&granted)));
+        let grant = Source { partition: self.state().partition(), position: token };
+        BindClaim { holder: holder.clone(), pool: pool.clone(), value, token, source: grant, wanted: source }
     }
 
     /// `w.r()` observed present by a report-created.
