@@ -96,18 +96,8 @@ impl<'s> Decider<'s> {
 
     pub(super) fn renew(&mut self, command: &Renew) -> Verdict {
         let lease = self.lease(&command.agent, command.lease)?;
-        let LeaseState::Active { token, expires_at } = lease.state else {
-            return reject(
-                RejectionKind::InvalidState,
-                format!("lease {} is {}; only an active lease can be renewed", lease.id, lease.state.name()),
-            );
-        };
-        if token != command.token {
-            return reject(
-                RejectionKind::TokenMismatch,
-                format!("lease {} has token {token}, not {}", lease.id, command.token),
-            );
-        }
+        // First: a renew older than the last one may be a retry of a renew decided long ago (only the last one is
+        // remembered), which must not be decided again, whatever the lease's state now.
         if let Some((last, _)) = lease.last_renew
             && self.command_id.is_some_and(|id| id <= last)
         {
@@ -118,6 +108,18 @@ impl<'s> Decider<'s> {
                      decided in the order their holder made them)",
                     lease.id
                 ),
+            );
+        }
+        let LeaseState::Active { token, expires_at } = lease.state else {
+            return reject(
+                RejectionKind::InvalidState,
+                format!("lease {} is {}; only an active lease can be renewed", lease.id, lease.state.name()),
+            );
+        };
+        if token != command.token {
+            return reject(
+                RejectionKind::TokenMismatch,
+                format!("lease {} has token {token}, not {}", lease.id, command.token),
             );
         }
         if let Some(expires_at) = expires_at
