@@ -224,6 +224,12 @@ fn renews_are_remembered_by_their_lease() {
     w.d.submit_envelope(last);
     assert_eq!(w.d.last_answer(), Answer::AlreadyDecided { cmd_seq: decided });
     refused(&mut w, |w| w.d.submit_envelope(&renews[10]), StaleCommand, &["this renew's id is older"]);
+    // Once the lease has ended, an old renew retried is still stale, not "the lease is released" (a second
+    // decision of the same command, found by the soak).
+    accepted(&w.op(ReleaseLease { agent, lease, token: Some(token) }));
+    refused(&mut w, |w| w.d.submit_envelope(&renews[20]), StaleCommand, &["this renew's id is older"]);
+    w.d.submit_envelope(last);
+    assert_eq!(w.d.last_answer(), Answer::AlreadyDecided { cmd_seq: decided });
     settle(&w);
 }
 
