@@ -284,6 +284,7 @@ fn apply_effect(
                 settings: settings.clone(),
                 last_seen: now,
                 last_obs: Default::default(),
+                last_watermark: Position::ZERO,
                 breaker_bypass: false,
                 bypass_spent_on: None,
                 recent_losses: Default::default(),
@@ -333,7 +334,8 @@ fn apply_effect(
         }
         Effect::AgentSuspect { would_lose, .. } => {
             if let Some(agent) = agent_of(state, key) {
-                agent.breaker = Some(Breaker { tripped_at: now, would_lose: *would_lose });
+                let watermark = agent.last_watermark;
+                agent.breaker = Some(Breaker { tripped_at: now, would_lose: *would_lose, watermark });
             }
         }
         Effect::AgentBreakerCleared { reason } => {
@@ -352,9 +354,12 @@ fn apply_effect(
             }
         }
         Effect::ResyncRequested { .. } => {}
-        Effect::ObservationAccepted { stamp, .. } => {
+        Effect::ObservationAccepted { stamp, watermark } => {
             if let Some(agent) = agent_of(state, key) {
                 agent.last_obs = agent.last_obs.max(*stamp);
+                if let Some(watermark) = watermark {
+                    agent.last_watermark = *watermark;
+                }
             }
         }
         Effect::ResourceAllocated { resource, kind, capacity, attributes, parent } => {
@@ -457,12 +462,18 @@ fn apply_effect(
                     cause: Box::new(cause.clone()),
                     paused: paused.map(Box::new),
                     since: position,
+                    asked: None,
                 },
                 position,
                 now,
             );
         }
-        Effect::HealthCheckRequested { .. } => {}
+        Effect::HealthCheckRequested { resource } => {
+            if let Some(ResourceState::Suspect { asked, .. }) = state.resources.get_mut(resource).map(|r| &mut r.state)
+            {
+                *asked = Some(position);
+            }
+        }
         Effect::ResourceHealthy { resource } => {
             let next = match state.resources.get(resource).map(|r| &r.state) {
                 Some(ResourceState::Suspect { paused: Some(pause), .. }) => {

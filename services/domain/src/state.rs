@@ -254,6 +254,8 @@ pub struct Agent {
     pub last_seen: Timestamp,
     /// The last observation decided.
     pub last_obs: ObsStamp,
+    /// The watermark of the last report or chunk decided.
+    pub last_watermark: Position,
     /// The next sync report (and the resync chunks before it) mark losses without the breaker: set by a wiped
     /// registration or a confirmed loss, cleared by `AgentBreakerRearmed`.
     pub breaker_bypass: bool,
@@ -277,6 +279,9 @@ pub struct Agent {
 pub struct Breaker {
     pub tripped_at: Timestamp,
     pub would_lose: u32,
+    /// The watermark of the report that tripped it: only a sync report at or past it can clear it (one that knows
+    /// less judges nothing, and so would see nothing missing).
+    pub watermark: Position,
 }
 
 impl Agent {
@@ -321,6 +326,8 @@ pub enum ResourceState {
         paused: Option<Box<PauseInfo>>,
         /// The position of the `resource-suspect`: a health check asked for before it is refused.
         since: Position,
+        /// The last `health-check-requested` since: a health result must answer exactly that check.
+        asked: Option<Position>,
     },
     Releasing {
         cause: Box<ReleaseCause>,

@@ -111,11 +111,8 @@ fn destroyed(w: &mut World) {
 }
 
 fn health(w: &mut World, healthy: bool) -> Outcome {
-    let (agent, resource) = (w.a(), w.r());
-    let epoch = w.epoch(&agent);
-    let obs = w.next_obs(&agent);
-    let request = w.state().last_position();
-    w.agent_says(HealthResult { agent, epoch, obs, resource, request, healthy, detail: "probe failed".into() })
+    let resource = w.r();
+    w.health_of(resource, healthy, "probe failed")
 }
 
 fn src(position: u64) -> Source {
@@ -129,10 +126,11 @@ fn pending_child(w: &mut World) {
     w.pending_with(|c| c.parent = Some(parent));
 }
 
+/// `w.r()`'s parent (in this partition) becomes `parent_state` for real; then the cascade, as from `position`.
 fn cascade(w: &mut World, parent_state: ParentState, position: u64) -> Outcome {
     let child = w.rref();
     let parent = w.state().resource(w.r()).and_then(|r| r.parent().cloned()).expect("a child");
-    w.sys(Cascade { child, parent, parent_state, source: src(position), answers: None })
+    w.parent_becomes(&child, &parent, parent_state, src(position))
 }
 
 /// Every lease break in `outcome` has `reason`.

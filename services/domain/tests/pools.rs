@@ -62,8 +62,10 @@ fn claim(w: &mut World, pool: &str, n: u8) -> Outcome {
     w.sys(Claim { pool: pool_name(pool), holder: holder(n), source: source(n) })
 }
 
+/// A free of holder `n`'s claim, from its `claim-releasable` (later than its `claim-wanted`).
 fn free(w: &mut World, pool: &str, n: u8, token: Option<Position>) -> Outcome {
-    w.sys(Free { pool: pool_name(pool), holder: holder(n), token, source: source(n) })
+    let source = Source { partition: 0, position: Position(2000 + u64::from(n)) };
+    w.sys(Free { pool: pool_name(pool), holder: holder(n), token, source })
 }
 
 /// A command that arrives in another class than its own (published on the wrong ingress subject).
@@ -504,6 +506,16 @@ fn free_must_match_holder_and_token() {
             },
             |w| free(w, "slots", 1, Some(Position(2))),
             Rejected(AlreadyDone, &["was already freed"]),
+        ),
+        case(
+            "a withdrawal older than the claim it would end (a made-up one)",
+            |w| {
+                slots(w, 1);
+                claimed(w, "slots", 1);
+                queued(w, "slots", 2);
+            },
+            |w| w.sys(Free { pool: pool_name("slots"), holder: holder(2), token: None, source: source(1) }),
+            Rejected(StaleSource, &["is older than the claim"]),
         ),
         case(
             "a wait already withdrawn",

@@ -614,6 +614,10 @@ struct AgentModel {
     losses: Vec<Timestamp>,
     bypass: bool,
     spent: Option<ObsStamp>,
+    /// While the breaker holds: the watermark of the report that tripped it.
+    tripped: Option<Position>,
+    /// The watermark of the last report or chunk accepted.
+    last_watermark: Position,
 }
 
 #[derive(Debug)]
@@ -798,7 +802,16 @@ impl Checker {
         let trips = n_would > 0
             && total >= u64::from(settings.max_loss_min)
             && total * 100 > (n_held + in_window) * u64::from(settings.max_loss_percent);
-        let expected_losses = if agent.bypass || !trips { n_would } else { 0 };
+        // While the breaker holds, nothing is marked until a sync report at or past the tripping watermark.
+        let held =
+            agent.tripped.is_some_and(|tripped| !matches!(envelope.body, Command::Sync(_)) || watermark < tripped);
+        let expected_losses = if agent.bypass {
+            n_would
+        } else if held || trips {
+            0
+        } else {
+            n_would
+        };
         let what = format!(
             "{} of {agent_name} ({stamp:?}): {n_would} would be lost, {in_window} lost in the window, {n_held} held, \
              bypass {}, trips {trips}",
@@ -1011,13 +1024,26 @@ impl Checker {
                         losses: Vec::new(),
                         bypass: false,
                         spent: None,
+                        tripped: None,
+                        last_watermark: Position::ZERO,
                     });
                     model.settings = settings.clone();
                     model.last_obs = ObsStamp { epoch: position, obs: 0 };
                     model.bypass = *wiped;
+                    if *wiped {
+                        model.tripped = None;
+                    }
                 }
-                Effect::ObservationAccepted { stamp, .. } => {
+                Effect::AgentSuspect { .. } => {
+                    if let Some(model) = agent_key.as_ref().and_then(|a| self.agents.get_mut(a)) {
+                        model.tripped = Some(model.last_watermark);
+                    }
+                }
+                Effect::ObservationAccepted { stamp, watermark } => {
                     let Some(model) = agent_key.as_ref().and_then(|a| self.agents.get_mut(a)) else { continue };
+                    if let Some(watermark) = watermark {
+                        model.last_watermark = *watermark;
+                    }
                     if *stamp <= model.last_obs {
                         return violation(
                             9,
@@ -1026,17 +1052,27 @@ impl Checker {
                     }
                     model.last_obs = *stamp;
                 }
-                Effect::AgentBreakerCleared { reason: BreakerClear::HandlesBack {} } if ty != "agent.sync" => {
-                    return violation(
-                        10,
-                        format!("the breaker was cleared by {ty}; only a sync report names every handle"),
-                    );
-                }
-                Effect::AgentBreakerCleared { reason: BreakerClear::LossConfirmed { .. } } => {
-                    if let Some(model) = agent_key.as_ref().and_then(|a| self.agents.get_mut(a)) {
+                Effect::AgentBreakerCleared { reason } => {
+                    let Some(model) = agent_key.as_ref().and_then(|a| self.agents.get_mut(a)) else { continue };
+                    if matches!(reason, BreakerClear::HandlesBack {}) {
+                        let knows_enough = observation_of(&envelope.body)
+                            .is_some_and(|(_, _, w)| model.tripped.is_none_or(|tripped| w >= tripped));
+                        if ty != "agent.sync" || !knows_enough {
+                            return violation(
+                                10,
+                                format!(
+                                    "the breaker (tripped at watermark {:?}) was cleared by {ty}: only a sync report at \
+                                     or past that watermark names every handle",
+                                    model.tripped
+                                ),
+                            );
+                        }
+                    }
+                    if matches!(reason, BreakerClear::LossConfirmed { .. }) {
                         model.bypass = true;
                         model.losses.clear();
                     }
+                    model.tripped = None;
                 }
                 Effect::AgentBreakerRearmed {} => {
                     if let Some(model) = agent_key.as_ref().and_then(|a| self.agents.get_mut(a)) {
@@ -1326,6 +1362,10 @@ impl Checker {
                     Expect::Freed(c.holder.clone(), *value, given)
                 }
                 (Some(Some(_)), _) | (Some(None), Some(_)) => Expect::Rejected(Some(RejectionKind::TokenMismatch)),
+                // A withdrawal comes from the holder's `claim-releasable`, after its claim: an older one is made up.
+                (Some(None), None) if model.claimed_from.get(&c.holder).is_some_and(|from| c.source <= *from) => {
+                    Expect::Rejected(Some(RejectionKind::StaleSource))
+                }
                 (Some(None), None) => Expect::Withdrawn(c.holder.clone()),
                 (None, _) => Expect::Rejected(None),
             },

@@ -145,6 +145,8 @@ fn waiting_leases_wait_while_the_parent_is_suspect() {
         effect_names(&w.report_created(&child.agent, child.resource)),
         ["observation-accepted", "resource-activated"]
     );
+    // The parent recovers; the cascade (in one partition: "look at your parent") clears the flag.
+    assert_eq!(effect_names(&w.health_of(parent.resource, true, "ok")), ["observation-accepted", "resource-healthy"]);
     let healthy = Source { partition: 0, position: w.state().last_position() };
     let cleared = w.sys(cascade(&child, &parent, ParentState::Healthy, healthy));
     assert_eq!(effect_names(&cleared), ["upstream-flagged", "lease-granted"]);
@@ -162,13 +164,15 @@ fn a_health_result_for_a_check_asked_before_the_latest_failure_is_refused() {
     let first_ask = w.source_of(&first, "health-check-requested").position;
     let second = w.sys(RequestHealthCheck { agent: agent.clone(), resource });
     let second_ask = w.source_of(&second, "health-check-requested").position;
-    assert_eq!(effect_names(&w.health_result(first_ask, true)), ["observation-accepted", "resource-healthy"]);
+    // A result must answer the check the resource waits for: the latest one asked.
+    refused(&mut w, |w| w.health_result(first_ask, true), StaleObservation, &["waits for is #"]);
+    assert_eq!(effect_names(&w.health_result(second_ask, true)), ["observation-accepted", "resource-healthy"]);
     accepted(&w.op(ReportFailureByOperator { agent, resource, detail: "again".into() }));
     refused(
         &mut w,
         |w| w.health_result(second_ask, true),
         StaleObservation,
-        &["before resource", "turned suspect again"],
+        &["the check resource", "waits for is none"],
     );
     assert_eq!(state_name(&w, resource), "suspect");
     settle(&w);
@@ -258,4 +262,112 @@ fn an_adoption_of_another_agents_resource_id_is_left() {
         adopted.effects()[0],
         leasehold_schemas::outcome::Effect::ChildAdopted { parent_state: ParentState::Left, .. }
     ));
+}
+
+// --- a second round -------------------------------------------------------------------------------------------
+
+/// A bind of the identifier a resource already holds, with a made-up token, used to bind it; the real grant then
+/// went back and was freed at the pool while the resource used it: two live holders. Now the grant's source must be
+/// its position in the pool's partition, and a grant of the identifier a resource holds is never sent back.
+#[test]
+fn a_grant_of_the_identifier_in_use_is_never_sent_back() {
+    let mut w = World::new();
+    w.registered();
+    accepted(&w.define_slots("ips", 1, secs(0)));
+    w.pending_with(|c| c.pools = vec![pool_name("ips")]);
+    let holder = w.rref();
+    let wanted = w.wanted_by("ips");
+    let real = w.granted_claim(&pool_name("ips"), &holder, wanted);
+    let made_up = BindClaim { token: Position(real.token.0 + 1000), ..real.clone() };
+    refused(&mut w, |w| w.sys(made_up.clone()), Invalid, &["whose position is the token"]);
+    let consistent = BindClaim { source: Source { partition: 0, position: made_up.token }, ..made_up };
+    assert_eq!(effect_names(&w.sys(consistent)), ["claim-bound", "create-ordered"]);
+    refused(&mut w, |w| w.sys(real), AlreadyDone, &["is not sent back while it is in use"]);
+    assert!(w.state().pool(&pool_name("ips")).unwrap().held.contains_key(&leasehold_schemas::pool::PoolValue::Slot(0)));
+    settle(&w);
+}
+
+/// A suspect cascade from a position the parent's partition may never reach flagged a child for good. The answer to
+/// a fresh adoption is taken whatever the child heard, so the sweeper can always undo it.
+#[test]
+fn a_made_up_source_far_ahead_is_undone_by_asking_again() {
+    let (mut parents, mut children, parent, child) = adopted_child();
+    let far_ahead = Source { partition: 1, position: Position(1_000_000) };
+    assert_eq!(
+        effect_names(&children.sys(cascade(&child, &parent, ParentState::Suspect, far_ahead))),
+        ["upstream-flagged"]
+    );
+    let born = Source { partition: 0, position: children.state().resource(child.resource).unwrap().allocated_pos };
+    let adopted = parents.sys(Adopt { parent: parent.clone(), child: child.clone(), source: born });
+    let answer = Cascade {
+        child: child.clone(),
+        parent: parent.clone(),
+        parent_state: ParentState::Healthy,
+        source: parents.source_of(&adopted, "child-adopted"),
+        answers: Some(born),
+    };
+    assert_eq!(effect_names(&children.sys(answer)), ["upstream-flagged"]);
+    assert!(children.state().resource(child.resource).unwrap().upstream_suspect().is_none());
+    settle(&children);
+}
+
+/// While the breaker holds nothing is marked (a chunk marked losses); and a sync report that knows less than the
+/// report that tripped it (an older watermark) does not clear it.
+#[test]
+fn while_the_breaker_holds_nothing_is_marked_and_only_a_report_that_knows_enough_clears_it() {
+    let mut w = World::new();
+    w.registered();
+    let made = w.active_n(10);
+    let agent = w.a();
+    let before = w.state().last_position();
+    let missing = made[4..].to_vec();
+    assert!(effect_names(&w.sync(&agent, |r| r.missing = missing.clone())).contains(&"agent-suspect"));
+    let epoch = w.epoch(&agent);
+    let obs = w.next_obs(&agent);
+    let watermark = w.state().last_position();
+    let chunk = ResyncChunk {
+        agent: agent.clone(),
+        epoch,
+        obs,
+        watermark,
+        lo: Uuid::nil(),
+        hi: Some(made[4].as_uuid()),
+        held: made[..2].to_vec(),
+        in_flight: vec![],
+    };
+    let outcome = w.agent_says(chunk);
+    assert!(!effect_names(&outcome).contains(&"resource-lost"), "{:?}", effect_names(&outcome));
+    let old = w.sync(&agent, |r| {
+        r.watermark = before;
+        r.missing = missing;
+    });
+    assert!(!effect_names(&old).contains(&"agent-breaker-cleared"), "{:?}", effect_names(&old));
+    assert!(w.state().agent(&agent).unwrap().is_suspect());
+    settle(&w);
+}
+
+/// A renew's id stamped far ahead would make every later renew look older: refused.
+#[test]
+fn a_renew_stamped_far_ahead_is_refused() {
+    let mut w = World::new();
+    w.active().leased(Some(Millis::from_mins(5)));
+    let (agent, lease, token) = (w.a(), w.l(), w.token());
+    let mut ahead = w.d.envelope(OP, Renew { agent, lease, token, ttl: None });
+    ahead.command_id = CommandId::from_parts(w.d.now().0 + Millis::from_hours(1).0, [7; 10]);
+    refused(&mut w, |w| w.d.submit_envelope(&ahead), Invalid, &["fix the holder's clock"]);
+    settle(&w);
+}
+
+/// What an agent was never ordered to create is not the resource, in any state, and does not count in its digest.
+#[test]
+fn a_never_ordered_resource_is_never_seen() {
+    let mut w = World::new();
+    w.registered();
+    w.pending_with(|c| c.pools = vec![pool_name("ips")]);
+    let (agent, never) = (w.a(), w.r());
+    accepted(&w.release());
+    refused(&mut w, |w| w.report_created(&agent, never), InvalidState, &["was never ordered created"]);
+    let report = w.sync_cmd(&agent, |r| r.created = vec![never]);
+    assert_eq!(leasehold_domain::expected_listing(w.state(), &report).map(|(count, _)| count), Some(0));
+    settle(&w);
 }

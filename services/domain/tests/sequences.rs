@@ -299,10 +299,8 @@ fn seq4_a_grant_sent_back_is_never_bound_later() {
     w.pending_with(|c| c.pools = vec![pool_name("ips")]);
     let other = w.rref();
     let wanted = w.wanted_by("ips");
-    let granted = w.sys(Claim { pool: pool.clone(), holder: other.clone(), source: wanted });
-    let (value2, token2) = grant_of(&granted);
-    assert_eq!(value2, value, "the one slot");
-    let bind2 = BindClaim { holder: other, pool: pool.clone(), value, token: token2, source: wanted, wanted };
+    let bind2 = w.granted_claim(&pool, &other, wanted);
+    assert_eq!(bind2.value, value, "the one slot");
     assert_eq!(effect_names(&w.sys(bind2)), ["claim-bound", "create-ordered"]);
     // The sweeper sends bind(H, t) again.
     let message = refused(&mut w, |w| w.sys(bind), AlreadyDone, &["was already sent back"]);
@@ -377,10 +375,7 @@ fn seq6_a_cascade_from_before_a_child_was_born_does_not_flag_it() {
         detail: "flaky".into(),
     });
     let suspect_at = parents.source_of(&suspect, "resource-suspect");
-    assert_eq!(
-        effect_names(&parents.health_result(parents.state().last_position(), true)),
-        ["observation-accepted", "resource-healthy"]
-    );
+    assert_eq!(effect_names(&parents.health_of(parents.r(), true, "ok")), ["observation-accepted", "resource-healthy"]);
 
     let alloc_parent = parent.clone();
     children.pending_with(|c| c.parent = Some(alloc_parent));
@@ -429,24 +424,21 @@ fn seq6_a_cascade_from_before_a_child_was_born_does_not_flag_it() {
     settle(&children);
 }
 
-/// In one partition the child knows its parent as of its birth: a late cascade from before it is stale.
+/// In one partition the child follows its parent as it is: a late cascade from before the recovery changes nothing.
 #[test]
-fn seq6_a_child_of_a_local_parent_knows_it_as_of_its_birth() {
+fn seq6_a_child_of_a_local_parent_follows_it_as_it_is() {
     let mut w = World::new();
     w.active();
     let parent = w.rref();
     let suspect =
         w.op(ReportFailureByOperator { agent: parent.agent.clone(), resource: parent.resource, detail: "x".into() });
     let suspect_at = w.source_of(&suspect, "resource-suspect");
-    assert_eq!(
-        effect_names(&w.health_result(w.state().last_position(), true)),
-        ["observation-accepted", "resource-healthy"]
-    );
+    assert_eq!(effect_names(&w.health_of(w.r(), true, "ok")), ["observation-accepted", "resource-healthy"]);
     let alloc_parent = parent.clone();
     w.pending_with(|c| c.parent = Some(alloc_parent));
     let child = w.rref();
     let late = Cascade { child, parent, parent_state: ParentState::Suspect, source: suspect_at, answers: None };
-    refused(&mut w, |w| w.sys(late), StaleSource, &["already heard from its parent"]);
+    refused(&mut w, |w| w.sys(late), AlreadyDone, &["already in step with its parent", "which is active"]);
     settle(&w);
 }
 

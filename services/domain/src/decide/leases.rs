@@ -2,11 +2,14 @@
 //! lease token; renew and release of an active lease must present it.
 
 use leasehold_schemas::command::{Acquire, ExpireLease, ReleaseLease, Renew, WaitTimeout};
-use leasehold_schemas::ids::{AgentName, LeaseId};
+use leasehold_schemas::ids::{AgentName, LeaseId, Millis, Timestamp};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::{Rejection, RejectionKind};
 
 use super::{Decider, MAX_HOLDER_BYTES, Verdict, reject};
+
+/// How far ahead of the log's time a renew's id may be stamped (renews are ordered by their ids).
+const MAX_RENEW_AHEAD: Millis = Millis::from_mins(5);
 use crate::state::{Lease, LeaseState, Liveness, ResourceState};
 
 impl<'s> Decider<'s> {
@@ -96,6 +99,19 @@ impl<'s> Decider<'s> {
 
     pub(super) fn renew(&mut self, command: &Renew) -> Verdict {
         let lease = self.lease(&command.agent, command.lease)?;
+        // Renews of a lease are ordered by their ids: one stamped far ahead would make every later one look older.
+        let ahead =
+            self.command_id.map(|id| Timestamp(id.unix_ms())).filter(|t| *t > self.now.saturating_add(MAX_RENEW_AHEAD));
+        if let Some(stamped) = ahead {
+            return reject(
+                RejectionKind::Invalid,
+                format!(
+                    "the renew's id is stamped at {stamped}, more than {MAX_RENEW_AHEAD} after the log's time {}; fix \
+                     the holder's clock",
+                    self.now
+                ),
+            );
+        }
         // First: a renew older than the last one may be a retry of a renew decided long ago (only the last one is
         // remembered), which must not be decided again, whatever the lease's state now.
         if let Some((last, _)) = lease.last_renew

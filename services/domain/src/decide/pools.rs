@@ -163,6 +163,15 @@ impl<'s> Decider<'s> {
                     format!("{holder} holds its claim on pool {} with token {token}, not {given}", pool.name),
                 );
             }
+            (Some(Holding::Waiting { source, .. }), None) if command.source <= *source => {
+                return reject(
+                    RejectionKind::StaleSource,
+                    format!(
+                        "{holder} claimed from {source}; a withdrawal from {} is older than the claim",
+                        command.source
+                    ),
+                );
+            }
             (Some(Holding::Waiting { .. }), None) => {
                 self.out.push(Effect::ClaimWithdrawn { holder: holder.clone() });
             }

@@ -113,7 +113,7 @@ fn expected_view(
             digest.remove(resource.id);
         } else if !counted
             && named_present
-            && resource.creation_position() <= watermark
+            && resource.create_ordered.is_some_and(|at| at <= watermark)
             && !resource.state.is_terminal()
         {
             count += 1;
@@ -167,7 +167,7 @@ impl<'s> Decider<'s> {
             check_text("native id", native_id)?;
         }
         let resource = self.resource(&command.agent, command.resource)?;
-        if resource.state == ResourceState::Pending && resource.create_ordered.is_none() {
+        if resource.create_ordered.is_none() {
             return reject(
                 RejectionKind::InvalidState,
                 format!(
@@ -194,13 +194,11 @@ impl<'s> Decider<'s> {
         native_id: Option<String>,
         watermark: Option<Position>,
     ) {
+        let ordered = resource.create_ordered.is_some_and(|at| watermark.is_none_or(|w| at <= w));
         match resource.state {
-            ResourceState::Pending => {
-                let ordered = resource.create_ordered.is_some_and(|at| watermark.is_none_or(|w| at <= w));
-                if ordered {
-                    self.activate(resource, stamp, native_id);
-                }
-            }
+            // What the agent was never ordered to create (or could not know of yet) is not the resource.
+            _ if !ordered => {}
+            ResourceState::Pending => self.activate(resource, stamp, native_id),
             _ if resource.state.is_terminal() => {}
             _ => {
                 self.out.push(Effect::ResourceSeen { resource: resource.id, stamp, native_id });
@@ -225,7 +223,7 @@ impl<'s> Decider<'s> {
         self.out.reserve(codec::encoded_len(&(&report.created, &report.missing, &report.destroyed)));
         self.out.push(Effect::ObservationAccepted { stamp, watermark: Some(report.watermark) });
         let n_losses = judged.iter().filter(|(r, seen)| would_lose(r, *seen, stamp, report.watermark)).count();
-        let mark_losses = self.breaker(agent, n_losses, true);
+        let mark_losses = self.breaker(agent, n_losses, Some(report.watermark));
         if agent.breaker_bypass {
             self.out.push(Effect::AgentBreakerRearmed {});
         }
@@ -240,11 +238,16 @@ impl<'s> Decider<'s> {
     }
 
     /// The circuit breaker: whether losses may be marked. Trips when the window's losses would reach
-    /// `max_loss_min` and exceed `max_loss_percent` of what the agent held at the start of the window. Only a sync
-    /// report (`may_clear`), which names every difference, clears a tripped breaker; a chunk sees one range only.
-    fn breaker(&mut self, agent: &Agent, n_losses: usize, may_clear: bool) -> bool {
+    /// `max_loss_min` and exceed `max_loss_percent` of what the agent held at the start of the window. While it
+    /// holds, nothing is marked. Only a sync report (`report`: its watermark), which names every difference, at or
+    /// past the watermark of the report that tripped it, clears it; a chunk sees one range only.
+    fn breaker(&mut self, agent: &Agent, n_losses: usize, report: Option<Position>) -> bool {
         if agent.breaker_bypass {
             return true;
+        }
+        let may_clear = agent.breaker.is_some_and(|b| report.is_some_and(|w| w >= b.watermark));
+        if agent.breaker.is_some() && !may_clear {
+            return false;
         }
         let settings = &agent.settings;
         let in_window = u64::from(agent.losses_in_window(self.now));
@@ -351,7 +354,7 @@ impl<'s> Decider<'s> {
         self.out.reserve(codec::encoded_len(&(&chunk.held, &chunk.in_flight)));
         self.out.push(Effect::ObservationAccepted { stamp, watermark: Some(chunk.watermark) });
         let n_losses = judged.iter().filter(|(r, seen)| would_lose(r, *seen, stamp, chunk.watermark)).count();
-        let mark_losses = self.breaker(agent, n_losses, false);
+        let mark_losses = self.breaker(agent, n_losses, None);
         self.judge_chunk(chunk, judged, stamp, mark_losses);
         Ok(())
     }
@@ -449,7 +452,7 @@ impl<'s> Decider<'s> {
         let (_, stamp) = self.observer(&command.agent, command.epoch, command.obs)?;
         check_text("detail", &command.detail)?;
         let resource = self.resource(&command.agent, command.resource)?;
-        let ResourceState::Suspect { since, .. } = &resource.state else {
+        let ResourceState::Suspect { since, asked, .. } = &resource.state else {
             return reject(
                 RejectionKind::InvalidState,
                 format!(
@@ -460,6 +463,17 @@ impl<'s> Decider<'s> {
             );
         };
         self.check_watermark(command.request)?;
+        if *asked != Some(command.request) {
+            let latest = asked.map(|a| a.to_string()).unwrap_or_else(|| "none".to_owned());
+            return reject(
+                RejectionKind::StaleObservation,
+                format!(
+                    "the health result answers a check asked for at {}, but the check resource {} waits for is {latest}",
+                    command.request,
+                    resource.reference()
+                ),
+            );
+        }
         if command.request < *since {
             return reject(
                 RejectionKind::StaleObservation,

@@ -8,7 +8,7 @@ use leasehold_schemas::command::{
 };
 use leasehold_schemas::outcome::{BreakReason, Effect, ReleaseCause, SuspectCause, UnpauseCause};
 use leasehold_schemas::subjects::partition_of_key;
-use leasehold_schemas::{Key, RejectionKind, Source};
+use leasehold_schemas::{Key, RejectionKind, ResourceRef, Source};
 
 use super::{
     Decider, MAX_ATTRIBUTE_KEY_BYTES, MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES, MAX_CAPACITY, MAX_POOLS_PER_RESOURCE,
@@ -388,6 +388,11 @@ impl<'s> Decider<'s> {
                 format!("resource {} is already {}", child.reference(), describe_state(child)),
             );
         }
+        // A parent in this partition is seen as it is now: the cascade only says "look at your parent", so no
+        // message, late or made up, can put the child out of step with it.
+        if parent_home == self.state.partition {
+            return self.follow_local_parent(child, &command.parent);
+        }
         // A parent that left never comes back (ids are never reused): `left` is taken whatever the child heard
         // before, so no message, however out of order, can keep a child of a departed parent alive.
         if command.parent_state == ParentState::Left {
@@ -395,44 +400,74 @@ impl<'s> Decider<'s> {
             self.order_release(child, cause, BreakReason::ResourceLeft);
             return Ok(());
         }
-        if child.parent_seen().is_some_and(|seen| command.source <= seen) {
-            return reject(
-                RejectionKind::StaleSource,
-                format!(
-                    "resource {} already heard from its parent at {}; {} is older",
-                    child.reference(),
-                    child.parent_seen().map(|s| s.to_string()).unwrap_or_default(),
-                    command.source
-                ),
-            );
-        }
-        // A child whose parent is in another partition knows nothing of it until its adoption is answered: a
-        // suspect or healthy cascade sent before the child existed could be older than the parent's real state.
-        // Only the answer to its own adoption (or a `left`, which is final) is taken until then.
+        // The answer to the child's own adoption is the parent's state as of the parent's partition when it answered:
+        // it is taken whatever the child heard before, and resets what it heard, so a source a confused sender made
+        // up is undone by asking again. Anything else must be newer than what the child heard, and the child must
+        // have been adopted (a cascade sent before it existed could be older than the parent's real state).
         let own_life = Source { partition: self.state.partition, position: child.allocated_pos };
-        let adopted = child.parent_seen().is_some();
-        if !adopted && command.parent_state != ParentState::Left && command.answers != Some(own_life) {
-            return reject(
-                RejectionKind::NotYetDue,
-                format!(
-                    "resource {} has not learnt its parent's state since it was allocated (at {own_life}); the \
-                     answer to its adoption comes first",
-                    child.reference()
-                ),
-            );
+        if command.answers != Some(own_life) {
+            if child.parent_seen().is_none() {
+                return reject(
+                    RejectionKind::NotYetDue,
+                    format!(
+                        "resource {} has not learnt its parent's state since it was allocated (at {own_life}); the \
+                         answer to its adoption comes first",
+                        child.reference()
+                    ),
+                );
+            }
+            if child.parent_seen().is_some_and(|seen| command.source <= seen) {
+                return reject(
+                    RejectionKind::StaleSource,
+                    format!(
+                        "resource {} already heard from its parent at {}; {} is older",
+                        child.reference(),
+                        child.parent_seen().map(|s| s.to_string()).unwrap_or_default(),
+                        command.source
+                    ),
+                );
+            }
         }
         // Recorded even when the flag does not change, so that an older cascade arriving later is stale.
-        let suspect = command.parent_state == ParentState::Suspect;
-        self.out.push(Effect::UpstreamFlagged {
-            resource: child.id,
-            parent: command.parent.clone(),
-            suspect,
-            source: command.source,
-        });
-        // Cleared: the leases that waited on the flag are served now.
+        self.flag_upstream(child, command.parent_state == ParentState::Suspect, command.source);
+        Ok(())
+    }
+
+    /// Flags (or clears) a child suspect-upstream as of `source`; a cleared flag serves the leases that waited on it.
+    fn flag_upstream(&mut self, child: &Resource, suspect: bool, source: Source) {
+        let parent = child.parent().expect("a child has a parent").clone();
+        self.out.push(Effect::UpstreamFlagged { resource: child.id, parent, suspect, source });
         if !suspect && child.upstream_suspect().is_some() && child.state == ResourceState::Active {
             self.serve_waiting(child);
         }
+    }
+
+    /// A child of a parent in this partition takes the parent's state as it is now (a parent no longer in state left
+    /// for good: allocation refused an unknown local parent).
+    fn follow_local_parent(&mut self, child: &Resource, parent: &ResourceRef) -> Verdict {
+        let now = self.state.resources.get(&parent.resource).filter(|r| r.agent == parent.agent);
+        match now {
+            None => {}
+            Some(p) if p.state.has_left() => {}
+            Some(p) => {
+                let suspect = matches!(p.state, ResourceState::Suspect { .. });
+                if child.upstream_suspect().is_some() == suspect {
+                    return reject(
+                        RejectionKind::AlreadyDone,
+                        format!(
+                            "resource {} is already in step with its parent {parent}, which is {}",
+                            child.reference(),
+                            p.state.name()
+                        ),
+                    );
+                }
+                let source = Source { partition: self.state.partition, position: self.state.last_position() };
+                self.flag_upstream(child, suspect, source);
+                return Ok(());
+            }
+        }
+        let cause = ReleaseCause::ParentLeft { parent: parent.clone() };
+        self.order_release(child, cause, BreakReason::ResourceLeft);
         Ok(())
     }
 
@@ -481,6 +516,18 @@ impl<'s> Decider<'s> {
 
     pub(super) fn bind_claim(&mut self, command: &BindClaim) -> Verdict {
         let holder = &command.holder;
+        // A grant is the pool's `claim-granted`: its source is that effect, and its position is the token.
+        let pool_home = partition_of_key(&Key::Pool(command.pool.clone()), self.state.partitions);
+        if command.source != (Source { partition: pool_home, position: command.token }) {
+            return reject(
+                RejectionKind::Invalid,
+                format!(
+                    "a grant of pool {} is its claim-granted in partition {pool_home}, whose position is the token {}; \
+                     this one names {}",
+                    command.pool, command.token, command.source
+                ),
+            );
+        }
         if self.state.grant_returned(holder, &command.pool, command.token) {
             return reject(
                 RejectionKind::AlreadyDone,
@@ -510,6 +557,19 @@ impl<'s> Decider<'s> {
                     "the claim of resource {} on pool {} is already bound to {value}",
                     resource.reference(),
                     command.pool
+                ),
+            ),
+            // The same identifier with another token: the resource uses it, so it is not sent back (which would free
+            // it at the pool); the grant the pool really holds is carried again when the resource leaves, and goes
+            // back then.
+            Some(ClaimSlot::Bound { token, value }) if *value == command.value => reject(
+                RejectionKind::AlreadyDone,
+                format!(
+                    "resource {} holds {value} of pool {} with token {token}; a grant of the same identifier with \
+                     token {} is not sent back while it is in use",
+                    resource.reference(),
+                    command.pool,
+                    command.token
                 ),
             ),
             Some(ClaimSlot::Returned { token: Some(token) }) if *token == command.token => reject(

@@ -302,6 +302,64 @@ impl World {
         self.agent_says(HealthResult { agent, epoch, obs, resource, request, healthy, detail: "check".into() })
     }
 
+    /// The check `resource` (on the current agent) waits for, asked for now if none is.
+    pub fn check_asked(&mut self, resource: ResourceId) -> Position {
+        if let Some(leasehold_domain::state::ResourceState::Suspect { asked: Some(asked), .. }) =
+            self.state().resource(resource).map(|r| &r.state)
+        {
+            return *asked;
+        }
+        let agent = self.a();
+        let asked = self.sys(RequestHealthCheck { agent, resource });
+        asked
+            .positioned_effects()
+            .find_map(|(p, e)| matches!(e, Effect::HealthCheckRequested { .. }).then_some(p))
+            .unwrap_or(Position::ZERO)
+    }
+
+    /// The agent's health result for `resource`, answering the check it waits for (asked now if none is).
+    pub fn health_of(&mut self, resource: ResourceId, healthy: bool, detail: &str) -> Outcome {
+        let request = self.check_asked(resource);
+        let agent = self.a();
+        let epoch = self.epoch(&agent);
+        let obs = self.next_obs(&agent);
+        self.agent_says(HealthResult { agent, epoch, obs, resource, request, healthy, detail: detail.into() })
+    }
+
+    /// Makes `parent` (on the current agent, in this partition) `parent_state` for real, then sends `child` the
+    /// cascade that tells it to look at its parent (a child of a parent in its own partition follows the parent as
+    /// it is, whatever the cascade says).
+    pub fn parent_becomes(
+        &mut self,
+        child: &ResourceRef,
+        parent: &ResourceRef,
+        parent_state: ParentState,
+        source: Source,
+    ) -> Outcome {
+        let now = self.state().resource(parent.resource).map(|r| r.state.clone());
+        let suspect = matches!(now, Some(leasehold_domain::state::ResourceState::Suspect { .. }));
+        let left = now.as_ref().is_none_or(|s| s.has_left());
+        match parent_state {
+            ParentState::Left if !left => {
+                let release = Release { agent: parent.agent.clone(), resource: parent.resource, reason: None };
+                accepted(&self.op(release));
+            }
+            ParentState::Suspect if !suspect && !left => {
+                let failure = ReportFailureByOperator {
+                    agent: parent.agent.clone(),
+                    resource: parent.resource,
+                    detail: "x".into(),
+                };
+                accepted(&self.op(failure));
+            }
+            ParentState::Healthy if suspect => {
+                accepted(&self.health_of(parent.resource, true, "ok"));
+            }
+            _ => {}
+        }
+        self.sys(Cascade { child: child.clone(), parent: parent.clone(), parent_state, source, answers: None })
+    }
+
     /// A claim of `holder` on `pool` (in this partition) from `source`, granted: the bind the sweeper carries back.
     pub fn granted_claim(&mut self, pool: &PoolName, holder: &ResourceRef, source: Source) -> BindClaim {
         let granted = self.sys(Claim { pool: pool.clone(), holder: holder.clone(), source });
