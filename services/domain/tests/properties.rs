@@ -3016,7 +3016,9 @@ impl Sim {
 
     /// What a confused sweeper sends: claims and adoptions no effect asked for, frees with tokens no grant ever had,
     /// cascades with made-up sources (even made-up adoption answers), and real grants carried again long after,
-    /// sometimes naming the wrong claim. It never makes up a grant: a bind always carries one a pool made.
+    /// sometimes naming the wrong claim. It never makes up a grant (a value and token no pool gave that holder): a
+    /// resource cannot tell a made-up grant from a real one, so grants come only from pools' outcomes, carried by a
+    /// sweeper the log trusts (agents cannot publish `sys` commands, DESIGN 12).
     fn junk(&mut self, kind: u8, a: u8, b: u8) -> Option<Command> {
         let pool = self.pools[b as usize % self.pools.len()].clone();
         let source = Source { partition: u32::from(a) % self.partitions, position: Position(u64::from(b)) };
