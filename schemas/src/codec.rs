@@ -34,7 +34,7 @@ pub const FORMAT_BINCODE_V1: u8 = 0x01;
 pub const FORMAT_JSON: u8 = b'{';
 /// The largest command accepted (NATS's default `max_payload`).
 pub const MAX_COMMAND_BYTES: usize = 1 << 20;
-/// The largest outcome a writer appends (DESIGN section 9); larger decisions continue in follow-up commands.
+/// The largest outcome part a writer appends (DESIGN section 9); a larger decision continues in the next part.
 pub const MAX_OUTCOME_BYTES: usize = 512 * 1024;
 
 const DECODE_LIMIT: usize = 1 << 20;

@@ -259,7 +259,7 @@ pub struct Agent {
     /// The next sync report (and the resync chunks before it) mark losses without the breaker: set by a wiped
     /// registration or a confirmed loss, cleared by `AgentBreakerRearmed`.
     pub breaker_bypass: bool,
-    /// The report that used the last bypass: its losses (some may be marked by continuations after the breaker
+    /// The report that used the last bypass: its losses (some may be marked by later parts after the breaker
     /// is armed again) do not count against the breaker's window.
     pub bypass_spent_on: Option<ObsStamp>,
     /// Log times of the losses marked recently under the breaker (for its window).

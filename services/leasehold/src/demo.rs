@@ -209,7 +209,7 @@ impl<W: Write> Demo<'_, W> {
     fn send(&mut self, issuer: &str, body: impl Into<Command>) -> io::Result<Outcome> {
         let first = self.driver.outcomes().len();
         let outcome = self.driver.submit(issuer, body);
-        // Print this outcome and any follow-ups the writer sent itself.
+        // Print every part of this outcome (a large decision takes several).
         let new: Vec<Outcome> = self.driver.outcomes()[first..].to_vec();
         if new.is_empty() {
             self.print(&outcome)?;
