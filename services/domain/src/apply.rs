@@ -159,9 +159,9 @@ fn forget_old(state: &mut PartitionState) {
                     state.leases.remove(&id);
                 }
             }
-            Forget::PoolHolder(pool, holder, source) => {
+            Forget::PoolHolder(pool, holder, ended) => {
                 if let Some(pool) = state.pools.get_mut(&pool)
-                    && pool.released.get(&holder) == Some(&source)
+                    && pool.released.get(&holder).is_some_and(|(_, at)| *at == ended)
                 {
                     pool.released.remove(&holder);
                 }
@@ -615,8 +615,8 @@ fn apply_effect(
                 let source = match holding {
                     Holding::Waiting { source, .. } | Holding::Granted { source, .. } => source,
                 };
-                pool.released.insert(holder.clone(), source);
-                let forget = Forget::PoolHolder(pool.name.clone(), holder.clone(), source);
+                pool.released.insert(holder.clone(), (source, position));
+                let forget = Forget::PoolHolder(pool.name.clone(), holder.clone(), position);
                 state.forget.insert((now, forget));
             }
         }
@@ -632,8 +632,8 @@ fn apply_effect(
                     }
                     Holding::Granted { source, .. } => source,
                 };
-                pool.released.insert(holder.clone(), source);
-                let forget = Forget::PoolHolder(pool.name.clone(), holder.clone(), source);
+                pool.released.insert(holder.clone(), (source, position));
+                let forget = Forget::PoolHolder(pool.name.clone(), holder.clone(), position);
                 state.forget.insert((now, forget));
             }
         }

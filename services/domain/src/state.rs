@@ -53,7 +53,8 @@ pub struct PartitionState {
 pub(crate) enum Forget {
     Resource(ResourceId),
     Lease(LeaseId),
-    PoolHolder(PoolName, ResourceRef, Source),
+    /// The record of a released holder, named by the position that ended its claim.
+    PoolHolder(PoolName, ResourceRef, Position),
     ReturnedGrant(ResourceRef, PoolName, Position),
 }
 
@@ -531,8 +532,9 @@ pub struct Pool {
     pub holders: BTreeMap<ResourceRef, Holding>,
     /// Holders waiting, first in first out (by the position of their `ClaimQueued`).
     pub waiters: BTreeMap<Position, ResourceRef>,
-    /// Holders whose claim ended, with the source of their claim: any later claim from them is stale.
-    pub released: BTreeMap<ResourceRef, Source>,
+    /// Holders whose claim ended: the source of that claim (sent again, it is stale) and the position of the effect
+    /// that ended it (which names this record: a holder's claim may end more than once, with the same source).
+    pub released: BTreeMap<ResourceRef, (Source, Position)>,
 }
 
 impl Pool {

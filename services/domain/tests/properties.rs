@@ -981,8 +981,8 @@ impl Checker {
             let mut gone = Vec::new();
             for (holder, (ended, source)) in &model.released {
                 match pool.released.get(holder) {
-                    Some(kept) if kept == source => {}
-                    Some(kept) => {
+                    Some((kept, _)) if kept == source => {}
+                    Some((kept, _)) => {
                         return violation(
                             8,
                             format!("pool {}: {holder}'s record is {kept}, the model's {source}", pool.name),

@@ -371,3 +371,37 @@ fn a_never_ordered_resource_is_never_seen() {
     assert_eq!(leasehold_domain::expected_listing(w.state(), &report).map(|(count, _)| count), Some(0));
     settle(&w);
 }
+
+/// Found by the soak: a holder's claim ended twice with the same source (a made-up claim, then the same source
+/// again a day later); the older forget entry, which named its record by source, erased the newer record. Records
+/// are named by the position of the effect that ended them.
+#[test]
+fn a_claim_ended_twice_with_the_same_source_keeps_its_newer_record() {
+    let mut w = World::new();
+    w.registered();
+    accepted(&w.define_slots("ips", 1, secs(0)));
+    let pool = pool_name("ips");
+    let holder = ResourceRef::new(w.a(), w.d.new_resource_id());
+    let (first, second) =
+        (Source { partition: 0, position: Position(7) }, Source { partition: 0, position: Position(9) });
+    let free = |w: &mut World, token: Position| {
+        let source = Source { partition: 0, position: Position(100) };
+        accepted(&w.sys(Free { pool: pool_name("ips"), holder: holder.clone(), token: Some(token), source }));
+    };
+    let grant = w.granted_claim(&pool, &holder, first);
+    free(&mut w, grant.token);
+    let grant = w.granted_claim(&pool, &holder, second);
+    free(&mut w, grant.token);
+    w.advance(Millis::from_hours(20));
+    let grant = w.granted_claim(&pool, &holder, first);
+    free(&mut w, grant.token);
+    w.advance(Millis(Millis::from_hours(4).0 + 1));
+    accepted(&w.define_slots("other", 1, secs(0)));
+    refused(
+        &mut w,
+        |w| w.sys(Claim { pool: pool.clone(), holder: holder.clone(), source: first }),
+        StaleSource,
+        &["already ended"],
+    );
+    settle(&w);
+}

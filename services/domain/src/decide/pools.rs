@@ -111,7 +111,7 @@ impl<'s> Decider<'s> {
         // claim per pool in its life (its `claim-wanted`), and its partition binds only a grant of that one, so a
         // grant of a made-up claim goes straight back; refusing every claim not newer than a made-up one would keep
         // the holder's real claim waiting for ever.
-        if let Some(source) = pool.released.get(holder).filter(|ended| command.source == **ended) {
+        if let Some((source, _)) = pool.released.get(holder).filter(|(ended, _)| command.source == *ended) {
             return reject(
                 RejectionKind::StaleSource,
                 format!(
