@@ -180,6 +180,11 @@ macro_rules! v7_id {
                 let bytes = self.0.as_bytes();
                 bytes[..6].iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b))
             }
+
+            /// The id's time part as a [`Timestamp`]: when its issuer's clock says it was made.
+            pub fn time(&self) -> Timestamp {
+                Timestamp(self.unix_ms())
+            }
         }
 
         impl TryFrom<Uuid> for $name {

@@ -53,6 +53,20 @@ pub struct CommandSummary {
     pub key: Key,
 }
 
+impl CommandSummary {
+    /// The summary of `envelope`'s command.
+    pub fn of(envelope: &crate::Envelope) -> Self {
+        CommandSummary {
+            id: envelope.command_id,
+            class: envelope.class,
+            type_name: envelope.type_name().to_owned(),
+            issuer: envelope.issuer.clone(),
+            issued_at: envelope.issued_at,
+            key: envelope.body.key(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Decision {

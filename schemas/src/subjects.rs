@@ -6,27 +6,42 @@
 
 use crate::command::{Command, SubjectId};
 use crate::envelope::CommandClass;
-use crate::ids::Key;
+use crate::ids::{AgentName, Key};
+
+const FNV_OFFSET: u32 = 0x811c_9dc5;
 
 /// FNV-1a, 32 bits.
 pub fn fnv1a32(bytes: &[u8]) -> u32 {
-    let mut hash: u32 = 0x811c_9dc5;
-    for byte in bytes {
-        hash ^= u32::from(*byte);
-        hash = hash.wrapping_mul(0x0100_0193);
-    }
-    hash
+    fnv1a32_on(FNV_OFFSET, bytes)
+}
+
+/// FNV-1a of `bytes` following whatever gave `hash`: hashing a token in pieces, without putting them together.
+fn fnv1a32_on(hash: u32, bytes: &[u8]) -> u32 {
+    bytes.iter().fold(hash, |hash, byte| (hash ^ u32::from(*byte)).wrapping_mul(0x0100_0193))
+}
+
+fn in_range(hash: u32, partitions: u32) -> u32 {
+    assert!(partitions > 0, "a log has at least one partition");
+    hash % partitions
 }
 
 /// The partition of a subject token among `partitions` (which must be at least 1).
 pub fn partition_of(token: &str, partitions: u32) -> u32 {
-    assert!(partitions > 0, "a log has at least one partition");
-    fnv1a32(token.as_bytes()) % partitions
+    in_range(fnv1a32(token.as_bytes()), partitions)
 }
 
-/// The partition that decides commands about `key`.
+/// The partition that decides commands about `key`: that of its subject token ([`Key::token`]), hashed in place
+/// (every command is checked against it, so no token is built).
 pub fn partition_of_key(key: &Key, partitions: u32) -> u32 {
-    partition_of(&key.token(), partitions)
+    match key {
+        Key::Agent(agent) => partition_of_agent(agent, partitions),
+        Key::Pool(pool) => in_range(fnv1a32_on(fnv1a32(b"@"), pool.as_str().as_bytes()), partitions),
+    }
+}
+
+/// The partition of an agent and of its resources.
+pub fn partition_of_agent(agent: &AgentName, partitions: u32) -> u32 {
+    partition_of(agent.as_str(), partitions)
 }
 
 /// Where a producer publishes a command.
@@ -112,6 +127,19 @@ mod tests {
     fn matches_nats_partition_test_vector() {
         // nats-server 2.15 stored `cmd.sync.res-a` as `cmd.7.sync.res-a` for `{{partition(8,2)}}`.
         assert_eq!(partition_of("res-a", 8), 7);
+    }
+
+    #[test]
+    fn a_key_is_in_the_partition_of_its_token() {
+        let keys = ["w1", "worker-b", "a"]
+            .map(|name| Key::Agent(AgentName::new(name).unwrap()))
+            .into_iter()
+            .chain(["ips", "overlay", "p"].map(|name| Key::Pool(PoolName::new(name).unwrap())));
+        for key in keys {
+            for partitions in [1, 2, 3, 8, 1000, u32::MAX] {
+                assert_eq!(partition_of_key(&key, partitions), partition_of(&key.token(), partitions), "{key}");
+            }
+        }
     }
 
     #[test]

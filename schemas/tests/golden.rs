@@ -618,14 +618,7 @@ fn outcome_of(n: u8, envelope: &Envelope, decision: Decision) -> Outcome {
     Outcome {
         decider_version: 1,
         partition: partition_of_key(&envelope.body.key(), 8),
-        command: CommandSummary {
-            id: envelope.command_id,
-            class: envelope.class,
-            type_name: envelope.type_name().to_owned(),
-            issuer: envelope.issuer.clone(),
-            issued_at: envelope.issued_at,
-            key: envelope.body.key(),
-        },
+        command: CommandSummary::of(envelope),
         cmd_seq: 1_000 + n64,
         part: 0,
         log_time: Timestamp(envelope.issued_at.0 + 7),

@@ -5,7 +5,7 @@ use std::fmt;
 use leasehold_schemas::Outcome;
 use leasehold_schemas::ids::{Position, ResourceId, ResourceRef, Timestamp};
 use leasehold_schemas::outcome::{Decision, Effect, UnpauseCause};
-use leasehold_schemas::subjects::partition_of_key;
+use leasehold_schemas::subjects::partition_of_agent;
 
 use crate::state::{
     Agent, Breaker, ClaimSlot, Forget, Holding, Lease, LeaseState, Liveness, ParentLink, PartitionState, PauseInfo,
@@ -112,7 +112,7 @@ pub fn apply(state: &mut PartitionState, outcome: &Outcome) -> Result<(), FoldEr
     if outcome.part == 0 && crate::decide::remembered(outcome) {
         let id = outcome.command.id;
         state.recent.by_id.insert(id, outcome.cmd_seq);
-        let since = now.max(outcome.command.issued_at).max(Timestamp(id.unix_ms()));
+        let since = now.max(outcome.command.issued_at).max(id.time());
         state.recent.order.insert((since, id));
     }
     forget_old(state);
@@ -143,10 +143,10 @@ fn forget_old(state: &mut PartitionState) {
         };
         state.forgotten_up_to = state.forgotten_up_to.max(t);
         match item {
+            // A resource or lease id names one record for ever (ids are never allocated twice), and its entry is made
+            // when the record ends.
             Forget::Resource(id) => {
-                if state.resources.get(&id).is_some_and(|r| r.state.is_terminal())
-                    && let Some(resource) = state.resources.remove(&id)
-                {
+                if let Some(resource) = state.resources.remove(&id) {
                     let reference = resource.reference();
                     if let Some(agent) = state.agents.get_mut(&resource.agent) {
                         agent.resources.remove(&id);
@@ -155,9 +155,7 @@ fn forget_old(state: &mut PartitionState) {
                 }
             }
             Forget::Lease(id) => {
-                if state.leases.get(&id).is_some_and(|l| !l.state.is_live()) {
-                    state.leases.remove(&id);
-                }
+                state.leases.remove(&id);
             }
             Forget::PoolHolder(pool, holder, ended) => {
                 if let Some(pool) = state.pools.get_mut(&pool)
@@ -242,7 +240,7 @@ fn set_resource_state(
     }
     if is_terminal {
         // Kept until its id could no longer be allocated, even if it was stamped in the future.
-        state.forget.insert((now.max(Timestamp(id.unix_ms())), Forget::Resource(id)));
+        state.forget.insert((now.max(id.time()), Forget::Resource(id)));
     }
 }
 
@@ -257,8 +255,8 @@ fn end_lease(state: &mut PartitionState, lease_id: leasehold_schemas::LeaseId, n
         resource.live_leases.retain(|_, id| *id != lease_id);
     }
     // Kept until neither its id nor its last renew's id could be decided again.
-    let renewed = lease.last_renew.map(|(id, _)| Timestamp(id.unix_ms())).unwrap_or_default();
-    state.forget.insert((now.max(Timestamp(lease_id.unix_ms())).max(renewed), Forget::Lease(lease_id)));
+    let renewed = lease.last_renew.map(|(id, _)| id.time()).unwrap_or_default();
+    state.forget.insert((now.max(lease_id.time()).max(renewed), Forget::Lease(lease_id)));
 }
 
 fn apply_effect(
@@ -369,8 +367,7 @@ fn apply_effect(
             // A parent in this partition is known as of the allocation: a cascade older than that is stale. A parent
             // elsewhere is learnt by the answer to the child's adoption.
             let parent = parent.as_ref().map(|reference| {
-                let key = leasehold_schemas::Key::Agent(reference.agent.clone());
-                let local = partition_of_key(&key, state.partitions) == state.partition;
+                let local = partition_of_agent(&reference.agent, state.partitions) == state.partition;
                 let before =
                     leasehold_schemas::Source { partition: state.partition, position: Position(position.0 - 1) };
                 Box::new(ParentLink { reference: reference.clone(), seen: local.then_some(before), suspect: false })
@@ -458,12 +455,7 @@ fn apply_effect(
             set_resource_state(
                 state,
                 *resource,
-                ResourceState::Suspect {
-                    cause: Box::new(cause.clone()),
-                    paused: paused.map(Box::new),
-                    since: position,
-                    asked: None,
-                },
+                ResourceState::Suspect { cause: Box::new(cause.clone()), paused: paused.map(Box::new), asked: None },
                 position,
                 now,
             );
@@ -528,7 +520,7 @@ fn apply_effect(
             };
             let holder = ResourceRef::new(agent.clone(), *resource);
             if !resource_is(state, &holder) {
-                let until = now.max(Timestamp(resource.unix_ms()));
+                let until = now.max(resource.time());
                 state.forget.insert((until, Forget::ReturnedGrant(holder.clone(), pool.clone(), *token)));
             }
             state.returned_grants.insert((holder, pool.clone(), *token));
@@ -611,12 +603,7 @@ fn apply_effect(
             };
             pool.held.remove(value);
             pool.cooling.insert((now, position), *value);
-            if let Some(holding) = pool.holders.remove(holder) {
-                let source = match holding {
-                    Holding::Waiting { source, .. } | Holding::Granted { source, .. } => source,
-                };
-                pool.released.insert(holder.clone(), (source, position));
-                let forget = Forget::PoolHolder(pool.name.clone(), holder.clone(), position);
+            if let Some(forget) = end_claim(pool, holder, position) {
                 state.forget.insert((now, forget));
             }
         }
@@ -624,16 +611,7 @@ fn apply_effect(
             let Some(pool) = pool_of(state, key) else {
                 return;
             };
-            if let Some(holding) = pool.holders.remove(holder) {
-                let source = match holding {
-                    Holding::Waiting { queued_at, source } => {
-                        pool.waiters.remove(&queued_at);
-                        source
-                    }
-                    Holding::Granted { source, .. } => source,
-                };
-                pool.released.insert(holder.clone(), (source, position));
-                let forget = Forget::PoolHolder(pool.name.clone(), holder.clone(), position);
+            if let Some(forget) = end_claim(pool, holder, position) {
                 state.forget.insert((now, forget));
             }
         }
@@ -643,6 +621,20 @@ fn apply_effect(
         // The pending decision is recorded by `apply` from the outcome as a whole.
         Effect::DecisionContinues { .. } => {}
     }
+}
+
+/// Ends a holder's claim on a pool at `position` (freed or withdrawn): the pool remembers it as released, and the
+/// entry that forgets that record after the horizon is returned.
+fn end_claim(pool: &mut Pool, holder: &ResourceRef, position: Position) -> Option<Forget> {
+    let source = match pool.holders.remove(holder)? {
+        Holding::Waiting { queued_at, source } => {
+            pool.waiters.remove(&queued_at);
+            source
+        }
+        Holding::Granted { source, .. } => source,
+    };
+    pool.released.insert(holder.clone(), (source, position));
+    Some(Forget::PoolHolder(pool.name.clone(), holder.clone(), position))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 
 use leasehold_schemas::ids::{CommandId, Issuer, LeaseId, Millis, ResourceId, Timestamp};
-use leasehold_schemas::outcome::Decision;
 use leasehold_schemas::{Command, Envelope, Outcome, Position};
 
 use crate::{Ctx, Decided, PartitionState, WriterError, apply, continue_work, decide};
@@ -161,16 +160,7 @@ impl Driver {
             }
             Decided::Unchanged => {
                 self.last_answer = Answer::Unchanged;
-                Ok(Outcome {
-                    decider_version: crate::DECIDER_VERSION,
-                    partition: self.state.partition(),
-                    command: crate::decide::summary(envelope),
-                    cmd_seq: ctx.cmd_seq,
-                    part: 0,
-                    log_time: ctx.log_time,
-                    decided_at: self.state.now().max(ctx.log_time),
-                    decision: Decision::Accepted { first_position: self.state.next_position(), effects: vec![] },
-                })
+                Ok(crate::decide::unchanged_outcome(&self.state, &ctx, envelope))
             }
             Decided::Append(outcome) => {
                 self.first_parts.insert(outcome.cmd_seq, self.outcomes.len());

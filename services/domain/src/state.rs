@@ -47,8 +47,9 @@ pub struct PartitionState {
     pub(crate) split_budget: usize,
 }
 
-/// Something to drop from state once the horizon has passed since its time. Each names the record it was made for,
-/// so a newer record under the same name is never erased by an older entry.
+/// Something to drop from state once the horizon has passed since its time. Each names the record it was made for:
+/// a resource or lease id is never used twice, and a released holder's record or a returned grant is named by
+/// position, so a newer record under the same name is never erased by an older entry.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Forget {
     Resource(ResourceId),
@@ -325,9 +326,8 @@ pub enum ResourceState {
     Suspect {
         cause: Box<SuspectCause>,
         paused: Option<Box<PauseInfo>>,
-        /// The position of the `resource-suspect`: a health check asked for before it is refused.
-        since: Position,
-        /// The last `health-check-requested` since: a health result must answer exactly that check.
+        /// The last `health-check-requested` since the resource turned suspect (a new failure resets it): a health
+        /// result must answer exactly that check, so one asked for before the latest failure is refused.
         asked: Option<Position>,
     },
     Releasing {

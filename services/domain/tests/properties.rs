@@ -955,7 +955,7 @@ impl Checker {
             let Some(ended) = model.terminal_at else {
                 return violation(2, format!("resource {reference} left state while {:?}", model.life));
             };
-            let since = ended.max(Timestamp(reference.resource.unix_ms()));
+            let since = ended.max(reference.resource.time());
             if early(since) {
                 return violation(11, format!("resource {reference} forgotten at {now}, before {since} + {horizon}"));
             }
@@ -970,7 +970,7 @@ impl Checker {
             if state.lease(lease).is_some() {
                 continue;
             }
-            let since = at.max(Timestamp(lease.unix_ms()));
+            let since = at.max(lease.time());
             if early(since) {
                 return violation(11, format!("lease {lease} forgotten at {now}, before {since} + {horizon}"));
             }
@@ -1977,11 +1977,17 @@ impl Sim {
         partition_of_key(key, self.partitions) as usize
     }
 
-    fn new_command_id(&mut self) -> CommandId {
+    /// The entropy of the next id made from the counter, tagged with what it is for.
+    fn counted_entropy(&mut self, tag: u8) -> [u8; 10] {
         self.n_ids += 1;
         let mut entropy = [0u8; 10];
-        entropy[0] = 0xc0;
+        entropy[0] = tag;
         entropy[2..].copy_from_slice(&self.n_ids.to_be_bytes());
+        entropy
+    }
+
+    fn new_command_id(&mut self) -> CommandId {
+        let entropy = self.counted_entropy(0xc0);
         CommandId::from_parts(self.clock.0, entropy)
     }
 
@@ -2060,7 +2066,7 @@ impl Sim {
             self.forgotten_ids.insert(envelope.command_id, (p, first.cmd_seq));
         }
         if remembered(&first) {
-            let id_time = Timestamp(envelope.command_id.unix_ms());
+            let id_time = envelope.command_id.time();
             let since = first.decided_at.max(envelope.issued_at).max(id_time);
             self.memory[p].by_since.insert((since, envelope.command_id));
             self.memory[p].seq.insert(envelope.command_id, first.cmd_seq);
@@ -2164,8 +2170,8 @@ impl Sim {
             return Err(self.report(12, format!("part {} is {bytes} bytes", o.part)));
         }
         self.stats.largest_outcome_bytes = self.stats.largest_outcome_bytes.max(bytes);
-        // The decider's last guard turns an outcome over the cap into an internal error: a correct decider never
-        // needs it.
+        // An internal error is a decider that panicked, or a part `encode_part` found over the cap: a correct decider
+        // makes neither.
         if let Some(r) = o.rejection()
             && r.kind == RejectionKind::InternalError
         {
@@ -2753,11 +2759,7 @@ impl Sim {
                 let agent = self.agent(*agent);
                 (0..*n)
                     .map(|i| {
-                        self.n_ids += 1;
-                        let mut entropy = [0u8; 10];
-                        entropy[0] = 0x4d;
-                        entropy[2..].copy_from_slice(&self.n_ids.to_be_bytes());
-                        let resource = ResourceId::from_parts(self.clock.0 - 1, entropy);
+                        let resource = ResourceId::from_parts(self.clock.0 - 1, self.counted_entropy(0x4d));
                         let body = Allocate {
                             agent: agent.clone(),
                             resource,
@@ -2784,11 +2786,7 @@ impl Sim {
                 };
                 (0..*n)
                     .map(|i| {
-                        self.n_ids += 1;
-                        let mut entropy = [0u8; 10];
-                        entropy[0] = 0x46;
-                        entropy[2..].copy_from_slice(&self.n_ids.to_be_bytes());
-                        let lease = LeaseId::from_parts(self.clock.0 - 1, entropy);
+                        let lease = LeaseId::from_parts(self.clock.0 - 1, self.counted_entropy(0x46));
                         let body = Acquire {
                             agent: agent.clone(),
                             resource,
@@ -3132,11 +3130,7 @@ impl Sim {
 
 /// At most `max` bytes of `text`, cut at a character boundary.
 fn cut(text: &str, max: usize) -> &str {
-    let mut end = max.min(text.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
+    &text[..text.floor_char_boundary(max)]
 }
 
 /// What an honest agent would count after its report: what the writer believes it holds, plus the pending ones it

@@ -60,8 +60,8 @@ fn pause(w: &mut World) {
 }
 
 fn suspect(w: &mut World) {
-    let (agent, resource) = (w.a(), w.r());
-    accepted(&w.op(ReportFailureByOperator { agent, resource, detail: "flaky".into() }));
+    let resource = w.rref();
+    accepted(&w.operator_failure(&resource, "flaky"));
 }
 
 fn register(w: &mut World, wiped: bool) -> Outcome {
@@ -83,20 +83,6 @@ fn report_failure(w: &mut World, failure: FailureKind, detail: &str) -> Outcome 
     let epoch = w.epoch(&agent);
     let obs = w.next_obs(&agent);
     w.agent_says(ReportFailure { agent, epoch, obs, resource, failure, detail: detail.into() })
-}
-
-/// A resync chunk over `[lo, hi)` at the current last position, with the next observation number.
-fn chunk(w: &mut World, lo: Uuid, hi: Option<Uuid>, held: Vec<ResourceId>, in_flight: Vec<ResourceId>) -> ResyncChunk {
-    let agent = w.a();
-    let epoch = w.epoch(&agent);
-    let obs = w.next_obs(&agent);
-    let watermark = w.state().last_position();
-    ResyncChunk { agent, epoch, obs, watermark, lo, hi, held, in_flight }
-}
-
-/// The chunk bounds that cover exactly `id`.
-fn just(id: ResourceId) -> (Uuid, Option<Uuid>) {
-    (id.as_uuid(), Some(Uuid::from_u128(id.as_uuid().as_u128() + 1)))
 }
 
 fn lost_n(n: usize) -> Vec<&'static str> {

@@ -1203,6 +1203,18 @@ fn update_transitions() {
             Effects(&["resource-updated"]),
         ),
         case(
+            "update that names more than 64 attributes to remove",
+            |w| {
+                w.active();
+            },
+            |w| {
+                let names: Vec<String> = (0..65).map(|i| format!("k{i}")).collect();
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                update(w, &[], &names, None)
+            },
+            Rejected(Invalid, &["65 attribute names to remove; at most 64"]),
+        ),
+        case(
             "update with an attribute value over 1024 bytes",
             |w| {
                 w.active();

@@ -29,14 +29,8 @@ fn adopted_child() -> (World, World, ResourceRef, ResourceRef) {
     children.pending_with(|c| c.parent = Some(of));
     let born = children.source_of(&children.d.outcomes().last().unwrap().clone(), "resource-allocated");
     let child = children.rref();
-    let adopted = parents.sys(Adopt { parent: parent.clone(), child: child.clone(), source: born });
-    let answer = Cascade {
-        child: child.clone(),
-        parent: parent.clone(),
-        parent_state: ParentState::Healthy,
-        source: parents.source_of(&adopted, "child-adopted"),
-        answers: Some(born),
-    };
+    let (_, answer) = adoption(&mut parents, &parent, &child, born);
+    assert_eq!(answer.parent_state, ParentState::Healthy);
     assert_eq!(effect_names(&children.sys(answer)), ["upstream-flagged"]);
     children.created();
     (parents, children, parent, child)
@@ -96,6 +90,8 @@ fn a_made_up_claim_cannot_make_the_real_claim_stale() {
         token: Some(token),
         source: w.source_of(&back, "grant-returned"),
     };
+    let elsewhere = Free { source: Source { partition: 5, ..free.source }, ..free.clone() };
+    refused(&mut w, |w| w.sys(elsewhere), Invalid, &["a free about it cannot come from partition 5"]);
     assert_eq!(effect_names(&w.sys(free)), ["claim-freed"]);
     // The real claim is served; the made-up one, sent again, is stale.
     assert_eq!(
@@ -137,8 +133,7 @@ fn waiting_leases_wait_while_the_parent_is_suspect() {
     w.pending_with(|c| c.parent = Some(of));
     let child = w.rref();
     w.leased(None);
-    let suspect =
-        w.op(ReportFailureByOperator { agent: parent.agent.clone(), resource: parent.resource, detail: "x".into() });
+    let suspect = w.operator_failure(&parent, "x");
     let flagged = cascade(&child, &parent, ParentState::Suspect, w.source_of(&suspect, "resource-suspect"));
     assert_eq!(effect_names(&w.sys(flagged)), ["upstream-flagged"]);
     assert_eq!(
@@ -159,15 +154,22 @@ fn a_health_result_for_a_check_asked_before_the_latest_failure_is_refused() {
     let mut w = World::new();
     w.active();
     let (agent, resource) = (w.a(), w.r());
-    accepted(&w.op(ReportFailureByOperator { agent: agent.clone(), resource, detail: "first".into() }));
+    accepted(&w.operator_failure(&w.rref(), "first"));
     let first = w.sys(RequestHealthCheck { agent: agent.clone(), resource });
     let first_ask = w.source_of(&first, "health-check-requested").position;
     let second = w.sys(RequestHealthCheck { agent: agent.clone(), resource });
     let second_ask = w.source_of(&second, "health-check-requested").position;
-    // A result must answer the check the resource waits for: the latest one asked.
+    // A result must answer the check the resource waits for: the latest one asked, and one the log has reached.
+    let beyond = Position(w.state().last_position().0 + 1);
+    refused(
+        &mut w,
+        |w| w.health_result(beyond, true),
+        Invalid,
+        &["the check asked for at", "is beyond the last position"],
+    );
     refused(&mut w, |w| w.health_result(first_ask, true), StaleObservation, &["waits for is #"]);
     assert_eq!(effect_names(&w.health_result(second_ask, true)), ["observation-accepted", "resource-healthy"]);
-    accepted(&w.op(ReportFailureByOperator { agent, resource, detail: "again".into() }));
+    accepted(&w.operator_failure(&w.rref(), "again"));
     refused(
         &mut w,
         |w| w.health_result(second_ask, true),
@@ -188,19 +190,7 @@ fn a_chunk_never_clears_the_breaker() {
     let missing = made[4..].to_vec();
     let tripped = w.sync(&agent, |r| r.missing = missing);
     assert!(effect_names(&tripped).contains(&"agent-suspect"));
-    let epoch = w.epoch(&agent);
-    let obs = w.next_obs(&agent);
-    let watermark = w.state().last_position();
-    let chunk = ResyncChunk {
-        agent: agent.clone(),
-        epoch,
-        obs,
-        watermark,
-        lo: Uuid::nil(),
-        hi: Some(made[4].as_uuid()),
-        held: made[..4].to_vec(),
-        in_flight: vec![],
-    };
+    let chunk = chunk(&mut w, Uuid::nil(), Some(made[4].as_uuid()), made[..4].to_vec(), vec![]);
     let outcome = w.agent_says(chunk);
     assert!(!effect_names(&outcome).contains(&"agent-breaker-cleared"), "{:?}", effect_names(&outcome));
     assert!(w.state().agent(&agent).unwrap().is_suspect());
@@ -257,6 +247,14 @@ fn an_adoption_of_another_agents_resource_id_is_left() {
     let someone_elses = ResourceRef::new(agent_in("qa", 1, P), parents.r());
     let child = ResourceRef::new(agent_in("ch", 0, P), ResourceId::from_parts(T0.0, [4; 10]));
     let source = Source { partition: 0, position: Position(7) };
+    let from_elsewhere =
+        Adopt { parent: someone_elses.clone(), child: child.clone(), source: Source { partition: 2, ..source } };
+    refused(
+        &mut parents,
+        |w| w.sys(from_elsewhere),
+        Invalid,
+        &["lives in partition 0; its allocation cannot come from"],
+    );
     let adopted = parents.sys(Adopt { parent: someone_elses, child, source });
     assert!(matches!(
         adopted.effects()[0],
@@ -298,14 +296,8 @@ fn a_made_up_source_far_ahead_is_undone_by_asking_again() {
         ["upstream-flagged"]
     );
     let born = Source { partition: 0, position: children.state().resource(child.resource).unwrap().allocated_pos };
-    let adopted = parents.sys(Adopt { parent: parent.clone(), child: child.clone(), source: born });
-    let answer = Cascade {
-        child: child.clone(),
-        parent: parent.clone(),
-        parent_state: ParentState::Healthy,
-        source: parents.source_of(&adopted, "child-adopted"),
-        answers: Some(born),
-    };
+    let (_, answer) = adoption(&mut parents, &parent, &child, born);
+    assert_eq!(answer.parent_state, ParentState::Healthy);
     assert_eq!(effect_names(&children.sys(answer)), ["upstream-flagged"]);
     assert!(children.state().resource(child.resource).unwrap().upstream_suspect().is_none());
     settle(&children);
@@ -322,19 +314,7 @@ fn while_the_breaker_holds_nothing_is_marked_and_only_a_report_that_knows_enough
     let before = w.state().last_position();
     let missing = made[4..].to_vec();
     assert!(effect_names(&w.sync(&agent, |r| r.missing = missing.clone())).contains(&"agent-suspect"));
-    let epoch = w.epoch(&agent);
-    let obs = w.next_obs(&agent);
-    let watermark = w.state().last_position();
-    let chunk = ResyncChunk {
-        agent: agent.clone(),
-        epoch,
-        obs,
-        watermark,
-        lo: Uuid::nil(),
-        hi: Some(made[4].as_uuid()),
-        held: made[..2].to_vec(),
-        in_flight: vec![],
-    };
+    let chunk = chunk(&mut w, Uuid::nil(), Some(made[4].as_uuid()), made[..2].to_vec(), vec![]);
     let outcome = w.agent_says(chunk);
     assert!(!effect_names(&outcome).contains(&"resource-lost"), "{:?}", effect_names(&outcome));
     let old = w.sync(&agent, |r| {

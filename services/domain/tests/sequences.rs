@@ -50,19 +50,6 @@ fn heavy_pending(w: &mut World, n: usize) -> Vec<ResourceId> {
     made
 }
 
-fn chunk(w: &mut World, lo: Uuid, hi: Option<Uuid>, held: Vec<ResourceId>) -> ResyncChunk {
-    let agent = w.a();
-    let epoch = w.epoch(&agent);
-    let obs = w.next_obs(&agent);
-    let watermark = w.state().last_position();
-    ResyncChunk { agent, epoch, obs, watermark, lo, hi, held, in_flight: vec![] }
-}
-
-/// The chunk bounds that cover exactly `id`.
-fn just(id: ResourceId) -> (Uuid, Option<Uuid>) {
-    (id.as_uuid(), Some(Uuid::from_u128(id.as_uuid().as_u128() + 1)))
-}
-
 fn agent_envelope(w: &mut World, body: impl Into<leasehold_schemas::Command>) -> Envelope {
     let body = body.into();
     let Key::Agent(agent) = body.key() else { panic!("an agent's command") };
@@ -127,7 +114,7 @@ fn seq1_a_newer_observation_cannot_come_between_the_parts_of_a_report() {
         });
         assert!(first.continues(), "a report this heavy takes several parts");
         let (lo, hi) = just(v);
-        let newer = chunk(&mut w, lo, hi, vec![v]);
+        let newer = chunk(&mut w, lo, hi, vec![v], vec![]);
         let newer = agent_envelope(&mut w, newer);
         let rest = finish_refusing(&mut w, &newer);
         assert!(!rest.is_empty());
@@ -154,7 +141,7 @@ fn seq1_presence_of_an_active_resource_is_recorded_by_every_observation() {
     let agent = w.a();
     let activated_at = w.state().resource(v).unwrap().last_present.expect("seen at activation");
     let (lo, hi) = just(v);
-    let c = chunk(&mut w, lo, hi, vec![v]);
+    let c = chunk(&mut w, lo, hi, vec![v], vec![]);
     let stamp = ObsStamp { epoch: c.epoch, obs: c.obs };
     assert_eq!(effect_names(&w.agent_says(c)), ["observation-accepted", "resource-seen"]);
     assert_eq!(w.state().resource(v).unwrap().last_present, Some(stamp));
@@ -181,11 +168,11 @@ fn seq2_the_breaker_counts_a_decision_s_losses_as_a_whole() {
     let batch2 = w.active_n(100);
     let split = batch2[0].as_uuid();
     w.d.finish_parts = false;
-    let c1 = chunk(&mut w, Uuid::nil(), Some(split), heavy.clone());
+    let c1 = chunk(&mut w, Uuid::nil(), Some(split), heavy.clone(), vec![]);
     let first = w.agent_says(c1);
     assert!(first.continues(), "chunk 1 activates 40 heavy resources: several parts");
     assert!(!first.effects().iter().any(|e| matches!(e, Effect::AgentSuspect { .. })), "100 of 200: within the limit");
-    let c2 = chunk(&mut w, split, None, vec![]);
+    let c2 = chunk(&mut w, split, None, vec![], vec![]);
     let c2 = agent_envelope(&mut w, c2);
     let mut parts = vec![first];
     parts.extend(finish_refusing(&mut w, &c2));
@@ -212,15 +199,7 @@ fn seq3_commands_under_the_limit_give_outcomes_under_the_cap() {
     w.active();
     let (agent, resource) = (w.a(), w.r());
     let new_id = w.d.new_resource_id();
-    let allocate = Allocate {
-        agent: agent.clone(),
-        resource: new_id,
-        kind: huge.clone(),
-        capacity: 1,
-        attributes: Default::default(),
-        parent: None,
-        pools: vec![],
-    };
+    let allocate = Allocate { kind: huge.clone(), capacity: 1, ..allocation(&agent, new_id) };
     let set_name = Update {
         agent: agent.clone(),
         resource,
@@ -282,15 +261,7 @@ fn seq4_a_grant_sent_back_is_never_bound_later() {
     let bind = w.granted_claim(&pool, &holder, future_wanted);
     let (value, token) = (bind.value, bind.token);
     assert_eq!(effect_names(&w.sys(bind.clone())), ["grant-returned"]);
-    let alloc = w.op(Allocate {
-        agent: agent.clone(),
-        resource: h,
-        kind: "container".into(),
-        capacity: 1,
-        attributes: Default::default(),
-        parent: None,
-        pools: vec![pool.clone()],
-    });
+    let alloc = w.op(Allocate { capacity: 1, pools: vec![pool.clone()], ..allocation(&agent, h) });
     assert_eq!(effect_names(&alloc), ["resource-allocated", "claim-wanted"]);
     assert_eq!(w.source_of(&alloc, "claim-wanted"), future_wanted, "the made-up claim named it exactly");
     let freed = w.sys(Free { pool: pool.clone(), holder: holder.clone(), token: Some(token), source: future_wanted });
@@ -373,11 +344,7 @@ fn seq6_a_cascade_from_before_a_child_was_born_does_not_flag_it() {
     let (mut parents, mut children) = two_partitions();
     parents.active();
     let parent = parents.rref();
-    let suspect = parents.op(ReportFailureByOperator {
-        agent: parent.agent.clone(),
-        resource: parent.resource,
-        detail: "flaky".into(),
-    });
+    let suspect = parents.operator_failure(&parent, "flaky");
     let suspect_at = parents.source_of(&suspect, "resource-suspect");
     assert_eq!(effect_names(&parents.health_of(parents.r(), true, "ok")), ["observation-accepted", "resource-healthy"]);
 
@@ -396,19 +363,12 @@ fn seq6_a_cascade_from_before_a_child_was_born_does_not_flag_it() {
     refused(&mut children, |w| w.sys(late.clone()), NotYetDue, &["answer to its adoption comes first"]);
 
     // The adoption: the parent's partition answers with the parent's state as of now.
-    let adopted = parents.sys(Adopt { parent: parent.clone(), child: child.clone(), source: born });
+    let (adopted, answer) = adoption(&mut parents, &parent, &child, born);
     assert_eq!(effect_names(&adopted), ["child-adopted"]);
     assert!(matches!(
         adopted.effects()[0],
         Effect::ChildAdopted { parent_state: ParentState::Healthy, child_source, .. } if child_source == born
     ));
-    let answer = Cascade {
-        child: child.clone(),
-        parent: parent.clone(),
-        parent_state: ParentState::Healthy,
-        source: parents.source_of(&adopted, "child-adopted"),
-        answers: Some(born),
-    };
     assert_eq!(effect_names(&children.sys(answer)), ["upstream-flagged"]);
     refused(&mut children, |w| w.sys(late.clone()), StaleSource, &["already heard from its parent"]);
     children.created();
@@ -416,11 +376,7 @@ fn seq6_a_cascade_from_before_a_child_was_born_does_not_flag_it() {
     accepted(&children.op(acquire));
 
     // A cascade from after the adoption still counts.
-    let again = parents.op(ReportFailureByOperator {
-        agent: parent.agent.clone(),
-        resource: parent.resource,
-        detail: "flaky again".into(),
-    });
+    let again = parents.operator_failure(&parent, "flaky again");
     let newer = Cascade { source: parents.source_of(&again, "resource-suspect"), ..late };
     assert_eq!(effect_names(&children.sys(newer)), ["upstream-flagged"]);
     assert!(children.state().resource(child.resource).unwrap().upstream_suspect().is_some());
@@ -434,8 +390,7 @@ fn seq6_a_child_of_a_local_parent_follows_it_as_it_is() {
     let mut w = World::new();
     w.active();
     let parent = w.rref();
-    let suspect =
-        w.op(ReportFailureByOperator { agent: parent.agent.clone(), resource: parent.resource, detail: "x".into() });
+    let suspect = w.operator_failure(&parent, "x");
     let suspect_at = w.source_of(&suspect, "resource-suspect");
     assert_eq!(effect_names(&w.health_of(w.r(), true, "ok")), ["observation-accepted", "resource-healthy"]);
     let alloc_parent = parent.clone();
@@ -458,14 +413,7 @@ fn seq6_a_child_of_a_parent_that_already_left_is_released_by_its_adoption() {
     children.pending_with(|c| c.parent = Some(alloc_parent));
     let alloc = children.d.outcomes().last().unwrap().clone();
     let (child, born) = (children.rref(), children.source_of(&alloc, "resource-allocated"));
-    let adopted = parents.sys(Adopt { parent: parent.clone(), child: child.clone(), source: born });
-    let answer = Cascade {
-        child: child.clone(),
-        parent,
-        parent_state: ParentState::Left,
-        source: parents.source_of(&adopted, "child-adopted"),
-        answers: Some(born),
-    };
+    let (adopted, answer) = adoption(&mut parents, &parent, &child, born);
     assert!(matches!(adopted.effects()[0], Effect::ChildAdopted { parent_state: ParentState::Left, .. }));
     assert_eq!(effect_names(&children.sys(answer)), ["resource-releasing"]);
     // A parent id nobody allocated: asked again while it could still be, "left" once it never can be.
@@ -520,15 +468,7 @@ fn seq7_a_resource_id_forgotten_under_a_short_horizon_is_not_allocated_again_whe
     accepted(&w.sync(&agent, |_| {}));
     assert!(w.state().resource(id).is_none(), "forgotten");
     set_horizon(&mut w, Millis::from_hours(24));
-    let again = Allocate {
-        agent,
-        resource: id,
-        kind: "container".into(),
-        capacity: 1,
-        attributes: Default::default(),
-        parent: None,
-        pools: vec![],
-    };
+    let again = Allocate { capacity: 1, ..allocation(&agent, id) };
     refused(&mut w, |w| w.op(again), Invalid, &["choose a fresh UUIDv7"]);
     settle(&w);
 }
@@ -544,15 +484,7 @@ fn seq8_a_future_stamped_id_is_never_reused() {
     w.registered();
     let agent = w.a();
     let ahead = ResourceId::from_parts(T0.0 + Millis::from_hours(20).0, [9; 10]);
-    let allocate = Allocate {
-        agent: agent.clone(),
-        resource: ahead,
-        kind: "container".into(),
-        capacity: 1,
-        attributes: Default::default(),
-        parent: None,
-        pools: vec![],
-    };
+    let allocate = Allocate { capacity: 1, ..allocation(&agent, ahead) };
     accepted(&w.op(allocate.clone()));
     accepted(&w.release_of(ahead));
     accepted(&w.sync(&agent, |r| r.destroyed = vec![ahead]));

@@ -1,16 +1,17 @@
 //! What a writer relies on besides deciding: the answers `decide` gives besides an outcome (already decided,
 //! unchanged), the parts of a long decision and the refusals that keep them together, the recorded outcome for a
-//! command the decider failed on, and a fold that refuses an outcome out of order.
+//! command the decider failed on or a part over the size cap, and a fold that refuses an outcome out of order.
 
 mod support;
 
 use leasehold_domain::driver::Answer;
 use leasehold_domain::{
-    Ctx, Decided, FoldError, WriterError, abandon_pending, apply, continue_work, decide, internal_error_outcome,
+    Ctx, Decided, FoldError, WriterError, abandon_pending, apply, continue_work, decide, encode_part,
+    internal_error_outcome,
 };
 use leasehold_schemas::command::{MarkGone, Release};
 use leasehold_schemas::outcome::Decision;
-use leasehold_schemas::{RejectionKind, codec};
+use leasehold_schemas::{Outcome, RejectionKind, codec};
 use support::*;
 
 /// A registered agent with enough leased resources that orphaning them all takes several parts (of 2 KiB).
@@ -153,6 +154,51 @@ fn a_part_the_decider_failed_on_abandons_the_rest_on_record() {
     apply(&mut state, &last).expect("folds");
     assert!(state.pending().is_none(), "the partition moves on");
     assert_eq!(state.next_position(), w.state().next_position(), "the abandoned part takes no position");
+}
+
+/// `part` with its effects repeated until it is over the size cap, as a bug in the budgets would make it.
+fn oversized(mut part: Outcome) -> Outcome {
+    let Decision::Accepted { effects, .. } = &mut part.decision else { panic!("an accepted part") };
+    let n = codec::MAX_OUTCOME_BYTES / effects.iter().map(codec::encoded_len).sum::<usize>() + 1;
+    *effects = (0..n).flat_map(|_| effects.iter().cloned()).collect();
+    part
+}
+
+#[test]
+fn a_part_over_the_cap_is_recorded_as_an_internal_error_where_it_is_encoded() {
+    let mut w = heavy_world();
+    w.d.finish_parts = false;
+    let envelope = w.d.envelope(SWEEPER, MarkGone { agent: w.a() });
+    let ctx = Ctx { cmd_seq: w.d.next_seq(), log_time: w.d.now() };
+    let Ok(Decided::Append(first)) = decide(w.state(), &ctx, &envelope) else { panic!("a first part") };
+
+    // Under the cap: the part as it is, and the bytes the codec gives it.
+    let (same, bytes) = encode_part(first.clone()).expect("encodes");
+    assert_eq!(same, first);
+    assert_eq!(bytes, codec::encode_outcome(&first).unwrap());
+
+    // A first part over the cap becomes a rejection on record: it folds, and changes nothing else.
+    let (recorded, bytes) = encode_part(oversized(first.clone())).expect("the record encodes");
+    assert!(bytes.len() <= codec::MAX_OUTCOME_BYTES);
+    assert_eq!(codec::decode_outcome(&bytes).unwrap(), recorded);
+    assert_eq!((recorded.cmd_seq, recorded.part), (first.cmd_seq, 0));
+    let rejection = recorded.rejection().expect("a rejection");
+    assert_eq!(rejection.kind, RejectionKind::InternalError);
+    assert!(rejection.message.contains("does not encode: outcome of"), "{}", rejection.message);
+    assert!(rejection.message.contains("over the limit of 524288 bytes"), "{}", rejection.message);
+    let mut state = w.state().clone();
+    apply(&mut state, &recorded).expect("folds");
+    assert_same_except_bookkeeping(w.state(), &state);
+
+    // A later part over the cap abandons the rest of the decision, on record.
+    w.d.submit_envelope(&envelope);
+    let second = continue_work(w.state()).expect("a part is pending");
+    let (recorded, _) = encode_part(oversized(second.clone())).expect("the record encodes");
+    assert_eq!((recorded.cmd_seq, recorded.part), (second.cmd_seq, 1));
+    assert_eq!(recorded.rejection().map(|r| r.kind), Some(RejectionKind::InternalError));
+    let mut state = w.state().clone();
+    apply(&mut state, &recorded).expect("folds");
+    assert!(state.pending().is_none(), "the partition moves on");
 }
 
 #[test]

@@ -2,15 +2,15 @@
 //! lease token; renew and release of an active lease must present it.
 
 use leasehold_schemas::command::{Acquire, ExpireLease, ReleaseLease, Renew, WaitTimeout};
-use leasehold_schemas::ids::{AgentName, LeaseId, Millis, Timestamp};
+use leasehold_schemas::ids::{AgentName, LeaseId, Millis};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::{Rejection, RejectionKind};
 
 use super::{Decider, MAX_HOLDER_BYTES, Verdict, reject};
+use crate::state::{Lease, LeaseState, Liveness, ResourceState};
 
 /// How far ahead of the log's time a renew's id may be stamped (renews are ordered by their ids).
 const MAX_RENEW_AHEAD: Millis = Millis::from_mins(5);
-use crate::state::{Lease, LeaseState, Liveness, ResourceState};
 
 impl<'s> Decider<'s> {
     fn lease(&self, agent: &AgentName, id: LeaseId) -> Result<&'s Lease, Rejection> {
@@ -32,8 +32,7 @@ impl<'s> Decider<'s> {
                 format!("lease {} already exists ({})", existing.id, existing.state.name()),
             );
         }
-        let stamped = super::id_time(command.lease.unix_ms());
-        self.check_fresh_id("lease id", &command.lease, stamped, RejectionKind::Invalid)?;
+        self.check_fresh_id("lease id", &command.lease, command.lease.time(), RejectionKind::Invalid)?;
         if command.holder.is_empty() {
             return reject(RejectionKind::Invalid, "a lease needs a holder (who uses it)");
         }
@@ -100,8 +99,7 @@ impl<'s> Decider<'s> {
     pub(super) fn renew(&mut self, command: &Renew) -> Verdict {
         let lease = self.lease(&command.agent, command.lease)?;
         // Renews of a lease are ordered by their ids: one stamped far ahead would make every later one look older.
-        let ahead =
-            self.command_id.map(|id| Timestamp(id.unix_ms())).filter(|t| *t > self.now.saturating_add(MAX_RENEW_AHEAD));
+        let ahead = self.command_id.map(|id| id.time()).filter(|t| *t > self.now.saturating_add(MAX_RENEW_AHEAD));
         if let Some(stamped) = ahead {
             return reject(
                 RejectionKind::Invalid,

@@ -19,9 +19,9 @@ use std::fmt;
 
 use leasehold_schemas::codec;
 use leasehold_schemas::command::Command;
-use leasehold_schemas::ids::{AgentName, CommandId, Issuer, Key, ObsStamp, Position, ResourceId, Timestamp};
+use leasehold_schemas::ids::{AgentName, CommandId, Issuer, Key, ObsStamp, Position, ResourceId, Source, Timestamp};
 use leasehold_schemas::outcome::{BreakReason, CommandSummary, Decision, Effect, ReleaseCause, Work};
-use leasehold_schemas::subjects::partition_of_key;
+use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
 use leasehold_schemas::{CommandClass, Envelope, Outcome, Rejection, RejectionKind};
 
 use crate::state::{Agent, ClaimSlot, LeaseState, PartitionState, Resource, ResourceState};
@@ -123,29 +123,34 @@ pub fn decide(state: &PartitionState, ctx: &Ctx, envelope: &Envelope) -> Result<
         return Ok(Decided::AlreadyDecided { cmd_seq });
     }
     let now = state.now.max(ctx.log_time);
-    let mut decider = Decider::new(state, &envelope.issuer, now);
-    decider.command_id = Some(envelope.command_id);
+    let mut decider = Decider::new(state, &envelope.issuer, Some(envelope.command_id), now);
     let decision = match decider.run(envelope) {
         Ok(()) => Decision::Accepted { first_position: state.next_position, effects: decider.out.list },
         Err(rejection) => Decision::Rejected(rejection),
     };
-    if envelope.body.type_name() == "agent.heartbeat"
+    if matches!(envelope.body, Command::Heartbeat(_))
         && matches!(&decision, Decision::Accepted { effects, .. } if effects.is_empty())
     {
         return Ok(Decided::Unchanged);
     }
-    let summary = summary(envelope);
-    Ok(Decided::Append(capped(outcome(state, summary, ctx.cmd_seq, 0, ctx.log_time, now, decision))))
+    Ok(Decided::Append(first_part(state, ctx, envelope, decision)))
+}
+
+/// The answer a heartbeat that changed nothing ([`Decided::Unchanged`]) gets: an empty accepted outcome, which is
+/// not appended.
+pub(crate) fn unchanged_outcome(state: &PartitionState, ctx: &Ctx, envelope: &Envelope) -> Outcome {
+    let decision = Decision::Accepted { first_position: state.next_position, effects: vec![] };
+    first_part(state, ctx, envelope, decision)
 }
 
 /// The next part of the unfinished decision: it does what the last part left (`decision-continues`), as much as fits,
 /// and ends with `decision-continues` again if there is more. Refused (a writer bug) when nothing is pending.
 pub fn continue_work(state: &PartitionState) -> Result<Outcome, WriterError> {
     let pending = state.pending.as_ref().ok_or(WriterError::NothingPending)?;
-    let mut decider = Decider::new(state, &pending.command.issuer, state.now);
+    let mut decider = Decider::new(state, &pending.command.issuer, None, state.now);
     decider.continue_work(&pending.work);
     let decision = Decision::Accepted { first_position: state.next_position, effects: decider.out.list };
-    Ok(capped(next_part(state, pending, decision)))
+    Ok(next_part(state, pending, decision))
 }
 
 /// The next part of `pending`, with `decision`.
@@ -163,9 +168,7 @@ pub fn internal_error_outcome(
     detail: &str,
 ) -> Result<Outcome, WriterError> {
     refuse_while_pending(state)?;
-    let now = state.now.max(ctx.log_time);
-    let decision = Decision::Rejected(internal_error(detail));
-    Ok(outcome(state, summary(envelope), ctx.cmd_seq, 0, ctx.log_time, now, decision))
+    Ok(first_part(state, ctx, envelope, Decision::Rejected(internal_error(detail))))
 }
 
 /// The last part of an unfinished decision whose next part the decider could not make (it panicked): the work
@@ -180,16 +183,10 @@ fn internal_error(detail: &str) -> Rejection {
     Rejection::new(RejectionKind::InternalError, bounded(format!("the decider failed on this command: {detail}")))
 }
 
-/// The summary of a command that its outcome carries.
-pub(crate) fn summary(envelope: &Envelope) -> CommandSummary {
-    CommandSummary {
-        id: envelope.command_id,
-        class: envelope.class,
-        type_name: envelope.type_name().to_owned(),
-        issuer: envelope.issuer.clone(),
-        issued_at: envelope.issued_at,
-        key: envelope.body.key(),
-    }
+/// The first part of the outcome of `envelope`, decided at `max(partition time, log time)`.
+fn first_part(state: &PartitionState, ctx: &Ctx, envelope: &Envelope, decision: Decision) -> Outcome {
+    let now = state.now.max(ctx.log_time);
+    outcome(state, CommandSummary::of(envelope), ctx.cmd_seq, 0, ctx.log_time, now, decision)
 }
 
 fn outcome(
@@ -213,29 +210,27 @@ fn outcome(
     }
 }
 
-/// The last guard of the size cap: an outcome that would not encode under it (a bug in the budgets, never expected)
-/// is recorded as an internal error instead of wedging the partition. A first part becomes a rejection; a later part
-/// abandons the rest.
-fn capped(outcome: Outcome) -> Outcome {
-    let bytes = codec::encoded_len(&outcome).saturating_add(OUTCOME_HEADER_BYTES);
-    if bytes <= codec::MAX_OUTCOME_BYTES {
-        return outcome;
+/// Encodes a part for the log: the writer appends these bytes, and this is where the size cap is checked, once, on
+/// the encoding the append needs anyway (not in `decide`, on every decision). A part the codec refuses (over the cap:
+/// a bug in the budgets, never expected; the property tests hold every part under it) is recorded as an internal
+/// error instead of wedging the partition: a first part becomes a rejection, a later part abandons the rest. Returns
+/// the part to apply, which is the one encoded.
+pub fn encode_part(outcome: Outcome) -> Result<(Outcome, Vec<u8>), codec::CodecError> {
+    match codec::encode_outcome(&outcome) {
+        Ok(bytes) => Ok((outcome, bytes)),
+        Err(e) => {
+            let detail = format!("its outcome does not encode: {e}");
+            let recorded = Outcome { decision: Decision::Rejected(internal_error(&detail)), ..outcome };
+            let bytes = codec::encode_outcome(&recorded)?;
+            Ok((recorded, bytes))
+        }
     }
-    let detail = format!("its outcome would be {bytes} bytes, over the cap of {} bytes", codec::MAX_OUTCOME_BYTES);
-    Outcome { decision: Decision::Rejected(internal_error(&detail)), ..outcome }
 }
-
-/// The format tag and schema version `codec::encode_outcome` puts before an outcome.
-const OUTCOME_HEADER_BYTES: usize = 4;
 
 /// Shortens a message to `MAX_MESSAGE_BYTES` at a character boundary.
 fn bounded(mut message: String) -> String {
     if message.len() > MAX_MESSAGE_BYTES {
-        let mut cut = MAX_MESSAGE_BYTES - 3;
-        while !message.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        message.truncate(cut);
+        message.truncate(message.floor_char_boundary(MAX_MESSAGE_BYTES - 3));
         message.push_str("...");
     }
     message
@@ -247,11 +242,7 @@ pub(crate) fn echo(text: &str) -> String {
     if text.len() <= SHOWN {
         return format!("{text:?}");
     }
-    let mut cut = SHOWN;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{:?}... ({} bytes)", &text[..cut], text.len())
+    format!("{:?}... ({} bytes)", &text[..text.floor_char_boundary(SHOWN)], text.len())
 }
 
 /// Whether a command id is remembered for idempotency once decided. Heartbeats and reports are not: they are
@@ -345,14 +336,9 @@ struct Decider<'s> {
     out: Effects,
 }
 
-/// An id's time part, as its issuer's clock stamped it.
-fn id_time(unix_ms: u64) -> Timestamp {
-    Timestamp(unix_ms)
-}
-
 impl<'s> Decider<'s> {
-    fn new(state: &'s PartitionState, issuer: &'s Issuer, now: Timestamp) -> Self {
-        Decider { state, issuer, command_id: None, now, out: Effects::new(state.next_position, state.split_budget) }
+    fn new(state: &'s PartitionState, issuer: &'s Issuer, command_id: Option<CommandId>, now: Timestamp) -> Self {
+        Decider { state, issuer, command_id, now, out: Effects::new(state.next_position, state.split_budget) }
     }
 
     /// Refuses an id (`what` names it) that was made longer ago than the horizon, at or before something this
@@ -393,6 +379,25 @@ impl<'s> Decider<'s> {
         Ok(())
     }
 
+    /// Refuses a `source` outside the partition `agent` lives in: what is said about `about` (one of its resources)
+    /// comes from there (`what` names what was said). Returns that partition.
+    fn check_from_home(
+        &self,
+        about: &dyn fmt::Display,
+        agent: &AgentName,
+        source: Source,
+        what: &str,
+    ) -> Result<u32, Rejection> {
+        let home = partition_of_agent(agent, self.state.partitions);
+        if source.partition != home {
+            return reject(
+                RejectionKind::Invalid,
+                format!("{about} lives in partition {home}; {what} cannot come from {source}"),
+            );
+        }
+        Ok(home)
+    }
+
     fn run(&mut self, envelope: &Envelope) -> Verdict {
         let command = &envelope.body;
         if envelope.class != command.class() {
@@ -408,7 +413,7 @@ impl<'s> Decider<'s> {
         }
         let horizon = self.state.settings.outcome_horizon;
         let id = envelope.command_id;
-        self.check_fresh_id("command id", &id, id_time(id.unix_ms()), RejectionKind::StaleCommand)?;
+        self.check_fresh_id("command id", &id, id.time(), RejectionKind::StaleCommand)?;
         if envelope.issued_at.saturating_add(horizon) < self.now {
             return reject(
                 RejectionKind::StaleCommand,
@@ -562,9 +567,7 @@ impl<'s> Decider<'s> {
     /// its parent is suspect: they wait until the flag clears).
     fn activate(&mut self, resource: &Resource, stamp: ObsStamp, native_id: Option<String>) {
         self.out.push(Effect::ResourceActivated { resource: resource.id, stamp, native_id });
-        if resource.upstream_suspect().is_none() {
-            self.serve_waiting(resource);
-        }
+        self.serve_if_clear(resource);
     }
 
     /// A resource back to `active` (unpaused, healthy again): the leases that waited on it while it was not are

@@ -6,8 +6,7 @@ use leasehold_schemas::ids::{PoolName, ResourceRef, Timestamp};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::{PoolKind, PoolValue};
 use leasehold_schemas::settings::DEFAULT_POOL_COOLDOWN;
-use leasehold_schemas::subjects::partition_of_key;
-use leasehold_schemas::{Key, Rejection, RejectionKind, Source};
+use leasehold_schemas::{Rejection, RejectionKind};
 
 use super::{Decider, MAX_POOL_EXCLUSIONS, Verdict, reject};
 use crate::state::{Holding, Pool};
@@ -90,7 +89,7 @@ impl<'s> Decider<'s> {
     pub(super) fn claim(&mut self, command: &Claim) -> Verdict {
         let pool = self.pool(&command.pool)?;
         let holder = &command.holder;
-        self.check_from_holder(holder, command.source, "claim")?;
+        self.check_from_home(holder, &holder.agent, command.source, "a claim about it")?;
         match pool.holders.get(holder) {
             Some(Holding::Granted { value, token, .. }) => {
                 return reject(
@@ -133,23 +132,10 @@ impl<'s> Decider<'s> {
         Ok(())
     }
 
-    /// A message about a holder comes from the holder's partition (its `claim-wanted`, `claim-releasable` or
-    /// `grant-returned`).
-    fn check_from_holder(&self, holder: &ResourceRef, source: Source, what: &str) -> Verdict {
-        let home = partition_of_key(&Key::Agent(holder.agent.clone()), self.state.partitions);
-        if source.partition != home {
-            return reject(
-                RejectionKind::Invalid,
-                format!("{holder} lives in partition {home}; a {what} about it cannot come from {source}"),
-            );
-        }
-        Ok(())
-    }
-
     pub(super) fn free(&mut self, command: &Free) -> Verdict {
         let pool = self.pool(&command.pool)?;
         let holder = &command.holder;
-        self.check_from_holder(holder, command.source, "free")?;
+        self.check_from_home(holder, &holder.agent, command.source, "a free about it")?;
         let mut freed = None;
         match (pool.holders.get(holder), command.token) {
             (Some(Holding::Granted { value, token, .. }), Some(given)) if *token == given => {

@@ -151,11 +151,13 @@ impl<'s> Decider<'s> {
         Ok((agent, stamp))
     }
 
-    fn check_watermark(&self, watermark: Position) -> Verdict {
-        if watermark > self.state.last_position() {
+    /// Refuses a position an agent names (`what`: its report's watermark, the check it answers) that the log has
+    /// not reached.
+    fn check_reached(&self, what: &str, position: Position) -> Verdict {
+        if position > self.state.last_position() {
             return reject(
                 RejectionKind::Invalid,
-                format!("watermark {watermark} is beyond the last position {}", self.state.last_position()),
+                format!("{what} {position} is beyond the last position {}", self.state.last_position()),
             );
         }
         Ok(())
@@ -218,7 +220,7 @@ impl<'s> Decider<'s> {
                 ),
             );
         }
-        self.check_watermark(report.watermark)?;
+        self.check_reached("watermark", report.watermark)?;
         let judged = report_verdicts(self.state, agent, report)?;
         self.out.reserve(codec::encoded_len(&(&report.created, &report.missing, &report.destroyed)));
         self.out.push(Effect::ObservationAccepted { stamp, watermark: Some(report.watermark) });
@@ -349,7 +351,7 @@ impl<'s> Decider<'s> {
         if let Some(outside) = chunk.held.iter().chain(&chunk.in_flight).find(|id| !chunk.covers(**id)) {
             return reject(RejectionKind::Invalid, format!("handle {outside} is outside the chunk's range"));
         }
-        self.check_watermark(chunk.watermark)?;
+        self.check_reached("watermark", chunk.watermark)?;
         let judged = self.chunk_verdicts(agent, chunk);
         self.out.reserve(codec::encoded_len(&(&chunk.held, &chunk.in_flight)));
         self.out.push(Effect::ObservationAccepted { stamp, watermark: Some(chunk.watermark) });
@@ -452,7 +454,7 @@ impl<'s> Decider<'s> {
         let (_, stamp) = self.observer(&command.agent, command.epoch, command.obs)?;
         check_text("detail", &command.detail)?;
         let resource = self.resource(&command.agent, command.resource)?;
-        let ResourceState::Suspect { since, asked, .. } = &resource.state else {
+        let ResourceState::Suspect { asked, .. } = &resource.state else {
             return reject(
                 RejectionKind::InvalidState,
                 format!(
@@ -462,24 +464,13 @@ impl<'s> Decider<'s> {
                 ),
             );
         };
-        self.check_watermark(command.request)?;
+        self.check_reached("the check asked for at", command.request)?;
         if *asked != Some(command.request) {
             let latest = asked.map(|a| a.to_string()).unwrap_or_else(|| "none".to_owned());
             return reject(
                 RejectionKind::StaleObservation,
                 format!(
                     "the health result answers a check asked for at {}, but the check resource {} waits for is {latest}",
-                    command.request,
-                    resource.reference()
-                ),
-            );
-        }
-        if command.request < *since {
-            return reject(
-                RejectionKind::StaleObservation,
-                format!(
-                    "the health result answers a check asked for at {}, before resource {} turned suspect again at \
-                     {since}; it says nothing of that failure",
                     command.request,
                     resource.reference()
                 ),

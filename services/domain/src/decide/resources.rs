@@ -7,12 +7,12 @@ use leasehold_schemas::command::{
     ReportFailureByOperator, RequestHealthCheck, Unpause, Update,
 };
 use leasehold_schemas::outcome::{BreakReason, Effect, ReleaseCause, SuspectCause, UnpauseCause};
-use leasehold_schemas::subjects::partition_of_key;
+use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
 use leasehold_schemas::{Key, RejectionKind, ResourceRef, Source};
 
 use super::{
     Decider, MAX_ATTRIBUTE_KEY_BYTES, MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES, MAX_CAPACITY, MAX_POOLS_PER_RESOURCE,
-    Verdict, check_text, echo, id_time, reject,
+    Verdict, check_text, echo, reject,
 };
 use crate::state::{ClaimSlot, Liveness, Resource, ResourceState};
 
@@ -88,7 +88,7 @@ impl<'s> Decider<'s> {
                 format!("resource {} already exists ({})", existing.reference(), existing.state.name()),
             );
         }
-        self.check_fresh_id("resource id", &id, id_time(id.unix_ms()), RejectionKind::Invalid)?;
+        self.check_fresh_id("resource id", &id, id.time(), RejectionKind::Invalid)?;
         if !is_kind(&command.kind) {
             return reject(
                 RejectionKind::Invalid,
@@ -118,8 +118,7 @@ impl<'s> Decider<'s> {
             if parent.resource == id {
                 return reject(RejectionKind::Invalid, format!("resource {id} cannot be its own parent"));
             }
-            let parent_key = Key::Agent(parent.agent.clone());
-            if partition_of_key(&parent_key, self.state.partitions) == self.state.partition {
+            if partition_of_agent(&parent.agent, self.state.partitions) == self.state.partition {
                 let parent_resource = self.resource(&parent.agent, parent.resource).map_err(|mut r| {
                     r.message = format!("parent {parent} is not known");
                     r
@@ -372,16 +371,8 @@ impl<'s> Decider<'s> {
                 format!("{} is not the parent of resource {}", command.parent, child.reference()),
             );
         }
-        let parent_home = partition_of_key(&Key::Agent(command.parent.agent.clone()), self.state.partitions);
-        if command.source.partition != parent_home {
-            return reject(
-                RejectionKind::Invalid,
-                format!(
-                    "parent {} lives in partition {parent_home}; what it says comes from there, not from {}",
-                    command.parent, command.source
-                ),
-            );
-        }
+        let about = format_args!("parent {}", command.parent);
+        let parent_home = self.check_from_home(&about, &command.parent.agent, command.source, "what it says")?;
         if child.state.has_left() {
             return reject(
                 RejectionKind::AlreadyDone,
@@ -474,16 +465,8 @@ impl<'s> Decider<'s> {
     /// The parent's side of an adoption: its state as of now, for a child allocated in another partition. A parent
     /// unknown here that could still be allocated is asked about again later; one that never can be has left.
     pub(super) fn adopt(&mut self, command: &Adopt) -> Verdict {
-        let child_home = partition_of_key(&Key::Agent(command.child.agent.clone()), self.state.partitions);
-        if command.source.partition != child_home {
-            return reject(
-                RejectionKind::Invalid,
-                format!(
-                    "child {} lives in partition {child_home}; its allocation cannot be at {}",
-                    command.child, command.source
-                ),
-            );
-        }
+        let about = format_args!("child {}", command.child);
+        self.check_from_home(&about, &command.child.agent, command.source, "its allocation")?;
         let known = self.state.resources.get(&command.parent.resource);
         let parent = known.filter(|r| r.agent == command.parent.agent);
         let parent_state = match parent {
@@ -493,7 +476,7 @@ impl<'s> Decider<'s> {
             // The id is another agent's resource here: this parent can never exist (ids are unique per partition).
             None if known.is_some() => ParentState::Left,
             None => {
-                let stamped = id_time(command.parent.resource.unix_ms());
+                let stamped = command.parent.resource.time();
                 let horizon = self.state.settings.outcome_horizon;
                 let may_come = stamped.saturating_add(horizon) >= self.now && stamped > self.state.forgotten_up_to;
                 if may_come {

@@ -8,7 +8,7 @@ use leasehold_schemas::command::*;
 use leasehold_schemas::ids::*;
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::settings::AgentSettings;
-use leasehold_schemas::{Command, Outcome, RejectionKind};
+use leasehold_schemas::{Command, Outcome, RejectionKind, Uuid};
 
 /// Log time at the start of every test (2027-01-15).
 pub const T0: Timestamp = Timestamp(1_800_000_000_000);
@@ -31,7 +31,7 @@ pub fn secs(n: u64) -> Millis {
 pub fn agent_in(prefix: &str, partition: u32, partitions: u32) -> AgentName {
     (1..)
         .map(|i| agent_name(&format!("{prefix}{i}")))
-        .find(|a| leasehold_schemas::subjects::partition_of_key(&Key::Agent(a.clone()), partitions) == partition)
+        .find(|a| leasehold_schemas::subjects::partition_of_agent(a, partitions) == partition)
         .expect("some name falls in every partition")
 }
 
@@ -143,17 +143,9 @@ impl World {
 
     // --- resources ------------------------------------------------------------------------------------------
 
+    /// An allocation of a fresh id on `agent` (see [`allocation`]).
     pub fn allocate_cmd(&mut self, agent: &AgentName) -> Allocate {
-        let resource = self.d.new_resource_id();
-        Allocate {
-            agent: agent.clone(),
-            resource,
-            kind: "container".into(),
-            capacity: 2,
-            attributes: Default::default(),
-            parent: None,
-            pools: vec![],
-        }
+        allocation(agent, self.d.new_resource_id())
     }
 
     /// Allocates a resource (capacity 2) on `w1`; it becomes `w.r()`.
@@ -296,10 +288,15 @@ impl World {
 
     /// The agent's health result for `w.r()`, answering the check asked for at `request`.
     pub fn health_result(&mut self, request: Position, healthy: bool) -> Outcome {
-        let (agent, resource) = (self.a(), self.r());
+        let resource = self.r();
+        self.health_answer(resource, request, healthy, "check")
+    }
+
+    fn health_answer(&mut self, resource: ResourceId, request: Position, healthy: bool, detail: &str) -> Outcome {
+        let agent = self.a();
         let epoch = self.epoch(&agent);
         let obs = self.next_obs(&agent);
-        self.agent_says(HealthResult { agent, epoch, obs, resource, request, healthy, detail: "check".into() })
+        self.agent_says(HealthResult { agent, epoch, obs, resource, request, healthy, detail: detail.into() })
     }
 
     /// The check `resource` (on the current agent) waits for, asked for now if none is.
@@ -320,10 +317,13 @@ impl World {
     /// The agent's health result for `resource`, answering the check it waits for (asked now if none is).
     pub fn health_of(&mut self, resource: ResourceId, healthy: bool, detail: &str) -> Outcome {
         let request = self.check_asked(resource);
-        let agent = self.a();
-        let epoch = self.epoch(&agent);
-        let obs = self.next_obs(&agent);
-        self.agent_says(HealthResult { agent, epoch, obs, resource, request, healthy, detail: detail.into() })
+        self.health_answer(resource, request, healthy, detail)
+    }
+
+    /// An operator reports `resource` failing (it turns suspect).
+    pub fn operator_failure(&mut self, resource: &ResourceRef, detail: &str) -> Outcome {
+        let agent = resource.agent.clone();
+        self.op(ReportFailureByOperator { agent, resource: resource.resource, detail: detail.into() })
     }
 
     /// Makes `parent` (on the current agent, in this partition) `parent_state` for real, then sends `child` the
@@ -345,12 +345,7 @@ impl World {
                 accepted(&self.op(release));
             }
             ParentState::Suspect if !suspect && !left => {
-                let failure = ReportFailureByOperator {
-                    agent: parent.agent.clone(),
-                    resource: parent.resource,
-                    detail: "x".into(),
-                };
-                accepted(&self.op(failure));
+                accepted(&self.operator_failure(parent, "x"));
             }
             ParentState::Healthy if suspect => {
                 accepted(&self.health_of(parent.resource, true, "ok"));
@@ -399,6 +394,57 @@ impl World {
             .unwrap_or_else(|| panic!("no {name} in {:?}", effect_names(outcome)));
         Source { partition: self.state().partition(), position }
     }
+}
+
+/// An allocation of `resource` on `agent`: a container of capacity 2, without attributes, parent or pools.
+pub fn allocation(agent: &AgentName, resource: ResourceId) -> Allocate {
+    Allocate {
+        agent: agent.clone(),
+        resource,
+        kind: "container".into(),
+        capacity: 2,
+        attributes: Default::default(),
+        parent: None,
+        pools: vec![],
+    }
+}
+
+/// A resync chunk of the current agent over `[lo, hi)` at the current last position, with the next observation
+/// number.
+pub fn chunk(
+    w: &mut World,
+    lo: Uuid,
+    hi: Option<Uuid>,
+    held: Vec<ResourceId>,
+    in_flight: Vec<ResourceId>,
+) -> ResyncChunk {
+    let agent = w.a();
+    let epoch = w.epoch(&agent);
+    let obs = w.next_obs(&agent);
+    let watermark = w.state().last_position();
+    ResyncChunk { agent, epoch, obs, watermark, lo, hi, held, in_flight }
+}
+
+/// The chunk bounds that cover exactly `id`.
+pub fn just(id: ResourceId) -> (Uuid, Option<Uuid>) {
+    (id.as_uuid(), Some(Uuid::from_u128(id.as_uuid().as_u128() + 1)))
+}
+
+/// The adoption of `child`, allocated at `born` in another partition, by `parent` in `parents`' partition: the
+/// parent's answer (`child-adopted`), and the cascade that carries it back to the child.
+pub fn adoption(parents: &mut World, parent: &ResourceRef, child: &ResourceRef, born: Source) -> (Outcome, Cascade) {
+    let adopted = parents.sys(Adopt { parent: parent.clone(), child: child.clone(), source: born });
+    let parent_state = adopted
+        .effects()
+        .iter()
+        .find_map(|e| match e {
+            Effect::ChildAdopted { parent_state, .. } => Some(*parent_state),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("an answer, not {:?}", effect_names(&adopted)));
+    let source = parents.source_of(&adopted, "child-adopted");
+    let answer = Cascade { child: child.clone(), parent: parent.clone(), parent_state, source, answers: Some(born) };
+    (adopted, answer)
 }
 
 // --- assertions ---------------------------------------------------------------------------------------------------
