@@ -1,0 +1,584 @@
+//! The embedded log: one redb file in a data directory, for one process. The same observable semantics as the
+//! JetStream log: one sequence for all commands and one for all outcomes, the command id dedupe window, the fence
+//! (checked inside the one write transaction that appends, so two appenders with one fence never both land),
+//! outcome message ids, dead letters once per source sequence, log time stamped at publish and never going back.
+//!
+//! Ownership is a lock per partition inside the process; [`Embedded::take_over`] lets a test move it the way a pin
+//! moves between NATS clients, and the old owner learns it only when it next asks for commands.
+//!
+//! redb calls are made in place, not on a blocking pool: they are short, and a deterministic simulation runs this
+//! log on a single-threaded runtime with paused time, where a blocking pool would let time jump.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use leasehold_schemas::Timestamp;
+use leasehold_schemas::subjects::partition_of;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::watch;
+
+use crate::{
+    Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Published, StoredOutcome,
+    outcome_msg_id,
+};
+
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+/// seq -> (partition, subject, log time, payload)
+const CMD: TableDefinition<u64, (u32, &str, u64, &[u8])> = TableDefinition::new("cmd");
+const CMD_BY_PARTITION: TableDefinition<(u32, u64), ()> = TableDefinition::new("cmd_by_partition");
+/// command id -> (seq, log time), inside the duplicate window
+const CMD_IDS: TableDefinition<&str, (u64, u64)> = TableDefinition::new("cmd_ids");
+const CMD_IDS_BY_TIME: TableDefinition<(u64, u64), &str> = TableDefinition::new("cmd_ids_by_time");
+/// seq -> (partition, key, cmd id, cmd seq, part, prev seq, payload)
+const EVT: TableDefinition<u64, (u32, &str, &str, u64, u32, u64, &[u8])> = TableDefinition::new("evt");
+const EVT_BY_PARTITION: TableDefinition<(u32, u64), ()> = TableDefinition::new("evt_by_partition");
+const EVT_BY_KEY: TableDefinition<(u32, &str, u64), ()> = TableDefinition::new("evt_by_key");
+const EVT_IDS: TableDefinition<&str, u64> = TableDefinition::new("evt_ids");
+/// seq -> (partition, source seq, source subject, reason, payload)
+const DLQ: TableDefinition<u64, (u32, u64, &str, &str, &[u8])> = TableDefinition::new("dlq");
+const DLQ_BY_SOURCE: TableDefinition<u64, u64> = TableDefinition::new("dlq_by_source");
+
+const FORMAT: &[u8] = b"leasehold-log/1";
+/// The file in the data directory.
+pub const FILE_NAME: &str = "log.redb";
+/// How long a command id is remembered for dedupe (`LH_CMD`'s `duplicate_window`).
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
+/// The largest command payload the log stores (NATS's `max_payload` is 1 MiB by default; what is too large for the
+/// codec is stored and dead-lettered by the worker, as a larger `max_payload` would let through).
+pub const MAX_PAYLOAD: usize = 2 << 20;
+
+/// Where log time comes from.
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+/// The system clock, in Unix milliseconds.
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        let ms = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+        Timestamp(u64::try_from(ms).unwrap_or(u64::MAX))
+    })
+}
+
+/// A handle on the embedded log (cheap to clone).
+#[derive(Clone)]
+pub struct Embedded {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Embedded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Embedded").field("partitions", &self.inner.partitions).finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    db: Database,
+    partitions: u32,
+    clock: Clock,
+    /// The last log time given: log time never goes back.
+    last_time: Mutex<u64>,
+    commands: watch::Sender<u64>,
+    outcomes: watch::Sender<u64>,
+    /// partition -> (worker, hold number) of its owner in this process.
+    owners: Mutex<BTreeMap<u32, (String, u64)>>,
+    holds: Mutex<u64>,
+}
+
+fn storage(e: impl std::fmt::Display) -> Error {
+    Error::Storage(e.to_string())
+}
+
+impl Embedded {
+    /// Opens (or creates) the log in `dir` with `partitions` partitions. A log created with another partition count
+    /// is refused, and so is a directory another process has open.
+    pub fn open(dir: &Path, partitions: u32) -> Result<Self, Error> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Storage(format!("cannot create {}: {e}", dir.display())))?;
+        let path = dir.join(FILE_NAME);
+        let db = Database::create(&path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => Error::Refused(format!(
+                "the log in {} is in use by another process (the embedded log is one process's)",
+                dir.display()
+            )),
+            other => Error::Storage(format!("cannot open {}: {other}", path.display())),
+        })?;
+        Self::with_database(db, partitions, system_clock())
+    }
+
+    /// A log in memory, with log time from `clock` (for tests and simulations).
+    pub fn in_memory(partitions: u32, clock: Clock) -> Result<Self, Error> {
+        let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new()).map_err(storage)?;
+        Self::with_database(db, partitions, clock)
+    }
+
+    fn with_database(db: Database, partitions: u32, clock: Clock) -> Result<Self, Error> {
+        if partitions == 0 {
+            return Err(Error::Refused("a log has at least one partition".to_owned()));
+        }
+        let txn = db.begin_write().map_err(storage)?;
+        {
+            let mut meta = txn.open_table(META).map_err(storage)?;
+            let format = meta.get("format").map_err(storage)?.map(|v| v.value().to_vec());
+            match format {
+                None => {
+                    meta.insert("format", FORMAT).map_err(storage)?;
+                    meta.insert("partitions", partitions.to_le_bytes().as_slice()).map_err(storage)?;
+                }
+                Some(format) if format != FORMAT => {
+                    return Err(Error::Refused(format!(
+                        "this file is not a leasehold log (format {:?})",
+                        String::from_utf8_lossy(&format)
+                    )));
+                }
+                Some(_) => {
+                    let recorded = meta
+                        .get("partitions")
+                        .map_err(storage)?
+                        .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
+                        .map(u32::from_le_bytes);
+                    if recorded != Some(partitions) {
+                        return Err(Error::Refused(format!(
+                            "the log was created with {} partitions, not {partitions}: the partition count is fixed \
+                             when the log is created",
+                            recorded.map_or("an unknown number of".to_owned(), |p| p.to_string())
+                        )));
+                    }
+                }
+            }
+            // Every table exists from the start, so readers never meet a missing one.
+            txn.open_table(CMD).map_err(storage)?;
+            txn.open_table(CMD_BY_PARTITION).map_err(storage)?;
+            txn.open_table(CMD_IDS).map_err(storage)?;
+            txn.open_table(CMD_IDS_BY_TIME).map_err(storage)?;
+            txn.open_table(EVT).map_err(storage)?;
+            txn.open_table(EVT_BY_PARTITION).map_err(storage)?;
+            txn.open_table(EVT_BY_KEY).map_err(storage)?;
+            txn.open_table(EVT_IDS).map_err(storage)?;
+            txn.open_table(DLQ).map_err(storage)?;
+            txn.open_table(DLQ_BY_SOURCE).map_err(storage)?;
+        }
+        txn.commit().map_err(storage)?;
+        let (last_cmd, last_evt, last_time) = {
+            let read = db.begin_read().map_err(storage)?;
+            let cmd = read.open_table(CMD).map_err(storage)?;
+            let last_cmd = cmd.last().map_err(storage)?.map(|(k, v)| (k.value(), v.value().2));
+            let evt = read.open_table(EVT).map_err(storage)?;
+            let last_evt = evt.last().map_err(storage)?.map_or(0, |(k, _)| k.value());
+            (last_cmd.map_or(0, |c| c.0), last_evt, last_cmd.map_or(0, |c| c.1))
+        };
+        Ok(Embedded {
+            inner: Arc::new(Inner {
+                db,
+                partitions,
+                clock,
+                last_time: Mutex::new(last_time),
+                commands: watch::Sender::new(last_cmd),
+                outcomes: watch::Sender::new(last_evt),
+                owners: Mutex::new(BTreeMap::new()),
+                holds: Mutex::new(0),
+            }),
+        })
+    }
+
+    /// Makes `worker` the owner of `partition` whoever holds it now, as a pin moves in NATS: the old owner learns it
+    /// when it next asks for commands. For tests of two writers on one partition.
+    pub fn take_over(&self, partition: u32, worker: &str) -> EmbeddedOwner {
+        let hold = self.next_hold();
+        self.inner.owners.lock().expect("owners lock").insert(partition, (worker.to_owned(), hold));
+        EmbeddedOwner { log: self.clone(), partition, hold }
+    }
+
+    fn next_hold(&self) -> u64 {
+        let mut holds = self.inner.holds.lock().expect("holds lock");
+        *holds += 1;
+        *holds
+    }
+
+    fn log_time(&self) -> Timestamp {
+        let now = (self.inner.clock)().0;
+        let mut last = self.inner.last_time.lock().expect("time lock");
+        *last = (*last).max(now);
+        Timestamp(*last)
+    }
+
+    fn publish_blocking(&self, subject: &str, msg_id: &str, payload: &[u8]) -> Result<Published, Error> {
+        let tokens: Vec<&str> = subject.split('.').collect();
+        let ["lh", "in", class, key, id] = tokens.as_slice() else {
+            return Err(Error::Refused(format!("no stream takes subject {subject:?} (commands go to lh.in.<class>.<key>.<id>)")));
+        };
+        if [class, key, id].iter().any(|t| t.is_empty() || t.contains(['*', '>', ' '])) {
+            return Err(Error::Refused(format!("{subject:?} is not a valid subject to publish on")));
+        }
+        if payload.len() > MAX_PAYLOAD {
+            return Err(Error::Refused(format!(
+                "a payload of {} bytes is over the log's limit of {MAX_PAYLOAD}",
+                payload.len()
+            )));
+        }
+        let partition = partition_of(key, self.inner.partitions);
+        let stored = format!("lh.cmd.{partition}.{class}.{key}.{id}");
+        let txn = self.inner.db.begin_write().map_err(storage)?;
+        let time = self.log_time();
+        let window = u64::try_from(DUPLICATE_WINDOW.as_millis()).unwrap_or(u64::MAX);
+        let published = {
+            let mut ids = txn.open_table(CMD_IDS).map_err(storage)?;
+            let mut by_time = txn.open_table(CMD_IDS_BY_TIME).map_err(storage)?;
+            // Forget ids whose window has passed (a few per publish, so the table stays the window's size).
+            let horizon = time.0.saturating_sub(window);
+            let old: Vec<((u64, u64), String)> = by_time
+                .range((0, 0)..(horizon, 0))
+                .map_err(storage)?
+                .take(16)
+                .map(|e| e.map(|(k, v)| (k.value(), v.value().to_owned())))
+                .collect::<Result<_, _>>()
+                .map_err(storage)?;
+            for (key, id) in old {
+                by_time.remove(key).map_err(storage)?;
+                let first = ids.get(id.as_str()).map_err(storage)?.map(|v| v.value());
+                if first == Some((key.1, key.0)) {
+                    ids.remove(id.as_str()).map_err(storage)?;
+                }
+            }
+            let earlier = ids.get(msg_id).map_err(storage)?.map(|v| v.value());
+            match earlier {
+                Some((seq, at)) if at + window > time.0 => Published { seq, duplicate: true },
+                _ => {
+                    let mut cmd = txn.open_table(CMD).map_err(storage)?;
+                    let seq = cmd.last().map_err(storage)?.map_or(0, |(k, _)| k.value()) + 1;
+                    cmd.insert(seq, (partition, stored.as_str(), time.0, payload)).map_err(storage)?;
+                    txn.open_table(CMD_BY_PARTITION).map_err(storage)?.insert((partition, seq), ()).map_err(storage)?;
+                    ids.insert(msg_id, (seq, time.0)).map_err(storage)?;
+                    by_time.insert((time.0, seq), msg_id).map_err(storage)?;
+                    Published { seq, duplicate: false }
+                }
+            }
+        };
+        txn.commit().map_err(storage)?;
+        if !published.duplicate {
+            self.inner.commands.send_replace(published.seq);
+        }
+        Ok(published)
+    }
+
+    fn read_commands_blocking(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
+        let read = self.inner.db.begin_read().map_err(storage)?;
+        let index = read.open_table(CMD_BY_PARTITION).map_err(storage)?;
+        let cmd = read.open_table(CMD).map_err(storage)?;
+        let mut out = Vec::new();
+        for entry in index.range((partition, after.saturating_add(1))..=(partition, u64::MAX)).map_err(storage)? {
+            if out.len() >= max {
+                break;
+            }
+            let seq = entry.map_err(storage)?.0.value().1;
+            if let Some(record) = cmd.get(seq).map_err(storage)? {
+                let (_, subject, time, payload) = record.value();
+                out.push(CommandRecord {
+                    seq,
+                    subject: subject.to_owned(),
+                    time: Timestamp(time),
+                    payload: Bytes::copy_from_slice(payload),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn append_blocking(&self, partition: u32, fence: u64, records: &[OutcomeRecord]) -> Result<Appended, Error> {
+        if partition >= self.inner.partitions {
+            return Err(Error::Refused(format!("there is no partition {partition}")));
+        }
+        let txn = self.inner.db.begin_write().map_err(storage)?;
+        let landed = {
+            let mut by_partition = txn.open_table(EVT_BY_PARTITION).map_err(storage)?;
+            let last = by_partition
+                .range((partition, 0)..=(partition, u64::MAX))
+                .map_err(storage)?
+                .next_back()
+                .transpose()
+                .map_err(storage)?
+                .map_or(0, |(k, _)| k.value().1);
+            // As on a single-replica stream, the fence is checked first, then the message ids.
+            if last != fence {
+                return Ok(Appended::Stale { last: Some(last) });
+            }
+            let mut ids = txn.open_table(EVT_IDS).map_err(storage)?;
+            for record in records {
+                let id = outcome_msg_id(partition, record.cmd_seq, record.part);
+                if let Some(seq) = ids.get(id.as_str()).map_err(storage)? {
+                    return Ok(Appended::Unknown(format!("duplicate outcome {id}: stored at {}", seq.value())));
+                }
+            }
+            let mut evt = txn.open_table(EVT).map_err(storage)?;
+            let mut by_key = txn.open_table(EVT_BY_KEY).map_err(storage)?;
+            let first = evt.last().map_err(storage)?.map_or(0, |(k, _)| k.value()) + 1;
+            let mut prev = fence;
+            for (i, record) in records.iter().enumerate() {
+                let seq = first + i as u64;
+                let value = (
+                    partition,
+                    record.key.as_str(),
+                    record.cmd_id.as_str(),
+                    record.cmd_seq,
+                    record.part,
+                    prev,
+                    record.payload.as_ref(),
+                );
+                evt.insert(seq, value).map_err(storage)?;
+                by_partition.insert((partition, seq), ()).map_err(storage)?;
+                by_key.insert((partition, record.key.as_str(), seq), ()).map_err(storage)?;
+                ids.insert(outcome_msg_id(partition, record.cmd_seq, record.part).as_str(), seq).map_err(storage)?;
+                prev = seq;
+            }
+            (first, prev)
+        };
+        txn.commit().map_err(storage)?;
+        self.inner.outcomes.send_replace(landed.1);
+        Ok(Appended::Landed { first: landed.0, last: landed.1 })
+    }
+
+    fn read_outcomes_blocking(&self, filter: &OutcomeFilter, from: u64, max: usize) -> Result<Vec<StoredOutcome>, Error> {
+        let read = self.inner.db.begin_read().map_err(storage)?;
+        let evt = read.open_table(EVT).map_err(storage)?;
+        let from = from.max(1);
+        let seqs: Vec<u64> = match filter {
+            OutcomeFilter::All => evt
+                .range(from..)
+                .map_err(storage)?
+                .take(max)
+                .map(|e| e.map(|(k, _)| k.value()))
+                .collect::<Result<_, _>>()
+                .map_err(storage)?,
+            OutcomeFilter::Partition(p) => read
+                .open_table(EVT_BY_PARTITION)
+                .map_err(storage)?
+                .range((*p, from)..=(*p, u64::MAX))
+                .map_err(storage)?
+                .take(max)
+                .map(|e| e.map(|(k, _)| k.value().1))
+                .collect::<Result<_, _>>()
+                .map_err(storage)?,
+            OutcomeFilter::Key { partition, key } => read
+                .open_table(EVT_BY_KEY)
+                .map_err(storage)?
+                .range((*partition, key.as_str(), from)..=(*partition, key.as_str(), u64::MAX))
+                .map_err(storage)?
+                .take(max)
+                .map(|e| e.map(|(k, _)| k.value().2))
+                .collect::<Result<_, _>>()
+                .map_err(storage)?,
+        };
+        let mut out = Vec::with_capacity(seqs.len());
+        for seq in seqs {
+            let Some(record) = evt.get(seq).map_err(storage)? else { continue };
+            let (partition, key, cmd_id, cmd_seq, part, prev_seq, payload) = record.value();
+            out.push(StoredOutcome {
+                seq,
+                partition,
+                key: key.to_owned(),
+                cmd_id: cmd_id.to_owned(),
+                cmd_seq,
+                part,
+                prev_seq,
+                payload: Bytes::copy_from_slice(payload),
+            });
+        }
+        Ok(out)
+    }
+
+    fn last_outcome_blocking(&self, partition: u32) -> Result<u64, Error> {
+        let read = self.inner.db.begin_read().map_err(storage)?;
+        let by_partition = read.open_table(EVT_BY_PARTITION).map_err(storage)?;
+        let last = by_partition
+            .range((partition, 0)..=(partition, u64::MAX))
+            .map_err(storage)?
+            .next_back()
+            .transpose()
+            .map_err(storage)?;
+        Ok(last.map_or(0, |(k, _)| k.value().1))
+    }
+
+    fn dead_letter_blocking(&self, letter: &DeadLetter) -> Result<(), Error> {
+        let txn = self.inner.db.begin_write().map_err(storage)?;
+        {
+            let mut by_source = txn.open_table(DLQ_BY_SOURCE).map_err(storage)?;
+            if by_source.get(letter.source_seq).map_err(storage)?.is_some() {
+                return Ok(());
+            }
+            let mut dlq = txn.open_table(DLQ).map_err(storage)?;
+            let seq = dlq.last().map_err(storage)?.map_or(0, |(k, _)| k.value()) + 1;
+            let reason = letter.header_reason();
+            let value = (
+                letter.partition,
+                letter.source_seq,
+                letter.source_subject.as_str(),
+                reason.as_str(),
+                letter.payload.as_ref(),
+            );
+            dlq.insert(seq, value).map_err(storage)?;
+            by_source.insert(letter.source_seq, seq).map_err(storage)?;
+        }
+        txn.commit().map_err(storage)
+    }
+
+    fn read_dead_letters_blocking(&self, from: u64, max: usize) -> Result<Vec<(u64, DeadLetter)>, Error> {
+        let read = self.inner.db.begin_read().map_err(storage)?;
+        let dlq = read.open_table(DLQ).map_err(storage)?;
+        let mut out = Vec::new();
+        for entry in dlq.range(from.max(1)..).map_err(storage)?.take(max) {
+            let (seq, value) = entry.map_err(storage)?;
+            let (partition, source_seq, source_subject, reason, payload) = value.value();
+            out.push((
+                seq.value(),
+                DeadLetter {
+                    partition,
+                    source_seq,
+                    source_subject: source_subject.to_owned(),
+                    reason: reason.to_owned(),
+                    payload: Bytes::copy_from_slice(payload),
+                },
+            ));
+        }
+        Ok(out)
+    }
+
+    fn command_at_blocking(&self, seq: u64) -> Result<Option<CommandRecord>, Error> {
+        let read = self.inner.db.begin_read().map_err(storage)?;
+        let cmd = read.open_table(CMD).map_err(storage)?;
+        Ok(cmd.get(seq).map_err(storage)?.map(|record| {
+            let (_, subject, time, payload) = record.value();
+            CommandRecord {
+                seq,
+                subject: subject.to_owned(),
+                time: Timestamp(time),
+                payload: Bytes::copy_from_slice(payload),
+            }
+        }))
+    }
+}
+
+impl Log for Embedded {
+    type Owner = EmbeddedOwner;
+
+    fn partitions(&self) -> u32 {
+        self.inner.partitions
+    }
+
+    async fn publish_command(&self, subject: &str, msg_id: &str, payload: Bytes) -> Result<Published, Error> {
+        self.publish_blocking(subject, msg_id, &payload)
+    }
+
+    async fn read_commands(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
+        self.read_commands_blocking(partition, after, max)
+    }
+
+    async fn command_at(&self, seq: u64) -> Result<Option<CommandRecord>, Error> {
+        self.command_at_blocking(seq)
+    }
+
+    async fn last_command_seq(&self) -> Result<u64, Error> {
+        Ok(*self.inner.commands.borrow())
+    }
+
+    async fn append(&self, partition: u32, fence: u64, records: &[OutcomeRecord]) -> Appended {
+        if records.is_empty() {
+            return Appended::Unknown("nothing to append".to_owned());
+        }
+        self.append_blocking(partition, fence, records).unwrap_or_else(|e| Appended::Unknown(e.to_string()))
+    }
+
+    async fn last_outcome_seq(&self, partition: u32) -> Result<u64, Error> {
+        self.last_outcome_blocking(partition)
+    }
+
+    async fn read_outcomes(&self, filter: &OutcomeFilter, from: u64, max: usize) -> Result<Vec<StoredOutcome>, Error> {
+        self.read_outcomes_blocking(filter, from, max)
+    }
+
+    fn follow(&self, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {
+        let log = self.clone();
+        let changes = self.inner.outcomes.subscribe();
+        crate::follow::by_polling(filter, from, changes, move |filter, from| {
+            let log = log.clone();
+            async move { log.read_outcomes_blocking(&filter, from, 256) }
+        })
+    }
+
+    async fn dead_letter(&self, letter: DeadLetter) -> Result<(), Error> {
+        self.dead_letter_blocking(&letter)
+    }
+
+    async fn read_dead_letters(&self, from: u64, max: usize) -> Result<Vec<(u64, DeadLetter)>, Error> {
+        self.read_dead_letters_blocking(from, max)
+    }
+
+    async fn own(&self, partition: u32, worker: &str) -> Result<Option<EmbeddedOwner>, Error> {
+        if partition >= self.inner.partitions {
+            return Err(Error::Refused(format!("there is no partition {partition}")));
+        }
+        let hold = self.next_hold();
+        let mut owners = self.inner.owners.lock().expect("owners lock");
+        if owners.contains_key(&partition) {
+            return Ok(None);
+        }
+        owners.insert(partition, (worker.to_owned(), hold));
+        Ok(Some(EmbeddedOwner { log: self.clone(), partition, hold }))
+    }
+}
+
+/// A hold on one partition of the embedded log. Dropping it gives the partition up, as a dead process's pin lapses.
+#[derive(Debug)]
+pub struct EmbeddedOwner {
+    log: Embedded,
+    partition: u32,
+    hold: u64,
+}
+
+impl EmbeddedOwner {
+    fn still_held(&self) -> Result<(), Error> {
+        let owners = self.log.inner.owners.lock().expect("owners lock");
+        match owners.get(&self.partition) {
+            Some((_, hold)) if *hold == self.hold => Ok(()),
+            _ => Err(Error::Lost(self.partition)),
+        }
+    }
+}
+
+impl Owner for EmbeddedOwner {
+    fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    async fn next_commands(&mut self, after: u64, max: usize, wait: Duration) -> Result<Vec<CommandRecord>, Error> {
+        self.still_held()?;
+        let mut changes = self.log.inner.commands.subscribe();
+        let found = self.log.read_commands_blocking(self.partition, after, max)?;
+        if !found.is_empty() {
+            return Ok(found);
+        }
+        if tokio::time::timeout(wait, changes.changed()).await.is_err() {
+            return Ok(Vec::new());
+        }
+        self.still_held()?;
+        self.log.read_commands_blocking(self.partition, after, max)
+    }
+
+    async fn done_through(&mut self, _seq: u64) -> Result<(), Error> {
+        // The embedded log keeps no consumer state: the cursor is in the outcomes.
+        self.still_held()
+    }
+
+    async fn release(self) {
+        // Drop does it.
+    }
+}
+
+impl Drop for EmbeddedOwner {
+    fn drop(&mut self) {
+        let mut owners = self.log.inner.owners.lock().expect("owners lock");
+        if owners.get(&self.partition).is_some_and(|(_, hold)| *hold == self.hold) {
+            owners.remove(&self.partition);
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! leasehold's log: what the services need of a durable, ordered, fenced log, and two backends that give it.
+//!
+//! ```text
+//!   producers ──publish_command──▶  commands of partition p   (lh.cmd.<p>.<class>.<key>.<id>, log sequence, log time)
+//!                                          │  read strictly in sequence after the writer's cursor
+//!                                          ▼
+//!   writer of p ──append(p, fence, [records])──▶ outcomes of p  (lh.evt.<p>.<key>)
+//!                                                  │  read by partition, key or everything; followed in order
+//!                                                  ▼
+//!                                       projector, agents, replay
+//! ```
+//!
+//! - [`Log`]: the trait. An append carries a *fence* (the sequence the writer expects as the partition's last
+//!   outcome) and answers [`Appended`]: landed at a range, busy (not landed: retry), stale (not landed: someone
+//!   else appended), or unknown. Only a clean [`Appended::Landed`] may be trusted.
+//! - [`embedded`]: one redb file in a data directory, for one process (the default).
+//! - [`jetstream`]: NATS JetStream streams `LH_CMD`, `LH_EVT`, `LH_DLQ` (DESIGN section 9).
+//! - [`conformance`]: the test functions every backend passes, run against both.
+//!
+//! Architecture invariant: only this crate names `async_nats` or the log's redb tables.
+
+#![forbid(unsafe_code)]
+
+pub mod conformance;
+pub mod embedded;
+pub mod jetstream;
+mod follow;
+mod record;
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+
+pub use record::{
+    Appended, CommandRecord, DeadLetter, Error, OutcomeFilter, OutcomeRecord, Published, StoredOutcome, fence_headers,
+    outcome_msg_id,
+};
+
+/// The header that names the command an outcome answers.
+pub const HEADER_CMD_ID: &str = "Lh-Cmd-Id";
+/// The command's sequence in the command log: the log itself holds the writer's cursor.
+pub const HEADER_CMD_SEQ: &str = "Lh-Cmd-Seq";
+/// The part of the decision (0 for the first).
+pub const HEADER_PART: &str = "Lh-Part";
+/// The fence this outcome was appended under: the sequence of the partition's previous outcome (0 for the first).
+/// Every fold checks the chain and stops on a break.
+pub const HEADER_PREV_SEQ: &str = "Lh-Prev-Seq";
+/// Why a command was dead-lettered.
+pub const HEADER_DLQ_REASON: &str = "Lh-Reason";
+/// The command log sequence of a dead-lettered command.
+pub const HEADER_DLQ_SOURCE_SEQ: &str = "Lh-Source-Seq";
+/// The subject a dead-lettered command was stored on.
+pub const HEADER_DLQ_SOURCE_SUBJECT: &str = "Lh-Source-Subject";
+
+/// What the services need of the log. Implementations are cheap to clone (a handle on shared state).
+///
+/// Sequences are the log's own: one counter for all commands, one for all outcomes (as a JetStream stream's), so a
+/// partition's sequences are increasing but not dense. `0` means "nothing": the fence of an empty partition, the
+/// cursor before the first command.
+pub trait Log: Clone + Send + Sync + 'static {
+    /// The owner of one partition's commands (see [`Log::own`]).
+    type Owner: Owner;
+
+    /// How many partitions the log was created with.
+    fn partitions(&self) -> u32;
+
+    /// Publishes a command on its ingress subject (`lh.in.<class>.<key>.<id>`); the log stores it on the command
+    /// subject of its partition and stamps its log time. A command whose `msg_id` (its command id) was published
+    /// within the duplicate window is not stored again: the answer names the first copy's sequence.
+    fn publish_command(
+        &self,
+        subject: &str,
+        msg_id: &str,
+        payload: bytes::Bytes,
+    ) -> impl Future<Output = Result<Published, Error>> + Send;
+
+    /// Up to `max` commands of `partition` with sequences after `after`, strictly in sequence, without waiting.
+    fn read_commands(
+        &self,
+        partition: u32,
+        after: u64,
+        max: usize,
+    ) -> impl Future<Output = Result<Vec<CommandRecord>, Error>> + Send;
+
+    /// The command stored at `seq`, if the log still holds it (commands age out after the retention).
+    fn command_at(&self, seq: u64) -> impl Future<Output = Result<Option<CommandRecord>, Error>> + Send;
+
+    /// The last sequence the command log has given (0 if it is empty).
+    fn last_command_seq(&self) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// Appends `records`, in order, as the next outcomes of `partition`, if the partition's last outcome is at
+    /// `fence` (0: the partition has none). The first record carries `fence` as its previous sequence, every next
+    /// one the sequence of the record before it. Two appenders with the same fence never both land.
+    fn append(
+        &self,
+        partition: u32,
+        fence: u64,
+        records: &[OutcomeRecord],
+    ) -> impl Future<Output = Appended> + Send;
+
+    /// The sequence of the last outcome of `partition` (0 if none): the fence its next append must carry. Reads
+    /// the latest write (never a lagging replica).
+    fn last_outcome_seq(&self, partition: u32) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// Outcomes matching `filter` with sequences from `from`, in order, at most `max` of them (the caller reads
+    /// on from the last one's sequence + 1 until it has reached the sequence it needs).
+    fn read_outcomes(
+        &self,
+        filter: &OutcomeFilter,
+        from: u64,
+        max: usize,
+    ) -> impl Future<Output = Result<Vec<StoredOutcome>, Error>> + Send;
+
+    /// Every outcome matching `filter` from sequence `from` on, in order, each exactly once, then every new one
+    /// as it lands. The stream ends only with an error.
+    fn follow(&self, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>>;
+
+    /// Stores an undecodable or refused command in the dead-letter log, once per source sequence.
+    fn dead_letter(&self, letter: DeadLetter) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Dead letters with sequences from `from`, in order, at most `max`.
+    fn read_dead_letters(
+        &self,
+        from: u64,
+        max: usize,
+    ) -> impl Future<Output = Result<Vec<(u64, DeadLetter)>, Error>> + Send;
+
+    /// Asks to serve `partition` as `worker`. `Ok(None)`: another worker serves it now. Ownership is for liveness
+    /// only: two owners may briefly both believe they own a partition; the fence keeps them from both appending.
+    fn own(&self, partition: u32, worker: &str)
+    -> impl Future<Output = Result<Option<Self::Owner>, Error>> + Send;
+}
+
+/// A worker's hold on one partition: the commands come through it, and it keeps the hold alive while used.
+pub trait Owner: Send + 'static {
+    fn partition(&self) -> u32;
+
+    /// Waits up to `wait` for commands after `after`, and gives up to `max` of them, strictly in sequence (an
+    /// empty list when none came in time). `Err(Error::Lost)` when another worker serves the partition now.
+    fn next_commands(
+        &mut self,
+        after: u64,
+        max: usize,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Vec<CommandRecord>, Error>> + Send;
+
+    /// Tells the log that every command up to `seq` is done with (its outcome landed, or it needed none).
+    fn done_through(&mut self, seq: u64) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Gives the partition up so another worker takes it at once.
+    fn release(self) -> impl Future<Output = ()> + Send;
+}
+
+/// How long an owner may wait for commands before it checks its hold again.
+pub const DEFAULT_POLL: Duration = Duration::from_millis(500);

@@ -1,0 +1,69 @@
+//! The conformance suite against the embedded log, on a file in a temporary directory.
+
+use leasehold_log::conformance;
+use leasehold_log::embedded::Embedded;
+use leasehold_log::{Error, Log};
+
+fn open(dir: &tempfile::TempDir) -> Embedded {
+    Embedded::open(dir.path(), 4).expect("open the embedded log")
+}
+
+#[tokio::test]
+async fn order_per_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    conformance::order_per_partition(open(&dir)).await;
+}
+
+#[tokio::test]
+async fn dedupe() {
+    let dir = tempfile::tempdir().unwrap();
+    conformance::dedupe(open(&dir)).await;
+}
+
+#[tokio::test]
+async fn stale_fence_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    conformance::stale_fence_refused(open(&dir)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appenders() {
+    let dir = tempfile::tempdir().unwrap();
+    conformance::concurrent_appenders(open(&dir)).await;
+}
+
+#[tokio::test]
+async fn follower_sees_everything_once_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    conformance::follower_sees_everything_once(open(&dir), |log| async move {
+        drop(log);
+        Embedded::open(&path, 4).expect("reopen")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn old_deliveries_never_skip() {
+    let dir = tempfile::tempdir().unwrap();
+    conformance::old_deliveries_never_skip(open(&dir)).await;
+}
+
+#[tokio::test]
+async fn dead_letters() {
+    let dir = tempfile::tempdir().unwrap();
+    conformance::dead_letters(open(&dir)).await;
+}
+
+#[tokio::test]
+async fn the_partition_count_is_fixed_and_the_file_is_one_processs() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(&dir);
+    assert_eq!(log.partitions(), 4);
+    let err = Embedded::open(dir.path(), 4).unwrap_err();
+    assert!(matches!(&err, Error::Refused(m) if m.contains("in use by another process")), "{err}");
+    drop(log);
+    let err = Embedded::open(dir.path(), 8).unwrap_err();
+    assert!(matches!(&err, Error::Refused(m) if m.contains("created with 4 partitions, not 8")), "{err}");
+    assert_eq!(Embedded::open(dir.path(), 4).unwrap().partitions(), 4);
+}
