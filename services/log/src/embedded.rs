@@ -190,6 +190,12 @@ impl Embedded {
         EmbeddedOwner { log: self.clone(), partition, hold }
     }
 
+    /// Drops whoever owns `partition`, as a pin lapses when its client stops pulling: the owner learns it when it
+    /// next asks for commands, and another worker may own the partition at once. For simulations.
+    pub fn drop_owner(&self, partition: u32) {
+        self.inner.owners.lock().expect("owners lock").remove(&partition);
+    }
+
     fn next_hold(&self) -> u64 {
         let mut holds = self.inner.holds.lock().expect("holds lock");
         *holds += 1;

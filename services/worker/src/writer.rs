@@ -1,0 +1,535 @@
+//! The writer of one partition (DESIGN section 3): it folds the partition's outcomes into state, then decides the
+//! partition's commands strictly in log order from its cursor and appends each outcome under the fence.
+//!
+//! ```text
+//!   load: fold lh.evt.<p>.> from 1 (checking the Lh-Prev-Seq chain) ─▶ state, fence, cursor
+//!   finish the parts of an unfinished decision
+//!   loop: commands after the read position ─▶ decode, check subject ─▶ decide ─▶ encode ─▶ apply ─▶ append(fence)
+//!            │ undecodable, mismatched: LH_DLQ             │ landed: fence moves on
+//!            │ already decided / unchanged: nothing        │ busy: same append again
+//!                                                           │ anything else: drop state, load, go on from the cursor
+//! ```
+//!
+//! `decide`, `continue_work` and `apply` run under `catch_unwind` before anything is appended: a command the
+//! decider panics on gets a recorded internal-error outcome instead, and a part it panics on abandons the rest of
+//! its decision, so a poisoned outcome never reaches the log and a partition never wedges on one command.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Duration;
+
+use bytes::Bytes;
+use leasehold_domain::{
+    Ctx, DECIDER_VERSION, Decided, PartitionState, WriterError, abandon_pending, apply, continue_work, decide,
+    encode_part, internal_error_outcome,
+};
+use leasehold_log::{Appended, CommandRecord, DeadLetter, Log, OutcomeFilter, OutcomeRecord, Owner};
+use leasehold_schemas::codec::{self, CodecErrorKind};
+use leasehold_schemas::subjects::{check_subject, partition_of_key};
+use leasehold_schemas::{CommandId, Envelope, Outcome};
+use tokio_util::sync::CancellationToken;
+
+use crate::Error;
+
+/// How a writer's service of a partition ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// Asked to stop: the command in hand was finished.
+    Shutdown,
+    /// Another worker serves the partition now.
+    Lost,
+}
+
+/// An append that did not land cleanly: the writer's memory of the partition is not to be trusted.
+#[derive(Debug)]
+struct Unclean {
+    /// The log named this sequence as the partition's last: a reload reads at least up to it.
+    at_least: u64,
+    why: String,
+}
+
+enum Failure {
+    Unclean(Unclean),
+    Fatal(Error),
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure::Fatal(e)
+    }
+}
+
+/// Counts of what a writer did, for tests, benchmarks and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub decided: u64,
+    pub parts: u64,
+    pub answered_from_log: u64,
+    pub unchanged: u64,
+    pub dead_lettered: u64,
+    pub reloads: u64,
+    pub busy_retries: u64,
+    pub internal_errors: u64,
+}
+
+/// Settings of a writer.
+#[derive(Debug, Clone)]
+pub struct WriterConfig {
+    /// Commands asked for at once.
+    pub max_batch: usize,
+    /// How long to wait for commands before checking the hold and the shutdown again.
+    pub poll: Duration,
+    /// The first wait before retrying a busy append or an unavailable log; doubles up to `max_backoff`.
+    pub backoff: Duration,
+    pub max_backoff: Duration,
+    /// How long a reload waits for the log to show the sequence an error named (a lagging replica).
+    pub reload_deadline: Duration,
+    /// Splits long decisions after this many bytes of effects instead of the core's budget (tests and simulations:
+    /// where a decision splits changes nothing in its effects).
+    pub split_budget: Option<usize>,
+}
+
+impl Default for WriterConfig {
+    fn default() -> Self {
+        WriterConfig {
+            max_batch: 256,
+            poll: Duration::from_millis(500),
+            backoff: Duration::from_millis(5),
+            max_backoff: Duration::from_secs(1),
+            reload_deadline: Duration::from_secs(30),
+            split_budget: None,
+        }
+    }
+}
+
+/// The writer of one partition: its state folded from the log, the fence, and how far it has read.
+#[derive(Debug)]
+pub struct Writer<L: Log> {
+    log: L,
+    config: WriterConfig,
+    state: PartitionState,
+    /// The sequence of the partition's last outcome: the fence of the next append.
+    fence: u64,
+    /// The last command handled (decided, answered, unchanged or dead-lettered); at least the cursor.
+    read_pos: u64,
+    counts: Counts,
+}
+
+impl<L: Log> Writer<L> {
+    /// Folds `partition` from the log: every outcome from the first, reading at least up to `at_least` (a
+    /// sequence an append error named), checking the `Lh-Prev-Seq` chain, the decider version and that the command
+    /// log is the one the outcomes answer.
+    pub async fn load(log: L, partition: u32, config: WriterConfig, at_least: u64) -> Result<Self, Error> {
+        let Folded { state, fence, last_command } =
+            fold_partition(&log, partition, at_least, &config).await?;
+        check_command_log(&log, &state, last_command).await?;
+        let read_pos = state.cursor();
+        Ok(Writer { log, config, state, fence, read_pos, counts: Counts::default() })
+    }
+
+    pub fn state(&self) -> &PartitionState {
+        &self.state
+    }
+
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    pub fn counts(&self) -> Counts {
+        self.counts
+    }
+
+    /// Serves the partition through `owner` until asked to stop or the hold is lost. Returns `Err` only for what a
+    /// retry cannot mend (a broken chain, a newer decider, a recreated command log): the partition must stop.
+    pub async fn serve(&mut self, owner: &mut L::Owner, shutdown: &CancellationToken) -> Result<Stop, Error> {
+        let mut backoff = self.config.backoff;
+        loop {
+            match self.finish_parts().await {
+                Ok(()) => {}
+                Err(Failure::Unclean(unclean)) => {
+                    self.reload(unclean).await?;
+                    continue;
+                }
+                Err(Failure::Fatal(e)) => return Err(e),
+            }
+            if shutdown.is_cancelled() {
+                return Ok(Stop::Shutdown);
+            }
+            let batch = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return Ok(Stop::Shutdown),
+                batch = owner.next_commands(self.read_pos, self.config.max_batch, self.config.poll) => batch,
+            };
+            let batch = match batch {
+                Ok(batch) => batch,
+                Err(leasehold_log::Error::Lost(_)) => return Ok(Stop::Lost),
+                Err(leasehold_log::Error::Unavailable(why)) => {
+                    tracing::warn!(partition = self.state.partition(), %why, "the log is unavailable; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(self.config.max_backoff);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            backoff = self.config.backoff;
+            for command in batch {
+                if command.seq <= self.read_pos {
+                    // Delivered again: handled already (its outcome is in the log, or it needed none).
+                    continue;
+                }
+                match self.handle(&command).await {
+                    Ok(()) => self.read_pos = command.seq,
+                    Err(Failure::Unclean(unclean)) => {
+                        self.reload(unclean).await?;
+                        break;
+                    }
+                    Err(Failure::Fatal(e)) => return Err(e),
+                }
+                if shutdown.is_cancelled() {
+                    break;
+                }
+            }
+            match owner.done_through(self.read_pos).await {
+                Ok(()) => {}
+                Err(leasehold_log::Error::Lost(_)) => return Ok(Stop::Lost),
+                Err(e) => tracing::warn!(partition = self.state.partition(), error = %e, "could not ack commands"),
+            }
+        }
+    }
+
+    /// Drops the state and folds the partition again; goes on from the cursor the log holds.
+    async fn reload(&mut self, unclean: Unclean) -> Result<(), Error> {
+        tracing::info!(partition = self.state.partition(), why = %unclean.why, "append not clean: reloading");
+        let partition = self.state.partition();
+        let Folded { state, fence, .. } =
+            fold_partition(&self.log, partition, unclean.at_least, &self.config).await?;
+        self.state = state;
+        self.fence = fence;
+        self.read_pos = self.state.cursor();
+        self.counts.reloads += 1;
+        Ok(())
+    }
+
+    async fn handle(&mut self, command: &CommandRecord) -> Result<(), Failure> {
+        let partition = self.state.partition();
+        let envelope = match self.admit(command) {
+            Ok(envelope) => envelope,
+            Err(Refusal::DeadLetter(reason)) => {
+                let letter = DeadLetter {
+                    partition,
+                    source_seq: command.seq,
+                    source_subject: command.subject.clone(),
+                    reason,
+                    payload: command.payload.clone(),
+                };
+                tracing::warn!(partition, seq = command.seq, reason = %letter.reason, "command dead-lettered");
+                self.with_retries(|log| {
+                    let letter = letter.clone();
+                    async move { log.dead_letter(letter).await }
+                })
+                .await?;
+                self.counts.dead_lettered += 1;
+                return Ok(());
+            }
+        };
+        let ctx = Ctx { cmd_seq: command.seq, log_time: command.time };
+        let decided = catch_unwind(AssertUnwindSafe(|| decide(&self.state, &ctx, &envelope)));
+        let outcome = match decided {
+            Ok(Ok(Decided::Append(outcome))) => outcome,
+            Ok(Ok(Decided::AlreadyDecided { .. })) => {
+                self.counts.answered_from_log += 1;
+                return Ok(());
+            }
+            Ok(Ok(Decided::Unchanged)) => {
+                self.counts.unchanged += 1;
+                return Ok(());
+            }
+            Ok(Err(e)) => return Err(Failure::Fatal(Error::Writer { partition, error: e })),
+            Err(panic) => {
+                let detail = panic_message(&panic);
+                tracing::error!(partition, seq = command.seq, %detail, "the decider panicked");
+                self.counts.internal_errors += 1;
+                internal_error_outcome(&self.state, &ctx, &envelope, &detail)
+                    .map_err(|error| Failure::Fatal(Error::Writer { partition, error }))?
+            }
+        };
+        self.counts.decided += 1;
+        self.commit(outcome, |state, detail| internal_error_outcome(state, &ctx, &envelope, detail)).await
+    }
+
+    /// Makes and appends the next parts of an unfinished decision, before anything else.
+    async fn finish_parts(&mut self) -> Result<(), Failure> {
+        let partition = self.state.partition();
+        while self.state.pending().is_some() {
+            let part = match catch_unwind(AssertUnwindSafe(|| continue_work(&self.state))) {
+                Ok(Ok(part)) => part,
+                Ok(Err(error)) => return Err(Failure::Fatal(Error::Writer { partition, error })),
+                Err(panic) => {
+                    let detail = panic_message(&panic);
+                    tracing::error!(partition, %detail, "the decider panicked on a part");
+                    self.counts.internal_errors += 1;
+                    abandon_pending(&self.state, &detail)
+                        .map_err(|error| Failure::Fatal(Error::Writer { partition, error }))?
+                }
+            };
+            self.commit(part, |state, detail| abandon_pending(state, detail)).await?;
+        }
+        Ok(())
+    }
+
+    /// Encodes `outcome`, applies it under `catch_unwind` and appends it under the fence. If applying fails, the
+    /// state is folded again from the log (nothing was appended) and `fallback` makes the internal-error outcome
+    /// recorded instead.
+    async fn commit(
+        &mut self,
+        outcome: Outcome,
+        fallback: impl Fn(&PartitionState, &str) -> Result<Outcome, WriterError>,
+    ) -> Result<(), Failure> {
+        let partition = self.state.partition();
+        let (outcome, bytes) = encode(outcome)?;
+        let applied = catch_unwind(AssertUnwindSafe(|| apply(&mut self.state, &outcome)));
+        let (outcome, bytes) = match applied {
+            Ok(Ok(())) => (outcome, bytes),
+            failed => {
+                let detail = match failed {
+                    Ok(Err(e)) => format!("its outcome does not fold: {e}"),
+                    Err(panic) => panic_message(&panic),
+                    Ok(Ok(())) => unreachable!("matched above"),
+                };
+                tracing::error!(partition, cmd_seq = outcome.cmd_seq, %detail, "applying an outcome failed");
+                self.counts.internal_errors += 1;
+                let Folded { state, fence, .. } =
+                    fold_partition(&self.log, partition, self.fence, &self.config).await?;
+                self.state = state;
+                self.fence = fence;
+                let recorded =
+                    fallback(&self.state, &detail).map_err(|error| Failure::Fatal(Error::Writer { partition, error }))?;
+                let (recorded, bytes) = encode(recorded)?;
+                match catch_unwind(AssertUnwindSafe(|| apply(&mut self.state, &recorded))) {
+                    Ok(Ok(())) => (recorded, bytes),
+                    _ => return Err(Failure::Fatal(Error::Poisoned { partition, cmd_seq: recorded.cmd_seq, detail })),
+                }
+            }
+        };
+        if outcome.part > 0 {
+            self.counts.parts += 1;
+        }
+        let record = OutcomeRecord {
+            key: outcome.command.key.token(),
+            cmd_id: outcome.command.id.to_string(),
+            cmd_seq: outcome.cmd_seq,
+            part: outcome.part,
+            payload: Bytes::from(bytes),
+        };
+        let mut backoff = self.config.backoff;
+        loop {
+            match self.log.append(partition, self.fence, std::slice::from_ref(&record)).await {
+                Appended::Landed { last, .. } => {
+                    self.fence = last;
+                    return Ok(());
+                }
+                Appended::Busy(why) => {
+                    tracing::debug!(partition, %why, "the log is busy; appending again");
+                    self.counts.busy_retries += 1;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(self.config.max_backoff);
+                }
+                Appended::Stale { last } => {
+                    return Err(Failure::Unclean(Unclean {
+                        at_least: last.unwrap_or(0),
+                        why: format!("the fence {} is stale (the partition's last outcome is {last:?})", self.fence),
+                    }));
+                }
+                Appended::Unknown(why) => return Err(Failure::Unclean(Unclean { at_least: 0, why })),
+            }
+        }
+    }
+
+    fn admit(&self, command: &CommandRecord) -> Result<Envelope, Refusal> {
+        admit(self.state.partition(), self.state.partitions(), command).map_err(Refusal::DeadLetter)
+    }
+
+    /// Runs `op` until the log answers, backing off while it is unavailable.
+    async fn with_retries<T, F, Fut>(&self, op: F) -> Result<T, Failure>
+    where
+        F: Fn(L) -> Fut,
+        Fut: std::future::Future<Output = Result<T, leasehold_log::Error>>,
+    {
+        let mut backoff = self.config.backoff;
+        loop {
+            match op(self.log.clone()).await {
+                Ok(value) => return Ok(value),
+                Err(leasehold_log::Error::Unavailable(why)) => {
+                    tracing::warn!(partition = self.state.partition(), %why, "the log is unavailable; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(self.config.max_backoff);
+                }
+                Err(e) => return Err(Failure::Fatal(e.into())),
+            }
+        }
+    }
+}
+
+enum Refusal {
+    DeadLetter(String),
+}
+
+/// Decodes a command read from `partition` and checks that it belongs there: its subject names its class, key and
+/// id, and its key lives in this partition. What does not is dead-lettered with the reason returned.
+pub fn admit(partition: u32, partitions: u32, command: &CommandRecord) -> Result<Envelope, String> {
+    let envelope = codec::decode_command(&command.payload).map_err(|e| {
+        let what = match e.kind() {
+            CodecErrorKind::NewerSchema => "written by a newer leasehold",
+            CodecErrorKind::TooLarge => "oversized",
+            CodecErrorKind::TrailingBytes => "trailing bytes",
+            CodecErrorKind::Empty => "empty",
+            CodecErrorKind::UnknownFormat => "unknown format",
+            CodecErrorKind::UnknownType => "unknown command type",
+            CodecErrorKind::ClassMismatch => "class mismatch",
+            CodecErrorKind::Malformed | CodecErrorKind::Encode => "undecodable",
+        };
+        format!("{what}: {e}")
+    })?;
+    check_subject(&command.subject, &envelope.body).map_err(|e| e.to_string())?;
+    let home = partition_of_key(&envelope.body.key(), partitions);
+    let stored_in = command.subject.split('.').nth(2).and_then(|p| p.parse::<u32>().ok());
+    if home != partition || stored_in != Some(partition) {
+        return Err(format!(
+            "read from partition {partition} (stored in {stored_in:?}) but {} lives in partition {home} of {partitions}",
+            envelope.body.key()
+        ));
+    }
+    Ok(envelope)
+}
+
+fn encode(outcome: Outcome) -> Result<(Outcome, Vec<u8>), Failure> {
+    let cmd_seq = outcome.cmd_seq;
+    encode_part(outcome).map_err(|e| Failure::Fatal(Error::Encode { cmd_seq, detail: e.to_string() }))
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// A partition folded from the log.
+#[derive(Debug)]
+pub struct Folded {
+    pub state: PartitionState,
+    /// The sequence of the last outcome (0 if none): the fence of the next append.
+    pub fence: u64,
+    /// The command the last outcome answers.
+    pub last_command: Option<CommandId>,
+}
+
+/// Folds every outcome of `partition` into a fresh state, reading at least up to `at_least` and the partition's
+/// last outcome, checking the chain, the decider version and that headers and bodies agree.
+pub async fn fold_partition<L: Log>(
+    log: &L,
+    partition: u32,
+    at_least: u64,
+    config: &WriterConfig,
+) -> Result<Folded, Error> {
+    let give_up = tokio::time::Instant::now() + config.reload_deadline;
+    let target = loop {
+        match log.last_outcome_seq(partition).await {
+            Ok(last) => break last.max(at_least),
+            Err(leasehold_log::Error::Unavailable(why)) if tokio::time::Instant::now() < give_up => {
+                tracing::warn!(partition, %why, "the log is unavailable; retrying the load");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let mut state = PartitionState::new(partition, log.partitions());
+    if let Some(bytes) = config.split_budget {
+        state = state.with_split_budget(bytes);
+    }
+    let filter = OutcomeFilter::Partition(partition);
+    let mut prev = 0u64;
+    let mut last_command = None;
+    loop {
+        let batch = match log.read_outcomes(&filter, prev + 1, 512).await {
+            Ok(batch) => batch,
+            Err(leasehold_log::Error::Unavailable(why)) if tokio::time::Instant::now() < give_up => {
+                tracing::warn!(partition, %why, "the log is unavailable; retrying the load");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if batch.is_empty() {
+            if prev >= target {
+                return Ok(Folded { state, fence: prev, last_command });
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return Err(Error::Behind { partition, reached: prev, wanted: target });
+            }
+            // A replica behind the write the log named: ask again.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        for stored in batch {
+            if stored.prev_seq != prev {
+                return Err(Error::ChainBroken { partition, seq: stored.seq, prev_seq: stored.prev_seq, expected: prev });
+            }
+            let outcome = codec::decode_outcome(&stored.payload)
+                .map_err(|e| Error::Undecodable { partition, seq: stored.seq, detail: e.to_string() })?;
+            if outcome.decider_version > DECIDER_VERSION {
+                return Err(Error::NewerDecider { partition, seq: stored.seq, version: outcome.decider_version });
+            }
+            if outcome.partition != partition || outcome.cmd_seq != stored.cmd_seq || outcome.part != stored.part {
+                return Err(Error::Undecodable {
+                    partition,
+                    seq: stored.seq,
+                    detail: format!(
+                        "its headers (command {}, part {}) do not match its body (partition {}, command {}, part {})",
+                        stored.cmd_seq, stored.part, outcome.partition, outcome.cmd_seq, outcome.part
+                    ),
+                });
+            }
+            apply(&mut state, &outcome).map_err(|e| Error::Fold { partition, seq: stored.seq, detail: e.to_string() })?;
+            prev = stored.seq;
+            last_command = Some(outcome.command.id);
+        }
+    }
+}
+
+/// The command log must be the one the outcomes answer: the command at the cursor (if the log still holds it) is
+/// the one the last outcome names, and the log has not restarted below the cursor (a recreated or restored stream).
+async fn check_command_log<L: Log>(
+    log: &L,
+    state: &PartitionState,
+    answered: Option<CommandId>,
+) -> Result<(), Error> {
+    let cursor = state.cursor();
+    if cursor == 0 {
+        return Ok(());
+    }
+    let partition = state.partition();
+    match log.command_at(cursor).await? {
+        Some(command) => {
+            let id = codec::decode_command(&command.payload).ok().map(|e| e.command_id);
+            if answered.is_some() && id != answered {
+                return Err(Error::CommandLogReplaced {
+                    partition,
+                    cursor,
+                    detail: format!("the command at {cursor} is {id:?}, but the outcomes answer {answered:?} there"),
+                });
+            }
+        }
+        None => {
+            let last = log.last_command_seq().await?;
+            if last < cursor {
+                return Err(Error::CommandLogReplaced {
+                    partition,
+                    cursor,
+                    detail: format!("the command log ends at {last}, below the cursor"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
