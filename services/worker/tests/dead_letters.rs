@@ -1,0 +1,87 @@
+//! Bad payloads on command subjects: each lands in the dead letters with its reason and raw bytes, the partition
+//! keeps moving (the good commands around them are decided), and nothing panics. On the embedded log; the same
+//! worker runs on JetStream in the integration tests.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use leasehold_log::embedded::Embedded;
+use leasehold_log::{Log, OutcomeFilter};
+use leasehold_schemas::command::{Heartbeat, Register};
+use leasehold_schemas::ids::{AgentName, CommandId, Issuer, Position, Timestamp};
+use leasehold_schemas::settings::AgentSettings;
+use leasehold_schemas::subjects::{ingress_subject_of, partition_of};
+use leasehold_schemas::{Envelope, Uuid, codec};
+use leasehold_worker::{WorkerConfig, run};
+use tokio_util::sync::CancellationToken;
+
+fn register(n: u8) -> Envelope {
+    let agent = AgentName::new(format!("w{n}")).unwrap();
+    let body = Register { agent: agent.clone(), incarnation: Uuid::from_u128(7), wiped: false, settings: AgentSettings::default() };
+    Envelope::new(CommandId::from_parts(1_800_000_000_000, [n; 10]), Issuer::new(agent.as_str()).unwrap(), Timestamp(1_800_000_000_000), body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_payloads_are_dead_lettered_and_the_partition_moves_on() {
+    let log = Embedded::in_memory(1, leasehold_log::embedded::system_clock()).unwrap();
+    let good = register(1);
+    let bytes = codec::encode_command(&good).unwrap();
+    assert_eq!(bytes[1], 1, "the schema version is the second byte");
+    let mut newer = bytes.clone();
+    newer[1] = 99;
+    let mut trailing = bytes.clone();
+    trailing.push(0);
+    let mut oversized = bytes.clone();
+    oversized.resize(codec::MAX_COMMAND_BYTES + 1, 0);
+    let heartbeat = Envelope::new(
+        CommandId::from_parts(1_800_000_000_000, [3; 10]),
+        Issuer::new("w1").unwrap(),
+        Timestamp(1_800_000_000_000),
+        Heartbeat { agent: AgentName::new("w1").unwrap(), epoch: Position(1) },
+    );
+    let bad: Vec<(&str, String, Vec<u8>)> = vec![
+        ("undecodable", "lh.in.agent.w1._".to_owned(), b"\x01\xff\xff\xff\xff\xff".to_vec()),
+        ("undecodable", "lh.in.agent.w1._".to_owned(), bytes[..bytes.len() / 2].to_vec()),
+        ("trailing bytes", "lh.in.agent.w1._".to_owned(), trailing),
+        ("oversized", "lh.in.agent.w1._".to_owned(), oversized),
+        ("newer leasehold", "lh.in.agent.w1._".to_owned(), newer),
+        ("does not fit", "lh.in.agent.w2._".to_owned(), codec::encode_command(&heartbeat).unwrap()),
+        ("unknown format", "lh.in.agent.w1._".to_owned(), b"garbage".to_vec()),
+        ("empty", "lh.in.agent.w1._".to_owned(), Vec::new()),
+    ];
+    let mut bad_seqs = Vec::new();
+    for (i, (_, subject, payload)) in bad.iter().enumerate() {
+        let published = log.publish_command(subject, &format!("bad-{i}"), Bytes::from(payload.clone())).await.unwrap();
+        bad_seqs.push(published.seq);
+        // A good command after each bad one.
+        let good = register(10 + i as u8);
+        log.publish_command(&ingress_subject_of(&good.body), &good.command_id.to_string(), codec::encode_command(&good).unwrap().into())
+            .await
+            .unwrap();
+    }
+    assert_eq!(partition_of("w1", 1), 0);
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(run(log.clone(), WorkerConfig::new("worker"), shutdown.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let outcomes = log.read_outcomes(&OutcomeFilter::Partition(0), 1, 100).await.unwrap();
+        if outcomes.len() == bad.len() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "only {} outcomes in 30 s", outcomes.len());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    let report = worker.await.unwrap();
+    assert!(report.stopped.is_empty(), "{:?}", report.stopped);
+    assert_eq!(report.counts.dead_lettered, bad.len() as u64);
+    let letters = log.read_dead_letters(1, 100).await.unwrap();
+    assert_eq!(letters.len(), bad.len());
+    for ((_, letter), ((what, subject, payload), seq)) in letters.iter().zip(bad.iter().zip(&bad_seqs)) {
+        assert_eq!(letter.source_seq, *seq);
+        assert!(letter.reason.contains(what), "{what}: {}", letter.reason);
+        assert_eq!(letter.source_subject, subject.replace("lh.in.", "lh.cmd.0."));
+        assert_eq!(letter.payload.as_ref(), payload.as_slice(), "the raw bytes are kept");
+        assert_eq!(letter.subject(), subject.replace("lh.in.", "lh.dlq.0."));
+    }
+}
