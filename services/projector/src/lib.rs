@@ -1,0 +1,718 @@
+//! leasehold's projector: it folds outcomes into read models in redb — resources (by reference, by agent, by
+//! state), leases (by id, by resource), agents, pools and who holds each identifier, and every outcome by command
+//! id, kept forever — with the last applied sequence and each partition's chain position in the same write
+//! transaction, many outcomes per transaction.
+//!
+//! It folds with the domain's own `apply` (one partition state per partition, in memory) and writes the records an
+//! outcome touched, so a read model can never disagree with the writer's view. It checks every partition's
+//! `Lh-Prev-Seq` chain and stops on a break; an outcome it cannot decode stops it with a clear error; it never skips
+//! one. Dropped, it is rebuilt from sequence 1 to the same content ([`Projector::digests`] prints a digest per
+//! table).
+//!
+//! Architecture invariant: only this crate owns the read-model tables.
+
+#![forbid(unsafe_code)]
+
+pub mod views;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use futures::{FutureExt, StreamExt};
+use leasehold_domain::{DECIDER_VERSION, PartitionState, apply};
+use leasehold_log::{Log, OutcomeFilter, StoredOutcome};
+use leasehold_schemas::codec;
+use leasehold_schemas::ids::{Key, LeaseId, ResourceId};
+use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::pool::PoolValue;
+use leasehold_schemas::{Outcome, ResourceRef};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+pub use views::{AgentView, ClaimView, HolderView, LeaseView, PoolView, ResourceView};
+
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const CHAIN: TableDefinition<u32, u64> = TableDefinition::new("chain");
+const RESOURCES: TableDefinition<&str, &str> = TableDefinition::new("resources");
+const RESOURCES_BY_AGENT: TableDefinition<(&str, &str), ()> = TableDefinition::new("resources_by_agent");
+const RESOURCES_BY_STATE: TableDefinition<(&str, &str), ()> = TableDefinition::new("resources_by_state");
+const LEASES: TableDefinition<&str, &str> = TableDefinition::new("leases");
+const LEASES_BY_RESOURCE: TableDefinition<(&str, &str), ()> = TableDefinition::new("leases_by_resource");
+const AGENTS: TableDefinition<&str, &str> = TableDefinition::new("agents");
+const POOLS: TableDefinition<&str, &str> = TableDefinition::new("pools");
+const HOLDERS: TableDefinition<(&str, &str), &str> = TableDefinition::new("holders");
+/// (command id, part) -> (outcome sequence, the outcome in JSON)
+const OUTCOMES: TableDefinition<(&str, u32), (u64, &str)> = TableDefinition::new("outcomes");
+
+/// Names of the read-model tables, in the order digests are printed.
+pub const TABLES: [&str; 10] = [
+    "agents",
+    "holders",
+    "leases",
+    "leases_by_resource",
+    "outcomes",
+    "pools",
+    "resources",
+    "resources_by_agent",
+    "resources_by_state",
+    "chain",
+];
+
+/// The file in the data directory.
+pub const FILE_NAME: &str = "projection.redb";
+/// The most outcomes written in one transaction.
+pub const MAX_BATCH: usize = 1000;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Log(#[from] leasehold_log::Error),
+    #[error(
+        "partition {partition}: the outcome at {seq} says the one before it is at {prev_seq}, but the projection \
+         last applied {expected}: the chain is broken; the projector stops"
+    )]
+    ChainBroken { partition: u32, seq: u64, prev_seq: u64, expected: u64 },
+    #[error("the outcome at {seq} cannot be read: {detail}; the projector stops (it never skips an outcome)")]
+    Undecodable { seq: u64, detail: String },
+    #[error("the outcome at {seq} was decided by decider version {version}, newer than this projector's {DECIDER_VERSION}")]
+    NewerDecider { seq: u64, version: u32 },
+    #[error("the outcome at {seq} does not fold: {detail}")]
+    Fold { seq: u64, detail: String },
+    #[error("the projection's storage failed: {0}")]
+    Storage(String),
+    #[error("{0}")]
+    Refused(String),
+}
+
+fn storage(e: impl std::fmt::Display) -> Error {
+    Error::Storage(e.to_string())
+}
+
+/// The projector: partition states in memory, read models in redb.
+pub struct Projector {
+    db: Arc<Database>,
+    partitions: u32,
+    states: BTreeMap<u32, PartitionState>,
+    chain: BTreeMap<u32, u64>,
+    applied: u64,
+    /// The sequence up to which the in-memory states are folded (at most `applied`).
+    folded: u64,
+}
+
+impl std::fmt::Debug for Projector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Projector").field("applied", &self.applied).finish_non_exhaustive()
+    }
+}
+
+impl Projector {
+    /// Opens (or creates) the projection in `dir`.
+    pub fn open(dir: &Path, partitions: u32) -> Result<Self, Error> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Storage(format!("cannot create {}: {e}", dir.display())))?;
+        let db = Database::create(dir.join(FILE_NAME)).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => {
+                Error::Refused(format!("the projection in {} is in use by another process", dir.display()))
+            }
+            other => storage(other),
+        })?;
+        Self::with_database(db, partitions)
+    }
+
+    /// A projection in memory (tests, replay).
+    pub fn in_memory(partitions: u32) -> Result<Self, Error> {
+        let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new()).map_err(storage)?;
+        Self::with_database(db, partitions)
+    }
+
+    fn with_database(db: Database, partitions: u32) -> Result<Self, Error> {
+        let txn = db.begin_write().map_err(storage)?;
+        let (applied, chain) = {
+            let mut meta = txn.open_table(META).map_err(storage)?;
+            let recorded = meta.get("partitions").map_err(storage)?.map(|v| v.value());
+            match recorded {
+                None => {
+                    meta.insert("partitions", u64::from(partitions)).map_err(storage)?;
+                }
+                Some(recorded) if recorded != u64::from(partitions) => {
+                    return Err(Error::Refused(format!(
+                        "the projection was made for {recorded} partitions, not {partitions}"
+                    )));
+                }
+                Some(_) => {}
+            }
+            let applied = meta.get("applied").map_err(storage)?.map_or(0, |v| v.value());
+            let chain_table = txn.open_table(CHAIN).map_err(storage)?;
+            let chain = chain_table
+                .iter()
+                .map_err(storage)?
+                .map(|e| e.map(|(k, v)| (k.value(), v.value())))
+                .collect::<Result<BTreeMap<_, _>, _>>()
+                .map_err(storage)?;
+            (applied, chain)
+        };
+        create_tables(&txn)?;
+        txn.commit().map_err(storage)?;
+        let states = (0..partitions).map(|p| (p, PartitionState::new(p, partitions))).collect();
+        Ok(Projector { db: Arc::new(db), partitions, states, chain, applied, folded: 0 })
+    }
+
+    /// The last outcome sequence applied to the read models.
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// A handle for queries, usable while the projector runs.
+    pub fn reader(&self) -> Reader {
+        Reader { db: self.db.clone() }
+    }
+
+    /// Folds the in-memory states up to what the read models already hold (after a restart), checking each
+    /// partition's chain ends where the projection recorded it.
+    pub async fn prepare<L: Log>(&mut self, log: &L) -> Result<(), Error> {
+        let mut chain: BTreeMap<u32, u64> = BTreeMap::new();
+        while self.folded < self.applied {
+            let batch = log.read_outcomes(&OutcomeFilter::All, self.folded + 1, MAX_BATCH).await?;
+            if batch.is_empty() {
+                return Err(Error::Refused(format!(
+                    "the projection has applied outcomes up to {} but the log ends at {}: is this the projection of \
+                     another log? Drop it and rebuild",
+                    self.applied, self.folded
+                )));
+            }
+            let applied = self.applied;
+            for stored in batch.into_iter().take_while(|s| s.seq <= applied) {
+                let expected = chain.get(&stored.partition).copied().unwrap_or(0);
+                let outcome = self.check(&stored, expected)?;
+                let state = self.state(stored.partition, stored.seq)?;
+                apply(state, &outcome).map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
+                chain.insert(stored.partition, stored.seq);
+                self.folded = stored.seq;
+            }
+        }
+        if chain != self.chain {
+            return Err(Error::Refused(format!(
+                "the log's chain up to {} ({chain:?}) is not the projection's ({:?}): drop it and rebuild",
+                self.applied, self.chain
+            )));
+        }
+        Ok(())
+    }
+
+    fn state(&mut self, partition: u32, seq: u64) -> Result<&mut PartitionState, Error> {
+        self.states
+            .get_mut(&partition)
+            .ok_or_else(|| Error::Undecodable { seq, detail: format!("there is no partition {partition}") })
+    }
+
+    fn check(&self, stored: &StoredOutcome, expected_prev: u64) -> Result<Outcome, Error> {
+        if stored.prev_seq != expected_prev {
+            return Err(Error::ChainBroken {
+                partition: stored.partition,
+                seq: stored.seq,
+                prev_seq: stored.prev_seq,
+                expected: expected_prev,
+            });
+        }
+        let outcome = codec::decode_outcome(&stored.payload)
+            .map_err(|e| Error::Undecodable { seq: stored.seq, detail: e.to_string() })?;
+        if outcome.decider_version > DECIDER_VERSION {
+            return Err(Error::NewerDecider { seq: stored.seq, version: outcome.decider_version });
+        }
+        if outcome.partition != stored.partition || outcome.cmd_seq != stored.cmd_seq || outcome.part != stored.part {
+            return Err(Error::Undecodable {
+                seq: stored.seq,
+                detail: "its headers do not match its body".to_owned(),
+            });
+        }
+        Ok(outcome)
+    }
+
+    /// Applies `batch` (outcomes in log order, each after the last applied) in one write transaction.
+    pub fn apply_batch(&mut self, batch: &[StoredOutcome]) -> Result<(), Error> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let txn = self.db.begin_write().map_err(storage)?;
+        {
+            let mut tables = Tables::open(&txn)?;
+            for stored in batch {
+                if stored.seq <= self.applied {
+                    continue;
+                }
+                let expected = self.chain.get(&stored.partition).copied().unwrap_or(0);
+                let outcome = self.check(stored, expected)?;
+                let state = self.state(stored.partition, stored.seq)?;
+                apply(state, &outcome).map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
+                let state = &self.states[&stored.partition];
+                tables.write(state, &outcome, stored)?;
+                self.chain.insert(stored.partition, stored.seq);
+                tables.chain.insert(stored.partition, stored.seq).map_err(storage)?;
+                self.applied = stored.seq;
+                self.folded = stored.seq;
+            }
+            tables.meta.insert("applied", self.applied).map_err(storage)?;
+        }
+        txn.commit().map_err(storage)
+    }
+
+    /// Applies every outcome the log holds after the last applied one; returns the last applied sequence.
+    pub async fn catch_up<L: Log>(&mut self, log: &L) -> Result<u64, Error> {
+        self.prepare(log).await?;
+        loop {
+            let batch = log.read_outcomes(&OutcomeFilter::All, self.applied + 1, MAX_BATCH).await?;
+            if batch.is_empty() {
+                return Ok(self.applied);
+            }
+            self.apply_batch(&batch)?;
+        }
+    }
+
+    /// Follows the log and applies outcomes as they land, as many per transaction as are ready (up to
+    /// [`MAX_BATCH`]), until `shutdown`.
+    pub async fn run<L: Log>(&mut self, log: &L, shutdown: &CancellationToken) -> Result<(), Error> {
+        self.prepare(log).await?;
+        let mut follow = log.follow(OutcomeFilter::All, self.applied + 1);
+        loop {
+            let first = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return Ok(()),
+                next = follow.next() => next,
+            };
+            let Some(first) = first else {
+                return Err(Error::Log(leasehold_log::Error::Unavailable("the outcome feed ended".to_owned())));
+            };
+            let mut batch = vec![first?];
+            while batch.len() < MAX_BATCH {
+                match follow.next().now_or_never() {
+                    Some(Some(next)) => batch.push(next?),
+                    _ => break,
+                }
+            }
+            self.apply_batch(&batch)?;
+        }
+    }
+
+    /// Drops every read model; the next catch-up or run folds the log again from sequence 1.
+    pub fn drop_all(&mut self) -> Result<(), Error> {
+        let txn = self.db.begin_write().map_err(storage)?;
+        for table in [RESOURCES, LEASES, AGENTS, POOLS] {
+            txn.delete_table(table).map_err(storage)?;
+        }
+        for table in [RESOURCES_BY_AGENT, RESOURCES_BY_STATE, LEASES_BY_RESOURCE] {
+            txn.delete_table(table).map_err(storage)?;
+        }
+        txn.delete_table(HOLDERS).map_err(storage)?;
+        txn.delete_table(OUTCOMES).map_err(storage)?;
+        txn.delete_table(CHAIN).map_err(storage)?;
+        txn.open_table(META).map_err(storage)?.insert("applied", 0).map_err(storage)?;
+        create_tables(&txn)?;
+        txn.commit().map_err(storage)?;
+        self.states = (0..self.partitions).map(|p| (p, PartitionState::new(p, self.partitions))).collect();
+        self.chain.clear();
+        self.applied = 0;
+        self.folded = 0;
+        Ok(())
+    }
+
+    /// A digest (SHA-256, hex) of each read-model table's content: a rebuild from sequence 1 gives the same ones.
+    pub fn digests(&self) -> Result<BTreeMap<&'static str, String>, Error> {
+        self.reader().digests()
+    }
+
+    /// The partition states as folded so far.
+    pub fn states(&self) -> &BTreeMap<u32, PartitionState> {
+        &self.states
+    }
+}
+
+fn create_tables(txn: &redb::WriteTransaction) -> Result<(), Error> {
+    txn.open_table(META).map_err(storage)?;
+    txn.open_table(CHAIN).map_err(storage)?;
+    txn.open_table(RESOURCES).map_err(storage)?;
+    txn.open_table(RESOURCES_BY_AGENT).map_err(storage)?;
+    txn.open_table(RESOURCES_BY_STATE).map_err(storage)?;
+    txn.open_table(LEASES).map_err(storage)?;
+    txn.open_table(LEASES_BY_RESOURCE).map_err(storage)?;
+    txn.open_table(AGENTS).map_err(storage)?;
+    txn.open_table(POOLS).map_err(storage)?;
+    txn.open_table(HOLDERS).map_err(storage)?;
+    txn.open_table(OUTCOMES).map_err(storage)?;
+    Ok(())
+}
+
+struct Tables<'t> {
+    meta: redb::Table<'t, &'static str, u64>,
+    chain: redb::Table<'t, u32, u64>,
+    resources: redb::Table<'t, &'static str, &'static str>,
+    by_agent: redb::Table<'t, (&'static str, &'static str), ()>,
+    by_state: redb::Table<'t, (&'static str, &'static str), ()>,
+    leases: redb::Table<'t, &'static str, &'static str>,
+    leases_by_resource: redb::Table<'t, (&'static str, &'static str), ()>,
+    agents: redb::Table<'t, &'static str, &'static str>,
+    pools: redb::Table<'t, &'static str, &'static str>,
+    holders: redb::Table<'t, (&'static str, &'static str), &'static str>,
+    outcomes: redb::Table<'t, (&'static str, u32), (u64, &'static str)>,
+}
+
+/// What one effect touched.
+#[derive(Default)]
+struct Touched {
+    resources: BTreeSet<ResourceId>,
+    leases: BTreeSet<LeaseId>,
+    values: BTreeSet<PoolValue>,
+}
+
+impl Touched {
+    fn of(&mut self, effect: &Effect) {
+        match effect {
+            Effect::AgentRegistered { .. }
+            | Effect::AgentSeen { .. }
+            | Effect::AgentStalled { .. }
+            | Effect::AgentRecovered {}
+            | Effect::AgentGone { .. }
+            | Effect::AgentRetired { .. }
+            | Effect::AgentSuspect { .. }
+            | Effect::AgentBreakerCleared { .. }
+            | Effect::AgentBreakerRearmed {}
+            | Effect::ResyncRequested { .. }
+            | Effect::ObservationAccepted { .. }
+            | Effect::PoolDefined { .. }
+            | Effect::ClaimQueued { .. }
+            | Effect::ClaimWithdrawn { .. }
+            | Effect::PartitionSettingsChanged { .. }
+            | Effect::DecisionContinues { .. } => {}
+            Effect::ResourceAllocated { resource, .. }
+            | Effect::ClaimWanted { resource, .. }
+            | Effect::ClaimBound { resource, .. }
+            | Effect::CreateOrdered { resource }
+            | Effect::ResourceActivated { resource, .. }
+            | Effect::ResourceSeen { resource, .. }
+            | Effect::ResourcePaused { resource, .. }
+            | Effect::ResourceUnpaused { resource, .. }
+            | Effect::ResourceUpdated { resource, .. }
+            | Effect::ResourceSuspect { resource, .. }
+            | Effect::HealthCheckRequested { resource }
+            | Effect::ResourceHealthy { resource }
+            | Effect::UpstreamFlagged { resource, .. }
+            | Effect::ResourceReleasing { resource, .. }
+            | Effect::ResourceDestroyed { resource, .. }
+            | Effect::ResourceLost { resource, .. }
+            | Effect::ResourceOrphaned { resource }
+            | Effect::ResourceFailed { resource, .. }
+            | Effect::ClaimReleasable { resource, .. }
+            | Effect::GrantReturned { resource, .. }
+            | Effect::ChildAdopted { parent: resource, .. } => {
+                self.resources.insert(*resource);
+            }
+            Effect::LeaseWaiting { lease, resource, .. } | Effect::LeaseGranted { lease, resource, .. } => {
+                self.leases.insert(*lease);
+                self.resources.insert(*resource);
+            }
+            Effect::LeaseRenewed { lease, .. }
+            | Effect::LeaseReleased { lease }
+            | Effect::LeaseBroken { lease, .. }
+            | Effect::LeaseExpired { lease }
+            | Effect::LeaseFailed { lease } => {
+                self.leases.insert(*lease);
+            }
+            Effect::ClaimGranted { value, .. } | Effect::ClaimFreed { value, .. } => {
+                self.values.insert(value.clone());
+            }
+        }
+    }
+}
+
+impl<'t> Tables<'t> {
+    fn open(txn: &'t redb::WriteTransaction) -> Result<Self, Error> {
+        Ok(Tables {
+            meta: txn.open_table(META).map_err(storage)?,
+            chain: txn.open_table(CHAIN).map_err(storage)?,
+            resources: txn.open_table(RESOURCES).map_err(storage)?,
+            by_agent: txn.open_table(RESOURCES_BY_AGENT).map_err(storage)?,
+            by_state: txn.open_table(RESOURCES_BY_STATE).map_err(storage)?,
+            leases: txn.open_table(LEASES).map_err(storage)?,
+            leases_by_resource: txn.open_table(LEASES_BY_RESOURCE).map_err(storage)?,
+            agents: txn.open_table(AGENTS).map_err(storage)?,
+            pools: txn.open_table(POOLS).map_err(storage)?,
+            holders: txn.open_table(HOLDERS).map_err(storage)?,
+            outcomes: txn.open_table(OUTCOMES).map_err(storage)?,
+        })
+    }
+
+    fn write(&mut self, state: &PartitionState, outcome: &Outcome, stored: &StoredOutcome) -> Result<(), Error> {
+        let seq = stored.seq;
+        let json = serde_json::to_string(outcome).map_err(storage)?;
+        let id = outcome.command.id.to_string();
+        self.outcomes.insert((id.as_str(), outcome.part), (seq, json.as_str())).map_err(storage)?;
+        let mut touched = Touched::default();
+        for effect in outcome.effects() {
+            touched.of(effect);
+        }
+        match &outcome.command.key {
+            Key::Agent(agent) => {
+                if let Some(agent) = state.agent(agent) {
+                    let view = to_json(&AgentView::of(agent, seq))?;
+                    self.agents.insert(agent.name.as_str(), view.as_str()).map_err(storage)?;
+                }
+                for lease in &touched.leases {
+                    if let Some(lease) = state.lease(*lease) {
+                        touched.resources.insert(lease.resource);
+                        let view = LeaseView::of(lease, seq);
+                        let id = view.id.clone();
+                        self.leases.insert(id.as_str(), to_json(&view)?.as_str()).map_err(storage)?;
+                        self.leases_by_resource.insert((view.resource.as_str(), id.as_str()), ()).map_err(storage)?;
+                    }
+                }
+                for resource in &touched.resources {
+                    if let Some(resource) = state.resource(*resource) {
+                        self.write_resource(&ResourceView::of(resource, seq))?;
+                    }
+                }
+            }
+            Key::Pool(name) => {
+                if let Some(pool) = state.pool(name) {
+                    self.pools.insert(name.as_str(), to_json(&PoolView::of(pool, seq))?.as_str()).map_err(storage)?;
+                    for value in &touched.values {
+                        let text = value.to_string();
+                        match HolderView::of(pool, value, seq) {
+                            Some(view) => {
+                                self.holders
+                                    .insert((name.as_str(), text.as_str()), to_json(&view)?.as_str())
+                                    .map_err(storage)?;
+                            }
+                            None => {
+                                self.holders.remove((name.as_str(), text.as_str())).map_err(storage)?;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write_resource(&mut self, view: &ResourceView) -> Result<(), Error> {
+        let reference = view.reference.as_str();
+        let old_state = self
+            .resources
+            .get(reference)
+            .map_err(storage)?
+            .and_then(|old| serde_json::from_str::<ResourceView>(old.value()).ok())
+            .map(|old| old.state);
+        if let Some(old_state) = old_state.filter(|s| *s != view.state) {
+            self.by_state.remove((old_state.as_str(), reference)).map_err(storage)?;
+        }
+        self.resources.insert(reference, to_json(view)?.as_str()).map_err(storage)?;
+        self.by_agent.insert((view.agent.as_str(), reference), ()).map_err(storage)?;
+        self.by_state.insert((view.state.as_str(), reference), ()).map_err(storage)?;
+        Ok(())
+    }
+}
+
+fn to_json(value: &impl serde::Serialize) -> Result<String, Error> {
+    serde_json::to_string(value).map_err(storage)
+}
+
+/// Queries on the read models (cheap to clone; usable while the projector writes).
+#[derive(Clone)]
+pub struct Reader {
+    db: Arc<Database>,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reader")
+    }
+}
+
+/// Filters of [`Reader::resources`].
+#[derive(Debug, Clone, Default)]
+pub struct ResourceQuery {
+    pub agent: Option<String>,
+    pub state: Option<String>,
+    pub kind: Option<String>,
+}
+
+impl Reader {
+    /// The last outcome sequence applied.
+    pub fn applied(&self) -> Result<u64, Error> {
+        let read = self.db.begin_read().map_err(storage)?;
+        let meta = read.open_table(META).map_err(storage)?;
+        Ok(meta.get("applied").map_err(storage)?.map_or(0, |v| v.value()))
+    }
+
+    pub fn resource(&self, reference: &ResourceRef) -> Result<Option<ResourceView>, Error> {
+        let read = self.db.begin_read().map_err(storage)?;
+        let table = read.open_table(RESOURCES).map_err(storage)?;
+        let key = reference.to_string();
+        table.get(key.as_str()).map_err(storage)?.map(|v| from_json(v.value())).transpose()
+    }
+
+    pub fn resources(&self, query: &ResourceQuery) -> Result<Vec<ResourceView>, Error> {
+        let read = self.db.begin_read().map_err(storage)?;
+        let table = read.open_table(RESOURCES).map_err(storage)?;
+        let refs: Vec<String> = match (&query.agent, &query.state) {
+            (Some(agent), _) => {
+                let index = read.open_table(RESOURCES_BY_AGENT).map_err(storage)?;
+                let range = index.range((agent.as_str(), "")..).map_err(storage)?;
+                range
+                    .map(|e| {
+                        e.map(|(k, _)| {
+                            let (a, r) = k.value();
+                            (a.to_owned(), r.to_owned())
+                        })
+                    })
+                    .take_while(|e| e.as_ref().map_or(true, |(a, _)| a == agent))
+                    .map(|e| e.map(|(_, r)| r))
+                    .collect::<Result<_, _>>()
+                    .map_err(storage)?
+            }
+            (None, Some(state)) => {
+                let index = read.open_table(RESOURCES_BY_STATE).map_err(storage)?;
+                let range = index.range((state.as_str(), "")..).map_err(storage)?;
+                range
+                    .map(|e| {
+                        e.map(|(k, _)| {
+                            let (s, r) = k.value();
+                            (s.to_owned(), r.to_owned())
+                        })
+                    })
+                    .take_while(|e| e.as_ref().map_or(true, |(s, _)| s == state))
+                    .map(|e| e.map(|(_, r)| r))
+                    .collect::<Result<_, _>>()
+                    .map_err(storage)?
+            }
+            (None, None) => table
+                .iter()
+                .map_err(storage)?
+                .map(|e| e.map(|(k, _)| k.value().to_owned()))
+                .collect::<Result<_, _>>()
+                .map_err(storage)?,
+        };
+        let mut out = Vec::new();
+        for reference in refs {
+            let Some(view) = table.get(reference.as_str()).map_err(storage)? else { continue };
+            let view: ResourceView = from_json(view.value())?;
+            let keep = query.state.as_ref().is_none_or(|s| *s == view.state)
+                && query.kind.as_ref().is_none_or(|k| *k == view.kind);
+            if keep {
+                out.push(view);
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn lease(&self, id: &str) -> Result<Option<LeaseView>, Error> {
+        let read = self.db.begin_read().map_err(storage)?;
+        let table = read.open_table(LEASES).map_err(storage)?;
+        table.get(id).map_err(storage)?.map(|v| from_json(v.value())).transpose()
+    }
+
+    /// Every lease of a resource (`<agent>.<id>`), live or ended.
+    pub fn leases_of(&self, reference: &str) -> Result<Vec<LeaseView>, Error> {
+        let read = self.db.begin_read().map_err(storage)?;
+        let index = read.open_table(LEASES_BY_RESOURCE).map_err(storage)?;
+        let table = read.open_table(LEASES).map_err(storage)?;
+        let mut out = Vec::new();
+        for entry in index.range((reference, "")..).map_err(storage)? {
+            let (key, _) = entry.map_err(storage)?;
+            let (resource, lease) = key.value();
+            if resource != reference {
+                break;
+            }
+            if let Some(view) = table.get(lease).map_err(storage)? {
+                out.push(from_json(view.value())?);
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn agents(&self) -> Result<Vec<AgentView>, Error> {
+        self.all(AGENTS)
+    }
+
+    pub fn pools(&self) -> Result<Vec<PoolView>, Error> {
+        self.all(POOLS)
+    }
+
+    /// Who holds each identifier of `pool`, in identifier order.
+    pub fn holders(&self, pool: &str) -> Result<Vec<HolderView>, Error> {
+        let read = self.db.begin_read().map_err(storage)?;
+        let table = read.open_table(HOLDERS).map_err(storage)?;
+        let mut out = Vec::new();
+        for entry in table.range((pool, "")..).map_err(storage)? {
+            let (key, value) = entry.map_err(storage)?;
+            if key.value().0 != pool {
+                break;
+            }
+            out.push(from_json(value.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Every part of the outcome of a command, with its sequence.
+    pub fn outcome(&self, command_id: &str) -> Result<Vec<(u64, Outcome)>, Error> {
+        let read = self.db.begin_read().map_err(storage)?;
+        let table = read.open_table(OUTCOMES).map_err(storage)?;
+        let mut out = Vec::new();
+        for entry in table.range((command_id, 0)..=(command_id, u32::MAX)).map_err(storage)? {
+            let (_, value) = entry.map_err(storage)?;
+            let (seq, json) = value.value();
+            out.push((seq, from_json(json)?));
+        }
+        Ok(out)
+    }
+
+    fn all<T: serde::de::DeserializeOwned>(&self, def: TableDefinition<&str, &str>) -> Result<Vec<T>, Error> {
+        let read = self.db.begin_read().map_err(storage)?;
+        let table = read.open_table(def).map_err(storage)?;
+        table.iter().map_err(storage)?.map(|e| e.map_err(storage).and_then(|(_, v)| from_json(v.value()))).collect()
+    }
+
+    /// A digest (SHA-256, hex) of each table's keys and values, in key order.
+    pub fn digests(&self) -> Result<BTreeMap<&'static str, String>, Error> {
+        let read = self.db.begin_read().map_err(storage)?;
+        let mut out = BTreeMap::new();
+        out.insert("agents", digest(&read, AGENTS)?);
+        out.insert("holders", digest(&read, HOLDERS)?);
+        out.insert("leases", digest(&read, LEASES)?);
+        out.insert("leases_by_resource", digest(&read, LEASES_BY_RESOURCE)?);
+        out.insert("outcomes", digest(&read, OUTCOMES)?);
+        out.insert("pools", digest(&read, POOLS)?);
+        out.insert("resources", digest(&read, RESOURCES)?);
+        out.insert("resources_by_agent", digest(&read, RESOURCES_BY_AGENT)?);
+        out.insert("resources_by_state", digest(&read, RESOURCES_BY_STATE)?);
+        out.insert("chain", digest(&read, CHAIN)?);
+        Ok(out)
+    }
+}
+
+fn digest<K: redb::Key + 'static, V: redb::Value + 'static>(
+    read: &redb::ReadTransaction,
+    def: TableDefinition<K, V>,
+) -> Result<String, Error> {
+    let table = read.open_table(def).map_err(storage)?;
+    let mut hash = Sha256::new();
+    for entry in table.iter().map_err(storage)? {
+        let (key, value) = entry.map_err(storage)?;
+        let key = key.value();
+        let value = value.value();
+        let key = K::as_bytes(&key);
+        let value = V::as_bytes(&value);
+        hash.update((key.as_ref().len() as u64).to_le_bytes());
+        hash.update(key.as_ref());
+        hash.update((value.as_ref().len() as u64).to_le_bytes());
+        hash.update(value.as_ref());
+    }
+    Ok(hex(&hash.finalize()))
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, Error> {
+    serde_json::from_str(text).map_err(|e| Error::Storage(format!("a read-model record does not decode: {e}")))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

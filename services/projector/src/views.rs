@@ -1,0 +1,217 @@
+//! The records of the read models, in JSON: what `GET /v1/...` and the CLI show. Each is made from the partition
+//! state the projector folds (the domain's own fold, so a read model can never disagree with the writer's view), as
+//! of the outcome that last touched it.
+
+use std::collections::BTreeMap;
+
+use leasehold_domain::state::{Agent, ClaimSlot, Holding, Lease, LeaseState, Pool, Resource, ResourceState};
+use serde::{Deserialize, Serialize};
+
+/// A resource as the log last decided it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceView {
+    /// `<agent>.<id>`
+    pub reference: String,
+    pub agent: String,
+    pub id: String,
+    pub kind: String,
+    pub capacity: u32,
+    pub attributes: BTreeMap<String, String>,
+    pub parent: Option<String>,
+    pub upstream_suspect: bool,
+    /// `pending`, `active`, `paused`, `suspect`, `releasing`, `destroyed`, `lost`, `orphaned`, `failed`.
+    pub state: String,
+    /// Why it is in that state, where the state says (a pause, a suspicion, a release, a failure).
+    pub detail: Option<serde_json::Value>,
+    pub allocated_at: u64,
+    pub native_id: Option<String>,
+    pub claims: Vec<ClaimView>,
+    /// Live leases (waiting or active), first come first.
+    pub leases: Vec<String>,
+    pub terminal_at: Option<u64>,
+    /// The outcome sequence this record is as of.
+    pub as_of: u64,
+}
+
+/// A resource's claim on one pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimView {
+    pub pool: String,
+    /// `wanted`, `bound` or `returned`.
+    pub status: String,
+    pub value: Option<String>,
+    pub token: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseView {
+    pub id: String,
+    pub resource: String,
+    pub holder: String,
+    /// `waiting`, `active`, `released`, `broken`, `expired`, `failed`.
+    pub state: String,
+    /// The lease token (the position of its grant), while active.
+    pub token: Option<u64>,
+    pub expires_at: Option<u64>,
+    pub wait_until: Option<u64>,
+    pub ttl_ms: Option<u64>,
+    pub detail: Option<serde_json::Value>,
+    pub terminal_at: Option<u64>,
+    pub as_of: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentView {
+    pub name: String,
+    /// `live`, `stalled`, `gone`, `suspect`, `retired`.
+    pub status: String,
+    pub epoch: u64,
+    pub incarnation: String,
+    pub last_seen: u64,
+    /// Resources in state (not yet forgotten), and those observed present and meant to exist.
+    pub resources: u64,
+    pub held: u64,
+    pub settings: serde_json::Value,
+    pub as_of: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolView {
+    pub name: String,
+    pub kind: serde_json::Value,
+    pub cooldown_ms: u64,
+    pub held: u64,
+    pub waiting: u64,
+    pub cooling: u64,
+    pub as_of: u64,
+}
+
+/// Who holds one identifier of a pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderView {
+    pub pool: String,
+    pub value: String,
+    pub holder: String,
+    pub token: Option<u64>,
+    pub as_of: u64,
+}
+
+fn json(value: impl Serialize) -> serde_json::Value {
+    serde_json::to_value(value).unwrap_or(serde_json::Value::Null)
+}
+
+impl ResourceView {
+    pub fn of(resource: &Resource, as_of: u64) -> Self {
+        let detail = match &resource.state {
+            ResourceState::Paused { reason, until } => {
+                Some(serde_json::json!({ "reason": reason, "until": until.map(|t| t.0) }))
+            }
+            ResourceState::Suspect { cause, .. } => Some(json(cause)),
+            ResourceState::Releasing { cause } => Some(json(cause)),
+            ResourceState::Failed { detail } => Some(serde_json::Value::String(detail.clone())),
+            _ => None,
+        };
+        let claims = resource
+            .claims
+            .iter()
+            .map(|(pool, slot)| {
+                let (status, value, token) = match slot {
+                    ClaimSlot::Wanted { .. } => ("wanted", None, None),
+                    ClaimSlot::Bound { value, token } => ("bound", Some(value.to_string()), Some(token.0)),
+                    ClaimSlot::Returned { token } => ("returned", None, token.map(|t| t.0)),
+                };
+                ClaimView { pool: pool.to_string(), status: status.to_owned(), value, token }
+            })
+            .collect();
+        ResourceView {
+            reference: resource.reference().to_string(),
+            agent: resource.agent.to_string(),
+            id: resource.id.to_string(),
+            kind: resource.kind.to_string(),
+            capacity: resource.capacity,
+            attributes: resource.attributes.clone(),
+            parent: resource.parent().map(ToString::to_string),
+            upstream_suspect: resource.upstream_suspect().is_some(),
+            state: resource.state.name().to_owned(),
+            detail,
+            allocated_at: resource.allocated_at.0,
+            native_id: resource.native_id.as_deref().map(str::to_owned),
+            claims,
+            leases: resource.live_leases.values().map(ToString::to_string).collect(),
+            terminal_at: resource.terminal_at.map(|t| t.0),
+            as_of,
+        }
+    }
+}
+
+impl LeaseView {
+    pub fn of(lease: &Lease, as_of: u64) -> Self {
+        let (token, expires_at, wait_until, detail) = match &lease.state {
+            LeaseState::Active { token, expires_at } => (Some(token.0), expires_at.map(|t| t.0), None, None),
+            LeaseState::Waiting { until } => (None, None, until.map(|t| t.0), None),
+            LeaseState::Broken { reason } => (None, None, None, Some(json(reason))),
+            _ => (None, None, None, None),
+        };
+        LeaseView {
+            id: lease.id.to_string(),
+            resource: format!("{}.{}", lease.agent, lease.resource),
+            holder: lease.holder.clone(),
+            state: lease.state.name().to_owned(),
+            token,
+            expires_at,
+            wait_until,
+            ttl_ms: lease.ttl.map(|t| t.0),
+            detail,
+            terminal_at: lease.terminal_at.map(|t| t.0),
+            as_of,
+        }
+    }
+}
+
+impl AgentView {
+    pub fn of(agent: &Agent, as_of: u64) -> Self {
+        AgentView {
+            name: agent.name.to_string(),
+            status: agent.status().to_owned(),
+            epoch: agent.epoch.0,
+            incarnation: agent.incarnation.to_string(),
+            last_seen: agent.last_seen.0,
+            resources: agent.resources.len() as u64,
+            held: agent.n_held,
+            settings: json(&agent.settings),
+            as_of,
+        }
+    }
+}
+
+impl PoolView {
+    pub fn of(pool: &Pool, as_of: u64) -> Self {
+        PoolView {
+            name: pool.name.to_string(),
+            kind: json(&pool.kind),
+            cooldown_ms: pool.cooldown.0,
+            held: pool.held.len() as u64,
+            waiting: pool.waiters.len() as u64,
+            cooling: pool.cooling.len() as u64,
+            as_of,
+        }
+    }
+}
+
+impl HolderView {
+    /// The holder of `value` in `pool`, if it is held.
+    pub fn of(pool: &Pool, value: &leasehold_schemas::pool::PoolValue, as_of: u64) -> Option<Self> {
+        let holder = pool.held.get(value)?;
+        let token = match pool.holders.get(holder) {
+            Some(Holding::Granted { token, .. }) => Some(token.0),
+            _ => None,
+        };
+        Some(HolderView {
+            pool: pool.name.to_string(),
+            value: value.to_string(),
+            holder: holder.to_string(),
+            token,
+            as_of,
+        })
+    }
+}
