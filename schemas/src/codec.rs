@@ -479,6 +479,39 @@ pub fn encode_outcome(outcome: &Outcome) -> Result<Vec<u8>, CodecError> {
     Ok(out)
 }
 
+/// The format tag of a snapshot of partition state.
+pub const FORMAT_SNAPSHOT_V1: u8 = b'S';
+const SNAPSHOT_LIMIT: usize = 1 << 30;
+type SnapshotConfig = Configuration<LittleEndian, Varint, Limit<SNAPSHOT_LIMIT>>;
+const SNAPSHOT_CONFIG: SnapshotConfig = bincode::config::standard().with_limit::<SNAPSHOT_LIMIT>();
+
+/// Encodes a snapshot (a cache of folded state, never a message between processes): the same codec, with its own
+/// format tag and a limit of 1 GiB.
+pub fn encode_snapshot<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
+    let mut out = vec![FORMAT_SNAPSHOT_V1];
+    bincode::serde::encode_into_std_write(value, &mut out, SNAPSHOT_CONFIG)
+        .map_err(|e| CodecError::new(CodecErrorKind::Encode, format!("cannot encode the snapshot: {e}")))?;
+    Ok(out)
+}
+
+/// Decodes a snapshot; every byte must be used.
+pub fn decode_snapshot<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    match bytes.split_first() {
+        Some((&FORMAT_SNAPSHOT_V1, rest)) => {
+            let (value, read) = bincode::serde::decode_from_slice::<T, _>(rest, SNAPSHOT_CONFIG)
+                .map_err(|e| CodecError::new(CodecErrorKind::Malformed, format!("bad snapshot: {e}")))?;
+            if read != rest.len() {
+                return Err(CodecError::new(
+                    CodecErrorKind::TrailingBytes,
+                    format!("{} trailing bytes after the snapshot", rest.len() - read),
+                ));
+            }
+            Ok(value)
+        }
+        _ => Err(CodecError::new(CodecErrorKind::UnknownFormat, "not a snapshot")),
+    }
+}
+
 /// Decodes an outcome. An outcome that cannot be decoded must stop whoever reads it: it is never skipped.
 pub fn decode_outcome(bytes: &[u8]) -> Result<Outcome, CodecError> {
     check_size(bytes, MAX_OUTCOME_BYTES, "outcome")?;

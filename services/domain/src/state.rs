@@ -3,6 +3,7 @@
 //! State is only ever changed by [`crate::apply`]. It is deliberately not `Serialize`: the log of outcomes is the
 //! durable form, and state is what folding it gives.
 
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use leasehold_schemas::Uuid;
@@ -15,7 +16,7 @@ use leasehold_schemas::pool::{PoolKind, PoolValue};
 use leasehold_schemas::settings::{AgentSettings, PartitionSettings};
 
 /// Everything one partition's writer knows.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartitionState {
     pub(crate) partition: u32,
     pub(crate) partitions: u32,
@@ -50,7 +51,7 @@ pub struct PartitionState {
 /// Something to drop from state once the horizon has passed since its time. Each names the record it was made for:
 /// a resource or lease id is never used twice, and a released holder's record or a returned grant is named by
 /// position, so a newer record under the same name is never erased by an older entry.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub(crate) enum Forget {
     Resource(ResourceId),
     Lease(LeaseId),
@@ -61,7 +62,7 @@ pub(crate) enum Forget {
 
 /// Command ids decided within the horizon, with the command sequence that decided them: a retry is answered
 /// "already decided at N" (its outcome is in the log and the projection), and nothing is appended.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub(crate) struct RecentCommands {
     pub(crate) by_id: BTreeMap<CommandId, u64>,
     /// By the time the horizon counts from for each: the latest of its decision, its issuer time and its id's
@@ -70,7 +71,7 @@ pub(crate) struct RecentCommands {
 }
 
 /// A decision not finished yet: its last part so far, and the work the next part does.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingDecision {
     pub cmd_seq: u64,
     /// The last part applied.
@@ -116,6 +117,18 @@ impl PartitionState {
     pub fn with_split_budget(mut self, bytes: usize) -> Self {
         self.split_budget = bytes.min(crate::decide::EFFECT_BUDGET_BYTES);
         self
+    }
+
+    /// The state as a snapshot: a cache of the fold, valid only for this build's `DECIDER_VERSION` (the worker
+    /// records that beside it and ignores a snapshot of any other version).
+    pub fn to_snapshot(&self) -> Result<Vec<u8>, leasehold_schemas::codec::CodecError> {
+        leasehold_schemas::codec::encode_snapshot(self)
+    }
+
+    /// A state from [`PartitionState::to_snapshot`], splitting long decisions after `split_budget` bytes (not part of
+    /// the snapshot's meaning: where decisions split changes nothing in their effects).
+    pub fn from_snapshot(bytes: &[u8]) -> Result<Self, leasehold_schemas::codec::CodecError> {
+        leasehold_schemas::codec::decode_snapshot(bytes)
     }
 
     pub fn split_budget(&self) -> usize {
@@ -230,7 +243,7 @@ impl PartitionState {
 // -----------------------------------------------------------------------------------------------------------------
 // Agents
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Liveness {
     Live,
     /// No heartbeat for `stall_after`: no new placements.
@@ -239,7 +252,7 @@ pub enum Liveness {
     Gone,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Agent {
     pub name: AgentName,
     pub liveness: Liveness,
@@ -277,7 +290,7 @@ pub struct Agent {
     pub held_by_creation: BTreeMap<Position, ResourceId>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Breaker {
     pub tripped_at: Timestamp,
     pub would_lose: u32,
@@ -313,7 +326,7 @@ impl Agent {
 // -----------------------------------------------------------------------------------------------------------------
 // Resources
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ResourceState {
     Pending,
     Active,
@@ -375,14 +388,14 @@ impl ResourceState {
 }
 
 /// A pause: why, and until when.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PauseInfo {
     pub reason: Option<String>,
     pub until: Option<Timestamp>,
 }
 
 /// A resource's claim on one pool.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ClaimSlot {
     /// Asked for by the `ClaimWanted` at `wanted_at`; not bound yet.
     Wanted {
@@ -399,7 +412,7 @@ pub enum ClaimSlot {
 }
 
 /// A resource's parent, and what the resource knows of it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ParentLink {
     pub reference: ResourceRef,
     /// The source of the last parent cascade (or adoption answer) taken; for a parent in the same partition, the
@@ -409,7 +422,7 @@ pub struct ParentLink {
     pub suspect: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Resource {
     pub id: ResourceId,
     pub agent: AgentName,
@@ -466,7 +479,7 @@ impl Resource {
 // -----------------------------------------------------------------------------------------------------------------
 // Leases
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LeaseState {
     Waiting { until: Option<Timestamp> },
     Active { token: Position, expires_at: Option<Timestamp> },
@@ -493,7 +506,7 @@ impl LeaseState {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     pub id: LeaseId,
     pub resource: ResourceId,
@@ -513,13 +526,13 @@ pub struct Lease {
 // -----------------------------------------------------------------------------------------------------------------
 // Pools
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Holding {
     Waiting { queued_at: Position, source: Source },
     Granted { value: PoolValue, token: Position, source: Source },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pool {
     pub name: PoolName,
     pub kind: PoolKind,

@@ -209,3 +209,26 @@ fn an_outcome_of_another_partition_does_not_fold() {
     let mut other = leasehold_domain::PartitionState::new(1, 2);
     assert_eq!(apply(&mut other, &outcome), Err(FoldError::WrongPartition { state: 1, outcome: 0 }));
 }
+
+#[test]
+fn a_snapshot_restores_the_same_state_and_the_same_decisions() {
+    // A state with a decision left unfinished between parts, claims, leases and forgotten ids.
+    let mut w = heavy_world();
+    w.claimed();
+    w.d.finish_parts = false;
+    let agent = w.a();
+    let first = w.sys(MarkGone { agent });
+    assert!(first.continues(), "the decision goes on in parts");
+    let state = w.state().clone();
+    let bytes = state.to_snapshot().expect("a state encodes");
+    let restored = leasehold_domain::PartitionState::from_snapshot(&bytes).expect("and decodes");
+    assert_eq!(restored, state);
+    assert_eq!(continue_work(&restored), continue_work(&state), "the next part is the same");
+    let mut cut = bytes.clone();
+    cut.pop();
+    assert!(leasehold_domain::PartitionState::from_snapshot(&cut).is_err(), "a cut snapshot is refused");
+    cut = bytes.clone();
+    cut.push(0);
+    assert!(leasehold_domain::PartitionState::from_snapshot(&cut).is_err(), "trailing bytes are refused");
+    assert!(leasehold_domain::PartitionState::from_snapshot(b"").is_err());
+}

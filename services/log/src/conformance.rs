@@ -333,3 +333,21 @@ pub async fn dead_letters<L: Log>(log: L) {
     let stored = log.read_dead_letters(1, 10).await.unwrap();
     assert_eq!(stored.into_iter().map(|(_, l)| l).collect::<Vec<_>>(), vec![letter, other]);
 }
+
+/// The latest snapshot of a partition replaces the one before; partitions keep their own.
+pub async fn snapshots<L: Log>(log: L) {
+    assert_eq!(log.latest_snapshot(0).await.unwrap(), None);
+    let first = crate::Snapshot {
+        partition: 0,
+        decider_version: 1,
+        fence: 10,
+        last_command: Some("cmd-a".to_owned()),
+        state: Bytes::from(vec![7u8; 3 << 20]),
+    };
+    log.put_snapshot(first.clone()).await.unwrap();
+    assert_eq!(log.latest_snapshot(0).await.unwrap().as_ref(), Some(&first), "a snapshot larger than a message");
+    let second = crate::Snapshot { fence: 20, last_command: None, state: Bytes::from_static(b"state"), ..first };
+    log.put_snapshot(second.clone()).await.unwrap();
+    assert_eq!(log.latest_snapshot(0).await.unwrap(), Some(second));
+    assert_eq!(log.latest_snapshot(1).await.unwrap(), None);
+}

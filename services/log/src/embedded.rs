@@ -22,8 +22,8 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::watch;
 
 use crate::{
-    Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Published, StoredOutcome,
-    outcome_msg_id,
+    Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Published, Snapshot,
+    StoredOutcome, outcome_msg_id,
 };
 
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -41,6 +41,8 @@ const EVT_IDS: TableDefinition<&str, u64> = TableDefinition::new("evt_ids");
 /// seq -> (partition, source seq, source subject, reason, payload)
 const DLQ: TableDefinition<u64, (u32, u64, &str, &str, &[u8])> = TableDefinition::new("dlq");
 const DLQ_BY_SOURCE: TableDefinition<u64, u64> = TableDefinition::new("dlq_by_source");
+/// partition -> (decider version, fence, last command id, state)
+const SNAPSHOTS: TableDefinition<u32, (u32, u64, &str, &[u8])> = TableDefinition::new("snapshots");
 
 const FORMAT: &[u8] = b"leasehold-log/1";
 /// The file in the data directory.
@@ -158,6 +160,7 @@ impl Embedded {
             txn.open_table(EVT_IDS).map_err(storage)?;
             txn.open_table(DLQ).map_err(storage)?;
             txn.open_table(DLQ_BY_SOURCE).map_err(storage)?;
+            txn.open_table(SNAPSHOTS).map_err(storage)?;
         }
         txn.commit().map_err(storage)?;
         let (last_cmd, last_evt, last_time) = {
@@ -449,6 +452,32 @@ impl Embedded {
         Ok(out)
     }
 
+    fn put_snapshot_blocking(&self, snapshot: &Snapshot) -> Result<(), Error> {
+        let txn = self.inner.db.begin_write().map_err(storage)?;
+        {
+            let mut table = txn.open_table(SNAPSHOTS).map_err(storage)?;
+            let last = snapshot.last_command.as_deref().unwrap_or("");
+            let value = (snapshot.decider_version, snapshot.fence, last, snapshot.state.as_ref());
+            table.insert(snapshot.partition, value).map_err(storage)?;
+        }
+        txn.commit().map_err(storage)
+    }
+
+    fn latest_snapshot_blocking(&self, partition: u32) -> Result<Option<Snapshot>, Error> {
+        let read = self.inner.db.begin_read().map_err(storage)?;
+        let table = read.open_table(SNAPSHOTS).map_err(storage)?;
+        Ok(table.get(partition).map_err(storage)?.map(|value| {
+            let (decider_version, fence, last, state) = value.value();
+            Snapshot {
+                partition,
+                decider_version,
+                fence,
+                last_command: (!last.is_empty()).then(|| last.to_owned()),
+                state: Bytes::copy_from_slice(state),
+            }
+        }))
+    }
+
     fn command_at_blocking(&self, seq: u64) -> Result<Option<CommandRecord>, Error> {
         let read = self.inner.db.begin_read().map_err(storage)?;
         let cmd = read.open_table(CMD).map_err(storage)?;
@@ -517,6 +546,14 @@ impl Log for Embedded {
 
     async fn read_dead_letters(&self, from: u64, max: usize) -> Result<Vec<(u64, DeadLetter)>, Error> {
         self.read_dead_letters_blocking(from, max)
+    }
+
+    async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), Error> {
+        self.put_snapshot_blocking(&snapshot)
+    }
+
+    async fn latest_snapshot(&self, partition: u32) -> Result<Option<Snapshot>, Error> {
+        self.latest_snapshot_blocking(partition)
     }
 
     async fn own(&self, partition: u32, worker: &str) -> Result<Option<EmbeddedOwner>, Error> {

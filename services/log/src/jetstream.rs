@@ -1,1 +1,1261 @@
-pub fn _x(){}
+//! The JetStream log: the streams `LH_CMD`, `LH_EVT` and `LH_DLQ` of DESIGN section 9, with the same observable
+//! semantics as the embedded log.
+//!
+//! - **Streams.** [`JetStream::connect`] creates the three streams, or checks that existing ones are exactly what
+//!   leasehold creates and refuses ([`Error::Refused`], naming what differs) otherwise. `LH_CMD` takes
+//!   `lh.in.*.*.*` and stores each command on `lh.cmd.<p>.<class>.<key>.<id>` through a subject transform with the
+//!   partition count in it, so a stream made for another partition count is refused.
+//! - **Appends.** Each record is published to `lh.evt.<p>.<key>` under the fence ([`crate::fence_headers`]), one
+//!   after another, each fenced on the one before. The answers map as DESIGN section 3 says: a clean ack lands,
+//!   10071 is stale (with the sequence the server names), 10164, 10163 and 10210 are busy (nothing stored), and
+//!   everything else (a duplicate, a timeout) is unknown.
+//! - **Reads.** History is read with batched direct gets (`$JS.API.DIRECT.GET`, ADR-31), which any replica may
+//!   answer. A replica applies in order, so it may lag but never skips: a read gives a prefix of the truth. Where a
+//!   lag would matter, the read checks with the stream leader: [`Log::last_outcome_seq`] and [`Log::command_at`]
+//!   read the leader only, and [`Log::read_outcomes`] and [`Log::read_dead_letters`] read on from the leader when a
+//!   replica's answer ends before the leader's last matching message. [`Log::follow`] is an ordered consumer.
+//! - **Snapshots.** One object per partition (`partition-<p>`) in the object store bucket `LH_SNAPSHOTS`, which
+//!   chunks a snapshot larger than a message; the fields beside the state are the object's metadata. A snapshot
+//!   is a cache, so the bucket is created when missing and not checked.
+//! - **Ownership.** One durable pull consumer per partition on `LH_CMD` (`lh-writer-<p>`, filter `lh.cmd.<p>.>`,
+//!   explicit ack, headers only), with the `PinnedClient` priority policy and one group, `writer`. The consumer is
+//!   for liveness and acks only; the owner reads commands strictly by sequence from the cursor it is given, so
+//!   no redelivery order can make it skip one. See [`JetStreamOwner`].
+//!
+//! Credentials go through the connect options (a creds file, or a user and password), never the URL: async-nats
+//! ignores credentials in a URL, so one with them is refused.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy, PriorityPolicy};
+use async_nats::jetstream::context::{Context, ContextBuilder, PublishError, PublishErrorKind};
+use async_nats::jetstream::message::{PublishMessage, StreamMessage};
+use async_nats::jetstream::object_store::{self, ObjectMetadata, ObjectStore};
+use async_nats::jetstream::stream::{self, LastRawMessageErrorKind, RetentionPolicy, StorageType, SubjectTransform};
+use async_nats::{HeaderMap, HeaderValue, ServerAddr, StatusCode, Subject};
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
+use leasehold_schemas::Timestamp;
+use leasehold_schemas::subjects::{command_filter, outcome_filter, partition_transform};
+use tokio::time::Instant;
+
+use crate::{
+    Appended, CommandRecord, DeadLetter, Error, HEADER_CMD_ID, HEADER_CMD_SEQ, HEADER_DLQ_REASON,
+    HEADER_DLQ_SOURCE_SEQ, HEADER_DLQ_SOURCE_SUBJECT, HEADER_PART, HEADER_PREV_SEQ, Log, OutcomeFilter, OutcomeRecord,
+    Owner, Published, Snapshot, StoredOutcome, fence_headers, outcome_msg_id,
+};
+
+/// The command stream.
+pub const CMD_STREAM: &str = "LH_CMD";
+/// The outcome stream.
+pub const EVT_STREAM: &str = "LH_EVT";
+/// The dead-letter stream.
+pub const DLQ_STREAM: &str = "LH_DLQ";
+/// The object store bucket of partition snapshots (its stream is `OBJ_LH_SNAPSHOTS`).
+pub const SNAPSHOT_BUCKET: &str = "LH_SNAPSHOTS";
+/// The priority group of every writer consumer.
+pub const WRITER_GROUP: &str = "writer";
+/// How long `LH_CMD` keeps a command.
+pub const COMMAND_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+/// How long a command id is remembered for dedupe (`LH_CMD`'s `duplicate_window`).
+pub const COMMAND_DUPLICATE_WINDOW: Duration = crate::embedded::DUPLICATE_WINDOW;
+/// How long an outcome's message id is remembered (`LH_EVT`'s `duplicate_window`). The fence, not this window,
+/// keeps an outcome from landing twice; a retry inside it is answered "duplicate" on a replicated stream.
+pub const OUTCOME_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+/// How long a dead letter's source sequence is remembered (`LH_DLQ`'s `duplicate_window`): within it a command is
+/// dead-lettered once.
+pub const DEAD_LETTER_DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
+
+/// The most messages one direct get asks for.
+const DIRECT_BATCH: usize = 1024;
+/// The most deliveries one pull of a writer consumer asks for.
+const PULL_BATCH: usize = 256;
+
+/// The name of the writer consumer of `partition`.
+pub fn writer_consumer(partition: u32) -> String {
+    format!("lh-writer-{partition}")
+}
+
+/// How to prove who we are to the NATS server.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub enum Credentials {
+    /// No credentials.
+    #[default]
+    None,
+    /// A `.creds` file (a user JWT and its nkey seed).
+    CredsFile(PathBuf),
+    /// A user and a password.
+    UserPassword { user: String, password: String },
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Credentials::None => f.write_str("None"),
+            Credentials::CredsFile(path) => f.debug_tuple("CredsFile").field(path).finish(),
+            Credentials::UserPassword { user, .. } => {
+                f.debug_struct("UserPassword").field("user", user).field("password", &"<redacted>").finish()
+            }
+        }
+    }
+}
+
+/// How to reach the JetStream log and what it is made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JetStreamConfig {
+    /// The server URL (`nats://host:4222`), or several separated by commas. No credentials in it.
+    pub url: String,
+    pub credentials: Credentials,
+    /// The partition count, fixed when the streams are created.
+    pub partitions: u32,
+    /// Replicas of every stream (1, or 3 in production).
+    pub replicas: usize,
+    /// How long a writer keeps its partition without pulling (the writer consumers' `priority_timeout`).
+    pub priority_timeout: Duration,
+    /// How long a delivery to a writer may go unacked before it is delivered again (`ack_wait`).
+    pub ack_wait: Duration,
+    /// How long to wait for the server to answer a request or a publish.
+    pub request_timeout: Duration,
+}
+
+impl JetStreamConfig {
+    /// A config for `url` with `partitions` partitions, one replica and the default timeouts.
+    pub fn new(url: impl Into<String>, partitions: u32) -> Self {
+        JetStreamConfig {
+            url: url.into(),
+            credentials: Credentials::None,
+            partitions,
+            replicas: 1,
+            priority_timeout: Duration::from_secs(15),
+            ack_wait: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A handle on the JetStream log (cheap to clone).
+#[derive(Clone)]
+pub struct JetStream {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for JetStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JetStream")
+            .field("partitions", &self.inner.config.partitions)
+            .field("replicas", &self.inner.config.replicas)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    client: async_nats::Client,
+    js: Context,
+    config: JetStreamConfig,
+    /// Handles on the three streams (names only: they hold no state of the server's).
+    cmd: stream::Stream<()>,
+    evt: stream::Stream<()>,
+    dlq: stream::Stream<()>,
+    snapshots: ObjectStore,
+}
+
+fn unavailable(what: &str, e: impl fmt::Display) -> Error {
+    Error::Unavailable(format!("{what}: {e}"))
+}
+
+/// A header value, refused when it cannot be one (a line break in it).
+fn header_value(name: &str, value: &str) -> Result<HeaderValue, Error> {
+    HeaderValue::from_str(value).map_err(|_| Error::Refused(format!("{value:?} cannot be the value of header {name}")))
+}
+
+/// Whether `token` can be one token of a subject: not empty, no separator, wildcard or white space.
+fn is_token(token: &str) -> bool {
+    !token.is_empty() && !token.contains(['.', '*', '>']) && !token.contains(char::is_whitespace)
+}
+
+impl JetStream {
+    /// Connects, then creates the streams or checks that the existing ones are leasehold's with this partition
+    /// count and replica count.
+    pub async fn connect(config: JetStreamConfig) -> Result<Self, Error> {
+        if config.partitions == 0 {
+            return Err(Error::Refused("a log has at least one partition".to_owned()));
+        }
+        if !(1..=5).contains(&config.replicas) {
+            return Err(Error::Refused(format!("a stream has 1 to 5 replicas, not {}", config.replicas)));
+        }
+        let mut addrs = Vec::new();
+        for url in config.url.split(',').map(str::trim) {
+            let addr = ServerAddr::from_str(url).map_err(|e| Error::Refused(format!("bad NATS URL {url:?}: {e}")))?;
+            if addr.has_user_pass() {
+                return Err(Error::Refused(
+                    "the NATS URL carries credentials, which the client would ignore: give them as credentials, \
+                     not in the URL"
+                        .to_owned(),
+                ));
+            }
+            addrs.push(addr);
+        }
+        let mut options = async_nats::ConnectOptions::new()
+            .name("leasehold")
+            .connection_timeout(config.request_timeout)
+            .request_timeout(Some(config.request_timeout));
+        match &config.credentials {
+            Credentials::None => {}
+            Credentials::CredsFile(path) => {
+                options = options.credentials_file(path).await.map_err(|e| {
+                    Error::Refused(format!("cannot read the credentials file {}: {e}", path.display()))
+                })?;
+            }
+            Credentials::UserPassword { user, password } => {
+                options = options.user_and_password(user.clone(), password.clone());
+            }
+        }
+        let client = options.connect(addrs).await.map_err(|e| match e.kind() {
+            async_nats::ConnectErrorKind::Authentication | async_nats::ConnectErrorKind::AuthorizationViolation => {
+                Error::Refused(format!("the NATS server refused our credentials: {e}"))
+            }
+            _ => unavailable("cannot connect to NATS", e),
+        })?;
+        let js = ContextBuilder::new().timeout(config.request_timeout).build(client.clone());
+        let named = |name: &str| {
+            let js = js.clone();
+            let name = name.to_owned();
+            async move { js.get_stream_no_info(&name).await.map_err(|e| Error::Refused(format!("stream {name}: {e}"))) }
+        };
+        let (cmd, evt, dlq) = (named(CMD_STREAM).await?, named(EVT_STREAM).await?, named(DLQ_STREAM).await?);
+        let (partitions, replicas) = (config.partitions, config.replicas);
+        ensure_stream(&js, cmd_stream_config(partitions, replicas)).await?;
+        ensure_stream(&js, evt_stream_config(replicas)).await?;
+        ensure_stream(&js, dlq_stream_config(replicas)).await?;
+        let snapshots = snapshot_bucket(&js, replicas).await?;
+        Ok(JetStream { inner: Arc::new(Inner { client, js, config, cmd, evt, dlq, snapshots }) })
+    }
+
+    /// The NATS client underneath (for tests and probes; the services use the [`Log`] trait).
+    pub fn client(&self) -> &async_nats::Client {
+        &self.inner.client
+    }
+
+    fn stream(&self, name: &str) -> &stream::Stream<()> {
+        match name {
+            CMD_STREAM => &self.inner.cmd,
+            EVT_STREAM => &self.inner.evt,
+            _ => &self.inner.dlq,
+        }
+    }
+
+    /// Up to `max` messages of `stream` matching `filter` from sequence `from`, in order, from any replica (a
+    /// batched direct get).
+    async fn direct_batch(
+        &self,
+        stream: &str,
+        filter: &str,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<StreamMessage>, Error> {
+        let client = &self.inner.client;
+        let inbox = client.new_inbox();
+        let mut replies = client.subscribe(inbox.clone()).await.map_err(|e| unavailable("cannot subscribe", e))?;
+        let request = serde_json::json!({ "seq": from.max(1), "next_by_subj": filter, "batch": max.min(DIRECT_BATCH) });
+        client
+            .publish_with_reply(format!("$JS.API.DIRECT.GET.{stream}"), inbox, Bytes::from(request.to_string()))
+            .await
+            .map_err(|e| unavailable("cannot ask for messages", e))?;
+        let deadline = Instant::now() + self.inner.config.request_timeout;
+        let mut out = Vec::new();
+        loop {
+            let reply = match tokio::time::timeout_at(deadline, replies.next()).await {
+                Ok(Some(reply)) => reply,
+                Ok(None) => return Err(Error::Unavailable("the connection closed during a read".to_owned())),
+                Err(_) => {
+                    return Err(Error::Unavailable(format!("{stream} did not answer a read of {filter} in time")));
+                }
+            };
+            match reply.status {
+                None | Some(StatusCode::OK) => {
+                    let message = StreamMessage::try_from(reply)
+                        .map_err(|e| Error::Storage(format!("a message of {stream} could not be read: {e}")))?;
+                    out.push(message);
+                }
+                // The end of the batch, or nothing to read.
+                Some(status) if status == 204 || status == StatusCode::NOT_FOUND => return Ok(out),
+                Some(StatusCode::NO_RESPONDERS) => {
+                    return Err(Error::Unavailable(format!("no server answers direct reads of {stream}")));
+                }
+                Some(status) => {
+                    return Err(Error::Unavailable(format!(
+                        "a read of {filter} in {stream} failed: {status} {}",
+                        reply.description.unwrap_or_default()
+                    )));
+                }
+            }
+        }
+    }
+
+    /// The sequence of the last message of `stream` matching `filter`, read from the stream leader. `whole`: the
+    /// filter takes every subject of the stream (the stream's last sequence answers at once).
+    async fn leader_last(&self, stream: &str, filter: &str, whole: bool) -> Result<Option<u64>, Error> {
+        let stream = self.stream(stream);
+        if whole {
+            let info = stream.get_info().await.map_err(|e| unavailable("cannot read the stream state", e))?;
+            return Ok((info.state.last_sequence > 0).then_some(info.state.last_sequence));
+        }
+        match stream.get_last_raw_message_by_subject(filter).await {
+            Ok(message) => Ok(Some(message.sequence)),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(unavailable(&format!("cannot read the last message of {filter}"), e)),
+        }
+    }
+
+    /// The first message of `stream` matching `filter` at or after `seq`, read from the stream leader.
+    async fn leader_next(&self, stream: &str, filter: &str, seq: u64) -> Result<Option<StreamMessage>, Error> {
+        match self.stream(stream).get_first_raw_message_by_subject(filter, seq.max(1)).await {
+            Ok(message) => Ok(Some(message)),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(unavailable(&format!("cannot read {filter} from {seq}"), e)),
+        }
+    }
+
+    /// Up to `max` messages of `stream` matching `filter` from `from`, in order, at least up to the leader's last
+    /// matching message when fewer than `max`: a replica's answer, completed from the leader if the replica lags.
+    async fn read_through(
+        &self,
+        stream: &str,
+        filter: &str,
+        whole: bool,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<StreamMessage>, Error> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let mut out = self.direct_batch(stream, filter, from, max).await?;
+        if out.len() >= max.min(DIRECT_BATCH) {
+            return Ok(out);
+        }
+        let Some(last) = self.leader_last(stream, filter, whole).await? else { return Ok(out) };
+        let mut next = out.last().map_or(from.max(1), |m| m.sequence + 1);
+        while next <= last && out.len() < max {
+            let Some(message) = self.leader_next(stream, filter, next).await? else { break };
+            next = message.sequence + 1;
+            out.push(message);
+        }
+        Ok(out)
+    }
+
+    async fn publish(&self, subject: String, message: PublishMessage) -> Result<async_nats::jetstream::publish::PublishAck, PublishError> {
+        self.inner.js.send_publish(subject, message).await?.await
+    }
+
+    /// Publishes one outcome record under `prev`; `Ok(seq)` when it landed cleanly.
+    async fn append_record(&self, partition: u32, prev: u64, record: &OutcomeRecord) -> Result<u64, Appended> {
+        let refused = |e: Error| Appended::Unknown(e.to_string());
+        if !is_token(&record.key) {
+            return Err(Appended::Unknown(format!("{:?} is not a subject token", record.key)));
+        }
+        let id = outcome_msg_id(partition, record.cmd_seq, record.part);
+        let mut headers = HeaderMap::new();
+        headers.insert(HEADER_CMD_ID, header_value(HEADER_CMD_ID, &record.cmd_id).map_err(refused)?);
+        headers.insert(HEADER_CMD_SEQ, record.cmd_seq.to_string());
+        headers.insert(HEADER_PART, record.part.to_string());
+        headers.insert(HEADER_PREV_SEQ, prev.to_string());
+        for (name, value) in fence_headers(partition, prev) {
+            headers.insert(name, value);
+        }
+        let message = PublishMessage::build().payload(record.payload.clone()).headers(headers).message_id(&id);
+        match self.publish(format!("lh.evt.{partition}.{}", record.key), message).await {
+            Ok(ack) if ack.duplicate => Err(Appended::Unknown(format!("duplicate outcome {id}: stored at {}", ack.sequence))),
+            Ok(ack) => Ok(ack.sequence),
+            Err(e) => Err(append_error(&e)),
+        }
+    }
+}
+
+/// Creates the stream `wanted`, or checks the one there.
+async fn ensure_stream(js: &Context, wanted: stream::Config) -> Result<(), Error> {
+    let name = wanted.name.clone();
+    for _ in 0..2 {
+        match js.get_stream(&name).await {
+            Ok(stream) => return check_stream(&wanted, &stream.cached_info().config),
+            Err(e) => match e.kind() {
+                async_nats::jetstream::context::GetStreamErrorKind::JetStream(js) if js.error_code().0 == 10059 => {}
+                _ => return Err(unavailable(&format!("cannot read stream {name}"), e)),
+            },
+        }
+        match js.create_stream(wanted.clone()).await {
+            Ok(_) => {
+                tracing::info!(stream = %name, "created the stream");
+                return Ok(());
+            }
+            // Another process created it meanwhile: check theirs.
+            Err(e) if matches!(e.kind(), async_nats::jetstream::context::CreateStreamErrorKind::JetStream(js)
+                if js.error_code().0 == 10058) => {}
+            Err(e) => {
+                return Err(match e.kind() {
+                    async_nats::jetstream::context::CreateStreamErrorKind::JetStream(js)
+                        if js.error_code().0 != 10008 =>
+                    {
+                        Error::Refused(format!("cannot create stream {name}: {e}"))
+                    }
+                    _ => unavailable(&format!("cannot create stream {name}"), e),
+                });
+            }
+        }
+    }
+    Err(Error::Unavailable(format!("stream {name} was created and deleted while we looked")))
+}
+
+/// The snapshot bucket, created when missing.
+async fn snapshot_bucket(js: &Context, replicas: usize) -> Result<ObjectStore, Error> {
+    match js.get_object_store(SNAPSHOT_BUCKET).await {
+        Ok(store) => return Ok(store),
+        Err(e) if e.kind() == async_nats::jetstream::context::ObjectStoreErrorKind::GetStore => {}
+        Err(e) => return Err(unavailable("cannot open the snapshot bucket", e)),
+    }
+    let config = object_store::Config {
+        bucket: SNAPSHOT_BUCKET.to_owned(),
+        description: Some("leasehold: the latest snapshot of each partition".to_owned()),
+        storage: StorageType::File,
+        num_replicas: replicas,
+        ..Default::default()
+    };
+    match js.create_object_store(config).await {
+        Ok(store) => Ok(store),
+        // Another process created it meanwhile.
+        Err(_) => js.get_object_store(SNAPSHOT_BUCKET).await.map_err(|e| unavailable("cannot create the snapshot bucket", e)),
+    }
+}
+
+fn snapshot_object(partition: u32) -> String {
+    format!("partition-{partition}")
+}
+
+/// What a refused or failed outcome publish means.
+fn append_error(e: &PublishError) -> Appended {
+    let server = std::error::Error::source(e).and_then(|s| s.downcast_ref::<async_nats::jetstream::Error>());
+    let code = server.map(|s| s.error_code().0);
+    match (e.kind(), code) {
+        (PublishErrorKind::WrongLastSequence, _) | (_, Some(10071)) => Appended::Stale { last: wrong_last_sequence(e) },
+        // In flight on a replicated stream (10164), unavailable after a leader change (10163), too many open
+        // batches (10210): the server stored nothing.
+        (_, Some(10164 | 10163 | 10210)) => Appended::Busy(e.to_string()),
+        _ => Appended::Unknown(e.to_string()),
+    }
+}
+
+/// The sequence in "wrong last sequence: N", the server's answer to a stale fence.
+fn wrong_last_sequence(e: &PublishError) -> Option<u64> {
+    let text = std::error::Error::source(e).map_or_else(|| e.to_string(), ToString::to_string);
+    let rest = &text[text.rfind("wrong last sequence: ")? + "wrong last sequence: ".len()..];
+    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+fn cmd_stream_config(partitions: u32, replicas: usize) -> stream::Config {
+    let (source, destination) = partition_transform(partitions);
+    stream::Config {
+        name: CMD_STREAM.to_owned(),
+        subjects: vec![source.clone()],
+        subject_transform: Some(SubjectTransform { source, destination }),
+        retention: RetentionPolicy::Limits,
+        storage: StorageType::File,
+        max_age: COMMAND_RETENTION,
+        deny_delete: true,
+        deny_purge: true,
+        duplicate_window: COMMAND_DUPLICATE_WINDOW,
+        allow_direct: true,
+        num_replicas: replicas,
+        ..Default::default()
+    }
+}
+
+fn evt_stream_config(replicas: usize) -> stream::Config {
+    stream::Config {
+        name: EVT_STREAM.to_owned(),
+        subjects: vec!["lh.evt.>".to_owned()],
+        retention: RetentionPolicy::Limits,
+        storage: StorageType::File,
+        deny_delete: true,
+        deny_purge: true,
+        duplicate_window: OUTCOME_DUPLICATE_WINDOW,
+        allow_direct: true,
+        num_replicas: replicas,
+        ..Default::default()
+    }
+}
+
+fn dlq_stream_config(replicas: usize) -> stream::Config {
+    stream::Config {
+        name: DLQ_STREAM.to_owned(),
+        subjects: vec!["lh.dlq.>".to_owned()],
+        retention: RetentionPolicy::Limits,
+        storage: StorageType::File,
+        duplicate_window: DEAD_LETTER_DUPLICATE_WINDOW,
+        allow_direct: true,
+        num_replicas: replicas,
+        ..Default::default()
+    }
+}
+
+/// Refuses a stream that differs from what leasehold creates in anything leasehold set.
+fn check_stream(wanted: &stream::Config, got: &stream::Config) -> Result<(), Error> {
+    let name = &wanted.name;
+    if wanted.subject_transform != got.subject_transform {
+        let count = |t: &Option<SubjectTransform>| {
+            t.as_ref()
+                .and_then(|t| t.destination.split_once("partition(")?.1.split_once(',')?.0.parse::<u32>().ok())
+        };
+        if let (Some(theirs), Some(ours)) = (count(&got.subject_transform), count(&wanted.subject_transform)) {
+            return Err(Error::Refused(format!(
+                "stream {name} was created for {theirs} partitions, not {ours}: the partition count is fixed when \
+                 the log is created"
+            )));
+        }
+    }
+    let mut differences = Vec::new();
+    let mut differ = |field: &str, theirs: String, ours: String| {
+        if theirs != ours {
+            differences.push(format!("{field} is {theirs}, leasehold needs {ours}"));
+        }
+    };
+    differ("subjects", format!("{:?}", got.subjects), format!("{:?}", wanted.subjects));
+    differ(
+        "subject_transform",
+        format!("{:?}", got.subject_transform.as_ref().map(|t| (&t.source, &t.destination))),
+        format!("{:?}", wanted.subject_transform.as_ref().map(|t| (&t.source, &t.destination))),
+    );
+    differ("retention", format!("{:?}", got.retention), format!("{:?}", wanted.retention));
+    differ("storage", format!("{:?}", got.storage), format!("{:?}", wanted.storage));
+    differ("max_age", format!("{:?}", got.max_age), format!("{:?}", wanted.max_age));
+    differ("deny_delete", got.deny_delete.to_string(), wanted.deny_delete.to_string());
+    differ("deny_purge", got.deny_purge.to_string(), wanted.deny_purge.to_string());
+    differ("duplicate_window", format!("{:?}", got.duplicate_window), format!("{:?}", wanted.duplicate_window));
+    differ("allow_direct", got.allow_direct.to_string(), wanted.allow_direct.to_string());
+    differ("num_replicas", got.num_replicas.to_string(), wanted.num_replicas.to_string());
+    if differences.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Refused(format!(
+            "stream {name} is not as leasehold creates it: {}; change it back or remove it",
+            differences.join("; ")
+        )))
+    }
+}
+
+/// Log time: the stored message's timestamp in Unix milliseconds.
+fn log_time(time: &async_nats::jetstream::message::StreamMessage) -> Timestamp {
+    let ms = time.time.unix_timestamp_nanos() / 1_000_000;
+    Timestamp(u64::try_from(ms).unwrap_or(0))
+}
+
+fn command_record(message: StreamMessage) -> CommandRecord {
+    CommandRecord {
+        seq: message.sequence,
+        time: log_time(&message),
+        subject: message.subject.to_string(),
+        payload: message.payload,
+    }
+}
+
+fn header<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
+    headers?.get_last(name).map(HeaderValue::as_str)
+}
+
+/// An outcome as stored, or `Refused` naming its sequence and what is missing.
+fn stored_outcome(seq: u64, subject: &str, headers: Option<&HeaderMap>, payload: Bytes) -> Result<StoredOutcome, Error> {
+    let refused = |what: &str| Error::Refused(format!("outcome {seq} on {subject:?} is not leasehold's: {what}"));
+    let (partition, key) = subject
+        .strip_prefix("lh.evt.")
+        .and_then(|rest| rest.split_once('.'))
+        .and_then(|(p, key)| Some((p.parse::<u32>().ok()?, key)))
+        .ok_or_else(|| refused("its subject is not lh.evt.<p>.<key>"))?;
+    let number = |name: &str| -> Result<u64, Error> {
+        header(headers, name)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| refused(&format!("no valid {name} header")))
+    };
+    Ok(StoredOutcome {
+        seq,
+        partition,
+        key: key.to_owned(),
+        cmd_id: header(headers, HEADER_CMD_ID).ok_or_else(|| refused(&format!("no {HEADER_CMD_ID} header")))?.to_owned(),
+        cmd_seq: number(HEADER_CMD_SEQ)?,
+        part: u32::try_from(number(HEADER_PART)?).map_err(|_| refused(&format!("no valid {HEADER_PART} header")))?,
+        prev_seq: number(HEADER_PREV_SEQ)?,
+        payload,
+    })
+}
+
+fn stored_dead_letter(message: StreamMessage) -> Result<(u64, DeadLetter), Error> {
+    let seq = message.sequence;
+    let refused = |what: &str| Error::Refused(format!("dead letter {seq} on {} is not leasehold's: {what}", message.subject));
+    let headers = Some(&message.headers);
+    let partition = message
+        .subject
+        .split('.')
+        .nth(2)
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| refused("its subject is not lh.dlq.<p>...."))?;
+    let letter = DeadLetter {
+        partition,
+        source_seq: header(headers, HEADER_DLQ_SOURCE_SEQ)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| refused(&format!("no valid {HEADER_DLQ_SOURCE_SEQ} header")))?,
+        source_subject: header(headers, HEADER_DLQ_SOURCE_SUBJECT)
+            .ok_or_else(|| refused(&format!("no {HEADER_DLQ_SOURCE_SUBJECT} header")))?
+            .to_owned(),
+        reason: header(headers, HEADER_DLQ_REASON).unwrap_or_default().to_owned(),
+        payload: message.payload.clone(),
+    };
+    Ok((seq, letter))
+}
+
+impl Log for JetStream {
+    type Owner = JetStreamOwner;
+
+    fn partitions(&self) -> u32 {
+        self.inner.config.partitions
+    }
+
+    async fn publish_command(&self, subject: &str, msg_id: &str, payload: Bytes) -> Result<Published, Error> {
+        let tokens: Vec<&str> = subject.split('.').collect();
+        let ["lh", "in", class, key, id] = tokens.as_slice() else {
+            return Err(Error::Refused(format!(
+                "no stream takes subject {subject:?} (commands go to lh.in.<class>.<key>.<id>)"
+            )));
+        };
+        if ![class, key, id].iter().all(|t| is_token(t)) {
+            return Err(Error::Refused(format!("{subject:?} is not a valid subject to publish on")));
+        }
+        if msg_id.is_empty() {
+            return Err(Error::Refused("a command needs an id".to_owned()));
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, header_value("Nats-Msg-Id", msg_id)?);
+        let message = PublishMessage::build().payload(payload).headers(headers);
+        match self.publish(subject.to_owned(), message).await {
+            Ok(ack) => Ok(Published { seq: ack.sequence, duplicate: ack.duplicate }),
+            Err(e) => Err(match e.kind() {
+                PublishErrorKind::MaxPayloadExceeded => Error::Refused(format!("the command is too large: {e}")),
+                PublishErrorKind::StreamNotFound => Error::Unavailable(format!("no stream takes {subject}: {e}")),
+                PublishErrorKind::Other
+                    if std::error::Error::source(&e)
+                        .is_some_and(|s| s.downcast_ref::<async_nats::jetstream::Error>().is_some()) =>
+                {
+                    Error::Refused(format!("the log refused the command: {e}"))
+                }
+                _ => unavailable("the command was not acknowledged", e),
+            }),
+        }
+    }
+
+    async fn read_commands(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let messages = self.direct_batch(CMD_STREAM, &command_filter(partition), after.saturating_add(1), max).await?;
+        Ok(messages.into_iter().map(command_record).collect())
+    }
+
+    async fn command_at(&self, seq: u64) -> Result<Option<CommandRecord>, Error> {
+        if seq == 0 {
+            return Ok(None);
+        }
+        match self.stream(CMD_STREAM).get_raw_message(seq).await {
+            Ok(message) => Ok(Some(command_record(message))),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(unavailable(&format!("cannot read command {seq}"), e)),
+        }
+    }
+
+    async fn last_command_seq(&self) -> Result<u64, Error> {
+        Ok(self.leader_last(CMD_STREAM, "lh.cmd.>", true).await?.unwrap_or(0))
+    }
+
+    async fn append(&self, partition: u32, fence: u64, records: &[OutcomeRecord]) -> Appended {
+        if records.is_empty() {
+            return Appended::Unknown("nothing to append".to_owned());
+        }
+        if partition >= self.inner.config.partitions {
+            return Appended::Unknown(format!("there is no partition {partition}"));
+        }
+        let mut prev = fence;
+        let mut first = None;
+        for (i, record) in records.iter().enumerate() {
+            match self.append_record(partition, prev, record).await {
+                Ok(seq) => {
+                    first.get_or_insert(seq);
+                    prev = seq;
+                }
+                Err(answer) => {
+                    let Some(first) = first else { return answer };
+                    // Part of the append landed: only a reload can tell what the partition holds.
+                    return Appended::Unknown(format!(
+                        "records 0..{i} landed at {first}..={prev}, then record {i}: {answer:?}"
+                    ));
+                }
+            }
+        }
+        Appended::Landed { first: first.unwrap_or(prev), last: prev }
+    }
+
+    async fn last_outcome_seq(&self, partition: u32) -> Result<u64, Error> {
+        Ok(self.leader_last(EVT_STREAM, &outcome_filter(partition), false).await?.unwrap_or(0))
+    }
+
+    async fn read_outcomes(&self, filter: &OutcomeFilter, from: u64, max: usize) -> Result<Vec<StoredOutcome>, Error> {
+        let whole = *filter == OutcomeFilter::All;
+        let messages = self.read_through(EVT_STREAM, &filter.subject(), whole, from, max).await?;
+        messages
+            .into_iter()
+            .map(|m| stored_outcome(m.sequence, &m.subject, Some(&m.headers), m.payload))
+            .collect()
+    }
+
+    fn follow(&self, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {
+        follow(self.clone(), filter, from)
+    }
+
+    async fn dead_letter(&self, letter: DeadLetter) -> Result<(), Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert(HEADER_DLQ_REASON, header_value(HEADER_DLQ_REASON, &letter.header_reason())?);
+        headers.insert(HEADER_DLQ_SOURCE_SEQ, letter.source_seq.to_string());
+        headers.insert(HEADER_DLQ_SOURCE_SUBJECT, header_value(HEADER_DLQ_SOURCE_SUBJECT, &letter.source_subject)?);
+        let message = PublishMessage::build()
+            .payload(letter.payload.clone())
+            .headers(headers)
+            .message_id(format!("dlq:{}", letter.source_seq));
+        // A duplicate is the letter stored before: done either way.
+        self.publish(letter.subject(), message).await.map(|_| ()).map_err(|e| match e.kind() {
+            PublishErrorKind::MaxPayloadExceeded => Error::Refused(format!("the dead letter is too large: {e}")),
+            _ => unavailable("the dead letter was not acknowledged", e),
+        })
+    }
+
+    async fn read_dead_letters(&self, from: u64, max: usize) -> Result<Vec<(u64, DeadLetter)>, Error> {
+        let messages = self.read_through(DLQ_STREAM, "lh.dlq.>", true, from, max).await?;
+        messages.into_iter().map(stored_dead_letter).collect()
+    }
+
+    async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), Error> {
+        let mut metadata = std::collections::HashMap::new();
+        metadata.insert("lh-decider-version".to_owned(), snapshot.decider_version.to_string());
+        metadata.insert("lh-fence".to_owned(), snapshot.fence.to_string());
+        if let Some(last) = &snapshot.last_command {
+            metadata.insert("lh-last-command".to_owned(), last.clone());
+        }
+        let object = ObjectMetadata { name: snapshot_object(snapshot.partition), metadata, ..Default::default() };
+        self.inner
+            .snapshots
+            .put(object, &mut snapshot.state.as_ref())
+            .await
+            .map(|_| ())
+            .map_err(|e| unavailable(&format!("cannot store the snapshot of partition {}", snapshot.partition), e))
+    }
+
+    async fn latest_snapshot(&self, partition: u32) -> Result<Option<Snapshot>, Error> {
+        use tokio::io::AsyncReadExt;
+        let name = snapshot_object(partition);
+        let mut object = match self.inner.snapshots.get(&name).await {
+            Ok(object) => object,
+            Err(e) if e.kind() == object_store::GetErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(unavailable(&format!("cannot read the snapshot of partition {partition}"), e)),
+        };
+        let metadata = object.info().metadata.clone();
+        let field = |key: &str| -> Result<u64, Error> {
+            metadata.get(key).and_then(|v| v.parse().ok()).ok_or_else(|| {
+                Error::Refused(format!("the snapshot of partition {partition} has no valid {key}"))
+            })
+        };
+        let decider_version = u32::try_from(field("lh-decider-version")?)
+            .map_err(|_| Error::Refused(format!("the snapshot of partition {partition} has no valid decider version")))?;
+        let fence = field("lh-fence")?;
+        let mut state = Vec::with_capacity(object.info().size);
+        object
+            .read_to_end(&mut state)
+            .await
+            .map_err(|e| unavailable(&format!("cannot read the snapshot of partition {partition}"), e))?;
+        Ok(Some(Snapshot {
+            partition,
+            decider_version,
+            fence,
+            last_command: metadata.get("lh-last-command").cloned(),
+            state: Bytes::from(state),
+        }))
+    }
+
+    async fn own(&self, partition: u32, worker: &str) -> Result<Option<JetStreamOwner>, Error> {
+        if partition >= self.inner.config.partitions {
+            return Err(Error::Refused(format!("there is no partition {partition}")));
+        }
+        let info = self.writer_consumer(partition).await?;
+        if pinned_client(&info).is_some() {
+            return Ok(None);
+        }
+        let client = &self.inner.client;
+        let inbox = Subject::from(client.new_inbox());
+        let deliveries = client.subscribe(inbox.clone()).await.map_err(|e| unavailable("cannot subscribe", e))?;
+        let config = &self.inner.config;
+        let mut owner = JetStreamOwner {
+            log: self.clone(),
+            partition,
+            worker: worker.to_owned(),
+            consumer: writer_consumer(partition),
+            inbox,
+            deliveries,
+            pull_expires: (config.priority_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(5)),
+            pin: None,
+            lost: false,
+            pull: None,
+            unacked: BTreeMap::new(),
+            done: 0,
+            delivered: 0,
+            checked: Instant::now(),
+        };
+        owner.keep_pulling().await?;
+        if info.num_pending > 0 {
+            // Commands wait: the server pins the first client that pulls. Learn whether that is us.
+            let deadline = Instant::now() + owner.pull_expires.max(Duration::from_millis(500));
+            while owner.pin.is_none() && !owner.lost {
+                match tokio::time::timeout_at(deadline, owner.deliveries.next()).await {
+                    Ok(Some(message)) => {
+                        owner.handle(message)?;
+                        owner.keep_pulling().await?;
+                    }
+                    Ok(None) => return Err(Error::Unavailable("the connection closed".to_owned())),
+                    Err(_) => break,
+                }
+            }
+        }
+        if owner.lost {
+            return Ok(None);
+        }
+        if owner.pin.is_none() && owner.pinned_elsewhere().await? {
+            return Ok(None);
+        }
+        tracing::debug!(partition, worker, pinned = owner.pin.is_some(), "owning the partition");
+        Ok(Some(owner))
+    }
+}
+
+fn pinned_client(info: &consumer::Info) -> Option<&str> {
+    info.priority_groups.iter().find(|g| g.group == WRITER_GROUP).and_then(|g| g.pinned_client_id.as_deref())
+}
+
+impl JetStream {
+    fn writer_consumer_config(&self, partition: u32) -> consumer::pull::Config {
+        let config = &self.inner.config;
+        consumer::pull::Config {
+            durable_name: Some(writer_consumer(partition)),
+            description: Some(format!("leasehold: the writer of partition {partition}")),
+            filter_subject: command_filter(partition),
+            deliver_policy: DeliverPolicy::All,
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: config.ack_wait,
+            // The owner reads commands from the log by sequence; deliveries only pin it and wake it.
+            headers_only: true,
+            priority_policy: PriorityPolicy::PinnedClient,
+            priority_groups: vec![WRITER_GROUP.to_owned()],
+            priority_timeout: config.priority_timeout,
+            ..Default::default()
+        }
+    }
+
+    /// The writer consumer of `partition` as it is now, created (or set back to leasehold's settings) first.
+    async fn writer_consumer(&self, partition: u32) -> Result<consumer::Info, Error> {
+        let stream = self.stream(CMD_STREAM);
+        let name = writer_consumer(partition);
+        let wanted = self.writer_consumer_config(partition);
+        match stream.consumer_info(&name).await {
+            Ok(info) if consumer_matches(&wanted, &info.config) => return Ok(info),
+            Ok(info) => {
+                tracing::warn!(consumer = %name, have = ?info.config, "setting the writer consumer back to leasehold's settings");
+            }
+            Err(e) if matches!(e.kind(), async_nats::jetstream::context::ConsumerInfoErrorKind::NotFound) => {}
+            Err(e) => return Err(unavailable(&format!("cannot read consumer {name}"), e)),
+        }
+        let mut created = stream
+            .create_consumer(wanted)
+            .await
+            .map_err(|e| unavailable(&format!("cannot create consumer {name}"), e))?;
+        created.info().await.map(|info| info.clone()).map_err(|e| unavailable(&format!("cannot read consumer {name}"), e))
+    }
+}
+
+fn consumer_matches(wanted: &consumer::pull::Config, got: &consumer::Config) -> bool {
+    got.durable_name == wanted.durable_name
+        && got.filter_subject == wanted.filter_subject
+        && got.ack_policy == wanted.ack_policy
+        && got.ack_wait == wanted.ack_wait
+        && got.headers_only == wanted.headers_only
+        && got.priority_policy == wanted.priority_policy
+        && got.priority_groups == wanted.priority_groups
+        && got.priority_timeout == wanted.priority_timeout
+}
+
+/// A writer's hold on one partition of the JetStream log.
+///
+/// The hold is the pin of the partition's writer consumer. The owner pulls the consumer by hand (a pull request
+/// with the group and, once it has one, its pin id), so it sees what the server answers:
+///
+/// - A delivery carries `Nats-Pin-Id`: the first one tells the owner it is pinned. Deliveries are headers only;
+///   the owner remembers each one's ack subject and acks it in [`Owner::done_through`] (at once if it is already
+///   done with, as an old owner's redeliveries are). It never naks and never decides from a delivery: commands
+///   are read from the log strictly by sequence after the cursor the caller gives.
+/// - A 423 answers a pull whose pin id is no longer the pinned one: the pin moved, so the owner is
+///   [`Error::Lost`] from then on. A delivery with another pin id means the same.
+/// - Pulls are sent only while the owner is used ([`Owner::next_commands`], [`Owner::done_through`]), each
+///   expiring after a quarter of `priority_timeout`, so a stuck worker loses the pin after `priority_timeout`.
+///
+/// The server pins a client only when it has a message to deliver. So an owner may hold a partition that nobody is
+/// pinned to, because no command waits: there is nothing to decide, and two workers may both believe they own
+/// it. The first delivery pins one of them; the other learns it is lost when it next checks the consumer (before
+/// it returns commands while unpinned, and at most every pull expiry while it waits). The fence keeps two
+/// believers from both appending (DESIGN section 3). Dropping the owner gives the pin up after
+/// `priority_timeout`; [`Owner::release`] unpins at once.
+pub struct JetStreamOwner {
+    log: JetStream,
+    partition: u32,
+    worker: String,
+    consumer: String,
+    inbox: Subject,
+    deliveries: async_nats::Subscriber,
+    pull_expires: Duration,
+    /// The pin id the server gave us, once it did.
+    pin: Option<String>,
+    lost: bool,
+    /// When the pull in flight was sent, and how many deliveries it may still bring.
+    pull: Option<(Instant, usize)>,
+    /// Stream sequence -> ack subject of deliveries not yet acked.
+    unacked: BTreeMap<u64, Subject>,
+    /// Everything up to here is done with.
+    done: u64,
+    /// The highest stream sequence delivered: a command the log holds.
+    delivered: u64,
+    /// When the consumer was last asked who is pinned.
+    checked: Instant,
+}
+
+impl fmt::Debug for JetStreamOwner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JetStreamOwner")
+            .field("partition", &self.partition)
+            .field("worker", &self.worker)
+            .field("pinned", &self.pin.is_some())
+            .field("lost", &self.lost)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The stream sequence in a delivery's ack subject (`$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...`, or with
+/// a domain and an account hash first).
+fn acked_sequence(reply: &str) -> Option<u64> {
+    let tokens: Vec<&str> = reply.strip_prefix("$JS.ACK.")?.split('.').collect();
+    let index = match tokens.len() {
+        7 => 3,
+        n if n >= 9 => 5,
+        _ => return None,
+    };
+    tokens[index].parse().ok()
+}
+
+impl JetStreamOwner {
+    /// Takes in one message from the consumer: a delivery, or the status that ends a pull.
+    fn handle(&mut self, message: async_nats::Message) -> Result<(), Error> {
+        match message.status {
+            None | Some(StatusCode::OK) => {
+                let Some(reply) = message.reply else { return Ok(()) };
+                if let Some(id) = header(message.headers.as_ref(), "Nats-Pin-Id") {
+                    match &self.pin {
+                        None => self.pin = Some(id.to_owned()),
+                        Some(mine) if mine != id => self.lost = true,
+                        Some(_) => {}
+                    }
+                }
+                if let Some((_, remaining)) = &mut self.pull {
+                    *remaining = remaining.saturating_sub(1);
+                    if *remaining == 0 {
+                        self.pull = None;
+                    }
+                }
+                if let Some(seq) = acked_sequence(&reply) {
+                    self.delivered = self.delivered.max(seq);
+                    self.unacked.insert(seq, reply);
+                }
+                Ok(())
+            }
+            Some(StatusCode::PIN_ID_MISMATCH) => {
+                self.lost = true;
+                self.pull = None;
+                Ok(())
+            }
+            Some(StatusCode::IDLE_HEARTBEAT) => Ok(()),
+            Some(StatusCode::NO_RESPONDERS) => {
+                self.pull = None;
+                Err(Error::Unavailable(format!("no server answers pulls of {}", self.consumer)))
+            }
+            Some(status) => {
+                // 408 (the pull expired), 409 (the server ended it); "Consumer Deleted" ends the hold too.
+                self.pull = None;
+                if message.description.as_deref().is_some_and(|d| d.contains("Consumer Deleted")) {
+                    self.lost = true;
+                }
+                tracing::trace!(partition = self.partition, %status, description = ?message.description, "pull ended");
+                Ok(())
+            }
+        }
+    }
+
+    /// Takes in whatever the consumer has sent, without waiting.
+    fn drain(&mut self) -> Result<(), Error> {
+        while let Some(next) = self.deliveries.next().now_or_never() {
+            let message = next.ok_or_else(|| Error::Unavailable("the connection closed".to_owned()))?;
+            self.handle(message)?;
+        }
+        Ok(())
+    }
+
+    /// Sends a pull (with our pin id once we have one) unless one is in flight. Each pull that reaches the server
+    /// with our pin id keeps the pin.
+    async fn keep_pulling(&mut self) -> Result<(), Error> {
+        let grace = self.log.inner.config.request_timeout;
+        if self.pull.is_some_and(|(sent, _)| sent.elapsed() < self.pull_expires + grace) {
+            return Ok(());
+        }
+        let mut request = serde_json::json!({
+            "batch": PULL_BATCH,
+            "expires": u64::try_from(self.pull_expires.as_nanos()).unwrap_or(u64::MAX),
+            "group": WRITER_GROUP,
+        });
+        if let Some(pin) = &self.pin {
+            request["id"] = serde_json::Value::from(pin.as_str());
+        }
+        self.log
+            .inner
+            .client
+            .publish_with_reply(
+                format!("$JS.API.CONSUMER.MSG.NEXT.{CMD_STREAM}.{}", self.consumer),
+                self.inbox.clone(),
+                Bytes::from(request.to_string()),
+            )
+            .await
+            .map_err(|e| unavailable("cannot pull", e))?;
+        self.pull = Some((Instant::now(), PULL_BATCH));
+        Ok(())
+    }
+
+    /// Whether another client is pinned now (asked of the consumer). Marks the owner lost if so.
+    async fn pinned_elsewhere(&mut self) -> Result<bool, Error> {
+        self.checked = Instant::now();
+        let info = self
+            .log
+            .stream(CMD_STREAM)
+            .consumer_info(&self.consumer)
+            .await
+            .map_err(|e| unavailable(&format!("cannot read consumer {}", self.consumer), e))?;
+        // Deliveries that came meanwhile may have pinned us.
+        self.drain()?;
+        let elsewhere = match (pinned_client(&info), &self.pin) {
+            (None, _) => false,
+            (Some(pinned), Some(mine)) => pinned != mine,
+            (Some(_), None) => true,
+        };
+        self.lost |= elsewhere;
+        Ok(elsewhere)
+    }
+
+    fn check_held(&self) -> Result<(), Error> {
+        if self.lost { Err(Error::Lost(self.partition)) } else { Ok(()) }
+    }
+
+    /// Commands after `after`, read by sequence: from any replica, and from the leader up to the highest
+    /// delivered sequence if the replica has not caught up with it.
+    async fn read(&self, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
+        let mut found = self.log.read_commands(self.partition, after, max).await?;
+        let filter = command_filter(self.partition);
+        let mut next = found.last().map_or(after, |c| c.seq) + 1;
+        while found.len() < max && next <= self.delivered {
+            let Some(message) = self.log.leader_next(CMD_STREAM, &filter, next).await? else { break };
+            next = message.sequence + 1;
+            found.push(command_record(message));
+        }
+        Ok(found)
+    }
+
+    /// Returns `found` if we may work on it: an unpinned owner first checks that nobody else is pinned.
+    async fn hand_out(&mut self, found: Vec<CommandRecord>) -> Result<Vec<CommandRecord>, Error> {
+        if self.pin.is_none() && !found.is_empty() && self.pinned_elsewhere().await? {
+            return Err(Error::Lost(self.partition));
+        }
+        self.check_held()?;
+        Ok(found)
+    }
+
+    fn ack_done(&mut self) {
+        let later = self.unacked.split_off(&(self.done + 1));
+        for (_, reply) in std::mem::replace(&mut self.unacked, later) {
+            let client = self.log.inner.client.clone();
+            // An ack is fire and forget: a lost one means one more redelivery, acked again.
+            tokio::spawn(async move {
+                let _ = client.publish(reply, Bytes::from_static(b"+ACK")).await;
+            });
+        }
+    }
+}
+
+impl Owner for JetStreamOwner {
+    fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    async fn next_commands(&mut self, after: u64, max: usize, wait: Duration) -> Result<Vec<CommandRecord>, Error> {
+        self.drain()?;
+        self.check_held()?;
+        self.ack_done();
+        self.keep_pulling().await?;
+        let found = self.read(after, max).await?;
+        if !found.is_empty() || max == 0 {
+            return self.hand_out(found).await;
+        }
+        let deadline = Instant::now() + wait;
+        loop {
+            match tokio::time::timeout_at(deadline, self.deliveries.next()).await {
+                Ok(Some(message)) => {
+                    self.handle(message)?;
+                    self.drain()?;
+                    self.check_held()?;
+                    self.ack_done();
+                    self.keep_pulling().await?;
+                    if self.delivered > after {
+                        let found = self.read(after, max).await?;
+                        if !found.is_empty() {
+                            return self.hand_out(found).await;
+                        }
+                    }
+                }
+                Ok(None) => return Err(Error::Unavailable("the connection closed".to_owned())),
+                Err(_) => break,
+            }
+        }
+        if self.pin.is_none() && self.checked.elapsed() >= self.pull_expires && self.pinned_elsewhere().await? {
+            return Err(Error::Lost(self.partition));
+        }
+        // A command may have come without a delivery (the consumer at its ack limit): read once more.
+        let found = self.read(after, max).await?;
+        self.hand_out(found).await
+    }
+
+    async fn done_through(&mut self, seq: u64) -> Result<(), Error> {
+        self.done = self.done.max(seq);
+        self.drain()?;
+        self.ack_done();
+        self.check_held()?;
+        self.keep_pulling().await
+    }
+
+    async fn release(mut self) {
+        if self.drain().is_ok() {
+            self.ack_done();
+        }
+        if self.lost || self.pin.is_none() {
+            return;
+        }
+        // Unpin only while the pin is still ours: never unpin the owner that came after us.
+        match self.pinned_elsewhere().await {
+            Ok(false) if self.pin.is_some() => {
+                if let Err(e) = self.log.stream(CMD_STREAM).unpin_consumer(&self.consumer, WRITER_GROUP).await {
+                    tracing::warn!(partition = self.partition, error = %e, "could not unpin the partition");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(partition = self.partition, error = %e, "could not release the partition"),
+        }
+        let _ = self.log.inner.client.flush().await;
+    }
+}
+
+/// Every outcome matching `filter` from `from` on, through an ordered consumer (ADR-17): in order, each once,
+/// recreated by the client from the last sequence seen when it falls behind or its server goes.
+fn follow(log: JetStream, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {
+    enum State {
+        Start(JetStream, OutcomeFilter, u64),
+        Following(async_nats::jetstream::consumer::pull::Ordered),
+        Done,
+    }
+    futures::stream::unfold(State::Start(log, filter, from), |state| async move {
+        let mut messages = match state {
+            State::Done => return None,
+            State::Following(messages) => messages,
+            State::Start(log, filter, from) => {
+                let config = consumer::pull::OrderedConfig {
+                    filter_subject: filter.subject(),
+                    deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: from.max(1) },
+                    ..Default::default()
+                };
+                let created = log.stream(EVT_STREAM).create_consumer(config).await;
+                let started = match created {
+                    Ok(consumer) => consumer.messages().await.map_err(|e| unavailable("cannot follow the outcomes", e)),
+                    Err(e) => Err(unavailable("cannot follow the outcomes", e)),
+                };
+                match started {
+                    Ok(messages) => messages,
+                    Err(e) => return Some((Err(e), State::Done)),
+                }
+            }
+        };
+        let next = match messages.next().await {
+            None => Err(Error::Unavailable("the outcome follower ended".to_owned())),
+            Some(Err(e)) => Err(unavailable("the outcome follower failed", e)),
+            Some(Ok(message)) => match message.info() {
+                Err(e) => Err(Error::Storage(format!("a followed outcome has no stream sequence: {e}"))),
+                Ok(info) => {
+                    let seq = info.stream_sequence;
+                    let message = message.message;
+                    stored_outcome(seq, &message.subject, message.headers.as_ref(), message.payload)
+                }
+            },
+        };
+        match next {
+            Ok(outcome) => Some((Ok(outcome), State::Following(messages))),
+            Err(e) => Some((Err(e), State::Done)),
+        }
+    })
+    .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ack_subjects_name_the_stream_sequence() {
+        assert_eq!(acked_sequence("$JS.ACK.LH_CMD.lh-writer-7.1.3.2.1795409385075890669.2"), Some(3));
+        assert_eq!(acked_sequence("$JS.ACK._.szMpdrwD.LH_CMD.lh-writer-7.2.50.9.1795409385075890669.0"), Some(50));
+        assert_eq!(acked_sequence("$JS.ACK.LH_CMD.lh-writer-7.1.3"), None);
+        assert_eq!(acked_sequence("_INBOX.x"), None);
+    }
+
+    #[test]
+    fn credentials_do_not_print() {
+        let credentials = Credentials::UserPassword { user: "lh".to_owned(), password: "secret".to_owned() };
+        assert!(!format!("{credentials:?}").contains("secret"));
+    }
+
+    #[test]
+    fn another_partition_count_is_named() {
+        let err = check_stream(&cmd_stream_config(8, 1), &cmd_stream_config(4, 1)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "stream LH_CMD was created for 4 partitions, not 8: the partition count is fixed when the log is created"
+        );
+        let err = check_stream(&evt_stream_config(3), &evt_stream_config(1)).unwrap_err();
+        assert!(err.to_string().contains("num_replicas is 1, leasehold needs 3"), "{err}");
+        check_stream(&dlq_stream_config(1), &dlq_stream_config(1)).unwrap();
+    }
+}

@@ -24,6 +24,7 @@
 pub mod conformance;
 pub mod embedded;
 pub mod jetstream;
+pub mod nats_server;
 mod follow;
 mod record;
 
@@ -33,7 +34,8 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 
 pub use record::{
-    Appended, CommandRecord, DeadLetter, Error, OutcomeFilter, OutcomeRecord, Published, StoredOutcome, fence_headers,
+    Appended, CommandRecord, DeadLetter, Error, OutcomeFilter, OutcomeRecord, Published, Snapshot, StoredOutcome,
+    fence_headers,
     outcome_msg_id,
 };
 
@@ -125,6 +127,17 @@ pub trait Log: Clone + Send + Sync + 'static {
         from: u64,
         max: usize,
     ) -> impl Future<Output = Result<Vec<(u64, DeadLetter)>, Error>> + Send;
+
+    /// Stores `snapshot` as the latest of its partition (a cache: losing it costs a longer load, nothing else).
+    fn put_snapshot(&self, snapshot: Snapshot) -> impl Future<Output = Result<(), Error>> + Send {
+        let partition = snapshot.partition;
+        async move { Err(Error::Refused(format!("this log keeps no snapshots (partition {partition})"))) }
+    }
+
+    /// The latest snapshot of `partition`, if any.
+    fn latest_snapshot(&self, partition: u32) -> impl Future<Output = Result<Option<Snapshot>, Error>> + Send {
+        async move { Err(Error::Refused(format!("this log keeps no snapshots (partition {partition})"))) }
+    }
 
     /// Asks to serve `partition` as `worker`. `Ok(None)`: another worker serves it now. Ownership is for liveness
     /// only: two owners may briefly both believe they own a partition; the fence keeps them from both appending.

@@ -158,6 +158,31 @@ impl DeadLetter {
     }
 }
 
+/// A partition's state folded up to an outcome: where a writer's load starts, so that takeover does not grow with
+/// history. Valid only for the decider version that made it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub partition: u32,
+    pub decider_version: u32,
+    /// The sequence of the last outcome folded into it: the tail is read from the next one on.
+    pub fence: u64,
+    /// The command id the last outcome answers (to check the command log is the one the outcomes answer).
+    pub last_command: Option<String>,
+    /// The encoded state.
+    pub state: Bytes,
+}
+
+impl fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("partition", &self.partition)
+            .field("decider_version", &self.decider_version)
+            .field("fence", &self.fence)
+            .field("bytes", &self.state.len())
+            .finish()
+    }
+}
+
 /// The answer to publishing a command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Published {

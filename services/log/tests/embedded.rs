@@ -67,3 +67,9 @@ async fn the_partition_count_is_fixed_and_the_file_is_one_processs() {
     assert!(matches!(&err, Error::Refused(m) if m.contains("created with 4 partitions, not 8")), "{err}");
     assert_eq!(Embedded::open(dir.path(), 4).unwrap().partitions(), 4);
 }
+
+#[tokio::test]
+async fn snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    conformance::snapshots(open(&dir)).await;
+}

@@ -121,6 +121,7 @@ fn add_counts(sum: &mut Counts, more: Counts) {
     sum.reloads += more.reloads;
     sum.busy_retries += more.busy_retries;
     sum.internal_errors += more.internal_errors;
+    sum.snapshots += more.snapshots;
 }
 
 /// Serves one partition whenever this worker holds it, until shutdown or an error that stops the partition.

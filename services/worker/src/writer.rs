@@ -22,7 +22,7 @@ use leasehold_domain::{
     Ctx, DECIDER_VERSION, Decided, PartitionState, WriterError, abandon_pending, apply, continue_work, decide,
     encode_part, internal_error_outcome,
 };
-use leasehold_log::{Appended, CommandRecord, DeadLetter, Log, OutcomeFilter, OutcomeRecord, Owner};
+use leasehold_log::{Appended, CommandRecord, DeadLetter, Log, OutcomeFilter, OutcomeRecord, Owner, Snapshot};
 use leasehold_schemas::codec::{self, CodecErrorKind};
 use leasehold_schemas::subjects::{check_subject, partition_of_key};
 use leasehold_schemas::{CommandId, Envelope, Outcome};
@@ -69,6 +69,7 @@ pub struct Counts {
     pub reloads: u64,
     pub busy_retries: u64,
     pub internal_errors: u64,
+    pub snapshots: u64,
 }
 
 /// Settings of a writer.
@@ -86,6 +87,9 @@ pub struct WriterConfig {
     /// Splits long decisions after this many bytes of effects instead of the core's budget (tests and simulations:
     /// where a decision splits changes nothing in its effects).
     pub split_budget: Option<usize>,
+    /// A snapshot of the state is stored after this many outcome parts since the last one (so a load folds at most
+    /// this many after the snapshot); `0` never stores one.
+    pub snapshot_every: u64,
 }
 
 impl Default for WriterConfig {
@@ -97,6 +101,7 @@ impl Default for WriterConfig {
             max_backoff: Duration::from_secs(1),
             reload_deadline: Duration::from_secs(30),
             split_budget: None,
+            snapshot_every: 10_000,
         }
     }
 }
@@ -112,6 +117,8 @@ pub struct Writer<L: Log> {
     /// The last command handled (decided, answered, unchanged or dead-lettered); at least the cursor.
     read_pos: u64,
     counts: Counts,
+    /// Outcome parts appended since the last snapshot (or the load).
+    since_snapshot: u64,
 }
 
 impl<L: Log> Writer<L> {
@@ -119,11 +126,11 @@ impl<L: Log> Writer<L> {
     /// sequence an append error named), checking the `Lh-Prev-Seq` chain, the decider version and that the command
     /// log is the one the outcomes answer.
     pub async fn load(log: L, partition: u32, config: WriterConfig, at_least: u64) -> Result<Self, Error> {
-        let Folded { state, fence, last_command } =
+        let Folded { state, fence, last_command, folded } =
             fold_partition(&log, partition, at_least, &config).await?;
         check_command_log(&log, &state, last_command).await?;
         let read_pos = state.cursor();
-        Ok(Writer { log, config, state, fence, read_pos, counts: Counts::default() })
+        Ok(Writer { log, config, state, fence, read_pos, counts: Counts::default(), since_snapshot: folded })
     }
 
     pub fn state(&self) -> &PartitionState {
@@ -200,11 +207,12 @@ impl<L: Log> Writer<L> {
     async fn reload(&mut self, unclean: Unclean) -> Result<(), Error> {
         tracing::info!(partition = self.state.partition(), why = %unclean.why, "append not clean: reloading");
         let partition = self.state.partition();
-        let Folded { state, fence, .. } =
+        let Folded { state, fence, folded, .. } =
             fold_partition(&self.log, partition, unclean.at_least, &self.config).await?;
         self.state = state;
         self.fence = fence;
         self.read_pos = self.state.cursor();
+        self.since_snapshot = folded;
         self.counts.reloads += 1;
         Ok(())
     }
@@ -325,6 +333,8 @@ impl<L: Log> Writer<L> {
             match self.log.append(partition, self.fence, std::slice::from_ref(&record)).await {
                 Appended::Landed { last, .. } => {
                     self.fence = last;
+                    self.since_snapshot += 1;
+                    self.maybe_snapshot(&outcome).await;
                     return Ok(());
                 }
                 Appended::Busy(why) => {
@@ -341,6 +351,37 @@ impl<L: Log> Writer<L> {
                 }
                 Appended::Unknown(why) => return Err(Failure::Unclean(Unclean { at_least: 0, why })),
             }
+        }
+    }
+
+    /// Stores a snapshot when enough outcomes landed since the last one and no decision is unfinished. A snapshot is
+    /// a cache: failing to store one is a warning, nothing more.
+    async fn maybe_snapshot(&mut self, last: &Outcome) {
+        let every = self.config.snapshot_every;
+        if every == 0 || self.since_snapshot < every || self.state.pending().is_some() {
+            return;
+        }
+        let partition = self.state.partition();
+        let state = match self.state.to_snapshot() {
+            Ok(state) => state,
+            Err(e) => {
+                tracing::warn!(partition, error = %e, "cannot encode a snapshot");
+                return;
+            }
+        };
+        let snapshot = Snapshot {
+            partition,
+            decider_version: DECIDER_VERSION,
+            fence: self.fence,
+            last_command: Some(last.command.id.to_string()),
+            state: Bytes::from(state),
+        };
+        match self.log.put_snapshot(snapshot).await {
+            Ok(()) => {
+                self.since_snapshot = 0;
+                self.counts.snapshots += 1;
+            }
+            Err(e) => tracing::warn!(partition, error = %e, "cannot store a snapshot"),
         }
     }
 
@@ -422,6 +463,8 @@ pub struct Folded {
     pub fence: u64,
     /// The command the last outcome answers.
     pub last_command: Option<CommandId>,
+    /// How many outcome parts were folded after the snapshot the fold started from (all of them without one).
+    pub folded: u64,
 }
 
 /// Folds every outcome of `partition` into a fresh state, reading at least up to `at_least` and the partition's
@@ -443,13 +486,14 @@ pub async fn fold_partition<L: Log>(
             Err(e) => return Err(e.into()),
         }
     };
-    let mut state = PartitionState::new(partition, log.partitions());
-    if let Some(bytes) = config.split_budget {
-        state = state.with_split_budget(bytes);
-    }
+    let (mut state, mut prev, mut last_command) = match usable_snapshot(log, partition, target).await {
+        Some(start) => start,
+        None => (PartitionState::new(partition, log.partitions()), 0, None),
+    };
+    let budget = config.split_budget.unwrap_or(leasehold_domain::EFFECT_BUDGET_BYTES);
+    state = state.with_split_budget(budget);
     let filter = OutcomeFilter::Partition(partition);
-    let mut prev = 0u64;
-    let mut last_command = None;
+    let mut folded = 0u64;
     loop {
         let batch = match log.read_outcomes(&filter, prev + 1, 512).await {
             Ok(batch) => batch,
@@ -462,7 +506,7 @@ pub async fn fold_partition<L: Log>(
         };
         if batch.is_empty() {
             if prev >= target {
-                return Ok(Folded { state, fence: prev, last_command });
+                return Ok(Folded { state, fence: prev, last_command, folded });
             }
             if tokio::time::Instant::now() >= give_up {
                 return Err(Error::Behind { partition, reached: prev, wanted: target });
@@ -493,8 +537,48 @@ pub async fn fold_partition<L: Log>(
             apply(&mut state, &outcome).map_err(|e| Error::Fold { partition, seq: stored.seq, detail: e.to_string() })?;
             prev = stored.seq;
             last_command = Some(outcome.command.id);
+            folded += 1;
         }
     }
+}
+
+/// The latest snapshot of `partition`, if it can be used: made by this decider version, for this partition, at an
+/// outcome the log holds (at or below `last`), and decodable. Anything else is ignored with a warning: a snapshot is
+/// a cache, and the log is the truth.
+async fn usable_snapshot<L: Log>(
+    log: &L,
+    partition: u32,
+    last: u64,
+) -> Option<(PartitionState, u64, Option<CommandId>)> {
+    let snapshot = match log.latest_snapshot(partition).await {
+        Ok(snapshot) => snapshot?,
+        Err(e) => {
+            tracing::warn!(partition, error = %e, "cannot read the snapshot; folding from the first outcome");
+            return None;
+        }
+    };
+    if snapshot.decider_version != DECIDER_VERSION || snapshot.partition != partition || snapshot.fence > last {
+        tracing::warn!(
+            partition,
+            version = snapshot.decider_version,
+            fence = snapshot.fence,
+            "ignoring a snapshot of another decider version or beyond the log"
+        );
+        return None;
+    }
+    let state = match PartitionState::from_snapshot(&snapshot.state) {
+        Ok(state) if state.partition() == partition && state.partitions() == log.partitions() => state,
+        Ok(_) => {
+            tracing::warn!(partition, "ignoring a snapshot of another partition");
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(partition, error = %e, "ignoring a snapshot that does not decode");
+            return None;
+        }
+    };
+    let last_command = snapshot.last_command.as_deref().and_then(|id| id.parse::<CommandId>().ok());
+    Some((state, snapshot.fence, last_command))
 }
 
 /// The command log must be the one the outcomes answer: the command at the cursor (if the log still holds it) is

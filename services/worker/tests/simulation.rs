@@ -4,7 +4,9 @@
 //! while its hold moves to the other one (so it resumes with a buffered append under a stale fence), moves holds
 //! between the parts of a decision, and delivers commands again and out of order. A producer publishes a seeded
 //! workload meanwhile: registrations, allocations, reports, heartbeats, leases, releases, a retirement decided in
-//! parts, retried commands, garbage and commands on the wrong subject.
+//! parts, retried commands, garbage and commands on the wrong subject. Writers store snapshots every few outcomes
+//! and load from them; the fault layer sometimes offers a snapshot no writer may use (another decider version, past
+//! the log's end, garbage) instead.
 //!
 //! After each seed: the outcomes in the log are exactly those one fault-free writer makes from the same command log
 //! (so every command has exactly one outcome, in command order, each part once), the chain is unbroken, the state
@@ -18,10 +20,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use leasehold_domain::driver::Driver;
-use leasehold_domain::{Ctx, Decided, PartitionState, apply, continue_work, decide, invariants};
+use leasehold_domain::{Ctx, DECIDER_VERSION, Decided, PartitionState, apply, continue_work, decide, invariants};
 use leasehold_log::embedded::{Embedded, EmbeddedOwner};
 use leasehold_log::{
-    Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Published, StoredOutcome,
+    Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Published, Snapshot,
+    StoredOutcome,
 };
 use leasehold_schemas::command::{
     Acquire, Allocate, Heartbeat, Register, Release, ReportCreated, RetireAgent,
@@ -68,6 +71,8 @@ struct Faults {
     moves_between_parts: u64,
     holds_dropped: u64,
     redeliveries: u64,
+    bad_snapshots: u64,
+    snapshots_used: u64,
 }
 
 /// The embedded log with seeded faults between it and one worker.
@@ -172,6 +177,47 @@ impl Log for SimLog {
 
     async fn read_dead_letters(&self, from: u64, max: usize) -> Result<Vec<(u64, DeadLetter)>, Error> {
         self.inner.read_dead_letters(from, max).await
+    }
+
+    async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), Error> {
+        self.inner.put_snapshot(snapshot).await
+    }
+
+    async fn latest_snapshot(&self, partition: u32) -> Result<Option<Snapshot>, Error> {
+        let real = self.inner.latest_snapshot(partition).await?;
+        if self.roll(15) {
+            // A snapshot no writer should use: another decider version, past the log's end, or garbage.
+            self.count(|f| f.bad_snapshots += 1);
+            let last = self.inner.last_outcome_seq(partition).await?;
+            let bad = match self.below(3) {
+                0 => Snapshot {
+                    partition,
+                    decider_version: DECIDER_VERSION + 1,
+                    fence: 0,
+                    last_command: None,
+                    state: Bytes::from_static(b"from a newer decider"),
+                },
+                1 => Snapshot {
+                    partition,
+                    decider_version: DECIDER_VERSION,
+                    fence: last + 1000,
+                    last_command: None,
+                    state: PartitionState::new(partition, PARTITIONS).to_snapshot().unwrap().into(),
+                },
+                _ => Snapshot {
+                    partition,
+                    decider_version: DECIDER_VERSION,
+                    fence: 1,
+                    last_command: None,
+                    state: Bytes::from_static(b"Sgarbage"),
+                },
+            };
+            return Ok(Some(bad));
+        }
+        if real.is_some() {
+            self.count(|f| f.snapshots_used += 1);
+        }
+        Ok(real)
     }
 
     async fn own(&self, partition: u32, worker: &str) -> Result<Option<SimOwner>, Error> {
@@ -445,6 +491,7 @@ async fn run_seed(seed: u64) -> Faults {
                 max_batch: 1 + (seed % 7) as usize,
                 poll: Duration::from_millis(500),
                 split_budget: Some(SPLIT_BUDGET),
+                snapshot_every: 1 + seed % 5,
                 ..WriterConfig::default()
             },
         };
@@ -542,6 +589,8 @@ fn writers_under_seeded_faults_decide_as_one_writer_would() {
         total.moves_between_parts += f.moves_between_parts;
         total.holds_dropped += f.holds_dropped;
         total.redeliveries += f.redeliveries;
+        total.bad_snapshots += f.bad_snapshots;
+        total.snapshots_used += f.snapshots_used;
     }
     eprintln!("{seeds} seeds: {total:?}");
     // Every kind of fault happened (a fault layer that never fires tests nothing).
@@ -553,6 +602,8 @@ fn writers_under_seeded_faults_decide_as_one_writer_would() {
         ("moves between parts", total.moves_between_parts),
         ("holds dropped", total.holds_dropped),
         ("redeliveries", total.redeliveries),
+        ("bad snapshots", total.bad_snapshots),
+        ("snapshots used", total.snapshots_used),
     ] {
         assert!(n > 0 || seeds < 50, "no {name} fault in {seeds} seeds");
     }

@@ -1,0 +1,163 @@
+//! `leasehold serve`: runs the roles asked for over the embedded log in a data directory or over JetStream, prints
+//! what it serves, and stops cleanly on SIGINT or SIGTERM (each writer finishes the command in hand and gives its
+//! partition up).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use leasehold_log::Log;
+use leasehold_log::embedded::Embedded;
+use leasehold_worker::WorkerConfig;
+use tokio_util::sync::CancellationToken;
+
+/// A role `serve` can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Role {
+    /// The writers: decide each partition's commands in log order and append the outcomes.
+    Worker,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct ServeArgs {
+    /// The roles to run, comma-separated (default: every role that exists).
+    #[arg(long, value_delimiter = ',', default_value = "worker")]
+    roles: Vec<Role>,
+    /// The embedded log's data directory (used when --nats is not given).
+    #[arg(long, default_value = "./leasehold-data")]
+    data: PathBuf,
+    /// Serve over NATS JetStream at this URL instead of the embedded log. Credentials go in --creds or
+    /// --user/--password, never in the URL.
+    #[arg(long)]
+    nats: Option<String>,
+    /// A NATS credentials file.
+    #[arg(long, requires = "nats", conflicts_with_all = ["user", "password"])]
+    creds: Option<PathBuf>,
+    #[arg(long, requires_all = ["nats", "password"])]
+    user: Option<String>,
+    #[arg(long, requires_all = ["nats", "user"])]
+    password: Option<String>,
+    /// Partitions of the log: recorded when the log is first created, and checked after.
+    #[arg(long, default_value_t = 32)]
+    partitions: u32,
+    /// Stream replicas when the JetStream streams are created (3 in production).
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// How long a worker's hold on a partition outlives it (JetStream `priority_timeout`).
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    priority_timeout: Duration,
+    /// How long a command delivered to a worker waits for its ack before it is delivered again.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    ack_wait: Duration,
+    /// This worker's name (default: host and process id).
+    #[arg(long)]
+    name: Option<String>,
+}
+
+pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    runtime.block_on(async move {
+        let shutdown = CancellationToken::new();
+        let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
+        let result = match &args.nats {
+            None => {
+                let log = Embedded::open(&args.data, args.partitions)
+                    .with_context(|| format!("opening the embedded log in {}", args.data.display()))?;
+                println!(
+                    "leasehold serve: {} over the embedded log in {} ({} partitions)",
+                    roles(&args.roles),
+                    args.data.display(),
+                    log.partitions()
+                );
+                serve(log, &args, shutdown).await
+            }
+            Some(url) => {
+                let log = leasehold_log::jetstream::JetStream::connect(jetstream_config(url, &args))
+                    .await
+                    .with_context(|| format!("connecting to NATS at {url}"))?;
+                println!(
+                    "leasehold serve: {} over NATS JetStream at {url} ({} partitions)",
+                    roles(&args.roles),
+                    log.partitions()
+                );
+                serve(log, &args, shutdown).await
+            }
+        };
+        signals.abort();
+        result
+    })
+}
+
+fn jetstream_config(url: &str, args: &ServeArgs) -> leasehold_log::jetstream::JetStreamConfig {
+    use leasehold_log::jetstream::{Credentials, JetStreamConfig};
+    let credentials = match (&args.creds, &args.user, &args.password) {
+        (Some(file), _, _) => Credentials::File(file.clone()),
+        (None, Some(user), Some(password)) => Credentials::UserPassword(user.clone(), password.clone()),
+        _ => Credentials::None,
+    };
+    JetStreamConfig {
+        credentials,
+        replicas: args.replicas,
+        priority_timeout: args.priority_timeout,
+        ack_wait: args.ack_wait,
+        ..JetStreamConfig::new(url, args.partitions)
+    }
+}
+
+fn roles(roles: &[Role]) -> String {
+    roles.iter().map(|r| format!("{r:?}").to_lowercase()).collect::<Vec<_>>().join(",")
+}
+
+async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let name = args.name.clone().unwrap_or_else(default_name);
+    let mut tasks = tokio::task::JoinSet::new();
+    if args.roles.contains(&Role::Worker) {
+        let config = WorkerConfig::new(name.clone());
+        println!("worker {name}: serving partitions 0..{}", log.partitions());
+        let (log, shutdown) = (log.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            let report = leasehold_worker::run(log, config, shutdown).await;
+            if report.stopped.is_empty() {
+                Ok(())
+            } else {
+                for (partition, error) in &report.stopped {
+                    eprintln!("partition {partition} stopped: {error}");
+                }
+                Err(anyhow::anyhow!("{} partition(s) stopped", report.stopped.len()))
+            }
+        });
+    }
+    let mut result = Ok(());
+    while let Some(joined) = tasks.join_next().await {
+        let outcome = joined.context("a role failed")?;
+        if outcome.is_err() && result.is_ok() {
+            result = outcome;
+        }
+    }
+    println!("leasehold serve: stopped");
+    result
+}
+
+fn default_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
+    let host = if host.is_empty() { "worker".to_owned() } else { host };
+    format!("{host}-{}", std::process::id())
+}
+
+async fn stop_on_signal(shutdown: CancellationToken) {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(e) => {
+            eprintln!("cannot listen for SIGTERM: {e}");
+            let _ = tokio::signal::ctrl_c().await;
+            shutdown.cancel();
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    println!("leasehold serve: stopping");
+    shutdown.cancel();
+}

@@ -1,0 +1,269 @@
+//! The conformance suite against JetStream, each test on a fresh `nats-server` (the streams have fixed names, so
+//! tests cannot share a server), plus what only JetStream has: refusing streams made differently, pins that move,
+//! and the fence on a three-node R3 cluster, where retries are answered differently (DESIGN section 9).
+//!
+//! Without `nats-server` on `PATH` these tests print a notice and pass, except in CI (`CI=true`), where they fail.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use leasehold_log::conformance::{self, own_within};
+use leasehold_log::embedded::{Embedded, system_clock};
+use leasehold_log::jetstream::{CMD_STREAM, JetStream, JetStreamConfig, writer_consumer};
+use leasehold_log::nats_server::{NatsCluster, NatsServer};
+use leasehold_log::{Error, Log, Owner};
+use tokio::time::Instant;
+
+const PARTITIONS: u32 = 4;
+
+/// Short takeover times, so tests of pins that move take seconds.
+fn config(url: &str, partitions: u32) -> JetStreamConfig {
+    JetStreamConfig {
+        priority_timeout: Duration::from_secs(2),
+        ack_wait: Duration::from_secs(2),
+        ..JetStreamConfig::new(url, partitions)
+    }
+}
+
+async fn fresh() -> Option<(NatsServer, JetStream)> {
+    let server = NatsServer::start()?;
+    let log = JetStream::connect(config(server.url(), PARTITIONS)).await.expect("connect to a fresh server");
+    Some((server, log))
+}
+
+#[tokio::test]
+async fn order_per_partition() {
+    let Some((_server, log)) = fresh().await else { return };
+    conformance::order_per_partition(log).await;
+}
+
+#[tokio::test]
+async fn dedupe() {
+    let Some((_server, log)) = fresh().await else { return };
+    conformance::dedupe(log).await;
+}
+
+#[tokio::test]
+async fn stale_fence_refused() {
+    let Some((_server, log)) = fresh().await else { return };
+    conformance::stale_fence_refused(log).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appenders() {
+    let Some((_server, log)) = fresh().await else { return };
+    conformance::concurrent_appenders(log).await;
+}
+
+#[tokio::test]
+async fn follower_sees_everything_once_across_a_restart() {
+    let Some((mut server, log)) = fresh().await else { return };
+    let server = &mut server;
+    conformance::follower_sees_everything_once(log, |log| async move {
+        drop(log);
+        server.restart();
+        JetStream::connect(config(server.url(), PARTITIONS)).await.expect("reconnect after the restart")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn old_deliveries_never_skip() {
+    let Some((_server, log)) = fresh().await else { return };
+    conformance::old_deliveries_never_skip(log).await;
+}
+
+#[tokio::test]
+async fn dead_letters() {
+    let Some((_server, log)) = fresh().await else { return };
+    conformance::dead_letters(log).await;
+}
+
+#[tokio::test]
+async fn snapshots() {
+    let Some((_server, log)) = fresh().await else { return };
+    conformance::snapshots(log).await;
+}
+
+/// The server partitions as `schemas` and the embedded log do (DESIGN section 9's test vector).
+#[tokio::test]
+async fn both_backends_store_a_command_on_the_same_subject() {
+    let Some(server) = NatsServer::start() else { return };
+    let jetstream = JetStream::connect(config(server.url(), 8)).await.expect("connect");
+    let embedded = Embedded::in_memory(8, system_clock()).expect("embedded log");
+    let jetstream_subject = stored_subject(&jetstream).await;
+    assert_eq!(jetstream_subject, "lh.cmd.7.op.res-a._");
+    assert_eq!(stored_subject(&embedded).await, jetstream_subject);
+}
+
+async fn stored_subject<L: Log>(log: &L) -> String {
+    let published = log.publish_command("lh.in.op.res-a._", "cmd-1", Bytes::from_static(b"x")).await.expect("publish");
+    let stored = log.read_commands(7, 0, 10).await.expect("read");
+    assert_eq!(stored.iter().map(|c| c.seq).collect::<Vec<_>>(), vec![published.seq]);
+    log.command_at(published.seq).await.expect("command at").expect("stored").subject
+}
+
+/// Streams made for another partition count, or with other settings, are refused with what differs.
+#[tokio::test]
+async fn streams_made_differently_are_refused() {
+    let Some(server) = NatsServer::start() else { return };
+    let log = JetStream::connect(config(server.url(), PARTITIONS)).await.expect("connect");
+    drop(log);
+    let err = JetStream::connect(config(server.url(), 8)).await.expect_err("another partition count");
+    assert!(
+        matches!(&err, Error::Refused(m) if m.contains("LH_CMD was created for 4 partitions, not 8")),
+        "{err}"
+    );
+    let err = JetStream::connect(JetStreamConfig { replicas: 3, ..config(server.url(), PARTITIONS) })
+        .await
+        .expect_err("another replica count");
+    assert!(matches!(&err, Error::Refused(m) if m.contains("num_replicas is 1, leasehold needs 3")), "{err}");
+    let with_password = server.url().replace("nats://", "nats://lh:secret@");
+    let err = JetStream::connect(config(&with_password, PARTITIONS)).await.expect_err("credentials in the URL");
+    assert!(matches!(&err, Error::Refused(m) if m.contains("not in the URL")), "{err}");
+    // The same settings are accepted again.
+    let log = JetStream::connect(config(server.url(), PARTITIONS)).await.expect("reconnect");
+    assert_eq!(log.partitions(), PARTITIONS);
+}
+
+async fn publish(log: &JetStream, key: &str, n: u64) -> u64 {
+    let subject = format!("lh.in.op.{key}.c{n}");
+    log.publish_command(&subject, &format!("{key}-{n}"), Bytes::from(format!("{n}"))).await.expect("publish").seq
+}
+
+/// Calls `next_commands` until the owner hears it lost the partition, within `within`.
+async fn until_lost<O: Owner>(owner: &mut O, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        match owner.next_commands(0, 10, Duration::from_millis(100)).await {
+            Err(Error::Lost(p)) => {
+                assert_eq!(p, owner.partition());
+                return;
+            }
+            Err(other) => panic!("expected Lost, got {other}"),
+            Ok(_) => assert!(Instant::now() < deadline, "the owner did not learn it lost the partition in {within:?}"),
+        }
+    }
+}
+
+/// An operator's unpin moves the partition: the next owner is pinned by the next delivery, and the old one hears
+/// it is lost, whatever it asks for.
+#[tokio::test]
+async fn an_unpinned_owner_learns_it_lost_the_partition() {
+    let Some((_server, log)) = fresh().await else { return };
+    let key = &conformance::keys_in(0, PARTITIONS, 1)[0];
+    let first = publish(&log, key, 0).await;
+    let mut a = log.own(0, "worker-a").await.expect("own").expect("a free partition");
+    let got = a.next_commands(0, 10, Duration::from_millis(500)).await.expect("commands");
+    assert_eq!(got.iter().map(|c| c.seq).collect::<Vec<_>>(), vec![first]);
+    assert!(log.own(0, "worker-b").await.expect("own").is_none(), "a is pinned");
+
+    let js = async_nats::jetstream::new(log.client().clone());
+    js.get_stream(CMD_STREAM).await.expect("stream").unpin_consumer(&writer_consumer(0), "writer").await.expect("unpin");
+    publish(&log, key, 1).await;
+    let mut b = own_within(&log, 0, "worker-b").await;
+    until_lost(&mut a, Duration::from_secs(10)).await;
+    let got = b.next_commands(0, 10, Duration::from_millis(500)).await.expect("b serves the partition");
+    assert_eq!(got.len(), 2);
+}
+
+/// An owner that stops pulling loses its pin after `priority_timeout`; another worker then takes the partition.
+#[tokio::test]
+async fn a_stuck_owner_loses_the_partition_after_the_priority_timeout() {
+    let Some((_server, log)) = fresh().await else { return };
+    let key = &conformance::keys_in(1, PARTITIONS, 1)[0];
+    publish(&log, key, 0).await;
+    let mut a = log.own(1, "worker-a").await.expect("own").expect("a free partition");
+    assert_eq!(a.next_commands(0, 10, Duration::from_millis(500)).await.expect("commands").len(), 1);
+    assert!(log.own(1, "worker-b").await.expect("own").is_none(), "a is pinned");
+    // a is stuck (it asks for nothing); a new command waits, and b takes over once a's pin lapses.
+    let started = Instant::now();
+    publish(&log, key, 1).await;
+    let mut b = own_within(&log, 1, "worker-b").await;
+    assert!(started.elapsed() >= Duration::from_millis(1500), "b owned the partition before a's pin could lapse");
+    assert_eq!(b.next_commands(0, 10, Duration::from_millis(500)).await.expect("b's commands").len(), 2);
+    until_lost(&mut a, Duration::from_secs(10)).await;
+}
+
+/// With no command to deliver the server pins nobody, so two workers may both hold an idle partition; the first
+/// delivery pins one of them, and the other hears it is lost before it works on anything.
+#[tokio::test]
+async fn the_first_command_settles_who_owns_an_idle_partition() {
+    let Some((_server, log)) = fresh().await else { return };
+    let mut a = log.own(2, "worker-a").await.expect("own").expect("an idle partition");
+    let mut b = log.own(2, "worker-b").await.expect("own").expect("an idle partition is held by nobody pinned");
+    let key = &conformance::keys_in(2, PARTITIONS, 1)[0];
+    let seq = publish(&log, key, 0).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut a_lost, mut b_lost) = (false, false);
+    while !(a_lost || b_lost) {
+        assert!(Instant::now() < deadline, "neither owner heard it lost the partition");
+        for (owner, lost) in [(&mut a, &mut a_lost), (&mut b, &mut b_lost)] {
+            match owner.next_commands(0, 10, Duration::from_millis(100)).await {
+                Ok(got) => assert!(got.iter().all(|c| c.seq == seq), "{got:?}"),
+                Err(Error::Lost(_)) => *lost = true,
+                Err(other) => panic!("{other}"),
+            }
+        }
+    }
+    assert!(a_lost != b_lost, "exactly one owner keeps the partition");
+    let keeper = if a_lost { &mut b } else { &mut a };
+    let got = keeper.next_commands(0, 10, Duration::from_millis(500)).await.expect("the keeper serves on");
+    assert_eq!(got.iter().map(|c| c.seq).collect::<Vec<_>>(), vec![seq]);
+}
+
+/// `done_through` acks the consumer's deliveries up to the sequence, and no further.
+#[tokio::test]
+async fn done_through_acks_the_deliveries_it_covers() {
+    let Some((_server, log)) = fresh().await else { return };
+    let key = &conformance::keys_in(3, PARTITIONS, 1)[0];
+    let mut seqs = Vec::new();
+    for n in 0..3 {
+        seqs.push(publish(&log, key, n).await);
+    }
+    let mut owner = log.own(3, "worker-a").await.expect("own").expect("a free partition");
+    assert_eq!(owner.next_commands(0, 10, Duration::from_millis(500)).await.expect("commands").len(), 3);
+    owner.done_through(seqs[1]).await.expect("done");
+    let js = async_nats::jetstream::new(log.client().clone());
+    let stream = js.get_stream(CMD_STREAM).await.expect("stream");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = stream.consumer_info(writer_consumer(3)).await.expect("consumer info");
+        if info.ack_floor.stream_sequence == seqs[1] && info.num_ack_pending == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the first two deliveries were not acked: {info:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    owner.release().await;
+}
+
+/// On three nodes with R3 streams: a retry of a landed append is answered "duplicate", not 10071, and racing
+/// appenders are answered 10164 while one is in flight. Neither may land. One cluster serves both checks (a
+/// cluster takes seconds to elect its meta leader); the streams are removed between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_holds_on_an_r3_cluster() {
+    let Some(cluster) = NatsCluster::start3().await else { return };
+    let connect = || async {
+        let config = JetStreamConfig { replicas: 3, ..config(&cluster.url(), PARTITIONS) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match JetStream::connect(config.clone()).await {
+                Ok(log) => return log,
+                Err(Error::Unavailable(e)) if Instant::now() < deadline => {
+                    eprintln!("the cluster is not ready yet: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("connect to the cluster: {e}"),
+            }
+        }
+    };
+    let log = connect().await;
+    conformance::stale_fence_refused(log.clone()).await;
+    let js = async_nats::jetstream::new(log.client().clone());
+    for stream in ["LH_CMD", "LH_EVT", "LH_DLQ"] {
+        js.delete_stream(stream).await.expect("remove the stream");
+    }
+    let log = connect().await;
+    conformance::concurrent_appenders(log).await;
+}
