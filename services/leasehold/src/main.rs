@@ -2,7 +2,9 @@
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod demo;
+mod serve;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -19,6 +21,11 @@ struct Cli {
 enum Cmd {
     /// Run a scripted scenario through the decider in memory and print its timeline.
     Demo,
+    /// Run leasehold's roles over the embedded log (the default) or NATS JetStream.
+    Serve(serve::ServeArgs),
+    /// Benchmarks of the log this build runs on (never tests: they print figures).
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -32,6 +39,18 @@ fn main() -> anyhow::Result<()> {
                 anyhow::bail!("folding the demo's outcomes from scratch gave a different state");
             }
         }
+        Cmd::Bench(cmd) => bench::run(cmd)?,
+        Cmd::Serve(args) => {
+            init_tracing();
+            serve::run(args)?;
+        }
     }
     Ok(())
+}
+
+/// Logs go to stderr, filtered by `RUST_LOG` (default: info).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 }

@@ -16,14 +16,16 @@ use tokio_util::sync::CancellationToken;
 pub(crate) enum Role {
     /// The writers: decide each partition's commands in log order and append the outcomes.
     Worker,
+    /// The read models: fold the outcomes into the projection in the data directory.
+    Projector,
 }
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct ServeArgs {
     /// The roles to run, comma-separated (default: every role that exists).
-    #[arg(long, value_delimiter = ',', default_value = "worker")]
+    #[arg(long, value_delimiter = ',', default_value = "worker,projector")]
     roles: Vec<Role>,
-    /// The embedded log's data directory (used when --nats is not given).
+    /// The data directory: the embedded log (when --nats is not given) and the projection.
     #[arg(long, default_value = "./leasehold-data")]
     data: PathBuf,
     /// Serve over NATS JetStream at this URL instead of the embedded log. Credentials go in --creds or
@@ -91,8 +93,10 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
 fn jetstream_config(url: &str, args: &ServeArgs) -> leasehold_log::jetstream::JetStreamConfig {
     use leasehold_log::jetstream::{Credentials, JetStreamConfig};
     let credentials = match (&args.creds, &args.user, &args.password) {
-        (Some(file), _, _) => Credentials::File(file.clone()),
-        (None, Some(user), Some(password)) => Credentials::UserPassword(user.clone(), password.clone()),
+        (Some(file), _, _) => Credentials::CredsFile(file.clone()),
+        (None, Some(user), Some(password)) => {
+            Credentials::UserPassword { user: user.clone(), password: password.clone() }
+        }
         _ => Credentials::None,
     };
     JetStreamConfig {
@@ -125,6 +129,20 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
                 }
                 Err(anyhow::anyhow!("{} partition(s) stopped", report.stopped.len()))
             }
+        });
+    }
+    if args.roles.contains(&Role::Projector) {
+        let mut projector = leasehold_projector::Projector::open(&args.data, log.partitions())
+            .with_context(|| format!("opening the projection in {}", args.data.display()))?;
+        println!("projector: read models in {} (applied up to {})", args.data.display(), projector.applied());
+        let (log, shutdown) = (log.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            let result = projector.run(&log, &shutdown).await;
+            if let Err(e) = &result {
+                eprintln!("projector stopped: {e}");
+                shutdown.cancel();
+            }
+            result.context("the projector stopped")
         });
     }
     let mut result = Ok(());

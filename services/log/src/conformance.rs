@@ -125,11 +125,10 @@ pub async fn order_per_partition<L: Log>(log: L) {
     };
     assert_eq!(last - first, 2);
     let tail = all_outcomes(&log, &OutcomeFilter::Partition(p), first).await;
-    assert_eq!(tail.iter().map(|o| (o.cmd_seq, o.part, o.prev_seq)).collect::<Vec<_>>(), vec![
-        (10, 0, fence),
-        (10, 1, first),
-        (11, 0, first + 1)
-    ]);
+    assert_eq!(
+        tail.iter().map(|o| (o.cmd_seq, o.part, o.prev_seq)).collect::<Vec<_>>(),
+        vec![(10, 0, fence), (10, 1, first), (11, 0, first + 1)]
+    );
 }
 
 /// A command id published twice within the window is stored once; the second answer names the first copy.
@@ -143,10 +142,10 @@ pub async fn dedupe<L: Log>(log: L) {
     assert!(!other.duplicate);
     let p = partition_of("w1", log.partitions());
     let stored = log.read_commands(p, 0, 10).await.unwrap();
-    assert_eq!(stored.iter().map(|c| c.payload.clone()).collect::<Vec<_>>(), vec![
-        Bytes::from_static(b"one"),
-        Bytes::from_static(b"three")
-    ]);
+    assert_eq!(
+        stored.iter().map(|c| c.payload.clone()).collect::<Vec<_>>(),
+        vec![Bytes::from_static(b"one"), Bytes::from_static(b"three")]
+    );
     // A subject that no stream takes is an error, not a silent loss.
     assert!(log.publish_command("lh.cmd.0.op.w1.x", "x", Bytes::from_static(b"x")).await.is_err());
 }

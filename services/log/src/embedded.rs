@@ -33,8 +33,10 @@ const CMD_BY_PARTITION: TableDefinition<(u32, u64), ()> = TableDefinition::new("
 /// command id -> (seq, log time), inside the duplicate window
 const CMD_IDS: TableDefinition<&str, (u64, u64)> = TableDefinition::new("cmd_ids");
 const CMD_IDS_BY_TIME: TableDefinition<(u64, u64), &str> = TableDefinition::new("cmd_ids_by_time");
-/// seq -> (partition, key, cmd id, cmd seq, part, prev seq, payload)
-const EVT: TableDefinition<u64, (u32, &str, &str, u64, u32, u64, &[u8])> = TableDefinition::new("evt");
+/// An outcome: (partition, key, cmd id, cmd seq, part, prev seq, payload).
+type EvtRow = (u32, &'static str, &'static str, u64, u32, u64, &'static [u8]);
+/// seq -> outcome
+const EVT: TableDefinition<u64, EvtRow> = TableDefinition::new("evt");
 const EVT_BY_PARTITION: TableDefinition<(u32, u64), ()> = TableDefinition::new("evt_by_partition");
 const EVT_BY_KEY: TableDefinition<(u32, &str, u64), ()> = TableDefinition::new("evt_by_key");
 const EVT_IDS: TableDefinition<&str, u64> = TableDefinition::new("evt_ids");
@@ -215,7 +217,9 @@ impl Embedded {
     fn publish_blocking(&self, subject: &str, msg_id: &str, payload: &[u8]) -> Result<Published, Error> {
         let tokens: Vec<&str> = subject.split('.').collect();
         let ["lh", "in", class, key, id] = tokens.as_slice() else {
-            return Err(Error::Refused(format!("no stream takes subject {subject:?} (commands go to lh.in.<class>.<key>.<id>)")));
+            return Err(Error::Refused(format!(
+                "no stream takes subject {subject:?} (commands go to lh.in.<class>.<key>.<id>)"
+            )));
         };
         if [class, key, id].iter().any(|t| t.is_empty() || t.contains(['*', '>', ' '])) {
             return Err(Error::Refused(format!("{subject:?} is not a valid subject to publish on")));
@@ -347,7 +351,12 @@ impl Embedded {
         Ok(Appended::Landed { first: landed.0, last: landed.1 })
     }
 
-    fn read_outcomes_blocking(&self, filter: &OutcomeFilter, from: u64, max: usize) -> Result<Vec<StoredOutcome>, Error> {
+    fn read_outcomes_blocking(
+        &self,
+        filter: &OutcomeFilter,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<StoredOutcome>, Error> {
         let read = self.inner.db.begin_read().map_err(storage)?;
         let evt = read.open_table(EVT).map_err(storage)?;
         let from = from.max(1);

@@ -32,8 +32,12 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy, PriorityPolicy};
-use async_nats::jetstream::context::{Context, ContextBuilder, PublishError, PublishErrorKind};
+use async_nats::jetstream::context::{
+    ConsumerInfoErrorKind, Context, ContextBuilder, CreateStreamErrorKind, GetStreamErrorKind, ObjectStoreErrorKind,
+    PublishError, PublishErrorKind,
+};
 use async_nats::jetstream::message::{PublishMessage, StreamMessage};
 use async_nats::jetstream::object_store::{self, ObjectMetadata, ObjectStore};
 use async_nats::jetstream::stream::{self, LastRawMessageErrorKind, RetentionPolicy, StorageType, SubjectTransform};
@@ -158,10 +162,10 @@ struct Inner {
     client: async_nats::Client,
     js: Context,
     config: JetStreamConfig,
-    /// Handles on the three streams (names only: they hold no state of the server's).
-    cmd: stream::Stream<()>,
-    evt: stream::Stream<()>,
-    dlq: stream::Stream<()>,
+    /// Handles on the three streams.
+    cmd: stream::Stream,
+    evt: stream::Stream,
+    dlq: stream::Stream,
     snapshots: ObjectStore,
 }
 
@@ -208,9 +212,10 @@ impl JetStream {
         match &config.credentials {
             Credentials::None => {}
             Credentials::CredsFile(path) => {
-                options = options.credentials_file(path).await.map_err(|e| {
-                    Error::Refused(format!("cannot read the credentials file {}: {e}", path.display()))
-                })?;
+                options = options
+                    .credentials_file(path)
+                    .await
+                    .map_err(|e| Error::Refused(format!("cannot read the credentials file {}: {e}", path.display())))?;
             }
             Credentials::UserPassword { user, password } => {
                 options = options.user_and_password(user.clone(), password.clone());
@@ -223,16 +228,10 @@ impl JetStream {
             _ => unavailable("cannot connect to NATS", e),
         })?;
         let js = ContextBuilder::new().timeout(config.request_timeout).build(client.clone());
-        let named = |name: &str| {
-            let js = js.clone();
-            let name = name.to_owned();
-            async move { js.get_stream_no_info(&name).await.map_err(|e| Error::Refused(format!("stream {name}: {e}"))) }
-        };
-        let (cmd, evt, dlq) = (named(CMD_STREAM).await?, named(EVT_STREAM).await?, named(DLQ_STREAM).await?);
         let (partitions, replicas) = (config.partitions, config.replicas);
-        ensure_stream(&js, cmd_stream_config(partitions, replicas)).await?;
-        ensure_stream(&js, evt_stream_config(replicas)).await?;
-        ensure_stream(&js, dlq_stream_config(replicas)).await?;
+        let cmd = ensure_stream(&js, cmd_stream_config(partitions, replicas)).await?;
+        let evt = ensure_stream(&js, evt_stream_config(replicas)).await?;
+        let dlq = ensure_stream(&js, dlq_stream_config(replicas)).await?;
         let snapshots = snapshot_bucket(&js, replicas).await?;
         Ok(JetStream { inner: Arc::new(Inner { client, js, config, cmd, evt, dlq, snapshots }) })
     }
@@ -242,11 +241,12 @@ impl JetStream {
         &self.inner.client
     }
 
-    fn stream(&self, name: &str) -> &stream::Stream<()> {
+    fn stream(&self, name: &str) -> &stream::Stream {
         match name {
             CMD_STREAM => &self.inner.cmd,
             EVT_STREAM => &self.inner.evt,
-            _ => &self.inner.dlq,
+            DLQ_STREAM => &self.inner.dlq,
+            other => unreachable!("leasehold has no stream {other}"),
         }
     }
 
@@ -349,7 +349,11 @@ impl JetStream {
         Ok(out)
     }
 
-    async fn publish(&self, subject: String, message: PublishMessage) -> Result<async_nats::jetstream::publish::PublishAck, PublishError> {
+    async fn publish(
+        &self,
+        subject: String,
+        message: PublishMessage,
+    ) -> Result<async_nats::jetstream::publish::PublishAck, PublishError> {
         self.inner.js.send_publish(subject, message).await?.await
     }
 
@@ -370,7 +374,9 @@ impl JetStream {
         }
         let message = PublishMessage::build().payload(record.payload.clone()).headers(headers).message_id(&id);
         match self.publish(format!("lh.evt.{partition}.{}", record.key), message).await {
-            Ok(ack) if ack.duplicate => Err(Appended::Unknown(format!("duplicate outcome {id}: stored at {}", ack.sequence))),
+            Ok(ack) if ack.duplicate => {
+                Err(Appended::Unknown(format!("duplicate outcome {id}: stored at {}", ack.sequence)))
+            }
             Ok(ack) => Ok(ack.sequence),
             Err(e) => Err(append_error(&e)),
         }
@@ -378,29 +384,28 @@ impl JetStream {
 }
 
 /// Creates the stream `wanted`, or checks the one there.
-async fn ensure_stream(js: &Context, wanted: stream::Config) -> Result<(), Error> {
+async fn ensure_stream(js: &Context, wanted: stream::Config) -> Result<stream::Stream, Error> {
     let name = wanted.name.clone();
     for _ in 0..2 {
         match js.get_stream(&name).await {
-            Ok(stream) => return check_stream(&wanted, &stream.cached_info().config),
+            Ok(stream) => return check_stream(&wanted, &stream.cached_info().config).map(|()| stream),
             Err(e) => match e.kind() {
-                async_nats::jetstream::context::GetStreamErrorKind::JetStream(js) if js.error_code().0 == 10059 => {}
+                GetStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND => {}
                 _ => return Err(unavailable(&format!("cannot read stream {name}"), e)),
             },
         }
         match js.create_stream(wanted.clone()).await {
-            Ok(_) => {
+            Ok(stream) => {
                 tracing::info!(stream = %name, "created the stream");
-                return Ok(());
+                return Ok(stream);
             }
             // Another process created it meanwhile: check theirs.
-            Err(e) if matches!(e.kind(), async_nats::jetstream::context::CreateStreamErrorKind::JetStream(js)
-                if js.error_code().0 == 10058) => {}
+            Err(e)
+                if matches!(e.kind(), CreateStreamErrorKind::JetStream(js)
+                    if js.error_code() == ErrorCode::STREAM_NAME_EXIST) => {}
             Err(e) => {
                 return Err(match e.kind() {
-                    async_nats::jetstream::context::CreateStreamErrorKind::JetStream(js)
-                        if js.error_code().0 != 10008 =>
-                    {
+                    CreateStreamErrorKind::JetStream(js) if js.error_code() != ErrorCode::CLUSTER_NOT_AVAILABLE => {
                         Error::Refused(format!("cannot create stream {name}: {e}"))
                     }
                     _ => unavailable(&format!("cannot create stream {name}"), e),
@@ -415,7 +420,7 @@ async fn ensure_stream(js: &Context, wanted: stream::Config) -> Result<(), Error
 async fn snapshot_bucket(js: &Context, replicas: usize) -> Result<ObjectStore, Error> {
     match js.get_object_store(SNAPSHOT_BUCKET).await {
         Ok(store) => return Ok(store),
-        Err(e) if e.kind() == async_nats::jetstream::context::ObjectStoreErrorKind::GetStore => {}
+        Err(e) if e.kind() == ObjectStoreErrorKind::GetStore => {}
         Err(e) => return Err(unavailable("cannot open the snapshot bucket", e)),
     }
     let config = object_store::Config {
@@ -428,7 +433,9 @@ async fn snapshot_bucket(js: &Context, replicas: usize) -> Result<ObjectStore, E
     match js.create_object_store(config).await {
         Ok(store) => Ok(store),
         // Another process created it meanwhile.
-        Err(_) => js.get_object_store(SNAPSHOT_BUCKET).await.map_err(|e| unavailable("cannot create the snapshot bucket", e)),
+        Err(_) => {
+            js.get_object_store(SNAPSHOT_BUCKET).await.map_err(|e| unavailable("cannot create the snapshot bucket", e))
+        }
     }
 }
 
@@ -439,12 +446,19 @@ fn snapshot_object(partition: u32) -> String {
 /// What a refused or failed outcome publish means.
 fn append_error(e: &PublishError) -> Appended {
     let server = std::error::Error::source(e).and_then(|s| s.downcast_ref::<async_nats::jetstream::Error>());
-    let code = server.map(|s| s.error_code().0);
+    let code = server.map(async_nats::jetstream::Error::error_code);
     match (e.kind(), code) {
-        (PublishErrorKind::WrongLastSequence, _) | (_, Some(10071)) => Appended::Stale { last: wrong_last_sequence(e) },
+        (PublishErrorKind::WrongLastSequence, _) => Appended::Stale { last: wrong_last_sequence(e) },
         // In flight on a replicated stream (10164), unavailable after a leader change (10163), too many open
         // batches (10210): the server stored nothing.
-        (_, Some(10164 | 10163 | 10210)) => Appended::Busy(e.to_string()),
+        (
+            _,
+            Some(
+                ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
+                | ErrorCode::STREAM_EXPECTED_LAST_SEQ_PER_SUBJECT_NOT_READY
+                | ErrorCode::ATOMIC_PUBLISH_TOO_MANY_INFLIGHT,
+            ),
+        ) => Appended::Busy(e.to_string()),
         _ => Appended::Unknown(e.to_string()),
     }
 }
@@ -507,8 +521,7 @@ fn check_stream(wanted: &stream::Config, got: &stream::Config) -> Result<(), Err
     let name = &wanted.name;
     if wanted.subject_transform != got.subject_transform {
         let count = |t: &Option<SubjectTransform>| {
-            t.as_ref()
-                .and_then(|t| t.destination.split_once("partition(")?.1.split_once(',')?.0.parse::<u32>().ok())
+            t.as_ref().and_then(|t| t.destination.split_once("partition(")?.1.split_once(',')?.0.parse::<u32>().ok())
         };
         if let (Some(theirs), Some(ours)) = (count(&got.subject_transform), count(&wanted.subject_transform)) {
             return Err(Error::Refused(format!(
@@ -548,8 +561,8 @@ fn check_stream(wanted: &stream::Config, got: &stream::Config) -> Result<(), Err
 }
 
 /// Log time: the stored message's timestamp in Unix milliseconds.
-fn log_time(time: &async_nats::jetstream::message::StreamMessage) -> Timestamp {
-    let ms = time.time.unix_timestamp_nanos() / 1_000_000;
+fn log_time(message: &StreamMessage) -> Timestamp {
+    let ms = message.time.unix_timestamp_nanos() / 1_000_000;
     Timestamp(u64::try_from(ms).unwrap_or(0))
 }
 
@@ -567,7 +580,12 @@ fn header<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
 }
 
 /// An outcome as stored, or `Refused` naming its sequence and what is missing.
-fn stored_outcome(seq: u64, subject: &str, headers: Option<&HeaderMap>, payload: Bytes) -> Result<StoredOutcome, Error> {
+fn stored_outcome(
+    seq: u64,
+    subject: &str,
+    headers: Option<&HeaderMap>,
+    payload: Bytes,
+) -> Result<StoredOutcome, Error> {
     let refused = |what: &str| Error::Refused(format!("outcome {seq} on {subject:?} is not leasehold's: {what}"));
     let (partition, key) = subject
         .strip_prefix("lh.evt.")
@@ -575,15 +593,15 @@ fn stored_outcome(seq: u64, subject: &str, headers: Option<&HeaderMap>, payload:
         .and_then(|(p, key)| Some((p.parse::<u32>().ok()?, key)))
         .ok_or_else(|| refused("its subject is not lh.evt.<p>.<key>"))?;
     let number = |name: &str| -> Result<u64, Error> {
-        header(headers, name)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| refused(&format!("no valid {name} header")))
+        header(headers, name).and_then(|v| v.parse().ok()).ok_or_else(|| refused(&format!("no valid {name} header")))
     };
     Ok(StoredOutcome {
         seq,
         partition,
         key: key.to_owned(),
-        cmd_id: header(headers, HEADER_CMD_ID).ok_or_else(|| refused(&format!("no {HEADER_CMD_ID} header")))?.to_owned(),
+        cmd_id: header(headers, HEADER_CMD_ID)
+            .ok_or_else(|| refused(&format!("no {HEADER_CMD_ID} header")))?
+            .to_owned(),
         cmd_seq: number(HEADER_CMD_SEQ)?,
         part: u32::try_from(number(HEADER_PART)?).map_err(|_| refused(&format!("no valid {HEADER_PART} header")))?,
         prev_seq: number(HEADER_PREV_SEQ)?,
@@ -593,7 +611,8 @@ fn stored_outcome(seq: u64, subject: &str, headers: Option<&HeaderMap>, payload:
 
 fn stored_dead_letter(message: StreamMessage) -> Result<(u64, DeadLetter), Error> {
     let seq = message.sequence;
-    let refused = |what: &str| Error::Refused(format!("dead letter {seq} on {} is not leasehold's: {what}", message.subject));
+    let refused =
+        |what: &str| Error::Refused(format!("dead letter {seq} on {} is not leasehold's: {what}", message.subject));
     let headers = Some(&message.headers);
     let partition = message
         .subject
@@ -711,10 +730,7 @@ impl Log for JetStream {
     async fn read_outcomes(&self, filter: &OutcomeFilter, from: u64, max: usize) -> Result<Vec<StoredOutcome>, Error> {
         let whole = *filter == OutcomeFilter::All;
         let messages = self.read_through(EVT_STREAM, &filter.subject(), whole, from, max).await?;
-        messages
-            .into_iter()
-            .map(|m| stored_outcome(m.sequence, &m.subject, Some(&m.headers), m.payload))
-            .collect()
+        messages.into_iter().map(|m| stored_outcome(m.sequence, &m.subject, Some(&m.headers), m.payload)).collect()
     }
 
     fn follow(&self, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {
@@ -768,12 +784,14 @@ impl Log for JetStream {
         };
         let metadata = object.info().metadata.clone();
         let field = |key: &str| -> Result<u64, Error> {
-            metadata.get(key).and_then(|v| v.parse().ok()).ok_or_else(|| {
-                Error::Refused(format!("the snapshot of partition {partition} has no valid {key}"))
-            })
+            metadata
+                .get(key)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| Error::Refused(format!("the snapshot of partition {partition} has no valid {key}")))
         };
-        let decider_version = u32::try_from(field("lh-decider-version")?)
-            .map_err(|_| Error::Refused(format!("the snapshot of partition {partition} has no valid decider version")))?;
+        let decider_version = u32::try_from(field("lh-decider-version")?).map_err(|_| {
+            Error::Refused(format!("the snapshot of partition {partition} has no valid decider version"))
+        })?;
         let fence = field("lh-fence")?;
         let mut state = Vec::with_capacity(object.info().size);
         object
@@ -820,7 +838,7 @@ impl Log for JetStream {
         owner.keep_pulling().await?;
         if info.num_pending > 0 {
             // Commands wait: the server pins the first client that pulls. Learn whether that is us.
-            let deadline = Instant::now() + owner.pull_expires.max(Duration::from_millis(500));
+            let deadline = Instant::now() + owner.pull_expires.min(Duration::from_secs(1));
             while owner.pin.is_none() && !owner.lost {
                 match tokio::time::timeout_at(deadline, owner.deliveries.next()).await {
                     Ok(Some(message)) => {
@@ -876,14 +894,14 @@ impl JetStream {
             Ok(info) => {
                 tracing::warn!(consumer = %name, have = ?info.config, "setting the writer consumer back to leasehold's settings");
             }
-            Err(e) if matches!(e.kind(), async_nats::jetstream::context::ConsumerInfoErrorKind::NotFound) => {}
+            Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => {}
             Err(e) => return Err(unavailable(&format!("cannot read consumer {name}"), e)),
         }
-        let mut created = stream
+        let created = stream
             .create_consumer(wanted)
             .await
             .map_err(|e| unavailable(&format!("cannot create consumer {name}"), e))?;
-        created.info().await.map(|info| info.clone()).map_err(|e| unavailable(&format!("cannot read consumer {name}"), e))
+        Ok(created.cached_info().clone())
     }
 }
 
@@ -1097,15 +1115,19 @@ impl JetStreamOwner {
         Ok(found)
     }
 
-    fn ack_done(&mut self) {
+    /// Acks every delivery up to `done`. An ack is fire and forget: a lost one means one more redelivery, which is
+    /// acked again.
+    async fn ack_done(&mut self) -> Result<(), Error> {
         let later = self.unacked.split_off(&(self.done + 1));
         for (_, reply) in std::mem::replace(&mut self.unacked, later) {
-            let client = self.log.inner.client.clone();
-            // An ack is fire and forget: a lost one means one more redelivery, acked again.
-            tokio::spawn(async move {
-                let _ = client.publish(reply, Bytes::from_static(b"+ACK")).await;
-            });
+            self.log
+                .inner
+                .client
+                .publish(reply, Bytes::from_static(b"+ACK"))
+                .await
+                .map_err(|e| unavailable("cannot ack", e))?;
         }
+        Ok(())
     }
 }
 
@@ -1117,7 +1139,7 @@ impl Owner for JetStreamOwner {
     async fn next_commands(&mut self, after: u64, max: usize, wait: Duration) -> Result<Vec<CommandRecord>, Error> {
         self.drain()?;
         self.check_held()?;
-        self.ack_done();
+        self.ack_done().await?;
         self.keep_pulling().await?;
         let found = self.read(after, max).await?;
         if !found.is_empty() || max == 0 {
@@ -1130,7 +1152,7 @@ impl Owner for JetStreamOwner {
                     self.handle(message)?;
                     self.drain()?;
                     self.check_held()?;
-                    self.ack_done();
+                    self.ack_done().await?;
                     self.keep_pulling().await?;
                     if self.delivered > after {
                         let found = self.read(after, max).await?;
@@ -1154,14 +1176,14 @@ impl Owner for JetStreamOwner {
     async fn done_through(&mut self, seq: u64) -> Result<(), Error> {
         self.done = self.done.max(seq);
         self.drain()?;
-        self.ack_done();
+        self.ack_done().await?;
         self.check_held()?;
         self.keep_pulling().await
     }
 
     async fn release(mut self) {
         if self.drain().is_ok() {
-            self.ack_done();
+            let _ = self.ack_done().await;
         }
         if self.lost || self.pin.is_none() {
             return;

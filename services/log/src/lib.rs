@@ -23,9 +23,10 @@
 
 pub mod conformance;
 pub mod embedded;
+mod follow;
 pub mod jetstream;
 pub mod nats_server;
-mod follow;
+pub mod raw;
 mod record;
 
 use std::future::Future;
@@ -35,8 +36,7 @@ use futures::stream::BoxStream;
 
 pub use record::{
     Appended, CommandRecord, DeadLetter, Error, OutcomeFilter, OutcomeRecord, Published, Snapshot, StoredOutcome,
-    fence_headers,
-    outcome_msg_id,
+    fence_headers, outcome_msg_id,
 };
 
 /// The header that names the command an outcome answers.
@@ -94,12 +94,7 @@ pub trait Log: Clone + Send + Sync + 'static {
     /// Appends `records`, in order, as the next outcomes of `partition`, if the partition's last outcome is at
     /// `fence` (0: the partition has none). The first record carries `fence` as its previous sequence, every next
     /// one the sequence of the record before it. Two appenders with the same fence never both land.
-    fn append(
-        &self,
-        partition: u32,
-        fence: u64,
-        records: &[OutcomeRecord],
-    ) -> impl Future<Output = Appended> + Send;
+    fn append(&self, partition: u32, fence: u64, records: &[OutcomeRecord]) -> impl Future<Output = Appended> + Send;
 
     /// The sequence of the last outcome of `partition` (0 if none): the fence its next append must carry. Reads
     /// the latest write (never a lagging replica).
@@ -141,8 +136,7 @@ pub trait Log: Clone + Send + Sync + 'static {
 
     /// Asks to serve `partition` as `worker`. `Ok(None)`: another worker serves it now. Ownership is for liveness
     /// only: two owners may briefly both believe they own a partition; the fence keeps them from both appending.
-    fn own(&self, partition: u32, worker: &str)
-    -> impl Future<Output = Result<Option<Self::Owner>, Error>> + Send;
+    fn own(&self, partition: u32, worker: &str) -> impl Future<Output = Result<Option<Self::Owner>, Error>> + Send;
 }
 
 /// A worker's hold on one partition: the commands come through it, and it keeps the hold alive while used.

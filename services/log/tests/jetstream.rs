@@ -10,8 +10,8 @@ use bytes::Bytes;
 use leasehold_log::conformance::{self, own_within};
 use leasehold_log::embedded::{Embedded, system_clock};
 use leasehold_log::jetstream::{CMD_STREAM, JetStream, JetStreamConfig, writer_consumer};
-use leasehold_log::nats_server::{NatsCluster, NatsServer};
-use leasehold_log::{Error, Log, Owner};
+use leasehold_log::nats_server::{NatsCluster, NatsServer, ServerOptions};
+use leasehold_log::{Appended, Error, Log, Owner};
 use tokio::time::Instant;
 
 const PARTITIONS: u32 = 4;
@@ -110,10 +110,7 @@ async fn streams_made_differently_are_refused() {
     let log = JetStream::connect(config(server.url(), PARTITIONS)).await.expect("connect");
     drop(log);
     let err = JetStream::connect(config(server.url(), 8)).await.expect_err("another partition count");
-    assert!(
-        matches!(&err, Error::Refused(m) if m.contains("LH_CMD was created for 4 partitions, not 8")),
-        "{err}"
-    );
+    assert!(matches!(&err, Error::Refused(m) if m.contains("LH_CMD was created for 4 partitions, not 8")), "{err}");
     let err = JetStream::connect(JetStreamConfig { replicas: 3, ..config(server.url(), PARTITIONS) })
         .await
         .expect_err("another replica count");
@@ -124,6 +121,19 @@ async fn streams_made_differently_are_refused() {
     // The same settings are accepted again.
     let log = JetStream::connect(config(server.url(), PARTITIONS)).await.expect("reconnect");
     assert_eq!(log.partitions(), PARTITIONS);
+}
+
+/// A command over the server's `max_payload` is refused, not lost; a server started with a larger one stores it.
+#[tokio::test]
+async fn a_command_over_the_servers_max_payload_is_refused() {
+    let big = Bytes::from(vec![b'x'; 3 << 19]);
+    let Some((_server, log)) = fresh().await else { return };
+    let err = log.publish_command("lh.in.op.w1._", "big", big.clone()).await.expect_err("over 1 MiB");
+    assert!(matches!(&err, Error::Refused(m) if m.contains("too large")), "{err}");
+    let Some(server) = NatsServer::start_with(ServerOptions { max_payload: Some(2 << 20) }) else { return };
+    let log = JetStream::connect(config(server.url(), PARTITIONS)).await.expect("connect");
+    let published = log.publish_command("lh.in.op.w1._", "big", big.clone()).await.expect("under 2 MiB");
+    assert_eq!(log.command_at(published.seq).await.expect("read").expect("stored").payload, big);
 }
 
 async fn publish(log: &JetStream, key: &str, n: u64) -> u64 {
@@ -159,7 +169,12 @@ async fn an_unpinned_owner_learns_it_lost_the_partition() {
     assert!(log.own(0, "worker-b").await.expect("own").is_none(), "a is pinned");
 
     let js = async_nats::jetstream::new(log.client().clone());
-    js.get_stream(CMD_STREAM).await.expect("stream").unpin_consumer(&writer_consumer(0), "writer").await.expect("unpin");
+    js.get_stream(CMD_STREAM)
+        .await
+        .expect("stream")
+        .unpin_consumer(&writer_consumer(0), "writer")
+        .await
+        .expect("unpin");
     publish(&log, key, 1).await;
     let mut b = own_within(&log, 0, "worker-b").await;
     until_lost(&mut a, Duration::from_secs(10)).await;
@@ -238,6 +253,79 @@ async fn done_through_acks_the_deliveries_it_covers() {
     owner.release().await;
 }
 
+/// Appenders racing under one fence with distinct outcomes (distinct message ids): exactly one lands per round;
+/// the others are told stale (10071) or busy (10164, only on a replicated stream), never "unknown", since nothing
+/// of theirs was stored. Returns how many were busy.
+async fn racing_distinct_appends(log: &JetStream) -> usize {
+    let p = 3;
+    let key = conformance::keys_in(p, PARTITIONS, 1).remove(0);
+    let mut fence = log.last_outcome_seq(p).await.expect("last outcome");
+    let mut busy = 0;
+    for round in 0..10u64 {
+        let attempts: Vec<_> = (0..4u64)
+            .map(|writer| {
+                let log = log.clone();
+                let record = conformance::record(&key, 1000 + round * 10 + writer, 0);
+                tokio::spawn(async move { log.append(p, fence, &[record]).await })
+            })
+            .collect();
+        let mut landed = Vec::new();
+        for attempt in attempts {
+            match attempt.await.expect("append task") {
+                Appended::Landed { first, .. } => landed.push(first),
+                Appended::Stale { last } => assert!(last.is_none_or(|last| last > fence), "{last:?}"),
+                Appended::Busy(_) => busy += 1,
+                other => panic!("round {round}: a racing append that stored nothing was answered {other:?}"),
+            }
+        }
+        assert_eq!(landed.len(), 1, "round {round}: exactly one append lands under one fence, got {landed:?}");
+        fence = landed[0];
+    }
+    eprintln!("racing appends: {busy} busy answers in 10 rounds");
+    busy
+}
+
+/// The writer retrying its own landed append under the old fence: a single replica checks the fence first
+/// (10071, stale at the landed sequence), a replicated stream the message id first (a duplicate: unknown). Either
+/// way it is not told "landed".
+async fn retry_of_a_landed_append(log: &JetStream) -> Appended {
+    let p = 2;
+    let key = &conformance::keys_in(p, PARTITIONS, 1)[0];
+    let fence = log.last_outcome_seq(p).await.expect("last outcome");
+    let record = conformance::record(key, 77, 0);
+    let landed = conformance::append_one(log, p, fence, record.clone()).await;
+    let retry = log.append(p, fence, &[record]).await;
+    if let Appended::Stale { last } = &retry {
+        assert_eq!(*last, Some(landed), "the server names the landed sequence");
+    }
+    retry
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_and_retried_appends_on_one_replica() {
+    let Some((_server, log)) = fresh().await else { return };
+    assert_eq!(racing_distinct_appends(&log).await, 0, "a single replica has no write in flight to be busy with");
+    let retry = retry_of_a_landed_append(&log).await;
+    assert!(matches!(retry, Appended::Stale { .. }), "{retry:?}");
+}
+
+/// `release` unpins: another worker owns the partition at once, without waiting for the pin to lapse.
+#[tokio::test]
+async fn release_hands_the_partition_over_at_once() {
+    let Some((_server, log)) = fresh().await else { return };
+    let key = &conformance::keys_in(1, PARTITIONS, 1)[0];
+    let first = publish(&log, key, 0).await;
+    let mut a = log.own(1, "worker-a").await.expect("own").expect("a free partition");
+    assert_eq!(a.next_commands(0, 10, Duration::from_millis(500)).await.expect("commands").len(), 1);
+    assert!(log.own(1, "worker-b").await.expect("own").is_none(), "a is pinned");
+    a.done_through(first).await.expect("done");
+    a.release().await;
+    let mut b = log.own(1, "worker-b").await.expect("own").expect("released at once");
+    let second = publish(&log, key, 1).await;
+    let got = b.next_commands(first, 10, Duration::from_secs(2)).await.expect("b's commands");
+    assert_eq!(got.iter().map(|c| c.seq).collect::<Vec<_>>(), vec![second]);
+}
+
 /// On three nodes with R3 streams: a retry of a landed append is answered "duplicate", not 10071, and racing
 /// appenders are answered 10164 while one is in flight. Neither may land. One cluster serves both checks (a
 /// cluster takes seconds to elect its meta leader); the streams are removed between them.
@@ -265,5 +353,8 @@ async fn the_fence_holds_on_an_r3_cluster() {
         js.delete_stream(stream).await.expect("remove the stream");
     }
     let log = connect().await;
-    conformance::concurrent_appenders(log).await;
+    conformance::concurrent_appenders(log.clone()).await;
+    racing_distinct_appends(&log).await;
+    let retry = retry_of_a_landed_append(&log).await;
+    assert!(matches!(&retry, Appended::Unknown(reason) if reason.contains("duplicate")), "{retry:?}");
 }

@@ -76,7 +76,9 @@ pub enum Error {
     ChainBroken { partition: u32, seq: u64, prev_seq: u64, expected: u64 },
     #[error("the outcome at {seq} cannot be read: {detail}; the projector stops (it never skips an outcome)")]
     Undecodable { seq: u64, detail: String },
-    #[error("the outcome at {seq} was decided by decider version {version}, newer than this projector's {DECIDER_VERSION}")]
+    #[error(
+        "the outcome at {seq} was decided by decider version {version}, newer than this projector's {DECIDER_VERSION}"
+    )]
     NewerDecider { seq: u64, version: u32 },
     #[error("the outcome at {seq} does not fold: {detail}")]
     Fold { seq: u64, detail: String },
@@ -99,6 +101,8 @@ pub struct Projector {
     applied: u64,
     /// The sequence up to which the in-memory states are folded (at most `applied`).
     folded: u64,
+    /// Tells whoever waits for an outcome to be projected (the last applied sequence, after each commit).
+    applied_tx: tokio::sync::watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Projector {
@@ -155,12 +159,18 @@ impl Projector {
         create_tables(&txn)?;
         txn.commit().map_err(storage)?;
         let states = (0..partitions).map(|p| (p, PartitionState::new(p, partitions))).collect();
-        Ok(Projector { db: Arc::new(db), partitions, states, chain, applied, folded: 0 })
+        let applied_tx = tokio::sync::watch::Sender::new(applied);
+        Ok(Projector { db: Arc::new(db), partitions, states, chain, applied, folded: 0, applied_tx })
     }
 
     /// The last outcome sequence applied to the read models.
     pub fn applied(&self) -> u64 {
         self.applied
+    }
+
+    /// The last applied sequence, updated after each commit: wait on it for an outcome to be projected.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.applied_tx.subscribe()
     }
 
     /// A handle for queries, usable while the projector runs.
@@ -171,6 +181,9 @@ impl Projector {
     /// Folds the in-memory states up to what the read models already hold (after a restart), checking each
     /// partition's chain ends where the projection recorded it.
     pub async fn prepare<L: Log>(&mut self, log: &L) -> Result<(), Error> {
+        if self.folded >= self.applied {
+            return Ok(());
+        }
         let mut chain: BTreeMap<u32, u64> = BTreeMap::new();
         while self.folded < self.applied {
             let batch = log.read_outcomes(&OutcomeFilter::All, self.folded + 1, MAX_BATCH).await?;
@@ -221,10 +234,7 @@ impl Projector {
             return Err(Error::NewerDecider { seq: stored.seq, version: outcome.decider_version });
         }
         if outcome.partition != stored.partition || outcome.cmd_seq != stored.cmd_seq || outcome.part != stored.part {
-            return Err(Error::Undecodable {
-                seq: stored.seq,
-                detail: "its headers do not match its body".to_owned(),
-            });
+            return Err(Error::Undecodable { seq: stored.seq, detail: "its headers do not match its body".to_owned() });
         }
         Ok(outcome)
     }
@@ -254,7 +264,9 @@ impl Projector {
             }
             tables.meta.insert("applied", self.applied).map_err(storage)?;
         }
-        txn.commit().map_err(storage)
+        txn.commit().map_err(storage)?;
+        self.applied_tx.send_replace(self.applied);
+        Ok(())
     }
 
     /// Applies every outcome the log holds after the last applied one; returns the last applied sequence.
@@ -313,6 +325,7 @@ impl Projector {
         self.chain.clear();
         self.applied = 0;
         self.folded = 0;
+        self.applied_tx.send_replace(0);
         Ok(())
     }
 
@@ -418,7 +431,7 @@ impl Touched {
                 self.leases.insert(*lease);
             }
             Effect::ClaimGranted { value, .. } | Effect::ClaimFreed { value, .. } => {
-                self.values.insert(value.clone());
+                self.values.insert(*value);
             }
         }
     }

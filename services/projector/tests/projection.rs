@@ -9,10 +9,10 @@ use bytes::Bytes;
 use leasehold_log::embedded::Embedded;
 use leasehold_log::{Log, StoredOutcome};
 use leasehold_projector::{Error, Projector, Reader, ResourceQuery, ResourceView};
-use leasehold_schemas::command::{
-    Acquire, Allocate, Claim, DefinePool, Register, Release, ReportCreated,
+use leasehold_schemas::command::{Acquire, Allocate, Claim, DefinePool, Register, Release, ReportCreated};
+use leasehold_schemas::ids::{
+    AgentName, CommandId, Issuer, LeaseId, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp,
 };
-use leasehold_schemas::ids::{AgentName, CommandId, Issuer, LeaseId, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::settings::AgentSettings;
@@ -86,7 +86,15 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
     client.submit("ops", DefinePool { pool: pool.clone(), kind: PoolKind::Slots { count: 4 }, cooldown: None }).await;
     let w1 = AgentName::new("w1").unwrap();
     let registered = client
-        .submit("w1", Register { agent: w1.clone(), incarnation: Uuid::from_u128(1), wiped: false, settings: AgentSettings::default() })
+        .submit(
+            "w1",
+            Register {
+                agent: w1.clone(),
+                incarnation: Uuid::from_u128(1),
+                wiped: false,
+                settings: AgentSettings::default(),
+            },
+        )
         .await;
     let epoch = position_of(&registered, |e| matches!(e, Effect::AgentRegistered { .. }));
     let mut ids = Vec::new();
@@ -94,30 +102,67 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
         let resource = ResourceId::from_parts(Client::now().0, [7, i, 0, 0, 0, 0, 0, 0, 0, 1]);
         let pools = if i == 0 { vec![pool.clone()] } else { vec![] };
         let allocated = client
-            .submit("ci", Allocate { agent: w1.clone(), resource, kind: "volume".into(), capacity: 2, attributes: BTreeMap::new(), parent: None, pools })
+            .submit(
+                "ci",
+                Allocate {
+                    agent: w1.clone(),
+                    resource,
+                    kind: "volume".into(),
+                    capacity: 2,
+                    attributes: BTreeMap::new(),
+                    parent: None,
+                    pools,
+                },
+            )
             .await;
         assert!(allocated.rejection().is_none(), "{allocated:?}");
         if i == 0 {
             let wanted = position_of(&allocated, |e| matches!(e, Effect::ClaimWanted { .. }));
             let source = Source { partition: partition_of_agent(&w1, PARTITIONS), position: wanted };
-            let granted = client.submit("sweeper", Claim { pool: pool.clone(), holder: ResourceRef::new(w1.clone(), resource), source }).await;
+            let granted = client
+                .submit("sweeper", Claim { pool: pool.clone(), holder: ResourceRef::new(w1.clone(), resource), source })
+                .await;
             assert!(granted.rejection().is_none(), "{granted:?}");
         }
         ids.push(resource);
     }
     for (obs, resource) in ids[1..].iter().enumerate() {
         let created = client
-            .submit("w1", ReportCreated { agent: w1.clone(), epoch, obs: obs as u64 + 1, resource: *resource, native_id: Some(format!("vol-{obs}")) })
+            .submit(
+                "w1",
+                ReportCreated {
+                    agent: w1.clone(),
+                    epoch,
+                    obs: obs as u64 + 1,
+                    resource: *resource,
+                    native_id: Some(format!("vol-{obs}")),
+                },
+            )
             .await;
         assert!(created.rejection().is_none(), "{created:?}");
     }
     let lease = LeaseId::from_parts(Client::now().0, [8; 10]);
     let acquired = client
-        .submit("ci", Acquire { agent: w1.clone(), resource: ids[1], lease, holder: "build-7".into(), ttl: None, wait_timeout: None })
+        .submit(
+            "ci",
+            Acquire {
+                agent: w1.clone(),
+                resource: ids[1],
+                lease,
+                holder: "build-7".into(),
+                ttl: None,
+                wait_timeout: None,
+            },
+        )
         .await;
     let token = position_of(&acquired, |e| matches!(e, Effect::LeaseGranted { .. }));
     client.submit("ops", Release { agent: w1.clone(), resource: ids[3], reason: Some("done".into()) }).await;
-    let rejected = client.submit("ops", Release { agent: w1.clone(), resource: ResourceId::from_parts(Client::now().0, [9; 10]), reason: None }).await;
+    let rejected = client
+        .submit(
+            "ops",
+            Release { agent: w1.clone(), resource: ResourceId::from_parts(Client::now().0, [9; 10]), reason: None },
+        )
+        .await;
     assert!(rejected.rejection().is_some(), "a release of an unknown resource is a recorded rejection");
 
     // What the read models say.
@@ -163,7 +208,10 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
     // A restart resumes where it stopped; a rebuild from sequence 1 gives the same tables.
     let digests = projector.digests().unwrap();
     let applied = projector.applied();
-    assert_eq!(applied, log.read_outcomes(&leasehold_log::OutcomeFilter::All, 1, 10_000).await.unwrap().last().unwrap().seq);
+    assert_eq!(
+        applied,
+        log.read_outcomes(&leasehold_log::OutcomeFilter::All, 1, 10_000).await.unwrap().last().unwrap().seq
+    );
     // Every handle on the file goes (a reader holds the database too).
     drop((projector, reader, client));
     let mut projector = Projector::open(&dir.path().join("projection"), PARTITIONS).unwrap();
@@ -185,7 +233,10 @@ fn stored(seq: u64, prev_seq: u64, payload: Bytes) -> StoredOutcome {
 async fn a_broken_chain_or_an_undecodable_outcome_stops_the_projector() {
     let mut driver = leasehold_domain::driver::Driver::new(0, 1, Timestamp(1_800_000_000_000));
     let w1 = AgentName::new("w1").unwrap();
-    let outcome = driver.submit("w1", Register { agent: w1, incarnation: Uuid::from_u128(1), wiped: false, settings: AgentSettings::default() });
+    let outcome = driver.submit(
+        "w1",
+        Register { agent: w1, incarnation: Uuid::from_u128(1), wiped: false, settings: AgentSettings::default() },
+    );
     let payload = Bytes::from(codec::encode_outcome(&outcome).unwrap());
     let mut projector = Projector::in_memory(1).unwrap();
     let broken = projector.apply_batch(&[stored(1, 5, payload.clone())]).unwrap_err();

@@ -126,8 +126,7 @@ impl<L: Log> Writer<L> {
     /// sequence an append error named), checking the `Lh-Prev-Seq` chain, the decider version and that the command
     /// log is the one the outcomes answer.
     pub async fn load(log: L, partition: u32, config: WriterConfig, at_least: u64) -> Result<Self, Error> {
-        let Folded { state, fence, last_command, folded } =
-            fold_partition(&log, partition, at_least, &config).await?;
+        let Folded { state, fence, last_command, folded } = fold_partition(&log, partition, at_least, &config).await?;
         check_command_log(&log, &state, last_command).await?;
         let read_pos = state.cursor();
         Ok(Writer { log, config, state, fence, read_pos, counts: Counts::default(), since_snapshot: folded })
@@ -279,7 +278,7 @@ impl<L: Log> Writer<L> {
                         .map_err(|error| Failure::Fatal(Error::Writer { partition, error }))?
                 }
             };
-            self.commit(part, |state, detail| abandon_pending(state, detail)).await?;
+            self.commit(part, abandon_pending).await?;
         }
         Ok(())
     }
@@ -309,8 +308,8 @@ impl<L: Log> Writer<L> {
                     fold_partition(&self.log, partition, self.fence, &self.config).await?;
                 self.state = state;
                 self.fence = fence;
-                let recorded =
-                    fallback(&self.state, &detail).map_err(|error| Failure::Fatal(Error::Writer { partition, error }))?;
+                let recorded = fallback(&self.state, &detail)
+                    .map_err(|error| Failure::Fatal(Error::Writer { partition, error }))?;
                 let (recorded, bytes) = encode(recorded)?;
                 match catch_unwind(AssertUnwindSafe(|| apply(&mut self.state, &recorded))) {
                     Ok(Ok(())) => (recorded, bytes),
@@ -517,10 +516,18 @@ pub async fn fold_partition<L: Log>(
         }
         for stored in batch {
             if stored.prev_seq != prev {
-                return Err(Error::ChainBroken { partition, seq: stored.seq, prev_seq: stored.prev_seq, expected: prev });
+                return Err(Error::ChainBroken {
+                    partition,
+                    seq: stored.seq,
+                    prev_seq: stored.prev_seq,
+                    expected: prev,
+                });
             }
-            let outcome = codec::decode_outcome(&stored.payload)
-                .map_err(|e| Error::Undecodable { partition, seq: stored.seq, detail: e.to_string() })?;
+            let outcome = codec::decode_outcome(&stored.payload).map_err(|e| Error::Undecodable {
+                partition,
+                seq: stored.seq,
+                detail: e.to_string(),
+            })?;
             if outcome.decider_version > DECIDER_VERSION {
                 return Err(Error::NewerDecider { partition, seq: stored.seq, version: outcome.decider_version });
             }
@@ -534,7 +541,11 @@ pub async fn fold_partition<L: Log>(
                     ),
                 });
             }
-            apply(&mut state, &outcome).map_err(|e| Error::Fold { partition, seq: stored.seq, detail: e.to_string() })?;
+            apply(&mut state, &outcome).map_err(|e| Error::Fold {
+                partition,
+                seq: stored.seq,
+                detail: e.to_string(),
+            })?;
             prev = stored.seq;
             last_command = Some(outcome.command.id);
             folded += 1;
@@ -583,11 +594,7 @@ async fn usable_snapshot<L: Log>(
 
 /// The command log must be the one the outcomes answer: the command at the cursor (if the log still holds it) is
 /// the one the last outcome names, and the log has not restarted below the cursor (a recreated or restored stream).
-async fn check_command_log<L: Log>(
-    log: &L,
-    state: &PartitionState,
-    answered: Option<CommandId>,
-) -> Result<(), Error> {
+async fn check_command_log<L: Log>(log: &L, state: &PartitionState, answered: Option<CommandId>) -> Result<(), Error> {
     let cursor = state.cursor();
     if cursor == 0 {
         return Ok(());

@@ -17,8 +17,18 @@ use tokio_util::sync::CancellationToken;
 
 fn register(n: u8) -> Envelope {
     let agent = AgentName::new(format!("w{n}")).unwrap();
-    let body = Register { agent: agent.clone(), incarnation: Uuid::from_u128(7), wiped: false, settings: AgentSettings::default() };
-    Envelope::new(CommandId::from_parts(1_800_000_000_000, [n; 10]), Issuer::new(agent.as_str()).unwrap(), Timestamp(1_800_000_000_000), body)
+    let body = Register {
+        agent: agent.clone(),
+        incarnation: Uuid::from_u128(7),
+        wiped: false,
+        settings: AgentSettings::default(),
+    };
+    Envelope::new(
+        CommandId::from_parts(1_800_000_000_000, [n; 10]),
+        Issuer::new(agent.as_str()).unwrap(),
+        Timestamp(1_800_000_000_000),
+        body,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,9 +65,13 @@ async fn bad_payloads_are_dead_lettered_and_the_partition_moves_on() {
         bad_seqs.push(published.seq);
         // A good command after each bad one.
         let good = register(10 + i as u8);
-        log.publish_command(&ingress_subject_of(&good.body), &good.command_id.to_string(), codec::encode_command(&good).unwrap().into())
-            .await
-            .unwrap();
+        log.publish_command(
+            &ingress_subject_of(&good.body),
+            &good.command_id.to_string(),
+            codec::encode_command(&good).unwrap().into(),
+        )
+        .await
+        .unwrap();
     }
     assert_eq!(partition_of("w1", 1), 0);
     let shutdown = CancellationToken::new();

@@ -26,9 +26,7 @@ use leasehold_log::{
     Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Published, Snapshot,
     StoredOutcome,
 };
-use leasehold_schemas::command::{
-    Acquire, Allocate, Heartbeat, Register, Release, ReportCreated, RetireAgent,
-};
+use leasehold_schemas::command::{Acquire, Allocate, Heartbeat, Register, Release, ReportCreated, RetireAgent};
 use leasehold_schemas::ids::{AgentName, CommandId, Issuer, LeaseId, Position, ResourceId, Timestamp};
 use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::subjects::{ingress_subject_of, partition_of_agent};
@@ -143,10 +141,8 @@ impl Log for SimLog {
         }
         let answer = self.inner.append(partition, fence, records).await;
         if let Appended::Landed { .. } = answer {
-            let continues = records
-                .last()
-                .and_then(|r| codec::decode_outcome(&r.payload).ok())
-                .is_some_and(|o| o.continues());
+            let continues =
+                records.last().and_then(|r| codec::decode_outcome(&r.payload).ok()).is_some_and(|o| o.continues());
             if continues && self.roll(30) {
                 self.count(|f| f.moves_between_parts += 1);
                 self.inner.drop_owner(partition);
@@ -302,8 +298,8 @@ impl Workload {
         let a = self.rng.below(self.agents.len() as u64) as usize;
         let (agent, epoch) = self.agents[a].clone();
         let pick = self.rng.below(100);
-        let resource = (!self.resources.is_empty())
-            .then(|| self.resources[self.rng.below(self.resources.len() as u64) as usize]);
+        let resource =
+            (!self.resources.is_empty()).then(|| self.resources[self.rng.below(self.resources.len() as u64) as usize]);
         match (pick, resource) {
             (0..30, _) | (_, None) => {
                 let resource = ResourceId::from_parts(at.0, self.entropy());
@@ -330,8 +326,7 @@ impl Workload {
             (70..85, Some((owner, resource))) => {
                 let agent = self.agents[owner].0.clone();
                 let lease = LeaseId::from_parts(at.0, self.entropy());
-                let body =
-                    Acquire { agent, resource, lease, holder: "job".to_owned(), ttl: None, wait_timeout: None };
+                let body = Acquire { agent, resource, lease, holder: "job".to_owned(), ttl: None, wait_timeout: None };
                 self.envelope("ci", body, at)
             }
             (_, Some((owner, resource))) => {
@@ -359,7 +354,8 @@ async fn produce(log: Embedded, mut work: Workload, n: usize) -> Workload {
             work.n_ids += 1;
         } else if roll < 7 {
             let subject = format!("lh.in.op.{}._", work.agents[0].0);
-            let garbage = [b"\x01\xff\xfe".as_slice(), b"{\"schema_version\":1", b"", b"\x07zz"][work.rng.below(4) as usize];
+            let garbage =
+                [b"\x01\xff\xfe".as_slice(), b"{\"schema_version\":1", b"", b"\x07zz"][work.rng.below(4) as usize];
             let seq = log.publish_command(&subject, &format!("junk-{}", work.n_ids), Bytes::from_static(garbage)).await;
             work.n_ids += 1;
             work.bad.insert(seq.unwrap().seq);
@@ -368,9 +364,11 @@ async fn produce(log: Embedded, mut work: Workload, n: usize) -> Workload {
             let envelope = work.next_command(at);
             let other = work.agents.iter().find(|(a, _)| Some(a) != Some(&key_agent(&envelope))).cloned();
             if let Some((other, _)) = other {
-                let subject = ingress_subject_of(&envelope.body).replace(&format!(".{}.", key_agent(&envelope)), &format!(".{other}."));
+                let subject = ingress_subject_of(&envelope.body)
+                    .replace(&format!(".{}.", key_agent(&envelope)), &format!(".{other}."));
                 let payload = codec::encode_command(&envelope).unwrap();
-                let seq = log.publish_command(&subject, &envelope.command_id.to_string(), payload.into()).await.unwrap();
+                let seq =
+                    log.publish_command(&subject, &envelope.command_id.to_string(), payload.into()).await.unwrap();
                 work.bad.insert(seq.seq);
             }
         } else {
@@ -547,13 +545,15 @@ async fn run_seed(seed: u64) -> Faults {
         for (i, (got, want)) in actual.iter().zip(&outcomes).enumerate() {
             assert_eq!(got, want, "seed {seed}, partition {p}: outcome {i} differs from one fault-free writer's");
         }
-        let folded = fold_partition(&log, p, 0, &WriterConfig { split_budget: Some(SPLIT_BUDGET), ..WriterConfig::default() })
-            .await
-            .unwrap_or_else(|e| panic!("seed {seed}, partition {p}: {e}"));
+        let folded =
+            fold_partition(&log, p, 0, &WriterConfig { split_budget: Some(SPLIT_BUDGET), ..WriterConfig::default() })
+                .await
+                .unwrap_or_else(|e| panic!("seed {seed}, partition {p}: {e}"));
         assert!(folded.state == state, "seed {seed}, partition {p}: the folded state differs from one writer's");
         invariants::check(&folded.state).unwrap_or_else(|e| panic!("seed {seed}, partition {p}: {e}"));
     }
-    let dead: BTreeSet<u64> = log.read_dead_letters(1, 10_000).await.unwrap().into_iter().map(|(_, l)| l.source_seq).collect();
+    let dead: BTreeSet<u64> =
+        log.read_dead_letters(1, 10_000).await.unwrap().into_iter().map(|(_, l)| l.source_seq).collect();
     assert_eq!(dead, expected_dead, "seed {seed}: dead letters");
     Arc::try_unwrap(faults).map(|m| m.into_inner().unwrap()).unwrap_or_default()
 }

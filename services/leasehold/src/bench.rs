@@ -1,0 +1,538 @@
+//! `leasehold bench throughput`: in one run, on the log it is pointed at, the log's raw append rates and
+//! leasehold's own rates, so that the figures compare as ratios that survive a noisy machine. A benchmark, never a
+//! test: it prints a table and, as its last line, one JSON object.
+//!
+//! It needs an empty log (a new data directory, or a NATS server with no leasehold streams yet) and refuses any
+//! other: it publishes tens of thousands of commands.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use futures::StreamExt;
+use leasehold_domain::driver::Driver;
+use leasehold_log::embedded::Embedded;
+use leasehold_log::{Log, OutcomeFilter, OutcomeRecord, Snapshot};
+use leasehold_schemas::command::{Allocate, Heartbeat, Register, ReportCreated};
+use leasehold_schemas::ids::{AgentName, CommandId, Issuer, Millis, Position, ResourceId, Timestamp};
+use leasehold_schemas::settings::AgentSettings;
+use leasehold_schemas::subjects::ingress_subject_of;
+use leasehold_schemas::{Effect, Envelope, Uuid, codec};
+use leasehold_worker::{WriterConfig, fold_partition};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum BenchCmd {
+    /// Raw log rates beside leasehold's end-to-end rate, latency, fence fan-out cost and takeover time.
+    Throughput(ThroughputArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct ThroughputArgs {
+    /// An empty data directory for the embedded log (default: a new temporary directory).
+    #[arg(long, conflicts_with = "nats")]
+    data: Option<PathBuf>,
+    /// Measure a NATS JetStream server instead (it must hold no leasehold streams yet).
+    #[arg(long)]
+    nats: Option<String>,
+    /// Commands per end-to-end phase.
+    #[arg(long, default_value_t = 20_000)]
+    commands: u64,
+    #[arg(long, default_value_t = 8)]
+    partitions: u32,
+    /// Workers sharing the partitions.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Outcomes in the partition whose takeover is timed.
+    #[arg(long, default_value_t = 1_000_000)]
+    takeover_outcomes: u64,
+    /// Commands timed one at a time, from publish to projection.
+    #[arg(long, default_value_t = 300)]
+    latency_samples: usize,
+}
+
+/// Bytes of an outcome of the usual kind (an allocation with a few attributes), for the raw runs.
+const OUTCOME_BYTES: usize = 300;
+
+#[derive(Debug, Default, serde::Serialize)]
+pub(crate) struct Figures {
+    backend: String,
+    partitions: u32,
+    workers: usize,
+    commands: u64,
+    raw_append_per_s: f64,
+    raw_fenced_per_s: f64,
+    publish_per_s: f64,
+    e2e_commands_per_s: f64,
+    e2e_concurrent_per_s: f64,
+    ratio: f64,
+    ratio_ceiling: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    fenced_append_100_agents_per_s: f64,
+    fenced_append_10000_agents_per_s: f64,
+    takeover_outcomes: u64,
+    takeover_s: f64,
+    takeover_without_snapshot_s: f64,
+    live_resources: u64,
+    bytes_per_live_resource: f64,
+}
+
+pub(crate) fn run(cmd: BenchCmd) -> anyhow::Result<()> {
+    let BenchCmd::Throughput(args) = cmd;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    runtime.block_on(throughput(args))
+}
+
+async fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
+    if args.commands < u64::from(args.partitions) * 8 {
+        bail!("--commands must be at least 8 per partition");
+    }
+    let mut figures =
+        Figures { partitions: args.partitions, workers: args.workers, commands: args.commands, ..Figures::default() };
+    match &args.nats {
+        Some(url) => bail!("bench throughput over NATS at {url}: not in this build yet; run it on the embedded log"),
+        None => {
+            let temp;
+            let dir = match &args.data {
+                Some(dir) => dir.clone(),
+                None => {
+                    temp = tempfile::tempdir().context("a temporary directory")?;
+                    temp.path().to_owned()
+                }
+            };
+            embedded(&dir, &args, &mut figures).await?;
+        }
+    }
+    figures.ratio = figures.e2e_commands_per_s / figures.raw_fenced_per_s.max(1e-9);
+    figures.ratio_ceiling = figures.e2e_commands_per_s / figures.raw_append_per_s.max(1e-9);
+    print_table(&figures);
+    println!("{}", serde_json::to_string(&figures)?);
+    Ok(())
+}
+
+async fn embedded(dir: &Path, args: &ThroughputArgs, figures: &mut Figures) -> anyhow::Result<()> {
+    figures.backend = "embedded".to_owned();
+    let scratch = dir.join("bench-scratch");
+    std::fs::create_dir_all(&scratch)?;
+    eprintln!("raw appends (one durable redb transaction each)...");
+    let raw =
+        leasehold_log::raw::embedded_raw_append(&scratch, args.commands.min(20_000), args.partitions, OUTCOME_BYTES)?;
+    figures.raw_append_per_s = raw.per_second();
+    eprintln!("raw fenced appends (the embedded log's own append, one in flight per partition)...");
+    let fenced_log = Embedded::open(&scratch.join("fenced"), args.partitions)?;
+    figures.raw_fenced_per_s = fenced_appends(&fenced_log, args.commands.min(20_000)).await?;
+    drop(fenced_log);
+    for agents in [100u64, 10_000] {
+        eprintln!("fenced appends with {agents} agents in one partition...");
+        let log = Embedded::open(&scratch.join(format!("fanout-{agents}")), 1)?;
+        let rate = fanout(&log, agents, 2_000).await?;
+        if agents == 100 {
+            figures.fenced_append_100_agents_per_s = rate;
+        } else {
+            figures.fenced_append_10000_agents_per_s = rate;
+        }
+    }
+    let log = Embedded::open(&dir.join("log"), args.partitions)?;
+    end_to_end(&log, args, figures).await?;
+    drop(log);
+    eprintln!("takeover of a partition holding {} outcomes...", args.takeover_outcomes);
+    let log = Embedded::open(&scratch.join("takeover"), 1)?;
+    takeover(&log, args.takeover_outcomes, figures).await?;
+    drop(log);
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+/// Appends `n` records through the log's own fenced append, one in flight per partition; returns appends/s.
+pub(crate) async fn fenced_appends<L: Log>(log: &L, n: u64) -> anyhow::Result<f64> {
+    let partitions = log.partitions();
+    let per = n / u64::from(partitions);
+    let start = Instant::now();
+    let mut lanes = tokio::task::JoinSet::new();
+    for p in 0..partitions {
+        let log = log.clone();
+        lanes.spawn(async move {
+            let mut fence = log.last_outcome_seq(p).await?;
+            for i in 0..per {
+                let record = raw_record(&format!("raw{}", i % 16), i + 1);
+                match log.append(p, fence, &[record]).await {
+                    leasehold_log::Appended::Landed { last, .. } => fence = last,
+                    other => bail!("a raw fenced append did not land: {other:?}"),
+                }
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(lane) = lanes.join_next().await {
+        lane??;
+    }
+    Ok((per * u64::from(partitions)) as f64 / start.elapsed().as_secs_f64())
+}
+
+fn raw_record(key: &str, cmd_seq: u64) -> OutcomeRecord {
+    OutcomeRecord {
+        key: key.to_owned(),
+        cmd_id: format!("raw-{cmd_seq}"),
+        cmd_seq,
+        part: 0,
+        payload: Bytes::from(vec![0x5a; OUTCOME_BYTES]),
+    }
+}
+
+/// One record for each of `agents` keys in partition 0, then `n` fenced appends cycling over them: what the fence
+/// costs when every agent of the partition matches its filter. Returns appends/s of the timed part.
+pub(crate) async fn fanout<L: Log>(log: &L, agents: u64, n: u64) -> anyhow::Result<f64> {
+    let mut fence = log.last_outcome_seq(0).await?;
+    let keys: Vec<String> = (0..agents).map(|i| format!("agent{i}")).collect();
+    for (i, chunk) in keys.chunks(1000).enumerate() {
+        let records: Vec<OutcomeRecord> =
+            chunk.iter().enumerate().map(|(j, k)| raw_record(k, (i * 1000 + j) as u64 + 1)).collect();
+        match log.append(0, fence, &records).await {
+            leasehold_log::Appended::Landed { last, .. } => fence = last,
+            other => bail!("setting up {agents} agents: {other:?}"),
+        }
+    }
+    let start = Instant::now();
+    for i in 0..n {
+        let record = raw_record(&keys[(i % agents) as usize], agents + i + 1);
+        match log.append(0, fence, &[record]).await {
+            leasehold_log::Appended::Landed { last, .. } => fence = last,
+            other => bail!("a fenced append with {agents} agents: {other:?}"),
+        }
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+struct Ids(u64);
+
+impl Ids {
+    fn next(&mut self, at: Timestamp) -> [u8; 10] {
+        self.0 += 1;
+        let mut entropy = [0u8; 10];
+        entropy[0] = 0xbe;
+        entropy[2..].copy_from_slice(&self.0.to_be_bytes());
+        let _ = at;
+        entropy
+    }
+}
+
+fn now() -> Timestamp {
+    leasehold_log::embedded::system_clock()()
+}
+
+fn agents(partitions: u32) -> Vec<AgentName> {
+    (0..partitions * 4).map(|i| AgentName::new(format!("bench-{i}")).expect("a valid name")).collect()
+}
+
+fn registration(agent: &AgentName, ids: &mut Ids) -> Envelope {
+    let at = now();
+    let body = Register {
+        agent: agent.clone(),
+        incarnation: Uuid::from_u128(7),
+        wiped: false,
+        settings: AgentSettings::default(),
+    };
+    Envelope::new(CommandId::from_parts(at.0, ids.next(at)), Issuer::new(agent.as_str()).expect("valid"), at, body)
+}
+
+fn allocation(agent: &AgentName, ids: &mut Ids) -> Envelope {
+    let at = now();
+    let resource = ResourceId::from_parts(at.0, ids.next(at));
+    let mut attributes = BTreeMap::new();
+    attributes.insert("image".to_owned(), "ci-runner:2026.11".to_owned());
+    attributes.insert("size".to_owned(), "20G".to_owned());
+    let body = Allocate {
+        agent: agent.clone(),
+        resource,
+        kind: "volume".to_owned(),
+        capacity: 4,
+        attributes,
+        parent: None,
+        pools: vec![],
+    };
+    Envelope::new(CommandId::from_parts(at.0, ids.next(at)), Issuer::new("bench").expect("valid"), at, body)
+}
+
+/// Publishes `envelopes` with up to 64 in flight; returns how long it took.
+async fn publish_all<L: Log>(log: &L, envelopes: Vec<Envelope>) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    let results: Vec<anyhow::Result<()>> = futures::stream::iter(envelopes)
+        .map(|envelope| {
+            let log = log.clone();
+            async move {
+                let payload = codec::encode_command(&envelope)?;
+                let published = log
+                    .publish_command(
+                        &ingress_subject_of(&envelope.body),
+                        &envelope.command_id.to_string(),
+                        payload.into(),
+                    )
+                    .await?;
+                anyhow::ensure!(!published.duplicate, "a bench command was a duplicate");
+                Ok(())
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    results.into_iter().collect::<anyhow::Result<()>>()?;
+    Ok(start.elapsed())
+}
+
+/// Waits until `target` outcomes have landed after sequence `from`; returns when the last one did.
+async fn outcomes_landed<L: Log>(log: &L, from: u64, target: u64) -> anyhow::Result<Instant> {
+    let mut follow = log.follow(OutcomeFilter::All, from + 1);
+    let mut seen = 0u64;
+    while seen < target {
+        let next = tokio::time::timeout(Duration::from_secs(120), follow.next())
+            .await
+            .context("no outcome for two minutes: a partition stopped?")?
+            .context("the outcome feed ended")??;
+        if next.part == 0 {
+            seen += 1;
+        }
+    }
+    Ok(Instant::now())
+}
+
+async fn last_outcome<L: Log>(log: &L) -> anyhow::Result<u64> {
+    let mut last = 0;
+    for p in 0..log.partitions() {
+        last = last.max(log.last_outcome_seq(p).await?);
+    }
+    Ok(last)
+}
+
+pub(crate) async fn end_to_end<L: Log>(log: &L, args: &ThroughputArgs, figures: &mut Figures) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        log.last_command_seq().await? == 0 && last_outcome(log).await? == 0,
+        "bench throughput needs an empty log: point it at a new --data directory or a NATS server without \
+         leasehold streams"
+    );
+    let agents = agents(log.partitions());
+    let mut ids = Ids(0);
+    let mut envelopes: Vec<Envelope> = agents.iter().map(|a| registration(a, &mut ids)).collect();
+    for i in 0..args.commands - agents.len() as u64 {
+        envelopes.push(allocation(&agents[i as usize % agents.len()], &mut ids));
+    }
+    eprintln!("publishing {} commands...", envelopes.len());
+    let published = publish_all(log, envelopes).await?;
+    figures.publish_per_s = args.commands as f64 / published.as_secs_f64();
+
+    eprintln!("end to end: {} workers decide what was published...", args.workers);
+    let shutdown = CancellationToken::new();
+    let start = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for w in 0..args.workers {
+        let config = leasehold_worker::WorkerConfig::new(format!("bench-worker-{w}"));
+        workers.spawn(leasehold_worker::run(log.clone(), config, shutdown.clone()));
+    }
+    let done = outcomes_landed(log, 0, args.commands).await?;
+    figures.e2e_commands_per_s = args.commands as f64 / (done - start).as_secs_f64();
+
+    eprintln!("end to end with publishing running at the same time...");
+    let from = last_outcome(log).await?;
+    let more: Vec<Envelope> =
+        (0..args.commands).map(|i| allocation(&agents[i as usize % agents.len()], &mut ids)).collect();
+    let start = Instant::now();
+    let landed = {
+        let log = log.clone();
+        let target = args.commands;
+        tokio::spawn(async move { outcomes_landed(&log, from, target).await })
+    };
+    publish_all(log, more).await?;
+    let done = landed.await??;
+    figures.e2e_concurrent_per_s = args.commands as f64 / (done - start).as_secs_f64();
+
+    eprintln!("latency from publish to projection, {} commands one at a time...", args.latency_samples);
+    let mut projector = leasehold_projector::Projector::in_memory(log.partitions())?;
+    projector.catch_up(log).await?;
+    let reader = projector.reader();
+    let mut applied = projector.subscribe();
+    let projecting = {
+        let (log, shutdown) = (log.clone(), shutdown.clone());
+        tokio::spawn(async move { projector.run(&log, &shutdown).await })
+    };
+    let mut latencies = Vec::with_capacity(args.latency_samples);
+    for i in 0..args.latency_samples {
+        let envelope = allocation(&agents[i % agents.len()], &mut ids);
+        let id = envelope.command_id.to_string();
+        let start = Instant::now();
+        publish_all(log, vec![envelope]).await?;
+        loop {
+            applied.borrow_and_update();
+            if !reader.outcome(&id)?.is_empty() {
+                break;
+            }
+            let changed = tokio::time::timeout(Duration::from_secs(30), applied.changed())
+                .await
+                .context("no projection for 30 s")?;
+            if changed.is_err() {
+                projecting.await??;
+                bail!("the projector stopped");
+            }
+        }
+        latencies.push(start.elapsed());
+    }
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1000.0;
+    figures.p50_ms = at(0.50);
+    figures.p99_ms = at(0.99);
+    shutdown.cancel();
+    while let Some(report) = workers.join_next().await {
+        let report = report?;
+        anyhow::ensure!(report.stopped.is_empty(), "partitions stopped: {:?}", report.stopped);
+    }
+    projecting.await??;
+    Ok(())
+}
+
+/// Fills partition 0 of an empty one-partition log with `n` real outcomes (100,000 resources allocated and
+/// reported created, then heartbeats spaced so each is recorded), with a snapshot where a writer would have stored
+/// its last one, and times a writer's load from it and from the first outcome.
+pub(crate) async fn takeover<L: Log>(log: &L, n: u64, figures: &mut Figures) -> anyhow::Result<()> {
+    anyhow::ensure!(log.partitions() == 1, "the takeover log has one partition");
+    let live = (n / 10).min(100_000);
+    let every = WriterConfig::default().snapshot_every;
+    let mut driver = Driver::new(0, 1, now());
+    let agent = AgentName::new("takeover").expect("valid");
+    let registered = driver.submit(
+        "takeover",
+        Register {
+            agent: agent.clone(),
+            incarnation: Uuid::from_u128(9),
+            wiped: false,
+            settings: AgentSettings::default(),
+        },
+    );
+    let epoch = registered
+        .positioned_effects()
+        .find_map(|(p, e)| matches!(e, Effect::AgentRegistered { .. }).then_some(p))
+        .unwrap_or(Position(1));
+    let push = |outcome: &leasehold_schemas::Outcome, batch: &mut Vec<OutcomeRecord>| -> anyhow::Result<()> {
+        batch.push(OutcomeRecord {
+            key: outcome.command.key.token(),
+            cmd_id: outcome.command.id.to_string(),
+            cmd_seq: outcome.cmd_seq,
+            part: outcome.part,
+            payload: codec::encode_outcome(outcome)?.into(),
+        });
+        Ok(())
+    };
+    let mut fence = 0;
+    let mut batch: Vec<OutcomeRecord> = Vec::new();
+    let mut snapshot: Option<Snapshot> = None;
+    let (mut count, mut made, mut obs, mut since_snapshot) = (0u64, 0u64, 0u64, 0u64);
+    push(&registered, &mut batch)?;
+    count += 1;
+    while count < n {
+        if made < live {
+            let resource = driver.new_resource_id();
+            let body = Allocate {
+                agent: agent.clone(),
+                resource,
+                kind: "volume".into(),
+                capacity: 4,
+                attributes: BTreeMap::new(),
+                parent: None,
+                pools: vec![],
+            };
+            push(&driver.submit("bench", body), &mut batch)?;
+            obs += 1;
+            let created = ReportCreated { agent: agent.clone(), epoch, obs, resource, native_id: None };
+            push(&driver.submit("takeover", created), &mut batch)?;
+            count += 2;
+            made += 1;
+        } else {
+            // Spaced past a third of the stall timeout, so each heartbeat is recorded.
+            driver.advance(Millis::from_secs(21));
+            push(&driver.submit("takeover", Heartbeat { agent: agent.clone(), epoch }), &mut batch)?;
+            count += 1;
+        }
+        if batch.len() >= 1000 || count >= n {
+            since_snapshot += batch.len() as u64;
+            match log.append(0, fence, &batch).await {
+                leasehold_log::Appended::Landed { last, .. } => fence = last,
+                other => bail!("filling the takeover partition: {other:?}"),
+            }
+            batch.clear();
+            if since_snapshot >= every {
+                // Where a writer storing a snapshot every `every` outcomes would have stored its last one.
+                since_snapshot = 0;
+                snapshot = Some(Snapshot {
+                    partition: 0,
+                    decider_version: leasehold_domain::DECIDER_VERSION,
+                    fence,
+                    last_command: None,
+                    state: driver.state().to_snapshot()?.into(),
+                });
+            }
+            if count % 100_000 < 1000 {
+                eprintln!("  {count} outcomes...");
+            }
+        }
+    }
+    figures.takeover_outcomes = count;
+    figures.live_resources = live;
+
+    // A takeover is the writer's load: the fold of the partition (the check of the command log after it is one
+    // read, and this partition has no command log).
+    let config = WriterConfig::default();
+    drop(driver);
+    let rss_before = rss_bytes();
+    let start = Instant::now();
+    let without = fold_partition(log, 0, 0, &config).await?;
+    figures.takeover_without_snapshot_s = start.elapsed().as_secs_f64();
+    let rss_after = rss_bytes();
+    let resources = without.state.resources().filter(|r| r.state.is_held()).count() as u64;
+    anyhow::ensure!(resources == live, "{resources} live resources after the load, not {live}");
+    figures.bytes_per_live_resource = rss_after.saturating_sub(rss_before) as f64 / live.max(1) as f64;
+    let expected = without.state;
+    if let Some(snapshot) = snapshot {
+        log.put_snapshot(snapshot).await?;
+    }
+    let start = Instant::now();
+    let with = fold_partition(log, 0, 0, &config).await?;
+    figures.takeover_s = start.elapsed().as_secs_f64();
+    anyhow::ensure!(with.state == expected, "the load from the snapshot gave another state than the fold");
+    Ok(())
+}
+
+/// This process's resident memory, from /proc (0 where there is none).
+fn rss_bytes() -> u64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        .unwrap_or(0);
+    pages * 4096
+}
+
+fn print_table(f: &Figures) {
+    println!(
+        "leasehold bench throughput: {} log, {} partitions, {} worker(s), {} commands per phase",
+        f.backend, f.partitions, f.workers, f.commands
+    );
+    let rows: [(&str, String); 15] = [
+        ("raw append (no fence, the log's ceiling)", format!("{:>12.0} /s", f.raw_append_per_s)),
+        ("raw fenced append (one in flight per partition)", format!("{:>12.0} /s", f.raw_fenced_per_s)),
+        ("publish commands (64 in flight)", format!("{:>12.0} /s", f.publish_per_s)),
+        ("end to end (published before, decided, appended)", format!("{:>12.0} /s", f.e2e_commands_per_s)),
+        ("end to end while publishing", format!("{:>12.0} /s", f.e2e_concurrent_per_s)),
+        ("ratio e2e / raw fenced", format!("{:>12.2}", f.ratio)),
+        ("ratio e2e / raw append", format!("{:>12.2}", f.ratio_ceiling)),
+        ("command to projection p50", format!("{:>12.2} ms", f.p50_ms)),
+        ("command to projection p99", format!("{:>12.2} ms", f.p99_ms)),
+        ("fenced append, 100 agents in the partition", format!("{:>12.0} /s", f.fenced_append_100_agents_per_s)),
+        ("fenced append, 10,000 agents in the partition", format!("{:>12.0} /s", f.fenced_append_10000_agents_per_s)),
+        ("takeover (snapshot + tail)", format!("{:>12.3} s  ({} outcomes)", f.takeover_s, f.takeover_outcomes)),
+        ("takeover without a snapshot", format!("{:>12.3} s", f.takeover_without_snapshot_s)),
+        ("live resources in the takeover partition", format!("{:>12}", f.live_resources)),
+        ("worker memory per live resource (RSS)", format!("{:>12.0} B", f.bytes_per_live_resource)),
+    ];
+    for (name, value) in rows {
+        println!("  {name:<52} {value}");
+    }
+}
