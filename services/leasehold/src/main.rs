@@ -1,56 +1,5 @@
-//! The `leasehold` binary: parses the command line and hands off to the library code of each role.
-
-use clap::{Parser, Subcommand};
-
-mod bench;
-mod demo;
-mod serve;
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "leasehold",
-    version,
-    about = "An event-sourced command queue for things that cost money and can leak"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Cmd,
-}
-
-#[derive(Debug, Subcommand)]
-enum Cmd {
-    /// Run a scripted scenario through the decider in memory and print its timeline.
-    Demo,
-    /// Run leasehold's roles over the embedded log (the default) or NATS JetStream.
-    Serve(serve::ServeArgs),
-    /// Benchmarks of the log this build runs on (never tests: they print figures).
-    #[command(subcommand)]
-    Bench(bench::BenchCmd),
-}
+//! The `leasehold` binary: the command line in the `leasehold` library.
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    match cli.command {
-        Cmd::Demo => {
-            let stdout = std::io::stdout();
-            let mut out = stdout.lock();
-            let summary = demo::run(&mut out)?;
-            if !summary.refold_matches {
-                anyhow::bail!("folding the demo's outcomes from scratch gave a different state");
-            }
-        }
-        Cmd::Bench(cmd) => bench::run(cmd)?,
-        Cmd::Serve(args) => {
-            init_tracing();
-            serve::run(args)?;
-        }
-    }
-    Ok(())
-}
-
-/// Logs go to stderr, filtered by `RUST_LOG` (default: info).
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    leasehold::main()
 }
