@@ -89,7 +89,12 @@ struct Inner {
     /// partition -> (worker, hold number) of its owner in this process.
     owners: Mutex<BTreeMap<u32, (String, u64)>>,
     holds: Mutex<u64>,
+    /// Workers of this process and when they last said they are alive.
+    workers: Mutex<BTreeMap<String, tokio::time::Instant>>,
 }
+
+/// How long a worker of the embedded log stays listed after it last said it is alive.
+pub const WORKER_TTL: Duration = Duration::from_secs(3);
 
 fn storage(e: impl std::fmt::Display) -> Error {
     Error::Storage(e.to_string())
@@ -183,6 +188,7 @@ impl Embedded {
                 outcomes: watch::Sender::new(last_evt),
                 owners: Mutex::new(BTreeMap::new()),
                 holds: Mutex::new(0),
+                workers: Mutex::new(BTreeMap::new()),
             }),
         })
     }
@@ -563,6 +569,26 @@ impl Log for Embedded {
 
     async fn latest_snapshot(&self, partition: u32) -> Result<Option<Snapshot>, Error> {
         self.latest_snapshot_blocking(partition)
+    }
+
+    async fn workers(&self, worker: &str, alive: bool) -> Result<Vec<String>, Error> {
+        let now = tokio::time::Instant::now();
+        let mut workers = self.inner.workers.lock().expect("workers lock");
+        if alive {
+            workers.insert(worker.to_owned(), now);
+        } else {
+            workers.remove(worker);
+        }
+        workers.retain(|_, seen| now.duration_since(*seen) < WORKER_TTL);
+        Ok(workers.keys().cloned().collect())
+    }
+
+    fn worker_ttl(&self) -> Duration {
+        WORKER_TTL
+    }
+
+    async fn is_served(&self, partition: u32) -> Result<bool, Error> {
+        Ok(self.inner.owners.lock().expect("owners lock").contains_key(&partition))
     }
 
     async fn own(&self, partition: u32, worker: &str) -> Result<Option<EmbeddedOwner>, Error> {

@@ -63,6 +63,8 @@ pub const EVT_STREAM: &str = "LH_EVT";
 pub const DLQ_STREAM: &str = "LH_DLQ";
 /// The object store bucket of partition snapshots (its stream is `OBJ_LH_SNAPSHOTS`).
 pub const SNAPSHOT_BUCKET: &str = "LH_SNAPSHOTS";
+/// The key-value bucket of live workers (its stream is `KV_LH_WORKERS`).
+pub const WORKERS_BUCKET: &str = "LH_WORKERS";
 /// The priority group of every writer consumer.
 pub const WRITER_GROUP: &str = "writer";
 /// How long `LH_CMD` keeps a command.
@@ -167,6 +169,8 @@ struct Inner {
     evt: stream::Stream,
     dlq: stream::Stream,
     snapshots: ObjectStore,
+    /// Live workers: one key per worker, expiring after `priority_timeout`.
+    workers: async_nats::jetstream::kv::Store,
 }
 
 fn unavailable(what: &str, e: impl fmt::Display) -> Error {
@@ -233,7 +237,8 @@ impl JetStream {
         let evt = ensure_stream(&js, evt_stream_config(replicas)).await?;
         let dlq = ensure_stream(&js, dlq_stream_config(replicas)).await?;
         let snapshots = snapshot_bucket(&js, replicas).await?;
-        Ok(JetStream { inner: Arc::new(Inner { client, js, config, cmd, evt, dlq, snapshots }) })
+        let workers = workers_bucket(&js, replicas, config.priority_timeout).await?;
+        Ok(JetStream { inner: Arc::new(Inner { client, js, config, cmd, evt, dlq, snapshots, workers }) })
     }
 
     /// The NATS client underneath (for tests and probes; the services use the [`Log`] trait).
@@ -435,6 +440,34 @@ async fn snapshot_bucket(js: &Context, replicas: usize) -> Result<ObjectStore, E
         // Another process created it meanwhile.
         Err(_) => {
             js.get_object_store(SNAPSHOT_BUCKET).await.map_err(|e| unavailable("cannot create the snapshot bucket", e))
+        }
+    }
+}
+
+/// The key-value bucket of live workers: a worker's key expires `ttl` after it last said it is alive.
+async fn workers_bucket(
+    js: &Context,
+    replicas: usize,
+    ttl: Duration,
+) -> Result<async_nats::jetstream::kv::Store, Error> {
+    match js.get_key_value(WORKERS_BUCKET).await {
+        Ok(store) => return Ok(store),
+        Err(e) if e.kind() == async_nats::jetstream::context::KeyValueErrorKind::GetBucket => {}
+        Err(e) => return Err(unavailable("cannot open the workers bucket", e)),
+    }
+    let config = async_nats::jetstream::kv::Config {
+        bucket: WORKERS_BUCKET.to_owned(),
+        description: "leasehold: live workers (a key expires when its worker stops saying it is alive)".to_owned(),
+        history: 1,
+        max_age: ttl,
+        storage: StorageType::File,
+        num_replicas: replicas,
+        ..Default::default()
+    };
+    match js.create_key_value(config).await {
+        Ok(store) => Ok(store),
+        Err(_) => {
+            js.get_key_value(WORKERS_BUCKET).await.map_err(|e| unavailable("cannot create the workers bucket", e))
         }
     }
 }
@@ -805,6 +838,36 @@ impl Log for JetStream {
             last_command: metadata.get("lh-last-command").cloned(),
             state: Bytes::from(state),
         }))
+    }
+
+    async fn workers(&self, worker: &str, alive: bool) -> Result<Vec<String>, Error> {
+        let store = &self.inner.workers;
+        if alive {
+            store
+                .put(worker, Bytes::from_static(b"alive"))
+                .await
+                .map_err(|e| unavailable("cannot say this worker is alive", e))?;
+        } else {
+            store.purge(worker).await.map_err(|e| unavailable("cannot say this worker is leaving", e))?;
+        }
+        let keys = store.keys().await.map_err(|e| unavailable("cannot list the workers", e))?;
+        let mut workers: Vec<String> = keys
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .map_err(|e| unavailable("cannot list the workers", e))?;
+        workers.sort();
+        Ok(workers)
+    }
+
+    fn worker_ttl(&self) -> Duration {
+        self.inner.config.priority_timeout
+    }
+
+    async fn is_served(&self, partition: u32) -> Result<bool, Error> {
+        let info = self.writer_consumer(partition).await?;
+        Ok(pinned_client(&info).is_some() || (info.num_pending == 0 && info.num_ack_pending == 0))
     }
 
     async fn own(&self, partition: u32, worker: &str) -> Result<Option<JetStreamOwner>, Error> {

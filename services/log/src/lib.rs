@@ -124,15 +124,21 @@ pub trait Log: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<(u64, DeadLetter)>, Error>> + Send;
 
     /// Stores `snapshot` as the latest of its partition (a cache: losing it costs a longer load, nothing else).
-    fn put_snapshot(&self, snapshot: Snapshot) -> impl Future<Output = Result<(), Error>> + Send {
-        let partition = snapshot.partition;
-        async move { Err(Error::Refused(format!("this log keeps no snapshots (partition {partition})"))) }
-    }
+    fn put_snapshot(&self, snapshot: Snapshot) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// The latest snapshot of `partition`, if any.
-    fn latest_snapshot(&self, partition: u32) -> impl Future<Output = Result<Option<Snapshot>, Error>> + Send {
-        async move { Err(Error::Refused(format!("this log keeps no snapshots (partition {partition})"))) }
-    }
+    fn latest_snapshot(&self, partition: u32) -> impl Future<Output = Result<Option<Snapshot>, Error>> + Send;
+
+    /// Says that `worker` is alive (`alive`, repeated well within [`Log::worker_ttl`]) or leaving, and lists the
+    /// workers alive now, sorted. Workers spread the partitions among those listed.
+    fn workers(&self, worker: &str, alive: bool) -> impl Future<Output = Result<Vec<String>, Error>> + Send;
+
+    /// How long a worker stays listed after it last said it is alive.
+    fn worker_ttl(&self) -> Duration;
+
+    /// Whether some writer serves `partition` now, as far as the log can tell (on JetStream: a client is pinned, or
+    /// no command waits). A partition nobody serves for long is taken by any worker, whatever its share.
+    fn is_served(&self, partition: u32) -> impl Future<Output = Result<bool, Error>> + Send;
 
     /// Asks to serve `partition` as `worker`. `Ok(None)`: another worker serves it now. Ownership is for liveness
     /// only: two owners may briefly both believe they own a partition; the fence keeps them from both appending.

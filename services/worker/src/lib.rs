@@ -63,8 +63,11 @@ pub struct WorkerConfig {
     pub name: String,
     /// Which partitions it may serve (all when `None`).
     pub partitions: Option<Vec<u32>>,
-    /// How often a partition it does not hold is asked for again.
+    /// How often the worker looks again at who is alive and which partitions it should serve.
     pub retry_own: Duration,
+    /// A partition nobody serves for this long is taken by this worker whatever its share (default: twice the
+    /// log's worker time-to-live, which on JetStream is `priority_timeout`).
+    pub takeover_after: Option<Duration>,
     pub writer: WriterConfig,
 }
 
@@ -74,6 +77,7 @@ impl WorkerConfig {
             name: name.into(),
             partitions: None,
             retry_own: Duration::from_millis(500),
+            takeover_after: None,
             writer: WriterConfig::default(),
         }
     }
@@ -88,26 +92,147 @@ pub struct Report {
     pub counts: Counts,
 }
 
-/// Runs a worker until `shutdown`: every partition it may serve is asked for, served while held, and asked for
-/// again when lost. On shutdown each writer finishes the command in hand and gives its partition up.
+/// The worker a partition belongs to among `live` workers: the highest score of a hash of (worker, partition)
+/// (rendezvous hashing), so each worker gets about `1 / live` of the partitions, and a worker joining or leaving
+/// moves only the partitions it gains or loses.
+pub fn preferred_worker(partition: u32, live: &[String]) -> Option<&str> {
+    live.iter().max_by_key(|worker| (score(worker, partition), worker.as_str())).map(String::as_str)
+}
+
+/// A well-mixed 64-bit score of (worker, partition): FNV-1a of the name, then SplitMix64's finaliser with the
+/// partition folded in (FNV alone spreads names that differ in one byte badly).
+fn score(worker: &str, partition: u32) -> u64 {
+    let name = worker.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let mut z = name ^ u64::from(partition).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Why this worker serves a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Its share: given up when the share moves to another worker.
+    Share,
+    /// Nobody served it for `takeover_after`: kept until shutdown (its preferred worker is alive but not serving).
+    Adopted,
+}
+
+type PartitionTask = tokio::task::JoinHandle<(Counts, Result<(), Error>)>;
+
+/// Runs a worker until `shutdown`. It says it is alive to the log, serves its share of the partitions among the
+/// live workers (about `ceil(P / live)`), gives a partition up when the share moves to another worker, and takes
+/// any partition nobody has served for `takeover_after`, whatever its share: a survivor takes everything. On
+/// shutdown each writer finishes the command in hand and gives its partition up, and the worker says it leaves.
 pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationToken) -> Report {
-    let partitions: Vec<u32> = config.partitions.clone().unwrap_or_else(|| (0..log.partitions()).collect());
-    let mut tasks = tokio::task::JoinSet::new();
-    for partition in partitions {
-        let (log, config, shutdown) = (log.clone(), config.clone(), shutdown.clone());
-        tasks.spawn(async move { (partition, serve_partition(log, partition, &config, &shutdown).await) });
-    }
+    let all: Vec<u32> = config.partitions.clone().unwrap_or_else(|| (0..log.partitions()).collect());
+    let takeover_after = config.takeover_after.unwrap_or(log.worker_ttl() * 2);
+    let check_unserved = (takeover_after / 4).max(config.retry_own);
     let mut report = Report::default();
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok((partition, (counts, result))) => {
+    let mut running: BTreeMap<u32, (Held, CancellationToken, PartitionTask)> = BTreeMap::new();
+    let mut unserved_since: BTreeMap<u32, tokio::time::Instant> = BTreeMap::new();
+    let mut live = vec![config.name.clone()];
+    let mut last_unserved_check: Option<tokio::time::Instant> = None;
+    loop {
+        // Partitions whose writer ended: lost (asked again below), or stopped for good.
+        let finished: Vec<u32> =
+            running.iter().filter(|(_, (_, _, task))| task.is_finished()).map(|(p, _)| *p).collect();
+        for partition in finished {
+            let (_, _, task) = running.remove(&partition).expect("listed above");
+            match task.await {
+                Ok((counts, result)) => {
+                    add_counts(&mut report.counts, counts);
+                    if let Err(e) = result {
+                        report.stopped.insert(partition, e);
+                    }
+                }
+                Err(join) => tracing::error!(partition, error = %join, "a partition task failed"),
+            }
+        }
+        if shutdown.is_cancelled() {
+            break;
+        }
+        match log.workers(&config.name, true).await {
+            Ok(mut now_live) => {
+                if !now_live.contains(&config.name) {
+                    now_live.push(config.name.clone());
+                    now_live.sort();
+                }
+                if now_live != live {
+                    tracing::info!(worker = %config.name, live = ?now_live, "live workers changed");
+                }
+                live = now_live;
+            }
+            Err(e) => tracing::warn!(worker = %config.name, error = %e, "cannot list the live workers"),
+        }
+        let now = tokio::time::Instant::now();
+        let check = last_unserved_check.is_none_or(|at| now.duration_since(at) >= check_unserved);
+        if check {
+            last_unserved_check = Some(now);
+        }
+        for &partition in &all {
+            if report.stopped.contains_key(&partition) {
+                continue;
+            }
+            let mine = preferred_worker(partition, &live) == Some(config.name.as_str());
+            if let Some((held, token, _)) = running.get(&partition) {
+                if *held == Held::Share && !mine && !token.is_cancelled() {
+                    tracing::info!(partition, worker = %config.name, "the partition's share moved: giving it up");
+                    token.cancel();
+                }
+                continue;
+            }
+            let held = if mine {
+                Some(Held::Share)
+            } else if check {
+                match log.is_served(partition).await {
+                    Ok(true) => {
+                        unserved_since.remove(&partition);
+                        None
+                    }
+                    Ok(false) => {
+                        let since = *unserved_since.entry(partition).or_insert(now);
+                        (now.duration_since(since) >= takeover_after).then_some(Held::Adopted)
+                    }
+                    Err(e) => {
+                        tracing::warn!(partition, error = %e, "cannot tell whether the partition is served");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            if let Some(held) = held {
+                if held == Held::Adopted {
+                    tracing::warn!(partition, worker = %config.name, "nobody served the partition for {takeover_after:?}: taking it");
+                }
+                unserved_since.remove(&partition);
+                let token = shutdown.child_token();
+                let (log, config, stop) = (log.clone(), config.clone(), token.clone());
+                let task = tokio::spawn(async move { serve_once(log, partition, &config, &stop).await });
+                running.insert(partition, (held, token, task));
+            }
+        }
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => {}
+            () = tokio::time::sleep(config.retry_own) => {}
+        }
+    }
+    for (partition, (_, token, task)) in running {
+        token.cancel();
+        match task.await {
+            Ok((counts, result)) => {
                 add_counts(&mut report.counts, counts);
                 if let Err(e) = result {
                     report.stopped.insert(partition, e);
                 }
             }
-            Err(join) => tracing::error!(error = %join, "a partition task failed"),
+            Err(join) => tracing::error!(partition, error = %join, "a partition task failed"),
         }
+    }
+    if let Err(e) = log.workers(&config.name, false).await {
+        tracing::warn!(worker = %config.name, error = %e, "cannot say this worker leaves");
     }
     report
 }
@@ -124,62 +249,77 @@ fn add_counts(sum: &mut Counts, more: Counts) {
     sum.snapshots += more.snapshots;
 }
 
-/// Serves one partition whenever this worker holds it, until shutdown or an error that stops the partition.
-pub async fn serve_partition<L: Log>(
+/// Serves `partition` once: owns it if nobody else does, loads it, decides until `stop`, a lost hold or an error
+/// that stops the partition.
+async fn serve_once<L: Log>(
     log: L,
     partition: u32,
     config: &WorkerConfig,
-    shutdown: &CancellationToken,
+    stop: &CancellationToken,
 ) -> (Counts, Result<(), Error>) {
-    let mut counts = Counts::default();
-    loop {
-        if shutdown.is_cancelled() {
-            return (counts, Ok(()));
+    let mut owner = match log.own(partition, &config.name).await {
+        Ok(Some(owner)) => owner,
+        Ok(None) => return (Counts::default(), Ok(())),
+        Err(e @ leasehold_log::Error::Unavailable(_)) => {
+            tracing::warn!(partition, error = %e, "cannot ask for the partition now");
+            return (Counts::default(), Ok(()));
         }
-        let owner = match log.own(partition, &config.name).await {
-            Ok(Some(owner)) => owner,
-            Ok(None) => {
-                tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => return (counts, Ok(())),
-                    () = tokio::time::sleep(config.retry_own) => continue,
-                }
-            }
-            Err(leasehold_log::Error::Unavailable(why)) => {
-                tracing::warn!(partition, %why, "cannot ask for the partition now");
-                tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => return (counts, Ok(())),
-                    () = tokio::time::sleep(config.retry_own) => continue,
-                }
-            }
-            Err(e) => return (counts, Err(e.into())),
-        };
-        let mut owner = owner;
-        tracing::info!(partition, worker = %config.name, "serving partition");
-        // The hold is kept while the partition loads.
-        let mut writer = match Writer::load(log.clone(), partition, config.writer.clone(), 0).await {
-            Ok(writer) => writer,
-            Err(e) => {
-                owner.release().await;
-                return (counts, Err(e));
-            }
-        };
-        let result = writer.serve(&mut owner, shutdown).await;
-        add_counts(&mut counts, writer.counts());
-        match result {
-            Ok(Stop::Shutdown) => {
-                owner.release().await;
-                return (counts, Ok(()));
-            }
-            Ok(Stop::Lost) => {
-                tracing::info!(partition, worker = %config.name, "another worker serves the partition now");
-            }
-            Err(e) => {
-                tracing::error!(partition, error = %e, "partition stopped");
-                owner.release().await;
-                return (counts, Err(e));
+        Err(e) => return (Counts::default(), Err(e.into())),
+    };
+    tracing::debug!(partition, worker = %config.name, "serving partition");
+    // The hold is kept while the partition loads.
+    let mut writer = match Writer::load(log.clone(), partition, config.writer.clone(), 0).await {
+        Ok(writer) => writer,
+        Err(e) => {
+            owner.release().await;
+            return (Counts::default(), Err(e));
+        }
+    };
+    let result = writer.serve(&mut owner, stop).await;
+    let counts = writer.counts();
+    match result {
+        Ok(Stop::Shutdown) => {
+            owner.release().await;
+            (counts, Ok(()))
+        }
+        Ok(Stop::Lost) => {
+            tracing::info!(partition, worker = %config.name, "another worker serves the partition now");
+            (counts, Ok(()))
+        }
+        Err(e) => {
+            tracing::error!(partition, error = %e, "partition stopped");
+            owner.release().await;
+            (counts, Err(e))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("worker-{i}")).collect()
+    }
+
+    #[test]
+    fn workers_spread_partitions_and_a_leaver_moves_only_its_own() {
+        let live = names(4);
+        let mut shares: BTreeMap<&str, u32> = BTreeMap::new();
+        for p in 0..256 {
+            *shares.entry(preferred_worker(p, &live).unwrap()).or_default() += 1;
+        }
+        assert_eq!(shares.len(), 4, "every worker gets a share: {shares:?}");
+        assert!(shares.values().all(|n| (40..=90).contains(n)), "about a quarter each: {shares:?}");
+        let fewer: Vec<String> = live.iter().filter(|w| *w != "worker-2").cloned().collect();
+        for p in 0..256 {
+            let before = preferred_worker(p, &live).unwrap();
+            let after = preferred_worker(p, &fewer).unwrap();
+            if before != "worker-2" {
+                assert_eq!(before, after, "partition {p} moved though its worker stayed");
             }
         }
+        assert_eq!(preferred_worker(3, &names(1)), Some("worker-0"), "a survivor takes everything");
+        assert_eq!(preferred_worker(3, &[]), None);
     }
 }

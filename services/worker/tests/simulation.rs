@@ -1,4 +1,5 @@
-//! A deterministic simulation of the writers (the FoundationDB / TigerBeetle way): two real workers serve the
+//! A deterministic simulation of the writers (the FoundationDB / TigerBeetle way): two real workers (`run`: the
+//! share of partitions among live workers, taking what nobody serves, the writers) serve the
 //! partitions of an in-memory embedded log on a single-threaded runtime with paused time, while a seeded fault
 //! layer between them and the log loses acks, times appends out (landed or not), answers "busy", stalls a writer
 //! while its hold moves to the other one (so it resumes with a buffered append under a stale fence), moves holds
@@ -31,7 +32,7 @@ use leasehold_schemas::ids::{AgentName, CommandId, Issuer, LeaseId, Position, Re
 use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::subjects::{ingress_subject_of, partition_of_agent};
 use leasehold_schemas::{Command, Effect, Envelope, Outcome, Uuid, codec};
-use leasehold_worker::{WorkerConfig, WriterConfig, admit, fold_partition, serve_partition};
+use leasehold_worker::{WorkerConfig, WriterConfig, admit, fold_partition};
 use tokio_util::sync::CancellationToken;
 
 const PARTITIONS: u32 = 2;
@@ -214,6 +215,18 @@ impl Log for SimLog {
             self.count(|f| f.snapshots_used += 1);
         }
         Ok(real)
+    }
+
+    async fn workers(&self, worker: &str, alive: bool) -> Result<Vec<String>, Error> {
+        self.inner.workers(worker, alive).await
+    }
+
+    fn worker_ttl(&self) -> Duration {
+        self.inner.worker_ttl()
+    }
+
+    async fn is_served(&self, partition: u32) -> Result<bool, Error> {
+        self.inner.is_served(partition).await
     }
 
     async fn own(&self, partition: u32, worker: &str) -> Result<Option<SimOwner>, Error> {
@@ -485,6 +498,7 @@ async fn run_seed(seed: u64) -> Faults {
             name: name.to_owned(),
             partitions: None,
             retry_own: Duration::from_millis(300),
+            takeover_after: None,
             writer: WriterConfig {
                 max_batch: 1 + (seed % 7) as usize,
                 poll: Duration::from_millis(500),
@@ -493,10 +507,7 @@ async fn run_seed(seed: u64) -> Faults {
                 ..WriterConfig::default()
             },
         };
-        for p in 0..PARTITIONS {
-            let (sim, config, shutdown) = (sim.clone(), config.clone(), shutdown.clone());
-            workers.push(tokio::spawn(async move { serve_partition(sim, p, &config, &shutdown).await }));
-        }
+        workers.push(tokio::spawn(leasehold_worker::run(sim, config, shutdown.clone())));
     }
     let work = Workload {
         rng: Rng(seed.wrapping_mul(31)),
@@ -535,8 +546,8 @@ async fn run_seed(seed: u64) -> Faults {
     }
     shutdown.cancel();
     for worker in workers {
-        let (_, result) = worker.await.unwrap();
-        result.unwrap_or_else(|e| panic!("seed {seed}: a partition stopped: {e}"));
+        let report = worker.await.unwrap();
+        assert!(report.stopped.is_empty(), "seed {seed}: partitions stopped: {:?}", report.stopped);
     }
 
     for (p, (outcomes, state)) in expected {
