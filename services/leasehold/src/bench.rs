@@ -27,6 +27,20 @@ use tokio_util::sync::CancellationToken;
 pub(crate) enum BenchCmd {
     /// Raw log rates beside leasehold's end-to-end rate, latency, fence fan-out cost and takeover time.
     Throughput(ThroughputArgs),
+    /// (Used by `throughput`.) Folds partition 0 of a one-partition log in a fresh process and prints the memory
+    /// the fold took, per live resource, as JSON.
+    #[command(hide = true)]
+    Memory(MemoryArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct MemoryArgs {
+    #[arg(long, conflicts_with = "nats")]
+    data: Option<PathBuf>,
+    #[arg(long)]
+    nats: Option<String>,
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
 }
 
 #[derive(Debug, clap::Args)]
@@ -51,6 +65,9 @@ pub(crate) struct ThroughputArgs {
     /// Commands timed one at a time, from publish to projection.
     #[arg(long, default_value_t = 300)]
     latency_samples: usize,
+    /// Stream replicas on NATS (3 on a cluster).
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
 }
 
 /// Bytes of an outcome of the usual kind (an allocation with a few attributes), for the raw runs.
@@ -81,9 +98,11 @@ pub(crate) struct Figures {
 }
 
 pub(crate) fn run(cmd: BenchCmd) -> anyhow::Result<()> {
-    let BenchCmd::Throughput(args) = cmd;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-    runtime.block_on(throughput(args))
+    match cmd {
+        BenchCmd::Throughput(args) => runtime.block_on(throughput(args)),
+        BenchCmd::Memory(args) => runtime.block_on(memory(args)),
+    }
 }
 
 async fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
@@ -93,7 +112,7 @@ async fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
     let mut figures =
         Figures { partitions: args.partitions, workers: args.workers, commands: args.commands, ..Figures::default() };
     match &args.nats {
-        Some(url) => bail!("bench throughput over NATS at {url}: not in this build yet; run it on the embedded log"),
+        Some(url) => nats(url, &args, &mut figures).await?,
         None => {
             let temp;
             let dir = match &args.data {
@@ -139,10 +158,99 @@ async fn embedded(dir: &Path, args: &ThroughputArgs, figures: &mut Figures) -> a
     end_to_end(&log, args, figures).await?;
     drop(log);
     eprintln!("takeover of a partition holding {} outcomes...", args.takeover_outcomes);
-    let log = Embedded::open(&scratch.join("takeover"), 1)?;
-    takeover(&log, args.takeover_outcomes, figures).await?;
+    let takeover_dir = scratch.join("takeover");
+    let log = Embedded::open(&takeover_dir, 1)?;
+    let filler = log.clone();
+    takeover(&log, args.takeover_outcomes, figures, move |fence, records| {
+        let log = filler.clone();
+        async move {
+            match log.append(0, fence, &records).await {
+                leasehold_log::Appended::Landed { last, .. } => Ok(last),
+                other => bail!("filling the takeover partition: {other:?}"),
+            }
+        }
+    })
+    .await?;
     drop(log);
+    figures.bytes_per_live_resource = memory_in_child(&["--data", &takeover_dir.display().to_string()])?;
     let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+async fn nats(url: &str, args: &ThroughputArgs, figures: &mut Figures) -> anyhow::Result<()> {
+    use leasehold_log::jetstream::{JetStream, JetStreamConfig};
+    figures.backend = if args.replicas > 1 { format!("jetstream-r{}", args.replicas) } else { "jetstream".to_owned() };
+    let config = JetStreamConfig { replicas: args.replicas, ..JetStreamConfig::new(url, args.partitions) };
+    let log = JetStream::connect(config).await.with_context(|| format!("connecting to {url}"))?;
+    anyhow::ensure!(
+        log.last_command_seq().await? == 0 && last_outcome(&log).await? == 0,
+        "bench throughput needs a NATS server without leasehold data: it publishes tens of thousands of commands"
+    );
+    let n = args.commands;
+    eprintln!("raw appends (up to 256 in flight, no fence)...");
+    figures.raw_append_per_s = log.bench_raw_append(n, args.partitions, OUTCOME_BYTES, 256).await?.per_second();
+    eprintln!("raw fenced appends (one in flight per partition)...");
+    figures.raw_fenced_per_s = log.bench_raw_fenced(n, args.partitions, OUTCOME_BYTES).await?.per_second();
+    for agents in [100u64, 10_000] {
+        eprintln!("fenced appends with {agents} agents in one partition...");
+        let rate = log.bench_fenced_fanout(agents, 2_000, OUTCOME_BYTES).await?.per_second();
+        if agents == 100 {
+            figures.fenced_append_100_agents_per_s = rate;
+        } else {
+            figures.fenced_append_10000_agents_per_s = rate;
+        }
+    }
+    end_to_end(&log, args, figures).await?;
+    eprintln!("takeover of a partition holding {} outcomes (on a fresh one-partition log)...", args.takeover_outcomes);
+    log.bench_reset().await?;
+    let config = JetStreamConfig { replicas: args.replicas, ..JetStreamConfig::new(url, 1) };
+    let log = JetStream::connect(config).await?;
+    let filler = log.clone();
+    takeover(&log, args.takeover_outcomes, figures, move |fence, records| {
+        let log = filler.clone();
+        async move { Ok(log.bench_fill(0, fence, &records).await?) }
+    })
+    .await?;
+    let replicas = args.replicas.to_string();
+    figures.bytes_per_live_resource = memory_in_child(&["--nats", url, "--replicas", &replicas])?;
+    log.bench_reset().await?;
+    Ok(())
+}
+
+/// Runs `leasehold bench memory` in a fresh process (so the allocator's heap holds the fold and little else) and
+/// reads its answer: bytes of resident memory per live resource.
+fn memory_in_child(args: &[&str]) -> anyhow::Result<f64> {
+    let exe = std::env::current_exe().context("this program's path")?;
+    let output = std::process::Command::new(exe)
+        .args(["bench", "memory"])
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running bench memory")?;
+    anyhow::ensure!(output.status.success(), "bench memory failed");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = text.lines().last().context("bench memory printed nothing")?;
+    let value: serde_json::Value = serde_json::from_str(line)?;
+    value["bytes_per_live_resource"].as_f64().context("no bytes_per_live_resource")
+}
+
+async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
+    let config = WriterConfig::default();
+    let before = rss_bytes();
+    let folded = match (&args.data, &args.nats) {
+        (Some(dir), _) => fold_partition(&Embedded::open(dir, 1)?, 0, 0, &config).await?,
+        (None, Some(url)) => {
+            use leasehold_log::jetstream::{JetStream, JetStreamConfig};
+            let js = JetStreamConfig { replicas: args.replicas, ..JetStreamConfig::new(url.as_str(), 1) };
+            let log = JetStream::connect(js).await?;
+            fold_partition(&log, 0, 0, &config).await?
+        }
+        (None, None) => bail!("give --data or --nats"),
+    };
+    let after = rss_bytes();
+    let live = folded.state.resources().filter(|r| r.state.is_held()).count() as u64;
+    let per = after.saturating_sub(before) as f64 / live.max(1) as f64;
+    println!("{}", serde_json::json!({ "live_resources": live, "bytes_per_live_resource": per }));
     Ok(())
 }
 
@@ -393,7 +501,12 @@ pub(crate) async fn end_to_end<L: Log>(log: &L, args: &ThroughputArgs, figures: 
 /// Fills partition 0 of an empty one-partition log with `n` real outcomes (100,000 resources allocated and
 /// reported created, then heartbeats spaced so each is recorded), with a snapshot where a writer would have stored
 /// its last one, and times a writer's load from it and from the first outcome.
-pub(crate) async fn takeover<L: Log>(log: &L, n: u64, figures: &mut Figures) -> anyhow::Result<()> {
+pub(crate) async fn takeover<L, F, Fut>(log: &L, n: u64, figures: &mut Figures, fill: F) -> anyhow::Result<()>
+where
+    L: Log,
+    F: Fn(u64, Vec<OutcomeRecord>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<u64>>,
+{
     anyhow::ensure!(log.partitions() == 1, "the takeover log has one partition");
     let live = (n / 10).min(100_000);
     let every = WriterConfig::default().snapshot_every;
@@ -454,11 +567,7 @@ pub(crate) async fn takeover<L: Log>(log: &L, n: u64, figures: &mut Figures) -> 
         }
         if batch.len() >= 1000 || count >= n {
             since_snapshot += batch.len() as u64;
-            match log.append(0, fence, &batch).await {
-                leasehold_log::Appended::Landed { last, .. } => fence = last,
-                other => bail!("filling the takeover partition: {other:?}"),
-            }
-            batch.clear();
+            fence = fill(fence, std::mem::take(&mut batch)).await?;
             if since_snapshot >= every {
                 // Where a writer storing a snapshot every `every` outcomes would have stored its last one.
                 since_snapshot = 0;
@@ -482,14 +591,11 @@ pub(crate) async fn takeover<L: Log>(log: &L, n: u64, figures: &mut Figures) -> 
     // read, and this partition has no command log).
     let config = WriterConfig::default();
     drop(driver);
-    let rss_before = rss_bytes();
     let start = Instant::now();
     let without = fold_partition(log, 0, 0, &config).await?;
     figures.takeover_without_snapshot_s = start.elapsed().as_secs_f64();
-    let rss_after = rss_bytes();
     let resources = without.state.resources().filter(|r| r.state.is_held()).count() as u64;
     anyhow::ensure!(resources == live, "{resources} live resources after the load, not {live}");
-    figures.bytes_per_live_resource = rss_after.saturating_sub(rss_before) as f64 / live.max(1) as f64;
     let expected = without.state;
     if let Some(snapshot) = snapshot {
         log.put_snapshot(snapshot).await?;

@@ -49,6 +49,8 @@ use leasehold_schemas::Timestamp;
 use leasehold_schemas::subjects::{command_filter, outcome_filter, partition_transform};
 use tokio::time::Instant;
 
+mod bench;
+
 use crate::{
     Appended, CommandRecord, DeadLetter, Error, HEADER_CMD_ID, HEADER_CMD_SEQ, HEADER_DLQ_REASON,
     HEADER_DLQ_SOURCE_SEQ, HEADER_DLQ_SOURCE_SUBJECT, HEADER_PART, HEADER_PREV_SEQ, Log, OutcomeFilter, OutcomeRecord,
@@ -362,23 +364,37 @@ impl JetStream {
         self.inner.js.send_publish(subject, message).await?.await
     }
 
-    /// Publishes one outcome record under `prev`; `Ok(seq)` when it landed cleanly.
-    async fn append_record(&self, partition: u32, prev: u64, record: &OutcomeRecord) -> Result<u64, Appended> {
-        let refused = |e: Error| Appended::Unknown(e.to_string());
+    /// An outcome record as a message on its subject, chained on `prev` (the fence, when `fenced`).
+    fn outcome_message(
+        partition: u32,
+        prev: u64,
+        record: &OutcomeRecord,
+        fenced: bool,
+    ) -> Result<(String, PublishMessage), Error> {
         if !is_token(&record.key) {
-            return Err(Appended::Unknown(format!("{:?} is not a subject token", record.key)));
+            return Err(Error::Refused(format!("{:?} is not a subject token", record.key)));
         }
         let id = outcome_msg_id(partition, record.cmd_seq, record.part);
         let mut headers = HeaderMap::new();
-        headers.insert(HEADER_CMD_ID, header_value(HEADER_CMD_ID, &record.cmd_id).map_err(refused)?);
+        headers.insert(HEADER_CMD_ID, header_value(HEADER_CMD_ID, &record.cmd_id)?);
         headers.insert(HEADER_CMD_SEQ, record.cmd_seq.to_string());
         headers.insert(HEADER_PART, record.part.to_string());
         headers.insert(HEADER_PREV_SEQ, prev.to_string());
-        for (name, value) in fence_headers(partition, prev) {
-            headers.insert(name, value);
+        if fenced {
+            for (name, value) in fence_headers(partition, prev) {
+                headers.insert(name, value);
+            }
         }
         let message = PublishMessage::build().payload(record.payload.clone()).headers(headers).message_id(&id);
-        match self.publish(format!("lh.evt.{partition}.{}", record.key), message).await {
+        Ok((format!("lh.evt.{partition}.{}", record.key), message))
+    }
+
+    /// Publishes one outcome record under `prev`; `Ok(seq)` when it landed cleanly.
+    async fn append_record(&self, partition: u32, prev: u64, record: &OutcomeRecord) -> Result<u64, Appended> {
+        let id = outcome_msg_id(partition, record.cmd_seq, record.part);
+        let (subject, message) =
+            Self::outcome_message(partition, prev, record, true).map_err(|e| Appended::Unknown(e.to_string()))?;
+        match self.publish(subject, message).await {
             Ok(ack) if ack.duplicate => {
                 Err(Appended::Unknown(format!("duplicate outcome {id}: stored at {}", ack.sequence)))
             }

@@ -36,7 +36,7 @@ use futures::stream::BoxStream;
 
 pub use record::{
     Appended, CommandRecord, DeadLetter, Error, OutcomeFilter, OutcomeRecord, Published, Snapshot, StoredOutcome,
-    fence_headers, outcome_msg_id,
+    fence_headers, fence_headers_on, outcome_msg_id,
 };
 
 /// The header that names the command an outcome answers.

@@ -234,9 +234,14 @@ pub fn outcome_msg_id(partition: u32, cmd_seq: u64, part: u32) -> String {
 /// The fence of an append to `partition`, as the two headers every writer sends, spelled byte for byte the same
 /// everywhere: on a replicated stream the leader matches in-flight proposals by this exact string.
 pub fn fence_headers(partition: u32, fence: u64) -> [(&'static str, String); 2] {
+    fence_headers_on(&outcome_filter(partition), fence)
+}
+
+/// The fence on any subject filter (the benchmark fences a scratch stream's lanes the same way).
+pub fn fence_headers_on(filter: &str, fence: u64) -> [(&'static str, String); 2] {
     [
         ("Nats-Expected-Last-Subject-Sequence", fence.to_string()),
-        ("Nats-Expected-Last-Subject-Sequence-Subject", outcome_filter(partition)),
+        ("Nats-Expected-Last-Subject-Sequence-Subject", filter.to_owned()),
     ]
 }
 
