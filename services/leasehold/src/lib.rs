@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod projection;
 mod serve;
 
 #[derive(Debug, Parser)]
@@ -24,6 +25,9 @@ enum Cmd {
     Demo,
     /// Run leasehold's roles over the embedded log (the default) or NATS JetStream.
     Serve(serve::ServeArgs),
+    /// The read models: print their digests, or rebuild them from the log.
+    #[command(subcommand)]
+    Projection(projection::ProjectionCmd),
     /// Benchmarks of the log this build runs on (never tests: they print figures).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -42,6 +46,7 @@ pub fn main() -> anyhow::Result<()> {
             }
         }
         Cmd::Bench(cmd) => bench::run(cmd)?,
+        Cmd::Projection(cmd) => projection::run(cmd)?,
         Cmd::Serve(args) => {
             init_tracing();
             serve::run(args)?;

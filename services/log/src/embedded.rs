@@ -6,8 +6,9 @@
 //! Ownership is a lock per partition inside the process; [`Embedded::take_over`] lets a test move it the way a pin
 //! moves between NATS clients, and the old owner learns it only when it next asks for commands.
 //!
-//! redb calls are made in place, not on a blocking pool: they are short, and a deterministic simulation runs this
-//! log on a single-threaded runtime with paused time, where a blocking pool would let time jump.
+//! Writes wait for the disk: on a multi-threaded runtime they run under `block_in_place`, so the thread's other
+//! tasks move on meanwhile; reads, and everything on a single-threaded runtime (the deterministic simulation, with
+//! paused time, where a blocking pool would let time jump), run in place.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -508,6 +509,15 @@ impl Embedded {
     }
 }
 
+/// Runs a write (a durable commit waits for the disk) where it does not hold up other tasks: on a multi-threaded
+/// runtime the thread hands its other tasks over while it blocks; on a single-threaded one (the simulation, with
+/// paused time) it runs in place.
+fn blocking<T>(write: impl FnOnce() -> T) -> T {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi_thread { tokio::task::block_in_place(write) } else { write() }
+}
+
 impl Log for Embedded {
     type Owner = EmbeddedOwner;
 
@@ -516,7 +526,7 @@ impl Log for Embedded {
     }
 
     async fn publish_command(&self, subject: &str, msg_id: &str, payload: Bytes) -> Result<Published, Error> {
-        self.publish_blocking(subject, msg_id, &payload)
+        blocking(|| self.publish_blocking(subject, msg_id, &payload))
     }
 
     async fn read_commands(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
@@ -535,7 +545,8 @@ impl Log for Embedded {
         if records.is_empty() {
             return Appended::Unknown("nothing to append".to_owned());
         }
-        self.append_blocking(partition, fence, records).unwrap_or_else(|e| Appended::Unknown(e.to_string()))
+        blocking(|| self.append_blocking(partition, fence, records))
+            .unwrap_or_else(|e| Appended::Unknown(e.to_string()))
     }
 
     async fn last_outcome_seq(&self, partition: u32) -> Result<u64, Error> {
@@ -556,7 +567,7 @@ impl Log for Embedded {
     }
 
     async fn dead_letter(&self, letter: DeadLetter) -> Result<(), Error> {
-        self.dead_letter_blocking(&letter)
+        blocking(|| self.dead_letter_blocking(&letter))
     }
 
     async fn read_dead_letters(&self, from: u64, max: usize) -> Result<Vec<(u64, DeadLetter)>, Error> {
@@ -564,7 +575,7 @@ impl Log for Embedded {
     }
 
     async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), Error> {
-        self.put_snapshot_blocking(&snapshot)
+        blocking(|| self.put_snapshot_blocking(&snapshot))
     }
 
     async fn latest_snapshot(&self, partition: u32) -> Result<Option<Snapshot>, Error> {
@@ -640,6 +651,10 @@ impl Owner for EmbeddedOwner {
         }
         self.still_held()?;
         self.log.read_commands_blocking(self.partition, after, max)
+    }
+
+    async fn keep_alive(&mut self) -> Result<(), Error> {
+        self.still_held()
     }
 
     async fn done_through(&mut self, _seq: u64) -> Result<(), Error> {

@@ -1252,6 +1252,12 @@ impl Owner for JetStreamOwner {
         self.hand_out(found).await
     }
 
+    async fn keep_alive(&mut self) -> Result<(), Error> {
+        self.drain()?;
+        self.check_held()?;
+        self.keep_pulling().await
+    }
+
     async fn done_through(&mut self, seq: u64) -> Result<(), Error> {
         self.done = self.done.max(seq);
         self.drain()?;

@@ -158,6 +158,12 @@ pub trait Owner: Send + 'static {
         wait: Duration,
     ) -> impl Future<Output = Result<Vec<CommandRecord>, Error>> + Send;
 
+    /// Keeps the hold alive without taking commands (while the partition loads, which may take a while).
+    /// `Err(Error::Lost)` when another worker serves the partition now.
+    fn keep_alive(&mut self) -> impl Future<Output = Result<(), Error>> + Send {
+        async { Ok(()) }
+    }
+
     /// Tells the log that every command up to `seq` is done with (its outcome landed, or it needed none).
     fn done_through(&mut self, seq: u64) -> impl Future<Output = Result<(), Error>> + Send;
 

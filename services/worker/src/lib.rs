@@ -267,8 +267,22 @@ async fn serve_once<L: Log>(
         Err(e) => return (Counts::default(), Err(e.into())),
     };
     tracing::debug!(partition, worker = %config.name, "serving partition");
-    // The hold is kept while the partition loads.
-    let mut writer = match Writer::load(log.clone(), partition, config.writer.clone(), 0).await {
+    // The hold is kept alive while the partition loads.
+    let load = Writer::load(log.clone(), partition, config.writer.clone(), 0);
+    tokio::pin!(load);
+    let loaded = loop {
+        tokio::select! {
+            biased;
+            loaded = &mut load => break loaded,
+            () = tokio::time::sleep(config.writer.poll / 2) => {
+                if let Err(e) = owner.keep_alive().await {
+                    tracing::info!(partition, error = %e, "the hold was lost while loading");
+                    return (Counts::default(), Ok(()));
+                }
+            }
+        }
+    };
+    let mut writer = match loaded {
         Ok(writer) => writer,
         Err(e) => {
             owner.release().await;

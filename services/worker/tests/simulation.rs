@@ -269,6 +269,10 @@ impl Owner for SimOwner {
         Ok(batch)
     }
 
+    async fn keep_alive(&mut self) -> Result<(), Error> {
+        self.inner.keep_alive().await
+    }
+
     async fn done_through(&mut self, seq: u64) -> Result<(), Error> {
         self.inner.done_through(seq).await
     }

@@ -1,0 +1,83 @@
+//! `leasehold projection`: look at the read models in a data directory, or rebuild them from the log.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use leasehold_log::Log;
+use leasehold_log::embedded::Embedded;
+use leasehold_projector::Projector;
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum ProjectionCmd {
+    /// Print a digest (SHA-256) of each read-model table and the last applied sequence: two projections of the same
+    /// log print the same digests.
+    Digests(ProjectionArgs),
+    /// Drop the read models and fold the log again from sequence 1, then print the digests.
+    Rebuild(ProjectionArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct ProjectionArgs {
+    /// The data directory of the projection (and of the embedded log, unless --nats is given).
+    #[arg(long, default_value = "./leasehold-data")]
+    data: PathBuf,
+    /// Rebuild from JetStream at this URL instead of the embedded log.
+    #[arg(long)]
+    nats: Option<String>,
+    #[arg(long, default_value_t = 32)]
+    partitions: u32,
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+}
+
+pub(crate) fn run(cmd: ProjectionCmd) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    runtime.block_on(async move {
+        match cmd {
+            ProjectionCmd::Digests(args) => {
+                let projector = open(&args)?;
+                print(&projector)
+            }
+            ProjectionCmd::Rebuild(args) => {
+                let mut projector = open(&args)?;
+                projector.drop_all()?;
+                match &args.nats {
+                    None => {
+                        let log = Embedded::open(&args.data, args.partitions)
+                            .with_context(|| format!("opening the embedded log in {}", args.data.display()))?;
+                        rebuild(&mut projector, &log).await?;
+                    }
+                    Some(url) => {
+                        use leasehold_log::jetstream::{JetStream, JetStreamConfig};
+                        let config =
+                            JetStreamConfig { replicas: args.replicas, ..JetStreamConfig::new(url, args.partitions) };
+                        let log = JetStream::connect(config).await.with_context(|| format!("connecting to {url}"))?;
+                        rebuild(&mut projector, &log).await?;
+                    }
+                }
+                print(&projector)
+            }
+        }
+    })
+}
+
+fn open(args: &ProjectionArgs) -> anyhow::Result<Projector> {
+    Projector::open(&args.data, args.partitions).with_context(|| {
+        format!("opening the projection in {} (is `leasehold serve` running on it?)", args.data.display())
+    })
+}
+
+async fn rebuild<L: Log>(projector: &mut Projector, log: &L) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let applied = projector.catch_up(log).await?;
+    eprintln!("rebuilt up to outcome {applied} in {:.2} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn print(projector: &Projector) -> anyhow::Result<()> {
+    println!("applied {}", projector.applied());
+    for (table, digest) in projector.digests()? {
+        println!("{table:<20} {digest}");
+    }
+    Ok(())
+}
