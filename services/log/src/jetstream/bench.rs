@@ -167,9 +167,10 @@ impl JetStream {
         let mut evt = js.get_stream(EVT_STREAM).await.map_err(|e| unavailable("cannot read LH_EVT", e))?;
         let stream_last = evt.info().await.map_err(|e| unavailable("cannot read LH_EVT", e))?.state.last_sequence;
         let mut pending: VecDeque<(u64, PublishAckFuture)> = VecDeque::new();
-        let mut prev = fence;
-        let mut next = stream_last + 1;
-        for record in records {
+        for (i, record) in records.iter().enumerate() {
+            // Nothing else appends: the i-th record lands right after the stream's last message.
+            let next = stream_last + 1 + i as u64;
+            let prev = if i == 0 { fence } else { next - 1 };
             if pending.len() >= 256 {
                 let (want, ack) = pending.pop_front().expect("not empty");
                 check_fill(want, ack.await.map_err(|e| unavailable("a fill append failed", e))?.sequence)?;
@@ -177,13 +178,11 @@ impl JetStream {
             let (subject, message) = JetStream::outcome_message(partition, prev, record, false)?;
             let ack = js.send_publish(subject, message).await.map_err(|e| unavailable("a fill append failed", e))?;
             pending.push_back((next, ack));
-            prev = next;
-            next += 1;
         }
         for (want, ack) in pending {
             check_fill(want, ack.await.map_err(|e| unavailable("a fill append failed", e))?.sequence)?;
         }
-        Ok(prev)
+        Ok(if records.is_empty() { fence } else { stream_last + records.len() as u64 })
     }
 }
 
