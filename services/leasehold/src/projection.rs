@@ -24,6 +24,13 @@ pub(crate) struct ProjectionArgs {
     /// Rebuild from JetStream at this URL instead of the embedded log.
     #[arg(long)]
     nats: Option<String>,
+    /// A NATS credentials file.
+    #[arg(long, requires = "nats", conflicts_with_all = ["user", "password"])]
+    creds: Option<PathBuf>,
+    #[arg(long, requires_all = ["nats", "password"])]
+    user: Option<String>,
+    #[arg(long, requires_all = ["nats", "user"])]
+    password: Option<String>,
     #[arg(long, default_value_t = 32)]
     partitions: u32,
     #[arg(long, default_value_t = 1)]

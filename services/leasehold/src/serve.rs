@@ -115,9 +115,18 @@ fn roles(roles: &[Role]) -> String {
 async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     let name = args.name.clone().unwrap_or_else(default_name);
     let mut tasks = tokio::task::JoinSet::new();
+    // The projection opens first: a data directory in use stops `serve` before any partition is taken.
+    let projector = if args.roles.contains(&Role::Projector) {
+        let projector = leasehold_projector::Projector::open(&args.data, log.partitions())
+            .with_context(|| format!("opening the projection in {}", args.data.display()))?;
+        println!("projector: read models in {} (applied up to {})", args.data.display(), projector.applied());
+        Some(projector)
+    } else {
+        None
+    };
     if args.roles.contains(&Role::Worker) {
         let config = WorkerConfig::new(name.clone());
-        println!("worker {name}: serving partitions 0..{}", log.partitions());
+        println!("worker {name}: serving its share of partitions 0..{}", log.partitions());
         let (log, shutdown) = (log.clone(), shutdown.clone());
         tasks.spawn(async move {
             let report = leasehold_worker::run(log, config, shutdown).await;
@@ -131,19 +140,9 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
             }
         });
     }
-    if args.roles.contains(&Role::Projector) {
-        let mut projector = leasehold_projector::Projector::open(&args.data, log.partitions())
-            .with_context(|| format!("opening the projection in {}", args.data.display()))?;
-        println!("projector: read models in {} (applied up to {})", args.data.display(), projector.applied());
-        let (log, shutdown) = (log.clone(), shutdown.clone());
-        tasks.spawn(async move {
-            let result = projector.run(&log, &shutdown).await;
-            if let Err(e) = &result {
-                eprintln!("projector stopped: {e}");
-                shutdown.cancel();
-            }
-            result.context("the projector stopped")
-        });
+    if let Some(projector) = projector {
+        let (log, shutdown, data) = (log.clone(), shutdown.clone(), args.data.clone());
+        tasks.spawn(async move { project(projector, log, data, shutdown).await });
     }
     let mut result = Ok(());
     while let Some(joined) = tasks.join_next().await {
@@ -154,6 +153,36 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
     }
     println!("leasehold serve: stopped");
     result
+}
+
+/// Runs the projector until shutdown. A failure the log may get over (unreachable for a while) reopens the
+/// projection and resumes from what its tables hold; any other (a broken chain, an outcome it cannot read) stops the
+/// projector, loudly, and leaves the other roles running: it never skips an outcome.
+async fn project<L: Log>(
+    mut projector: leasehold_projector::Projector,
+    log: L,
+    data: PathBuf,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    loop {
+        match projector.run(&log, &shutdown).await {
+            Ok(()) => return Ok(()),
+            Err(leasehold_projector::Error::Log(e @ leasehold_log::Error::Unavailable(_))) => {
+                tracing::warn!(error = %e, "the projector lost the log for now; resuming");
+                drop(projector);
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+                projector = leasehold_projector::Projector::open(&data, log.partitions())?;
+            }
+            Err(e) => {
+                eprintln!("projector stopped: {e}");
+                return Err(anyhow::Error::new(e).context("the projector stopped"));
+            }
+        }
+    }
 }
 
 fn default_name() -> String {

@@ -78,7 +78,9 @@ pub const COMMAND_DUPLICATE_WINDOW: Duration = crate::embedded::DUPLICATE_WINDOW
 pub const OUTCOME_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// How long a dead letter's source sequence is remembered (`LH_DLQ`'s `duplicate_window`): within it a command is
 /// dead-lettered once.
-pub const DEAD_LETTER_DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
+/// A day: a dead-lettered command has no outcome, so a writer that reloads before the cursor passes it reads it
+/// again and dead-letters it again; the window absorbs that.
+pub const DEAD_LETTER_DUPLICATE_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// The most messages one direct get asks for.
 const DIRECT_BATCH: usize = 1024;
@@ -683,6 +685,71 @@ fn stored_dead_letter(message: StreamMessage) -> Result<(u64, DeadLetter), Error
     Ok((seq, letter))
 }
 
+impl JetStream {
+    /// The latest snapshot of `partition`, read without a deadline (see [`Log::latest_snapshot`]), with its size.
+    async fn read_snapshot(
+        &self,
+        partition: u32,
+        deadline: Duration,
+    ) -> Result<Option<(Snapshot, usize)>, SnapshotRead> {
+        use tokio::io::AsyncReadExt;
+        let name = snapshot_object(partition);
+        let mut object = match self.inner.snapshots.get(&name).await {
+            Ok(object) => object,
+            Err(e) if e.kind() == object_store::GetErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                return Err(SnapshotRead::Failed(unavailable(
+                    &format!("cannot read the snapshot of partition {partition}"),
+                    e,
+                )));
+            }
+        };
+        let size = object.info().size;
+        if snapshot_deadline(size) > deadline {
+            // Too large to read in this try's deadline: the caller gives the next one more time.
+            return Err(SnapshotRead::TooSlowFor(size));
+        }
+        let metadata = object.info().metadata.clone();
+        let field = |key: &str| -> Result<u64, Error> {
+            metadata
+                .get(key)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| Error::Refused(format!("the snapshot of partition {partition} has no valid {key}")))
+        };
+        let decider_version =
+            u32::try_from(field("lh-decider-version").map_err(SnapshotRead::Failed)?).map_err(|_| {
+                SnapshotRead::Failed(Error::Refused(format!(
+                    "the snapshot of partition {partition} has no valid decider version"
+                )))
+            })?;
+        let fence = field("lh-fence").map_err(SnapshotRead::Failed)?;
+        let mut state = Vec::with_capacity(size);
+        object.read_to_end(&mut state).await.map_err(|e| {
+            SnapshotRead::Failed(unavailable(&format!("cannot read the snapshot of partition {partition}"), e))
+        })?;
+        let snapshot = Snapshot {
+            partition,
+            decider_version,
+            fence,
+            last_command: metadata.get("lh-last-command").cloned(),
+            state: Bytes::from(state),
+        };
+        Ok(Some((snapshot, size)))
+    }
+}
+
+/// How long reading a snapshot of `size` bytes may take: 2 s, plus 10 MB/s.
+fn snapshot_deadline(size: usize) -> Duration {
+    Duration::from_secs(2) + Duration::from_millis(u64::try_from(size / 10_000).unwrap_or(u64::MAX))
+}
+
+/// Why a snapshot read gave nothing.
+enum SnapshotRead {
+    Failed(Error),
+    /// The snapshot is this large: read it with a longer deadline.
+    TooSlowFor(usize),
+}
+
 impl Log for JetStream {
     type Owner = JetStreamOwner;
 
@@ -824,36 +891,21 @@ impl Log for JetStream {
     }
 
     async fn latest_snapshot(&self, partition: u32) -> Result<Option<Snapshot>, Error> {
-        use tokio::io::AsyncReadExt;
-        let name = snapshot_object(partition);
-        let mut object = match self.inner.snapshots.get(&name).await {
-            Ok(object) => object,
-            Err(e) if e.kind() == object_store::GetErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(unavailable(&format!("cannot read the snapshot of partition {partition}"), e)),
-        };
-        let metadata = object.info().metadata.clone();
-        let field = |key: &str| -> Result<u64, Error> {
-            metadata
-                .get(key)
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| Error::Refused(format!("the snapshot of partition {partition} has no valid {key}")))
-        };
-        let decider_version = u32::try_from(field("lh-decider-version")?).map_err(|_| {
-            Error::Refused(format!("the snapshot of partition {partition} has no valid decider version"))
-        })?;
-        let fence = field("lh-fence")?;
-        let mut state = Vec::with_capacity(object.info().size);
-        object
-            .read_to_end(&mut state)
-            .await
-            .map_err(|e| unavailable(&format!("cannot read the snapshot of partition {partition}"), e))?;
-        Ok(Some(Snapshot {
-            partition,
-            decider_version,
-            fence,
-            last_command: metadata.get("lh-last-command").cloned(),
-            state: Bytes::from(state),
-        }))
+        // A snapshot replaced while it is read loses its chunks under the reader, which then waits forever: each
+        // read gets a deadline (2 s plus 10 MB/s of its size), a read that misses it is tried again (it finds the
+        // newer snapshot), and after three misses the writer folds from the first outcome instead.
+        let mut deadline = Duration::from_secs(2);
+        for _ in 0..3 {
+            match tokio::time::timeout(deadline, self.read_snapshot(partition, deadline)).await {
+                Ok(Ok(read)) => return Ok(read.map(|(snapshot, _)| snapshot)),
+                Ok(Err(SnapshotRead::Failed(e))) => return Err(e),
+                Ok(Err(SnapshotRead::TooSlowFor(size))) => deadline = snapshot_deadline(size),
+                Err(_) => tracing::warn!(partition, "a snapshot read stalled (replaced while read?): trying again"),
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "the snapshot of partition {partition} could not be read (replaced while read?)"
+        )))
     }
 
     async fn workers(&self, worker: &str, alive: bool) -> Result<Vec<String>, Error> {
@@ -897,7 +949,6 @@ impl Log for JetStream {
         let client = &self.inner.client;
         let inbox = Subject::from(client.new_inbox());
         let deliveries = client.subscribe(inbox.clone()).await.map_err(|e| unavailable("cannot subscribe", e))?;
-        let config = &self.inner.config;
         let mut owner = JetStreamOwner {
             log: self.clone(),
             partition,
@@ -905,7 +956,8 @@ impl Log for JetStream {
             consumer: writer_consumer(partition),
             inbox,
             deliveries,
-            pull_expires: (config.priority_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(5)),
+            // The consumer's own timeout (its creator's), which may differ from this process's flag.
+            pull_expires: (info.config.priority_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(5)),
             pin: None,
             lost: false,
             pull: None,
@@ -984,15 +1036,16 @@ impl JetStream {
     }
 }
 
+/// Whether an existing writer consumer is leasehold's. Its timings (`ack_wait`, `priority_timeout`) are the
+/// creator's: a worker started with other values uses them as they are, so two workers with different flags do not
+/// rewrite the consumer back and forth (which would disturb the pin).
 fn consumer_matches(wanted: &consumer::pull::Config, got: &consumer::Config) -> bool {
     got.durable_name == wanted.durable_name
         && got.filter_subject == wanted.filter_subject
         && got.ack_policy == wanted.ack_policy
-        && got.ack_wait == wanted.ack_wait
         && got.headers_only == wanted.headers_only
         && got.priority_policy == wanted.priority_policy
         && got.priority_groups == wanted.priority_groups
-        && got.priority_timeout == wanted.priority_timeout
 }
 
 /// A writer's hold on one partition of the JetStream log.

@@ -103,6 +103,9 @@ pub struct Projector {
     folded: u64,
     /// Tells whoever waits for an outcome to be projected (the last applied sequence, after each commit).
     applied_tx: tokio::sync::watch::Sender<u64>,
+    /// Set when a batch failed: the in-memory states may be ahead of the tables, so this projector refuses to go
+    /// on (open it again: it resumes from what the tables hold).
+    failed: Option<String>,
 }
 
 impl std::fmt::Debug for Projector {
@@ -160,7 +163,7 @@ impl Projector {
         txn.commit().map_err(storage)?;
         let states = (0..partitions).map(|p| (p, PartitionState::new(p, partitions))).collect();
         let applied_tx = tokio::sync::watch::Sender::new(applied);
-        Ok(Projector { db: Arc::new(db), partitions, states, chain, applied, folded: 0, applied_tx })
+        Ok(Projector { db: Arc::new(db), partitions, states, chain, applied, folded: 0, applied_tx, failed: None })
     }
 
     /// The last outcome sequence applied to the read models.
@@ -241,9 +244,20 @@ impl Projector {
 
     /// Applies `batch` (outcomes in log order, each after the last applied) in one write transaction.
     pub fn apply_batch(&mut self, batch: &[StoredOutcome]) -> Result<(), Error> {
+        if let Some(why) = &self.failed {
+            return Err(Error::Refused(format!("this projector failed earlier ({why}): open it again to resume")));
+        }
         if batch.is_empty() {
             return Ok(());
         }
+        let result = self.apply_batch_once(batch);
+        if let Err(e) = &result {
+            self.failed = Some(e.to_string());
+        }
+        result
+    }
+
+    fn apply_batch_once(&mut self, batch: &[StoredOutcome]) -> Result<(), Error> {
         let txn = self.db.begin_write().map_err(storage)?;
         {
             let mut tables = Tables::open(&txn)?;
@@ -325,6 +339,7 @@ impl Projector {
         self.chain.clear();
         self.applied = 0;
         self.folded = 0;
+        self.failed = None;
         self.applied_tx.send_replace(0);
         Ok(())
     }

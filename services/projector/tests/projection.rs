@@ -242,11 +242,18 @@ async fn a_broken_chain_or_an_undecodable_outcome_stops_the_projector() {
     let broken = projector.apply_batch(&[stored(1, 5, payload.clone())]).unwrap_err();
     assert!(matches!(broken, Error::ChainBroken { seq: 1, prev_seq: 5, expected: 0, .. }), "{broken}");
     assert_eq!(projector.applied(), 0);
+    assert!(projector.reader().agents().unwrap().is_empty(), "nothing applied");
+    // A projector that failed goes no further: its memory may be ahead of its tables.
+    let refused = projector.apply_batch(&[stored(1, 0, payload.clone())]).unwrap_err();
+    assert!(refused.to_string().contains("open it again"), "{refused}");
+
+    let mut projector = Projector::in_memory(1).unwrap();
     let garbage = projector.apply_batch(&[stored(1, 0, Bytes::from_static(b"\x01garbage"))]).unwrap_err();
     assert!(matches!(garbage, Error::Undecodable { seq: 1, .. }), "{garbage}");
     assert!(garbage.to_string().contains("never skips"), "{garbage}");
     assert_eq!(projector.applied(), 0, "nothing applied");
-    assert!(projector.reader().agents().unwrap().is_empty());
+
+    let mut projector = Projector::in_memory(1).unwrap();
     projector.apply_batch(&[stored(1, 0, payload)]).unwrap();
     assert_eq!(projector.applied(), 1);
     assert_eq!(projector.reader().agents().unwrap()[0].name, "w1");

@@ -56,6 +56,17 @@ pub enum Error {
     Poisoned { partition: u32, cmd_seq: u64, detail: String },
 }
 
+impl Error {
+    /// A failure a later try may not meet (the log unreachable for a while): the partition is released and asked
+    /// for again, not stopped.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::Log(leasehold_log::Error::Unavailable(_) | leasehold_log::Error::Lost(_)) | Error::Behind { .. }
+        )
+    }
+}
+
 /// Settings of a worker.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -142,8 +153,14 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
             match task.await {
                 Ok((counts, result)) => {
                     add_counts(&mut report.counts, counts);
-                    if let Err(e) = result {
-                        report.stopped.insert(partition, e);
+                    match result {
+                        Ok(()) => {}
+                        Err(e) if e.is_transient() => {
+                            tracing::warn!(partition, error = %e, "the partition's writer gave up for now; asking again");
+                        }
+                        Err(e) => {
+                            report.stopped.insert(partition, e);
+                        }
                     }
                 }
                 Err(join) => tracing::error!(partition, error = %join, "a partition task failed"),

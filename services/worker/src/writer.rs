@@ -182,7 +182,12 @@ impl<L: Log> Writer<L> {
                     // Delivered again: handled already (its outcome is in the log, or it needed none).
                     continue;
                 }
-                match self.handle(&command).await {
+                // A decision in parts is finished before the next command of the batch.
+                let handled = match self.handle(&command).await {
+                    Ok(()) => self.finish_parts().await,
+                    Err(failure) => Err(failure),
+                };
+                match handled {
                     Ok(()) => self.read_pos = command.seq,
                     Err(Failure::Unclean(unclean)) => {
                         self.reload(unclean).await?;
@@ -229,11 +234,35 @@ impl<L: Log> Writer<L> {
                     payload: command.payload.clone(),
                 };
                 tracing::warn!(partition, seq = command.seq, reason = %letter.reason, "command dead-lettered");
-                self.with_retries(|log| {
-                    let letter = letter.clone();
-                    async move { log.dead_letter(letter).await }
-                })
-                .await?;
+                let stored = self
+                    .with_retries(|log| {
+                        let letter = letter.clone();
+                        async move { log.dead_letter(letter).await }
+                    })
+                    .await;
+                if let Err(Failure::Fatal(Error::Log(leasehold_log::Error::Refused(why)))) = stored {
+                    // Too large for the dead-letter log (its headers come on top of a payload the command log
+                    // took): keep the reason and where the bytes are, not the bytes. A dead letter never blocks
+                    // its partition.
+                    tracing::warn!(partition, seq = command.seq, %why, "dead letter refused; storing it without its bytes");
+                    let bare = DeadLetter {
+                        reason: format!(
+                            "{} (its {} bytes are not kept here: {why}; they are at sequence {} of the command log)",
+                            letter.reason,
+                            letter.payload.len(),
+                            letter.source_seq
+                        ),
+                        payload: Bytes::new(),
+                        ..letter
+                    };
+                    self.with_retries(|log| {
+                        let bare = bare.clone();
+                        async move { log.dead_letter(bare).await }
+                    })
+                    .await?;
+                } else {
+                    stored?;
+                }
                 self.counts.dead_lettered += 1;
                 return Ok(());
             }
@@ -577,6 +606,25 @@ async fn usable_snapshot<L: Log>(
         );
         return None;
     }
+    if snapshot.fence > 0 {
+        // The outcome at the fence must be the one the snapshot was made after (a log recreated under a surviving
+        // snapshot bucket has other outcomes there).
+        let at_fence = log.read_outcomes(&OutcomeFilter::Partition(partition), snapshot.fence, 1).await;
+        let matches = match &at_fence {
+            Ok(found) => found.first().is_some_and(|o| {
+                o.seq == snapshot.fence && snapshot.last_command.as_ref().is_none_or(|id| *id == o.cmd_id)
+            }),
+            Err(_) => false,
+        };
+        if !matches {
+            tracing::warn!(
+                partition,
+                fence = snapshot.fence,
+                "ignoring a snapshot whose fence is not its outcome in the log"
+            );
+            return None;
+        }
+    }
     let state = match PartitionState::from_snapshot(&snapshot.state) {
         Ok(state) if state.partition() == partition && state.partitions() == log.partitions() => state,
         Ok(_) => {
@@ -600,7 +648,18 @@ async fn check_command_log<L: Log>(log: &L, state: &PartitionState, answered: Op
         return Ok(());
     }
     let partition = state.partition();
-    match log.command_at(cursor).await? {
+    let mut tries = 0;
+    let at_cursor = loop {
+        match log.command_at(cursor).await {
+            Err(leasehold_log::Error::Unavailable(why)) if tries < 10 => {
+                tries += 1;
+                tracing::warn!(partition, %why, "cannot read the command at the cursor; retrying");
+                tokio::time::sleep(Duration::from_millis(50 * tries)).await;
+            }
+            other => break other?,
+        }
+    };
+    match at_cursor {
         Some(command) => {
             let id = codec::decode_command(&command.payload).ok().map(|e| e.command_id);
             if answered.is_some() && id != answered {

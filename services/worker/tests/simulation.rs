@@ -4,8 +4,8 @@
 //! layer between them and the log loses acks, times appends out (landed or not), answers "busy", stalls a writer
 //! while its hold moves to the other one (so it resumes with a buffered append under a stale fence), moves holds
 //! between the parts of a decision, and delivers commands again and out of order. A producer publishes a seeded
-//! workload meanwhile: registrations, allocations, reports, heartbeats, leases, releases, a retirement decided in
-//! parts, retried commands, garbage and commands on the wrong subject. Writers store snapshots every few outcomes
+//! workload meanwhile: registrations, allocations, reports, heartbeats, leases, releases, retirements decided in
+//! parts (one mid-workload, one at the end), retried commands, garbage and commands on the wrong subject. Writers store snapshots every few outcomes
 //! and load from them; the fault layer sometimes offers a snapshot no writer may use (another decider version, past
 //! the log's end, garbage) instead.
 //!
@@ -360,7 +360,15 @@ async fn publish(log: &Embedded, envelope: &Envelope, msg_id: &str) -> u64 {
 }
 
 async fn produce(log: Embedded, mut work: Workload, n: usize) -> Workload {
-    for _ in 0..n {
+    for i in 0..n {
+        if i == n / 2 {
+            // Mid-workload, an agent retires: the release of what it holds is decided in parts, and the commands
+            // after it wait for every part.
+            let at = Workload::now();
+            let agent = work.agents[2].0.clone();
+            let envelope = work.envelope("ops", RetireAgent { agent }, at);
+            publish(&log, &envelope, &envelope.command_id.to_string()).await;
+        }
         tokio::time::sleep(Duration::from_millis(work.rng.below(400))).await;
         let at = Workload::now();
         let roll = work.rng.below(100);

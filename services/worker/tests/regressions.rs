@@ -1,0 +1,229 @@
+//! Regressions a red-team review found in the writers, each as it was triggered.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use leasehold_log::embedded::{Embedded, EmbeddedOwner};
+use leasehold_log::{
+    Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Published, Snapshot, StoredOutcome,
+};
+use leasehold_schemas::command::{Allocate, Register, RetireAgent};
+use leasehold_schemas::ids::{AgentName, CommandId, Issuer, ResourceId, Timestamp};
+use leasehold_schemas::settings::AgentSettings;
+use leasehold_schemas::subjects::ingress_subject_of;
+use leasehold_schemas::{Command, Envelope, Uuid, codec};
+use leasehold_worker::{Report, WorkerConfig, WriterConfig};
+use tokio_util::sync::CancellationToken;
+
+const START: u64 = 1_800_000_000_000;
+
+/// The embedded log, whose `command_at` fails (unavailable) the next `fail` times.
+#[derive(Clone)]
+struct Flaky {
+    inner: Embedded,
+    fail: Arc<AtomicU32>,
+}
+
+impl std::fmt::Debug for Flaky {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Flaky")
+    }
+}
+
+impl Log for Flaky {
+    type Owner = EmbeddedOwner;
+
+    fn partitions(&self) -> u32 {
+        self.inner.partitions()
+    }
+
+    async fn publish_command(&self, subject: &str, msg_id: &str, payload: Bytes) -> Result<Published, Error> {
+        self.inner.publish_command(subject, msg_id, payload).await
+    }
+
+    async fn read_commands(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
+        self.inner.read_commands(partition, after, max).await
+    }
+
+    async fn command_at(&self, seq: u64) -> Result<Option<CommandRecord>, Error> {
+        if self.fail.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(Error::Unavailable("request timed out (a leader election)".to_owned()));
+        }
+        self.inner.command_at(seq).await
+    }
+
+    async fn last_command_seq(&self) -> Result<u64, Error> {
+        self.inner.last_command_seq().await
+    }
+
+    async fn append(&self, partition: u32, fence: u64, records: &[OutcomeRecord]) -> Appended {
+        self.inner.append(partition, fence, records).await
+    }
+
+    async fn last_outcome_seq(&self, partition: u32) -> Result<u64, Error> {
+        self.inner.last_outcome_seq(partition).await
+    }
+
+    async fn read_outcomes(&self, filter: &OutcomeFilter, from: u64, max: usize) -> Result<Vec<StoredOutcome>, Error> {
+        self.inner.read_outcomes(filter, from, max).await
+    }
+
+    fn follow(&self, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {
+        self.inner.follow(filter, from)
+    }
+
+    async fn dead_letter(&self, letter: DeadLetter) -> Result<(), Error> {
+        self.inner.dead_letter(letter).await
+    }
+
+    async fn read_dead_letters(&self, from: u64, max: usize) -> Result<Vec<(u64, DeadLetter)>, Error> {
+        self.inner.read_dead_letters(from, max).await
+    }
+
+    async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), Error> {
+        self.inner.put_snapshot(snapshot).await
+    }
+
+    async fn latest_snapshot(&self, partition: u32) -> Result<Option<Snapshot>, Error> {
+        self.inner.latest_snapshot(partition).await
+    }
+
+    async fn workers(&self, worker: &str, alive: bool) -> Result<Vec<String>, Error> {
+        self.inner.workers(worker, alive).await
+    }
+
+    fn worker_ttl(&self) -> Duration {
+        self.inner.worker_ttl()
+    }
+
+    async fn is_served(&self, partition: u32) -> Result<bool, Error> {
+        self.inner.is_served(partition).await
+    }
+
+    async fn own(&self, partition: u32, worker: &str) -> Result<Option<EmbeddedOwner>, Error> {
+        self.inner.own(partition, worker).await
+    }
+}
+
+struct Producer {
+    log: Embedded,
+    n: u64,
+}
+
+impl Producer {
+    async fn publish(&mut self, issuer: &str, body: impl Into<Command>) {
+        self.n += 1;
+        let mut entropy = [0u8; 10];
+        entropy[2..].copy_from_slice(&self.n.to_be_bytes());
+        let at = Timestamp(START + self.n);
+        let envelope = Envelope::new(CommandId::from_parts(at.0, entropy), Issuer::new(issuer).unwrap(), at, body);
+        let payload = codec::encode_command(&envelope).unwrap();
+        self.log
+            .publish_command(&ingress_subject_of(&envelope.body), &envelope.command_id.to_string(), payload.into())
+            .await
+            .unwrap();
+    }
+
+    fn resource(&mut self) -> ResourceId {
+        self.n += 1;
+        ResourceId::from_parts(START + self.n, [7; 10])
+    }
+}
+
+fn allocate(agent: &AgentName, resource: ResourceId) -> Allocate {
+    Allocate {
+        agent: agent.clone(),
+        resource,
+        kind: "volume".to_owned(),
+        capacity: 1,
+        attributes: BTreeMap::new(),
+        parent: None,
+        pools: vec![],
+    }
+}
+
+fn register(agent: &AgentName) -> Register {
+    Register { agent: agent.clone(), incarnation: Uuid::from_u128(7), wiped: false, settings: AgentSettings::default() }
+}
+
+/// Waits (bounded) until the log holds `n` first parts of outcomes.
+async fn first_parts(log: &Embedded, n: usize) -> Vec<StoredOutcome> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let outcomes = log.read_outcomes(&OutcomeFilter::All, 1, 10_000).await.unwrap();
+        if outcomes.iter().filter(|o| o.part == 0).count() >= n {
+            return outcomes;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "only {} outcomes in 20 s", outcomes.len());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn stop(shutdown: CancellationToken, worker: tokio::task::JoinHandle<Report>) -> Report {
+    shutdown.cancel();
+    worker.await.unwrap()
+}
+
+/// A decision in parts followed by another command in the same batch: every part is appended before the next
+/// command is decided (it used to be decided with the parts pending, which stopped the partition).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_in_parts_is_finished_before_the_next_command_of_its_batch() {
+    let log = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
+    let mut producer = Producer { log: log.clone(), n: 0 };
+    let agent = AgentName::new("w0").unwrap();
+    producer.publish("w0", register(&agent)).await;
+    for _ in 0..3 {
+        let resource = producer.resource();
+        producer.publish("ci", allocate(&agent, resource)).await;
+    }
+    producer.publish("ops", RetireAgent { agent: agent.clone() }).await;
+    let other = AgentName::new("w1").unwrap();
+    producer.publish("w1", register(&other)).await;
+    let config = WorkerConfig {
+        writer: WriterConfig { split_budget: Some(1), ..WriterConfig::default() },
+        ..WorkerConfig::new("worker")
+    };
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(leasehold_worker::run(log.clone(), config, shutdown.clone()));
+    let outcomes = first_parts(&log, 6).await;
+    let report = stop(shutdown, worker).await;
+    assert!(report.stopped.is_empty(), "{:?}", report.stopped);
+    let retirement: Vec<u32> = outcomes.iter().filter(|o| o.cmd_seq == 5).map(|o| o.part).collect();
+    assert!(retirement.len() > 1, "the retirement is decided in parts: {retirement:?}");
+    let last = outcomes.last().unwrap();
+    assert_eq!((last.cmd_seq, last.part), (6, 0), "the next command comes after every part");
+}
+
+/// A transient failure while loading (a request that timed out during a leader election) does not stop the
+/// partition: the load tries again, and if it still cannot, the worker asks for the partition again later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_failure_while_loading_does_not_stop_the_partition() {
+    let inner = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
+    let mut producer = Producer { log: inner.clone(), n: 0 };
+    let agent = AgentName::new("w0").unwrap();
+    producer.publish("w0", register(&agent)).await;
+    let log = Flaky { inner: inner.clone(), fail: Arc::new(AtomicU32::new(0)) };
+    let config = WorkerConfig { retry_own: Duration::from_millis(50), ..WorkerConfig::new("worker") };
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(leasehold_worker::run(log.clone(), config.clone(), shutdown.clone()));
+    first_parts(&inner, 1).await;
+    assert!(stop(shutdown, worker).await.stopped.is_empty());
+
+    // More failures than one load retries: the partition is asked for again, not stopped.
+    for failures in [1, 15] {
+        log.fail.store(failures, Ordering::SeqCst);
+        let shutdown = CancellationToken::new();
+        let worker = tokio::spawn(leasehold_worker::run(log.clone(), config.clone(), shutdown.clone()));
+        let resource = producer.resource();
+        producer.publish("ci", allocate(&agent, resource)).await;
+        let decided = inner.read_outcomes(&OutcomeFilter::All, 1, 100).await.unwrap().len();
+        first_parts(&inner, decided + 1).await;
+        let report = stop(shutdown, worker).await;
+        assert!(report.stopped.is_empty(), "{failures} failures: {:?}", report.stopped);
+        assert_eq!(log.fail.load(Ordering::SeqCst), 0, "every failure was met");
+    }
+}
