@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod nats_args;
 mod projection;
 mod serve;
 

@@ -21,20 +21,10 @@ pub(crate) struct ProjectionArgs {
     /// The data directory of the projection (and of the embedded log, unless --nats is given).
     #[arg(long, default_value = "./leasehold-data")]
     data: PathBuf,
-    /// Rebuild from JetStream at this URL instead of the embedded log.
-    #[arg(long)]
-    nats: Option<String>,
-    /// A NATS credentials file.
-    #[arg(long, requires = "nats", conflicts_with_all = ["user", "password"])]
-    creds: Option<PathBuf>,
-    #[arg(long, requires_all = ["nats", "password"])]
-    user: Option<String>,
-    #[arg(long, requires_all = ["nats", "user"])]
-    password: Option<String>,
+    #[command(flatten)]
+    nats: crate::nats_args::NatsArgs,
     #[arg(long, default_value_t = 32)]
     partitions: u32,
-    #[arg(long, default_value_t = 1)]
-    replicas: usize,
 }
 
 pub(crate) fn run(cmd: ProjectionCmd) -> anyhow::Result<()> {
@@ -48,17 +38,17 @@ pub(crate) fn run(cmd: ProjectionCmd) -> anyhow::Result<()> {
             ProjectionCmd::Rebuild(args) => {
                 let mut projector = open(&args)?;
                 projector.drop_all()?;
-                match &args.nats {
+                match args.nats.config(args.partitions) {
                     None => {
                         let log = Embedded::open(&args.data, args.partitions)
                             .with_context(|| format!("opening the embedded log in {}", args.data.display()))?;
                         rebuild(&mut projector, &log).await?;
                     }
-                    Some(url) => {
-                        use leasehold_log::jetstream::{JetStream, JetStreamConfig};
-                        let config =
-                            JetStreamConfig { replicas: args.replicas, ..JetStreamConfig::new(url, args.partitions) };
-                        let log = JetStream::connect(config).await.with_context(|| format!("connecting to {url}"))?;
+                    Some(config) => {
+                        let url = config.url.clone();
+                        let log = leasehold_log::jetstream::JetStream::connect(config)
+                            .await
+                            .with_context(|| format!("connecting to {url}"))?;
                         rebuild(&mut projector, &log).await?;
                     }
                 }

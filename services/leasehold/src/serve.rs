@@ -28,23 +28,11 @@ pub(crate) struct ServeArgs {
     /// The data directory: the embedded log (when --nats is not given) and the projection.
     #[arg(long, default_value = "./leasehold-data")]
     data: PathBuf,
-    /// Serve over NATS JetStream at this URL instead of the embedded log. Credentials go in --creds or
-    /// --user/--password, never in the URL.
-    #[arg(long)]
-    nats: Option<String>,
-    /// A NATS credentials file.
-    #[arg(long, requires = "nats", conflicts_with_all = ["user", "password"])]
-    creds: Option<PathBuf>,
-    #[arg(long, requires_all = ["nats", "password"])]
-    user: Option<String>,
-    #[arg(long, requires_all = ["nats", "user"])]
-    password: Option<String>,
+    #[command(flatten)]
+    nats: crate::nats_args::NatsArgs,
     /// Partitions of the log: recorded when the log is first created, and checked after.
     #[arg(long, default_value_t = 32)]
     partitions: u32,
-    /// Stream replicas when the JetStream streams are created (3 in production).
-    #[arg(long, default_value_t = 1)]
-    replicas: usize,
     /// How long a worker's hold on a partition outlives it (JetStream `priority_timeout`).
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
     priority_timeout: Duration,
@@ -61,7 +49,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();
         let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
-        let result = match &args.nats {
+        let result = match &args.nats.nats {
             None => {
                 let log = Embedded::open(&args.data, args.partitions)
                     .with_context(|| format!("opening the embedded log in {}", args.data.display()))?;
@@ -74,7 +62,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
                 serve(log, &args, shutdown).await
             }
             Some(url) => {
-                let log = leasehold_log::jetstream::JetStream::connect(jetstream_config(url, &args))
+                let log = leasehold_log::jetstream::JetStream::connect(jetstream_config(&args))
                     .await
                     .with_context(|| format!("connecting to NATS at {url}"))?;
                 println!(
@@ -90,21 +78,12 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-fn jetstream_config(url: &str, args: &ServeArgs) -> leasehold_log::jetstream::JetStreamConfig {
-    use leasehold_log::jetstream::{Credentials, JetStreamConfig};
-    let credentials = match (&args.creds, &args.user, &args.password) {
-        (Some(file), _, _) => Credentials::CredsFile(file.clone()),
-        (None, Some(user), Some(password)) => {
-            Credentials::UserPassword { user: user.clone(), password: password.clone() }
-        }
-        _ => Credentials::None,
-    };
-    JetStreamConfig {
-        credentials,
-        replicas: args.replicas,
+fn jetstream_config(args: &ServeArgs) -> leasehold_log::jetstream::JetStreamConfig {
+    let config = args.nats.config(args.partitions).expect("called with --nats");
+    leasehold_log::jetstream::JetStreamConfig {
         priority_timeout: args.priority_timeout,
         ack_wait: args.ack_wait,
-        ..JetStreamConfig::new(url, args.partitions)
+        ..config
     }
 }
 

@@ -196,6 +196,56 @@ pub async fn concurrent_appenders<L: Log>(log: L) {
     assert_eq!(all_outcomes(&log, &OutcomeFilter::Partition(p), 1).await.len(), 10);
 }
 
+/// Appenders racing under one fence with distinct records (so distinct message ids: on a replicated stream the
+/// same id would be refused by dedupe before the fence is checked), each retrying a busy answer as a writer does:
+/// exactly one lands per round, and the others are told the fence is stale. Returns how many busy answers there
+/// were (10164, only on a replicated stream).
+pub async fn distinct_appenders<L: Log>(log: &L, partition: u32) -> u64 {
+    let key = keys_in(partition, log.partitions(), 1).remove(0);
+    let mut fence = log.last_outcome_seq(partition).await.expect("last outcome");
+    let mut busy = 0;
+    for round in 0..10u64 {
+        let attempts: Vec<_> = (0..4u64)
+            .map(|writer| {
+                let log = log.clone();
+                let record = record(&key, 1000 + round * 10 + writer, 0);
+                tokio::spawn(async move {
+                    let mut busy = 0;
+                    loop {
+                        match log.append(partition, fence, std::slice::from_ref(&record)).await {
+                            Appended::Busy(_) => {
+                                busy += 1;
+                                // Backoff before the same append again, as a writer does.
+                                tokio::time::sleep(Duration::from_millis(1)).await;
+                            }
+                            answer => return (answer, busy),
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut landed = Vec::new();
+        for attempt in attempts {
+            let (answer, b) = attempt.await.expect("append task");
+            busy += b;
+            match answer {
+                Appended::Landed { first, last } => {
+                    assert_eq!(first, last);
+                    landed.push(first);
+                }
+                Appended::Stale { last } => assert!(last.is_none_or(|last| last > fence), "round {round}: {last:?}"),
+                other => panic!("round {round}: a racing append that stored nothing was answered {other:?}"),
+            }
+        }
+        assert_eq!(landed.len(), 1, "round {round}: exactly one append lands under one fence, got {landed:?}");
+        fence = landed[0];
+        assert_eq!(log.last_outcome_seq(partition).await.expect("last outcome"), fence);
+    }
+    let all = all_outcomes(log, &OutcomeFilter::Partition(partition), 1).await;
+    assert_eq!(all.len(), 10, "one outcome per round: {all:?}");
+    busy
+}
+
 /// A follower sees every outcome of its filter exactly once and in order, including those that land while it
 /// waits; after a restart (of the log, or of the follower) it follows on from where it stopped.
 pub async fn follower_sees_everything_once<L, F, Fut>(log: L, restart: F)

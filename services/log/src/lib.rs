@@ -24,6 +24,7 @@
 pub mod conformance;
 pub mod embedded;
 mod follow;
+pub mod intercept;
 pub mod jetstream;
 pub mod nats_server;
 pub mod raw;

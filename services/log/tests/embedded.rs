@@ -32,6 +32,12 @@ async fn concurrent_appenders() {
     conformance::concurrent_appenders(open(&dir)).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distinct_appenders() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(conformance::distinct_appenders(&open(&dir), 3).await, 0, "the embedded log is never busy");
+}
+
 #[tokio::test]
 async fn follower_sees_everything_once_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();

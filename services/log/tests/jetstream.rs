@@ -253,38 +253,6 @@ async fn done_through_acks_the_deliveries_it_covers() {
     owner.release().await;
 }
 
-/// Appenders racing under one fence with distinct outcomes (distinct message ids): exactly one lands per round;
-/// the others are told stale (10071) or busy (10164, only on a replicated stream), never "unknown", since nothing
-/// of theirs was stored. Returns how many were busy.
-async fn racing_distinct_appends(log: &JetStream) -> usize {
-    let p = 3;
-    let key = conformance::keys_in(p, PARTITIONS, 1).remove(0);
-    let mut fence = log.last_outcome_seq(p).await.expect("last outcome");
-    let mut busy = 0;
-    for round in 0..10u64 {
-        let attempts: Vec<_> = (0..4u64)
-            .map(|writer| {
-                let log = log.clone();
-                let record = conformance::record(&key, 1000 + round * 10 + writer, 0);
-                tokio::spawn(async move { log.append(p, fence, &[record]).await })
-            })
-            .collect();
-        let mut landed = Vec::new();
-        for attempt in attempts {
-            match attempt.await.expect("append task") {
-                Appended::Landed { first, .. } => landed.push(first),
-                Appended::Stale { last } => assert!(last.is_none_or(|last| last > fence), "{last:?}"),
-                Appended::Busy(_) => busy += 1,
-                other => panic!("round {round}: a racing append that stored nothing was answered {other:?}"),
-            }
-        }
-        assert_eq!(landed.len(), 1, "round {round}: exactly one append lands under one fence, got {landed:?}");
-        fence = landed[0];
-    }
-    eprintln!("racing appends: {busy} busy answers in 10 rounds");
-    busy
-}
-
 /// The writer retrying its own landed append under the old fence: a single replica checks the fence first
 /// (10071, stale at the landed sequence), a replicated stream the message id first (a duplicate: unknown). Either
 /// way it is not told "landed".
@@ -304,7 +272,11 @@ async fn retry_of_a_landed_append(log: &JetStream) -> Appended {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_and_retried_appends_on_one_replica() {
     let Some((_server, log)) = fresh().await else { return };
-    assert_eq!(racing_distinct_appends(&log).await, 0, "a single replica has no write in flight to be busy with");
+    assert_eq!(
+        conformance::distinct_appenders(&log, 3).await,
+        0,
+        "a single replica has no write in flight to be busy with"
+    );
     let retry = retry_of_a_landed_append(&log).await;
     assert!(matches!(retry, Appended::Stale { .. }), "{retry:?}");
 }
@@ -354,7 +326,7 @@ async fn the_fence_holds_on_an_r3_cluster() {
     }
     let log = connect().await;
     conformance::concurrent_appenders(log.clone()).await;
-    racing_distinct_appends(&log).await;
+    conformance::distinct_appenders(&log, 3).await;
     let retry = retry_of_a_landed_append(&log).await;
     assert!(matches!(&retry, Appended::Unknown(reason) if reason.contains("duplicate")), "{retry:?}");
 }

@@ -5,12 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures::stream::BoxStream;
 use leasehold_log::embedded::{Embedded, EmbeddedOwner};
-use leasehold_log::{
-    Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Published, Snapshot, StoredOutcome,
-};
+use leasehold_log::intercept::{Intercept, Intercepted};
+use leasehold_log::{CommandRecord, Error, Log, OutcomeFilter, StoredOutcome};
 use leasehold_schemas::command::{Allocate, Register, RetireAgent};
 use leasehold_schemas::ids::{AgentName, CommandId, Issuer, ResourceId, Timestamp};
 use leasehold_schemas::settings::AgentSettings;
@@ -21,91 +18,22 @@ use tokio_util::sync::CancellationToken;
 
 const START: u64 = 1_800_000_000_000;
 
-/// The embedded log, whose `command_at` fails (unavailable) the next `fail` times.
-#[derive(Clone)]
-struct Flaky {
-    inner: Embedded,
-    fail: Arc<AtomicU32>,
-}
+/// Makes `command_at` fail (unavailable) the next `n` times.
+#[derive(Debug, Clone)]
+struct FailCommandAt(Arc<AtomicU32>);
 
-impl std::fmt::Debug for Flaky {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Flaky")
-    }
-}
-
-impl Log for Flaky {
+impl Intercept<Embedded> for FailCommandAt {
     type Owner = EmbeddedOwner;
 
-    fn partitions(&self) -> u32 {
-        self.inner.partitions()
+    async fn own(&self, log: &Embedded, partition: u32, worker: &str) -> Result<Option<EmbeddedOwner>, Error> {
+        log.own(partition, worker).await
     }
 
-    async fn publish_command(&self, subject: &str, msg_id: &str, payload: Bytes) -> Result<Published, Error> {
-        self.inner.publish_command(subject, msg_id, payload).await
-    }
-
-    async fn read_commands(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
-        self.inner.read_commands(partition, after, max).await
-    }
-
-    async fn command_at(&self, seq: u64) -> Result<Option<CommandRecord>, Error> {
-        if self.fail.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+    async fn command_at(&self, log: &Embedded, seq: u64) -> Result<Option<CommandRecord>, Error> {
+        if self.0.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
             return Err(Error::Unavailable("request timed out (a leader election)".to_owned()));
         }
-        self.inner.command_at(seq).await
-    }
-
-    async fn last_command_seq(&self) -> Result<u64, Error> {
-        self.inner.last_command_seq().await
-    }
-
-    async fn append(&self, partition: u32, fence: u64, records: &[OutcomeRecord]) -> Appended {
-        self.inner.append(partition, fence, records).await
-    }
-
-    async fn last_outcome_seq(&self, partition: u32) -> Result<u64, Error> {
-        self.inner.last_outcome_seq(partition).await
-    }
-
-    async fn read_outcomes(&self, filter: &OutcomeFilter, from: u64, max: usize) -> Result<Vec<StoredOutcome>, Error> {
-        self.inner.read_outcomes(filter, from, max).await
-    }
-
-    fn follow(&self, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {
-        self.inner.follow(filter, from)
-    }
-
-    async fn dead_letter(&self, letter: DeadLetter) -> Result<(), Error> {
-        self.inner.dead_letter(letter).await
-    }
-
-    async fn read_dead_letters(&self, from: u64, max: usize) -> Result<Vec<(u64, DeadLetter)>, Error> {
-        self.inner.read_dead_letters(from, max).await
-    }
-
-    async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), Error> {
-        self.inner.put_snapshot(snapshot).await
-    }
-
-    async fn latest_snapshot(&self, partition: u32) -> Result<Option<Snapshot>, Error> {
-        self.inner.latest_snapshot(partition).await
-    }
-
-    async fn workers(&self, worker: &str, alive: bool) -> Result<Vec<String>, Error> {
-        self.inner.workers(worker, alive).await
-    }
-
-    fn worker_ttl(&self) -> Duration {
-        self.inner.worker_ttl()
-    }
-
-    async fn is_served(&self, partition: u32) -> Result<bool, Error> {
-        self.inner.is_served(partition).await
-    }
-
-    async fn own(&self, partition: u32, worker: &str) -> Result<Option<EmbeddedOwner>, Error> {
-        self.inner.own(partition, worker).await
+        log.command_at(seq).await
     }
 }
 
@@ -206,7 +134,7 @@ async fn a_transient_failure_while_loading_does_not_stop_the_partition() {
     let mut producer = Producer { log: inner.clone(), n: 0 };
     let agent = AgentName::new("w0").unwrap();
     producer.publish("w0", register(&agent)).await;
-    let log = Flaky { inner: inner.clone(), fail: Arc::new(AtomicU32::new(0)) };
+    let log = Intercepted { log: inner.clone(), hooks: FailCommandAt(Arc::new(AtomicU32::new(0))) };
     let config = WorkerConfig { retry_own: Duration::from_millis(50), ..WorkerConfig::new("worker") };
     let shutdown = CancellationToken::new();
     let worker = tokio::spawn(leasehold_worker::run(log.clone(), config.clone(), shutdown.clone()));
@@ -215,7 +143,7 @@ async fn a_transient_failure_while_loading_does_not_stop_the_partition() {
 
     // More failures than one load retries: the partition is asked for again, not stopped.
     for failures in [1, 15] {
-        log.fail.store(failures, Ordering::SeqCst);
+        log.hooks.0.store(failures, Ordering::SeqCst);
         let shutdown = CancellationToken::new();
         let worker = tokio::spawn(leasehold_worker::run(log.clone(), config.clone(), shutdown.clone()));
         let resource = producer.resource();
@@ -224,6 +152,6 @@ async fn a_transient_failure_while_loading_does_not_stop_the_partition() {
         first_parts(&inner, decided + 1).await;
         let report = stop(shutdown, worker).await;
         assert!(report.stopped.is_empty(), "{failures} failures: {:?}", report.stopped);
-        assert_eq!(log.fail.load(Ordering::SeqCst), 0, "every failure was met");
+        assert_eq!(log.hooks.0.load(Ordering::SeqCst), 0, "every failure was met");
     }
 }

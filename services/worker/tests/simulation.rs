@@ -19,14 +19,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::stream::BoxStream;
 use leasehold_domain::driver::Driver;
 use leasehold_domain::{Ctx, DECIDER_VERSION, Decided, PartitionState, apply, continue_work, decide, invariants};
 use leasehold_log::embedded::{Embedded, EmbeddedOwner};
-use leasehold_log::{
-    Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Published, Snapshot,
-    StoredOutcome,
-};
+use leasehold_log::intercept::{Intercept, Intercepted};
+use leasehold_log::{Appended, CommandRecord, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Snapshot};
 use leasehold_schemas::command::{Acquire, Allocate, Heartbeat, Register, Release, ReportCreated, RetireAgent};
 use leasehold_schemas::ids::{AgentName, CommandId, Issuer, LeaseId, Position, ResourceId, Timestamp};
 use leasehold_schemas::settings::AgentSettings;
@@ -74,21 +71,23 @@ struct Faults {
     snapshots_used: u64,
 }
 
-/// The embedded log with seeded faults between it and one worker.
+/// Seeded faults between the embedded log and one worker.
 #[derive(Clone)]
-struct SimLog {
-    inner: Embedded,
+struct Faulty {
     rng: Arc<Mutex<Rng>>,
     faults: Arc<Mutex<Faults>>,
 }
 
-impl std::fmt::Debug for SimLog {
+impl std::fmt::Debug for Faulty {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SimLog")
+        f.write_str("Faulty")
     }
 }
 
-impl SimLog {
+/// The embedded log as one worker of the simulation sees it.
+type SimLog = Intercepted<Embedded, Faulty>;
+
+impl Faulty {
     fn roll(&self, percent: u64) -> bool {
         self.rng.lock().unwrap().chance(percent)
     }
@@ -102,30 +101,10 @@ impl SimLog {
     }
 }
 
-impl Log for SimLog {
+impl Intercept<Embedded> for Faulty {
     type Owner = SimOwner;
 
-    fn partitions(&self) -> u32 {
-        self.inner.partitions()
-    }
-
-    async fn publish_command(&self, subject: &str, msg_id: &str, payload: Bytes) -> Result<Published, Error> {
-        self.inner.publish_command(subject, msg_id, payload).await
-    }
-
-    async fn read_commands(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
-        self.inner.read_commands(partition, after, max).await
-    }
-
-    async fn command_at(&self, seq: u64) -> Result<Option<CommandRecord>, Error> {
-        self.inner.command_at(seq).await
-    }
-
-    async fn last_command_seq(&self) -> Result<u64, Error> {
-        self.inner.last_command_seq().await
-    }
-
-    async fn append(&self, partition: u32, fence: u64, records: &[OutcomeRecord]) -> Appended {
+    async fn append(&self, log: &Embedded, partition: u32, fence: u64, records: &[OutcomeRecord]) -> Appended {
         if self.roll(3) {
             self.count(|f| f.busy += 1);
             return Appended::Busy("simulated: too many open batches".to_owned());
@@ -137,16 +116,16 @@ impl Log for SimLog {
         if self.roll(4) {
             // A writer stalls (a GC pause, a slow disk) and its hold lapses; it resumes with its buffered append.
             self.count(|f| f.stalls += 1);
-            self.inner.drop_owner(partition);
+            log.drop_owner(partition);
             tokio::time::sleep(Duration::from_millis(self.below(3000))).await;
         }
-        let answer = self.inner.append(partition, fence, records).await;
+        let answer = log.append(partition, fence, records).await;
         if let Appended::Landed { .. } = answer {
             let continues =
                 records.last().and_then(|r| codec::decode_outcome(&r.payload).ok()).is_some_and(|o| o.continues());
             if continues && self.roll(30) {
                 self.count(|f| f.moves_between_parts += 1);
-                self.inner.drop_owner(partition);
+                log.drop_owner(partition);
             }
             if self.roll(4) {
                 self.count(|f| f.acks_lost += 1);
@@ -156,36 +135,12 @@ impl Log for SimLog {
         answer
     }
 
-    async fn last_outcome_seq(&self, partition: u32) -> Result<u64, Error> {
-        self.inner.last_outcome_seq(partition).await
-    }
-
-    async fn read_outcomes(&self, filter: &OutcomeFilter, from: u64, max: usize) -> Result<Vec<StoredOutcome>, Error> {
-        self.inner.read_outcomes(filter, from, max).await
-    }
-
-    fn follow(&self, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {
-        self.inner.follow(filter, from)
-    }
-
-    async fn dead_letter(&self, letter: DeadLetter) -> Result<(), Error> {
-        self.inner.dead_letter(letter).await
-    }
-
-    async fn read_dead_letters(&self, from: u64, max: usize) -> Result<Vec<(u64, DeadLetter)>, Error> {
-        self.inner.read_dead_letters(from, max).await
-    }
-
-    async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), Error> {
-        self.inner.put_snapshot(snapshot).await
-    }
-
-    async fn latest_snapshot(&self, partition: u32) -> Result<Option<Snapshot>, Error> {
-        let real = self.inner.latest_snapshot(partition).await?;
+    async fn latest_snapshot(&self, log: &Embedded, partition: u32) -> Result<Option<Snapshot>, Error> {
+        let real = log.latest_snapshot(partition).await?;
         if self.roll(15) {
             // A snapshot no writer should use: another decider version, past the log's end, or garbage.
             self.count(|f| f.bad_snapshots += 1);
-            let last = self.inner.last_outcome_seq(partition).await?;
+            let last = log.last_outcome_seq(partition).await?;
             let bad = match self.below(3) {
                 0 => Snapshot {
                     partition,
@@ -217,28 +172,17 @@ impl Log for SimLog {
         Ok(real)
     }
 
-    async fn workers(&self, worker: &str, alive: bool) -> Result<Vec<String>, Error> {
-        self.inner.workers(worker, alive).await
-    }
-
-    fn worker_ttl(&self) -> Duration {
-        self.inner.worker_ttl()
-    }
-
-    async fn is_served(&self, partition: u32) -> Result<bool, Error> {
-        self.inner.is_served(partition).await
-    }
-
-    async fn own(&self, partition: u32, worker: &str) -> Result<Option<SimOwner>, Error> {
-        let owner = self.inner.own(partition, worker).await?;
-        Ok(owner.map(|inner| SimOwner { inner, log: self.clone() }))
+    async fn own(&self, log: &Embedded, partition: u32, worker: &str) -> Result<Option<SimOwner>, Error> {
+        let owner = log.own(partition, worker).await?;
+        Ok(owner.map(|inner| SimOwner { inner, log: log.clone(), faults: self.clone() }))
     }
 }
 
 #[derive(Debug)]
 struct SimOwner {
     inner: EmbeddedOwner,
-    log: SimLog,
+    log: Embedded,
+    faults: Faulty,
 }
 
 impl Owner for SimOwner {
@@ -248,21 +192,21 @@ impl Owner for SimOwner {
 
     async fn next_commands(&mut self, after: u64, max: usize, wait: Duration) -> Result<Vec<CommandRecord>, Error> {
         let partition = self.inner.partition();
-        if self.log.roll(2) {
-            self.log.count(|f| f.holds_dropped += 1);
-            self.log.inner.drop_owner(partition);
+        if self.faults.roll(2) {
+            self.faults.count(|f| f.holds_dropped += 1);
+            self.log.drop_owner(partition);
         }
         let mut batch = self.inner.next_commands(after, max, wait).await?;
-        if after > 0 && self.log.roll(10) {
+        if after > 0 && self.faults.roll(10) {
             // Deliveries of commands already handled come back before the new ones.
-            self.log.count(|f| f.redeliveries += 1);
-            let from = after.saturating_sub(1 + self.log.below(4));
-            let mut old = self.log.inner.read_commands(partition, from, 2).await?;
+            self.faults.count(|f| f.redeliveries += 1);
+            let from = after.saturating_sub(1 + self.faults.below(4));
+            let mut old = self.log.read_commands(partition, from, 2).await?;
             old.retain(|c| c.seq <= after);
             old.append(&mut batch);
             batch = old;
         }
-        if !batch.is_empty() && self.log.roll(5) {
+        if !batch.is_empty() && self.faults.roll(5) {
             let again = batch[0].clone();
             batch.insert(1.min(batch.len()), again);
         }
@@ -501,10 +445,9 @@ async fn run_seed(seed: u64) -> Faults {
     let shutdown = CancellationToken::new();
     let mut workers = Vec::new();
     for (w, name) in ["worker-a", "worker-b"].into_iter().enumerate() {
-        let sim = SimLog {
-            inner: log.clone(),
-            rng: Arc::new(Mutex::new(Rng(seed ^ (0xa5a5 + w as u64)))),
-            faults: faults.clone(),
+        let sim: SimLog = Intercepted {
+            log: log.clone(),
+            hooks: Faulty { rng: Arc::new(Mutex::new(Rng(seed ^ (0xa5a5 + w as u64)))), faults: faults.clone() },
         };
         let config = WorkerConfig {
             name: name.to_owned(),

@@ -29,15 +29,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use futures::stream::BoxStream;
 use leasehold_domain::{Ctx, DECIDER_VERSION, Decided, PartitionState, apply, continue_work, decide, invariants};
 use leasehold_log::embedded::Embedded;
+use leasehold_log::intercept::{Intercept, Intercepted};
 use leasehold_log::jetstream::{JetStream, JetStreamConfig};
 use leasehold_log::nats_server::{NatsCluster, NatsServer};
-use leasehold_log::{
-    Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Published, Snapshot,
-    StoredOutcome, conformance,
-};
+use leasehold_log::{Appended, CommandRecord, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Snapshot, conformance};
 use leasehold_schemas::command::{Allocate, Heartbeat, Register, ReportCreated, RetireAgent};
 use leasehold_schemas::ids::{AgentName, CommandId, Issuer, Position, ResourceId, Timestamp};
 use leasehold_schemas::settings::AgentSettings;
@@ -161,60 +158,11 @@ async fn fences_hold<L: Log>(log: L, backend: &str, seed: u64) {
     let started = Instant::now();
     assert_eq!(log.partitions(), PARTITIONS);
     conformance::concurrent_appenders(log.clone()).await;
-    let busy = one_of_distinct_appends_lands(&log, DISTINCT_RECORDS).await;
+    let busy = conformance::distinct_appenders(&log, DISTINCT_RECORDS).await;
     eprintln!("{backend}: racing appends with distinct records: {busy} busy answers");
     let report = two_writers(log.clone(), backend, seed).await;
     assert_eq!(log.last_outcome_seq(3).await.expect("last outcome of partition 3"), 0, "{backend}: partition 3");
     eprintln!("{backend}: {report} ({:.1} s)", started.elapsed().as_secs_f64());
-}
-
-/// Appenders racing under one fence with distinct records (so distinct message ids), each retrying a busy answer
-/// as a writer does: exactly one lands per round, and the others are told the fence is stale. Returns how many
-/// busy answers there were (10164, only on a replicated stream).
-async fn one_of_distinct_appends_lands<L: Log>(log: &L, partition: u32) -> u64 {
-    let key = conformance::keys_in(partition, PARTITIONS, 1).remove(0);
-    let mut fence = log.last_outcome_seq(partition).await.expect("last outcome");
-    let mut busy = 0;
-    for round in 0..10u64 {
-        let attempts: Vec<_> = (0..4u64)
-            .map(|writer| {
-                let log = log.clone();
-                let record = conformance::record(&key, 1000 + round * 10 + writer, 0);
-                tokio::spawn(async move {
-                    let mut busy = 0;
-                    loop {
-                        match log.append(partition, fence, std::slice::from_ref(&record)).await {
-                            Appended::Busy(_) => {
-                                busy += 1;
-                                // Backoff before the same append again, as a writer does.
-                                tokio::time::sleep(Duration::from_millis(1)).await;
-                            }
-                            answer => return (answer, busy),
-                        }
-                    }
-                })
-            })
-            .collect();
-        let mut landed = Vec::new();
-        for attempt in attempts {
-            let (answer, b) = attempt.await.expect("append task");
-            busy += b;
-            match answer {
-                Appended::Landed { first, last } => {
-                    assert_eq!(first, last);
-                    landed.push(first);
-                }
-                Appended::Stale { last } => assert!(last.is_none_or(|last| last > fence), "round {round}: {last:?}"),
-                other => panic!("round {round}: a racing append that stored nothing was answered {other:?}"),
-            }
-        }
-        assert_eq!(landed.len(), 1, "round {round}: exactly one append lands under one fence, got {landed:?}");
-        fence = landed[0];
-        assert_eq!(log.last_outcome_seq(partition).await.expect("last outcome"), fence);
-    }
-    let all = conformance::all_outcomes(log, &OutcomeFilter::Partition(partition), 1).await;
-    assert_eq!(all.len(), 10, "one outcome per round: {all:?}");
-    busy
 }
 
 /// Where a writer's gated append is.
@@ -245,10 +193,9 @@ struct Tally {
 /// Which writers landed each outcome part: one each, or a command got a second outcome.
 type Landings = Arc<Mutex<BTreeMap<(u64, u32), Vec<&'static str>>>>;
 
-/// One writer's view of the log: everything delegated, its appends counted and, when the gate is armed, held.
+/// One writer's hooks on the log: its appends counted and, when the gate is armed, held; ownership believed.
 #[derive(Debug, Clone)]
-struct Racer<L> {
-    inner: L,
+struct Racer {
     name: &'static str,
     gate: Arc<watch::Sender<Gate>>,
     /// The other writer's gate: while it is armed, this writer's appends wait, so the other one can decide under
@@ -258,32 +205,16 @@ struct Racer<L> {
     landings: Landings,
 }
 
-impl<L: Log> Log for Racer<L> {
+impl<L: Log> Intercept<L> for Racer {
     type Owner = Believer<L>;
 
-    fn partitions(&self) -> u32 {
-        self.inner.partitions()
+    async fn own(&self, log: &L, partition: u32, _worker: &str) -> Result<Option<Believer<L>>, Error> {
+        Ok(Some(Believer { log: log.clone(), partition }))
     }
 
-    async fn publish_command(&self, subject: &str, msg_id: &str, payload: Bytes) -> Result<Published, Error> {
-        self.inner.publish_command(subject, msg_id, payload).await
-    }
-
-    async fn read_commands(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
-        self.inner.read_commands(partition, after, max).await
-    }
-
-    async fn command_at(&self, seq: u64) -> Result<Option<CommandRecord>, Error> {
-        self.inner.command_at(seq).await
-    }
-
-    async fn last_command_seq(&self) -> Result<u64, Error> {
-        self.inner.last_command_seq().await
-    }
-
-    async fn append(&self, partition: u32, fence: u64, records: &[OutcomeRecord]) -> Appended {
+    async fn append(&self, log: &L, partition: u32, fence: u64, records: &[OutcomeRecord]) -> Appended {
         let Some((cmd_seq, part)) = records.first().map(|r| (r.cmd_seq, r.part)) else {
-            return self.inner.append(partition, fence, records).await;
+            return log.append(partition, fence, records).await;
         };
         if matches!(*self.peer.borrow(), Gate::Armed) {
             // The other writer is to stall with an append that would land: let it get there first.
@@ -291,13 +222,13 @@ impl<L: Log> Log for Racer<L> {
             let _ = peer.wait_for(|g| !matches!(g, Gate::Armed)).await;
         }
         let armed = matches!(*self.gate.borrow(), Gate::Armed);
-        if armed && self.inner.last_outcome_seq(partition).await == Ok(fence) {
+        if armed && log.last_outcome_seq(partition).await == Ok(fence) {
             // Decided under the current fence: the append would land now. Stall with it in hand.
             let mut gate = self.gate.subscribe();
             self.gate.send_replace(Gate::Held { cmd_seq, part, fence });
             let _ = gate.wait_for(|g| matches!(g, Gate::Released { .. })).await;
         }
-        let answer = self.inner.append(partition, fence, records).await;
+        let answer = log.append(partition, fence, records).await;
         match &answer {
             Appended::Landed { .. } => {
                 self.tally.lock().expect("tally").landed.extend(records.iter().map(|r| (r.cmd_seq, r.part)));
@@ -314,50 +245,6 @@ impl<L: Log> Log for Racer<L> {
             self.gate.send_replace(Gate::Answered { cmd_seq, part, answer: answer.clone() });
         }
         answer
-    }
-
-    async fn last_outcome_seq(&self, partition: u32) -> Result<u64, Error> {
-        self.inner.last_outcome_seq(partition).await
-    }
-
-    async fn read_outcomes(&self, filter: &OutcomeFilter, from: u64, max: usize) -> Result<Vec<StoredOutcome>, Error> {
-        self.inner.read_outcomes(filter, from, max).await
-    }
-
-    fn follow(&self, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {
-        self.inner.follow(filter, from)
-    }
-
-    async fn dead_letter(&self, letter: DeadLetter) -> Result<(), Error> {
-        self.inner.dead_letter(letter).await
-    }
-
-    async fn read_dead_letters(&self, from: u64, max: usize) -> Result<Vec<(u64, DeadLetter)>, Error> {
-        self.inner.read_dead_letters(from, max).await
-    }
-
-    async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), Error> {
-        self.inner.put_snapshot(snapshot).await
-    }
-
-    async fn latest_snapshot(&self, partition: u32) -> Result<Option<Snapshot>, Error> {
-        self.inner.latest_snapshot(partition).await
-    }
-
-    async fn workers(&self, worker: &str, alive: bool) -> Result<Vec<String>, Error> {
-        self.inner.workers(worker, alive).await
-    }
-
-    fn worker_ttl(&self) -> Duration {
-        self.inner.worker_ttl()
-    }
-
-    async fn is_served(&self, partition: u32) -> Result<bool, Error> {
-        self.inner.is_served(partition).await
-    }
-
-    async fn own(&self, partition: u32, _worker: &str) -> Result<Option<Believer<L>>, Error> {
-        Ok(Some(Believer { log: self.inner.clone(), partition }))
     }
 }
 
@@ -589,13 +476,15 @@ fn writer_config() -> WriterConfig {
 async fn two_writers<L: Log>(log: L, backend: &str, seed: u64) -> String {
     let landings = Landings::default();
     let gates = [(); 2].map(|()| Arc::new(watch::Sender::new(Gate::Open)));
-    let racers = [0, 1].map(|i| Racer {
-        inner: log.clone(),
-        name: ["writer-a", "writer-b"][i],
-        gate: gates[i].clone(),
-        peer: gates[1 - i].clone(),
-        tally: Arc::default(),
-        landings: landings.clone(),
+    let racers = [0, 1].map(|i| Intercepted {
+        log: log.clone(),
+        hooks: Racer {
+            name: ["writer-a", "writer-b"][i],
+            gate: gates[i].clone(),
+            peer: gates[1 - i].clone(),
+            tally: Arc::default(),
+            landings: landings.clone(),
+        },
     });
     let shutdown = CancellationToken::new();
     let mut writers: Vec<WriterTask> = racers
@@ -603,7 +492,7 @@ async fn two_writers<L: Log>(log: L, backend: &str, seed: u64) -> String {
         .map(|racer| {
             let (racer, shutdown) = (racer.clone(), shutdown.clone());
             tokio::spawn(async move {
-                let mut owner = racer.own(P, racer.name).await?.expect("a believer always owns");
+                let mut owner = racer.own(P, racer.hooks.name).await?.expect("a believer always owns");
                 let mut writer = Writer::load(racer, P, writer_config(), 0).await?;
                 let stop = writer.serve(&mut owner, &shutdown).await?;
                 Ok::<(Stop, Counts), leasehold_worker::Error>((stop, writer.counts()))
@@ -619,8 +508,8 @@ async fn two_writers<L: Log>(log: L, backend: &str, seed: u64) -> String {
         }
         let (h, o) = (round % 2, 1 - round % 2);
         let (held, other) = (&racers[h], &racers[o]);
-        let mut gate = held.gate.subscribe();
-        held.gate.send_replace(Gate::Armed);
+        let mut gate = held.hooks.gate.subscribe();
+        held.hooks.gate.send_replace(Gate::Armed);
         // New commands, one at a time, until the armed writer decides one under the current fence and stalls.
         let deadline = Instant::now() + STEP;
         let (cmd_seq, part, fence) = loop {
@@ -636,7 +525,7 @@ async fn two_writers<L: Log>(log: L, backend: &str, seed: u64) -> String {
             assert!(
                 Instant::now() < deadline,
                 "{backend} round {round}: {} never appended under a current fence",
-                held.name
+                held.hooks.name
             );
         };
         // While it stalls, the other writer decides and appends that command, and the ones published after it.
@@ -644,18 +533,18 @@ async fn two_writers<L: Log>(log: L, backend: &str, seed: u64) -> String {
             work.allocate(&log).await;
         }
         wait_until(
-            &format!("{backend} round {round}: {} appends {cmd_seq}/{part} and more", other.name),
+            &format!("{backend} round {round}: {} appends {cmd_seq}/{part} and more", other.hooks.name),
             STEP,
             &mut writers,
             || {
-                let tally = other.tally.lock().expect("tally");
+                let tally = other.hooks.tally.lock().expect("tally");
                 tally.landed.contains(&(cmd_seq, part)) && tally.landed.iter().any(|(seq, _)| *seq > cmd_seq)
             },
         )
         .await;
         assert!(log.last_outcome_seq(P).await.expect("last outcome") > fence);
         // The stalled writer resumes with its buffered append: the fence refuses it.
-        held.gate.send_replace(Gate::Released { cmd_seq, part });
+        held.hooks.gate.send_replace(Gate::Released { cmd_seq, part });
         let answer = tokio::time::timeout(STEP, gate.wait_for(|g| matches!(g, Gate::Answered { .. })))
             .await
             .unwrap_or_else(|_| panic!("{backend} round {round}: the released append was not answered"))
@@ -666,10 +555,10 @@ async fn two_writers<L: Log>(log: L, backend: &str, seed: u64) -> String {
             matches!(answer, Appended::Stale { .. } | Appended::Unknown(_)),
             "{backend} round {round}: {}'s append of {cmd_seq}/{part} under the stale fence {fence} was answered \
              {answer:?}",
-            held.name
+            held.hooks.name
         );
         gated[h] += 1;
-        held.gate.send_replace(Gate::Open);
+        held.hooks.gate.send_replace(Gate::Open);
     }
     // Last, a retirement: everything the first agent holds is released, in one part per resource.
     let agent = work.agents[0].name.clone();
@@ -698,7 +587,7 @@ async fn two_writers<L: Log>(log: L, backend: &str, seed: u64) -> String {
         let (stop, c) = writer
             .await
             .expect("a writer task")
-            .unwrap_or_else(|e| panic!("{backend}: {} stopped the partition: {e}", racer.name));
+            .unwrap_or_else(|e| panic!("{backend}: {} stopped the partition: {e}", racer.hooks.name));
         assert_eq!(stop, Stop::Shutdown);
         counts.push(c);
     }
@@ -747,19 +636,19 @@ async fn two_writers<L: Log>(log: L, backend: &str, seed: u64) -> String {
     let tallies: Vec<_> = racers
         .iter()
         .map(|r| {
-            let t = r.tally.lock().expect("tally");
+            let t = r.hooks.tally.lock().expect("tally");
             (t.landed.len(), t.refused, t.busy)
         })
         .collect();
     assert_eq!(gated.iter().sum::<u64>(), ROUNDS as u64);
     for ((racer, c), (landed, refused, _)) in racers.iter().zip(&counts).zip(&tallies) {
-        let g = gated[usize::from(racer.name == "writer-b")];
+        let g = gated[usize::from(racer.hooks.name == "writer-b")];
         assert!(
             *refused >= g && c.reloads >= g,
             "{backend}: {}: {g} gated appends, {refused} refused, {c:?}",
-            racer.name
+            racer.hooks.name
         );
-        assert!(*landed > 0, "{backend}: {} landed nothing after its gated appends", racer.name);
+        assert!(*landed > 0, "{backend}: {} landed nothing after its gated appends", racer.hooks.name);
     }
     let refused: u64 = tallies.iter().map(|t| t.1).sum();
     assert!(refused > 0);

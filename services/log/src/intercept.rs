@@ -1,0 +1,126 @@
+//! A log with some of its calls intercepted, for tests and simulations: [`Intercepted`] delegates every call of the
+//! [`Log`] trait to the log it wraps, except those its [`Intercept`] hooks take over (appends, reads of the command
+//! at a sequence, snapshot reads, ownership). A fault layer, a gate that holds an append, or a log whose reads fail
+//! for a while each write only their hooks.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+
+use crate::{
+    Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Published, Snapshot,
+    StoredOutcome,
+};
+
+/// The calls an [`Intercepted`] log lets its hooks take over. Each default passes the call to the log.
+pub trait Intercept<L: Log>: Clone + Send + Sync + 'static {
+    /// The owner of a partition of the intercepted log (`L::Owner` for one that passes ownership through).
+    type Owner: Owner;
+
+    /// Asks `log` to serve `partition` (or stands for ownership some other way).
+    fn own(
+        &self,
+        log: &L,
+        partition: u32,
+        worker: &str,
+    ) -> impl Future<Output = Result<Option<Self::Owner>, Error>> + Send;
+
+    fn append(
+        &self,
+        log: &L,
+        partition: u32,
+        fence: u64,
+        records: &[OutcomeRecord],
+    ) -> impl Future<Output = Appended> + Send {
+        log.append(partition, fence, records)
+    }
+
+    fn command_at(&self, log: &L, seq: u64) -> impl Future<Output = Result<Option<CommandRecord>, Error>> + Send {
+        log.command_at(seq)
+    }
+
+    fn latest_snapshot(&self, log: &L, partition: u32) -> impl Future<Output = Result<Option<Snapshot>, Error>> + Send {
+        log.latest_snapshot(partition)
+    }
+}
+
+/// `log` with the calls `hooks` take over.
+#[derive(Debug, Clone)]
+pub struct Intercepted<L, I> {
+    pub log: L,
+    pub hooks: I,
+}
+
+impl<L: Log, I: Intercept<L>> Log for Intercepted<L, I> {
+    type Owner = I::Owner;
+
+    fn partitions(&self) -> u32 {
+        self.log.partitions()
+    }
+
+    async fn publish_command(&self, subject: &str, msg_id: &str, payload: Bytes) -> Result<Published, Error> {
+        self.log.publish_command(subject, msg_id, payload).await
+    }
+
+    async fn read_commands(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
+        self.log.read_commands(partition, after, max).await
+    }
+
+    async fn command_at(&self, seq: u64) -> Result<Option<CommandRecord>, Error> {
+        self.hooks.command_at(&self.log, seq).await
+    }
+
+    async fn last_command_seq(&self) -> Result<u64, Error> {
+        self.log.last_command_seq().await
+    }
+
+    async fn append(&self, partition: u32, fence: u64, records: &[OutcomeRecord]) -> Appended {
+        self.hooks.append(&self.log, partition, fence, records).await
+    }
+
+    async fn last_outcome_seq(&self, partition: u32) -> Result<u64, Error> {
+        self.log.last_outcome_seq(partition).await
+    }
+
+    async fn read_outcomes(&self, filter: &OutcomeFilter, from: u64, max: usize) -> Result<Vec<StoredOutcome>, Error> {
+        self.log.read_outcomes(filter, from, max).await
+    }
+
+    fn follow(&self, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {
+        self.log.follow(filter, from)
+    }
+
+    async fn dead_letter(&self, letter: DeadLetter) -> Result<(), Error> {
+        self.log.dead_letter(letter).await
+    }
+
+    async fn read_dead_letters(&self, from: u64, max: usize) -> Result<Vec<(u64, DeadLetter)>, Error> {
+        self.log.read_dead_letters(from, max).await
+    }
+
+    async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), Error> {
+        self.log.put_snapshot(snapshot).await
+    }
+
+    async fn latest_snapshot(&self, partition: u32) -> Result<Option<Snapshot>, Error> {
+        self.hooks.latest_snapshot(&self.log, partition).await
+    }
+
+    async fn workers(&self, worker: &str, alive: bool) -> Result<Vec<String>, Error> {
+        self.log.workers(worker, alive).await
+    }
+
+    fn worker_ttl(&self) -> Duration {
+        self.log.worker_ttl()
+    }
+
+    async fn is_served(&self, partition: u32) -> Result<bool, Error> {
+        self.log.is_served(partition).await
+    }
+
+    async fn own(&self, partition: u32, worker: &str) -> Result<Option<I::Owner>, Error> {
+        self.hooks.own(&self.log, partition, worker).await
+    }
+}
