@@ -181,38 +181,28 @@ impl Projector {
         Reader { db: self.db.clone() }
     }
 
-    /// Folds the in-memory states up to what the read models already hold (after a restart), checking each
-    /// partition's chain ends where the projection recorded it.
+    /// Folds the in-memory states up to what the read models already hold (after a restart): each partition from
+    /// the latest writer snapshot at or before its last applied outcome, then its outcomes up to that one, with
+    /// every check of a writer's load. So a restart costs what a takeover does, not a fold of the whole history.
     pub async fn prepare<L: Log>(&mut self, log: &L) -> Result<(), Error> {
         if self.folded >= self.applied {
             return Ok(());
         }
-        let mut chain: BTreeMap<u32, u64> = BTreeMap::new();
-        while self.folded < self.applied {
-            let batch = log.read_outcomes(&OutcomeFilter::All, self.folded + 1, MAX_BATCH).await?;
-            if batch.is_empty() {
-                return Err(Error::Refused(format!(
-                    "the projection has applied outcomes up to {} but the log ends at {}: is this the projection of \
-                     another log? Drop it and rebuild",
-                    self.applied, self.folded
-                )));
+        let config = leasehold_worker::WriterConfig::default();
+        for partition in 0..self.partitions {
+            let up_to = self.chain.get(&partition).copied().unwrap_or(0);
+            if up_to == 0 {
+                continue;
             }
-            let applied = self.applied;
-            for stored in batch.into_iter().take_while(|s| s.seq <= applied) {
-                let expected = chain.get(&stored.partition).copied().unwrap_or(0);
-                let outcome = self.check(&stored, expected)?;
-                let state = self.state(stored.partition, stored.seq)?;
-                apply(state, &outcome).map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
-                chain.insert(stored.partition, stored.seq);
-                self.folded = stored.seq;
-            }
+            let folded = leasehold_worker::fold_partition_to(log, partition, up_to, &config).await.map_err(|e| {
+                Error::Refused(format!(
+                    "cannot fold partition {partition} up to outcome {up_to}, where the projection stopped: {e}; is \
+                     this the projection of another log? Drop it and rebuild"
+                ))
+            })?;
+            self.states.insert(partition, folded.state);
         }
-        if chain != self.chain {
-            return Err(Error::Refused(format!(
-                "the log's chain up to {} ({chain:?}) is not the projection's ({:?}): drop it and rebuild",
-                self.applied, self.chain
-            )));
-        }
+        self.folded = self.applied;
         Ok(())
     }
 

@@ -70,7 +70,12 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
     let dir = tempfile::tempdir().unwrap();
     let log = Embedded::open(&dir.path().join("log"), PARTITIONS).unwrap();
     let shutdown = CancellationToken::new();
-    let worker = tokio::spawn(leasehold_worker::run(log.clone(), WorkerConfig::new("w"), shutdown.clone()));
+    // Snapshots every few outcomes, so a restarted projector folds from them.
+    let config = WorkerConfig {
+        writer: WriterConfig { snapshot_every: 3, ..WriterConfig::default() },
+        ..WorkerConfig::new("w")
+    };
+    let worker = tokio::spawn(leasehold_worker::run(log.clone(), config, shutdown.clone()));
     let mut projector = Projector::open(&dir.path().join("projection"), PARTITIONS).unwrap();
     let reader = projector.reader();
     let projecting = {
@@ -218,6 +223,13 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
     assert_eq!(projector.applied(), applied);
     assert_eq!(projector.catch_up(&log).await.unwrap(), applied);
     assert_eq!(projector.digests().unwrap(), digests);
+    let mut from_snapshots = 0;
+    for p in 0..PARTITIONS {
+        let folded = fold_partition(&log, p, 0, &WriterConfig::default()).await.unwrap();
+        assert!(folded.state == projector.states()[&p], "partition {p}: the restarted projector folds as the writer");
+        from_snapshots += u32::from(log.latest_snapshot(p).await.unwrap().is_some());
+    }
+    assert!(from_snapshots > 0, "the restart folded from a writer's snapshot");
     projector.drop_all().unwrap();
     assert_eq!(projector.applied(), 0);
     assert_ne!(projector.digests().unwrap(), digests);

@@ -19,7 +19,7 @@ use leasehold_domain::WriterError;
 use leasehold_log::{Log, Owner};
 use tokio_util::sync::CancellationToken;
 
-pub use writer::{Counts, Folded, Stop, Writer, WriterConfig, admit, fold_partition};
+pub use writer::{Counts, Folded, Stop, Writer, WriterConfig, admit, fold_partition, fold_partition_to};
 
 /// What stops a partition: a retry cannot mend it, an operator must look.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -503,8 +503,33 @@ pub async fn fold_partition<L: Log>(
     at_least: u64,
     config: &WriterConfig,
 ) -> Result<Folded, Error> {
+    fold(log, partition, at_least, false, config).await
+}
+
+/// Folds `partition` exactly through its outcome at `up_to` (from the latest usable snapshot at or before it), with
+/// the same checks: what a reader that has applied the log up to `up_to` (the projector, after a restart) needs.
+/// `up_to` must be an outcome of the partition (or 0).
+pub async fn fold_partition_to<L: Log>(
+    log: &L,
+    partition: u32,
+    up_to: u64,
+    config: &WriterConfig,
+) -> Result<Folded, Error> {
+    fold(log, partition, up_to, true, config).await
+}
+
+async fn fold<L: Log>(
+    log: &L,
+    partition: u32,
+    at_least: u64,
+    exactly: bool,
+    config: &WriterConfig,
+) -> Result<Folded, Error> {
     let give_up = tokio::time::Instant::now() + config.reload_deadline;
     let target = loop {
+        if exactly {
+            break at_least;
+        }
         match log.last_outcome_seq(partition).await {
             Ok(last) => break last.max(at_least),
             Err(leasehold_log::Error::Unavailable(why)) if tokio::time::Instant::now() < give_up => {
@@ -544,6 +569,12 @@ pub async fn fold_partition<L: Log>(
             continue;
         }
         for stored in batch {
+            if exactly && stored.seq > target {
+                if prev == target {
+                    return Ok(Folded { state, fence: prev, last_command, folded });
+                }
+                return Err(Error::Behind { partition, reached: prev, wanted: target });
+            }
             if stored.prev_seq != prev {
                 return Err(Error::ChainBroken {
                     partition,

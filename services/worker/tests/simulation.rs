@@ -144,10 +144,11 @@ impl Intercept<Embedded> for Faulty {
             let bad = match self.below(3) {
                 0 => Snapshot {
                     partition,
-                    decider_version: DECIDER_VERSION + 1,
+                    // An older decider's (or a newer one's, after a rollback): another version's state.
+                    decider_version: if self.below(2) == 0 { DECIDER_VERSION - 1 } else { DECIDER_VERSION + 1 },
                     fence: 0,
                     last_command: None,
-                    state: Bytes::from_static(b"from a newer decider"),
+                    state: PartitionState::new(partition, PARTITIONS).to_snapshot().unwrap().into(),
                 },
                 1 => Snapshot {
                     partition,
