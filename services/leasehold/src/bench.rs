@@ -182,10 +182,31 @@ async fn nats(url: &str, args: &ThroughputArgs, figures: &mut Figures) -> anyhow
     figures.backend = if args.replicas > 1 { format!("jetstream-r{}", args.replicas) } else { "jetstream".to_owned() };
     let config = JetStreamConfig { replicas: args.replicas, ..JetStreamConfig::new(url, args.partitions) };
     let log = JetStream::connect(config).await.with_context(|| format!("connecting to {url}"))?;
+    // A server with leasehold's data or live workers is refused: the benchmark publishes tens of thousands of
+    // commands and deletes the streams it used when it is done.
+    let live = log.workers("leasehold-bench", false).await?;
     anyhow::ensure!(
-        log.last_command_seq().await? == 0 && last_outcome(&log).await? == 0,
-        "bench throughput needs a NATS server without leasehold data: it publishes tens of thousands of commands"
+        log.last_command_seq().await? == 0
+            && last_outcome(&log).await? == 0
+            && log.read_dead_letters(1, 1).await?.is_empty()
+            && live.is_empty(),
+        "bench throughput needs a NATS server without leasehold data or workers ({} live): it publishes tens of \
+         thousands of commands and deletes its streams when it is done",
+        live.len()
     );
+    let measured = nats_phases(&log, url, args, figures).await;
+    // The streams are removed however the phases ended.
+    log.bench_reset().await?;
+    measured
+}
+
+async fn nats_phases(
+    log: &leasehold_log::jetstream::JetStream,
+    url: &str,
+    args: &ThroughputArgs,
+    figures: &mut Figures,
+) -> anyhow::Result<()> {
+    use leasehold_log::jetstream::{JetStream, JetStreamConfig};
     let n = args.commands;
     eprintln!("raw appends (up to 256 in flight, no fence)...");
     figures.raw_append_per_s = log.bench_raw_append(n, args.partitions, OUTCOME_BYTES, 256).await?.per_second();
@@ -200,20 +221,19 @@ async fn nats(url: &str, args: &ThroughputArgs, figures: &mut Figures) -> anyhow
             figures.fenced_append_10000_agents_per_s = rate;
         }
     }
-    end_to_end(&log, args, figures).await?;
+    end_to_end(log, args, figures).await?;
     eprintln!("takeover of a partition holding {} outcomes (on a fresh one-partition log)...", args.takeover_outcomes);
     log.bench_reset().await?;
     let config = JetStreamConfig { replicas: args.replicas, ..JetStreamConfig::new(url, 1) };
-    let log = JetStream::connect(config).await?;
-    let filler = log.clone();
-    takeover(&log, args.takeover_outcomes, figures, move |fence, records| {
+    let one = JetStream::connect(config).await?;
+    let filler = one.clone();
+    takeover(&one, args.takeover_outcomes, figures, move |fence, records| {
         let log = filler.clone();
         async move { Ok(log.bench_fill(0, fence, &records).await?) }
     })
     .await?;
     let replicas = args.replicas.to_string();
     figures.bytes_per_live_resource = memory_in_child(&["--nats", url, "--replicas", &replicas])?;
-    log.bench_reset().await?;
     Ok(())
 }
 

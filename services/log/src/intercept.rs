@@ -1,6 +1,6 @@
 //! A log with some of its calls intercepted, for tests and simulations: [`Intercepted`] delegates every call of the
 //! [`Log`] trait to the log it wraps, except those its [`Intercept`] hooks take over (appends, reads of the command
-//! at a sequence, snapshot reads, ownership). A fault layer, a gate that holds an append, or a log whose reads fail
+//! at a sequence, snapshot reads, whether a partition is served, ownership). A fault layer, a gate that holds an append, or a log whose reads fail
 //! for a while each write only their hooks.
 
 use std::future::Future;
@@ -43,6 +43,10 @@ pub trait Intercept<L: Log>: Clone + Send + Sync + 'static {
 
     fn latest_snapshot(&self, log: &L, partition: u32) -> impl Future<Output = Result<Option<Snapshot>, Error>> + Send {
         log.latest_snapshot(partition)
+    }
+
+    fn is_served(&self, log: &L, partition: u32) -> impl Future<Output = Result<bool, Error>> + Send {
+        log.is_served(partition)
     }
 }
 
@@ -117,7 +121,7 @@ impl<L: Log, I: Intercept<L>> Log for Intercepted<L, I> {
     }
 
     async fn is_served(&self, partition: u32) -> Result<bool, Error> {
-        self.log.is_served(partition).await
+        self.hooks.is_served(&self.log, partition).await
     }
 
     async fn own(&self, partition: u32, worker: &str) -> Result<Option<I::Owner>, Error> {

@@ -195,10 +195,17 @@ impl Projector {
                 continue;
             }
             let folded = leasehold_worker::fold_partition_to(log, partition, up_to, &config).await.map_err(|e| {
-                Error::Refused(format!(
-                    "cannot fold partition {partition} up to outcome {up_to}, where the projection stopped: {e}; is \
-                     this the projection of another log? Drop it and rebuild"
-                ))
+                if e.is_transient() {
+                    // The log is unreachable for now: a later try may fold it (serve reopens the projector).
+                    Error::Log(leasehold_log::Error::Unavailable(format!(
+                        "folding partition {partition} up to outcome {up_to}: {e}"
+                    )))
+                } else {
+                    Error::Refused(format!(
+                        "cannot fold partition {partition} up to outcome {up_to}, where the projection stopped: {e}; \
+                         is this the projection of another log? Drop it and rebuild"
+                    ))
+                }
             })?;
             self.states.insert(partition, folded.state);
         }

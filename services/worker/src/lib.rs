@@ -54,6 +54,8 @@ pub enum Error {
     Encode { cmd_seq: u64, detail: String },
     #[error("partition {partition}: command {cmd_seq} cannot even get an internal-error outcome: {detail}")]
     Poisoned { partition: u32, cmd_seq: u64, detail: String },
+    #[error("partition {partition}: its writer panicked outside the decider ({detail}); the partition stops")]
+    Panicked { partition: u32, detail: String },
 }
 
 impl Error {
@@ -144,6 +146,8 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
     let mut unserved_since: BTreeMap<u32, tokio::time::Instant> = BTreeMap::new();
     let mut live = vec![config.name.clone()];
     let mut last_unserved_check: Option<tokio::time::Instant> = None;
+    // A partition whose writer gave up for a transient reason is asked for again after a pause that doubles.
+    let mut not_before: BTreeMap<u32, (tokio::time::Instant, Duration)> = BTreeMap::new();
     loop {
         // Partitions whose writer ended: lost (asked again below), or stopped for good.
         let finished: Vec<u32> =
@@ -156,14 +160,20 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
                     match result {
                         Ok(()) => {}
                         Err(e) if e.is_transient() => {
-                            tracing::warn!(partition, error = %e, "the partition's writer gave up for now; asking again");
+                            let pause = not_before.get(&partition).map_or(config.retry_own, |(_, p)| *p * 2);
+                            let pause = pause.min(Duration::from_secs(30));
+                            tracing::warn!(partition, error = %e, "the partition's writer gave up for now; asking again in {pause:?}");
+                            not_before.insert(partition, (tokio::time::Instant::now() + pause, pause));
                         }
                         Err(e) => {
                             report.stopped.insert(partition, e);
                         }
                     }
                 }
-                Err(join) => tracing::error!(partition, error = %join, "a partition task failed"),
+                Err(join) => {
+                    tracing::error!(partition, error = %join, "a partition's writer panicked");
+                    report.stopped.insert(partition, Error::Panicked { partition, detail: join.to_string() });
+                }
             }
         }
         if shutdown.is_cancelled() {
@@ -187,22 +197,57 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
         if check {
             last_unserved_check = Some(now);
         }
+        // Whether the partitions this worker neither serves nor is given are served by anyone: asked all at once,
+        // each with a deadline, giving way to a shutdown, so a slow log neither holds the shutdown up nor lets this
+        // worker's liveness key expire while it asks.
+        let mut served: BTreeMap<u32, Result<bool, leasehold_log::Error>> = BTreeMap::new();
+        if check {
+            let candidates: Vec<u32> = all
+                .iter()
+                .copied()
+                .filter(|p| !report.stopped.contains_key(p) && !running.contains_key(p))
+                .filter(|p| preferred_worker(*p, &live) != Some(config.name.as_str()))
+                .collect();
+            let asks = candidates.iter().map(|&p| {
+                let log = log.clone();
+                async move {
+                    let answer = tokio::time::timeout(config.retry_own * 4, log.is_served(p)).await;
+                    (
+                        p,
+                        answer
+                            .unwrap_or_else(|_| Err(leasehold_log::Error::Unavailable("no answer in time".to_owned()))),
+                    )
+                }
+            });
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => continue,
+                answers = futures::future::join_all(asks) => served.extend(answers),
+            }
+        }
         for &partition in &all {
             if report.stopped.contains_key(&partition) {
                 continue;
             }
             let mine = preferred_worker(partition, &live) == Some(config.name.as_str());
-            if let Some((held, token, _)) = running.get(&partition) {
+            if let Some((held, token, _)) = running.get_mut(&partition) {
+                if *held == Held::Adopted && mine {
+                    // Adopted, and now this worker's share anyway: given up like any share when it moves.
+                    *held = Held::Share;
+                }
                 if *held == Held::Share && !mine && !token.is_cancelled() {
                     tracing::info!(partition, worker = %config.name, "the partition's share moved: giving it up");
                     token.cancel();
                 }
                 continue;
             }
+            if not_before.get(&partition).is_some_and(|(at, _)| now < *at) {
+                continue;
+            }
             let held = if mine {
                 Some(Held::Share)
-            } else if check {
-                match log.is_served(partition).await {
+            } else if let Some(served) = served.remove(&partition) {
+                match served {
                     Ok(true) => {
                         unserved_since.remove(&partition);
                         None
@@ -241,11 +286,16 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
         match task.await {
             Ok((counts, result)) => {
                 add_counts(&mut report.counts, counts);
-                if let Err(e) = result {
-                    report.stopped.insert(partition, e);
+                match result {
+                    Err(e) if !e.is_transient() => {
+                        report.stopped.insert(partition, e);
+                    }
+                    _ => {}
                 }
             }
-            Err(join) => tracing::error!(partition, error = %join, "a partition task failed"),
+            Err(join) => {
+                report.stopped.insert(partition, Error::Panicked { partition, detail: join.to_string() });
+            }
         }
     }
     if let Err(e) = log.workers(&config.name, false).await {

@@ -246,11 +246,12 @@ impl<L: Log> Writer<L> {
                     // its partition.
                     tracing::warn!(partition, seq = command.seq, %why, "dead letter refused; storing it without its bytes");
                     let bare = DeadLetter {
+                        // The note first: a reason is cut at 512 bytes where it is stored.
                         reason: format!(
-                            "{} (its {} bytes are not kept here: {why}; they are at sequence {} of the command log)",
-                            letter.reason,
+                            "its {} bytes are not kept here (they are at sequence {} of the command log: {why}); {}",
                             letter.payload.len(),
-                            letter.source_seq
+                            letter.source_seq,
+                            letter.reason
                         ),
                         payload: Bytes::new(),
                         ..letter
@@ -337,6 +338,18 @@ impl<L: Log> Writer<L> {
                     fold_partition(&self.log, partition, self.fence, &self.config).await?;
                 self.state = state;
                 self.fence = fence;
+                // Another writer may have decided this command (or finished its parts) meanwhile: then there is
+                // nothing to record here; go on from the log.
+                let decided_elsewhere = match self.state.pending() {
+                    Some(pending) => pending.cmd_seq != outcome.cmd_seq || pending.next_part() != outcome.part,
+                    None => outcome.part > 0 || self.state.cursor() >= outcome.cmd_seq,
+                };
+                if decided_elsewhere {
+                    return Err(Failure::Unclean(Unclean {
+                        at_least: self.fence,
+                        why: format!("command {} was decided elsewhere meanwhile", outcome.cmd_seq),
+                    }));
+                }
                 let recorded = fallback(&self.state, &detail)
                     .map_err(|error| Failure::Fatal(Error::Writer { partition, error }))?;
                 let (recorded, bytes) = encode(recorded)?;
@@ -601,11 +614,14 @@ async fn fold<L: Log>(
                     ),
                 });
             }
-            apply(&mut state, &outcome).map_err(|e| Error::Fold {
-                partition,
-                seq: stored.seq,
-                detail: e.to_string(),
-            })?;
+            match catch_unwind(AssertUnwindSafe(|| apply(&mut state, &outcome))) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(Error::Fold { partition, seq: stored.seq, detail: e.to_string() }),
+                Err(panic) => {
+                    let detail = format!("apply panicked: {}", panic_message(&panic));
+                    return Err(Error::Fold { partition, seq: stored.seq, detail });
+                }
+            }
             prev = stored.seq;
             last_command = Some(outcome.command.id);
             folded += 1;

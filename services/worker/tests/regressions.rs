@@ -155,3 +155,89 @@ async fn a_transient_failure_while_loading_does_not_stop_the_partition() {
         assert_eq!(log.hooks.0.load(Ordering::SeqCst), 0, "every failure was met");
     }
 }
+
+/// Panics when a partition's snapshot is read (so its load panics), counting the tries.
+#[derive(Debug, Clone, Default)]
+struct PanicOnLoad(Arc<AtomicU32>);
+
+impl Intercept<Embedded> for PanicOnLoad {
+    type Owner = EmbeddedOwner;
+
+    async fn own(&self, log: &Embedded, partition: u32, worker: &str) -> Result<Option<EmbeddedOwner>, Error> {
+        log.own(partition, worker).await
+    }
+
+    async fn latest_snapshot(&self, _log: &Embedded, partition: u32) -> Result<Option<leasehold_log::Snapshot>, Error> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        panic!("a bug while loading partition {partition}");
+    }
+}
+
+/// A writer that panics outside the decider (here, while its partition loads) stops the partition, on record: it
+/// is not loaded again and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_while_loading_stops_the_partition_on_record() {
+    let inner = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
+    let log = Intercepted { log: inner, hooks: PanicOnLoad::default() };
+    let config = WorkerConfig { retry_own: Duration::from_millis(20), ..WorkerConfig::new("worker") };
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(leasehold_worker::run(log.clone(), config, shutdown.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while log.hooks.0.load(Ordering::SeqCst) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the partition was never loaded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let report = stop(shutdown, worker).await;
+    assert!(
+        matches!(report.stopped.get(&0), Some(leasehold_worker::Error::Panicked { partition: 0, .. })),
+        "{:?}",
+        report.stopped
+    );
+}
+
+/// Whether a partition is served takes 30 s to answer; counts the questions.
+#[derive(Debug, Clone, Default)]
+struct SlowIsServed(Arc<AtomicU32>);
+
+impl Intercept<Embedded> for SlowIsServed {
+    type Owner = EmbeddedOwner;
+
+    async fn own(&self, log: &Embedded, partition: u32, worker: &str) -> Result<Option<EmbeddedOwner>, Error> {
+        log.own(partition, worker).await
+    }
+
+    async fn is_served(&self, _log: &Embedded, _partition: u32) -> Result<bool, Error> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        Ok(false)
+    }
+}
+
+/// A slow log does not hold a worker's shutdown up: the questions about partitions it does not serve have a
+/// deadline and give way to the shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_log_does_not_hold_the_shutdown_up() {
+    let inner = Embedded::in_memory(8, Arc::new(|| Timestamp(START + 60_000))).unwrap();
+    // Another worker is alive, so some partitions are not this one's share and get asked about.
+    inner.workers("other-worker", true).await.unwrap();
+    let asked = Arc::new(AtomicU32::new(0));
+    let log = Intercepted { log: inner, hooks: SlowIsServed(asked.clone()) };
+    let config = WorkerConfig {
+        retry_own: Duration::from_millis(50),
+        takeover_after: Some(Duration::from_millis(100)),
+        ..WorkerConfig::new("worker")
+    };
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(leasehold_worker::run(log, config, shutdown.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while asked.load(Ordering::SeqCst) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no partition was asked about");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    shutdown.cancel();
+    let report = tokio::time::timeout(Duration::from_secs(5), worker)
+        .await
+        .expect("the worker stops within 5 s although the log takes 30 s to answer")
+        .unwrap();
+    assert!(report.stopped.is_empty(), "{:?}", report.stopped);
+}
