@@ -61,15 +61,22 @@ pub enum CodecErrorKind {
 pub struct CodecError {
     kind: CodecErrorKind,
     detail: String,
+    /// The schema version a [`CodecErrorKind::NewerSchema`] payload names.
+    newer_version: Option<u16>,
 }
 
 impl CodecError {
     fn new(kind: CodecErrorKind, detail: impl Into<String>) -> Self {
-        CodecError { kind, detail: detail.into() }
+        CodecError { kind, detail: detail.into(), newer_version: None }
     }
 
     pub fn kind(&self) -> CodecErrorKind {
         self.kind
+    }
+
+    /// The schema version of a payload written by a newer leasehold (`NewerSchema`).
+    pub fn newer_version(&self) -> Option<u16> {
+        self.newer_version
     }
 
     pub(crate) fn unknown_type(type_name: &str) -> Self {
@@ -257,13 +264,15 @@ fn check_size(bytes: &[u8], limit: usize, what: &str) -> Result<(), CodecError> 
 
 fn check_version(version: u16) -> Result<(), CodecError> {
     if version > crate::SCHEMA_VERSION {
-        return Err(CodecError::new(
+        let mut error = CodecError::new(
             CodecErrorKind::NewerSchema,
             format!(
                 "schema version {version} is newer than this build understands ({}); a newer leasehold must decide it",
                 crate::SCHEMA_VERSION
             ),
-        ));
+        );
+        error.newer_version = Some(version);
+        return Err(error);
     }
     if version == 0 {
         return Err(CodecError::new(CodecErrorKind::Malformed, "schema version 0 does not exist"));
@@ -575,6 +584,7 @@ mod tests {
         let mut bytes = encode_command(&heartbeat()).unwrap();
         bytes[1] = 2; // the varint schema version
         assert_eq!(decode_command(&bytes).unwrap_err().kind(), CodecErrorKind::NewerSchema);
+        assert_eq!(decode_command(&bytes).unwrap_err().newer_version(), Some(crate::SCHEMA_VERSION + 1));
         let json = command_to_json(&heartbeat()).unwrap().replace(r#""schema_version":1"#, r#""schema_version":9"#);
         assert_eq!(decode_command(json.as_bytes()).unwrap_err().kind(), CodecErrorKind::NewerSchema);
     }

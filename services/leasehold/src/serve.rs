@@ -42,6 +42,10 @@ pub(crate) struct ServeArgs {
     /// This worker's name (default: host and process id).
     #[arg(long)]
     name: Option<String>,
+    /// A newer schema version being rolled out: this worker stops a partition at a command of it (for a newer worker
+    /// to decide) instead of dead-lettering it as from an unknown version.
+    #[arg(long)]
+    rolling_out_schema: Option<u16>,
 }
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -104,7 +108,8 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
         None
     };
     if args.roles.contains(&Role::Worker) {
-        let config = WorkerConfig::new(name.clone());
+        let mut config = WorkerConfig::new(name.clone());
+        config.writer.rolling_out_schema = args.rolling_out_schema;
         println!("worker {name}: serving its share of partitions 0..{}", log.partitions());
         let (log, shutdown) = (log.clone(), shutdown.clone());
         tasks.spawn(async move {

@@ -54,6 +54,11 @@ pub enum Error {
     Encode { cmd_seq: u64, detail: String },
     #[error("partition {partition}: command {cmd_seq} cannot even get an internal-error outcome: {detail}")]
     Poisoned { partition: u32, cmd_seq: u64, detail: String },
+    #[error(
+        "partition {partition}: the command at {seq} is written in schema version {version}, which is rolling out \
+         and newer than this worker's ({reason}); the partition waits for a worker that knows it"
+    )]
+    NewerSchema { partition: u32, seq: u64, version: u16, reason: String },
     #[error("partition {partition}: its writer panicked outside the decider ({detail}); the partition stops")]
     Panicked { partition: u32, detail: String },
 }

@@ -87,6 +87,9 @@ pub struct WriterConfig {
     /// Splits long decisions after this many bytes of effects instead of the core's budget (tests and simulations:
     /// where a decision splits changes nothing in its effects).
     pub split_budget: Option<usize>,
+    /// The newest schema version an operator declared as rolling out: a command of a schema newer than this
+    /// worker's, up to it, stops the partition (a newer worker must decide it) instead of going to the dead letters.
+    pub rolling_out_schema: Option<u16>,
     /// A snapshot of the state is stored after this many outcome parts since the last one (so a load folds at most
     /// this many after the snapshot); `0` never stores one.
     pub snapshot_every: u64,
@@ -101,6 +104,7 @@ impl Default for WriterConfig {
             max_backoff: Duration::from_secs(1),
             reload_deadline: Duration::from_secs(30),
             split_budget: None,
+            rolling_out_schema: None,
             snapshot_every: 10_000,
         }
     }
@@ -225,6 +229,9 @@ impl<L: Log> Writer<L> {
         let partition = self.state.partition();
         let envelope = match self.admit(command) {
             Ok(envelope) => envelope,
+            Err(Refusal::Newer { version, reason }) => {
+                return Err(Failure::Fatal(Error::NewerSchema { partition, seq: command.seq, version, reason }));
+            }
             Err(Refusal::DeadLetter(reason)) => {
                 let letter = DeadLetter {
                     partition,
@@ -427,7 +434,18 @@ impl<L: Log> Writer<L> {
     }
 
     fn admit(&self, command: &CommandRecord) -> Result<Envelope, Refusal> {
-        admit(self.state.partition(), self.state.partitions(), command).map_err(Refusal::DeadLetter)
+        admit(self.state.partition(), self.state.partitions(), command).map_err(|reason| {
+            // A command of a schema an operator declared as rolling out is not garbage: a newer worker must decide
+            // it, so the partition waits for one rather than dead-letter it.
+            let rolling_out = self.config.rolling_out_schema;
+            let newer = codec::decode_command(&command.payload).err().and_then(|e| e.newer_version());
+            match newer {
+                Some(version) if rolling_out.is_some_and(|declared| version <= declared) => {
+                    Refusal::Newer { version, reason }
+                }
+                _ => Refusal::DeadLetter(reason),
+            }
+        })
     }
 
     /// Runs `op` until the log answers, backing off while it is unavailable.
@@ -453,6 +471,11 @@ impl<L: Log> Writer<L> {
 
 enum Refusal {
     DeadLetter(String),
+    /// Written in a schema being rolled out, newer than this worker's.
+    Newer {
+        version: u16,
+        reason: String,
+    },
 }
 
 /// Decodes a command read from `partition` and checks that it belongs there: its subject names its class, key and

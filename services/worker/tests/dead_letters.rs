@@ -99,3 +99,48 @@ async fn bad_payloads_are_dead_lettered_and_the_partition_moves_on() {
         assert_eq!(letter.subject(), subject.replace("lh.in.", "lh.dlq.0."));
     }
 }
+
+/// A command of a schema an operator declared as rolling out is not dead-lettered: the partition stops at it, on
+/// record, for a newer worker to decide it. Without the declaration the same command is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_of_a_schema_rolling_out_stops_the_partition_instead() {
+    for declared in [Some(2), None] {
+        let log = Embedded::in_memory(1, leasehold_log::embedded::system_clock()).unwrap();
+        let first = register(1);
+        let mut newer = codec::encode_command(&register(2)).unwrap();
+        newer[1] = 2;
+        for (envelope, payload) in [(&first, codec::encode_command(&first).unwrap()), (&register(2), newer)] {
+            let subject = ingress_subject_of(&envelope.body);
+            log.publish_command(&subject, &envelope.command_id.to_string(), Bytes::from(payload)).await.unwrap();
+        }
+        let mut config = WorkerConfig::new("worker");
+        config.writer.rolling_out_schema = declared;
+        let shutdown = CancellationToken::new();
+        let worker = tokio::spawn(run(log.clone(), config, shutdown.clone()));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let decided = log.read_outcomes(&OutcomeFilter::Partition(0), 1, 10).await.unwrap().len();
+            let dead = log.read_dead_letters(1, 10).await.unwrap().len();
+            // Declared: the writer reached the newer command and gave the partition up, stopped.
+            let reached = match declared {
+                Some(_) => decided == 1 && !log.is_served(0).await.unwrap(),
+                None => decided == 1 && dead == 1,
+            };
+            if reached {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{declared:?}: {decided} outcomes, {dead} dead letters");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        shutdown.cancel();
+        let report = worker.await.unwrap();
+        match declared {
+            Some(_) => {
+                let stopped = report.stopped.get(&0).map(ToString::to_string).unwrap_or_default();
+                assert!(stopped.contains("schema version 2, which is rolling out"), "{stopped:?}");
+                assert!(log.read_dead_letters(1, 10).await.unwrap().is_empty());
+            }
+            None => assert!(report.stopped.is_empty(), "{:?}", report.stopped),
+        }
+    }
+}
