@@ -175,6 +175,8 @@ struct Inner {
     snapshots: ObjectStore,
     /// Live workers: one key per worker, expiring after `priority_timeout`.
     workers: async_nats::jetstream::kv::Store,
+    /// How long a key of `workers` lives: the bucket's own setting (its creator's).
+    worker_ttl: Duration,
 }
 
 fn unavailable(what: &str, e: impl fmt::Display) -> Error {
@@ -242,7 +244,11 @@ impl JetStream {
         let dlq = ensure_stream(&js, dlq_stream_config(replicas)).await?;
         let snapshots = snapshot_bucket(&js, replicas).await?;
         let workers = workers_bucket(&js, replicas, config.priority_timeout).await?;
-        Ok(JetStream { inner: Arc::new(Inner { client, js, config, cmd, evt, dlq, snapshots, workers }) })
+        let worker_ttl = match workers.status().await {
+            Ok(status) if !status.info.config.max_age.is_zero() => status.info.config.max_age,
+            _ => config.priority_timeout,
+        };
+        Ok(JetStream { inner: Arc::new(Inner { client, js, config, cmd, evt, dlq, snapshots, workers, worker_ttl }) })
     }
 
     /// The NATS client underneath (for tests and probes; the services use the [`Log`] trait).
@@ -469,7 +475,20 @@ async fn workers_bucket(
     ttl: Duration,
 ) -> Result<async_nats::jetstream::kv::Store, Error> {
     match js.get_key_value(WORKERS_BUCKET).await {
-        Ok(store) => return Ok(store),
+        Ok(store) => {
+            // Its creator's time-to-live holds for everyone: say so when this process was started with another.
+            if let Ok(status) = store.status().await
+                && status.info.config.max_age != ttl
+            {
+                tracing::warn!(
+                    bucket = WORKERS_BUCKET,
+                    theirs = ?status.info.config.max_age,
+                    ours = ?ttl,
+                    "live workers expire after the bucket's time-to-live, not this process's --priority-timeout"
+                );
+            }
+            return Ok(store);
+        }
         Err(e) if e.kind() == async_nats::jetstream::context::KeyValueErrorKind::GetBucket => {}
         Err(e) => return Err(unavailable("cannot open the workers bucket", e)),
     }
@@ -930,7 +949,7 @@ impl Log for JetStream {
     }
 
     fn worker_ttl(&self) -> Duration {
-        self.inner.config.priority_timeout
+        self.inner.worker_ttl
     }
 
     async fn is_served(&self, partition: u32) -> Result<bool, Error> {
