@@ -337,12 +337,11 @@ pub(crate) async fn fanout<L: Log>(log: &L, agents: u64, n: u64) -> anyhow::Resu
 struct Ids(u64);
 
 impl Ids {
-    fn next(&mut self, at: Timestamp) -> [u8; 10] {
+    fn next(&mut self) -> [u8; 10] {
         self.0 += 1;
         let mut entropy = [0u8; 10];
         entropy[0] = 0xbe;
         entropy[2..].copy_from_slice(&self.0.to_be_bytes());
-        let _ = at;
         entropy
     }
 }
@@ -363,12 +362,12 @@ fn registration(agent: &AgentName, ids: &mut Ids) -> Envelope {
         wiped: false,
         settings: AgentSettings::default(),
     };
-    Envelope::new(CommandId::from_parts(at.0, ids.next(at)), Issuer::new(agent.as_str()).expect("valid"), at, body)
+    Envelope::new(CommandId::from_parts(at.0, ids.next()), Issuer::new(agent.as_str()).expect("valid"), at, body)
 }
 
 fn allocation(agent: &AgentName, ids: &mut Ids) -> Envelope {
     let at = now();
-    let resource = ResourceId::from_parts(at.0, ids.next(at));
+    let resource = ResourceId::from_parts(at.0, ids.next());
     let mut attributes = BTreeMap::new();
     attributes.insert("image".to_owned(), "ci-runner:2026.11".to_owned());
     attributes.insert("size".to_owned(), "20G".to_owned());
@@ -381,7 +380,7 @@ fn allocation(agent: &AgentName, ids: &mut Ids) -> Envelope {
         parent: None,
         pools: vec![],
     };
-    Envelope::new(CommandId::from_parts(at.0, ids.next(at)), Issuer::new("bench").expect("valid"), at, body)
+    Envelope::new(CommandId::from_parts(at.0, ids.next()), Issuer::new("bench").expect("valid"), at, body)
 }
 
 /// Publishes `envelopes` with up to 64 in flight; returns how long it took.

@@ -3,8 +3,8 @@
 //! (checked inside the one write transaction that appends, so two appenders with one fence never both land),
 //! outcome message ids, dead letters once per source sequence, log time stamped at publish and never going back.
 //!
-//! Ownership is a lock per partition inside the process; [`Embedded::take_over`] lets a test move it the way a pin
-//! moves between NATS clients, and the old owner learns it only when it next asks for commands.
+//! Ownership is a lock per partition inside the process; [`Embedded::drop_owner`] lets a simulation drop it the
+//! way a pin lapses, and the old owner learns it only when it next asks for commands.
 //!
 //! Writes wait for the disk: on a multi-threaded runtime they run under `block_in_place`, so the thread's other
 //! tasks move on meanwhile; reads, and everything on a single-threaded runtime (the deterministic simulation, with
@@ -192,14 +192,6 @@ impl Embedded {
                 workers: Mutex::new(BTreeMap::new()),
             }),
         })
-    }
-
-    /// Makes `worker` the owner of `partition` whoever holds it now, as a pin moves in NATS: the old owner learns it
-    /// when it next asks for commands. For tests of two writers on one partition.
-    pub fn take_over(&self, partition: u32, worker: &str) -> EmbeddedOwner {
-        let hold = self.next_hold();
-        self.inner.owners.lock().expect("owners lock").insert(partition, (worker.to_owned(), hold));
-        EmbeddedOwner { log: self.clone(), partition, hold }
     }
 
     /// Drops whoever owns `partition`, as a pin lapses when its client stops pulling: the owner learns it when it

@@ -757,6 +757,19 @@ impl JetStream {
     }
 }
 
+/// A dead letter as a message on its subject, stored once per source sequence (`dlq:<seq>`).
+fn dead_letter_message(letter: &DeadLetter) -> Result<(String, PublishMessage), Error> {
+    let mut headers = HeaderMap::new();
+    headers.insert(HEADER_DLQ_REASON, header_value(HEADER_DLQ_REASON, &letter.header_reason())?);
+    headers.insert(HEADER_DLQ_SOURCE_SEQ, letter.source_seq.to_string());
+    headers.insert(HEADER_DLQ_SOURCE_SUBJECT, header_value(HEADER_DLQ_SOURCE_SUBJECT, &letter.source_subject)?);
+    let message = PublishMessage::build()
+        .payload(letter.payload.clone())
+        .headers(headers)
+        .message_id(format!("dlq:{}", letter.source_seq));
+    Ok((letter.subject(), message))
+}
+
 /// How long reading a snapshot of `size` bytes may take: 2 s, plus 10 MB/s.
 fn snapshot_deadline(size: usize) -> Duration {
     Duration::from_secs(2) + Duration::from_millis(u64::try_from(size / 10_000).unwrap_or(u64::MAX))
@@ -873,19 +886,22 @@ impl Log for JetStream {
     }
 
     async fn dead_letter(&self, letter: DeadLetter) -> Result<(), Error> {
-        let mut headers = HeaderMap::new();
-        headers.insert(HEADER_DLQ_REASON, header_value(HEADER_DLQ_REASON, &letter.header_reason())?);
-        headers.insert(HEADER_DLQ_SOURCE_SEQ, letter.source_seq.to_string());
-        headers.insert(HEADER_DLQ_SOURCE_SUBJECT, header_value(HEADER_DLQ_SOURCE_SUBJECT, &letter.source_subject)?);
-        let message = PublishMessage::build()
-            .payload(letter.payload.clone())
-            .headers(headers)
-            .message_id(format!("dlq:{}", letter.source_seq));
+        let (subject, message) = dead_letter_message(&letter)?;
         // A duplicate is the letter stored before: done either way.
-        self.publish(letter.subject(), message).await.map(|_| ()).map_err(|e| match e.kind() {
-            PublishErrorKind::MaxPayloadExceeded => Error::Refused(format!("the dead letter is too large: {e}")),
-            _ => unavailable("the dead letter was not acknowledged", e),
-        })
+        match self.publish(subject, message).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                // A command just under `max_payload` plus the letter's headers: keep the letter without its bytes
+                // rather than block the partition.
+                tracing::warn!(seq = letter.source_seq, error = %e, "dead letter too large; storing it without its bytes");
+                let (subject, message) = dead_letter_message(&letter.without_bytes(&e.to_string()))?;
+                self.publish(subject, message)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| unavailable("the dead letter was not acknowledged", e))
+            }
+            Err(e) => Err(unavailable("the dead letter was not acknowledged", e)),
+        }
     }
 
     async fn read_dead_letters(&self, from: u64, max: usize) -> Result<Vec<(u64, DeadLetter)>, Error> {

@@ -171,6 +171,3 @@ pub trait Owner: Send + 'static {
     /// Gives the partition up so another worker takes it at once.
     fn release(self) -> impl Future<Output = ()> + Send;
 }
-
-/// How long an owner may wait for commands before it checks its hold again.
-pub const DEFAULT_POLL: Duration = Duration::from_millis(500);

@@ -151,6 +151,22 @@ impl DeadLetter {
         }
     }
 
+    /// The letter without its bytes, for a dead-letter log they do not fit in (a payload the command log took, plus
+    /// the letter's headers): the reason says where the bytes are. Its note comes first, since a reason is cut at
+    /// 512 bytes where it is stored.
+    pub fn without_bytes(&self, why: &str) -> DeadLetter {
+        DeadLetter {
+            reason: format!(
+                "its {} bytes are not kept here (they are at sequence {} of the command log: {why}); {}",
+                self.payload.len(),
+                self.source_seq,
+                self.reason
+            ),
+            payload: Bytes::new(),
+            ..self.clone()
+        }
+    }
+
     /// A reason fits in a header: one line, at most 512 bytes.
     pub fn header_reason(&self) -> String {
         let one_line: String = self.reason.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();

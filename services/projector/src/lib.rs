@@ -46,20 +46,6 @@ const HOLDERS: TableDefinition<(&str, &str), &str> = TableDefinition::new("holde
 /// (command id, part) -> (outcome sequence, the outcome in JSON)
 const OUTCOMES: TableDefinition<(&str, u32), (u64, &str)> = TableDefinition::new("outcomes");
 
-/// Names of the read-model tables, in the order digests are printed.
-pub const TABLES: [&str; 10] = [
-    "agents",
-    "holders",
-    "leases",
-    "leases_by_resource",
-    "outcomes",
-    "pools",
-    "resources",
-    "resources_by_agent",
-    "resources_by_state",
-    "chain",
-];
-
 /// The file in the data directory.
 pub const FILE_NAME: &str = "projection.redb";
 /// The most outcomes written in one transaction.

@@ -161,7 +161,7 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
             let (_, _, task) = running.remove(&partition).expect("listed above");
             match task.await {
                 Ok((counts, result)) => {
-                    add_counts(&mut report.counts, counts);
+                    report.counts += counts;
                     match result {
                         Ok(()) => {}
                         Err(e) if e.is_transient() => {
@@ -290,7 +290,7 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
         token.cancel();
         match task.await {
             Ok((counts, result)) => {
-                add_counts(&mut report.counts, counts);
+                report.counts += counts;
                 match result {
                     Err(e) if !e.is_transient() => {
                         report.stopped.insert(partition, e);
@@ -307,18 +307,6 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
         tracing::warn!(worker = %config.name, error = %e, "cannot say this worker leaves");
     }
     report
-}
-
-fn add_counts(sum: &mut Counts, more: Counts) {
-    sum.decided += more.decided;
-    sum.parts += more.parts;
-    sum.answered_from_log += more.answered_from_log;
-    sum.unchanged += more.unchanged;
-    sum.dead_lettered += more.dead_lettered;
-    sum.reloads += more.reloads;
-    sum.busy_retries += more.busy_retries;
-    sum.internal_errors += more.internal_errors;
-    sum.snapshots += more.snapshots;
 }
 
 /// Serves `partition` once: owns it if nobody else does, loads it, decides until `stop`, a lost hold or an error

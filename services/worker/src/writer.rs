@@ -72,6 +72,20 @@ pub struct Counts {
     pub snapshots: u64,
 }
 
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, more: Counts) {
+        self.decided += more.decided;
+        self.parts += more.parts;
+        self.answered_from_log += more.answered_from_log;
+        self.unchanged += more.unchanged;
+        self.dead_lettered += more.dead_lettered;
+        self.reloads += more.reloads;
+        self.busy_retries += more.busy_retries;
+        self.internal_errors += more.internal_errors;
+        self.snapshots += more.snapshots;
+    }
+}
+
 /// Settings of a writer.
 #[derive(Debug, Clone)]
 pub struct WriterConfig {
@@ -241,36 +255,11 @@ impl<L: Log> Writer<L> {
                     payload: command.payload.clone(),
                 };
                 tracing::warn!(partition, seq = command.seq, reason = %letter.reason, "command dead-lettered");
-                let stored = self
-                    .with_retries(|log| {
-                        let letter = letter.clone();
-                        async move { log.dead_letter(letter).await }
-                    })
-                    .await;
-                if let Err(Failure::Fatal(Error::Log(leasehold_log::Error::Refused(why)))) = stored {
-                    // Too large for the dead-letter log (its headers come on top of a payload the command log
-                    // took): keep the reason and where the bytes are, not the bytes. A dead letter never blocks
-                    // its partition.
-                    tracing::warn!(partition, seq = command.seq, %why, "dead letter refused; storing it without its bytes");
-                    let bare = DeadLetter {
-                        // The note first: a reason is cut at 512 bytes where it is stored.
-                        reason: format!(
-                            "its {} bytes are not kept here (they are at sequence {} of the command log: {why}); {}",
-                            letter.payload.len(),
-                            letter.source_seq,
-                            letter.reason
-                        ),
-                        payload: Bytes::new(),
-                        ..letter
-                    };
-                    self.with_retries(|log| {
-                        let bare = bare.clone();
-                        async move { log.dead_letter(bare).await }
-                    })
-                    .await?;
-                } else {
-                    stored?;
-                }
+                self.with_retries(|log| {
+                    let letter = letter.clone();
+                    async move { log.dead_letter(letter).await }
+                })
+                .await?;
                 self.counts.dead_lettered += 1;
                 return Ok(());
             }
