@@ -85,8 +85,8 @@ pub struct Projector {
     states: BTreeMap<u32, PartitionState>,
     chain: BTreeMap<u32, u64>,
     applied: u64,
-    /// The sequence up to which the in-memory states are folded (at most `applied`).
-    folded: u64,
+    /// The in-memory states are folded up to `applied` (after a restart, [`Projector::prepare`] does it).
+    prepared: bool,
     /// Tells whoever waits for an outcome to be projected (the last applied sequence, after each commit).
     applied_tx: tokio::sync::watch::Sender<u64>,
     /// Set when a batch failed: the in-memory states may be ahead of the tables, so this projector refuses to go
@@ -149,7 +149,8 @@ impl Projector {
         txn.commit().map_err(storage)?;
         let states = (0..partitions).map(|p| (p, PartitionState::new(p, partitions))).collect();
         let applied_tx = tokio::sync::watch::Sender::new(applied);
-        Ok(Projector { db: Arc::new(db), partitions, states, chain, applied, folded: 0, applied_tx, failed: None })
+        let prepared = applied == 0;
+        Ok(Projector { db: Arc::new(db), partitions, states, chain, applied, prepared, applied_tx, failed: None })
     }
 
     /// The last outcome sequence applied to the read models.
@@ -171,7 +172,7 @@ impl Projector {
     /// the latest writer snapshot at or before its last applied outcome, then its outcomes up to that one, with
     /// every check of a writer's load. So a restart costs what a takeover does, not a fold of the whole history.
     pub async fn prepare<L: Log>(&mut self, log: &L) -> Result<(), Error> {
-        if self.folded >= self.applied {
+        if self.prepared {
             return Ok(());
         }
         let config = leasehold_worker::WriterConfig::default();
@@ -195,7 +196,7 @@ impl Projector {
             })?;
             self.states.insert(partition, folded.state);
         }
-        self.folded = self.applied;
+        self.prepared = true;
         Ok(())
     }
 
@@ -230,6 +231,12 @@ impl Projector {
         if let Some(why) = &self.failed {
             return Err(Error::Refused(format!("this projector failed earlier ({why}): open it again to resume")));
         }
+        if !self.prepared {
+            return Err(Error::Refused(format!(
+                "the projection holds outcomes up to {}: prepare it (catch_up and run do) before applying more",
+                self.applied
+            )));
+        }
         if batch.is_empty() {
             return Ok(());
         }
@@ -251,13 +258,15 @@ impl Projector {
                 let expected = self.chain.get(&stored.partition).copied().unwrap_or(0);
                 let outcome = self.check(stored, expected)?;
                 let state = self.state(stored.partition, stored.seq)?;
+                // What the outcome touches, with the resources' states before it (to move them in the index by
+                // state), from memory: the tables hold the same.
+                let touched = Touched::of(state, &outcome);
                 apply(state, &outcome).map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
                 let state = &self.states[&stored.partition];
-                tables.write(state, &outcome, stored)?;
+                tables.write(state, &outcome, stored, &touched)?;
                 self.chain.insert(stored.partition, stored.seq);
                 tables.chain.insert(stored.partition, stored.seq).map_err(storage)?;
                 self.applied = stored.seq;
-                self.folded = stored.seq;
             }
             tables.meta.insert("applied", self.applied).map_err(storage)?;
         }
@@ -321,7 +330,7 @@ impl Projector {
         self.states = (0..self.partitions).map(|p| (p, PartitionState::new(p, self.partitions))).collect();
         self.chain.clear();
         self.applied = 0;
-        self.folded = 0;
+        self.prepared = true;
         self.failed = None;
         self.applied_tx.send_replace(0);
         Ok(())
@@ -367,16 +376,28 @@ struct Tables<'t> {
     outcomes: redb::Table<'t, (&'static str, u32), (u64, &'static str)>,
 }
 
-/// What one effect touched.
+/// What an outcome touches: resources (with their state before it), leases and pool identifiers.
 #[derive(Default)]
 struct Touched {
-    resources: BTreeSet<ResourceId>,
+    resources: BTreeMap<ResourceId, Option<&'static str>>,
     leases: BTreeSet<LeaseId>,
     values: BTreeSet<PoolValue>,
 }
 
 impl Touched {
-    fn of(&mut self, effect: &Effect) {
+    /// Read from `state` before `outcome` is applied: a lease's effects touch its resource's record too.
+    fn of(state: &PartitionState, outcome: &Outcome) -> Touched {
+        let mut touched = Touched::default();
+        let mut resources = BTreeSet::new();
+        for effect in outcome.effects() {
+            touched.effect(effect, &mut resources);
+        }
+        resources.extend(touched.leases.iter().filter_map(|lease| state.lease(*lease)).map(|lease| lease.resource));
+        touched.resources = resources.into_iter().map(|id| (id, state.resource(id).map(|r| r.state.name()))).collect();
+        touched
+    }
+
+    fn effect(&mut self, effect: &Effect, resources: &mut BTreeSet<ResourceId>) {
         match effect {
             Effect::AgentRegistered { .. }
             | Effect::AgentSeen { .. }
@@ -415,11 +436,11 @@ impl Touched {
             | Effect::ClaimReleasable { resource, .. }
             | Effect::GrantReturned { resource, .. }
             | Effect::ChildAdopted { parent: resource, .. } => {
-                self.resources.insert(*resource);
+                resources.insert(*resource);
             }
             Effect::LeaseWaiting { lease, resource, .. } | Effect::LeaseGranted { lease, resource, .. } => {
                 self.leases.insert(*lease);
-                self.resources.insert(*resource);
+                resources.insert(*resource);
             }
             Effect::LeaseRenewed { lease, .. }
             | Effect::LeaseReleased { lease }
@@ -452,15 +473,17 @@ impl<'t> Tables<'t> {
         })
     }
 
-    fn write(&mut self, state: &PartitionState, outcome: &Outcome, stored: &StoredOutcome) -> Result<(), Error> {
+    fn write(
+        &mut self,
+        state: &PartitionState,
+        outcome: &Outcome,
+        stored: &StoredOutcome,
+        touched: &Touched,
+    ) -> Result<(), Error> {
         let seq = stored.seq;
         let json = serde_json::to_string(outcome).map_err(storage)?;
         let id = outcome.command.id.to_string();
         self.outcomes.insert((id.as_str(), outcome.part), (seq, json.as_str())).map_err(storage)?;
-        let mut touched = Touched::default();
-        for effect in outcome.effects() {
-            touched.of(effect);
-        }
         match &outcome.command.key {
             Key::Agent(agent) => {
                 if let Some(agent) = state.agent(agent) {
@@ -469,16 +492,15 @@ impl<'t> Tables<'t> {
                 }
                 for lease in &touched.leases {
                     if let Some(lease) = state.lease(*lease) {
-                        touched.resources.insert(lease.resource);
                         let view = LeaseView::of(lease, seq);
                         let id = view.id.clone();
                         self.leases.insert(id.as_str(), to_json(&view)?.as_str()).map_err(storage)?;
                         self.leases_by_resource.insert((view.resource.as_str(), id.as_str()), ()).map_err(storage)?;
                     }
                 }
-                for resource in &touched.resources {
-                    if let Some(resource) = state.resource(*resource) {
-                        self.write_resource(&ResourceView::of(resource, seq))?;
+                for (id, before) in &touched.resources {
+                    if let Some(resource) = state.resource(*id) {
+                        self.write_resource(&ResourceView::of(resource, seq), *before)?;
                     }
                 }
             }
@@ -504,16 +526,11 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
-    fn write_resource(&mut self, view: &ResourceView) -> Result<(), Error> {
+    /// Writes a resource's record and its index entries; `before` is its state before the outcome (none if new).
+    fn write_resource(&mut self, view: &ResourceView, before: Option<&'static str>) -> Result<(), Error> {
         let reference = view.reference.as_str();
-        let old_state = self
-            .resources
-            .get(reference)
-            .map_err(storage)?
-            .and_then(|old| serde_json::from_str::<ResourceView>(old.value()).ok())
-            .map(|old| old.state);
-        if let Some(old_state) = old_state.filter(|s| *s != view.state) {
-            self.by_state.remove((old_state.as_str(), reference)).map_err(storage)?;
+        if let Some(before) = before.filter(|s| *s != view.state) {
+            self.by_state.remove((before, reference)).map_err(storage)?;
         }
         self.resources.insert(reference, to_json(view)?.as_str()).map_err(storage)?;
         self.by_agent.insert((view.agent.as_str(), reference), ()).map_err(storage)?;

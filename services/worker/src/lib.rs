@@ -151,6 +151,7 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
     let mut unserved_since: BTreeMap<u32, tokio::time::Instant> = BTreeMap::new();
     let mut live = vec![config.name.clone()];
     let mut last_unserved_check: Option<tokio::time::Instant> = None;
+    let mut last_refresh: Option<tokio::time::Instant> = None;
     // A partition whose writer gave up for a transient reason is asked for again after a pause that doubles.
     let mut not_before: BTreeMap<u32, (tokio::time::Instant, Duration)> = BTreeMap::new();
     loop {
@@ -184,8 +185,16 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
         if shutdown.is_cancelled() {
             break;
         }
-        match log.workers(&config.name, true).await {
-            Ok(mut now_live) => {
+        // Say this worker is alive (and learn who else is) a few times per time-to-live, not on every pass: on
+        // JetStream each call is a write and a listing of the bucket.
+        let refresh = last_refresh.is_none_or(|at| at.elapsed() >= log.worker_ttl() / 3);
+        let listed = if refresh { Some(log.workers(&config.name, true).await) } else { None };
+        if refresh {
+            last_refresh = Some(tokio::time::Instant::now());
+        }
+        match listed {
+            None => {}
+            Some(Ok(mut now_live)) => {
                 if !now_live.contains(&config.name) {
                     now_live.push(config.name.clone());
                     now_live.sort();
@@ -195,7 +204,7 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
                 }
                 live = now_live;
             }
-            Err(e) => tracing::warn!(worker = %config.name, error = %e, "cannot list the live workers"),
+            Some(Err(e)) => tracing::warn!(worker = %config.name, error = %e, "cannot list the live workers"),
         }
         let now = tokio::time::Instant::now();
         let check = last_unserved_check.is_none_or(|at| now.duration_since(at) >= check_unserved);
