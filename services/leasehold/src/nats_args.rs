@@ -1,8 +1,28 @@
-//! The flags that reach a NATS server, shared by every command that can run over JetStream.
+//! The flags that say which log a command runs on, shared by every command that reads or serves one.
 
 use std::path::PathBuf;
 
 use leasehold_log::jetstream::{Credentials, JetStreamConfig};
+
+/// The embedded log in a data directory, or JetStream.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct LogArgs {
+    /// The data directory: the embedded log (unless --nats is given) and the projection.
+    #[arg(long, default_value = "./leasehold-data")]
+    pub(crate) data: PathBuf,
+    /// Partitions of the log: recorded when the log is first created, and checked after.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) partitions: u32,
+    #[command(flatten)]
+    pub(crate) nats: NatsArgs,
+}
+
+impl LogArgs {
+    /// The JetStream settings, if --nats was given.
+    pub(crate) fn jetstream(&self) -> Option<JetStreamConfig> {
+        self.nats.config(self.partitions)
+    }
+}
 
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct NatsArgs {

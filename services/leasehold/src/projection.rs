@@ -1,7 +1,5 @@
 //! `leasehold projection`: look at the read models in a data directory, or rebuild them from the log.
 
-use std::path::PathBuf;
-
 use anyhow::Context;
 use leasehold_log::Log;
 use leasehold_log::embedded::Embedded;
@@ -18,13 +16,8 @@ pub(crate) enum ProjectionCmd {
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct ProjectionArgs {
-    /// The data directory of the projection (and of the embedded log, unless --nats is given).
-    #[arg(long, default_value = "./leasehold-data")]
-    data: PathBuf,
     #[command(flatten)]
-    nats: crate::nats_args::NatsArgs,
-    #[arg(long, default_value_t = 32)]
-    partitions: u32,
+    log: crate::nats_args::LogArgs,
 }
 
 pub(crate) fn run(cmd: ProjectionCmd) -> anyhow::Result<()> {
@@ -38,10 +31,10 @@ pub(crate) fn run(cmd: ProjectionCmd) -> anyhow::Result<()> {
             ProjectionCmd::Rebuild(args) => {
                 let mut projector = open(&args)?;
                 projector.drop_all()?;
-                match args.nats.config(args.partitions) {
+                match args.log.jetstream() {
                     None => {
-                        let log = Embedded::open(&args.data, args.partitions)
-                            .with_context(|| format!("opening the embedded log in {}", args.data.display()))?;
+                        let log = Embedded::open(&args.log.data, args.log.partitions)
+                            .with_context(|| format!("opening the embedded log in {}", args.log.data.display()))?;
                         rebuild(&mut projector, &log).await?;
                     }
                     Some(config) => {
@@ -59,8 +52,8 @@ pub(crate) fn run(cmd: ProjectionCmd) -> anyhow::Result<()> {
 }
 
 fn open(args: &ProjectionArgs) -> anyhow::Result<Projector> {
-    Projector::open(&args.data, args.partitions).with_context(|| {
-        format!("opening the projection in {} (is `leasehold serve` running on it?)", args.data.display())
+    Projector::open(&args.log.data, args.log.partitions).with_context(|| {
+        format!("opening the projection in {} (is `leasehold serve` running on it?)", args.log.data.display())
     })
 }
 

@@ -25,14 +25,8 @@ pub(crate) struct ServeArgs {
     /// The roles to run, comma-separated (default: every role that exists).
     #[arg(long, value_delimiter = ',', default_value = "worker,projector")]
     roles: Vec<Role>,
-    /// The data directory: the embedded log (when --nats is not given) and the projection.
-    #[arg(long, default_value = "./leasehold-data")]
-    data: PathBuf,
     #[command(flatten)]
-    nats: crate::nats_args::NatsArgs,
-    /// Partitions of the log: recorded when the log is first created, and checked after.
-    #[arg(long, default_value_t = 32)]
-    partitions: u32,
+    log: crate::nats_args::LogArgs,
     /// How long a worker's hold on a partition outlives it (JetStream `priority_timeout`).
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
     priority_timeout: Duration,
@@ -53,20 +47,26 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();
         let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
-        let result = match &args.nats.nats {
+        let result = match args.log.jetstream() {
             None => {
-                let log = Embedded::open(&args.data, args.partitions)
-                    .with_context(|| format!("opening the embedded log in {}", args.data.display()))?;
+                let log = Embedded::open(&args.log.data, args.log.partitions)
+                    .with_context(|| format!("opening the embedded log in {}", args.log.data.display()))?;
                 println!(
                     "leasehold serve: {} over the embedded log in {} ({} partitions)",
                     roles(&args.roles),
-                    args.data.display(),
+                    args.log.data.display(),
                     log.partitions()
                 );
                 serve(log, &args, shutdown).await
             }
-            Some(url) => {
-                let log = leasehold_log::jetstream::JetStream::connect(jetstream_config(&args))
+            Some(config) => {
+                let url = config.url.clone();
+                let config = leasehold_log::jetstream::JetStreamConfig {
+                    priority_timeout: args.priority_timeout,
+                    ack_wait: args.ack_wait,
+                    ..config
+                };
+                let log = leasehold_log::jetstream::JetStream::connect(config)
                     .await
                     .with_context(|| format!("connecting to NATS at {url}"))?;
                 println!(
@@ -82,15 +82,6 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-fn jetstream_config(args: &ServeArgs) -> leasehold_log::jetstream::JetStreamConfig {
-    let config = args.nats.config(args.partitions).expect("called with --nats");
-    leasehold_log::jetstream::JetStreamConfig {
-        priority_timeout: args.priority_timeout,
-        ack_wait: args.ack_wait,
-        ..config
-    }
-}
-
 fn roles(roles: &[Role]) -> String {
     roles.iter().map(|r| format!("{r:?}").to_lowercase()).collect::<Vec<_>>().join(",")
 }
@@ -100,9 +91,9 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
     let mut tasks = tokio::task::JoinSet::new();
     // The projection opens first: a data directory in use stops `serve` before any partition is taken.
     let projector = if args.roles.contains(&Role::Projector) {
-        let projector = leasehold_projector::Projector::open(&args.data, log.partitions())
-            .with_context(|| format!("opening the projection in {}", args.data.display()))?;
-        println!("projector: read models in {} (applied up to {})", args.data.display(), projector.applied());
+        let projector = leasehold_projector::Projector::open(&args.log.data, log.partitions())
+            .with_context(|| format!("opening the projection in {}", args.log.data.display()))?;
+        println!("projector: read models in {} (applied up to {})", args.log.data.display(), projector.applied());
         Some(projector)
     } else {
         None
@@ -125,7 +116,7 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
         });
     }
     if let Some(projector) = projector {
-        let (log, shutdown, data) = (log.clone(), shutdown.clone(), args.data.clone());
+        let (log, shutdown, data) = (log.clone(), shutdown.clone(), args.log.data.clone());
         tasks.spawn(async move { project(projector, log, data, shutdown).await });
     }
     let mut result = Ok(());

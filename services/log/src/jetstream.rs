@@ -540,50 +540,41 @@ fn wrong_last_sequence(e: &PublishError) -> Option<u64> {
     rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
 
-fn cmd_stream_config(partitions: u32, replicas: usize) -> stream::Config {
-    let (source, destination) = partition_transform(partitions);
+/// What the three streams share: limits retention on file, direct gets, the replica count.
+fn stream_config(name: &str, subjects: &str, duplicate_window: Duration, replicas: usize) -> stream::Config {
     stream::Config {
-        name: CMD_STREAM.to_owned(),
-        subjects: vec![source.clone()],
-        subject_transform: Some(SubjectTransform { source, destination }),
+        name: name.to_owned(),
+        subjects: vec![subjects.to_owned()],
         retention: RetentionPolicy::Limits,
         storage: StorageType::File,
-        max_age: COMMAND_RETENTION,
-        deny_delete: true,
-        deny_purge: true,
-        duplicate_window: COMMAND_DUPLICATE_WINDOW,
+        duplicate_window,
         allow_direct: true,
         num_replicas: replicas,
         ..Default::default()
+    }
+}
+
+fn cmd_stream_config(partitions: u32, replicas: usize) -> stream::Config {
+    let (source, destination) = partition_transform(partitions);
+    stream::Config {
+        subject_transform: Some(SubjectTransform { source: source.clone(), destination }),
+        max_age: COMMAND_RETENTION,
+        deny_delete: true,
+        deny_purge: true,
+        ..stream_config(CMD_STREAM, &source, COMMAND_DUPLICATE_WINDOW, replicas)
     }
 }
 
 fn evt_stream_config(replicas: usize) -> stream::Config {
     stream::Config {
-        name: EVT_STREAM.to_owned(),
-        subjects: vec!["lh.evt.>".to_owned()],
-        retention: RetentionPolicy::Limits,
-        storage: StorageType::File,
         deny_delete: true,
         deny_purge: true,
-        duplicate_window: OUTCOME_DUPLICATE_WINDOW,
-        allow_direct: true,
-        num_replicas: replicas,
-        ..Default::default()
+        ..stream_config(EVT_STREAM, "lh.evt.>", OUTCOME_DUPLICATE_WINDOW, replicas)
     }
 }
 
 fn dlq_stream_config(replicas: usize) -> stream::Config {
-    stream::Config {
-        name: DLQ_STREAM.to_owned(),
-        subjects: vec!["lh.dlq.>".to_owned()],
-        retention: RetentionPolicy::Limits,
-        storage: StorageType::File,
-        duplicate_window: DEAD_LETTER_DUPLICATE_WINDOW,
-        allow_direct: true,
-        num_replicas: replicas,
-        ..Default::default()
-    }
+    stream_config(DLQ_STREAM, "lh.dlq.>", DEAD_LETTER_DUPLICATE_WINDOW, replicas)
 }
 
 /// Refuses a stream that differs from what leasehold creates in anything leasehold set.
