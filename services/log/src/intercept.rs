@@ -1,7 +1,7 @@
 //! A log with some of its calls intercepted, for tests and simulations: [`Intercepted`] delegates every call of the
 //! [`Log`] trait to the log it wraps, except those its [`Intercept`] hooks take over (appends, reads of the command
-//! at a sequence, snapshot reads, whether a partition is served, ownership). A fault layer, a gate that holds an append, or a log whose reads fail
-//! for a while each write only their hooks.
+//! at a sequence, snapshot and outcome reads, whether a partition is served, ownership). A fault layer, a gate that
+//! holds an append, or a log whose reads fail for a while each write only their hooks.
 
 use std::future::Future;
 use std::time::Duration;
@@ -48,6 +48,16 @@ pub trait Intercept<L: Log>: Clone + Send + Sync + 'static {
     fn is_served(&self, log: &L, partition: u32) -> impl Future<Output = Result<bool, Error>> + Send {
         log.is_served(partition)
     }
+
+    fn read_outcomes(
+        &self,
+        log: &L,
+        filter: &OutcomeFilter,
+        from: u64,
+        max: usize,
+    ) -> impl Future<Output = Result<Vec<StoredOutcome>, Error>> + Send {
+        log.read_outcomes(filter, from, max)
+    }
 }
 
 /// `log` with the calls `hooks` take over.
@@ -89,7 +99,7 @@ impl<L: Log, I: Intercept<L>> Log for Intercepted<L, I> {
     }
 
     async fn read_outcomes(&self, filter: &OutcomeFilter, from: u64, max: usize) -> Result<Vec<StoredOutcome>, Error> {
-        self.log.read_outcomes(filter, from, max).await
+        self.hooks.read_outcomes(&self.log, filter, from, max).await
     }
 
     fn follow(&self, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {

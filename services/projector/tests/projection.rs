@@ -6,8 +6,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use leasehold_log::embedded::Embedded;
-use leasehold_log::{Log, StoredOutcome};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use leasehold_log::embedded::{Embedded, EmbeddedOwner};
+use leasehold_log::intercept::{Intercept, Intercepted};
+use leasehold_log::{Error as LogError, Log, OutcomeFilter, StoredOutcome};
 use leasehold_projector::{Error, Projector, Reader, ResourceQuery, ResourceView};
 use leasehold_schemas::command::{Acquire, Allocate, Claim, DefinePool, Register, Release, ReportCreated};
 use leasehold_schemas::ids::{
@@ -221,7 +225,12 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
     drop((projector, reader, client));
     let mut projector = Projector::open(&dir.path().join("projection"), PARTITIONS).unwrap();
     assert_eq!(projector.applied(), applied);
-    assert_eq!(projector.catch_up(&log).await.unwrap(), applied);
+    // The restart folds each partition from the writers' latest snapshot: it reads fewer outcomes than the log holds.
+    let counted = Intercepted { log: log.clone(), hooks: CountReads::default() };
+    assert_eq!(projector.catch_up(&counted).await.unwrap(), applied);
+    let read = counted.hooks.0.load(Ordering::SeqCst);
+    let total = log.read_outcomes(&OutcomeFilter::All, 1, 10_000).await.unwrap().len();
+    assert!(read < total, "the restart read {read} of the log's {total} outcomes: it did not start from snapshots");
     assert_eq!(projector.digests().unwrap(), digests);
     let mut from_snapshots = 0;
     for p in 0..PARTITIONS {
@@ -235,6 +244,32 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
     assert_ne!(projector.digests().unwrap(), digests);
     assert_eq!(projector.catch_up(&log).await.unwrap(), applied);
     assert_eq!(projector.digests().unwrap(), digests, "a rebuild from sequence 1 gives the same content");
+}
+
+/// Counts the outcomes read by partition.
+#[derive(Debug, Clone, Default)]
+struct CountReads(Arc<AtomicUsize>);
+
+impl Intercept<Embedded> for CountReads {
+    type Owner = EmbeddedOwner;
+
+    async fn own(&self, log: &Embedded, partition: u32, worker: &str) -> Result<Option<EmbeddedOwner>, LogError> {
+        log.own(partition, worker).await
+    }
+
+    async fn read_outcomes(
+        &self,
+        log: &Embedded,
+        filter: &OutcomeFilter,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<StoredOutcome>, LogError> {
+        let read = log.read_outcomes(filter, from, max).await?;
+        if matches!(filter, OutcomeFilter::Partition(_)) {
+            self.0.fetch_add(read.len(), Ordering::SeqCst);
+        }
+        Ok(read)
+    }
 }
 
 fn stored(seq: u64, prev_seq: u64, payload: Bytes) -> StoredOutcome {
