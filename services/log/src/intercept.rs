@@ -138,3 +138,32 @@ impl<L: Log, I: Intercept<L>> Log for Intercepted<L, I> {
         self.hooks.own(&self.log, partition, worker).await
     }
 }
+
+/// Seeded randomness for fault layers and workloads (SplitMix64): small, and the same on every machine, so a failing
+/// seed replays exactly.
+#[derive(Debug, Clone)]
+pub struct SeededRng(u64);
+
+impl SeededRng {
+    pub fn new(seed: u64) -> Self {
+        SeededRng(seed)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// True `percent` times in a hundred.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}

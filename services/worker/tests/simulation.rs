@@ -22,7 +22,7 @@ use bytes::Bytes;
 use leasehold_domain::driver::Driver;
 use leasehold_domain::{Ctx, DECIDER_VERSION, Decided, PartitionState, apply, continue_work, decide, invariants};
 use leasehold_log::embedded::{Embedded, EmbeddedOwner};
-use leasehold_log::intercept::{Intercept, Intercepted};
+use leasehold_log::intercept::{Intercept, Intercepted, SeededRng};
 use leasehold_log::{Appended, CommandRecord, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Snapshot};
 use leasehold_schemas::command::{Acquire, Allocate, Heartbeat, Register, Release, ReportCreated, RetireAgent};
 use leasehold_schemas::ids::{AgentName, CommandId, Issuer, LeaseId, Position, ResourceId, Timestamp};
@@ -36,27 +36,7 @@ const PARTITIONS: u32 = 2;
 const START: u64 = 1_800_000_000_000;
 const SPLIT_BUDGET: usize = 1;
 
-/// SplitMix64: small, seeded, the same on every machine.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+type Rng = SeededRng;
 
 #[derive(Debug, Default)]
 struct Faults {
@@ -440,7 +420,7 @@ async fn run_seed(seed: u64) -> Faults {
     let clock: leasehold_log::embedded::Clock =
         Arc::new(move || Timestamp(START + u64::try_from(base.elapsed().as_millis()).unwrap_or(0)));
     let log = Embedded::in_memory(PARTITIONS, clock).unwrap();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let agents = register(&log, &mut rng).await;
     let faults = Arc::new(Mutex::new(Faults::default()));
     let shutdown = CancellationToken::new();
@@ -448,7 +428,7 @@ async fn run_seed(seed: u64) -> Faults {
     for (w, name) in ["worker-a", "worker-b"].into_iter().enumerate() {
         let sim: SimLog = Intercepted {
             log: log.clone(),
-            hooks: Faulty { rng: Arc::new(Mutex::new(Rng(seed ^ (0xa5a5 + w as u64)))), faults: faults.clone() },
+            hooks: Faulty { rng: Arc::new(Mutex::new(Rng::new(seed ^ (0xa5a5 + w as u64)))), faults: faults.clone() },
         };
         let config = WorkerConfig {
             name: name.to_owned(),
@@ -466,7 +446,7 @@ async fn run_seed(seed: u64) -> Faults {
         workers.push(tokio::spawn(leasehold_worker::run(sim, config, shutdown.clone())));
     }
     let work = Workload {
-        rng: Rng(seed.wrapping_mul(31)),
+        rng: Rng::new(seed.wrapping_mul(31)),
         agents,
         resources: Vec::new(),
         obs: BTreeMap::new(),

@@ -31,7 +31,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use leasehold_domain::{Ctx, DECIDER_VERSION, Decided, PartitionState, apply, continue_work, decide, invariants};
 use leasehold_log::embedded::Embedded;
-use leasehold_log::intercept::{Intercept, Intercepted};
+use leasehold_log::intercept::{Intercept, Intercepted, SeededRng};
 use leasehold_log::jetstream::{JetStream, JetStreamConfig};
 use leasehold_log::nats_server::{NatsCluster, NatsServer};
 use leasehold_log::{Appended, CommandRecord, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Snapshot, conformance};
@@ -279,23 +279,7 @@ impl<L: Log> Owner for Believer<L> {
     async fn release(self) {}
 }
 
-/// SplitMix64: small and seeded.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+type Rng = SeededRng;
 
 fn now_ms() -> u64 {
     let since = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).expect("the clock is after 1970");
@@ -328,7 +312,14 @@ impl Workload {
             .filter(|agent| partition_of_agent(agent, PARTITIONS) == P)
             .take(5)
             .collect();
-        Workload { rng: Rng(seed), names, agents: Vec::new(), resources: Vec::new(), ids: 0, published: Vec::new() }
+        Workload {
+            rng: Rng::new(seed),
+            names,
+            agents: Vec::new(),
+            resources: Vec::new(),
+            ids: 0,
+            published: Vec::new(),
+        }
     }
 
     fn entropy(&mut self) -> [u8; 10] {
@@ -377,7 +368,7 @@ impl Workload {
         if self.agents.is_empty() {
             return self.register(log).await;
         }
-        let a = self.rng.below(self.agents.len());
+        let a = self.rng.below(self.agents.len() as u64) as usize;
         let resource = ResourceId::from_parts(now_ms(), self.entropy());
         self.resources.push((a, resource));
         let body = Allocate {
@@ -417,7 +408,7 @@ impl Workload {
         if roll < 45 || self.resources.is_empty() {
             return self.allocate(log).await;
         }
-        let (a, resource) = self.resources[self.rng.below(self.resources.len())];
+        let (a, resource) = self.resources[self.rng.below(self.resources.len() as u64) as usize];
         let Some(epoch) = self.epoch(log, a).await else { return self.allocate(log).await };
         let agent = self.agents[a].name.clone();
         let envelope = if roll < 90 {
