@@ -393,7 +393,7 @@ async fn register(log: &Embedded, rng: &mut Rng) -> Vec<(AgentName, Position)> {
         let at = Workload::now();
         let body = Register {
             agent: agent.clone(),
-            incarnation: Uuid::from_u128(u128::from(rng.next()) | 1 << 100),
+            incarnation: Uuid::from_u128(u128::from(rng.next_u64()) | 1 << 100),
             wiped: false,
             settings: AgentSettings::default(),
         };

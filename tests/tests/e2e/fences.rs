@@ -354,7 +354,7 @@ impl Workload {
         let agent = self.names.remove(0);
         let body = Register {
             agent: agent.clone(),
-            incarnation: Uuid::from_u128(u128::from(self.rng.next()) | 1 << 100),
+            incarnation: Uuid::from_u128(u128::from(self.rng.next_u64()) | 1 << 100),
             wiped: false,
             settings: AgentSettings::default(),
         };
