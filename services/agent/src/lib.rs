@@ -1,0 +1,1 @@
+//! leasehold agent runtime (being built).
