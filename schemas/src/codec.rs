@@ -337,6 +337,24 @@ pub fn decode_command(bytes: &[u8]) -> Result<Envelope, CodecError> {
     }
 }
 
+/// The command id of a payload that may not decode as a whole (a dead letter: a newer body, a refused subject),
+/// read from its header alone; `None` when not even that can be read. For finding a command, never for deciding.
+pub fn peek_command_id(bytes: &[u8]) -> Option<CommandId> {
+    match bytes.first()? {
+        &FORMAT_BINCODE_V1 => {
+            let rest = bytes.get(1..)?;
+            let (_, read_version) = decode_from::<u16>(rest).ok()?;
+            let (header, _) = decode_from::<Header>(rest.get(read_version..)?).ok()?;
+            Some(header.command_id)
+        }
+        &FORMAT_JSON => {
+            let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+            value.get("command_id")?.as_str()?.parse().ok()
+        }
+        _ => None,
+    }
+}
+
 /// The first byte is what tells the forms apart, so JSON gets no leading whitespace or byte-order mark. A payload
 /// that starts with either is most likely JSON from a producer that added it: the error says so.
 fn json_prefix_error(bytes: &[u8]) -> Option<CodecError> {
@@ -542,6 +560,20 @@ mod tests {
     use super::*;
     use crate::command::{Heartbeat, MarkStalled};
     use crate::ids::{AgentName, Position};
+
+    #[test]
+    fn the_command_id_is_read_from_a_header_whose_body_does_not_decode() {
+        let envelope = heartbeat();
+        let mut bincode = encode_command(&envelope).unwrap();
+        bincode.push(0);
+        assert!(decode_command(&bincode).is_err());
+        assert_eq!(peek_command_id(&bincode), Some(envelope.command_id));
+        let json = command_to_json(&envelope).unwrap().replace(r#""epoch":4"#, r#""epoch":"four""#);
+        assert!(decode_command(json.as_bytes()).is_err());
+        assert_eq!(peek_command_id(json.as_bytes()), Some(envelope.command_id));
+        assert_eq!(peek_command_id(b"\x07garbage"), None);
+        assert_eq!(peek_command_id(b""), None);
+    }
 
     fn heartbeat() -> Envelope {
         Envelope::new(

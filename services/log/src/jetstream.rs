@@ -122,7 +122,8 @@ pub struct JetStreamConfig {
     /// The server URL (`nats://host:4222`), or several separated by commas. No credentials in it.
     pub url: String,
     pub credentials: Credentials,
-    /// The partition count, fixed when the streams are created.
+    /// The partition count, fixed when the streams are created. `0`: take the existing log's partition and replica
+    /// counts (agents and producers, which never create a log).
     pub partitions: u32,
     /// Replicas of every stream (1, or 3 in production).
     pub replicas: usize,
@@ -197,9 +198,6 @@ impl JetStream {
     /// Connects, then creates the streams or checks that the existing ones are leasehold's with this partition
     /// count and replica count.
     pub async fn connect(config: JetStreamConfig) -> Result<Self, Error> {
-        if config.partitions == 0 {
-            return Err(Error::Refused("a log has at least one partition".to_owned()));
-        }
         if !(1..=5).contains(&config.replicas) {
             return Err(Error::Refused(format!("a stream has 1 to 5 replicas, not {}", config.replicas)));
         }
@@ -238,6 +236,11 @@ impl JetStream {
             _ => unavailable("cannot connect to NATS", e),
         })?;
         let js = ContextBuilder::new().timeout(config.request_timeout).build(client.clone());
+        let mut config = config;
+        if config.partitions == 0 {
+            // A client of an existing log (an agent, a producer): it takes the log as its creator made it.
+            (config.partitions, config.replicas) = existing_log(&js).await?;
+        }
         let (partitions, replicas) = (config.partitions, config.replicas);
         let cmd = ensure_stream(&js, cmd_stream_config(partitions, replicas)).await?;
         let evt = ensure_stream(&js, evt_stream_config(replicas)).await?;
@@ -443,6 +446,33 @@ async fn ensure_stream(js: &Context, wanted: stream::Config) -> Result<stream::S
         }
     }
     Err(Error::Unavailable(format!("stream {name} was created and deleted while we looked")))
+}
+
+/// The partition and replica counts of the log on this server, read from `LH_CMD`'s transform; refused when there
+/// is no log yet (only `serve` creates one, with the partition count it is told).
+async fn existing_log(js: &Context) -> Result<(u32, usize), Error> {
+    let stream = match js.get_stream(CMD_STREAM).await {
+        Ok(stream) => stream,
+        Err(e) => {
+            return Err(match e.kind() {
+                GetStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND => Error::Refused(
+                    "there is no leasehold log on this NATS server yet: `leasehold serve --nats URL` creates it"
+                        .to_owned(),
+                ),
+                _ => unavailable(&format!("cannot read stream {CMD_STREAM}"), e),
+            });
+        }
+    };
+    let config = &stream.cached_info().config;
+    let partitions = config
+        .subject_transform
+        .as_ref()
+        .and_then(|t| t.destination.split_once("partition(")?.1.split_once(',')?.0.parse::<u32>().ok())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| {
+            Error::Refused(format!("stream {CMD_STREAM} has no partition transform: it is not leasehold's"))
+        })?;
+    Ok((partitions, config.num_replicas.max(1)))
 }
 
 /// The snapshot bucket, created when missing.

@@ -123,6 +123,19 @@ async fn streams_made_differently_are_refused() {
     assert_eq!(log.partitions(), PARTITIONS);
 }
 
+/// A client of an existing log (an agent, a producer) asks for partition count 0 and gets the log's; with no log on
+/// the server it is refused, and nothing is created.
+#[tokio::test]
+async fn a_client_takes_the_partition_count_of_the_existing_log() {
+    let Some(server) = NatsServer::start() else { return };
+    let err = JetStream::connect(config(server.url(), 0)).await.expect_err("no log yet");
+    assert!(matches!(&err, Error::Refused(m) if m.contains("no leasehold log on this NATS server yet")), "{err}");
+    let creator = JetStream::connect(config(server.url(), 5)).await.expect("create the log");
+    drop(creator);
+    let client = JetStream::connect(config(server.url(), 0)).await.expect("attach to the log");
+    assert_eq!(client.partitions(), 5);
+}
+
 /// A command over the server's `max_payload` is refused, not lost; a server started with a larger one stores it.
 #[tokio::test]
 async fn a_command_over_the_servers_max_payload_is_refused() {
