@@ -31,7 +31,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-pub use views::{AgentView, ClaimView, HolderView, LeaseView, PoolView, ResourceView};
+pub use views::{AgentView, ClaimView, HolderView, LeaseBrief, LeaseView, PoolView, ResourceView};
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const CHAIN: TableDefinition<u32, u64> = TableDefinition::new("chain");
@@ -45,6 +45,8 @@ const POOLS: TableDefinition<&str, &str> = TableDefinition::new("pools");
 const HOLDERS: TableDefinition<(&str, &str), &str> = TableDefinition::new("holders");
 /// (command id, part) -> (outcome sequence, the outcome in JSON)
 const OUTCOMES: TableDefinition<(&str, u32), (u64, &str)> = TableDefinition::new("outcomes");
+/// ("resources" | "leases", state) -> how many records are in that state (for metrics).
+const COUNTS: TableDefinition<(&str, &str), u64> = TableDefinition::new("counts");
 
 /// The file in the data directory.
 pub const FILE_NAME: &str = "projection.redb";
@@ -324,6 +326,7 @@ impl Projector {
         txn.delete_table(HOLDERS).map_err(storage)?;
         txn.delete_table(OUTCOMES).map_err(storage)?;
         txn.delete_table(CHAIN).map_err(storage)?;
+        txn.delete_table(COUNTS).map_err(storage)?;
         txn.open_table(META).map_err(storage)?.insert("applied", 0).map_err(storage)?;
         create_tables(&txn)?;
         txn.commit().map_err(storage)?;
@@ -359,6 +362,7 @@ fn create_tables(txn: &redb::WriteTransaction) -> Result<(), Error> {
     txn.open_table(POOLS).map_err(storage)?;
     txn.open_table(HOLDERS).map_err(storage)?;
     txn.open_table(OUTCOMES).map_err(storage)?;
+    txn.open_table(COUNTS).map_err(storage)?;
     Ok(())
 }
 
@@ -374,13 +378,14 @@ struct Tables<'t> {
     pools: redb::Table<'t, &'static str, &'static str>,
     holders: redb::Table<'t, (&'static str, &'static str), &'static str>,
     outcomes: redb::Table<'t, (&'static str, u32), (u64, &'static str)>,
+    counts: redb::Table<'t, (&'static str, &'static str), u64>,
 }
 
-/// What an outcome touches: resources (with their state before it), leases and pool identifiers.
+/// What an outcome touches: resources and leases (with their states before it), and pool identifiers.
 #[derive(Default)]
 struct Touched {
     resources: BTreeMap<ResourceId, Option<&'static str>>,
-    leases: BTreeSet<LeaseId>,
+    leases: BTreeMap<LeaseId, Option<&'static str>>,
     values: BTreeSet<PoolValue>,
 }
 
@@ -388,16 +393,17 @@ impl Touched {
     /// Read from `state` before `outcome` is applied: a lease's effects touch its resource's record too.
     fn of(state: &PartitionState, outcome: &Outcome) -> Touched {
         let mut touched = Touched::default();
-        let mut resources = BTreeSet::new();
+        let (mut resources, mut leases) = (BTreeSet::new(), BTreeSet::new());
         for effect in outcome.effects() {
-            touched.effect(effect, &mut resources);
+            touched.effect(effect, &mut resources, &mut leases);
         }
-        resources.extend(touched.leases.iter().filter_map(|lease| state.lease(*lease)).map(|lease| lease.resource));
+        resources.extend(leases.iter().filter_map(|lease| state.lease(*lease)).map(|lease| lease.resource));
         touched.resources = resources.into_iter().map(|id| (id, state.resource(id).map(|r| r.state.name()))).collect();
+        touched.leases = leases.into_iter().map(|id| (id, state.lease(id).map(|l| l.state.name()))).collect();
         touched
     }
 
-    fn effect(&mut self, effect: &Effect, resources: &mut BTreeSet<ResourceId>) {
+    fn effect(&mut self, effect: &Effect, resources: &mut BTreeSet<ResourceId>, leases: &mut BTreeSet<LeaseId>) {
         match effect {
             Effect::AgentRegistered { .. }
             | Effect::AgentSeen { .. }
@@ -439,7 +445,7 @@ impl Touched {
                 resources.insert(*resource);
             }
             Effect::LeaseWaiting { lease, resource, .. } | Effect::LeaseGranted { lease, resource, .. } => {
-                self.leases.insert(*lease);
+                leases.insert(*lease);
                 resources.insert(*resource);
             }
             Effect::LeaseRenewed { lease, .. }
@@ -447,7 +453,7 @@ impl Touched {
             | Effect::LeaseBroken { lease, .. }
             | Effect::LeaseExpired { lease }
             | Effect::LeaseFailed { lease } => {
-                self.leases.insert(*lease);
+                leases.insert(*lease);
             }
             Effect::ClaimGranted { value, .. } | Effect::ClaimFreed { value, .. } => {
                 self.values.insert(*value);
@@ -470,6 +476,7 @@ impl<'t> Tables<'t> {
             pools: txn.open_table(POOLS).map_err(storage)?,
             holders: txn.open_table(HOLDERS).map_err(storage)?,
             outcomes: txn.open_table(OUTCOMES).map_err(storage)?,
+            counts: txn.open_table(COUNTS).map_err(storage)?,
         })
     }
 
@@ -490,17 +497,24 @@ impl<'t> Tables<'t> {
                     let view = to_json(&AgentView::of(agent, seq))?;
                     self.agents.insert(agent.name.as_str(), view.as_str()).map_err(storage)?;
                 }
-                for lease in &touched.leases {
+                for (lease, before) in &touched.leases {
                     if let Some(lease) = state.lease(*lease) {
                         let view = LeaseView::of(lease, seq);
-                        let id = view.id.clone();
-                        self.leases.insert(id.as_str(), to_json(&view)?.as_str()).map_err(storage)?;
-                        self.leases_by_resource.insert((view.resource.as_str(), id.as_str()), ()).map_err(storage)?;
+                        let id = view.id.as_str();
+                        self.leases.insert(id, to_json(&view)?.as_str()).map_err(storage)?;
+                        self.leases_by_resource.insert((view.resource.as_str(), id), ()).map_err(storage)?;
+                        self.count("leases", *before, &view.state)?;
                     }
                 }
                 for (id, before) in &touched.resources {
                     if let Some(resource) = state.resource(*id) {
-                        self.write_resource(&ResourceView::of(resource, seq), *before)?;
+                        let reference = resource.reference().to_string();
+                        let created_seq = match self.resources.get(reference.as_str()).map_err(storage)? {
+                            Some(old) => from_json::<ResourceView>(old.value())?.created_seq,
+                            None => seq,
+                        };
+                        let view = ResourceView::of(state, resource, created_seq, seq, outcome.decided_at.0);
+                        self.write_resource(&view, *before)?;
                     }
                 }
             }
@@ -532,9 +546,24 @@ impl<'t> Tables<'t> {
         if let Some(before) = before.filter(|s| *s != view.state) {
             self.by_state.remove((before, reference)).map_err(storage)?;
         }
+        self.count("resources", before, &view.state)?;
         self.resources.insert(reference, to_json(view)?.as_str()).map_err(storage)?;
         self.by_agent.insert((view.agent.as_str(), reference), ()).map_err(storage)?;
         self.by_state.insert((view.state.as_str(), reference), ()).map_err(storage)?;
+        Ok(())
+    }
+
+    /// Moves one record of `what` from state `before` (none: a new record) to `after` in the counts.
+    fn count(&mut self, what: &'static str, before: Option<&str>, after: &str) -> Result<(), Error> {
+        if before == Some(after) {
+            return Ok(());
+        }
+        if let Some(before) = before {
+            let n = self.counts.get((what, before)).map_err(storage)?.map_or(0, |v| v.value());
+            self.counts.insert((what, before), n.saturating_sub(1)).map_err(storage)?;
+        }
+        let n = self.counts.get((what, after)).map_err(storage)?.map_or(0, |v| v.value());
+        self.counts.insert((what, after), n + 1).map_err(storage)?;
         Ok(())
     }
 }
@@ -632,6 +661,7 @@ impl Reader {
         Ok(out)
     }
 
+    /// A lease by its reference, `<agent>.<lease id>`.
     pub fn lease(&self, id: &str) -> Result<Option<LeaseView>, Error> {
         let read = self.db.begin_read().map_err(storage)?;
         let table = read.open_table(LEASES).map_err(storage)?;
@@ -657,8 +687,29 @@ impl Reader {
         Ok(out)
     }
 
+    /// Every lease, live or ended, by reference.
+    pub fn leases(&self) -> Result<Vec<LeaseView>, Error> {
+        self.all(LEASES)
+    }
+
     pub fn agents(&self) -> Result<Vec<AgentView>, Error> {
         self.all(AGENTS)
+    }
+
+    /// How many resource and lease records are in each state: `(("resources" | "leases", state), n)`.
+    pub fn counts(&self) -> Result<Vec<((String, String), u64)>, Error> {
+        let read = self.db.begin_read().map_err(storage)?;
+        let table = read.open_table(COUNTS).map_err(storage)?;
+        table
+            .iter()
+            .map_err(storage)?
+            .map(|e| {
+                e.map_err(storage).map(|(k, v)| {
+                    let (what, state) = k.value();
+                    ((what.to_owned(), state.to_owned()), v.value())
+                })
+            })
+            .collect()
     }
 
     pub fn pools(&self) -> Result<Vec<PoolView>, Error> {
@@ -713,6 +764,7 @@ impl Reader {
         out.insert("resources_by_agent", digest(&read, RESOURCES_BY_AGENT)?);
         out.insert("resources_by_state", digest(&read, RESOURCES_BY_STATE)?);
         out.insert("chain", digest(&read, CHAIN)?);
+        out.insert("counts", digest(&read, COUNTS)?);
         Ok(out)
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use leasehold_domain::PartitionState;
 use leasehold_domain::state::{Agent, ClaimSlot, Holding, Lease, LeaseState, Pool, Resource, ResourceState};
 use serde::{Deserialize, Serialize};
 
@@ -11,11 +12,13 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResourceView {
     /// `<agent>.<id>`
+    #[serde(rename = "ref")]
     pub reference: String,
     pub agent: String,
     pub id: String,
     pub kind: String,
     pub capacity: u32,
+    #[serde(rename = "attrs")]
     pub attributes: BTreeMap<String, String>,
     pub parent: Option<String>,
     pub upstream_suspect: bool,
@@ -23,14 +26,28 @@ pub struct ResourceView {
     pub state: String,
     /// Why it is in that state, where the state says (a pause, a suspicion, a release, a failure).
     pub detail: Option<serde_json::Value>,
+    /// Log time of its allocation (unix ms).
     pub allocated_at: u64,
     pub native_id: Option<String>,
     pub claims: Vec<ClaimView>,
     /// Live leases (waiting or active), first come first.
-    pub leases: Vec<String>,
+    pub leases: Vec<LeaseBrief>,
     pub terminal_at: Option<u64>,
+    /// The outcome sequence that allocated it.
+    pub created_seq: u64,
+    /// Log time of the outcome this record is as of (unix ms).
+    pub updated_at: u64,
     /// The outcome sequence this record is as of.
     pub as_of: u64,
+}
+
+/// A live lease as its resource lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseBrief {
+    /// `<agent>.<lease id>`
+    pub id: String,
+    pub holder: String,
+    pub state: String,
 }
 
 /// A resource's claim on one pool.
@@ -39,13 +56,16 @@ pub struct ClaimView {
     pub pool: String,
     /// `wanted`, `bound` or `returned`.
     pub status: String,
-    pub value: Option<String>,
+    /// The identifier held (an address, a slot), once bound.
+    pub id: Option<String>,
     pub token: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseView {
+    /// `<agent>.<lease id>`: what every lease command takes.
     pub id: String,
+    /// `<agent>.<resource id>`
     pub resource: String,
     pub holder: String,
     /// `waiting`, `active`, `released`, `broken`, `expired`, `failed`.
@@ -101,7 +121,9 @@ fn json(value: impl Serialize) -> serde_json::Value {
 }
 
 impl ResourceView {
-    pub fn of(resource: &Resource, as_of: u64) -> Self {
+    /// The record of `resource` in `state`, as of the outcome at `as_of` decided at `updated_at`; `created_seq` is
+    /// that of the outcome that allocated it (the projector keeps it from the first record).
+    pub fn of(state: &PartitionState, resource: &Resource, created_seq: u64, as_of: u64, updated_at: u64) -> Self {
         let detail = match &resource.state {
             ResourceState::Paused { reason, until } => {
                 Some(serde_json::json!({ "reason": reason, "until": until.map(|t| t.0) }))
@@ -120,7 +142,7 @@ impl ResourceView {
                     ClaimSlot::Bound { value, token } => ("bound", Some(value.to_string()), Some(token.0)),
                     ClaimSlot::Returned { token } => ("returned", None, token.map(|t| t.0)),
                 };
-                ClaimView { pool: pool.to_string(), status: status.to_owned(), value, token }
+                ClaimView { pool: pool.to_string(), status: status.to_owned(), id: value, token }
             })
             .collect();
         ResourceView {
@@ -137,8 +159,17 @@ impl ResourceView {
             allocated_at: resource.allocated_at.0,
             native_id: resource.native_id.as_deref().map(str::to_owned),
             claims,
-            leases: resource.live_leases.values().map(ToString::to_string).collect(),
+            leases: state
+                .live_leases_of(resource)
+                .map(|lease| LeaseBrief {
+                    id: format!("{}.{}", lease.agent, lease.id),
+                    holder: lease.holder.clone(),
+                    state: lease.state.name().to_owned(),
+                })
+                .collect(),
             terminal_at: resource.terminal_at.map(|t| t.0),
+            created_seq,
+            updated_at,
             as_of,
         }
     }
@@ -153,7 +184,7 @@ impl LeaseView {
             _ => (None, None, None, None),
         };
         LeaseView {
-            id: lease.id.to_string(),
+            id: format!("{}.{}", lease.agent, lease.id),
             resource: format!("{}.{}", lease.agent, lease.resource),
             holder: lease.holder.clone(),
             state: lease.state.name().to_owned(),

@@ -180,12 +180,20 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
     assert_eq!(r(ids[0]).claims[0].status, "wanted", "granted by the pool, not bound yet");
     assert_eq!(r(ids[1]).state, "active");
     assert_eq!(r(ids[1]).native_id.as_deref(), Some("vol-0"));
-    assert_eq!(r(ids[1]).leases, vec![lease.to_string()]);
+    let briefs = r(ids[1]).leases;
+    assert_eq!(briefs.len(), 1);
+    assert_eq!((briefs[0].id.clone(), briefs[0].state.as_str()), (format!("w1.{lease}"), "active"));
     assert_eq!(r(ids[3]).state, "releasing");
     let leases = reader.leases_of(&format!("w1.{}", ids[1])).unwrap();
     assert_eq!(leases.len(), 1);
     assert_eq!((leases[0].state.as_str(), leases[0].token), ("active", Some(token.0)));
-    assert_eq!(reader.lease(&lease.to_string()).unwrap().unwrap().holder, "build-7");
+    assert_eq!(reader.lease(&format!("w1.{lease}")).unwrap().unwrap().holder, "build-7");
+    assert!(r(ids[0]).created_seq < r(ids[1]).created_seq, "allocated in that order");
+    assert!(r(ids[1]).created_seq < r(ids[1]).as_of, "activated after its allocation");
+    let counts = reader.counts().unwrap();
+    let count =
+        |what: &str, state: &str| counts.iter().find(|((w, s), _)| w == what && s == state).map_or(0, |(_, n)| *n);
+    assert_eq!((count("resources", "active"), count("resources", "pending"), count("leases", "active")), (2, 1, 1));
     let active = reader.resources(&ResourceQuery { state: Some("active".into()), ..Default::default() }).unwrap();
     assert_eq!(active.iter().map(|v| v.id.clone()).collect::<Vec<_>>(), vec![ids[1].to_string(), ids[2].to_string()]);
     let of_agent = reader.resources(&ResourceQuery { agent: Some("w1".into()), ..Default::default() }).unwrap();
@@ -210,7 +218,7 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
         for resource in folded.state.resources() {
             let mut view = reader.resource(&resource.reference()).unwrap().unwrap();
             view.as_of = 0;
-            assert_eq!(view, ResourceView::of(resource, 0));
+            assert_eq!(view, ResourceView::of(&folded.state, resource, view.created_seq, 0, view.updated_at));
         }
     }
 
