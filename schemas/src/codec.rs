@@ -340,14 +340,14 @@ pub fn decode_command(bytes: &[u8]) -> Result<Envelope, CodecError> {
 /// The command id of a payload that may not decode as a whole (a dead letter: a newer body, a refused subject),
 /// read from its header alone; `None` when not even that can be read. For finding a command, never for deciding.
 pub fn peek_command_id(bytes: &[u8]) -> Option<CommandId> {
-    match bytes.first()? {
-        &FORMAT_BINCODE_V1 => {
+    match *bytes.first()? {
+        FORMAT_BINCODE_V1 => {
             let rest = bytes.get(1..)?;
             let (_, read_version) = decode_from::<u16>(rest).ok()?;
             let (header, _) = decode_from::<Header>(rest.get(read_version..)?).ok()?;
             Some(header.command_id)
         }
-        &FORMAT_JSON => {
+        FORMAT_JSON => {
             let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
             value.get("command_id")?.as_str()?.parse().ok()
         }

@@ -572,6 +572,9 @@ fn to_json(value: &impl serde::Serialize) -> Result<String, Error> {
     serde_json::to_string(value).map_err(storage)
 }
 
+/// How many records of a kind (`resources` or `leases`) are in one state: `((kind, state), n)`.
+pub type StateCount = ((String, String), u64);
+
 /// Queries on the read models (cheap to clone; usable while the projector writes).
 #[derive(Clone)]
 pub struct Reader {
@@ -697,7 +700,7 @@ impl Reader {
     }
 
     /// How many resource and lease records are in each state: `(("resources" | "leases", state), n)`.
-    pub fn counts(&self) -> Result<Vec<((String, String), u64)>, Error> {
+    pub fn counts(&self) -> Result<Vec<StateCount>, Error> {
         let read = self.db.begin_read().map_err(storage)?;
         let table = read.open_table(COUNTS).map_err(storage)?;
         table

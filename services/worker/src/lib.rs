@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod metrics;
 pub mod writer;
 
 use std::collections::BTreeMap;
@@ -19,6 +20,7 @@ use leasehold_domain::WriterError;
 use leasehold_log::{Log, Owner};
 use tokio_util::sync::CancellationToken;
 
+pub use metrics::WorkerMetrics;
 pub use writer::{Counts, Folded, Stop, Writer, WriterConfig, admit, fold_partition, fold_partition_to};
 
 /// What stops a partition: a retry cannot mend it, an operator must look.

@@ -107,6 +107,8 @@ pub struct WriterConfig {
     /// A snapshot of the state is stored after this many outcome parts since the last one (so a load folds at most
     /// this many after the snapshot); `0` never stores one.
     pub snapshot_every: u64,
+    /// Where decisions, lag, dead letters and reloads are counted for `/metrics` (none: not counted).
+    pub metrics: Option<crate::WorkerMetrics>,
 }
 
 impl Default for WriterConfig {
@@ -120,6 +122,7 @@ impl Default for WriterConfig {
             split_budget: None,
             rolling_out_schema: None,
             snapshot_every: 10_000,
+            metrics: None,
         }
     }
 }
@@ -236,6 +239,9 @@ impl<L: Log> Writer<L> {
         self.read_pos = self.state.cursor();
         self.since_snapshot = folded;
         self.counts.reloads += 1;
+        if let Some(metrics) = &self.config.metrics {
+            metrics.reloaded();
+        }
         Ok(())
     }
 
@@ -261,10 +267,14 @@ impl<L: Log> Writer<L> {
                 })
                 .await?;
                 self.counts.dead_lettered += 1;
+                if let Some(metrics) = &self.config.metrics {
+                    metrics.dead_lettered();
+                }
                 return Ok(());
             }
         };
         let ctx = Ctx { cmd_seq: command.seq, log_time: command.time };
+        let started = std::time::Instant::now();
         let decided = catch_unwind(AssertUnwindSafe(|| decide(&self.state, &ctx, &envelope)));
         let outcome = match decided {
             Ok(Ok(Decided::Append(outcome))) => outcome,
@@ -286,7 +296,15 @@ impl<L: Log> Writer<L> {
             }
         };
         self.counts.decided += 1;
-        self.commit(outcome, |state, detail| internal_error_outcome(state, &ctx, &envelope, detail)).await
+        let rejected = outcome.rejection().is_some();
+        self.commit(outcome, |state, detail| internal_error_outcome(state, &ctx, &envelope, detail)).await?;
+        if let Some(metrics) = &self.config.metrics {
+            metrics.decided(envelope.type_name(), rejected, started.elapsed());
+            let now =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+            metrics.lag(partition, now - command.time.0 as f64 / 1000.0);
+        }
+        Ok(())
     }
 
     /// Makes and appends the next parts of an unfinished decision, before anything else.

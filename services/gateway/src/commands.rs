@@ -1,0 +1,235 @@
+//! `POST /v1/commands` and `GET /v1/commands/{id}`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use leasehold_log::Log;
+use leasehold_schemas::codec::{self, MAX_COMMAND_BYTES};
+use leasehold_schemas::ids::CommandId;
+use leasehold_schemas::subjects::ingress_subject_of;
+use leasehold_schemas::{CommandClass, Outcome, Rejection};
+use serde::{Deserialize, Serialize};
+
+use crate::{Api, error, unavailable};
+
+/// What the gateway knows of a command: `published` (no wait asked), `accepted` or `rejected` (decided: its
+/// outcome, every part of it), `dead-lettered` (with the reason), or `pending` (a wait that ran out of time).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CommandStatus {
+    pub command_id: String,
+    pub status: String,
+    /// Its sequence in the command log, when the gateway published it or it was dead-lettered.
+    pub command_seq: Option<u64>,
+    /// The command id was published before (within the log's duplicate window): nothing was stored again.
+    pub duplicate: bool,
+    pub rejection: Option<Rejection>,
+    /// The outcome, part by part, with each part's sequence in the outcome log.
+    pub outcomes: Vec<PositionedOutcome>,
+    pub dead_letter: Option<DeadLetterView>,
+}
+
+/// One part of an outcome and its sequence in the outcome log.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PositionedOutcome {
+    pub seq: u64,
+    pub outcome: Outcome,
+}
+
+/// Why a command was dead-lettered, and where it was stored.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeadLetterView {
+    pub reason: String,
+    pub source_seq: u64,
+    pub subject: String,
+}
+
+impl CommandStatus {
+    fn new(command_id: &str, status: &str, command_seq: Option<u64>) -> Self {
+        CommandStatus {
+            command_id: command_id.to_owned(),
+            status: status.to_owned(),
+            command_seq,
+            duplicate: false,
+            rejection: None,
+            outcomes: Vec::new(),
+            dead_letter: None,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PostQuery {
+    wait: Option<bool>,
+    /// How long to wait (`30s`, `2m`...).
+    timeout: Option<String>,
+}
+
+/// Takes one `op` command in JSON, publishes it on its ingress subject, and answers its id (202), or with
+/// `?wait=true` its outcome once decided and projected (200), or where it stands when the wait ran out (504).
+pub(crate) async fn post<L: Log>(
+    State(api): State<Arc<Api<L>>>,
+    query: Result<Query<PostQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let Query(query) = match query {
+        Ok(query) => query,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad query: {}", e.body_text())),
+    };
+    let timeout = match wait_time(&api, query.timeout.as_deref()) {
+        Ok(timeout) => timeout,
+        Err(response) => return response,
+    };
+    if let Some(kind) = headers.get(header::CONTENT_TYPE) {
+        let json = kind.to_str().is_ok_and(|k| k.trim_start().to_ascii_lowercase().starts_with("application/json"));
+        if !json {
+            return error(StatusCode::BAD_REQUEST, "a command is sent as JSON, with Content-Type: application/json");
+        }
+    }
+    let bytes = match axum::body::to_bytes(body, MAX_COMMAND_BYTES).await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("the body could not be read within the {MAX_COMMAND_BYTES} bytes a command may take: {e}"),
+            );
+        }
+    };
+    let envelope = match codec::command_from_json(&bytes) {
+        Ok(envelope) => envelope,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    if envelope.class != CommandClass::Op {
+        return error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "the gateway takes op commands only; {} is a {} command, sent by its {} on NATS with credentials \
+                 that allow it",
+                envelope.type_name(),
+                envelope.class,
+                if envelope.class == CommandClass::Agent { "agent" } else { "sweeper" }
+            ),
+        );
+    }
+    let payload = match codec::encode_command(&envelope) {
+        Ok(payload) => payload,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let id = envelope.command_id.to_string();
+    let subject = ingress_subject_of(&envelope.body);
+    let published = match api.log.publish_command(&subject, &id, payload.into()).await {
+        Ok(published) => published,
+        Err(e @ leasehold_log::Error::Refused(_)) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e) => return unavailable("the command could not be published", e),
+    };
+    tracing::debug!(command = %id, r#type = envelope.type_name(), seq = published.seq, "published");
+    let Some(timeout) = query.wait.unwrap_or(false).then_some(timeout) else {
+        let mut status = CommandStatus::new(&id, "published", Some(published.seq));
+        status.duplicate = published.duplicate;
+        return (StatusCode::ACCEPTED, Json(status)).into_response();
+    };
+    let (code, mut status) = match wait_for(&api, &id, published.seq, timeout).await {
+        Ok(answer) => answer,
+        Err(response) => return response,
+    };
+    status.duplicate = published.duplicate;
+    (code, Json(status)).into_response()
+}
+
+fn wait_time<L: Log>(api: &Api<L>, asked: Option<&str>) -> Result<Duration, Response> {
+    let Some(asked) = asked else { return Ok(api.config.default_wait) };
+    let timeout = humantime::parse_duration(asked).map_err(|e| {
+        error(StatusCode::BAD_REQUEST, format!("bad query: timeout {asked:?} is not a duration like 30s or 2m: {e}"))
+    })?;
+    if timeout > api.config.max_wait {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("bad query: timeout {asked} is longer than the {:?} a request may wait", api.config.max_wait),
+        ));
+    }
+    Ok(timeout)
+}
+
+/// Waits until the command is decided and projected, or dead-lettered, for up to `timeout`.
+async fn wait_for<L: Log>(
+    api: &Api<L>,
+    id: &str,
+    seq: u64,
+    timeout: Duration,
+) -> Result<(StatusCode, CommandStatus), Response> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut applied = api.applied.clone();
+    let mut projector_alive = true;
+    loop {
+        if let Some(status) = status_of(api, id, Some(seq)).await? {
+            let decided = status.outcomes.last().is_none_or(|last| !last.outcome.continues());
+            if decided {
+                return Ok((StatusCode::OK, status));
+            }
+        }
+        // Outcomes arrive through the projector; dead letters do not, so they are looked for again now and then.
+        tokio::select! {
+            biased;
+            () = api.shutdown.cancelled() => {
+                return Err(error(StatusCode::SERVICE_UNAVAILABLE, "the gateway is shutting down"));
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                let mut status = status_of(api, id, Some(seq)).await?
+                    .unwrap_or_else(|| CommandStatus::new(id, "pending", Some(seq)));
+                if status.outcomes.last().is_some_and(|last| last.outcome.continues()) {
+                    status.status = "pending".to_owned();
+                }
+                return Ok((StatusCode::GATEWAY_TIMEOUT, status));
+            }
+            changed = applied.changed(), if projector_alive => projector_alive = changed.is_ok(),
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}
+
+/// The outcome of command `id` if the projection has it, else its dead letter (by the command log sequence it was
+/// stored at, when known, else by the id in its header), else nothing.
+async fn status_of<L: Log>(api: &Api<L>, id: &str, seq: Option<u64>) -> Result<Option<CommandStatus>, Response> {
+    let outcomes = api.reader.outcome(id).map_err(|e| unavailable("the projection cannot be read", e))?;
+    if let Some((_, first)) = outcomes.first() {
+        let rejection = first.rejection().cloned();
+        let status = if rejection.is_some() { "rejected" } else { "accepted" };
+        let mut answer = CommandStatus::new(id, status, Some(first.cmd_seq));
+        answer.rejection = rejection;
+        answer.outcomes = outcomes.into_iter().map(|(seq, outcome)| PositionedOutcome { seq, outcome }).collect();
+        return Ok(Some(answer));
+    }
+    let dead = match seq {
+        Some(seq) => api.dead.by_source(&api.log, seq).await,
+        None => api.dead.by_command(&api.log, id).await,
+    }
+    .map_err(|e| unavailable("the dead letters cannot be read", e))?;
+    Ok(dead.map(|dead| {
+        let mut answer = CommandStatus::new(id, "dead-lettered", Some(dead.source_seq));
+        answer.dead_letter =
+            Some(DeadLetterView { reason: dead.reason, source_seq: dead.source_seq, subject: dead.subject });
+        answer
+    }))
+}
+
+/// The outcome of a command, or its dead letter.
+pub(crate) async fn get<L: Log>(State(api): State<Arc<Api<L>>>, Path(id): Path<String>) -> Response {
+    if let Err(e) = id.parse::<CommandId>() {
+        return error(StatusCode::BAD_REQUEST, format!("{id:?} is not a command id: {e}"));
+    }
+    match status_of(&api, &id, None).await {
+        Ok(Some(status)) => Json(status).into_response(),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            format!("no outcome and no dead letter for command {id}: it was not published, or is not decided yet"),
+        ),
+        Err(response) => response,
+    }
+}

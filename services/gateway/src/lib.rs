@@ -1,0 +1,156 @@
+//! leasehold's front door: an HTTP/JSON API (axum) for producers and operators, and `/metrics` for Prometheus.
+//!
+//! ```text
+//!   POST /v1/commands[?wait=true&timeout=30s]   a command in JSON -> published on its ingress subject
+//!   GET  /v1/commands/{id}                      its outcome, or "dead-lettered" with the reason
+//!   GET  /v1/resources/{ref}  /v1/resources?agent=&state=&kind=
+//!   GET  /v1/leases?resource=  /v1/leases/{ref}  /v1/agents  /v1/pools  /v1/pools/{name}  /v1/dlq
+//!   GET  /v1/events?key=&from=                  outcomes as server-sent events, following
+//!   GET  /healthz  /metrics
+//! ```
+//!
+//! Commands are decoded with the strict decoding of `schemas` (a 400 names the field path and the value; nothing is
+//! published), and only `op` commands are taken (403 for `agent` and `sys`: DESIGN section 12). Queries read the
+//! projector's read models in the same process; `?wait=true` returns once the outcome is decided *and* projected,
+//! so a query right after it sees what it did. A process that runs no gateway role still serves `/healthz` and
+//! `/metrics` ([`metrics_only`]), so every `serve` process can be scraped.
+
+#![forbid(unsafe_code)]
+// Handlers answer errors as ready responses, once per request: boxing them would save nothing that matters.
+#![allow(clippy::result_large_err)]
+
+mod commands;
+mod dead;
+mod events;
+mod metrics;
+mod queries;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use leasehold_log::Log;
+use leasehold_projector::Reader;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+pub use commands::{CommandStatus, DeadLetterView, PositionedOutcome};
+pub use dead::DeadView;
+pub use metrics::ProjectionMetrics;
+
+/// Settings of the gateway.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// How long `?wait=true` waits when the request names no `timeout`.
+    pub default_wait: Duration,
+    /// The longest `timeout` a request may ask for.
+    pub max_wait: Duration,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig { default_wait: Duration::from_secs(30), max_wait: Duration::from_secs(300) }
+    }
+}
+
+/// What the API handlers share: the log (to publish and to read outcomes and dead letters), the read models, and
+/// the projector's last applied sequence (to wait for an outcome to be projected).
+pub struct Api<L: Log> {
+    log: L,
+    reader: Reader,
+    applied: tokio::sync::watch::Receiver<u64>,
+    dead: dead::DeadLetters,
+    config: GatewayConfig,
+    shutdown: CancellationToken,
+}
+
+impl<L: Log> std::fmt::Debug for Api<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Api").field("partitions", &self.log.partitions()).finish_non_exhaustive()
+    }
+}
+
+impl<L: Log> Api<L> {
+    /// The API over `log` and the projection `reader` reads; `applied` is the projector's
+    /// [`leasehold_projector::Projector::subscribe`]. Streams of events end when `shutdown` is cancelled.
+    pub fn new(
+        log: L,
+        reader: Reader,
+        applied: tokio::sync::watch::Receiver<u64>,
+        config: GatewayConfig,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new(Api { log, reader, applied, dead: dead::DeadLetters::default(), config, shutdown })
+    }
+}
+
+/// What `/healthz` and `/metrics` need.
+#[derive(Debug, Clone)]
+pub struct Health {
+    /// The roles this process runs.
+    pub roles: Vec<String>,
+    /// The process's metrics (every role registers its own).
+    pub registry: Arc<Registry>,
+    /// Gauges read from the projection at each scrape, when this process runs the projector.
+    pub projection: Option<ProjectionMetrics>,
+}
+
+/// The whole API: `/v1/...`, `/healthz` and `/metrics`.
+pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
+    let v1 = Router::new()
+        .route("/v1/commands", post(commands::post::<L>))
+        .route("/v1/commands/{id}", get(commands::get::<L>))
+        .route("/v1/resources", get(queries::resources::<L>))
+        .route("/v1/resources/{reference}", get(queries::resource::<L>))
+        .route("/v1/leases", get(queries::leases::<L>))
+        .route("/v1/leases/{reference}", get(queries::lease::<L>))
+        .route("/v1/agents", get(queries::agents::<L>))
+        .route("/v1/pools", get(queries::pools::<L>))
+        .route("/v1/pools/{name}", get(queries::pool_holders::<L>))
+        .route("/v1/dlq", get(queries::dead_letters::<L>))
+        .route("/v1/events", get(events::events::<L>))
+        .with_state(api);
+    v1.merge(metrics_only(health))
+}
+
+/// `/healthz` and `/metrics` alone: what a process that runs no gateway role serves.
+pub fn metrics_only(health: Health) -> Router {
+    Router::new()
+        .route("/healthz", get(metrics::healthz))
+        .route("/metrics", get(metrics::metrics))
+        .fallback(not_found)
+        .with_state(Arc::new(health))
+}
+
+async fn not_found() -> Response {
+    error(StatusCode::NOT_FOUND, "no such endpoint: see the README for the API")
+}
+
+/// Serves `router` on `listener` until `shutdown`; open streams of events end with it.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+}
+
+/// An error answer: `{"error": "..."}` with `status`.
+fn error(status: StatusCode, message: impl AsRef<str>) -> Response {
+    (status, axum::Json(ErrorBody { error: message.as_ref() })).into_response()
+}
+
+/// A failure of the read models or the log, as a 503 (the projection or the log may be back soon).
+fn unavailable(what: &str, e: impl std::fmt::Display) -> Response {
+    tracing::warn!(error = %e, "{what}");
+    error(StatusCode::SERVICE_UNAVAILABLE, format!("{what}: {e}"))
+}

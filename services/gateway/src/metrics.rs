@@ -1,0 +1,84 @@
+//! `/healthz` and `/metrics`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use leasehold_projector::Reader;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::{Health, unavailable};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+/// Gauges of the read models, read from the projection at each scrape: resources and leases by state, and the
+/// last outcome sequence applied.
+#[derive(Debug, Clone)]
+pub struct ProjectionMetrics {
+    reader: Reader,
+    resources: Family<StateLabel, Gauge>,
+    leases: Family<StateLabel, Gauge>,
+    applied: Gauge,
+}
+
+impl ProjectionMetrics {
+    /// The gauges of the projection `reader` reads, registered in `registry`.
+    pub fn register(registry: &mut Registry, reader: Reader) -> Self {
+        let metrics = ProjectionMetrics {
+            reader,
+            resources: Family::default(),
+            leases: Family::default(),
+            applied: Gauge::default(),
+        };
+        registry.register("leasehold_resources", "Resource records by state", metrics.resources.clone());
+        registry.register("leasehold_leases", "Lease records by state", metrics.leases.clone());
+        registry.register(
+            "leasehold_projection_applied_seq",
+            "The last outcome sequence the projection applied",
+            metrics.applied.clone(),
+        );
+        metrics
+    }
+
+    fn refresh(&self) -> Result<(), leasehold_projector::Error> {
+        for ((what, state), n) in self.reader.counts()? {
+            let family = if what == "leases" { &self.leases } else { &self.resources };
+            family.get_or_create(&StateLabel { state }).set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        self.applied.set(i64::try_from(self.reader.applied()?).unwrap_or(i64::MAX));
+        Ok(())
+    }
+}
+
+pub(crate) async fn healthz(State(health): State<Arc<Health>>) -> Response {
+    let applied = match &health.projection {
+        Some(projection) => match projection.reader.applied() {
+            Ok(applied) => Some(applied),
+            Err(e) => return unavailable("the projection cannot be read", e),
+        },
+        None => None,
+    };
+    Json(serde_json::json!({ "status": "ok", "roles": health.roles, "applied": applied })).into_response()
+}
+
+pub(crate) async fn metrics(State(health): State<Arc<Health>>) -> Response {
+    if let Some(projection) = &health.projection
+        && let Err(e) = projection.refresh()
+    {
+        return unavailable("the projection cannot be read", e);
+    }
+    let mut text = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &health.registry) {
+        return unavailable("the metrics could not be written", e);
+    }
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
+        .into_response()
+}

@@ -1,0 +1,149 @@
+//! The read models: resources, leases, agents, pools, dead letters.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use leasehold_log::Log;
+use leasehold_projector::ResourceQuery;
+use leasehold_schemas::ids::{AgentName, PoolName, ResourceRef};
+use serde::{Deserialize, Serialize};
+
+use crate::{Api, error, unavailable};
+
+const RESOURCE_STATES: &[&str] =
+    &["pending", "active", "paused", "suspect", "releasing", "destroyed", "lost", "orphaned", "failed"];
+
+fn found<T: Serialize>(what: &str, name: &str, value: Result<Option<T>, leasehold_projector::Error>) -> Response {
+    match value {
+        Ok(Some(value)) => Json(value).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, format!("no {what} {name}")),
+        Err(e) => unavailable("the projection cannot be read", e),
+    }
+}
+
+fn all<T: Serialize>(value: Result<Vec<T>, leasehold_projector::Error>) -> Response {
+    match value {
+        Ok(value) => Json(value).into_response(),
+        Err(e) => unavailable("the projection cannot be read", e),
+    }
+}
+
+fn bad_query(e: QueryRejection) -> Response {
+    error(StatusCode::BAD_REQUEST, format!("bad query: {}", e.body_text()))
+}
+
+pub(crate) async fn resource<L: Log>(State(api): State<Arc<Api<L>>>, Path(reference): Path<String>) -> Response {
+    let parsed: ResourceRef = match reference.parse() {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("{reference:?} is not a resource reference <agent>.<id>: {e}"),
+            );
+        }
+    };
+    found("resource", &reference, api.reader.resource(&parsed))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ResourcesQuery {
+    agent: Option<String>,
+    state: Option<String>,
+    kind: Option<String>,
+}
+
+pub(crate) async fn resources<L: Log>(
+    State(api): State<Arc<Api<L>>>,
+    query: Result<Query<ResourcesQuery>, QueryRejection>,
+) -> Response {
+    let Query(query) = match query {
+        Ok(query) => query,
+        Err(e) => return bad_query(e),
+    };
+    if let Some(agent) = &query.agent
+        && let Err(e) = AgentName::new(agent.as_str())
+    {
+        return error(StatusCode::BAD_REQUEST, format!("bad query: agent: {e}"));
+    }
+    if let Some(state) = &query.state
+        && !RESOURCE_STATES.contains(&state.as_str())
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("bad query: state {state:?} is not one of {}", RESOURCE_STATES.join(", ")),
+        );
+    }
+    all(api.reader.resources(&ResourceQuery { agent: query.agent, state: query.state, kind: query.kind }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LeasesQuery {
+    resource: Option<String>,
+}
+
+pub(crate) async fn leases<L: Log>(
+    State(api): State<Arc<Api<L>>>,
+    query: Result<Query<LeasesQuery>, QueryRejection>,
+) -> Response {
+    let Query(query) = match query {
+        Ok(query) => query,
+        Err(e) => return bad_query(e),
+    };
+    match query.resource {
+        None => all(api.reader.leases()),
+        Some(reference) => match reference.parse::<ResourceRef>() {
+            Ok(parsed) => all(api.reader.leases_of(&parsed.to_string())),
+            Err(e) => error(StatusCode::BAD_REQUEST, format!("bad query: resource {reference:?}: {e}")),
+        },
+    }
+}
+
+/// A lease by its reference, `<agent>.<lease id>`.
+pub(crate) async fn lease<L: Log>(State(api): State<Arc<Api<L>>>, Path(reference): Path<String>) -> Response {
+    found("lease", &reference, api.reader.lease(&reference))
+}
+
+pub(crate) async fn agents<L: Log>(State(api): State<Arc<Api<L>>>) -> Response {
+    all(api.reader.agents())
+}
+
+pub(crate) async fn pools<L: Log>(State(api): State<Arc<Api<L>>>) -> Response {
+    all(api.reader.pools())
+}
+
+/// Who holds each identifier of a pool.
+pub(crate) async fn pool_holders<L: Log>(State(api): State<Arc<Api<L>>>, Path(name): Path<String>) -> Response {
+    if let Err(e) = PoolName::new(name.as_str()) {
+        return error(StatusCode::BAD_REQUEST, format!("{name:?} is not a pool name: {e}"));
+    }
+    all(api.reader.holders(&name))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DeadQuery {
+    from: Option<u64>,
+    limit: Option<usize>,
+}
+
+/// Dead letters, oldest first (`?from=SEQ&limit=N`, at most 1000 at once).
+pub(crate) async fn dead_letters<L: Log>(
+    State(api): State<Arc<Api<L>>>,
+    query: Result<Query<DeadQuery>, QueryRejection>,
+) -> Response {
+    let Query(query) = match query {
+        Ok(query) => query,
+        Err(e) => return bad_query(e),
+    };
+    let limit = query.limit.unwrap_or(1000).min(1000);
+    match api.dead.list(&api.log, query.from.unwrap_or(1), limit).await {
+        Ok(list) => Json(list).into_response(),
+        Err(e) => unavailable("the dead letters cannot be read", e),
+    }
+}
