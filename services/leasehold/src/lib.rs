@@ -4,9 +4,13 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod client;
 mod demo;
 mod nats_args;
+mod output;
+mod produce;
 mod projection;
+mod query;
 mod serve;
 
 #[derive(Debug, Parser)]
@@ -16,8 +20,24 @@ mod serve;
     about = "An event-sourced command queue for things that cost money and can leak"
 )]
 struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
     #[command(subcommand)]
     command: Cmd,
+}
+
+/// The flags of the producer and query commands, accepted before or after the subcommand.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct GlobalArgs {
+    /// The gateway to talk to (producer commands without --nats, and every query).
+    #[arg(long, global = true, value_name = "URL", default_value = client::DEFAULT_SERVER)]
+    pub(crate) server: String,
+    /// What to print on stdout: aligned columns, or one JSON value.
+    #[arg(long, global = true, value_enum, default_value_t = output::OutputFormat::Table)]
+    pub(crate) output: output::OutputFormat,
+    /// Who sends the commands, for the audit trail (printable ASCII, no spaces); default `cli:$USER`, or `cli`.
+    #[arg(long, global = true)]
+    pub(crate) issuer: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -32,6 +52,70 @@ enum Cmd {
     /// Benchmarks of the log this build runs on (never tests: they print figures).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+
+    /// Allocate a resource on an agent; prints its reference, `<agent>.<id>`.
+    Allocate(produce::AllocateArgs),
+    /// Ask for a lease on a resource; prints the lease (`<agent>.<lease id>`), its state and its token.
+    Acquire(produce::AcquireArgs),
+    /// Extend an active lease.
+    Renew(produce::RenewArgs),
+    /// Give a lease back.
+    ReleaseLease(produce::ReleaseLeaseArgs),
+    /// Order a resource destroyed (its leases break at once).
+    Release(produce::ReleaseArgs),
+    /// Stop new leases on a resource (maintenance); existing leases stay.
+    Pause(produce::PauseArgs),
+    /// End a pause.
+    Unpause(produce::UnpauseArgs),
+    /// Change a resource's capacity or attributes.
+    Update(produce::UpdateArgs),
+    /// Say that a resource is failing: it turns suspect and its agent is asked for a health check.
+    ReportFailure(produce::ReportFailureArgs),
+    /// Pools of identifiers (IPv4 addresses, slots, ports).
+    #[command(subcommand)]
+    Pool(PoolCmd),
+
+    /// Show one resource.
+    Get {
+        /// The resource, `<agent>.<id>`.
+        #[arg(value_name = "REF")]
+        resource: leasehold_schemas::ResourceRef,
+    },
+    /// List resources.
+    Ls(query::LsArgs),
+    /// List leases: of one resource, or all of them.
+    Leases {
+        /// The resource, `<agent>.<id>`; default: every lease.
+        #[arg(value_name = "REF")]
+        resource: Option<leasehold_schemas::ResourceRef>,
+    },
+    /// List the agents.
+    Agents,
+    /// Show what became of a command: its status and outcome.
+    Command {
+        /// The command id.
+        #[arg(value_name = "CMD_ID")]
+        id: leasehold_schemas::CommandId,
+    },
+    /// Follow outcomes as they are decided, one line each, until interrupted.
+    Watch(query::WatchArgs),
+    /// The dead-letter stream: commands that could not be decoded.
+    #[command(subcommand)]
+    Dlq(DlqCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum PoolCmd {
+    /// Define a pool: the addresses of a subnet (--ipv4), slots (--slots) or ports (--ports).
+    Define(produce::PoolDefineArgs),
+    /// List the pools.
+    Ls,
+}
+
+#[derive(Debug, Subcommand)]
+enum DlqCmd {
+    /// List the dead letters.
+    Ls,
 }
 
 /// Runs the command line of this process.
@@ -52,8 +136,42 @@ pub fn main() -> anyhow::Result<()> {
             init_tracing();
             serve::run(args)?;
         }
+        Cmd::Allocate(args) => produce_cmd(produce::ProduceCmd::Allocate(args), &cli.global)?,
+        Cmd::Acquire(args) => produce_cmd(produce::ProduceCmd::Acquire(args), &cli.global)?,
+        Cmd::Renew(args) => produce_cmd(produce::ProduceCmd::Renew(args), &cli.global)?,
+        Cmd::ReleaseLease(args) => produce_cmd(produce::ProduceCmd::ReleaseLease(args), &cli.global)?,
+        Cmd::Release(args) => produce_cmd(produce::ProduceCmd::Release(args), &cli.global)?,
+        Cmd::Pause(args) => produce_cmd(produce::ProduceCmd::Pause(args), &cli.global)?,
+        Cmd::Unpause(args) => produce_cmd(produce::ProduceCmd::Unpause(args), &cli.global)?,
+        Cmd::Update(args) => produce_cmd(produce::ProduceCmd::Update(args), &cli.global)?,
+        Cmd::ReportFailure(args) => produce_cmd(produce::ProduceCmd::ReportFailure(args), &cli.global)?,
+        Cmd::Pool(PoolCmd::Define(args)) => produce_cmd(produce::ProduceCmd::PoolDefine(args), &cli.global)?,
+        Cmd::Pool(PoolCmd::Ls) => query_cmd(query::QueryCmd::Pools, &cli.global)?,
+        Cmd::Get { resource } => query_cmd(query::QueryCmd::Get(resource), &cli.global)?,
+        Cmd::Ls(args) => query_cmd(query::QueryCmd::Ls(args), &cli.global)?,
+        Cmd::Leases { resource } => query_cmd(query::QueryCmd::Leases(resource), &cli.global)?,
+        Cmd::Agents => query_cmd(query::QueryCmd::Agents, &cli.global)?,
+        Cmd::Command { id } => query_cmd(query::QueryCmd::Command(id), &cli.global)?,
+        Cmd::Watch(args) => query_cmd(query::QueryCmd::Watch(args), &cli.global)?,
+        Cmd::Dlq(DlqCmd::Ls) => query_cmd(query::QueryCmd::DeadLetters, &cli.global)?,
     }
     Ok(())
+}
+
+/// A producer command, on a runtime of its own.
+fn produce_cmd(command: produce::ProduceCmd, global: &GlobalArgs) -> anyhow::Result<()> {
+    client_runtime()?.block_on(produce::run(command, global))
+}
+
+/// A query command, on a runtime of its own.
+fn query_cmd(command: query::QueryCmd, global: &GlobalArgs) -> anyhow::Result<()> {
+    client_runtime()?.block_on(query::run(command, global))
+}
+
+/// One thread is plenty for a command that waits on one request at a time.
+fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    use anyhow::Context as _;
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")
 }
 
 /// Logs go to stderr, filtered by `RUST_LOG` (default: info).

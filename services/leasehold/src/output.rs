@@ -1,0 +1,200 @@
+//! How the command line prints: plain aligned columns for people, one JSON value on stdout for programs.
+
+use std::fmt::Write as _;
+
+use leasehold_schemas::{Outcome, Timestamp};
+use serde::Serialize;
+
+/// `--output`: what a command prints on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub(crate) enum OutputFormat {
+    /// Aligned columns (or `field  value` lines for one record), for people.
+    #[default]
+    Table,
+    /// One JSON object or array (`watch`: one compact object per line), for programs.
+    Json,
+}
+
+/// Rows under a header, each column as wide as its widest cell, two spaces apart; the last column is not padded.
+#[derive(Debug)]
+pub(crate) struct Table {
+    headers: Vec<&'static str>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub(crate) fn new(headers: &[&'static str]) -> Self {
+        Table { headers: headers.to_vec(), rows: Vec::new() }
+    }
+
+    pub(crate) fn row(&mut self, cells: Vec<String>) {
+        debug_assert_eq!(cells.len(), self.headers.len(), "a row has one cell per column");
+        self.rows.push(cells);
+    }
+
+    pub(crate) fn render(&self) -> String {
+        let n_columns = self.headers.len();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (idx, cell) in row.iter().enumerate().take(n_columns) {
+                widths[idx] = widths[idx].max(cell.chars().count());
+            }
+        }
+        let mut out = String::new();
+        let header_cells: Vec<String> = self.headers.iter().map(|h| (*h).to_owned()).collect();
+        for cells in std::iter::once(&header_cells).chain(&self.rows) {
+            let mut line = String::new();
+            for (idx, cell) in cells.iter().enumerate().take(n_columns) {
+                if idx + 1 == n_columns {
+                    line.push_str(cell);
+                } else {
+                    let _ = write!(line, "{cell:<width$}  ", width = widths[idx]);
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// `field  value` lines for one record, the fields aligned.
+pub(crate) fn fields(pairs: &[(&str, String)]) -> String {
+    let width = pairs.iter().map(|(name, _)| name.chars().count()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (name, value) in pairs {
+        let _ = writeln!(out, "{name:<width$}  {value}");
+    }
+    out
+}
+
+/// Writes `text` to stdout. A closed stdout (`leasehold watch | head`) ends the process quietly, as other command
+/// line tools do.
+pub(crate) fn emit(text: &str) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("leasehold: cannot write to stdout: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Pretty JSON of `value`, with a final newline.
+pub(crate) fn json(value: &impl Serialize) -> anyhow::Result<String> {
+    let mut text = serde_json::to_string_pretty(value)?;
+    text.push('\n');
+    Ok(text)
+}
+
+/// A log time (unix ms) as RFC 3339 in UTC; `-` for none.
+pub(crate) fn time(ms: Option<u64>) -> String {
+    ms.map_or_else(|| "-".to_owned(), |ms| Timestamp(ms).to_string())
+}
+
+/// A duration in ms as `5min`, `30s`, `1500ms`; `-` for none.
+pub(crate) fn duration(ms: Option<u64>) -> String {
+    ms.map_or_else(|| "-".to_owned(), |ms| leasehold_schemas::Millis(ms).to_string())
+}
+
+/// An optional value, `-` for none.
+pub(crate) fn opt(value: Option<impl ToString>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+/// A JSON value for a table cell: strings without quotes, `null` as `-`, anything else compact.
+pub(crate) fn cell(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::Null => "-".to_owned(),
+        serde_json::Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// An effect as `name {its fields}` (its JSON form, without the outer object).
+pub(crate) fn effect(effect: &leasehold_schemas::Effect) -> String {
+    match serde_json::to_value(effect) {
+        Ok(serde_json::Value::Object(map)) if map.len() == 1 => {
+            let (name, fields) = map.into_iter().next().expect("one entry");
+            match fields {
+                serde_json::Value::Object(inner) if inner.is_empty() => name,
+                fields => format!("{name} {fields}"),
+            }
+        }
+        Ok(other) => other.to_string(),
+        Err(e) => format!("{} (unprintable: {e})", effect.name()),
+    }
+}
+
+/// One line for an outcome on the log: sequence, log time, key, command type, issuer, then what was decided.
+pub(crate) fn outcome_line(seq: u64, outcome: &Outcome) -> String {
+    let head = format!(
+        "{seq}  {}  {}  {}  {}  {}",
+        outcome.log_time,
+        outcome.command.key.token(),
+        outcome.command.type_name,
+        outcome.command.issuer,
+        outcome.command.id,
+    );
+    match outcome.rejection() {
+        Some(rejection) => format!("{head}  rejected {}: {}", rejection.kind, rejection.message),
+        None => {
+            let effects: Vec<String> =
+                outcome.positioned_effects().map(|(position, e)| format!("{} {}", position.0, effect(e))).collect();
+            format!("{head}  accepted: {}", effects.join("; "))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_columns_and_leaves_the_last_one_unpadded() {
+        let mut table = Table::new(&["REF", "STATE", "KIND"]);
+        table.row(vec!["w1.a".into(), "pending".into(), "container".into()]);
+        table.row(vec!["w22.bbbb".into(), "active".into(), "-".into()]);
+        assert_eq!(
+            table.render(),
+            "REF       STATE    KIND\n\
+             w1.a      pending  container\n\
+             w22.bbbb  active   -\n"
+        );
+    }
+
+    #[test]
+    fn an_empty_table_is_its_header() {
+        assert_eq!(Table::new(&["NAME", "STATUS"]).render(), "NAME  STATUS\n");
+    }
+
+    #[test]
+    fn fields_align_names() {
+        assert_eq!(fields(&[("ref", "w1.a".into()), ("capacity", "2".into())]), "ref       w1.a\ncapacity  2\n");
+    }
+
+    #[test]
+    fn times_and_durations_read_like_the_log() {
+        assert_eq!(time(Some(1_767_225_601_000)), "2026-01-01T00:00:01.000Z");
+        assert_eq!(time(None), "-");
+        assert_eq!(duration(Some(300_000)), "5min");
+    }
+
+    #[test]
+    fn effects_print_their_name_and_fields() {
+        let released: leasehold_schemas::Effect =
+            serde_json::from_str(r#"{"lease-released": {"lease": "019b76da-9860-7333-b333-333333333333"}}"#).unwrap();
+        assert_eq!(effect(&released), r#"lease-released {"lease":"019b76da-9860-7333-b333-333333333333"}"#);
+        let recovered: leasehold_schemas::Effect = serde_json::from_str(r#"{"agent-recovered": {}}"#).unwrap();
+        assert_eq!(effect(&recovered), "agent-recovered");
+    }
+
+    #[test]
+    fn cells_show_strings_bare_and_null_as_a_dash() {
+        assert_eq!(cell(&serde_json::json!("w1")), "w1");
+        assert_eq!(cell(&serde_json::json!(null)), "-");
+        assert_eq!(cell(&serde_json::json!(3)), "3");
+    }
+}

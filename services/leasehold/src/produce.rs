@@ -1,0 +1,931 @@
+//! The producer commands (`allocate`, `acquire`, `renew`, ... `pool define`): each builds one `op` command with ids
+//! the command line chooses (so a retry of the same command is idempotent), sends it through the gateway or straight
+//! to JetStream (`--nats`), waits for its outcome and prints what it made.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, anyhow, bail};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use leasehold_log::jetstream::{JetStream, JetStreamConfig};
+use leasehold_log::{Log, OutcomeFilter};
+use leasehold_schemas::command::{
+    Acquire, Allocate, DefinePool, Pause, Release, ReleaseLease, Renew, ReportFailureByOperator, Unpause, Update,
+};
+use leasehold_schemas::pool::PoolKind;
+use leasehold_schemas::{
+    AgentName, Command, CommandId, Effect, Envelope, IdError, Issuer, Key, LeaseId, Millis, PoolName, Position,
+    ResourceId, ResourceRef, Timestamp,
+};
+use serde::Serialize;
+
+use crate::GlobalArgs;
+use crate::client::{CommandStatus, Gateway, RejectionInfo, SeqOutcome};
+use crate::nats_args::NatsArgs;
+use crate::output::{self, OutputFormat};
+
+/// What every producer command takes besides its own arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ProduceArgs {
+    /// How long to wait for the command's outcome (`30s`, `2min`).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub(crate) timeout: Duration,
+    #[command(flatten)]
+    pub(crate) nats: NatsArgs,
+}
+
+/// `leasehold allocate`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct AllocateArgs {
+    /// The agent that will hold the resource.
+    #[arg(long)]
+    pub(crate) agent: AgentName,
+    /// What the agent's driver makes: `container`, `volume`, `dir`...
+    #[arg(long)]
+    pub(crate) kind: String,
+    /// How many leases it takes at once.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) capacity: u32,
+    /// A pool to claim one identifier from before the resource is created (repeatable).
+    #[arg(long = "pool", value_name = "POOL")]
+    pub(crate) pools: Vec<PoolName>,
+    /// A resource (`<agent>.<id>`) this one depends on: when it leaves for good, this one is released.
+    #[arg(long, value_name = "REF")]
+    pub(crate) parent: Option<ResourceRef>,
+    /// An attribute, `name=value` (repeatable).
+    #[arg(long = "attr", value_name = "NAME=VALUE", value_parser = parse_attr)]
+    pub(crate) attrs: Vec<(String, String)>,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold acquire`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct AcquireArgs {
+    /// The resource, `<agent>.<id>`.
+    #[arg(value_name = "REF")]
+    pub(crate) resource: ResourceRef,
+    /// Who holds the lease (a build, a job): free text for people and the audit trail.
+    #[arg(long)]
+    pub(crate) holder: String,
+    /// The lease expires unless renewed within this long (`5min`); default: held until released.
+    #[arg(long, value_parser = parse_millis)]
+    pub(crate) ttl: Option<Millis>,
+    /// A lease waiting on a pending resource fails after this long; default: it waits while the resource is
+    /// pending.
+    #[arg(long, value_parser = parse_millis)]
+    pub(crate) wait_timeout: Option<Millis>,
+    /// Wait until a waiting lease is granted or fails, and print it then (exits non-zero unless granted).
+    #[arg(long)]
+    pub(crate) block: bool,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold renew`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct RenewArgs {
+    /// The lease, `<agent>.<lease id>` (as `acquire` prints it).
+    #[arg(value_name = "LEASE")]
+    pub(crate) lease: LeaseRef,
+    /// The lease token (as `acquire` prints it).
+    #[arg(long)]
+    pub(crate) token: u64,
+    /// A new time to live; default: the lease's own.
+    #[arg(long, value_parser = parse_millis)]
+    pub(crate) ttl: Option<Millis>,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold release-lease`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ReleaseLeaseArgs {
+    /// The lease, `<agent>.<lease id>`.
+    #[arg(value_name = "LEASE")]
+    pub(crate) lease: LeaseRef,
+    /// The lease token; leave it out for a lease still waiting (it has none).
+    #[arg(long)]
+    pub(crate) token: Option<u64>,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold release`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ReleaseArgs {
+    /// The resource, `<agent>.<id>`.
+    #[arg(value_name = "REF")]
+    pub(crate) resource: ResourceRef,
+    /// Why, for the audit trail.
+    #[arg(long)]
+    pub(crate) reason: Option<String>,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold pause`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct PauseArgs {
+    /// The resource, `<agent>.<id>`.
+    #[arg(value_name = "REF")]
+    pub(crate) resource: ResourceRef,
+    /// Why, for people and the audit trail.
+    #[arg(long)]
+    pub(crate) reason: Option<String>,
+    /// When the pause ends by itself: an RFC 3339 time in UTC (`2027-01-15T08:00:00Z`) or a duration from now on
+    /// this machine's clock (`2h`). Default: until `unpause`.
+    #[arg(long, value_name = "TIME", value_parser = parse_until)]
+    pub(crate) until: Option<Timestamp>,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold unpause`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct UnpauseArgs {
+    /// The resource, `<agent>.<id>`.
+    #[arg(value_name = "REF")]
+    pub(crate) resource: ResourceRef,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold update`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct UpdateArgs {
+    /// The resource, `<agent>.<id>`.
+    #[arg(value_name = "REF")]
+    pub(crate) resource: ResourceRef,
+    /// A new capacity.
+    #[arg(long)]
+    pub(crate) capacity: Option<u32>,
+    /// An attribute to add or replace, `name=value` (repeatable).
+    #[arg(long = "attr", value_name = "NAME=VALUE", value_parser = parse_attr)]
+    pub(crate) attrs: Vec<(String, String)>,
+    /// An attribute to remove, by name (repeatable).
+    #[arg(long = "remove-attr", value_name = "NAME")]
+    pub(crate) remove_attrs: Vec<String>,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold report-failure`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ReportFailureArgs {
+    /// The resource, `<agent>.<id>`.
+    #[arg(value_name = "REF")]
+    pub(crate) resource: ResourceRef,
+    /// What is wrong with it (the resource turns suspect and its agent is asked for a health check).
+    #[arg(long)]
+    pub(crate) reason: String,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold pool define`
+#[derive(Debug, Clone, clap::Args)]
+#[command(group(clap::ArgGroup::new("pool_kind").required(true).args(["ipv4", "slots", "ports"])))]
+pub(crate) struct PoolDefineArgs {
+    /// The pool's name.
+    pub(crate) name: PoolName,
+    /// The addresses of a subnet, `10.20.0.0/24` (without its network and broadcast addresses).
+    #[arg(long, value_name = "CIDR", value_parser = parse_cidr)]
+    pub(crate) ipv4: Option<(Ipv4Addr, u8)>,
+    /// Slots `0` to `N - 1`.
+    #[arg(long, value_name = "N")]
+    pub(crate) slots: Option<u32>,
+    /// Ports `FIRST` to `LAST` inclusive, `30000-30099`.
+    #[arg(long, value_name = "FIRST-LAST", value_parser = parse_port_range)]
+    pub(crate) ports: Option<(u16, u16)>,
+    /// An address (with --ipv4) or a port (with --ports) the pool never hands out (repeatable).
+    #[arg(long, value_name = "IP|PORT", conflicts_with = "slots")]
+    pub(crate) exclude: Vec<String>,
+    /// How long a freed identifier rests before it is handed out again (default 60s).
+    #[arg(long, value_parser = parse_millis)]
+    pub(crate) cooldown: Option<Millis>,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// A lease's address, `<agent>.<lease id>`: what `acquire` prints and every lease command takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LeaseRef {
+    pub(crate) agent: AgentName,
+    pub(crate) lease: LeaseId,
+}
+
+impl FromStr for LeaseRef {
+    type Err = IdError;
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        let (agent, lease) = s.split_once('.').ok_or_else(|| IdError::BadRef { value: s.to_owned() })?;
+        Ok(LeaseRef { agent: agent.parse()?, lease: lease.parse()? })
+    }
+}
+
+impl fmt::Display for LeaseRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.agent, self.lease)
+    }
+}
+
+/// `name=value`, split at the first `=`; the name is not empty.
+pub(crate) fn parse_attr(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
+        _ => Err(format!("{text:?} is not name=value")),
+    }
+}
+
+/// A duration (`30s`, `5min`, `1h 30m`) in milliseconds.
+pub(crate) fn parse_millis(text: &str) -> Result<Millis, String> {
+    let duration = humantime::parse_duration(text).map_err(|e| format!("{text:?} is not a duration: {e}"))?;
+    u64::try_from(duration.as_millis()).map(Millis).map_err(|_| format!("{text:?} is too long"))
+}
+
+/// An RFC 3339 time in UTC, or a duration from now.
+pub(crate) fn parse_until(text: &str) -> Result<Timestamp, String> {
+    if let Ok(duration) = humantime::parse_duration(text) {
+        let until = SystemTime::now() + duration;
+        return Ok(Timestamp(unix_ms(until)));
+    }
+    match humantime::parse_rfc3339_weak(text) {
+        Ok(time) => Ok(Timestamp(unix_ms(time))),
+        Err(e) => Err(format!(
+            "{text:?} is neither an RFC 3339 time in UTC (2027-01-15T08:00:00Z) nor a duration from now (2h): {e}"
+        )),
+    }
+}
+
+fn unix_ms(time: SystemTime) -> u64 {
+    time.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `10.20.0.0/24`
+pub(crate) fn parse_cidr(text: &str) -> Result<(Ipv4Addr, u8), String> {
+    let (network, prefix_len) =
+        text.split_once('/').ok_or_else(|| format!("{text:?} is not a CIDR like 10.20.0.0/24"))?;
+    let network = network.parse().map_err(|e| format!("{network:?} is not an IPv4 address: {e}"))?;
+    let prefix_len = prefix_len.parse().map_err(|e| format!("{prefix_len:?} is not a prefix length: {e}"))?;
+    Ok((network, prefix_len))
+}
+
+/// `30000-30099`
+pub(crate) fn parse_port_range(text: &str) -> Result<(u16, u16), String> {
+    let (first, last) = text.split_once('-').ok_or_else(|| format!("{text:?} is not a range like 30000-30099"))?;
+    let port = |p: &str| p.parse::<u16>().map_err(|e| format!("{p:?} is not a port: {e}"));
+    Ok((port(first)?, port(last)?))
+}
+
+/// The issuer of the commands this process sends: `--issuer`, else `cli:$USER`, else `cli` (when `$USER` is unset
+/// or is no issuer: printable ASCII without spaces, quotes or backslashes).
+pub(crate) fn issuer(given: Option<&str>) -> anyhow::Result<Issuer> {
+    if let Some(given) = given {
+        return Issuer::new(given).map_err(|e| anyhow!("--issuer: {e}"));
+    }
+    let user = std::env::var("USER").ok();
+    Ok(user
+        .and_then(|user| Issuer::new(format!("cli:{user}")).ok())
+        .unwrap_or_else(|| Issuer::new("cli").expect("a valid issuer")))
+}
+
+/// A map of attributes, refusing a name given twice.
+fn attributes(pairs: &[(String, String)]) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut map = BTreeMap::new();
+    for (name, value) in pairs {
+        if map.insert(name.clone(), value.clone()).is_some() {
+            bail!("--attr {name} is given twice");
+        }
+    }
+    Ok(map)
+}
+
+/// The pool kind `pool define` asks for, checked the way the writer checks it.
+pub(crate) fn pool_kind(args: &PoolDefineArgs) -> anyhow::Result<PoolKind> {
+    let kind = match (args.ipv4, args.slots, args.ports) {
+        (Some((network, prefix_len)), None, None) => {
+            let exclude = args
+                .exclude
+                .iter()
+                .map(|ip| ip.parse::<Ipv4Addr>().map_err(|e| anyhow!("--exclude {ip:?} is not an IPv4 address: {e}")))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            PoolKind::Ipv4 { network, prefix_len, exclude }
+        }
+        (None, Some(count), None) => PoolKind::Slots { count },
+        (None, None, Some((first, last))) => {
+            let exclude = args
+                .exclude
+                .iter()
+                .map(|port| port.parse::<u16>().map_err(|e| anyhow!("--exclude {port:?} is not a port: {e}")))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            PoolKind::Ports { first, last, exclude }
+        }
+        _ => bail!("give exactly one of --ipv4, --slots and --ports"),
+    };
+    kind.validate().map_err(|e| anyhow!("pool {}: {e}", args.name))?;
+    Ok(kind)
+}
+
+/// Where commands go: the gateway, or JetStream itself.
+#[derive(Debug)]
+pub(crate) enum Transport {
+    Gateway(Gateway),
+    Nats(JetStream),
+}
+
+impl Transport {
+    pub(crate) async fn connect(global: &GlobalArgs, nats: &NatsArgs) -> anyhow::Result<Self> {
+        // Partitions 0: learn the partition count from the streams `serve` created.
+        match nats.config(0) {
+            None => Ok(Transport::Gateway(Gateway::new(&global.server)?)),
+            Some(config) => {
+                let url = config.url.clone();
+                let config = JetStreamConfig { partitions: 0, ..config };
+                let log = JetStream::connect(config).await.with_context(|| format!("connecting to NATS at {url}"))?;
+                Ok(Transport::Nats(log))
+            }
+        }
+    }
+
+    /// Sends `envelope` and waits up to `timeout` for its outcome (`pending` when none came in time).
+    pub(crate) async fn submit(&self, envelope: &Envelope, timeout: Duration) -> anyhow::Result<CommandStatus> {
+        match self {
+            Transport::Gateway(gateway) => gateway.submit(envelope, timeout).await,
+            Transport::Nats(log) => submit_to_log(log, envelope, timeout).await,
+        }
+    }
+
+    /// Every outcome of `key` from sequence `from` on, as it lands.
+    pub(crate) async fn follow(
+        &self,
+        key: &Key,
+        from: u64,
+    ) -> anyhow::Result<BoxStream<'static, anyhow::Result<SeqOutcome>>> {
+        match self {
+            Transport::Gateway(gateway) => gateway.events(Some(&key.token()), Some(from)).await,
+            Transport::Nats(log) => {
+                let filter = key_filter(log, key);
+                Ok(log
+                    .follow(filter, from)
+                    .map(|stored| {
+                        let stored = stored.context("following the outcomes")?;
+                        let outcome = leasehold_schemas::codec::decode_outcome(&stored.payload)
+                            .with_context(|| format!("decoding the outcome at {}", stored.seq))?;
+                        Ok(SeqOutcome { seq: stored.seq, outcome })
+                    })
+                    .boxed())
+            }
+        }
+    }
+}
+
+fn key_filter(log: &JetStream, key: &Key) -> OutcomeFilter {
+    let partition = leasehold_schemas::subjects::partition_of_key(key, log.partitions());
+    OutcomeFilter::Key { partition, key: key.token() }
+}
+
+/// Publishes `envelope` to JetStream and follows its key's outcomes until the one for its command id (every part).
+async fn submit_to_log(log: &JetStream, envelope: &Envelope, timeout: Duration) -> anyhow::Result<CommandStatus> {
+    let command_id = envelope.command_id.to_string();
+    let key = envelope.body.key();
+    let filter = key_filter(log, &key);
+    let OutcomeFilter::Key { partition, .. } = filter else { unreachable!("a key filter") };
+    // Read before publishing: the outcome lands after this, so following from here cannot miss it.
+    let before = log.last_outcome_seq(partition).await.context("reading where the outcomes are")?;
+    let payload = leasehold_schemas::codec::encode_command(envelope).context("encoding the command")?;
+    let subject = leasehold_schemas::subjects::ingress_subject_of(&envelope.body);
+    let published = log
+        .publish_command(&subject, &command_id, payload.into())
+        .await
+        .with_context(|| format!("publishing command {command_id} on {subject}"))?;
+    // A duplicate was stored earlier: its outcome may be anywhere in the key's history.
+    let from = if published.duplicate { 1 } else { before + 1 };
+    let mut status = CommandStatus {
+        command_id: command_id.clone(),
+        status: "pending".to_owned(),
+        command_seq: Some(published.seq),
+        duplicate: published.duplicate,
+        rejection: None,
+        outcomes: Vec::new(),
+        dead_letter: None,
+    };
+    let mut outcomes = log.follow(filter, from);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let stored = match tokio::time::timeout_at(deadline, outcomes.next()).await {
+            Err(_) => return Ok(status),
+            Ok(None) => bail!("the outcome stream ended before command {command_id} was decided"),
+            Ok(Some(stored)) => stored.context("following the outcomes")?,
+        };
+        if stored.cmd_id != command_id {
+            continue;
+        }
+        let outcome = leasehold_schemas::codec::decode_outcome(&stored.payload)
+            .with_context(|| format!("decoding the outcome at {}", stored.seq))?;
+        let continues = outcome.continues();
+        if let Some(rejection) = outcome.rejection() {
+            status.rejection = Some(RejectionInfo::from(rejection));
+        }
+        status.outcomes.push(SeqOutcome { seq: stored.seq, outcome });
+        if !continues {
+            status.status = if status.rejection.is_some() { "rejected" } else { "accepted" }.to_owned();
+            return Ok(status);
+        }
+    }
+}
+
+/// The outcomes of an accepted command; anything else is an error that says why (after printing the status on
+/// stdout in JSON mode, so that a program sees the rejection's kind too).
+pub(crate) fn accepted(status: CommandStatus, format: OutputFormat, what: &str) -> anyhow::Result<Vec<SeqOutcome>> {
+    if status.status == "accepted" {
+        return Ok(status.outcomes);
+    }
+    if format == OutputFormat::Json {
+        output::emit(&output::json(&status)?);
+    }
+    let id = &status.command_id;
+    match status.status.as_str() {
+        "rejected" => match &status.rejection {
+            Some(rejection) => bail!("{what} rejected ({}): {} [command {id}]", rejection.kind, rejection.message),
+            None => bail!("{what} rejected [command {id}]"),
+        },
+        "dead-lettered" => match &status.dead_letter {
+            Some(letter) => bail!(
+                "{what} was dead-lettered, not decided: {} [command {id}, command seq {}, subject {}]",
+                letter.reason,
+                letter.source_seq,
+                letter.subject
+            ),
+            None => bail!("{what} was dead-lettered, not decided [command {id}]"),
+        },
+        "pending" | "published" => bail!(
+            "{what}: no outcome in time; command {id} is stored{} and will be decided when a worker serves its \
+             partition: ask again with `leasehold command {id}`",
+            status.command_seq.map(|seq| format!(" at command seq {seq}")).unwrap_or_default()
+        ),
+        other => bail!("{what}: the gateway says {other:?} of command {id}"),
+    }
+}
+
+/// A fresh envelope for `body` from `issuer`, stamped with this machine's clock.
+fn envelope(issuer: &Issuer, body: impl Into<Command>) -> Envelope {
+    Envelope::new(CommandId::generate(), issuer.clone(), Timestamp(unix_ms(SystemTime::now())), body)
+}
+
+/// A lease as `acquire` prints it (the same fields as the gateway's lease records).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct LeaseRecord {
+    /// `<agent>.<lease id>`
+    pub(crate) id: String,
+    /// `<agent>.<resource id>`
+    pub(crate) resource: String,
+    pub(crate) holder: String,
+    /// `waiting`, `active`, `released`, `broken`, `expired`, `failed`.
+    pub(crate) state: String,
+    pub(crate) token: Option<u64>,
+    pub(crate) expires_at: Option<u64>,
+    pub(crate) wait_until: Option<u64>,
+}
+
+impl LeaseRecord {
+    /// Applies an effect at `position` if it is about this lease; true if it changed the lease.
+    pub(crate) fn apply(&mut self, lease: LeaseId, position: Position, effect: &Effect) -> bool {
+        let mut set = |state: &str, token: Option<u64>, expires_at: Option<u64>, wait_until: Option<u64>| {
+            self.state = state.to_owned();
+            self.token = token;
+            self.expires_at = expires_at;
+            self.wait_until = wait_until;
+        };
+        match effect {
+            Effect::LeaseWaiting { lease: id, wait_until, .. } if *id == lease => {
+                set("waiting", None, None, wait_until.map(|t| t.0))
+            }
+            Effect::LeaseGranted { lease: id, expires_at, .. } if *id == lease => {
+                set("active", Some(position.0), expires_at.map(|t| t.0), None)
+            }
+            Effect::LeaseReleased { lease: id } if *id == lease => set("released", None, None, None),
+            Effect::LeaseBroken { lease: id, .. } if *id == lease => set("broken", None, None, None),
+            Effect::LeaseExpired { lease: id } if *id == lease => set("expired", None, None, None),
+            Effect::LeaseFailed { lease: id } if *id == lease => set("failed", None, None, None),
+            _ => return false,
+        }
+        true
+    }
+
+    fn table(&self) -> String {
+        output::fields(&[
+            ("id", self.id.clone()),
+            ("state", self.state.clone()),
+            ("token", output::opt(self.token)),
+            ("resource", self.resource.clone()),
+            ("holder", self.holder.clone()),
+            ("expires_at", output::time(self.expires_at)),
+            ("wait_until", output::time(self.wait_until)),
+        ])
+    }
+}
+
+/// A resource as the outcome of its allocation describes it, for `--nats` (no read model to ask). The same fields
+/// as the gateway's resource records, those an allocation knows.
+fn allocated_resource(reference: &ResourceRef, outcomes: &[SeqOutcome]) -> serde_json::Value {
+    let mut record = serde_json::json!({ "ref": reference.to_string(), "agent": reference.agent.to_string(),
+        "id": reference.resource.to_string(), "state": "pending", "leases": [], "parent": null, "detail": null,
+        "native_id": null });
+    let mut claims = Vec::new();
+    for SeqOutcome { seq, outcome } in outcomes {
+        for effect in outcome.effects() {
+            match effect {
+                Effect::ResourceAllocated { resource, kind, capacity, attributes, parent }
+                    if *resource == reference.resource =>
+                {
+                    record["kind"] = kind.clone().into();
+                    record["capacity"] = (*capacity).into();
+                    record["attrs"] = serde_json::to_value(attributes).unwrap_or_default();
+                    record["parent"] = parent.as_ref().map(ToString::to_string).into();
+                    record["created_seq"] = (*seq).into();
+                    record["updated_at"] = outcome.log_time.0.into();
+                }
+                Effect::ClaimWanted { resource, pool } if *resource == reference.resource => {
+                    claims.push(
+                        serde_json::json!({"pool": pool.to_string(), "id": null, "status": "wanted", "token": null}),
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+    record["claims"] = claims.into();
+    record
+}
+
+/// Runs one producer command.
+pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Result<()> {
+    let issuer = issuer(global.issuer.as_deref())?;
+    let format = global.output;
+    match command {
+        ProduceCmd::Allocate(args) => {
+            let transport = Transport::connect(global, &args.produce.nats).await?;
+            let resource = ResourceId::generate();
+            let reference = ResourceRef::new(args.agent.clone(), resource);
+            let body = Allocate {
+                agent: args.agent,
+                resource,
+                kind: args.kind,
+                capacity: args.capacity,
+                attributes: attributes(&args.attrs)?,
+                parent: args.parent,
+                pools: args.pools,
+            };
+            let status = transport.submit(&envelope(&issuer, body), args.produce.timeout).await?;
+            let outcomes = accepted(status, format, &format!("allocate {reference}"))?;
+            match format {
+                OutputFormat::Table => output::emit(&format!("{reference}\n")),
+                OutputFormat::Json => {
+                    let record = match &transport {
+                        Transport::Gateway(gateway) => {
+                            gateway.get::<serde_json::Value>(&["v1", "resources", &reference.to_string()], &[]).await?
+                        }
+                        Transport::Nats(_) => None,
+                    };
+                    let record = record.unwrap_or_else(|| allocated_resource(&reference, &outcomes));
+                    output::emit(&output::json(&record)?);
+                }
+            }
+        }
+        ProduceCmd::Acquire(args) => acquire(args, &issuer, global).await?,
+        ProduceCmd::Renew(args) => {
+            let body = Renew {
+                agent: args.lease.agent.clone(),
+                lease: args.lease.lease,
+                token: Position(args.token),
+                ttl: args.ttl,
+            };
+            simple(global, &args.produce, envelope(&issuer, body), &format!("renew {}", args.lease)).await?;
+        }
+        ProduceCmd::ReleaseLease(args) => {
+            let body = ReleaseLease {
+                agent: args.lease.agent.clone(),
+                lease: args.lease.lease,
+                token: args.token.map(Position),
+            };
+            simple(global, &args.produce, envelope(&issuer, body), &format!("release-lease {}", args.lease)).await?;
+        }
+        ProduceCmd::Release(args) => {
+            let what = format!("release {}", args.resource);
+            let body = Release { agent: args.resource.agent, resource: args.resource.resource, reason: args.reason };
+            simple(global, &args.produce, envelope(&issuer, body), &what).await?;
+        }
+        ProduceCmd::Pause(args) => {
+            let what = format!("pause {}", args.resource);
+            let body = Pause {
+                agent: args.resource.agent,
+                resource: args.resource.resource,
+                reason: args.reason,
+                until: args.until,
+            };
+            simple(global, &args.produce, envelope(&issuer, body), &what).await?;
+        }
+        ProduceCmd::Unpause(args) => {
+            let what = format!("unpause {}", args.resource);
+            let body = Unpause { agent: args.resource.agent, resource: args.resource.resource };
+            simple(global, &args.produce, envelope(&issuer, body), &what).await?;
+        }
+        ProduceCmd::Update(args) => {
+            if args.capacity.is_none() && args.attrs.is_empty() && args.remove_attrs.is_empty() {
+                bail!("update {}: nothing to change: give --capacity, --attr or --remove-attr", args.resource);
+            }
+            let what = format!("update {}", args.resource);
+            let body = Update {
+                agent: args.resource.agent,
+                resource: args.resource.resource,
+                set: attributes(&args.attrs)?,
+                remove: args.remove_attrs,
+                capacity: args.capacity,
+            };
+            simple(global, &args.produce, envelope(&issuer, body), &what).await?;
+        }
+        ProduceCmd::ReportFailure(args) => {
+            let what = format!("report-failure {}", args.resource);
+            let body = ReportFailureByOperator {
+                agent: args.resource.agent,
+                resource: args.resource.resource,
+                detail: args.reason,
+            };
+            simple(global, &args.produce, envelope(&issuer, body), &what).await?;
+        }
+        ProduceCmd::PoolDefine(args) => {
+            let kind = pool_kind(&args)?;
+            let what = format!("pool define {}", args.name);
+            let body = DefinePool { pool: args.name, kind, cooldown: args.cooldown };
+            simple(global, &args.produce, envelope(&issuer, body), &what).await?;
+        }
+    }
+    Ok(())
+}
+
+/// A producer command that prints its outcome: the command status in JSON, the effects in a table.
+async fn simple(global: &GlobalArgs, produce: &ProduceArgs, envelope: Envelope, what: &str) -> anyhow::Result<()> {
+    let transport = Transport::connect(global, &produce.nats).await?;
+    let status = transport.submit(&envelope, produce.timeout).await?;
+    match global.output {
+        OutputFormat::Json => {
+            let printed = status.clone();
+            accepted(status, global.output, what)?;
+            output::emit(&output::json(&printed)?);
+        }
+        OutputFormat::Table => {
+            let outcomes = accepted(status, global.output, what)?;
+            output::emit(&accepted_text(what, &envelope, &outcomes));
+        }
+    }
+    Ok(())
+}
+
+/// `<what>: accepted` and one line per effect, with its position.
+fn accepted_text(what: &str, envelope: &Envelope, outcomes: &[SeqOutcome]) -> String {
+    let mut text = format!("{what}: accepted [command {}]\n", envelope.command_id);
+    for SeqOutcome { outcome, .. } in outcomes {
+        for (position, effect) in outcome.positioned_effects() {
+            text.push_str(&format!("  {}  {}\n", position.0, output::effect(effect)));
+        }
+    }
+    text
+}
+
+async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> anyhow::Result<()> {
+    let transport = Transport::connect(global, &args.produce.nats).await?;
+    let lease = LeaseId::generate();
+    let lease_ref = LeaseRef { agent: args.resource.agent.clone(), lease };
+    let body = Acquire {
+        agent: args.resource.agent.clone(),
+        resource: args.resource.resource,
+        lease,
+        holder: args.holder.clone(),
+        ttl: args.ttl,
+        wait_timeout: args.wait_timeout,
+    };
+    let what = format!("acquire {}", args.resource);
+    let status = transport.submit(&envelope(issuer, body), args.produce.timeout).await?;
+    let outcomes = accepted(status, global.output, &what)?;
+    let mut record = LeaseRecord {
+        id: lease_ref.to_string(),
+        resource: args.resource.to_string(),
+        holder: args.holder,
+        state: "waiting".to_owned(),
+        token: None,
+        expires_at: None,
+        wait_until: None,
+    };
+    let mut last_seq = 0;
+    for SeqOutcome { seq, outcome } in &outcomes {
+        last_seq = last_seq.max(*seq);
+        for (position, effect) in outcome.positioned_effects() {
+            record.apply(lease, position, effect);
+        }
+    }
+    if args.block && record.state == "waiting" {
+        let key = Key::Agent(args.resource.agent.clone());
+        let mut events = transport.follow(&key, last_seq + 1).await?;
+        'follow: loop {
+            let Some(event) = events.next().await else {
+                bail!("the outcome stream ended while lease {lease_ref} was waiting");
+            };
+            let SeqOutcome { outcome, .. } = event?;
+            for (position, effect) in outcome.positioned_effects() {
+                if record.apply(lease, position, effect) && record.state != "waiting" {
+                    break 'follow;
+                }
+            }
+        }
+    }
+    match global.output {
+        OutputFormat::Table => output::emit(&record.table()),
+        OutputFormat::Json => output::emit(&output::json(&record)?),
+    }
+    if args.block && record.state != "active" {
+        bail!("lease {lease_ref} was not granted: it is {}", record.state);
+    }
+    Ok(())
+}
+
+/// The producer commands, as `lib.rs` dispatches them.
+#[derive(Debug)]
+pub(crate) enum ProduceCmd {
+    Allocate(AllocateArgs),
+    Acquire(AcquireArgs),
+    Renew(RenewArgs),
+    ReleaseLease(ReleaseLeaseArgs),
+    Release(ReleaseArgs),
+    Pause(PauseArgs),
+    Unpause(UnpauseArgs),
+    Update(UpdateArgs),
+    ReportFailure(ReportFailureArgs),
+    PoolDefine(PoolDefineArgs),
+}
+
+#[cfg(test)]
+mod tests {
+    use leasehold_schemas::Outcome;
+
+    use super::*;
+
+    #[test]
+    fn attributes_are_name_equals_value() {
+        assert_eq!(parse_attr("image=alpine:3.20"), Ok(("image".into(), "alpine:3.20".into())));
+        assert_eq!(parse_attr("expr=a=b"), Ok(("expr".into(), "a=b".into())));
+        assert_eq!(parse_attr("empty="), Ok(("empty".into(), String::new())));
+        assert!(parse_attr("=x").is_err());
+        assert!(parse_attr("novalue").is_err());
+        let twice = attributes(&[("a".into(), "1".into()), ("a".into(), "2".into())]);
+        assert!(twice.unwrap_err().to_string().contains("--attr a is given twice"));
+    }
+
+    #[test]
+    fn durations_and_times() {
+        assert_eq!(parse_millis("5min"), Ok(Millis(300_000)));
+        assert_eq!(parse_millis("1500ms"), Ok(Millis(1500)));
+        assert!(parse_millis("soon").is_err());
+        assert_eq!(parse_until("2027-01-15T08:00:00Z"), Ok(Timestamp(1_800_000_000_000)));
+        let now = unix_ms(SystemTime::now());
+        let in_two_hours = parse_until("2h").unwrap().0;
+        assert!((now + 7_200_000..now + 7_260_000).contains(&in_two_hours), "{in_two_hours} vs {now}");
+        assert!(parse_until("tomorrow").unwrap_err().contains("RFC 3339"));
+    }
+
+    #[test]
+    fn lease_refs_round_trip() {
+        let text = "w1.019b76da-9860-7333-b333-333333333333";
+        let lease: LeaseRef = text.parse().unwrap();
+        assert_eq!(lease.agent.as_str(), "w1");
+        assert_eq!(lease.to_string(), text);
+        assert!("019b76da-9860-7333-b333-333333333333".parse::<LeaseRef>().is_err());
+        assert!("W1.019b76da-9860-7333-b333-333333333333".parse::<LeaseRef>().is_err());
+    }
+
+    #[test]
+    fn the_issuer_is_given_or_the_user() {
+        assert_eq!(issuer(Some("op:alice@example")).unwrap().as_str(), "op:alice@example");
+        assert!(issuer(Some("has space")).unwrap_err().to_string().starts_with("--issuer"));
+        let default = issuer(None).unwrap();
+        assert!(default.as_str() == "cli" || default.as_str().starts_with("cli:"), "{default}");
+    }
+
+    #[test]
+    fn a_lease_follows_its_own_effects_only() {
+        let lease = LeaseId::generate();
+        let other = LeaseId::generate();
+        let resource = ResourceId::generate();
+        let mut record = LeaseRecord {
+            id: format!("w1.{lease}"),
+            resource: format!("w1.{resource}"),
+            holder: "build-1".into(),
+            state: "waiting".into(),
+            token: None,
+            expires_at: None,
+            wait_until: None,
+        };
+        let waiting = Effect::LeaseWaiting {
+            lease,
+            resource,
+            holder: "build-1".into(),
+            ttl: None,
+            wait_until: Some(Timestamp(5_000)),
+        };
+        assert!(record.apply(lease, Position(3), &waiting));
+        assert_eq!(record.wait_until, Some(5_000));
+        assert!(!record.apply(lease, Position(4), &Effect::LeaseFailed { lease: other }));
+        let granted = Effect::LeaseGranted {
+            lease,
+            resource,
+            holder: "build-1".into(),
+            ttl: Some(Millis(60_000)),
+            expires_at: Some(Timestamp(70_000)),
+        };
+        assert!(record.apply(lease, Position(9), &granted));
+        assert_eq!((record.state.as_str(), record.token, record.expires_at), ("active", Some(9), Some(70_000)));
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(json["id"], format!("w1.{lease}"));
+        assert_eq!(json["token"], 9);
+        assert_eq!(json["wait_until"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn pool_kinds_are_checked_before_sending() {
+        use clap::Parser as _;
+        let define = |argv: &[&str]| -> anyhow::Result<PoolKind> {
+            let cli = crate::Cli::try_parse_from(argv)?;
+            match cli.command {
+                crate::Cmd::Pool(crate::PoolCmd::Define(args)) => pool_kind(&args),
+                other => bail!("parsed as {other:?}"),
+            }
+        };
+        let ipv4 = define(&["leasehold", "pool", "define", "ips", "--ipv4", "10.20.0.0/24", "--exclude", "10.20.0.1"]);
+        assert_eq!(
+            ipv4.unwrap(),
+            PoolKind::Ipv4 {
+                network: Ipv4Addr::new(10, 20, 0, 0),
+                prefix_len: 24,
+                exclude: vec![Ipv4Addr::new(10, 20, 0, 1)]
+            }
+        );
+        assert_eq!(
+            define(&["leasehold", "pool", "define", "gpus", "--slots", "4"]).unwrap(),
+            PoolKind::Slots { count: 4 }
+        );
+        let host_bits = define(&["leasehold", "pool", "define", "ips", "--ipv4", "10.20.0.5/24"]).unwrap_err();
+        assert!(host_bits.to_string().contains("did you mean 10.20.0.0/24"), "{host_bits}");
+        assert!(define(&["leasehold", "pool", "define", "ips"]).is_err(), "a kind is required");
+        assert!(define(&["leasehold", "pool", "define", "ips", "--slots", "4", "--ipv4", "10.0.0.0/8"]).is_err());
+        assert!(define(&["leasehold", "pool", "define", "ips", "--slots", "4", "--exclude", "1"]).is_err());
+        let ports = define(&["leasehold", "pool", "define", "p", "--ports", "30000-30099", "--exclude", "30080"]);
+        assert_eq!(ports.unwrap(), PoolKind::Ports { first: 30000, last: 30099, exclude: vec![30080] });
+    }
+
+    #[test]
+    fn an_allocation_without_a_read_model_is_described_by_its_outcome() {
+        let outcome: Outcome = serde_json::from_value(serde_json::json!({
+            "decider_version": 1, "partition": 5,
+            "command": {"id": "019b76da-abe8-7001-8000-000000000001", "class": "op", "type_name": "op.allocate",
+                        "issuer": "cli", "issued_at": 1767225601000u64, "key": "w1"},
+            "cmd_seq": 3, "part": 0, "log_time": 1767225601007u64, "decided_at": 1767225601007u64,
+            "decision": {"accepted": {"first_position": 10, "effects": [
+                {"resource-allocated": {"resource": "019b76da-9478-7111-9111-111111111111", "kind": "container",
+                    "capacity": 2, "attributes": {"image": "alpine"}, "parent": null}},
+                {"claim-wanted": {"resource": "019b76da-9478-7111-9111-111111111111", "pool": "ips"}}
+            ]}}
+        }))
+        .unwrap();
+        let reference: ResourceRef = "w1.019b76da-9478-7111-9111-111111111111".parse().unwrap();
+        let record = allocated_resource(&reference, &[SeqOutcome { seq: 40, outcome }]);
+        assert_eq!(record["ref"], reference.to_string());
+        assert_eq!(record["state"], "pending");
+        assert_eq!(record["capacity"], 2);
+        assert_eq!(record["attrs"]["image"], "alpine");
+        assert_eq!(record["created_seq"], 40);
+        assert_eq!(record["claims"][0]["pool"], "ips");
+        assert_eq!(record["claims"][0]["status"], "wanted");
+    }
+
+    #[test]
+    fn only_an_accepted_status_goes_on() {
+        let status = |status: &str| CommandStatus {
+            command_id: "019b76da-abe8-7001-8000-000000000001".into(),
+            status: status.into(),
+            command_seq: Some(12),
+            duplicate: false,
+            rejection: (status == "rejected")
+                .then(|| RejectionInfo { kind: "at-capacity".into(), message: "has 2 of 2 leases".into() }),
+            outcomes: Vec::new(),
+            dead_letter: None,
+        };
+        assert!(accepted(status("accepted"), OutputFormat::Table, "acquire").is_ok());
+        let rejected = accepted(status("rejected"), OutputFormat::Table, "acquire w1.x").unwrap_err().to_string();
+        assert!(rejected.starts_with("acquire w1.x rejected (at-capacity): has 2 of 2 leases"), "{rejected}");
+        let pending = accepted(status("pending"), OutputFormat::Table, "acquire").unwrap_err().to_string();
+        assert!(pending.contains("leasehold command 019b76da-abe8-7001-8000-000000000001"), "{pending}");
+    }
+}

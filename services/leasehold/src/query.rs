@@ -1,0 +1,365 @@
+//! The query commands (`get`, `ls`, `leases`, `agents`, `pool ls`, `command`, `watch`, `dlq ls`): each reads the
+//! gateway's read models and prints them as a table or as the gateway's own JSON.
+
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use leasehold_schemas::{CommandId, Key, ResourceRef};
+use serde_json::Value;
+
+use crate::GlobalArgs;
+use crate::client::{CommandStatus, Gateway};
+use crate::output::{self, OutputFormat, Table, cell};
+
+/// `leasehold ls`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct LsArgs {
+    /// Only the resources of this agent.
+    #[arg(long)]
+    pub(crate) agent: Option<String>,
+    /// Only resources in this state (`pending`, `active`, `paused`, `suspect`, `releasing`, `destroyed`, `lost`,
+    /// `orphaned`, `failed`).
+    #[arg(long)]
+    pub(crate) state: Option<String>,
+    /// Only resources of this kind.
+    #[arg(long)]
+    pub(crate) kind: Option<String>,
+}
+
+/// `leasehold watch`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct WatchArgs {
+    /// Only the outcomes of this agent, or of a pool written `@name`; default: every outcome.
+    #[arg(long)]
+    pub(crate) key: Option<Key>,
+    /// Start at this outcome sequence (`1`: from the beginning); default: only outcomes from now on.
+    #[arg(long)]
+    pub(crate) from: Option<u64>,
+}
+
+/// The query commands, as `lib.rs` dispatches them.
+#[derive(Debug)]
+pub(crate) enum QueryCmd {
+    Get(ResourceRef),
+    Ls(LsArgs),
+    Leases(Option<ResourceRef>),
+    Agents,
+    Pools,
+    Command(CommandId),
+    Watch(WatchArgs),
+    DeadLetters,
+}
+
+pub(crate) async fn run(command: QueryCmd, global: &GlobalArgs) -> anyhow::Result<()> {
+    let gateway = Gateway::new(&global.server)?;
+    let format = global.output;
+    match command {
+        QueryCmd::Get(reference) => {
+            let Some(record) = gateway.get::<Value>(&["v1", "resources", &reference.to_string()], &[]).await? else {
+                bail!("no resource {reference} is known (the gateway at {} answered 404)", global.server);
+            };
+            print(format, &record, resource_fields)?;
+        }
+        QueryCmd::Ls(args) => {
+            let query: Vec<(&str, String)> = [("agent", args.agent), ("state", args.state), ("kind", args.kind)]
+                .into_iter()
+                .filter_map(|(name, value)| Some((name, value?)))
+                .collect();
+            let records = list(&gateway, &["v1", "resources"], &query).await?;
+            print(format, &records, resources_table)?;
+        }
+        QueryCmd::Leases(resource) => {
+            let query: Vec<(&str, String)> = resource.iter().map(|r| ("resource", r.to_string())).collect();
+            let records = list(&gateway, &["v1", "leases"], &query).await?;
+            print(format, &records, leases_table)?;
+        }
+        QueryCmd::Agents => {
+            let records = list(&gateway, &["v1", "agents"], &[]).await?;
+            print(format, &records, agents_table)?;
+        }
+        QueryCmd::Pools => {
+            let records = list(&gateway, &["v1", "pools"], &[]).await?;
+            print(format, &records, pools_table)?;
+        }
+        QueryCmd::DeadLetters => {
+            let records = list(&gateway, &["v1", "dlq"], &[]).await?;
+            print(format, &records, dead_letters_table)?;
+        }
+        QueryCmd::Command(id) => {
+            let Some(status) = gateway.get::<CommandStatus>(&["v1", "commands", &id.to_string()], &[]).await? else {
+                bail!("no command {id} is known (the gateway at {} answered 404)", global.server);
+            };
+            match format {
+                OutputFormat::Json => output::emit(&output::json(&status)?),
+                OutputFormat::Table => output::emit(&command_text(&status)),
+            }
+        }
+        QueryCmd::Watch(args) => watch(&gateway, args, format).await?,
+    }
+    Ok(())
+}
+
+/// A list the gateway answers with an array.
+async fn list(gateway: &Gateway, segments: &[&str], query: &[(&str, String)]) -> anyhow::Result<Vec<Value>> {
+    gateway.get::<Vec<Value>>(segments, query).await?.with_context(|| format!("/{} is not there", segments.join("/")))
+}
+
+fn print<T: serde::Serialize>(format: OutputFormat, value: &T, table: fn(&T) -> String) -> anyhow::Result<()> {
+    match format {
+        OutputFormat::Json => output::emit(&output::json(value)?),
+        OutputFormat::Table => output::emit(&table(value)),
+    }
+    Ok(())
+}
+
+fn resource_fields(record: &Value) -> String {
+    let attrs = match &record["attrs"] {
+        Value::Object(map) => map.iter().map(|(k, v)| format!("{k}={}", cell(v))).collect::<Vec<_>>().join(" "),
+        other => cell(other),
+    };
+    let claims = match &record["claims"] {
+        Value::Array(claims) => claims
+            .iter()
+            .map(|c| {
+                format!("{}={} ({}, token {})", cell(&c["pool"]), cell(&c["id"]), cell(&c["status"]), cell(&c["token"]))
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        other => cell(other),
+    };
+    let leases = match &record["leases"] {
+        Value::Array(leases) => leases
+            .iter()
+            .map(|l| match l {
+                Value::Object(_) => format!("{} ({}, {})", cell(&l["id"]), cell(&l["state"]), cell(&l["holder"])),
+                other => cell(other),
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        other => cell(other),
+    };
+    output::fields(&[
+        ("ref", cell(&record["ref"])),
+        ("kind", cell(&record["kind"])),
+        ("state", cell(&record["state"])),
+        ("detail", cell(&record["detail"])),
+        ("capacity", cell(&record["capacity"])),
+        ("attrs", none_if_empty(attrs)),
+        ("parent", cell(&record["parent"])),
+        ("native_id", cell(&record["native_id"])),
+        ("claims", none_if_empty(claims)),
+        ("leases", none_if_empty(leases)),
+        ("created_seq", cell(&record["created_seq"])),
+        ("updated_at", output::time(record["updated_at"].as_u64())),
+    ])
+}
+
+fn none_if_empty(text: String) -> String {
+    if text.is_empty() { "-".to_owned() } else { text }
+}
+
+fn count(value: &Value) -> String {
+    match value {
+        Value::Array(items) => items.len().to_string(),
+        other => cell(other),
+    }
+}
+
+fn resources_table(records: &Vec<Value>) -> String {
+    let mut table = Table::new(&["REF", "KIND", "STATE", "CAPACITY", "LEASES", "CLAIMS", "UPDATED"]);
+    for r in records {
+        let claims = match &r["claims"] {
+            Value::Array(claims) => {
+                claims.iter().map(|c| format!("{}={}", cell(&c["pool"]), cell(&c["id"]))).collect::<Vec<_>>().join(",")
+            }
+            other => cell(other),
+        };
+        table.row(vec![
+            cell(&r["ref"]),
+            cell(&r["kind"]),
+            cell(&r["state"]),
+            cell(&r["capacity"]),
+            count(&r["leases"]),
+            none_if_empty(claims),
+            output::time(r["updated_at"].as_u64()),
+        ]);
+    }
+    table.render()
+}
+
+fn leases_table(records: &Vec<Value>) -> String {
+    let mut table = Table::new(&["ID", "RESOURCE", "HOLDER", "STATE", "TOKEN", "EXPIRES"]);
+    for l in records {
+        table.row(vec![
+            cell(&l["id"]),
+            cell(&l["resource"]),
+            cell(&l["holder"]),
+            cell(&l["state"]),
+            cell(&l["token"]),
+            output::time(l["expires_at"].as_u64()),
+        ]);
+    }
+    table.render()
+}
+
+fn agents_table(records: &Vec<Value>) -> String {
+    let mut table = Table::new(&["NAME", "STATUS", "EPOCH", "LAST SEEN", "RESOURCES", "HELD"]);
+    for a in records {
+        table.row(vec![
+            cell(&a["name"]),
+            cell(&a["status"]),
+            cell(&a["epoch"]),
+            output::time(a["last_seen"].as_u64()),
+            cell(&a["resources"]),
+            cell(&a["held"]),
+        ]);
+    }
+    table.render()
+}
+
+/// A pool kind's JSON (`{"ipv4": {"network", "prefix_len", "exclude"}}`...) in a few words.
+fn pool_kind(kind: &Value) -> String {
+    let exclude = |v: &Value| match v.as_array() {
+        Some(items) if !items.is_empty() => {
+            format!(" without {}", items.iter().map(cell).collect::<Vec<_>>().join(","))
+        }
+        _ => String::new(),
+    };
+    if let Some(ipv4) = kind.get("ipv4") {
+        format!("ipv4 {}/{}{}", cell(&ipv4["network"]), cell(&ipv4["prefix_len"]), exclude(&ipv4["exclude"]))
+    } else if let Some(slots) = kind.get("slots") {
+        format!("slots {}", cell(&slots["count"]))
+    } else if let Some(ports) = kind.get("ports") {
+        format!("ports {}-{}{}", cell(&ports["first"]), cell(&ports["last"]), exclude(&ports["exclude"]))
+    } else {
+        cell(kind)
+    }
+}
+
+fn pools_table(records: &Vec<Value>) -> String {
+    let mut table = Table::new(&["NAME", "KIND", "COOLDOWN", "HELD", "WAITING", "COOLING"]);
+    for p in records {
+        table.row(vec![
+            cell(&p["name"]),
+            pool_kind(&p["kind"]),
+            output::duration(p["cooldown_ms"].as_u64()),
+            cell(&p["held"]),
+            cell(&p["waiting"]),
+            cell(&p["cooling"]),
+        ]);
+    }
+    table.render()
+}
+
+fn dead_letters_table(records: &Vec<Value>) -> String {
+    let mut table = Table::new(&["SEQ", "PARTITION", "SOURCE SEQ", "SUBJECT", "COMMAND", "BYTES", "REASON"]);
+    for d in records {
+        let bytes = match &d["bytes"] {
+            // The raw bytes (however the gateway spells them) are for `--output json`; the table says how many.
+            Value::Array(items) => items.len().to_string(),
+            Value::String(text) => format!("{} chars", text.len()),
+            other => cell(other),
+        };
+        table.row(vec![
+            cell(&d["seq"]),
+            cell(&d["partition"]),
+            cell(&d["source_seq"]),
+            cell(&d["subject"]),
+            cell(&d["command_id"]),
+            bytes,
+            cell(&d["reason"]),
+        ]);
+    }
+    table.render()
+}
+
+fn command_text(status: &CommandStatus) -> String {
+    let mut text = output::fields(&[
+        ("command", status.command_id.clone()),
+        ("status", status.status.clone()),
+        ("command_seq", output::opt(status.command_seq)),
+        (
+            "rejection",
+            status.rejection.as_ref().map_or_else(|| "-".to_owned(), |r| format!("{}: {}", r.kind, r.message)),
+        ),
+        (
+            "dead_letter",
+            status.dead_letter.as_ref().map_or_else(
+                || "-".to_owned(),
+                |d| format!("{} (command seq {}, {})", d.reason, d.source_seq, d.subject),
+            ),
+        ),
+    ]);
+    for outcome in &status.outcomes {
+        text.push_str(&output::outcome_line(outcome.seq, &outcome.outcome));
+        text.push('\n');
+    }
+    text
+}
+
+/// Prints each outcome as it lands until interrupted (Ctrl-C ends it cleanly) or the gateway closes the stream.
+async fn watch(gateway: &Gateway, args: WatchArgs, format: OutputFormat) -> anyhow::Result<()> {
+    let key = args.key.as_ref().map(Key::token);
+    let mut events = gateway.events(key.as_deref(), args.from).await?;
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
+    loop {
+        let event = tokio::select! {
+            _ = &mut interrupted => return Ok(()),
+            event = events.next() => event,
+        };
+        let Some(event) = event else {
+            bail!("the gateway closed the event stream");
+        };
+        let event = event?;
+        match format {
+            OutputFormat::Table => output::emit(&format!("{}\n", output::outcome_line(event.seq, &event.outcome))),
+            OutputFormat::Json => output::emit(&format!("{}\n", serde_json::to_string(&event)?)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resource_reads_field_by_field() {
+        let record = serde_json::json!({
+            "ref": "w1.019b76da-9478-7111-9111-111111111111", "agent": "w1", "id": "019b76da-9478-7111-9111-111111111111",
+            "kind": "container", "state": "active", "capacity": 2, "attrs": {"image": "alpine", "team": "ci"},
+            "claims": [{"pool": "ips", "id": "10.20.0.7", "status": "bound", "token": 55}],
+            "leases": [{"id": "w1.019b76da-9860-7333-b333-333333333333", "holder": "build-1", "state": "active"}],
+            "created_seq": 40, "updated_at": 1767225601000u64, "parent": null, "detail": null, "native_id": "d41d"
+        });
+        let text = resource_fields(&record);
+        assert!(text.contains("ref          w1.019b76da-9478-7111-9111-111111111111\n"), "{text}");
+        assert!(text.contains("attrs        image=alpine team=ci\n"), "{text}");
+        assert!(text.contains("claims       ips=10.20.0.7 (bound, token 55)\n"), "{text}");
+        assert!(text.contains("leases       w1.019b76da-9860-7333-b333-333333333333 (active, build-1)\n"), "{text}");
+        assert!(text.contains("updated_at   2026-01-01T00:00:01.000Z\n"), "{text}");
+        assert!(text.contains("parent       -\n"), "{text}");
+    }
+
+    #[test]
+    fn pool_kinds_read_in_a_few_words() {
+        let ipv4 = serde_json::json!({"ipv4": {"network": "10.20.0.0", "prefix_len": 24, "exclude": ["10.20.0.1"]}});
+        assert_eq!(pool_kind(&ipv4), "ipv4 10.20.0.0/24 without 10.20.0.1");
+        assert_eq!(pool_kind(&serde_json::json!({"slots": {"count": 16}})), "slots 16");
+        let ports = serde_json::json!({"ports": {"first": 30000, "last": 30099, "exclude": []}});
+        assert_eq!(pool_kind(&ports), "ports 30000-30099");
+    }
+
+    #[test]
+    fn lists_are_one_row_each() {
+        let leases = vec![serde_json::json!({"id": "w1.l", "resource": "w1.r", "holder": "h", "state": "waiting",
+            "token": null, "expires_at": null, "wait_until": null})];
+        assert_eq!(
+            leases_table(&leases),
+            "ID    RESOURCE  HOLDER  STATE    TOKEN  EXPIRES\nw1.l  w1.r      h       waiting  -      -\n"
+        );
+        let agents =
+            vec![serde_json::json!({"name": "w1", "status": "live", "epoch": 3, "last_seen": 1767225601000u64,
+            "resources": 2, "held": 1})];
+        assert!(agents_table(&agents).ends_with("w1    live    3      2026-01-01T00:00:01.000Z  2          1\n"));
+    }
+}
