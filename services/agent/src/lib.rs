@@ -1,1 +1,40 @@
-//! leasehold agent runtime (being built).
+//! leasehold's agent (DESIGN section 6): the process on a machine that holds resources. It follows its own outcome
+//! subject, makes and destroys what it is told to, and reports what really exists.
+//!
+//! The loop:
+//! - It registers a new incarnation and folds its subject `lh.evt.<p>.<agent>` from the start into a small model of
+//!   its own (per resource: what to make, create ordered, seen present, releasing). When it reads its own
+//!   registration it has read everything decided before it: its epoch is that registration's position, and only
+//!   then does it act.
+//! - It creates what was ordered created and destroys what is releasing, at most `max_in_flight` driver calls at
+//!   once, each under `call_timeout`; a call that fails or times out is tried again at the next pass. A definitive
+//!   create failure is reported as such. A restarted agent creates and destroys again whatever is still pending or
+//!   releasing: drivers take both as done when they already are.
+//! - Every `sync_interval` (± 20 %) a sync pass takes a snapshot of the model (its watermark: the highest position
+//!   of the subject applied) and of the calls running, then lists the machine, then reports. Handles of no known
+//!   resource are garbage: the agent destroys them on its own.
+//! - It answers health checks and full resync requests, and heartbeats every `heartbeat_interval`.
+//!
+//! The report rules, each handle named at most once:
+//! - `in_flight`: a create or destroy running (it counts as present);
+//! - `created`: ordered created, never seen present, and here (releasing or not);
+//! - `missing`: seen present, not releasing, and gone;
+//! - `destroyed`: releasing and gone;
+//! - `count` and `digest`: the resources ordered created that are here or in flight, exactly the set the writer
+//!   expects (garbage is not counted).
+//!
+//! A report naming more than `MAX_REPORT_HANDLES` handles is sent as a full resync instead, in id ranges.
+//!
+//! Every command leaves through one publisher task, in order, so observation numbers reach the log increasing.
+//! Log errors are retried with backoff, and the follow resumes after the last outcome seen.
+
+#![forbid(unsafe_code)]
+
+mod dir;
+mod driver;
+mod model;
+mod runtime;
+
+pub use dir::DirDriver;
+pub use driver::{AnyDriver, Driver, DriverError, DriverSpecError, Health, Spec, parse_driver};
+pub use runtime::{AgentConfig, AgentControl, AgentStatus, Error, run};

@@ -1,0 +1,163 @@
+//! The dir driver: one directory per resource, named by the resource id, under a root directory. For one machine,
+//! tests and demos: a directory is cheap to make, easy to delete by hand, and shows every case a real driver has.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use leasehold_schemas::ResourceId;
+
+use crate::driver::{Driver, DriverError, Health, Spec};
+
+/// The name of the file a health check writes and removes inside a resource's directory.
+const PROBE: &str = ".leasehold-probe";
+
+/// Resources as directories under `root` (made when first needed). Only directories whose names are canonical
+/// resource ids are handles; other files and directories are left alone.
+#[derive(Debug, Clone)]
+pub struct DirDriver {
+    root: PathBuf,
+}
+
+impl DirDriver {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        DirDriver { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where the resource `id` lives.
+    pub fn path_of(&self, id: ResourceId) -> PathBuf {
+        self.root.join(id.to_string())
+    }
+}
+
+/// Errors that no retry will mend: the name is taken by a file, or the agent may not write there.
+fn create_error(path: &Path, e: io::Error) -> DriverError {
+    let detail = format!("cannot make directory {}: {e}", path.display());
+    match e.kind() {
+        io::ErrorKind::AlreadyExists
+        | io::ErrorKind::PermissionDenied
+        | io::ErrorKind::NotADirectory
+        | io::ErrorKind::ReadOnlyFilesystem => DriverError::CreateFailed(detail),
+        _ => DriverError::Transient(detail),
+    }
+}
+
+impl Driver for DirDriver {
+    async fn create(&self, id: ResourceId, _spec: &Spec) -> Result<Option<String>, DriverError> {
+        let path = self.path_of(id);
+        tokio::fs::create_dir_all(&path).await.map_err(|e| create_error(&path, e))?;
+        // `create_dir_all` accepts a path that exists as anything; only a directory is the resource.
+        match tokio::fs::metadata(&path).await {
+            Ok(meta) if meta.is_dir() => Ok(Some(path.display().to_string())),
+            Ok(_) => Err(create_error(&path, io::Error::from(io::ErrorKind::AlreadyExists))),
+            Err(e) => Err(DriverError::Transient(format!("cannot read {}: {e}", path.display()))),
+        }
+    }
+
+    async fn destroy(&self, id: ResourceId) -> Result<(), DriverError> {
+        let path = self.path_of(id);
+        match tokio::fs::remove_dir_all(&path).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(DriverError::Transient(format!("cannot remove {}: {e}", path.display()))),
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<ResourceId>, DriverError> {
+        let failed = |e: io::Error| DriverError::Transient(format!("cannot list {}: {e}", self.root.display()));
+        tokio::fs::create_dir_all(&self.root).await.map_err(failed)?;
+        let mut entries = tokio::fs::read_dir(&self.root).await.map_err(failed)?;
+        let mut handles = Vec::new();
+        while let Some(entry) = entries.next_entry().await.map_err(failed)? {
+            let Some(id) = entry.file_name().to_str().and_then(|name| name.parse::<ResourceId>().ok()) else {
+                continue;
+            };
+            // A plain file named like a resource id is not a handle either (and stays where it is).
+            if entry.file_type().await.map_err(failed)?.is_dir() {
+                handles.push(id);
+            }
+        }
+        handles.sort();
+        Ok(handles)
+    }
+
+    async fn check(&self, id: ResourceId) -> Result<Health, DriverError> {
+        let path = self.path_of(id);
+        let unhealthy = |detail: String| Ok(Health { healthy: false, detail });
+        match tokio::fs::metadata(&path).await {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => return unhealthy(format!("{} is not a directory", path.display())),
+            Err(e) => return unhealthy(format!("{}: {e}", path.display())),
+        }
+        let probe = path.join(PROBE);
+        if let Err(e) = tokio::fs::write(&probe, b"probe").await {
+            return unhealthy(format!("{} is not writable: {e}", path.display()));
+        }
+        if let Err(e) = tokio::fs::remove_file(&probe).await {
+            return unhealthy(format!("cannot remove {}: {e}", probe.display()));
+        }
+        Ok(Health { healthy: true, detail: format!("{} exists and is writable", path.display()) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u8) -> ResourceId {
+        ResourceId::from_parts(1_800_000_000_000, [n; 10])
+    }
+
+    #[tokio::test]
+    async fn listing_shows_only_directories_named_by_resource_ids() {
+        let tmp = tempfile::tempdir().unwrap();
+        let driver = DirDriver::new(tmp.path().join("root"));
+        assert_eq!(driver.list().await.unwrap(), vec![], "a missing root is made and empty");
+        driver.create(id(2), &Spec::default()).await.unwrap();
+        driver.create(id(1), &Spec::default()).await.unwrap();
+        std::fs::create_dir(driver.root().join("scratch")).unwrap();
+        std::fs::write(driver.root().join("notes.txt"), "hello").unwrap();
+        std::fs::write(driver.root().join(id(3).to_string()), "a file, not a handle").unwrap();
+        std::fs::create_dir(driver.root().join(id(4).to_string().to_uppercase())).unwrap();
+        assert_eq!(driver.list().await.unwrap(), vec![id(1), id(2)]);
+    }
+
+    #[tokio::test]
+    async fn create_and_destroy_are_idempotent() {
+        let tmp = tempfile::tempdir().unwrap();
+        let driver = DirDriver::new(tmp.path());
+        let native = driver.create(id(1), &Spec::default()).await.unwrap();
+        assert_eq!(native, Some(driver.path_of(id(1)).display().to_string()));
+        std::fs::write(driver.path_of(id(1)).join("data"), "kept").unwrap();
+        assert_eq!(driver.create(id(1), &Spec::default()).await.unwrap(), native, "exists = ok");
+        assert!(driver.path_of(id(1)).join("data").exists(), "a second create keeps what is inside");
+        driver.destroy(id(1)).await.unwrap();
+        assert!(!driver.path_of(id(1)).exists(), "destroy removes the directory and what is in it");
+        driver.destroy(id(1)).await.unwrap();
+        assert_eq!(driver.list().await.unwrap(), vec![]);
+    }
+
+    #[tokio::test]
+    async fn a_name_taken_by_a_file_is_a_definitive_create_failure() {
+        let tmp = tempfile::tempdir().unwrap();
+        let driver = DirDriver::new(tmp.path());
+        std::fs::write(driver.path_of(id(1)), "in the way").unwrap();
+        let err = driver.create(id(1), &Spec::default()).await.unwrap_err();
+        assert!(matches!(err, DriverError::CreateFailed(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn check_says_whether_the_directory_is_there_and_writable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let driver = DirDriver::new(tmp.path());
+        let missing = driver.check(id(1)).await.unwrap();
+        assert!(!missing.healthy, "{missing:?}");
+        driver.create(id(1), &Spec::default()).await.unwrap();
+        let present = driver.check(id(1)).await.unwrap();
+        assert!(present.healthy, "{present:?}");
+        assert!(!driver.path_of(id(1)).join(PROBE).exists(), "the probe is removed");
+    }
+}

@@ -1,0 +1,141 @@
+//! What the agent needs of the thing that makes resources on its machine, and how a driver is named on the command
+//! line (`dir:PATH`).
+//!
+//! A driver knows handles only: a resource's handle is its id. Every call may be retried (create of something that
+//! exists and destroy of something absent both succeed), because the agent retries whatever it cannot confirm.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::str::FromStr;
+
+use leasehold_schemas::ResourceId;
+
+use crate::dir::DirDriver;
+
+/// What to make: the resource's kind and attributes, as allocated (and updated since).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Spec {
+    pub kind: String,
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// The answer of a health check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    pub healthy: bool,
+    pub detail: String,
+}
+
+/// Why a driver call did not do what was asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DriverError {
+    /// The resource cannot be made and never will be (a bad spec, an image that does not exist): the agent reports
+    /// it failed, and the writer frees what it held.
+    #[error("create failed for good: {0}")]
+    CreateFailed(String),
+    /// Anything else (a daemon down, a disk busy): the agent tries again at a later pass.
+    #[error("{0}")]
+    Transient(String),
+}
+
+/// The thing that makes, destroys, lists and checks resources on one machine. Each call stands alone: the agent
+/// runs several at once (up to `max_in_flight`), each under a timeout after which its future is dropped.
+pub trait Driver: Send + Sync + 'static {
+    /// Makes the resource `id` (succeeds if it exists already); returns the driver's own id for it, if it has one.
+    fn create(&self, id: ResourceId, spec: &Spec) -> impl Future<Output = Result<Option<String>, DriverError>> + Send;
+
+    /// Destroys the resource `id` (succeeds if it is absent).
+    fn destroy(&self, id: ResourceId) -> impl Future<Output = Result<(), DriverError>> + Send;
+
+    /// The handles present on the machine. Anything the driver does not recognise as a handle is left out (and so
+    /// left alone).
+    fn list(&self) -> impl Future<Output = Result<Vec<ResourceId>, DriverError>> + Send;
+
+    /// Whether the resource `id` works.
+    fn check(&self, id: ResourceId) -> impl Future<Output = Result<Health, DriverError>> + Send;
+}
+
+/// A driver named on the command line. A new kind of driver is a new variant here and a new prefix in
+/// [`parse_driver`]; nothing else in the agent changes.
+#[derive(Debug, Clone)]
+pub enum AnyDriver {
+    Dir(DirDriver),
+}
+
+/// A driver spec that names no driver this build knows.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("driver {spec:?}: {reason}; known drivers: dir:PATH (one directory per resource under PATH)")]
+pub struct DriverSpecError {
+    pub spec: String,
+    pub reason: &'static str,
+}
+
+/// Parses `dir:PATH` (and whatever other drivers come) into a driver.
+pub fn parse_driver(spec: &str) -> Result<AnyDriver, DriverSpecError> {
+    let fail = |reason| Err(DriverSpecError { spec: spec.to_owned(), reason });
+    match spec.split_once(':') {
+        Some(("dir", "")) => fail("the dir driver needs a path"),
+        Some(("dir", path)) => Ok(AnyDriver::Dir(DirDriver::new(path))),
+        Some(_) => fail("unknown driver"),
+        None => fail("a driver is named as KIND:ARGUMENT"),
+    }
+}
+
+impl FromStr for AnyDriver {
+    type Err = DriverSpecError;
+
+    fn from_str(spec: &str) -> Result<Self, DriverSpecError> {
+        parse_driver(spec)
+    }
+}
+
+impl fmt::Display for AnyDriver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AnyDriver::Dir(dir) => write!(f, "dir:{}", dir.root().display()),
+        }
+    }
+}
+
+impl Driver for AnyDriver {
+    async fn create(&self, id: ResourceId, spec: &Spec) -> Result<Option<String>, DriverError> {
+        match self {
+            AnyDriver::Dir(dir) => dir.create(id, spec).await,
+        }
+    }
+
+    async fn destroy(&self, id: ResourceId) -> Result<(), DriverError> {
+        match self {
+            AnyDriver::Dir(dir) => dir.destroy(id).await,
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<ResourceId>, DriverError> {
+        match self {
+            AnyDriver::Dir(dir) => dir.list().await,
+        }
+    }
+
+    async fn check(&self, id: ResourceId) -> Result<Health, DriverError> {
+        match self {
+            AnyDriver::Dir(dir) => dir.check(id).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_specs_parse_or_say_what_is_known() {
+        let AnyDriver::Dir(dir) = parse_driver("dir:/var/lib/leasehold/res").unwrap();
+        assert_eq!(dir.root(), std::path::Path::new("/var/lib/leasehold/res"));
+        assert_eq!("dir:/tmp/x".parse::<AnyDriver>().unwrap().to_string(), "dir:/tmp/x");
+        for bad in ["dir:", "docker:local", "/tmp/x"] {
+            let err = parse_driver(bad).unwrap_err().to_string();
+            assert!(err.contains("known drivers: dir:PATH"), "{err}");
+        }
+    }
+}

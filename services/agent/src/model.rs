@@ -1,0 +1,365 @@
+//! The agent's model of its own outcome subject, and what a sync pass reports from it.
+//!
+//! This is not the domain's state: the agent sees only its subject, and positions are partition-wide, so it keeps
+//! what it needs to act and to report. Per resource: what to make (kind, attributes), whether and where its create
+//! was ordered, whether it was ever seen present, whether and where it is releasing, and the health check asked of
+//! it. A terminal resource is forgotten: a handle of it still on the machine is garbage.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use leasehold_schemas::command::HandleDigest;
+use leasehold_schemas::outcome::{Effect, Outcome};
+use leasehold_schemas::{Position, ResourceId, Uuid};
+
+use crate::driver::Spec;
+
+/// What the agent knows of one non-terminal resource, and what it has done about it.
+#[derive(Debug, Clone)]
+pub(crate) struct Tracked {
+    pub(crate) spec: Spec,
+    /// The position of `create-ordered`: from there on the agent must make it.
+    pub(crate) create_ordered: Option<Position>,
+    /// `resource-activated` or `resource-seen`: the writer knows it existed.
+    pub(crate) seen_present: bool,
+    /// The position of `resource-releasing`: the agent must destroy it.
+    pub(crate) releasing: Option<Position>,
+    /// The last `health-check-requested` not answered yet.
+    pub(crate) health_request: Option<Position>,
+    /// This process made it (or was told for good that it cannot be made): no create again.
+    pub(crate) create_done: bool,
+    /// This process destroyed it: no destroy again unless it shows up again.
+    pub(crate) destroy_done: bool,
+}
+
+/// A driver call the agent makes for a resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Create,
+    Destroy,
+    /// A health check answering the request at this position.
+    Check(Position),
+    /// A destroy of a handle no resource of the model owns.
+    Garbage,
+}
+
+impl Tracked {
+    /// The next call this resource needs, if any: destroy before create before check.
+    pub(crate) fn next_op(&self) -> Option<Op> {
+        let ordered = self.create_ordered.is_some();
+        match self.releasing {
+            Some(_) if ordered && !self.destroy_done => Some(Op::Destroy),
+            Some(_) => None,
+            None if ordered && !self.seen_present && !self.create_done => Some(Op::Create),
+            None => self.health_request.map(Op::Check),
+        }
+    }
+}
+
+/// Something the runtime must act on after an outcome is applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Signal {
+    Registered {
+        incarnation: Uuid,
+        epoch: Position,
+        retired: bool,
+    },
+    Gone,
+    ResyncRequested {
+        at: Position,
+    },
+    /// The resource may need a driver call now.
+    Work(ResourceId),
+    /// The resource reached a terminal state (`how`: its effect's name).
+    Left {
+        resource: ResourceId,
+        how: &'static str,
+    },
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Model {
+    resources: BTreeMap<ResourceId, Tracked>,
+    watermark: Position,
+}
+
+impl Model {
+    /// The highest position of the subject applied.
+    pub(crate) fn watermark(&self) -> Position {
+        self.watermark
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.resources.len()
+    }
+
+    pub(crate) fn get(&self, id: ResourceId) -> Option<&Tracked> {
+        self.resources.get(&id)
+    }
+
+    pub(crate) fn get_mut(&mut self, id: ResourceId) -> Option<&mut Tracked> {
+        self.resources.get_mut(&id)
+    }
+
+    pub(crate) fn contains(&self, id: ResourceId) -> bool {
+        self.resources.contains_key(&id)
+    }
+
+    /// Applies one outcome part of the agent's subject.
+    pub(crate) fn apply(&mut self, outcome: &Outcome, signals: &mut Vec<Signal>) {
+        for (position, effect) in outcome.positioned_effects() {
+            self.apply_effect(position, effect, signals);
+            self.watermark = self.watermark.max(position);
+        }
+    }
+
+    fn apply_effect(&mut self, position: Position, effect: &Effect, signals: &mut Vec<Signal>) {
+        let mut touch = |id: ResourceId, change: &mut dyn FnMut(&mut Tracked)| {
+            if let Some(tracked) = self.resources.get_mut(&id) {
+                change(tracked);
+                signals.push(Signal::Work(id));
+            }
+        };
+        match effect {
+            Effect::AgentRegistered { incarnation, retired, .. } => {
+                signals.push(Signal::Registered { incarnation: *incarnation, epoch: position, retired: *retired });
+            }
+            Effect::AgentGone { .. } => signals.push(Signal::Gone),
+            Effect::ResyncRequested { .. } => signals.push(Signal::ResyncRequested { at: position }),
+            Effect::ResourceAllocated { resource, kind, attributes, .. } => {
+                let spec = Spec { kind: kind.clone(), attributes: attributes.clone() };
+                self.resources.insert(
+                    *resource,
+                    Tracked {
+                        spec,
+                        create_ordered: None,
+                        seen_present: false,
+                        releasing: None,
+                        health_request: None,
+                        create_done: false,
+                        destroy_done: false,
+                    },
+                );
+            }
+            Effect::ResourceUpdated { resource, set, remove, .. } => touch(*resource, &mut |t| {
+                t.spec.attributes.extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
+                remove.iter().for_each(|key| {
+                    t.spec.attributes.remove(key);
+                });
+            }),
+            Effect::CreateOrdered { resource } => touch(*resource, &mut |t| t.create_ordered = Some(position)),
+            Effect::ResourceActivated { resource, .. } | Effect::ResourceSeen { resource, .. } => {
+                touch(*resource, &mut |t| t.seen_present = true)
+            }
+            Effect::HealthCheckRequested { resource } => touch(*resource, &mut |t| t.health_request = Some(position)),
+            Effect::ResourceHealthy { resource } => touch(*resource, &mut |t| t.health_request = None),
+            Effect::ResourceReleasing { resource, .. } => touch(*resource, &mut |t| {
+                t.releasing = Some(position);
+                t.health_request = None;
+            }),
+            Effect::ResourceDestroyed { resource, .. }
+            | Effect::ResourceLost { resource, .. }
+            | Effect::ResourceOrphaned { resource }
+            | Effect::ResourceFailed { resource, .. } => {
+                if self.resources.remove(resource).is_some() {
+                    signals.push(Signal::Left { resource: *resource, how: effect.name() });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// What a sync pass reports from, as of now: `running(id)` says whether a create or destroy of `id` is running.
+    pub(crate) fn view(&self, running: impl Fn(ResourceId) -> bool) -> View {
+        let entries = self
+            .resources
+            .iter()
+            .map(|(id, t)| {
+                let entry = Entry {
+                    ordered: t.create_ordered.is_some(),
+                    seen_present: t.seen_present,
+                    releasing: t.releasing.is_some(),
+                };
+                (*id, entry)
+            })
+            .collect::<Vec<_>>();
+        let in_flight = entries.iter().filter(|(id, e)| e.ordered && running(*id)).map(|(id, _)| *id).collect();
+        View { watermark: self.watermark, entries, in_flight }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Entry {
+    ordered: bool,
+    seen_present: bool,
+    releasing: bool,
+}
+
+/// A snapshot of the model for one sync pass, taken before the listing.
+#[derive(Debug)]
+pub(crate) struct View {
+    pub(crate) watermark: Position,
+    entries: Vec<(ResourceId, Entry)>,
+    in_flight: BTreeSet<ResourceId>,
+}
+
+/// The lists, count and digest of a sync report.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Lists {
+    pub(crate) created: Vec<ResourceId>,
+    pub(crate) missing: Vec<ResourceId>,
+    pub(crate) destroyed: Vec<ResourceId>,
+    pub(crate) in_flight: Vec<ResourceId>,
+    pub(crate) count: u64,
+    pub(crate) digest: HandleDigest,
+}
+
+impl Lists {
+    pub(crate) fn n_named(&self) -> usize {
+        self.created.len() + self.missing.len() + self.destroyed.len() + self.in_flight.len()
+    }
+}
+
+/// One range of a full resync: in `[lo, hi)` the agent holds exactly `held`, and `in_flight` is running.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Chunk {
+    pub(crate) lo: Uuid,
+    pub(crate) hi: Option<Uuid>,
+    pub(crate) held: Vec<ResourceId>,
+    pub(crate) in_flight: Vec<ResourceId>,
+}
+
+impl View {
+    /// The report of `present` (the listing) against the snapshot. A handle is named at most once: in flight
+    /// (creates and destroys running: they count as present), else `created` (ordered, not yet seen present, here),
+    /// `missing` (seen present, not releasing, gone) or `destroyed` (releasing, gone). `count`/`digest` cover the
+    /// handles of resources ordered created that are here or in flight, as the writer counts them; garbage is not
+    /// counted.
+    pub(crate) fn report(&self, present: &BTreeSet<ResourceId>) -> Lists {
+        let mut lists = Lists::default();
+        let count = |lists: &mut Lists, id: ResourceId| {
+            lists.count += 1;
+            lists.digest.add(id);
+        };
+        for (id, entry) in &self.entries {
+            let id = *id;
+            let here = present.contains(&id);
+            if !entry.ordered {
+                // Never to be made: a release of it is confirmed by its absence.
+                if entry.releasing && !here {
+                    lists.destroyed.push(id);
+                }
+                continue;
+            }
+            if self.in_flight.contains(&id) {
+                lists.in_flight.push(id);
+                count(&mut lists, id);
+                continue;
+            }
+            match (entry.releasing, entry.seen_present, here) {
+                (_, false, true) => {
+                    lists.created.push(id);
+                    count(&mut lists, id);
+                }
+                (_, true, true) => count(&mut lists, id),
+                (true, _, false) => lists.destroyed.push(id),
+                (false, true, false) => lists.missing.push(id),
+                (false, false, false) => {}
+            }
+        }
+        lists
+    }
+
+    /// The full listing in ranges of at most `per_chunk` handles: every handle of the model here or in flight.
+    pub(crate) fn chunks(&self, present: &BTreeSet<ResourceId>, per_chunk: usize) -> Vec<Chunk> {
+        let held: Vec<(ResourceId, bool)> = self
+            .entries
+            .iter()
+            .filter_map(|(id, _)| {
+                let in_flight = self.in_flight.contains(id);
+                (in_flight || present.contains(id)).then_some((*id, in_flight))
+            })
+            .collect();
+        let groups: Vec<&[(ResourceId, bool)]> = held.chunks(per_chunk.max(1)).collect();
+        if groups.is_empty() {
+            return vec![Chunk { lo: Uuid::nil(), hi: None, held: Vec::new(), in_flight: Vec::new() }];
+        }
+        groups
+            .iter()
+            .enumerate()
+            .map(|(idx, group)| Chunk {
+                lo: if idx == 0 { Uuid::nil() } else { group[0].0.as_uuid() },
+                hi: groups.get(idx + 1).map(|next| next[0].0.as_uuid()),
+                held: group.iter().filter(|(_, f)| !f).map(|(id, _)| *id).collect(),
+                in_flight: group.iter().filter(|(_, f)| *f).map(|(id, _)| *id).collect(),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u8) -> ResourceId {
+        ResourceId::from_parts(1_800_000_000_000, [n; 10])
+    }
+
+    fn entry(ordered: bool, seen_present: bool, releasing: bool) -> Entry {
+        Entry { ordered, seen_present, releasing }
+    }
+
+    #[test]
+    fn each_handle_is_named_once_by_the_report_rules() {
+        // (entry, in flight, present) -> where it goes, and whether it counts.
+        let table = [
+            (entry(true, false, false), false, true, "created", true),
+            (entry(true, false, false), false, false, "-", false),
+            (entry(true, true, false), false, true, "-", true),
+            (entry(true, true, false), false, false, "missing", false),
+            (entry(true, false, true), false, true, "created", true),
+            (entry(true, true, true), false, true, "-", true),
+            (entry(true, true, true), false, false, "destroyed", false),
+            (entry(true, false, true), false, false, "destroyed", false),
+            (entry(true, false, false), true, false, "in_flight", true),
+            (entry(true, true, true), true, true, "in_flight", true),
+            (entry(false, false, true), false, false, "destroyed", false),
+            (entry(false, false, false), false, false, "-", false),
+        ];
+        for (n, (e, in_flight, here, list, counted)) in table.into_iter().enumerate() {
+            let handle = id(n as u8);
+            let view = View {
+                watermark: Position(9),
+                entries: vec![(handle, e)],
+                in_flight: if in_flight { BTreeSet::from([handle]) } else { BTreeSet::new() },
+            };
+            let present = if here { BTreeSet::from([handle]) } else { BTreeSet::new() };
+            let lists = view.report(&present);
+            let named = [
+                ("created", &lists.created),
+                ("missing", &lists.missing),
+                ("destroyed", &lists.destroyed),
+                ("in_flight", &lists.in_flight),
+            ];
+            let found: Vec<&str> = named.iter().filter(|(_, l)| l.contains(&handle)).map(|(name, _)| *name).collect();
+            let expected: Vec<&str> = if list == "-" { vec![] } else { vec![list] };
+            assert_eq!(found, expected, "row {n}: {e:?} in flight {in_flight} present {here}");
+            assert_eq!(lists.count, u64::from(counted), "row {n}");
+        }
+    }
+
+    #[test]
+    fn chunks_cover_the_id_space_without_gaps() {
+        let entries: Vec<_> = (1..=5).map(|n| (id(n), entry(true, true, false))).collect();
+        let view = View { watermark: Position(9), entries, in_flight: BTreeSet::from([id(3)]) };
+        let present = BTreeSet::from([id(1), id(2), id(4), id(5), id(9)]);
+        let chunks = view.chunks(&present, 2);
+        assert_eq!(chunks.len(), 3);
+        assert_eq!(chunks[0].lo, Uuid::nil());
+        assert_eq!(chunks[0].hi, Some(id(3).as_uuid()));
+        assert_eq!(chunks[1].in_flight, vec![id(3)]);
+        assert_eq!(chunks[1].held, vec![id(4)]);
+        assert_eq!(chunks[2].hi, None);
+        assert!(chunks.iter().all(|c| !c.held.contains(&id(9))), "garbage is not listed");
+        assert_eq!(view.chunks(&BTreeSet::new(), 2).len(), 1, "an empty listing is one chunk over everything");
+    }
+}
