@@ -1,8 +1,12 @@
 //! `leasehold serve`: runs the roles asked for over the embedded log in a data directory or over JetStream, prints
-//! what it serves, and stops cleanly on SIGINT or SIGTERM (each writer finishes the command in hand and gives its
-//! partition up).
+//! what it serves and where it listens, and stops cleanly on SIGINT or SIGTERM (each writer finishes the command in
+//! hand and gives its partition up; the HTTP server stops taking requests; agents stop their loops).
+//!
+//! Every `serve` process listens on `--listen`: the gateway role serves the whole API there; without it, the
+//! process still serves `/healthz` and `/metrics`, so separate worker processes are scraped too.
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -18,13 +22,26 @@ pub(crate) enum Role {
     Worker,
     /// The read models: fold the outcomes into the projection in the data directory.
     Projector,
+    /// The HTTP/JSON API on --listen (needs the projector in the same process: it serves its read models).
+    Gateway,
 }
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct ServeArgs {
     /// The roles to run, comma-separated (default: every role that exists).
-    #[arg(long, value_delimiter = ',', default_value = "worker,projector")]
+    #[arg(long, value_delimiter = ',', default_value = "worker,projector,gateway")]
     roles: Vec<Role>,
+    /// Where to listen for HTTP: the API with the gateway role, else /healthz and /metrics only. Port 0 picks a
+    /// free port (printed).
+    #[arg(long, default_value = "127.0.0.1:7420")]
+    listen: SocketAddr,
+    /// Run an agent in this process: NAME=DRIVER, the driver being dir:PATH (one directory per resource under
+    /// PATH). Repeatable. On one machine this is how agents run, since the embedded log is one process's.
+    #[arg(long = "agent", value_name = "NAME=DRIVER")]
+    agents: Vec<String>,
+    /// How often each agent of this process reports what it holds (±20 % jitter).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    sync_interval: Duration,
     #[command(flatten)]
     log: crate::nats_args::LogArgs,
     /// How long a worker's hold on a partition outlives it (JetStream `priority_timeout`).
@@ -83,11 +100,17 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 fn roles(roles: &[Role]) -> String {
-    roles.iter().map(|r| format!("{r:?}").to_lowercase()).collect::<Vec<_>>().join(",")
+    roles.iter().map(|r| role_name(*r)).collect::<Vec<_>>().join(",")
 }
 
 async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     let name = args.name.clone().unwrap_or_else(default_name);
+    if args.roles.contains(&Role::Gateway) && !args.roles.contains(&Role::Projector) {
+        anyhow::bail!(
+            "the gateway serves the read models of the projector in the same process: run --roles gateway,projector"
+        );
+    }
+    let mut registry = prometheus_client::registry::Registry::default();
     let mut tasks = tokio::task::JoinSet::new();
     // The projection opens first: a data directory in use stops `serve` before any partition is taken.
     let projector = if args.roles.contains(&Role::Projector) {
@@ -98,9 +121,46 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
     } else {
         None
     };
-    if args.roles.contains(&Role::Worker) {
+    let projection_metrics =
+        projector.as_ref().map(|p| leasehold_gateway::ProjectionMetrics::register(&mut registry, p.reader()));
+    let worker_metrics =
+        args.roles.contains(&Role::Worker).then(|| leasehold_worker::WorkerMetrics::register(&mut registry));
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let address = listener.local_addr().context("reading the address listened on")?;
+    let health = leasehold_gateway::Health {
+        roles: args.roles.iter().map(|r| role_name(*r)).collect(),
+        registry: Arc::new(registry),
+        projection: projection_metrics,
+    };
+    let router = match &projector {
+        Some(projector) if args.roles.contains(&Role::Gateway) => {
+            let api = leasehold_gateway::Api::new(
+                log.clone(),
+                projector.reader(),
+                projector.subscribe(),
+                leasehold_gateway::GatewayConfig::default(),
+                shutdown.clone(),
+            );
+            println!("gateway: listening on http://{address} (the API, /healthz, /metrics)");
+            leasehold_gateway::router(api, health)
+        }
+        _ => {
+            println!("listening on http://{address} (/healthz, /metrics)");
+            leasehold_gateway::metrics_only(health)
+        }
+    };
+    {
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            leasehold_gateway::serve(listener, router, shutdown).await.context("the HTTP server stopped")
+        });
+    }
+    if let Some(metrics) = worker_metrics {
         let mut config = WorkerConfig::new(name.clone());
         config.writer.rolling_out_schema = args.rolling_out_schema;
+        config.writer.metrics = Some(metrics);
         println!("worker {name}: serving its share of partitions 0..{}", log.partitions());
         let (log, shutdown) = (log.clone(), shutdown.clone());
         tasks.spawn(async move {
@@ -116,9 +176,10 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
         });
     }
     if let Some(projector) = projector {
-        let (log, shutdown, data) = (log.clone(), shutdown.clone(), args.log.data.clone());
-        tasks.spawn(async move { project(projector, log, data, shutdown).await });
+        let (log, shutdown) = (log.clone(), shutdown.clone());
+        tasks.spawn(async move { project(projector, log, shutdown).await });
     }
+    crate::agents::spawn_all(&mut tasks, &log, &args.agents, args.sync_interval, &shutdown)?;
     let mut result = Ok(());
     while let Some(joined) = tasks.join_next().await {
         let outcome = joined.context("a role failed")?;
@@ -130,13 +191,16 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
     result
 }
 
-/// Runs the projector until shutdown. A failure the log may get over (unreachable for a while) reopens the
-/// projection and resumes from what its tables hold; any other (a broken chain, an outcome it cannot read) stops the
-/// projector, loudly, and leaves the other roles running: it never skips an outcome.
+fn role_name(role: Role) -> String {
+    format!("{role:?}").to_lowercase()
+}
+
+/// Runs the projector until shutdown. A failure the log may get over (unreachable for a while) resumes from what
+/// the projection holds; any other (a broken chain, an outcome it cannot read) stops the projector, loudly: it never
+/// skips an outcome.
 async fn project<L: Log>(
     mut projector: leasehold_projector::Projector,
     log: L,
-    data: PathBuf,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     loop {
@@ -144,13 +208,11 @@ async fn project<L: Log>(
             Ok(()) => return Ok(()),
             Err(leasehold_projector::Error::Log(e @ leasehold_log::Error::Unavailable(_))) => {
                 tracing::warn!(error = %e, "the projector lost the log for now; resuming");
-                drop(projector);
                 tokio::select! {
                     biased;
                     () = shutdown.cancelled() => return Ok(()),
                     () = tokio::time::sleep(Duration::from_secs(1)) => {}
                 }
-                projector = leasehold_projector::Projector::open(&data, log.partitions())?;
             }
             Err(e) => {
                 eprintln!("projector stopped: {e}");
@@ -166,7 +228,7 @@ fn default_name() -> String {
     format!("{host}-{}", std::process::id())
 }
 
-async fn stop_on_signal(shutdown: CancellationToken) {
+pub(crate) async fn stop_on_signal(shutdown: CancellationToken) {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(term) => term,
         Err(e) => {
@@ -180,6 +242,6 @@ async fn stop_on_signal(shutdown: CancellationToken) {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
-    println!("leasehold serve: stopping");
+    println!("leasehold: stopping");
     shutdown.cancel();
 }
