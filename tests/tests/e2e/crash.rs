@@ -721,7 +721,7 @@ impl WorkerProcess {
         let (stdout, stderr) = (dir.join(format!("{name}.out")), dir.join(format!("{name}.err")));
         let hold = format!("{}s", HOLD.as_secs());
         let child = Command::new(env!("CARGO_BIN_EXE_leasehold-e2e"))
-            .args(["serve", "--roles", "worker", "--nats", url])
+            .args(["serve", "--roles", "worker", "--nats", url, "--listen", "127.0.0.1:0"])
             .args(["--partitions", &PARTITIONS.to_string(), "--replicas", &replicas.to_string()])
             .args(["--priority-timeout", &hold, "--ack-wait", &hold, "--name", name])
             .arg("--data")

@@ -230,6 +230,7 @@ impl Serve {
         let stderr = logs.join("serve.stderr");
         let child = Command::new(env!("CARGO_BIN_EXE_leasehold-e2e"))
             .arg("serve")
+            .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
