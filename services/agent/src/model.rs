@@ -160,7 +160,8 @@ impl Model {
             | Effect::ResourceLost { resource, .. }
             | Effect::ResourceOrphaned { resource }
             | Effect::ResourceFailed { resource, .. } => {
-                if self.resources.remove(resource).is_some() {
+                let forgotten = self.resources.remove(resource);
+                if forgotten.is_some() {
                     signals.push(Signal::Left { resource: *resource, how: effect.name() });
                 }
             }
@@ -361,5 +362,112 @@ mod tests {
         assert_eq!(chunks[2].hi, None);
         assert!(chunks.iter().all(|c| !c.held.contains(&id(9))), "garbage is not listed");
         assert_eq!(view.chunks(&BTreeSet::new(), 2).len(), 1, "an empty listing is one chunk over everything");
+    }
+
+    /// The agent's reports, computed from its own model, agree with the count and digest the writer expects
+    /// (`expected_listing`), including when the model lags the writer; and the writer asks for no resync.
+    #[test]
+    fn reports_match_what_the_writer_expects() {
+        use leasehold_domain::driver::Driver as Partition;
+        use leasehold_schemas::command::{Allocate, Register, Release, ReportCreated, SyncReport};
+        use leasehold_schemas::settings::AgentSettings;
+        use leasehold_schemas::{AgentName, Timestamp};
+
+        let w1 = AgentName::new("w1").unwrap();
+        let mut partition = Partition::new(0, 1, Timestamp(1_800_000_000_000));
+        let mut model = Model::default();
+        let mut folded = 0;
+        let mut fold = |partition: &Partition, model: &mut Model| {
+            for outcome in &partition.outcomes()[folded..] {
+                model.apply(outcome, &mut Vec::new());
+            }
+            folded = partition.outcomes().len();
+        };
+        let register = Register {
+            agent: w1.clone(),
+            incarnation: Uuid::from_u128(1),
+            wiped: false,
+            settings: AgentSettings::default(),
+        };
+        let epoch = partition.submit("w1", register).positioned_effects().next().unwrap().0;
+        let ids: Vec<ResourceId> = (0..5).map(|_| partition.new_resource_id()).collect();
+        for id in &ids[..4] {
+            let allocate = Allocate {
+                agent: w1.clone(),
+                resource: *id,
+                kind: "dir".into(),
+                capacity: 1,
+                attributes: BTreeMap::new(),
+                parent: None,
+                pools: vec![],
+            };
+            assert!(partition.submit("op", allocate).rejection().is_none());
+        }
+        let mut obs = 0;
+        let report = |partition: &mut Partition, obs: &mut u64, view: &View, present: &[ResourceId]| {
+            *obs += 1;
+            let obs = *obs;
+            let lists = view.report(&present.iter().copied().collect());
+            let report = SyncReport {
+                created: lists.created,
+                missing: lists.missing,
+                destroyed: lists.destroyed,
+                in_flight: lists.in_flight,
+                count: lists.count,
+                digest: lists.digest,
+                ..SyncReport::new(w1.clone(), epoch, obs, view.watermark)
+            };
+            let expected = leasehold_domain::expected_listing(partition.state(), &report).unwrap();
+            assert_eq!(expected, (report.count, report.digest), "report {obs}: {report:?}");
+            let outcome = partition.submit("w1", report);
+            assert!(outcome.rejection().is_none(), "{outcome:?}");
+            let names: Vec<&str> = outcome.effects().iter().map(|e| e.name()).collect();
+            assert!(!names.contains(&"resync-requested"), "report {obs}: {names:?}");
+            names.iter().map(|n| n.to_string()).collect::<Vec<_>>()
+        };
+
+        // Two made, one being made, one not started; a garbage handle is on the machine too.
+        fold(&partition, &mut model);
+        let garbage = ResourceId::from_parts(1_700_000_000_000, [9; 10]);
+        let view = model.view(|id| id == ids[2]);
+        let names = report(&mut partition, &mut obs, &view, &[ids[0], ids[1], garbage]);
+        assert_eq!(names.iter().filter(|n| *n == "resource-activated").count(), 2);
+
+        // The third is reported made on its own; the first is released and destroyed; the fourth is here now.
+        obs += 1;
+        let created = ReportCreated { agent: w1.clone(), epoch, obs, resource: ids[2], native_id: None };
+        assert!(partition.submit("w1", created).rejection().is_none());
+        let release = Release { agent: w1.clone(), resource: ids[0], reason: None };
+        assert!(partition.submit("op", release).rejection().is_none());
+        fold(&partition, &mut model);
+        let view = model.view(|_| false);
+        let names = report(&mut partition, &mut obs, &view, &[ids[1], ids[2], ids[3], garbage]);
+        assert!(names.contains(&"resource-destroyed".to_owned()), "{names:?}");
+
+        // A report from a snapshot that lags the writer: the second is released and a fifth allocated after it.
+        fold(&partition, &mut model);
+        let view = model.view(|_| false);
+        let release = Release { agent: w1.clone(), resource: ids[1], reason: None };
+        assert!(partition.submit("op", release).rejection().is_none());
+        let allocate = Allocate {
+            agent: w1.clone(),
+            resource: ids[4],
+            kind: "dir".into(),
+            capacity: 1,
+            attributes: BTreeMap::new(),
+            parent: None,
+            pools: vec![],
+        };
+        assert!(partition.submit("op", allocate).rejection().is_none());
+        report(&mut partition, &mut obs, &view, &[ids[1], ids[2], ids[3], ids[4]]);
+
+        // The third vanished: missing, then lost; the second is destroyed.
+        fold(&partition, &mut model);
+        let view = model.view(|_| false);
+        let names = report(&mut partition, &mut obs, &view, &[ids[3], ids[4]]);
+        assert!(names.contains(&"resource-lost".to_owned()), "{names:?}");
+        assert!(names.contains(&"resource-destroyed".to_owned()), "{names:?}");
+        fold(&partition, &mut model);
+        assert_eq!(model.len(), 2, "two resources are left");
     }
 }

@@ -150,8 +150,8 @@ impl AgentControl {
     /// Waits until `done` holds for the status, and returns that status. Wrap it in a timeout.
     pub async fn wait_for(&self, mut done: impl FnMut(&AgentStatus) -> bool) -> AgentStatus {
         let mut status = self.subscribe();
-        let seen = status.wait_for(|s| done(s)).await.expect("the control holds the sender").clone();
-        seen
+        let seen = status.wait_for(|s| done(s)).await.expect("the control holds the sender");
+        seen.clone()
     }
 
     fn update(&self, change: impl FnOnce(&mut AgentStatus)) {

@@ -1,0 +1,375 @@
+//! The agent against a real log and real writers: the embedded log in a temporary directory, the worker deciding
+//! every partition in-process, and the agent with the dir driver on another temporary directory. Every wait is
+//! bounded and waits on the log or on the agent's status, never on a clock.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use leasehold_agent::{AgentConfig, AgentControl, DirDriver, Driver, DriverError, Error, Health, Spec, run};
+use leasehold_log::embedded::Embedded;
+use leasehold_log::{Log, OutcomeFilter};
+use leasehold_schemas::command::{Allocate, Release, ReportFailureByOperator, RequestHealthCheck};
+use leasehold_schemas::outcome::{Decision, Effect, Outcome};
+use leasehold_schemas::subjects::{ingress_subject_of, partition_of_agent};
+use leasehold_schemas::{AgentName, Command, CommandClass, CommandId, Envelope, Issuer, Position, ResourceId, codec};
+use leasehold_worker::WorkerConfig;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Fails the test if `what` does not happen within [`WAIT`].
+async fn within<T>(what: &str, work: impl Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, work).await.unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+struct System {
+    tmp: tempfile::TempDir,
+    log: Embedded,
+    stop_worker: CancellationToken,
+    worker: JoinHandle<leasehold_worker::Report>,
+}
+
+struct RunningAgent {
+    name: AgentName,
+    control: AgentControl,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), Error>>,
+}
+
+impl System {
+    fn start() -> System {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = Embedded::open(&tmp.path().join("log"), 4).unwrap();
+        let stop_worker = CancellationToken::new();
+        let worker = tokio::spawn(leasehold_worker::run(log.clone(), WorkerConfig::new("w"), stop_worker.clone()));
+        System { tmp, log, stop_worker, worker }
+    }
+
+    fn resources_dir(&self) -> PathBuf {
+        self.tmp.path().join("resources")
+    }
+
+    /// Starts an agent with passes only when asked (and one right after registering), and waits for its epoch.
+    async fn agent<D: Driver>(&self, name: &str, driver: D) -> RunningAgent {
+        let name = AgentName::new(name).unwrap();
+        let mut config = AgentConfig::new(name.clone());
+        config.sync_interval = Duration::from_secs(3600);
+        config.call_timeout = Duration::from_secs(10);
+        let control = config.control.clone();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(self.log.clone(), driver, config, shutdown.clone()));
+        within("the agent's registration", control.wait_for(|s| s.epoch.is_some())).await;
+        RunningAgent { name, control, shutdown, task }
+    }
+
+    async fn publish(&self, issuer: &str, body: impl Into<Command>) -> CommandId {
+        let id = CommandId::generate();
+        let envelope = Envelope::new(id, Issuer::new(issuer).unwrap(), leasehold_schemas::Timestamp(now_ms()), body);
+        let subject = ingress_subject_of(&envelope.body);
+        let payload = codec::encode_command(&envelope).unwrap();
+        self.log.publish_command(&subject, &id.to_string(), payload.into()).await.unwrap();
+        id
+    }
+
+    async fn allocate(&self, agent: &AgentName) -> ResourceId {
+        let resource = ResourceId::generate();
+        let body = Allocate {
+            agent: agent.clone(),
+            resource,
+            kind: "dir".into(),
+            capacity: 1,
+            attributes: BTreeMap::new(),
+            parent: None,
+            pools: vec![],
+        };
+        self.publish("producer", body).await;
+        resource
+    }
+
+    async fn release(&self, agent: &AgentName, resource: ResourceId) {
+        self.publish("producer", Release { agent: agent.clone(), resource, reason: None }).await;
+    }
+
+    /// Every outcome of the agent's subject so far.
+    async fn outcomes(&self, agent: &AgentName) -> Vec<Outcome> {
+        let batch = self.log.read_outcomes(&subject(&self.log, agent), 1, 100_000).await.unwrap();
+        batch.iter().map(|o| codec::decode_outcome(&o.payload).unwrap()).collect()
+    }
+
+    /// Waits for the first effect on the agent's subject that `matches`, and returns its position.
+    async fn effect(&self, agent: &AgentName, what: &str, matches: impl Fn(&Effect) -> bool) -> Position {
+        let mut follow = self.log.follow(subject(&self.log, agent), 1);
+        within(what, async {
+            loop {
+                let stored = follow.next().await.expect("follow ends only with an error").unwrap();
+                let outcome = codec::decode_outcome(&stored.payload).unwrap();
+                if let Some((position, _)) = outcome.positioned_effects().find(|(_, e)| matches(e)) {
+                    return position;
+                }
+            }
+        })
+        .await
+    }
+
+    async fn stop(self) {
+        self.stop_worker.cancel();
+        let report = self.worker.await.unwrap();
+        assert!(report.stopped.is_empty(), "no partition stopped: {:?}", report.stopped);
+    }
+}
+
+impl RunningAgent {
+    /// Asks for a sync pass and waits until its report is published.
+    async fn sync(&self) {
+        let before = self.control.status().reports;
+        self.control.sync_now();
+        within("a sync report", self.control.wait_for(|s| s.reports > before)).await;
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        within("the agent to stop", self.task).await.unwrap().unwrap();
+    }
+}
+
+fn subject(log: &Embedded, agent: &AgentName) -> OutcomeFilter {
+    OutcomeFilter::Key { partition: partition_of_agent(agent, log.partitions()), key: agent.as_str().to_owned() }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+fn dir_of(root: &Path, id: ResourceId) -> PathBuf {
+    root.join(id.to_string())
+}
+
+/// What the agent's own commands got: no refusal, and the writer never found its count or digest wrong.
+fn assert_honest(outcomes: &[Outcome], agent: &AgentName) {
+    for outcome in outcomes {
+        if outcome.command.class == CommandClass::Agent && outcome.command.issuer.as_str() == agent.as_str() {
+            assert!(
+                matches!(outcome.decision, Decision::Accepted { .. }),
+                "{} was refused: {:?}",
+                outcome.command.type_name,
+                outcome.rejection()
+            );
+        }
+        for effect in outcome.effects() {
+            assert!(!matches!(effect, Effect::ResyncRequested { .. }), "the writer asked for a resync: {effect:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn allocate_release_and_a_directory_removed_by_hand() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let agent = system.agent("w1", DirDriver::new(&root)).await;
+    let w1 = agent.name.clone();
+
+    let kept = system.allocate(&w1).await;
+    let released = system.allocate(&w1).await;
+    for id in [kept, released] {
+        system
+            .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == id))
+            .await;
+        assert!(dir_of(&root, id).is_dir(), "the directory of {id} exists once it is active");
+    }
+    assert_eq!(agent.control.status().creates, 2);
+
+    system.release(&w1, released).await;
+    within("the destroy", agent.control.wait_for(|s| s.destroys >= 1)).await;
+    assert!(!dir_of(&root, released).exists());
+    agent.sync().await;
+    system
+        .effect(
+            &w1,
+            "the destruction",
+            |e| matches!(e, Effect::ResourceDestroyed { resource, .. } if *resource == released),
+        )
+        .await;
+
+    std::fs::remove_dir_all(dir_of(&root, kept)).unwrap();
+    agent.sync().await;
+    system.effect(&w1, "the loss", |e| matches!(e, Effect::ResourceLost { resource, .. } if *resource == kept)).await;
+    within("the model to forget both", agent.control.wait_for(|s| s.n_resources == 0)).await;
+
+    assert_honest(&system.outcomes(&w1).await, &w1);
+    agent.stop().await;
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn garbage_is_destroyed_and_other_files_are_left_alone() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let agent = system.agent("w1", DirDriver::new(&root)).await;
+    let w1 = agent.name.clone();
+    let known = system.allocate(&w1).await;
+    system
+        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == known))
+        .await;
+
+    let stranger = ResourceId::generate();
+    std::fs::create_dir_all(dir_of(&root, stranger).join("inside")).unwrap();
+    std::fs::create_dir(root.join("scratch")).unwrap();
+    std::fs::write(root.join("notes.txt"), "mine").unwrap();
+    let file_with_an_id_name = ResourceId::generate();
+    std::fs::write(dir_of(&root, file_with_an_id_name), "mine too").unwrap();
+
+    agent.sync().await;
+    within("the garbage destroy", agent.control.wait_for(|s| s.garbage >= 1)).await;
+    assert!(!dir_of(&root, stranger).exists(), "a handle of no known resource is destroyed");
+    assert!(root.join("scratch").is_dir() && root.join("notes.txt").is_file(), "other files stay");
+    assert!(dir_of(&root, file_with_an_id_name).is_file(), "a file is not a handle");
+    assert!(dir_of(&root, known).is_dir(), "what the log knows stays");
+    // Garbage is never counted: the report after it agrees with the writer.
+    agent.sync().await;
+    let last_report = agent.control.status().last_report_obs;
+    system
+        .effect(
+            &w1,
+            "the last report's decision",
+            |e| matches!(e, Effect::ObservationAccepted { stamp, .. } if stamp.obs == last_report),
+        )
+        .await;
+    let outcomes = system.outcomes(&w1).await;
+    assert_eq!(agent.control.status().garbage, 1);
+    assert_honest(&outcomes, &w1);
+    agent.stop().await;
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_incarnation_finishes_what_the_last_one_left() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let first = system.agent("w1", DirDriver::new(&root)).await;
+    let w1 = first.name.clone();
+    let first_epoch = first.control.status().epoch.unwrap();
+    let doomed = system.allocate(&w1).await;
+    system
+        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == doomed))
+        .await;
+    first.stop().await;
+
+    // While no agent runs: a release of what exists, and an allocation that nobody makes.
+    system.release(&w1, doomed).await;
+    let fresh = system.allocate(&w1).await;
+    system
+        .effect(&w1, "the create order", |e| matches!(e, Effect::CreateOrdered { resource } if *resource == fresh))
+        .await;
+    assert!(dir_of(&root, doomed).is_dir() && !dir_of(&root, fresh).exists());
+
+    let second = system.agent("w1", DirDriver::new(&root)).await;
+    assert!(second.control.status().epoch.unwrap() > first_epoch, "a new incarnation has a new epoch");
+    system
+        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == fresh))
+        .await;
+    assert!(dir_of(&root, fresh).is_dir());
+    within("the destroy", second.control.wait_for(|s| s.destroys >= 1)).await;
+    assert!(!dir_of(&root, doomed).exists());
+    second.sync().await;
+    system
+        .effect(
+            &w1,
+            "the destruction",
+            |e| matches!(e, Effect::ResourceDestroyed { resource, .. } if *resource == doomed),
+        )
+        .await;
+
+    assert_honest(&system.outcomes(&w1).await, &w1);
+    second.stop().await;
+    system.stop().await;
+}
+
+/// A driver that cannot make kind `broken` and says every resource is unhealthy; otherwise the dir driver.
+#[derive(Debug)]
+struct Picky(DirDriver);
+
+impl Driver for Picky {
+    async fn create(&self, id: ResourceId, spec: &Spec) -> Result<Option<String>, DriverError> {
+        if spec.kind == "broken" {
+            return Err(DriverError::CreateFailed(format!("no such kind: {}", spec.kind)));
+        }
+        self.0.create(id, spec).await
+    }
+
+    async fn destroy(&self, id: ResourceId) -> Result<(), DriverError> {
+        self.0.destroy(id).await
+    }
+
+    async fn list(&self) -> Result<Vec<ResourceId>, DriverError> {
+        self.0.list().await
+    }
+
+    async fn check(&self, _id: ResourceId) -> Result<Health, DriverError> {
+        Ok(Health { healthy: false, detail: "it smokes".into() })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn create_failures_and_health_checks_are_reported() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let agent = system.agent("w1", Picky(DirDriver::new(&root))).await;
+    let w1 = agent.name.clone();
+
+    let broken = ResourceId::generate();
+    let body = Allocate {
+        agent: w1.clone(),
+        resource: broken,
+        kind: "broken".into(),
+        capacity: 1,
+        attributes: BTreeMap::new(),
+        parent: None,
+        pools: vec![],
+    };
+    system.publish("producer", body).await;
+    system
+        .effect(&w1, "the failure", |e| matches!(e, Effect::ResourceFailed { resource, .. } if *resource == broken))
+        .await;
+
+    let sick = system.allocate(&w1).await;
+    system
+        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == sick))
+        .await;
+    let failure = ReportFailureByOperator { agent: w1.clone(), resource: sick, detail: "slow".into() };
+    system.publish("operator", failure).await;
+    system.publish("sweeper", RequestHealthCheck { agent: w1.clone(), resource: sick }).await;
+    // The failed check releases it; the agent destroys it.
+    system
+        .effect(
+            &w1,
+            "the release after the check",
+            |e| matches!(e, Effect::ResourceReleasing { resource, .. } if *resource == sick),
+        )
+        .await;
+    within("the destroy", agent.control.wait_for(|s| s.destroys >= 1 && s.health_checks >= 1)).await;
+    assert!(!dir_of(&root, sick).exists());
+
+    assert_honest(&system.outcomes(&w1).await, &w1);
+    agent.stop().await;
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_registration_stops_the_agent() {
+    let system = System::start();
+    let mut config = AgentConfig::new(AgentName::new("w1").unwrap());
+    config.settings.stall_after = leasehold_schemas::Millis::from_secs(1);
+    let result = within(
+        "the agent to stop",
+        run(system.log.clone(), DirDriver::new(system.resources_dir()), config, CancellationToken::new()),
+    )
+    .await;
+    let err = result.unwrap_err();
+    assert!(matches!(err, Error::RegistrationRejected { .. }), "{err}");
+    assert!(err.to_string().contains("stall_after"), "{err}");
+    system.stop().await;
+}
