@@ -27,6 +27,10 @@
 //!
 //! Every command leaves through one publisher task, in order, so observation numbers reach the log increasing.
 //! Log errors are retried with backoff, and the follow resumes after the last outcome seen.
+//!
+//! Whoever starts the agent ([`run`]) keeps an [`AgentControl`] (in [`AgentConfig`]) to read its [`AgentStatus`],
+//! wait for it to change, or ask for a sync pass now. Drivers implement [`Driver`]; [`parse_driver`] turns
+//! `dir:PATH` into one.
 
 #![forbid(unsafe_code)]
 

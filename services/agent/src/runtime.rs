@@ -54,7 +54,7 @@ pub struct AgentConfig {
     pub settings: AgentSettings,
     /// On shutdown, driver calls still running and commands not yet published get this long.
     pub shutdown_grace: Duration,
-    /// Status and "sync now" for whoever started the agent.
+    /// Status and "sync now" for whoever started the agent (a clone of the config shares it).
     pub control: AgentControl,
 }
 
@@ -464,6 +464,8 @@ impl<L: Log, D: Driver> Agent<L, D> {
             Decision::Rejected(rejection) if Some(summary.id) == self.register_id => {
                 Err(Error::RegistrationRejected { agent: self.config.name.clone(), message: rejection.to_string() })
             }
+            // History of earlier incarnations, read while catching up.
+            _ if self.epoch.is_none() => Ok(()),
             Decision::Rejected(rejection) => {
                 warn!(agent = %self.config.name, command = summary.type_name, %rejection, "observation refused");
                 Ok(())
@@ -784,6 +786,7 @@ async fn next_item<T>(stream: &mut Option<BoxStream<'static, T>>) -> Option<T> {
 
 /// `interval` ± 20 %, so agents started together do not report together.
 fn jittered(interval: Duration) -> Duration {
+    let interval = interval.max(Duration::from_millis(10));
     let random = RandomState::new().hash_one(Instant::now());
     let fraction = (random >> 11) as f64 / (1u64 << 53) as f64;
     interval.mul_f64(0.8 + 0.4 * fraction)
