@@ -206,7 +206,11 @@ impl Gateway {
                         serde_json::from_str::<SeqOutcome>(&event.data)
                             .with_context(|| format!("an outcome event is not an outcome: {}", event.data)),
                     ),
-                    // Other event types (keep-alives, notices) carry no outcome.
+                    // The gateway ends the stream with one `error` event when it cannot go on.
+                    Ok(event) if event.event == "error" => {
+                        Some(Err(anyhow!("the gateway's event stream failed: {}", error_text(&event.data))))
+                    }
+                    // Other event types carry no outcome.
                     Ok(_) => None,
                     Err(e) => Some(Err(e)),
                 }

@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod agents;
 mod bench;
 mod client;
 mod demo;
@@ -12,6 +13,7 @@ mod produce;
 mod projection;
 mod query;
 mod serve;
+mod timeline;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -46,6 +48,9 @@ enum Cmd {
     Demo,
     /// Run leasehold's roles over the embedded log (the default) or NATS JetStream.
     Serve(serve::ServeArgs),
+    /// The agent of a machine: `agent run --name N --driver dir:PATH --nats URL`.
+    #[command(subcommand)]
+    Agent(agents::AgentCmd),
     /// The read models: print their digests, or rebuild them from the log.
     #[command(subcommand)]
     Projection(projection::ProjectionCmd),
@@ -114,8 +119,8 @@ enum PoolCmd {
 
 #[derive(Debug, Subcommand)]
 enum DlqCmd {
-    /// List the dead letters.
-    Ls,
+    /// List the dead letters, oldest first.
+    Ls(query::DlqLsArgs),
 }
 
 /// Runs the command line of this process.
@@ -123,15 +128,17 @@ pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Cmd::Demo => {
-            let stdout = std::io::stdout();
-            let mut out = stdout.lock();
-            let summary = demo::run(&mut out)?;
+            let summary = demo::run(&mut std::io::stdout())?;
             if !summary.refold_matches {
-                anyhow::bail!("folding the demo's outcomes from scratch gave a different state");
+                anyhow::bail!("folding the demo's outcomes from scratch gave different read models");
             }
         }
         Cmd::Bench(cmd) => bench::run(cmd)?,
         Cmd::Projection(cmd) => projection::run(cmd)?,
+        Cmd::Agent(cmd) => {
+            init_tracing();
+            agents::run(cmd)?;
+        }
         Cmd::Serve(args) => {
             init_tracing();
             serve::run(args)?;
@@ -153,7 +160,7 @@ pub fn main() -> anyhow::Result<()> {
         Cmd::Agents => query_cmd(query::QueryCmd::Agents, &cli.global)?,
         Cmd::Command { id } => query_cmd(query::QueryCmd::Command(id), &cli.global)?,
         Cmd::Watch(args) => query_cmd(query::QueryCmd::Watch(args), &cli.global)?,
-        Cmd::Dlq(DlqCmd::Ls) => query_cmd(query::QueryCmd::DeadLetters, &cli.global)?,
+        Cmd::Dlq(DlqCmd::Ls(args)) => query_cmd(query::QueryCmd::DeadLetters(args), &cli.global)?,
     }
     Ok(())
 }
@@ -178,5 +185,7 @@ fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // Colours only on a terminal: logs captured to a file stay plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
 }

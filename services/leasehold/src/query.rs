@@ -36,6 +36,17 @@ pub(crate) struct WatchArgs {
     pub(crate) from: Option<u64>,
 }
 
+/// `leasehold dlq ls`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct DlqLsArgs {
+    /// Start at this dead-letter sequence.
+    #[arg(long)]
+    pub(crate) from: Option<u64>,
+    /// At most this many (the gateway gives at most 1000 at once).
+    #[arg(long)]
+    pub(crate) limit: Option<usize>,
+}
+
 /// The query commands, as `lib.rs` dispatches them.
 #[derive(Debug)]
 pub(crate) enum QueryCmd {
@@ -46,7 +57,7 @@ pub(crate) enum QueryCmd {
     Pools,
     Command(CommandId),
     Watch(WatchArgs),
-    DeadLetters,
+    DeadLetters(DlqLsArgs),
 }
 
 pub(crate) async fn run(command: QueryCmd, global: &GlobalArgs) -> anyhow::Result<()> {
@@ -80,8 +91,13 @@ pub(crate) async fn run(command: QueryCmd, global: &GlobalArgs) -> anyhow::Resul
             let records = list(&gateway, &["v1", "pools"], &[]).await?;
             print(format, &records, pools_table)?;
         }
-        QueryCmd::DeadLetters => {
-            let records = list(&gateway, &["v1", "dlq"], &[]).await?;
+        QueryCmd::DeadLetters(args) => {
+            let query: Vec<(&str, String)> =
+                [("from", args.from.map(|f| f.to_string())), ("limit", args.limit.map(|l| l.to_string()))]
+                    .into_iter()
+                    .filter_map(|(name, value)| Some((name, value?)))
+                    .collect();
+            let records = list(&gateway, &["v1", "dlq"], &query).await?;
             print(format, &records, dead_letters_table)?;
         }
         QueryCmd::Command(id) => {

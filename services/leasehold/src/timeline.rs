@@ -1,0 +1,155 @@
+//! Outcomes in plain words, one line per effect: the timeline `leasehold demo` prints.
+
+use leasehold_schemas::ids::ObsStamp;
+use leasehold_schemas::outcome::{BreakerClear, Effect, ReleaseCause, ResyncReason, Work};
+use leasehold_schemas::{Decision, Outcome};
+
+/// The lines of one outcome: the command, who sent it, and each effect at its position (or the rejection).
+pub(crate) fn lines(outcome: &Outcome, at_secs: f64) -> Vec<String> {
+    let mut out =
+        vec![format!("t+{at_secs:>5.1}s  {:<24} from {}", outcome.command.type_name, outcome.command.issuer.as_str())];
+    match &outcome.decision {
+        Decision::Rejected(rejection) => out.push(format!("           rejected: {rejection}")),
+        Decision::Accepted { effects, .. } if effects.is_empty() => {
+            out.push("           accepted, nothing changes".to_owned());
+        }
+        Decision::Accepted { .. } => {
+            for (position, effect) in outcome.positioned_effects() {
+                out.push(format!("           {:<5} {}", position.to_string(), describe(effect)));
+            }
+        }
+    }
+    out
+}
+
+/// The last eight hex digits of an id: enough to tell the demo's resources apart.
+pub(crate) fn short(id: impl ToString) -> String {
+    let text = id.to_string();
+    format!("…{}", &text[text.len() - 8..])
+}
+
+fn stamp(stamp: &ObsStamp) -> String {
+    format!("observation {} of epoch {}", stamp.obs, stamp.epoch)
+}
+
+/// One line of plain words for an effect.
+pub(crate) fn describe(effect: &Effect) -> String {
+    match effect {
+        Effect::AgentRegistered { wiped, .. } => {
+            format!("agent registered: this position is its epoch{}", if *wiped { " (wiped)" } else { "" })
+        }
+        Effect::AgentSeen { .. } => "agent seen".to_owned(),
+        Effect::AgentStalled { .. } => "agent stalled: no new placements".to_owned(),
+        Effect::AgentRecovered {} => "agent recovered".to_owned(),
+        Effect::AgentGone { .. } => "agent gone: its resources are orphaned".to_owned(),
+        Effect::AgentRetired { by } => format!("agent retired by {by}"),
+        Effect::AgentSuspect { would_lose, live } => format!(
+            "CIRCUIT BREAKER: the report would lose {would_lose} of {live} resources; nothing is marked, agent is suspect"
+        ),
+        Effect::AgentBreakerRearmed {} => "breaker armed again after the report it let through".to_owned(),
+        Effect::AgentBreakerCleared { reason } => match reason {
+            BreakerClear::HandlesBack {} => "breaker cleared: the handles are back".to_owned(),
+            BreakerClear::LossConfirmed { by } => format!("breaker cleared: {by} confirmed the loss"),
+            BreakerClear::Wiped {} => "breaker cleared: the agent registered wiped".to_owned(),
+        },
+        Effect::ResyncRequested { reason } => match reason {
+            ResyncReason::DigestMismatch { expected_count, reported_count } => {
+                format!("full resync requested: expected {expected_count} handles, the agent counted {reported_count}")
+            }
+            ResyncReason::LossConfirmed {} => "full resync requested after a confirmed loss".to_owned(),
+        },
+        Effect::ObservationAccepted { stamp: s, watermark } => match watermark {
+            Some(w) => format!("{} accepted (watermark {w})", stamp(s)),
+            None => format!("{} accepted", stamp(s)),
+        },
+        Effect::ResourceAllocated { resource, kind, parent, .. } => format!(
+            "{kind} {} allocated (pending){}",
+            short(resource),
+            parent.as_ref().map(|p| format!(" on {}", short(p.resource))).unwrap_or_default()
+        ),
+        Effect::ClaimWanted { resource, pool } => format!("{} wants an identifier from pool {pool}", short(resource)),
+        Effect::ClaimBound { resource, pool, value, token } => {
+            format!("{} bound {value} from pool {pool} (claim token {token})", short(resource))
+        }
+        Effect::CreateOrdered { resource } => {
+            format!("{}: all claims bound, the agent must create it", short(resource))
+        }
+        Effect::ResourceActivated { resource, stamp: s, native_id } => format!(
+            "{} active (seen in {}{})",
+            short(resource),
+            stamp(s),
+            native_id.as_ref().map(|n| format!(", driver id {n}")).unwrap_or_default()
+        ),
+        Effect::ResourceSeen { resource, stamp: s, .. } => {
+            format!("{} seen present in {} although it is being destroyed", short(resource), stamp(s))
+        }
+        Effect::ResourcePaused { resource, .. } => format!("{} paused", short(resource)),
+        Effect::ResourceUnpaused { resource, .. } => format!("{} unpaused", short(resource)),
+        Effect::ResourceUpdated { resource, .. } => format!("{} updated", short(resource)),
+        Effect::ResourceSuspect { resource, .. } => format!("{} suspect: a health check is due", short(resource)),
+        Effect::HealthCheckRequested { resource } => format!("health check requested for {}", short(resource)),
+        Effect::ResourceHealthy { resource } => format!("{} healthy again", short(resource)),
+        Effect::UpstreamFlagged { resource, suspect, .. } => {
+            format!(
+                "{} {}",
+                short(resource),
+                if *suspect { "flagged suspect-upstream" } else { "cleared of suspect-upstream" }
+            )
+        }
+        Effect::ResourceReleasing { resource, cause } => {
+            let why = match cause {
+                ReleaseCause::Released { by, .. } => format!("released by {by}"),
+                ReleaseCause::HealthCheckFailed { .. } => "failed its health check".to_owned(),
+                ReleaseCause::ParentLeft { parent } => format!("its parent {} left", short(parent.resource)),
+                ReleaseCause::CreateTimeout {} => "its create timed out".to_owned(),
+                ReleaseCause::AgentRetired {} => "its agent retired".to_owned(),
+            };
+            format!("{} releasing ({why}); the agent must destroy it; its claims stay held", short(resource))
+        }
+        Effect::ResourceDestroyed { resource, stamp: s } => {
+            format!("{} destroyed (confirmed by {})", short(resource), stamp(s))
+        }
+        Effect::ResourceLost { resource, stamp: s } => format!("{} LOST (missing in {})", short(resource), stamp(s)),
+        Effect::ResourceOrphaned { resource } => format!("{} orphaned", short(resource)),
+        Effect::ResourceFailed { resource, detail } => format!("{} failed: {detail}", short(resource)),
+        Effect::ClaimReleasable { resource, pool, value, .. } => match value {
+            Some(value) => format!("{value} of pool {pool} may go back ({} is gone)", short(resource)),
+            None => format!("{}'s wait for pool {pool} is withdrawn", short(resource)),
+        },
+        Effect::LeaseWaiting { lease, resource, holder, .. } => {
+            format!("lease {} for {holder} waits on pending {}", short(lease), short(resource))
+        }
+        Effect::LeaseGranted { lease, resource, holder, .. } => {
+            format!("lease {} granted to {holder} on {} (this position is its token)", short(lease), short(resource))
+        }
+        Effect::LeaseRenewed { lease, .. } => format!("lease {} renewed", short(lease)),
+        Effect::LeaseReleased { lease } => format!("lease {} released", short(lease)),
+        Effect::LeaseBroken { lease, .. } => format!("lease {} broken: its holder is told", short(lease)),
+        Effect::LeaseExpired { lease } => format!("lease {} expired", short(lease)),
+        Effect::LeaseFailed { lease } => format!("lease {} failed: waited too long", short(lease)),
+        Effect::PoolDefined { kind, cooldown } => {
+            format!("pool defined: {} identifiers, cool-down {cooldown}", kind.n_usable())
+        }
+        Effect::ClaimGranted { holder, value, .. } => {
+            format!("{value} granted to {} (this position is the claim token)", short(holder.resource))
+        }
+        Effect::ClaimQueued { holder, .. } => format!("{} queued: nothing free right now", short(holder.resource)),
+        Effect::ClaimFreed { value, .. } => format!("{value} freed: cooling down before reuse"),
+        Effect::ClaimWithdrawn { holder } => format!("{} left the queue", short(holder.resource)),
+        Effect::PartitionSettingsChanged { .. } => "partition settings changed".to_owned(),
+        Effect::DecisionContinues { work } => {
+            let what = match work {
+                Work::OrphanResources {} => "orphaning",
+                Work::ReleaseResources {} => "releasing",
+                Work::Report { .. } | Work::Chunk { .. } => "the report",
+            };
+            format!("part full: {what} continues in the next part of this outcome")
+        }
+        Effect::GrantReturned { resource, pool, value, .. } => {
+            format!("{value} of pool {pool} is not {}'s to keep: sent straight back", short(resource))
+        }
+        Effect::ChildAdopted { parent, child, parent_state, .. } => {
+            format!("{} answers its child {}: {parent_state:?}", short(parent), short(child.resource))
+        }
+    }
+}
