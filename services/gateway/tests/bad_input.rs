@@ -1,0 +1,697 @@
+//! Bad input at the gateway (DESIGN section 12): every malformed, mistyped, oversized, forbidden or misaddressed
+//! request is answered with its exact status and a `{"error": "..."}` that names what was wrong, and nothing is
+//! appended to the command log. The good path beside it, for contrast: a valid command is published, decided and
+//! projected, a retry of it is a duplicate with the same outcome, and a command on a subject that does not match its
+//! body is dead-lettered by the writer and shown as such.
+//!
+//! The API is built in-process over the embedded log (a worker and a projector run as tasks) and called with
+//! `tower::ServiceExt::oneshot`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use http_body_util::BodyExt;
+use leasehold_gateway::{Api, GatewayConfig, Health, router};
+use leasehold_log::Log;
+use leasehold_log::embedded::Embedded;
+use leasehold_projector::Projector;
+use leasehold_schemas::codec::{self, MAX_COMMAND_BYTES};
+use leasehold_schemas::command::{Acquire, Allocate, ExpireLease, Heartbeat, Register};
+use leasehold_schemas::ids::{AgentName, CommandId, Issuer, LeaseId, Position, ResourceId, Timestamp};
+use leasehold_schemas::settings::AgentSettings;
+use leasehold_schemas::subjects::ingress_subject_of;
+use leasehold_schemas::{Envelope, Uuid};
+use leasehold_worker::WorkerConfig;
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+const PARTITIONS: u32 = 4;
+/// How long a condition wait may take before the test fails.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// The API over an embedded log, with a projector and (when asked) a worker running as tasks.
+struct Gateway {
+    log: Embedded,
+    app: Router,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+    _dirs: [tempfile::TempDir; 2],
+}
+
+impl Gateway {
+    async fn start(with_worker: bool) -> Gateway {
+        let log_dir = tempfile::Builder::new().prefix("lh-gw-log-").tempdir().expect("a temporary directory");
+        let projection_dir = tempfile::Builder::new().prefix("lh-gw-proj-").tempdir().expect("a temporary directory");
+        let log = Embedded::open(log_dir.path(), PARTITIONS).expect("open the embedded log");
+        let mut projector = Projector::open(projection_dir.path(), PARTITIONS).expect("open the projection");
+        let shutdown = CancellationToken::new();
+        let (reader, applied) = (projector.reader(), projector.subscribe());
+        let mut tasks = Vec::new();
+        {
+            let (log, shutdown) = (log.clone(), shutdown.clone());
+            tasks.push(tokio::spawn(async move {
+                projector.run(&log, &shutdown).await.expect("the projector runs until shutdown");
+            }));
+        }
+        if with_worker {
+            let (log, shutdown) = (log.clone(), shutdown.clone());
+            tasks.push(tokio::spawn(async move {
+                let report = leasehold_worker::run(log, WorkerConfig::new("w"), shutdown).await;
+                assert!(report.stopped.is_empty(), "partitions stopped: {:?}", report.stopped);
+            }));
+        }
+        let api = Api::new(log.clone(), reader, applied, GatewayConfig::default(), shutdown.clone());
+        let health =
+            Health { roles: vec!["gateway".to_owned()], registry: Arc::new(Registry::default()), projection: None };
+        Gateway { log, app: router(api, health), shutdown, tasks, _dirs: [log_dir, projection_dir] }
+    }
+
+    async fn last_seq(&self) -> u64 {
+        self.log.last_command_seq().await.expect("read the command log's last sequence")
+    }
+
+    /// Sends `request`; answers its status, its `Content-Type` and its body as JSON (`Value::Null` when empty).
+    async fn send(&self, request: Request<Body>) -> (StatusCode, Option<String>, Value) {
+        let response = self.app.clone().oneshot(request).await.expect("the router answers");
+        let status = response.status();
+        let kind = response.headers().get(header::CONTENT_TYPE).map(|v| v.to_str().expect("ASCII").to_owned());
+        let bytes = response.into_body().collect().await.expect("read the body").to_bytes();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|e| panic!("the answer is not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
+        };
+        (status, kind, body)
+    }
+
+    async fn get(&self, uri: &str) -> (StatusCode, Value) {
+        let request = Request::builder().uri(uri).body(Body::empty()).expect("a request");
+        let (status, _, body) = self.send(request).await;
+        (status, body)
+    }
+
+    /// `POST uri` with `body` as `application/json`.
+    async fn post(&self, uri: &str, body: impl Into<Body>) -> (StatusCode, Value) {
+        self.post_as(uri, Some("application/json"), body).await
+    }
+
+    async fn post_as(&self, uri: &str, content_type: Option<&str>, body: impl Into<Body>) -> (StatusCode, Value) {
+        let mut request = Request::builder().method(Method::POST).uri(uri);
+        if let Some(kind) = content_type {
+            request = request.header(header::CONTENT_TYPE, kind);
+        }
+        let (status, _, body) = self.send(request.body(body.into()).expect("a request")).await;
+        (status, body)
+    }
+
+    /// Posts `body` and checks the answer is `status` with an error that says each of `says`, and that nothing was
+    /// appended to the command log.
+    async fn refused(
+        &self,
+        what: &str,
+        uri: &str,
+        content_type: Option<&str>,
+        body: Vec<u8>,
+        status: StatusCode,
+        says: &[&str],
+    ) {
+        let before = self.last_seq().await;
+        let (got, answer) = self.post_as(uri, content_type, body).await;
+        assert_eq!(got, status, "{what}: {answer}");
+        assert_error_says(what, &answer, says);
+        assert_eq!(self.last_seq().await, before, "{what}: something was appended to the command log");
+    }
+
+    /// Publishes `envelope` straight to the log on `subject` (as a NATS user would), in its JSON form.
+    async fn publish_raw(&self, subject: &str, envelope: &Envelope) -> u64 {
+        let json = codec::command_to_json(envelope).expect("encode");
+        let published = self
+            .log
+            .publish_command(subject, &envelope.command_id.to_string(), json.into_bytes().into())
+            .await
+            .expect("publish straight to the log");
+        published.seq
+    }
+
+    /// Polls `GET /v1/commands/{id}` until `done` holds for its answer (bounded by [`DEADLINE`]).
+    async fn wait_for_command(&self, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let (status, answer) = self.get(&format!("/v1/commands/{id}")).await;
+            if status == StatusCode::OK && done(&answer) {
+                return answer;
+            }
+            assert!(
+                status == StatusCode::OK || status == StatusCode::NOT_FOUND,
+                "GET /v1/commands/{id}: {status} {answer}"
+            );
+            assert!(Instant::now() < deadline, "command {id} did not get there in {DEADLINE:?}: {status} {answer}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// The error answer says each of `says` (the field path, the value...).
+#[track_caller]
+fn assert_error_says(what: &str, answer: &Value, says: &[&str]) {
+    let message = answer.get("error").and_then(Value::as_str).unwrap_or_else(|| panic!("{what}: no error: {answer}"));
+    assert_eq!(answer.as_object().map(|o| o.len()), Some(1), "{what}: only `error` in {answer}");
+    for needle in says {
+        assert!(message.contains(needle), "{what}: the error does not say {needle:?}: {message}");
+    }
+}
+
+fn now_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
+    u64::try_from(since.as_millis()).expect("fits")
+}
+
+fn agent(name: &str) -> AgentName {
+    AgentName::new(name).expect("an agent name")
+}
+
+fn envelope(issuer: &str, body: impl Into<leasehold_schemas::Command>) -> Envelope {
+    Envelope::new(CommandId::generate(), Issuer::new(issuer).expect("an issuer"), Timestamp(now_ms()), body)
+}
+
+/// A valid `op.allocate` of a fresh resource on `on`, with an `image` attribute.
+fn allocate(on: &str) -> Envelope {
+    envelope(
+        "op:test",
+        Allocate {
+            agent: agent(on),
+            resource: ResourceId::generate(),
+            kind: "container".to_owned(),
+            capacity: 2,
+            attributes: [("image".to_owned(), "alpine:3.20".to_owned())].into(),
+            parent: None,
+            pools: Vec::new(),
+        },
+    )
+}
+
+/// The JSON text a producer sends for `envelope`: the canonical producer path.
+fn text(envelope: &Envelope) -> String {
+    codec::command_to_json(envelope).expect("encode to JSON")
+}
+
+fn value(envelope: &Envelope) -> Value {
+    serde_json::from_str(&text(envelope)).expect("JSON")
+}
+
+/// `text` with `from` replaced (once, and it must be there) by `to`: for what a `Value` cannot hold (a key twice).
+fn replaced(text: &str, from: &str, to: &str) -> Vec<u8> {
+    assert_eq!(text.matches(from).count(), 1, "{from:?} is once in {text}");
+    text.replacen(from, to, 1).into_bytes()
+}
+
+fn bytes(value: &Value) -> Vec<u8> {
+    serde_json::to_vec(value).expect("JSON")
+}
+
+/// The first effect of the first part of a `CommandStatus`'s outcome, as `{"name": {...}}`.
+fn first_effect(status: &Value) -> &Value {
+    &status["outcomes"][0]["outcome"]["decision"]["accepted"]["effects"][0]
+}
+
+const POST: &str = "/v1/commands";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_that_are_not_json_commands_are_refused_and_nothing_is_published() {
+    let gw = Gateway::start(true).await;
+    let good = text(&allocate("w1"));
+    let json = Some("application/json");
+    let bad = StatusCode::BAD_REQUEST;
+
+    gw.refused("not JSON", POST, json, b"hello, leasehold".to_vec(), bad, &["must start with '{'", "0x68"]).await;
+    let half = good.as_bytes()[..good.len() / 2].to_vec();
+    gw.refused("truncated JSON", POST, json, half, bad, &["bad JSON", "EOF while parsing"]).await;
+    gw.refused("empty body", POST, json, Vec::new(), bad, &["empty payload"]).await;
+    gw.refused(
+        "leading whitespace",
+        POST,
+        json,
+        format!(" {good}").into_bytes(),
+        bad,
+        &["must start with '{'", "whitespace"],
+    )
+    .await;
+    let mut bom = vec![0xef, 0xbb, 0xbf];
+    bom.extend_from_slice(good.as_bytes());
+    gw.refused("a byte-order mark", POST, json, bom, bad, &["byte-order mark"]).await;
+    gw.refused("a JSON array", POST, json, format!("[{good}]").into_bytes(), bad, &["must start with '{'", "0x5b"])
+        .await;
+    gw.refused(
+        "trailing garbage",
+        POST,
+        json,
+        format!("{good} x").into_bytes(),
+        bad,
+        &["bad JSON", "trailing characters"],
+    )
+    .await;
+    // Whitespace after the closing brace is allowed (schemas/README.md): the contrast.
+    let before = gw.last_seq().await;
+    let (status, answer) = gw.post(POST, format!("{good}\n")).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    assert_eq!(answer["status"], "published");
+    assert_eq!(gw.last_seq().await, before + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_decoding_names_the_field_path_and_the_value() {
+    let gw = Gateway::start(true).await;
+    let json = Some("application/json");
+    let bad = StatusCode::BAD_REQUEST;
+    let command = allocate("w1");
+    let good = text(&command);
+    let id = command.command_id.to_string();
+
+    let mut wrong = value(&command);
+    wrong["body"]["capacity"] = json!("2");
+    gw.refused("a string capacity", POST, json, bytes(&wrong), bad, &["body.capacity", "\"2\"", "expected u32"]).await;
+
+    let mut wrong = value(&command);
+    wrong["body"]["capacity"] = json!(2.0);
+    gw.refused("a fractional capacity", POST, json, bytes(&wrong), bad, &["body.capacity", "2.0"]).await;
+
+    let mut wrong = value(&command);
+    wrong["body"]["capacity"] = json!(-1);
+    gw.refused("a negative capacity", POST, json, bytes(&wrong), bad, &["body.capacity", "-1"]).await;
+
+    let mut wrong = value(&command);
+    wrong["issued_at"] = json!("yesterday");
+    gw.refused("a string time", POST, json, bytes(&wrong), bad, &["issued_at", "\"yesterday\""]).await;
+
+    let mut wrong = value(&command);
+    wrong["body"]["agent"] = json!("W1");
+    gw.refused("a bad agent name", POST, json, bytes(&wrong), bad, &["body.agent", "W1"]).await;
+
+    let mut wrong = value(&command);
+    wrong["colour"] = json!("blue");
+    gw.refused("an unknown envelope field", POST, json, bytes(&wrong), bad, &["unknown field", "colour"]).await;
+
+    let mut wrong = value(&command);
+    wrong["body"]["colour"] = json!("blue");
+    gw.refused("an unknown body field", POST, json, bytes(&wrong), bad, &["body", "unknown field", "colour"]).await;
+
+    let mut wrong = value(&command);
+    wrong["body"].as_object_mut().expect("an object").remove("capacity");
+    gw.refused("a missing body field", POST, json, bytes(&wrong), bad, &["body", "missing field", "capacity"]).await;
+
+    let twice = replaced(&good, "\"issuer\":\"op:test\"", "\"issuer\":\"op:test\",\"issuer\":\"op:mallory\"");
+    gw.refused("an envelope key twice", POST, json, twice, bad, &["duplicate field", "issuer"]).await;
+
+    let twice = replaced(&good, "\"image\":\"alpine:3.20\"", "\"image\":\"alpine:3.20\",\"image\":\"evil:latest\"");
+    gw.refused("an attribute twice", POST, json, twice, bad, &["body.attributes", "duplicate key", "\"image\""]).await;
+
+    let twice = replaced(&good, "\"capacity\":2", "\"capacity\":2,\"capacity\":1000");
+    gw.refused("a body key twice", POST, json, twice, bad, &["body", "duplicate field", "capacity"]).await;
+
+    let upper = id.to_uppercase();
+    let shouting = replaced(&good, &id, &upper);
+    gw.refused("an upper-case command id", POST, json, shouting, bad, &["command_id", &upper, "canonical form"]).await;
+
+    let resource = match &command.body {
+        leasehold_schemas::Command::Allocate(allocate) => allocate.resource.to_string(),
+        other => unreachable!("{other:?}"),
+    };
+    let upper = resource.to_uppercase();
+    let shouting = replaced(&good, &resource, &upper);
+    gw.refused("an upper-case resource id", POST, json, shouting, bad, &["body.resource", &upper]).await;
+
+    let simple = resource.replace('-', "");
+    let plain = replaced(&good, &resource, &simple);
+    gw.refused("a resource id without hyphens", POST, json, plain, bad, &["body.resource", &simple]).await;
+
+    let v4 = Uuid::from_u128(0x6f1c2a52_9d4e_4b7a_8c3f_0123456789ab).to_string();
+    let random = replaced(&good, &id, &v4);
+    gw.refused("a command id of version 4", POST, json, random, bad, &["command_id", &v4, "4"]).await;
+
+    let mut wrong = value(&command);
+    wrong["type"] = json!("op.teleport");
+    gw.refused("an unknown type", POST, json, bytes(&wrong), bad, &["op.teleport"]).await;
+
+    let mut wrong = value(&command);
+    wrong["class"] = json!("sys");
+    gw.refused("a class that is not the type's", POST, json, bytes(&wrong), bad, &["op.allocate", "sys"]).await;
+
+    let mut wrong = value(&command);
+    wrong["schema_version"] = json!(99);
+    gw.refused("a newer schema version", POST, json, bytes(&wrong), bad, &["99"]).await;
+
+    // Over the 1 MiB a command may take: an attribute that makes the body larger than MAX_COMMAND_BYTES.
+    let mut huge = value(&command);
+    huge["body"]["attributes"]["padding"] = json!("x".repeat(MAX_COMMAND_BYTES));
+    let huge = bytes(&huge);
+    assert!(huge.len() > MAX_COMMAND_BYTES);
+    gw.refused("an oversized body", POST, json, huge, bad, &[&MAX_COMMAND_BYTES.to_string()]).await;
+
+    // After all that, the same command as it should be is taken.
+    let before = gw.last_seq().await;
+    let (status, answer) = gw.post(POST, good).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    assert_eq!(answer["command_id"], id.as_str());
+    assert_eq!(answer["command_seq"], before + 1);
+    assert_eq!(gw.last_seq().await, before + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_types_classes_and_query_strings_are_checked_before_anything_is_published() {
+    let gw = Gateway::start(true).await;
+    let json = Some("application/json");
+    let bad = StatusCode::BAD_REQUEST;
+    let good = text(&allocate("w1")).into_bytes();
+
+    gw.refused("text/plain", POST, Some("text/plain"), good.clone(), bad, &["Content-Type: application/json"]).await;
+    gw.refused("a form", POST, Some("application/x-www-form-urlencoded"), good.clone(), bad, &["application/json"])
+        .await;
+
+    let heartbeat = envelope("w1", Heartbeat { agent: agent("w1"), epoch: Position(1) });
+    gw.refused(
+        "an agent command",
+        POST,
+        json,
+        text(&heartbeat).into_bytes(),
+        StatusCode::FORBIDDEN,
+        &["op commands only", "agent.heartbeat", "agent command"],
+    )
+    .await;
+    let register = envelope(
+        "w1",
+        Register {
+            agent: agent("w1"),
+            incarnation: Uuid::from_u128(7),
+            wiped: false,
+            settings: AgentSettings::default(),
+        },
+    );
+    gw.refused(
+        "an agent registration",
+        POST,
+        json,
+        text(&register).into_bytes(),
+        StatusCode::FORBIDDEN,
+        &["agent.register", "agent command"],
+    )
+    .await;
+    let expire = envelope("sweeper", ExpireLease { agent: agent("w1"), lease: LeaseId::generate() });
+    gw.refused(
+        "a sys command",
+        POST,
+        json,
+        text(&expire).into_bytes(),
+        StatusCode::FORBIDDEN,
+        &["op commands only", "sys.expire-lease", "sys command"],
+    )
+    .await;
+
+    for (query, says) in [
+        ("?wait=maybe", &["bad query", "wait"][..]),
+        ("?timeout=forever", &["bad query", "timeout", "forever"]),
+        ("?wait=true&timeout=10m", &["bad query", "timeout", "10m"]),
+        ("?colour=blue", &["bad query", "colour"]),
+        ("?wait=true&wait=false", &["bad query", "wait"]),
+    ] {
+        gw.refused(query, &format!("{POST}{query}"), json, good.clone(), bad, says).await;
+    }
+
+    // Without a Content-Type, and with parameters after it, a command is taken: the contrast.
+    let before = gw.last_seq().await;
+    let (status, answer) = gw.post_as(POST, None, text(&allocate("w1"))).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    let (status, answer) = gw.post_as(POST, Some("application/json; charset=utf-8"), text(&allocate("w1"))).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    assert_eq!(gw.last_seq().await, before + 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_paths_and_queries_of_the_read_side() {
+    let gw = Gateway::start(true).await;
+    let before = gw.last_seq().await;
+
+    let (status, answer) = gw.get("/v1/resources/not-a-ref").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_error_says("a bad resource reference", &answer, &["\"not-a-ref\"", "<agent>.<id>"]);
+
+    let (status, answer) = gw.get("/v1/resources/w1.019B76DA-9478-7111-9111-111111111111").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_error_says("an upper-case resource id", &answer, &["019B76DA-9478-7111-9111-111111111111"]);
+
+    let unknown = format!("w1.{}", ResourceId::generate());
+    let (status, answer) = gw.get(&format!("/v1/resources/{unknown}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    assert_error_says("an unknown resource", &answer, &[&unknown]);
+
+    let (status, answer) = gw.get("/v1/resources?state=bogus").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_error_says(
+        "a bad state",
+        &answer,
+        &[
+            "\"bogus\"",
+            "pending",
+            "active",
+            "paused",
+            "suspect",
+            "releasing",
+            "destroyed",
+            "lost",
+            "orphaned",
+            "failed",
+        ],
+    );
+    let (status, answer) = gw.get("/v1/resources?agent=Not_An_Agent").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_error_says("a bad agent", &answer, &["agent", "Not_An_Agent"]);
+    let (status, answer) = gw.get("/v1/resources?colour=blue").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_error_says("an unknown filter", &answer, &["bad query", "colour"]);
+    let (status, answer) = gw.get("/v1/resources?state=active").await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer, json!([]));
+
+    let (status, answer) = gw.get("/v1/commands/not-a-uuid").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_error_says("a bad command id", &answer, &["\"not-a-uuid\"", "not a command id"]);
+    let unknown = CommandId::generate().to_string();
+    let (status, answer) = gw.get(&format!("/v1/commands/{unknown}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    assert_error_says("an unknown command", &answer, &[&unknown]);
+
+    let (status, answer) = gw.get("/v1/leases?resource=nope").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_error_says("a bad lease filter", &answer, &["bad query", "\"nope\""]);
+    let (status, answer) = gw.get("/v1/pools/No%20Pool").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_error_says("a bad pool name", &answer, &["No Pool", "not a pool name"]);
+    let (status, answer) = gw.get("/v1/dlq?from=first").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_error_says("a bad dead-letter cursor", &answer, &["bad query", "from"]);
+    let (status, answer) = gw.get("/v1/events?key=Not%20A%20Key").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_error_says("a bad events key", &answer, &["bad query", "Not A Key"]);
+    let (status, answer) = gw.get("/v1/events?from=-3").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_error_says("a bad events cursor", &answer, &["bad query", "from"]);
+
+    for uri in ["/v1/nothing-here", "/v2/commands", "/"] {
+        let request = Request::builder().uri(uri).body(Body::empty()).expect("a request");
+        let (status, kind, answer) = gw.send(request).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{uri}: {answer}");
+        assert_eq!(kind.as_deref(), Some("application/json"), "{uri}");
+        assert_error_says(uri, &answer, &["no such endpoint"]);
+    }
+    assert_eq!(gw.last_seq().await, before, "a query appended something");
+}
+
+/// `op.allocate` on an agent that never registered is decided and rejected (`unknown`, naming the agent); on a
+/// registered one it is accepted. Either way `?wait=true` answers once it is projected, a retry is a duplicate
+/// with the same outcome, and `GET /v1/commands/{id}` gives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valid_command_is_decided_and_a_retry_gets_the_same_outcome() {
+    let gw = Gateway::start(true).await;
+
+    // The agent has never registered: the writer rejects the allocation, and says why.
+    let ghost = allocate("ghost");
+    let ghost_id = ghost.command_id.to_string();
+    let before = gw.last_seq().await;
+    let (status, answer) = gw.post(&format!("{POST}?wait=true&timeout=20s"), text(&ghost)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["command_id"], ghost_id.as_str());
+    assert_eq!(answer["status"], "rejected", "{answer}");
+    assert_eq!(answer["command_seq"], before + 1);
+    assert_eq!(answer["duplicate"], false);
+    assert_eq!(answer["rejection"]["kind"], "unknown", "{answer}");
+    let message = answer["rejection"]["message"].as_str().expect("a message");
+    assert!(message.contains("agent ghost") && message.contains("never registered"), "{message}");
+    assert_eq!(answer["outcomes"][0]["outcome"]["decision"]["rejected"], answer["rejection"]);
+    assert_eq!(answer["outcomes"][0]["outcome"]["command"]["id"], ghost_id.as_str());
+
+    // The agent registers (an agent command: published straight to the log, as the agent does on NATS).
+    let register = envelope(
+        "w1",
+        Register {
+            agent: agent("w1"),
+            incarnation: Uuid::from_u128(0x5eed),
+            wiped: false,
+            settings: AgentSettings::default(),
+        },
+    );
+    gw.publish_raw(&ingress_subject_of(&register.body), &register).await;
+    let registered = gw.wait_for_command(&register.command_id.to_string(), |a| a["status"] == "accepted").await;
+    assert!(first_effect(&registered).get("agent-registered").is_some(), "{registered}");
+
+    let command = allocate("w1");
+    let id = command.command_id.to_string();
+    let resource = match &command.body {
+        leasehold_schemas::Command::Allocate(allocate) => allocate.resource.to_string(),
+        other => unreachable!("{other:?}"),
+    };
+    let before = gw.last_seq().await;
+    let (status, first) = gw.post(&format!("{POST}?wait=true&timeout=20s"), text(&command)).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["command_id"], id.as_str());
+    assert_eq!(first["status"], "accepted", "{first}");
+    assert_eq!(first["command_seq"], before + 1);
+    assert_eq!(first["duplicate"], false);
+    assert_eq!(first["rejection"], Value::Null);
+    assert_eq!(first["dead_letter"], Value::Null);
+    let outcome = &first["outcomes"][0]["outcome"];
+    assert_eq!(outcome["command"]["id"], id.as_str());
+    assert_eq!(outcome["command"]["type_name"], "op.allocate");
+    assert_eq!(outcome["cmd_seq"], before + 1);
+    let allocated = &first_effect(&first)["resource-allocated"];
+    assert_eq!(allocated["resource"], resource.as_str(), "{first}");
+    assert_eq!(allocated["attributes"], json!({"image": "alpine:3.20"}));
+    // Decided and projected: a query right after it sees the resource.
+    let (status, view) = gw.get(&format!("/v1/resources/w1.{resource}")).await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    assert_eq!(view["state"], "pending");
+
+    // The same command again: not stored again, and the same outcome.
+    let (status, again) = gw.post(&format!("{POST}?wait=true&timeout=20s"), text(&command)).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["duplicate"], true, "{again}");
+    assert_eq!(again["status"], "accepted");
+    assert_eq!(again["command_seq"], first["command_seq"]);
+    assert_eq!(again["outcomes"], first["outcomes"]);
+    assert_eq!(gw.last_seq().await, before + 1, "a retry was stored again");
+    // Without waiting, a retry says so too.
+    let (status, published) = gw.post(POST, text(&command)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{published}");
+    assert_eq!(published["duplicate"], true, "{published}");
+    assert_eq!(published["command_seq"], first["command_seq"]);
+
+    // And the query by id gives it.
+    let (status, queried) = gw.get(&format!("/v1/commands/{id}")).await;
+    assert_eq!(status, StatusCode::OK, "{queried}");
+    assert_eq!(queried["status"], "accepted");
+    assert_eq!(queried["command_seq"], first["command_seq"]);
+    assert_eq!(queried["outcomes"], first["outcomes"]);
+    assert_eq!(queried["duplicate"], false);
+    let (status, queried) = gw.get(&format!("/v1/commands/{ghost_id}")).await;
+    assert_eq!(status, StatusCode::OK, "{queried}");
+    assert_eq!(queried["status"], "rejected");
+    assert_eq!(queried["rejection"]["kind"], "unknown");
+
+    // An acquire on the pending resource: the lease waits (the resource is not created yet: no agent runs here).
+    let lease = LeaseId::generate();
+    let acquire = envelope(
+        "op:test",
+        Acquire {
+            agent: agent("w1"),
+            resource: resource.parse().expect("a resource id"),
+            lease,
+            holder: "build-1".to_owned(),
+            ttl: None,
+            wait_timeout: None,
+        },
+    );
+    let (status, answer) = gw.post(&format!("{POST}?wait=true&timeout=20s"), text(&acquire)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["status"], "accepted", "{answer}");
+    assert_eq!(first_effect(&answer)["lease-waiting"]["lease"], lease.to_string(), "{answer}");
+    let (status, view) = gw.get(&format!("/v1/leases/w1.{lease}")).await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    assert_eq!(view["state"], "waiting");
+}
+
+/// A command published straight to the log on an ingress subject that does not match its body (the body is about
+/// agent `w1`, the subject names `w2`) is not decided but dead-lettered by the writer; the gateway shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_on_the_wrong_subject_is_dead_lettered_and_shown_so() {
+    let gw = Gateway::start(true).await;
+    let command = allocate("w1");
+    let id = command.command_id.to_string();
+    let resource = match &command.body {
+        leasehold_schemas::Command::Allocate(allocate) => allocate.resource.to_string(),
+        other => unreachable!("{other:?}"),
+    };
+    let wrong = format!("lh.in.op.w2.{resource}");
+    let seq = gw.publish_raw(&wrong, &command).await;
+
+    let answer = gw.wait_for_command(&id, |a| a["status"] == "dead-lettered").await;
+    assert_eq!(answer["command_id"], id.as_str());
+    assert_eq!(answer["command_seq"], seq);
+    assert_eq!(answer["outcomes"], json!([]), "{answer}");
+    let letter = &answer["dead_letter"];
+    assert_eq!(letter["source_seq"], seq);
+    let subject = letter["subject"].as_str().expect("a subject");
+    assert!(subject.starts_with("lh.cmd.") && subject.ends_with(&format!(".op.w2.{resource}")), "{subject}");
+    let reason = letter["reason"].as_str().expect("a reason");
+    assert!(reason.contains("lh.in.op.w1"), "the reason names the subject the body fits: {reason}");
+
+    let (status, list) = gw.get("/v1/dlq").await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let listed = list.as_array().expect("a list");
+    let entry = listed.iter().find(|d| d["command_id"] == id.as_str()).unwrap_or_else(|| panic!("not listed: {list}"));
+    assert_eq!(entry["source_seq"], seq);
+    assert_eq!(entry["reason"], letter["reason"]);
+    assert_eq!(entry["subject"], subject);
+    assert_eq!(entry["bytes"], text(&command).len());
+
+    // Nothing was decided for it, and the resource does not exist.
+    let (status, answer) = gw.get(&format!("/v1/resources/w1.{resource}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+}
+
+/// With no worker, nobody decides: `?wait=true&timeout=1s` runs out and answers 504 `pending`; the command is
+/// published all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_runs_out_answers_504_pending() {
+    let gw = Gateway::start(false).await;
+    let command = allocate("w1");
+    let id = command.command_id.to_string();
+    let before = gw.last_seq().await;
+    let started = Instant::now();
+    let (status, answer) = gw.post(&format!("{POST}?wait=true&timeout=1s"), text(&command)).await;
+    let took = started.elapsed();
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{answer}");
+    assert_eq!(answer["status"], "pending", "{answer}");
+    assert_eq!(answer["command_id"], id.as_str());
+    assert_eq!(answer["command_seq"], before + 1);
+    assert_eq!(answer["outcomes"], json!([]));
+    assert!(took >= Duration::from_secs(1) && took < Duration::from_secs(10), "the wait took {took:?}");
+    assert_eq!(gw.last_seq().await, before + 1, "the command was published");
+    let (status, answer) = gw.get(&format!("/v1/commands/{id}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    assert_error_says("undecided", &answer, &[&id, "not decided yet"]);
+}
