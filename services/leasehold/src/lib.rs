@@ -44,7 +44,7 @@ pub(crate) struct GlobalArgs {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Run a scripted scenario through the decider in memory and print its timeline.
+    /// Run the real services on a temporary directory, walk a scripted story through them, print its timeline.
     Demo,
     /// Run leasehold's roles over the embedded log (the default) or NATS JetStream.
     Serve(serve::ServeArgs),
