@@ -123,8 +123,22 @@ enum DlqCmd {
     Ls(query::DlqLsArgs),
 }
 
-/// Runs the command line of this process.
-pub fn main() -> anyhow::Result<()> {
+/// Runs the command line of this process and exits: 0, or 1 with the error and its causes on stderr (one line each,
+/// no backtrace: a rejected command is an answer, not a crash).
+pub fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Cmd::Demo => {

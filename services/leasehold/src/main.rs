@@ -1,5 +1,5 @@
 //! The `leasehold` binary: the command line in the `leasehold` library.
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     leasehold::main()
 }
