@@ -4,3 +4,4 @@
 mod crash;
 mod dead_letters;
 mod fences;
+mod front_door;
