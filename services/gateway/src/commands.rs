@@ -110,9 +110,10 @@ pub(crate) async fn post<L: Log>(
         return error(
             StatusCode::FORBIDDEN,
             format!(
-                "the gateway takes op commands only; {} is a {} command, sent by its {} on NATS with credentials \
+                "the gateway takes op commands only; {} is {} {} command, sent by its {} on NATS with credentials \
                  that allow it",
                 envelope.type_name(),
+                if envelope.class == CommandClass::Agent { "an" } else { "a" },
                 envelope.class,
                 if envelope.class == CommandClass::Agent { "agent" } else { "sweeper" }
             ),

@@ -113,6 +113,7 @@ pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
         .route("/v1/pools/{name}", get(queries::pool_holders::<L>))
         .route("/v1/dlq", get(queries::dead_letters::<L>))
         .route("/v1/events", get(events::events::<L>))
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(api);
     v1.merge(metrics_only(health))
 }
@@ -128,6 +129,11 @@ pub fn metrics_only(health: Health) -> Router {
 
 async fn not_found() -> Response {
     error(StatusCode::NOT_FOUND, "no such endpoint: see the README for the API")
+}
+
+/// A known path with a method it does not take: the error in JSON like every other (axum's own 405 has no body).
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    error(StatusCode::METHOD_NOT_ALLOWED, format!("{} does not take {method}", uri.path()))
 }
 
 /// Serves `router` on `listener` until `shutdown`; open streams of events end with it.

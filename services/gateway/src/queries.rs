@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use leasehold_log::Log;
 use leasehold_projector::ResourceQuery;
-use leasehold_schemas::ids::{AgentName, PoolName, ResourceRef};
+use leasehold_schemas::ids::{AgentName, LeaseId, PoolName, ResourceRef};
 use serde::{Deserialize, Serialize};
 
 use crate::{Api, error, unavailable};
@@ -106,6 +106,19 @@ pub(crate) async fn leases<L: Log>(
 
 /// A lease by its reference, `<agent>.<lease id>`.
 pub(crate) async fn lease<L: Log>(State(api): State<Arc<Api<L>>>, Path(reference): Path<String>) -> Response {
+    let parsed = reference
+        .split_once('.')
+        .ok_or_else(|| "no '.' between the agent and the lease id".to_owned())
+        .and_then(|(agent, lease)| {
+            AgentName::new(agent).map_err(|e| e.to_string())?;
+            lease.parse::<LeaseId>().map_err(|e| e.to_string())
+        });
+    if let Err(e) = parsed {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("{reference:?} is not a lease reference <agent>.<lease id>: {e}"),
+        );
+    }
     found("lease", &reference, api.reader.lease(&reference))
 }
 

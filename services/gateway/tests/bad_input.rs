@@ -512,6 +512,27 @@ async fn bad_paths_and_queries_of_the_read_side() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
     assert_error_says("a bad events cursor", &answer, &["bad query", "from"]);
 
+    for reference in
+        ["garbage", "w1", "W1.019b76da-9860-7333-b333-333333333333", "w1.019B76DA-9860-7333-B333-333333333333"]
+    {
+        let (status, answer) = gw.get(&format!("/v1/leases/{reference}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{reference}: {answer}");
+        assert_error_says("a bad lease reference", &answer, &[&format!("{reference:?}"), "<agent>.<lease id>"]);
+    }
+    let unknown = format!("w1.{}", LeaseId::generate());
+    let (status, answer) = gw.get(&format!("/v1/leases/{unknown}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    assert_error_says("an unknown lease", &answer, &[&unknown]);
+
+    // A known path with a method it does not take: 405, with the error in JSON like every other.
+    for (method, uri) in [(Method::PUT, "/v1/commands"), (Method::DELETE, "/v1/resources"), (Method::POST, "/v1/dlq")] {
+        let request = Request::builder().method(method.clone()).uri(uri).body(Body::empty()).expect("a request");
+        let (status, kind, answer) = gw.send(request).await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {uri}: {answer}");
+        assert_eq!(kind.as_deref(), Some("application/json"), "{method} {uri}");
+        assert_error_says("a wrong method", &answer, &[uri, method.as_str()]);
+    }
+
     for uri in ["/v1/nothing-here", "/v2/commands", "/"] {
         let request = Request::builder().uri(uri).body(Body::empty()).expect("a request");
         let (status, kind, answer) = gw.send(request).await;
