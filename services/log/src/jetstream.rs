@@ -237,7 +237,10 @@ impl JetStream {
         })?;
         let js = ContextBuilder::new().timeout(config.request_timeout).build(client.clone());
         let mut config = config;
-        if config.partitions == 0 {
+        // A client of an existing log (an agent, a producer) takes it as its creator made it, and has no say in how
+        // long live workers are kept.
+        let client_only = config.partitions == 0;
+        if client_only {
             // A client of an existing log (an agent, a producer): it takes the log as its creator made it.
             (config.partitions, config.replicas) = existing_log(&js).await?;
         }
@@ -246,7 +249,7 @@ impl JetStream {
         let evt = ensure_stream(&js, evt_stream_config(replicas)).await?;
         let dlq = ensure_stream(&js, dlq_stream_config(replicas)).await?;
         let snapshots = snapshot_bucket(&js, replicas).await?;
-        let workers = workers_bucket(&js, replicas, config.priority_timeout).await?;
+        let workers = workers_bucket(&js, replicas, (!client_only).then_some(config.priority_timeout)).await?;
         let worker_ttl = match workers.status().await {
             Ok(status) if !status.info.config.max_age.is_zero() => status.info.config.max_age,
             _ => config.priority_timeout,
@@ -499,15 +502,19 @@ async fn snapshot_bucket(js: &Context, replicas: usize) -> Result<ObjectStore, E
 }
 
 /// The key-value bucket of live workers: a worker's key expires `ttl` after it last said it is alive.
+/// `ttl` `None`: a client that has no say in it (the bucket's own, or 15 s if it must be created).
 async fn workers_bucket(
     js: &Context,
     replicas: usize,
-    ttl: Duration,
+    ttl: Option<Duration>,
 ) -> Result<async_nats::jetstream::kv::Store, Error> {
+    let told = ttl.is_some();
+    let ttl = ttl.unwrap_or(Duration::from_secs(15));
     match js.get_key_value(WORKERS_BUCKET).await {
         Ok(store) => {
             // Its creator's time-to-live holds for everyone: say so when this process was started with another.
-            if let Ok(status) = store.status().await
+            if told
+                && let Ok(status) = store.status().await
                 && status.info.config.max_age != ttl
             {
                 tracing::warn!(
