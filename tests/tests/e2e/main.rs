@@ -5,3 +5,4 @@ mod crash;
 mod dead_letters;
 mod fences;
 mod front_door;
+mod python_producer;
