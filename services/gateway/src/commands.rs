@@ -88,7 +88,10 @@ pub(crate) async fn post<L: Log>(
         Err(response) => return response,
     };
     if let Some(kind) = headers.get(header::CONTENT_TYPE) {
-        let json = kind.to_str().is_ok_and(|k| k.trim_start().to_ascii_lowercase().starts_with("application/json"));
+        // The media type alone, without parameters (`; charset=utf-8`): exactly application/json.
+        let json = kind
+            .to_str()
+            .is_ok_and(|k| k.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json")));
         if !json {
             return error(StatusCode::BAD_REQUEST, "a command is sent as JSON, with Content-Type: application/json");
         }

@@ -135,7 +135,11 @@ pub(crate) async fn pool_holders<L: Log>(State(api): State<Arc<Api<L>>>, Path(na
     if let Err(e) = PoolName::new(name.as_str()) {
         return error(StatusCode::BAD_REQUEST, format!("{name:?} is not a pool name: {e}"));
     }
-    all(api.reader.holders(&name))
+    match api.reader.pools() {
+        Ok(pools) if pools.iter().any(|p| p.name == name) => all(api.reader.holders(&name)),
+        Ok(_) => error(StatusCode::NOT_FOUND, format!("no pool {name}")),
+        Err(e) => unavailable("the projection cannot be read", e),
+    }
 }
 
 #[derive(Debug, Deserialize)]

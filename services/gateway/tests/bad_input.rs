@@ -383,6 +383,8 @@ async fn content_types_classes_and_query_strings_are_checked_before_anything_is_
     gw.refused("text/plain", POST, Some("text/plain"), good.clone(), bad, &["Content-Type: application/json"]).await;
     gw.refused("a form", POST, Some("application/x-www-form-urlencoded"), good.clone(), bad, &["application/json"])
         .await;
+    gw.refused("a look-alike media type", POST, Some("application/jsonx"), good.clone(), bad, &["application/json"])
+        .await;
 
     let heartbeat = envelope("w1", Heartbeat { agent: agent("w1"), epoch: Position(1) });
     gw.refused(
@@ -502,6 +504,9 @@ async fn bad_paths_and_queries_of_the_read_side() {
     let (status, answer) = gw.get("/v1/pools/No%20Pool").await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
     assert_error_says("a bad pool name", &answer, &["No Pool", "not a pool name"]);
+    let (status, answer) = gw.get("/v1/pools/nosuchpool").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    assert_error_says("an unknown pool", &answer, &["no pool nosuchpool"]);
     let (status, answer) = gw.get("/v1/dlq?from=first").await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
     assert_error_says("a bad dead-letter cursor", &answer, &["bad query", "from"]);
