@@ -30,9 +30,17 @@ impl Drop for Server {
 impl Server {
     /// Starts `serve` on `data` with a free port and `agents` (`NAME=dir:PATH`), and returns once `/healthz` answers.
     fn start(data: &Path, agents: &[String]) -> Server {
+        Server::start_on(data, None, agents)
+    }
+
+    /// [`Server::start`], over JetStream at `nats` if given.
+    fn start_on(data: &Path, nats: Option<&str>, agents: &[String]) -> Server {
         std::fs::create_dir_all(data).expect("create the data directory");
         let mut command = Command::new(BIN);
         command.args(["serve", "--partitions", "4", "--listen", "127.0.0.1:0", "--data"]).arg(data);
+        if let Some(nats) = nats {
+            command.args(["--nats", nats, "--priority-timeout", "2s", "--ack-wait", "2s"]);
+        }
         for agent in agents {
             command.arg("--agent").arg(agent);
         }
@@ -294,6 +302,53 @@ fn producer_and_query_commands_against_a_served_gateway() {
     let table = server.run(&["leases", &reference]);
     let table = text(&table.stdout);
     assert!(table.starts_with("ID ") && table.contains(&lease_id) && table.lines().count() == 2, "{table}");
+}
+
+/// With `--nats`, producer commands publish to JetStream and read their outcome from the log, without the gateway:
+/// the same answers (the resource from its allocation's outcome, the lease and its token, rejections).
+#[test]
+fn producer_commands_straight_to_jetstream() {
+    let Some(nats) = leasehold_log::nats_server::NatsServer::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("w1")).unwrap();
+    let server = Server::start_on(
+        &dir.path().join("data"),
+        Some(nats.url()),
+        &[format!("w1=dir:{}", dir.path().join("w1").display())],
+    );
+    server.wait_for(&["agents"], "w1 registered", |agents| {
+        agents.as_array().is_some_and(|a| a.iter().any(|agent| agent["name"] == "w1"))
+    });
+    let direct = ["--nats", nats.url(), "--timeout", "20s"];
+    let with = |args: &[&'static str]| -> Vec<String> {
+        args.iter().map(|a| (*a).to_owned()).chain(direct.iter().map(|a| (*a).to_owned())).collect()
+    };
+    let json = |args: Vec<String>| server.json(&args.iter().map(String::as_str).collect::<Vec<_>>());
+
+    let resource = json(with(&["allocate", "--agent", "w1", "--kind", "dir", "--capacity", "1", "--attr", "a=b"]));
+    let reference = str_of(&resource, "ref").to_owned();
+    assert_eq!(resource["state"], "pending", "{resource:#}");
+    assert_eq!(resource["attrs"]["a"], "b");
+    assert!(resource["created_seq"].as_u64().is_some(), "{resource:#}");
+
+    let mut acquire = vec!["acquire".to_owned(), reference.clone()];
+    acquire.extend(with(&["--holder", "job-1", "--block"]));
+    let lease = json(acquire);
+    assert_eq!(lease["state"], "active", "{lease:#}");
+    let token = lease["token"].as_u64().expect("a token");
+    let lease_id = str_of(&lease, "id").to_owned();
+
+    // At capacity: rejected, through the log as through the gateway.
+    let mut second = vec!["acquire".to_owned(), reference.clone()];
+    second.extend(with(&["--holder", "job-2"]));
+    let stderr = server.fails(&second.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(stderr.contains("rejected (at-capacity)"), "{stderr}");
+
+    let mut release = vec!["release-lease".to_owned(), lease_id.clone(), "--token".to_owned(), token.to_string()];
+    release.extend(with(&[]));
+    assert_eq!(json(release)["status"], "accepted");
+    // The gateway's read model saw what the log decided.
+    server.wait_for(&["leases", &reference], "the lease released", |leases| leases[0]["state"] == "released");
 }
 
 #[test]
