@@ -853,6 +853,115 @@ mod tests {
         assert_eq!(json["wait_until"], serde_json::Value::Null);
     }
 
+    fn parse(argv: &[&str]) -> Result<crate::Cli, clap::Error> {
+        use clap::Parser as _;
+        crate::Cli::try_parse_from(std::iter::once("leasehold").chain(argv.iter().copied()))
+    }
+
+    const REF: &str = "w1.019b76da-9478-7111-9111-111111111111";
+    const LEASE: &str = "w1.019b76da-9860-7333-b333-333333333333";
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory as _;
+        crate::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn global_flags_go_before_or_after_the_subcommand() {
+        let defaults = parse(&["get", REF]).unwrap();
+        assert_eq!(defaults.global.server, "http://127.0.0.1:7420");
+        assert_eq!(defaults.global.output, OutputFormat::Table);
+        assert_eq!(defaults.global.issuer, None);
+        for argv in [
+            &["--output", "json", "--server", "http://h:1", "--issuer", "ci-7", "get", REF][..],
+            &["get", REF, "--output", "json", "--server", "http://h:1", "--issuer", "ci-7"][..],
+            &[
+                "--output",
+                "json",
+                "pool",
+                "define",
+                "ips",
+                "--slots",
+                "2",
+                "--server",
+                "http://h:1",
+                "--issuer",
+                "ci-7",
+            ][..],
+        ] {
+            let cli = parse(argv).unwrap();
+            assert_eq!(cli.global.output, OutputFormat::Json, "{argv:?}");
+            assert_eq!(cli.global.server, "http://h:1", "{argv:?}");
+            assert_eq!(cli.global.issuer.as_deref(), Some("ci-7"), "{argv:?}");
+        }
+        assert!(parse(&["--output", "yaml", "agents"]).is_err());
+    }
+
+    #[test]
+    fn producer_arguments_parse_to_their_values() {
+        let cli = parse(&["acquire", REF, "--holder", "build-1", "--ttl", "5min", "--wait-timeout", "1m", "--block"]);
+        let crate::Cmd::Acquire(args) = cli.unwrap().command else { panic!("not acquire") };
+        assert_eq!(args.resource.to_string(), REF);
+        assert_eq!((args.ttl, args.wait_timeout, args.block), (Some(Millis(300_000)), Some(Millis(60_000)), true));
+        assert_eq!(args.produce.timeout, Duration::from_secs(30));
+        assert!(args.produce.nats.nats.is_none());
+        assert!(parse(&["acquire", REF]).is_err(), "--holder is required");
+        assert!(parse(&["acquire", "not-a-ref", "--holder", "h"]).is_err());
+
+        let crate::Cmd::ReleaseLease(args) = parse(&["release-lease", LEASE]).unwrap().command else { panic!() };
+        assert_eq!((args.lease.to_string(), args.token), (LEASE.to_owned(), None));
+        let crate::Cmd::Renew(args) = parse(&["renew", LEASE, "--token", "17"]).unwrap().command else { panic!() };
+        assert_eq!((args.token, args.ttl), (17, None));
+        assert!(parse(&["renew", LEASE]).is_err(), "renew needs the token");
+
+        let argv = ["update", REF, "--capacity", "3", "--attr", "a=b", "--attr", "c=", "--remove-attr", "d"];
+        let crate::Cmd::Update(args) = parse(&argv).unwrap().command else { panic!() };
+        assert_eq!(args.capacity, Some(3));
+        assert_eq!(args.attrs, vec![("a".to_owned(), "b".to_owned()), ("c".to_owned(), String::new())]);
+        assert_eq!(args.remove_attrs, vec!["d".to_owned()]);
+        assert!(parse(&["update", REF, "--attr", "novalue"]).is_err());
+
+        let argv = ["pause", REF, "--reason", "disk", "--until", "2027-01-15T08:00:00Z"];
+        let crate::Cmd::Pause(args) = parse(&argv).unwrap().command else { panic!() };
+        assert_eq!(args.until, Some(Timestamp(1_800_000_000_000)));
+        assert!(parse(&["report-failure", REF]).is_err(), "report-failure needs a reason");
+
+        let argv = ["allocate", "--agent", "w1", "--kind", "dir", "--pool", "ips", "--pool", "gpus", "--parent", REF];
+        let crate::Cmd::Allocate(args) = parse(&argv).unwrap().command else { panic!() };
+        assert_eq!((args.capacity, args.pools.len()), (1, 2));
+        assert_eq!(args.parent.map(|p| p.to_string()).as_deref(), Some(REF));
+        assert!(parse(&["allocate", "--agent", "W1", "--kind", "dir"]).is_err(), "agent names are lower-case");
+    }
+
+    #[test]
+    fn nats_flags_go_together() {
+        let argv =
+            ["release", REF, "--nats", "nats://127.0.0.1:4222", "--user", "u", "--password", "p", "--timeout", "5s"];
+        let crate::Cmd::Release(args) = parse(&argv).unwrap().command else { panic!() };
+        assert_eq!(args.produce.timeout, Duration::from_secs(5));
+        let config = args.produce.nats.config(0).expect("--nats given");
+        assert_eq!(config.url, "nats://127.0.0.1:4222");
+        assert!(parse(&["release", REF, "--creds", "/x.creds"]).is_err(), "--creds needs --nats");
+        assert!(parse(&["release", REF, "--nats", "nats://h", "--user", "u"]).is_err(), "--user needs --password");
+        assert!(parse(&["get", REF, "--nats", "nats://h"]).is_err(), "queries go through the gateway");
+    }
+
+    #[test]
+    fn query_arguments_parse() {
+        let crate::Cmd::Watch(args) = parse(&["watch", "--key", "@ips", "--from", "5"]).unwrap().command else {
+            panic!()
+        };
+        assert_eq!((args.key.map(|k| k.token()), args.from), (Some("@ips".to_owned()), Some(5)));
+        assert!(parse(&["watch", "--key", "@"]).is_err());
+        let crate::Cmd::Leases { resource } = parse(&["leases"]).unwrap().command else { panic!() };
+        assert!(resource.is_none());
+        assert!(parse(&["command", "not-an-id"]).is_err());
+        assert!(parse(&["ls", "--agent", "w1", "--state", "active", "--kind", "dir"]).is_ok());
+        assert!(parse(&["dlq", "ls", "--from", "3", "--limit", "10"]).is_ok());
+        assert!(parse(&["pool", "ls"]).is_ok());
+    }
+
     #[test]
     fn pool_kinds_are_checked_before_sending() {
         use clap::Parser as _;
