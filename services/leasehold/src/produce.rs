@@ -28,8 +28,17 @@ use crate::client::{CommandStatus, Gateway, RejectionInfo, SeqOutcome};
 use crate::nats_args::NatsArgs;
 use crate::output::{self, OutputFormat};
 
-/// What every producer command takes besides its own arguments.
+/// What every producer command takes besides its own arguments. The NATS flags are `serve`'s, told what they mean
+/// here; the replica count is the log's own (read with its partition count), so a producer does not show it.
 #[derive(Debug, Clone, clap::Args)]
+#[command(
+    mut_arg("nats", |a| a.help(
+        "Publish straight to NATS JetStream at this URL (comma-separated for several servers) instead of through \
+         the gateway, and read the outcome from the log. Credentials go in --creds or --user/--password, never in \
+         the URL"
+    )),
+    mut_arg("replicas", |a| a.hide(true)),
+)]
 pub(crate) struct ProduceArgs {
     /// How long to wait for the command's outcome (`30s`, `2min`).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
