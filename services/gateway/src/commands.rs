@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use leasehold_log::Log;
 use leasehold_schemas::codec::{self, MAX_COMMAND_BYTES};
 use leasehold_schemas::ids::CommandId;
+use leasehold_schemas::outcome::CommandSummary;
 use leasehold_schemas::subjects::ingress_subject_of;
 use leasehold_schemas::{CommandClass, Outcome, Rejection};
 use serde::{Deserialize, Serialize};
@@ -32,6 +33,9 @@ pub struct CommandStatus {
     /// The outcome, part by part, with each part's sequence in the outcome log.
     pub outcomes: Vec<PositionedOutcome>,
     pub dead_letter: Option<DeadLetterView>,
+    /// Why the answer is incomplete, when it is (a wait that ran out, a gateway shutting down): the command is stored
+    /// all the same, and `GET /v1/commands/{id}` answers later.
+    pub detail: Option<String>,
 }
 
 /// One part of an outcome and its sequence in the outcome log.
@@ -59,6 +63,7 @@ impl CommandStatus {
             rejection: None,
             outcomes: Vec::new(),
             dead_letter: None,
+            detail: None,
         }
     }
 }
@@ -127,11 +132,38 @@ pub(crate) async fn post<L: Log>(
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let id = envelope.command_id.to_string();
-    let subject = ingress_subject_of(&envelope.body);
-    let published = match api.log.publish_command(&subject, &id, payload.into()).await {
-        Ok(published) => published,
-        Err(e @ leasehold_log::Error::Refused(_)) => return error(StatusCode::BAD_REQUEST, e.to_string()),
-        Err(e) => return unavailable("the command could not be published", e),
+    // A command id names one command. One already decided is not published again: a retry gets its first decision
+    // back; another command under the same id is refused (each partition remembers only its own ids, so the log
+    // alone would decide it again in another partition).
+    let summary = CommandSummary::of(&envelope);
+    let decided = match api.reader.outcome(&id) {
+        Ok(outcomes) => outcomes.into_iter().next(),
+        Err(e) => return unavailable("the projection cannot be read", e),
+    };
+    let published = match decided {
+        // Another type or key is another command; the same type and key are a retry (the partition that decided it
+        // answers the same way: with its first decision).
+        Some((_, first)) if (&first.command.type_name, &first.command.key) != (&summary.type_name, &summary.key) => {
+            return error(
+                StatusCode::CONFLICT,
+                format!(
+                    "command id {id} names another command ({} for {}, at command sequence {}): a command id is \
+                     chosen once per command; choose a new one",
+                    first.command.type_name,
+                    first.command.key.token(),
+                    first.cmd_seq
+                ),
+            );
+        }
+        Some((_, first)) => leasehold_log::Published { seq: first.cmd_seq, duplicate: true },
+        None => {
+            let subject = ingress_subject_of(&envelope.body);
+            match api.log.publish_command(&subject, &id, payload.into()).await {
+                Ok(published) => published,
+                Err(e @ leasehold_log::Error::Refused(_)) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+                Err(e) => return unavailable("the command could not be published", e),
+            }
+        }
     };
     tracing::debug!(command = %id, r#type = envelope.type_name(), seq = published.seq, "published");
     let Some(timeout) = query.wait.unwrap_or(false).then_some(timeout) else {
@@ -139,10 +171,7 @@ pub(crate) async fn post<L: Log>(
         status.duplicate = published.duplicate;
         return (StatusCode::ACCEPTED, Json(status)).into_response();
     };
-    let (code, mut status) = match wait_for(&api, &id, published.seq, timeout).await {
-        Ok(answer) => answer,
-        Err(response) => return response,
-    };
+    let (code, mut status) = wait_for(&api, &id, published.seq, timeout).await;
     status.duplicate = published.duplicate;
     (code, Json(status)).into_response()
 }
@@ -161,36 +190,52 @@ fn wait_time<L: Log>(api: &Api<L>, asked: Option<&str>) -> Result<Duration, Resp
     Ok(timeout)
 }
 
-/// Waits until the command is decided and projected, or dead-lettered, for up to `timeout`.
-async fn wait_for<L: Log>(
-    api: &Api<L>,
-    id: &str,
-    seq: u64,
-    timeout: Duration,
-) -> Result<(StatusCode, CommandStatus), Response> {
+/// Waits until the command stored at `seq` is decided and projected, or dead-lettered, for up to `timeout`. Every
+/// answer carries what is known: the command is stored whatever happens here, so a wait that runs out (504), a
+/// projection that cannot be read or a gateway shutting down (503) answer `pending` with the command sequence, never
+/// a bare error a client could take for a refusal.
+async fn wait_for<L: Log>(api: &Api<L>, id: &str, seq: u64, timeout: Duration) -> (StatusCode, CommandStatus) {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut applied = api.applied.clone();
     let mut projector_alive = true;
+    let pending = |detail: String| {
+        let mut status = CommandStatus::new(id, "pending", Some(seq));
+        status.detail = Some(detail);
+        status
+    };
     loop {
-        if let Some(status) = status_of(api, id, Some(seq)).await? {
-            let decided = status.outcomes.last().is_none_or(|last| !last.outcome.continues());
-            if decided {
-                return Ok((StatusCode::OK, status));
+        match status_of(api, id, Some(seq)).await {
+            Ok(Some(status)) if status.outcomes.last().is_none_or(|last| !last.outcome.continues()) => {
+                return (StatusCode::OK, status);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(command = id, error = %e, "cannot tell where a command stands");
+                return (StatusCode::SERVICE_UNAVAILABLE, pending(format!("the command is stored; {e}")));
             }
         }
         // Outcomes arrive through the projector; dead letters do not, so they are looked for again now and then.
         tokio::select! {
             biased;
             () = api.shutdown.cancelled() => {
-                return Err(error(StatusCode::SERVICE_UNAVAILABLE, "the gateway is shutting down"));
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    pending("the gateway is shutting down; the command is stored: ask for it again later".to_owned()),
+                );
             }
             () = tokio::time::sleep_until(deadline) => {
-                let mut status = status_of(api, id, Some(seq)).await?
-                    .unwrap_or_else(|| CommandStatus::new(id, "pending", Some(seq)));
-                if status.outcomes.last().is_some_and(|last| last.outcome.continues()) {
-                    status.status = "pending".to_owned();
-                }
-                return Ok((StatusCode::GATEWAY_TIMEOUT, status));
+                let detail = format!("not decided within {timeout:?}; the command is stored: ask for it again later");
+                let status = match status_of(api, id, Some(seq)).await {
+                    Ok(Some(mut status)) => {
+                        // Some parts of a long decision, not all yet.
+                        status.status = "pending".to_owned();
+                        status.detail = Some(detail);
+                        status
+                    }
+                    Ok(None) => pending(detail),
+                    Err(e) => pending(format!("{detail} ({e})")),
+                };
+                return (StatusCode::GATEWAY_TIMEOUT, status);
             }
             changed = applied.changed(), if projector_alive => projector_alive = changed.is_ok(),
             () = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -198,23 +243,26 @@ async fn wait_for<L: Log>(
     }
 }
 
-/// The outcome of command `id` if the projection has it, else its dead letter (by the command log sequence it was
-/// stored at, when known, else by the id in its header), else nothing.
-async fn status_of<L: Log>(api: &Api<L>, id: &str, seq: Option<u64>) -> Result<Option<CommandStatus>, Response> {
-    let outcomes = api.reader.outcome(id).map_err(|e| unavailable("the projection cannot be read", e))?;
-    if let Some((_, first)) = outcomes.first() {
+/// The outcome of command `id` if the projection has it (the one of the command stored at `seq`, when given; the
+/// first otherwise), else its dead letter (by the command log sequence it was stored at, when known, else by the id
+/// in its header), else nothing.
+async fn status_of<L: Log>(api: &Api<L>, id: &str, seq: Option<u64>) -> Result<Option<CommandStatus>, String> {
+    let outcomes = api.reader.outcome(id).map_err(|e| format!("the projection cannot be read: {e}"))?;
+    let first_seq = outcomes.first().map(|(_, o)| o.cmd_seq);
+    let ours: Vec<_> = outcomes.into_iter().filter(|(_, o)| Some(o.cmd_seq) == seq.or(first_seq)).collect();
+    if let Some((_, first)) = ours.first() {
         let rejection = first.rejection().cloned();
         let status = if rejection.is_some() { "rejected" } else { "accepted" };
         let mut answer = CommandStatus::new(id, status, Some(first.cmd_seq));
         answer.rejection = rejection;
-        answer.outcomes = outcomes.into_iter().map(|(seq, outcome)| PositionedOutcome { seq, outcome }).collect();
+        answer.outcomes = ours.into_iter().map(|(seq, outcome)| PositionedOutcome { seq, outcome }).collect();
         return Ok(Some(answer));
     }
     let dead = match seq {
         Some(seq) => api.dead.by_source(&api.log, seq).await,
         None => api.dead.by_command(&api.log, id).await,
     }
-    .map_err(|e| unavailable("the dead letters cannot be read", e))?;
+    .map_err(|e| format!("the dead letters cannot be read: {e}"))?;
     Ok(dead.map(|dead| {
         let mut answer = CommandStatus::new(id, "dead-lettered", Some(dead.source_seq));
         answer.dead_letter =
@@ -234,6 +282,6 @@ pub(crate) async fn get<L: Log>(State(api): State<Arc<Api<L>>>, Path(id): Path<S
             StatusCode::NOT_FOUND,
             format!("no outcome and no dead letter for command {id}: it was not published, or is not decided yet"),
         ),
-        Err(response) => response,
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
     }
 }

@@ -58,7 +58,10 @@ pub(crate) async fn events<L: Log>(
     };
     let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
     let from = match (resume, query.from) {
-        (Some(last), _) => last + 1,
+        (Some(last), _) => match last.checked_add(1) {
+            Some(next) => next,
+            None => return error(StatusCode::BAD_REQUEST, format!("Last-Event-ID {last} is no outcome sequence")),
+        },
         (None, Some(from)) => from.max(1),
         (None, None) => {
             let last = match &filter {

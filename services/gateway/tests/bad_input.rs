@@ -721,3 +721,102 @@ async fn a_wait_that_runs_out_answers_504_pending() {
     assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
     assert_error_says("undecided", &answer, &[&id, "not decided yet"]);
 }
+
+/// A command id names one command. Each partition remembers only its own ids, so the log alone would decide a
+/// reused id again in another partition; the gateway refuses it (409) once the first is decided, and publishes
+/// nothing. The same command sent again is answered with its first decision, without publishing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_id_reused_for_another_command_is_refused() {
+    let gw = Gateway::start(true).await;
+    for name in ["w1", "w2"] {
+        let register = envelope(
+            name,
+            Register {
+                agent: agent(name),
+                incarnation: Uuid::now_v7(),
+                wiped: false,
+                settings: AgentSettings::default(),
+            },
+        );
+        gw.publish_raw(&ingress_subject_of(&register.body), &register).await;
+        gw.wait_for_command(&register.command_id.to_string(), |a| a["status"] == "accepted").await;
+    }
+    let first = allocate("w1");
+    let id = first.command_id.to_string();
+    let (status, decided) = gw.post(&format!("{POST}?wait=true&timeout=20s"), text(&first)).await;
+    assert_eq!((status, decided["status"].as_str()), (StatusCode::OK, Some("accepted")), "{decided}");
+    assert_ne!(
+        leasehold_schemas::subjects::partition_of_agent(&agent("w1"), PARTITIONS),
+        leasehold_schemas::subjects::partition_of_agent(&agent("w2"), PARTITIONS),
+        "the test needs two partitions"
+    );
+
+    let mut reused = allocate("w2");
+    reused.command_id = first.command_id;
+    gw.refused(
+        "a reused command id",
+        &format!("{POST}?wait=true"),
+        Some("application/json"),
+        text(&reused).into_bytes(),
+        StatusCode::CONFLICT,
+        &[&id, "op.allocate for w1", "choose a new one"],
+    )
+    .await;
+    let (status, queried) = gw.get(&format!("/v1/commands/{id}")).await;
+    assert_eq!(status, StatusCode::OK, "{queried}");
+    assert_eq!(queried["outcomes"], decided["outcomes"], "the first decision stands");
+
+    // The same command with a later issuer time (a client that rebuilt its envelope) is a retry: answered, not stored.
+    let mut again = first.clone();
+    again.issued_at = Timestamp(first.issued_at.0 + 1000);
+    let before = gw.last_seq().await;
+    let (status, answer) = gw.post(&format!("{POST}?wait=true&timeout=20s"), text(&again)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!((answer["duplicate"].as_bool(), &answer["outcomes"]), (Some(true), &decided["outcomes"]));
+    assert_eq!(gw.last_seq().await, before, "a retry of a decided command is not published again");
+}
+
+/// A gateway shutting down while a request waits answers 503 with what it knows (the command is stored: `pending`
+/// and its command sequence), never a bare error a client could take for a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_cut_by_shutdown_says_the_command_is_stored() {
+    let gw = Gateway::start(false).await;
+    let command = allocate("w1");
+    let before = gw.last_seq().await;
+    let app = gw.app.clone();
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri(format!("{POST}?wait=true&timeout=60s"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(text(&command)))
+        .expect("a request");
+    let waiting = tokio::spawn(async move { app.oneshot(request).await.expect("the router answers") });
+    let deadline = Instant::now() + DEADLINE;
+    while gw.last_seq().await == before {
+        assert!(Instant::now() < deadline, "the command was never published");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    gw.shutdown.cancel();
+    let response = tokio::time::timeout(DEADLINE, waiting).await.expect("answered at shutdown").expect("no panic");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = response.into_body().collect().await.expect("read the body").to_bytes();
+    let answer: Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(answer["status"], "pending", "{answer}");
+    assert_eq!(answer["command_id"], command.command_id.to_string());
+    assert_eq!(answer["command_seq"], before + 1);
+    assert!(answer["detail"].as_str().is_some_and(|d| d.contains("shutting down")), "{answer}");
+}
+
+/// `Last-Event-ID` at the end of the number range is refused, not wrapped around to replay everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_event_id_past_every_sequence_is_refused() {
+    let gw = Gateway::start(false).await;
+    let request = Request::builder()
+        .uri("/v1/events?key=w1")
+        .header("last-event-id", u64::MAX.to_string())
+        .body(Body::empty())
+        .expect("a request");
+    let (status, _, answer) = gw.send(request).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_error_says("Last-Event-ID u64::MAX", &answer, &["Last-Event-ID", "18446744073709551615"]);
+}

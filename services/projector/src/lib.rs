@@ -43,8 +43,10 @@ const LEASES_BY_RESOURCE: TableDefinition<(&str, &str), ()> = TableDefinition::n
 const AGENTS: TableDefinition<&str, &str> = TableDefinition::new("agents");
 const POOLS: TableDefinition<&str, &str> = TableDefinition::new("pools");
 const HOLDERS: TableDefinition<(&str, &str), &str> = TableDefinition::new("holders");
-/// (command id, part) -> (outcome sequence, the outcome in JSON)
-const OUTCOMES: TableDefinition<(&str, u32), (u64, &str)> = TableDefinition::new("outcomes");
+/// (command id, command sequence, part) -> (outcome sequence, the outcome in JSON). The command sequence is in the
+/// key: a command id a producer reused for another command in another partition (each partition remembers its own
+/// ids) names two decisions, and neither may hide the other.
+const OUTCOMES: TableDefinition<(&str, u64, u32), (u64, &str)> = TableDefinition::new("outcomes_by_command");
 /// ("resources" | "leases", state) -> how many records are in that state (for metrics).
 const COUNTS: TableDefinition<(&str, &str), u64> = TableDefinition::new("counts");
 
@@ -377,7 +379,7 @@ struct Tables<'t> {
     agents: redb::Table<'t, &'static str, &'static str>,
     pools: redb::Table<'t, &'static str, &'static str>,
     holders: redb::Table<'t, (&'static str, &'static str), &'static str>,
-    outcomes: redb::Table<'t, (&'static str, u32), (u64, &'static str)>,
+    outcomes: redb::Table<'t, (&'static str, u64, u32), (u64, &'static str)>,
     counts: redb::Table<'t, (&'static str, &'static str), u64>,
 }
 
@@ -490,7 +492,7 @@ impl<'t> Tables<'t> {
         let seq = stored.seq;
         let json = serde_json::to_string(outcome).map_err(storage)?;
         let id = outcome.command.id.to_string();
-        self.outcomes.insert((id.as_str(), outcome.part), (seq, json.as_str())).map_err(storage)?;
+        self.outcomes.insert((id.as_str(), outcome.cmd_seq, outcome.part), (seq, json.as_str())).map_err(storage)?;
         match &outcome.command.key {
             Key::Agent(agent) => {
                 if let Some(agent) = state.agent(agent) {
@@ -734,12 +736,14 @@ impl Reader {
         Ok(out)
     }
 
-    /// Every part of the outcome of a command, with its sequence.
+    /// Every part of the outcome of a command, with its sequence, in log order. A command id reused for another
+    /// command (in another partition) names each decision: they come ordered by command sequence, each outcome's
+    /// `cmd_seq` tells them apart.
     pub fn outcome(&self, command_id: &str) -> Result<Vec<(u64, Outcome)>, Error> {
         let read = self.db.begin_read().map_err(storage)?;
         let table = read.open_table(OUTCOMES).map_err(storage)?;
         let mut out = Vec::new();
-        for entry in table.range((command_id, 0)..=(command_id, u32::MAX)).map_err(storage)? {
+        for entry in table.range((command_id, 0, 0)..=(command_id, u64::MAX, u32::MAX)).map_err(storage)? {
             let (_, value) = entry.map_err(storage)?;
             let (seq, json) = value.value();
             out.push((seq, from_json(json)?));
