@@ -1,26 +1,82 @@
 //! The dir driver: one directory per resource, named by the resource id, under a root directory. For one machine,
 //! tests and demos: a directory is cheap to make, easy to delete by hand, and shows every case a real driver has.
 
-use std::io;
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use leasehold_schemas::ResourceId;
+use leasehold_schemas::ids::AgentName;
 
 use crate::driver::{Driver, DriverError, Health, Spec};
 
 /// The name of the file a health check writes and removes inside a resource's directory.
 const PROBE: &str = ".leasehold-probe";
+/// The file in the root that says which agent the root is for, locked while an agent process uses it.
+pub const OWNER_FILE: &str = ".leasehold-agent";
 
 /// Resources as directories under `root` (made when first needed). Only directories whose names are canonical
-/// resource ids are handles; other files and directories are left alone.
+/// resource ids are handles; other files and directories are left alone. One root is one agent's: [`Driver::open`]
+/// writes the agent's name in `.leasehold-agent` and holds an exclusive lock on it, so two agents (or two processes
+/// of one) never share a root, where each would destroy the other's directories as unknown.
 #[derive(Debug, Clone)]
 pub struct DirDriver {
     root: PathBuf,
+    /// The locked owner file, once opened.
+    owner: Arc<Mutex<Option<std::fs::File>>>,
 }
 
 impl DirDriver {
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        DirDriver { root: root.into() }
+        DirDriver { root: root.into(), owner: Arc::default() }
+    }
+
+    fn open_blocking(&self, agent: &AgentName) -> Result<(), DriverError> {
+        let root = &self.root;
+        let refuse = |why: String| Err(DriverError::Transient(why));
+        if let Err(e) = std::fs::create_dir_all(root) {
+            return refuse(format!("cannot make the root {}: {e}", root.display()));
+        }
+        if !root.is_dir() {
+            return refuse(format!("the root {} is not a directory", root.display()));
+        }
+        let path = root.join(OWNER_FILE);
+        let mut file = match std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path)
+        {
+            Ok(file) => file,
+            Err(e) => return refuse(format!("cannot open {}: {e}", path.display())),
+        };
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return refuse(format!(
+                    "{} is in use by another agent process (see {}): one root per agent",
+                    root.display(),
+                    path.display()
+                ));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return refuse(format!("cannot lock {}: {e}", path.display())),
+        }
+        let mut named = String::new();
+        if let Err(e) = file.read_to_string(&mut named) {
+            return refuse(format!("cannot read {}: {e}", path.display()));
+        }
+        let named = named.trim();
+        if !named.is_empty() && named != agent.as_str() {
+            return refuse(format!(
+                "{} holds the resources of agent {named} (see {}), not of {agent}: one root per agent",
+                root.display(),
+                path.display()
+            ));
+        }
+        if named.is_empty() {
+            let written = file.set_len(0).and_then(|()| file.write_all(format!("{agent}\n").as_bytes()));
+            if let Err(e) = written.and_then(|()| file.sync_all()) {
+                return refuse(format!("cannot write {}: {e}", path.display()));
+            }
+        }
+        *self.owner.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(file);
+        Ok(())
     }
 
     pub fn root(&self) -> &Path {
@@ -33,19 +89,24 @@ impl DirDriver {
     }
 }
 
-/// Errors that no retry will mend: the name is taken by a file, or the agent may not write there.
+/// The one error no retry will mend: the resource's name is taken by a file. Anything else (the root unwritable,
+/// read-only or gone) is the machine's trouble, not the resource's: tried again later.
 fn create_error(path: &Path, e: io::Error) -> DriverError {
     let detail = format!("cannot make directory {}: {e}", path.display());
     match e.kind() {
-        io::ErrorKind::AlreadyExists
-        | io::ErrorKind::PermissionDenied
-        | io::ErrorKind::NotADirectory
-        | io::ErrorKind::ReadOnlyFilesystem => DriverError::CreateFailed(detail),
+        io::ErrorKind::AlreadyExists => DriverError::CreateFailed(detail),
         _ => DriverError::Transient(detail),
     }
 }
 
 impl Driver for DirDriver {
+    async fn open(&self, agent: &AgentName) -> Result<(), DriverError> {
+        let (driver, agent) = (self.clone(), agent.clone());
+        tokio::task::spawn_blocking(move || driver.open_blocking(&agent))
+            .await
+            .map_err(|e| DriverError::Transient(format!("opening the root: {e}")))?
+    }
+
     async fn create(&self, id: ResourceId, _spec: &Spec) -> Result<Option<String>, DriverError> {
         let path = self.path_of(id);
         tokio::fs::create_dir_all(&path).await.map_err(|e| create_error(&path, e))?;
@@ -123,6 +184,30 @@ mod tests {
         std::fs::write(driver.root().join(id(3).to_string()), "a file, not a handle").unwrap();
         std::fs::create_dir(driver.root().join(id(4).to_string().to_uppercase())).unwrap();
         assert_eq!(driver.list().await.unwrap(), vec![id(1), id(2)]);
+    }
+
+    #[tokio::test]
+    async fn a_root_is_one_agents_and_one_process_at_a_time() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        let (w1, w2) = (AgentName::new("w1").unwrap(), AgentName::new("w2").unwrap());
+        let first = DirDriver::new(&root);
+        first.open(&w1).await.unwrap();
+        assert_eq!(std::fs::read_to_string(root.join(OWNER_FILE)).unwrap(), "w1\n");
+        let err = DirDriver::new(&root).open(&w1).await.unwrap_err().to_string();
+        assert!(err.contains("in use by another agent process"), "{err}");
+        let err = DirDriver::new(&root).open(&w2).await.unwrap_err().to_string();
+        assert!(err.contains("in use by another agent process"), "{err}");
+        drop(first);
+        let err = DirDriver::new(&root).open(&w2).await.unwrap_err().to_string();
+        assert!(err.contains("holds the resources of agent w1") && err.contains("not of w2"), "{err}");
+        DirDriver::new(&root).open(&w1).await.expect("the same agent again, once the first process let go");
+        assert_eq!(DirDriver::new(&root).list().await.unwrap(), vec![], "the owner file is no handle");
+
+        let file = tmp.path().join("a-file");
+        std::fs::write(&file, "not a directory").unwrap();
+        let err = DirDriver::new(&file).open(&w1).await.unwrap_err().to_string();
+        assert!(err.contains(&file.display().to_string()), "{err}");
     }
 
     #[tokio::test]

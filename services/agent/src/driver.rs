@@ -10,6 +10,7 @@ use std::future::Future;
 use std::str::FromStr;
 
 use leasehold_schemas::ResourceId;
+use leasehold_schemas::ids::AgentName;
 
 use crate::dir::DirDriver;
 
@@ -42,6 +43,14 @@ pub enum DriverError {
 /// The thing that makes, destroys, lists and checks resources on one machine. Each call stands alone: the agent
 /// runs several at once (up to `max_in_flight`), each under a timeout after which its future is dropped.
 pub trait Driver: Send + Sync + 'static {
+    /// Takes the machine's resources for agent `agent`, before anything else: a driver whose resources another
+    /// agent (or another process of this one) holds refuses, since each agent destroys what it does not know of.
+    /// Held until the driver is dropped.
+    fn open(&self, agent: &AgentName) -> impl Future<Output = Result<(), DriverError>> + Send {
+        let _ = agent;
+        async { Ok(()) }
+    }
+
     /// Makes the resource `id` (succeeds if it exists already); returns the driver's own id for it, if it has one.
     fn create(&self, id: ResourceId, spec: &Spec) -> impl Future<Output = Result<Option<String>, DriverError>> + Send;
 
@@ -99,6 +108,12 @@ impl fmt::Display for AnyDriver {
 }
 
 impl Driver for AnyDriver {
+    async fn open(&self, agent: &AgentName) -> Result<(), DriverError> {
+        match self {
+            AnyDriver::Dir(dir) => dir.open(agent).await,
+        }
+    }
+
     async fn create(&self, id: ResourceId, spec: &Spec) -> Result<Option<String>, DriverError> {
         match self {
             AnyDriver::Dir(dir) => dir.create(id, spec).await,

@@ -39,6 +39,6 @@ mod driver;
 mod model;
 mod runtime;
 
-pub use dir::DirDriver;
+pub use dir::{DirDriver, OWNER_FILE};
 pub use driver::{AnyDriver, Driver, DriverError, DriverSpecError, Health, Spec, parse_driver};
 pub use runtime::{AgentConfig, AgentControl, AgentStatus, Error, run};

@@ -173,6 +173,8 @@ pub enum Error {
     Undecodable { agent: AgentName, seq: u64, detail: String },
     #[error("agent {agent}: the log refused: {error}")]
     Log { agent: AgentName, error: leasehold_log::Error },
+    #[error("agent {agent}: its driver cannot take the machine's resources: {detail}")]
+    Driver { agent: AgentName, detail: String },
 }
 
 /// Runs the agent until `shutdown`: registers an incarnation, follows its outcome subject from the start, makes
@@ -185,6 +187,12 @@ pub async fn run<L: Log, D: Driver>(
     config: AgentConfig,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
+    // Before anything is registered or destroyed: the driver's resources are this agent's alone.
+    if let Err(e) = driver.open(&config.name).await {
+        let error = Error::Driver { agent: config.name.clone(), detail: e.to_string() };
+        error!(agent = %config.name, error = %error, "agent stopped");
+        return Err(error);
+    }
     let (outgoing, queue) = mpsc::channel(OUTGOING_CAPACITY);
     let publisher = tokio::spawn(publish_all(log.clone(), config.clone(), queue));
     let mut agent = Agent {

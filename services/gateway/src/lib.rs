@@ -97,6 +97,23 @@ pub struct Health {
     pub registry: Arc<Registry>,
     /// Gauges read from the projection at each scrape, when this process runs the projector.
     pub projection: Option<ProjectionMetrics>,
+    /// Roles (or in-process agents) of this process that stopped on an error: `/healthz` answers 503 and names them.
+    pub failures: Failures,
+}
+
+/// What stopped in this process, said by whoever runs the roles.
+#[derive(Debug, Clone, Default)]
+pub struct Failures(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Failures {
+    /// Records that something stopped, and why.
+    pub fn push(&self, what: impl Into<String>) {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(what.into());
+    }
+
+    pub fn list(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
 }
 
 /// The whole API: `/v1/...`, `/healthz` and `/metrics`.

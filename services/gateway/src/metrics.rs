@@ -66,7 +66,14 @@ pub(crate) async fn healthz(State(health): State<Arc<Health>>) -> Response {
         },
         None => None,
     };
-    Json(serde_json::json!({ "status": "ok", "roles": health.roles, "applied": applied })).into_response()
+    let failures = health.failures.list();
+    if failures.is_empty() {
+        Json(serde_json::json!({ "status": "ok", "roles": health.roles, "applied": applied })).into_response()
+    } else {
+        let body =
+            serde_json::json!({ "status": "failing", "roles": health.roles, "applied": applied, "failures": failures });
+        (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+    }
 }
 
 pub(crate) async fn metrics(State(health): State<Arc<Health>>) -> Response {

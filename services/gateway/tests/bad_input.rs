@@ -68,8 +68,12 @@ impl Gateway {
             }));
         }
         let api = Api::new(log.clone(), reader, applied, GatewayConfig::default(), shutdown.clone());
-        let health =
-            Health { roles: vec!["gateway".to_owned()], registry: Arc::new(Registry::default()), projection: None };
+        let health = Health {
+            roles: vec!["gateway".to_owned()],
+            registry: Arc::new(Registry::default()),
+            projection: None,
+            failures: Default::default(),
+        };
         Gateway { log, app: router(api, health), shutdown, tasks, _dirs: [log_dir, projection_dir] }
     }
 

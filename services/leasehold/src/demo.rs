@@ -125,6 +125,7 @@ impl Services {
             roles: vec!["worker".into(), "projector".into(), "gateway".into()],
             registry: Arc::new(registry),
             projection: Some(projection),
+            failures: leasehold_gateway::Failures::default(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("listening on 127.0.0.1")?;
         let address = listener.local_addr()?;

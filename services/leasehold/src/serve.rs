@@ -111,6 +111,7 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
         );
     }
     let mut registry = prometheus_client::registry::Registry::default();
+    let failures = leasehold_gateway::Failures::default();
     let mut tasks = tokio::task::JoinSet::new();
     // The projection opens first: a data directory in use stops `serve` before any partition is taken.
     let projector = if args.roles.contains(&Role::Projector) {
@@ -133,6 +134,7 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
         roles: args.roles.iter().map(|r| role_name(*r)).collect(),
         registry: Arc::new(registry),
         projection: projection_metrics,
+        failures: failures.clone(),
     };
     let router = match &projector {
         Some(projector) if args.roles.contains(&Role::Gateway) => {
@@ -180,11 +182,17 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
         tasks.spawn(async move { project(projector, log, shutdown).await });
     }
     crate::agents::spawn_all(&mut tasks, &log, &args.agents, args.sync_interval, &shutdown)?;
+    // A role or an agent that stops on an error leaves the others running (a projector stopped on a broken chain
+    // must not take the writers down), but the process says so: on stderr, and on /healthz, which answers 503.
     let mut result = Ok(());
     while let Some(joined) = tasks.join_next().await {
-        let outcome = joined.context("a role failed")?;
-        if outcome.is_err() && result.is_ok() {
-            result = outcome;
+        let outcome = joined.context("a role panicked").and_then(|outcome| outcome);
+        if let Err(e) = outcome {
+            eprintln!("leasehold serve: {e:#}");
+            failures.push(format!("{e:#}"));
+            if result.is_ok() {
+                result = Err(e);
+            }
         }
     }
     println!("leasehold serve: stopped");

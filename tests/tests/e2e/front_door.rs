@@ -394,6 +394,44 @@ async fn separate_processes_over_nats_settle_after_a_worker_is_killed() {
     }
 }
 
+/// Two agents given one root would each destroy the other's directories as unknown: the second refuses to start
+/// (the root is locked and names its agent), nothing of the first is touched, and `/healthz` says the process is
+/// failing, with why, while the other roles go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_on_one_root_are_refused_and_health_says_so() {
+    let dir = tempfile::Builder::new().prefix("lh-e2e-root-").tempdir().expect("a temporary directory");
+    let data = dir.path().join("data").display().to_string();
+    let root = dir.path().join("shared");
+    let (a1, a2) = (format!("a1=dir:{}", root.display()), format!("a2=dir:{}/", root.display()));
+    let args =
+        ["serve", "--data", &data, "--listen", "127.0.0.1:0", "--agent", &a1, "--agent", &a2, "--sync-interval", SYNC];
+    let mut serve = Proc::spawn(dir.path(), "serve-shared", &args);
+    let api = Api::new(serve.address().await);
+    let deadline = Instant::now() + STEP;
+    let health = loop {
+        let response = api.http.get(format!("{}/healthz", api.base)).send().await.expect("GET /healthz");
+        if response.status().as_u16() == 503 {
+            break response.json::<Value>().await.expect("JSON");
+        }
+        serve.assert_running();
+        assert!(Instant::now() < deadline, "/healthz never said failing\n{}", serve.tail());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(health["status"], "failing", "{health}");
+    let failures = health["failures"].to_string();
+    assert!(failures.contains("in use by another agent process"), "{failures}");
+    // The one that got the root works: its allocation is made.
+    let owner = std::fs::read_to_string(root.join(leasehold_agent::OWNER_FILE)).expect("the owner file");
+    let owner = agent_name(owner.trim());
+    let live = wait_agent(&api, owner.as_str(), |a| a.status == "live", &[&serve]).await;
+    assert_eq!(live.name, owner.as_str());
+    let resource = ResourceId::generate();
+    api.accepted(&allocate(&owner, resource), &[&serve]).await;
+    wait_resource(&api, &format!("{owner}.{resource}"), |r| r.state == "active", &[&serve]).await;
+    assert!(root.join(resource.to_string()).is_dir());
+    serve.signal_term();
+}
+
 /// What the flows share: every command id sent, accepted allocations, and retried posts.
 #[derive(Debug, Default)]
 struct Load {
