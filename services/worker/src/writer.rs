@@ -198,6 +198,12 @@ impl<L: Log> Writer<L> {
                 Err(e) => return Err(e.into()),
             };
             backoff = self.config.backoff;
+            if batch.is_empty()
+                && let Some(metrics) = &self.config.metrics
+            {
+                // Nothing waits: the partition is caught up with the log.
+                metrics.lag(self.state.partition(), 0.0);
+            }
             for command in batch {
                 if command.seq <= self.read_pos {
                     // Delivered again: handled already (its outcome is in the log, or it needed none).
