@@ -1,12 +1,13 @@
 //! The gateway's HTTP API as the command line uses it: submit a command and wait for its outcome, read the read
 //! models, follow outcomes as server-sent events. Every failure names the gateway and what to do.
 
+use std::fmt;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use leasehold_schemas::{Envelope, Outcome};
+use leasehold_schemas::{Command, Envelope, Outcome};
 use reqwest::{StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -62,6 +63,71 @@ pub(crate) struct DeadLetterInfo {
     pub(crate) subject: String,
 }
 
+/// The longest one request may wait on the gateway (its `max_wait`): a longer `--timeout` waits in rounds.
+pub(crate) const MAX_ROUND: Duration = Duration::from_secs(300);
+
+/// A status that will not change any more: the command was decided (every part of its outcome is there) or
+/// dead-lettered.
+pub(crate) fn decided(status: &CommandStatus) -> bool {
+    match status.status.as_str() {
+        "accepted" | "rejected" => status.outcomes.last().is_none_or(|last| !last.outcome.continues()),
+        "dead-lettered" => true,
+        _ => false,
+    }
+}
+
+/// A command was sent, and may have been stored, but what became of it is not known: the gateway went away, or
+/// answered something other than an outcome or a refusal, or no outcome came in time. Sending it again with the same
+/// ids is safe: the log keeps one copy of a command id, and the writer decides a command id at most once.
+#[derive(Debug)]
+pub(crate) struct OutcomeUnknown {
+    pub(crate) command_id: String,
+    /// What happened.
+    pub(crate) why: String,
+    /// What the gateway said of it, if it said anything.
+    pub(crate) status: Option<CommandStatus>,
+    /// The flags that give the command the same ids again, besides `--command-id`.
+    pub(crate) resend: String,
+}
+
+impl OutcomeUnknown {
+    pub(crate) fn new(envelope: &Envelope, why: String, status: Option<CommandStatus>) -> Self {
+        let resend = match &envelope.body {
+            Command::Allocate(allocate) => format!(" --id {}", allocate.resource),
+            Command::Acquire(acquire) => format!(" --lease-id {}", acquire.lease),
+            _ => String::new(),
+        };
+        OutcomeUnknown { command_id: envelope.command_id.to_string(), why, status, resend }
+    }
+}
+
+impl fmt::Display for OutcomeUnknown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let id = &self.command_id;
+        write!(
+            f,
+            "the outcome of command {id} is unknown ({}): it may have been stored; check with `leasehold command \
+             {id}`, or send it again with `--command-id {id}`{}: a command sent again with the same ids is decided \
+             at most once",
+            self.why, self.resend
+        )
+    }
+}
+
+impl std::error::Error for OutcomeUnknown {}
+
+/// A request the gateway refused (`4xx`): sending it again as it is cannot help.
+#[derive(Debug)]
+pub(crate) struct Refused(pub(crate) String);
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
 /// The gateway's error body (`400`, `403`, `404`).
 #[derive(Debug, Deserialize)]
 struct ErrorBody {
@@ -112,30 +178,69 @@ impl Gateway {
         }
     }
 
-    /// Submits `envelope` and waits up to `wait` for its outcome to be decided and projected. A `pending` status
-    /// says the wait ran out; refusals of the gateway itself (bad input, a class it does not take) are errors.
+    /// Submits `envelope` and waits up to `wait` in all for its outcome to be decided and projected, in rounds of at
+    /// most [`MAX_ROUND`] (the gateway's cap on one request): a round that runs out sends the same command again,
+    /// which the gateway stores no second time (it answers it as a duplicate) and waits on. A `pending` status says
+    /// the whole wait ran out. Refusals of the gateway itself (bad input, a class it does not take: nothing is
+    /// stored) are plain errors; a failure after the command may have been stored is an [`OutcomeUnknown`].
     pub(crate) async fn submit(&self, envelope: &Envelope, wait: Duration) -> anyhow::Result<CommandStatus> {
         let body = leasehold_schemas::codec::command_to_json(envelope)
             .with_context(|| format!("encoding command {}", envelope.command_id))?;
-        let url = self.url(&["v1", "commands"], &[("wait", "true".to_owned()), ("timeout", duration_param(wait))]);
-        let response = self
+        let deadline = tokio::time::Instant::now() + wait;
+        // Whether the first answer said "duplicate": later rounds are duplicates of the first by construction.
+        let mut first_duplicate = None;
+        loop {
+            let round = deadline.saturating_duration_since(tokio::time::Instant::now()).min(MAX_ROUND);
+            let sent_before = first_duplicate.is_some();
+            let (code, mut status) = self.submit_round(envelope, &body, round, sent_before).await?;
+            status.duplicate = *first_duplicate.get_or_insert(status.duplicate);
+            if decided(&status) {
+                return Ok(status);
+            }
+            if code != StatusCode::GATEWAY_TIMEOUT || status.status != "pending" {
+                let why = format!("the gateway answered {code} with status {:?}", status.status);
+                return Err(OutcomeUnknown::new(envelope, why, Some(status)).into());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(status);
+            }
+        }
+    }
+
+    /// One `POST` of a command waiting up to `round`. `sent_before`: an earlier round may have stored it.
+    async fn submit_round(
+        &self,
+        envelope: &Envelope,
+        body: &str,
+        round: Duration,
+        sent_before: bool,
+    ) -> anyhow::Result<(StatusCode, CommandStatus)> {
+        let unknown = |why: String| -> anyhow::Error { OutcomeUnknown::new(envelope, why, None).into() };
+        let url = self.url(&["v1", "commands"], &[("wait", "true".to_owned()), ("timeout", duration_param(round))]);
+        let response = match self
             .http
             .post(url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body)
-            .timeout(wait + Duration::from_secs(10))
+            .body(body.to_owned())
+            .timeout(round + Duration::from_secs(10))
             .send()
             .await
-            .map_err(|e| self.unreachable(e))?;
+        {
+            Ok(response) => response,
+            // No connection: nothing was sent (this time).
+            Err(e) if e.is_connect() && !sent_before => return Err(self.unreachable(e)),
+            Err(e) => return Err(unknown(self.unreachable(e).to_string())),
+        };
         let code = response.status();
-        let text = response.text().await.map_err(|e| self.unreachable(e))?;
-        match code {
-            StatusCode::OK | StatusCode::ACCEPTED | StatusCode::GATEWAY_TIMEOUT => serde_json::from_str(&text)
-                .with_context(|| {
-                    format!("the gateway's answer to command {} is not a command status: {text}", envelope.command_id)
-                }),
-            code => bail!("the gateway refused command {} ({code}): {}", envelope.command_id, error_text(&text)),
+        let text = response.text().await.map_err(|e| unknown(self.unreachable(e).to_string()))?;
+        if let Ok(status) = serde_json::from_str::<CommandStatus>(&text) {
+            return Ok((code, status));
         }
+        if code.is_client_error() && !sent_before {
+            // The gateway stores nothing it refuses.
+            bail!("the gateway refused command {} ({code}): {}", envelope.command_id, error_text(&text));
+        }
+        Err(unknown(format!("the gateway answered {code}: {}", error_text(&text))))
     }
 
     /// `GET` of `segments` with `query`: `None` on 404.
@@ -159,11 +264,23 @@ impl Gateway {
     }
 
     /// Follows `/v1/events`: the outcomes of `key` (an agent, `@pool`; every key if `None`) from sequence `from`
-    /// (from now on if `None`), each once, in order. The stream ends when the gateway closes it.
+    /// (from now on if `None`), each once, in order. The stream ends when the gateway closes it; [`Follower`]
+    /// connects again.
     pub(crate) async fn events(
         &self,
         key: Option<&str>,
         from: Option<u64>,
+    ) -> anyhow::Result<BoxStream<'static, anyhow::Result<SeqOutcome>>> {
+        self.events_after(key, from, None).await
+    }
+
+    /// [`Gateway::events`], or after `last_event_id` if given (it wins over `from`). A refusal (`4xx`) is a
+    /// [`Refused`].
+    pub(crate) async fn events_after(
+        &self,
+        key: Option<&str>,
+        from: Option<u64>,
+        last_event_id: Option<u64>,
     ) -> anyhow::Result<BoxStream<'static, anyhow::Result<SeqOutcome>>> {
         let mut query = Vec::new();
         if let Some(key) = key {
@@ -173,17 +290,19 @@ impl Gateway {
             query.push(("from", from.to_string()));
         }
         let url = self.url(&["v1", "events"], &query);
-        let response = self
-            .http
-            .get(url.clone())
-            .header(reqwest::header::ACCEPT, "text/event-stream")
-            .send()
-            .await
-            .map_err(|e| self.unreachable(e))?;
+        let mut request = self.http.get(url.clone()).header(reqwest::header::ACCEPT, "text/event-stream");
+        if let Some(last) = last_event_id {
+            request = request.header("Last-Event-ID", last.to_string());
+        }
+        let response = request.send().await.map_err(|e| self.unreachable(e))?;
         let code = response.status();
         if code != StatusCode::OK {
             let text = response.text().await.unwrap_or_default();
-            bail!("GET {url} failed ({code}): {}", error_text(&text));
+            let message = format!("GET {url} failed ({code}): {}", error_text(&text));
+            if code.is_client_error() {
+                return Err(Refused(message).into());
+            }
+            bail!(message);
         }
         let base = self.base.clone();
         let mut parser = SseParser::default();
@@ -217,6 +336,125 @@ impl Gateway {
             })
             .boxed();
         Ok(events)
+    }
+}
+
+/// Where a follower of `/v1/events` stands: the last outcome it saw (it resumes after it), and how long it waits
+/// before it connects again after a failure (200 ms, doubling up to 5 s; back to 200 ms once outcomes flow again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Cursor {
+    /// The sequence to start at before any outcome was seen (`None`: from now on).
+    from: Option<u64>,
+    last_seen: Option<u64>,
+    delay: Duration,
+}
+
+impl Cursor {
+    pub(crate) const FIRST_DELAY: Duration = Duration::from_millis(200);
+    pub(crate) const MAX_DELAY: Duration = Duration::from_secs(5);
+
+    pub(crate) fn new(from: Option<u64>) -> Self {
+        Cursor { from, last_seen: None, delay: Self::FIRST_DELAY }
+    }
+
+    /// `from` and `Last-Event-ID` of the next request: resume after the last outcome seen, else start where asked.
+    pub(crate) fn request(&self) -> (Option<u64>, Option<u64>) {
+        match self.last_seen {
+            Some(last) => (None, Some(last)),
+            None => (self.from, None),
+        }
+    }
+
+    /// An outcome arrived: the next request resumes after it, and the stream is healthy again.
+    pub(crate) fn seen(&mut self, seq: u64) {
+        self.last_seen = Some(self.last_seen.map_or(seq, |last| last.max(seq)));
+        self.delay = Self::FIRST_DELAY;
+    }
+
+    /// A connection failed or ended: how long to wait before the next one.
+    pub(crate) fn failed(&mut self) -> Duration {
+        let delay = self.delay;
+        self.delay = (self.delay * 2).min(Self::MAX_DELAY);
+        delay
+    }
+
+    /// Where the next connection starts, in words.
+    pub(crate) fn describe(&self) -> String {
+        match (self.last_seen, self.from) {
+            (Some(last), _) => format!("after outcome {last}"),
+            (None, Some(from)) => format!("at outcome {from}"),
+            (None, None) => "from now on (no outcome seen yet)".to_owned(),
+        }
+    }
+}
+
+/// Follows `/v1/events` across restarts of the gateway: when the stream ends or breaks, or the gateway cannot be
+/// reached, it says so on stderr and connects again after the cursor's delay, resuming after the last outcome seen.
+/// Only a refusal (`4xx`) ends it.
+pub(crate) struct Follower {
+    gateway: Gateway,
+    key: Option<String>,
+    cursor: Cursor,
+    stream: Option<BoxStream<'static, anyhow::Result<SeqOutcome>>>,
+}
+
+impl fmt::Debug for Follower {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Follower")
+            .field("gateway", &self.gateway.base.as_str())
+            .field("key", &self.key)
+            .field("cursor", &self.cursor)
+            .field("connected", &self.stream.is_some())
+            .finish()
+    }
+}
+
+impl Follower {
+    pub(crate) fn new(gateway: Gateway, key: Option<String>, from: Option<u64>) -> Self {
+        Follower { gateway, key, cursor: Cursor::new(from), stream: None }
+    }
+
+    /// The next outcome. Cancel-safe: dropped while waiting, it loses nothing.
+    pub(crate) async fn next(&mut self) -> anyhow::Result<SeqOutcome> {
+        loop {
+            let trouble = match &mut self.stream {
+                None => {
+                    let (from, last) = self.cursor.request();
+                    match self.gateway.events_after(self.key.as_deref(), from, last).await {
+                        Ok(stream) => {
+                            self.stream = Some(stream);
+                            continue;
+                        }
+                        Err(e) if e.is::<Refused>() => return Err(e),
+                        Err(e) => e.to_string(),
+                    }
+                }
+                Some(stream) => match stream.next().await {
+                    Some(Ok(outcome)) => {
+                        self.cursor.seen(outcome.seq);
+                        return Ok(outcome);
+                    }
+                    Some(Err(e)) => e.to_string(),
+                    None => "the gateway closed the event stream".to_owned(),
+                },
+            };
+            self.stream = None;
+            let delay = self.cursor.failed();
+            eprintln!("note: {trouble}; connecting again in {delay:?}, {}", self.cursor.describe());
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// The outcomes as a stream, ending after a refusal.
+    pub(crate) fn into_stream(self) -> BoxStream<'static, anyhow::Result<SeqOutcome>> {
+        futures::stream::unfold(Some(self), |follower| async move {
+            let mut follower = follower?;
+            match follower.next().await {
+                Ok(outcome) => Some((Ok(outcome), Some(follower))),
+                Err(e) => Some((Err(e), None)),
+            }
+        })
+        .boxed()
     }
 }
 

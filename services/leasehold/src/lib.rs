@@ -19,7 +19,8 @@ mod timeline;
 #[command(
     name = "leasehold",
     version,
-    about = "An event-sourced command queue for things that cost money and can leak"
+    about = "An event-sourced command queue for things that cost money and can leak",
+    after_help = EXIT_STATUS_HELP
 )]
 struct Cli {
     #[command(flatten)]
@@ -27,6 +28,18 @@ struct Cli {
     #[command(subcommand)]
     command: Cmd,
 }
+
+/// The exit statuses, as `--help` lists them.
+const EXIT_STATUS_HELP: &str = "\
+Exit status:
+  0  done (a producer command: accepted; acquire --block: granted)
+  1  failed: refused, rejected or dead-lettered (the outcome is known), or an error before anything was sent
+  2  bad command line
+  3  outcome unknown: a producer command was sent and may have been stored (no outcome within --timeout, or the
+     gateway went away). stdout has what is known (allocate: the resource reference; acquire: the lease; json: the
+     status), stderr how to check (`leasehold command ID`) or send it again safely (--command-id ID, with --id for
+     allocate, --lease-id for acquire): a command sent again with the same ids is decided at most once
+  4  acquire --block: the lease is still waiting at --timeout (it goes on waiting)";
 
 /// The flags of the producer and query commands, accepted before or after the subcommand.
 #[derive(Debug, Clone, clap::Args)]
@@ -123,8 +136,8 @@ enum DlqCmd {
     Ls(query::DlqLsArgs),
 }
 
-/// Runs the command line of this process and exits: 0, or 1 with the error and its causes on stderr (one line each,
-/// no backtrace: a rejected command is an answer, not a crash).
+/// Runs the command line of this process and exits: 0, or the error and its causes on stderr (one line each, no
+/// backtrace: a rejected command is an answer, not a crash) and the exit status of [`EXIT_STATUS_HELP`].
 pub fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -133,8 +146,19 @@ pub fn main() -> std::process::ExitCode {
             for cause in e.chain().skip(1) {
                 eprintln!("  caused by: {cause}");
             }
-            std::process::ExitCode::FAILURE
+            std::process::ExitCode::from(exit_status(&e))
         }
+    }
+}
+
+/// The exit status of an error (see [`EXIT_STATUS_HELP`]).
+fn exit_status(error: &anyhow::Error) -> u8 {
+    if error.is::<client::OutcomeUnknown>() {
+        produce::EXIT_OUTCOME_UNKNOWN
+    } else if error.is::<produce::StillWaiting>() {
+        produce::EXIT_STILL_WAITING
+    } else {
+        1
     }
 }
 

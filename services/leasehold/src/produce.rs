@@ -24,7 +24,7 @@ use leasehold_schemas::{
 use serde::Serialize;
 
 use crate::GlobalArgs;
-use crate::client::{CommandStatus, Gateway, RejectionInfo, SeqOutcome};
+use crate::client::{CommandStatus, Follower, Gateway, OutcomeUnknown, RejectionInfo, SeqOutcome};
 use crate::nats_args::NatsArgs;
 use crate::output::{self, OutputFormat};
 
@@ -40,9 +40,14 @@ use crate::output::{self, OutputFormat};
     mut_arg("replicas", |a| a.hide(true)),
 )]
 pub(crate) struct ProduceArgs {
-    /// How long to wait for the command's outcome (`30s`, `2min`).
+    /// How long to wait for the command's outcome (`30s`, `2min`, `1h`: past the gateway's cap of 5min on one
+    /// request, the wait goes on in rounds). With `acquire --block`, also how long to wait for the grant.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub(crate) timeout: Duration,
+    /// The command's id (a UUIDv7, canonical form); default: a new one. Give the id of a command whose outcome is
+    /// unknown (exit status 3) to send it again: the log stores a command id once and it is decided at most once.
+    #[arg(long, value_name = "UUID")]
+    pub(crate) command_id: Option<CommandId>,
     #[command(flatten)]
     pub(crate) nats: NatsArgs,
 }
@@ -50,6 +55,10 @@ pub(crate) struct ProduceArgs {
 /// `leasehold allocate`
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct AllocateArgs {
+    /// The resource's id (a UUIDv7, canonical form); default: a new one. Give it with --command-id to send an
+    /// allocation whose outcome is unknown again.
+    #[arg(long, value_name = "UUID")]
+    pub(crate) id: Option<ResourceId>,
     /// The agent that will hold the resource.
     #[arg(long)]
     pub(crate) agent: AgentName,
@@ -88,7 +97,14 @@ pub(crate) struct AcquireArgs {
     /// pending.
     #[arg(long, value_parser = parse_millis)]
     pub(crate) wait_timeout: Option<Millis>,
-    /// Wait until a waiting lease is granted or fails, and print it then (exits non-zero unless granted).
+    /// The lease's id (a UUIDv7, canonical form); default: a new one. Give it with --command-id to send an
+    /// acquisition whose outcome is unknown again.
+    #[arg(long, value_name = "UUID")]
+    pub(crate) lease_id: Option<LeaseId>,
+    /// Wait until a waiting lease is granted or ends, for at most --timeout (default 30s) counted from when it
+    /// started waiting: prints the waiting lease (table), then the lease as it ends (json: only that). Exits 0 if
+    /// granted, 1 if the lease ended otherwise, 4 if it is still waiting at the timeout (it keeps waiting: release
+    /// it with `release-lease` if it is not wanted any more).
     #[arg(long)]
     pub(crate) block: bool,
     #[command(flatten)]
@@ -375,7 +391,9 @@ impl Transport {
         from: u64,
     ) -> anyhow::Result<BoxStream<'static, anyhow::Result<SeqOutcome>>> {
         match self {
-            Transport::Gateway(gateway) => gateway.events(Some(&key.token()), Some(from)).await,
+            Transport::Gateway(gateway) => {
+                Ok(Follower::new(gateway.clone(), Some(key.token()), Some(from)).into_stream())
+            }
             Transport::Nats(log) => {
                 let filter = key_filter(log, key);
                 Ok(log
@@ -407,10 +425,17 @@ async fn submit_to_log(log: &JetStream, envelope: &Envelope, timeout: Duration) 
     let before = log.last_outcome_seq(partition).await.context("reading where the outcomes are")?;
     let payload = leasehold_schemas::codec::encode_command(envelope).context("encoding the command")?;
     let subject = leasehold_schemas::subjects::ingress_subject_of(&envelope.body);
-    let published = log
-        .publish_command(&subject, &command_id, payload.into())
-        .await
-        .with_context(|| format!("publishing command {command_id} on {subject}"))?;
+    let published = match log.publish_command(&subject, &command_id, payload.into()).await {
+        Ok(published) => published,
+        // Refused: nothing was stored.
+        Err(e @ leasehold_log::Error::Refused(_)) => {
+            return Err(anyhow!(e).context(format!("publishing command {command_id} on {subject}")));
+        }
+        // No acknowledgement: it may have been stored.
+        Err(e) => {
+            return Err(OutcomeUnknown::new(envelope, format!("publishing on {subject}: {e}"), None).into());
+        }
+    };
     // A duplicate was stored earlier: its outcome may be anywhere in the key's history.
     let from = if published.duplicate { 1 } else { before + 1 };
     let mut status = CommandStatus {
@@ -425,10 +450,14 @@ async fn submit_to_log(log: &JetStream, envelope: &Envelope, timeout: Duration) 
     let mut outcomes = log.follow(filter, from);
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
+        let unknown = |why: String, status: &CommandStatus| -> anyhow::Error {
+            OutcomeUnknown::new(envelope, why, Some(status.clone())).into()
+        };
         let stored = match tokio::time::timeout_at(deadline, outcomes.next()).await {
             Err(_) => return Ok(status),
-            Ok(None) => bail!("the outcome stream ended before command {command_id} was decided"),
-            Ok(Some(stored)) => stored.context("following the outcomes")?,
+            Ok(None) => return Err(unknown("the outcome stream ended before it was decided".to_owned(), &status)),
+            Ok(Some(Err(e))) => return Err(unknown(format!("following the outcomes: {e}"), &status)),
+            Ok(Some(Ok(stored))) => stored,
         };
         if stored.cmd_id != command_id {
             continue;
@@ -480,9 +509,86 @@ pub(crate) fn accepted(status: CommandStatus, format: OutputFormat, what: &str) 
     }
 }
 
-/// A fresh envelope for `body` from `issuer`, stamped with this machine's clock.
-fn envelope(issuer: &Issuer, body: impl Into<Command>) -> Envelope {
-    Envelope::new(CommandId::generate(), issuer.clone(), Timestamp(unix_ms(SystemTime::now())), body)
+/// An envelope for `body` from `issuer` with id `id` (default: a new one), stamped with this machine's clock.
+fn envelope(issuer: &Issuer, id: Option<CommandId>, body: impl Into<Command>) -> Envelope {
+    Envelope::new(id.unwrap_or_else(CommandId::generate), issuer.clone(), Timestamp(unix_ms(SystemTime::now())), body)
+}
+
+/// The exit status of a command whose outcome is not known: it may have been stored, and may be decided later.
+pub(crate) const EXIT_OUTCOME_UNKNOWN: u8 = 3;
+/// The exit status of `acquire --block` when the lease is still waiting at the timeout.
+pub(crate) const EXIT_STILL_WAITING: u8 = 4;
+
+/// `acquire --block` gave up: the lease was still waiting at the timeout (it goes on waiting).
+#[derive(Debug)]
+pub(crate) struct StillWaiting(pub(crate) String);
+
+impl fmt::Display for StillWaiting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StillWaiting {}
+
+/// The status of a sent command once it is decided (or dead-lettered). When its outcome is not known (no outcome
+/// within `timeout`, the gateway gone after it was sent...), prints what is known on stdout — `known`, the
+/// reference the command line chose (table), or the status with it (json: `status` `pending`, `published`, or the
+/// command line's own `unknown` when the gateway said nothing) — and returns an [`OutcomeUnknown`], which says on
+/// stderr how to learn the outcome or send the command again.
+fn settle(
+    sent: anyhow::Result<CommandStatus>,
+    envelope: &Envelope,
+    timeout: Duration,
+    format: OutputFormat,
+    known: Option<(&str, String)>,
+) -> anyhow::Result<CommandStatus> {
+    let unknown = match sent {
+        Ok(status) if !matches!(status.status.as_str(), "pending" | "published") => {
+            if status.duplicate {
+                eprintln!(
+                    "note: command {} was stored before (a command sent again): nothing was stored again; this is its \
+                     outcome",
+                    status.command_id
+                );
+            }
+            return Ok(status);
+        }
+        Ok(status) => {
+            let seq = status.command_seq.map(|seq| format!(" at command seq {seq}")).unwrap_or_default();
+            let why = format!(
+                "it is stored{seq}, and no outcome came within {}; it will be decided when a worker serves its \
+                 partition",
+                humantime::format_duration(timeout)
+            );
+            OutcomeUnknown::new(envelope, why, Some(status))
+        }
+        Err(e) => e.downcast::<OutcomeUnknown>()?,
+    };
+    match format {
+        OutputFormat::Table => {
+            if let Some((_, reference)) = &known {
+                output::emit(&format!("{reference}\n"));
+            }
+        }
+        OutputFormat::Json => {
+            let status = unknown.status.clone().unwrap_or_else(|| CommandStatus {
+                command_id: unknown.command_id.clone(),
+                status: "unknown".to_owned(),
+                command_seq: None,
+                duplicate: false,
+                rejection: None,
+                outcomes: Vec::new(),
+                dead_letter: None,
+            });
+            let mut value = serde_json::to_value(&status)?;
+            if let (Some((field, reference)), serde_json::Value::Object(map)) = (known, &mut value) {
+                map.insert(field.to_owned(), reference.into());
+            }
+            output::emit(&output::json(&value)?);
+        }
+    }
+    Err(unknown.into())
 }
 
 /// A lease as `acquire` prints it (the same fields as the gateway's lease records).
@@ -578,10 +684,10 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
     match command {
         ProduceCmd::Allocate(args) => {
             let transport = Transport::connect(global, &args.produce.nats).await?;
-            let resource = ResourceId::generate();
+            let resource = args.id.unwrap_or_else(ResourceId::generate);
             let reference = ResourceRef::new(args.agent.clone(), resource);
             let body = Allocate {
-                agent: args.agent,
+                agent: args.agent.clone(),
                 resource,
                 kind: args.kind,
                 capacity: args.capacity,
@@ -589,8 +695,26 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
                 parent: args.parent,
                 pools: args.pools,
             };
-            let status = transport.submit(&envelope(&issuer, body), args.produce.timeout).await?;
+            let envelope = envelope(&issuer, args.produce.command_id, body);
+            let sent = transport.submit(&envelope, args.produce.timeout).await;
+            let status = settle(sent, &envelope, args.produce.timeout, format, Some(("ref", reference.to_string())))?;
+            let command_id = status.command_id.clone();
             let outcomes = accepted(status, format, &format!("allocate {reference}"))?;
+            let allocated: Vec<ResourceId> = outcomes
+                .iter()
+                .flat_map(|o| o.outcome.effects())
+                .filter_map(|effect| match effect {
+                    Effect::ResourceAllocated { resource, .. } => Some(*resource),
+                    _ => None,
+                })
+                .collect();
+            if !allocated.is_empty() && !allocated.contains(&resource) {
+                bail!(
+                    "command {command_id} allocated {}, not {reference}: it was first sent with other ids (was \
+                     --command-id {command_id} given with another --id?)",
+                    allocated.iter().map(|id| format!("{}.{id}", args.agent)).collect::<Vec<_>>().join(", ")
+                );
+            }
             match format {
                 OutputFormat::Table => output::emit(&format!("{reference}\n")),
                 OutputFormat::Json => {
@@ -613,7 +737,13 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
                 token: Position(args.token),
                 ttl: args.ttl,
             };
-            simple(global, &args.produce, envelope(&issuer, body), &format!("renew {}", args.lease)).await?;
+            simple(
+                global,
+                &args.produce,
+                envelope(&issuer, args.produce.command_id, body),
+                &format!("renew {}", args.lease),
+            )
+            .await?;
         }
         ProduceCmd::ReleaseLease(args) => {
             let body = ReleaseLease {
@@ -621,12 +751,18 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
                 lease: args.lease.lease,
                 token: args.token.map(Position),
             };
-            simple(global, &args.produce, envelope(&issuer, body), &format!("release-lease {}", args.lease)).await?;
+            simple(
+                global,
+                &args.produce,
+                envelope(&issuer, args.produce.command_id, body),
+                &format!("release-lease {}", args.lease),
+            )
+            .await?;
         }
         ProduceCmd::Release(args) => {
             let what = format!("release {}", args.resource);
             let body = Release { agent: args.resource.agent, resource: args.resource.resource, reason: args.reason };
-            simple(global, &args.produce, envelope(&issuer, body), &what).await?;
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
         ProduceCmd::Pause(args) => {
             let what = format!("pause {}", args.resource);
@@ -636,12 +772,12 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
                 reason: args.reason,
                 until: args.until,
             };
-            simple(global, &args.produce, envelope(&issuer, body), &what).await?;
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
         ProduceCmd::Unpause(args) => {
             let what = format!("unpause {}", args.resource);
             let body = Unpause { agent: args.resource.agent, resource: args.resource.resource };
-            simple(global, &args.produce, envelope(&issuer, body), &what).await?;
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
         ProduceCmd::Update(args) => {
             if args.capacity.is_none() && args.attrs.is_empty() && args.remove_attrs.is_empty() {
@@ -655,7 +791,7 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
                 remove: args.remove_attrs,
                 capacity: args.capacity,
             };
-            simple(global, &args.produce, envelope(&issuer, body), &what).await?;
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
         ProduceCmd::ReportFailure(args) => {
             let what = format!("report-failure {}", args.resource);
@@ -664,13 +800,13 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
                 resource: args.resource.resource,
                 detail: args.reason,
             };
-            simple(global, &args.produce, envelope(&issuer, body), &what).await?;
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
         ProduceCmd::PoolDefine(args) => {
             let kind = pool_kind(&args)?;
             let what = format!("pool define {}", args.name);
             let body = DefinePool { pool: args.name, kind, cooldown: args.cooldown };
-            simple(global, &args.produce, envelope(&issuer, body), &what).await?;
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
     }
     Ok(())
@@ -679,7 +815,8 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
 /// A producer command that prints its outcome: the command status in JSON, the effects in a table.
 async fn simple(global: &GlobalArgs, produce: &ProduceArgs, envelope: Envelope, what: &str) -> anyhow::Result<()> {
     let transport = Transport::connect(global, &produce.nats).await?;
-    let status = transport.submit(&envelope, produce.timeout).await?;
+    let sent = transport.submit(&envelope, produce.timeout).await;
+    let status = settle(sent, &envelope, produce.timeout, global.output, None)?;
     match global.output {
         OutputFormat::Json => {
             let printed = status.clone();
@@ -707,7 +844,7 @@ fn accepted_text(what: &str, envelope: &Envelope, outcomes: &[SeqOutcome]) -> St
 
 async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> anyhow::Result<()> {
     let transport = Transport::connect(global, &args.produce.nats).await?;
-    let lease = LeaseId::generate();
+    let lease = args.lease_id.unwrap_or_else(LeaseId::generate);
     let lease_ref = LeaseRef { agent: args.resource.agent.clone(), lease };
     let body = Acquire {
         agent: args.resource.agent.clone(),
@@ -718,7 +855,10 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
         wait_timeout: args.wait_timeout,
     };
     let what = format!("acquire {}", args.resource);
-    let status = transport.submit(&envelope(issuer, body), args.produce.timeout).await?;
+    let envelope = envelope(issuer, args.produce.command_id, body);
+    let sent = transport.submit(&envelope, args.produce.timeout).await;
+    let status = settle(sent, &envelope, args.produce.timeout, global.output, Some(("lease", lease_ref.to_string())))?;
+    let command_id = status.command_id.clone();
     let outcomes = accepted(status, global.output, &what)?;
     let mut record = LeaseRecord {
         id: lease_ref.to_string(),
@@ -730,21 +870,39 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
         wait_until: None,
     };
     let mut last_seq = 0;
+    let mut about_this_lease = false;
     for SeqOutcome { seq, outcome } in &outcomes {
         last_seq = last_seq.max(*seq);
         for (position, effect) in outcome.positioned_effects() {
-            record.apply(lease, position, effect);
+            about_this_lease |= record.apply(lease, position, effect);
         }
     }
+    if !about_this_lease {
+        bail!(
+            "the outcome of command {command_id} is not about lease {lease_ref}: it was first sent with other ids (was \
+             --command-id {command_id} given with another --lease-id?)"
+        );
+    }
     if args.block && record.state == "waiting" {
+        if global.output == OutputFormat::Table {
+            output::emit(&record.table());
+        }
+        // The timeout counts from here: the acquisition itself is decided.
+        let deadline = tokio::time::Instant::now() + args.produce.timeout;
         let key = Key::Agent(args.resource.agent.clone());
         let mut events = transport.follow(&key, last_seq + 1).await?;
         'follow: loop {
-            let Some(event) = events.next().await else {
-                bail!("the outcome stream ended while lease {lease_ref} was waiting");
+            let event = match tokio::time::timeout_at(deadline, events.next()).await {
+                Ok(Some(event)) => event?,
+                Ok(None) => bail!("the outcome stream ended while lease {lease_ref} was waiting"),
+                Err(_) => {
+                    if global.output == OutputFormat::Json {
+                        output::emit(&output::json(&record)?);
+                    }
+                    return Err(StillWaiting(still_waiting(&record, args.produce.timeout)).into());
+                }
             };
-            let SeqOutcome { outcome, .. } = event?;
-            for (position, effect) in outcome.positioned_effects() {
+            for (position, effect) in event.outcome.positioned_effects() {
                 if record.apply(lease, position, effect) && record.state != "waiting" {
                     break 'follow;
                 }
@@ -759,6 +917,21 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
         bail!("lease {lease_ref} was not granted: it is {}", record.state);
     }
     Ok(())
+}
+
+/// What `acquire --block` says when it gives up on a lease that still waits.
+fn still_waiting(record: &LeaseRecord, waited: Duration) -> String {
+    let ends = match record.wait_until {
+        Some(until) => format!("its wait ends by itself at {}", output::time(Some(until))),
+        None => "it has no wait timeout: it waits as long as the resource is pending".to_owned(),
+    };
+    format!(
+        "still waiting after {}: lease {} is waiting; {ends}; it may still be granted: release it with `leasehold \
+         release-lease {}` if it is not wanted any more, or wait longer with --timeout",
+        humantime::format_duration(waited),
+        record.id,
+        record.id
+    )
 }
 
 /// The producer commands, as `lib.rs` dispatches them.

@@ -2,12 +2,11 @@
 //! gateway's read models and prints them as a table or as the gateway's own JSON.
 
 use anyhow::{Context, bail};
-use futures::StreamExt;
 use leasehold_schemas::{CommandId, Key, ResourceRef};
 use serde_json::Value;
 
 use crate::GlobalArgs;
-use crate::client::{CommandStatus, Gateway};
+use crate::client::{CommandStatus, Follower, Gateway};
 use crate::output::{self, OutputFormat, Table, cell};
 
 /// `leasehold ls`
@@ -31,7 +30,9 @@ pub(crate) struct WatchArgs {
     /// Only the outcomes of this agent, or of a pool written `@name`; default: every outcome.
     #[arg(long)]
     pub(crate) key: Option<Key>,
-    /// Start at this outcome sequence (`1`: from the beginning); default: only outcomes from now on.
+    /// Start at this outcome sequence (`1`: from the beginning); default: only outcomes from now on. After a
+    /// restart of the gateway, `watch` resumes after the last outcome it printed (before it printed any, from now
+    /// on again).
     #[arg(long)]
     pub(crate) from: Option<u64>,
 }
@@ -312,21 +313,19 @@ fn command_text(status: &CommandStatus) -> String {
     text
 }
 
-/// Prints each outcome as it lands until interrupted (Ctrl-C ends it cleanly) or the gateway closes the stream.
+/// Prints each outcome as it lands until interrupted (Ctrl-C ends it cleanly). When the gateway goes away (a
+/// restart), it says so on stderr and connects again, resuming after the last outcome printed; a refused request
+/// (`4xx`) ends it with an error.
 async fn watch(gateway: &Gateway, args: WatchArgs, format: OutputFormat) -> anyhow::Result<()> {
     let key = args.key.as_ref().map(Key::token);
-    let mut events = gateway.events(key.as_deref(), args.from).await?;
+    let mut follower = Follower::new(gateway.clone(), key, args.from);
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
     loop {
         let event = tokio::select! {
             _ = &mut interrupted => return Ok(()),
-            event = events.next() => event,
+            event = follower.next() => event?,
         };
-        let Some(event) = event else {
-            bail!("the gateway closed the event stream");
-        };
-        let event = event?;
         match format {
             OutputFormat::Table => output::emit(&format!("{}\n", output::outcome_line(event.seq, &event.outcome))),
             OutputFormat::Json => output::emit(&format!("{}\n", serde_json::to_string(&event)?)),
