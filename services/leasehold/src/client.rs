@@ -107,7 +107,7 @@ impl fmt::Display for OutcomeUnknown {
         write!(
             f,
             "the outcome of command {id} is unknown ({}): it may have been stored; check with `leasehold command \
-             {id}`, or send it again with `--command-id {id}`{}: a command sent again with the same ids is decided \
+             {id}`, or send it again with `--command-id {id}{}`: a command sent again with the same ids is decided \
              at most once",
             self.why, self.resend
         )
@@ -190,7 +190,8 @@ impl Gateway {
         // Whether the first answer said "duplicate": later rounds are duplicates of the first by construction.
         let mut first_duplicate = None;
         loop {
-            let round = deadline.saturating_duration_since(tokio::time::Instant::now()).min(MAX_ROUND);
+            let asked_at = tokio::time::Instant::now();
+            let round = deadline.saturating_duration_since(asked_at).min(MAX_ROUND);
             let sent_before = first_duplicate.is_some();
             let (code, mut status) = self.submit_round(envelope, &body, round, sent_before).await?;
             status.duplicate = *first_duplicate.get_or_insert(status.duplicate);
@@ -204,6 +205,9 @@ impl Gateway {
             if tokio::time::Instant::now() >= deadline {
                 return Ok(status);
             }
+            // The gateway answers `pending` when the time asked is up; one that answers sooner is asked again no
+            // more than once a second.
+            tokio::time::sleep_until((asked_at + round.min(Duration::from_secs(1))).min(deadline)).await;
         }
     }
 
@@ -559,6 +563,8 @@ impl SseParser {
 
 #[cfg(test)]
 mod tests {
+    use leasehold_schemas::CommandId;
+
     use super::*;
 
     fn event(event: &str, id: Option<&str>, data: &str) -> SseEvent {
@@ -622,5 +628,219 @@ mod tests {
         .unwrap();
         assert_eq!(status.status, "rejected");
         assert_eq!(status.rejection.unwrap().kind, "unknown");
+    }
+
+    /// A fake gateway on a free port: answers each connection with the next of `answers` (`None`: close the
+    /// connection once the request is read, without answering), and hands over each request it read.
+    fn fake_gateway(answers: Vec<Option<String>>) -> (Gateway, std::sync::mpsc::Receiver<String>) {
+        use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (requests_tx, requests) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for answer in answers {
+                let Ok((stream, _)) = listener.accept() else { return };
+                let mut reader = BufReader::new(stream);
+                let mut request = String::new();
+                let mut length = 0;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        break;
+                    }
+                    if let Some((name, value)) = line.split_once(':')
+                        && name.eq_ignore_ascii_case("content-length")
+                    {
+                        length = value.trim().parse().unwrap();
+                    }
+                    request.push_str(&line);
+                    if line == "\r\n" {
+                        break;
+                    }
+                }
+                let mut body = vec![0; length];
+                reader.read_exact(&mut body).unwrap();
+                request.push_str(&String::from_utf8_lossy(&body));
+                let _ = requests_tx.send(request);
+                let mut stream = reader.into_inner();
+                if let Some(answer) = answer {
+                    let _ = stream.write_all(answer.as_bytes());
+                }
+            }
+        });
+        (Gateway::new(&url).unwrap(), requests)
+    }
+
+    fn answer(code: &str, body: &str) -> Option<String> {
+        Some(format!(
+            "HTTP/1.1 {code}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ))
+    }
+
+    fn status_body(id: &CommandId, status: &str, duplicate: bool) -> String {
+        serde_json::json!({"command_id": id.to_string(), "status": status, "command_seq": 12, "duplicate": duplicate,
+            "rejection": null, "outcomes": [], "dead_letter": null})
+        .to_string()
+    }
+
+    fn allocate_envelope() -> Envelope {
+        let body = leasehold_schemas::command::Allocate {
+            agent: "w1".parse().unwrap(),
+            resource: leasehold_schemas::ResourceId::generate(),
+            kind: "dir".into(),
+            capacity: 1,
+            attributes: Default::default(),
+            parent: None,
+            pools: Vec::new(),
+        };
+        Envelope::new(CommandId::generate(), "cli".parse().unwrap(), leasehold_schemas::Timestamp(1), body)
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    }
+
+    fn unknown(error: anyhow::Error) -> OutcomeUnknown {
+        error.downcast::<OutcomeUnknown>().unwrap_or_else(|e| panic!("not an unknown outcome: {e:#}"))
+    }
+
+    #[test]
+    fn a_503_after_publishing_is_an_unknown_outcome_not_a_refusal() {
+        let envelope = allocate_envelope();
+        let Command::Allocate(allocate) = &envelope.body else { unreachable!() };
+        let id = envelope.command_id;
+        let (gateway, _requests) = fake_gateway(vec![
+            answer("503 Service Unavailable", &status_body(&id, "published", false)),
+            answer("503 Service Unavailable", r#"{"error":"the gateway is shutting down"}"#),
+            answer("500 Internal Server Error", "oops"),
+            None,
+        ]);
+        let rt = runtime();
+        let with_status = unknown(rt.block_on(gateway.submit(&envelope, Duration::from_secs(5))).unwrap_err());
+        assert_eq!(with_status.status.as_ref().map(|s| s.status.as_str()), Some("published"));
+        assert_eq!(with_status.status.as_ref().and_then(|s| s.command_seq), Some(12));
+        let text = with_status.to_string();
+        assert!(text.starts_with(&format!("the outcome of command {id} is unknown (")), "{text}");
+        assert!(text.contains("it may have been stored; check with `leasehold command "), "{text}");
+        assert!(text.contains(&format!("send it again with `--command-id {id} --id {}`", allocate.resource)), "{text}");
+        assert!(text.ends_with("a command sent again with the same ids is decided at most once"), "{text}");
+        let plain = unknown(rt.block_on(gateway.submit(&envelope, Duration::from_secs(5))).unwrap_err());
+        assert!(plain.status.is_none());
+        assert!(plain.why.contains("the gateway is shutting down"), "{}", plain.why);
+        let internal = unknown(rt.block_on(gateway.submit(&envelope, Duration::from_secs(5))).unwrap_err());
+        assert!(internal.why.contains("500"), "{}", internal.why);
+        // The connection closes after the request was sent: it may have been stored.
+        let closed = unknown(rt.block_on(gateway.submit(&envelope, Duration::from_secs(5))).unwrap_err());
+        assert_eq!(closed.command_id, id.to_string());
+    }
+
+    #[test]
+    fn a_refusal_or_no_connection_is_an_error_before_anything_was_stored() {
+        let envelope = allocate_envelope();
+        let (gateway, _requests) = fake_gateway(vec![answer("400 Bad Request", r#"{"error":"body.kind: too long"}"#)]);
+        let rt = runtime();
+        let refused = rt.block_on(gateway.submit(&envelope, Duration::from_secs(5))).unwrap_err();
+        assert!(!refused.is::<OutcomeUnknown>());
+        assert!(refused.to_string().contains("refused command") && refused.to_string().contains("too long"));
+        let nobody = Gateway::new("http://127.0.0.1:1").unwrap();
+        let unreachable = rt.block_on(nobody.submit(&envelope, Duration::from_secs(5))).unwrap_err();
+        assert!(!unreachable.is::<OutcomeUnknown>(), "{unreachable}");
+        assert!(unreachable.to_string().contains("cannot reach the gateway"), "{unreachable}");
+    }
+
+    #[test]
+    fn a_wait_past_the_gateways_cap_goes_in_rounds_of_the_same_command() {
+        let envelope = allocate_envelope();
+        let id = envelope.command_id;
+        let accepted = serde_json::json!({"command_id": id.to_string(), "status": "accepted", "command_seq": 12,
+            "duplicate": true, "rejection": null, "outcomes": [], "dead_letter": null});
+        let (gateway, requests) = fake_gateway(vec![
+            answer("504 Gateway Timeout", &status_body(&id, "pending", false)),
+            answer("504 Gateway Timeout", &status_body(&id, "pending", true)),
+            answer("200 OK", &accepted.to_string()),
+        ]);
+        let status = runtime().block_on(gateway.submit(&envelope, Duration::from_secs(600))).unwrap();
+        assert_eq!(status.status, "accepted");
+        assert!(!status.duplicate, "the first answer says whether it was sent before");
+        let requests: Vec<String> = requests.try_iter().collect();
+        assert_eq!(requests.len(), 3);
+        for request in &requests {
+            let line = request.lines().next().unwrap();
+            assert!(line.starts_with("POST /v1/commands?wait=true&timeout="), "{line}");
+            let asked = line.split("timeout=").nth(1).unwrap().split_whitespace().next().unwrap();
+            let asked = humantime::parse_duration(asked).unwrap();
+            assert!(asked <= MAX_ROUND && asked > Duration::from_secs(200), "{line}");
+            // The same command each time: the same id, the same bytes.
+            assert_eq!(request.split("\r\n\r\n").nth(1), requests[0].split("\r\n\r\n").nth(1));
+        }
+    }
+
+    #[test]
+    fn a_wait_that_runs_out_is_pending() {
+        let envelope = allocate_envelope();
+        let id = envelope.command_id;
+        let (gateway, requests) =
+            fake_gateway(vec![answer("504 Gateway Timeout", &status_body(&id, "pending", false))]);
+        let status = runtime().block_on(gateway.submit(&envelope, Duration::ZERO)).unwrap();
+        assert_eq!((status.status.as_str(), status.command_seq), ("pending", Some(12)));
+        let request = requests.recv().unwrap();
+        assert!(request.starts_with("POST /v1/commands?wait=true&timeout=0s "), "{request}");
+    }
+
+    #[test]
+    fn a_follower_resumes_after_the_last_outcome_seen_and_backs_off() {
+        let mut cursor = Cursor::new(None);
+        assert_eq!(cursor.request(), (None, None));
+        assert_eq!(cursor.describe(), "from now on (no outcome seen yet)");
+        let delays: Vec<Duration> = (0..7).map(|_| cursor.failed()).collect();
+        let ms = |ms| Duration::from_millis(ms);
+        assert_eq!(delays, [ms(200), ms(400), ms(800), ms(1600), ms(3200), ms(5000), ms(5000)]);
+        cursor.seen(41);
+        assert_eq!(cursor.request(), (None, Some(41)), "Last-Event-ID: the last outcome seen");
+        assert_eq!(cursor.failed(), ms(200), "outcomes flowed again: the delay starts over");
+        cursor.seen(40);
+        assert_eq!(cursor.request(), (None, Some(41)), "never back");
+        let mut from = Cursor::new(Some(5));
+        assert_eq!(from.request(), (Some(5), None));
+        assert_eq!(from.describe(), "at outcome 5");
+        from.seen(9);
+        assert_eq!((from.request(), from.describe()), ((None, Some(9)), "after outcome 9".to_owned()));
+    }
+
+    #[test]
+    fn a_follower_connects_again_after_the_stream_ends_and_stops_at_a_refusal() {
+        let sse = |events: &str| {
+            Some(format!("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n{events}"))
+        };
+        let outcome = |seq: u64| {
+            let outcome = serde_json::json!({
+                "decider_version": 1, "partition": 0,
+                "command": {"id": "019b76da-abe8-7001-8000-000000000001", "class": "op", "type_name": "op.pause",
+                            "issuer": "cli", "issued_at": 1u64, "key": "w1"},
+                "cmd_seq": seq, "part": 0, "log_time": 2u64, "decided_at": 2u64,
+                "decision": {"accepted": {"first_position": seq, "effects": []}}
+            });
+            format!("event: outcome\nid: {seq}\ndata: {}\n\n", serde_json::json!({"seq": seq, "outcome": outcome}))
+        };
+        let (gateway, requests) = fake_gateway(vec![
+            sse(&(outcome(7) + &outcome(8))),
+            answer("503 Service Unavailable", r#"{"error":"starting"}"#),
+            sse(&outcome(9)),
+            answer("400 Bad Request", r#"{"error":"bad query: key"}"#),
+        ]);
+        let mut follower = Follower::new(gateway, Some("w1".into()), Some(3));
+        let rt = runtime();
+        let seqs: Vec<u64> = (0..3).map(|_| rt.block_on(follower.next()).unwrap().seq).collect();
+        assert_eq!(seqs, [7, 8, 9]);
+        let refused = rt.block_on(follower.next()).unwrap_err();
+        assert!(refused.is::<Refused>() && refused.to_string().contains("bad query"), "{refused}");
+        let requests: Vec<String> = requests.try_iter().collect();
+        assert!(requests[0].starts_with("GET /v1/events?key=w1&from=3 "), "{}", requests[0]);
+        for resumed in &requests[1..3] {
+            assert!(resumed.starts_with("GET /v1/events?key=w1 "), "{resumed}");
+            assert!(resumed.to_ascii_lowercase().contains("last-event-id: 8\r\n"), "{resumed}");
+        }
+        assert!(requests[3].to_ascii_lowercase().contains("last-event-id: 9\r\n"), "{}", requests[3]);
     }
 }

@@ -1219,4 +1219,98 @@ mod tests {
         let pending = accepted(status("pending"), OutputFormat::Table, "acquire").unwrap_err().to_string();
         assert!(pending.contains("leasehold command 019b76da-abe8-7001-8000-000000000001"), "{pending}");
     }
+
+    #[test]
+    fn resend_ids_are_canonical_uuidv7() {
+        const ID: &str = "019b76da-abe8-7001-8000-000000000001";
+        let argv = ["allocate", "--agent", "w1", "--kind", "dir", "--command-id", ID, "--id", &REF[3..]];
+        let crate::Cmd::Allocate(args) = parse(&argv).unwrap().command else { panic!() };
+        assert_eq!(args.produce.command_id.map(|id| id.to_string()).as_deref(), Some(ID));
+        assert_eq!(args.id.map(|id| id.to_string()).as_deref(), Some(&REF[3..]));
+        let crate::Cmd::Acquire(args) =
+            parse(&["acquire", REF, "--holder", "h", "--lease-id", &LEASE[3..]]).unwrap().command
+        else {
+            panic!()
+        };
+        assert_eq!(args.lease_id.map(|id| id.to_string()).as_deref(), Some(&LEASE[3..]));
+        let crate::Cmd::Release(args) = parse(&["release", REF]).unwrap().command else { panic!() };
+        assert!(args.produce.command_id.is_none(), "default: a new id");
+        for bad in [
+            "019B76DA-ABE8-7001-8000-000000000001", // not lower-case
+            "019b76daabe870018000000000000001",     // not hyphenated
+            "6fa459ea-ee8a-3ca4-894e-db77e160355e", // version 3
+            "not-a-uuid",
+        ] {
+            assert!(parse(&["release", REF, "--command-id", bad]).is_err(), "{bad}");
+            assert!(parse(&["allocate", "--agent", "w1", "--kind", "dir", "--id", bad]).is_err(), "{bad}");
+            assert!(parse(&["acquire", REF, "--holder", "h", "--lease-id", bad]).is_err(), "{bad}");
+        }
+    }
+
+    fn allocate_envelope() -> Envelope {
+        let body = Allocate {
+            agent: "w1".parse().unwrap(),
+            resource: REF[3..].parse().unwrap(),
+            kind: "dir".into(),
+            capacity: 1,
+            attributes: BTreeMap::new(),
+            parent: None,
+            pools: Vec::new(),
+        };
+        envelope(&issuer(Some("cli")).unwrap(), Some("019b76da-abe8-7001-8000-000000000001".parse().unwrap()), body)
+    }
+
+    #[test]
+    fn a_pending_or_lost_command_is_an_unknown_outcome_with_exit_status_3() {
+        let envelope = allocate_envelope();
+        let pending = CommandStatus {
+            command_id: envelope.command_id.to_string(),
+            status: "pending".into(),
+            command_seq: Some(12),
+            duplicate: false,
+            rejection: None,
+            outcomes: Vec::new(),
+            dead_letter: None,
+        };
+        let error =
+            settle(Ok(pending.clone()), &envelope, Duration::from_secs(30), OutputFormat::Json, None).unwrap_err();
+        assert_eq!(crate::exit_status(&error), EXIT_OUTCOME_UNKNOWN);
+        let text = error.to_string();
+        assert!(text.contains("it is stored at command seq 12, and no outcome came within 30s"), "{text}");
+        assert!(text.contains("--command-id 019b76da-abe8-7001-8000-000000000001 --id 019b76da-9478"), "{text}");
+        // From the transport, through anyhow's context: still an unknown outcome.
+        let lost = anyhow::Error::from(OutcomeUnknown::new(&envelope, "the connection broke".into(), None));
+        let error = settle(Err(lost), &envelope, Duration::from_secs(30), OutputFormat::Json, None).unwrap_err();
+        assert_eq!(crate::exit_status(&error.context("allocate")), EXIT_OUTCOME_UNKNOWN);
+        // Decided statuses go on; other errors stay what they are.
+        let accepted = CommandStatus { status: "accepted".into(), ..pending };
+        assert!(settle(Ok(accepted), &envelope, Duration::from_secs(30), OutputFormat::Json, None).is_ok());
+        let refused = settle(Err(anyhow!("refused")), &envelope, Duration::ZERO, OutputFormat::Json, None).unwrap_err();
+        assert_eq!(crate::exit_status(&refused), 1);
+        let waiting = StillWaiting("still waiting".into());
+        assert_eq!(crate::exit_status(&anyhow::Error::from(waiting)), EXIT_STILL_WAITING);
+    }
+
+    #[test]
+    fn giving_up_on_a_waiting_lease_says_when_its_wait_ends() {
+        let mut record = LeaseRecord {
+            id: LEASE.into(),
+            resource: REF.into(),
+            holder: "h".into(),
+            state: "waiting".into(),
+            token: None,
+            expires_at: None,
+            wait_until: Some(1_767_225_601_000),
+        };
+        let text = still_waiting(&record, Duration::from_secs(5));
+        assert!(
+            text.starts_with(&format!(
+                "still waiting after 5s: lease {LEASE} is waiting; its wait ends by itself at 2026-01-01T00:00:01.000Z"
+            )),
+            "{text}"
+        );
+        assert!(text.contains(&format!("`leasehold release-lease {LEASE}`")), "{text}");
+        record.wait_until = None;
+        assert!(still_waiting(&record, Duration::from_secs(5)).contains("it has no wait timeout"));
+    }
 }

@@ -139,6 +139,13 @@ fn str_of<'a>(value: &'a Value, field: &str) -> &'a str {
     value[field].as_str().unwrap_or_else(|| panic!("{field} is not a string in {value:#}"))
 }
 
+/// Bounded retries until `agent` has registered.
+fn wait_registered(server: &Server, agent: &str) {
+    server.wait_for(&["agents"], &format!("{agent} registered"), |agents| {
+        agents.as_array().is_some_and(|a| a.iter().any(|a| a["name"] == agent))
+    });
+}
+
 /// Registers agent `w2` and stops its process: afterwards `w2` is known but nobody creates what it is given, so its
 /// resources stay `pending` and leases on them wait.
 fn register_absent_agent(data: &Path) {
@@ -155,6 +162,7 @@ fn producer_and_query_commands_against_a_served_gateway() {
     register_absent_agent(dir.path());
     std::fs::create_dir_all(dir.path().join("w1")).unwrap();
     let server = Server::start(&dir.path().join("data"), &[format!("w1=dir:{}", dir.path().join("w1").display())]);
+    wait_registered(&server, "w1");
 
     // allocate: the resource record, as the gateway has it right after.
     let resource = server.json(&[
@@ -362,4 +370,173 @@ fn an_unreachable_gateway_is_named() {
         stderr.contains("cannot reach the gateway at http://127.0.0.1:1/: is `leasehold serve` running?"),
         "{stderr}"
     );
+}
+
+/// The exit status of an output (a signal is a failure of the test).
+fn code(output: &Output) -> i32 {
+    output.status.code().unwrap_or_else(|| panic!("killed by a signal: {:?}", output.status))
+}
+
+/// A command sent again with `--command-id` (and `--id`) is stored and decided once: the same resource, said to be a
+/// duplicate; the same command id with another resource id is caught. `acquire --block` gives up at `--timeout` on a
+/// lease that stays waiting (a resource waiting on a pool claim: nothing carries claims yet), with exit status 4.
+#[test]
+fn resending_a_command_and_giving_up_on_a_waiting_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("w1")).unwrap();
+    let server = Server::start(&dir.path().join("data"), &[format!("w1=dir:{}", dir.path().join("w1").display())]);
+    wait_registered(&server, "w1");
+
+    let command_id = leasehold_schemas::CommandId::generate().to_string();
+    let resource_id = ResourceId::generate().to_string();
+    let allocate = ["allocate", "--agent", "w1", "--kind", "dir", "--command-id", &command_id, "--id", &resource_id];
+    let first = server.json(&allocate);
+    assert_eq!(first["ref"], format!("w1.{resource_id}"));
+    let again = server.run(&[&allocate[..], &["--output", "json"]].concat());
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let again_json: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(again_json["ref"], first["ref"]);
+    assert_eq!(again_json["created_seq"], first["created_seq"], "one resource, created once");
+    assert!(
+        text(&again.stderr).contains(&format!("command {command_id} was stored before")),
+        "{}",
+        text(&again.stderr)
+    );
+    let listed = server.json(&["ls", "--agent", "w1"]);
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed:#}");
+    let status = server.json(&["command", &command_id]);
+    assert_eq!(status["status"], "accepted");
+    let other_id = ResourceId::generate().to_string();
+    let mismatch =
+        server.fails(&["allocate", "--agent", "w1", "--kind", "dir", "--command-id", &command_id, "--id", &other_id]);
+    assert!(mismatch.contains("first sent with other ids"), "{mismatch}");
+    let bad =
+        server.run(&["allocate", "--agent", "w1", "--kind", "dir", "--id", "6fa459ea-ee8a-3ca4-894e-db77e160355e"]);
+    assert_eq!(code(&bad), 2, "a bad id is a bad command line: {}", text(&bad.stderr));
+
+    // A simple command sent again: its status says duplicate.
+    let pause_id = leasehold_schemas::CommandId::generate().to_string();
+    let reference = str_of(&first, "ref").to_owned();
+    let paused = server.json(&["pause", &reference, "--command-id", &pause_id]);
+    assert_eq!((paused["status"].as_str(), paused["duplicate"].as_bool()), (Some("accepted"), Some(false)));
+    let paused_again = server.json(&["pause", &reference, "--command-id", &pause_id]);
+    assert_eq!((paused_again["status"].as_str(), paused_again["duplicate"].as_bool()), (Some("accepted"), Some(true)));
+    assert_eq!(paused_again["outcomes"], paused["outcomes"]);
+
+    // A resource waiting on a pool claim stays pending; a lease on it waits.
+    assert_eq!(server.json(&["pool", "define", "p", "--slots", "1"])["status"], "accepted");
+    let pooled = server.json(&["allocate", "--agent", "w1", "--kind", "dir", "--capacity", "3", "--pool", "p"]);
+    assert_eq!(pooled["state"], "pending");
+    let pooled_ref = str_of(&pooled, "ref").to_owned();
+    let started = Instant::now();
+    let table = server.run(&["acquire", &pooled_ref, "--holder", "build-9", "--block", "--timeout", "2s"]);
+    let elapsed = started.elapsed();
+    assert_eq!(code(&table), 4, "{}", text(&table.stderr));
+    assert!(elapsed >= Duration::from_secs(2) && elapsed < Duration::from_secs(20), "{elapsed:?}");
+    let stdout = text(&table.stdout);
+    assert!(stdout.contains("state       waiting"), "the waiting lease is printed first: {stdout}");
+    let stderr = text(&table.stderr);
+    assert!(stderr.contains("still waiting after 2s: lease w1."), "{stderr}");
+    assert!(stderr.contains("it has no wait timeout"), "{stderr}");
+    let json = server.run(&[
+        "acquire",
+        &pooled_ref,
+        "--holder",
+        "build-10",
+        "--wait-timeout",
+        "1h",
+        "--block",
+        "--timeout",
+        "1s",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code(&json), 4, "{}", text(&json.stderr));
+    let lease: Value = serde_json::from_slice(&json.stdout).expect("one JSON value, at the end");
+    assert_eq!(lease["state"], "waiting");
+    assert!(text(&json.stderr).contains("its wait ends by itself at 20"), "{}", text(&json.stderr));
+
+    // A lease id given with the command id: the same lease when sent again.
+    let lease_id = leasehold_schemas::LeaseId::generate().to_string();
+    let acquire_id = leasehold_schemas::CommandId::generate().to_string();
+    let acquire = ["acquire", &pooled_ref, "--holder", "h", "--lease-id", &lease_id, "--command-id", &acquire_id];
+    let once = server.json(&acquire);
+    let twice = server.json(&acquire);
+    assert_eq!(once["id"], format!("w1.{lease_id}"));
+    assert_eq!(once, twice);
+}
+
+/// A fake gateway: answers each connection with the next of `answers` once it has read the request.
+fn fake_gateway(answers: Vec<String>) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for answer in answers {
+            let Ok((stream, _)) = listener.accept() else { return };
+            let mut reader = BufReader::new(stream);
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some((name, value)) = line.split_once(':')
+                    && name.eq_ignore_ascii_case("content-length")
+                {
+                    length = value.trim().parse().unwrap();
+                }
+            }
+            let mut body = vec![0; length];
+            let _ = reader.read_exact(&mut body);
+            let _ = reader.into_inner().write_all(answer.as_bytes());
+        }
+    });
+    url
+}
+
+fn http_answer(code: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {code}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// A gateway that goes away after it stored the command answers 503: the outcome is unknown, not refused. Exit
+/// status 3, what is known on stdout (the resource reference, the lease), and how to check or resend on stderr.
+#[test]
+fn an_unknown_outcome_is_not_a_refusal() {
+    let command_id = "019b76da-abe8-7001-8000-000000000001";
+    let resource_id = ResourceId::generate().to_string();
+    let published = serde_json::json!({"command_id": command_id, "status": "published", "command_seq": 12,
+        "duplicate": false, "rejection": null, "outcomes": [], "dead_letter": null})
+    .to_string();
+    let url = fake_gateway(vec![
+        http_answer("503 Service Unavailable", &published),
+        http_answer("503 Service Unavailable", r#"{"error":"the gateway is shutting down"}"#),
+        http_answer("503 Service Unavailable", &published),
+    ]);
+    let run = |args: &[&str]| {
+        Command::new(BIN).arg("--server").arg(&url).args(args).env("RUST_BACKTRACE", "0").output().unwrap()
+    };
+    let allocate =
+        run(&["allocate", "--agent", "w1", "--kind", "dir", "--command-id", command_id, "--id", &resource_id]);
+    assert_eq!(code(&allocate), 3, "{}", text(&allocate.stderr));
+    assert_eq!(text(&allocate.stdout), format!("w1.{resource_id}\n"));
+    let stderr = text(&allocate.stderr);
+    assert!(stderr.contains(&format!("the outcome of command {command_id} is unknown")), "{stderr}");
+    assert!(!stderr.contains("refused"), "{stderr}");
+    assert!(stderr.contains(&format!("`--command-id {command_id} --id {resource_id}`")), "{stderr}");
+
+    let json = run(&["allocate", "--agent", "w1", "--kind", "dir", "--command-id", command_id, "--output", "json"]);
+    assert_eq!(code(&json), 3, "{}", text(&json.stderr));
+    let status: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(status["status"], "unknown", "the gateway said no status: {status:#}");
+    assert!(str_of(&status, "ref").starts_with("w1."), "{status:#}");
+
+    let lease = "w1.019b76da-9860-7333-b333-333333333333";
+    let acquire =
+        run(&["acquire", "w1.019b76da-9478-7111-9111-111111111111", "--holder", "h", "--lease-id", &lease[3..]]);
+    assert_eq!(code(&acquire), 3, "{}", text(&acquire.stderr));
+    assert_eq!(text(&acquire.stdout), format!("{lease}\n"));
+    assert!(text(&acquire.stderr).contains(&format!("--lease-id {}`", &lease[3..])), "{}", text(&acquire.stderr));
 }
