@@ -35,9 +35,14 @@ impl Server {
 
     /// [`Server::start`], over JetStream at `nats` if given.
     fn start_on(data: &Path, nats: Option<&str>, agents: &[String]) -> Server {
+        Server::start_at(data, nats, "127.0.0.1:0", agents)
+    }
+
+    /// [`Server::start_on`], listening on `listen`.
+    fn start_at(data: &Path, nats: Option<&str>, listen: &str, agents: &[String]) -> Server {
         std::fs::create_dir_all(data).expect("create the data directory");
         let mut command = Command::new(BIN);
-        command.args(["serve", "--partitions", "4", "--listen", "127.0.0.1:0", "--data"]).arg(data);
+        command.args(["serve", "--partitions", "4", "--listen", listen, "--data"]).arg(data);
         if let Some(nats) = nats {
             command.args(["--nats", nats, "--priority-timeout", "2s", "--ack-wait", "2s"]);
         }
@@ -539,4 +544,53 @@ fn an_unknown_outcome_is_not_a_refusal() {
     assert_eq!(code(&acquire), 3, "{}", text(&acquire.stderr));
     assert_eq!(text(&acquire.stdout), format!("{lease}\n"));
     assert!(text(&acquire.stderr).contains(&format!("--lease-id {}`", &lease[3..])), "{}", text(&acquire.stderr));
+}
+
+/// `watch` outlives a restart of the gateway: it says so on stderr, connects again, and resumes after the last
+/// outcome it printed (each outcome once, in order).
+#[test]
+fn watch_resumes_after_the_gateway_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("w1")).unwrap();
+    let agents = [format!("w1=dir:{}", dir.path().join("w1").display())];
+    // A port that was free a moment ago, kept across the restart.
+    let address = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let server = Server::start_at(&dir.path().join("data"), None, &address, &agents);
+    wait_registered(&server, "w1");
+    let first = server.json(&["allocate", "--agent", "w1", "--kind", "dir"]);
+    let first_seq = first["created_seq"].as_u64().unwrap();
+
+    let mut watch = Command::new(BIN)
+        .args(["--server", &server.url, "watch", "--from", "1", "--key", "w1", "--output", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines_tx, lines) = mpsc::channel::<Value>();
+    let stdout = watch.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(serde_json::from_str(&line).expect("a JSON line"));
+        }
+    });
+    let mut seqs = Vec::new();
+    let mut read_until = |what: &str, done: &dyn Fn(&Value) -> bool| loop {
+        let line = lines.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|e| panic!("no {what}: {e}"));
+        seqs.push(line["seq"].as_u64().unwrap());
+        if done(&line) {
+            break;
+        }
+    };
+    read_until("first allocation", &|line| line["seq"].as_u64() >= Some(first_seq));
+
+    drop(server);
+    let server = Server::start_at(&dir.path().join("data"), None, &address, &agents);
+    let command_id = leasehold_schemas::CommandId::generate().to_string();
+    server.json(&["allocate", "--agent", "w1", "--kind", "dir", "--command-id", &command_id]);
+    read_until("allocation after the restart", &|line| line["outcome"]["command"]["id"] == command_id.as_str());
+    let _ = watch.kill();
+    let output = watch.wait_with_output().unwrap();
+    assert!(seqs.windows(2).all(|pair| pair[0] < pair[1]), "each outcome once, in order: {seqs:?}");
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("connecting again in") && stderr.contains("after outcome"), "{stderr}");
 }
