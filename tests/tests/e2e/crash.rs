@@ -23,9 +23,7 @@
 //! Without `nats-server` on `PATH` these tests print a notice and pass, except in CI (`CI=true`), where they fail.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -44,6 +42,8 @@ use leasehold_worker::{WriterConfig, fold_partition};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use crate::support::Proc;
 
 const PARTITIONS: u32 = 4;
 /// `priority_timeout` and `ack_wait` of the writer consumers: a dead worker's partitions free up in seconds.
@@ -188,7 +188,7 @@ async fn run(scenario: Scenario, url: &str) -> Measured {
         published.clone(),
     )));
 
-    let mut a = WorkerProcess::spawn(dir.path(), "a", url, scenario.replicas);
+    let mut a = spawn_worker(dir.path(), "a", url, scenario.replicas);
     let mut watcher = Watcher::new(log.clone(), outcomes_tx);
     let deadline = Instant::now() + Duration::from_secs(60);
     while watcher.decided() < scenario.stop_after {
@@ -199,7 +199,7 @@ async fn run(scenario: Scenario, url: &str) -> Measured {
             "{}: only {} outcomes in 60 s from worker a; its log:\n{}",
             scenario.name,
             watcher.decided(),
-            a.stderr_tail()
+            a.tail()
         );
         tokio::time::sleep(POLL).await;
         watcher.poll().await;
@@ -227,7 +227,7 @@ async fn run(scenario: Scenario, url: &str) -> Measured {
         scenario.name
     );
 
-    let mut b = WorkerProcess::spawn(dir.path(), "b", url, scenario.replicas);
+    let mut b = spawn_worker(dir.path(), "b", url, scenario.replicas);
     let mut b_started = None;
     let mut first_of_b: Option<(Instant, usize)> = None;
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -241,7 +241,7 @@ async fn run(scenario: Scenario, url: &str) -> Measured {
             watcher.decided(),
             scenario.commands,
             published.load(Ordering::SeqCst),
-            b.stderr_tail()
+            b.tail()
         );
         tokio::time::sleep(POLL).await;
         watcher.poll().await;
@@ -703,122 +703,32 @@ async fn read_all_commands(log: &JetStream, partition: u32) -> BTreeSet<u64> {
 // ---------------------------------------------------------------------------------------------------------------
 // Worker processes.
 
-/// A `leasehold serve --roles worker` process, its output in files of the test's directory. Dropping it kills it
-/// (its own pid only).
-#[derive(Debug)]
-struct WorkerProcess {
-    name: String,
-    child: Child,
-    stdout: PathBuf,
-    stderr: PathBuf,
-    exited: Option<ExitStatus>,
-}
-
-impl WorkerProcess {
-    fn spawn(dir: &Path, name: &str, url: &str, replicas: usize) -> Self {
-        let data = dir.join(format!("{name}-data"));
-        std::fs::create_dir_all(&data).expect("a data directory");
-        let (stdout, stderr) = (dir.join(format!("{name}.out")), dir.join(format!("{name}.err")));
-        let hold = format!("{}s", HOLD.as_secs());
-        let child = Command::new(env!("CARGO_BIN_EXE_leasehold-e2e"))
-            .args(["serve", "--roles", "worker", "--nats", url, "--listen", "127.0.0.1:0"])
-            .args(["--partitions", &PARTITIONS.to_string(), "--replicas", &replicas.to_string()])
-            .args(["--priority-timeout", &hold, "--ack-wait", &hold, "--name", name])
-            .arg("--data")
-            .arg(&data)
-            .current_dir(dir)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(File::create(&stdout).expect("a stdout file"))
-            .stderr(File::create(&stderr).expect("a stderr file"))
-            .spawn()
-            .expect("start leasehold-e2e serve");
-        WorkerProcess { name: name.to_owned(), child, stdout, stderr, exited: None }
-    }
-
-    fn stdout(&self) -> String {
-        std::fs::read_to_string(&self.stdout).unwrap_or_default()
-    }
-
-    /// The last lines of what it logged (for a failing test's message).
-    fn stderr_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.stderr).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
-    fn assert_running(&mut self) {
-        if let Some(status) = self.child.try_wait().expect("ask whether the worker runs") {
-            self.exited = Some(status);
-            panic!(
-                "worker {} exited with {status}; its stdout:\n{}\nits log:\n{}",
-                self.name,
-                self.stdout(),
-                self.stderr_tail()
-            );
-        }
-    }
-
-    /// SIGKILL (`Child::kill` signals exactly this process), then reaps it.
-    fn kill9(&mut self) {
-        self.assert_running();
-        self.child.kill().expect("kill -9 the worker");
-        self.exited = Some(self.child.wait().expect("reap the worker"));
-    }
-
-    /// SIGTERM, by its pid.
-    fn terminate(&mut self) {
-        self.assert_running();
-        let status = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("run kill -TERM");
-        assert!(status.success(), "kill -TERM {} failed: {status}", self.child.id());
-    }
-
-    /// SIGTERM, then it must exit 0 within 30 s, saying it stopped.
-    async fn stop_cleanly(&mut self) {
-        self.terminate();
-        let status = self.wait_exit(Duration::from_secs(30)).await;
-        assert!(status.success(), "worker {} exited with {status} on SIGTERM; its log:\n{}", self.name, {
-            self.stderr_tail()
-        });
-        let stdout = self.stdout();
-        assert!(
-            stdout.lines().any(|l| l == "leasehold serve: stopped"),
-            "worker {} did not say it stopped; its stdout:\n{stdout}",
-            self.name
-        );
-    }
-
-    /// Waits for it to exit (it was asked to), at most `within`.
-    async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("ask whether the worker runs") {
-                self.exited = Some(status);
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "worker {} did not exit within {within:?}; its log:\n{}",
-                self.name,
-                self.stderr_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
-
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        if self.exited.is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// A `leasehold serve --roles worker` process on the log at `url`, its data directory `NAME-data` of `dir`.
+fn spawn_worker(dir: &Path, name: &str, url: &str, replicas: usize) -> Proc {
+    let data = dir.join(format!("{name}-data"));
+    std::fs::create_dir_all(&data).expect("a data directory");
+    let (partitions, replicas) = (PARTITIONS.to_string(), replicas.to_string());
+    let hold = format!("{}s", HOLD.as_secs());
+    let args = [
+        "serve",
+        "--roles",
+        "worker",
+        "--nats",
+        url,
+        "--listen",
+        "127.0.0.1:0",
+        "--partitions",
+        &partitions,
+        "--replicas",
+        &replicas,
+        "--priority-timeout",
+        &hold,
+        "--ack-wait",
+        &hold,
+        "--name",
+        name,
+        "--data",
+        data.to_str().expect("a UTF-8 path"),
+    ];
+    Proc::spawn(dir, name, &args)
 }

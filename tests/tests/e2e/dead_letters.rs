@@ -12,8 +12,7 @@
 //!   SIGTERM (it exits 0) and opens the directory to check.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -27,6 +26,8 @@ use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::subjects::{ingress_subject_of, partition_of};
 use leasehold_schemas::{Envelope, Key, Uuid, codec};
 use tokio::time::Instant;
+
+use crate::support::Proc;
 
 const PARTITIONS: u32 = 4;
 /// The agent whose subject the bad payloads are published on.
@@ -215,105 +216,18 @@ async fn check<L: Log>(log: &L, published: &[(u64, Item)], backend: &str) {
     assert!(decided.is_empty(), "{backend}: outcomes of nothing published: {:?}", decided.keys());
 }
 
-/// A `leasehold serve` process of the test binary, its output in files; killed by its pid if still running when
-/// dropped.
-#[derive(Debug)]
-struct Serve {
-    child: Child,
-    stdout: PathBuf,
-    stderr: PathBuf,
+/// `leasehold serve --listen 127.0.0.1:0 ARGS`, run in `dir`.
+fn spawn_serve(dir: &Path, args: &[&str]) -> Proc {
+    let args: Vec<&str> = ["serve", "--listen", "127.0.0.1:0"].iter().chain(args).copied().collect();
+    Proc::spawn(dir, "serve", &args)
 }
 
-impl Serve {
-    fn start(args: &[&str], logs: &Path) -> Serve {
-        let stdout = logs.join("serve.stdout");
-        let stderr = logs.join("serve.stderr");
-        let child = Command::new(env!("CARGO_BIN_EXE_leasehold-e2e"))
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&stdout).expect("the stdout file"))
-            .stderr(std::fs::File::create(&stderr).expect("the stderr file"))
-            .spawn()
-            .expect("start leasehold serve");
-        Serve { child, stdout, stderr }
-    }
-
-    fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    fn output(&self) -> String {
-        let read = |path: &Path| std::fs::read_to_string(path).unwrap_or_else(|e| format!("(cannot read: {e})"));
-        format!("stdout:\n{}\nstderr:\n{}", read(&self.stdout), without_colours(&read(&self.stderr)))
-    }
-
-    fn stderr(&self) -> String {
-        without_colours(&std::fs::read_to_string(&self.stderr).unwrap_or_default())
-    }
-
-    /// Fails (with the process's output) unless it still runs.
-    fn assert_running(&mut self, what: &str) {
-        if !self.running() {
-            panic!("{what}: leasehold serve exited ({:?})\n{}", self.child.try_wait(), self.output());
-        }
-    }
-
-    /// SIGTERM, then waits for the process to exit.
-    async fn terminate(&mut self) -> ExitStatus {
-        let pid = self.child.id().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("run kill");
-        assert!(sent.success(), "kill -TERM {pid}: {sent}");
-        let deadline = Instant::now() + STEP;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait for leasehold serve") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "leasehold serve did not stop on SIGTERM\n{}", self.output());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// It stopped cleanly: exit 0, its last word, no panic, no partition stopped.
-    async fn stop_cleanly(&mut self, backend: &str) {
-        let status = self.terminate().await;
-        let output = self.output();
-        assert!(status.success(), "{backend}: leasehold serve exited {status}\n{output}");
-        assert!(output.contains("leasehold serve: stopped"), "{backend}: no clean stop\n{output}");
-        assert!(!output.contains("panicked"), "{backend}: something panicked\n{output}");
-        assert!(!output.contains(" stopped: "), "{backend}: a partition or role stopped\n{output}");
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        if self.running() {
-            // Its own pid only.
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// Log lines without ANSI colour sequences (`ESC [ ... letter`).
-fn without_colours(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
+/// SIGTERM; it stops cleanly: exit 0, its last word, no panic, no partition stopped.
+async fn stop_cleanly(serve: &mut Proc, backend: &str) {
+    serve.stop_cleanly().await;
+    let output = serve.output();
+    assert!(!output.contains("panicked"), "{backend}: something panicked\n{output}");
+    assert!(!output.contains(" stopped: "), "{backend}: a partition or role stopped\n{output}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -336,14 +250,14 @@ async fn bad_payloads_are_dead_lettered_by_a_running_worker_on_jetstream() {
         "--name",
         "e2e-dlq",
     ];
-    let mut serve = Serve::start(&args, dir.path());
+    let mut serve = spawn_serve(dir.path(), &args);
 
     // Bad payloads, each after a good command, while the worker runs.
     let mut published = Vec::new();
     publish_all(&log, payloads(), &mut published).await;
     let deadline = Instant::now() + STEP;
     while !all_handled(&log, &published).await {
-        serve.assert_running("jetstream");
+        serve.assert_running_while("jetstream");
         assert!(Instant::now() < deadline, "jetstream: not every payload was handled in {STEP:?}\n{}", serve.output());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -352,13 +266,13 @@ async fn bad_payloads_are_dead_lettered_by_a_running_worker_on_jetstream() {
     publish_all(&log, vec![Item::Good(register(&names[9], 100))], &mut published).await;
     let deadline = Instant::now() + STEP;
     while !all_handled(&log, &published).await {
-        serve.assert_running("jetstream");
+        serve.assert_running_while("jetstream");
         assert!(Instant::now() < deadline, "jetstream: the last good command was not decided\n{}", serve.output());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    serve.assert_running("jetstream");
+    serve.assert_running_while("jetstream");
     check(&log, &published, "jetstream").await;
-    serve.stop_cleanly("jetstream").await;
+    stop_cleanly(&mut serve, "jetstream").await;
     eprintln!("jetstream: {} payloads handled in {:.1} s", published.len(), started.elapsed().as_secs_f64());
 }
 
@@ -391,11 +305,11 @@ async fn bad_payloads_are_dead_lettered_by_a_running_worker_on_the_embedded_log(
         "--name",
         "e2e-dlq",
     ];
-    let mut serve = Serve::start(&args, dir.path());
+    let mut serve = spawn_serve(dir.path(), &args);
     let deadline = Instant::now() + STEP;
     let marker_line = format!("seq={marker} ");
-    while !serve.stderr().lines().any(|line| line.contains("command dead-lettered") && line.contains(&marker_line)) {
-        serve.assert_running("embedded");
+    while !serve.log().lines().any(|line| line.contains("command dead-lettered") && line.contains(&marker_line)) {
+        serve.assert_running_while("embedded");
         assert!(
             Instant::now() < deadline,
             "embedded: the marker {marker} was not dead-lettered in {STEP:?}\n{}",
@@ -403,8 +317,8 @@ async fn bad_payloads_are_dead_lettered_by_a_running_worker_on_the_embedded_log(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    serve.assert_running("embedded");
-    serve.stop_cleanly("embedded").await;
+    serve.assert_running_while("embedded");
+    stop_cleanly(&mut serve, "embedded").await;
 
     let log = Embedded::open(&data, PARTITIONS).expect("open the embedded log after the process stopped");
     assert!(all_handled(&log, &published).await, "embedded: not every payload was handled\n{}", serve.output());

@@ -18,9 +18,7 @@
 //! Without `nats-server` on `PATH` the NATS test prints a notice and passes, except in CI (`CI=true`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,6 +35,8 @@ use leasehold_schemas::{
 };
 use serde_json::Value;
 use tokio::time::Instant;
+
+use crate::support::{Proc, logs};
 
 /// How long any one awaited condition may take before the test fails.
 const STEP: Duration = Duration::from_secs(30);
@@ -146,6 +146,7 @@ async fn one_embedded_process_serves_the_api_and_its_agent_keeps_the_directories
 
     // SIGTERM: a clean stop.
     serve.stop_cleanly().await;
+    serve.assert_no_panic();
 
     // Restart on the same data directory: the same answers, and the agent registers again.
     let mut serve = Proc::spawn(dir.path(), "serve-2", &args);
@@ -171,6 +172,7 @@ async fn one_embedded_process_serves_the_api_and_its_agent_keeps_the_directories
     }
 
     serve.stop_cleanly().await;
+    serve.assert_no_panic();
     eprintln!("embedded: done in {:.1} s", started.elapsed().as_secs_f64());
 }
 
@@ -312,7 +314,7 @@ async fn separate_processes_over_nats_settle_after_a_worker_is_killed() {
             eprintln!("nats: killed {victim} (kill -9) at {:.1} s", run_started.elapsed().as_secs_f64());
         }
         for process in workers.values_mut().chain(agents.values_mut()).chain([&mut gateway]) {
-            if process.exited.is_none() {
+            if process.exited().is_none() {
                 process.assert_running();
             }
         }
@@ -384,13 +386,14 @@ async fn separate_processes_over_nats_settle_after_a_worker_is_killed() {
 
     // The rest stop cleanly.
     let mut rest: Vec<&mut Proc> =
-        workers.values_mut().filter(|w| w.exited.is_none()).chain(agents.values_mut()).collect();
+        workers.values_mut().filter(|w| w.exited().is_none()).chain(agents.values_mut()).collect();
     rest.push(&mut gateway);
     for process in &mut rest {
         process.signal_term();
     }
     for process in rest {
         process.wait_clean_exit().await;
+        process.assert_no_panic();
     }
 }
 
@@ -691,153 +694,4 @@ async fn wait_agent(api: &Api, name: &str, done: impl Fn(&AgentView) -> bool, pr
         );
         tokio::time::sleep(POLL).await;
     }
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Processes.
-
-/// A process of the `leasehold-e2e` binary, its output in files of the test's directory. Dropping it kills it if it
-/// still runs (its own pid only).
-#[derive(Debug)]
-struct Proc {
-    name: String,
-    child: Child,
-    stdout: PathBuf,
-    stderr: PathBuf,
-    exited: Option<ExitStatus>,
-}
-
-impl Proc {
-    fn spawn(dir: &Path, name: &str, args: &[&str]) -> Proc {
-        let (stdout, stderr) = (dir.join(format!("{name}.out")), dir.join(format!("{name}.err")));
-        let child = Command::new(env!("CARGO_BIN_EXE_leasehold-e2e"))
-            .args(args)
-            .current_dir(dir)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(File::create(&stdout).expect("a stdout file"))
-            .stderr(File::create(&stderr).expect("a stderr file"))
-            .spawn()
-            .expect("start leasehold-e2e");
-        Proc { name: name.to_owned(), child, stdout, stderr, exited: None }
-    }
-
-    fn stdout(&self) -> String {
-        std::fs::read_to_string(&self.stdout).unwrap_or_default()
-    }
-
-    /// Its stdout and the last lines of its log, for a failing test's message.
-    fn tail(&self) -> String {
-        let text = without_colours(&std::fs::read_to_string(&self.stderr).unwrap_or_default());
-        let lines: Vec<&str> = text.lines().collect();
-        format!(
-            "--- {} ({:?}) stdout:\n{}--- {} log (last lines):\n{}\n",
-            self.name,
-            self.exited,
-            self.stdout(),
-            self.name,
-            lines[lines.len().saturating_sub(40)..].join("\n")
-        )
-    }
-
-    fn assert_running(&mut self) {
-        if let Some(status) = self.child.try_wait().expect("ask whether the process runs") {
-            self.exited = Some(status);
-            panic!("{} exited with {status}\n{}", self.name, self.tail());
-        }
-    }
-
-    /// The `http://...` address it printed it listens on.
-    async fn address(&mut self) -> String {
-        let deadline = Instant::now() + STEP;
-        loop {
-            if let Some(address) = self
-                .stdout()
-                .lines()
-                .filter(|l| l.contains("listening on http://"))
-                .find_map(|l| l.split_whitespace().find(|w| w.starts_with("http://")).map(str::to_owned))
-            {
-                return address;
-            }
-            self.assert_running();
-            assert!(Instant::now() < deadline, "{} did not say where it listens\n{}", self.name, self.tail());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// SIGKILL (`Child::kill` signals exactly this process), then reaps it.
-    fn kill9(&mut self) {
-        self.assert_running();
-        self.child.kill().expect("kill -9");
-        self.exited = Some(self.child.wait().expect("reap the process"));
-    }
-
-    /// SIGTERM, by its pid.
-    fn signal_term(&mut self) {
-        self.assert_running();
-        let pid = self.child.id().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).stdin(Stdio::null()).status().expect("run kill");
-        assert!(sent.success(), "kill -TERM {pid}: {sent}");
-    }
-
-    /// Waits until it exits (it was asked to): exit 0, saying it stopped, nothing panicked.
-    async fn wait_clean_exit(&mut self) {
-        let deadline = Instant::now() + STEP;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("ask whether the process runs") {
-                self.exited = Some(status);
-                break status;
-            }
-            assert!(Instant::now() < deadline, "{} did not stop on SIGTERM\n{}", self.name, self.tail());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        assert!(status.success(), "{} exited with {status} on SIGTERM\n{}", self.name, self.tail());
-        let said = self.stdout();
-        assert!(
-            said.contains("leasehold serve: stopped") || said.contains(&format!("agent {}: stopped", self.name)),
-            "{} did not say it stopped\n{}",
-            self.name,
-            self.tail()
-        );
-        let log = std::fs::read_to_string(&self.stderr).unwrap_or_default();
-        assert!(!log.contains("panicked"), "{}: something panicked\n{}", self.name, self.tail());
-    }
-
-    /// SIGTERM, then a clean exit.
-    async fn stop_cleanly(&mut self) {
-        self.signal_term();
-        self.wait_clean_exit().await;
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if self.exited.is_none() && matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn logs<'a>(processes: impl Iterator<Item = &'a Proc>) -> String {
-    processes.map(Proc::tail).collect::<Vec<_>>().join("\n")
-}
-
-/// Log lines without ANSI colour sequences (`ESC [ ... letter`).
-fn without_colours(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }

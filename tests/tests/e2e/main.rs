@@ -6,3 +6,4 @@ mod dead_letters;
 mod fences;
 mod front_door;
 mod python_producer;
+mod support;

@@ -10,8 +10,8 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use leasehold_log::jetstream::{JetStream, JetStreamConfig};
@@ -23,75 +23,11 @@ use leasehold_schemas::ids::Position;
 use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::support::Proc;
+
 const AGENT: &str = "w1";
 /// How long any one wait may take before the test fails.
 const STEP: Duration = Duration::from_secs(30);
-
-/// A `leasehold serve` process, its output in files; killed by its own pid when dropped.
-#[derive(Debug)]
-struct Serve {
-    child: Child,
-    stdout: PathBuf,
-    stderr: PathBuf,
-}
-
-impl Serve {
-    fn start(args: &[&str], logs: &Path) -> Serve {
-        let stdout = logs.join("serve.stdout");
-        let stderr = logs.join("serve.stderr");
-        let child = Command::new(env!("CARGO_BIN_EXE_leasehold-e2e"))
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&stdout).expect("the stdout file"))
-            .stderr(std::fs::File::create(&stderr).expect("the stderr file"))
-            .spawn()
-            .expect("start leasehold serve");
-        Serve { child, stdout, stderr }
-    }
-
-    fn output(&self) -> String {
-        let read = |path: &Path| std::fs::read_to_string(path).unwrap_or_else(|e| format!("(cannot read: {e})"));
-        format!("stdout:\n{}\nstderr:\n{}", read(&self.stdout), read(&self.stderr))
-    }
-
-    fn assert_running(&mut self, what: &str) {
-        if !matches!(self.child.try_wait(), Ok(None)) {
-            panic!("{what}: leasehold serve exited ({:?})\n{}", self.child.try_wait(), self.output());
-        }
-    }
-
-    /// The gateway's address (`127.0.0.1:PORT`), from the line `serve` prints once it listens.
-    async fn gateway(&mut self) -> String {
-        let deadline = Instant::now() + STEP;
-        loop {
-            let stdout = std::fs::read_to_string(&self.stdout).unwrap_or_default();
-            let address = stdout.lines().find_map(|line| {
-                let rest = line.strip_prefix("gateway: listening on http://")?;
-                Some(rest.split_whitespace().next()?.to_owned())
-            });
-            if let Some(address) = address {
-                return address;
-            }
-            self.assert_running("waiting for the gateway");
-            assert!(Instant::now() < deadline, "the gateway did not listen in {STEP:?}\n{}", self.output());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            // Its own pid only.
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
 
 /// `GET path` on `address` (HTTP/1.0: one request, the body up to the close); answers the status and the body as
 /// JSON.
@@ -109,14 +45,14 @@ fn get(address: &str, path: &str) -> (u16, Value) {
 }
 
 /// Polls `GET path` until `done` holds for a 200 answer, for up to [`STEP`].
-async fn wait_for(serve: &mut Serve, address: &str, path: &str, done: impl Fn(&Value) -> bool) -> Value {
+async fn wait_for(serve: &mut Proc, address: &str, path: &str, done: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + STEP;
     loop {
         let (status, body) = get(address, path);
         if status == 200 && done(&body) {
             return body;
         }
-        serve.assert_running(path);
+        serve.assert_running_while(path);
         assert!(Instant::now() < deadline, "GET {path}: still {status} {body} after {STEP:?}\n{}", serve.output());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -152,6 +88,9 @@ async fn a_python_producer_publishes_json_to_jetstream_and_reads_its_outcomes_fr
     let agent_dir = dir.path().join(AGENT);
     let agent = format!("{AGENT}=dir:{}", agent_dir.to_str().expect("a UTF-8 path"));
     let args = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
         "--nats",
         server.url(),
         "--partitions",
@@ -165,8 +104,9 @@ async fn a_python_producer_publishes_json_to_jetstream_and_reads_its_outcomes_fr
         "--name",
         "e2e-py",
     ];
-    let mut serve = Serve::start(&args, dir.path());
-    let address = serve.gateway().await;
+    let mut serve = Proc::spawn(dir.path(), "serve", &args);
+    let gateway = serve.address().await;
+    let address = gateway.strip_prefix("http://").expect("an http:// address").to_owned();
     // The agent runs already: the producer registers nothing.
     wait_for(&mut serve, &address, "/v1/agents", |agents| {
         agents.as_array().is_some_and(|all| all.iter().any(|a| a["name"] == AGENT && a["status"] == "live"))
@@ -174,7 +114,6 @@ async fn a_python_producer_publishes_json_to_jetstream_and_reads_its_outcomes_fr
     .await;
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/producer.py");
-    let gateway = format!("http://{address}");
     let started = Instant::now();
     let run = tokio::process::Command::new("python3")
         .arg(&script)
@@ -276,5 +215,5 @@ async fn a_python_producer_publishes_json_to_jetstream_and_reads_its_outcomes_fr
     let path = format!("/v1/resources/{resource}");
     let gone = wait_for(&mut serve, &address, &path, |view| view["state"] == "destroyed").await;
     assert!(gone["terminal_at"].is_u64(), "{gone}");
-    serve.assert_running("at the end");
+    serve.assert_running_while("at the end");
 }

@@ -1,0 +1,206 @@
+//! What the modules share: a spawned process of the `leasehold-e2e` binary (`serve`, `agent run`), its output in
+//! files of the test's directory.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How long a process may take to say where it listens, or to exit once asked to.
+const STEP: Duration = Duration::from_secs(30);
+/// How often a process is looked at again.
+const POLL: Duration = Duration::from_millis(20);
+/// The lines of its log a failing test's message shows (`tail`).
+const TAIL: usize = 40;
+
+/// A process of the `leasehold-e2e` binary, its stdout and stderr in the files `NAME.out` and `NAME.err` of the
+/// test's directory (where it runs). Dropping it kills it if it still runs (its own pid only).
+#[derive(Debug)]
+pub(crate) struct Proc {
+    name: String,
+    child: Child,
+    stdout: PathBuf,
+    stderr: PathBuf,
+    exited: Option<ExitStatus>,
+}
+
+impl Proc {
+    /// Starts `leasehold-e2e ARGS` in `dir` (`RUST_LOG=info`, no colours).
+    pub(crate) fn spawn(dir: &Path, name: &str, args: &[&str]) -> Proc {
+        let (stdout, stderr) = (dir.join(format!("{name}.out")), dir.join(format!("{name}.err")));
+        let child = Command::new(env!("CARGO_BIN_EXE_leasehold-e2e"))
+            .args(args)
+            .current_dir(dir)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(File::create(&stdout).expect("a stdout file"))
+            .stderr(File::create(&stderr).expect("a stderr file"))
+            .spawn()
+            .expect("start leasehold-e2e");
+        Proc { name: name.to_owned(), child, stdout, stderr, exited: None }
+    }
+
+    /// How it exited, once the test saw it exit (killed, or stopped).
+    pub(crate) fn exited(&self) -> Option<ExitStatus> {
+        self.exited
+    }
+
+    /// All it printed so far.
+    pub(crate) fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+
+    /// All it logged so far (stderr), without colours.
+    pub(crate) fn log(&self) -> String {
+        without_colours(&std::fs::read_to_string(&self.stderr).unwrap_or_default())
+    }
+
+    /// Its stdout and the last lines of its log, for a failing test's message.
+    pub(crate) fn tail(&self) -> String {
+        self.report(Some(TAIL))
+    }
+
+    /// Its stdout and its whole log, for a failing test's message.
+    pub(crate) fn output(&self) -> String {
+        self.report(None)
+    }
+
+    fn report(&self, last: Option<usize>) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        let (from, what) = match last {
+            Some(n) => (lines.len().saturating_sub(n), "log (last lines)"),
+            None => (0, "log"),
+        };
+        format!(
+            "--- {} ({:?}) stdout:\n{}--- {} {what}:\n{}\n",
+            self.name,
+            self.exited,
+            self.stdout(),
+            self.name,
+            lines[from..].join("\n")
+        )
+    }
+
+    /// Fails the test, with its stdout and the last lines of its log, unless it still runs.
+    pub(crate) fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().expect("ask whether the process runs") {
+            self.exited = Some(status);
+            panic!("{} exited with {status}\n{}", self.name, self.tail());
+        }
+    }
+
+    /// Fails the test, saying what it was doing and with the whole output, unless it still runs.
+    pub(crate) fn assert_running_while(&mut self, what: &str) {
+        if let Some(status) = self.child.try_wait().expect("ask whether the process runs") {
+            self.exited = Some(status);
+            panic!("{what}: {} exited with {status}\n{}", self.name, self.output());
+        }
+    }
+
+    /// The `http://...` address it printed it listens on (`listening on http://...`).
+    pub(crate) async fn address(&mut self) -> String {
+        let deadline = Instant::now() + STEP;
+        loop {
+            if let Some(address) = self
+                .stdout()
+                .lines()
+                .filter(|l| l.contains("listening on http://"))
+                .find_map(|l| l.split_whitespace().find(|w| w.starts_with("http://")).map(str::to_owned))
+            {
+                return address;
+            }
+            self.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "{} did not say where it listens in {STEP:?}\n{}",
+                self.name,
+                self.tail()
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// SIGKILL (`Child::kill` signals exactly this process), then reaps it.
+    pub(crate) fn kill9(&mut self) {
+        self.assert_running();
+        self.child.kill().expect("kill -9");
+        self.exited = Some(self.child.wait().expect("reap the process"));
+    }
+
+    /// SIGTERM, by its pid.
+    pub(crate) fn signal_term(&mut self) {
+        self.assert_running();
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).stdin(Stdio::null()).status().expect("run kill");
+        assert!(sent.success(), "kill -TERM {pid}: {sent}");
+    }
+
+    /// Waits until it exits (it was asked to), at most [`STEP`]: exit 0, and its stdout has the line saying it
+    /// stopped (`leasehold serve: stopped`, or `agent NAME: stopped` of an `agent run` named as the process).
+    pub(crate) async fn wait_clean_exit(&mut self) {
+        let deadline = Instant::now() + STEP;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("ask whether the process runs") {
+                self.exited = Some(status);
+                break status;
+            }
+            assert!(Instant::now() < deadline, "{} did not stop on SIGTERM in {STEP:?}\n{}", self.name, self.tail());
+            tokio::time::sleep(POLL).await;
+        };
+        assert!(status.success(), "{} exited with {status} on SIGTERM\n{}", self.name, self.tail());
+        let agent_stopped = format!("agent {}: stopped", self.name);
+        assert!(
+            self.stdout().lines().any(|l| l == "leasehold serve: stopped" || l == agent_stopped),
+            "{} did not say it stopped\n{}",
+            self.name,
+            self.tail()
+        );
+    }
+
+    /// SIGTERM, then a clean exit ([`Proc::wait_clean_exit`]).
+    pub(crate) async fn stop_cleanly(&mut self) {
+        self.signal_term();
+        self.wait_clean_exit().await;
+    }
+
+    /// Fails the test if its log says something panicked.
+    pub(crate) fn assert_no_panic(&self) {
+        assert!(!self.log().contains("panicked"), "{}: something panicked\n{}", self.name, self.tail());
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.exited.is_none() && matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The processes' `tail`s, for a failing test's message.
+pub(crate) fn logs<'a>(processes: impl Iterator<Item = &'a Proc>) -> String {
+    processes.map(Proc::tail).collect::<Vec<_>>().join("\n")
+}
+
+/// Log lines without ANSI colour sequences (`ESC [ ... letter`).
+fn without_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
