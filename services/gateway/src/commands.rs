@@ -14,7 +14,7 @@ use leasehold_schemas::codec::{self, MAX_COMMAND_BYTES};
 use leasehold_schemas::ids::CommandId;
 use leasehold_schemas::outcome::CommandSummary;
 use leasehold_schemas::subjects::ingress_subject_of;
-use leasehold_schemas::{CommandClass, Outcome, Rejection};
+use leasehold_schemas::{CommandClass, Envelope, Outcome, Rejection};
 use serde::{Deserialize, Serialize};
 
 use crate::{Api, error, unavailable};
@@ -135,26 +135,11 @@ pub(crate) async fn post<L: Log>(
     // A command id names one command. One already decided is not published again: a retry gets its first decision
     // back; another command under the same id is refused (each partition remembers only its own ids, so the log
     // alone would decide it again in another partition).
-    let summary = CommandSummary::of(&envelope);
     let decided = match api.reader.outcome(&id) {
         Ok(outcomes) => outcomes.into_iter().next(),
         Err(e) => return unavailable("the projection cannot be read", e),
     };
-    let published = match decided {
-        // Another type or key is another command; the same type and key are a retry (the partition that decided it
-        // answers the same way: with its first decision).
-        Some((_, first)) if (&first.command.type_name, &first.command.key) != (&summary.type_name, &summary.key) => {
-            return error(
-                StatusCode::CONFLICT,
-                format!(
-                    "command id {id} names another command ({} for {}, at command sequence {}): a command id is \
-                     chosen once per command; choose a new one",
-                    first.command.type_name,
-                    first.command.key.token(),
-                    first.cmd_seq
-                ),
-            );
-        }
+    let published = match &decided {
         Some((_, first)) => leasehold_log::Published { seq: first.cmd_seq, duplicate: true },
         None => {
             let subject = ingress_subject_of(&envelope.body);
@@ -165,6 +150,13 @@ pub(crate) async fn post<L: Log>(
             }
         }
     };
+    // What the log holds under this id must be this very command: a client sending another command under an id
+    // already used (at once, or later) would otherwise get the other command's decision for its own.
+    if published.duplicate
+        && let Err(response) = same_command(&api, &id, published.seq, &envelope, decided.as_ref().map(|(_, o)| o)).await
+    {
+        return response;
+    }
     tracing::debug!(command = %id, r#type = envelope.type_name(), seq = published.seq, "published");
     let Some(timeout) = query.wait.unwrap_or(false).then_some(timeout) else {
         let mut status = CommandStatus::new(&id, "published", Some(published.seq));
@@ -174,6 +166,49 @@ pub(crate) async fn post<L: Log>(
     let (code, mut status) = wait_for(&api, &id, published.seq, timeout).await;
     status.duplicate = published.duplicate;
     (code, Json(status)).into_response()
+}
+
+/// Refuses (409) when the command stored at `seq` under `id` is not `envelope`'s: another class, type or body (the
+/// issuer and its clock may differ: a client that rebuilt its envelope to send it again). Where the log no longer
+/// holds the command (past its retention), the type and key of its outcome decide.
+async fn same_command<L: Log>(
+    api: &Api<L>,
+    id: &str,
+    seq: u64,
+    envelope: &Envelope,
+    decided: Option<&Outcome>,
+) -> Result<(), Response> {
+    let stored = match api.log.command_at(seq).await {
+        Ok(stored) => stored,
+        Err(e) => return Err(unavailable("the command log cannot be read", e)),
+    };
+    let (same, what) = match (stored, decided) {
+        (Some(record), _) => match codec::decode_command(&record.payload) {
+            Ok(stored) => (
+                stored.class == envelope.class && stored.body == envelope.body,
+                format!("{} for {}", stored.type_name(), stored.body.key().token()),
+            ),
+            Err(_) => (false, "a payload that does not decode".to_owned()),
+        },
+        (None, Some(outcome)) => {
+            let summary = CommandSummary::of(envelope);
+            (
+                (&outcome.command.type_name, &outcome.command.key) == (&summary.type_name, &summary.key),
+                format!("{} for {}", outcome.command.type_name, outcome.command.key.token()),
+            )
+        }
+        (None, None) => return Ok(()),
+    };
+    if same {
+        return Ok(());
+    }
+    Err(error(
+        StatusCode::CONFLICT,
+        format!(
+            "command id {id} names another command ({what}, stored at command sequence {seq}): a command id is chosen \
+             once per command; choose a new one"
+        ),
+    ))
 }
 
 fn wait_time<L: Log>(api: &Api<L>, asked: Option<&str>) -> Result<Duration, Response> {

@@ -23,7 +23,7 @@ use leasehold_schemas::command::{Acquire, Allocate, ExpireLease, Heartbeat, Regi
 use leasehold_schemas::ids::{AgentName, CommandId, Issuer, LeaseId, Position, ResourceId, Timestamp};
 use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::subjects::ingress_subject_of;
-use leasehold_schemas::{Envelope, Uuid};
+use leasehold_schemas::{Command, Envelope, Uuid};
 use leasehold_worker::WorkerConfig;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
@@ -769,6 +769,34 @@ async fn a_command_id_reused_for_another_command_is_refused() {
     let (status, queried) = gw.get(&format!("/v1/commands/{id}")).await;
     assert_eq!(status, StatusCode::OK, "{queried}");
     assert_eq!(queried["outcomes"], decided["outcomes"], "the first decision stands");
+
+    // The same type for the same agent but another body (another resource) is another command too.
+    let mut other_target = allocate("w1");
+    other_target.command_id = first.command_id;
+    gw.refused(
+        "a reused command id for another resource of the same agent",
+        &format!("{POST}?wait=true"),
+        Some("application/json"),
+        text(&other_target).into_bytes(),
+        StatusCode::CONFLICT,
+        &[&id, "op.allocate for w1", "choose a new one"],
+    )
+    .await;
+
+    // Two different commands under one fresh id, posted at once: the log keeps one; the other is told so (409),
+    // never answered with the first's decision.
+    let (mut left, mut right) = (allocate("w1"), allocate("w2"));
+    right.command_id = left.command_id;
+    left.issued_at = right.issued_at;
+    let uri = format!("{POST}?wait=true&timeout=20s");
+    let ((a, a_answer), (b, b_answer)) = tokio::join!(gw.post(&uri, text(&left)), gw.post(&uri, text(&right)));
+    let mut codes = [a, b];
+    codes.sort();
+    assert_eq!(codes, [StatusCode::OK, StatusCode::CONFLICT], "{a_answer} / {b_answer}");
+    let (winner, won) = if a == StatusCode::OK { (&left, &a_answer) } else { (&right, &b_answer) };
+    let allocated = &first_effect(won)["resource-allocated"]["resource"];
+    let Command::Allocate(body) = &winner.body else { unreachable!("an allocation") };
+    assert_eq!(allocated, &json!(body.resource.to_string()), "the winner got its own decision: {won}");
 
     // The same command with a later issuer time (a client that rebuilt its envelope) is a retry: answered, not stored.
     let mut again = first.clone();
