@@ -50,6 +50,12 @@ const OUTCOMES: TableDefinition<(&str, u64, u32), (u64, &str)> = TableDefinition
 /// ("resources" | "leases", state) -> how many records are in that state (for metrics).
 const COUNTS: TableDefinition<(&str, &str), u64> = TableDefinition::new("counts");
 
+/// The layout of the read models. A projection of another layout (made by another build) is dropped when opened
+/// and folded again from sequence 1: the log is the truth, the projection a cache of it.
+pub const PROJECTION_VERSION: u64 = 2;
+/// The outcomes table of layout 1, keyed without the command sequence: dropped with the rest.
+const OUTCOMES_V1: TableDefinition<(&str, u32), (u64, &str)> = TableDefinition::new("outcomes");
+
 /// The file in the data directory.
 pub const FILE_NAME: &str = "projection.redb";
 /// The most outcomes written in one transaction.
@@ -139,7 +145,22 @@ impl Projector {
                 }
                 Some(_) => {}
             }
-            let applied = meta.get("applied").map_err(storage)?.map_or(0, |v| v.value());
+            let mut applied = meta.get("applied").map_err(storage)?.map_or(0, |v| v.value());
+            let version = meta.get("version").map_err(storage)?.map(|v| v.value());
+            if version != Some(PROJECTION_VERSION) {
+                if applied > 0 || version.is_some() {
+                    tracing::warn!(
+                        found = ?version,
+                        wanted = PROJECTION_VERSION,
+                        "the projection was made by another build: dropping it, it is folded again from sequence 1"
+                    );
+                }
+                drop(meta);
+                drop_tables(&txn)?;
+                meta = txn.open_table(META).map_err(storage)?;
+                meta.insert("version", PROJECTION_VERSION).map_err(storage)?;
+                applied = 0;
+            }
             let chain_table = txn.open_table(CHAIN).map_err(storage)?;
             let chain = chain_table
                 .iter()
@@ -319,17 +340,7 @@ impl Projector {
     /// Drops every read model; the next catch-up or run folds the log again from sequence 1.
     pub fn drop_all(&mut self) -> Result<(), Error> {
         let txn = self.db.begin_write().map_err(storage)?;
-        for table in [RESOURCES, LEASES, AGENTS, POOLS] {
-            txn.delete_table(table).map_err(storage)?;
-        }
-        for table in [RESOURCES_BY_AGENT, RESOURCES_BY_STATE, LEASES_BY_RESOURCE] {
-            txn.delete_table(table).map_err(storage)?;
-        }
-        txn.delete_table(HOLDERS).map_err(storage)?;
-        txn.delete_table(OUTCOMES).map_err(storage)?;
-        txn.delete_table(CHAIN).map_err(storage)?;
-        txn.delete_table(COUNTS).map_err(storage)?;
-        txn.open_table(META).map_err(storage)?.insert("applied", 0).map_err(storage)?;
+        drop_tables(&txn)?;
         create_tables(&txn)?;
         txn.commit().map_err(storage)?;
         self.states = (0..self.partitions).map(|p| (p, PartitionState::new(p, self.partitions))).collect();
@@ -350,6 +361,23 @@ impl Projector {
     pub fn states(&self) -> &BTreeMap<u32, PartitionState> {
         &self.states
     }
+}
+
+/// Deletes every read model and sets the applied sequence to 0 (the partition count and the layout stay).
+fn drop_tables(txn: &redb::WriteTransaction) -> Result<(), Error> {
+    for table in [RESOURCES, LEASES, AGENTS, POOLS] {
+        txn.delete_table(table).map_err(storage)?;
+    }
+    for table in [RESOURCES_BY_AGENT, RESOURCES_BY_STATE, LEASES_BY_RESOURCE] {
+        txn.delete_table(table).map_err(storage)?;
+    }
+    txn.delete_table(HOLDERS).map_err(storage)?;
+    txn.delete_table(OUTCOMES).map_err(storage)?;
+    txn.delete_table(OUTCOMES_V1).map_err(storage)?;
+    txn.delete_table(CHAIN).map_err(storage)?;
+    txn.delete_table(COUNTS).map_err(storage)?;
+    txn.open_table(META).map_err(storage)?.insert("applied", 0).map_err(storage)?;
+    Ok(())
 }
 
 fn create_tables(txn: &redb::WriteTransaction) -> Result<(), Error> {

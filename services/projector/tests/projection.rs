@@ -313,3 +313,30 @@ async fn a_broken_chain_or_an_undecodable_outcome_stops_the_projector() {
     assert_eq!(projector.applied(), 1);
     assert_eq!(projector.reader().agents().unwrap()[0].name, "w1");
 }
+
+/// A projection made by another build (another layout of the read models) is dropped when opened, and folded again
+/// from sequence 1; the partition count stays checked.
+#[test]
+fn a_projection_of_another_layout_is_dropped_and_folded_again() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = redb::Database::create(dir.path().join(leasehold_projector::FILE_NAME)).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut meta = txn.open_table(redb::TableDefinition::<&str, u64>::new("meta")).unwrap();
+            meta.insert("partitions", u64::from(PARTITIONS)).unwrap();
+            meta.insert("applied", 42).unwrap();
+            let mut old = txn.open_table(redb::TableDefinition::<(&str, u32), (u64, &str)>::new("outcomes")).unwrap();
+            old.insert(("a-command", 0), (7, "{}")).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let projector = Projector::open(dir.path(), PARTITIONS).unwrap();
+    assert_eq!(projector.applied(), 0, "layout 1 (no version) is folded again from sequence 1");
+    drop(projector);
+    let projector = Projector::open(dir.path(), PARTITIONS).unwrap();
+    assert_eq!(projector.applied(), 0);
+    drop(projector);
+    let err = Projector::open(dir.path(), PARTITIONS + 1).unwrap_err().to_string();
+    assert!(err.contains("partitions"), "{err}");
+}
