@@ -17,13 +17,15 @@ pub const OWNER_FILE: &str = ".leasehold-agent";
 
 /// Resources as directories under `root` (made when first needed). Only directories whose names are canonical
 /// resource ids are handles; other files and directories are left alone. One root is one agent's: [`Driver::open`]
-/// writes the agent's name in `.leasehold-agent` and holds an exclusive lock on it, so two agents (or two processes
-/// of one) never share a root, where each would destroy the other's directories as unknown.
+/// holds an exclusive lock on the root directory itself and writes the agent's name in `.leasehold-agent`, so two
+/// agents (or two processes of one) never share a root, where each would destroy the other's directories as
+/// unknown. Once opened, a listing is refused (nothing reported, nothing destroyed) while the root is gone or its
+/// `.leasehold-agent` does not name this agent: a root replaced or taken over behind the agent's back is not its.
 #[derive(Debug, Clone)]
 pub struct DirDriver {
     root: PathBuf,
-    /// The locked owner file, once opened.
-    owner: Arc<Mutex<Option<std::fs::File>>>,
+    /// The locked root and the agent it was opened for.
+    owner: Arc<Mutex<Option<(std::fs::File, AgentName)>>>,
 }
 
 impl DirDriver {
@@ -41,22 +43,27 @@ impl DirDriver {
             return refuse(format!("the root {} is not a directory", root.display()));
         }
         let path = root.join(OWNER_FILE);
+        // The lock is on the directory itself: deleting or replacing the owner file does not free it.
+        let locked = match std::fs::File::open(root) {
+            Ok(locked) => locked,
+            Err(e) => return refuse(format!("cannot open the root {}: {e}", root.display())),
+        };
+        match locked.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return refuse(format!(
+                    "{} is in use by another agent process (named in {}): one root per agent",
+                    root.display(),
+                    path.display()
+                ));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return refuse(format!("cannot lock {}: {e}", root.display())),
+        }
         let mut file = match std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path)
         {
             Ok(file) => file,
             Err(e) => return refuse(format!("cannot open {}: {e}", path.display())),
         };
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return refuse(format!(
-                    "{} is in use by another agent process (see {}): one root per agent",
-                    root.display(),
-                    path.display()
-                ));
-            }
-            Err(std::fs::TryLockError::Error(e)) => return refuse(format!("cannot lock {}: {e}", path.display())),
-        }
         let mut named = String::new();
         if let Err(e) = file.read_to_string(&mut named) {
             return refuse(format!("cannot read {}: {e}", path.display()));
@@ -64,7 +71,9 @@ impl DirDriver {
         let named = named.trim();
         if !named.is_empty() && named != agent.as_str() {
             return refuse(format!(
-                "{} holds the resources of agent {named} (see {}), not of {agent}: one root per agent",
+                "{} holds the resources of agent {named} (see {}), not of {agent}: one root per agent (to give a \
+                 machine's root to another agent name, retire the old agent, let it release what it holds, then \
+                 remove {OWNER_FILE})",
                 root.display(),
                 path.display()
             ));
@@ -75,8 +84,29 @@ impl DirDriver {
                 return refuse(format!("cannot write {}: {e}", path.display()));
             }
         }
-        *self.owner.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(file);
+        *self.owner.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((locked, agent.clone()));
         Ok(())
+    }
+
+    /// Once opened: the root must still be there and still name this agent.
+    async fn check_owner(&self) -> Result<(), DriverError> {
+        let agent = match &*self.owner.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
+            Some((_, agent)) => agent.clone(),
+            None => return Ok(()),
+        };
+        let path = self.root.join(OWNER_FILE);
+        let refuse = |why: String| {
+            Err(DriverError::Transient(format!("{why}: nothing is listed, reported or destroyed until it is back")))
+        };
+        match tokio::fs::read_to_string(&path).await {
+            Ok(named) if named.trim() == agent.as_str() => Ok(()),
+            Ok(named) => refuse(format!("{} names agent {:?}, not {agent}", path.display(), named.trim())),
+            Err(e) => refuse(format!(
+                "the root {} is not agent {agent}'s any more ({}: {e})",
+                self.root.display(),
+                path.display()
+            )),
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -128,6 +158,7 @@ impl Driver for DirDriver {
     }
 
     async fn list(&self) -> Result<Vec<ResourceId>, DriverError> {
+        self.check_owner().await?;
         let failed = |e: io::Error| DriverError::Transient(format!("cannot list {}: {e}", self.root.display()));
         tokio::fs::create_dir_all(&self.root).await.map_err(failed)?;
         let mut entries = tokio::fs::read_dir(&self.root).await.map_err(failed)?;
@@ -201,8 +232,26 @@ mod tests {
         drop(first);
         let err = DirDriver::new(&root).open(&w2).await.unwrap_err().to_string();
         assert!(err.contains("holds the resources of agent w1") && err.contains("not of w2"), "{err}");
-        DirDriver::new(&root).open(&w1).await.expect("the same agent again, once the first process let go");
-        assert_eq!(DirDriver::new(&root).list().await.unwrap(), vec![], "the owner file is no handle");
+        let again = DirDriver::new(&root);
+        again.open(&w1).await.expect("the same agent again, once the first process let go");
+        assert_eq!(again.list().await.unwrap(), vec![], "the owner file is no handle");
+        // Deleting the owner file neither frees the root (the lock is on the directory) nor lets the agent list it.
+        std::fs::remove_file(root.join(OWNER_FILE)).unwrap();
+        let err = DirDriver::new(&root).open(&w2).await.unwrap_err().to_string();
+        assert!(err.contains("in use by another agent process"), "{err}");
+        let err = again.list().await.unwrap_err().to_string();
+        assert!(err.contains("not agent w1's any more") && err.contains("nothing is listed"), "{err}");
+        std::fs::write(root.join(OWNER_FILE), "w2\n").unwrap();
+        let err = again.list().await.unwrap_err().to_string();
+        assert!(err.contains("names agent \"w2\", not w1"), "{err}");
+        std::fs::write(root.join(OWNER_FILE), "w1\n").unwrap();
+        assert_eq!(again.list().await.unwrap(), vec![], "back to its agent: listed again");
+        // A root moved away and made again (an unmounted disk) is not the agent's: refused, never read as empty.
+        std::fs::rename(&root, tmp.path().join("moved")).unwrap();
+        std::fs::create_dir(&root).unwrap();
+        let err = again.list().await.unwrap_err().to_string();
+        assert!(err.contains("not agent w1's any more"), "{err}");
+        drop(again);
 
         let file = tmp.path().join("a-file");
         std::fs::write(&file, "not a directory").unwrap();

@@ -290,7 +290,7 @@ impl<'o> Demo<'o> {
         self.summary.garbage_destroyed = true;
         writeln!(self.out, "   the agent removed {}", timeline::short(stray))?;
 
-        self.chapter("six more volumes on w1; then its driver suddenly lists nothing (a disk not mounted)")?;
+        self.chapter("six more volumes on w1; then its driver suddenly lists nothing (a flaky driver)")?;
         let mut volumes = Vec::new();
         for _ in 0..6 {
             volumes.push(self.allocate("w1", "volume").await?);
@@ -300,9 +300,9 @@ impl<'o> Demo<'o> {
         }
         self.print_through(self.latest().await?).await?;
         let root = self.services.agents[0].root.clone();
-        let away = root.with_extension("unmounted");
-        std::fs::rename(&root, &away).context("moving w1's directory away")?;
-        writeln!(self.out, "   (mv {} {})", root.display(), away.display())?;
+        let away = root.with_extension("hidden");
+        let hidden = move_handles(&root, &away).context("moving w1's directories away")?;
+        writeln!(self.out, "   (mv {}/<{hidden} resource directories> {}/)", root.display(), away.display())?;
         self.services.agents[0].control.sync_now();
         self.until_agent("w1", "suspect").await?;
         self.summary.breaker_tripped = true;
@@ -313,9 +313,9 @@ impl<'o> Demo<'o> {
         self.summary.nothing_lost_by_breaker = still_active;
         self.print_through(self.latest().await?).await?;
 
-        self.chapter("the disk is back: the next report shows the handles again, the breaker clears")?;
-        std::fs::rename(&away, &root).context("moving w1's directory back")?;
-        writeln!(self.out, "   (mv {} {})", away.display(), root.display())?;
+        self.chapter("the driver sees them again: the next report shows the handles, the breaker clears")?;
+        move_handles(&away, &root).context("moving w1's directories back")?;
+        writeln!(self.out, "   (mv {}/* {}/)", away.display(), root.display())?;
         self.services.agents[0].control.sync_now();
         self.until_agent("w1", "live").await?;
         self.print_through(self.latest().await?).await?;
@@ -478,6 +478,20 @@ impl<'o> Demo<'o> {
         writeln!(self.out, "   ({} {})", dir.display(), if dir.is_dir() { "exists" } else { "is MISSING" })?;
         Ok(())
     }
+}
+
+/// Moves the resource directories (named by resource ids) of `from` into `to`; how many.
+fn move_handles(from: &Path, to: &Path) -> anyhow::Result<usize> {
+    std::fs::create_dir_all(to)?;
+    let mut moved = 0;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        if entry.file_name().to_str().is_some_and(|name| name.parse::<ResourceId>().is_ok()) {
+            std::fs::rename(entry.path(), to.join(entry.file_name()))?;
+            moved += 1;
+        }
+    }
+    Ok(moved)
 }
 
 async fn agent_view(gateway: &Gateway, name: &str) -> anyhow::Result<Option<AgentView>> {
