@@ -501,13 +501,13 @@ impl Embedded {
     }
 }
 
-/// Runs a write (a durable commit waits for the disk) where it does not hold up other tasks: on a multi-threaded
-/// runtime the thread hands its other tasks over while it blocks; on a single-threaded one (the simulation, with
-/// paused time) it runs in place.
-fn blocking<T>(write: impl FnOnce() -> T) -> T {
+/// Runs a write (a durable commit waits for the disk) or a read (many readers replaying a long history) where it
+/// does not hold up other tasks: on a multi-threaded runtime the thread hands its other tasks over while it blocks;
+/// on a single-threaded one (the simulation, with paused time) it runs in place.
+fn blocking<T>(work: impl FnOnce() -> T) -> T {
     let multi_thread = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if multi_thread { tokio::task::block_in_place(write) } else { write() }
+    if multi_thread { tokio::task::block_in_place(work) } else { work() }
 }
 
 impl Log for Embedded {
@@ -522,11 +522,11 @@ impl Log for Embedded {
     }
 
     async fn read_commands(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
-        self.read_commands_blocking(partition, after, max)
+        blocking(|| self.read_commands_blocking(partition, after, max))
     }
 
     async fn command_at(&self, seq: u64) -> Result<Option<CommandRecord>, Error> {
-        self.command_at_blocking(seq)
+        blocking(|| self.command_at_blocking(seq))
     }
 
     async fn last_command_seq(&self) -> Result<u64, Error> {
@@ -546,7 +546,7 @@ impl Log for Embedded {
     }
 
     async fn read_outcomes(&self, filter: &OutcomeFilter, from: u64, max: usize) -> Result<Vec<StoredOutcome>, Error> {
-        self.read_outcomes_blocking(filter, from, max)
+        blocking(|| self.read_outcomes_blocking(filter, from, max))
     }
 
     fn follow(&self, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {
@@ -554,7 +554,7 @@ impl Log for Embedded {
         let changes = self.inner.outcomes.subscribe();
         crate::follow::by_polling(filter, from, changes, move |filter, from| {
             let log = log.clone();
-            async move { log.read_outcomes_blocking(&filter, from, 256) }
+            async move { blocking(|| log.read_outcomes_blocking(&filter, from, 256)) }
         })
     }
 
@@ -563,7 +563,7 @@ impl Log for Embedded {
     }
 
     async fn read_dead_letters(&self, from: u64, max: usize) -> Result<Vec<(u64, DeadLetter)>, Error> {
-        self.read_dead_letters_blocking(from, max)
+        blocking(|| self.read_dead_letters_blocking(from, max))
     }
 
     async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), Error> {
@@ -571,7 +571,7 @@ impl Log for Embedded {
     }
 
     async fn latest_snapshot(&self, partition: u32) -> Result<Option<Snapshot>, Error> {
-        self.latest_snapshot_blocking(partition)
+        blocking(|| self.latest_snapshot_blocking(partition))
     }
 
     async fn workers(&self, worker: &str, alive: bool) -> Result<Vec<String>, Error> {
