@@ -19,19 +19,24 @@ pub(crate) fn parse_agent(spec: &str) -> anyhow::Result<(AgentName, AnyDriver)> 
     Ok((name, driver))
 }
 
-/// Starts the agents `serve` was given, each until `shutdown`.
-pub(crate) fn spawn_all<L: Log>(
-    tasks: &mut tokio::task::JoinSet<anyhow::Result<()>>,
-    log: &L,
-    specs: &[String],
-    sync_interval: Duration,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
+/// The agents `serve` was given, checked before anything starts: each spec, and each name once.
+pub(crate) fn parse_all(specs: &[String]) -> anyhow::Result<Vec<(AgentName, AnyDriver)>> {
     let mut seen = std::collections::BTreeSet::new();
     let agents = specs.iter().map(|spec| parse_agent(spec)).collect::<anyhow::Result<Vec<_>>>()?;
     for (name, _) in &agents {
         anyhow::ensure!(seen.insert(name.clone()), "--agent {name} is given twice: one process per agent");
     }
+    Ok(agents)
+}
+
+/// Starts `agents`, each until `shutdown`.
+pub(crate) fn spawn_all<L: Log>(
+    tasks: &mut tokio::task::JoinSet<anyhow::Result<()>>,
+    log: &L,
+    agents: Vec<(AgentName, AnyDriver)>,
+    sync_interval: Duration,
+    shutdown: &CancellationToken,
+) {
     for (name, driver) in agents {
         println!("agent {name}: {driver}, reporting every {}", humantime::format_duration(sync_interval));
         let config = AgentConfig { sync_interval, ..AgentConfig::new(name.clone()) };
@@ -40,7 +45,6 @@ pub(crate) fn spawn_all<L: Log>(
             leasehold_agent::run(log, driver, config, shutdown).await.with_context(|| format!("agent {name} stopped"))
         });
     }
-    Ok(())
 }
 
 #[derive(Debug, clap::Args)]

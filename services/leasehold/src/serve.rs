@@ -60,6 +60,8 @@ pub(crate) struct ServeArgs {
 }
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
+    // What can be refused is refused before anything is opened or created.
+    check(&args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();
@@ -103,13 +105,18 @@ fn roles(roles: &[Role]) -> String {
     roles.iter().map(|r| role_name(*r)).collect::<Vec<_>>().join(",")
 }
 
-async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let name = args.name.clone().unwrap_or_else(default_name);
+fn check(args: &ServeArgs) -> anyhow::Result<Vec<(leasehold_schemas::ids::AgentName, leasehold_agent::AnyDriver)>> {
     if args.roles.contains(&Role::Gateway) && !args.roles.contains(&Role::Projector) {
         anyhow::bail!(
             "the gateway serves the read models of the projector in the same process: run --roles gateway,projector"
         );
     }
+    crate::agents::parse_all(&args.agents)
+}
+
+async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let name = args.name.clone().unwrap_or_else(default_name);
+    let agents = check(args)?;
     let mut registry = prometheus_client::registry::Registry::default();
     let failures = leasehold_gateway::Failures::default();
     let mut tasks = tokio::task::JoinSet::new();
@@ -181,7 +188,7 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
         let (log, shutdown) = (log.clone(), shutdown.clone());
         tasks.spawn(async move { project(projector, log, shutdown).await });
     }
-    crate::agents::spawn_all(&mut tasks, &log, &args.agents, args.sync_interval, &shutdown)?;
+    crate::agents::spawn_all(&mut tasks, &log, agents, args.sync_interval, &shutdown);
     // A role or an agent that stops on an error leaves the others running (a projector stopped on a broken chain
     // must not take the writers down), but the process says so: on stderr, and on /healthz, which answers 503.
     let mut result = Ok(());
