@@ -284,12 +284,23 @@ async fn wait_for<L: Log>(api: &Api<L>, id: &str, seq: u64, timeout: Duration) -
 async fn status_of<L: Log>(api: &Api<L>, id: &str, seq: Option<u64>) -> Result<Option<CommandStatus>, String> {
     let outcomes = api.reader.outcome(id).map_err(|e| format!("the projection cannot be read: {e}"))?;
     let first_seq = outcomes.first().map(|(_, o)| o.cmd_seq);
+    let mut decisions: Vec<u64> = outcomes.iter().map(|(_, o)| o.cmd_seq).collect();
+    decisions.dedup();
     let ours: Vec<_> = outcomes.into_iter().filter(|(_, o)| Some(o.cmd_seq) == seq.or(first_seq)).collect();
     if let Some((_, first)) = ours.first() {
         let rejection = first.rejection().cloned();
         let status = if rejection.is_some() { "rejected" } else { "accepted" };
         let mut answer = CommandStatus::new(id, status, Some(first.cmd_seq));
         answer.rejection = rejection;
+        if decisions.len() > 1 {
+            // Only a producer that reused an id on NATS, past the gateway, gets here: say so, never hide one.
+            answer.detail = Some(format!(
+                "command id {id} was used for {} commands, decided at command sequences {decisions:?}: this is the \
+                 one at {}; ask GET /v1/commands/{id}?seq=N for another",
+                decisions.len(),
+                first.cmd_seq
+            ));
+        }
         answer.outcomes = ours.into_iter().map(|(seq, outcome)| PositionedOutcome { seq, outcome }).collect();
         return Ok(Some(answer));
     }
@@ -307,11 +318,26 @@ async fn status_of<L: Log>(api: &Api<L>, id: &str, seq: Option<u64>) -> Result<O
 }
 
 /// The outcome of a command, or its dead letter.
-pub(crate) async fn get<L: Log>(State(api): State<Arc<Api<L>>>, Path(id): Path<String>) -> Response {
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GetQuery {
+    /// The command sequence of the decision wanted, for an id used for several commands.
+    seq: Option<u64>,
+}
+
+pub(crate) async fn get<L: Log>(
+    State(api): State<Arc<Api<L>>>,
+    Path(id): Path<String>,
+    query: Result<Query<GetQuery>, QueryRejection>,
+) -> Response {
+    let Query(query) = match query {
+        Ok(query) => query,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad query: {}", e.body_text())),
+    };
     if let Err(e) = id.parse::<CommandId>() {
         return error(StatusCode::BAD_REQUEST, format!("{id:?} is not a command id: {e}"));
     }
-    match status_of(&api, &id, None).await {
+    match status_of(&api, &id, query.seq).await {
         Ok(Some(status)) => Json(status).into_response(),
         Ok(None) => error(
             StatusCode::NOT_FOUND,

@@ -798,6 +798,31 @@ async fn a_command_id_reused_for_another_command_is_refused() {
     let Command::Allocate(body) = &winner.body else { unreachable!("an allocation") };
     assert_eq!(allocated, &json!(body.resource.to_string()), "the winner got its own decision: {won}");
 
+    // Past the gateway (a producer on NATS with its own message ids), the reused id is decided in the other partition
+    // too: the query by id names both decisions, and each can be asked for.
+    let mut past = allocate("w2");
+    past.command_id = first.command_id;
+    let stored = gw
+        .log
+        .publish_command(&ingress_subject_of(&past.body), "another-message-id", text(&past).into_bytes().into())
+        .await
+        .expect("publish past the gateway");
+    let deadline = Instant::now() + DEADLINE;
+    let both = loop {
+        let (status, answer) = gw.get(&format!("/v1/commands/{id}")).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        if answer["detail"].as_str().is_some_and(|d| d.contains("was used for 2 commands")) {
+            break answer;
+        }
+        assert!(Instant::now() < deadline, "the second decision never showed: {answer}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    assert_eq!(both["outcomes"], decided["outcomes"], "the first decision first: {both}");
+    let (status, second) = gw.get(&format!("/v1/commands/{id}?seq={}", stored.seq)).await;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    assert_eq!(second["command_seq"], stored.seq);
+    assert_eq!(second["outcomes"][0]["outcome"]["command"]["key"], "w2", "{second}");
+
     // The same command with a later issuer time (a client that rebuilt its envelope) is a retry: answered, not stored.
     let mut again = first.clone();
     again.issued_at = Timestamp(first.issued_at.0 + 1000);
