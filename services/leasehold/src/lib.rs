@@ -137,11 +137,14 @@ enum DlqCmd {
 }
 
 /// Runs the command line of this process and exits: 0, or the error and its causes on stderr (one line each, no
-/// backtrace: a rejected command is an answer, not a crash) and the exit status of [`EXIT_STATUS_HELP`].
+/// backtrace: a rejected command is an answer, not a crash) and the exit status of [`EXIT_STATUS_HELP`]. With
+/// `--output json`, a producer or query command that failed before it printed anything prints `{"error": ...}` (and
+/// what it knows: the command id, the reference) on stdout too.
 pub fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
+            output::emit_error(&e);
             eprintln!("error: {e}");
             for cause in e.chain().skip(1) {
                 eprintln!("  caused by: {cause}");
@@ -205,11 +208,13 @@ fn run() -> anyhow::Result<()> {
 
 /// A producer command, on a runtime of its own.
 fn produce_cmd(command: produce::ProduceCmd, global: &GlobalArgs) -> anyhow::Result<()> {
+    output::errors_as(global.output);
     client_runtime()?.block_on(produce::run(command, global))
 }
 
 /// A query command, on a runtime of its own.
 fn query_cmd(command: query::QueryCmd, global: &GlobalArgs) -> anyhow::Result<()> {
+    output::errors_as(global.output);
     client_runtime()?.block_on(query::run(command, global))
 }
 

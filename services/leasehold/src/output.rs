@@ -1,6 +1,9 @@
 //! How the command line prints: plain aligned columns for people, one JSON value on stdout for programs.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use leasehold_schemas::{Outcome, Timestamp};
 use serde::Serialize;
@@ -68,10 +71,50 @@ pub(crate) fn fields(pairs: &[(&str, String)]) -> String {
     out
 }
 
+/// Whether anything was printed on stdout (with [`emit`]).
+static EMITTED: AtomicBool = AtomicBool::new(false);
+/// Whether a failure prints a JSON error on stdout (`--output json` of a producer or query command).
+static JSON_ERRORS: AtomicBool = AtomicBool::new(false);
+/// What the command line knows of what it is doing (`command_id`, `ref`, `lease`), for a JSON error.
+static KNOWN: Mutex<BTreeMap<&'static str, String>> = Mutex::new(BTreeMap::new());
+
+/// A producer or query command runs with `format`: with JSON, a failure that printed nothing yet prints one JSON
+/// error (see [`emit_error`]).
+pub(crate) fn errors_as(format: OutputFormat) {
+    JSON_ERRORS.store(format == OutputFormat::Json, Ordering::Relaxed);
+}
+
+/// Notes a fact a JSON error carries: the command id chosen, the reference of what it makes.
+pub(crate) fn know(field: &'static str, value: impl ToString) {
+    KNOWN.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(field, value.to_string());
+}
+
+/// `{"error": <message>, ...what is known}`
+pub(crate) fn error_value(message: &str) -> serde_json::Value {
+    let mut map = serde_json::Map::new();
+    map.insert("error".to_owned(), message.into());
+    for (field, value) in KNOWN.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter() {
+        map.insert((*field).to_owned(), value.clone().into());
+    }
+    serde_json::Value::Object(map)
+}
+
+/// With `--output json`, a failure that printed nothing on stdout prints `{"error": ..., ...what is known}` there
+/// (the message goes on stderr as well), so that stdout holds one JSON value on every exit path.
+pub(crate) fn emit_error(error: &anyhow::Error) {
+    if JSON_ERRORS.load(Ordering::Relaxed) && !EMITTED.load(Ordering::Relaxed) {
+        let value = error_value(&format!("{error:#}"));
+        if let Ok(text) = json(&value) {
+            emit(&text);
+        }
+    }
+}
+
 /// Writes `text` to stdout. A closed stdout (`leasehold watch | head`) ends the process quietly, as other command
 /// line tools do.
 pub(crate) fn emit(text: &str) {
     use std::io::Write as _;
+    EMITTED.store(true, Ordering::Relaxed);
     let mut stdout = std::io::stdout().lock();
     if let Err(e) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -189,6 +232,14 @@ mod tests {
         assert_eq!(effect(&released), r#"lease-released {"lease":"019b76da-9860-7333-b333-333333333333"}"#);
         let recovered: leasehold_schemas::Effect = serde_json::from_str(r#"{"agent-recovered": {}}"#).unwrap();
         assert_eq!(effect(&recovered), "agent-recovered");
+    }
+
+    #[test]
+    fn an_error_carries_what_is_known() {
+        know("command_id", "019b76da-abe8-7001-8000-000000000001");
+        let value = error_value("the gateway refused it");
+        assert_eq!(value["error"], "the gateway refused it");
+        assert_eq!(value["command_id"], "019b76da-abe8-7001-8000-000000000001");
     }
 
     #[test]

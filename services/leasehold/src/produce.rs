@@ -410,18 +410,24 @@ impl Transport {
     }
 }
 
-fn key_filter(log: &JetStream, key: &Key) -> OutcomeFilter {
+fn key_filter(log: &impl Log, key: &Key) -> OutcomeFilter {
     let partition = leasehold_schemas::subjects::partition_of_key(key, log.partitions());
     OutcomeFilter::Key { partition, key: key.token() }
 }
 
-/// Publishes `envelope` to JetStream and follows its key's outcomes until the one for its command id (every part).
-async fn submit_to_log(log: &JetStream, envelope: &Envelope, timeout: Duration) -> anyhow::Result<CommandStatus> {
+/// How many outcomes one read of a key's history takes.
+const HISTORY_BATCH: usize = 1000;
+
+/// Publishes `envelope` to the log and waits for the outcome of its command id (every part), as the gateway does:
+/// a command id names one command (another command under an id the log holds is refused), and a command decided
+/// before is answered with its first decision (the writer decides an id once: it appends nothing for a copy sent
+/// again, even after the log's duplicate window).
+async fn submit_to_log<L: Log>(log: &L, envelope: &Envelope, timeout: Duration) -> anyhow::Result<CommandStatus> {
     let command_id = envelope.command_id.to_string();
     let key = envelope.body.key();
     let filter = key_filter(log, &key);
+    // Read before publishing: an outcome after this is followed, one up to it is looked for in the key's history.
     let OutcomeFilter::Key { partition, .. } = filter else { unreachable!("a key filter") };
-    // Read before publishing: the outcome lands after this, so following from here cannot miss it.
     let before = log.last_outcome_seq(partition).await.context("reading where the outcomes are")?;
     let payload = leasehold_schemas::codec::encode_command(envelope).context("encoding the command")?;
     let subject = leasehold_schemas::subjects::ingress_subject_of(&envelope.body);
@@ -436,8 +442,6 @@ async fn submit_to_log(log: &JetStream, envelope: &Envelope, timeout: Duration) 
             return Err(OutcomeUnknown::new(envelope, format!("publishing on {subject}: {e}"), None).into());
         }
     };
-    // A duplicate was stored earlier: its outcome may be anywhere in the key's history.
-    let from = if published.duplicate { 1 } else { before + 1 };
     let mut status = CommandStatus {
         command_id: command_id.clone(),
         status: "pending".to_owned(),
@@ -447,33 +451,169 @@ async fn submit_to_log(log: &JetStream, envelope: &Envelope, timeout: Duration) 
         outcomes: Vec::new(),
         dead_letter: None,
     };
-    let mut outcomes = log.follow(filter, from);
+    let unknown = |why: String, status: &CommandStatus| -> anyhow::Error {
+        OutcomeUnknown::new(envelope, why, Some(status.clone())).into()
+    };
+    // A duplicate: what the log holds under this id must be this very command.
+    if published.duplicate {
+        same_command(log, envelope, published.seq, None).await.map_err(|e| e.into_error(&status, &unknown))?;
+    }
+    // The decision may be there already: the first copy's (a duplicate), or the same command's decided when it was
+    // sent before the duplicate window (another command sequence: the writer appends nothing for this copy).
+    let mut decided: Option<u64> = None;
+    let mut from = 1;
+    while from <= before {
+        let batch = match log.read_outcomes(&filter, from, HISTORY_BATCH).await {
+            Ok(batch) => batch,
+            Err(e) => return Err(unknown(format!("reading the outcomes of {}: {e}", key.token()), &status)),
+        };
+        let Some(last) = batch.last() else { break };
+        from = last.seq + 1;
+        for stored in batch.into_iter().filter(|stored| stored.cmd_id == command_id && stored.seq <= before) {
+            // The outcome of the copy just published wins over an earlier decision of the same id.
+            if decided.is_some_and(|seq| seq != stored.cmd_seq) && stored.cmd_seq == published.seq {
+                status.outcomes.clear();
+                status.rejection = None;
+                decided = None;
+            }
+            if decided.is_none_or(|seq| seq == stored.cmd_seq) {
+                decided = Some(stored.cmd_seq);
+                let outcome = decode(&stored)?;
+                take(&mut status, stored.seq, outcome);
+            }
+        }
+    }
+    if let Some(seq) = decided {
+        adopt(log, envelope, &mut status, seq, published.seq).await.map_err(|e| e.into_error(&status, &unknown))?;
+        if status.outcomes.last().is_some_and(|last| !last.outcome.continues()) {
+            return Ok(finish(status));
+        }
+    }
+    let mut outcomes = log.follow(filter, before + 1);
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let unknown = |why: String, status: &CommandStatus| -> anyhow::Error {
-            OutcomeUnknown::new(envelope, why, Some(status.clone())).into()
-        };
         let stored = match tokio::time::timeout_at(deadline, outcomes.next()).await {
             Err(_) => return Ok(status),
             Ok(None) => return Err(unknown("the outcome stream ended before it was decided".to_owned(), &status)),
             Ok(Some(Err(e))) => return Err(unknown(format!("following the outcomes: {e}"), &status)),
             Ok(Some(Ok(stored))) => stored,
         };
-        if stored.cmd_id != command_id {
+        if stored.cmd_id != command_id || decided.is_some_and(|seq| seq != stored.cmd_seq) {
             continue;
         }
-        let outcome = leasehold_schemas::codec::decode_outcome(&stored.payload)
-            .with_context(|| format!("decoding the outcome at {}", stored.seq))?;
-        let continues = outcome.continues();
-        if let Some(rejection) = outcome.rejection() {
-            status.rejection = Some(RejectionInfo::from(rejection));
+        let outcome = decode(&stored)?;
+        if decided.is_none() {
+            decided = Some(stored.cmd_seq);
+            adopt(log, envelope, &mut status, stored.cmd_seq, published.seq)
+                .await
+                .map_err(|e| e.into_error(&status, &unknown))?;
         }
-        status.outcomes.push(SeqOutcome { seq: stored.seq, outcome });
+        let continues = outcome.continues();
+        take(&mut status, stored.seq, outcome);
         if !continues {
-            status.status = if status.rejection.is_some() { "rejected" } else { "accepted" }.to_owned();
-            return Ok(status);
+            return Ok(finish(status));
         }
     }
+}
+
+fn decode(stored: &leasehold_log::StoredOutcome) -> anyhow::Result<leasehold_schemas::Outcome> {
+    leasehold_schemas::codec::decode_outcome(&stored.payload)
+        .with_context(|| format!("decoding the outcome at {}", stored.seq))
+}
+
+/// Adds one part of the decision to `status`.
+fn take(status: &mut CommandStatus, seq: u64, outcome: leasehold_schemas::Outcome) {
+    if let Some(rejection) = outcome.rejection() {
+        status.rejection = Some(RejectionInfo::from(rejection));
+    }
+    status.outcomes.push(SeqOutcome { seq, outcome });
+}
+
+/// Every part of the decision is in `status`.
+fn finish(mut status: CommandStatus) -> CommandStatus {
+    status.status = if status.rejection.is_some() { "rejected" } else { "accepted" }.to_owned();
+    status
+}
+
+/// The decision found answers the command stored at `cmd_seq`: when that is not the copy just published (at
+/// `published`), it is an earlier decision of this command id, which must be this very command; the answer is then a
+/// duplicate's.
+async fn adopt<L: Log>(
+    log: &L,
+    envelope: &Envelope,
+    status: &mut CommandStatus,
+    cmd_seq: u64,
+    published: u64,
+) -> Result<(), NotSame> {
+    if cmd_seq == published {
+        return Ok(());
+    }
+    let decided = status.outcomes.first().map(|o| &o.outcome);
+    same_command(log, envelope, cmd_seq, decided).await?;
+    status.duplicate = true;
+    status.command_seq = Some(cmd_seq);
+    Ok(())
+}
+
+/// Why the command stored under an id could not be taken for `envelope`.
+#[derive(Debug)]
+enum NotSame {
+    /// Another command: refused (exit status 1).
+    Another(String),
+    /// The command log could not be read: the outcome is unknown.
+    Unreadable(String),
+}
+
+impl NotSame {
+    fn into_error(
+        self,
+        status: &CommandStatus,
+        unknown: &impl Fn(String, &CommandStatus) -> anyhow::Error,
+    ) -> anyhow::Error {
+        match self {
+            NotSame::Another(message) => anyhow!(message),
+            NotSame::Unreadable(why) => unknown(why, status),
+        }
+    }
+}
+
+/// Whether the command stored at `seq` (under `envelope`'s id) is `envelope`'s: the same class and body (the issuer
+/// and its clock may differ: the command line rebuilds its envelope to send it again). Where the log no longer holds
+/// it, the type and key of its decision (`decided`) say; with neither, it is taken to be.
+async fn same_command<L: Log>(
+    log: &L,
+    envelope: &Envelope,
+    seq: u64,
+    decided: Option<&leasehold_schemas::Outcome>,
+) -> Result<(), NotSame> {
+    let stored = log
+        .command_at(seq)
+        .await
+        .map_err(|e| NotSame::Unreadable(format!("reading the command stored under its id at {seq}: {e}")))?;
+    let (same, what) = match (stored, decided) {
+        (Some(record), _) => match leasehold_schemas::codec::decode_command(&record.payload) {
+            Ok(stored) => (
+                stored.class == envelope.class && stored.body == envelope.body,
+                format!("{} for {}", stored.type_name(), stored.body.key().token()),
+            ),
+            Err(_) => (false, "a payload that does not decode".to_owned()),
+        },
+        (None, Some(outcome)) => (
+            outcome.command.class == envelope.class
+                && outcome.command.type_name == envelope.type_name()
+                && outcome.command.key == envelope.body.key(),
+            format!("{} for {}", outcome.command.type_name, outcome.command.key.token()),
+        ),
+        (None, None) => return Ok(()),
+    };
+    if same {
+        return Ok(());
+    }
+    Err(NotSame::Another(format!(
+        "command id {} names another command ({what}, stored at command sequence {seq}): a command id is chosen once \
+         per command; choose a new one",
+        envelope.command_id
+    )))
 }
 
 /// The outcomes of an accepted command; anything else is an error that says why (after printing the status on
@@ -510,8 +650,11 @@ pub(crate) fn accepted(status: CommandStatus, format: OutputFormat, what: &str) 
 }
 
 /// An envelope for `body` from `issuer` with id `id` (default: a new one), stamped with this machine's clock.
+/// The id is noted for a JSON error (see [`output::know`]).
 fn envelope(issuer: &Issuer, id: Option<CommandId>, body: impl Into<Command>) -> Envelope {
-    Envelope::new(id.unwrap_or_else(CommandId::generate), issuer.clone(), Timestamp(unix_ms(SystemTime::now())), body)
+    let id = id.unwrap_or_else(CommandId::generate);
+    output::know("command_id", id);
+    Envelope::new(id, issuer.clone(), Timestamp(unix_ms(SystemTime::now())), body)
 }
 
 /// The exit status of a command whose outcome is not known: it may have been stored, and may be decided later.
@@ -686,6 +829,7 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
             let transport = Transport::connect(global, &args.produce.nats).await?;
             let resource = args.id.unwrap_or_else(ResourceId::generate);
             let reference = ResourceRef::new(args.agent.clone(), resource);
+            output::know("ref", &reference);
             let body = Allocate {
                 agent: args.agent.clone(),
                 resource,
@@ -846,6 +990,7 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
     let transport = Transport::connect(global, &args.produce.nats).await?;
     let lease = args.lease_id.unwrap_or_else(LeaseId::generate);
     let lease_ref = LeaseRef { agent: args.resource.agent.clone(), lease };
+    output::know("lease", &lease_ref);
     let body = Acquire {
         agent: args.resource.agent.clone(),
         resource: args.resource.resource,
@@ -863,7 +1008,7 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
     let mut record = LeaseRecord {
         id: lease_ref.to_string(),
         resource: args.resource.to_string(),
-        holder: args.holder,
+        holder: args.holder.clone(),
         state: "waiting".to_owned(),
         token: None,
         expires_at: None,
@@ -897,9 +1042,14 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
                 Ok(None) => bail!("the outcome stream ended while lease {lease_ref} was waiting"),
                 Err(_) => {
                     if global.output == OutputFormat::Json {
-                        output::emit(&output::json(&record)?);
+                        let mut value = serde_json::to_value(&record)?;
+                        if let serde_json::Value::Object(map) = &mut value {
+                            map.insert("command_id".to_owned(), command_id.clone().into());
+                        }
+                        output::emit(&output::json(&value)?);
                     }
-                    return Err(StillWaiting(still_waiting(&record, args.produce.timeout)).into());
+                    let again = wait_again(&args, global, &command_id, lease);
+                    return Err(StillWaiting(still_waiting(&record, args.produce.timeout, &again)).into());
                 }
             };
             for (position, effect) in event.outcome.positioned_effects() {
@@ -919,19 +1069,66 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
     Ok(())
 }
 
-/// What `acquire --block` says when it gives up on a lease that still waits.
-fn still_waiting(record: &LeaseRecord, waited: Duration) -> String {
+/// What `acquire --block` says when it gives up on a lease that still waits; `again` is the command that waits on.
+fn still_waiting(record: &LeaseRecord, waited: Duration, again: &str) -> String {
     let ends = match record.wait_until {
         Some(until) => format!("its wait ends by itself at {}", output::time(Some(until))),
         None => "it has no wait timeout: it waits as long as the resource is pending".to_owned(),
     };
     format!(
         "still waiting after {}: lease {} is waiting; {ends}; it may still be granted: release it with `leasehold \
-         release-lease {}` if it is not wanted any more, or wait longer with --timeout",
+         release-lease {}` if it is not wanted any more, or wait longer with the same command and lease ids (another \
+         acquisition would be refused): `{again}`",
         humantime::format_duration(waited),
         record.id,
         record.id
     )
+}
+
+/// The command line that sends this acquisition again, with its command id and lease id, and waits on: the same
+/// body (holder, ttl, wait timeout), so the log and the gateway take it for the same command.
+fn wait_again(args: &AcquireArgs, global: &GlobalArgs, command_id: &str, lease: LeaseId) -> String {
+    let mut words = vec!["leasehold".to_owned()];
+    if global.server != crate::client::DEFAULT_SERVER && args.produce.nats.nats.is_none() {
+        words.extend(["--server".to_owned(), shell_word(&global.server)]);
+    }
+    words.extend(["acquire".to_owned(), args.resource.to_string(), "--holder".to_owned(), shell_word(&args.holder)]);
+    if let Some(ttl) = args.ttl {
+        words.extend(["--ttl".to_owned(), ttl.to_string()]);
+    }
+    if let Some(wait) = args.wait_timeout {
+        words.extend(["--wait-timeout".to_owned(), wait.to_string()]);
+    }
+    words.extend([
+        "--command-id".to_owned(),
+        command_id.to_owned(),
+        "--lease-id".to_owned(),
+        lease.to_string(),
+        "--block".to_owned(),
+        "--timeout".to_owned(),
+        humantime::format_duration(args.produce.timeout).to_string().replace(' ', ""),
+    ]);
+    let nats = &args.produce.nats;
+    if let Some(url) = &nats.nats {
+        words.extend(["--nats".to_owned(), shell_word(url)]);
+        if let Some(creds) = &nats.creds {
+            words.extend(["--creds".to_owned(), shell_word(&creds.display().to_string())]);
+        }
+        if let Some(user) = &nats.user {
+            // The password is not repeated on stderr.
+            words.extend(["--user".to_owned(), shell_word(user), "--password".to_owned(), "PASSWORD".to_owned()]);
+        }
+    }
+    if let Some(issuer) = &global.issuer {
+        words.extend(["--issuer".to_owned(), shell_word(issuer)]);
+    }
+    words.join(" ")
+}
+
+/// `text` as one word for a POSIX shell: as it is when that is safe, else in single quotes.
+fn shell_word(text: &str) -> String {
+    let plain = !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || "@%+=:,./_-".contains(c));
+    if plain { text.to_owned() } else { format!("'{}'", text.replace('\'', "'\\''")) }
 }
 
 /// The producer commands, as `lib.rs` dispatches them.
@@ -951,6 +1148,9 @@ pub(crate) enum ProduceCmd {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
     use leasehold_schemas::Outcome;
 
     use super::*;
@@ -1291,6 +1491,120 @@ mod tests {
         assert_eq!(crate::exit_status(&anyhow::Error::from(waiting)), EXIT_STILL_WAITING);
     }
 
+    /// An embedded log whose clock the test moves, with an allocation `envelope` published and decided once.
+    async fn decided_once(envelope: &Envelope) -> (leasehold_log::embedded::Embedded, Arc<AtomicU64>, u64) {
+        let now = Arc::new(AtomicU64::new(1_767_225_600_000));
+        let clock = Arc::clone(&now);
+        let log =
+            leasehold_log::embedded::Embedded::in_memory(4, Arc::new(move || Timestamp(clock.load(SeqCst)))).unwrap();
+        let id = envelope.command_id.to_string();
+        let payload = leasehold_schemas::codec::encode_command(envelope).unwrap();
+        let subject = leasehold_schemas::subjects::ingress_subject_of(&envelope.body);
+        let first = log.publish_command(&subject, &id, payload.into()).await.unwrap();
+        assert!(!first.duplicate);
+        let outcome: Outcome = serde_json::from_value(serde_json::json!({
+            "decider_version": 1, "partition": 0,
+            "command": {"id": id, "class": "op", "type_name": "op.allocate", "issuer": "cli",
+                        "issued_at": 1767225600000u64, "key": "w1"},
+            "cmd_seq": first.seq, "part": 0, "log_time": 1767225600000u64, "decided_at": 1767225600000u64,
+            "decision": {"accepted": {"first_position": 1, "effects": [
+                {"resource-allocated": {"resource": &REF[3..], "kind": "dir", "capacity": 1, "attributes": {},
+                    "parent": null}}
+            ]}}
+        }))
+        .unwrap();
+        let OutcomeFilter::Key { partition, key } = key_filter(&log, &envelope.body.key()) else { unreachable!() };
+        let fence = log.last_outcome_seq(partition).await.unwrap();
+        let record = leasehold_log::OutcomeRecord {
+            key,
+            cmd_id: id,
+            cmd_seq: first.seq,
+            part: 0,
+            payload: leasehold_schemas::codec::encode_outcome(&outcome).unwrap().into(),
+        };
+        assert!(matches!(log.append(partition, fence, &[record]).await, leasehold_log::Appended::Landed { .. }));
+        (log, now, first.seq)
+    }
+
+    #[tokio::test]
+    async fn a_command_sent_again_through_the_log_gets_its_first_decision() {
+        let envelope = allocate_envelope();
+        let (log, now, first) = decided_once(&envelope).await;
+        // Within the duplicate window: the log answers duplicate, and the decision is already there.
+        let status = submit_to_log(&log, &envelope, Duration::from_secs(5)).await.unwrap();
+        assert_eq!((status.status.as_str(), status.duplicate, status.command_seq), ("accepted", true, Some(first)));
+        assert_eq!(status.outcomes.len(), 1);
+        // After the window: stored again, at a new sequence, but decided once: the earlier decision, as a duplicate.
+        now.fetch_add(11 * 60 * 1000, SeqCst);
+        let status = submit_to_log(&log, &envelope, Duration::from_secs(5)).await.unwrap();
+        assert_eq!((status.status.as_str(), status.duplicate, status.command_seq), ("accepted", true, Some(first)));
+        assert_eq!(log.last_command_seq().await.unwrap(), first + 1, "stored again (past the window)");
+    }
+
+    #[tokio::test]
+    async fn another_command_under_a_used_id_is_refused_on_the_log() {
+        let envelope = allocate_envelope();
+        let (log, now, first) = decided_once(&envelope).await;
+        let mut other = envelope.clone();
+        let Command::Allocate(body) = &mut other.body else { unreachable!() };
+        body.resource = ResourceId::generate();
+        let expected = format!(
+            "command id {} names another command (op.allocate for w1, stored at command sequence {first})",
+            envelope.command_id
+        );
+        // A duplicate of the log: refused, exit status 1.
+        let error = submit_to_log(&log, &other, Duration::from_secs(5)).await.unwrap_err();
+        assert!(error.to_string().starts_with(&expected), "{error}");
+        assert_eq!(crate::exit_status(&error), 1);
+        // Past the window: the earlier decision of the id is another command's.
+        now.fetch_add(11 * 60 * 1000, SeqCst);
+        let error = submit_to_log(&log, &other, Duration::from_secs(5)).await.unwrap_err();
+        assert!(error.to_string().starts_with(&expected), "{error}");
+        // A new command that nobody decides: pending at the timeout, not a duplicate.
+        let fresh = Envelope { command_id: CommandId::generate(), ..envelope };
+        let status = submit_to_log(&log, &fresh, Duration::from_millis(200)).await.unwrap();
+        assert_eq!((status.status.as_str(), status.duplicate), ("pending", false));
+    }
+
+    #[test]
+    fn waiting_again_repeats_the_same_acquisition() {
+        let argv = [
+            "acquire",
+            REF,
+            "--holder",
+            "build 1's",
+            "--ttl",
+            "5min",
+            "--block",
+            "--timeout",
+            "90s",
+            "--nats",
+            "nats://h:4222",
+            "--user",
+            "u",
+            "--password",
+            "secret",
+        ];
+        let cli = parse(&argv).unwrap();
+        let crate::Cmd::Acquire(args) = cli.command else { panic!() };
+        let lease: LeaseId = LEASE[3..].parse().unwrap();
+        let again = wait_again(&args, &cli.global, "019b76da-abe8-7001-8000-000000000001", lease);
+        assert_eq!(
+            again,
+            format!(
+                "leasehold acquire {REF} --holder 'build 1'\\''s' --ttl 5min --command-id \
+                 019b76da-abe8-7001-8000-000000000001 --lease-id {} --block --timeout 1m30s --nats nats://h:4222 \
+                 --user u --password PASSWORD",
+                &LEASE[3..]
+            )
+        );
+        assert!(!again.contains("secret"));
+        // It parses back to the same acquisition.
+        let words = ["acquire", REF, "--holder", "build 1's", "--ttl", "5min", "--lease-id", &LEASE[3..]];
+        let crate::Cmd::Acquire(back) = parse(&words).unwrap().command else { panic!() };
+        assert_eq!((back.holder, back.ttl), (args.holder, args.ttl));
+    }
+
     #[test]
     fn giving_up_on_a_waiting_lease_says_when_its_wait_ends() {
         let mut record = LeaseRecord {
@@ -1302,7 +1616,7 @@ mod tests {
             expires_at: None,
             wait_until: Some(1_767_225_601_000),
         };
-        let text = still_waiting(&record, Duration::from_secs(5));
+        let text = still_waiting(&record, Duration::from_secs(5), "leasehold acquire ...");
         assert!(
             text.starts_with(&format!(
                 "still waiting after 5s: lease {LEASE} is waiting; its wait ends by itself at 2026-01-01T00:00:01.000Z"
@@ -1311,6 +1625,6 @@ mod tests {
         );
         assert!(text.contains(&format!("`leasehold release-lease {LEASE}`")), "{text}");
         record.wait_until = None;
-        assert!(still_waiting(&record, Duration::from_secs(5)).contains("it has no wait timeout"));
+        assert!(still_waiting(&record, Duration::from_secs(5), "again").contains("it has no wait timeout"));
     }
 }

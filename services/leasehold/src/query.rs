@@ -66,6 +66,7 @@ pub(crate) async fn run(command: QueryCmd, global: &GlobalArgs) -> anyhow::Resul
     let format = global.output;
     match command {
         QueryCmd::Get(reference) => {
+            output::know("ref", &reference);
             let Some(record) = gateway.get::<Value>(&["v1", "resources", &reference.to_string()], &[]).await? else {
                 bail!("no resource {reference} is known (the gateway at {} answered 404)", global.server);
             };
@@ -102,6 +103,7 @@ pub(crate) async fn run(command: QueryCmd, global: &GlobalArgs) -> anyhow::Resul
             print(format, &records, dead_letters_table)?;
         }
         QueryCmd::Command(id) => {
+            output::know("command_id", id);
             let Some(status) = gateway.get::<CommandStatus>(&["v1", "commands", &id.to_string()], &[]).await? else {
                 bail!("no command {id} is known (the gateway at {} answered 404)", global.server);
             };

@@ -40,9 +40,14 @@ impl Server {
 
     /// [`Server::start_on`], listening on `listen`.
     fn start_at(data: &Path, nats: Option<&str>, listen: &str, agents: &[String]) -> Server {
+        Server::start_with(data, nats, listen, agents, &[])
+    }
+
+    /// [`Server::start_at`], with `extra` flags for `serve`.
+    fn start_with(data: &Path, nats: Option<&str>, listen: &str, agents: &[String], extra: &[&str]) -> Server {
         std::fs::create_dir_all(data).expect("create the data directory");
         let mut command = Command::new(BIN);
-        command.args(["serve", "--partitions", "4", "--listen", listen, "--data"]).arg(data);
+        command.args(["serve", "--partitions", "4", "--listen", listen, "--data"]).arg(data).args(extra);
         if let Some(nats) = nats {
             command.args(["--nats", nats, "--priority-timeout", "2s", "--ack-wait", "2s"]);
         }
@@ -364,6 +369,128 @@ fn producer_commands_straight_to_jetstream() {
     server.wait_for(&["leases", &reference], "the lease released", |leases| leases[0]["state"] == "released");
 }
 
+/// Through the log (`--nats`), as through the gateway: a command sent again with its ids gets its first decision
+/// (at once, not at the timeout: its outcome landed before it was sent again), said to be a duplicate; another
+/// command under the same id is refused (exit status 1), in JSON too.
+#[test]
+fn resending_straight_to_jetstream() {
+    let Some(nats) = leasehold_log::nats_server::NatsServer::start() else {
+        // Outside CI without nats-server only (in CI the helper panics): say so loudly in the test's output.
+        eprintln!("SKIPPED resending_straight_to_jetstream: no nats-server on PATH");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("w1")).unwrap();
+    let agents = [format!("w1=dir:{}", dir.path().join("w1").display())];
+    let server = Server::start_with(
+        &dir.path().join("data"),
+        Some(nats.url()),
+        "127.0.0.1:0",
+        &agents,
+        &["--sync-interval", "500ms"],
+    );
+    wait_registered(&server, "w1");
+
+    let command_id = leasehold_schemas::CommandId::generate().to_string();
+    let resource_id = ResourceId::generate().to_string();
+    let allocate = [
+        "allocate",
+        "--agent",
+        "w1",
+        "--kind",
+        "dir",
+        "--command-id",
+        &command_id,
+        "--id",
+        &resource_id,
+        "--nats",
+        nats.url(),
+        "--timeout",
+        "20s",
+    ];
+    let first = server.json(&allocate);
+    assert_eq!(first["ref"], format!("w1.{resource_id}"), "{first:#}");
+    // Sent again: decided once; the answer comes at once (well within the 20s it may wait).
+    let started = Instant::now();
+    let again = server.run(&[&allocate[..], &["--output", "json"]].concat());
+    assert!(again.status.success(), "exit {:?}: {}", again.status, text(&again.stderr));
+    assert!(started.elapsed() < Duration::from_secs(15), "it waited for a new outcome: {:?}", started.elapsed());
+    let again_json: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(again_json["ref"], first["ref"]);
+    assert_eq!(again_json["created_seq"], first["created_seq"], "one allocation, decided once");
+    let stderr = text(&again.stderr);
+    assert!(stderr.contains(&format!("command {command_id} was stored before")), "{stderr}");
+    // In a table too.
+    let table = server.run(&allocate);
+    assert!(table.status.success(), "{}", text(&table.stderr));
+    assert_eq!(text(&table.stdout), format!("w1.{resource_id}\n"));
+
+    // Another command under the same id: refused, naming the command stored under it.
+    let other_id = ResourceId::generate().to_string();
+    let other = [
+        "allocate",
+        "--agent",
+        "w1",
+        "--kind",
+        "dir",
+        "--id",
+        &other_id,
+        "--command-id",
+        &command_id,
+        "--nats",
+        nats.url(),
+        "--timeout",
+        "20s",
+    ];
+    let refused = server.run(&other);
+    assert_eq!(code(&refused), 1, "{}", text(&refused.stderr));
+    let stderr = text(&refused.stderr);
+    assert!(stderr.contains(&format!("command id {command_id} names another command (op.allocate for w1")), "{stderr}");
+    let refused = server.run(&[&other[..], &["--output", "json"]].concat());
+    assert_eq!(code(&refused), 1, "{}", text(&refused.stderr));
+    let error: Value = serde_json::from_slice(&refused.stdout).expect("one JSON value");
+    assert!(str_of(&error, "error").contains("names another command"), "{error:#}");
+    assert_eq!(error["command_id"], command_id.as_str());
+    assert_eq!(error["ref"], format!("w1.{other_id}"));
+    // Nothing was allocated under the other id.
+    let listed = server.json(&["ls", "--agent", "w1"]);
+    let refs: Vec<&str> = listed.as_array().unwrap().iter().map(|r| str_of(r, "ref")).collect();
+    assert_eq!(refs, [format!("w1.{resource_id}").as_str()], "{listed:#}");
+}
+
+/// With `--output json`, a failure prints one JSON value on stdout as well: `{"error": ...}` and what is known.
+#[test]
+fn json_output_says_what_failed() {
+    let run = |args: &[&str]| {
+        Command::new(BIN)
+            .args(["--server", "http://127.0.0.1:1", "--output", "json"])
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap()
+    };
+    let reference = format!("w1.{}", ResourceId::generate());
+    let output = run(&["get", &reference]);
+    assert_eq!(code(&output), 1);
+    let error: Value = serde_json::from_slice(&output.stdout).expect("one JSON value on stdout");
+    assert!(str_of(&error, "error").contains("cannot reach the gateway at http://127.0.0.1:1/"), "{error:#}");
+    assert_eq!(error["ref"], reference.as_str());
+    assert!(text(&output.stderr).contains("cannot reach the gateway"), "{}", text(&output.stderr));
+    let output = run(&["ls"]);
+    let error: Value = serde_json::from_slice(&output.stdout).expect("one JSON value on stdout");
+    assert!(error["error"].is_string(), "{error:#}");
+    // A producer command that could not send: the command id it chose.
+    let command_id = leasehold_schemas::CommandId::generate().to_string();
+    let output = run(&["release", &reference, "--command-id", &command_id]);
+    assert_eq!(code(&output), 1, "{}", text(&output.stderr));
+    let error: Value = serde_json::from_slice(&output.stdout).expect("one JSON value on stdout");
+    assert!(error["error"].is_string(), "{error:#}");
+    assert_eq!(error["command_id"], command_id.as_str());
+    // A table stays a table: nothing on stdout.
+    let table = Command::new(BIN).args(["--server", "http://127.0.0.1:1", "ls"]).output().unwrap();
+    assert!(table.stdout.is_empty(), "{}", text(&table.stdout));
+}
+
 #[test]
 fn an_unreachable_gateway_is_named() {
     // Port 1 on localhost: nothing listens there.
@@ -414,7 +541,7 @@ fn resending_a_command_and_giving_up_on_a_waiting_lease() {
     let other_id = ResourceId::generate().to_string();
     let mismatch =
         server.fails(&["allocate", "--agent", "w1", "--kind", "dir", "--command-id", &command_id, "--id", &other_id]);
-    assert!(mismatch.contains("first sent with other ids"), "{mismatch}");
+    assert!(mismatch.contains(&format!("command id {command_id} names another command")), "{mismatch}");
     let bad =
         server.run(&["allocate", "--agent", "w1", "--kind", "dir", "--id", "6fa459ea-ee8a-3ca4-894e-db77e160355e"]);
     assert_eq!(code(&bad), 2, "a bad id is a bad command line: {}", text(&bad.stderr));
@@ -443,6 +570,14 @@ fn resending_a_command_and_giving_up_on_a_waiting_lease() {
     let stderr = text(&table.stderr);
     assert!(stderr.contains("still waiting after 2s: lease w1."), "{stderr}");
     assert!(stderr.contains("it has no wait timeout"), "{stderr}");
+    // The command that waits on: the same command id and lease id, so that it is taken for the same acquisition.
+    let again = stderr.split("`leasehold ").nth(2).and_then(|rest| rest.split('`').next()).expect("a command");
+    assert!(again.contains("--command-id ") && again.contains(" --lease-id ") && again.contains(" --block"), "{again}");
+    // As printed (it names the gateway and the 2s timeout).
+    let waited = Command::new(BIN).args(again.split_whitespace()).env("RUST_BACKTRACE", "0").output().unwrap();
+    assert_eq!(code(&waited), 4, "waiting on: {}", text(&waited.stderr));
+    assert!(text(&waited.stderr).contains("was stored before"), "{}", text(&waited.stderr));
+    assert!(text(&waited.stdout).contains("state       waiting"), "{}", text(&waited.stdout));
     let json = server.run(&[
         "acquire",
         &pooled_ref,
@@ -459,6 +594,7 @@ fn resending_a_command_and_giving_up_on_a_waiting_lease() {
     assert_eq!(code(&json), 4, "{}", text(&json.stderr));
     let lease: Value = serde_json::from_slice(&json.stdout).expect("one JSON value, at the end");
     assert_eq!(lease["state"], "waiting");
+    assert!(lease["command_id"].as_str().is_some_and(|id| text(&json.stderr).contains(id)), "{lease:#}");
     assert!(text(&json.stderr).contains("its wait ends by itself at 20"), "{}", text(&json.stderr));
 
     // A lease id given with the command id: the same lease when sent again.
