@@ -1,7 +1,9 @@
 //! `GET /v1/events?key=&from=`: outcomes as server-sent events, in log order, from a sequence, following — the feed a
 //! producer in another language reads to learn its lease token, or an operator to watch an agent.
 //!
-//! Each event is `event: outcome`, `id: <seq>`, `data: {"seq": N, "outcome": {...}}`. A client that reconnects with
+//! The stream opens with `event: open`, `id: <from - 1>`, `data: {"from": N}`: where it starts, so that a client
+//! that reconnects before any outcome came (`Last-Event-ID`) misses none decided in between. Then each event is
+//! `event: outcome`, `id: <seq>`, `data: {"seq": N, "outcome": {...}}`. A client that reconnects with
 //! `Last-Event-ID` resumes after it. An error (the log gone, an outcome that cannot be read) is one `event: error`
 //! whose data is `{"error": "..."}`, and the stream ends.
 
@@ -78,6 +80,8 @@ pub(crate) async fn events<L: Log>(
     };
     let feed = api.log.follow(filter, from);
     let shutdown = api.shutdown.clone();
+    let open =
+        Event::default().event("open").id((from - 1).to_string()).data(serde_json::json!({ "from": from }).to_string());
     let stream = futures::stream::unfold(Some(feed), |feed| async move {
         let mut feed: BoxStream<'static, _> = feed?;
         match feed.next().await {
@@ -90,6 +94,7 @@ pub(crate) async fn events<L: Log>(
         }
     })
     .take_until(async move { shutdown.cancelled().await });
+    let stream = futures::stream::once(async move { Ok::<_, Infallible>(open) }).chain(stream);
     Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }
 

@@ -877,3 +877,17 @@ async fn a_last_event_id_past_every_sequence_is_refused() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
     assert_error_says("Last-Event-ID u64::MAX", &answer, &["Last-Event-ID", "18446744073709551615"]);
 }
+
+/// The event stream opens by saying where it starts (`event: open`, `id: from - 1`), so a client that reconnects
+/// before any outcome came resumes from there with `Last-Event-ID`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_opens_with_where_it_starts() {
+    let gw = Gateway::start(false).await;
+    let request = Request::builder().uri("/v1/events?key=w1&from=5").body(Body::empty()).expect("a request");
+    let response = gw.app.clone().oneshot(request).await.expect("the router answers");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let frame = tokio::time::timeout(DEADLINE, body.frame()).await.expect("a first frame").expect("data").expect("ok");
+    let text = String::from_utf8(frame.into_data().expect("bytes").to_vec()).expect("UTF-8");
+    assert!(text.contains("event: open") && text.contains("id: 4") && text.contains(r#"{"from":5}"#), "{text}");
+}
