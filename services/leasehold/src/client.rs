@@ -275,7 +275,16 @@ impl Gateway {
         key: Option<&str>,
         from: Option<u64>,
     ) -> anyhow::Result<BoxStream<'static, anyhow::Result<SeqOutcome>>> {
-        self.events_after(key, from, None).await
+        let feed = self.events_after(key, from, None).await?;
+        Ok(feed
+            .filter_map(|item| async move {
+                match item {
+                    Ok(Feed::Outcome(outcome)) => Some(Ok(outcome)),
+                    Ok(Feed::Opened { .. }) => None,
+                    Err(e) => Some(Err(e)),
+                }
+            })
+            .boxed())
     }
 
     /// [`Gateway::events`], or after `last_event_id` if given (it wins over `from`). A refusal (`4xx`) is a
@@ -285,7 +294,7 @@ impl Gateway {
         key: Option<&str>,
         from: Option<u64>,
         last_event_id: Option<u64>,
-    ) -> anyhow::Result<BoxStream<'static, anyhow::Result<SeqOutcome>>> {
+    ) -> anyhow::Result<BoxStream<'static, anyhow::Result<Feed>>> {
         let mut query = Vec::new();
         if let Some(key) = key {
             query.push(("key", key.to_owned()));
@@ -327,8 +336,13 @@ impl Gateway {
                 match event {
                     Ok(event) if event.event == "outcome" => Some(
                         serde_json::from_str::<SeqOutcome>(&event.data)
+                            .map(Feed::Outcome)
                             .with_context(|| format!("an outcome event is not an outcome: {}", event.data)),
                     ),
+                    // Where the stream starts: the place to resume from before any outcome came.
+                    Ok(event) if event.event == "open" => {
+                        event.id.as_deref().and_then(|id| id.parse().ok()).map(|before| Ok(Feed::Opened { before }))
+                    }
                     // The gateway ends the stream with one `error` event when it cannot go on.
                     Ok(event) if event.event == "error" => {
                         Some(Err(anyhow!("the gateway's event stream failed: {}", error_text(&event.data))))
@@ -369,6 +383,14 @@ impl Cursor {
         }
     }
 
+    /// The stream said where it starts: before any outcome, a reconnection resumes from there (not "from now on",
+    /// which would miss what was decided while the gateway was away).
+    pub(crate) fn opened(&mut self, before: u64) {
+        if self.last_seen.is_none() {
+            self.last_seen = Some(before);
+        }
+    }
+
     /// An outcome arrived: the next request resumes after it, and the stream is healthy again.
     pub(crate) fn seen(&mut self, seq: u64) {
         self.last_seen = Some(self.last_seen.map_or(seq, |last| last.max(seq)));
@@ -392,6 +414,13 @@ impl Cursor {
     }
 }
 
+/// What `/v1/events` sends: where the stream starts (the sequence before its first outcome), then outcomes.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Feed {
+    Opened { before: u64 },
+    Outcome(SeqOutcome),
+}
+
 /// Follows `/v1/events` across restarts of the gateway: when the stream ends or breaks, or the gateway cannot be
 /// reached, it says so on stderr and connects again after the cursor's delay, resuming after the last outcome seen.
 /// Only a refusal (`4xx`) ends it.
@@ -399,7 +428,7 @@ pub(crate) struct Follower {
     gateway: Gateway,
     key: Option<String>,
     cursor: Cursor,
-    stream: Option<BoxStream<'static, anyhow::Result<SeqOutcome>>>,
+    stream: Option<BoxStream<'static, anyhow::Result<Feed>>>,
 }
 
 impl fmt::Debug for Follower {
@@ -434,9 +463,13 @@ impl Follower {
                     }
                 }
                 Some(stream) => match stream.next().await {
-                    Some(Ok(outcome)) => {
+                    Some(Ok(Feed::Outcome(outcome))) => {
                         self.cursor.seen(outcome.seq);
                         return Ok(outcome);
+                    }
+                    Some(Ok(Feed::Opened { before })) => {
+                        self.cursor.opened(before);
+                        continue;
                     }
                     Some(Err(e)) => e.to_string(),
                     None => "the gateway closed the event stream".to_owned(),
@@ -806,6 +839,14 @@ mod tests {
         assert_eq!(from.describe(), "at outcome 5");
         from.seen(9);
         assert_eq!((from.request(), from.describe()), ((None, Some(9)), "after outcome 9".to_owned()));
+        // Before any outcome, the stream's opening says where it starts: a reconnection resumes from there, not
+        // "from now on" (which would miss what was decided while the gateway was away).
+        let mut opened = Cursor::new(None);
+        opened.opened(12);
+        assert_eq!(opened.request(), (None, Some(12)));
+        opened.seen(15);
+        opened.opened(3);
+        assert_eq!(opened.request(), (None, Some(15)), "an opening never moves a cursor back");
     }
 
     #[test]
@@ -824,7 +865,7 @@ mod tests {
             format!("event: outcome\nid: {seq}\ndata: {}\n\n", serde_json::json!({"seq": seq, "outcome": outcome}))
         };
         let (gateway, requests) = fake_gateway(vec![
-            sse(&(outcome(7) + &outcome(8))),
+            sse(&("event: open\nid: 2\ndata: {\"from\":3}\n\n".to_owned() + &outcome(7) + &outcome(8))),
             answer("503 Service Unavailable", r#"{"error":"starting"}"#),
             sse(&outcome(9)),
             answer("400 Bad Request", r#"{"error":"bad query: key"}"#),
