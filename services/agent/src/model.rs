@@ -80,6 +80,9 @@ pub(crate) enum Signal {
 pub(crate) struct Model {
     resources: BTreeMap<ResourceId, Tracked>,
     watermark: Position,
+    /// The highest position of an effect that says something a report answers: anything but the writer's notes on
+    /// the agent's own observations and heartbeats (`observation-accepted`, `agent-seen`) and lease effects.
+    material: Position,
 }
 
 impl Model {
@@ -109,6 +112,20 @@ impl Model {
         for (position, effect) in outcome.positioned_effects() {
             self.apply_effect(position, effect, signals);
             self.watermark = self.watermark.max(position);
+            let routine = matches!(
+                effect,
+                Effect::ObservationAccepted { .. }
+                    | Effect::AgentSeen { .. }
+                    | Effect::LeaseWaiting { .. }
+                    | Effect::LeaseGranted { .. }
+                    | Effect::LeaseRenewed { .. }
+                    | Effect::LeaseReleased { .. }
+                    | Effect::LeaseExpired { .. }
+                    | Effect::LeaseFailed { .. }
+            );
+            if !routine {
+                self.material = self.material.max(position);
+            }
         }
     }
 
@@ -184,7 +201,7 @@ impl Model {
             })
             .collect::<Vec<_>>();
         let in_flight = entries.iter().filter(|(id, e)| e.ordered && running(*id)).map(|(id, _)| *id).collect();
-        View { watermark: self.watermark, entries, in_flight }
+        View { watermark: self.watermark, material: self.material, entries, in_flight }
     }
 }
 
@@ -199,6 +216,8 @@ pub(crate) struct Entry {
 #[derive(Debug)]
 pub(crate) struct View {
     pub(crate) watermark: Position,
+    /// See [`Model`]'s `material`: two passes with the same one (and the same holdings) have nothing new to say.
+    pub(crate) material: Position,
     entries: Vec<(ResourceId, Entry)>,
     in_flight: BTreeSet<ResourceId>,
 }
@@ -329,6 +348,7 @@ mod tests {
         for (n, (e, in_flight, here, list, counted)) in table.into_iter().enumerate() {
             let handle = id(n as u8);
             let view = View {
+                material: Position::ZERO,
                 watermark: Position(9),
                 entries: vec![(handle, e)],
                 in_flight: if in_flight { BTreeSet::from([handle]) } else { BTreeSet::new() },
@@ -351,7 +371,7 @@ mod tests {
     #[test]
     fn chunks_cover_the_id_space_without_gaps() {
         let entries: Vec<_> = (1..=5).map(|n| (id(n), entry(true, true, false))).collect();
-        let view = View { watermark: Position(9), entries, in_flight: BTreeSet::from([id(3)]) };
+        let view = View { watermark: Position(9), material: Position(9), entries, in_flight: BTreeSet::from([id(3)]) };
         let present = BTreeSet::from([id(1), id(2), id(4), id(5), id(9)]);
         let chunks = view.chunks(&present, 2);
         assert_eq!(chunks.len(), 3);

@@ -97,6 +97,9 @@ pub struct AgentStatus {
     pub health_checks: u64,
     /// Sync passes whose listing came back.
     pub sync_passes: u64,
+    /// Sync passes that found nothing new since the last report (same watermark, same holdings, nothing to name):
+    /// no report is sent for them.
+    pub quiet_passes: u64,
     /// Sync reports published, and the observation number of the last one.
     pub reports: u64,
     pub last_report_obs: u64,
@@ -217,6 +220,7 @@ pub async fn run<L: Log, D: Driver>(
         listing: false,
         sync_again: false,
         resync_wanted: false,
+        quiet: None,
     };
     let result = agent.run(publisher).await;
     if let Err(e) = &result {
@@ -312,6 +316,9 @@ struct Agent<L, D> {
     listing: bool,
     sync_again: bool,
     resync_wanted: bool,
+    /// The last report that named nothing: (epoch, last material position, count, digest). The same again says
+    /// nothing new, so it is not sent (DESIGN section 3: the log does not grow with idle agents).
+    quiet: Option<(Position, Position, u64, leasehold_schemas::command::HandleDigest)>,
 }
 
 impl<L: Log, D: Driver> Agent<L, D> {
@@ -711,6 +718,7 @@ impl<L: Log, D: Driver> Agent<L, D> {
         let Some(epoch) = self.epoch else { return };
         let lists = view.report(&present);
         if resync || lists.n_named() > MAX_REPORT_HANDLES {
+            self.quiet = None;
             let chunks = view.chunks(&present, CHUNK_HANDLES);
             info!(%agent, watermark = %view.watermark, chunks = chunks.len(), handles = lists.count, "sending a full resync");
             self.config.control.update(|s| s.resyncs += 1);
@@ -729,6 +737,13 @@ impl<L: Log, D: Driver> Agent<L, D> {
             }
             return;
         }
+        let key = (epoch, view.material, lists.count, lists.digest);
+        if lists.n_named() == 0 && self.quiet == Some(key) {
+            debug!(%agent, watermark = %view.watermark, count = lists.count, "nothing new since the last report");
+            self.config.control.update(|s| s.quiet_passes += 1);
+            return;
+        }
+        self.quiet = (lists.n_named() == 0).then_some(key);
         info!(
             %agent,
             watermark = %view.watermark,

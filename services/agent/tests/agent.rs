@@ -123,11 +123,16 @@ impl System {
 }
 
 impl RunningAgent {
-    /// Asks for a sync pass and waits until its report is published.
+    /// Asks for a sync pass and waits until it is done: its report published, or none needed (nothing new since
+    /// the last one).
     async fn sync(&self) {
-        let before = self.control.status().reports;
+        let before = self.control.status();
         self.control.sync_now();
-        within("a sync report", self.control.wait_for(|s| s.reports > before)).await;
+        within(
+            "a sync pass",
+            self.control.wait_for(|s| s.reports > before.reports || s.quiet_passes > before.quiet_passes),
+        )
+        .await;
     }
 
     async fn stop(self) {
@@ -199,6 +204,44 @@ async fn allocate_release_and_a_directory_removed_by_hand() {
     system.effect(&w1, "the loss", |e| matches!(e, Effect::ResourceLost { resource, .. } if *resource == kept)).await;
     within("the model to forget both", agent.control.wait_for(|s| s.n_resources == 0)).await;
 
+    assert_honest(&system.outcomes(&w1).await, &w1);
+    agent.stop().await;
+    system.stop().await;
+}
+
+/// An idle agent does not grow the log (DESIGN section 3): a pass that finds nothing new since the last report
+/// sends none; a change (a directory removed by hand) is reported at the next pass all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_agent_sends_no_report_that_says_nothing_new() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let agent = system.agent("w1", DirDriver::new(&root)).await;
+    let w1 = agent.name.clone();
+    let kept = system.allocate(&w1).await;
+    system
+        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == kept))
+        .await;
+    // Two passes: the first may still have something to say (the activation moved the watermark)...
+    agent.sync().await;
+    agent.sync().await;
+    let quiet_before = agent.control.status().quiet_passes;
+    let reports_before = agent.control.status().reports;
+    // ...from then on, with nothing new, passes send nothing.
+    for _ in 0..3 {
+        agent.sync().await;
+    }
+    let status = agent.control.status();
+    assert_eq!(status.reports, reports_before, "no report without anything new");
+    assert_eq!(status.quiet_passes, quiet_before + 3);
+    let syncs = |outcomes: &[leasehold_schemas::Outcome]| {
+        outcomes.iter().filter(|o| o.command.type_name == "agent.sync").count()
+    };
+    let logged = syncs(&system.outcomes(&w1).await);
+
+    std::fs::remove_dir_all(dir_of(&root, kept)).unwrap();
+    agent.sync().await;
+    system.effect(&w1, "the loss", |e| matches!(e, Effect::ResourceLost { resource, .. } if *resource == kept)).await;
+    assert!(syncs(&system.outcomes(&w1).await) > logged, "the change was reported");
     assert_honest(&system.outcomes(&w1).await, &w1);
     agent.stop().await;
     system.stop().await;
