@@ -2,6 +2,7 @@
 //! tests and demos: a directory is cheap to make, easy to delete by hand, and shows every case a real driver has.
 
 use std::io::{self, Read, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -24,8 +25,16 @@ pub const OWNER_FILE: &str = ".leasehold-agent";
 #[derive(Debug, Clone)]
 pub struct DirDriver {
     root: PathBuf,
-    /// The locked root and the agent it was opened for.
-    owner: Arc<Mutex<Option<(std::fs::File, AgentName)>>>,
+    /// The locked root, once opened.
+    owner: Arc<Mutex<Option<Owner>>>,
+}
+
+/// The root as opened: the locked directory, its identity (device and inode) and the agent it is for.
+#[derive(Debug)]
+struct Owner {
+    _locked: std::fs::File,
+    identity: (u64, u64),
+    agent: AgentName,
 }
 
 impl DirDriver {
@@ -41,6 +50,22 @@ impl DirDriver {
         }
         if !root.is_dir() {
             return refuse(format!("the root {} is not a directory", root.display()));
+        }
+        // A root inside another agent's root, or named like a resource id, would be taken for a handle (and
+        // destroyed) by the agent of the root around it.
+        if root.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.parse::<ResourceId>().is_ok()) {
+            return refuse(format!("the root {} is named like a resource id: name it otherwise", root.display()));
+        }
+        if let Ok(absolute) = std::fs::canonicalize(root) {
+            for outer in absolute.ancestors().skip(1) {
+                if outer.join(OWNER_FILE).exists() {
+                    return refuse(format!(
+                        "the root {} is inside {}, the root of another agent (see its {OWNER_FILE}): roots do not nest",
+                        root.display(),
+                        outer.display()
+                    ));
+                }
+            }
         }
         let path = root.join(OWNER_FILE);
         // The lock is on the directory itself: deleting or replacing the owner file does not free it.
@@ -84,20 +109,35 @@ impl DirDriver {
                 return refuse(format!("cannot write {}: {e}", path.display()));
             }
         }
-        *self.owner.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((locked, agent.clone()));
+        let identity = match locked.metadata() {
+            Ok(meta) => (meta.dev(), meta.ino()),
+            Err(e) => return refuse(format!("cannot read {}: {e}", root.display())),
+        };
+        *self.owner.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(Owner { _locked: locked, identity, agent: agent.clone() });
         Ok(())
     }
 
     /// Once opened: the root must still be there and still name this agent.
     async fn check_owner(&self) -> Result<(), DriverError> {
-        let agent = match &*self.owner.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
-            Some((_, agent)) => agent.clone(),
+        let (identity, agent) = match &*self.owner.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
+            Some(owner) => (owner.identity, owner.agent.clone()),
             None => return Ok(()),
         };
         let path = self.root.join(OWNER_FILE);
         let refuse = |why: String| {
-            Err(DriverError::Transient(format!("{why}: nothing is listed, reported or destroyed until it is back")))
+            Err(DriverError::Transient(format!(
+                "{why}: nothing is made, listed, reported or destroyed there until it is back"
+            )))
         };
+        // The very directory locked at open, not another one at the same path (a copy, a bare mount point).
+        match tokio::fs::metadata(&self.root).await {
+            Ok(meta) if (meta.dev(), meta.ino()) == identity => {}
+            Ok(_) => {
+                return refuse(format!("the root {} is another directory than the one opened", self.root.display()));
+            }
+            Err(e) => return refuse(format!("the root {} is not agent {agent}'s any more ({e})", self.root.display())),
+        }
         match tokio::fs::read_to_string(&path).await {
             Ok(named) if named.trim() == agent.as_str() => Ok(()),
             Ok(named) => refuse(format!("{} names agent {:?}, not {agent}", path.display(), named.trim())),
@@ -138,8 +178,18 @@ impl Driver for DirDriver {
     }
 
     async fn create(&self, id: ResourceId, _spec: &Spec) -> Result<Option<String>, DriverError> {
+        self.check_owner().await?;
         let path = self.path_of(id);
-        tokio::fs::create_dir_all(&path).await.map_err(|e| create_error(&path, e))?;
+        // Never the root itself: a root that is gone is not made again here (the check above refused it).
+        match tokio::fs::create_dir(&path).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound && self.owner.lock().map_or(true, |o| o.is_none()) => {
+                // A driver used without `open` (tests): the root is made when first needed.
+                tokio::fs::create_dir_all(&path).await.map_err(|e| create_error(&path, e))?;
+            }
+            Err(e) => return Err(create_error(&path, e)),
+        }
         // `create_dir_all` accepts a path that exists as anything; only a directory is the resource.
         match tokio::fs::metadata(&path).await {
             Ok(meta) if meta.is_dir() => Ok(Some(path.display().to_string())),
@@ -149,6 +199,7 @@ impl Driver for DirDriver {
     }
 
     async fn destroy(&self, id: ResourceId) -> Result<(), DriverError> {
+        self.check_owner().await?;
         let path = self.path_of(id);
         match tokio::fs::remove_dir_all(&path).await {
             Ok(()) => Ok(()),
@@ -177,6 +228,7 @@ impl Driver for DirDriver {
     }
 
     async fn check(&self, id: ResourceId) -> Result<Health, DriverError> {
+        self.check_owner().await?;
         let path = self.path_of(id);
         let unhealthy = |detail: String| Ok(Health { healthy: false, detail });
         match tokio::fs::metadata(&path).await {
@@ -240,18 +292,36 @@ mod tests {
         let err = DirDriver::new(&root).open(&w2).await.unwrap_err().to_string();
         assert!(err.contains("in use by another agent process"), "{err}");
         let err = again.list().await.unwrap_err().to_string();
-        assert!(err.contains("not agent w1's any more") && err.contains("nothing is listed"), "{err}");
+        assert!(err.contains("not agent w1's any more") && err.contains("nothing is made, listed"), "{err}");
         std::fs::write(root.join(OWNER_FILE), "w2\n").unwrap();
         let err = again.list().await.unwrap_err().to_string();
         assert!(err.contains("names agent \"w2\", not w1"), "{err}");
         std::fs::write(root.join(OWNER_FILE), "w1\n").unwrap();
         assert_eq!(again.list().await.unwrap(), vec![], "back to its agent: listed again");
-        // A root moved away and made again (an unmounted disk) is not the agent's: refused, never read as empty.
+        // A root moved away (an unmounted disk) is not listed, and nothing is made there: the root is not made again.
         std::fs::rename(&root, tmp.path().join("moved")).unwrap();
-        std::fs::create_dir(&root).unwrap();
         let err = again.list().await.unwrap_err().to_string();
         assert!(err.contains("not agent w1's any more"), "{err}");
+        let err = again.create(id(5), &Spec::default()).await.unwrap_err();
+        assert!(matches!(err, DriverError::Transient(_)), "{err}");
+        assert!(!root.exists(), "the root is not made again by a create");
+        assert!(again.destroy(id(5)).await.is_err() && again.check(id(5)).await.is_err());
+        // Another directory at the same path, even one naming the agent (a copy, a bare mount point), is not it.
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(root.join(OWNER_FILE), "w1\n").unwrap();
+        let err = again.list().await.unwrap_err().to_string();
+        assert!(err.contains("another directory than the one opened"), "{err}");
+        std::fs::remove_dir_all(&root).unwrap();
+        std::fs::rename(tmp.path().join("moved"), &root).unwrap();
+        assert_eq!(again.list().await.unwrap(), vec![], "the very root is back");
         drop(again);
+
+        // Roots do not nest, and a root is not named like a resource id (the agent of the root around it would take
+        // it for a handle and destroy it).
+        let err = DirDriver::new(root.join("inner")).open(&w2).await.unwrap_err().to_string();
+        assert!(err.contains("roots do not nest"), "{err}");
+        let err = DirDriver::new(tmp.path().join(id(9).to_string())).open(&w2).await.unwrap_err().to_string();
+        assert!(err.contains("named like a resource id"), "{err}");
 
         let file = tmp.path().join("a-file");
         std::fs::write(&file, "not a directory").unwrap();

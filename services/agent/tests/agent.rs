@@ -221,9 +221,18 @@ async fn an_idle_agent_sends_no_report_that_says_nothing_new() {
     system
         .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == kept))
         .await;
-    // Two passes: the first may still have something to say (the activation moved the watermark)...
-    agent.sync().await;
-    agent.sync().await;
+    // Passes until two quiet ones in a row: the first ones may still have something to say (the activation moved
+    // the watermark), and a report is counted once published, a little after its pass...
+    let mut quiet_in_a_row = 0;
+    for _ in 0..20 {
+        let before = agent.control.status().quiet_passes;
+        agent.sync().await;
+        quiet_in_a_row = if agent.control.status().quiet_passes > before { quiet_in_a_row + 1 } else { 0 };
+        if quiet_in_a_row == 2 {
+            break;
+        }
+    }
+    assert_eq!(quiet_in_a_row, 2, "an idle agent settles into quiet passes");
     let quiet_before = agent.control.status().quiet_passes;
     let reports_before = agent.control.status().reports;
     // ...from then on, with nothing new, passes send nothing.
