@@ -7,9 +7,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use leasehold_schemas::command::HandleDigest;
+use leasehold_schemas::command::{HandleDigest, SyncReport};
 use leasehold_schemas::outcome::{Effect, Outcome};
-use leasehold_schemas::{Position, ResourceId, Uuid};
+use leasehold_schemas::{AgentName, Position, ResourceId, Uuid};
 
 use crate::driver::Spec;
 
@@ -237,6 +237,19 @@ impl Lists {
     pub(crate) fn n_named(&self) -> usize {
         self.created.len() + self.missing.len() + self.destroyed.len() + self.in_flight.len()
     }
+
+    /// The report of `agent` in `epoch` that says these lists, as of `watermark`.
+    pub(crate) fn into_report(self, agent: AgentName, epoch: Position, obs: u64, watermark: Position) -> SyncReport {
+        SyncReport {
+            created: self.created,
+            missing: self.missing,
+            destroyed: self.destroyed,
+            in_flight: self.in_flight,
+            count: self.count,
+            digest: self.digest,
+            ..SyncReport::new(agent, epoch, obs, watermark)
+        }
+    }
 }
 
 /// One range of a full resync: in `[lo, hi)` the agent holds exactly `held`, and `in_flight` is running.
@@ -389,7 +402,7 @@ mod tests {
     #[test]
     fn reports_match_what_the_writer_expects() {
         use leasehold_domain::driver::Driver as Partition;
-        use leasehold_schemas::command::{Allocate, Register, Release, ReportCreated, SyncReport};
+        use leasehold_schemas::command::{Allocate, Register, Release, ReportCreated};
         use leasehold_schemas::settings::AgentSettings;
         use leasehold_schemas::{AgentName, Timestamp};
 
@@ -428,15 +441,7 @@ mod tests {
             *obs += 1;
             let obs = *obs;
             let lists = view.report(&present.iter().copied().collect());
-            let report = SyncReport {
-                created: lists.created,
-                missing: lists.missing,
-                destroyed: lists.destroyed,
-                in_flight: lists.in_flight,
-                count: lists.count,
-                digest: lists.digest,
-                ..SyncReport::new(w1.clone(), epoch, obs, view.watermark)
-            };
+            let report = lists.into_report(w1.clone(), epoch, obs, view.watermark);
             let expected = leasehold_domain::expected_listing(partition.state(), &report).unwrap();
             assert_eq!(expected, (report.count, report.digest), "report {obs}: {report:?}");
             let outcome = partition.submit("w1", report);

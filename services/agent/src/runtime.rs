@@ -754,15 +754,7 @@ impl<L: Log, D: Driver> Agent<L, D> {
             count = lists.count,
             "sync report"
         );
-        let report = SyncReport {
-            created: lists.created,
-            missing: lists.missing,
-            destroyed: lists.destroyed,
-            in_flight: lists.in_flight,
-            count: lists.count,
-            digest: lists.digest,
-            ..SyncReport::new(agent, epoch, 0, view.watermark)
-        };
+        let report = lists.into_report(agent, epoch, 0, view.watermark);
         self.send(Outgoing::Sync(report)).await;
     }
 
