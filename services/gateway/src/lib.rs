@@ -99,6 +99,9 @@ pub struct Health {
     pub projection: Option<ProjectionMetrics>,
     /// Roles (or in-process agents) of this process that stopped on an error: `/healthz` answers 503 and names them.
     pub failures: Failures,
+    /// The writers of this process, when it runs them: a partition they stopped on record makes `/healthz` answer
+    /// 503 too.
+    pub workers: Option<leasehold_worker::WorkerMetrics>,
 }
 
 /// What stopped in this process, said by whoever runs the roles.

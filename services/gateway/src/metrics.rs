@@ -66,7 +66,10 @@ pub(crate) async fn healthz(State(health): State<Arc<Health>>) -> Response {
         },
         None => None,
     };
-    let failures = health.failures.list();
+    let mut failures = health.failures.list();
+    if let Some(workers) = &health.workers {
+        failures.extend(workers.stopped().into_iter().map(|(p, why)| format!("partition {p} stopped: {why}")));
+    }
     if failures.is_empty() {
         Json(serde_json::json!({ "status": "ok", "roles": health.roles, "applied": applied })).into_response()
     } else {

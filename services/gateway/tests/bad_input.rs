@@ -73,6 +73,7 @@ impl Gateway {
             registry: Arc::new(Registry::default()),
             projection: None,
             failures: Default::default(),
+            workers: None,
         };
         Gateway { log, app: router(api, health), shutdown, tasks, _dirs: [log_dir, projection_dir] }
     }

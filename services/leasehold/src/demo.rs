@@ -126,6 +126,7 @@ impl Services {
             registry: Arc::new(registry),
             projection: Some(projection),
             failures: leasehold_gateway::Failures::default(),
+            workers: None,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("listening on 127.0.0.1")?;
         let address = listener.local_addr()?;

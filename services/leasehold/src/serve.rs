@@ -142,6 +142,7 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
         registry: Arc::new(registry),
         projection: projection_metrics,
         failures: failures.clone(),
+        workers: worker_metrics.clone(),
     };
     let router = match &projector {
         Some(projector) if args.roles.contains(&Role::Gateway) => {

@@ -174,13 +174,20 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
                             not_before.insert(partition, (tokio::time::Instant::now() + pause, pause));
                         }
                         Err(e) => {
+                            if let Some(metrics) = &config.writer.metrics {
+                                metrics.partition_stopped(partition, &e.to_string());
+                            }
                             report.stopped.insert(partition, e);
                         }
                     }
                 }
                 Err(join) => {
                     tracing::error!(partition, error = %join, "a partition's writer panicked");
-                    report.stopped.insert(partition, Error::Panicked { partition, detail: join.to_string() });
+                    let e = Error::Panicked { partition, detail: join.to_string() };
+                    if let Some(metrics) = &config.writer.metrics {
+                        metrics.partition_stopped(partition, &e.to_string());
+                    }
+                    report.stopped.insert(partition, e);
                 }
             }
         }

@@ -2,6 +2,8 @@
 //! takes from the command in hand to its outcome landed, how far behind the log's clock each partition is, dead
 //! letters and reloads. Registered in the process's registry by `serve`; a writer without metrics records nothing.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -33,6 +35,9 @@ pub struct WorkerMetrics {
     lag_seconds: Family<PartitionLabel, Gauge<f64, AtomicU64>>,
     dead_letters: Counter,
     reloads: Counter,
+    stopped_gauge: Family<PartitionLabel, Gauge>,
+    /// Partitions stopped on record (a broken chain, a newer decider...), with why: for `/healthz`.
+    stopped: Arc<Mutex<BTreeMap<u32, String>>>,
 }
 
 impl Default for WorkerMetrics {
@@ -45,6 +50,8 @@ impl Default for WorkerMetrics {
             lag_seconds: Family::default(),
             dead_letters: Counter::default(),
             reloads: Counter::default(),
+            stopped_gauge: Family::default(),
+            stopped: Arc::default(),
         }
     }
 }
@@ -79,6 +86,11 @@ impl WorkerMetrics {
             "Partition reloads after an unclean append",
             metrics.reloads.clone(),
         );
+        registry.register(
+            "leasehold_partition_stopped",
+            "1 for a partition this process's writers stopped on record (it needs an operator)",
+            metrics.stopped_gauge.clone(),
+        );
         metrics
     }
 
@@ -98,5 +110,16 @@ impl WorkerMetrics {
 
     pub(crate) fn reloaded(&self) {
         self.reloads.inc();
+    }
+
+    pub(crate) fn partition_stopped(&self, partition: u32, why: &str) {
+        self.stopped_gauge.get_or_create(&PartitionLabel { partition }).set(1);
+        self.stopped.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(partition, why.to_owned());
+    }
+
+    /// The partitions stopped on record, with why.
+    pub fn stopped(&self) -> Vec<(u32, String)> {
+        let stopped = self.stopped.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        stopped.iter().map(|(p, why)| (*p, why.clone())).collect()
     }
 }
