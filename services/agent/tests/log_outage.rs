@@ -11,9 +11,8 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use leasehold_agent::{AgentConfig, DirDriver, run};
 use leasehold_log::embedded::{Embedded, EmbeddedOwner};
-use leasehold_log::{
-    Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Published, Snapshot, StoredOutcome,
-};
+use leasehold_log::intercept::{Intercept, Intercepted};
+use leasehold_log::{Error, Log, OutcomeFilter, Published, StoredOutcome};
 use leasehold_schemas::command::Allocate;
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::subjects::{ingress_subject_of, partition_of_agent};
@@ -37,10 +36,9 @@ struct Seen {
     published: Vec<&'static str>,
 }
 
-/// A log whose outcome reads and command publishes fail while `down`.
+/// Hooks that make outcome reads, follows and command publishes fail while `down`.
 #[derive(Debug, Clone)]
 struct Flaky {
-    log: Embedded,
     down: Arc<watch::Sender<bool>>,
     seen: Arc<watch::Sender<Seen>>,
     /// Calls refused while down.
@@ -57,47 +55,44 @@ impl Flaky {
     }
 }
 
-impl Log for Flaky {
+impl Intercept<Embedded> for Flaky {
     type Owner = EmbeddedOwner;
 
-    fn partitions(&self) -> u32 {
-        self.log.partitions()
+    async fn own(&self, log: &Embedded, partition: u32, worker: &str) -> Result<Option<EmbeddedOwner>, Error> {
+        log.own(partition, worker).await
     }
 
-    async fn publish_command(&self, subject: &str, msg_id: &str, payload: Bytes) -> Result<Published, Error> {
+    async fn publish_command(
+        &self,
+        log: &Embedded,
+        subject: &str,
+        msg_id: &str,
+        payload: Bytes,
+    ) -> Result<Published, Error> {
         self.unavailable()?;
         let type_name = codec::decode_command(&payload).unwrap().type_name();
         self.seen.send_modify(|s| s.published.push(type_name));
-        self.log.publish_command(subject, msg_id, payload).await
+        log.publish_command(subject, msg_id, payload).await
     }
 
-    async fn read_commands(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
-        self.log.read_commands(partition, after, max).await
-    }
-
-    async fn command_at(&self, seq: u64) -> Result<Option<CommandRecord>, Error> {
-        self.log.command_at(seq).await
-    }
-
-    async fn last_command_seq(&self) -> Result<u64, Error> {
-        self.log.last_command_seq().await
-    }
-
-    async fn append(&self, partition: u32, fence: u64, records: &[OutcomeRecord]) -> Appended {
-        self.log.append(partition, fence, records).await
-    }
-
-    async fn last_outcome_seq(&self, partition: u32) -> Result<u64, Error> {
-        self.log.last_outcome_seq(partition).await
-    }
-
-    async fn read_outcomes(&self, filter: &OutcomeFilter, from: u64, max: usize) -> Result<Vec<StoredOutcome>, Error> {
+    async fn read_outcomes(
+        &self,
+        log: &Embedded,
+        filter: &OutcomeFilter,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<StoredOutcome>, Error> {
         self.unavailable()?;
-        self.log.read_outcomes(filter, from, max).await
+        log.read_outcomes(filter, from, max).await
     }
 
     /// The real follow until the log goes down, then one `Unavailable` (a follow started while down fails at once).
-    fn follow(&self, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {
+    fn follow(
+        &self,
+        log: &Embedded,
+        filter: OutcomeFilter,
+        from: u64,
+    ) -> BoxStream<'static, Result<StoredOutcome, Error>> {
         self.seen.send_modify(|s| s.follows.push(from));
         if let Err(e) = self.unavailable() {
             return futures::stream::once(async move { Err(e) }).boxed();
@@ -107,39 +102,7 @@ impl Log for Flaky {
             let _ = down.wait_for(|down| *down).await;
         };
         let failure = futures::stream::once(async { Err(Error::Unavailable("the test took the log down".into())) });
-        self.log.follow(filter, from).take_until(goes_down).chain(failure).boxed()
-    }
-
-    async fn dead_letter(&self, letter: DeadLetter) -> Result<(), Error> {
-        self.log.dead_letter(letter).await
-    }
-
-    async fn read_dead_letters(&self, from: u64, max: usize) -> Result<Vec<(u64, DeadLetter)>, Error> {
-        self.log.read_dead_letters(from, max).await
-    }
-
-    async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), Error> {
-        self.log.put_snapshot(snapshot).await
-    }
-
-    async fn latest_snapshot(&self, partition: u32) -> Result<Option<Snapshot>, Error> {
-        self.log.latest_snapshot(partition).await
-    }
-
-    async fn workers(&self, worker: &str, alive: bool) -> Result<Vec<String>, Error> {
-        self.log.workers(worker, alive).await
-    }
-
-    fn worker_ttl(&self) -> Duration {
-        self.log.worker_ttl()
-    }
-
-    async fn is_served(&self, partition: u32) -> Result<bool, Error> {
-        self.log.is_served(partition).await
-    }
-
-    async fn own(&self, partition: u32, worker: &str) -> Result<Option<EmbeddedOwner>, Error> {
-        self.log.own(partition, worker).await
+        log.follow(filter, from).take_until(goes_down).chain(failure).boxed()
     }
 }
 
@@ -189,7 +152,6 @@ async fn the_agent_rides_out_a_log_outage() {
     let stop_worker = CancellationToken::new();
     let worker = tokio::spawn(leasehold_worker::run(log.clone(), WorkerConfig::new("w"), stop_worker.clone()));
     let flaky = Flaky {
-        log: log.clone(),
         down: Arc::new(watch::Sender::new(false)),
         seen: Arc::new(watch::Sender::new(Seen::default())),
         refused: Arc::new(watch::Sender::new(0)),
@@ -201,7 +163,8 @@ async fn the_agent_rides_out_a_log_outage() {
     config.heartbeat_interval = Duration::from_millis(50);
     let control = config.control.clone();
     let shutdown = CancellationToken::new();
-    let agent = tokio::spawn(run(flaky.clone(), DirDriver::new(&root), config, shutdown.clone()));
+    let through = Intercepted { log: log.clone(), hooks: flaky.clone() };
+    let agent = tokio::spawn(run(through, DirDriver::new(&root), config, shutdown.clone()));
     within("registration", control.wait_for(|s| s.epoch.is_some())).await;
 
     let before = allocate(&log, &w1).await;

@@ -1,6 +1,6 @@
 //! A log with some of its calls intercepted, for tests and simulations: [`Intercepted`] delegates every call of the
-//! [`Log`] trait to the log it wraps, except those its [`Intercept`] hooks take over (appends, reads of the command
-//! at a sequence, snapshot and outcome reads, whether a partition is served, ownership). A fault layer, a gate that
+//! [`Log`] trait to the log it wraps, except those its [`Intercept`] hooks take over (publishes, appends, reads of the
+//! command at a sequence, snapshot and outcome reads and follows, whether a partition is served, ownership). A fault layer, a gate that
 //! holds an append, or a log whose reads fail for a while each write only their hooks.
 
 use std::future::Future;
@@ -26,6 +26,20 @@ pub trait Intercept<L: Log>: Clone + Send + Sync + 'static {
         partition: u32,
         worker: &str,
     ) -> impl Future<Output = Result<Option<Self::Owner>, Error>> + Send;
+
+    fn publish_command(
+        &self,
+        log: &L,
+        subject: &str,
+        msg_id: &str,
+        payload: Bytes,
+    ) -> impl Future<Output = Result<Published, Error>> + Send {
+        log.publish_command(subject, msg_id, payload)
+    }
+
+    fn follow(&self, log: &L, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {
+        log.follow(filter, from)
+    }
 
     fn append(
         &self,
@@ -75,7 +89,7 @@ impl<L: Log, I: Intercept<L>> Log for Intercepted<L, I> {
     }
 
     async fn publish_command(&self, subject: &str, msg_id: &str, payload: Bytes) -> Result<Published, Error> {
-        self.log.publish_command(subject, msg_id, payload).await
+        self.hooks.publish_command(&self.log, subject, msg_id, payload).await
     }
 
     async fn read_commands(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
@@ -103,7 +117,7 @@ impl<L: Log, I: Intercept<L>> Log for Intercepted<L, I> {
     }
 
     fn follow(&self, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {
-        self.log.follow(filter, from)
+        self.hooks.follow(&self.log, filter, from)
     }
 
     async fn dead_letter(&self, letter: DeadLetter) -> Result<(), Error> {
