@@ -44,6 +44,21 @@ pub struct Allocate {
     pub pools: Vec<PoolName>,
 }
 
+impl Allocate {
+    /// An allocation of `resource` on `agent`: `capacity` leases at once, no attributes, no parent, no pools.
+    pub fn new(agent: AgentName, resource: ResourceId, kind: impl Into<String>, capacity: u32) -> Self {
+        Allocate {
+            agent,
+            resource,
+            kind: kind.into(),
+            capacity,
+            attributes: BTreeMap::new(),
+            parent: None,
+            pools: Vec::new(),
+        }
+    }
+}
+
 /// Ask for a lease on a resource. Granted at once on an `active` resource with spare capacity; waits on a
 /// `pending` one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

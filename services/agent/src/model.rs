@@ -425,15 +425,7 @@ mod tests {
         let epoch = partition.submit("w1", register).positioned_effects().next().unwrap().0;
         let ids: Vec<ResourceId> = (0..5).map(|_| partition.new_resource_id()).collect();
         for id in &ids[..4] {
-            let allocate = Allocate {
-                agent: w1.clone(),
-                resource: *id,
-                kind: "dir".into(),
-                capacity: 1,
-                attributes: BTreeMap::new(),
-                parent: None,
-                pools: vec![],
-            };
+            let allocate = Allocate::new(w1.clone(), *id, "dir", 1);
             assert!(partition.submit("op", allocate).rejection().is_none());
         }
         let mut obs = 0;
@@ -474,15 +466,7 @@ mod tests {
         let view = model.view(|_| false);
         let release = Release { agent: w1.clone(), resource: ids[1], reason: None };
         assert!(partition.submit("op", release).rejection().is_none());
-        let allocate = Allocate {
-            agent: w1.clone(),
-            resource: ids[4],
-            kind: "dir".into(),
-            capacity: 1,
-            attributes: BTreeMap::new(),
-            parent: None,
-            pools: vec![],
-        };
+        let allocate = Allocate::new(w1.clone(), ids[4], "dir", 1);
         assert!(partition.submit("op", allocate).rejection().is_none());
         report(&mut partition, &mut obs, &view, &[ids[1], ids[2], ids[3], ids[4]]);
 

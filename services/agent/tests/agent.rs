@@ -2,7 +2,6 @@
 //! every partition in-process, and the agent with the dir driver on another temporary directory. Every wait is
 //! bounded and waits on the log or on the agent's status, never on a clock.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -77,15 +76,7 @@ impl System {
 
     async fn allocate(&self, agent: &AgentName) -> ResourceId {
         let resource = ResourceId::generate();
-        let body = Allocate {
-            agent: agent.clone(),
-            resource,
-            kind: "dir".into(),
-            capacity: 1,
-            attributes: BTreeMap::new(),
-            parent: None,
-            pools: vec![],
-        };
+        let body = Allocate::new(agent.clone(), resource, "dir", 1);
         self.publish("producer", body).await;
         resource
     }
@@ -373,15 +364,7 @@ async fn create_failures_and_health_checks_are_reported() {
     let w1 = agent.name.clone();
 
     let broken = ResourceId::generate();
-    let body = Allocate {
-        agent: w1.clone(),
-        resource: broken,
-        kind: "broken".into(),
-        capacity: 1,
-        attributes: BTreeMap::new(),
-        parent: None,
-        pools: vec![],
-    };
+    let body = Allocate::new(w1.clone(), broken, "broken", 1);
     system.publish("producer", body).await;
     system
         .effect(&w1, "the failure", |e| matches!(e, Effect::ResourceFailed { resource, .. } if *resource == broken))

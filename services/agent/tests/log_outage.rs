@@ -2,7 +2,6 @@
 //! it retries both, resumes the follow after the last outcome it saw, and what it queued lands once the log is
 //! back. The writers keep the real log; only the agent's view of it goes down.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -108,16 +107,7 @@ impl Intercept<Embedded> for Flaky {
 
 async fn allocate(log: &Embedded, agent: &AgentName) -> ResourceId {
     let resource = ResourceId::generate();
-    let body: Command = Allocate {
-        agent: agent.clone(),
-        resource,
-        kind: "dir".into(),
-        capacity: 1,
-        attributes: BTreeMap::new(),
-        parent: None,
-        pools: vec![],
-    }
-    .into();
+    let body: Command = Allocate::new(agent.clone(), resource, "dir", 1).into();
     let id = CommandId::generate();
     let now = Timestamp(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64);
     let envelope = Envelope::new(id, Issuer::new("producer").unwrap(), now, body);

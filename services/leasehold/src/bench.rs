@@ -563,15 +563,7 @@ where
     while count < n {
         if made < live {
             let resource = driver.new_resource_id();
-            let body = Allocate {
-                agent: agent.clone(),
-                resource,
-                kind: "volume".into(),
-                capacity: 4,
-                attributes: BTreeMap::new(),
-                parent: None,
-                pools: vec![],
-            };
+            let body = Allocate::new(agent.clone(), resource, "volume", 4);
             push(&driver.submit("bench", body), &mut batch)?;
             obs += 1;
             let created = ReportCreated { agent: agent.clone(), epoch, obs, resource, native_id: None };

@@ -718,15 +718,12 @@ mod tests {
     }
 
     fn allocate_envelope() -> Envelope {
-        let body = leasehold_schemas::command::Allocate {
-            agent: "w1".parse().unwrap(),
-            resource: leasehold_schemas::ResourceId::generate(),
-            kind: "dir".into(),
-            capacity: 1,
-            attributes: Default::default(),
-            parent: None,
-            pools: Vec::new(),
-        };
+        let body = leasehold_schemas::command::Allocate::new(
+            "w1".parse().unwrap(),
+            leasehold_schemas::ResourceId::generate(),
+            "dir",
+            1,
+        );
         Envelope::new(CommandId::generate(), "cli".parse().unwrap(), leasehold_schemas::Timestamp(1), body)
     }
 

@@ -1448,15 +1448,7 @@ mod tests {
     }
 
     fn allocate_envelope() -> Envelope {
-        let body = Allocate {
-            agent: "w1".parse().unwrap(),
-            resource: REF[3..].parse().unwrap(),
-            kind: "dir".into(),
-            capacity: 1,
-            attributes: BTreeMap::new(),
-            parent: None,
-            pools: Vec::new(),
-        };
+        let body = Allocate::new("w1".parse().unwrap(), REF[3..].parse().unwrap(), "dir", 1);
         envelope(&issuer(Some("cli")).unwrap(), Some("019b76da-abe8-7001-8000-000000000001".parse().unwrap()), body)
     }
 

@@ -1,6 +1,5 @@
 //! Regressions a red-team review found in the writers, each as it was triggered.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -63,15 +62,7 @@ impl Producer {
 }
 
 fn allocate(agent: &AgentName, resource: ResourceId) -> Allocate {
-    Allocate {
-        agent: agent.clone(),
-        resource,
-        kind: "volume".to_owned(),
-        capacity: 1,
-        attributes: BTreeMap::new(),
-        parent: None,
-        pools: vec![],
-    }
+    Allocate::new(agent.clone(), resource, "volume", 1)
 }
 
 fn register(agent: &AgentName) -> Register {

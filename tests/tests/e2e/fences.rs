@@ -371,15 +371,7 @@ impl Workload {
         let a = self.rng.below(self.agents.len() as u64) as usize;
         let resource = ResourceId::from_parts(now_ms(), self.entropy());
         self.resources.push((a, resource));
-        let body = Allocate {
-            agent: self.agents[a].name.clone(),
-            resource,
-            kind: "volume".to_owned(),
-            capacity: 1,
-            attributes: BTreeMap::new(),
-            parent: None,
-            pools: vec![],
-        };
+        let body = Allocate::new(self.agents[a].name.clone(), resource, "volume", 1);
         let envelope = self.envelope("ci", body);
         self.publish(log, envelope).await;
     }

@@ -517,15 +517,7 @@ fn command(body: impl Into<Body>) -> Envelope {
 }
 
 fn allocate(agent: &AgentName, resource: ResourceId) -> Envelope {
-    command(Allocate {
-        agent: agent.clone(),
-        resource,
-        kind: "container".into(),
-        capacity: 1,
-        attributes: BTreeMap::new(),
-        parent: None,
-        pools: Vec::new(),
-    })
+    command(Allocate::new(agent.clone(), resource, "container", 1))
 }
 
 fn acquire(agent: &AgentName, resource: ResourceId, lease: LeaseId) -> Envelope {
