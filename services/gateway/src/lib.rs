@@ -33,7 +33,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use leasehold_log::Log;
-use leasehold_projector::Reader;
+use leasehold_projector::{Projector, Reader};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -75,15 +75,10 @@ impl<L: Log> std::fmt::Debug for Api<L> {
 }
 
 impl<L: Log> Api<L> {
-    /// The API over `log` and the projection `reader` reads; `applied` is the projector's
-    /// [`leasehold_projector::Projector::subscribe`]. Streams of events end when `shutdown` is cancelled.
-    pub fn new(
-        log: L,
-        reader: Reader,
-        applied: tokio::sync::watch::Receiver<u64>,
-        config: GatewayConfig,
-        shutdown: CancellationToken,
-    ) -> Arc<Self> {
+    /// The API over `log` and the read models of `projector` (which runs in the same process). Streams of events
+    /// end when `shutdown` is cancelled.
+    pub fn new(log: L, projector: &Projector, config: GatewayConfig, shutdown: CancellationToken) -> Arc<Self> {
+        let (reader, applied) = (projector.reader(), projector.subscribe());
         Arc::new(Api { log, reader, applied, dead: dead::DeadLetters::default(), config, shutdown })
     }
 }

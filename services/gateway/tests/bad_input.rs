@@ -52,7 +52,7 @@ impl Gateway {
         let log = Embedded::open(log_dir.path(), PARTITIONS).expect("open the embedded log");
         let mut projector = Projector::open(projection_dir.path(), PARTITIONS).expect("open the projection");
         let shutdown = CancellationToken::new();
-        let (reader, applied) = (projector.reader(), projector.subscribe());
+        let api = Api::new(log.clone(), &projector, GatewayConfig::default(), shutdown.clone());
         let mut tasks = Vec::new();
         {
             let (log, shutdown) = (log.clone(), shutdown.clone());
@@ -67,7 +67,6 @@ impl Gateway {
                 assert!(report.stopped.is_empty(), "partitions stopped: {:?}", report.stopped);
             }));
         }
-        let api = Api::new(log.clone(), reader, applied, GatewayConfig::default(), shutdown.clone());
         let health = Health {
             roles: vec!["gateway".to_owned()],
             registry: Arc::new(Registry::default()),

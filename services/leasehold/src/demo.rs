@@ -114,8 +114,7 @@ impl Services {
         let mut projector = Projector::open(&data, PARTITIONS).context("opening the projection")?;
         let api = leasehold_gateway::Api::new(
             log.clone(),
-            projector.reader(),
-            projector.subscribe(),
+            &projector,
             leasehold_gateway::GatewayConfig::default(),
             shutdown.clone(),
         );

@@ -146,13 +146,8 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
     };
     let router = match &projector {
         Some(projector) if args.roles.contains(&Role::Gateway) => {
-            let api = leasehold_gateway::Api::new(
-                log.clone(),
-                projector.reader(),
-                projector.subscribe(),
-                leasehold_gateway::GatewayConfig::default(),
-                shutdown.clone(),
-            );
+            let config = leasehold_gateway::GatewayConfig::default();
+            let api = leasehold_gateway::Api::new(log.clone(), projector, config, shutdown.clone());
             println!("gateway: listening on http://{address} (the API, /healthz, /metrics)");
             leasehold_gateway::router(api, health)
         }
