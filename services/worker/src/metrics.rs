@@ -16,8 +16,8 @@ use std::sync::atomic::AtomicU64;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Decision {
-    /// The command's type name: `op.allocate`, `agent.sync`...
-    r#type: String,
+    /// The command's type name: `op.allocate`, `agent.sync`... (static: no allocation per decision)
+    r#type: &'static str,
     /// `accepted` or `rejected`.
     result: &'static str,
 }
@@ -94,9 +94,9 @@ impl WorkerMetrics {
         metrics
     }
 
-    pub(crate) fn decided(&self, type_name: &str, rejected: bool, took: Duration) {
+    pub(crate) fn decided(&self, type_name: &'static str, rejected: bool, took: Duration) {
         let result = if rejected { "rejected" } else { "accepted" };
-        self.decided.get_or_create(&Decision { r#type: type_name.to_owned(), result }).inc();
+        self.decided.get_or_create(&Decision { r#type: type_name, result }).inc();
         self.decide_seconds.observe(took.as_secs_f64());
     }
 
