@@ -86,3 +86,127 @@ async fn healthz_names_a_stopped_role_and_a_stopped_partition() {
     let report = worker.await.expect("the worker ends");
     assert_eq!(report.stopped.len(), 1, "{:?}", report.stopped);
 }
+
+async fn get_text(app: &axum::Router, uri: &str) -> (StatusCode, String) {
+    let request = Request::builder().uri(uri).body(Body::empty()).expect("a request");
+    let response = app.clone().oneshot(request).await.expect("an answer");
+    let status = response.status();
+    let body = response.into_body().collect().await.expect("the body").to_bytes();
+    (status, String::from_utf8(body.to_vec()).expect("UTF-8"))
+}
+
+/// `/metrics` counts what the writers and the projection of the process did: decisions by type and result, the
+/// decide latency, dead letters, resources by state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_decisions_dead_letters_and_resources_by_state() {
+    use leasehold_gateway::{Api, GatewayConfig, ProjectionMetrics, router};
+    use leasehold_projector::Projector;
+    use leasehold_schemas::command::{Allocate, Register};
+    use leasehold_schemas::ids::ResourceId;
+    use leasehold_schemas::settings::AgentSettings;
+
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let log = Embedded::open(&dir.path().join("log"), 2).expect("the embedded log");
+    let mut projector = Projector::open(&dir.path().join("projection"), 2).expect("the projection");
+    let mut registry = Registry::default();
+    let workers = WorkerMetrics::register(&mut registry);
+    let projection = ProjectionMetrics::register(&mut registry, projector.reader());
+    let shutdown = CancellationToken::new();
+    let api = Api::new(log.clone(), &projector, GatewayConfig::default(), shutdown.clone());
+    let health = Health {
+        roles: vec!["worker".to_owned(), "projector".to_owned(), "gateway".to_owned()],
+        registry: Arc::new(registry),
+        projection: Some(projection),
+        failures: Failures::default(),
+        workers: Some(workers.clone()),
+    };
+    let app = router(api, health);
+    let mut config = WorkerConfig::new("w");
+    config.writer.metrics = Some(workers);
+    let worker = tokio::spawn(leasehold_worker::run(log.clone(), config, shutdown.clone()));
+    let projecting = {
+        let (log, shutdown) = (log.clone(), shutdown.clone());
+        tokio::spawn(async move { projector.run(&log, &shutdown).await })
+    };
+
+    let w1 = AgentName::new("w1").expect("a name");
+    let envelope = |issuer: &str, body: leasehold_schemas::Command| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
+        let now = Timestamp(u64::try_from(now.as_millis()).expect("fits"));
+        Envelope::new(CommandId::generate(), Issuer::new(issuer).expect("an issuer"), now, body)
+    };
+    let register = Register {
+        agent: w1.clone(),
+        incarnation: leasehold_schemas::Uuid::now_v7(),
+        wiped: false,
+        settings: AgentSettings::default(),
+    };
+    let register = envelope("w1", register.into());
+    let payload = codec::encode_command(&register).expect("encode");
+    log.publish_command(&ingress_subject_of(&register.body), &register.command_id.to_string(), payload.into())
+        .await
+        .expect("publish");
+    // Through the gateway: one allocation accepted, one rejected (an agent that never registered).
+    let mut accepted = false;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !accepted {
+        assert!(tokio::time::Instant::now() < deadline, "w1 never registered");
+        let allocate = envelope("op", Allocate::new(w1.clone(), ResourceId::generate(), "volume", 1).into());
+        let request = Request::builder()
+            .method("POST")
+            .uri("/v1/commands?wait=true&timeout=20s")
+            .header("content-type", "application/json")
+            .body(Body::from(codec::command_to_json(&allocate).expect("JSON")))
+            .expect("a request");
+        let response = app.clone().oneshot(request).await.expect("an answer");
+        let body = response.into_body().collect().await.expect("the body").to_bytes();
+        let answer: Value = serde_json::from_slice(&body).expect("JSON");
+        accepted = answer["status"] == "accepted";
+    }
+    let ghost = AgentName::new("ghost").expect("a name");
+    let rejected = envelope("op", Allocate::new(ghost, ResourceId::generate(), "volume", 1).into());
+    let request = Request::builder()
+        .method("POST")
+        .uri("/v1/commands?wait=true&timeout=20s")
+        .header("content-type", "application/json")
+        .body(Body::from(codec::command_to_json(&rejected).expect("JSON")))
+        .expect("a request");
+    app.clone().oneshot(request).await.expect("an answer");
+    // A payload that is no command goes to the dead letters.
+    log.publish_command("lh.in.op.w1._", "garbage", bytes::Bytes::from_static(b"\x07garbage")).await.expect("publish");
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        let (status, text) = get_text(&app, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        if text.contains("leasehold_dead_letters_total 1") {
+            break text;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the dead letter was never counted:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let accepted_allocations = text
+        .lines()
+        .find(|l| l.starts_with(r#"leasehold_commands_decided_total{type="op.allocate",result="accepted"}"#))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no accepted allocations counted:\n{text}"));
+    assert!(accepted_allocations >= 1, "{text}");
+    for line in [
+        r#"leasehold_commands_decided_total{type="agent.register",result="accepted"} 1"#,
+        r#"leasehold_commands_decided_total{type="op.allocate",result="rejected"}"#,
+        r#"leasehold_resources{state="pending"}"#,
+        "leasehold_decide_seconds_count",
+        "leasehold_projection_applied_seq",
+    ] {
+        assert!(text.contains(line), "/metrics lacks {line:?}:\n{text}");
+    }
+    let pending = text
+        .lines()
+        .find(|l| l.starts_with(r#"leasehold_resources{state="pending"}"#))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+    assert_eq!(pending, Some(accepted_allocations), "every accepted allocation is pending (no agent runs):\n{text}");
+
+    shutdown.cancel();
+    assert!(worker.await.expect("the worker ends").stopped.is_empty());
+    projecting.await.expect("the projector ends").expect("the projector stops cleanly");
+}
