@@ -12,7 +12,6 @@ use axum::response::{IntoResponse, Response};
 use leasehold_log::Log;
 use leasehold_schemas::codec::{self, MAX_COMMAND_BYTES};
 use leasehold_schemas::ids::CommandId;
-use leasehold_schemas::outcome::CommandSummary;
 use leasehold_schemas::subjects::ingress_subject_of;
 use leasehold_schemas::{CommandClass, Envelope, Outcome, Rejection};
 use serde::{Deserialize, Serialize};
@@ -153,7 +152,7 @@ pub(crate) async fn post<L: Log>(
     // What the log holds under this id must be this very command: a client sending another command under an id
     // already used (at once, or later) would otherwise get the other command's decision for its own.
     if published.duplicate
-        && let Err(response) = same_command(&api, &id, published.seq, &envelope, decided.as_ref().map(|(_, o)| o)).await
+        && let Err(response) = same_command(&api, published.seq, &envelope, decided.as_ref().map(|(_, o)| o)).await
     {
         return response;
     }
@@ -168,47 +167,18 @@ pub(crate) async fn post<L: Log>(
     (code, Json(status)).into_response()
 }
 
-/// Refuses (409) when the command stored at `seq` under `id` is not `envelope`'s: another class, type or body (the
-/// issuer and its clock may differ: a client that rebuilt its envelope to send it again). Where the log no longer
-/// holds the command (past its retention), the type and key of its outcome decide.
+/// Refuses (409) when the command stored at `seq` under this id is another command than `envelope`'s.
 async fn same_command<L: Log>(
     api: &Api<L>,
-    id: &str,
     seq: u64,
     envelope: &Envelope,
     decided: Option<&Outcome>,
 ) -> Result<(), Response> {
-    let stored = match api.log.command_at(seq).await {
-        Ok(stored) => stored,
-        Err(e) => return Err(unavailable("the command log cannot be read", e)),
-    };
-    let (same, what) = match (stored, decided) {
-        (Some(record), _) => match codec::decode_command(&record.payload) {
-            Ok(stored) => (
-                stored.class == envelope.class && stored.body == envelope.body,
-                format!("{} for {}", stored.type_name(), stored.body.key().token()),
-            ),
-            Err(_) => (false, "a payload that does not decode".to_owned()),
-        },
-        (None, Some(outcome)) => {
-            let summary = CommandSummary::of(envelope);
-            (
-                (&outcome.command.type_name, &outcome.command.key) == (&summary.type_name, &summary.key),
-                format!("{} for {}", outcome.command.type_name, outcome.command.key.token()),
-            )
-        }
-        (None, None) => return Ok(()),
-    };
-    if same {
-        return Ok(());
+    match leasehold_log::other_command_under_id(&api.log, seq, envelope, decided).await {
+        Ok(None) => Ok(()),
+        Ok(Some(why)) => Err(error(StatusCode::CONFLICT, why)),
+        Err(e) => Err(unavailable("the command log cannot be read", e)),
     }
-    Err(error(
-        StatusCode::CONFLICT,
-        format!(
-            "command id {id} names another command ({what}, stored at command sequence {seq}): a command id is chosen \
-             once per command; choose a new one"
-        ),
-    ))
 }
 
 fn wait_time<L: Log>(api: &Api<L>, asked: Option<&str>) -> Result<Duration, Response> {

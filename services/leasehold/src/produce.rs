@@ -577,43 +577,19 @@ impl NotSame {
     }
 }
 
-/// Whether the command stored at `seq` (under `envelope`'s id) is `envelope`'s: the same class and body (the issuer
-/// and its clock may differ: the command line rebuilds its envelope to send it again). Where the log no longer holds
-/// it, the type and key of its decision (`decided`) say; with neither, it is taken to be.
+/// Whether the command stored at `seq` (under `envelope`'s id) is `envelope`'s (the command line rebuilds its
+/// envelope to send it again: its clock may differ).
 async fn same_command<L: Log>(
     log: &L,
     envelope: &Envelope,
     seq: u64,
     decided: Option<&leasehold_schemas::Outcome>,
 ) -> Result<(), NotSame> {
-    let stored = log
-        .command_at(seq)
-        .await
-        .map_err(|e| NotSame::Unreadable(format!("reading the command stored under its id at {seq}: {e}")))?;
-    let (same, what) = match (stored, decided) {
-        (Some(record), _) => match leasehold_schemas::codec::decode_command(&record.payload) {
-            Ok(stored) => (
-                stored.class == envelope.class && stored.body == envelope.body,
-                format!("{} for {}", stored.type_name(), stored.body.key().token()),
-            ),
-            Err(_) => (false, "a payload that does not decode".to_owned()),
-        },
-        (None, Some(outcome)) => (
-            outcome.command.class == envelope.class
-                && outcome.command.type_name == envelope.type_name()
-                && outcome.command.key == envelope.body.key(),
-            format!("{} for {}", outcome.command.type_name, outcome.command.key.token()),
-        ),
-        (None, None) => return Ok(()),
-    };
-    if same {
-        return Ok(());
+    match leasehold_log::other_command_under_id(log, seq, envelope, decided).await {
+        Ok(None) => Ok(()),
+        Ok(Some(why)) => Err(NotSame::Another(why)),
+        Err(e) => Err(NotSame::Unreadable(format!("reading the command stored under its id at {seq}: {e}"))),
     }
-    Err(NotSame::Another(format!(
-        "command id {} names another command ({what}, stored at command sequence {seq}): a command id is chosen once \
-         per command; choose a new one",
-        envelope.command_id
-    )))
 }
 
 /// The outcomes of an accepted command; anything else is an error that says why (after printing the status on

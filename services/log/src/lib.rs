@@ -56,6 +56,42 @@ pub const HEADER_DLQ_SOURCE_SEQ: &str = "Lh-Source-Seq";
 /// The subject a dead-lettered command was stored on.
 pub const HEADER_DLQ_SOURCE_SUBJECT: &str = "Lh-Source-Subject";
 
+/// Why the command the log stored under an id at `seq` is not `envelope`'s (`None`: it is): another class or body
+/// (the issuer and its clock may differ: a client that rebuilt its envelope to send it again). Where the log no
+/// longer holds it (past its retention), the class, type and key of its decision (`decided`) say; with neither, it
+/// is taken to be the same. A command id names one command; each partition remembers only its own, so the front
+/// doors check this before they answer a command with what the log holds under its id.
+pub async fn other_command_under_id<L: Log>(
+    log: &L,
+    seq: u64,
+    envelope: &leasehold_schemas::Envelope,
+    decided: Option<&leasehold_schemas::Outcome>,
+) -> Result<Option<String>, Error> {
+    let (same, what) = match (log.command_at(seq).await?, decided) {
+        (Some(record), _) => match leasehold_schemas::codec::decode_command(&record.payload) {
+            Ok(stored) => (
+                stored.class == envelope.class && stored.body == envelope.body,
+                format!("{} for {}", stored.type_name(), stored.body.key().token()),
+            ),
+            Err(_) => (false, "a payload that does not decode".to_owned()),
+        },
+        (None, Some(outcome)) => (
+            outcome.command.class == envelope.class
+                && outcome.command.type_name == envelope.type_name()
+                && outcome.command.key == envelope.body.key(),
+            format!("{} for {}", outcome.command.type_name, outcome.command.key.token()),
+        ),
+        (None, None) => return Ok(None),
+    };
+    Ok((!same).then(|| {
+        format!(
+            "command id {} names another command ({what}, stored at command sequence {seq}): a command id is chosen \
+             once per command; choose a new one",
+            envelope.command_id
+        )
+    }))
+}
+
 /// What the services need of the log. Implementations are cheap to clone (a handle on shared state).
 ///
 /// Sequences are the log's own: one counter for all commands, one for all outcomes (as a JetStream stream's), so a
