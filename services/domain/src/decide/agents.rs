@@ -5,26 +5,12 @@ use leasehold_schemas::RejectionKind;
 use leasehold_schemas::command::{
     ConfirmLoss, Heartbeat, MarkGone, MarkStalled, Orphan, Register, RetireAgent, SetPartitionSettings,
 };
-use leasehold_schemas::ids::{Millis, Timestamp};
+use leasehold_schemas::ids::Millis;
 use leasehold_schemas::outcome::{BreakerClear, Effect, ResyncReason};
 use leasehold_schemas::settings::AgentSettings;
 
 use super::{Decider, Verdict, reject};
-use crate::state::{Agent, Liveness};
-
-/// A recorded heartbeat may lag the real last one by up to a third of `stall_after` (heartbeats are coalesced),
-/// so silence is judged from the recorded one plus that third: an agent is never called stalled or gone early.
-fn coalesce_interval(settings: &AgentSettings) -> Millis {
-    Millis(settings.stall_after.0 / 3)
-}
-
-fn stalled_at(agent: &Agent) -> Timestamp {
-    agent.last_seen.saturating_add(agent.settings.stall_after).saturating_add(coalesce_interval(&agent.settings))
-}
-
-fn gone_at(agent: &Agent) -> Timestamp {
-    agent.last_seen.saturating_add(agent.settings.orphan_after).saturating_add(coalesce_interval(&agent.settings))
-}
+use crate::state::Liveness;
 
 fn check_settings(settings: &AgentSettings) -> Result<(), String> {
     if settings.max_loss_percent > 100 {
@@ -83,7 +69,7 @@ impl<'s> Decider<'s> {
         if agent.liveness == Liveness::Stalled {
             self.out.push(Effect::AgentRecovered {});
             self.out.push(Effect::AgentSeen { at: self.now });
-        } else if self.now.since(agent.last_seen) >= coalesce_interval(&agent.settings) {
+        } else if self.now.since(agent.last_seen) >= crate::due::coalesce_interval(agent.settings.stall_after) {
             self.out.push(Effect::AgentSeen { at: self.now });
         }
         Ok(())
@@ -95,7 +81,7 @@ impl<'s> Decider<'s> {
             let liveness = if agent.liveness == Liveness::Gone { "gone" } else { "stalled" };
             return reject(RejectionKind::AlreadyDone, format!("agent {} is already {liveness}", agent.name));
         }
-        let due = stalled_at(agent);
+        let due = crate::due::stall_due(self.state, agent);
         if self.now < due {
             return reject(
                 RejectionKind::NotYetDue,
@@ -111,7 +97,7 @@ impl<'s> Decider<'s> {
         if agent.liveness == Liveness::Gone {
             return reject(RejectionKind::AlreadyDone, format!("agent {} is already gone", agent.name));
         }
-        let due = gone_at(agent);
+        let due = crate::due::gone_due(self.state, agent);
         if self.now < due {
             return reject(
                 RejectionKind::NotYetDue,

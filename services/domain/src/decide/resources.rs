@@ -340,6 +340,7 @@ impl<'s> Decider<'s> {
             );
         }
         let due = resource.allocated_at.saturating_add(agent.settings.create_timeout);
+        debug_assert_eq!(crate::due::create_due(self.state, resource), Some(due));
         if self.now < due {
             return reject(
                 RejectionKind::NotYetDue,
