@@ -24,12 +24,15 @@ pub(crate) enum Role {
     Projector,
     /// The HTTP/JSON API on --listen (needs the projector in the same process: it serves its read models).
     Gateway,
+    /// Time-driven and cross-partition work (expiries, timeouts, stalled agents, pool claims, cascades), asked for
+    /// with `sys` commands. Several may run at once.
+    Sweeper,
 }
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct ServeArgs {
     /// The roles to run, comma-separated (default: every role that exists).
-    #[arg(long, value_delimiter = ',', default_value = "worker,projector,gateway")]
+    #[arg(long, value_delimiter = ',', default_value = "worker,projector,gateway,sweeper")]
     roles: Vec<Role>,
     /// Where to listen for HTTP: the API with the gateway role, else /healthz and /metrics only. Port 0 picks a
     /// free port (printed).
@@ -57,6 +60,16 @@ pub(crate) struct ServeArgs {
     /// to decide) instead of dead-lettering it as from an unknown version.
     #[arg(long)]
     rolling_out_schema: Option<u16>,
+    /// How often the sweeper looks for due work.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    sweep_interval: Duration,
+    /// A sweeper request whose effect has not shown after this long is sent again.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    sweep_retry: Duration,
+    /// A resource releasing for longer than this raises an alert (a line on stderr and
+    /// leasehold_releasing_overdue); its agent keeps retrying the destroy.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    release_timeout: Duration,
 }
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -133,6 +146,8 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
         projector.as_ref().map(|p| leasehold_gateway::ProjectionMetrics::register(&mut registry, p.reader()));
     let worker_metrics =
         args.roles.contains(&Role::Worker).then(|| leasehold_worker::WorkerMetrics::register(&mut registry));
+    let sweeper_metrics =
+        args.roles.contains(&Role::Sweeper).then(|| leasehold_sweeper::SweeperMetrics::register(&mut registry));
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -184,6 +199,15 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
         let (log, shutdown) = (log.clone(), shutdown.clone());
         tasks.spawn(async move { project(projector, log, shutdown).await });
     }
+    if let Some(metrics) = sweeper_metrics {
+        let mut config = leasehold_sweeper::SweeperConfig::new(name.clone());
+        config.interval = args.sweep_interval;
+        config.retry_after = args.sweep_retry;
+        config.release_timeout = args.release_timeout;
+        println!("sweeper {name}: looking for due work every {}", humantime::format_duration(args.sweep_interval));
+        let (log, shutdown) = (log.clone(), shutdown.clone());
+        tasks.spawn(async move { sweep(log, config, metrics, shutdown).await });
+    }
     crate::agents::spawn_all(&mut tasks, &log, agents, args.sync_interval, &shutdown);
     // A role or an agent that stops on an error leaves the others running (a projector stopped on a broken chain
     // must not take the writers down), but the process says so: on stderr, and on /healthz, which answers 503.
@@ -228,6 +252,33 @@ async fn project<L: Log>(
             Err(e) => {
                 eprintln!("projector stopped: {e}");
                 return Err(anyhow::Error::new(e).context("the projector stopped"));
+            }
+        }
+    }
+}
+
+/// Runs the sweeper until shutdown, resuming (from a fresh load) when the log was unreachable for a while; any other
+/// failure stops it, loudly.
+async fn sweep<L: Log>(
+    log: L,
+    config: leasehold_sweeper::SweeperConfig,
+    metrics: leasehold_sweeper::SweeperMetrics,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    loop {
+        match leasehold_sweeper::run(log.clone(), config.clone(), metrics.clone(), shutdown.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_transient() => {
+                tracing::warn!(error = %e, "the sweeper lost the log for now; resuming");
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+            Err(e) => {
+                eprintln!("sweeper stopped: {e}");
+                return Err(anyhow::Error::new(e).context("the sweeper stopped"));
             }
         }
     }

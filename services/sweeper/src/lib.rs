@@ -1,0 +1,403 @@
+//! The sweeper: time-driven and cross-partition work, asked for with `sys` commands.
+//!
+//! It folds every partition's outcomes into the same state the writers decide against (loading from their
+//! snapshots, then following the log), plans from it what is due (see [`plan`]), and publishes those requests.
+//! It never writes state and never decides: a request is decided by the partition it goes to, by the log's clock.
+//! One that arrives early is refused `not-yet-due` (not remembered), and asked again after `retry_after`.
+//!
+//! Several sweepers may run at once. A request's command id derives from the work it asks for and the
+//! `retry_after` window it is sent in, so sweepers that plan the same work in the same window send the same command
+//! (the log keeps one copy); at a window's edge two copies may be decided, and the second is refused (the lease
+//! has already expired, the claim is already bound). Nothing is ever done twice.
+
+#![forbid(unsafe_code)]
+
+pub mod plan;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::{FutureExt, StreamExt};
+use leasehold_domain::state::ResourceState;
+use leasehold_domain::{DECIDER_VERSION, PartitionState, apply};
+use leasehold_log::{Log, OutcomeFilter, StoredOutcome};
+use leasehold_schemas::codec;
+use leasehold_schemas::command::Cascade;
+use leasehold_schemas::envelope::Envelope;
+use leasehold_schemas::ids::{CommandId, Issuer, ResourceRef, Timestamp};
+use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::subjects::ingress_subject_of;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::plan::Planned;
+
+/// How a sweeper runs.
+#[derive(Debug, Clone)]
+pub struct SweeperConfig {
+    /// Who the requests are from (their issuer): `sweeper` and this name.
+    pub name: String,
+    /// How often the sweeper looks for due work.
+    pub interval: Duration,
+    /// A request whose effect has not shown after this long is sent again (as a new command).
+    pub retry_after: Duration,
+    /// A resource `releasing` for longer than this is reported: a metric and an alert line.
+    pub release_timeout: Duration,
+    /// Requests published at once.
+    pub in_flight: usize,
+}
+
+impl SweeperConfig {
+    pub fn new(name: impl Into<String>) -> Self {
+        SweeperConfig {
+            name: name.into(),
+            interval: Duration::from_secs(1),
+            retry_after: Duration::from_secs(5),
+            release_timeout: Duration::from_secs(600),
+            in_flight: 64,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Log(#[from] leasehold_log::Error),
+    #[error("loading the partitions: {0}")]
+    Load(#[from] leasehold_worker::Error),
+    #[error(
+        "partition {partition}: the outcome at {seq} says the one before it is at {prev_seq}, but it is at \
+         {expected}: the chain of outcomes is broken; the sweeper stops"
+    )]
+    ChainBroken { partition: u32, seq: u64, prev_seq: u64, expected: u64 },
+    #[error("the outcome at {seq} cannot be folded: {detail}; the sweeper stops")]
+    Fold { seq: u64, detail: String },
+    #[error("the outcome feed ended")]
+    FeedEnded,
+    #[error("the sweeper's name makes no issuer: {0}")]
+    Name(String),
+}
+
+impl Error {
+    /// True when the log was unreachable for a while: running again later may get over it.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Log(leasehold_log::Error::Unavailable(_)) | Error::FeedEnded => true,
+            Error::Load(e) => e.is_transient(),
+            _ => false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TypeLabel {
+    r#type: &'static str,
+}
+
+/// What the sweeper tells Prometheus.
+#[derive(Debug, Clone, Default)]
+pub struct SweeperMetrics {
+    requests: Family<TypeLabel, Counter>,
+    releasing_overdue: Gauge,
+    applied: Gauge,
+}
+
+impl SweeperMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = SweeperMetrics::default();
+        registry.register(
+            "leasehold_sweeper_requests",
+            "Requests this process's sweeper published, by command type",
+            metrics.requests.clone(),
+        );
+        registry.register(
+            "leasehold_releasing_overdue",
+            "Resources releasing for longer than the release timeout: their agent has not confirmed the destroy",
+            metrics.releasing_overdue.clone(),
+        );
+        registry.register(
+            "leasehold_sweeper_applied_seq",
+            "The last outcome sequence the sweeper has folded",
+            metrics.applied.clone(),
+        );
+        metrics
+    }
+
+    /// Requests published so far of `type_name`.
+    pub fn requests(&self, type_name: &'static str) -> u64 {
+        self.requests.get_or_create(&TypeLabel { r#type: type_name }).get()
+    }
+
+    /// Resources releasing past the release timeout, at the last look.
+    pub fn releasing_overdue(&self) -> i64 {
+        self.releasing_overdue.get()
+    }
+}
+
+fn wall_now() -> Timestamp {
+    Timestamp(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64)
+}
+
+/// The command id of the request planned as `key`, sent in the `retry_after` window that `now` falls in: the
+/// same for every sweeper that sends it in that window.
+pub fn request_id(key: &str, now: Timestamp, retry_after: Duration) -> CommandId {
+    let width = (retry_after.as_millis() as u64).max(1);
+    let window = now.0 / width * width;
+    let a = fnv1a64(key.as_bytes(), 0xcbf2_9ce4_8422_2325);
+    let b = fnv1a64(key.as_bytes(), 0x8422_2325_cbf2_9ce4 ^ window);
+    let mut entropy = [0u8; 10];
+    entropy[..8].copy_from_slice(&a.to_be_bytes());
+    entropy[8..].copy_from_slice(&b.to_be_bytes()[..2]);
+    CommandId::from_parts(window, entropy)
+}
+
+fn fnv1a64(bytes: &[u8], seed: u64) -> u64 {
+    bytes.iter().fold(seed, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+/// The sweeper's view of the log: every partition's state and the last outcome folded into it.
+struct View {
+    states: BTreeMap<u32, PartitionState>,
+    chain: BTreeMap<u32, u64>,
+    applied: u64,
+    /// Adoption answers seen go by, until the child has taken one.
+    answers: BTreeMap<ResourceRef, Cascade>,
+    /// When each resource was seen turn `releasing` (log time; the load time for those already releasing then).
+    releasing_since: HashMap<ResourceRef, Timestamp>,
+}
+
+impl View {
+    async fn load<L: Log>(log: &L) -> Result<View, Error> {
+        let config = leasehold_worker::WriterConfig::default();
+        let mut view = View {
+            states: BTreeMap::new(),
+            chain: BTreeMap::new(),
+            applied: 0,
+            answers: BTreeMap::new(),
+            releasing_since: HashMap::new(),
+        };
+        let loaded_at = wall_now();
+        for partition in 0..log.partitions() {
+            let folded = leasehold_worker::fold_partition(log, partition, 0, &config).await?;
+            for resource in folded.state.resources() {
+                if matches!(resource.state, ResourceState::Releasing { .. }) {
+                    view.releasing_since.insert(resource.reference(), loaded_at);
+                }
+            }
+            view.chain.insert(partition, folded.fence);
+            view.states.insert(partition, folded.state);
+        }
+        view.applied = view.chain.values().copied().min().unwrap_or(0);
+        Ok(view)
+    }
+
+    fn apply(&mut self, stored: &StoredOutcome) -> Result<(), Error> {
+        let Some(&expected) = self.chain.get(&stored.partition) else {
+            return Err(Error::Fold { seq: stored.seq, detail: format!("there is no partition {}", stored.partition) });
+        };
+        self.applied = self.applied.max(stored.seq);
+        if stored.seq <= expected {
+            return Ok(());
+        }
+        if stored.prev_seq != expected {
+            return Err(Error::ChainBroken {
+                partition: stored.partition,
+                seq: stored.seq,
+                prev_seq: stored.prev_seq,
+                expected,
+            });
+        }
+        let outcome = codec::decode_outcome(&stored.payload)
+            .map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
+        if outcome.decider_version > DECIDER_VERSION {
+            return Err(Error::Fold {
+                seq: stored.seq,
+                detail: format!("decided by decider version {}, newer than this sweeper's", outcome.decider_version),
+            });
+        }
+        let state = self.states.get_mut(&stored.partition).expect("checked above");
+        apply(state, &outcome).map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
+        self.chain.insert(stored.partition, stored.seq);
+        let agent = match &outcome.command.key {
+            leasehold_schemas::ids::Key::Agent(agent) => Some(agent.clone()),
+            leasehold_schemas::ids::Key::Pool(_) => None,
+        };
+        for (position, effect) in outcome.positioned_effects() {
+            match effect {
+                Effect::ChildAdopted { parent, child, child_source, parent_state } => {
+                    let Some(agent) = &agent else { continue };
+                    let parent = ResourceRef::new(agent.clone(), *parent);
+                    let answer =
+                        plan::adoption_answer(stored.partition, position, &parent, child, *child_source, *parent_state);
+                    self.answers.insert(child.clone(), answer);
+                }
+                Effect::ResourceReleasing { resource, .. } => {
+                    if let Some(agent) = &agent {
+                        self.releasing_since.insert(ResourceRef::new(agent.clone(), *resource), outcome.log_time);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets what no longer matters: answers taken (or whose child left), releases finished.
+    fn prune(&mut self) {
+        let states = &self.states;
+        let partitions = states.values().next().map(PartitionState::partitions).unwrap_or(1);
+        let find = |reference: &ResourceRef| {
+            let home = leasehold_schemas::subjects::partition_of_agent(&reference.agent, partitions);
+            states.get(&home).and_then(|s| s.resource(reference.resource)).filter(|r| r.agent == reference.agent)
+        };
+        self.answers.retain(|child, _| find(child).is_some_and(|r| r.parent_seen().is_none() && !r.state.has_left()));
+        self.releasing_since
+            .retain(|reference, _| find(reference).is_some_and(|r| matches!(r.state, ResourceState::Releasing { .. })));
+    }
+}
+
+/// Runs a sweeper over `log` until `shutdown`. It returns an error only for what needs an operator (a broken
+/// chain, an outcome it cannot fold); an unavailable log is waited out.
+pub async fn run<L: Log>(
+    log: L,
+    config: SweeperConfig,
+    metrics: SweeperMetrics,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    let issuer = Issuer::new(format!("sweeper:{}", config.name)).map_err(|e| Error::Name(e.to_string()))?;
+    let mut view = tokio::select! {
+        () = shutdown.cancelled() => return Ok(()),
+        view = View::load(&log) => view?,
+    };
+    info!(sweeper = %config.name, applied = view.applied, "sweeper loaded the partitions");
+    let mut follow = log.follow(OutcomeFilter::All, view.applied + 1);
+    let mut ticker = tokio::time::interval(config.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sender = Sender { log: &log, issuer, config: &config, metrics: &metrics, sent: HashMap::new() };
+    let mut planned: Vec<Planned> = Vec::new();
+    let mut dirty = true;
+    let mut overdue_reported: BTreeSet<ResourceRef> = BTreeSet::new();
+    loop {
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return Ok(()),
+            next = follow.next() => {
+                let Some(first) = next else { return Err(Error::FeedEnded) };
+                view.apply(&first?)?;
+                while let Some(Some(next)) = follow.next().now_or_never() {
+                    view.apply(&next?)?;
+                }
+                metrics.applied.set(view.applied as i64);
+                dirty = true;
+            }
+            _ = ticker.tick() => {
+                if dirty {
+                    view.prune();
+                    planned = plan::plan(&view.states, &view.answers);
+                    dirty = false;
+                }
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return Ok(()),
+                    () = sender.send_due(&planned) => {}
+                }
+                report_overdue(&view, &config, &metrics, &mut overdue_reported);
+            }
+        }
+    }
+}
+
+/// Counts the resources releasing past the release timeout, and says so once for each.
+fn report_overdue(view: &View, config: &SweeperConfig, metrics: &SweeperMetrics, reported: &mut BTreeSet<ResourceRef>) {
+    let limit = leasehold_schemas::ids::Millis(config.release_timeout.as_millis() as u64);
+    let now = wall_now();
+    let overdue: BTreeSet<&ResourceRef> = view
+        .releasing_since
+        .iter()
+        .filter(|(_, since)| since.saturating_add(limit) <= now)
+        .map(|(reference, _)| reference)
+        .collect();
+    metrics.releasing_overdue.set(overdue.len() as i64);
+    for reference in &overdue {
+        if reported.insert((*reference).clone()) {
+            let since = view.releasing_since[*reference];
+            warn!(
+                target: "leasehold::alert",
+                resource = %reference,
+                %since,
+                "ALERT: resource {reference} has been releasing since {since}, longer than the release timeout \
+                 ({:?}); its agent has not confirmed the destroy (it keeps retrying). Check the agent and the machine",
+                config.release_timeout
+            );
+        }
+    }
+    reported.retain(|reference| overdue.contains(reference));
+}
+
+struct Sender<'a, L: Log> {
+    log: &'a L,
+    issuer: Issuer,
+    config: &'a SweeperConfig,
+    metrics: &'a SweeperMetrics,
+    /// When each planned item was last sent.
+    sent: HashMap<String, Instant>,
+}
+
+impl<L: Log> Sender<'_, L> {
+    /// Publishes every planned request that is due by this process's clock and was not sent within
+    /// `retry_after`. The clock only says when to ask: the partition decides by the log's.
+    async fn send_due(&mut self, planned: &[Planned]) {
+        let now = wall_now();
+        let retry_after = self.config.retry_after;
+        let keys: std::collections::HashSet<&str> = planned.iter().map(|p| p.key.as_str()).collect();
+        self.sent.retain(|key, _| keys.contains(key.as_str()));
+        let due: Vec<&Planned> = planned
+            .iter()
+            .filter(|p| p.due.is_none_or(|at| at <= now))
+            .filter(|p| self.sent.get(&p.key).is_none_or(|at| at.elapsed() >= retry_after))
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        debug!(n = due.len(), "sweeper: publishing due requests");
+        let sends: Vec<_> = due
+            .iter()
+            .map(|item| publish(self.log.clone(), self.issuer.clone(), (*item).clone(), now, retry_after))
+            .collect();
+        let results: Vec<bool> = futures::stream::iter(sends).buffer_unordered(self.config.in_flight).collect().await;
+        let at = Instant::now();
+        for (item, published) in due.iter().zip(results) {
+            // Sent or not, it is tried again only after `retry_after`: an unavailable log is not hammered.
+            self.sent.insert(item.key.clone(), at);
+            if published {
+                self.metrics.requests.get_or_create(&TypeLabel { r#type: item.command.type_name() }).inc();
+            }
+        }
+    }
+}
+
+/// Publishes one request, its command id derived from its key and the window `now` falls in.
+async fn publish<L: Log>(log: L, issuer: Issuer, item: Planned, now: Timestamp, retry_after: Duration) -> bool {
+    let id = request_id(&item.key, now, retry_after);
+    let envelope = Envelope::new(id, issuer, now, item.command);
+    let payload = match codec::encode_command(&envelope) {
+        Ok(payload) => payload,
+        Err(e) => {
+            warn!(request = %item.key, error = %e, "a sweeper request does not encode");
+            return false;
+        }
+    };
+    let subject = ingress_subject_of(&envelope.body);
+    match log.publish_command(&subject, &id.to_string(), payload.into()).await {
+        Ok(_) => true,
+        Err(e) => {
+            warn!(request = %item.key, error = %e, "publishing a sweeper request failed; it is tried again later");
+            false
+        }
+    }
+}

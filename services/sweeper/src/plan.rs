@@ -1,0 +1,292 @@
+//! What the sweeper asks for, planned from the partitions' states: pure, so it is tested without a log.
+//!
+//! The plan is level-triggered, as a Kubernetes controller is: it compares what the states say with what they
+//! should say and asks for the difference, whatever happened before (a lost command, a sweeper that restarted,
+//! another sweeper that asked first). Every request is decided by the partition it goes to, against its own state:
+//! one planned from a view that is behind is refused there (`not-yet-due`, `already-done`, a stale source), never
+//! applied twice. Cross-partition work names its source (partition, position): the target ignores anything not newer
+//! than what it last heard from there.
+
+use std::collections::BTreeMap;
+
+use leasehold_domain::PartitionState;
+use leasehold_domain::due;
+use leasehold_domain::state::{ClaimSlot, Holding, LeaseState, Liveness, Pool, Resource, ResourceState};
+use leasehold_schemas::command::{
+    Adopt, BindClaim, Cascade, Claim, Command, CreateTimeout, ExpireLease, ExpirePause, Free, MarkGone, MarkStalled,
+    Orphan, ParentState, RequestHealthCheck, TickPool, WaitTimeout,
+};
+use leasehold_schemas::ids::{Key, PoolName, Position, ResourceRef, Source, Timestamp};
+use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
+
+/// One command the sweeper wants decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    /// Names the work (what, about what, from which cause): planned again, the same work has the same key, and
+    /// the command id derives from it, so sweepers that plan the same work send the same command.
+    pub key: String,
+    /// The log time from which it can be decided (`None`: now). Asked for earlier, it is refused `not-yet-due`.
+    pub due: Option<Timestamp>,
+    pub command: Command,
+}
+
+impl Planned {
+    fn now(key: String, command: impl Into<Command>) -> Self {
+        Planned { key, due: None, command: command.into() }
+    }
+
+    fn at(key: String, due: Timestamp, command: impl Into<Command>) -> Self {
+        Planned { key, due: Some(due), command: command.into() }
+    }
+}
+
+/// The partitions' states, as far as this sweeper has folded them.
+pub type States = BTreeMap<u32, PartitionState>;
+
+/// Everything the states ask for now or later, in partition order. `answers` are the adoption answers seen go by
+/// (a `child-adopted` is an event, not a state: see [`adoption_answer`]).
+pub fn plan(states: &States, answers: &BTreeMap<ResourceRef, Cascade>) -> Vec<Planned> {
+    let mut out = Vec::new();
+    for state in states.values() {
+        time_driven(state, &mut out);
+        for pool in state.pools() {
+            pool_work(states, state.partition(), pool, &mut out);
+        }
+        for resource in state.resources() {
+            claims_wanted(states, state, resource, &mut out);
+            parent_work(states, state, resource, answers, &mut out);
+        }
+    }
+    out
+}
+
+/// Deadlines of one partition: leases, waits, creates, pauses, agents; health checks; orphans of gone agents.
+fn time_driven(state: &PartitionState, out: &mut Vec<Planned>) {
+    for lease in state.leases() {
+        let Some(at) = due::lease_due(lease) else { continue };
+        let (agent, id) = (lease.agent.clone(), lease.id);
+        if matches!(lease.state, LeaseState::Waiting { .. }) {
+            out.push(Planned::at(format!("wait-timeout {agent}.{id} {at}"), at, WaitTimeout { agent, lease: id }));
+        } else {
+            out.push(Planned::at(format!("expire-lease {agent}.{id} {at}"), at, ExpireLease { agent, lease: id }));
+        }
+    }
+    for resource in state.resources() {
+        let (agent, id) = (resource.agent.clone(), resource.id);
+        if let Some(at) = due::create_due(state, resource) {
+            out.push(Planned::at(
+                format!("create-timeout {agent}.{id} {at}"),
+                at,
+                CreateTimeout { agent, resource: id },
+            ));
+        } else if let Some(at) = due::pause_due(resource) {
+            out.push(Planned::at(format!("expire-pause {agent}.{id} {at}"), at, ExpirePause { agent, resource: id }));
+        } else if let ResourceState::Suspect { asked: None, .. } = resource.state {
+            // A check asked for and not answered is not asked again here: the agent runs it when it is back.
+            out.push(Planned::now(
+                format!("health-check {agent}.{id} {}", resource.allocated_pos),
+                RequestHealthCheck { agent, resource: id },
+            ));
+        }
+    }
+    for agent in state.agents() {
+        let name = agent.name.clone();
+        match agent.liveness {
+            Liveness::Live => {
+                let at = due::stall_due(state, agent);
+                out.push(Planned::at(format!("mark-stalled {name} {at}"), at, MarkStalled { agent: name.clone() }));
+                let at = due::gone_due(state, agent);
+                out.push(Planned::at(format!("mark-gone {name} {at}"), at, MarkGone { agent: name }));
+            }
+            Liveness::Stalled => {
+                let at = due::gone_due(state, agent);
+                out.push(Planned::at(format!("mark-gone {name} {at}"), at, MarkGone { agent: name }));
+            }
+            Liveness::Gone if state.pending().is_none() => {
+                // Going `gone` orphans everything in the same decision; what is left (allocated on the way) is
+                // orphaned one by one.
+                for resource in state.resources_of(agent).filter(|r| !r.state.is_terminal()) {
+                    let id = resource.id;
+                    out.push(Planned::now(
+                        format!("orphan {name}.{id} {}", agent.epoch),
+                        Orphan { agent: name.clone(), resource: id },
+                    ));
+                }
+            }
+            Liveness::Gone => {}
+        }
+    }
+}
+
+fn pool_partition(states: &States, pool: &PoolName) -> Option<u32> {
+    let partitions = states.values().next()?.partitions();
+    Some(partition_of_key(&Key::Pool(pool.clone()), partitions))
+}
+
+fn holder_state<'a>(states: &'a States, holder: &ResourceRef) -> Option<&'a PartitionState> {
+    let partitions = states.values().next()?.partitions();
+    states.get(&partition_of_agent(&holder.agent, partitions))
+}
+
+/// The resource `reference` names, as its partition holds it.
+fn resource_at<'a>(state: &'a PartitionState, reference: &ResourceRef) -> Option<&'a Resource> {
+    state.resource(reference.resource).filter(|r| r.agent == reference.agent)
+}
+
+/// A pool's side: grants to carry to their holders, claims to free, waiters to serve after a cool-down.
+fn pool_work(states: &States, partition: u32, pool: &Pool, out: &mut Vec<Planned>) {
+    let name = &pool.name;
+    for (holder, holding) in &pool.holders {
+        let Some(home) = holder_state(states, holder) else { continue };
+        let here = resource_at(home, holder);
+        // Anything newer than the claim: the holder's partition as far as this sweeper has seen it.
+        let from_home = Source { partition: home.partition(), position: home.last_position() };
+        match holding {
+            Holding::Granted { value, token, source } => {
+                let slot = here.and_then(|r| r.claims.get(name));
+                let free = Free { pool: name.clone(), holder: holder.clone(), token: Some(*token), source: from_home };
+                match slot {
+                    Some(ClaimSlot::Bound { token: bound, .. }) if bound == token => {}
+                    Some(ClaimSlot::Returned { token: Some(returned) }) if returned == token => {
+                        out.push(Planned::now(format!("free {name} {holder} {token}"), free));
+                    }
+                    _ if home.grant_returned(holder, name, *token) => {
+                        out.push(Planned::now(format!("free {name} {holder} {token}"), free));
+                    }
+                    // Wanted by this very claim, or anything else: the holder's partition binds it or sends it
+                    // back (a grant it cannot keep), by its own state, not this view of it.
+                    _ => out.push(Planned::now(
+                        format!("bind-claim {name} {holder} {token}"),
+                        BindClaim {
+                            holder: holder.clone(),
+                            pool: name.clone(),
+                            value: *value,
+                            token: *token,
+                            source: Source { partition, position: *token },
+                            wanted: *source,
+                        },
+                    )),
+                }
+            }
+            Holding::Waiting { source, .. } => {
+                let gave_up = match here {
+                    Some(resource) => matches!(resource.claims.get(name), Some(ClaimSlot::Returned { token: None })),
+                    // Unknown to the holder's partition as far as this view goes: withdraw it with a source as new
+                    // as the view. If the view is behind the claim, the pool refuses it as stale.
+                    None => true,
+                };
+                if gave_up && from_home.position > source.position {
+                    out.push(Planned::now(
+                        format!("withdraw {name} {holder} {}", source.position),
+                        Free { pool: name.clone(), holder: holder.clone(), token: None, source: from_home },
+                    ));
+                }
+            }
+        }
+    }
+    if !pool.waiters.is_empty()
+        && let Some(at) = pool.next_cooled_at()
+    {
+        out.push(Planned::at(format!("tick {name} {at}"), at, TickPool { pool: name.clone() }));
+    }
+}
+
+/// A resource's side of its claims: a claim the pool has not heard of yet.
+fn claims_wanted(states: &States, state: &PartitionState, resource: &Resource, out: &mut Vec<Planned>) {
+    for (name, slot) in &resource.claims {
+        let ClaimSlot::Wanted { wanted_at } = slot else { continue };
+        let Some(pool) = pool_partition(states, name).and_then(|p| states.get(&p)).and_then(|s| s.pool(name)) else {
+            // Not defined (as far as this view goes): the resource waits; once the pool is defined, it is claimed.
+            continue;
+        };
+        let holder = resource.reference();
+        let source = Source { partition: state.partition(), position: *wanted_at };
+        let known =
+            pool.holders.contains_key(&holder) || pool.released.get(&holder).is_some_and(|(ended, _)| *ended == source);
+        if !known {
+            out.push(Planned::now(
+                format!("claim {name} {holder} {wanted_at}"),
+                Claim { pool: name.clone(), holder, source },
+            ));
+        }
+    }
+}
+
+/// What a parent's state means for a child, as its partition holds it now.
+fn parent_state_of(parent_home: &PartitionState, parent: &ResourceRef) -> ParentState {
+    match resource_at(parent_home, parent) {
+        Some(p) if p.state.has_left() => ParentState::Left,
+        Some(p) if matches!(p.state, ResourceState::Suspect { .. }) => ParentState::Suspect,
+        Some(_) => ParentState::Healthy,
+        None => ParentState::Left,
+    }
+}
+
+/// A child's side of its parent: adoption, the answer to it, and the parent's changes since.
+fn parent_work(
+    states: &States,
+    state: &PartitionState,
+    child: &Resource,
+    answers: &BTreeMap<ResourceRef, Cascade>,
+    out: &mut Vec<Planned>,
+) {
+    let Some(parent) = child.parent() else { return };
+    if child.state.has_left() {
+        return;
+    }
+    let partitions = state.partitions();
+    let home = partition_of_agent(&parent.agent, partitions);
+    let Some(parent_home) = states.get(&home) else { return };
+    let reference = child.reference();
+    let own_life = Source { partition: state.partition(), position: child.allocated_pos };
+    if home != state.partition() && child.parent_seen().is_none() {
+        match answers.get(&reference).filter(|answer| answer.answers == Some(own_life)) {
+            Some(answer) => {
+                out.push(Planned::now(format!("adopted {reference} {}", answer.source.position), answer.clone()))
+            }
+            None => out.push(Planned::now(
+                format!("adopt {parent} {reference} {}", child.allocated_pos),
+                Adopt { parent: parent.clone(), child: reference, source: own_life },
+            )),
+        }
+        return;
+    }
+    // A parent in the child's own partition only when it may not exist any more (`None`) is `Left`: one not found in a
+    // view of another partition may just not be there yet, and its adoption answer says so.
+    if home != state.partition() && resource_at(parent_home, parent).is_none() {
+        return;
+    }
+    let wanted = parent_state_of(parent_home, parent);
+    let in_step = match wanted {
+        ParentState::Left => false,
+        ParentState::Suspect => child.upstream_suspect().is_some(),
+        ParentState::Healthy => child.upstream_suspect().is_none(),
+    };
+    let as_of = Source { partition: home, position: parent_home.last_position() };
+    let heard_newer = child.parent_seen().is_some_and(|seen| seen >= as_of) && home != state.partition();
+    if in_step || heard_newer {
+        return;
+    }
+    out.push(Planned::now(
+        format!("cascade {parent} {reference} {wanted:?} {}", as_of.position),
+        Cascade { child: reference, parent: parent.clone(), parent_state: wanted, source: as_of, answers: None },
+    ));
+}
+
+/// The cascade that carries a `child-adopted` (at `position` in `partition`) back to the child that asked.
+pub fn adoption_answer(
+    partition: u32,
+    position: Position,
+    parent: &ResourceRef,
+    child: &ResourceRef,
+    child_source: Source,
+    parent_state: ParentState,
+) -> Cascade {
+    Cascade {
+        child: child.clone(),
+        parent: parent.clone(),
+        parent_state,
+        source: Source { partition, position },
+        answers: Some(child_source),
+    }
+}
