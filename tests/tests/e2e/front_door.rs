@@ -18,7 +18,6 @@
 //! Without `nats-server` on `PATH` the NATS test prints a notice and passes, except in CI (`CI=true`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,21 +26,16 @@ use futures::StreamExt;
 use leasehold_log::jetstream::{JetStream, JetStreamConfig};
 use leasehold_log::nats_server::NatsServer;
 use leasehold_log::{Log, OutcomeFilter};
-use leasehold_projector::{AgentView, LeaseView, ResourceView};
-use leasehold_schemas::command::{Acquire, Allocate, Release, ReleaseLease, Renew};
 use leasehold_schemas::subjects::partition_of_agent;
-use leasehold_schemas::{
-    AgentName, Command as Body, CommandId, Envelope, Issuer, LeaseId, Position, ResourceId, Timestamp, codec,
-};
+use leasehold_schemas::{Envelope, LeaseId, ResourceId, codec};
 use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::api::{
+    Api, POLL, STEP, acquire, agent_name, allocate, release, release_lease, renew, wait_agent, wait_path, wait_resource,
+};
 use crate::support::{Proc, logs};
 
-/// How long any one awaited condition may take before the test fails.
-const STEP: Duration = Duration::from_secs(30);
-/// How often a condition is looked at again.
-const POLL: Duration = Duration::from_millis(100);
 /// The agents' sync interval: losses, destructions and garbage are seen within about this long.
 const SYNC: &str = "500ms";
 
@@ -501,189 +495,5 @@ impl Load {
             assert!(Instant::now() < deadline, "{} was not decided in {RUN_LIMIT:?}", envelope.command_id);
             tokio::time::sleep(POLL).await;
         }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Commands.
-
-fn agent_name(name: &str) -> AgentName {
-    AgentName::new(name).expect("an agent name")
-}
-
-fn command(body: impl Into<Body>) -> Envelope {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_millis();
-    Envelope::new(CommandId::generate(), Issuer::new("e2e").expect("an issuer"), Timestamp(now as u64), body)
-}
-
-fn allocate(agent: &AgentName, resource: ResourceId) -> Envelope {
-    command(Allocate::new(agent.clone(), resource, "container", 1))
-}
-
-fn acquire(agent: &AgentName, resource: ResourceId, lease: LeaseId) -> Envelope {
-    command(Acquire {
-        agent: agent.clone(),
-        resource,
-        lease,
-        holder: "e2e-build".into(),
-        ttl: None,
-        wait_timeout: None,
-    })
-}
-
-fn renew(agent: &AgentName, lease: LeaseId, token: u64) -> Envelope {
-    command(Renew { agent: agent.clone(), lease, token: Position(token), ttl: None })
-}
-
-fn release_lease(agent: &AgentName, lease: LeaseId, token: Option<u64>) -> Envelope {
-    command(ReleaseLease { agent: agent.clone(), lease, token: token.map(Position) })
-}
-
-fn release(agent: &AgentName, resource: ResourceId) -> Envelope {
-    command(Release { agent: agent.clone(), resource, reason: Some("e2e".into()) })
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// The HTTP API.
-
-#[derive(Debug, Clone)]
-struct Api {
-    http: reqwest::Client,
-    base: String,
-}
-
-impl Api {
-    fn new(base: String) -> Api {
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("an HTTP client");
-        Api { http, base }
-    }
-
-    /// Posts one command with `?wait=true`: the status code and the answer.
-    async fn post(&self, envelope: &Envelope, timeout: &str) -> Result<(u16, Value), String> {
-        let json = codec::command_to_json(envelope).expect("the command in JSON");
-        let response = self
-            .http
-            .post(format!("{}/v1/commands?wait=true&timeout={timeout}", self.base))
-            .header("content-type", "application/json")
-            .body(json)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        let code = response.status().as_u16();
-        let answer = response.json::<Value>().await.map_err(|e| e.to_string())?;
-        Ok((code, answer))
-    }
-
-    /// Posts a command that must be decided at once (one process, nothing killed): its answer.
-    async fn decide(&self, envelope: &Envelope, processes: &[&Proc]) -> Value {
-        match self.post(envelope, "20s").await {
-            Ok((200, answer)) => answer,
-            other => panic!("{} was not decided: {other:?}\n{}", envelope.type_name(), logs(processes.iter().copied())),
-        }
-    }
-
-    /// Posts a command that must be accepted.
-    async fn accepted(&self, envelope: &Envelope, processes: &[&Proc]) -> Value {
-        let answer = self.decide(envelope, processes).await;
-        assert_eq!(answer["status"], "accepted", "{} was not accepted: {answer:#}", envelope.type_name());
-        answer
-    }
-
-    /// A GET: `None` on 404; any other failure fails the test.
-    async fn get(&self, path: &str) -> Option<Value> {
-        self.try_get(path).await.unwrap_or_else(|e| panic!("GET {path}: {e}"))
-    }
-
-    /// A GET of a text page (`/metrics`).
-    async fn text(&self, path: &str) -> Result<String, String> {
-        let response = self.http.get(format!("{}{path}", self.base)).send().await.map_err(|e| e.to_string())?;
-        response.text().await.map_err(|e| e.to_string())
-    }
-
-    async fn try_get(&self, path: &str) -> Result<Option<Value>, String> {
-        let response = self.http.get(format!("{}{path}", self.base)).send().await.map_err(|e| e.to_string())?;
-        match response.status().as_u16() {
-            404 => Ok(None),
-            200 => response.json().await.map(Some).map_err(|e| e.to_string()),
-            code => Err(format!("{code}: {}", response.text().await.unwrap_or_default())),
-        }
-    }
-
-    async fn lease(&self, reference: &str) -> Option<LeaseView> {
-        let path = format!("/v1/leases/{reference}");
-        self.get(&path).await.map(|v| serde_json::from_value(v).unwrap_or_else(|e| panic!("GET {path}: {e}")))
-    }
-
-    async fn resource(&self, reference: &str) -> Option<ResourceView> {
-        let path = format!("/v1/resources/{reference}");
-        self.get(&path).await.map(|v| serde_json::from_value(v).unwrap_or_else(|e| panic!("GET {path}: {e}")))
-    }
-}
-
-/// Waits until `path` exists (`true`) or not (`false`).
-async fn wait_path(path: &Path, present: bool, processes: &[&Proc]) {
-    let deadline = Instant::now() + STEP;
-    while path.exists() != present {
-        assert!(
-            Instant::now() < deadline,
-            "{} is {} after {STEP:?}\n{}",
-            path.display(),
-            if present { "still absent" } else { "still there" },
-            logs(processes.iter().copied())
-        );
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-/// Waits until the resource is known and `done` holds for it; returns it.
-async fn wait_resource(
-    api: &Api,
-    reference: &str,
-    done: impl Fn(&ResourceView) -> bool,
-    processes: &[&Proc],
-) -> ResourceView {
-    let path = format!("/v1/resources/{reference}");
-    let deadline = Instant::now() + STEP;
-    loop {
-        let seen = match api.try_get(&path).await {
-            Ok(Some(value)) => {
-                let view: ResourceView = serde_json::from_value(value).expect("a resource view");
-                if done(&view) {
-                    return view;
-                }
-                format!("state {} ({view:?})", view.state)
-            }
-            Ok(None) => "not known".to_owned(),
-            Err(e) => e,
-        };
-        assert!(
-            Instant::now() < deadline,
-            "resource {reference}: not as expected after {STEP:?}; last seen: {seen}\n{}",
-            logs(processes.iter().copied())
-        );
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-/// Waits until `/v1/agents` lists the agent and `done` holds for it; returns it.
-async fn wait_agent(api: &Api, name: &str, done: impl Fn(&AgentView) -> bool, processes: &[&Proc]) -> AgentView {
-    let deadline = Instant::now() + STEP;
-    loop {
-        let agents: Vec<AgentView> = match api.try_get("/v1/agents").await {
-            Ok(Some(value)) => serde_json::from_value(value).expect("agent views"),
-            _ => Vec::new(),
-        };
-        let this = agents.into_iter().find(|a| a.name == name);
-        if let Some(agent) = &this
-            && done(agent)
-        {
-            return this.expect("found");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "agent {name}: not as expected after {STEP:?}; last seen: {this:?}\n{}",
-            logs(processes.iter().copied())
-        );
-        tokio::time::sleep(POLL).await;
     }
 }
