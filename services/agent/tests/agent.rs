@@ -408,3 +408,114 @@ async fn a_refused_registration_stops_the_agent() {
     assert!(err.to_string().contains("stall_after"), "{err}");
     system.stop().await;
 }
+
+/// The dir driver, whose listing can be held: armed, the next `list` takes its listing, says so, and gives it only
+/// once let go. What an inventory that takes long on a busy machine looks like to the rest of the agent.
+#[derive(Debug, Clone)]
+struct Held {
+    dir: DirDriver,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    listed: std::sync::Arc<tokio::sync::Notify>,
+    go: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+impl Held {
+    fn new(root: &Path) -> Self {
+        Held {
+            dir: DirDriver::new(root),
+            armed: Default::default(),
+            listed: Default::default(),
+            go: std::sync::Arc::new(tokio::sync::Semaphore::new(0)),
+        }
+    }
+}
+
+impl Driver for Held {
+    async fn create(&self, id: ResourceId, spec: &Spec) -> Result<Option<String>, DriverError> {
+        self.dir.create(id, spec).await
+    }
+
+    async fn destroy(&self, id: ResourceId) -> Result<(), DriverError> {
+        self.dir.destroy(id).await
+    }
+
+    async fn list(&self) -> Result<Vec<ResourceId>, DriverError> {
+        let listing = self.dir.list().await;
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.listed.notify_one();
+            self.go.acquire().await.expect("the gate is never closed").forget();
+        }
+        listing
+    }
+
+    async fn check(&self, id: ResourceId) -> Result<Health, DriverError> {
+        self.dir.check(id).await
+    }
+}
+
+/// The Concourse race, live: an allocation decided (and created) while the agent is in the middle of taking its
+/// inventory is not in that inventory, and the report made from it does not call it lost: the report's watermark is
+/// older than the allocation, so the writer does not judge it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_allocation_made_during_an_inventory_is_not_marked_lost() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let driver = Held::new(&root);
+    let agent = system.agent("w1", driver.clone()).await;
+    let w1 = agent.name.clone();
+    let before = system.allocate(&w1).await;
+    system
+        .effect(
+            &w1,
+            "the first activation",
+            |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == before),
+        )
+        .await;
+
+    // The inventory starts (it has news: `before` is active since the last report), and is taken before the
+    // allocation below exists.
+    driver.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let listed = driver.listed.notified();
+    let reports_before = agent.control.status().reports;
+    agent.control.sync_now();
+    within("the inventory to be taken", listed).await;
+
+    // Meanwhile: allocated, ordered created and created by the agent; the inventory does not hold it.
+    let during = system.allocate(&w1).await;
+    let ordered = system
+        .effect(&w1, "the create order", |e| matches!(e, Effect::CreateOrdered { resource } if *resource == during))
+        .await;
+    system
+        .effect(
+            &w1,
+            "the activation",
+            |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == during),
+        )
+        .await;
+    assert!(dir_of(&root, during).exists(), "the agent made it while its inventory was held");
+
+    // The inventory goes on: its report is decided, with a watermark older than the allocation, and loses nothing.
+    driver.go.add_permits(1);
+    within("the held report", agent.control.wait_for(|s| s.reports > reports_before)).await;
+    agent.sync().await;
+    let outcomes = system.outcomes(&w1).await;
+    let watermarks: Vec<Position> = outcomes
+        .iter()
+        .filter(|o| o.command.type_name == "agent.sync")
+        .flat_map(|o| o.effects())
+        .filter_map(|e| match e {
+            Effect::ObservationAccepted { watermark: Some(w), .. } => Some(*w),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        watermarks.iter().any(|w| *w < ordered),
+        "a report made from the held inventory (watermark before {ordered}) was decided: {watermarks:?}"
+    );
+    let lost: Vec<&Effect> =
+        outcomes.iter().flat_map(|o| o.effects()).filter(|e| matches!(e, Effect::ResourceLost { .. })).collect();
+    assert!(lost.is_empty(), "nothing was lost: {lost:?}");
+    assert_honest(&outcomes, &w1);
+    agent.stop().await;
+    system.stop().await;
+}
