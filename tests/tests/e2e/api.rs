@@ -181,7 +181,12 @@ pub(crate) async fn wait_resource(
 }
 
 /// Waits until `/v1/agents` lists the agent and `done` holds for it; returns it.
-pub(crate) async fn wait_agent(api: &Api, name: &str, done: impl Fn(&AgentView) -> bool, processes: &[&Proc]) -> AgentView {
+pub(crate) async fn wait_agent(
+    api: &Api,
+    name: &str,
+    done: impl Fn(&AgentView) -> bool,
+    processes: &[&Proc],
+) -> AgentView {
     let deadline = Instant::now() + STEP;
     loop {
         let agents: Vec<AgentView> = match api.try_get("/v1/agents").await {

@@ -6,5 +6,6 @@ mod crash;
 mod dead_letters;
 mod fences;
 mod front_door;
+mod pools;
 mod python_producer;
 mod support;

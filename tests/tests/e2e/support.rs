@@ -131,6 +131,23 @@ impl Proc {
         self.exited = Some(self.child.wait().expect("reap the process"));
     }
 
+    /// SIGSTOP, by its pid: it is frozen (a machine that hangs) until [`Proc::resume`].
+    pub(crate) fn freeze(&mut self) {
+        self.assert_running();
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT, by its pid.
+    pub(crate) fn resume(&mut self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args([signal, &pid]).stdin(Stdio::null()).status().expect("run kill");
+        assert!(sent.success(), "kill {signal} {pid}: {sent}");
+    }
+
     /// SIGTERM, by its pid.
     pub(crate) fn signal_term(&mut self) {
         self.assert_running();

@@ -1,0 +1,201 @@
+//! Pools across partitions, end to end (SwarmKit's IP reuse): NATS, one `serve` with every role (the sweeper
+//! carries claims, grants, frees and ticks between the pool's partition and the agent's), and a separate
+//! `agent run` process the test freezes (SIGSTOP) as a hung machine.
+//!
+//! A /30 pool has two addresses; two containers take both; a third allocation waits. One container is released
+//! while its agent is frozen: it stays `releasing`, its address stays held (the pool itself says it has nothing free
+//! or cooling), and the third still waits. The agent comes back, destroys the container and reports it: only then is
+//! the address freed, and only after its cool-down is it handed to the third container. The log's own order and
+//! times are asserted, not what the test happened to see.
+
+use std::time::Duration;
+
+use leasehold_log::jetstream::{JetStream, JetStreamConfig};
+use leasehold_log::nats_server::NatsServer;
+use leasehold_log::{Log, OutcomeFilter};
+use leasehold_projector::ResourceView;
+use leasehold_schemas::command::{Allocate, DefinePool, TickPool};
+use leasehold_schemas::ids::{Millis, PoolName};
+use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::pool::PoolKind;
+use leasehold_schemas::{CommandId, Envelope, Issuer, ResourceId, Timestamp, codec};
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::api::{Api, POLL, STEP, agent_name, command, release, wait_agent, wait_resource};
+use crate::support::{Proc, logs};
+
+const PARTITIONS: u32 = 8;
+const COOLDOWN: Duration = Duration::from_secs(2);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_comes_back_only_after_its_holder_is_destroyed_and_its_cool_down() {
+    let Some(server) = NatsServer::start() else { return };
+    let url = server.url().to_owned();
+    let dir = tempfile::Builder::new().prefix("lh-e2e-pools-").tempdir().expect("a temporary directory");
+    let data = dir.path().join("data").display().to_string();
+    let partitions = PARTITIONS.to_string();
+    let serve_args = [
+        "serve",
+        "--nats",
+        &url,
+        "--partitions",
+        &partitions,
+        "--listen",
+        "127.0.0.1:0",
+        "--data",
+        &data,
+        "--sweep-interval",
+        "100ms",
+        "--sweep-retry",
+        "1s",
+    ];
+    let mut serve = Proc::spawn(dir.path(), "serve", &serve_args);
+    let api = Api::new(serve.address().await);
+    let driver = format!("dir:{}", dir.path().join("a1").display());
+    let agent_args = ["agent", "run", "--name", "a1", "--driver", &driver, "--nats", &url, "--sync-interval", "300ms"];
+    let mut agent = Proc::spawn(dir.path(), "a1", &agent_args);
+    wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &agent]).await;
+    let log = JetStream::connect(JetStreamConfig::new(&url, 0)).await.expect("attach to the log");
+
+    let pool = PoolName::new("net").expect("a pool name");
+    let kind = PoolKind::Ipv4 { network: "10.9.0.0".parse().expect("an address"), prefix_len: 30, exclude: vec![] };
+    let define = DefinePool { pool: pool.clone(), kind, cooldown: Some(Millis(COOLDOWN.as_millis() as u64)) };
+    api.accepted(&command(define), &[&serve]).await;
+
+    // Two containers take both addresses.
+    let a1 = agent_name("a1");
+    let with_address = |id: ResourceId| {
+        let mut body = Allocate::new(a1.clone(), id, "container", 1);
+        body.pools = vec![pool.clone()];
+        command(body)
+    };
+    let (c1, c2, c3) = (ResourceId::generate(), ResourceId::generate(), ResourceId::generate());
+    let mut addresses = Vec::new();
+    for id in [c1, c2] {
+        api.accepted(&with_address(id), &[&serve]).await;
+        let view = wait_resource(&api, &format!("a1.{id}"), |r| r.state == "active", &[&serve, &agent]).await;
+        addresses.push(bound_address(&view).expect("an active container holds its address"));
+    }
+    assert_ne!(addresses[0], addresses[1], "two containers, two addresses: {addresses:?}");
+
+    // A third waits: the pool has nothing to give.
+    api.accepted(&with_address(c3), &[&serve]).await;
+    wait_pool(&api, "net", |p| p["waiting"] == 1 && p["held"] == 2, &[&serve, &agent]).await;
+
+    // The agent hangs; c1 is released. It stays releasing and keeps its address.
+    agent.freeze();
+    api.accepted(&release(&a1, c1), &[&serve]).await;
+    let tick = tick_pool(&log, &pool).await;
+    let answer = wait_decided(&api, tick, &[&serve]).await;
+    assert_eq!(answer["status"], "rejected", "{answer:#}");
+    let message = answer["rejection"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("no identifier free or cooling"),
+        "the pool has nothing free while c1 is releasing: {message}"
+    );
+    let releasing = api.resource(&format!("a1.{c1}")).await.expect("c1");
+    assert_eq!(releasing.state, "releasing", "{releasing:?}");
+    assert_eq!(bound_address(&releasing).as_deref(), Some(addresses[0].as_str()), "c1 still holds its address");
+    let waiting = api.resource(&format!("a1.{c3}")).await.expect("c3");
+    assert_eq!(waiting.state, "pending", "{waiting:?}");
+
+    // The agent comes back: it destroys c1 and says so; the address is freed, cools down, and goes to c3.
+    agent.resume();
+    let view = wait_resource(&api, &format!("a1.{c3}"), |r| r.state == "active", &[&serve, &agent]).await;
+    assert_eq!(bound_address(&view).as_deref(), Some(addresses[0].as_str()), "c3 got c1's address");
+
+    // The log's order: c1 destroyed, then its address freed, then (a cool-down later) granted to c3.
+    let outcomes = log.read_outcomes(&OutcomeFilter::All, 1, 100_000).await.expect("read the outcomes");
+    let mut destroyed = None;
+    let mut freed = None;
+    let mut granted = None;
+    for stored in &outcomes {
+        let outcome = codec::decode_outcome(&stored.payload).expect("an outcome");
+        for effect in outcome.effects() {
+            match effect {
+                Effect::ResourceDestroyed { resource, .. } if *resource == c1 => {
+                    destroyed = Some((stored.seq, outcome.decided_at));
+                }
+                Effect::ClaimFreed { holder, value, .. } if holder.resource == c1 => {
+                    assert_eq!(value.to_string(), addresses[0]);
+                    freed = Some((stored.seq, outcome.decided_at));
+                }
+                Effect::ClaimGranted { holder, value, .. } if holder.resource == c3 => {
+                    assert_eq!(value.to_string(), addresses[0]);
+                    granted = Some((stored.seq, outcome.decided_at));
+                }
+                _ => {}
+            }
+        }
+    }
+    let (destroyed, freed, granted) = match (destroyed, freed, granted) {
+        (Some(d), Some(f), Some(g)) => (d, f, g),
+        other => panic!("destroyed, freed, granted: {other:?}\n{}", logs([&serve, &agent].into_iter())),
+    };
+    assert!(
+        destroyed.0 < freed.0 && freed.0 < granted.0,
+        "destroyed {destroyed:?}, freed {freed:?}, granted {granted:?}"
+    );
+    let cooled = granted.1.since(freed.1);
+    assert!(cooled.0 >= COOLDOWN.as_millis() as u64, "granted {cooled:?} after it was freed, within the cool-down");
+
+    serve.assert_no_panic();
+    agent.stop_cleanly().await;
+    serve.stop_cleanly().await;
+}
+
+/// The address a container's claim is bound to.
+fn bound_address(view: &ResourceView) -> Option<String> {
+    view.claims.iter().find(|c| c.status == "bound").and_then(|c| c.id.clone())
+}
+
+/// Sends a `tick-pool` straight to the log, as a sweeper would: the pool's own answer says what it has free.
+async fn tick_pool(log: &JetStream, pool: &PoolName) -> CommandId {
+    let id = CommandId::generate();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_millis();
+    let envelope = Envelope::new(
+        id,
+        Issuer::new("e2e-sweeper").expect("an issuer"),
+        Timestamp(now as u64),
+        TickPool { pool: pool.clone() },
+    );
+    let payload = codec::encode_command(&envelope).expect("encode");
+    let subject = leasehold_schemas::subjects::ingress_subject_of(&envelope.body);
+    log.publish_command(&subject, &id.to_string(), payload.into()).await.expect("publish the tick");
+    id
+}
+
+/// Waits until the command is decided (the gateway shows its outcome); returns its status.
+async fn wait_decided(api: &Api, id: CommandId, processes: &[&Proc]) -> Value {
+    let deadline = Instant::now() + STEP;
+    loop {
+        if let Some(status) = api.get(&format!("/v1/commands/{id}")).await
+            && ["accepted", "rejected"].contains(&status["status"].as_str().unwrap_or_default())
+        {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "command {id} not decided in {STEP:?}\n{}", logs(processes.iter().copied()));
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Waits until the pool's view satisfies `done`.
+async fn wait_pool(api: &Api, name: &str, done: impl Fn(&Value) -> bool, processes: &[&Proc]) -> Value {
+    let deadline = Instant::now() + STEP;
+    loop {
+        let pools = api.get("/v1/pools").await.unwrap_or(Value::Null);
+        let this = pools.as_array().and_then(|all| all.iter().find(|p| p["name"] == name)).cloned();
+        if let Some(pool) = &this
+            && done(pool)
+        {
+            return pool.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pool {name}: not as expected after {STEP:?}; last seen {this:?}\n{}",
+            logs(processes.iter().copied())
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
