@@ -32,7 +32,11 @@ pub(crate) fn command(body: impl Into<Body>) -> Envelope {
 }
 
 pub(crate) fn allocate(agent: &AgentName, resource: ResourceId) -> Envelope {
-    command(Allocate::new(agent.clone(), resource, "container", 1))
+    allocate_with_capacity(agent, resource, 1)
+}
+
+pub(crate) fn allocate_with_capacity(agent: &AgentName, resource: ResourceId, capacity: u32) -> Envelope {
+    command(Allocate::new(agent.clone(), resource, "container", capacity))
 }
 
 pub(crate) fn acquire(agent: &AgentName, resource: ResourceId, lease: LeaseId) -> Envelope {

@@ -9,3 +9,4 @@ mod front_door;
 mod pools;
 mod python_producer;
 mod support;
+mod sweepers;
