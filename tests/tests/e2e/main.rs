@@ -6,6 +6,7 @@ mod crash;
 mod dead_letters;
 mod fences;
 mod front_door;
+mod health;
 mod pools;
 mod python_producer;
 mod support;

@@ -132,13 +132,12 @@ impl Proc {
     }
 
     /// SIGSTOP, by its pid: it is frozen (a machine that hangs) until [`Proc::resume`].
-    pub(crate) fn freeze(&mut self) {
-        self.assert_running();
+    pub(crate) fn freeze(&self) {
         self.signal("-STOP");
     }
 
     /// SIGCONT, by its pid.
-    pub(crate) fn resume(&mut self) {
+    pub(crate) fn resume(&self) {
         self.signal("-CONT");
     }
 

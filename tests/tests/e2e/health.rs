@@ -1,0 +1,177 @@
+//! Suspect resources and health checks, end to end: NATS, a `serve` with the writers, the projection and the
+//! gateway, a separate sweeper process the test can freeze, and two agents in different partitions: a parent on
+//! one, its child on the other.
+//!
+//! A failure report quarantines the parent: it turns `suspect` and a new lease is refused, for as long as nobody has
+//! checked it (the sweeper is frozen). The sweeper comes back: it asks the parent's agent for a health check and
+//! carries the parent's state to the child (flagged `suspect-upstream`); the check passes, the parent is `active`
+//! again, leases are granted and the child's flag is cleared. Then the parent's directory is made to fail its check
+//! (its probe path is taken by a directory): a second failure report makes the check fail, the parent is released
+//! and destroyed, and so is its child on the other agent.
+
+use leasehold_log::jetstream::{JetStream, JetStreamConfig};
+use leasehold_log::nats_server::NatsServer;
+use leasehold_log::{Log, OutcomeFilter};
+use leasehold_schemas::command::{Allocate, ReportFailureByOperator};
+use leasehold_schemas::ids::ResourceRef;
+use leasehold_schemas::outcome::{Effect, ReleaseCause};
+use leasehold_schemas::subjects::partition_of_agent;
+use leasehold_schemas::{AgentName, LeaseId, ResourceId, codec};
+
+use crate::api::{Api, acquire, agent_name, allocate, command, wait_agent, wait_path, wait_resource};
+use crate::support::Proc;
+
+const PARTITIONS: u32 = 8;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_resource_is_quarantined_checked_and_restored_or_released_with_its_child() {
+    let Some(server) = NatsServer::start() else { return };
+    let url = server.url().to_owned();
+    let dir = tempfile::Builder::new().prefix("lh-e2e-health-").tempdir().expect("a temporary directory");
+    let data = dir.path().join("data").display().to_string();
+    let partitions = PARTITIONS.to_string();
+    let serve_args = [
+        "serve",
+        "--roles",
+        "worker,projector,gateway",
+        "--nats",
+        &url,
+        "--partitions",
+        &partitions,
+        "--listen",
+        "127.0.0.1:0",
+        "--data",
+        &data,
+    ];
+    let mut serve = Proc::spawn(dir.path(), "serve", &serve_args);
+    let api = Api::new(serve.address().await);
+    let sweeper_args = [
+        "serve",
+        "--roles",
+        "sweeper",
+        "--nats",
+        &url,
+        "--partitions",
+        &partitions,
+        "--listen",
+        "127.0.0.1:0",
+        "--sweep-interval",
+        "100ms",
+        "--sweep-retry",
+        "1s",
+    ];
+    let mut sweeper = Proc::spawn(dir.path(), "sweeper", &sweeper_args);
+    sweeper.address().await;
+
+    // Two agents in two partitions.
+    let names = two_partitions();
+    let mut agents = Vec::new();
+    for name in &names {
+        let driver = format!("dir:{}", dir.path().join(name.as_str()).display());
+        let args =
+            ["agent", "run", "--name", name.as_str(), "--driver", &driver, "--nats", &url, "--sync-interval", "300ms"];
+        agents.push(Proc::spawn(dir.path(), name.as_str(), &args));
+    }
+    for name in &names {
+        wait_agent(&api, name.as_str(), |a| a.status == "live", &[&serve, &sweeper, &agents[0], &agents[1]]).await;
+    }
+    let (parent_agent, child_agent) = (&names[0], &names[1]);
+    let parent = ResourceId::generate();
+    api.accepted(&allocate(parent_agent, parent), &[&serve]).await;
+    let child = ResourceId::generate();
+    let mut child_body = Allocate::new(child_agent.clone(), child, "container", 1);
+    child_body.parent = Some(ResourceRef::new(parent_agent.clone(), parent));
+    api.accepted(&command(child_body), &[&serve]).await;
+    let parent_ref = format!("{parent_agent}.{parent}");
+    let child_ref = format!("{child_agent}.{child}");
+    let all = [&serve, &sweeper, &agents[0], &agents[1]];
+    wait_resource(&api, &parent_ref, |r| r.state == "active", &all).await;
+    wait_resource(&api, &child_ref, |r| r.state == "active", &all).await;
+
+    // Quarantined: suspect, and no new lease while nobody has checked it.
+    sweeper.freeze();
+    let failure = ReportFailureByOperator { agent: parent_agent.clone(), resource: parent, detail: "it smokes".into() };
+    api.accepted(&command(failure.clone()), &[&serve]).await;
+    let refused = api.decide(&acquire(parent_agent, parent, LeaseId::generate()), &[&serve]).await;
+    assert_eq!(refused["status"], "rejected", "{refused:#}");
+    let message = refused["rejection"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("suspect"), "the refusal says why: {message}");
+    assert_eq!(api.resource(&parent_ref).await.expect("the parent").state, "suspect");
+
+    // Checked: the check passes, the parent is active again and takes leases; the child's flag comes and goes.
+    sweeper.resume();
+    wait_resource(&api, &parent_ref, |r| r.state == "active", &all).await;
+    api.accepted(&acquire(parent_agent, parent, LeaseId::generate()), &[&serve]).await;
+    wait_resource(&api, &child_ref, |r| !r.upstream_suspect && r.state == "active", &all).await;
+    let log = JetStream::connect(JetStreamConfig::new(&url, 0)).await.expect("attach to the log");
+    let flags = upstream_flags(&log, &names[1], child).await;
+    assert_eq!(flags, vec![true, false], "the child was flagged while its parent was suspect, then cleared");
+
+    // A failing check: the parent is released, and its child on the other agent with it.
+    let parent_dir = dir.path().join(parent_agent.as_str()).join(parent.to_string());
+    std::fs::create_dir(parent_dir.join(".leasehold-probe")).expect("take the probe's path");
+    api.accepted(&command(failure), &[&serve]).await;
+    wait_resource(&api, &parent_ref, |r| r.state == "destroyed", &all).await;
+    wait_resource(&api, &child_ref, |r| r.state == "destroyed", &all).await;
+    wait_path(&parent_dir, false, &all).await;
+    let causes = release_causes(&log, &names[1], child).await;
+    assert!(
+        matches!(causes.as_slice(), [ReleaseCause::ParentLeft { parent: p }] if p.resource == parent),
+        "the child was released once, because its parent left: {causes:?}"
+    );
+
+    for process in [&sweeper, &serve] {
+        process.assert_no_panic();
+    }
+    for mut agent in agents {
+        agent.stop_cleanly().await;
+    }
+    sweeper.stop_cleanly().await;
+    serve.stop_cleanly().await;
+}
+
+/// Two agent names whose partitions differ.
+fn two_partitions() -> [AgentName; 2] {
+    let first = agent_name("h1");
+    let home = partition_of_agent(&first, PARTITIONS);
+    let second = (2..100)
+        .map(|n| agent_name(&format!("h{n}")))
+        .find(|a| partition_of_agent(a, PARTITIONS) != home)
+        .expect("another partition");
+    [first, second]
+}
+
+/// The effects on an agent's subject, in log order.
+async fn effects_of(log: &JetStream, agent: &AgentName) -> Vec<Effect> {
+    let filter =
+        OutcomeFilter::Key { partition: partition_of_agent(agent, PARTITIONS), key: agent.as_str().to_owned() };
+    let outcomes = log.read_outcomes(&filter, 1, 100_000).await.expect("read the outcomes");
+    outcomes
+        .iter()
+        .flat_map(|stored| codec::decode_outcome(&stored.payload).expect("an outcome").effects().to_vec())
+        .collect()
+}
+
+/// The `suspect-upstream` flags the child took, in log order.
+async fn upstream_flags(log: &JetStream, agent: &AgentName, child: ResourceId) -> Vec<bool> {
+    let effects = effects_of(log, agent).await;
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::UpstreamFlagged { resource, suspect, .. } if *resource == child => Some(*suspect),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Why the child was ordered released, each time it was.
+async fn release_causes(log: &JetStream, agent: &AgentName, child: ResourceId) -> Vec<ReleaseCause> {
+    let effects = effects_of(log, agent).await;
+    effects
+        .into_iter()
+        .filter_map(|e| match e {
+            Effect::ResourceReleasing { resource, cause } if resource == child => Some(cause),
+            _ => None,
+        })
+        .collect()
+}
