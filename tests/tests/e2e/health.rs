@@ -88,6 +88,19 @@ async fn a_failed_resource_is_quarantined_checked_and_restored_or_released_with_
     wait_resource(&api, &parent_ref, |r| r.state == "active", &all).await;
     wait_resource(&api, &child_ref, |r| r.state == "active", &all).await;
 
+    // The child has heard from its parent (the answer to its adoption, carried by the sweeper) before the sweeper
+    // is frozen: what it hears next is news.
+    let log = JetStream::connect(JetStreamConfig::new(&url, 0)).await.expect("attach to the log");
+    let deadline = tokio::time::Instant::now() + crate::api::STEP;
+    while upstream_flags(&log, &names[1], child).await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the child was never adopted\n{}",
+            crate::support::logs(all.into_iter())
+        );
+        tokio::time::sleep(crate::api::POLL).await;
+    }
+
     // Quarantined: suspect, and no new lease while nobody has checked it.
     sweeper.freeze();
     let failure = ReportFailureByOperator { agent: parent_agent.clone(), resource: parent, detail: "it smokes".into() };
@@ -103,9 +116,12 @@ async fn a_failed_resource_is_quarantined_checked_and_restored_or_released_with_
     wait_resource(&api, &parent_ref, |r| r.state == "active", &all).await;
     api.accepted(&acquire(parent_agent, parent, LeaseId::generate()), &[&serve]).await;
     wait_resource(&api, &child_ref, |r| !r.upstream_suspect && r.state == "active", &all).await;
-    let log = JetStream::connect(JetStreamConfig::new(&url, 0)).await.expect("attach to the log");
     let flags = upstream_flags(&log, &names[1], child).await;
-    assert_eq!(flags, vec![true, false], "the child was flagged while its parent was suspect, then cleared");
+    assert_eq!(
+        flags,
+        vec![false, true, false],
+        "the child heard its parent was healthy, then suspect while it was, then healthy again"
+    );
 
     // A failing check: the parent is released, and its child on the other agent with it.
     let parent_dir = dir.path().join(parent_agent.as_str()).join(parent.to_string());
