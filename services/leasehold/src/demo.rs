@@ -7,7 +7,9 @@
 //! container whose agent is down, and is granted once the agent is back and has made it; the web UI and the CLI
 //! release the same volume at once (one release, one recorded no-op); a directory deleted behind leasehold's back
 //! is found lost at the next report; a directory nobody allocated is destroyed by its agent; a driver that suddenly
-//! lists nothing trips the circuit breaker instead of losing everything. It ends by folding the whole log again
+//! lists nothing trips the circuit breaker instead of losing everything; a /30 pool hands out its two addresses, a
+//! third container waits, and a released container's address comes back only after its agent destroyed it and
+//! its cool-down passed. It ends by folding the whole log again
 //! from scratch and checking the read models come out the same.
 
 use std::io::Write;
@@ -21,9 +23,10 @@ use leasehold_agent::{AgentConfig, AgentControl, AnyDriver, DirDriver};
 use leasehold_log::Log;
 use leasehold_log::embedded::Embedded;
 use leasehold_projector::{AgentView, LeaseView, Projector, ResourceView};
-use leasehold_schemas::command::{Acquire, Allocate, Release};
-use leasehold_schemas::ids::{AgentName, CommandId, Issuer, LeaseId, Millis, ResourceId, Timestamp};
+use leasehold_schemas::command::{Acquire, Allocate, DefinePool, Release};
+use leasehold_schemas::ids::{AgentName, CommandId, Issuer, LeaseId, Millis, PoolName, ResourceId, Timestamp};
 use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::{Command, Envelope};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -34,6 +37,8 @@ use crate::timeline;
 const PARTITIONS: u32 = 4;
 /// How long the demo waits for anything before it gives up (a demo that hangs is worse than one that fails).
 const PATIENCE: Duration = Duration::from_secs(20);
+/// The pool's cool-down: short, so the demo shows an address cooling down without waiting long.
+const POOL_COOLDOWN: Duration = Duration::from_secs(2);
 
 /// What the demo established, for its test and its last lines.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -45,6 +50,8 @@ pub(crate) struct Summary {
     pub(crate) lost_detected: bool,
     pub(crate) garbage_destroyed: bool,
     pub(crate) breaker_tripped: bool,
+    /// The third container got the released one's address, only after the destroy and the cool-down.
+    pub(crate) address_reused_after_cooldown: bool,
     pub(crate) nothing_lost_by_breaker: bool,
     pub(crate) refold_matches: bool,
 }
@@ -121,7 +128,7 @@ impl Services {
         let mut registry = prometheus_client::registry::Registry::default();
         let projection = leasehold_gateway::ProjectionMetrics::register(&mut registry, projector.reader());
         let health = leasehold_gateway::Health {
-            roles: vec!["worker".into(), "projector".into(), "gateway".into()],
+            roles: vec!["worker".into(), "projector".into(), "gateway".into(), "sweeper".into()],
             registry: Arc::new(registry),
             projection: Some(projection),
             failures: leasehold_gateway::Failures::default(),
@@ -143,6 +150,16 @@ impl Services {
         let projector = tokio::spawn(async move {
             projector.run(&projector_log, &stop).await.context("the projector")?;
             Ok(projector)
+        });
+        let (sweeper_log, stop) = (log.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            let config = leasehold_sweeper::SweeperConfig {
+                interval: Duration::from_millis(100),
+                retry_after: Duration::from_secs(1),
+                ..leasehold_sweeper::SweeperConfig::new("demo")
+            };
+            let metrics = leasehold_sweeper::SweeperMetrics::default();
+            leasehold_sweeper::run(sweeper_log, config, metrics, stop).await.context("the sweeper")
         });
         let mut agents = Vec::new();
         for name in ["w1", "w2"] {
@@ -290,6 +307,8 @@ impl<'o> Demo<'o> {
         self.summary.garbage_destroyed = true;
         writeln!(self.out, "   the agent removed {}", timeline::short(stray))?;
 
+        self.pools().await?;
+
         self.chapter("six more volumes on w1; then its driver suddenly lists nothing (a flaky driver)")?;
         let mut volumes = Vec::new();
         for _ in 0..6 {
@@ -320,6 +339,83 @@ impl<'o> Demo<'o> {
         self.until_agent("w1", "live").await?;
         self.print_through(self.latest().await?).await?;
         Ok(())
+    }
+
+    /// The pool chapter: a /30 (two addresses), two containers holding both, a third waiting; one released, its
+    /// address held until the agent confirms the destroy, then cooling down, then handed to the third.
+    async fn pools(&mut self) -> anyhow::Result<()> {
+        self.chapter(&format!(
+            "a pool of IP addresses, 10.0.0.0/30: two usable; a freed address cools down {} before reuse",
+            humantime::format_duration(POOL_COOLDOWN)
+        ))?;
+        let pool = PoolName::new("net").expect("a valid pool name");
+        let kind = PoolKind::Ipv4 { network: std::net::Ipv4Addr::new(10, 0, 0, 0), prefix_len: 30, exclude: vec![] };
+        let cooldown = Some(Millis(POOL_COOLDOWN.as_millis() as u64));
+        self.submit("op:netops", DefinePool { pool: pool.clone(), kind, cooldown }).await?;
+        self.print_through(self.latest().await?).await?;
+
+        self.chapter("two containers on w2 take both addresses; a third waits for one")?;
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let id = self.allocate_with("w2", "container", vec![pool.clone()]).await?;
+            let view = self.until_state("w2", id, "active").await?;
+            held.push((id, bound(&view).context("an active container holds its address")?));
+        }
+        let third = self.allocate_with("w2", "container", vec![pool.clone()]).await?;
+        let gateway = self.services.gateway.clone();
+        until("the third container queued", || {
+            let gateway = gateway.clone();
+            async move {
+                let pools: Vec<leasehold_projector::PoolView> =
+                    gateway.get(&["v1", "pools"], &[]).await?.unwrap_or_default();
+                Ok(pools.into_iter().find(|p| p.name == "net" && p.waiting == 1).map(|_| ()))
+            }
+        })
+        .await?;
+        self.print_through(self.latest().await?).await?;
+
+        self.chapter("the first is released: its address stays held until w2's agent has destroyed it")?;
+        let (first, address) = held[0].clone();
+        self.submit("op:ci-scheduler", Release { agent: name("w2"), resource: first, reason: Some("job done".into()) })
+            .await?;
+        self.services.agents[1].control.sync_now();
+        let view = self.until_state("w2", third, "active").await?;
+        let reused = bound(&view).context("the third container holds an address")?;
+        self.print_through(self.latest().await?).await?;
+        writeln!(self.out, "   the third container has {reused}, the address the first one had ({address})")?;
+        self.summary.address_reused_after_cooldown =
+            reused == address && self.cooled_before_reuse(first, third).await?;
+        Ok(())
+    }
+
+    /// True when, in the log, `released`'s address was freed only after it was destroyed, and granted to `next`
+    /// only a cool-down after it was freed.
+    async fn cooled_before_reuse(&self, released: ResourceId, next: ResourceId) -> anyhow::Result<bool> {
+        let outcomes = self.services.log.read_outcomes(&leasehold_log::OutcomeFilter::All, 1, usize::MAX).await?;
+        let (mut destroyed, mut freed, mut granted) = (None, None, None);
+        for stored in &outcomes {
+            let outcome = leasehold_schemas::codec::decode_outcome(&stored.payload)?;
+            for effect in outcome.effects() {
+                match effect {
+                    Effect::ResourceDestroyed { resource, .. } if *resource == released => {
+                        destroyed = Some((stored.seq, outcome.decided_at));
+                    }
+                    Effect::ClaimFreed { holder, .. } if holder.resource == released => {
+                        freed = Some((stored.seq, outcome.decided_at));
+                    }
+                    Effect::ClaimGranted { holder, .. } if holder.resource == next => {
+                        granted = Some((stored.seq, outcome.decided_at));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(match (destroyed, freed, granted) {
+            (Some(d), Some(f), Some(g)) => {
+                d.0 < f.0 && f.0 < g.0 && g.1.since(f.1).0 >= POOL_COOLDOWN.as_millis() as u64
+            }
+            _ => false,
+        })
     }
 
     /// Stops everything, folds the log again from scratch and compares the read models; prints the end.
@@ -384,6 +480,10 @@ impl<'o> Demo<'o> {
     }
 
     async fn allocate(&self, agent: &str, kind: &str) -> anyhow::Result<ResourceId> {
+        self.allocate_with(agent, kind, Vec::new()).await
+    }
+
+    async fn allocate_with(&self, agent: &str, kind: &str, pools: Vec<PoolName>) -> anyhow::Result<ResourceId> {
         let resource = ResourceId::generate();
         let status = self
             .submit(
@@ -395,7 +495,7 @@ impl<'o> Demo<'o> {
                     capacity: 1,
                     attributes: [("team".to_owned(), "infra".to_owned())].into(),
                     parent: None,
-                    pools: Vec::new(),
+                    pools,
                 },
             )
             .await?;
@@ -482,6 +582,11 @@ impl<'o> Demo<'o> {
     }
 }
 
+/// The address (or slot) a resource's first bound claim holds.
+fn bound(view: &ResourceView) -> Option<String> {
+    view.claims.iter().find(|c| c.status == "bound").and_then(|c| c.id.clone())
+}
+
 /// Moves the resource directories (named by resource ids) of `from` into `to`; how many.
 fn move_handles(from: &Path, to: &Path) -> anyhow::Result<usize> {
     std::fs::create_dir_all(to)?;
@@ -550,6 +655,7 @@ mod tests {
         assert!(summary.double_release_one_noop, "{text}");
         assert!(summary.lost_detected && summary.garbage_destroyed, "{text}");
         assert!(summary.breaker_tripped && summary.nothing_lost_by_breaker, "{text}");
+        assert!(summary.address_reused_after_cooldown, "{text}");
         assert!(summary.refold_matches, "{text}");
         for line in [
             "agent registered: this position is its epoch",
@@ -558,6 +664,9 @@ mod tests {
             "LOST (missing in",
             "the agent removed",
             "CIRCUIT BREAKER",
+            "queued: nothing free right now",
+            "freed: cooling down before reuse",
+            "the third container has 10.0.0.1, the address the first one had (10.0.0.1)",
             "breaker cleared: the handles are back",
             "folding them from scratch gives the same read models: yes",
         ] {
