@@ -27,6 +27,10 @@ const META_LEADER_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct ServerOptions {
     /// The largest message a client may publish (`max_payload`; the server's default is 1 MiB).
     pub max_payload: Option<usize>,
+    /// More configuration, appended as is (accounts and users, for a test of permissions).
+    pub extra: Option<String>,
+    /// The HTTP monitoring port (`http`), if any.
+    pub monitor_port: Option<u16>,
 }
 
 /// One `nats-server` with JetStream, for a test.
@@ -197,6 +201,13 @@ fn server_config(dir: &Path, options: &ServerOptions, cluster: Option<&ClusterNo
         config.push_str(&format!("max_payload: {max_payload}\n"));
     }
     config.push_str(&format!("jetstream {{\n  store_dir: {:?}\n}}\n", dir.display().to_string()));
+    if let Some(port) = options.monitor_port {
+        config.push_str(&format!("http: \"127.0.0.1:{port}\"\n"));
+    }
+    if let Some(extra) = &options.extra {
+        config.push_str(extra);
+        config.push('\n');
+    }
     if let Some(node) = cluster {
         let routes: Vec<String> = node.routes.iter().map(|p| format!("nats-route://127.0.0.1:{p}")).collect();
         config.push_str(&format!(
@@ -276,7 +287,7 @@ fn read_log(dir: &Path) -> String {
 }
 
 /// A TCP port free on 127.0.0.1 right now (another process may take it before the server binds it).
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
