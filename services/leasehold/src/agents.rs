@@ -57,6 +57,11 @@ pub(crate) struct AgentRunArgs {
     driver: String,
     #[command(flatten)]
     nats: crate::nats_args::NatsArgs,
+    /// The log's partition count. With it, the agent connects as its restricted user would (its own commands,
+    /// its own outcome subject, nothing else: what `leasehold agent credentials` allows); without it, it reads the
+    /// count from the streams, which its restricted user may not.
+    #[arg(long)]
+    partitions: Option<u32>,
     /// How often it reports what it holds (±20 % jitter).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     sync_interval: Duration,
@@ -75,16 +80,30 @@ pub(crate) struct AgentRunArgs {
 pub(crate) enum AgentCmd {
     /// Run the agent of this machine: follow its outcomes, make and destroy its resources, report what it holds.
     Run(AgentRunArgs),
+    /// Print the NATS user of an agent: it may publish only its own commands and read only its own outcomes.
+    Credentials(crate::credentials::CredentialsArgs),
 }
 
 pub(crate) fn run(cmd: AgentCmd) -> anyhow::Result<()> {
-    let AgentCmd::Run(args) = cmd;
+    let args = match cmd {
+        AgentCmd::Run(args) => args,
+        AgentCmd::Credentials(args) => return crate::credentials::agent(args),
+    };
     let name = AgentName::new(args.name.as_str()).context("--name")?;
     let driver = leasehold_agent::parse_driver(&args.driver)?;
-    // An agent never creates the log: it takes the partition count of the one `serve` made.
-    let config = args.nats.config(0).context(
+    // An agent never creates the log. Given the partition count, it connects as its restricted user may; else it
+    // reads the count of the log `serve` made.
+    let config = args.nats.config(args.partitions.unwrap_or(0)).context(
         "an agent process needs --nats URL (on one machine, run agents inside serve with --agent NAME=dir:PATH)",
     )?;
+    if args.partitions == Some(0) {
+        anyhow::bail!("--partitions: a log has at least one partition");
+    }
+    let config = leasehold_log::jetstream::JetStreamConfig {
+        agent: args.partitions.map(|_| name.as_str().to_owned()),
+        inbox_prefix: config.inbox_prefix.clone().or_else(|| Some(crate::credentials::inbox_prefix(name.as_str()))),
+        ..config
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod agents;
 mod bench;
 mod client;
+mod credentials;
 mod demo;
 mod nats_args;
 mod output;
@@ -67,6 +68,8 @@ enum Cmd {
     /// The read models: print their digests, or rebuild them from the log.
     #[command(subcommand)]
     Projection(projection::ProjectionCmd),
+    /// Print the NATS user of a worker, producer or sweeper: only what that role needs (agents: `agent credentials`).
+    Credentials(credentials::ServiceCredentialsArgs),
     /// Benchmarks of the log this build runs on (never tests: they print figures).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -175,6 +178,7 @@ fn run() -> anyhow::Result<()> {
             }
         }
         Cmd::Bench(cmd) => bench::run(cmd)?,
+        Cmd::Credentials(args) => credentials::service(args)?,
         Cmd::Projection(cmd) => projection::run(cmd)?,
         Cmd::Agent(cmd) => {
             init_tracing();

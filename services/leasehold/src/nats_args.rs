@@ -31,8 +31,15 @@ pub(crate) struct NatsArgs {
     #[arg(long)]
     pub(crate) nats: Option<String>,
     /// A NATS credentials file.
-    #[arg(long, requires = "nats", conflicts_with_all = ["user", "password"])]
+    #[arg(long, requires = "nats", conflicts_with_all = ["user", "password", "nkey_seed"])]
     pub(crate) creds: Option<PathBuf>,
+    /// A file holding an nkey user seed (`SU...`, as `leasehold credentials --nkey` prints it).
+    #[arg(long, requires = "nats", conflicts_with_all = ["user", "password"])]
+    pub(crate) nkey_seed: Option<PathBuf>,
+    /// The prefix of this client's reply subjects: the one its user may subscribe to (`leasehold credentials`
+    /// gives user NAME `_INBOX_NAME`; an agent defaults to `_INBOX_<its name>`).
+    #[arg(long, requires = "nats")]
+    pub(crate) inbox_prefix: Option<String>,
     #[arg(long, requires_all = ["nats", "password"])]
     pub(crate) user: Option<String>,
     #[arg(long, requires_all = ["nats", "user"])]
@@ -48,11 +55,19 @@ impl NatsArgs {
         let url = self.nats.as_ref()?;
         let credentials = match (&self.creds, &self.user, &self.password) {
             (Some(file), _, _) => Credentials::CredsFile(file.clone()),
+            (None, _, _) if self.nkey_seed.is_some() => {
+                Credentials::NkeySeedFile(self.nkey_seed.clone().unwrap_or_default())
+            }
             (None, Some(user), Some(password)) => {
                 Credentials::UserPassword { user: user.clone(), password: password.clone() }
             }
             _ => Credentials::None,
         };
-        Some(JetStreamConfig { credentials, replicas: self.replicas, ..JetStreamConfig::new(url, partitions) })
+        Some(JetStreamConfig {
+            credentials,
+            replicas: self.replicas,
+            inbox_prefix: self.inbox_prefix.clone(),
+            ..JetStreamConfig::new(url, partitions)
+        })
     }
 }

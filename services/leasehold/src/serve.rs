@@ -53,6 +53,10 @@ pub(crate) struct ServeArgs {
     /// How long a command delivered to a worker waits for its ack before it is delivered again.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     ack_wait: Duration,
+    /// The NATS server's HTTP monitoring URL (`http://host:8222`): `serve` reads `/varz` and warns when JetStream
+    /// does not fsync every write (`sync_interval: always`).
+    #[arg(long, requires = "nats")]
+    nats_monitor: Option<String>,
     /// This worker's name (default: host and process id).
     #[arg(long)]
     name: Option<String>,
@@ -106,12 +110,60 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
                     roles(&args.roles),
                     log.partitions()
                 );
+                let varz = match &args.nats_monitor {
+                    None => None,
+                    Some(monitor) => Some(read_varz(monitor).await),
+                };
+                for warning in durability_warnings(log.replicas(), varz.as_ref()) {
+                    eprintln!("{warning}");
+                }
                 serve(log, &args, shutdown).await
             }
         };
         signals.abort();
         result
     })
+}
+
+/// The server's `/varz`, or why it could not be read.
+async fn read_varz(monitor: &str) -> Result<serde_json::Value, String> {
+    let url = format!("{}/varz", monitor.trim_end_matches('/'));
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().map_err(|e| e.to_string())?;
+    let response = client.get(&url).send().await.map_err(|e| format!("{url}: {e}"))?;
+    response.json().await.map_err(|e| format!("{url}: {e}"))
+}
+
+/// What is weaker than the production setup of DESIGN section 9 (R3, `sync_interval: always`), one line each.
+/// `varz`: the server's `/varz` (nats-server 2.15 reports `jetstream.config.sync_always: true` under `always`, and
+/// only `sync_interval` in nanoseconds otherwise), if `--nats-monitor` was given.
+fn durability_warnings(replicas: usize, varz: Option<&Result<serde_json::Value, String>>) -> Vec<String> {
+    let mut out = Vec::new();
+    if replicas < 3 {
+        out.push(format!(
+            "WARNING: the leasehold streams have {replicas} replica(s): one lost disk or node loses acknowledged \
+             outcomes; production runs 3 nodes with R3 streams (--replicas 3, docs/production.md)"
+        ));
+    }
+    match varz {
+        None => {}
+        Some(Err(why)) => out.push(format!(
+            "WARNING: cannot read the NATS server's settings from --nats-monitor ({why}): its fsync setting is unknown"
+        )),
+        Some(Ok(varz)) => {
+            let config = &varz["jetstream"]["config"];
+            if config["sync_always"].as_bool() != Some(true) {
+                let every = config["sync_interval"].as_u64().map_or_else(
+                    || "an unknown interval".to_owned(),
+                    |ns| humantime::format_duration(Duration::from_nanos(ns)).to_string(),
+                );
+                out.push(format!(
+                    "WARNING: the NATS server fsyncs JetStream every {every}, not on every write: a power loss can \
+                     lose acknowledged outcomes; set jetstream {{ sync_interval: always }} (docs/nats-server.conf)"
+                ));
+            }
+        }
+    }
+    out
 }
 
 fn roles(roles: &[Role]) -> String {
@@ -306,4 +358,23 @@ pub(crate) async fn stop_on_signal(shutdown: CancellationToken) {
     }
     println!("leasehold: stopping");
     shutdown.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weak_durability_is_named() {
+        let default_sync = serde_json::json!({"jetstream": {"config": {"sync_interval": 120_000_000_000_u64}}});
+        let warnings = durability_warnings(1, Some(&Ok(default_sync)));
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].contains("1 replica(s)"), "{warnings:?}");
+        assert!(warnings[1].contains("every 2m"), "{warnings:?}");
+        let always =
+            serde_json::json!({"jetstream": {"config": {"sync_interval": 120_000_000_000_u64, "sync_always": true}}});
+        assert!(durability_warnings(3, Some(&Ok(always))).is_empty());
+        assert!(durability_warnings(3, None).is_empty());
+        assert_eq!(durability_warnings(3, Some(&Err("refused".to_owned()))).len(), 1);
+    }
 }

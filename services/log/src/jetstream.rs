@@ -102,6 +102,8 @@ pub enum Credentials {
     CredsFile(PathBuf),
     /// A user and a password.
     UserPassword { user: String, password: String },
+    /// A file holding an nkey user seed (`SU...`): the server knows the user by its public key.
+    NkeySeedFile(PathBuf),
 }
 
 impl fmt::Debug for Credentials {
@@ -112,6 +114,7 @@ impl fmt::Debug for Credentials {
             Credentials::UserPassword { user, .. } => {
                 f.debug_struct("UserPassword").field("user", user).field("password", &"<redacted>").finish()
             }
+            Credentials::NkeySeedFile(path) => f.debug_tuple("NkeySeedFile").field(path).finish(),
         }
     }
 }
@@ -133,6 +136,12 @@ pub struct JetStreamConfig {
     pub ack_wait: Duration,
     /// How long to wait for the server to answer a request or a publish.
     pub request_timeout: Duration,
+    /// The prefix of this client's reply subjects (`_INBOX` by default): a restricted user may subscribe only to
+    /// its own prefix (`leasehold credentials` gives each user `_INBOX_<name>.>`), so nobody reads its replies.
+    pub inbox_prefix: Option<String>,
+    /// `Some(agent)`: connect as that agent's restricted user, which may only publish its own commands and read its
+    /// own outcome subject (see [`JetStream::connect`]). Needs `partitions`.
+    pub agent: Option<String>,
 }
 
 impl JetStreamConfig {
@@ -146,8 +155,15 @@ impl JetStreamConfig {
             priority_timeout: Duration::from_secs(15),
             ack_wait: Duration::from_secs(30),
             request_timeout: Duration::from_secs(5),
+            inbox_prefix: None,
+            agent: None,
         }
     }
+}
+
+/// The name of the one consumer an agent reads its outcomes through (its credentials name it).
+pub fn agent_consumer(agent: &str) -> String {
+    format!("lh-agent-{agent}")
 }
 
 /// A handle on the JetStream log (cheap to clone).
@@ -169,6 +185,11 @@ struct Inner {
     client: async_nats::Client,
     js: Context,
     config: JetStreamConfig,
+    /// `None` on an agent's restricted connection, which may not read the streams' state.
+    streams: Option<Streams>,
+}
+
+struct Streams {
     /// Handles on the three streams.
     cmd: stream::Stream,
     evt: stream::Stream,
@@ -228,6 +249,27 @@ impl JetStream {
             Credentials::UserPassword { user, password } => {
                 options = options.user_and_password(user.clone(), password.clone());
             }
+            Credentials::NkeySeedFile(path) => {
+                let seed = std::fs::read_to_string(path)
+                    .map_err(|e| Error::Refused(format!("cannot read the nkey seed file {}: {e}", path.display())))?;
+                let seed = seed
+                    .lines()
+                    .map(str::trim)
+                    .find(|line| line.starts_with("SU"))
+                    .ok_or_else(|| Error::Refused(format!("{} holds no nkey user seed (SU...)", path.display())))?;
+                options = options.nkey(seed.to_owned());
+            }
+        }
+        if let Some(prefix) = &config.inbox_prefix {
+            if !is_token(prefix) {
+                return Err(Error::Refused(format!("{prefix:?} cannot be an inbox prefix (one subject token)")));
+            }
+            options = options.custom_inbox_prefix(prefix);
+        }
+        if config.agent.is_some() && config.partitions == 0 {
+            return Err(Error::Refused(
+                "an agent's restricted connection cannot read the log's partition count: give it".to_owned(),
+            ));
         }
         let client = options.connect(addrs).await.map_err(|e| match e.kind() {
             async_nats::ConnectErrorKind::Authentication | async_nats::ConnectErrorKind::AuthorizationViolation => {
@@ -236,6 +278,14 @@ impl JetStream {
             _ => unavailable("cannot connect to NATS", e),
         })?;
         let js = ContextBuilder::new().timeout(config.request_timeout).build(client.clone());
+        if let Some(agent) = &config.agent {
+            // An agent's user may publish its commands and read its one outcome subject, nothing else: no stream
+            // state, no buckets. Whether the log exists shows when its first command is stored.
+            if !is_token(agent) {
+                return Err(Error::Refused(format!("{agent:?} is not an agent name")));
+            }
+            return Ok(JetStream { inner: Arc::new(Inner { client, js, config, streams: None }) });
+        }
         let mut config = config;
         // A client of an existing log (an agent, a producer) takes it as its creator made it, and has no say in how
         // long live workers are kept.
@@ -254,7 +304,13 @@ impl JetStream {
             Ok(status) if !status.info.config.max_age.is_zero() => status.info.config.max_age,
             _ => config.priority_timeout,
         };
-        Ok(JetStream { inner: Arc::new(Inner { client, js, config, cmd, evt, dlq, snapshots, workers, worker_ttl }) })
+        let streams = Streams { cmd, evt, dlq, snapshots, workers, worker_ttl };
+        Ok(JetStream { inner: Arc::new(Inner { client, js, config, streams: Some(streams) }) })
+    }
+
+    /// The replica count of the streams (as found, for a client of an existing log).
+    pub fn replicas(&self) -> usize {
+        self.inner.config.replicas
     }
 
     /// The NATS client underneath (for tests and probes; the services use the [`Log`] trait).
@@ -262,13 +318,23 @@ impl JetStream {
         &self.inner.client
     }
 
-    fn stream(&self, name: &str) -> &stream::Stream {
-        match name {
-            CMD_STREAM => &self.inner.cmd,
-            EVT_STREAM => &self.inner.evt,
-            DLQ_STREAM => &self.inner.dlq,
+    /// The streams, unless this is an agent's restricted connection.
+    fn streams(&self) -> Result<&Streams, Error> {
+        self.inner.streams.as_ref().ok_or_else(|| {
+            Error::Refused(
+                "an agent's connection only publishes its own commands and follows its own outcomes".to_owned(),
+            )
+        })
+    }
+
+    fn stream(&self, name: &str) -> Result<&stream::Stream, Error> {
+        let streams = self.streams()?;
+        Ok(match name {
+            CMD_STREAM => &streams.cmd,
+            EVT_STREAM => &streams.evt,
+            DLQ_STREAM => &streams.dlq,
             other => unreachable!("leasehold has no stream {other}"),
-        }
+        })
     }
 
     /// Up to `max` messages of `stream` matching `filter` from sequence `from`, in order, from any replica (a
@@ -280,6 +346,8 @@ impl JetStream {
         from: u64,
         max: usize,
     ) -> Result<Vec<StreamMessage>, Error> {
+        // An agent's user may not read the streams but through its own consumer.
+        self.streams()?;
         let client = &self.inner.client;
         let inbox = client.new_inbox();
         let mut replies = client.subscribe(inbox.clone()).await.map_err(|e| unavailable("cannot subscribe", e))?;
@@ -322,7 +390,7 @@ impl JetStream {
     /// The sequence of the last message of `stream` matching `filter`, read from the stream leader. `whole`: the
     /// filter takes every subject of the stream (the stream's last sequence answers at once).
     async fn leader_last(&self, stream: &str, filter: &str, whole: bool) -> Result<Option<u64>, Error> {
-        let stream = self.stream(stream);
+        let stream = self.stream(stream)?;
         if whole {
             let info = stream.get_info().await.map_err(|e| unavailable("cannot read the stream state", e))?;
             return Ok((info.state.last_sequence > 0).then_some(info.state.last_sequence));
@@ -336,7 +404,7 @@ impl JetStream {
 
     /// The first message of `stream` matching `filter` at or after `seq`, read from the stream leader.
     async fn leader_next(&self, stream: &str, filter: &str, seq: u64) -> Result<Option<StreamMessage>, Error> {
-        match self.stream(stream).get_first_raw_message_by_subject(filter, seq.max(1)).await {
+        match self.stream(stream)?.get_first_raw_message_by_subject(filter, seq.max(1)).await {
             Ok(message) => Ok(Some(message)),
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
             Err(e) => Err(unavailable(&format!("cannot read {filter} from {seq}"), e)),
@@ -741,7 +809,8 @@ impl JetStream {
     ) -> Result<Option<(Snapshot, usize)>, SnapshotRead> {
         use tokio::io::AsyncReadExt;
         let name = snapshot_object(partition);
-        let mut object = match self.inner.snapshots.get(&name).await {
+        let snapshots = &self.streams().map_err(SnapshotRead::Failed)?.snapshots;
+        let mut object = match snapshots.get(&name).await {
             Ok(object) => object,
             Err(e) if e.kind() == object_store::GetErrorKind::NotFound => return Ok(None),
             Err(e) => {
@@ -830,6 +899,14 @@ impl Log for JetStream {
         if msg_id.is_empty() {
             return Err(Error::Refused("a command needs an id".to_owned()));
         }
+        if let Some(agent) = &self.inner.config.agent
+            && (*class != "agent" || key != agent)
+        {
+            // Its credentials would not let it: say so rather than wait for an answer that never comes.
+            return Err(Error::Refused(format!(
+                "agent {agent} publishes only on lh.in.agent.{agent}.>, not {subject}"
+            )));
+        }
         let mut headers = HeaderMap::new();
         headers.insert(async_nats::header::NATS_MESSAGE_ID, header_value("Nats-Msg-Id", msg_id)?);
         let message = PublishMessage::build().payload(payload).headers(headers);
@@ -861,7 +938,7 @@ impl Log for JetStream {
         if seq == 0 {
             return Ok(None);
         }
-        match self.stream(CMD_STREAM).get_raw_message(seq).await {
+        match self.stream(CMD_STREAM)?.get_raw_message(seq).await {
             Ok(message) => Ok(Some(command_record(message))),
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
             Err(e) => Err(unavailable(&format!("cannot read command {seq}"), e)),
@@ -875,6 +952,9 @@ impl Log for JetStream {
     async fn append(&self, partition: u32, fence: u64, records: &[OutcomeRecord]) -> Appended {
         if records.is_empty() {
             return Appended::Unknown("nothing to append".to_owned());
+        }
+        if let Err(e) = self.streams() {
+            return Appended::Unknown(e.to_string());
         }
         if partition >= self.inner.config.partitions {
             return Appended::Unknown(format!("there is no partition {partition}"));
@@ -910,10 +990,14 @@ impl Log for JetStream {
     }
 
     fn follow(&self, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {
-        follow(self.clone(), filter, from)
+        match &self.inner.config.agent {
+            Some(agent) => follow_as_agent(self.clone(), agent.clone(), filter, from),
+            None => follow(self.clone(), filter, from),
+        }
     }
 
     async fn dead_letter(&self, letter: DeadLetter) -> Result<(), Error> {
+        self.streams()?;
         let (subject, message) = dead_letter_message(&letter)?;
         // A duplicate is the letter stored before: done either way.
         match self.publish(subject, message).await {
@@ -945,7 +1029,7 @@ impl Log for JetStream {
             metadata.insert("lh-last-command".to_owned(), last.clone());
         }
         let object = ObjectMetadata { name: snapshot_object(snapshot.partition), metadata, ..Default::default() };
-        self.inner
+        self.streams()?
             .snapshots
             .put(object, &mut snapshot.state.as_ref())
             .await
@@ -972,7 +1056,7 @@ impl Log for JetStream {
     }
 
     async fn workers(&self, worker: &str, alive: bool) -> Result<Vec<String>, Error> {
-        let store = &self.inner.workers;
+        let store = &self.streams()?.workers;
         if alive {
             store
                 .put(worker, Bytes::from_static(b"alive"))
@@ -993,7 +1077,7 @@ impl Log for JetStream {
     }
 
     fn worker_ttl(&self) -> Duration {
-        self.inner.worker_ttl
+        self.inner.streams.as_ref().map_or(self.inner.config.priority_timeout, |s| s.worker_ttl)
     }
 
     async fn is_served(&self, partition: u32) -> Result<bool, Error> {
@@ -1080,7 +1164,7 @@ impl JetStream {
 
     /// The writer consumer of `partition` as it is now, created (or set back to leasehold's settings) first.
     async fn writer_consumer(&self, partition: u32) -> Result<consumer::Info, Error> {
-        let stream = self.stream(CMD_STREAM);
+        let stream = self.stream(CMD_STREAM)?;
         let name = writer_consumer(partition);
         let wanted = self.writer_consumer_config(partition);
         match stream.consumer_info(&name).await {
@@ -1268,7 +1352,7 @@ impl JetStreamOwner {
         self.checked = Instant::now();
         let info = self
             .log
-            .stream(CMD_STREAM)
+            .stream(CMD_STREAM)?
             .consumer_info(&self.consumer)
             .await
             .map_err(|e| unavailable(&format!("cannot read consumer {}", self.consumer), e))?;
@@ -1392,7 +1476,11 @@ impl Owner for JetStreamOwner {
         // Unpin only while the pin is still ours: never unpin the owner that came after us.
         match self.pinned_elsewhere().await {
             Ok(false) if self.pin.is_some() => {
-                if let Err(e) = self.log.stream(CMD_STREAM).unpin_consumer(&self.consumer, WRITER_GROUP).await {
+                let unpinned = match self.log.stream(CMD_STREAM) {
+                    Ok(stream) => stream.unpin_consumer(&self.consumer, WRITER_GROUP).await.map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                if let Err(e) = unpinned {
                     tracing::warn!(partition = self.partition, error = %e, "could not unpin the partition");
                 }
             }
@@ -1421,10 +1509,14 @@ fn follow(log: JetStream, filter: OutcomeFilter, from: u64) -> BoxStream<'static
                     deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: from.max(1) },
                     ..Default::default()
                 };
-                let created = log.stream(EVT_STREAM).create_consumer(config).await;
-                let started = match created {
-                    Ok(consumer) => consumer.messages().await.map_err(|e| unavailable("cannot follow the outcomes", e)),
-                    Err(e) => Err(unavailable("cannot follow the outcomes", e)),
+                let started = match log.stream(EVT_STREAM) {
+                    Err(e) => Err(e),
+                    Ok(stream) => match stream.create_consumer(config).await {
+                        Ok(consumer) => {
+                            consumer.messages().await.map_err(|e| unavailable("cannot follow the outcomes", e))
+                        }
+                        Err(e) => Err(unavailable("cannot follow the outcomes", e)),
+                    },
                 };
                 match started {
                     Ok(messages) => messages,
@@ -1450,6 +1542,95 @@ fn follow(log: JetStream, filter: OutcomeFilter, from: u64) -> BoxStream<'static
         }
     })
     .boxed()
+}
+
+/// An agent's outcomes, read as its restricted user may: through its one consumer, `lh-agent-<name>` on `LH_EVT`
+/// with the one filter subject `lh.evt.<p>.<name>`, created with the filtered create subject
+/// (`$JS.API.CONSUMER.CREATE.LH_EVT.lh-agent-<name>.lh.evt.<p>.<name>`, server 2.10+) so a permission can name
+/// both. A consumer left from before is deleted first (a consumer's start cannot be changed). Unlike the ordered
+/// consumer of [`follow`], which renames its consumer on every recreate, the name stays the agent's; on a gap or a
+/// failure the stream ends with an error and the agent follows again from its last sequence.
+fn follow_as_agent(
+    log: JetStream,
+    agent: String,
+    filter: OutcomeFilter,
+    from: u64,
+) -> BoxStream<'static, Result<StoredOutcome, Error>> {
+    let OutcomeFilter::Key { key, .. } = &filter else {
+        let refused = Error::Refused(format!("agent {agent} reads only its own outcomes"));
+        return futures::stream::once(async move { Err(refused) }).boxed();
+    };
+    if *key != agent {
+        let refused = Error::Refused(format!("agent {agent} reads only its own outcomes, not {key}'s"));
+        return futures::stream::once(async move { Err(refused) }).boxed();
+    }
+    enum State {
+        Start(JetStream, String, String, u64),
+        /// The messages, and the consumer sequence the next one must carry.
+        Following(consumer::pull::Stream, u64),
+        Done,
+    }
+    let subject = filter.subject();
+    futures::stream::unfold(State::Start(log, agent, subject, from), |state| async move {
+        let (mut messages, expected) = match state {
+            State::Done => return None,
+            State::Following(messages, expected) => (messages, expected),
+            State::Start(log, agent, subject, from) => match agent_messages(&log, &agent, subject, from).await {
+                Ok(messages) => (messages, 1),
+                Err(e) => return Some((Err(e), State::Done)),
+            },
+        };
+        let next = match messages.next().await {
+            None => Err(Error::Unavailable("the outcome follower ended".to_owned())),
+            Some(Err(e)) => Err(unavailable("the outcome follower failed", e)),
+            Some(Ok(message)) => match message.info() {
+                Err(e) => Err(Error::Storage(format!("a followed outcome has no stream sequence: {e}"))),
+                Ok(info) if info.consumer_sequence != expected => Err(Error::Unavailable(format!(
+                    "the outcome follower skipped from delivery {expected} to {}",
+                    info.consumer_sequence
+                ))),
+                Ok(info) => {
+                    let seq = info.stream_sequence;
+                    let message = message.message;
+                    stored_outcome(seq, &message.subject, message.headers.as_ref(), message.payload)
+                }
+            },
+        };
+        match next {
+            Ok(outcome) => Some((Ok(outcome), State::Following(messages, expected + 1))),
+            Err(e) => Some((Err(e), State::Done)),
+        }
+    })
+    .boxed()
+}
+
+/// The agent's consumer on `subject` from `from`, made anew, and its messages.
+async fn agent_messages(
+    log: &JetStream,
+    agent: &str,
+    subject: String,
+    from: u64,
+) -> Result<consumer::pull::Stream, Error> {
+    let js = &log.inner.js;
+    let name = agent_consumer(agent);
+    // Not there is fine; any other failure shows again when it is created.
+    let _ = js.delete_consumer_from_stream(&name, EVT_STREAM).await;
+    let config = consumer::pull::Config {
+        name: Some(name.clone()),
+        description: Some(format!("leasehold: the outcomes of agent {agent}")),
+        filter_subject: subject,
+        deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: from.max(1) },
+        ack_policy: AckPolicy::None,
+        inactive_threshold: Duration::from_secs(60),
+        num_replicas: 1,
+        memory_storage: true,
+        ..Default::default()
+    };
+    let consumer = js
+        .create_consumer_on_stream(config, EVT_STREAM)
+        .await
+        .map_err(|e| unavailable(&format!("cannot create consumer {name} on {EVT_STREAM}"), e))?;
+    consumer.messages().await.map_err(|e| unavailable("cannot follow the outcomes", e))
 }
 
 #[cfg(test)]

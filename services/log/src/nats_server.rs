@@ -27,6 +27,10 @@ const META_LEADER_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct ServerOptions {
     /// The largest message a client may publish (`max_payload`; the server's default is 1 MiB).
     pub max_payload: Option<usize>,
+    /// More configuration, appended as is (accounts and users, for a test of permissions).
+    pub extra: Option<String>,
+    /// The HTTP monitoring port (`http`), if any.
+    pub monitor_port: Option<u16>,
 }
 
 /// One `nats-server` with JetStream, for a test.
@@ -197,6 +201,13 @@ fn server_config(dir: &Path, options: &ServerOptions, cluster: Option<&ClusterNo
         config.push_str(&format!("max_payload: {max_payload}\n"));
     }
     config.push_str(&format!("jetstream {{\n  store_dir: {:?}\n}}\n", dir.display().to_string()));
+    if let Some(port) = options.monitor_port {
+        config.push_str(&format!("http: \"127.0.0.1:{port}\"\n"));
+    }
+    if let Some(extra) = &options.extra {
+        config.push_str(extra);
+        config.push('\n');
+    }
     if let Some(node) = cluster {
         let routes: Vec<String> = node.routes.iter().map(|p| format!("nats-route://127.0.0.1:{p}")).collect();
         config.push_str(&format!(
@@ -276,7 +287,7 @@ fn read_log(dir: &Path) -> String {
 }
 
 /// A TCP port free on 127.0.0.1 right now (another process may take it before the server binds it).
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
@@ -292,4 +303,95 @@ fn nats_server_binary() -> Option<PathBuf> {
         eprintln!("notice: nats-server is not on PATH; skipping a test that needs it");
     }
     found
+}
+
+/// A client of a test server that sees the server's permission errors: what a restricted user may not do is
+/// detected from the `-ERR 'Permissions Violation ...'` the server sends (async-nats hands it to the event
+/// callback as `ServerError::Other`), never from a missing answer.
+#[derive(Debug)]
+pub struct PermissionProbe {
+    client: async_nats::Client,
+    errors: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+/// How a probe proves who it is.
+#[derive(Debug, Clone)]
+pub enum ProbeAuth {
+    Password { user: String, password: String },
+    NkeySeed(String),
+}
+
+/// How long a probe waits for the server's permission error: a guard against a hang, never the detector.
+const PROBE_GUARD: Duration = Duration::from_secs(20);
+
+impl PermissionProbe {
+    /// Connects to `url` as `auth`, its replies under `inbox_prefix`.
+    pub async fn connect(url: &str, auth: ProbeAuth, inbox_prefix: &str) -> Result<PermissionProbe, String> {
+        let (tx, errors) = tokio::sync::mpsc::unbounded_channel();
+        let mut options = async_nats::ConnectOptions::new()
+            .custom_inbox_prefix(inbox_prefix)
+            .request_timeout(Some(Duration::from_secs(2)))
+            .event_callback(move |event| {
+                let tx = tx.clone();
+                async move {
+                    if let async_nats::Event::ServerError(async_nats::ServerError::Other(text)) = event {
+                        let _ = tx.send(text);
+                    }
+                }
+            });
+        options = match auth {
+            ProbeAuth::Password { user, password } => options.user_and_password(user, password),
+            ProbeAuth::NkeySeed(seed) => options.nkey(seed),
+        };
+        let client = options.connect(url).await.map_err(|e| format!("connect to {url}: {e}"))?;
+        Ok(PermissionProbe { client, errors })
+    }
+
+    /// The next permission error that names `subject` (earlier errors about other subjects are skipped).
+    async fn violation_naming(&mut self, subject: &str) -> Result<String, String> {
+        let quoted = format!("\"{subject}\"");
+        let deadline = tokio::time::Instant::now() + PROBE_GUARD;
+        loop {
+            match tokio::time::timeout_at(deadline, self.errors.recv()).await {
+                Ok(Some(text)) if text.contains("Permissions Violation") && text.contains(&quoted) => return Ok(text),
+                Ok(Some(_)) => {}
+                Ok(None) => return Err("the connection closed".to_owned()),
+                Err(_) => return Err(format!("no permission error naming {subject} within {PROBE_GUARD:?}")),
+            }
+        }
+    }
+
+    /// Publishes to `subject` with a reply inbox (as a JetStream API request or a stream publish is sent) and
+    /// returns the server's permission error for it.
+    pub async fn publish_refused(&mut self, subject: &str) -> Result<String, String> {
+        let inbox = self.client.new_inbox();
+        self.client
+            .publish_with_reply(subject.to_owned(), inbox, bytes::Bytes::from_static(b"{}"))
+            .await
+            .map_err(|e| format!("publish: {e}"))?;
+        self.client.flush().await.map_err(|e| format!("flush: {e}"))?;
+        self.violation_naming(subject).await
+    }
+
+    /// Subscribes to `subject` and returns the server's permission error for it.
+    pub async fn subscribe_refused(&mut self, subject: &str) -> Result<String, String> {
+        let _subscriber = self.client.subscribe(subject.to_owned()).await.map_err(|e| format!("subscribe: {e}"))?;
+        self.client.flush().await.map_err(|e| format!("flush: {e}"))?;
+        self.violation_naming(subject).await
+    }
+
+    /// Sends a JetStream API request the user may not send, as async-nats' request API does, and returns the
+    /// server's permission error and what the request itself answered (async-nats 0.51 has no error of its own
+    /// for it: the request ends when its own timeout, 2 s here, runs out).
+    pub async fn request_refused(&mut self, subject: &str) -> Result<(String, String), String> {
+        let (client, owned) = (self.client.clone(), subject.to_owned());
+        let request = tokio::spawn(async move { client.request(owned, bytes::Bytes::from_static(b"{}")).await });
+        let violation = self.violation_naming(subject).await?;
+        let answered = match request.await {
+            Ok(Ok(message)) => format!("an answer: {:?} {:?}", message.status, message.description),
+            Ok(Err(e)) => format!("{:?}: {e}", e.kind()),
+            Err(e) => format!("the request task failed: {e}"),
+        };
+        Ok((violation, answered))
+    }
 }

@@ -143,7 +143,10 @@ async fn a_command_over_the_servers_max_payload_is_refused() {
     let Some((_server, log)) = fresh().await else { return };
     let err = log.publish_command("lh.in.op.w1._", "big", big.clone()).await.expect_err("over 1 MiB");
     assert!(matches!(&err, Error::Refused(m) if m.contains("too large")), "{err}");
-    let Some(server) = NatsServer::start_with(ServerOptions { max_payload: Some(2 << 20) }) else { return };
+    let Some(server) = NatsServer::start_with(ServerOptions { max_payload: Some(2 << 20), ..Default::default() })
+    else {
+        return;
+    };
     let log = JetStream::connect(config(server.url(), PARTITIONS)).await.expect("connect");
     let published = log.publish_command("lh.in.op.w1._", "big", big.clone()).await.expect("under 2 MiB");
     assert_eq!(log.command_at(published.seq).await.expect("read").expect("stored").payload, big);

@@ -233,7 +233,11 @@ async fn stop_cleanly(serve: &mut Proc, backend: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_payloads_are_dead_lettered_by_a_running_worker_on_jetstream() {
     let started = Instant::now();
-    let Some(server) = NatsServer::start_with(ServerOptions { max_payload: Some(2 * 1024 * 1024) }) else { return };
+    let Some(server) =
+        NatsServer::start_with(ServerOptions { max_payload: Some(2 * 1024 * 1024), ..Default::default() })
+    else {
+        return;
+    };
     let log = JetStream::connect(JetStreamConfig::new(server.url(), PARTITIONS)).await.expect("connect");
     let dir = tempfile::Builder::new().prefix("lh-e2e-dlq-").tempdir().expect("a temporary directory");
     let data = dir.path().join("data");
