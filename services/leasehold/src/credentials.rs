@@ -71,6 +71,19 @@ fn read_only() -> Vec<Grant> {
     out
 }
 
+/// Reading the writers' partition snapshots (a load folds from the latest one): the worker's, and the sweeper's,
+/// which folds every partition the same way.
+fn snapshot_reads() -> Vec<Grant> {
+    vec![
+        grant(format!("$JS.API.STREAM.MSG.GET.OBJ_{SNAPSHOT_BUCKET}"), "reads a snapshot's description"),
+        grant(format!("$JS.API.DIRECT.GET.OBJ_{SNAPSHOT_BUCKET}.>"), "reads a snapshot's description"),
+        grant(format!("$JS.API.CONSUMER.CREATE.OBJ_{SNAPSHOT_BUCKET}.>"), "reads a snapshot's chunks"),
+        grant(format!("$JS.API.CONSUMER.CREATE.OBJ_{SNAPSHOT_BUCKET}"), "reads a snapshot's chunks"),
+        grant(format!("$JS.API.CONSUMER.DELETE.OBJ_{SNAPSHOT_BUCKET}.*"), "ends that read"),
+        grant(format!("$JS.FC.OBJ_{SNAPSHOT_BUCKET}.>"), "flow control of that read"),
+    ]
+}
+
 /// The permissions of `role` for a user whose inbox prefix is `inbox`.
 pub(crate) fn permissions(role: &Role, inbox: &str) -> Permissions {
     let subscribe = vec![grant(format!("{inbox}.>"), "its own replies (its client uses this inbox prefix)")];
@@ -120,13 +133,7 @@ pub(crate) fn permissions(role: &Role, inbox: &str) -> Permissions {
                 grant(format!("$JS.ACK.{CMD_STREAM}.>"), "acks commands done with"),
                 grant(format!("$JS.ACK.*.*.{CMD_STREAM}.>"), "acks commands done with (the v2 ack subject)"),
                 grant(format!("$O.{SNAPSHOT_BUCKET}.>"), "stores partition snapshots"),
-                grant(format!("$JS.API.STREAM.MSG.GET.OBJ_{SNAPSHOT_BUCKET}"), "reads a snapshot's description"),
-                grant(format!("$JS.API.DIRECT.GET.OBJ_{SNAPSHOT_BUCKET}.>"), "reads a snapshot's description"),
                 grant(format!("$JS.API.STREAM.PURGE.OBJ_{SNAPSHOT_BUCKET}"), "drops a replaced snapshot's chunks"),
-                grant(format!("$JS.API.CONSUMER.CREATE.OBJ_{SNAPSHOT_BUCKET}.>"), "reads a snapshot's chunks"),
-                grant(format!("$JS.API.CONSUMER.CREATE.OBJ_{SNAPSHOT_BUCKET}"), "reads a snapshot's chunks"),
-                grant(format!("$JS.API.CONSUMER.DELETE.OBJ_{SNAPSHOT_BUCKET}.*"), "ends that read"),
-                grant(format!("$JS.FC.OBJ_{SNAPSHOT_BUCKET}.>"), "flow control of that read"),
                 grant(format!("$KV.{WORKERS_BUCKET}.>"), "says this worker is alive"),
                 grant(format!("$JS.API.DIRECT.GET.KV_{WORKERS_BUCKET}.>"), "reads the live workers"),
                 grant(format!("$JS.API.STREAM.MSG.GET.KV_{WORKERS_BUCKET}"), "reads the live workers"),
@@ -135,6 +142,7 @@ pub(crate) fn permissions(role: &Role, inbox: &str) -> Permissions {
                 grant(format!("$JS.API.CONSUMER.DELETE.KV_{WORKERS_BUCKET}.*"), "ends that listing"),
                 grant(format!("$JS.FC.KV_{WORKERS_BUCKET}.>"), "flow control of that listing"),
             ]);
+            out.extend(snapshot_reads());
             out
         }
         Role::Producer => {
@@ -145,6 +153,7 @@ pub(crate) fn permissions(role: &Role, inbox: &str) -> Permissions {
         Role::Sweeper => {
             let mut out = vec![grant("lh.in.sys.>", "sys commands (only the sweeper sends them)")];
             out.extend(read_only());
+            out.extend(snapshot_reads());
             out
         }
     };

@@ -97,6 +97,7 @@ async fn each_user_may_do_its_own_work_and_nothing_else() {
     }
     outputs.push(("w".to_owned(), generate(&["credentials", "worker", "w"])));
     outputs.push(("pr".to_owned(), generate(&["credentials", "producer", "pr"])));
+    outputs.push(("sw".to_owned(), generate(&["credentials", "sweeper", "sw"])));
     let users = Users { outputs };
     let blocks: Vec<String> = users.outputs.iter().map(|(_, text)| block(text)).collect();
     let monitor = free_port();
@@ -141,6 +142,22 @@ async fn each_user_may_do_its_own_work_and_nothing_else() {
         wait_for_log(agent, "sync report decided").await;
     }
 
+    // The sweeper as its user: it folds every partition (snapshots included) and follows the log.
+    let mut sweeper_args: Vec<String> =
+        ["serve", "--roles", "sweeper", "--listen", "127.0.0.1:0", "--partitions", &partitions, "--nats", &url]
+            .map(str::to_owned)
+            .to_vec();
+    sweeper_args.extend([
+        "--inbox-prefix".to_owned(),
+        "_INBOX_sw".to_owned(),
+        "--sweep-interval".to_owned(),
+        "100ms".to_owned(),
+    ]);
+    sweeper_args.extend(users.flags("sw", dir.path()));
+    let mut sweeper = Proc::spawn(dir.path(), "sweeper", &sweeper_args.iter().map(String::as_str).collect::<Vec<_>>());
+    sweeper.address().await;
+    wait_for_log(&mut sweeper, "sweeper loaded the partitions").await;
+
     // A producer as its user: an allocation on a is accepted, and agent a makes it.
     let mut alloc: Vec<String> =
         ["allocate", "--agent", "a", "--kind", "dir", "--nats", &url, "--inbox-prefix", "_INBOX_pr"]
@@ -150,6 +167,23 @@ async fn each_user_may_do_its_own_work_and_nothing_else() {
     let reference = generate(&alloc.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(reference.trim().starts_with("a."), "{reference}");
     wait_for_log(&mut agents[0], "created").await;
+
+    // A lease that expires: the sweeper asks for its expiry, on the subject its user may publish on.
+    let mut acquire: Vec<String> =
+        ["acquire", reference.trim(), "--holder", "t", "--ttl", "1s", "--nats", &url].map(str::to_owned).to_vec();
+    acquire.extend(["--inbox-prefix".to_owned(), "_INBOX_pr".to_owned()]);
+    acquire.extend(users.flags("pr", dir.path()));
+    generate(&acquire.iter().map(String::as_str).collect::<Vec<_>>());
+    let metrics = format!("{}/metrics", sweeper.address().await);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let text = reqwest::get(&metrics).await.expect("GET /metrics").text().await.expect("the metrics");
+        if text.lines().any(|l| l.starts_with("leasehold_sweeper_requests_total{type=\"sys.expire-lease\"}")) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the sweeper never asked for the expiry\n{}", sweeper.tail());
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 
     // What each agent may not do.
     let mut first_request = None;
