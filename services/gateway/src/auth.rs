@@ -244,7 +244,7 @@ pub(crate) async fn authenticate(State(tokens): State<Arc<Tokens>>, mut request:
     let refusal = match presented {
         None => {
             "this gateway needs `Authorization: Bearer <token>`, a token of its --tokens file (the command line: \
-                 LEASEHOLD_TOKEN, --token-file or --token)"
+                 LEASEHOLD_TOKEN, --token-file or --gateway-token)"
         }
         Some(None) => "the Authorization header is not `Bearer <token>`",
         Some(Some(token)) => match tokens.principal_of(&token) {
