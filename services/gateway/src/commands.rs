@@ -3,12 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use leasehold_log::Log;
 use leasehold_schemas::codec::{self, MAX_COMMAND_BYTES};
 use leasehold_schemas::ids::CommandId;
@@ -16,6 +16,7 @@ use leasehold_schemas::subjects::ingress_subject_of;
 use leasehold_schemas::{CommandClass, Envelope, Outcome, Rejection};
 use serde::{Deserialize, Serialize};
 
+use crate::auth::Principal;
 use crate::{Api, error, unavailable};
 
 /// What the gateway knows of a command: `published` (no wait asked), `accepted` or `rejected` (decided: its
@@ -79,6 +80,7 @@ pub(crate) struct PostQuery {
 /// `?wait=true` its outcome once decided and projected (200), or where it stands when the wait ran out (504).
 pub(crate) async fn post<L: Log>(
     State(api): State<Arc<Api<L>>>,
+    principal: Option<Extension<Principal>>,
     query: Result<Query<PostQuery>, QueryRejection>,
     headers: HeaderMap,
     body: Body,
@@ -109,10 +111,16 @@ pub(crate) async fn post<L: Log>(
             );
         }
     };
-    let envelope = match codec::command_from_json(&bytes) {
+    let mut envelope = match codec::command_from_json(&bytes) {
         Ok(envelope) => envelope,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
+    // An authenticated caller is the issuer: the body's `issuer` is a claim, replaced (not refused when it differs,
+    // so a client need not know its principal's spelling). What is published, and what a retry is compared with
+    // below, is the command as recorded, with the principal.
+    if let Some(Extension(Principal(principal))) = principal {
+        envelope.issuer = principal;
+    }
     if envelope.class != CommandClass::Op {
         return error(
             StatusCode::FORBIDDEN,

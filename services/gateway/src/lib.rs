@@ -14,11 +14,17 @@
 //! projector's read models in the same process; `?wait=true` returns once the outcome is decided *and* projected,
 //! so a query right after it sees what it did. A process that runs no gateway role still serves `/healthz` and
 //! `/metrics` ([`metrics_only`]), so every `serve` process can be scraped.
+//!
+//! With [`GatewayConfig::tokens`], every `/v1/...` request needs `Authorization: Bearer <token>` (401 otherwise,
+//! before anything is read or published), and a command's issuer is the principal of its token, whatever its body
+//! says ([`auth`]). Without tokens (development, on loopback: `leasehold serve` enforces that), the body's issuer
+//! stays.
 
 #![forbid(unsafe_code)]
 // Handlers answer errors as ready responses, once per request: boxing them would save nothing that matters.
 #![allow(clippy::result_large_err)]
 
+mod auth;
 mod commands;
 mod dead;
 mod events;
@@ -38,6 +44,7 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+pub use auth::{MIN_TOKEN_LEN, TokenFileError, TokenFileErrorKind, Tokens};
 pub use commands::{CommandStatus, DeadLetterView, PositionedOutcome};
 pub use dead::DeadView;
 pub use metrics::ProjectionMetrics;
@@ -49,11 +56,14 @@ pub struct GatewayConfig {
     pub default_wait: Duration,
     /// The longest `timeout` a request may ask for.
     pub max_wait: Duration,
+    /// The bearer tokens callers must present on `/v1/...`, each naming the principal recorded as the issuer of its
+    /// commands; `None`: no authentication, and the issuer is what the command says (development only).
+    pub tokens: Option<Arc<Tokens>>,
 }
 
 impl Default for GatewayConfig {
     fn default() -> Self {
-        GatewayConfig { default_wait: Duration::from_secs(30), max_wait: Duration::from_secs(300) }
+        GatewayConfig { default_wait: Duration::from_secs(30), max_wait: Duration::from_secs(300), tokens: None }
     }
 }
 
@@ -114,8 +124,11 @@ impl Failures {
     }
 }
 
-/// The whole API: `/v1/...`, `/healthz` and `/metrics`.
+/// The whole API: `/v1/...`, `/healthz` and `/metrics`. With tokens, every `/v1/...` route answers 401 to a request
+/// without a valid bearer token; `/healthz` and `/metrics` never ask for one (probes and scrapers hold no token, and
+/// they show counts, not names).
 pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
+    let tokens = api.config.tokens.clone();
     let v1 = Router::new()
         .route("/v1/commands", post(commands::post::<L>))
         .route("/v1/commands/{id}", get(commands::get::<L>))
@@ -130,6 +143,10 @@ pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
         .route("/v1/events", get(events::events::<L>))
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(api);
+    let v1 = match tokens {
+        Some(tokens) => v1.route_layer(axum::middleware::from_fn_with_state(tokens, auth::authenticate)),
+        None => v1,
+    };
     v1.merge(metrics_only(health))
 }
 

@@ -139,19 +139,72 @@ struct ErrorBody {
 pub(crate) struct Gateway {
     base: Url,
     http: reqwest::Client,
+    /// Whether requests carry a bearer token (for what a 401 says).
+    authenticated: bool,
+}
+
+/// The environment variable that holds the gateway's bearer token.
+pub(crate) const TOKEN_ENV: &str = "LEASEHOLD_TOKEN";
+
+/// The bearer token of the command line: `--gateway-token`, else the first line of `--token-file`, else `$LEASEHOLD_TOKEN`
+/// (unless empty), else none.
+pub(crate) fn token(global: &crate::GlobalArgs) -> anyhow::Result<Option<String>> {
+    if let Some(token) = &global.gateway_token {
+        return Ok(Some(token.clone()));
+    }
+    if let Some(path) = &global.token_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--token-file {}: cannot read it", path.display()))?;
+        let token = text.lines().next().unwrap_or_default().trim();
+        if token.is_empty() {
+            bail!("--token-file {}: its first line is empty; it holds the token, alone", path.display());
+        }
+        return Ok(Some(token.to_owned()));
+    }
+    Ok(std::env::var(TOKEN_ENV).ok().filter(|t| !t.trim().is_empty()).map(|t| t.trim().to_owned()))
+}
+
+/// The gateway of `--server`, with the token of [`token`].
+pub(crate) fn gateway(global: &crate::GlobalArgs) -> anyhow::Result<Gateway> {
+    Gateway::with_token(&global.server, token(global)?.as_deref())
 }
 
 impl Gateway {
+    /// The gateway at `server`, without a token (a gateway without `--tokens`).
     pub(crate) fn new(server: &str) -> anyhow::Result<Self> {
+        Self::with_token(server, None)
+    }
+
+    /// The gateway at `server`; every request carries `Authorization: Bearer <token>` when given.
+    pub(crate) fn with_token(server: &str, token: Option<&str>) -> anyhow::Result<Self> {
         let base = Url::parse(server).with_context(|| format!("--server {server:?} is not a URL"))?;
         if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
             bail!("--server {server:?} is not an http:// URL");
         }
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = token {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| anyhow!("the token has characters an HTTP header cannot carry"))?;
+            // Kept out of the client's debug output.
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
+            .default_headers(headers)
             .build()
             .context("building the HTTP client")?;
-        Ok(Gateway { base, http })
+        Ok(Gateway { base, http, authenticated: token.is_some() })
+    }
+
+    /// The error of a 401: nothing was stored; the token was refused, or the gateway wants one.
+    fn unauthorized(&self, body: &str) -> anyhow::Error {
+        let what = if self.authenticated {
+            "the gateway refused the token"
+        } else {
+            "the gateway refused the request without a token (give it in LEASEHOLD_TOKEN, --token-file or --gateway-token)"
+        };
+        Refused(format!("{what}: {}", error_text(body))).into()
     }
 
     /// The URL of `segments` (each percent-encoded) under the base, with `query`.
@@ -240,6 +293,9 @@ impl Gateway {
         if let Ok(status) = serde_json::from_str::<CommandStatus>(&text) {
             return Ok((code, status));
         }
+        if code == StatusCode::UNAUTHORIZED && !sent_before {
+            return Err(self.unauthorized(&text));
+        }
         if code.is_client_error() && !sent_before {
             // The gateway stores nothing it refuses.
             bail!("the gateway refused command {} ({code}): {}", envelope.command_id, error_text(&text));
@@ -263,6 +319,7 @@ impl Gateway {
                 .with_context(|| format!("the gateway's answer to GET {url} is unexpected"))
                 .map(Some),
             StatusCode::NOT_FOUND => Ok(None),
+            StatusCode::UNAUTHORIZED => Err(self.unauthorized(&text)),
             code => bail!("GET {url} failed ({code}): {}", error_text(&text)),
         }
     }
@@ -311,6 +368,9 @@ impl Gateway {
         let code = response.status();
         if code != StatusCode::OK {
             let text = response.text().await.unwrap_or_default();
+            if code == StatusCode::UNAUTHORIZED {
+                return Err(self.unauthorized(&text));
+            }
             let message = format!("GET {url} failed ({code}): {}", error_text(&text));
             if code.is_client_error() {
                 return Err(Refused(message).into());
@@ -666,6 +726,14 @@ mod tests {
     /// A fake gateway on a free port: answers each connection with the next of `answers` (`None`: close the
     /// connection once the request is read, without answering), and hands over each request it read.
     fn fake_gateway(answers: Vec<Option<String>>) -> (Gateway, std::sync::mpsc::Receiver<String>) {
+        fake_gateway_with(answers, None)
+    }
+
+    /// [`fake_gateway`], asked with `token` as the bearer.
+    fn fake_gateway_with(
+        answers: Vec<Option<String>>,
+        token: Option<&str>,
+    ) -> (Gateway, std::sync::mpsc::Receiver<String>) {
         use std::io::{BufRead as _, BufReader, Read as _, Write as _};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -701,7 +769,7 @@ mod tests {
                 }
             }
         });
-        (Gateway::new(&url).unwrap(), requests)
+        (Gateway::with_token(&url, token).unwrap(), requests)
     }
 
     fn answer(code: &str, body: &str) -> Option<String> {
@@ -777,6 +845,59 @@ mod tests {
         let unreachable = rt.block_on(nobody.submit(&envelope, Duration::from_secs(5))).unwrap_err();
         assert!(!unreachable.is::<OutcomeUnknown>(), "{unreachable}");
         assert!(unreachable.to_string().contains("cannot reach the gateway"), "{unreachable}");
+    }
+
+    #[test]
+    fn the_token_is_the_bearer_of_every_request_and_a_401_says_it_was_refused() {
+        let envelope = allocate_envelope();
+        let refusal = r#"{"error":"the bearer token is not one this gateway knows"}"#;
+        let (gateway, requests) = fake_gateway_with(
+            vec![answer("401 Unauthorized", refusal), answer("401 Unauthorized", refusal)],
+            Some("sekrit-0123456789abcdef"),
+        );
+        let rt = runtime();
+        let refused = rt.block_on(gateway.submit(&envelope, Duration::from_secs(5))).unwrap_err();
+        assert!(refused.is::<Refused>() && !refused.is::<OutcomeUnknown>(), "{refused:#}");
+        assert_eq!(
+            refused.to_string(),
+            "the gateway refused the token: the bearer token is not one this gateway knows"
+        );
+        let request = requests.recv().unwrap().to_lowercase();
+        assert!(request.contains("\r\nauthorization: bearer sekrit-0123456789abcdef\r\n"), "{request}");
+        let read = rt.block_on(gateway.get::<serde_json::Value>(&["v1", "agents"], &[])).unwrap_err();
+        assert!(read.to_string().starts_with("the gateway refused the token: "), "{read}");
+        assert!(requests.recv().unwrap().to_lowercase().contains("authorization: bearer sekrit-"));
+
+        let (anonymous, requests) = fake_gateway(vec![answer("401 Unauthorized", r#"{"error":"needs a token"}"#)]);
+        let refused = rt.block_on(anonymous.submit(&envelope, Duration::from_secs(5))).unwrap_err();
+        assert!(refused.to_string().contains("without a token (give it in LEASEHOLD_TOKEN"), "{refused}");
+        assert!(!requests.recv().unwrap().to_lowercase().contains("authorization"));
+        assert!(Gateway::with_token("http://127.0.0.1:1", Some("bad\ntoken-0123456789")).is_err());
+    }
+
+    #[test]
+    fn the_token_comes_from_the_flag_else_the_file_else_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "from-the-file-0123456789\n# ignored\n").unwrap();
+        let parse = |argv: &[&str]| {
+            use clap::Parser as _;
+            let cli = crate::Cli::try_parse_from(["leasehold"].iter().chain(argv).copied()).unwrap();
+            token(&cli.global).unwrap()
+        };
+        let path = file.display().to_string();
+        assert_eq!(
+            parse(&["--gateway-token", "from-the-flag-0123456789", "agents"]).as_deref(),
+            Some("from-the-flag-0123456789")
+        );
+        assert_eq!(parse(&["agents", "--token-file", &path]).as_deref(), Some("from-the-file-0123456789"));
+        use clap::Parser as _;
+        assert!(
+            crate::Cli::try_parse_from(["leasehold", "--gateway-token", "x", "--token-file", &path, "agents"]).is_err()
+        );
+        std::fs::write(&file, "\n").unwrap();
+        let cli = crate::Cli::try_parse_from(["leasehold", "--token-file", &path, "agents"]).unwrap();
+        assert!(token(&cli.global).unwrap_err().to_string().contains("first line is empty"));
     }
 
     #[test]

@@ -51,9 +51,18 @@ pub(crate) struct GlobalArgs {
     /// What to print on stdout: aligned columns, or one JSON value.
     #[arg(long, global = true, value_enum, default_value_t = output::OutputFormat::Table)]
     pub(crate) output: output::OutputFormat,
-    /// Who sends the commands, for the audit trail (printable ASCII, no spaces); default `cli:$USER`, or `cli`.
+    /// Who sends the commands, for the audit trail (printable ASCII, no spaces); default `cli:$USER`, or `cli`. A
+    /// gateway with tokens records your token's principal instead.
     #[arg(long, global = true)]
     pub(crate) issuer: Option<String>,
+    /// The bearer token for a gateway with --tokens, on the first line of FILE. The environment variable
+    /// LEASEHOLD_TOKEN is read when neither this nor --gateway-token is given.
+    #[arg(long, global = true, value_name = "FILE", conflicts_with = "gateway_token")]
+    pub(crate) token_file: Option<std::path::PathBuf>,
+    /// The bearer token itself (not `--token`: that is a lease's token). Other users can see it in `ps`: prefer
+    /// LEASEHOLD_TOKEN or --token-file.
+    #[arg(long, global = true, value_name = "TOKEN")]
+    pub(crate) gateway_token: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -366,7 +366,7 @@ impl Transport {
     pub(crate) async fn connect(global: &GlobalArgs, nats: &NatsArgs) -> anyhow::Result<Self> {
         // Partitions 0: learn the partition count from the streams `serve` created.
         match nats.config(0) {
-            None => Ok(Transport::Gateway(Gateway::new(&global.server)?)),
+            None => Ok(Transport::Gateway(crate::client::gateway(global)?)),
             Some(config) => {
                 let url = config.url.clone();
                 let config = JetStreamConfig { partitions: 0, ..config };

@@ -62,7 +62,7 @@ pub(crate) enum QueryCmd {
 }
 
 pub(crate) async fn run(command: QueryCmd, global: &GlobalArgs) -> anyhow::Result<()> {
-    let gateway = Gateway::new(&global.server)?;
+    let gateway = crate::client::gateway(global)?;
     let format = global.output;
     match command {
         QueryCmd::Get(reference) => {

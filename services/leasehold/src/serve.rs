@@ -4,8 +4,13 @@
 //!
 //! Every `serve` process listens on `--listen`: the gateway role serves the whole API there; without it, the
 //! process still serves `/healthz` and `/metrics`, so separate worker processes are scraped too.
+//!
+//! The gateway authenticates callers by the bearer tokens of `--tokens FILE` and records each command with its
+//! caller's principal as the issuer. Without `--tokens` it authenticates nobody, which `serve` allows only on a
+//! loopback `--listen` (development), or with `--insecure-no-auth` when something in front of it does.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,6 +43,17 @@ pub(crate) struct ServeArgs {
     /// free port (printed).
     #[arg(long, default_value = "127.0.0.1:7420")]
     listen: SocketAddr,
+    /// The gateway's bearer tokens: a file of `PRINCIPAL TOKEN` lines (`#` comments), each token at least 16
+    /// characters. Every /v1 request must then carry `Authorization: Bearer TOKEN` (401 otherwise; /healthz and
+    /// /metrics need none), and its commands are recorded with the token's principal as their issuer, whatever
+    /// they claim. Without it nobody is authenticated, which is allowed on a loopback --listen only.
+    #[arg(long, value_name = "FILE")]
+    tokens: Option<PathBuf>,
+    /// Serve the gateway without authentication on an address that is not loopback. Only for a gateway that
+    /// something else guards: an authenticating reverse proxy or service mesh in front of it, or a container whose
+    /// port is published on the host's loopback only. Commands then carry the issuer they claim.
+    #[arg(long, conflicts_with = "tokens")]
+    insecure_no_auth: bool,
     /// Run an agent in this process: NAME=DRIVER, the driver being dir:PATH (one directory per resource under
     /// PATH). Repeatable. On one machine this is how agents run, since the embedded log is one process's.
     #[arg(long = "agent", value_name = "NAME=DRIVER")]
@@ -78,7 +94,7 @@ pub(crate) struct ServeArgs {
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     // What can be refused is refused before anything is opened or created.
-    check(&args)?;
+    let checked = check(&args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();
@@ -93,7 +109,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
                     args.log.data.display(),
                     log.partitions()
                 );
-                serve(log, &args, shutdown).await
+                serve(log, &args, checked, shutdown).await
             }
             Some(config) => {
                 let url = config.url.clone();
@@ -117,7 +133,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
                 for warning in durability_warnings(log.replicas(), varz.as_ref()) {
                     eprintln!("{warning}");
                 }
-                serve(log, &args, shutdown).await
+                serve(log, &args, checked, shutdown).await
             }
         };
         signals.abort();
@@ -170,18 +186,47 @@ fn roles(roles: &[Role]) -> String {
     roles.iter().map(|r| role_name(*r)).collect::<Vec<_>>().join(",")
 }
 
-fn check(args: &ServeArgs) -> anyhow::Result<Vec<(leasehold_schemas::ids::AgentName, leasehold_agent::AnyDriver)>> {
-    if args.roles.contains(&Role::Gateway) && !args.roles.contains(&Role::Projector) {
+/// What `serve` read from its command line before opening anything.
+struct Checked {
+    agents: Vec<(leasehold_schemas::ids::AgentName, leasehold_agent::AnyDriver)>,
+    tokens: Option<Arc<leasehold_gateway::Tokens>>,
+}
+
+fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
+    let gateway = args.roles.contains(&Role::Gateway);
+    if gateway && !args.roles.contains(&Role::Projector) {
         anyhow::bail!(
             "the gateway serves the read models of the projector in the same process: run --roles gateway,projector"
         );
     }
-    crate::agents::parse_all(&args.agents)
+    let tokens = match &args.tokens {
+        Some(_) if !gateway => {
+            anyhow::bail!("--tokens is for the gateway role, which this process does not run (--roles)")
+        }
+        Some(path) => Some(Arc::new(load_tokens(path)?)),
+        None if gateway && !args.listen.ip().is_loopback() && !args.insecure_no_auth => anyhow::bail!(
+            "the gateway would serve {} to anyone who can reach it without asking who they are: give --tokens FILE              (`PRINCIPAL TOKEN` lines), listen on a loopback address, or, if something in front of it authenticates              callers, --insecure-no-auth",
+            args.listen
+        ),
+        None => None,
+    };
+    Ok(Checked { agents: crate::agents::parse_all(&args.agents)?, tokens })
 }
 
-async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+/// The token file, refused (naming the line) when malformed; a file others can read is taken with a warning, since
+/// its directory may be what guards it (a mounted secret) and `serve` cannot judge that.
+fn load_tokens(path: &std::path::Path) -> anyhow::Result<leasehold_gateway::Tokens> {
+    let (tokens, warning) =
+        leasehold_gateway::Tokens::load(path).map_err(|e| anyhow::anyhow!("--tokens {}: {e}", path.display()))?;
+    if let Some(warning) = warning {
+        eprintln!("warning: --tokens {warning}");
+    }
+    Ok(tokens)
+}
+
+async fn serve<L: Log>(log: L, args: &ServeArgs, checked: Checked, shutdown: CancellationToken) -> anyhow::Result<()> {
     let name = args.name.clone().unwrap_or_else(default_name);
-    let agents = check(args)?;
+    let Checked { agents, tokens } = checked;
     let mut registry = prometheus_client::registry::Registry::default();
     let failures = leasehold_gateway::Failures::default();
     let mut tasks = tokio::task::JoinSet::new();
@@ -213,7 +258,14 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
     };
     let router = match &projector {
         Some(projector) if args.roles.contains(&Role::Gateway) => {
-            let config = leasehold_gateway::GatewayConfig::default();
+            match &tokens {
+                Some(tokens) => {
+                    let principals = tokens.principals().iter().map(|p| p.as_str()).collect::<Vec<_>>().join(", ");
+                    println!("gateway: bearer tokens of {principals}; each command's issuer is its caller's principal");
+                }
+                None => println!("gateway: no authentication (no --tokens): each command's issuer is what it says"),
+            }
+            let config = leasehold_gateway::GatewayConfig { tokens, ..Default::default() };
             let api = leasehold_gateway::Api::new(log.clone(), projector, config, shutdown.clone());
             println!("gateway: listening on http://{address} (the API, /healthz, /metrics)");
             leasehold_gateway::router(api, health)
@@ -376,5 +428,42 @@ mod tests {
         assert!(durability_warnings(3, Some(&Ok(always))).is_empty());
         assert!(durability_warnings(3, None).is_empty());
         assert_eq!(durability_warnings(3, Some(&Err("refused".to_owned()))).len(), 1);
+    }
+
+    fn checked(argv: &[&str]) -> anyhow::Result<Checked> {
+        use clap::Parser as _;
+        let cli = crate::Cli::try_parse_from(["leasehold", "serve"].iter().chain(argv).copied())?;
+        let crate::Cmd::Serve(args) = cli.command else { unreachable!("serve parses to Serve") };
+        check(&args)
+    }
+
+    #[test]
+    fn without_tokens_the_gateway_listens_on_loopback_only_unless_told_it_is_guarded() {
+        for listen in ["127.0.0.1:0", "[::1]:7420"] {
+            let ok = checked(&["--listen", listen]).unwrap_or_else(|e| panic!("{listen}: {e:#}"));
+            assert!(ok.tokens.is_none());
+        }
+        let refused = checked(&["--listen", "0.0.0.0:7420"]).err().expect("no tokens on 0.0.0.0");
+        assert!(refused.to_string().contains("give --tokens FILE"), "{refused}");
+        assert!(checked(&["--listen", "10.1.2.3:7420", "--insecure-no-auth"]).is_ok());
+        // A process without the gateway serves /healthz and /metrics only: nothing to guard.
+        assert!(checked(&["--roles", "worker", "--listen", "0.0.0.0:7421"]).is_ok());
+    }
+
+    #[test]
+    fn tokens_are_read_at_start_and_a_bad_file_stops_serve() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (good, bad) = (dir.path().join("good"), dir.path().join("bad"));
+        std::fs::write(&good, "op:alice 0123456789abcdef\n").expect("write");
+        std::fs::write(&bad, "op:alice 0123456789abcdef\nop:bob 0123456789abcdef\n").expect("write");
+        let (good, bad) = (good.display().to_string(), bad.display().to_string());
+        let ok = checked(&["--listen", "0.0.0.0:7420", "--tokens", &good]).expect("tokens on 0.0.0.0");
+        let tokens = ok.tokens.expect("tokens");
+        assert_eq!(tokens.principal_of("0123456789abcdef").map(|p| p.as_str()), Some("op:alice"));
+        let refused = checked(&["--tokens", &bad]).err().expect("a token twice");
+        assert!(refused.to_string().contains(&format!("--tokens {bad}: line 2: ")), "{refused}");
+        let refused = checked(&["--roles", "worker", "--tokens", &good]).err().expect("tokens without a gateway");
+        assert!(refused.to_string().contains("for the gateway role"), "{refused}");
+        assert!(checked(&["--tokens", &good, "--insecure-no-auth"]).is_err(), "the two flags exclude each other");
     }
 }

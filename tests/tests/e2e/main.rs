@@ -2,6 +2,7 @@
 //! One test binary; each module is one concern.
 
 mod api;
+mod auth;
 mod authz;
 mod crash;
 mod dead_letters;

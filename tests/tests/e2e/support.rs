@@ -198,6 +198,31 @@ impl Drop for Proc {
     }
 }
 
+/// How a command-line run (`leasehold-e2e ARGS`) ended: its exit code, stdout and stderr.
+#[derive(Debug)]
+pub(crate) struct Ran {
+    pub(crate) code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+}
+
+/// Runs `leasehold-e2e ARGS` in `dir` to its end (at most [`STEP`]) with `env` added to the environment and
+/// `LEASEHOLD_TOKEN` removed from it unless `env` sets it.
+pub(crate) async fn run_cli(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Ran {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_leasehold-e2e"));
+    command.args(args).current_dir(dir).env_remove("LEASEHOLD_TOKEN").env("NO_COLOR", "1").stdin(Stdio::null());
+    command.envs(env.iter().copied()).kill_on_drop(true);
+    let output = tokio::time::timeout(STEP, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("leasehold-e2e {args:?} did not end in {STEP:?}"))
+        .expect("run leasehold-e2e");
+    Ran {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
 /// The processes' `tail`s, for a failing test's message.
 pub(crate) fn logs<'a>(processes: impl Iterator<Item = &'a Proc>) -> String {
     processes.map(Proc::tail).collect::<Vec<_>>().join("\n")
