@@ -511,7 +511,7 @@ fn code(output: &Output) -> i32 {
 
 /// A command sent again with `--command-id` (and `--id`) is stored and decided once: the same resource, said to be a
 /// duplicate; the same command id with another resource id is caught. `acquire --block` gives up at `--timeout` on a
-/// lease that stays waiting (a resource waiting on a pool claim: nothing carries claims yet), with exit status 4.
+/// lease that stays waiting (on a resource waiting for a pool whose one slot is held), with exit status 4.
 #[test]
 fn resending_a_command_and_giving_up_on_a_waiting_lease() {
     let dir = tempfile::tempdir().unwrap();
@@ -555,8 +555,15 @@ fn resending_a_command_and_giving_up_on_a_waiting_lease() {
     assert_eq!((paused_again["status"].as_str(), paused_again["duplicate"].as_bool()), (Some("accepted"), Some(true)));
     assert_eq!(paused_again["outcomes"], paused["outcomes"]);
 
-    // A resource waiting on a pool claim stays pending; a lease on it waits.
+    // A resource waiting on a pool claim stays pending; a lease on it waits. The pool's one slot is taken first.
     assert_eq!(server.json(&["pool", "define", "p", "--slots", "1"])["status"], "accepted");
+    let first = server.json(&["allocate", "--agent", "w1", "--kind", "dir", "--pool", "p"]);
+    let first_ref = str_of(&first, "ref").to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.json(&["get", &first_ref])["claims"][0]["status"] != "bound" {
+        assert!(Instant::now() < deadline, "the first allocation never got the pool's slot");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let pooled = server.json(&["allocate", "--agent", "w1", "--kind", "dir", "--capacity", "3", "--pool", "p"]);
     assert_eq!(pooled["state"], "pending");
     let pooled_ref = str_of(&pooled, "ref").to_owned();
