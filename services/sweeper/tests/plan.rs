@@ -1,0 +1,297 @@
+//! The sweeper's plan against the real decider, without a log: every partition's state is folded in memory, the
+//! plan is "sent" by deciding each due request in its partition at a log time the test sets, twice over (as two
+//! sweepers would), and the world is driven until nothing more is due. What must come out: pools carried across
+//! partitions with first-in-first-out waiters and a cool-down, nothing done twice, and no state that grows with the
+//! size of a pool.
+
+use std::collections::BTreeMap;
+
+use leasehold_domain::state::{ClaimSlot, Holding};
+use leasehold_domain::{Ctx, Decided, PartitionState, apply, continue_work, decide};
+use leasehold_schemas::command::{Allocate, Cascade, DefinePool, Register, Release, ReportCreated, SyncReport};
+use leasehold_schemas::ids::{Key, Millis, PoolName, ResourceRef, Timestamp};
+use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::pool::{PoolKind, PoolValue};
+use leasehold_schemas::settings::AgentSettings;
+use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
+use leasehold_schemas::{AgentName, Command, CommandId, Envelope, Issuer, Outcome, ResourceId, Uuid};
+use leasehold_sweeper::plan::{self, Planned, States};
+
+const PARTITIONS: u32 = 4;
+const T0: u64 = 1_800_000_000_000;
+
+/// Every partition of a small cluster, decided in memory.
+struct World {
+    states: States,
+    cmd_seq: u64,
+    now: Timestamp,
+    obs: BTreeMap<AgentName, u64>,
+    answers: BTreeMap<ResourceRef, Cascade>,
+    /// Every outcome so far, in the order decided.
+    outcomes: Vec<Outcome>,
+}
+
+impl World {
+    fn new() -> World {
+        let states = (0..PARTITIONS).map(|p| (p, PartitionState::new(p, PARTITIONS))).collect();
+        World {
+            states,
+            cmd_seq: 0,
+            // The ids the test makes are stamped with this machine's clock: the log's starts there too.
+            now: Timestamp(
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64,
+            ),
+            obs: BTreeMap::new(),
+            answers: BTreeMap::new(),
+            outcomes: Vec::new(),
+        }
+    }
+
+    /// Decides `body` from `issuer` in its partition now, with every part of a long decision; returns the outcome's
+    /// first part (or `None` when nothing was appended).
+    fn send(&mut self, issuer: &str, body: impl Into<Command>) -> Option<Outcome> {
+        let body = body.into();
+        let partition = partition_of_key(&body.key(), PARTITIONS);
+        let envelope = Envelope::new(CommandId::generate(), Issuer::new(issuer).unwrap(), self.now, body);
+        self.cmd_seq += 1;
+        let ctx = Ctx { cmd_seq: self.cmd_seq, log_time: self.now };
+        let first = match decide(&self.states[&partition], &ctx, &envelope).unwrap() {
+            Decided::Append(outcome) => outcome,
+            Decided::AlreadyDecided { .. } | Decided::Unchanged => return None,
+        };
+        let mut next = Some(first.clone());
+        while let Some(outcome) = next {
+            let state = self.states.get_mut(&partition).unwrap();
+            apply(state, &outcome).unwrap();
+            next = state.pending().is_some().then(|| continue_work(state).unwrap());
+            self.note(partition, &outcome);
+            self.outcomes.push(outcome);
+        }
+        Some(first)
+    }
+
+    /// What the sweeper's view keeps beside the states: adoption answers seen go by.
+    fn note(&mut self, partition: u32, outcome: &Outcome) {
+        let Key::Agent(agent) = &outcome.command.key else { return };
+        for (position, effect) in outcome.positioned_effects() {
+            if let Effect::ChildAdopted { parent, child, child_source, parent_state } = effect {
+                let parent = ResourceRef::new(agent.clone(), *parent);
+                let answer = plan::adoption_answer(partition, position, &parent, child, *child_source, *parent_state);
+                self.answers.insert(child.clone(), answer);
+            }
+        }
+    }
+
+    fn plan(&self) -> Vec<Planned> {
+        plan::plan(&self.states, &self.answers)
+    }
+
+    /// Sends every request due now, each twice (two sweepers), until none is due; returns how many were sent.
+    fn settle(&mut self) -> usize {
+        let mut sent = 0;
+        for _ in 0..100 {
+            let due: Vec<Planned> = self.plan().into_iter().filter(|p| p.due.is_none_or(|at| at <= self.now)).collect();
+            if due.is_empty() {
+                return sent;
+            }
+            for item in due {
+                self.send("sweeper:a", item.command.clone());
+                self.send("sweeper:b", item.command);
+                sent += 1;
+            }
+        }
+        panic!("the plan never settles: {:#?}", self.plan());
+    }
+
+    fn advance(&mut self, by: Millis) {
+        self.now = self.now.saturating_add(by);
+    }
+
+    fn state_of(&self, agent: &AgentName) -> &PartitionState {
+        &self.states[&partition_of_agent(agent, PARTITIONS)]
+    }
+
+    fn register(&mut self, name: &str) -> AgentName {
+        let agent = AgentName::new(name).unwrap();
+        let incarnation = Uuid::from_u128(u128::from(self.cmd_seq) + 1);
+        let body = Register { agent: agent.clone(), incarnation, wiped: false, settings: AgentSettings::default() };
+        self.send(name, body).expect("a registration is appended");
+        self.obs.insert(agent.clone(), 0);
+        agent
+    }
+
+    fn next_obs(&mut self, agent: &AgentName) -> u64 {
+        let n = self.obs.get_mut(agent).unwrap();
+        *n += 1;
+        *n
+    }
+
+    fn allocate(&mut self, agent: &AgentName, pools: &[&PoolName]) -> ResourceId {
+        let id = ResourceId::generate();
+        let mut body = Allocate::new(agent.clone(), id, "container", 1);
+        body.pools = pools.iter().map(|p| (*p).clone()).collect();
+        self.send("producer", body);
+        id
+    }
+
+    /// The agent made it: it reports it created.
+    fn created(&mut self, agent: &AgentName, resource: ResourceId) {
+        let epoch = self.state_of(agent).agent(agent).unwrap().epoch;
+        let obs = self.next_obs(agent);
+        let body = ReportCreated { agent: agent.clone(), epoch, obs, resource, native_id: None };
+        self.send(agent.as_str(), body);
+    }
+
+    /// The agent destroyed it: a sync report says so (its count and digest what the writer expects).
+    fn destroyed(&mut self, agent: &AgentName, resource: ResourceId) {
+        let state = self.state_of(agent);
+        let epoch = state.agent(agent).unwrap().epoch;
+        let watermark = state.last_position();
+        let obs = self.next_obs(agent);
+        let mut report = SyncReport::new(agent.clone(), epoch, obs, watermark);
+        report.destroyed = vec![resource];
+        let (count, digest) =
+            leasehold_domain::expected_listing(self.state_of(agent), &report).expect("the report is judged");
+        report.count = count;
+        report.digest = digest;
+        self.send(agent.as_str(), report);
+    }
+
+    fn claim_of(&self, agent: &AgentName, resource: ResourceId, pool: &PoolName) -> Option<ClaimSlot> {
+        self.state_of(agent).resource(resource).and_then(|r| r.claims.get(pool).cloned())
+    }
+
+    fn effects(&self) -> impl Iterator<Item = &Effect> {
+        self.outcomes.iter().flat_map(|o| o.effects())
+    }
+}
+
+/// Two agent names in two partitions other than the pool's.
+fn names(pool: &PoolName) -> (String, String) {
+    let pool_home = partition_of_key(&Key::Pool(pool.clone()), PARTITIONS);
+    let mut found = (1..200)
+        .map(|n| format!("w{n}"))
+        .filter(|n| partition_of_agent(&AgentName::new(n.as_str()).unwrap(), PARTITIONS) != pool_home);
+    let first = found.next().unwrap();
+    let first_home = partition_of_agent(&AgentName::new(first.as_str()).unwrap(), PARTITIONS);
+    let second =
+        found.find(|n| partition_of_agent(&AgentName::new(n.as_str()).unwrap(), PARTITIONS) != first_home).unwrap();
+    (first, second)
+}
+
+fn bound(slot: Option<ClaimSlot>) -> Option<PoolValue> {
+    match slot {
+        Some(ClaimSlot::Bound { value, .. }) => Some(value),
+        _ => None,
+    }
+}
+
+#[test]
+fn an_address_is_carried_across_partitions_waits_first_in_first_out_and_cools_down() {
+    let mut world = World::new();
+    let pool = PoolName::new("net").unwrap();
+    let (a, b) = names(&pool);
+    let (a, b) = (world.register(&a), world.register(&b));
+    let kind = PoolKind::Ipv4 { network: "10.0.0.0".parse().unwrap(), prefix_len: 30, exclude: vec![] };
+    world.send("netops", DefinePool { pool: pool.clone(), kind, cooldown: Some(Millis::from_secs(60)) });
+
+    // Two holders on two agents take both addresses; two more wait, in the order they asked.
+    let first = world.allocate(&a, &[&pool]);
+    world.settle();
+    let second = world.allocate(&b, &[&pool]);
+    world.settle();
+    let third = world.allocate(&a, &[&pool]);
+    world.settle();
+    let fourth = world.allocate(&b, &[&pool]);
+    world.settle();
+    let given = [bound(world.claim_of(&a, first, &pool)), bound(world.claim_of(&b, second, &pool))];
+    assert!(given.iter().all(Option::is_some) && given[0] != given[1], "{given:?}");
+    let pool_state = world.states[&partition_of_key(&Key::Pool(pool.clone()), PARTITIONS)].pool(&pool).unwrap();
+    let waiting: Vec<ResourceId> = pool_state.waiters.values().map(|h| h.resource).collect();
+    assert_eq!(waiting, vec![third, fourth], "they wait first in, first out");
+
+    // The first is released: its address stays held while it is releasing, whatever the sweepers do.
+    world.created(&a, first);
+    world.send("producer", Release { agent: a.clone(), resource: first, reason: None });
+    world.settle();
+    assert!(bound(world.claim_of(&a, third, &pool)).is_none(), "nothing is handed out while the holder is releasing");
+
+    // Destroyed: the address is freed, but cools down before anyone gets it.
+    world.destroyed(&a, first);
+    world.settle();
+    let freed = world.effects().filter(|e| matches!(e, Effect::ClaimFreed { .. })).count();
+    assert_eq!(freed, 1, "freed once, though two sweepers asked");
+    assert!(bound(world.claim_of(&a, third, &pool)).is_none(), "still cooling down");
+    let tick = world.plan().into_iter().find(|p| p.command.type_name() == "sys.tick-pool").expect("a tick is planned");
+    assert_eq!(tick.due, Some(world.now.saturating_add(Millis::from_secs(60))), "at the end of the cool-down");
+
+    world.advance(Millis::from_secs(60));
+    world.settle();
+    assert_eq!(bound(world.claim_of(&a, third, &pool)), given[0], "the third gets the first one's address");
+    assert!(bound(world.claim_of(&b, fourth, &pool)).is_none(), "the fourth still waits");
+    let granted_twice = world
+        .effects()
+        .filter_map(|e| match e {
+            Effect::ClaimGranted { holder, .. } => Some(holder.resource),
+            _ => None,
+        })
+        .fold(BTreeMap::<ResourceId, usize>::new(), |mut n, r| {
+            *n.entry(r).or_default() += 1;
+            n
+        });
+    assert!(granted_twice.values().all(|n| *n == 1), "every holder granted once: {granted_twice:?}");
+    assert!(world.plan().iter().all(|p| p.due.is_some()), "nothing more to do now: {:#?}", world.plan());
+}
+
+#[test]
+fn a_holder_that_leaves_while_waiting_leaves_the_queue() {
+    let mut world = World::new();
+    let pool = PoolName::new("slots").unwrap();
+    let (a, _) = names(&pool);
+    let a = world.register(&a);
+    world.send("ops", DefinePool { pool: pool.clone(), kind: PoolKind::Slots { count: 1 }, cooldown: None });
+    let holder = world.allocate(&a, &[&pool]);
+    world.settle();
+    let waiter = world.allocate(&a, &[&pool]);
+    world.settle();
+    assert!(bound(world.claim_of(&a, holder, &pool)).is_some());
+    world.send("producer", Release { agent: a.clone(), resource: waiter, reason: None });
+    // Never created: the agent reports it gone, and the waiter's place in the queue goes with it.
+    world.destroyed(&a, waiter);
+    world.settle();
+    let pool_state = world.states[&partition_of_key(&Key::Pool(pool.clone()), PARTITIONS)].pool(&pool).unwrap();
+    assert!(pool_state.waiters.is_empty(), "{:?}", pool_state.waiters);
+    assert!(world.effects().any(|e| matches!(e, Effect::ClaimWithdrawn { .. })));
+}
+
+#[test]
+fn a_slash_16_pool_is_never_materialised() {
+    let mut world = World::new();
+    let pool = PoolName::new("big").unwrap();
+    let (a, _) = names(&pool);
+    let a = world.register(&a);
+    let kind = PoolKind::Ipv4 { network: "10.1.0.0".parse().unwrap(), prefix_len: 16, exclude: vec![] };
+    world.send("netops", DefinePool { pool: pool.clone(), kind, cooldown: None });
+    let holders: Vec<ResourceId> = (0..3).map(|_| world.allocate(&a, &[&pool])).collect();
+    world.settle();
+    for id in &holders {
+        assert!(bound(world.claim_of(&a, *id, &pool)).is_some());
+    }
+    let pool_state = world.states[&partition_of_key(&Key::Pool(pool.clone()), PARTITIONS)].pool(&pool).unwrap();
+    assert_eq!((pool_state.held.len(), pool_state.holders.len(), pool_state.cooling.len()), (3, 3, 0));
+    assert_eq!(pool_state.next_fresh, 4, "indices 1..=3 handed out (0 is the network address)");
+    assert!(matches!(pool_state.holders.values().next(), Some(Holding::Granted { .. })));
+    // The plan is about holders and waiters, never about the 65,534 free addresses.
+    assert!(world.plan().len() < 20, "{}", world.plan().len());
+}
+
+#[test]
+fn request_ids_are_shared_within_a_window_and_new_after_it() {
+    let retry = std::time::Duration::from_secs(5);
+    let at = Timestamp(T0 + 1_000);
+    let same = leasehold_sweeper::request_id("expire-lease w1.x 123", at, retry);
+    assert_eq!(same, leasehold_sweeper::request_id("expire-lease w1.x 123", Timestamp(T0 + 4_999), retry));
+    assert_ne!(same, leasehold_sweeper::request_id("expire-lease w1.x 123", Timestamp(T0 + 5_000), retry));
+    assert_ne!(same, leasehold_sweeper::request_id("expire-lease w1.y 123", at, retry));
+    assert_eq!(same.unix_ms(), T0, "stamped with the window's start: fresh for the partition's horizon");
+}
