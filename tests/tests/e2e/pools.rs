@@ -6,7 +6,8 @@
 //! while its agent is frozen: it stays `releasing`, its address stays held (the pool itself says it has nothing free
 //! or cooling), and the third still waits. The agent comes back, destroys the container and reports it: only then is
 //! the address freed, and only after its cool-down is it handed to the third container. The log's own order and
-//! times are asserted, not what the test happened to see.
+//! times are asserted, not what the test happened to see. The release stuck on the frozen agent past
+//! `--release-timeout` raises an alert line and `leasehold_releasing_overdue`.
 
 use std::time::Duration;
 
@@ -49,6 +50,8 @@ async fn an_address_comes_back_only_after_its_holder_is_destroyed_and_its_cool_d
         "100ms",
         "--sweep-retry",
         "1s",
+        "--release-timeout",
+        "300ms",
     ];
     let mut serve = Proc::spawn(dir.path(), "serve", &serve_args);
     let api = Api::new(serve.address().await);
@@ -99,6 +102,15 @@ async fn an_address_comes_back_only_after_its_holder_is_destroyed_and_its_cool_d
     assert_eq!(bound_address(&releasing).as_deref(), Some(addresses[0].as_str()), "c1 still holds its address");
     let waiting = api.resource(&format!("a1.{c3}")).await.expect("c3");
     assert_eq!(waiting.state, "pending", "{waiting:?}");
+
+    // Releasing past the release timeout: an alert line and a metric an operator sees.
+    let deadline = Instant::now() + STEP;
+    while !serve.log().contains(&format!("ALERT: resource a1.{c1} has been releasing since")) {
+        assert!(Instant::now() < deadline, "no alert for the release stuck on a frozen agent\n{}", serve.tail());
+        tokio::time::sleep(POLL).await;
+    }
+    let metrics = api.text("/metrics").await.expect("/metrics");
+    assert!(metrics.lines().any(|l| l == "leasehold_releasing_overdue 1"), "{metrics}");
 
     // The agent comes back: it destroys c1 and says so; the address is freed, cools down, and goes to c3.
     agent.resume();
