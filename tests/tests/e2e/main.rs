@@ -1,6 +1,7 @@
 //! leasehold end to end: real `leasehold` processes, the embedded log and real nats-server processes on loopback.
 //! One test binary; each module is one concern.
 
+mod agents;
 mod api;
 mod auth;
 mod authz;

@@ -1,0 +1,150 @@
+//! Agents that go away or lose their disk, end to end: NATS, a `serve` with every role, and `agent run` processes
+//! the test stops, kills and starts again.
+//!
+//! - A restarted agent whose directory was wiped (and that does not say so) reports everything missing: the circuit
+//!   breaker trips, the agent turns `suspect` and nothing is marked lost, report after report, until an operator
+//!   confirms the loss; then the next report marks them `lost`. An agent started with `--wiped` loses what it lost
+//!   at once, without the breaker.
+
+use std::path::Path;
+
+use leasehold_log::jetstream::{JetStream, JetStreamConfig};
+use leasehold_log::nats_server::NatsServer;
+use leasehold_log::{Log, OutcomeFilter};
+use leasehold_schemas::command::ConfirmLoss;
+use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::{ResourceId, codec};
+
+use crate::api::{Api, agent_name, allocate, command, wait_agent, wait_resource};
+use crate::support::Proc;
+
+const PARTITIONS: u32 = 8;
+/// More than the breaker lets go at once (at least 5, and more than half of the agent's resources).
+const RESOURCES: usize = 6;
+
+fn agent(dir: &Path, url: &str, wiped: bool) -> Proc {
+    let driver = format!("dir:{}", dir.join("a1").display());
+    let mut args = vec!["agent", "run", "--name", "a1", "--driver", &driver, "--nats", url, "--sync-interval", "300ms"];
+    if wiped {
+        args.push("--wiped");
+    }
+    Proc::spawn(dir, "a1", &args)
+}
+
+/// Removes the resource directories under `root` (what a wiped disk looks like), keeping the agent's own files.
+fn wipe(root: &Path, resources: &[ResourceId]) {
+    for id in resources {
+        std::fs::remove_dir_all(root.join(id.to_string())).expect("wipe a resource directory");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_agent_trips_the_breaker_until_the_loss_is_confirmed() {
+    let Some(server) = NatsServer::start() else { return };
+    let url = server.url().to_owned();
+    let dir = tempfile::Builder::new().prefix("lh-e2e-agents-").tempdir().expect("a temporary directory");
+    let data = dir.path().join("data").display().to_string();
+    let partitions = PARTITIONS.to_string();
+    let args = ["serve", "--nats", &url, "--partitions", &partitions, "--listen", "127.0.0.1:0", "--data", &data];
+    let mut serve = Proc::spawn(dir.path(), "serve", &args);
+    let api = Api::new(serve.address().await);
+    let mut a1 = agent(dir.path(), &url, false);
+    wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &a1]).await;
+    let name = agent_name("a1");
+    let mut resources = Vec::new();
+    for _ in 0..RESOURCES {
+        let id = ResourceId::generate();
+        api.accepted(&allocate(&name, id), &[&serve]).await;
+        resources.push(id);
+    }
+    for id in &resources {
+        wait_resource(&api, &format!("a1.{id}"), |r| r.state == "active", &[&serve, &a1]).await;
+    }
+
+    // The agent stops; its disk is wiped; it starts again without saying so.
+    a1.stop_cleanly().await;
+    wipe(&dir.path().join("a1"), &resources);
+    let mut a1 = agent(dir.path(), &url, false);
+    let suspect = wait_agent(&api, "a1", |a| a.status == "suspect", &[&serve, &a1]).await;
+    let epoch = suspect.epoch;
+    // Report after report, nothing is lost while the breaker holds.
+    let log = JetStream::connect(JetStreamConfig::new(&url, 0)).await.expect("attach to the log");
+    let reports_while_suspect = wait_reports(&log, epoch, 3, &[&serve, &a1]).await;
+    assert!(reports_while_suspect >= 3);
+    for id in &resources {
+        let view = api.resource(&format!("a1.{id}")).await.expect("the resource");
+        assert_eq!(view.state, "active", "nothing is marked lost while the breaker holds: {view:?}");
+    }
+
+    // An operator confirms: the next report marks them lost.
+    let confirmed = api.accepted(&command(ConfirmLoss { agent: name.clone() }), &[&serve]).await;
+    let confirmed_at = confirmed["outcomes"][0]["seq"].as_u64().expect("the confirmation's sequence");
+    for id in &resources {
+        wait_resource(&api, &format!("a1.{id}"), |r| r.state == "lost", &[&serve, &a1]).await;
+    }
+    let first_loss = first_seq(&log, |e| matches!(e, Effect::ResourceLost { .. })).await.expect("losses");
+    assert!(first_loss > confirmed_at, "nothing was lost before the confirmation ({first_loss} <= {confirmed_at})");
+    wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &a1]).await;
+
+    // A wiped incarnation that says so loses what it lost at once.
+    let mut more = Vec::new();
+    for _ in 0..RESOURCES {
+        let id = ResourceId::generate();
+        api.accepted(&allocate(&name, id), &[&serve]).await;
+        more.push(id);
+    }
+    for id in &more {
+        wait_resource(&api, &format!("a1.{id}"), |r| r.state == "active", &[&serve, &a1]).await;
+    }
+    a1.stop_cleanly().await;
+    wipe(&dir.path().join("a1"), &more);
+    let trips_before = count(&log, |e| matches!(e, Effect::AgentSuspect { .. })).await;
+    let mut a1 = agent(dir.path(), &url, true);
+    for id in &more {
+        wait_resource(&api, &format!("a1.{id}"), |r| r.state == "lost", &[&serve, &a1]).await;
+    }
+    assert_eq!(count(&log, |e| matches!(e, Effect::AgentSuspect { .. })).await, trips_before, "no trip when wiped");
+
+    serve.assert_no_panic();
+    a1.stop_cleanly().await;
+    serve.stop_cleanly().await;
+}
+
+/// Every outcome of the log, decoded, with its sequence.
+async fn outcomes(log: &JetStream) -> Vec<(u64, leasehold_schemas::Outcome)> {
+    let stored = log.read_outcomes(&OutcomeFilter::All, 1, 1_000_000).await.expect("read the outcomes");
+    stored.iter().map(|s| (s.seq, codec::decode_outcome(&s.payload).expect("an outcome"))).collect()
+}
+
+/// The sequence of the first outcome with an effect that `matches`.
+async fn first_seq(log: &JetStream, matches: impl Fn(&Effect) -> bool) -> Option<u64> {
+    outcomes(log).await.into_iter().find(|(_, o)| o.effects().iter().any(&matches)).map(|(seq, _)| seq)
+}
+
+/// How many effects `match`.
+async fn count(log: &JetStream, matches: impl Fn(&Effect) -> bool) -> usize {
+    outcomes(log).await.iter().map(|(_, o)| o.effects().iter().filter(|e| matches(e)).count()).sum()
+}
+
+/// Waits until `n` sync reports of the incarnation at `epoch` were decided; returns how many there are.
+async fn wait_reports(log: &JetStream, epoch: u64, n: usize, processes: &[&Proc]) -> usize {
+    let deadline = tokio::time::Instant::now() + crate::api::STEP;
+    loop {
+        let reports = outcomes(log)
+            .await
+            .iter()
+            .filter(|(_, o)| o.command.type_name == "agent.sync")
+            .flat_map(|(_, o)| o.effects())
+            .filter(|e| matches!(e, Effect::ObservationAccepted { stamp, .. } if stamp.epoch.0 == epoch))
+            .count();
+        if reports >= n {
+            return reports;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{reports} of {n} reports\n{}",
+            crate::support::logs(processes.iter().copied())
+        );
+        tokio::time::sleep(crate::api::POLL).await;
+    }
+}
