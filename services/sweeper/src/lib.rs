@@ -139,6 +139,16 @@ impl SweeperMetrics {
     }
 }
 
+/// After this many sends of the same request, the sweeper says so.
+const ATTEMPTS_BEFORE_WARNING: u32 = 5;
+/// The longest wait between two sends of the same request.
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// How long to wait before sending a request again after `attempts` sends: `retry_after`, then doubling.
+fn backoff(retry_after: Duration, attempts: u32) -> Duration {
+    retry_after.saturating_mul(1 << attempts.saturating_sub(1).min(16)).min(MAX_BACKOFF.max(retry_after))
+}
+
 fn wall_now() -> Timestamp {
     Timestamp(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64)
 }
@@ -182,6 +192,11 @@ impl View {
             releasing_since: HashMap::new(),
         };
         let loaded_at = wall_now();
+        // Every outcome up to the last one now is folded below; a partition that has none yet gets its first after it.
+        let mut last_now = 0;
+        for partition in 0..log.partitions() {
+            last_now = last_now.max(log.last_outcome_seq(partition).await?);
+        }
         for partition in 0..log.partitions() {
             let folded = leasehold_worker::fold_partition(log, partition, 0, &config).await?;
             for resource in folded.state.resources() {
@@ -192,7 +207,10 @@ impl View {
             view.chain.insert(partition, folded.fence);
             view.states.insert(partition, folded.state);
         }
-        view.applied = view.chain.values().copied().min().unwrap_or(0);
+        // Following starts after the oldest outcome every partition has folded: an empty partition has folded
+        // everything up to `last_now`.
+        view.applied =
+            view.chain.values().map(|fence| if *fence == 0 { last_now } else { *fence }).min().unwrap_or(last_now);
         Ok(view)
     }
 
@@ -344,8 +362,8 @@ struct Sender<'a, L: Log> {
     issuer: Issuer,
     config: &'a SweeperConfig,
     metrics: &'a SweeperMetrics,
-    /// When each planned item was last sent.
-    sent: HashMap<String, Instant>,
+    /// When each planned item was last sent, and how many times it has been.
+    sent: HashMap<String, (Instant, u32)>,
 }
 
 impl<L: Log> Sender<'_, L> {
@@ -359,7 +377,7 @@ impl<L: Log> Sender<'_, L> {
         let due: Vec<&Planned> = planned
             .iter()
             .filter(|p| p.due.is_none_or(|at| at <= now))
-            .filter(|p| self.sent.get(&p.key).is_none_or(|at| at.elapsed() >= retry_after))
+            .filter(|p| self.sent.get(&p.key).is_none_or(|(at, n)| at.elapsed() >= backoff(retry_after, *n)))
             .collect();
         if due.is_empty() {
             return;
@@ -372,8 +390,18 @@ impl<L: Log> Sender<'_, L> {
         let results: Vec<bool> = futures::stream::iter(sends).buffer_unordered(self.config.in_flight).collect().await;
         let at = Instant::now();
         for (item, published) in due.iter().zip(results) {
-            // Sent or not, it is tried again only after `retry_after`: an unavailable log is not hammered.
-            self.sent.insert(item.key.clone(), at);
+            // Sent or not, it is tried again only after `retry_after`, and then less and less often: an
+            // unavailable log is not hammered, and a request refused for good does not fill the log.
+            let sent = self.sent.entry(item.key.clone()).or_insert((at, 0));
+            *sent = (at, sent.1.saturating_add(1));
+            if sent.1 == ATTEMPTS_BEFORE_WARNING {
+                warn!(
+                    request = %item.key,
+                    attempts = sent.1,
+                    "a sweeper request is still wanted after {} attempts; it is asked again less often",
+                    sent.1
+                );
+            }
             if published {
                 self.metrics.requests.get_or_create(&TypeLabel { r#type: item.command.type_name() }).inc();
             }
@@ -399,5 +427,20 @@ async fn publish<L: Log>(log: L, issuer: Issuer, item: Planned, now: Timestamp, 
             warn!(request = %item.key, error = %e, "publishing a sweeper request failed; it is tried again later");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_asked_again_and_again_is_asked_less_often() {
+        let retry = Duration::from_secs(5);
+        assert_eq!(backoff(retry, 1), retry);
+        assert_eq!(backoff(retry, 2), retry * 2);
+        assert_eq!(backoff(retry, 4), retry * 8);
+        assert_eq!(backoff(retry, 40), MAX_BACKOFF);
+        assert_eq!(backoff(Duration::from_secs(900), 3), Duration::from_secs(900), "never below retry_after");
     }
 }

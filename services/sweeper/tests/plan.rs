@@ -39,7 +39,7 @@ impl World {
             cmd_seq: 0,
             // The ids the test makes are stamped with this machine's clock: the log's starts there too.
             now: Timestamp(
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64,
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
             ),
             obs: BTreeMap::new(),
             answers: BTreeMap::new(),
