@@ -111,6 +111,13 @@ fn body(type_name: &str, full: bool) -> Command {
         }
         "op.retire-agent" => RetireAgent { agent: agent() }.into(),
         "op.confirm-loss" => ConfirmLoss { agent: agent() }.into(),
+        "op.update-pool" => leasehold_schemas::command::UpdatePool {
+            pool: pool(),
+            kind: PoolKind::Slots { count: 32 },
+            cooldown: some_if(full, Millis::from_secs(5)),
+        }
+        .into(),
+        "op.delete-pool" => leasehold_schemas::command::DeletePool { pool: pool() }.into(),
         "op.define-pool" => DefinePool {
             pool: pool(),
             kind: PoolKind::Ipv4 {
@@ -124,11 +131,15 @@ fn body(type_name: &str, full: bool) -> Command {
         "op.set-partition-settings" => SetPartitionSettings {
             key: Key::Pool(pool()),
             partition: 7,
-            settings: PartitionSettings { outcome_horizon: Millis::from_hours(12) },
+            settings: PartitionSettings {
+                outcome_horizon: Millis::from_hours(12),
+                policy: full.then(leasehold_schemas::settings::ClusterPolicy::default),
+            },
+            if_no_policy: full,
         }
         .into(),
         "agent.register" => {
-            Register { agent: agent(), incarnation: any_uuid(1), wiped: full, settings: AgentSettings::default() }
+            Register { agent: agent(), incarnation: any_uuid(1), wiped: full, settings: full.then(AgentSettings::default) }
                 .into()
         }
         "agent.heartbeat" => Heartbeat { agent: agent(), epoch: Position(4) }.into(),

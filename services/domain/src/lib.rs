@@ -14,6 +14,7 @@
 mod apply;
 mod decide;
 pub mod driver;
+pub mod due;
 pub mod invariants;
 pub mod state;
 
