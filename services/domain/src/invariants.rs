@@ -81,7 +81,8 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
                     if pool.held.get(value) != Some(holder) {
                         return Err(format!("pool {}: {value} granted to {holder} is not in the held map", pool.name));
                     }
-                    if !pool.kind.contains(value) {
+                    // Excluded since it was granted is allowed: it stays held until freed.
+                    if !in_range(&pool.kind, value) {
                         return Err(format!("pool {}: {value} is not an identifier of the pool", pool.name));
                     }
                 }
@@ -130,4 +131,18 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// True when `value` is within the range of `kind` (its exclusions and reserved addresses included).
+fn in_range(kind: &leasehold_schemas::pool::PoolKind, value: &PoolValue) -> bool {
+    use leasehold_schemas::pool::PoolKind;
+    let idx = match (kind, value) {
+        (PoolKind::Ipv4 { network, .. }, PoolValue::Ipv4(addr)) => {
+            u64::from(u32::from(*addr).wrapping_sub(u32::from(*network)))
+        }
+        (PoolKind::Slots { .. }, PoolValue::Slot(slot)) => u64::from(*slot),
+        (PoolKind::Ports { first, .. }, PoolValue::Port(port)) => u64::from(port.wrapping_sub(*first)),
+        _ => return false,
+    };
+    idx < kind.size()
 }
