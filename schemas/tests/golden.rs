@@ -22,11 +22,11 @@ use std::path::{Path, PathBuf};
 
 use leasehold_schemas::codec::{self, CodecErrorKind};
 use leasehold_schemas::command::{
-    Acquire, Adopt, Allocate, BindClaim, Cascade, Claim, Command, ConfirmLoss, CreateTimeout, DefinePool, ExpireLease,
-    ExpirePause, FailureKind, Free, HandleDigest, HealthResult, Heartbeat, MarkGone, MarkStalled, Orphan, ParentState,
-    Pause, Register, Release, ReleaseLease, Renew, ReportCreated, ReportFailure, ReportFailureByOperator,
+    Acquire, Adopt, Allocate, BindClaim, Cascade, Claim, Command, ConfirmLoss, CreateTimeout, DefinePool, DeletePool,
+    ExpireLease, ExpirePause, FailureKind, Free, HandleDigest, HealthResult, Heartbeat, MarkGone, MarkStalled, Orphan,
+    ParentState, Pause, Register, Release, ReleaseLease, Renew, ReportCreated, ReportFailure, ReportFailureByOperator,
     RequestHealthCheck, ResyncChunk, RetireAgent, SetPartitionSettings, SyncReport, TickPool, Unpause, Update,
-    UpdatePool, WaitTimeout, DeletePool,
+    UpdatePool, WaitTimeout,
 };
 use leasehold_schemas::ids::{
     AgentName, CommandId, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source,
@@ -396,11 +396,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
     let variants = vec![
         (
             "defaults",
-            envelope(
-                50,
-                "w1",
-                Register { agent: a(), incarnation: incarnation(), wiped: true, settings: None },
-            ),
+            envelope(50, "w1", Register { agent: a(), incarnation: incarnation(), wiped: true, settings: None }),
         ),
         (
             "minimal",

@@ -138,10 +138,13 @@ fn body(type_name: &str, full: bool) -> Command {
             if_no_policy: full,
         }
         .into(),
-        "agent.register" => {
-            Register { agent: agent(), incarnation: any_uuid(1), wiped: full, settings: full.then(AgentSettings::default) }
-                .into()
+        "agent.register" => Register {
+            agent: agent(),
+            incarnation: any_uuid(1),
+            wiped: full,
+            settings: full.then(AgentSettings::default),
         }
+        .into(),
         "agent.heartbeat" => Heartbeat { agent: agent(), epoch: Position(4) }.into(),
         "agent.report-created" => ReportCreated {
             agent: agent(),

@@ -332,10 +332,10 @@ fn apply_effect(
                 agent.retired = true;
             }
         }
-        Effect::AgentSuspect { would_lose, .. } => {
+        Effect::AgentSuspect { would_lose, live } => {
             if let Some(agent) = agent_of(state, key) {
                 let watermark = agent.last_watermark;
-                agent.breaker = Some(Breaker { tripped_at: now, would_lose: *would_lose, watermark });
+                agent.breaker = Some(Breaker { tripped_at: now, would_lose: *would_lose, live: *live, watermark });
             }
         }
         Effect::AgentBreakerCleared { reason } => {

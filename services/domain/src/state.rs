@@ -306,7 +306,9 @@ pub struct Agent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Breaker {
     pub tripped_at: Timestamp,
+    /// The report that tripped it would have lost `would_lose` of the agent's `live` resources.
     pub would_lose: u32,
+    pub live: u32,
     /// The watermark of the report that tripped it: only a sync report at or past it can clear it (one that knows
     /// less judges nothing, and so would see nothing missing).
     pub watermark: Position,

@@ -101,7 +101,7 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
                 agent: w1.clone(),
                 incarnation: Uuid::from_u128(1),
                 wiped: false,
-                settings: AgentSettings::default(),
+                settings: Some(AgentSettings::default()),
             },
         )
         .await;
@@ -290,7 +290,7 @@ async fn a_broken_chain_or_an_undecodable_outcome_stops_the_projector() {
     let w1 = AgentName::new("w1").unwrap();
     let outcome = driver.submit(
         "w1",
-        Register { agent: w1, incarnation: Uuid::from_u128(1), wiped: false, settings: AgentSettings::default() },
+        Register { agent: w1, incarnation: Uuid::from_u128(1), wiped: false, settings: Some(AgentSettings::default()) },
     );
     let payload = Bytes::from(codec::encode_outcome(&outcome).unwrap());
     let mut projector = Projector::in_memory(1).unwrap();

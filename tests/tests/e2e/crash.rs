@@ -380,7 +380,7 @@ fn commands(count: usize) -> Vec<Prepared> {
             agent: agent.clone(),
             incarnation: Uuid::from_u128(n as u128 + 1),
             wiped: false,
-            settings: AgentSettings::default(),
+            settings: Some(AgentSettings::default()),
         };
         out.push(prepare(&envelope(n, agent.as_str(), body.into())));
     }

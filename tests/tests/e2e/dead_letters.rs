@@ -78,7 +78,7 @@ fn register(agent: &str, n: u8) -> Envelope {
         agent: agent.clone(),
         incarnation: Uuid::from_u128(0x0001_ea5e_0000 + u128::from(n)),
         wiped: false,
-        settings: AgentSettings::default(),
+        settings: Some(AgentSettings::default()),
     };
     let at = now_ms();
     Envelope::new(
