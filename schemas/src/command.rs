@@ -16,7 +16,7 @@ use uuid::Uuid;
 use crate::envelope::CommandClass;
 use crate::ids::{AgentName, Key, LeaseId, Millis, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp};
 use crate::pool::{PoolKind, PoolValue};
-use crate::settings::{AgentSettings, PartitionSettings};
+use crate::settings::{AgentSettings, ClusterPolicy};
 
 /// At most this many handles may be named in one report or one resync chunk (about 140 KiB of ids), so that an
 /// outcome always has room for the rest of the work when a decision must continue.
@@ -186,15 +186,18 @@ pub struct DeletePool {
     pub pool: PoolName,
 }
 
-/// Settings of one partition. `partition` must name the partition that decides it (a guard against routing
-/// mistakes); `key` only routes the command there.
+/// Change the settings of one partition: each field given replaces the partition's, each `None` keeps it.
+/// `partition` must name the partition that decides it (a guard against routing mistakes); `key` only routes the
+/// command there (`subjects::settings_key` gives one per partition).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SetPartitionSettings {
     pub key: Key,
     pub partition: u32,
-    pub settings: PartitionSettings,
-    /// Record `settings` only if the partition has no policy yet; otherwise change nothing (rejected
+    pub outcome_horizon: Option<Millis>,
+    /// The whole cluster policy (a recorded policy is replaced, never removed).
+    pub policy: Option<ClusterPolicy>,
+    /// Change anything only if the partition has no policy yet; otherwise change nothing (rejected
     /// `already-done`). `serve` sends its flags so: two processes started with different flags never flip the
     /// recorded policy back and forth.
     pub if_no_policy: bool,

@@ -271,7 +271,8 @@ fn command_samples() -> Vec<(String, Envelope)> {
             SetPartitionSettings {
                 key: Key::Agent(a()),
                 partition: partition_of_key(&Key::Agent(a()), 8),
-                settings: partition_settings_with_policy(),
+                outcome_horizon: None,
+                policy: partition_settings_with_policy().policy,
                 if_no_policy: true,
             },
         ),
@@ -438,7 +439,8 @@ fn command_samples() -> Vec<(String, Envelope)> {
                 SetPartitionSettings {
                     key: Key::Pool(pool()),
                     partition: partition_of_key(&Key::Pool(pool()), 8),
-                    settings: partition_settings(),
+                    outcome_horizon: Some(Millis::from_hours(24)),
+                    policy: None,
                     if_no_policy: false,
                 },
             ),

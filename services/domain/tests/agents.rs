@@ -9,7 +9,7 @@ use leasehold_domain::state::{Agent, Liveness};
 use leasehold_schemas::RejectionKind::*;
 use leasehold_schemas::command::*;
 use leasehold_schemas::ids::{Key, Millis, Position, ResourceId, Timestamp};
-use leasehold_schemas::settings::{AgentSettings, PartitionSettings};
+use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::subjects::partition_of_key;
 use leasehold_schemas::{CommandClass, Outcome};
 use support::*;
@@ -119,12 +119,7 @@ fn settings(edit: impl FnOnce(&mut AgentSettings)) -> AgentSettings {
 
 fn partition_settings(w: &mut World, partition: u32, horizon: Millis) -> Outcome {
     let key = Key::Agent(w.a());
-    w.op(SetPartitionSettings {
-        key,
-        partition,
-        settings: PartitionSettings { outcome_horizon: horizon, policy: None },
-        if_no_policy: false,
-    })
+    w.op(SetPartitionSettings { key, partition, outcome_horizon: Some(horizon), policy: None, if_no_policy: false })
 }
 
 /// An agent name that hashes to `partition` of `partitions`.

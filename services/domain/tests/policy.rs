@@ -12,7 +12,7 @@ use leasehold_schemas::command::{CreateTimeout, DefinePool, MarkGone, MarkStalle
 use leasehold_schemas::ids::{Millis, Timestamp};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::PoolKind;
-use leasehold_schemas::settings::{AgentSettings, ClusterPolicy, PartitionSettings};
+use leasehold_schemas::settings::{AgentSettings, ClusterPolicy};
 use support::*;
 
 fn policy(stall_after: Millis, orphan_after: Millis) -> ClusterPolicy {
@@ -23,8 +23,7 @@ fn policy(stall_after: Millis, orphan_after: Millis) -> ClusterPolicy {
 }
 
 fn set_policy(w: &mut World, policy: Option<ClusterPolicy>, if_no_policy: bool) -> Outcome {
-    let settings = PartitionSettings { outcome_horizon: Millis::from_hours(24), policy };
-    w.op(SetPartitionSettings { key: Key::Agent(w.a()), partition: 0, settings, if_no_policy })
+    w.op(SetPartitionSettings { key: Key::Agent(w.a()), partition: 0, outcome_horizon: None, policy, if_no_policy })
 }
 
 fn mark_stalled(w: &mut World) -> Outcome {
@@ -105,7 +104,7 @@ fn a_policy_set_only_if_none_is_never_flipped_by_a_second_server() {
 }
 
 #[test]
-fn a_policy_that_makes_no_sense_or_removes_the_recorded_one_is_refused() {
+fn a_policy_that_makes_no_sense_is_refused_and_a_horizon_change_keeps_the_policy() {
     let mut w = World::new();
     refused(
         &mut w,
@@ -114,7 +113,18 @@ fn a_policy_that_makes_no_sense_or_removes_the_recorded_one_is_refused() {
         &["policy: orphan_after (1min) must be longer than stall_after (1min)"],
     );
     accepted(&set_policy(&mut w, Some(policy(secs(9), secs(60))), false));
-    refused(&mut w, |w| set_policy(w, None, false), Invalid, &["has a recorded policy, which is never removed"]);
+    refused(&mut w, |w| set_policy(w, None, false), AlreadyDone, &["the partition already has these settings"]);
+    let horizon = SetPartitionSettings {
+        key: Key::Agent(w.a()),
+        partition: 0,
+        outcome_horizon: Some(Millis::from_hours(48)),
+        policy: None,
+        if_no_policy: false,
+    };
+    accepted(&w.op(horizon));
+    assert_eq!(w.state().settings().outcome_horizon, Millis::from_hours(48));
+    assert_eq!(w.state().policy(), &policy(secs(9), secs(60)), "a field not given is kept");
+    settle(&w);
 }
 
 #[test]

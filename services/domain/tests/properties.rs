@@ -54,7 +54,7 @@ use leasehold_schemas::command::*;
 use leasehold_schemas::ids::*;
 use leasehold_schemas::outcome::{BreakerClear, Effect};
 use leasehold_schemas::pool::{PoolKind, PoolValue};
-use leasehold_schemas::settings::{AgentSettings, PartitionSettings};
+use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::subjects::partition_of_key;
 use leasehold_schemas::{Command, Envelope, Outcome, RejectionKind, Uuid};
 use proptest::prelude::*;
@@ -2625,11 +2625,11 @@ impl Sim {
             Act::Horizon { partition, which } => {
                 let p = u32::from(*partition) % self.partitions;
                 let outcome_horizon = HORIZONS[*which as usize % HORIZONS.len()];
-                let settings = PartitionSettings { outcome_horizon, policy: None };
                 let body = SetPartitionSettings {
                     key: self.keys[p as usize].clone(),
                     partition: p,
-                    settings,
+                    outcome_horizon: Some(outcome_horizon),
+                    policy: None,
                     if_no_policy: false,
                 };
                 one(self, op, body.into())

@@ -21,7 +21,6 @@ use leasehold_schemas::command::*;
 use leasehold_schemas::ids::*;
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::{PoolKind, PoolValue};
-use leasehold_schemas::settings::PartitionSettings;
 use leasehold_schemas::{Envelope, Outcome, Uuid};
 use support::*;
 
@@ -435,8 +434,9 @@ fn seq6_a_child_of_a_parent_that_already_left_is_released_by_its_adoption() {
 
 fn set_horizon(w: &mut World, horizon: Millis) {
     let key = Key::Agent(w.a());
-    let settings = PartitionSettings { outcome_horizon: horizon, policy: None };
-    accepted(&w.op(SetPartitionSettings { key, partition: 0, settings, if_no_policy: false }));
+    let body =
+        SetPartitionSettings { key, partition: 0, outcome_horizon: Some(horizon), policy: None, if_no_policy: false };
+    accepted(&w.op(body));
 }
 
 /// Horizon 1 min; a pause with command id X; 2 min later an unpause (X is forgotten); the horizon back to 24 h; X

@@ -75,10 +75,17 @@ pub(crate) struct AgentRunArgs {
 pub(crate) enum AgentCmd {
     /// Run the agent of this machine: follow its outcomes, make and destroy its resources, report what it holds.
     Run(AgentRunArgs),
+    /// Take an agent out of service: nothing new is placed on it, and everything it holds is released.
+    Retire(crate::produce::AgentNameArgs),
+    /// Confirm that a suspect agent (its loss breaker tripped; see `leasehold agents`) really lost what it reported
+    /// missing: the losses are marked after a full resync.
+    ConfirmLoss(crate::produce::AgentNameArgs),
 }
 
 pub(crate) fn run(cmd: AgentCmd) -> anyhow::Result<()> {
-    let AgentCmd::Run(args) = cmd;
+    let AgentCmd::Run(args) = cmd else {
+        anyhow::bail!("only `agent run` runs a process; retire and confirm-loss are sent as commands");
+    };
     let name = AgentName::new(args.name.as_str()).context("--name")?;
     let driver = leasehold_agent::parse_driver(&args.driver)?;
     // An agent never creates the log: it takes the partition count of the one `serve` made.

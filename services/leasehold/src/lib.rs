@@ -61,7 +61,7 @@ enum Cmd {
     Demo,
     /// Run leasehold's roles over the embedded log (the default) or NATS JetStream.
     Serve(serve::ServeArgs),
-    /// The agent of a machine: `agent run --name N --driver dir:PATH --nats URL`.
+    /// The agent of a machine (`agent run --name N --driver dir:PATH --nats URL`), and what operators do to agents.
     #[command(subcommand)]
     Agent(agents::AgentCmd),
     /// The read models: print their digests, or rebuild them from the log.
@@ -126,6 +126,13 @@ enum Cmd {
 enum PoolCmd {
     /// Define a pool: the addresses of a subnet (--ipv4), slots (--slots) or ports (--ports).
     Define(produce::PoolDefineArgs),
+    /// Change a pool: give its whole new definition. Grow it (--ipv4 with the same network and a shorter prefix,
+    /// more --slots, --ports with the same first port and a later last one), change its --exclude list (all of
+    /// it: an address no longer given becomes usable; one newly given stays with its holder until freed, then is
+    /// never handed out), or its --cooldown. Shrinking is refused.
+    Update(produce::PoolDefineArgs),
+    /// Delete a pool nobody holds or waits for.
+    Delete(produce::PoolDeleteArgs),
     /// List the pools.
     Ls,
 }
@@ -176,6 +183,10 @@ fn run() -> anyhow::Result<()> {
         }
         Cmd::Bench(cmd) => bench::run(cmd)?,
         Cmd::Projection(cmd) => projection::run(cmd)?,
+        Cmd::Agent(agents::AgentCmd::Retire(args)) => produce_cmd(produce::ProduceCmd::AgentRetire(args), &cli.global)?,
+        Cmd::Agent(agents::AgentCmd::ConfirmLoss(args)) => {
+            produce_cmd(produce::ProduceCmd::AgentConfirmLoss(args), &cli.global)?
+        }
         Cmd::Agent(cmd) => {
             init_tracing();
             agents::run(cmd)?;
@@ -194,6 +205,8 @@ fn run() -> anyhow::Result<()> {
         Cmd::Update(args) => produce_cmd(produce::ProduceCmd::Update(args), &cli.global)?,
         Cmd::ReportFailure(args) => produce_cmd(produce::ProduceCmd::ReportFailure(args), &cli.global)?,
         Cmd::Pool(PoolCmd::Define(args)) => produce_cmd(produce::ProduceCmd::PoolDefine(args), &cli.global)?,
+        Cmd::Pool(PoolCmd::Update(args)) => produce_cmd(produce::ProduceCmd::PoolUpdate(args), &cli.global)?,
+        Cmd::Pool(PoolCmd::Delete(args)) => produce_cmd(produce::ProduceCmd::PoolDelete(args), &cli.global)?,
         Cmd::Pool(PoolCmd::Ls) => query_cmd(query::QueryCmd::Pools, &cli.global)?,
         Cmd::Get { resource } => query_cmd(query::QueryCmd::Get(resource), &cli.global)?,
         Cmd::Ls(args) => query_cmd(query::QueryCmd::Ls(args), &cli.global)?,

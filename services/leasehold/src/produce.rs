@@ -14,7 +14,8 @@ use futures::stream::BoxStream;
 use leasehold_log::jetstream::{JetStream, JetStreamConfig};
 use leasehold_log::{Log, OutcomeFilter};
 use leasehold_schemas::command::{
-    Acquire, Allocate, DefinePool, Pause, Release, ReleaseLease, Renew, ReportFailureByOperator, Unpause, Update,
+    Acquire, Allocate, ConfirmLoss, DefinePool, DeletePool, Pause, Release, ReleaseLease, Renew,
+    ReportFailureByOperator, RetireAgent, Unpause, Update, UpdatePool,
 };
 use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::{
@@ -233,6 +234,24 @@ pub(crate) struct PoolDefineArgs {
     /// How long a freed identifier rests before it is handed out again (default 60s).
     #[arg(long, value_parser = parse_millis)]
     pub(crate) cooldown: Option<Millis>,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold pool delete`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct PoolDeleteArgs {
+    /// The pool's name. Refused while anyone holds one of its identifiers or waits for one.
+    pub(crate) name: PoolName,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold agent retire` and `leasehold agent confirm-loss`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct AgentNameArgs {
+    /// The agent's name.
+    pub(crate) name: AgentName,
     #[command(flatten)]
     pub(crate) produce: ProduceArgs,
 }
@@ -928,6 +947,27 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
             let body = DefinePool { pool: args.name, kind, cooldown: args.cooldown };
             simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
+        ProduceCmd::PoolUpdate(args) => {
+            let kind = pool_kind(&args)?;
+            let what = format!("pool update {}", args.name);
+            let body = UpdatePool { pool: args.name, kind, cooldown: args.cooldown };
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
+        }
+        ProduceCmd::PoolDelete(args) => {
+            let what = format!("pool delete {}", args.name);
+            let body = DeletePool { pool: args.name };
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
+        }
+        ProduceCmd::AgentRetire(args) => {
+            let what = format!("agent retire {}", args.name);
+            let body = RetireAgent { agent: args.name };
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
+        }
+        ProduceCmd::AgentConfirmLoss(args) => {
+            let what = format!("agent confirm-loss {}", args.name);
+            let body = ConfirmLoss { agent: args.name };
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
+        }
     }
     Ok(())
 }
@@ -1120,6 +1160,10 @@ pub(crate) enum ProduceCmd {
     Update(UpdateArgs),
     ReportFailure(ReportFailureArgs),
     PoolDefine(PoolDefineArgs),
+    PoolUpdate(PoolDefineArgs),
+    PoolDelete(PoolDeleteArgs),
+    AgentRetire(AgentNameArgs),
+    AgentConfirmLoss(AgentNameArgs),
 }
 
 #[cfg(test)]

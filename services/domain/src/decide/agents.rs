@@ -7,6 +7,7 @@ use leasehold_schemas::command::{
 };
 use leasehold_schemas::ids::Millis;
 use leasehold_schemas::outcome::{BreakerClear, Effect, ResyncReason};
+use leasehold_schemas::settings::PartitionSettings;
 
 use super::{Decider, Verdict, reject};
 use crate::due::{coalesce_interval, gone_due, stall_due};
@@ -140,15 +141,16 @@ impl<'s> Decider<'s> {
                 ),
             );
         }
-        if command.settings.outcome_horizon < Millis::from_mins(1) {
+        if let Some(horizon) = command.outcome_horizon
+            && horizon < Millis::from_mins(1)
+        {
             return reject(
                 RejectionKind::Invalid,
-                format!("an outcome horizon of {} is too short; use at least 1min", command.settings.outcome_horizon),
+                format!("an outcome horizon of {horizon} is too short; use at least 1min"),
             );
         }
-        let recorded = self.state.settings.policy.as_ref();
         if command.if_no_policy
-            && let Some(recorded) = recorded
+            && let Some(recorded) = &self.state.settings.policy
         {
             return reject(
                 RejectionKind::AlreadyDone,
@@ -159,27 +161,17 @@ impl<'s> Decider<'s> {
                 ),
             );
         }
-        match &command.settings.policy {
-            None if recorded.is_some() => {
-                return reject(
-                    RejectionKind::Invalid,
-                    format!(
-                        "partition {} has a recorded policy, which is never removed; send the policy you want instead",
-                        self.state.partition
-                    ),
-                );
-            }
-            Some(policy) => {
-                if let Err(problem) = policy.agent.check() {
-                    return reject(RejectionKind::Invalid, format!("policy: {problem}"));
-                }
-            }
-            None => {}
+        if let Some(Err(problem)) = command.policy.as_ref().map(|p| p.agent.check()) {
+            return reject(RejectionKind::Invalid, format!("policy: {problem}"));
         }
-        if command.settings == self.state.settings {
+        let settings = PartitionSettings {
+            outcome_horizon: command.outcome_horizon.unwrap_or(self.state.settings.outcome_horizon),
+            policy: command.policy.clone().or_else(|| self.state.settings.policy.clone()),
+        };
+        if settings == self.state.settings {
             return reject(RejectionKind::AlreadyDone, "the partition already has these settings");
         }
-        self.out.push(Effect::PartitionSettingsChanged { settings: command.settings.clone() });
+        self.out.push(Effect::PartitionSettingsChanged { settings });
         Ok(())
     }
 }
