@@ -9,6 +9,7 @@ mod client;
 mod demo;
 mod nats_args;
 mod output;
+mod policy;
 mod produce;
 mod projection;
 mod query;
@@ -34,7 +35,7 @@ const EXIT_STATUS_HELP: &str = "\
 Exit status:
   0  done (a producer command: accepted; acquire --block: granted)
   1  failed: refused, rejected or dead-lettered (the outcome is known), or an error before anything was sent
-  2  bad command line
+  2  bad command line (nothing was sent)
   3  outcome unknown: a producer command was sent and may have been stored (no outcome within --timeout, or the
      gateway went away). stdout has what is known (allocate: the resource reference; acquire: the lease; json: the
      status), stderr how to check (`leasehold command ID`) or send it again safely (--command-id ID, with --id for
@@ -92,6 +93,9 @@ enum Cmd {
     /// Pools of identifiers (IPv4 addresses, slots, ports).
     #[command(subcommand)]
     Pool(PoolCmd),
+    /// The cluster policy, recorded in the log: agent timeouts, the loss breaker, the default claim cool-down.
+    #[command(subcommand)]
+    Policy(policy::PolicyCmd),
 
     /// Show one resource.
     Get {
@@ -167,6 +171,8 @@ fn exit_status(error: &anyhow::Error) -> u8 {
         produce::EXIT_OUTCOME_UNKNOWN
     } else if error.is::<produce::StillWaiting>() {
         produce::EXIT_STILL_WAITING
+    } else if error.is::<policy::BadCommandLine>() {
+        2
     } else {
         1
     }
@@ -208,6 +214,10 @@ fn run() -> anyhow::Result<()> {
         Cmd::Pool(PoolCmd::Update(args)) => produce_cmd(produce::ProduceCmd::PoolUpdate(args), &cli.global)?,
         Cmd::Pool(PoolCmd::Delete(args)) => produce_cmd(produce::ProduceCmd::PoolDelete(args), &cli.global)?,
         Cmd::Pool(PoolCmd::Ls) => query_cmd(query::QueryCmd::Pools, &cli.global)?,
+        Cmd::Policy(cmd) => {
+            output::errors_as(cli.global.output);
+            client_runtime()?.block_on(policy::run(cmd, &cli.global))?
+        }
         Cmd::Get { resource } => query_cmd(query::QueryCmd::Get(resource), &cli.global)?,
         Cmd::Ls(args) => query_cmd(query::QueryCmd::Ls(args), &cli.global)?,
         Cmd::Leases { resource } => query_cmd(query::QueryCmd::Leases(resource), &cli.global)?,

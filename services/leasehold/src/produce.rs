@@ -441,7 +441,11 @@ const HISTORY_BATCH: usize = 1000;
 /// a command id names one command (another command under an id the log holds is refused), and a command decided
 /// before is answered with its first decision (the writer decides an id once: it appends nothing for a copy sent
 /// again, even after the log's duplicate window).
-async fn submit_to_log<L: Log>(log: &L, envelope: &Envelope, timeout: Duration) -> anyhow::Result<CommandStatus> {
+pub(crate) async fn submit_to_log<L: Log>(
+    log: &L,
+    envelope: &Envelope,
+    timeout: Duration,
+) -> anyhow::Result<CommandStatus> {
     let command_id = envelope.command_id.to_string();
     let key = envelope.body.key();
     let filter = key_filter(log, &key);
@@ -646,7 +650,7 @@ pub(crate) fn accepted(status: CommandStatus, format: OutputFormat, what: &str) 
 
 /// An envelope for `body` from `issuer` with id `id` (default: a new one), stamped with this machine's clock.
 /// The id is noted for a JSON error (see [`output::know`]).
-fn envelope(issuer: &Issuer, id: Option<CommandId>, body: impl Into<Command>) -> Envelope {
+pub(crate) fn envelope(issuer: &Issuer, id: Option<CommandId>, body: impl Into<Command>) -> Envelope {
     let id = id.unwrap_or_else(CommandId::generate);
     output::know("command_id", id);
     Envelope::new(id, issuer.clone(), Timestamp(unix_ms(SystemTime::now())), body)
@@ -973,7 +977,12 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
 }
 
 /// A producer command that prints its outcome: the command status in JSON, the effects in a table.
-async fn simple(global: &GlobalArgs, produce: &ProduceArgs, envelope: Envelope, what: &str) -> anyhow::Result<()> {
+pub(crate) async fn simple(
+    global: &GlobalArgs,
+    produce: &ProduceArgs,
+    envelope: Envelope,
+    what: &str,
+) -> anyhow::Result<()> {
     let transport = Transport::connect(global, &produce.nats).await?;
     let sent = transport.submit(&envelope, produce.timeout).await;
     let status = settle(sent, &envelope, produce.timeout, global.output, None)?;

@@ -57,6 +57,10 @@ pub(crate) struct ServeArgs {
     /// to decide) instead of dead-lettering it as from an unknown version.
     #[arg(long)]
     rolling_out_schema: Option<u16>,
+    /// The cluster policy this process seeds a log that has none with (flags not given: the defaults). A log with a
+    /// policy keeps it: a flag that differs is warned about, never applied (`leasehold policy set` changes it).
+    #[command(flatten)]
+    policy: crate::policy::PolicyFlags,
 }
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -110,6 +114,10 @@ fn check(args: &ServeArgs) -> anyhow::Result<Vec<(leasehold_schemas::ids::AgentN
         anyhow::bail!(
             "the gateway serves the read models of the projector in the same process: run --roles gateway,projector"
         );
+    }
+    let policy = args.policy.apply_to(&leasehold_schemas::settings::ClusterPolicy::DEFAULT);
+    if let Err(problem) = policy.agent.check() {
+        return Err(crate::policy::BadCommandLine(format!("the policy flags make no sense: {problem}")).into());
     }
     crate::agents::parse_all(&args.agents)
 }
@@ -184,6 +192,22 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
         let (log, shutdown) = (log.clone(), shutdown.clone());
         tasks.spawn(async move { project(projector, log, shutdown).await });
     }
+    if args.roles.contains(&Role::Worker) {
+        let (log, flags, shutdown) = (log.clone(), args.policy.clone(), shutdown.clone());
+        let issuer = leasehold_schemas::Issuer::new(format!("serve:{name}"))
+            .unwrap_or_else(|_| leasehold_schemas::Issuer::new("serve").expect("a valid issuer"));
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                recorded = crate::policy::record_from_flags(&log, &flags, &issuer, POLICY_TIMEOUT) => {
+                    if let Err(e) = recorded {
+                        eprintln!("WARNING: policy: the flags' policy could not be checked against the log: {e:#}");
+                    }
+                }
+            }
+            Ok(())
+        });
+    }
     crate::agents::spawn_all(&mut tasks, &log, agents, args.sync_interval, &shutdown);
     // A role or an agent that stops on an error leaves the others running (a projector stopped on a broken chain
     // must not take the writers down), but the process says so: on stderr, and on /healthz, which answers 503.
@@ -201,6 +225,9 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, shutdown: CancellationToken) ->
     println!("leasehold serve: stopped");
     result
 }
+
+/// How long `serve` waits for the writers to decide the policy it seeds the log with.
+const POLICY_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn role_name(role: Role) -> String {
     format!("{role:?}").to_lowercase()
