@@ -114,7 +114,8 @@ pub struct BreakerView {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyView {
     pub partition: u32,
-    /// The routing key of the partition's settings (`leasehold_schemas::subjects::settings_key`).
+    /// The routing key of the partition's settings (`leasehold_schemas::subjects::settings_key`), as a subject token
+    /// (`@lh-settings-3`).
     pub key: String,
     /// False while no policy was ever recorded: the partition follows the defaults.
     pub recorded: bool,
@@ -128,7 +129,7 @@ impl PolicyView {
         let key = leasehold_schemas::subjects::settings_key(state.partition(), state.partitions());
         PolicyView {
             partition: state.partition(),
-            key: key.to_string(),
+            key: key.token(),
             recorded: state.settings().policy.is_some(),
             policy: state.policy().clone(),
             outcome_horizon_ms: state.settings().outcome_horizon.0,
