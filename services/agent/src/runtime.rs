@@ -961,3 +961,16 @@ async fn publish<L: Log>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_come_well_within_a_third_of_stall_after() {
+        let configured = Duration::from_secs(10);
+        assert_eq!(heartbeat_every(leasehold_schemas::Millis::from_secs(60), configured), configured);
+        assert_eq!(heartbeat_every(leasehold_schemas::Millis::from_secs(20), configured), Duration::from_secs(5));
+        assert_eq!(heartbeat_every(leasehold_schemas::Millis::from_secs(3), configured), Duration::from_millis(750));
+    }
+}

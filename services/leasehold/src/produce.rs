@@ -231,7 +231,8 @@ pub(crate) struct PoolDefineArgs {
     /// An address (with --ipv4) or a port (with --ports) the pool never hands out (repeatable).
     #[arg(long, value_name = "IP|PORT", conflicts_with = "slots")]
     pub(crate) exclude: Vec<String>,
-    /// How long a freed identifier rests before it is handed out again (default 60s).
+    /// How long a freed identifier rests before it is handed out again (default: the policy's claim-cooldown when
+    /// defined; `pool update` keeps the pool's).
     #[arg(long, value_parser = parse_millis)]
     pub(crate) cooldown: Option<Millis>,
     #[command(flatten)]
