@@ -16,7 +16,7 @@ use uuid::Uuid;
 use crate::envelope::CommandClass;
 use crate::ids::{AgentName, Key, LeaseId, Millis, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp};
 use crate::pool::{PoolKind, PoolValue};
-use crate::settings::{AgentSettings, PartitionSettings};
+use crate::settings::{AgentSettings, ClusterPolicy};
 
 /// At most this many handles may be named in one report or one resync chunk (about 140 KiB of ids), so that an
 /// outcome always has room for the rest of the work when a decision must continue.
@@ -162,18 +162,45 @@ pub struct ConfirmLoss {
 pub struct DefinePool {
     pub pool: PoolName,
     pub kind: PoolKind,
-    /// A freed identifier is handed out again only after this long; `None`: the default (60 s).
+    /// A freed identifier is handed out again only after this long; `None`: the partition policy's
+    /// `claim_cooldown` at the time of the definition (60 s while no policy is recorded).
     pub cooldown: Option<Millis>,
 }
 
-/// Settings of one partition. `partition` must name the partition that decides it (a guard against routing
-/// mistakes); `key` only routes the command there.
+/// Change a pool's definition: grow it (IPv4: the same network address with a shorter prefix; slots: more of them;
+/// ports: the same first port and a later last one), change its exclusions, or its cool-down. Shrinking is refused.
+/// An identifier excluded while held stays held until freed, and is never handed out again after that.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdatePool {
+    pub pool: PoolName,
+    pub kind: PoolKind,
+    /// `None`: keep the pool's cool-down.
+    pub cooldown: Option<Millis>,
+}
+
+/// Remove a pool nobody holds or waits for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeletePool {
+    pub pool: PoolName,
+}
+
+/// Change the settings of one partition: each field given replaces the partition's, each `None` keeps it.
+/// `partition` must name the partition that decides it (a guard against routing mistakes); `key` only routes the
+/// command there (`subjects::settings_key` gives one per partition).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SetPartitionSettings {
     pub key: Key,
     pub partition: u32,
-    pub settings: PartitionSettings,
+    pub outcome_horizon: Option<Millis>,
+    /// The whole cluster policy (a recorded policy is replaced, never removed).
+    pub policy: Option<ClusterPolicy>,
+    /// Change anything only if the partition has no policy yet; otherwise change nothing (rejected
+    /// `already-done`). `serve` sends its flags so: two processes started with different flags never flip the
+    /// recorded policy back and forth.
+    pub if_no_policy: bool,
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -190,7 +217,8 @@ pub struct Register {
     pub incarnation: Uuid,
     /// "My disk was wiped": losing everything in the first reports is expected, not a fault.
     pub wiped: bool,
-    pub settings: AgentSettings,
+    /// The agent's own settings; `None`: it follows its partition's policy, as that policy changes.
+    pub settings: Option<AgentSettings>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -551,6 +579,8 @@ commands! {
     RetireAgent(RetireAgent) = Op "op.retire-agent",
     ConfirmLoss(ConfirmLoss) = Op "op.confirm-loss",
     DefinePool(DefinePool) = Op "op.define-pool",
+    UpdatePool(UpdatePool) = Op "op.update-pool",
+    DeletePool(DeletePool) = Op "op.delete-pool",
     SetPartitionSettings(SetPartitionSettings) = Op "op.set-partition-settings",
     Register(Register) = Agent "agent.register",
     Heartbeat(Heartbeat) = Agent "agent.heartbeat",
@@ -611,6 +641,8 @@ impl Command {
             Command::RetireAgent(c) => agent(&c.agent),
             Command::ConfirmLoss(c) => agent(&c.agent),
             Command::DefinePool(c) => pool(&c.pool),
+            Command::UpdatePool(c) => pool(&c.pool),
+            Command::DeletePool(c) => pool(&c.pool),
             Command::SetPartitionSettings(c) => c.key.clone(),
             Command::Register(c) => agent(&c.agent),
             Command::Heartbeat(c) => agent(&c.agent),
@@ -666,6 +698,8 @@ impl Command {
             Command::RetireAgent(_)
             | Command::ConfirmLoss(_)
             | Command::DefinePool(_)
+            | Command::UpdatePool(_)
+            | Command::DeletePool(_)
             | Command::SetPartitionSettings(_)
             | Command::Register(_)
             | Command::Heartbeat(_)

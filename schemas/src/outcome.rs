@@ -262,7 +262,12 @@ pub enum Effect {
     AgentRegistered {
         incarnation: Uuid,
         wiped: bool,
+        /// The agent's effective settings at its registration: its own (`own_settings`), or its partition's policy
+        /// then. The agent paces its heartbeats by their `stall_after`; an agent without settings of its own
+        /// follows later policy changes in the writer's decisions at once, and in its heartbeat pace at its next
+        /// registration.
         settings: AgentSettings,
+        own_settings: bool,
         /// The agent stays retired: it registered only to finish releasing what it still holds.
         retired: bool,
     },
@@ -473,6 +478,17 @@ pub enum Effect {
     DecisionContinues {
         work: Work,
     },
+
+    // Added after the first wire fixtures: at the end, so the bincode discriminants of the effects above stay.
+    /// The pool's definition changed (grown, exclusions or cool-down). `recovered`: identifiers below the pool's
+    /// fresh index that the new definition makes usable and nobody holds (an old /30's broadcast address when it
+    /// grows to /29, an exclusion lifted): they are handed out before cooled ones.
+    PoolUpdated {
+        kind: PoolKind,
+        cooldown: Millis,
+        recovered: Vec<PoolValue>,
+    },
+    PoolDeleted {},
 }
 
 impl Effect {
@@ -519,6 +535,8 @@ impl Effect {
             Effect::LeaseExpired { .. } => "lease-expired",
             Effect::LeaseFailed { .. } => "lease-failed",
             Effect::PoolDefined { .. } => "pool-defined",
+            Effect::PoolUpdated { .. } => "pool-updated",
+            Effect::PoolDeleted {} => "pool-deleted",
             Effect::ClaimGranted { .. } => "claim-granted",
             Effect::ClaimQueued { .. } => "claim-queued",
             Effect::ClaimFreed { .. } => "claim-freed",

@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::Millis;
 
-/// An agent's settings, carried by its registration.
+/// An agent's settings: the cluster policy's (`ClusterPolicy::agent`), or an agent's own when it registered with
+/// them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentSettings {
@@ -22,16 +23,76 @@ pub struct AgentSettings {
     pub orphan_after: Millis,
 }
 
+impl AgentSettings {
+    /// What agents follow while no policy is recorded (DESIGN sections 5 and 6).
+    pub const DEFAULT: AgentSettings = AgentSettings {
+        max_loss_min: 5,
+        max_loss_percent: 50,
+        loss_window: Millis::from_mins(10),
+        create_timeout: Millis::from_mins(10),
+        stall_after: Millis::from_secs(60),
+        orphan_after: Millis::from_hours(24),
+    };
+}
+
+impl AgentSettings {
+    /// Checks that the settings make sense together; the error names the setting and what to change. `decide`
+    /// refuses settings that fail it, and the CLI refuses them before it sends anything.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_loss_percent > 100 {
+            return Err(format!("max_loss_percent {} is over 100", self.max_loss_percent));
+        }
+        for (name, value) in [
+            ("loss_window", self.loss_window),
+            ("create_timeout", self.create_timeout),
+            ("stall_after", self.stall_after),
+            ("orphan_after", self.orphan_after),
+        ] {
+            if value.0 == 0 {
+                return Err(format!("{name} must be longer than 0"));
+            }
+        }
+        if self.stall_after < Millis::from_secs(3) {
+            return Err(format!(
+                "stall_after ({}) must be at least 3s: heartbeats are recorded at most every third of it",
+                self.stall_after
+            ));
+        }
+        if self.orphan_after <= self.stall_after {
+            return Err(format!(
+                "orphan_after ({}) must be longer than stall_after ({})",
+                self.orphan_after, self.stall_after
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for AgentSettings {
     fn default() -> Self {
-        AgentSettings {
-            max_loss_min: 5,
-            max_loss_percent: 50,
-            loss_window: Millis::from_mins(10),
-            create_timeout: Millis::from_mins(10),
-            stall_after: Millis::from_secs(60),
-            orphan_after: Millis::from_hours(24),
-        }
+        AgentSettings::DEFAULT
+    }
+}
+
+/// The operator's policy for a partition, as Nomad's servers or Kubernetes' controller manager own theirs: what
+/// every agent that registered without settings of its own follows (changing it changes them at once), and the
+/// cool-down of pools defined without one (taken when the pool is defined).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterPolicy {
+    pub agent: AgentSettings,
+    pub claim_cooldown: Millis,
+}
+
+impl ClusterPolicy {
+    /// What a partition follows while no policy is recorded.
+    pub const DEFAULT: ClusterPolicy =
+        ClusterPolicy { agent: AgentSettings::DEFAULT, claim_cooldown: DEFAULT_POOL_COOLDOWN };
+}
+
+impl Default for ClusterPolicy {
+    fn default() -> Self {
+        ClusterPolicy::DEFAULT
     }
 }
 
@@ -42,11 +103,21 @@ pub struct PartitionSettings {
     /// How long (log time) an outcome stays in partition state: a command retried within it gets its first outcome
     /// back; a command issued longer ago than this is rejected as stale.
     pub outcome_horizon: Millis,
+    /// The cluster policy recorded for this partition; `None`: none was ever recorded (the partition follows
+    /// [`ClusterPolicy::DEFAULT`], and `serve` records its flags as the policy). A recorded policy is never removed.
+    pub policy: Option<ClusterPolicy>,
+}
+
+impl PartitionSettings {
+    /// The policy the partition follows: the recorded one, or the default.
+    pub fn policy(&self) -> &ClusterPolicy {
+        self.policy.as_ref().unwrap_or(&ClusterPolicy::DEFAULT)
+    }
 }
 
 impl Default for PartitionSettings {
     fn default() -> Self {
-        PartitionSettings { outcome_horizon: Millis::from_hours(24) }
+        PartitionSettings { outcome_horizon: Millis::from_hours(24), policy: None }
     }
 }
 

@@ -39,6 +39,17 @@ pub fn partition_of_key(key: &Key, partitions: u32) -> u32 {
     }
 }
 
+/// The key that routes a partition's own settings (`op.set-partition-settings`) to `partition`: the first pool
+/// name `lh-settings-<n>` that maps there. Deterministic, so every sender and reader agrees on it; no pool of that
+/// name needs to exist.
+pub fn settings_key(partition: u32, partitions: u32) -> Key {
+    assert!(partition < partitions, "partition {partition} of {partitions} does not exist");
+    (0u64..)
+        .map(|n| Key::Pool(crate::ids::PoolName::new(format!("lh-settings-{n}")).expect("a valid pool name")))
+        .find(|key| partition_of_key(key, partitions) == partition)
+        .expect("every partition is reached by some name")
+}
+
 /// The partition of an agent and of its resources.
 pub fn partition_of_agent(agent: &AgentName, partitions: u32) -> u32 {
     partition_of(agent.as_str(), partitions)

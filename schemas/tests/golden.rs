@@ -22,11 +22,11 @@ use std::path::{Path, PathBuf};
 
 use leasehold_schemas::codec::{self, CodecErrorKind};
 use leasehold_schemas::command::{
-    Acquire, Adopt, Allocate, BindClaim, Cascade, Claim, Command, ConfirmLoss, CreateTimeout, DefinePool, ExpireLease,
-    ExpirePause, FailureKind, Free, HandleDigest, HealthResult, Heartbeat, MarkGone, MarkStalled, Orphan, ParentState,
-    Pause, Register, Release, ReleaseLease, Renew, ReportCreated, ReportFailure, ReportFailureByOperator,
+    Acquire, Adopt, Allocate, BindClaim, Cascade, Claim, Command, ConfirmLoss, CreateTimeout, DefinePool, DeletePool,
+    ExpireLease, ExpirePause, FailureKind, Free, HandleDigest, HealthResult, Heartbeat, MarkGone, MarkStalled, Orphan,
+    ParentState, Pause, Register, Release, ReleaseLease, Renew, ReportCreated, ReportFailure, ReportFailureByOperator,
     RequestHealthCheck, ResyncChunk, RetireAgent, SetPartitionSettings, SyncReport, TickPool, Unpause, Update,
-    WaitTimeout,
+    UpdatePool, WaitTimeout,
 };
 use leasehold_schemas::ids::{
     AgentName, CommandId, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source,
@@ -37,7 +37,7 @@ use leasehold_schemas::outcome::{
     ResyncReason, SuspectCause, UnpauseCause, Work,
 };
 use leasehold_schemas::pool::{PoolKind, PoolValue};
-use leasehold_schemas::settings::{AgentSettings, PartitionSettings};
+use leasehold_schemas::settings::{AgentSettings, ClusterPolicy, PartitionSettings};
 use leasehold_schemas::subjects::{ingress_subject_of, partition_of, partition_of_key};
 use leasehold_schemas::{CommandClass, Envelope, SCHEMA_VERSION, Uuid};
 
@@ -107,7 +107,15 @@ fn agent_settings() -> AgentSettings {
 }
 
 fn partition_settings() -> PartitionSettings {
-    PartitionSettings { outcome_horizon: Millis::from_hours(24) }
+    PartitionSettings { outcome_horizon: Millis::from_hours(24), policy: None }
+}
+
+/// Settings with a recorded policy.
+fn partition_settings_with_policy() -> PartitionSettings {
+    PartitionSettings {
+        outcome_horizon: Millis::from_hours(24),
+        policy: Some(ClusterPolicy { agent: agent_settings(), claim_cooldown: Millis::from_secs(30) }),
+    }
 }
 
 fn incarnation() -> Uuid {
@@ -248,18 +256,30 @@ fn command_samples() -> Vec<(String, Envelope)> {
             },
         ),
         envelope(
+            35,
+            OP_ISSUER,
+            UpdatePool {
+                pool: pool(),
+                kind: PoolKind::Ipv4 { network: ip(0), prefix_len: 23, exclude: vec![ip(1), ip(2)] },
+                cooldown: Some(Millis::from_secs(30)),
+            },
+        ),
+        envelope(36, OP_ISSUER, DeletePool { pool: pool() }),
+        envelope(
             13,
             OP_ISSUER,
             SetPartitionSettings {
                 key: Key::Agent(a()),
                 partition: partition_of_key(&Key::Agent(a()), 8),
-                settings: partition_settings(),
+                outcome_horizon: None,
+                policy: partition_settings_with_policy().policy,
+                if_no_policy: true,
             },
         ),
         envelope(
             14,
             "w1",
-            Register { agent: a(), incarnation: incarnation(), wiped: false, settings: agent_settings() },
+            Register { agent: a(), incarnation: incarnation(), wiped: false, settings: Some(agent_settings()) },
         ),
         envelope(15, "w1", Heartbeat { agent: a(), epoch: Position(3) }),
         envelope(
@@ -376,6 +396,10 @@ fn command_samples() -> Vec<(String, Envelope)> {
 
     let variants = vec![
         (
+            "defaults",
+            envelope(50, "w1", Register { agent: a(), incarnation: incarnation(), wiped: true, settings: None }),
+        ),
+        (
             "minimal",
             envelope(
                 41,
@@ -415,7 +439,9 @@ fn command_samples() -> Vec<(String, Envelope)> {
                 SetPartitionSettings {
                     key: Key::Pool(pool()),
                     partition: partition_of_key(&Key::Pool(pool()), 8),
-                    settings: partition_settings(),
+                    outcome_horizon: Some(Millis::from_hours(24)),
+                    policy: None,
+                    if_no_policy: false,
                 },
             ),
         ),
@@ -478,6 +504,7 @@ fn effect_samples() -> Vec<Effect> {
             incarnation: incarnation(),
             wiped: false,
             settings: agent_settings(),
+            own_settings: true,
             retired: false,
         },
         Effect::AgentSeen { at: Timestamp(T0 + 1_000) },
@@ -568,6 +595,12 @@ fn effect_samples() -> Vec<Effect> {
             child_source: Source { partition: 3, position: Position(17) },
             parent_state: ParentState::Suspect,
         },
+        Effect::PoolUpdated {
+            kind: PoolKind::Ipv4 { network: ip(0), prefix_len: 29, exclude: vec![] },
+            cooldown: Millis::from_secs(30),
+            recovered: vec![PoolValue::Ipv4(ip(3))],
+        },
+        Effect::PoolDeleted {},
     ]
 }
 
@@ -606,6 +639,8 @@ fn is_pool_effect(effect: &Effect) -> bool {
     matches!(
         effect,
         Effect::PoolDefined { .. }
+            | Effect::PoolUpdated { .. }
+            | Effect::PoolDeleted {}
             | Effect::ClaimGranted { .. }
             | Effect::ClaimQueued { .. }
             | Effect::ClaimFreed { .. }
@@ -758,7 +793,7 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
 // Exhaustive maps from each wire enum to an index: a variant added without a fixture fails to compile here, and a
 // new arm without a sample fails `samples_cover_every_variant`.
 
-const EFFECT_VARIANTS: usize = 46;
+const EFFECT_VARIANTS: usize = 48;
 
 fn effect_index(effect: &Effect) -> usize {
     match effect {
@@ -808,6 +843,8 @@ fn effect_index(effect: &Effect) -> usize {
         Effect::AgentBreakerRearmed {} => 43,
         Effect::ResourceSeen { .. } => 44,
         Effect::ChildAdopted { .. } => 45,
+        Effect::PoolUpdated { .. } => 46,
+        Effect::PoolDeleted {} => 47,
     }
 }
 
@@ -910,6 +947,7 @@ impl Seen {
         self.option("Option (causation id)", &envelope.causation_id);
         match &envelope.body {
             Command::DefinePool(c) => self.pool_kind(&c.kind),
+            Command::UpdatePool(c) => self.pool_kind(&c.kind),
             Command::BindClaim(c) => self.pool_value(&c.value),
             Command::ReportFailure(c) => {
                 let index = match c.failure {
@@ -992,7 +1030,7 @@ impl Seen {
                 };
                 self.mark("BreakReason", index);
             }
-            Effect::PoolDefined { kind, .. } => self.pool_kind(kind),
+            Effect::PoolDefined { kind, .. } | Effect::PoolUpdated { kind, .. } => self.pool_kind(kind),
             Effect::ClaimBound { value, .. }
             | Effect::ClaimGranted { value, .. }
             | Effect::ClaimFreed { value, .. } => self.pool_value(value),

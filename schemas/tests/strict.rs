@@ -20,7 +20,7 @@ use leasehold_schemas::ids::{
     AgentName, CommandId, Issuer, Key, LeaseId, Millis, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp,
 };
 use leasehold_schemas::pool::{PoolKind, PoolValue};
-use leasehold_schemas::settings::{AgentSettings, PartitionSettings};
+use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::{Envelope, Uuid};
 
 const T0: u64 = 1_767_225_600_000;
@@ -111,6 +111,13 @@ fn body(type_name: &str, full: bool) -> Command {
         }
         "op.retire-agent" => RetireAgent { agent: agent() }.into(),
         "op.confirm-loss" => ConfirmLoss { agent: agent() }.into(),
+        "op.update-pool" => leasehold_schemas::command::UpdatePool {
+            pool: pool(),
+            kind: PoolKind::Slots { count: 32 },
+            cooldown: some_if(full, Millis::from_secs(5)),
+        }
+        .into(),
+        "op.delete-pool" => leasehold_schemas::command::DeletePool { pool: pool() }.into(),
         "op.define-pool" => DefinePool {
             pool: pool(),
             kind: PoolKind::Ipv4 {
@@ -124,13 +131,18 @@ fn body(type_name: &str, full: bool) -> Command {
         "op.set-partition-settings" => SetPartitionSettings {
             key: Key::Pool(pool()),
             partition: 7,
-            settings: PartitionSettings { outcome_horizon: Millis::from_hours(12) },
+            outcome_horizon: some_if(full, Millis::from_hours(12)),
+            policy: full.then(leasehold_schemas::settings::ClusterPolicy::default),
+            if_no_policy: full,
         }
         .into(),
-        "agent.register" => {
-            Register { agent: agent(), incarnation: any_uuid(1), wiped: full, settings: AgentSettings::default() }
-                .into()
+        "agent.register" => Register {
+            agent: agent(),
+            incarnation: any_uuid(1),
+            wiped: full,
+            settings: full.then(AgentSettings::default),
         }
+        .into(),
         "agent.heartbeat" => Heartbeat { agent: agent(), epoch: Position(4) }.into(),
         "agent.report-created" => ReportCreated {
             agent: agent(),
@@ -321,7 +333,9 @@ fn unknown_fields_are_refused_everywhere() {
     let text = edit(&json("agent.register"), r#""max_loss_min":5"#, r#""max_loss_min":5,"max_loss":9"#);
     assert_refused(&text, CodecErrorKind::Malformed, &["body.settings.max_loss: unknown field `max_loss`"]);
     let text = edit(&json("op.set-partition-settings"), r#""outcome_horizon":"#, r#""horizon":1,"outcome_horizon":"#);
-    assert_refused(&text, CodecErrorKind::Malformed, &["body.settings.horizon: unknown field `horizon`"]);
+    assert_refused(&text, CodecErrorKind::Malformed, &["body.horizon: unknown field `horizon`"]);
+    let text = edit(&json("op.set-partition-settings"), r#""claim_cooldown":"#, r#""cooldown":1,"claim_cooldown":"#);
+    assert_refused(&text, CodecErrorKind::Malformed, &["body.policy.cooldown: unknown field `cooldown`"]);
     let text = edit(&json("op.define-pool"), r#""prefix_len":24"#, r#""prefix_len":24,"gateway":"10.20.0.1""#);
     assert_refused(&text, CodecErrorKind::Malformed, &["body.kind.ipv4.gateway: unknown field `gateway`"]);
     let text = edit(&json("sys.claim"), r#""partition":3"#, r#""partition":3,"stream":"x""#);

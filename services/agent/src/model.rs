@@ -62,6 +62,8 @@ pub(crate) enum Signal {
         incarnation: Uuid,
         epoch: Position,
         retired: bool,
+        /// The effective `stall_after` at the registration: heartbeats are paced by it.
+        stall_after: leasehold_schemas::Millis,
     },
     Gone,
     ResyncRequested {
@@ -137,8 +139,13 @@ impl Model {
             }
         };
         match effect {
-            Effect::AgentRegistered { incarnation, retired, .. } => {
-                signals.push(Signal::Registered { incarnation: *incarnation, epoch: position, retired: *retired });
+            Effect::AgentRegistered { incarnation, retired, settings, .. } => {
+                signals.push(Signal::Registered {
+                    incarnation: *incarnation,
+                    epoch: position,
+                    retired: *retired,
+                    stall_after: settings.stall_after,
+                });
             }
             Effect::AgentGone { .. } => signals.push(Signal::Gone),
             Effect::ResyncRequested { .. } => signals.push(Signal::ResyncRequested { at: position }),
@@ -420,7 +427,7 @@ mod tests {
             agent: w1.clone(),
             incarnation: Uuid::from_u128(1),
             wiped: false,
-            settings: AgentSettings::default(),
+            settings: Some(AgentSettings::default()),
         };
         let epoch = partition.submit("w1", register).positioned_effects().next().unwrap().0;
         let ids: Vec<ResourceId> = (0..5).map(|_| partition.new_resource_id()).collect();

@@ -48,10 +48,13 @@ pub struct AgentConfig {
     pub max_in_flight: usize,
     /// A driver call that takes longer is given up and tried again at a later pass.
     pub call_timeout: Duration,
+    /// The longest wait between heartbeats. The agent beats faster when its effective `stall_after` asks for it:
+    /// at most a quarter of it (see [`heartbeat_every`]).
     pub heartbeat_interval: Duration,
     /// "My disk was wiped": the first report may lose everything without tripping the breaker.
     pub wiped: bool,
-    pub settings: AgentSettings,
+    /// The agent's own settings; `None` (the default): it follows its partition's policy.
+    pub settings: Option<AgentSettings>,
     /// On shutdown, driver calls still running and commands not yet published get this long.
     pub shutdown_grace: Duration,
     /// Status and "sync now" for whoever started the agent (a clone of the config shares it).
@@ -68,7 +71,7 @@ impl AgentConfig {
             call_timeout: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(10),
             wiped: false,
-            settings: AgentSettings::default(),
+            settings: None,
             shutdown_grace: Duration::from_secs(5),
             control: AgentControl::default(),
         }
@@ -237,8 +240,11 @@ enum Outgoing {
         command_id: CommandId,
         register: Register,
     },
-    /// Observations from now on carry this epoch, numbered from 1.
-    Epoch(Position),
+    /// Observations from now on carry this epoch, numbered from 1; heartbeats go out every `heartbeat`.
+    Epoch {
+        epoch: Position,
+        heartbeat: Duration,
+    },
     Created {
         resource: ResourceId,
         native_id: Option<String>,
@@ -426,11 +432,12 @@ impl<L: Log, D: Driver> Agent<L, D> {
                 Signal::Work(id) => {
                     self.ready.insert(id);
                 }
-                Signal::Registered { incarnation, epoch, retired } if incarnation == self.incarnation => {
-                    info!(agent = %self.config.name, %epoch, retired, resources = self.model.len(), "registered and caught up");
+                Signal::Registered { incarnation, epoch, retired, stall_after } if incarnation == self.incarnation => {
+                    let heartbeat = heartbeat_every(stall_after, self.config.heartbeat_interval);
+                    info!(agent = %self.config.name, %epoch, retired, resources = self.model.len(), %stall_after, ?heartbeat, "registered and caught up");
                     self.epoch = Some(epoch);
                     self.config.control.update(|s| s.epoch = Some(epoch));
-                    self.send(Outgoing::Epoch(epoch)).await;
+                    self.send(Outgoing::Epoch { epoch, heartbeat }).await;
                     self.start_pass();
                 }
                 Signal::Registered { incarnation, epoch, .. } => {
@@ -814,6 +821,19 @@ fn cut(mut detail: String) -> String {
     detail
 }
 
+/// How often to heartbeat: at most `configured`, and at most a quarter of the effective `stall_after`. The writer
+/// records a heartbeat at most every third of `stall_after` (coalesced) and calls the agent stalled after
+/// `stall_after` plus that third, so a quarter leaves room for a lost or late heartbeat.
+///
+/// The pace is learnt from the agent's registration (`agent-registered` carries the effective settings). An agent
+/// that follows the policy keeps this pace until its next registration when the policy changes later: a shorter
+/// `stall_after` set meanwhile can call it stalled early, so lower `stall_after` together with restarting (or
+/// re-registering) the agents, or keep it well above four times their `heartbeat_interval` (10 s by default).
+pub fn heartbeat_every(stall_after: leasehold_schemas::Millis, configured: Duration) -> Duration {
+    let quarter = Duration::from_millis(stall_after.0 / 4);
+    configured.min(quarter).max(Duration::from_millis(1))
+}
+
 /// The one place commands leave the agent: in order, each published (retried while the log is unavailable) before
 /// the next, so observation numbers reach the log increasing. Heartbeats go out from here too.
 async fn publish_all<L: Log>(log: L, config: AgentConfig, mut queue: mpsc::Receiver<Outgoing>) -> Result<(), Error> {
@@ -840,9 +860,13 @@ async fn publish_all<L: Log>(log: L, config: AgentConfig, mut queue: mpsc::Recei
                         }
                         continue;
                     }
-                    (Outgoing::Epoch(new), _) => {
+                    (Outgoing::Epoch { epoch: new, heartbeat: every }, _) => {
                         epoch = Some(new);
                         obs = 0;
+                        if every != heartbeat.period() {
+                            heartbeat = tokio::time::interval(every);
+                            heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+                        }
                         continue;
                     }
                     (_, None) => {
@@ -935,5 +959,18 @@ async fn publish<L: Log>(
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_come_well_within_a_third_of_stall_after() {
+        let configured = Duration::from_secs(10);
+        assert_eq!(heartbeat_every(leasehold_schemas::Millis::from_secs(60), configured), configured);
+        assert_eq!(heartbeat_every(leasehold_schemas::Millis::from_secs(20), configured), Duration::from_secs(5));
+        assert_eq!(heartbeat_every(leasehold_schemas::Millis::from_secs(3), configured), Duration::from_millis(750));
     }
 }

@@ -397,7 +397,11 @@ async fn create_failures_and_health_checks_are_reported() {
 async fn a_refused_registration_stops_the_agent() {
     let system = System::start();
     let mut config = AgentConfig::new(AgentName::new("w1").unwrap());
-    config.settings.stall_after = leasehold_schemas::Millis::from_secs(1);
+    let settings = leasehold_schemas::settings::AgentSettings {
+        stall_after: leasehold_schemas::Millis::from_secs(1),
+        ..Default::default()
+    };
+    config.settings = Some(settings);
     let result = within(
         "the agent to stop",
         run(system.log.clone(), DirDriver::new(system.resources_dir()), config, CancellationToken::new()),

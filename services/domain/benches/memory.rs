@@ -54,7 +54,7 @@ fn main() {
         agent: agent.clone(),
         incarnation: Uuid::from_u128(1),
         wiped: false,
-        settings: AgentSettings::default(),
+        settings: Some(AgentSettings::default()),
     };
     w.submit("w1", register);
     let base = dhat::HeapStats::get().curr_bytes;

@@ -267,7 +267,9 @@ fn apply_effect(
     effect: &Effect,
 ) {
     match effect {
-        Effect::AgentRegistered { incarnation, wiped, settings, retired } => {
+        Effect::AgentRegistered { incarnation, wiped, settings, own_settings, retired } => {
+            // Without settings of its own, the agent follows the policy as it changes, not a copy of it.
+            let settings = own_settings.then(|| settings.clone());
             let leasehold_schemas::Key::Agent(name) = key else {
                 return;
             };
@@ -297,7 +299,7 @@ fn apply_effect(
             agent.epoch = position;
             agent.incarnation = *incarnation;
             agent.wiped = *wiped;
-            agent.settings = settings.clone();
+            agent.settings = settings;
             agent.last_seen = now;
             agent.last_obs = leasehold_schemas::ObsStamp { epoch: position, obs: 0 };
             agent.breaker_bypass = *wiped;
@@ -330,10 +332,10 @@ fn apply_effect(
                 agent.retired = true;
             }
         }
-        Effect::AgentSuspect { would_lose, .. } => {
+        Effect::AgentSuspect { would_lose, live } => {
             if let Some(agent) = agent_of(state, key) {
                 let watermark = agent.last_watermark;
-                agent.breaker = Some(Breaker { tripped_at: now, would_lose: *would_lose, watermark });
+                agent.breaker = Some(Breaker { tripped_at: now, would_lose: *would_lose, live: *live, watermark });
             }
         }
         Effect::AgentBreakerCleared { reason } => {
@@ -490,11 +492,16 @@ fn apply_effect(
         }
         Effect::ResourceLost { resource, stamp } => {
             set_resource_state(state, *resource, ResourceState::Lost, position, now);
+            let loss_window = match key {
+                leasehold_schemas::Key::Agent(name) => state.agents.get(name).map(|a| state.settings_of(a).loss_window),
+                leasehold_schemas::Key::Pool(_) => None,
+            };
             if let Some(agent) = agent_of(state, key)
+                && let Some(loss_window) = loss_window
                 && !agent.breaker_bypass
                 && agent.bypass_spent_on != Some(*stamp)
             {
-                let window_start = now.saturating_sub(agent.settings.loss_window);
+                let window_start = now.saturating_sub(loss_window);
                 while agent.recent_losses.front().is_some_and(|t| *t <= window_start) {
                     agent.recent_losses.pop_front();
                 }
@@ -568,6 +575,7 @@ fn apply_effect(
                     kind: kind.clone(),
                     cooldown: *cooldown,
                     next_fresh: 0,
+                    recovered: Default::default(),
                     cooling: Default::default(),
                     held: Default::default(),
                     holders: Default::default(),
@@ -576,13 +584,32 @@ fn apply_effect(
                 },
             );
         }
+        Effect::PoolUpdated { kind, cooldown, recovered } => {
+            let Some(pool) = pool_of(state, key) else {
+                return;
+            };
+            pool.kind = kind.clone();
+            pool.cooldown = *cooldown;
+            // Excluded now: never handed out again (one still held is dropped when it is freed).
+            pool.cooling.retain(|_, value| kind.contains(value));
+            pool.recovered.retain(|value| kind.contains(value));
+            pool.recovered.extend(recovered.iter().copied());
+        }
+        Effect::PoolDeleted {} => {
+            if let leasehold_schemas::Key::Pool(name) = key {
+                state.pools.remove(name);
+            }
+        }
         Effect::ClaimGranted { holder, value, source } => {
             let Some(pool) = pool_of(state, key) else {
                 return;
             };
             match pool.kind.index_of(value) {
                 Some(idx) if idx >= pool.next_fresh => pool.next_fresh = idx + 1,
-                _ => pool.cooling.retain(|_, v| v != value),
+                _ => {
+                    pool.cooling.retain(|_, v| v != value);
+                    pool.recovered.remove(value);
+                }
             }
             if let Some(Holding::Waiting { queued_at, .. }) = pool.holders.get(holder) {
                 pool.waiters.remove(queued_at);
@@ -602,7 +629,10 @@ fn apply_effect(
                 return;
             };
             pool.held.remove(value);
-            pool.cooling.insert((now, position), *value);
+            // An identifier excluded while it was held is not put back.
+            if pool.kind.contains(value) {
+                pool.cooling.insert((now, position), *value);
+            }
             if let Some(forget) = end_claim(pool, holder, position) {
                 state.forget.insert((now, forget));
             }

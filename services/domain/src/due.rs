@@ -1,38 +1,48 @@
-//! When time-driven work falls due, in log time: what a sweeper needs to know when to ask, and what `decide`
-//! checks when it is asked (one source of truth, so the two never disagree about a deadline).
+//! When time-driven work falls due: the deadlines a sweeper waits for, and the very functions `decide` checks them
+//! with, so the two can never disagree (a sweeper that asks early is refused `not-yet-due`; one that asks late only
+//! loses time).
+//!
+//! Every deadline is a log time: a command is due once `max(partition time, log time) >= due`.
 
 use leasehold_schemas::ids::{Millis, Timestamp};
 
 use crate::state::{Agent, Lease, LeaseState, PartitionState, Resource, ResourceState};
 
-/// A recorded heartbeat may lag the real last one by up to a third of `stall_after` (heartbeats are coalesced),
-/// so silence is judged from the recorded one plus that third: an agent is never called stalled or gone early.
-pub(crate) fn coalesce_interval(stall_after: Millis) -> Millis {
+/// Heartbeats are recorded at most every third of `stall_after` (coalesced), so a recorded one may lag the real last
+/// one by up to that much: silence is judged from the recorded one plus that third, and an agent is never called
+/// stalled or gone early. The agent paces its heartbeats well within it.
+pub fn coalesce_interval(stall_after: Millis) -> Millis {
     Millis(stall_after.0 / 3)
 }
 
-/// When `agent` is stalled if it is not heard from.
-pub fn stall_due(_state: &PartitionState, agent: &Agent) -> Timestamp {
-    let settings = &agent.settings;
+/// When `agent` is `stalled` if no heartbeat is recorded before: its last one plus its effective `stall_after`
+/// (and the coalescing slack).
+pub fn stall_due(state: &PartitionState, agent: &Agent) -> Timestamp {
+    let settings = state.settings_of(agent);
     agent.last_seen.saturating_add(settings.stall_after).saturating_add(coalesce_interval(settings.stall_after))
 }
 
-/// When `agent` is gone if it is not heard from.
-pub fn gone_due(_state: &PartitionState, agent: &Agent) -> Timestamp {
-    let settings = &agent.settings;
+/// When `agent` is `gone` (and its resources orphaned) if no heartbeat is recorded before.
+pub fn gone_due(state: &PartitionState, agent: &Agent) -> Timestamp {
+    let settings = state.settings_of(agent);
     agent.last_seen.saturating_add(settings.orphan_after).saturating_add(coalesce_interval(settings.stall_after))
 }
 
-/// When a `pending` resource is given up on (`None` for any other state, or an agent unknown here).
+/// When a `pending` resource's create times out (it is then released: the create may still be running); `None`
+/// for a resource in any other state. The timeout is its agent's effective `create_timeout`.
 pub fn create_due(state: &PartitionState, resource: &Resource) -> Option<Timestamp> {
     if resource.state != ResourceState::Pending {
         return None;
     }
-    let agent = state.agent(&resource.agent)?;
-    Some(resource.allocated_at.saturating_add(agent.settings.create_timeout))
+    let create_timeout = match state.agent(&resource.agent) {
+        Some(agent) => state.settings_of(agent).create_timeout,
+        None => state.policy().agent.create_timeout,
+    };
+    Some(resource.allocated_at.saturating_add(create_timeout))
 }
 
-/// When an active lease expires, or a waiting one stops waiting (`None`: it lasts until released).
+/// An active lease with a ttl: when it expires. A waiting lease with a wait timeout: when it fails. `None`
+/// otherwise (no deadline, or the lease ended).
 pub fn lease_due(lease: &Lease) -> Option<Timestamp> {
     match lease.state {
         LeaseState::Active { expires_at, .. } => expires_at,
@@ -41,7 +51,7 @@ pub fn lease_due(lease: &Lease) -> Option<Timestamp> {
     }
 }
 
-/// When a paused resource's pause ends by itself.
+/// When a paused resource's pause ends by itself; `None` for a pause without end or a resource not paused.
 pub fn pause_due(resource: &Resource) -> Option<Timestamp> {
     match resource.state {
         ResourceState::Paused { until, .. } => until,

@@ -81,7 +81,8 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
                     if pool.held.get(value) != Some(holder) {
                         return Err(format!("pool {}: {value} granted to {holder} is not in the held map", pool.name));
                     }
-                    if !pool.kind.contains(value) {
+                    // Excluded since it was granted is allowed: it stays held until freed.
+                    if !in_range(&pool.kind, value) {
                         return Err(format!("pool {}: {value} is not an identifier of the pool", pool.name));
                     }
                 }
@@ -98,9 +99,50 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
         if pool.cooling.values().any(|v| pool.held.contains_key(v)) {
             return Err(format!("pool {}: an identifier is both held and cooling", pool.name));
         }
+        if let Some(value) = pool.cooling.values().find(|v| !pool.kind.contains(v)) {
+            return Err(format!("pool {}: {value} is cooling but the pool no longer hands it out", pool.name));
+        }
+        for value in &pool.recovered {
+            if pool.held.contains_key(value) || pool.cooling.values().any(|v| v == value) {
+                return Err(format!("pool {}: recovered {value} is also held or cooling", pool.name));
+            }
+            if pool.kind.index_of(value).is_none_or(|idx| idx >= pool.next_fresh) {
+                return Err(format!(
+                    "pool {}: recovered {value} is not a usable identifier below the fresh ones",
+                    pool.name
+                ));
+            }
+        }
+        // Nothing is lost: every identifier handed out (below the fresh index) is held, cooling or recovered. Checked
+        // on small pools only (a /16 is never materialised, not even here).
+        if pool.next_fresh <= 4096 {
+            let cooling: std::collections::BTreeSet<_> = pool.cooling.values().collect();
+            for value in (0..pool.next_fresh).filter_map(|idx| pool.kind.value_at(idx)) {
+                if !pool.held.contains_key(&value) && !cooling.contains(&value) && !pool.recovered.contains(&value) {
+                    return Err(format!(
+                        "pool {}: {value} is neither held, cooling nor recovered: it is lost",
+                        pool.name
+                    ));
+                }
+            }
+        }
         if pool.waiters.len() != pool.holders.values().filter(|h| matches!(h, Holding::Waiting { .. })).count() {
             return Err(format!("pool {}: the queue and the waiting holders disagree", pool.name));
         }
     }
     Ok(())
+}
+
+/// True when `value` is within the range of `kind` (its exclusions and reserved addresses included).
+fn in_range(kind: &leasehold_schemas::pool::PoolKind, value: &PoolValue) -> bool {
+    use leasehold_schemas::pool::PoolKind;
+    let idx = match (kind, value) {
+        (PoolKind::Ipv4 { network, .. }, PoolValue::Ipv4(addr)) => {
+            u64::from(u32::from(*addr).wrapping_sub(u32::from(*network)))
+        }
+        (PoolKind::Slots { .. }, PoolValue::Slot(slot)) => u64::from(*slot),
+        (PoolKind::Ports { first, .. }, PoolValue::Port(port)) => u64::from(port.wrapping_sub(*first)),
+        _ => return false,
+    };
+    idx < kind.size()
 }

@@ -13,7 +13,7 @@ use leasehold_schemas::ids::{
 };
 use leasehold_schemas::outcome::{BreakReason, CommandSummary, ReleaseCause, SuspectCause, Work};
 use leasehold_schemas::pool::{PoolKind, PoolValue};
-use leasehold_schemas::settings::{AgentSettings, PartitionSettings};
+use leasehold_schemas::settings::{AgentSettings, ClusterPolicy, PartitionSettings};
 
 /// Everything one partition's writer knows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,6 +182,17 @@ impl PartitionState {
         &self.settings
     }
 
+    /// The policy this partition follows: the recorded one, or the default while none was ever recorded.
+    pub fn policy(&self) -> &ClusterPolicy {
+        self.settings.policy()
+    }
+
+    /// An agent's effective settings: its own if it registered with them, else the partition's current policy (so
+    /// changing the policy changes every agent that follows it). Every decision about an agent reads these.
+    pub fn settings_of<'a>(&'a self, agent: &'a Agent) -> &'a AgentSettings {
+        agent.settings.as_ref().unwrap_or(&self.policy().agent)
+    }
+
     pub fn agent(&self, name: &AgentName) -> Option<&Agent> {
         self.agents.get(name)
     }
@@ -264,7 +275,9 @@ pub struct Agent {
     pub epoch: Position,
     pub incarnation: Uuid,
     pub wiped: bool,
-    pub settings: AgentSettings,
+    /// The settings it registered with; `None`: it follows the partition's policy
+    /// ([`PartitionState::settings_of`] gives the effective ones).
+    pub settings: Option<AgentSettings>,
     /// The last heartbeat recorded (coalesced: at most every `stall_after / 3`).
     pub last_seen: Timestamp,
     /// The last observation decided.
@@ -293,7 +306,9 @@ pub struct Agent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Breaker {
     pub tripped_at: Timestamp,
+    /// The report that tripped it would have lost `would_lose` of the agent's `live` resources.
     pub would_lose: u32,
+    pub live: u32,
     /// The watermark of the report that tripped it: only a sync report at or past it can clear it (one that knows
     /// less judges nothing, and so would see nothing missing).
     pub watermark: Position,
@@ -305,9 +320,10 @@ impl Agent {
         self.breaker.is_some()
     }
 
-    /// Losses marked within the breaker window ending at `now`.
-    pub fn losses_in_window(&self, now: Timestamp) -> u32 {
-        let since = now.saturating_sub(self.settings.loss_window);
+    /// Losses marked within the breaker window (`loss_window`, from the agent's effective settings) ending at
+    /// `now`.
+    pub fn losses_in_window(&self, loss_window: Millis, now: Timestamp) -> u32 {
+        let since = now.saturating_sub(loss_window);
         self.recent_losses.iter().filter(|t| **t > since).count() as u32
     }
 
@@ -537,8 +553,13 @@ pub struct Pool {
     pub name: PoolName,
     pub kind: PoolKind,
     pub cooldown: Millis,
-    /// Index of the next identifier never handed out (identifiers never used come first).
+    /// Index of the next identifier never handed out (identifiers never used come first). Identifiers are never
+    /// materialised: a /16 is this index, not 65,536 entries.
     pub next_fresh: u64,
+    /// Usable identifiers below `next_fresh` that nobody holds and that are not cooling: made usable by a change of
+    /// definition (a grown /30's old broadcast address, a lifted exclusion). Handed out after fresh ones, before
+    /// cooled ones. At most the old definition's exclusions and reserved addresses.
+    pub recovered: BTreeSet<PoolValue>,
     /// Freed identifiers, least recently freed first: `(freed at, position of the free)`.
     pub cooling: BTreeMap<(Timestamp, Position), PoolValue>,
     pub held: BTreeMap<PoolValue, ResourceRef>,

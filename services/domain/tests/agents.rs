@@ -9,7 +9,7 @@ use leasehold_domain::state::{Agent, Liveness};
 use leasehold_schemas::RejectionKind::*;
 use leasehold_schemas::command::*;
 use leasehold_schemas::ids::{Key, Millis, Position, ResourceId, Timestamp};
-use leasehold_schemas::settings::{AgentSettings, PartitionSettings};
+use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::subjects::partition_of_key;
 use leasehold_schemas::{CommandClass, Outcome};
 use support::*;
@@ -119,7 +119,7 @@ fn settings(edit: impl FnOnce(&mut AgentSettings)) -> AgentSettings {
 
 fn partition_settings(w: &mut World, partition: u32, horizon: Millis) -> Outcome {
     let key = Key::Agent(w.a());
-    w.op(SetPartitionSettings { key, partition, settings: PartitionSettings { outcome_horizon: horizon } })
+    w.op(SetPartitionSettings { key, partition, outcome_horizon: Some(horizon), policy: None, if_no_policy: false })
 }
 
 /// An agent name that hashes to `partition` of `partitions`.
@@ -921,7 +921,7 @@ fn issuers_and_classes() {
             |w| {
                 let agent = w.a();
                 let incarnation = leasehold_schemas::Uuid::from_u128(9);
-                w.d.submit("w2", Register { agent, incarnation, wiped: false, settings: AgentSettings::default() })
+                w.d.submit("w2", Register { agent, incarnation, wiped: false, settings: None })
             },
             Rejected(NotPermitted, &["agent.register about agent w1 was sent by w2"]),
         ),
@@ -1219,10 +1219,8 @@ fn regressions_found_in_review() {
                 w.registered();
                 let a = w.a();
                 let incarnation = leasehold_schemas::Uuid::from_u128(77);
-                let mut e = w.d.envelope(
-                    "w1",
-                    Register { agent: a.clone(), incarnation, wiped: false, settings: AgentSettings::default() },
-                );
+                let mut e =
+                    w.d.envelope("w1", Register { agent: a.clone(), incarnation, wiped: false, settings: None });
                 e.issued_at = Timestamp(e.issued_at.0 + Millis::from_hours(1).0);
                 let first = w.d.submit_envelope(&e);
                 accepted(&first);

@@ -54,7 +54,7 @@ use leasehold_schemas::command::*;
 use leasehold_schemas::ids::*;
 use leasehold_schemas::outcome::{BreakerClear, Effect};
 use leasehold_schemas::pool::{PoolKind, PoolValue};
-use leasehold_schemas::settings::{AgentSettings, PartitionSettings};
+use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::subjects::partition_of_key;
 use leasehold_schemas::{Command, Envelope, Outcome, RejectionKind, Uuid};
 use proptest::prelude::*;
@@ -101,8 +101,10 @@ fn entropy(tag: u8, generation: u64, index: u8) -> [u8; 10] {
     entropy
 }
 
-fn agent_settings(choice: u8) -> AgentSettings {
-    match choice % 4 {
+/// An agent's own settings, or `None` (it follows the partition's policy, the default one here: these tests
+/// change only the horizon, so the model may take the effective settings of the registration).
+fn agent_settings(choice: u8) -> Option<AgentSettings> {
+    Some(match choice % 4 {
         0 => AgentSettings {
             max_loss_min: 2,
             max_loss_percent: 50,
@@ -119,14 +121,14 @@ fn agent_settings(choice: u8) -> AgentSettings {
             stall_after: secs(30),
             orphan_after: Millis::from_mins(5),
         },
-        2 => AgentSettings::default(),
+        2 => return None,
         // Invalid (orphan_after not after stall_after): rejected.
         _ => AgentSettings {
             stall_after: Millis::from_mins(10),
             orphan_after: Millis::from_mins(10),
             ..Default::default()
         },
-    }
+    })
 }
 
 /// The first name `<prefix><i>` whose key falls in `partition` of `partitions`.
@@ -2622,8 +2624,14 @@ impl Sim {
             }
             Act::Horizon { partition, which } => {
                 let p = u32::from(*partition) % self.partitions;
-                let settings = PartitionSettings { outcome_horizon: HORIZONS[*which as usize % HORIZONS.len()] };
-                let body = SetPartitionSettings { key: self.keys[p as usize].clone(), partition: p, settings };
+                let outcome_horizon = HORIZONS[*which as usize % HORIZONS.len()];
+                let body = SetPartitionSettings {
+                    key: self.keys[p as usize].clone(),
+                    partition: p,
+                    outcome_horizon: Some(outcome_horizon),
+                    policy: None,
+                    if_no_policy: false,
+                };
                 one(self, op, body.into())
             }
             Act::ReportCreated { res, obs } => {

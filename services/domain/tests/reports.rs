@@ -1604,7 +1604,7 @@ fn a_wiped_agent_reporting_thousands_of_handles_missing_loses_them_in_bounded_pa
             agent: a.clone(),
             incarnation: Uuid::from_u128(77),
             wiped: false,
-            settings: AgentSettings::default(),
+            settings: Some(AgentSettings::default()),
         },
     );
     let crash_parts = crash_between_parts(&mut crashing, first, &register_again);

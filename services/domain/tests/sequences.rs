@@ -21,7 +21,6 @@ use leasehold_schemas::command::*;
 use leasehold_schemas::ids::*;
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::{PoolKind, PoolValue};
-use leasehold_schemas::settings::PartitionSettings;
 use leasehold_schemas::{Envelope, Outcome, Uuid};
 use support::*;
 
@@ -178,7 +177,11 @@ fn seq2_the_breaker_counts_a_decision_s_losses_as_a_whole() {
     parts.extend(finish_refusing(&mut w, &c2));
     assert_eq!(losses_in(&parts), 100, "chunk 1 marks its 100 losses, over its parts");
     let agent = w.state().agent(&w.a()).unwrap();
-    assert_eq!(agent.losses_in_window(w.state().now()), 100, "all of them in the window before chunk 2");
+    assert_eq!(
+        agent.losses_in_window(w.state().settings_of(agent).loss_window, w.state().now()),
+        100,
+        "all of them in the window before chunk 2"
+    );
 
     let second = w.d.submit_envelope(&c2);
     assert_eq!(effect_names(&second), ["observation-accepted", "agent-suspect"]);
@@ -431,8 +434,9 @@ fn seq6_a_child_of_a_parent_that_already_left_is_released_by_its_adoption() {
 
 fn set_horizon(w: &mut World, horizon: Millis) {
     let key = Key::Agent(w.a());
-    let settings = PartitionSettings { outcome_horizon: horizon };
-    accepted(&w.op(SetPartitionSettings { key, partition: 0, settings }));
+    let body =
+        SetPartitionSettings { key, partition: 0, outcome_horizon: Some(horizon), policy: None, if_no_policy: false };
+    accepted(&w.op(body));
 }
 
 /// Horizon 1 min; a pause with command id X; 2 min later an unpause (X is forgotten); the horizon back to 24 h; X

@@ -138,6 +138,7 @@ pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
         .route("/v1/leases/{reference}", get(queries::lease::<L>))
         .route("/v1/agents", get(queries::agents::<L>))
         .route("/v1/pools", get(queries::pools::<L>))
+        .route("/v1/policy", get(queries::policy::<L>))
         .route("/v1/pools/{name}", get(queries::pool_holders::<L>))
         .route("/v1/dlq", get(queries::dead_letters::<L>))
         .route("/v1/events", get(events::events::<L>))

@@ -126,6 +126,11 @@ pub(crate) async fn agents<L: Log>(State(api): State<Arc<Api<L>>>) -> Response {
     all(api.reader.agents())
 }
 
+/// `GET /v1/policy`: the cluster policy of every partition, with the key that routes its settings.
+pub(crate) async fn policy<L: Log>(State(api): State<Arc<Api<L>>>) -> Response {
+    all(api.reader.policies())
+}
+
 pub(crate) async fn pools<L: Log>(State(api): State<Arc<Api<L>>>) -> Response {
     all(api.reader.pools())
 }

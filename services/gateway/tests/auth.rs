@@ -20,7 +20,6 @@ use leasehold_projector::Projector;
 use leasehold_schemas::codec;
 use leasehold_schemas::command::{Allocate, Register};
 use leasehold_schemas::ids::{AgentName, CommandId, Issuer, ResourceId, Timestamp};
-use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::subjects::ingress_subject_of;
 use leasehold_schemas::{Envelope, Uuid};
 use leasehold_worker::WorkerConfig;
@@ -91,7 +90,7 @@ impl Gateway {
             agent: AgentName::new("w1").expect("an agent name"),
             incarnation: Uuid::now_v7(),
             wiped: false,
-            settings: AgentSettings::default(),
+            settings: None,
         };
         let register = Envelope::new(CommandId::generate(), Issuer::new("w1").expect("an issuer"), now(), body);
         let json = codec::command_to_json(&register).expect("encode");

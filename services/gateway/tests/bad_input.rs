@@ -406,7 +406,7 @@ async fn content_types_classes_and_query_strings_are_checked_before_anything_is_
             agent: agent("w1"),
             incarnation: Uuid::from_u128(7),
             wiped: false,
-            settings: AgentSettings::default(),
+            settings: Some(AgentSettings::default()),
         },
     );
     gw.refused(
@@ -582,7 +582,7 @@ async fn a_valid_command_is_decided_and_a_retry_gets_the_same_outcome() {
             agent: agent("w1"),
             incarnation: Uuid::from_u128(0x5eed),
             wiped: false,
-            settings: AgentSettings::default(),
+            settings: Some(AgentSettings::default()),
         },
     );
     gw.publish_raw(&ingress_subject_of(&register.body), &register).await;
@@ -739,7 +739,7 @@ async fn a_command_id_reused_for_another_command_is_refused() {
                 agent: agent(name),
                 incarnation: Uuid::now_v7(),
                 wiped: false,
-                settings: AgentSettings::default(),
+                settings: Some(AgentSettings::default()),
             },
         );
         gw.publish_raw(&ingress_subject_of(&register.body), &register).await;

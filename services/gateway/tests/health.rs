@@ -139,7 +139,7 @@ async fn metrics_count_decisions_dead_letters_and_resources_by_state() {
         agent: w1.clone(),
         incarnation: leasehold_schemas::Uuid::now_v7(),
         wiped: false,
-        settings: AgentSettings::default(),
+        settings: Some(AgentSettings::default()),
     };
     let register = envelope("w1", register.into());
     let payload = codec::encode_command(&register).expect("encode");

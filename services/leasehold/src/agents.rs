@@ -6,7 +6,8 @@ use std::time::Duration;
 use anyhow::Context;
 use leasehold_agent::{AgentConfig, AnyDriver};
 use leasehold_log::Log;
-use leasehold_schemas::ids::AgentName;
+use leasehold_schemas::ids::{AgentName, Millis};
+use leasehold_schemas::settings::AgentSettings;
 use tokio_util::sync::CancellationToken;
 
 /// `NAME=DRIVER`, as `serve --agent` takes it.
@@ -74,6 +75,54 @@ pub(crate) struct AgentRunArgs {
     /// This machine's disk was wiped: losing everything it held is expected, not a fault for the breaker.
     #[arg(long)]
     wiped: bool,
+    #[command(flatten)]
+    settings: AgentSettingsFlags,
+}
+
+/// Settings of this agent alone. Without any, it follows the cluster policy (`leasehold policy show`), as that
+/// changes; with any, it registers settings of its own: the ones given, the defaults for the others (not the
+/// policy's: its settings no longer follow the policy at all).
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub(crate) struct AgentSettingsFlags {
+    /// This agent's own: no heartbeat for this long and it is stalled.
+    #[arg(long, value_name = "DURATION", value_parser = crate::produce::parse_millis)]
+    stall_after: Option<Millis>,
+    /// This agent's own: no heartbeat for this long and it is gone (its resources orphaned).
+    #[arg(long, value_name = "DURATION", value_parser = crate::produce::parse_millis)]
+    orphan_after: Option<Millis>,
+    /// This agent's own: a pending resource not created within this long is released.
+    #[arg(long, value_name = "DURATION", value_parser = crate::produce::parse_millis)]
+    create_timeout: Option<Millis>,
+    /// This agent's own loss breaker: at least N losses and more than PCT % of its live resources.
+    #[arg(long, value_name = "N/PCT", value_parser = crate::policy::parse_max_loss)]
+    max_loss: Option<(u32, u8)>,
+    /// This agent's own loss breaker window.
+    #[arg(long, value_name = "DURATION", value_parser = crate::produce::parse_millis)]
+    loss_window: Option<Millis>,
+}
+
+impl AgentSettingsFlags {
+    /// The settings to register with: `None` (follow the policy) when no flag is given. Nonsense is refused.
+    fn settings(&self) -> anyhow::Result<Option<AgentSettings>> {
+        if *self == AgentSettingsFlags::default() {
+            return Ok(None);
+        }
+        let defaults = AgentSettings::DEFAULT;
+        let (max_loss_min, max_loss_percent) =
+            self.max_loss.unwrap_or((defaults.max_loss_min, defaults.max_loss_percent));
+        let settings = AgentSettings {
+            max_loss_min,
+            max_loss_percent,
+            loss_window: self.loss_window.unwrap_or(defaults.loss_window),
+            create_timeout: self.create_timeout.unwrap_or(defaults.create_timeout),
+            stall_after: self.stall_after.unwrap_or(defaults.stall_after),
+            orphan_after: self.orphan_after.unwrap_or(defaults.orphan_after),
+        };
+        settings
+            .check()
+            .map_err(|problem| crate::policy::BadCommandLine(format!("the agent's settings: {problem}")))?;
+        Ok(Some(settings))
+    }
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -82,14 +131,23 @@ pub(crate) enum AgentCmd {
     Run(AgentRunArgs),
     /// Print the NATS user of an agent: it may publish only its own commands and read only its own outcomes.
     Credentials(crate::credentials::CredentialsArgs),
+    /// Take an agent out of service: nothing new is placed on it, and everything it holds is released.
+    Retire(crate::produce::AgentNameArgs),
+    /// Confirm that a suspect agent (its loss breaker tripped; see `leasehold agents`) really lost what it reported
+    /// missing: the losses are marked after a full resync.
+    ConfirmLoss(crate::produce::AgentNameArgs),
 }
 
 pub(crate) fn run(cmd: AgentCmd) -> anyhow::Result<()> {
     let args = match cmd {
         AgentCmd::Run(args) => args,
         AgentCmd::Credentials(args) => return crate::credentials::agent(args),
+        AgentCmd::Retire(_) | AgentCmd::ConfirmLoss(_) => {
+            anyhow::bail!("only `agent run` runs a process; retire and confirm-loss are sent as commands")
+        }
     };
     let name = AgentName::new(args.name.as_str()).context("--name")?;
+    let settings = args.settings.settings()?;
     let driver = leasehold_agent::parse_driver(&args.driver)?;
     // An agent never creates the log. Given the partition count, it connects as its restricted user may; else it
     // reads the count of the log `serve` made.
@@ -121,6 +179,7 @@ pub(crate) fn run(cmd: AgentCmd) -> anyhow::Result<()> {
             max_in_flight: args.max_in_flight,
             call_timeout: args.call_timeout,
             wiped: args.wiped,
+            settings,
             ..AgentConfig::new(name.clone())
         };
         let result = leasehold_agent::run(log, driver, config, shutdown).await;
@@ -129,4 +188,21 @@ pub(crate) fn run(cmd: AgentCmd) -> anyhow::Result<()> {
         println!("agent {name}: stopped");
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_without_flags_follows_the_policy_and_one_with_flags_has_its_own() {
+        assert_eq!(AgentSettingsFlags::default().settings().unwrap(), None);
+        let flags = AgentSettingsFlags { stall_after: Some(Millis::from_secs(20)), ..Default::default() };
+        let own = flags.settings().unwrap().expect("settings of its own");
+        assert_eq!(own, AgentSettings { stall_after: Millis::from_secs(20), ..AgentSettings::DEFAULT });
+        let nonsense = AgentSettingsFlags { orphan_after: Some(Millis::from_secs(30)), ..Default::default() };
+        let err = nonsense.settings().unwrap_err();
+        assert!(err.is::<crate::policy::BadCommandLine>(), "exit status 2");
+        assert!(err.to_string().contains("must be longer than stall_after"), "{err}");
+    }
 }

@@ -360,7 +360,7 @@ fn registration(agent: &AgentName, ids: &mut Ids) -> Envelope {
         agent: agent.clone(),
         incarnation: Uuid::from_u128(7),
         wiped: false,
-        settings: AgentSettings::default(),
+        settings: Some(AgentSettings::default()),
     };
     Envelope::new(CommandId::from_parts(at.0, ids.next()), Issuer::new(agent.as_str()).expect("valid"), at, body)
 }
@@ -537,7 +537,7 @@ where
             agent: agent.clone(),
             incarnation: Uuid::from_u128(9),
             wiped: false,
-            settings: AgentSettings::default(),
+            settings: Some(AgentSettings::default()),
         },
     );
     let epoch = registered

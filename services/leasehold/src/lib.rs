@@ -10,6 +10,7 @@ mod credentials;
 mod demo;
 mod nats_args;
 mod output;
+mod policy;
 mod produce;
 mod projection;
 mod query;
@@ -35,7 +36,7 @@ const EXIT_STATUS_HELP: &str = "\
 Exit status:
   0  done (a producer command: accepted; acquire --block: granted)
   1  failed: refused, rejected or dead-lettered (the outcome is known), or an error before anything was sent
-  2  bad command line
+  2  bad command line (nothing was sent)
   3  outcome unknown: a producer command was sent and may have been stored (no outcome within --timeout, or the
      gateway went away). stdout has what is known (allocate: the resource reference; acquire: the lease; json: the
      status), stderr how to check (`leasehold command ID`) or send it again safely (--command-id ID, with --id for
@@ -71,7 +72,7 @@ enum Cmd {
     Demo,
     /// Run leasehold's roles over the embedded log (the default) or NATS JetStream.
     Serve(serve::ServeArgs),
-    /// The agent of a machine: `agent run --name N --driver dir:PATH --nats URL`.
+    /// The agent of a machine (`agent run --name N --driver dir:PATH --nats URL`), and what operators do to agents.
     #[command(subcommand)]
     Agent(agents::AgentCmd),
     /// The read models: print their digests, or rebuild them from the log.
@@ -104,6 +105,9 @@ enum Cmd {
     /// Pools of identifiers (IPv4 addresses, slots, ports).
     #[command(subcommand)]
     Pool(PoolCmd),
+    /// The cluster policy, recorded in the log: agent timeouts, the loss breaker, the default claim cool-down.
+    #[command(subcommand)]
+    Policy(policy::PolicyCmd),
 
     /// Show one resource.
     Get {
@@ -138,6 +142,13 @@ enum Cmd {
 enum PoolCmd {
     /// Define a pool: the addresses of a subnet (--ipv4), slots (--slots) or ports (--ports).
     Define(produce::PoolDefineArgs),
+    /// Change a pool: give its whole new definition. Grow it (--ipv4 with the same network and a shorter prefix,
+    /// more --slots, --ports with the same first port and a later last one), change its --exclude list (all of
+    /// it: an address no longer given becomes usable; one newly given stays with its holder until freed, then is
+    /// never handed out), or its --cooldown. Shrinking is refused.
+    Update(produce::PoolDefineArgs),
+    /// Delete a pool nobody holds or waits for.
+    Delete(produce::PoolDeleteArgs),
     /// List the pools.
     Ls,
 }
@@ -172,6 +183,8 @@ fn exit_status(error: &anyhow::Error) -> u8 {
         produce::EXIT_OUTCOME_UNKNOWN
     } else if error.is::<produce::StillWaiting>() {
         produce::EXIT_STILL_WAITING
+    } else if error.is::<policy::BadCommandLine>() {
+        2
     } else {
         1
     }
@@ -189,6 +202,10 @@ fn run() -> anyhow::Result<()> {
         Cmd::Bench(cmd) => bench::run(cmd)?,
         Cmd::Credentials(args) => credentials::service(args)?,
         Cmd::Projection(cmd) => projection::run(cmd)?,
+        Cmd::Agent(agents::AgentCmd::Retire(args)) => produce_cmd(produce::ProduceCmd::AgentRetire(args), &cli.global)?,
+        Cmd::Agent(agents::AgentCmd::ConfirmLoss(args)) => {
+            produce_cmd(produce::ProduceCmd::AgentConfirmLoss(args), &cli.global)?
+        }
         Cmd::Agent(cmd) => {
             init_tracing();
             agents::run(cmd)?;
@@ -207,7 +224,13 @@ fn run() -> anyhow::Result<()> {
         Cmd::Update(args) => produce_cmd(produce::ProduceCmd::Update(args), &cli.global)?,
         Cmd::ReportFailure(args) => produce_cmd(produce::ProduceCmd::ReportFailure(args), &cli.global)?,
         Cmd::Pool(PoolCmd::Define(args)) => produce_cmd(produce::ProduceCmd::PoolDefine(args), &cli.global)?,
+        Cmd::Pool(PoolCmd::Update(args)) => produce_cmd(produce::ProduceCmd::PoolUpdate(args), &cli.global)?,
+        Cmd::Pool(PoolCmd::Delete(args)) => produce_cmd(produce::ProduceCmd::PoolDelete(args), &cli.global)?,
         Cmd::Pool(PoolCmd::Ls) => query_cmd(query::QueryCmd::Pools, &cli.global)?,
+        Cmd::Policy(cmd) => {
+            output::errors_as(cli.global.output);
+            client_runtime()?.block_on(policy::run(cmd, &cli.global))?
+        }
         Cmd::Get { resource } => query_cmd(query::QueryCmd::Get(resource), &cli.global)?,
         Cmd::Ls(args) => query_cmd(query::QueryCmd::Ls(args), &cli.global)?,
         Cmd::Leases { resource } => query_cmd(query::QueryCmd::Leases(resource), &cli.global)?,

@@ -14,7 +14,8 @@ use futures::stream::BoxStream;
 use leasehold_log::jetstream::{JetStream, JetStreamConfig};
 use leasehold_log::{Log, OutcomeFilter};
 use leasehold_schemas::command::{
-    Acquire, Allocate, DefinePool, Pause, Release, ReleaseLease, Renew, ReportFailureByOperator, Unpause, Update,
+    Acquire, Allocate, ConfirmLoss, DefinePool, DeletePool, Pause, Release, ReleaseLease, Renew,
+    ReportFailureByOperator, RetireAgent, Unpause, Update, UpdatePool,
 };
 use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::{
@@ -230,9 +231,28 @@ pub(crate) struct PoolDefineArgs {
     /// An address (with --ipv4) or a port (with --ports) the pool never hands out (repeatable).
     #[arg(long, value_name = "IP|PORT", conflicts_with = "slots")]
     pub(crate) exclude: Vec<String>,
-    /// How long a freed identifier rests before it is handed out again (default 60s).
+    /// How long a freed identifier rests before it is handed out again (default: the policy's claim-cooldown when
+    /// defined; `pool update` keeps the pool's).
     #[arg(long, value_parser = parse_millis)]
     pub(crate) cooldown: Option<Millis>,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold pool delete`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct PoolDeleteArgs {
+    /// The pool's name. Refused while anyone holds one of its identifiers or waits for one.
+    pub(crate) name: PoolName,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold agent retire` and `leasehold agent confirm-loss`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct AgentNameArgs {
+    /// The agent's name.
+    pub(crate) name: AgentName,
     #[command(flatten)]
     pub(crate) produce: ProduceArgs,
 }
@@ -422,7 +442,11 @@ const HISTORY_BATCH: usize = 1000;
 /// a command id names one command (another command under an id the log holds is refused), and a command decided
 /// before is answered with its first decision (the writer decides an id once: it appends nothing for a copy sent
 /// again, even after the log's duplicate window).
-async fn submit_to_log<L: Log>(log: &L, envelope: &Envelope, timeout: Duration) -> anyhow::Result<CommandStatus> {
+pub(crate) async fn submit_to_log<L: Log>(
+    log: &L,
+    envelope: &Envelope,
+    timeout: Duration,
+) -> anyhow::Result<CommandStatus> {
     let command_id = envelope.command_id.to_string();
     let key = envelope.body.key();
     let filter = key_filter(log, &key);
@@ -627,7 +651,7 @@ pub(crate) fn accepted(status: CommandStatus, format: OutputFormat, what: &str) 
 
 /// An envelope for `body` from `issuer` with id `id` (default: a new one), stamped with this machine's clock.
 /// The id is noted for a JSON error (see [`output::know`]).
-fn envelope(issuer: &Issuer, id: Option<CommandId>, body: impl Into<Command>) -> Envelope {
+pub(crate) fn envelope(issuer: &Issuer, id: Option<CommandId>, body: impl Into<Command>) -> Envelope {
     let id = id.unwrap_or_else(CommandId::generate);
     output::know("command_id", id);
     Envelope::new(id, issuer.clone(), Timestamp(unix_ms(SystemTime::now())), body)
@@ -928,12 +952,38 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
             let body = DefinePool { pool: args.name, kind, cooldown: args.cooldown };
             simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
+        ProduceCmd::PoolUpdate(args) => {
+            let kind = pool_kind(&args)?;
+            let what = format!("pool update {}", args.name);
+            let body = UpdatePool { pool: args.name, kind, cooldown: args.cooldown };
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
+        }
+        ProduceCmd::PoolDelete(args) => {
+            let what = format!("pool delete {}", args.name);
+            let body = DeletePool { pool: args.name };
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
+        }
+        ProduceCmd::AgentRetire(args) => {
+            let what = format!("agent retire {}", args.name);
+            let body = RetireAgent { agent: args.name };
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
+        }
+        ProduceCmd::AgentConfirmLoss(args) => {
+            let what = format!("agent confirm-loss {}", args.name);
+            let body = ConfirmLoss { agent: args.name };
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
+        }
     }
     Ok(())
 }
 
 /// A producer command that prints its outcome: the command status in JSON, the effects in a table.
-async fn simple(global: &GlobalArgs, produce: &ProduceArgs, envelope: Envelope, what: &str) -> anyhow::Result<()> {
+pub(crate) async fn simple(
+    global: &GlobalArgs,
+    produce: &ProduceArgs,
+    envelope: Envelope,
+    what: &str,
+) -> anyhow::Result<()> {
     let transport = Transport::connect(global, &produce.nats).await?;
     let sent = transport.submit(&envelope, produce.timeout).await;
     let status = settle(sent, &envelope, produce.timeout, global.output, None)?;
@@ -1120,6 +1170,10 @@ pub(crate) enum ProduceCmd {
     Update(UpdateArgs),
     ReportFailure(ReportFailureArgs),
     PoolDefine(PoolDefineArgs),
+    PoolUpdate(PoolDefineArgs),
+    PoolDelete(PoolDeleteArgs),
+    AgentRetire(AgentNameArgs),
+    AgentConfirmLoss(AgentNameArgs),
 }
 
 #[cfg(test)]

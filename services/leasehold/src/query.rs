@@ -136,13 +136,7 @@ fn resource_fields(record: &Value) -> String {
         other => cell(other),
     };
     let claims = match &record["claims"] {
-        Value::Array(claims) => claims
-            .iter()
-            .map(|c| {
-                format!("{}={} ({}, token {})", cell(&c["pool"]), cell(&c["id"]), cell(&c["status"]), cell(&c["token"]))
-            })
-            .collect::<Vec<_>>()
-            .join(", "),
+        Value::Array(claims) => claims.iter().map(claim_text).collect::<Vec<_>>().join(", "),
         other => cell(other),
     };
     let leases = match &record["leases"] {
@@ -170,6 +164,35 @@ fn resource_fields(record: &Value) -> String {
         ("created_seq", cell(&record["created_seq"])),
         ("updated_at", output::time(record["updated_at"].as_u64())),
     ])
+}
+
+/// One claim of a resource: what it holds, or that it still waits for its pool (a pending resource is created only
+/// once every claim is bound).
+fn claim_text(claim: &Value) -> String {
+    match claim["status"].as_str() {
+        Some("wanted") => format!("{}: waiting for pool {}", cell(&claim["pool"]), cell(&claim["pool"])),
+        _ => format!(
+            "{}={} ({}, token {})",
+            cell(&claim["pool"]),
+            cell(&claim["id"]),
+            cell(&claim["status"]),
+            cell(&claim["token"])
+        ),
+    }
+}
+
+/// Why an agent is suspect: its breaker, from its record (`-` when it holds no breaker).
+fn breaker_text(agent: &Value) -> String {
+    match &agent["breaker"] {
+        Value::Object(_) => format!(
+            "breaker: a report would lose {} of {} live, tripped {}; confirm with `leasehold agent confirm-loss {}`",
+            cell(&agent["breaker"]["would_lose"]),
+            cell(&agent["breaker"]["live"]),
+            output::time(agent["breaker"]["tripped_at"].as_u64()),
+            cell(&agent["name"])
+        ),
+        _ => "-".to_owned(),
+    }
 }
 
 fn none_if_empty(text: String) -> String {
@@ -221,7 +244,7 @@ fn leases_table(records: &Vec<Value>) -> String {
 }
 
 fn agents_table(records: &Vec<Value>) -> String {
-    let mut table = Table::new(&["NAME", "STATUS", "EPOCH", "LAST SEEN", "RESOURCES", "HELD"]);
+    let mut table = Table::new(&["NAME", "STATUS", "EPOCH", "LAST SEEN", "RESOURCES", "HELD", "WHY"]);
     for a in records {
         table.row(vec![
             cell(&a["name"]),
@@ -230,6 +253,7 @@ fn agents_table(records: &Vec<Value>) -> String {
             output::time(a["last_seen"].as_u64()),
             cell(&a["resources"]),
             cell(&a["held"]),
+            breaker_text(a),
         ]);
     }
     table.render()
@@ -377,6 +401,19 @@ mod tests {
         let agents =
             vec![serde_json::json!({"name": "w1", "status": "live", "epoch": 3, "last_seen": 1767225601000u64,
             "resources": 2, "held": 1})];
-        assert!(agents_table(&agents).ends_with("w1    live    3      2026-01-01T00:00:01.000Z  2          1\n"));
+        assert!(agents_table(&agents).ends_with("w1    live    3      2026-01-01T00:00:01.000Z  2          1     -\n"));
+    }
+
+    #[test]
+    fn a_suspect_agent_says_why_and_a_waiting_claim_says_so() {
+        let agent = serde_json::json!({"name": "w1", "status": "suspect", "breaker":
+            {"would_lose": 12, "live": 20, "tripped_at": 1767225601000u64}});
+        assert_eq!(
+            breaker_text(&agent),
+            "breaker: a report would lose 12 of 20 live, tripped 2026-01-01T00:00:01.000Z; confirm with \
+             `leasehold agent confirm-loss w1`"
+        );
+        let claim = serde_json::json!({"pool": "ips", "id": null, "status": "wanted", "token": null});
+        assert_eq!(claim_text(&claim), "ips: waiting for pool ips");
     }
 }

@@ -90,6 +90,10 @@ pub(crate) struct ServeArgs {
     /// leasehold_releasing_overdue); its agent keeps retrying the destroy.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     release_timeout: Duration,
+    /// The cluster policy this process seeds a log that has none with (flags not given: the defaults). A log with a
+    /// policy keeps it: a flag that differs is warned about, never applied (`leasehold policy set` changes it).
+    #[command(flatten)]
+    policy: crate::policy::PolicyFlags,
 }
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -199,13 +203,19 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
             "the gateway serves the read models of the projector in the same process: run --roles gateway,projector"
         );
     }
+    let policy = args.policy.apply_to(&leasehold_schemas::settings::ClusterPolicy::DEFAULT);
+    if let Err(problem) = policy.agent.check() {
+        return Err(crate::policy::BadCommandLine(format!("the policy flags make no sense: {problem}")).into());
+    }
     let tokens = match &args.tokens {
         Some(_) if !gateway => {
             anyhow::bail!("--tokens is for the gateway role, which this process does not run (--roles)")
         }
         Some(path) => Some(Arc::new(load_tokens(path)?)),
         None if gateway && !args.listen.ip().is_loopback() && !args.insecure_no_auth => anyhow::bail!(
-            "the gateway would serve {} to anyone who can reach it without asking who they are: give --tokens FILE              (`PRINCIPAL TOKEN` lines), listen on a loopback address, or, if something in front of it authenticates              callers, --insecure-no-auth",
+            "the gateway would serve {} to anyone who can reach it without asking who they are: give --tokens FILE \
+             (`PRINCIPAL TOKEN` lines), listen on a loopback address, or, if something in front of it \
+             authenticates callers, --insecure-no-auth",
             args.listen
         ),
         None => None,
@@ -312,6 +322,22 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, checked: Checked, shutdown: Can
         let (log, shutdown) = (log.clone(), shutdown.clone());
         tasks.spawn(async move { sweep(log, config, metrics, shutdown).await });
     }
+    if args.roles.contains(&Role::Worker) {
+        let (log, flags, shutdown) = (log.clone(), args.policy.clone(), shutdown.clone());
+        let issuer = leasehold_schemas::Issuer::new(format!("serve:{name}"))
+            .unwrap_or_else(|_| leasehold_schemas::Issuer::new("serve").expect("a valid issuer"));
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                recorded = crate::policy::record_from_flags(&log, &flags, &issuer, POLICY_TIMEOUT) => {
+                    if let Err(e) = recorded {
+                        eprintln!("WARNING: policy: the flags' policy could not be checked against the log: {e:#}");
+                    }
+                }
+            }
+            Ok(())
+        });
+    }
     crate::agents::spawn_all(&mut tasks, &log, agents, args.sync_interval, &shutdown);
     // A role or an agent that stops on an error leaves the others running (a projector stopped on a broken chain
     // must not take the writers down), but the process says so: on stderr, and on /healthz, which answers 503.
@@ -329,6 +355,9 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, checked: Checked, shutdown: Can
     println!("leasehold serve: stopped");
     result
 }
+
+/// How long `serve` waits for the writers to decide the policy it seeds the log with.
+const POLICY_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn role_name(role: Role) -> String {
     format!("{role:?}").to_lowercase()

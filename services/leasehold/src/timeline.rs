@@ -130,6 +130,12 @@ pub(crate) fn describe(effect: &Effect) -> String {
         Effect::PoolDefined { kind, cooldown } => {
             format!("pool defined: {} identifiers, cool-down {cooldown}", kind.n_usable())
         }
+        Effect::PoolUpdated { kind, cooldown, recovered } => format!(
+            "pool updated: {} identifiers, cool-down {cooldown}{}",
+            kind.n_usable(),
+            if recovered.is_empty() { String::new() } else { format!(", {} recovered", recovered.len()) }
+        ),
+        Effect::PoolDeleted {} => "pool deleted".to_owned(),
         Effect::ClaimGranted { holder, value, .. } => {
             format!("{value} granted to {} (this position is the claim token)", short(holder.resource))
         }

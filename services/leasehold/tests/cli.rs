@@ -737,3 +737,107 @@ fn watch_resumes_after_the_gateway_restarts() {
     let stderr = text(&output.stderr);
     assert!(stderr.contains("connecting again in") && stderr.contains("after outcome"), "{stderr}");
 }
+
+/// The cluster policy lives in the log: the first server seeds it from its flags, a second one with other flags
+/// warns about each difference and changes nothing, `policy set` changes only what it names (and refuses nonsense
+/// with exit status 2, sending nothing), and pools grow and go through the same command line.
+#[test]
+fn the_policy_is_seeded_once_and_changed_only_on_purpose() {
+    let Some(nats) = leasehold_log::nats_server::NatsServer::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let first = Server::start_with(
+        &dir.path().join("a"),
+        Some(nats.url()),
+        "127.0.0.1:0",
+        &[],
+        &["--stall-after", "30s", "--claim-cooldown", "5s"],
+    );
+    let recorded = |policy: &Value| {
+        policy.as_array().is_some_and(|all| {
+            all.len() == 4 && all.iter().all(|p| p["recorded"] == true && p["policy"]["agent"]["stall_after"] == 30_000)
+        })
+    };
+    let policy = first.wait_for(&["policy", "show"], "the first server's policy recorded", recorded);
+    assert_eq!(policy[0]["policy"]["claim_cooldown"], 5_000, "{policy:#}");
+    assert_eq!(policy[0]["policy"]["agent"]["orphan_after"], 86_400_000, "a flag not given: the default");
+
+    // A second server with other flags: a loud warning per partition, and the policy stays.
+    let second = second_server(&dir.path().join("b"), nats.url(), &["--stall-after", "45s"]);
+    let key = str_of(&first.json(&["policy", "show"])[0], "key").to_owned();
+    assert!(key.starts_with("@lh-settings-"), "{key}");
+    for warning in &second {
+        assert!(warning.contains("--stall-after 45s (recorded: 30s)"), "{warning}");
+    }
+    assert!(recorded(&first.json(&["policy", "show"])), "the second server's flags changed nothing");
+
+    // Nonsense is refused before anything is sent.
+    let output = first.run(&["policy", "set", "--orphan-after", "10s"]);
+    assert_eq!(code(&output), 2, "{}", text_of(&output));
+    assert!(text(&output.stderr).contains("must be longer than stall_after"), "{}", text_of(&output));
+    assert!(recorded(&first.json(&["policy", "show"])));
+
+    // On purpose: only the field named changes, in every partition.
+    let set = first.run(&["policy", "set", "--orphan-after", "2h"]);
+    assert!(set.status.success(), "{}", text_of(&set));
+    assert_eq!(text(&set.stdout).matches(": accepted").count(), 4, "{}", text(&set.stdout));
+    let changed = first.wait_for(&["policy", "show"], "orphan_after 2h everywhere", |all| {
+        all.as_array().is_some_and(|all| all.iter().all(|p| p["policy"]["agent"]["orphan_after"] == 7_200_000))
+    });
+    assert_eq!(changed[3]["policy"]["agent"]["stall_after"], 30_000, "{changed:#}");
+    let shown = first.run(&["policy", "show"]);
+    assert!(text(&shown.stdout).starts_with("the policy of all 4 partitions\n"), "{}", text(&shown.stdout));
+
+    // A pool defined without a cool-down takes the policy's; it grows, and goes once empty.
+    assert!(first.run(&["pool", "define", "ips", "--slots", "2"]).status.success());
+    first.wait_for(&["pool", "ls"], "pool ips", |pools| pools[0]["cooldown_ms"] == 5_000);
+    let shrink = first.run(&["pool", "update", "ips", "--slots", "1"]);
+    assert!(text(&shrink.stderr).contains("would shrink it"), "{}", text_of(&shrink));
+    assert!(first.run(&["pool", "update", "ips", "--slots", "4"]).status.success());
+    first.wait_for(&["pool", "ls"], "pool ips grown", |pools| pools[0]["kind"]["slots"]["count"] == 4);
+    assert!(first.run(&["pool", "delete", "ips"]).status.success());
+    first.wait_for(&["pool", "ls"], "pool ips deleted", |pools| pools.as_array().is_some_and(Vec::is_empty));
+}
+
+fn text_of(output: &Output) -> String {
+    format!("stdout: {}\nstderr: {}", text(&output.stdout), text(&output.stderr))
+}
+
+/// Starts a second `serve` on the same JetStream with `flags`, and returns the policy warnings it prints on stderr
+/// (one per partition; bounded wait), then stops it.
+fn second_server(data: &Path, nats: &str, flags: &[&str]) -> Vec<String> {
+    std::fs::create_dir_all(data).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--partitions", "4", "--listen", "127.0.0.1:0", "--data"])
+        .arg(data)
+        .args(["--nats", nats, "--priority-timeout", "2s", "--ack-wait", "2s"])
+        .args(flags)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the second leasehold serve");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.starts_with("WARNING: policy:") {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut warnings = Vec::new();
+    while warnings.len() < 4 {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => warnings.push(line),
+            Err(e) => {
+                let _ = child.kill();
+                panic!("the second server warned {} times, not 4 ({e}): {warnings:#?}", warnings.len());
+            }
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    warnings
+}

@@ -31,7 +31,9 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-pub use views::{AgentView, ClaimView, HolderView, LeaseBrief, LeaseView, PoolView, ResourceView};
+pub use views::{
+    AgentView, BreakerView, ClaimView, HolderView, LeaseBrief, LeaseView, PolicyView, PoolView, ResourceView,
+};
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const CHAIN: TableDefinition<u32, u64> = TableDefinition::new("chain");
@@ -43,6 +45,8 @@ const LEASES_BY_RESOURCE: TableDefinition<(&str, &str), ()> = TableDefinition::n
 const AGENTS: TableDefinition<&str, &str> = TableDefinition::new("agents");
 const POOLS: TableDefinition<&str, &str> = TableDefinition::new("pools");
 const HOLDERS: TableDefinition<(&str, &str), &str> = TableDefinition::new("holders");
+/// partition -> its [`PolicyView`], once its settings were changed (a partition without a row follows the defaults).
+const POLICIES: TableDefinition<u32, &str> = TableDefinition::new("policies");
 /// (command id, command sequence, part) -> (outcome sequence, the outcome in JSON). The command sequence is in the
 /// key: a command id a producer reused for another command in another partition (each partition remembers its own
 /// ids) names two decisions, and neither may hide the other.
@@ -52,7 +56,7 @@ const COUNTS: TableDefinition<(&str, &str), u64> = TableDefinition::new("counts"
 
 /// The layout of the read models. A projection of another layout (made by another build) is dropped when opened
 /// and folded again from sequence 1: the log is the truth, the projection a cache of it.
-pub const PROJECTION_VERSION: u64 = 2;
+pub const PROJECTION_VERSION: u64 = 3;
 /// The outcomes table of layout 1, keyed without the command sequence: dropped with the rest.
 const OUTCOMES_V1: TableDefinition<(&str, u32), (u64, &str)> = TableDefinition::new("outcomes");
 
@@ -372,6 +376,7 @@ fn drop_tables(txn: &redb::WriteTransaction) -> Result<(), Error> {
         txn.delete_table(table).map_err(storage)?;
     }
     txn.delete_table(HOLDERS).map_err(storage)?;
+    txn.delete_table(POLICIES).map_err(storage)?;
     txn.delete_table(OUTCOMES).map_err(storage)?;
     txn.delete_table(OUTCOMES_V1).map_err(storage)?;
     txn.delete_table(CHAIN).map_err(storage)?;
@@ -391,6 +396,7 @@ fn create_tables(txn: &redb::WriteTransaction) -> Result<(), Error> {
     txn.open_table(AGENTS).map_err(storage)?;
     txn.open_table(POOLS).map_err(storage)?;
     txn.open_table(HOLDERS).map_err(storage)?;
+    txn.open_table(POLICIES).map_err(storage)?;
     txn.open_table(OUTCOMES).map_err(storage)?;
     txn.open_table(COUNTS).map_err(storage)?;
     Ok(())
@@ -407,6 +413,7 @@ struct Tables<'t> {
     agents: redb::Table<'t, &'static str, &'static str>,
     pools: redb::Table<'t, &'static str, &'static str>,
     holders: redb::Table<'t, (&'static str, &'static str), &'static str>,
+    policies: redb::Table<'t, u32, &'static str>,
     outcomes: redb::Table<'t, (&'static str, u64, u32), (u64, &'static str)>,
     counts: redb::Table<'t, (&'static str, &'static str), u64>,
 }
@@ -447,6 +454,8 @@ impl Touched {
             | Effect::ResyncRequested { .. }
             | Effect::ObservationAccepted { .. }
             | Effect::PoolDefined { .. }
+            | Effect::PoolUpdated { .. }
+            | Effect::PoolDeleted {}
             | Effect::ClaimQueued { .. }
             | Effect::ClaimWithdrawn { .. }
             | Effect::PartitionSettingsChanged { .. }
@@ -505,6 +514,7 @@ impl<'t> Tables<'t> {
             agents: txn.open_table(AGENTS).map_err(storage)?,
             pools: txn.open_table(POOLS).map_err(storage)?,
             holders: txn.open_table(HOLDERS).map_err(storage)?,
+            policies: txn.open_table(POLICIES).map_err(storage)?,
             outcomes: txn.open_table(OUTCOMES).map_err(storage)?,
             counts: txn.open_table(COUNTS).map_err(storage)?,
         })
@@ -521,10 +531,18 @@ impl<'t> Tables<'t> {
         let json = serde_json::to_string(outcome).map_err(storage)?;
         let id = outcome.command.id.to_string();
         self.outcomes.insert((id.as_str(), outcome.cmd_seq, outcome.part), (seq, json.as_str())).map_err(storage)?;
+        if outcome.effects().iter().any(|e| matches!(e, Effect::PartitionSettingsChanged { .. })) {
+            self.policies.insert(state.partition(), to_json(&PolicyView::of(state, seq))?.as_str()).map_err(storage)?;
+            // Agents that follow the policy follow it now: their records show the settings in force.
+            for agent in state.agents().filter(|a| a.settings.is_none()) {
+                let view = to_json(&AgentView::of(state, agent, seq))?;
+                self.agents.insert(agent.name.as_str(), view.as_str()).map_err(storage)?;
+            }
+        }
         match &outcome.command.key {
             Key::Agent(agent) => {
                 if let Some(agent) = state.agent(agent) {
-                    let view = to_json(&AgentView::of(agent, seq))?;
+                    let view = to_json(&AgentView::of(state, agent, seq))?;
                     self.agents.insert(agent.name.as_str(), view.as_str()).map_err(storage)?;
                 }
                 for (lease, before) in &touched.leases {
@@ -547,6 +565,10 @@ impl<'t> Tables<'t> {
                         self.write_resource(&view, *before)?;
                     }
                 }
+            }
+            Key::Pool(name) if state.pool(name).is_none() => {
+                // Deleted (only ever empty: it has no holders to remove), or never defined.
+                self.pools.remove(name.as_str()).map_err(storage)?;
             }
             Key::Pool(name) => {
                 if let Some(pool) = state.pool(name) {
@@ -749,6 +771,24 @@ impl Reader {
         self.all(POOLS)
     }
 
+    /// The policy of every partition, in partition order: recorded ones as last changed, the others the defaults.
+    pub fn policies(&self) -> Result<Vec<PolicyView>, Error> {
+        let read = self.db.begin_read().map_err(storage)?;
+        let meta = read.open_table(META).map_err(storage)?;
+        let partitions = meta.get("partitions").map_err(storage)?.map_or(0, |v| v.value());
+        let partitions = u32::try_from(partitions).unwrap_or(0);
+        let table = read.open_table(POLICIES).map_err(storage)?;
+        let mut out = Vec::new();
+        for partition in 0..partitions {
+            let view = match table.get(partition).map_err(storage)? {
+                Some(json) => from_json(json.value())?,
+                None => PolicyView::of(&PartitionState::new(partition, partitions), 0),
+            };
+            out.push(view);
+        }
+        Ok(out)
+    }
+
     /// Who holds each identifier of `pool`, in identifier order.
     pub fn holders(&self, pool: &str) -> Result<Vec<HolderView>, Error> {
         let read = self.db.begin_read().map_err(storage)?;
@@ -795,6 +835,7 @@ impl Reader {
         out.insert("leases_by_resource", digest(&read, LEASES_BY_RESOURCE)?);
         out.insert("outcomes", digest(&read, OUTCOMES)?);
         out.insert("pools", digest(&read, POOLS)?);
+        out.insert("policies", digest(&read, POLICIES)?);
         out.insert("resources", digest(&read, RESOURCES)?);
         out.insert("resources_by_agent", digest(&read, RESOURCES_BY_AGENT)?);
         out.insert("resources_by_state", digest(&read, RESOURCES_BY_STATE)?);

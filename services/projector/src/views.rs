@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use leasehold_domain::PartitionState;
 use leasehold_domain::state::{Agent, ClaimSlot, Holding, Lease, LeaseState, Pool, Resource, ResourceState};
+use leasehold_schemas::settings::ClusterPolicy;
 use serde::{Deserialize, Serialize};
 
 /// A resource as the log last decided it.
@@ -54,7 +55,7 @@ pub struct LeaseBrief {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimView {
     pub pool: String,
-    /// `wanted`, `bound` or `returned`.
+    /// `wanted` (waiting for the pool to grant an identifier), `bound` or `returned`.
     pub status: String,
     /// The identifier held (an address, a slot), once bound.
     pub id: Option<String>,
@@ -91,8 +92,50 @@ pub struct AgentView {
     /// Resources in state (not yet forgotten), and those observed present and meant to exist.
     pub resources: u64,
     pub held: u64,
+    /// The settings in force: its own, or its partition's policy (`own_settings` says which).
     pub settings: serde_json::Value,
+    pub own_settings: bool,
+    /// While the circuit breaker holds (status `suspect`): why.
+    pub breaker: Option<BreakerView>,
     pub as_of: u64,
+}
+
+/// Why an agent is suspect: the report that tripped its breaker would have lost `would_lose` of its `live`
+/// resources; nothing was marked. `leasehold agent confirm-loss NAME` lets the losses through.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BreakerView {
+    pub would_lose: u32,
+    pub live: u32,
+    /// Log time it tripped (unix ms).
+    pub tripped_at: u64,
+}
+
+/// The cluster policy of one partition, and the key that routes `op.set-partition-settings` to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyView {
+    pub partition: u32,
+    /// The routing key of the partition's settings (`leasehold_schemas::subjects::settings_key`), as a subject token
+    /// (`@lh-settings-3`).
+    pub key: String,
+    /// False while no policy was ever recorded: the partition follows the defaults.
+    pub recorded: bool,
+    pub policy: ClusterPolicy,
+    pub outcome_horizon_ms: u64,
+    pub as_of: u64,
+}
+
+impl PolicyView {
+    pub fn of(state: &PartitionState, as_of: u64) -> Self {
+        let key = leasehold_schemas::subjects::settings_key(state.partition(), state.partitions());
+        PolicyView {
+            partition: state.partition(),
+            key: key.token(),
+            recorded: state.settings().policy.is_some(),
+            policy: state.policy().clone(),
+            outcome_horizon_ms: state.settings().outcome_horizon.0,
+            as_of,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -200,7 +243,7 @@ impl LeaseView {
 }
 
 impl AgentView {
-    pub fn of(agent: &Agent, as_of: u64) -> Self {
+    pub fn of(state: &PartitionState, agent: &Agent, as_of: u64) -> Self {
         AgentView {
             name: agent.name.to_string(),
             status: agent.status().to_owned(),
@@ -209,7 +252,13 @@ impl AgentView {
             last_seen: agent.last_seen.0,
             resources: agent.resources.len() as u64,
             held: agent.n_held,
-            settings: json(&agent.settings),
+            settings: json(state.settings_of(agent)),
+            own_settings: agent.settings.is_some(),
+            breaker: agent.breaker.map(|b| BreakerView {
+                would_lose: b.would_lose,
+                live: b.live,
+                tripped_at: b.tripped_at.0,
+            }),
             as_of,
         }
     }

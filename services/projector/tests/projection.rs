@@ -101,7 +101,7 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
                 agent: w1.clone(),
                 incarnation: Uuid::from_u128(1),
                 wiped: false,
-                settings: AgentSettings::default(),
+                settings: Some(AgentSettings::default()),
             },
         )
         .await;
@@ -290,7 +290,7 @@ async fn a_broken_chain_or_an_undecodable_outcome_stops_the_projector() {
     let w1 = AgentName::new("w1").unwrap();
     let outcome = driver.submit(
         "w1",
-        Register { agent: w1, incarnation: Uuid::from_u128(1), wiped: false, settings: AgentSettings::default() },
+        Register { agent: w1, incarnation: Uuid::from_u128(1), wiped: false, settings: Some(AgentSettings::default()) },
     );
     let payload = Bytes::from(codec::encode_outcome(&outcome).unwrap());
     let mut projector = Projector::in_memory(1).unwrap();
@@ -339,4 +339,70 @@ fn a_projection_of_another_layout_is_dropped_and_folded_again() {
     drop(projector);
     let err = Projector::open(dir.path(), PARTITIONS + 1).unwrap_err().to_string();
     assert!(err.contains("partitions"), "{err}");
+}
+
+/// Folds `outcomes` (the whole history of partition 0 of 1) into `projector`, from the first not applied yet.
+fn feed(projector: &mut Projector, outcomes: &[Outcome]) {
+    let from = projector.applied();
+    let batch: Vec<StoredOutcome> = outcomes
+        .iter()
+        .enumerate()
+        .skip(from as usize)
+        .map(|(i, outcome)| {
+            let mut stored = stored(i as u64 + 1, i as u64, Bytes::from(codec::encode_outcome(outcome).unwrap()));
+            stored.key = outcome.command.key.token();
+            stored
+        })
+        .collect();
+    projector.apply_batch(&batch).unwrap();
+}
+
+/// `GET /v1/policy` reads the policy of every partition (the defaults until one is recorded); an agent that follows
+/// the policy shows the settings in force once it changes, though that outcome is about the settings' key; a pool
+/// defined without a cool-down shows the policy's, and a deleted pool leaves the list.
+#[test]
+fn the_policy_and_what_follows_it_are_read_as_recorded() {
+    use leasehold_schemas::command::{DeletePool, SetPartitionSettings};
+    use leasehold_schemas::settings::ClusterPolicy;
+
+    let mut driver = leasehold_domain::driver::Driver::new(0, 1, Timestamp(1_800_000_000_000));
+    let w1 = AgentName::new("w1").unwrap();
+    driver.submit("w1", Register { agent: w1, incarnation: Uuid::from_u128(1), wiped: false, settings: None });
+    let mut projector = Projector::in_memory(1).unwrap();
+    feed(&mut projector, driver.outcomes());
+    let reader = projector.reader();
+    let policies = reader.policies().unwrap();
+    assert_eq!(policies.len(), 1);
+    assert!(!policies[0].recorded, "{policies:?}");
+    assert_eq!(policies[0].policy, ClusterPolicy::DEFAULT);
+    assert_eq!(policies[0].key, "@lh-settings-0");
+    let agent = &reader.agents().unwrap()[0];
+    assert_eq!((agent.settings["stall_after"].as_u64(), agent.own_settings), (Some(60_000), false));
+
+    let mut policy = ClusterPolicy::DEFAULT;
+    policy.agent.stall_after = leasehold_schemas::Millis::from_secs(20);
+    policy.claim_cooldown = leasehold_schemas::Millis::from_secs(7);
+    let key = leasehold_schemas::subjects::settings_key(0, 1);
+    let body = SetPartitionSettings {
+        key,
+        partition: 0,
+        outcome_horizon: None,
+        policy: Some(policy.clone()),
+        if_no_policy: false,
+    };
+    assert!(driver.submit("ops", body).rejection().is_none());
+    driver.submit(
+        "ops",
+        DefinePool { pool: PoolName::new("ips").unwrap(), kind: PoolKind::Slots { count: 2 }, cooldown: None },
+    );
+    feed(&mut projector, driver.outcomes());
+    let policies = reader.policies().unwrap();
+    assert!(policies[0].recorded);
+    assert_eq!(policies[0].policy, policy);
+    assert_eq!(reader.agents().unwrap()[0].settings["stall_after"].as_u64(), Some(20_000), "it follows the policy");
+    assert_eq!(reader.pools().unwrap()[0].cooldown_ms, 7_000);
+
+    driver.submit("ops", DeletePool { pool: PoolName::new("ips").unwrap() });
+    feed(&mut projector, driver.outcomes());
+    assert!(reader.pools().unwrap().is_empty(), "a deleted pool leaves the list");
 }

@@ -12,7 +12,6 @@ use leasehold_schemas::command::{Allocate, Cascade, DefinePool, Register, Releas
 use leasehold_schemas::ids::{Key, Millis, PoolName, ResourceRef, Timestamp};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::{PoolKind, PoolValue};
-use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
 use leasehold_schemas::{AgentName, Command, CommandId, Envelope, Issuer, Outcome, ResourceId, Uuid};
 use leasehold_sweeper::plan::{self, Planned, States};
@@ -114,7 +113,7 @@ impl World {
     fn register(&mut self, name: &str) -> AgentName {
         let agent = AgentName::new(name).unwrap();
         let incarnation = Uuid::from_u128(u128::from(self.cmd_seq) + 1);
-        let body = Register { agent: agent.clone(), incarnation, wiped: false, settings: AgentSettings::default() };
+        let body = Register { agent: agent.clone(), incarnation, wiped: false, settings: None };
         self.send(name, body).expect("a registration is appended");
         self.obs.insert(agent.clone(), 0);
         agent

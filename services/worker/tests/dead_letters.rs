@@ -21,7 +21,7 @@ fn register(n: u8) -> Envelope {
         agent: agent.clone(),
         incarnation: Uuid::from_u128(7),
         wiped: false,
-        settings: AgentSettings::default(),
+        settings: Some(AgentSettings::default()),
     };
     Envelope::new(
         CommandId::from_parts(1_800_000_000_000, [n; 10]),

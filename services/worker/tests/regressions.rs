@@ -66,7 +66,12 @@ fn allocate(agent: &AgentName, resource: ResourceId) -> Allocate {
 }
 
 fn register(agent: &AgentName) -> Register {
-    Register { agent: agent.clone(), incarnation: Uuid::from_u128(7), wiped: false, settings: AgentSettings::default() }
+    Register {
+        agent: agent.clone(),
+        incarnation: Uuid::from_u128(7),
+        wiped: false,
+        settings: Some(AgentSettings::default()),
+    }
 }
 
 /// Waits (bounded) until the log holds `n` first parts of outcomes.

@@ -395,7 +395,7 @@ async fn register(log: &Embedded, rng: &mut Rng) -> Vec<(AgentName, Position)> {
             agent: agent.clone(),
             incarnation: Uuid::from_u128(u128::from(rng.next_u64()) | 1 << 100),
             wiped: false,
-            settings: AgentSettings::default(),
+            settings: Some(AgentSettings::default()),
         };
         let envelope = Envelope::new(
             CommandId::from_parts(at.0, [9, i as u8, 0, 0, 0, 0, 0, 0, 0, 0]),

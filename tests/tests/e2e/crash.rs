@@ -380,7 +380,7 @@ fn commands(count: usize) -> Vec<Prepared> {
             agent: agent.clone(),
             incarnation: Uuid::from_u128(n as u128 + 1),
             wiped: false,
-            settings: AgentSettings::default(),
+            settings: Some(AgentSettings::default()),
         };
         out.push(prepare(&envelope(n, agent.as_str(), body.into())));
     }
@@ -499,7 +499,7 @@ impl Watcher {
         };
         let now = Instant::now();
         for outcome in &batch {
-            if outcome.part == 0 {
+            if outcome.part == 0 && !crate::support::seeded_by_serve(outcome) {
                 *self.decided.entry(outcome.cmd_id.clone()).or_default() += 1;
             }
             self.seen.push((outcome.seq, outcome.partition, now));
@@ -584,7 +584,7 @@ async fn check_log(log: &JetStream, ids: &[String], mut projector: Projector) {
     // Every command has exactly one outcome, and nothing else has one.
     let mut first_parts: HashMap<String, Vec<u64>> = HashMap::new();
     let mut rejected = Vec::new();
-    for stored in &outcomes {
+    for stored in outcomes.iter().filter(|stored| !crate::support::seeded_by_serve(stored)) {
         let outcome = codec::decode_outcome(&stored.payload)
             .unwrap_or_else(|e| panic!("the outcome at {} does not decode: {e}", stored.seq));
         let id = outcome.command.id.to_string();

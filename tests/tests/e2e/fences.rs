@@ -356,7 +356,7 @@ impl Workload {
             agent: agent.clone(),
             incarnation: Uuid::from_u128(u128::from(self.rng.next_u64()) | 1 << 100),
             wiped: false,
-            settings: AgentSettings::default(),
+            settings: Some(AgentSettings::default()),
         };
         let envelope = self.envelope(agent.as_str(), body);
         self.agents.push(Agent { name: agent, epoch: None, obs: 0 });

@@ -245,3 +245,13 @@ fn without_colours(text: &str) -> String {
     }
     out
 }
+
+/// True for an outcome of the policy a `serve` process seeds a log without one with (`op.set-partition-settings`
+/// issued by `serve:<name>`, one per partition, at start): the log's, not the test's, so checks of "every outcome
+/// answers a command the test published" leave them out.
+pub(crate) fn seeded_by_serve(stored: &leasehold_log::StoredOutcome) -> bool {
+    leasehold_schemas::codec::decode_outcome(&stored.payload).is_ok_and(|outcome| {
+        outcome.command.type_name == "op.set-partition-settings"
+            && outcome.command.issuer.as_str().starts_with("serve:")
+    })
+}

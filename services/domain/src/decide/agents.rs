@@ -7,43 +7,15 @@ use leasehold_schemas::command::{
 };
 use leasehold_schemas::ids::Millis;
 use leasehold_schemas::outcome::{BreakerClear, Effect, ResyncReason};
-use leasehold_schemas::settings::AgentSettings;
+use leasehold_schemas::settings::PartitionSettings;
 
 use super::{Decider, Verdict, reject};
+use crate::due::{coalesce_interval, gone_due, stall_due};
 use crate::state::Liveness;
-
-fn check_settings(settings: &AgentSettings) -> Result<(), String> {
-    if settings.max_loss_percent > 100 {
-        return Err(format!("max_loss_percent {} is over 100", settings.max_loss_percent));
-    }
-    for (name, value) in [
-        ("loss_window", settings.loss_window),
-        ("create_timeout", settings.create_timeout),
-        ("stall_after", settings.stall_after),
-        ("orphan_after", settings.orphan_after),
-    ] {
-        if value.0 == 0 {
-            return Err(format!("{name} must be longer than 0"));
-        }
-    }
-    if settings.stall_after < Millis::from_secs(3) {
-        return Err(format!(
-            "stall_after ({}) must be at least 3s: heartbeats are recorded at most every third of it",
-            settings.stall_after
-        ));
-    }
-    if settings.orphan_after <= settings.stall_after {
-        return Err(format!(
-            "orphan_after ({}) must be longer than stall_after ({})",
-            settings.orphan_after, settings.stall_after
-        ));
-    }
-    Ok(())
-}
 
 impl<'s> Decider<'s> {
     pub(super) fn register(&mut self, command: &Register) -> Verdict {
-        if let Err(problem) = check_settings(&command.settings) {
+        if let Some(Err(problem)) = command.settings.as_ref().map(|s| s.check()) {
             return reject(RejectionKind::Invalid, format!("agent {}: {problem}", command.agent));
         }
         let mut stays_retired = false;
@@ -58,7 +30,9 @@ impl<'s> Decider<'s> {
         self.out.push(Effect::AgentRegistered {
             incarnation: command.incarnation,
             wiped: command.wiped,
-            settings: command.settings.clone(),
+            // Effective now: the agent paces its heartbeats by them.
+            settings: command.settings.clone().unwrap_or_else(|| self.state.policy().agent.clone()),
+            own_settings: command.settings.is_some(),
             retired: stays_retired,
         });
         Ok(())
@@ -69,7 +43,7 @@ impl<'s> Decider<'s> {
         if agent.liveness == Liveness::Stalled {
             self.out.push(Effect::AgentRecovered {});
             self.out.push(Effect::AgentSeen { at: self.now });
-        } else if self.now.since(agent.last_seen) >= crate::due::coalesce_interval(agent.settings.stall_after) {
+        } else if self.now.since(agent.last_seen) >= coalesce_interval(self.state.settings_of(agent).stall_after) {
             self.out.push(Effect::AgentSeen { at: self.now });
         }
         Ok(())
@@ -81,7 +55,7 @@ impl<'s> Decider<'s> {
             let liveness = if agent.liveness == Liveness::Gone { "gone" } else { "stalled" };
             return reject(RejectionKind::AlreadyDone, format!("agent {} is already {liveness}", agent.name));
         }
-        let due = crate::due::stall_due(self.state, agent);
+        let due = stall_due(self.state, agent);
         if self.now < due {
             return reject(
                 RejectionKind::NotYetDue,
@@ -97,7 +71,7 @@ impl<'s> Decider<'s> {
         if agent.liveness == Liveness::Gone {
             return reject(RejectionKind::AlreadyDone, format!("agent {} is already gone", agent.name));
         }
-        let due = crate::due::gone_due(self.state, agent);
+        let due = gone_due(self.state, agent);
         if self.now < due {
             return reject(
                 RejectionKind::NotYetDue,
@@ -167,16 +141,52 @@ impl<'s> Decider<'s> {
                 ),
             );
         }
-        if command.settings.outcome_horizon < Millis::from_mins(1) {
+        if let Some(horizon) = command.outcome_horizon
+            && horizon < Millis::from_mins(1)
+        {
             return reject(
                 RejectionKind::Invalid,
-                format!("an outcome horizon of {} is too short; use at least 1min", command.settings.outcome_horizon),
+                format!("an outcome horizon of {horizon} is too short; use at least 1min"),
             );
         }
-        if command.settings == self.state.settings {
+        if command.if_no_policy
+            && let Some(recorded) = &self.state.settings.policy
+        {
+            return reject(
+                RejectionKind::AlreadyDone,
+                format!(
+                    "partition {} already has a policy ({}); it is changed only by `leasehold policy set`",
+                    self.state.partition,
+                    describe_policy(recorded)
+                ),
+            );
+        }
+        if let Some(Err(problem)) = command.policy.as_ref().map(|p| p.agent.check()) {
+            return reject(RejectionKind::Invalid, format!("policy: {problem}"));
+        }
+        let settings = PartitionSettings {
+            outcome_horizon: command.outcome_horizon.unwrap_or(self.state.settings.outcome_horizon),
+            policy: command.policy.clone().or_else(|| self.state.settings.policy.clone()),
+        };
+        if settings == self.state.settings {
             return reject(RejectionKind::AlreadyDone, "the partition already has these settings");
         }
-        self.out.push(Effect::PartitionSettingsChanged { settings: command.settings.clone() });
+        self.out.push(Effect::PartitionSettingsChanged { settings });
         Ok(())
     }
+}
+
+/// A policy in one line, for messages.
+fn describe_policy(policy: &leasehold_schemas::settings::ClusterPolicy) -> String {
+    let a = &policy.agent;
+    format!(
+        "stall_after {}, orphan_after {}, create_timeout {}, claim_cooldown {}, max_loss {}/{}% in {}",
+        a.stall_after,
+        a.orphan_after,
+        a.create_timeout,
+        policy.claim_cooldown,
+        a.max_loss_min,
+        a.max_loss_percent,
+        a.loss_window
+    )
 }

@@ -184,15 +184,15 @@ impl<'s> Decider<'s> {
 
     pub(super) fn expire_lease(&mut self, command: &ExpireLease) -> Verdict {
         let lease = self.lease(&command.agent, command.lease)?;
-        match lease.state {
-            LeaseState::Active { expires_at: Some(at), .. } if at <= self.now => {
+        match (&lease.state, crate::due::lease_due(lease)) {
+            (LeaseState::Active { .. }, Some(at)) if at <= self.now => {
                 self.out.push(Effect::LeaseExpired { lease: lease.id });
                 Ok(())
             }
-            LeaseState::Active { expires_at: Some(at), .. } => {
+            (LeaseState::Active { .. }, Some(at)) => {
                 reject(RejectionKind::NotYetDue, format!("lease {} expires at {at}", lease.id))
             }
-            LeaseState::Active { expires_at: None, .. } => {
+            (LeaseState::Active { .. }, None) => {
                 reject(RejectionKind::NothingToDo, format!("lease {} has no ttl; it lasts until released", lease.id))
             }
             _ => {
@@ -203,15 +203,15 @@ impl<'s> Decider<'s> {
 
     pub(super) fn wait_timeout(&mut self, command: &WaitTimeout) -> Verdict {
         let lease = self.lease(&command.agent, command.lease)?;
-        match lease.state {
-            LeaseState::Waiting { until: Some(until) } if until <= self.now => {
+        match (&lease.state, crate::due::lease_due(lease)) {
+            (LeaseState::Waiting { .. }, Some(until)) if until <= self.now => {
                 self.out.push(Effect::LeaseFailed { lease: lease.id });
                 Ok(())
             }
-            LeaseState::Waiting { until: Some(until) } => {
+            (LeaseState::Waiting { .. }, Some(until)) => {
                 reject(RejectionKind::NotYetDue, format!("lease {} may wait until {until}", lease.id))
             }
-            LeaseState::Waiting { until: None } => {
+            (LeaseState::Waiting { .. }, None) => {
                 reject(RejectionKind::NothingToDo, format!("lease {} has no wait timeout", lease.id))
             }
             _ => {

@@ -468,6 +468,8 @@ impl<'s> Decider<'s> {
             Command::RetireAgent(c) => self.retire_agent(c),
             Command::ConfirmLoss(c) => self.confirm_loss(c),
             Command::DefinePool(c) => self.define_pool(c),
+            Command::UpdatePool(c) => self.update_pool(c),
+            Command::DeletePool(c) => self.delete_pool(c),
             Command::SetPartitionSettings(c) => self.set_partition_settings(c),
             Command::Register(c) => self.register(c),
             Command::Heartbeat(c) => self.heartbeat(c),

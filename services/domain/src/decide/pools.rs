@@ -1,26 +1,116 @@
 //! Pools: definition, claims keyed by holder (idempotent), first-in-first-out waiters, claim tokens, frees that
-//! must match holder and token, cool-down, least-recently-freed first, and `tick`.
+//! must match holder and token, cool-down, least-recently-freed first, and `tick`; and the pool's life cycle:
+//! grow, change exclusions or cool-down, delete once empty.
+//!
+//! A pool is lazy: identifiers never handed out are an index (`next_fresh`) over `kind.value_at`, never a list, so
+//! a /16 costs the same as a /30 until it is used.
 
-use leasehold_schemas::command::{Claim, DefinePool, Free, TickPool};
-use leasehold_schemas::ids::{PoolName, ResourceRef, Timestamp};
+use std::collections::BTreeSet;
+
+use leasehold_schemas::command::{Claim, DefinePool, DeletePool, Free, TickPool, UpdatePool};
+use leasehold_schemas::ids::{Millis, PoolName, ResourceRef, Timestamp};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::{PoolKind, PoolValue};
-use leasehold_schemas::settings::DEFAULT_POOL_COOLDOWN;
 use leasehold_schemas::{Rejection, RejectionKind};
 
 use super::{Decider, MAX_POOL_EXCLUSIONS, Verdict, reject};
 use crate::state::{Holding, Pool};
 
-/// Identifiers a pool can hand out at `now`, in the order it hands them out: never-used ones first, then freed
-/// ones whose cool-down has passed, least recently freed first.
+/// Identifiers a pool can hand out at `now`, in the order it hands them out: never-used ones first, then
+/// recovered ones, then freed ones whose cool-down has passed, least recently freed first.
 fn available(pool: &Pool, now: Timestamp) -> impl Iterator<Item = PoolValue> + '_ {
-    let fresh = (pool.next_fresh..pool.kind.size()).filter_map(|idx| pool.kind.value_at(idx));
+    available_as(pool, &pool.kind, pool.cooldown, &[], now)
+}
+
+/// What `pool` could hand out at `now` were it defined as `kind` with `cooldown` and had `extra` recovered: what an
+/// update serves its waiters from, before the state has the new definition.
+fn available_as<'a>(
+    pool: &'a Pool,
+    kind: &'a PoolKind,
+    cooldown: Millis,
+    extra: &'a [PoolValue],
+    now: Timestamp,
+) -> impl Iterator<Item = PoolValue> + 'a {
+    let fresh = (pool.next_fresh..kind.size()).filter_map(|idx| kind.value_at(idx));
+    let recovered = pool.recovered.iter().chain(extra).copied().filter(|value| kind.contains(value));
     let cooled = pool
         .cooling
         .iter()
-        .take_while(move |((freed_at, _), _)| freed_at.saturating_add(pool.cooldown) <= now)
-        .map(|(_, value)| *value);
-    fresh.chain(cooled)
+        .take_while(move |((freed_at, _), _)| freed_at.saturating_add(cooldown) <= now)
+        .map(|(_, value)| *value)
+        .filter(|value| kind.contains(value));
+    fresh.chain(recovered).chain(cooled)
+}
+
+/// Why `new` is not a grown (or equal) `old`, if it is not: a pool never shrinks or moves, since what it handed
+/// out must stay its own.
+fn grows_from(old: &PoolKind, new: &PoolKind) -> Result<(), String> {
+    match (old, new) {
+        (
+            PoolKind::Ipv4 { network, prefix_len, .. },
+            PoolKind::Ipv4 { network: new_network, prefix_len: new_prefix, .. },
+        ) => {
+            if new_network != network {
+                return Err(format!(
+                    "it is {network}/{prefix_len}; a pool keeps its network address ({new_network} differs)"
+                ));
+            }
+            if new_prefix > prefix_len {
+                return Err(format!(
+                    "it is {network}/{prefix_len}; /{new_prefix} would shrink it (pools only grow: a shorter prefix)"
+                ));
+            }
+        }
+        (PoolKind::Slots { count }, PoolKind::Slots { count: new_count }) => {
+            if new_count < count {
+                return Err(format!("it has {count} slots; {new_count} would shrink it (pools only grow)"));
+            }
+        }
+        (PoolKind::Ports { first, last, .. }, PoolKind::Ports { first: new_first, last: new_last, .. }) => {
+            if new_first != first {
+                return Err(format!("it starts at port {first}; a pool keeps its first port ({new_first} differs)"));
+            }
+            if new_last < last {
+                return Err(format!(
+                    "it is ports {first}..={last}; ..={new_last} would shrink it (pools only grow: a later last port)"
+                ));
+            }
+        }
+        _ => return Err("a pool keeps its kind (ipv4, slots or ports); define a new pool instead".to_owned()),
+    }
+    Ok(())
+}
+
+/// Indices in the range of `kind` that it does not hand out: its exclusions and reserved addresses. Bounded by the
+/// exclusions (at most `MAX_POOL_EXCLUSIONS`) plus two.
+fn unusable_indices(kind: &PoolKind) -> BTreeSet<u64> {
+    match kind {
+        PoolKind::Ipv4 { network, prefix_len, exclude } => {
+            let size = kind.size();
+            let mut indices: BTreeSet<u64> =
+                exclude.iter().map(|a| u64::from(u32::from(*a).wrapping_sub(u32::from(*network)))).collect();
+            if *prefix_len <= 30 {
+                indices.extend([0, size.saturating_sub(1)]);
+            }
+            indices.retain(|idx| *idx < size);
+            indices
+        }
+        PoolKind::Ports { first, exclude, .. } => {
+            exclude.iter().map(|p| u64::from(p.wrapping_sub(*first))).filter(|idx| *idx < kind.size()).collect()
+        }
+        PoolKind::Slots { .. } => BTreeSet::new(),
+    }
+}
+
+/// Identifiers below `next_fresh` that `new` makes usable and that nobody holds: without them, they would never be
+/// handed out again (only indices from `next_fresh` on are fresh).
+fn recovered_by(pool: &Pool, new: &PoolKind) -> Vec<PoolValue> {
+    unusable_indices(&pool.kind)
+        .into_iter()
+        .filter(|idx| *idx < pool.next_fresh)
+        .filter_map(|idx| new.value_at(idx))
+        .filter(|value| !pool.held.contains_key(value) && !pool.recovered.contains(value))
+        .collect()
 }
 
 impl<'s> Decider<'s> {
@@ -54,35 +144,64 @@ impl<'s> Decider<'s> {
     }
 
     pub(super) fn define_pool(&mut self, command: &DefinePool) -> Verdict {
-        if let Err(problem) = command.kind.validate() {
-            return reject(RejectionKind::Invalid, format!("pool {}: {problem}", command.pool));
-        }
-        let n_excluded = match &command.kind {
-            PoolKind::Ipv4 { exclude, .. } => exclude.len(),
-            PoolKind::Ports { exclude, .. } => exclude.len(),
-            PoolKind::Slots { .. } => 0,
-        };
-        if n_excluded > MAX_POOL_EXCLUSIONS {
-            return reject(
-                RejectionKind::Invalid,
-                format!(
-                    "pool {} excludes {n_excluded} identifiers; at most {MAX_POOL_EXCLUSIONS} (split the range into \
-                     several pools instead)",
-                    command.pool
-                ),
-            );
-        }
-        let cooldown = command.cooldown.unwrap_or(DEFAULT_POOL_COOLDOWN);
+        check_kind(&command.pool, &command.kind)?;
+        // A pool defined without a cool-down takes the policy's now; `update-pool` changes it later.
+        let cooldown = command.cooldown.unwrap_or(self.state.policy().claim_cooldown);
         if let Some(existing) = self.state.pools.get(&command.pool) {
             if existing.kind.canonical() == command.kind.canonical() && existing.cooldown == cooldown {
                 return reject(RejectionKind::AlreadyDone, format!("pool {} is already defined so", command.pool));
             }
             return reject(
                 RejectionKind::AlreadyExists,
-                format!("pool {} is already defined differently; pools are not redefined", command.pool),
+                format!("pool {} is already defined differently; change it with `leasehold pool update`", command.pool),
             );
         }
         self.out.push(Effect::PoolDefined { kind: command.kind.clone(), cooldown });
+        Ok(())
+    }
+
+    /// Grows a pool, changes its exclusions or its cool-down. Waiters are served at once from what the change makes
+    /// available.
+    pub(super) fn update_pool(&mut self, command: &UpdatePool) -> Verdict {
+        let pool = self.pool(&command.pool)?;
+        check_kind(&pool.name, &command.kind)?;
+        if let Err(problem) = grows_from(&pool.kind, &command.kind) {
+            return reject(RejectionKind::Invalid, format!("pool {}: {problem}", pool.name));
+        }
+        let cooldown = command.cooldown.unwrap_or(pool.cooldown);
+        if pool.kind.canonical() == command.kind.canonical() && cooldown == pool.cooldown {
+            return reject(RejectionKind::AlreadyDone, format!("pool {} is already defined so", pool.name));
+        }
+        let recovered = recovered_by(pool, &command.kind);
+        self.out.push(Effect::PoolUpdated { kind: command.kind.clone(), cooldown, recovered: recovered.clone() });
+        let mut values = available_as(pool, &command.kind, cooldown, &recovered, self.now);
+        self.serve_waiters(pool, &mut values, None);
+        Ok(())
+    }
+
+    /// Removes a pool nobody holds or waits for.
+    pub(super) fn delete_pool(&mut self, command: &DeletePool) -> Verdict {
+        let pool = self.pool(&command.pool)?;
+        if !pool.held.is_empty() || !pool.waiters.is_empty() {
+            const SHOWN: usize = 3;
+            let holders: Vec<String> = pool.held.iter().take(SHOWN).map(|(v, h)| format!("{h} ({v})")).collect();
+            let more = pool.held.len().saturating_sub(SHOWN);
+            let named = match (holders.is_empty(), more) {
+                (true, _) => String::new(),
+                (false, 0) => format!(" by {}", holders.join(", ")),
+                (false, more) => format!(" by {} and {more} more", holders.join(", ")),
+            };
+            return reject(
+                RejectionKind::InvalidState,
+                format!(
+                    "pool {} is in use: {} identifiers held{named}, {} holders waiting; release those resources first",
+                    pool.name,
+                    pool.held.len(),
+                    pool.waiters.len()
+                ),
+            );
+        }
+        self.out.push(Effect::PoolDeleted {});
         Ok(())
     }
 
@@ -179,8 +298,10 @@ impl<'s> Decider<'s> {
         }
         // Others may be ready for the waiters already; the freed identifier joins them (last: it is the most
         // recently freed) only if the pool has no cool-down. The holder that just left the queue is skipped.
+        // An identifier excluded while it was held is never handed out again.
         let no_cooldown = pool.cooldown.0 == 0;
-        let mut values = available(pool, self.now).chain(freed.filter(|_| no_cooldown));
+        let freed = freed.filter(|value| no_cooldown && pool.kind.contains(value));
+        let mut values = available(pool, self.now).chain(freed);
         self.serve_waiters(pool, &mut values, Some(holder));
         Ok(())
     }
@@ -205,4 +326,26 @@ impl<'s> Decider<'s> {
             ),
         }
     }
+}
+
+/// Checks a definition for `pool`: valid, and not too many exclusions to repeat in its effects.
+fn check_kind(pool: &PoolName, kind: &PoolKind) -> Verdict {
+    if let Err(problem) = kind.validate() {
+        return reject(RejectionKind::Invalid, format!("pool {pool}: {problem}"));
+    }
+    let n_excluded = match kind {
+        PoolKind::Ipv4 { exclude, .. } => exclude.len(),
+        PoolKind::Ports { exclude, .. } => exclude.len(),
+        PoolKind::Slots { .. } => 0,
+    };
+    if n_excluded > MAX_POOL_EXCLUSIONS {
+        return reject(
+            RejectionKind::Invalid,
+            format!(
+                "pool {pool} excludes {n_excluded} identifiers; at most {MAX_POOL_EXCLUSIONS} (split the range into \
+                 several pools instead)"
+            ),
+        );
+    }
+    Ok(())
 }

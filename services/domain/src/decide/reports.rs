@@ -251,8 +251,8 @@ impl<'s> Decider<'s> {
         if agent.breaker.is_some() && !may_clear {
             return false;
         }
-        let settings = &agent.settings;
-        let in_window = u64::from(agent.losses_in_window(self.now));
+        let settings = self.state.settings_of(agent);
+        let in_window = u64::from(agent.losses_in_window(settings.loss_window, self.now));
         let total = in_window + n_losses as u64;
         let held_at_window_start = agent.n_held + in_window;
         let trips = n_losses > 0

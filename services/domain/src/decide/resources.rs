@@ -229,18 +229,18 @@ impl<'s> Decider<'s> {
 
     pub(super) fn expire_pause(&mut self, command: &ExpirePause) -> Verdict {
         let resource = self.resource(&command.agent, command.resource)?;
-        match resource.state {
-            ResourceState::Paused { until: Some(until), .. } if until <= self.now => {
+        match (&resource.state, crate::due::pause_due(resource)) {
+            (_, Some(until)) if until <= self.now => {
                 let cause = UnpauseCause::PauseExpired {};
                 self.out.push(Effect::ResourceUnpaused { resource: resource.id, cause });
                 self.serve_if_clear(resource);
                 Ok(())
             }
-            ResourceState::Paused { until: Some(until), .. } => reject(
+            (_, Some(until)) => reject(
                 RejectionKind::NotYetDue,
                 format!("the pause of resource {} lasts until {until}", resource.reference()),
             ),
-            ResourceState::Paused { until: None, .. } => reject(
+            (ResourceState::Paused { .. }, None) => reject(
                 RejectionKind::NothingToDo,
                 format!("the pause of resource {} has no end; unpause it", resource.reference()),
             ),
@@ -331,16 +331,14 @@ impl<'s> Decider<'s> {
     }
 
     pub(super) fn create_timeout(&mut self, command: &CreateTimeout) -> Verdict {
-        let agent = self.agent(&command.agent)?;
+        self.agent(&command.agent)?;
         let resource = self.resource(&command.agent, command.resource)?;
-        if resource.state != ResourceState::Pending {
+        let Some(due) = crate::due::create_due(self.state, resource) else {
             return reject(
                 RejectionKind::NothingToDo,
                 format!("resource {} is {}, not pending", resource.reference(), describe_state(resource)),
             );
-        }
-        let due = resource.allocated_at.saturating_add(agent.settings.create_timeout);
-        debug_assert_eq!(crate::due::create_due(self.state, resource), Some(due));
+        };
         if self.now < due {
             return reject(
                 RejectionKind::NotYetDue,

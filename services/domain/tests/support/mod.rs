@@ -123,16 +123,22 @@ impl World {
 
     // --- agents ---------------------------------------------------------------------------------------------
 
-    pub fn register_with(&mut self, agent: &AgentName, settings: AgentSettings, wiped: bool) -> Outcome {
+    /// Registers `agent` with settings of its own (`Some`), or following the partition's policy (`None`).
+    pub fn register_with(
+        &mut self,
+        agent: &AgentName,
+        settings: impl Into<Option<AgentSettings>>,
+        wiped: bool,
+    ) -> Outcome {
         self.obs.insert(agent.clone(), 0);
         let incarnation = leasehold_schemas::Uuid::from_u128(self.d.outcomes().len() as u128 + 1);
-        self.agent_says(Register { agent: agent.clone(), incarnation, wiped, settings })
+        self.agent_says(Register { agent: agent.clone(), incarnation, wiped, settings: settings.into() })
     }
 
-    /// Registers the default agent `w1`.
+    /// Registers the default agent `w1`, following the partition's policy.
     pub fn registered(&mut self) -> &mut Self {
         let agent = self.a();
-        accepted(&self.register_with(&agent, AgentSettings::default(), false));
+        accepted(&self.register_with(&agent, None, false));
         self
     }
 

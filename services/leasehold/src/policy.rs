@@ -1,0 +1,353 @@
+//! The cluster policy: `leasehold policy set|show`, and the policy flags `serve` records when the log has none.
+//!
+//! The policy lives in the log, one copy per partition (`op.set-partition-settings`), as Nomad's servers or
+//! Kubernetes' controller manager own theirs: no process's configuration changes a decision. `policy set` reads the
+//! current policy of every partition, changes only the fields given and sends the result to each partition; `serve`
+//! records its flags only where no policy is recorded yet (`if_no_policy`), so two servers started with different
+//! flags never flip it back and forth: the one that comes second warns about every difference instead.
+
+use std::fmt;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use leasehold_log::Log;
+use leasehold_projector::PolicyView;
+use leasehold_schemas::command::SetPartitionSettings;
+use leasehold_schemas::settings::ClusterPolicy;
+use leasehold_schemas::subjects::settings_key;
+use leasehold_schemas::{Issuer, Key, Millis};
+use leasehold_worker::{WriterConfig, fold_partition};
+
+use crate::GlobalArgs;
+use crate::client::Gateway;
+use crate::output::{self, OutputFormat, Table};
+use crate::produce::{ProduceArgs, parse_millis};
+
+/// A command line that asks for something that makes no sense: nothing was sent; exit status 2.
+#[derive(Debug)]
+pub(crate) struct BadCommandLine(pub(crate) String);
+
+impl fmt::Display for BadCommandLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadCommandLine {}
+
+/// The policy's fields as flags; each one not given keeps what is recorded (or, for `serve` on a log without a
+/// policy, the default).
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub(crate) struct PolicyFlags {
+    /// Policy: no heartbeat for this long and an agent is stalled (nothing new is placed on it). Default 60s.
+    #[arg(long, value_name = "DURATION", value_parser = parse_millis)]
+    pub(crate) stall_after: Option<Millis>,
+    /// Policy: no heartbeat for this long and an agent is gone (its resources are orphaned). Default 24h.
+    #[arg(long, value_name = "DURATION", value_parser = parse_millis)]
+    pub(crate) orphan_after: Option<Millis>,
+    /// Policy: a pending resource not created within this long is released. Default 10min.
+    #[arg(long, value_name = "DURATION", value_parser = parse_millis)]
+    pub(crate) create_timeout: Option<Millis>,
+    /// Policy: the cool-down of pools defined without one. Default 60s.
+    #[arg(long, value_name = "DURATION", value_parser = parse_millis)]
+    pub(crate) claim_cooldown: Option<Millis>,
+    /// Policy: the loss breaker trips when a report would lose at least N resources and more than PCT % of the
+    /// agent's live ones (within --loss-window). Default 5/50.
+    #[arg(long, value_name = "N/PCT", value_parser = parse_max_loss)]
+    pub(crate) max_loss: Option<(u32, u8)>,
+    /// Policy: the window the loss breaker counts losses in. Default 10min.
+    #[arg(long, value_name = "DURATION", value_parser = parse_millis)]
+    pub(crate) loss_window: Option<Millis>,
+}
+
+/// `5/50`: at least 5 losses and more than 50 %.
+pub(crate) fn parse_max_loss(text: &str) -> Result<(u32, u8), String> {
+    let (n, pct) = text.split_once('/').ok_or_else(|| format!("{text:?} is not N/PCT, e.g. 5/50"))?;
+    let n = n.parse::<u32>().map_err(|e| format!("{n:?} is not a number of losses: {e}"))?;
+    let pct = pct.trim_end_matches('%');
+    let pct = pct.parse::<u8>().ok().filter(|p| *p <= 100).ok_or_else(|| format!("{pct:?} is not a percentage"))?;
+    Ok((n, pct))
+}
+
+impl PolicyFlags {
+    /// `base` with the fields given here.
+    pub(crate) fn apply_to(&self, base: &ClusterPolicy) -> ClusterPolicy {
+        let mut policy = base.clone();
+        let agent = &mut policy.agent;
+        agent.stall_after = self.stall_after.unwrap_or(agent.stall_after);
+        agent.orphan_after = self.orphan_after.unwrap_or(agent.orphan_after);
+        agent.create_timeout = self.create_timeout.unwrap_or(agent.create_timeout);
+        agent.loss_window = self.loss_window.unwrap_or(agent.loss_window);
+        if let Some((n, pct)) = self.max_loss {
+            agent.max_loss_min = n;
+            agent.max_loss_percent = pct;
+        }
+        policy.claim_cooldown = self.claim_cooldown.unwrap_or(policy.claim_cooldown);
+        policy
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        *self == PolicyFlags::default()
+    }
+
+    /// Each flag given whose value differs from `recorded`, as `--flag VALUE (recorded: VALUE)`.
+    pub(crate) fn differences(&self, recorded: &ClusterPolicy) -> Vec<String> {
+        let a = &recorded.agent;
+        let mut out = Vec::new();
+        let mut compare = |flag: &str, given: Option<String>, recorded: String| {
+            if let Some(given) = given.filter(|g| *g != recorded) {
+                out.push(format!("--{flag} {given} (recorded: {recorded})"));
+            }
+        };
+        compare("stall-after", self.stall_after.map(|m| m.to_string()), a.stall_after.to_string());
+        compare("orphan-after", self.orphan_after.map(|m| m.to_string()), a.orphan_after.to_string());
+        compare("create-timeout", self.create_timeout.map(|m| m.to_string()), a.create_timeout.to_string());
+        compare("claim-cooldown", self.claim_cooldown.map(|m| m.to_string()), recorded.claim_cooldown.to_string());
+        let max_loss = |(n, pct): (u32, u8)| format!("{n}/{pct}");
+        compare("max-loss", self.max_loss.map(max_loss), max_loss((a.max_loss_min, a.max_loss_percent)));
+        compare("loss-window", self.loss_window.map(|m| m.to_string()), a.loss_window.to_string());
+        out
+    }
+}
+
+/// Checks a policy before anything is sent; the error says what to change.
+fn check(policy: &ClusterPolicy, partition: u32) -> Result<(), BadCommandLine> {
+    policy.agent.check().map_err(|problem| {
+        BadCommandLine(format!("the policy of partition {partition} would be refused: {problem}; nothing was sent"))
+    })
+}
+
+/// `leasehold policy set`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct PolicySetArgs {
+    #[command(flatten)]
+    pub(crate) flags: PolicyFlags,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum PolicyCmd {
+    /// Change the cluster policy: reads it, changes only the fields given, and sends it to every partition.
+    Set(PolicySetArgs),
+    /// Show the cluster policy (once when every partition agrees).
+    Show,
+}
+
+pub(crate) async fn run(cmd: PolicyCmd, global: &GlobalArgs) -> anyhow::Result<()> {
+    let gateway = Gateway::new(&global.server)?;
+    let views: Vec<PolicyView> = gateway
+        .get(&["v1", "policy"], &[])
+        .await?
+        .context("the gateway has no /v1/policy: is it older than this command line?")?;
+    match cmd {
+        PolicyCmd::Show => show(&views, global.output),
+        PolicyCmd::Set(args) => set(args, views, global).await,
+    }
+}
+
+async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -> anyhow::Result<()> {
+    if args.flags.is_empty() {
+        return Err(BadCommandLine(
+            "nothing to change: give at least one of --stall-after, --orphan-after, --create-timeout, \
+             --claim-cooldown, --max-loss, --loss-window"
+                .to_owned(),
+        )
+        .into());
+    }
+    if args.produce.command_id.is_some() {
+        return Err(BadCommandLine("--command-id names one command; policy set sends one per partition".into()).into());
+    }
+    // Every partition's new policy is checked before the first one is sent: nothing is half-applied by a mistake.
+    let planned: Vec<(PolicyView, ClusterPolicy)> = views
+        .into_iter()
+        .map(|view| {
+            let policy = args.flags.apply_to(&view.policy);
+            (view, policy)
+        })
+        .collect();
+    for (view, policy) in &planned {
+        check(policy, view.partition)?;
+    }
+    let issuer = crate::produce::issuer(global.issuer.as_deref())?;
+    for (view, policy) in planned {
+        let what = format!("policy set: partition {}", view.partition);
+        if view.recorded && policy == view.policy {
+            output::emit(&format!("{what}: unchanged (it has this policy already)\n"));
+            continue;
+        }
+        let key: Key = view.key.parse().with_context(|| format!("the gateway's key {:?}", view.key))?;
+        let body = SetPartitionSettings {
+            key,
+            partition: view.partition,
+            outcome_horizon: None,
+            policy: Some(policy),
+            if_no_policy: false,
+        };
+        let envelope = crate::produce::envelope(&issuer, None, body);
+        crate::produce::simple(global, &args.produce, envelope, &what).await?;
+    }
+    Ok(())
+}
+
+fn show(views: &[PolicyView], format: OutputFormat) -> anyhow::Result<()> {
+    if format == OutputFormat::Json {
+        output::emit(&output::json(&views)?);
+        return Ok(());
+    }
+    let Some(first) = views.first() else { bail!("the gateway knows of no partition") };
+    let agree = views.iter().all(|v| v.recorded == first.recorded && v.policy == first.policy);
+    if agree {
+        let whose = match first.recorded {
+            true => format!("the policy of all {} partitions", views.len()),
+            false => format!("no policy recorded in any of the {} partitions: the defaults", views.len()),
+        };
+        output::emit(&format!("{whose}\n{}", fields(&first.policy)));
+    } else {
+        let mut table =
+            Table::new(&["PARTITION", "RECORDED", "STALL", "ORPHAN", "CREATE", "COOLDOWN", "MAX-LOSS", "WINDOW"]);
+        for view in views {
+            let a = &view.policy.agent;
+            table.row(vec![
+                view.partition.to_string(),
+                if view.recorded { "yes" } else { "no (defaults)" }.to_owned(),
+                a.stall_after.to_string(),
+                a.orphan_after.to_string(),
+                a.create_timeout.to_string(),
+                view.policy.claim_cooldown.to_string(),
+                format!("{}/{}", a.max_loss_min, a.max_loss_percent),
+                a.loss_window.to_string(),
+            ]);
+        }
+        output::emit(&format!(
+            "the partitions disagree (a `policy set` that did not reach every partition?): run `leasehold policy set` \
+             with the fields to align\n{}",
+            table.render()
+        ));
+    }
+    Ok(())
+}
+
+fn fields(policy: &ClusterPolicy) -> String {
+    let a = &policy.agent;
+    output::fields(&[
+        ("stall-after", a.stall_after.to_string()),
+        ("orphan-after", a.orphan_after.to_string()),
+        ("create-timeout", a.create_timeout.to_string()),
+        ("claim-cooldown", policy.claim_cooldown.to_string()),
+        ("max-loss", format!("{}/{}", a.max_loss_min, a.max_loss_percent)),
+        ("loss-window", a.loss_window.to_string()),
+    ])
+}
+
+/// What `serve` does with its policy flags once the writers run: where a partition has no policy, records them
+/// (the defaults for flags not given) with `if_no_policy`; where one is recorded, never changes it, but warns on
+/// stderr about each flag given that differs. Returns the warnings it printed.
+pub(crate) async fn record_from_flags<L: Log>(
+    log: &L,
+    flags: &PolicyFlags,
+    issuer: &Issuer,
+    timeout: Duration,
+) -> anyhow::Result<Vec<String>> {
+    let wanted = flags.apply_to(&ClusterPolicy::DEFAULT);
+    for partition in 0..log.partitions() {
+        check(&wanted, partition)?;
+    }
+    let mut warnings = Vec::new();
+    for partition in 0..log.partitions() {
+        let mut recorded = recorded_policy(log, partition).await?;
+        if recorded.is_none() {
+            let body = SetPartitionSettings {
+                key: settings_key(partition, log.partitions()),
+                partition,
+                outcome_horizon: None,
+                policy: Some(wanted.clone()),
+                if_no_policy: true,
+            };
+            let envelope = crate::produce::envelope(issuer, None, body);
+            let status = crate::produce::submit_to_log(log, &envelope, timeout).await?;
+            match status.status.as_str() {
+                "accepted" => println!("policy: partition {partition}: recorded from this process's flags"),
+                // Another process recorded one first: compare with it below.
+                "rejected" => recorded = recorded_policy(log, partition).await?,
+                other => {
+                    let warning = format!(
+                        "policy: partition {partition}: the policy from this process's flags is {other} (no writer \
+                         decided it within {}); check with `leasehold policy show`",
+                        humantime::format_duration(timeout)
+                    );
+                    eprintln!("WARNING: {warning}");
+                    warnings.push(warning);
+                }
+            }
+        }
+        if let Some(recorded) = recorded {
+            let differences = flags.differences(&recorded);
+            if !differences.is_empty() {
+                let warning = format!(
+                    "policy: partition {partition} keeps its recorded policy, which this process's flags contradict: \
+                     {}. The flags of `serve` only seed a log without a policy; change it with `leasehold policy set`",
+                    differences.join(", ")
+                );
+                eprintln!("WARNING: {warning}");
+                warnings.push(warning);
+            }
+        }
+    }
+    Ok(warnings)
+}
+
+/// The policy recorded in `partition`, folded from the log (`None`: never recorded).
+async fn recorded_policy<L: Log>(log: &L, partition: u32) -> anyhow::Result<Option<ClusterPolicy>> {
+    let folded = fold_partition(log, partition, 0, &WriterConfig::default())
+        .await
+        .with_context(|| format!("reading the settings of partition {partition}"))?;
+    Ok(folded.state.settings().policy.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(n: u64) -> Millis {
+        Millis::from_secs(n)
+    }
+
+    #[test]
+    fn flags_change_only_what_they_name() {
+        let flags = PolicyFlags { stall_after: Some(secs(30)), max_loss: Some((3, 40)), ..Default::default() };
+        let policy = flags.apply_to(&ClusterPolicy::DEFAULT);
+        assert_eq!(policy.agent.stall_after, secs(30));
+        assert_eq!((policy.agent.max_loss_min, policy.agent.max_loss_percent), (3, 40));
+        assert_eq!(policy.agent.orphan_after, ClusterPolicy::DEFAULT.agent.orphan_after);
+        assert_eq!(policy.claim_cooldown, ClusterPolicy::DEFAULT.claim_cooldown);
+        assert!(PolicyFlags::default().is_empty());
+    }
+
+    #[test]
+    fn differences_name_each_flag_given_that_disagrees() {
+        let recorded = ClusterPolicy::DEFAULT;
+        let flags = PolicyFlags {
+            stall_after: Some(secs(60)),
+            orphan_after: Some(Millis::from_hours(1)),
+            max_loss: Some((5, 60)),
+            ..Default::default()
+        };
+        assert_eq!(
+            flags.differences(&recorded),
+            ["--orphan-after 1h (recorded: 24h)", "--max-loss 5/60 (recorded: 5/50)"]
+        );
+        assert!(PolicyFlags::default().differences(&recorded).is_empty(), "flags not given never disagree");
+    }
+
+    #[test]
+    fn nonsense_is_refused_before_sending() {
+        let flags = PolicyFlags { orphan_after: Some(secs(30)), ..Default::default() };
+        let err = check(&flags.apply_to(&ClusterPolicy::DEFAULT), 2).unwrap_err().to_string();
+        assert!(err.contains("partition 2") && err.contains("must be longer than stall_after"), "{err}");
+        assert_eq!(parse_max_loss("5/50"), Ok((5, 50)));
+        assert_eq!(parse_max_loss("5/50%"), Ok((5, 50)));
+        assert!(parse_max_loss("5/150").is_err());
+        assert!(parse_max_loss("5").is_err());
+    }
+}
