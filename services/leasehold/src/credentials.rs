@@ -17,8 +17,8 @@ use leasehold_schemas::subjects::partition_of_agent;
 pub(crate) enum Role {
     /// One agent, whose events are in `partition`.
     Agent { name: AgentName, partition: u32, partitions: u32 },
-    /// A `serve --roles worker,projector` process: the writers and the read models.
-    Worker,
+    /// A `serve --roles worker,projector` process of a log of `partitions`: the writers and the read models.
+    Worker { partitions: u32 },
     /// A producer (an operator's CLI with `--nats`, a service that sends `op` commands).
     Producer,
     /// The sweeper: time-driven `sys` commands.
@@ -110,7 +110,7 @@ pub(crate) fn permissions(role: &Role, inbox: &str) -> Permissions {
                 ),
             ]
         }
-        Role::Worker => {
+        Role::Worker { partitions } => {
             let mut out = vec![
                 grant("lh.evt.>", "appends outcomes (always under the fence)"),
                 grant("lh.dlq.>", "dead-letters undecodable commands"),
@@ -143,6 +143,15 @@ pub(crate) fn permissions(role: &Role, inbox: &str) -> Permissions {
                 grant(format!("$JS.FC.KV_{WORKERS_BUCKET}.>"), "flow control of that listing"),
             ]);
             out.extend(snapshot_reads());
+            // `serve` seeds the cluster policy of a log that has none: one settings command per partition, on the
+            // partition's settings key, and no other op command.
+            for partition in 0..*partitions {
+                let key = leasehold_schemas::subjects::settings_key(partition, *partitions);
+                out.push(grant(
+                    format!("lh.in.op.{}._", key.token()),
+                    "seeds the cluster policy of a log that has none (serve's policy flags)",
+                ));
+            }
             out
         }
         Role::Producer => {
@@ -262,7 +271,14 @@ pub(crate) fn service(args: ServiceCredentialsArgs) -> anyhow::Result<()> {
         "NAME: letters, digits, - and _ only (it is also the user's inbox prefix)"
     );
     let (role, what) = match role {
-        ServiceRole::Worker => (Role::Worker, "worker (serve --roles worker,projector)"),
+        ServiceRole::Worker => {
+            let partitions = match args.partitions {
+                Some(p) if p > 0 => p,
+                Some(_) => anyhow::bail!("--partitions: a log has at least one partition"),
+                None => partitions_from_server(&args.nats)?,
+            };
+            (Role::Worker { partitions }, "worker (serve --roles worker,projector)")
+        }
         ServiceRole::Producer => (Role::Producer, "producer"),
         ServiceRole::Sweeper => (Role::Sweeper, "sweeper"),
     };
@@ -339,9 +355,12 @@ mod tests {
                 || g.subject.contains("STREAM.DELETE")
                 || g.subject.contains("STREAM.PURGE")));
         }
-        let worker = permissions(&Role::Worker, "_INBOX_w");
+        let worker = permissions(&Role::Worker { partitions: 4 }, "_INBOX_w");
         assert!(worker.publish.iter().any(|g| g.subject == "lh.evt.>"));
-        assert!(!worker.publish.iter().any(|g| g.subject.starts_with("lh.in.")));
+        let ingress: Vec<&str> =
+            worker.publish.iter().map(|g| g.subject.as_str()).filter(|s| s.starts_with("lh.in.")).collect();
+        assert_eq!(ingress.len(), 4, "one settings subject per partition, nothing else: {ingress:?}");
+        assert!(ingress.iter().all(|s| s.starts_with("lh.in.op.@lh-settings-") && s.ends_with("._")), "{ingress:?}");
         assert!(!worker.publish.iter().any(|g| g.subject.contains(&format!("PURGE.{EVT_STREAM}"))
             || g.subject.contains("STREAM.DELETE")
             || g.subject.contains("STREAM.UPDATE")));

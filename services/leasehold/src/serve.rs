@@ -203,6 +203,11 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
             "the gateway serves the read models of the projector in the same process: run --roles gateway,projector"
         );
     }
+    if args.sweep_interval.is_zero() || args.sweep_retry.is_zero() {
+        return Err(
+            crate::policy::BadCommandLine("--sweep-interval and --sweep-retry must be longer than 0".into()).into()
+        );
+    }
     let policy = args.policy.apply_to(&leasehold_schemas::settings::ClusterPolicy::DEFAULT);
     if let Err(problem) = policy.agent.check() {
         return Err(crate::policy::BadCommandLine(format!("the policy flags make no sense: {problem}")).into());
@@ -477,6 +482,15 @@ mod tests {
         assert!(checked(&["--listen", "10.1.2.3:7420", "--insecure-no-auth"]).is_ok());
         // A process without the gateway serves /healthz and /metrics only: nothing to guard.
         assert!(checked(&["--roles", "worker", "--listen", "0.0.0.0:7421"]).is_ok());
+    }
+
+    #[test]
+    fn a_sweeper_that_never_waits_is_refused() {
+        for flag in ["--sweep-interval", "--sweep-retry"] {
+            let refused = checked(&[flag, "0s"]).err().expect("zero is refused");
+            assert!(refused.to_string().contains("must be longer than 0"), "{refused}");
+        }
+        assert!(checked(&["--sweep-interval", "100ms", "--sweep-retry", "1s"]).is_ok());
     }
 
     #[test]

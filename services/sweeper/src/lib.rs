@@ -5,10 +5,10 @@
 //! It never writes state and never decides: a request is decided by the partition it goes to, by the log's clock.
 //! One that arrives early is refused `not-yet-due` (not remembered), and asked again after `retry_after`.
 //!
-//! Several sweepers may run at once. A request's command id derives from the work it asks for and the
-//! `retry_after` window it is sent in, so sweepers that plan the same work in the same window send the same command
-//! (the log keeps one copy); at a window's edge two copies may be decided, and the second is refused (the lease
-//! has already expired, the claim is already bound). Nothing is ever done twice.
+//! Several sweepers may run at once. A request's command id derives from the work it asks for and the second it is
+//! sent in, so sweepers that plan the same work at the same time send the same command (the log keeps one copy);
+//! otherwise two copies may be decided, and the second is refused (the lease has already expired, the claim is
+//! already bound). Nothing is ever done twice.
 
 #![forbid(unsafe_code)]
 
@@ -153,10 +153,15 @@ fn wall_now() -> Timestamp {
     Timestamp(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64)
 }
 
-/// The command id of the request planned as `key`, sent in the `retry_after` window that `now` falls in: the
-/// same for every sweeper that sends it in that window.
-pub fn request_id(key: &str, now: Timestamp, retry_after: Duration) -> CommandId {
-    let width = (retry_after.as_millis() as u64).max(1);
+/// How wide the window of a request id is: sweepers that send the same request within one window send the same
+/// command. Narrow, so that the id's time (the window's start) is never far behind the send: a partition refuses
+/// an id made longer ago than its outcome horizon, which an operator may set as short as a minute.
+pub const ID_WINDOW: Duration = Duration::from_secs(1);
+
+/// The command id of the request planned as `key`, sent in the window of width `window` (at most [`ID_WINDOW`])
+/// that `now` falls in: the same for every sweeper that sends it in that window.
+pub fn request_id(key: &str, now: Timestamp, window: Duration) -> CommandId {
+    let width = (window.min(ID_WINDOW).as_millis() as u64).max(1);
     let window = now.0 / width * width;
     let a = fnv1a64(key.as_bytes(), 0xcbf2_9ce4_8422_2325);
     let b = fnv1a64(key.as_bytes(), 0x8422_2325_cbf2_9ce4 ^ window);
@@ -238,8 +243,14 @@ impl View {
                 detail: format!("decided by decider version {}, newer than this sweeper's", outcome.decider_version),
             });
         }
+        if outcome.partition != stored.partition || outcome.cmd_seq != stored.cmd_seq || outcome.part != stored.part {
+            return Err(Error::Fold { seq: stored.seq, detail: "its headers do not match its body".to_owned() });
+        }
         let state = self.states.get_mut(&stored.partition).expect("checked above");
-        apply(state, &outcome).map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
+        // `apply` refuses what does not fold; a panic in it stops the sweeper with an error, not a dead task.
+        let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| apply(state, &outcome)))
+            .map_err(|_| Error::Fold { seq: stored.seq, detail: "folding it panicked".to_owned() })?;
+        applied.map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
         self.chain.insert(stored.partition, stored.seq);
         let agent = match &outcome.command.key {
             leasehold_schemas::ids::Key::Agent(agent) => Some(agent.clone()),
@@ -301,18 +312,10 @@ pub async fn run<L: Log>(
     let mut dirty = true;
     let mut overdue_reported: BTreeSet<ResourceRef> = BTreeSet::new();
     loop {
+        // The tick comes before the feed: a feed that is always ready (a busy log) must not starve the planning.
         tokio::select! {
             biased;
             () = shutdown.cancelled() => return Ok(()),
-            next = follow.next() => {
-                let Some(first) = next else { return Err(Error::FeedEnded) };
-                view.apply(&first?)?;
-                while let Some(Some(next)) = follow.next().now_or_never() {
-                    view.apply(&next?)?;
-                }
-                metrics.applied.set(view.applied as i64);
-                dirty = true;
-            }
             _ = ticker.tick() => {
                 if dirty {
                     view.prune();
@@ -325,6 +328,15 @@ pub async fn run<L: Log>(
                     () = sender.send_due(&planned) => {}
                 }
                 report_overdue(&view, &config, &metrics, &mut overdue_reported);
+            }
+            next = follow.next() => {
+                let Some(first) = next else { return Err(Error::FeedEnded) };
+                view.apply(&first?)?;
+                while let Some(Some(next)) = follow.next().now_or_never() {
+                    view.apply(&next?)?;
+                }
+                metrics.applied.set(view.applied as i64);
+                dirty = true;
             }
         }
     }
@@ -411,7 +423,7 @@ impl<L: Log> Sender<'_, L> {
 
 /// Publishes one request, its command id derived from its key and the window `now` falls in.
 async fn publish<L: Log>(log: L, issuer: Issuer, item: Planned, now: Timestamp, retry_after: Duration) -> bool {
-    let id = request_id(&item.key, now, retry_after);
+    let id = request_id(&item.key, now, ID_WINDOW.min(retry_after));
     let envelope = Envelope::new(id, issuer, now, item.command);
     let payload = match codec::encode_command(&envelope) {
         Ok(payload) => payload,

@@ -286,11 +286,16 @@ fn a_slash_16_pool_is_never_materialised() {
 
 #[test]
 fn request_ids_are_shared_within_a_window_and_new_after_it() {
-    let retry = std::time::Duration::from_secs(5);
-    let at = Timestamp(T0 + 1_000);
-    let same = leasehold_sweeper::request_id("expire-lease w1.x 123", at, retry);
-    assert_eq!(same, leasehold_sweeper::request_id("expire-lease w1.x 123", Timestamp(T0 + 4_999), retry));
-    assert_ne!(same, leasehold_sweeper::request_id("expire-lease w1.x 123", Timestamp(T0 + 5_000), retry));
-    assert_ne!(same, leasehold_sweeper::request_id("expire-lease w1.y 123", at, retry));
-    assert_eq!(same.unix_ms(), T0, "stamped with the window's start: fresh for the partition's horizon");
+    let window = leasehold_sweeper::ID_WINDOW;
+    let width = window.as_millis() as u64;
+    let start = Timestamp(T0 / width * width);
+    let at = Timestamp(start.0 + 1);
+    let same = leasehold_sweeper::request_id("expire-lease w1.x 123", at, window);
+    assert_eq!(same, leasehold_sweeper::request_id("expire-lease w1.x 123", Timestamp(start.0 + width - 1), window));
+    assert_ne!(same, leasehold_sweeper::request_id("expire-lease w1.x 123", Timestamp(start.0 + width), window));
+    assert_ne!(same, leasehold_sweeper::request_id("expire-lease w1.y 123", at, window));
+    assert_eq!(same.unix_ms(), start.0, "stamped with the window's start");
+    // A long retry does not widen the window: the id is never much older than its send.
+    let long = leasehold_sweeper::request_id("expire-lease w1.x 123", at, std::time::Duration::from_secs(300));
+    assert_eq!(long, same);
 }

@@ -5,14 +5,18 @@
 //!   breaker trips, the agent turns `suspect` and nothing is marked lost, report after report, until an operator
 //!   confirms the loss; then the next report marks them `lost`. An agent started with `--wiped` loses what it lost
 //!   at once, without the breaker.
+//! - An agent whose process dies for good turns `stalled` (no new placements), then `gone`; its resources turn
+//!   `orphaned` and their claims come back to the pool.
 
 use std::path::Path;
 
 use leasehold_log::jetstream::{JetStream, JetStreamConfig};
 use leasehold_log::nats_server::NatsServer;
 use leasehold_log::{Log, OutcomeFilter};
-use leasehold_schemas::command::ConfirmLoss;
+use leasehold_schemas::command::{Allocate, ConfirmLoss, DefinePool};
+use leasehold_schemas::ids::{Millis, PoolName};
 use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::{ResourceId, codec};
 
 use crate::api::{Api, agent_name, allocate, command, wait_agent, wait_resource};
@@ -147,4 +151,81 @@ async fn wait_reports(log: &JetStream, epoch: u64, n: usize, processes: &[&Proc]
         );
         tokio::time::sleep(crate::api::POLL).await;
     }
+}
+
+/// A stale agent: its process is killed for good. With a short policy (`serve --stall-after 3s --orphan-after 5s`),
+/// it turns `stalled` (no new placements), then `gone`; its resources are `orphaned` and their claims freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_dies_turns_stalled_then_gone_and_its_claims_come_back() {
+    let Some(server) = NatsServer::start() else { return };
+    let url = server.url().to_owned();
+    let dir = tempfile::Builder::new().prefix("lh-e2e-stale-").tempdir().expect("a temporary directory");
+    let data = dir.path().join("data").display().to_string();
+    let partitions = PARTITIONS.to_string();
+    let args = [
+        "serve",
+        "--nats",
+        &url,
+        "--partitions",
+        &partitions,
+        "--listen",
+        "127.0.0.1:0",
+        "--data",
+        &data,
+        "--stall-after",
+        "3s",
+        "--orphan-after",
+        "5s",
+        "--sweep-interval",
+        "100ms",
+        "--sweep-retry",
+        "1s",
+    ];
+    let mut serve = Proc::spawn(dir.path(), "serve", &args);
+    let api = Api::new(serve.address().await);
+    let mut a1 = agent(dir.path(), &url, false);
+    wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &a1]).await;
+    let name = agent_name("a1");
+    let pool = PoolName::new("slots").expect("a pool name");
+    let define = DefinePool { pool: pool.clone(), kind: PoolKind::Slots { count: 4 }, cooldown: Some(Millis(0)) };
+    api.accepted(&command(define), &[&serve]).await;
+    let mut resources = Vec::new();
+    for _ in 0..2 {
+        let id = ResourceId::generate();
+        let mut body = Allocate::new(name.clone(), id, "container", 1);
+        body.pools = vec![pool.clone()];
+        api.accepted(&command(body), &[&serve]).await;
+        resources.push(id);
+    }
+    for id in &resources {
+        wait_resource(&api, &format!("a1.{id}"), |r| r.state == "active", &[&serve, &a1]).await;
+    }
+
+    // The machine dies.
+    a1.kill9();
+    wait_agent(&api, "a1", |a| a.status == "stalled", &[&serve]).await;
+    let refused = api.decide(&allocate(&name, ResourceId::generate()), &[&serve]).await;
+    assert_eq!(refused["status"], "rejected", "no new placement on a stalled agent: {refused:#}");
+    wait_agent(&api, "a1", |a| a.status == "gone", &[&serve]).await;
+    for id in &resources {
+        let view = wait_resource(&api, &format!("a1.{id}"), |r| r.state == "orphaned", &[&serve]).await;
+        assert!(view.claims.iter().all(|c| c.status != "bound"), "an orphan holds no slot: {view:?}");
+    }
+    let deadline = tokio::time::Instant::now() + crate::api::STEP;
+    loop {
+        let pools = api.get("/v1/pools").await.unwrap_or_default();
+        let held =
+            pools.as_array().and_then(|all| all.iter().find(|p| p["name"] == "slots")).map(|p| p["held"].clone());
+        if held == Some(serde_json::json!(0)) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the orphans' slots never came back: {held:?}\n{}",
+            serve.tail()
+        );
+        tokio::time::sleep(crate::api::POLL).await;
+    }
+    serve.assert_no_panic();
+    serve.stop_cleanly().await;
 }

@@ -95,7 +95,7 @@ async fn each_user_may_do_its_own_work_and_nothing_else() {
         }
         outputs.push((agent.to_owned(), generate(&args)));
     }
-    outputs.push(("w".to_owned(), generate(&["credentials", "worker", "w"])));
+    outputs.push(("w".to_owned(), generate(&["credentials", "worker", "w", "--partitions", &partitions])));
     outputs.push(("pr".to_owned(), generate(&["credentials", "producer", "pr"])));
     outputs.push(("sw".to_owned(), generate(&["credentials", "sweeper", "sw"])));
     let users = Users { outputs };
