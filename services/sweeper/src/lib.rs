@@ -305,7 +305,8 @@ pub async fn run<L: Log>(
     };
     info!(sweeper = %config.name, applied = view.applied, "sweeper loaded the partitions");
     let mut follow = log.follow(OutcomeFilter::All, view.applied + 1);
-    let mut ticker = tokio::time::interval(config.interval);
+    // `serve` refuses a zero interval; a library caller gets the shortest one instead of a panic.
+    let mut ticker = tokio::time::interval(config.interval.max(Duration::from_millis(1)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sender = Sender { log: &log, issuer, config: &config, metrics: &metrics, sent: HashMap::new() };
     let mut planned: Vec<Planned> = Vec::new();
