@@ -10,30 +10,21 @@
 
 use std::path::Path;
 
-use leasehold_log::jetstream::{JetStream, JetStreamConfig};
-use leasehold_log::nats_server::NatsServer;
-use leasehold_log::{Log, OutcomeFilter};
-use leasehold_schemas::command::{Allocate, ConfirmLoss, DefinePool};
+use leasehold_log::OutcomeFilter;
+use leasehold_log::jetstream::JetStream;
+use leasehold_schemas::ResourceId;
+use leasehold_schemas::command::{ConfirmLoss, DefinePool};
 use leasehold_schemas::ids::{Millis, PoolName};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::PoolKind;
-use leasehold_schemas::{ResourceId, codec};
 
-use crate::api::{Api, agent_name, allocate, command, wait_agent, wait_resource};
+use crate::api::{Api, agent_name, allocate, allocate_in_pool, command, wait_agent, wait_pool, wait_resource};
+use crate::nats::{FAST_SWEEPER, NatsRun, outcomes};
 use crate::support::Proc;
 
 const PARTITIONS: u32 = 8;
 /// More than the breaker lets go at once (at least 5, and more than half of the agent's resources).
 const RESOURCES: usize = 6;
-
-fn agent(dir: &Path, url: &str, wiped: bool) -> Proc {
-    let driver = format!("dir:{}", dir.join("a1").display());
-    let mut args = vec!["agent", "run", "--name", "a1", "--driver", &driver, "--nats", url, "--sync-interval", "300ms"];
-    if wiped {
-        args.push("--wiped");
-    }
-    Proc::spawn(dir, "a1", &args)
-}
 
 /// Removes the resource directories under `root` (what a wiped disk looks like), keeping the agent's own files.
 fn wipe(root: &Path, resources: &[ResourceId]) {
@@ -44,15 +35,10 @@ fn wipe(root: &Path, resources: &[ResourceId]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_agent_trips_the_breaker_until_the_loss_is_confirmed() {
-    let Some(server) = NatsServer::start() else { return };
-    let url = server.url().to_owned();
-    let dir = tempfile::Builder::new().prefix("lh-e2e-agents-").tempdir().expect("a temporary directory");
-    let data = dir.path().join("data").display().to_string();
-    let partitions = PARTITIONS.to_string();
-    let args = ["serve", "--nats", &url, "--partitions", &partitions, "--listen", "127.0.0.1:0", "--data", &data];
-    let mut serve = Proc::spawn(dir.path(), "serve", &args);
+    let Some(run) = NatsRun::start("agents", PARTITIONS) else { return };
+    let mut serve = run.serve("serve", &[]);
     let api = Api::new(serve.address().await);
-    let mut a1 = agent(dir.path(), &url, false);
+    let mut a1 = run.agent("a1", &[]);
     wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &a1]).await;
     let name = agent_name("a1");
     let mut resources = Vec::new();
@@ -67,12 +53,12 @@ async fn a_wiped_agent_trips_the_breaker_until_the_loss_is_confirmed() {
 
     // The agent stops; its disk is wiped; it starts again without saying so.
     a1.stop_cleanly().await;
-    wipe(&dir.path().join("a1"), &resources);
-    let mut a1 = agent(dir.path(), &url, false);
+    wipe(&run.path().join("a1"), &resources);
+    let mut a1 = run.agent("a1", &[]);
     let suspect = wait_agent(&api, "a1", |a| a.status == "suspect", &[&serve, &a1]).await;
     let epoch = suspect.epoch;
     // Report after report, nothing is lost while the breaker holds.
-    let log = JetStream::connect(JetStreamConfig::new(&url, 0)).await.expect("attach to the log");
+    let log = run.log().await;
     let reports_while_suspect = wait_reports(&log, epoch, 3, &[&serve, &a1]).await;
     assert!(reports_while_suspect >= 3);
     for id in &resources {
@@ -101,9 +87,9 @@ async fn a_wiped_agent_trips_the_breaker_until_the_loss_is_confirmed() {
         wait_resource(&api, &format!("a1.{id}"), |r| r.state == "active", &[&serve, &a1]).await;
     }
     a1.stop_cleanly().await;
-    wipe(&dir.path().join("a1"), &more);
+    wipe(&run.path().join("a1"), &more);
     let trips_before = count(&log, |e| matches!(e, Effect::AgentSuspect { .. })).await;
-    let mut a1 = agent(dir.path(), &url, true);
+    let mut a1 = run.agent("a1", &["--wiped"]);
     for id in &more {
         wait_resource(&api, &format!("a1.{id}"), |r| r.state == "lost", &[&serve, &a1]).await;
     }
@@ -114,27 +100,29 @@ async fn a_wiped_agent_trips_the_breaker_until_the_loss_is_confirmed() {
     serve.stop_cleanly().await;
 }
 
-/// Every outcome of the log, decoded, with its sequence.
-async fn outcomes(log: &JetStream) -> Vec<(u64, leasehold_schemas::Outcome)> {
-    let stored = log.read_outcomes(&OutcomeFilter::All, 1, 1_000_000).await.expect("read the outcomes");
-    stored.iter().map(|s| (s.seq, codec::decode_outcome(&s.payload).expect("an outcome"))).collect()
-}
-
 /// The sequence of the first outcome with an effect that `matches`.
 async fn first_seq(log: &JetStream, matches: impl Fn(&Effect) -> bool) -> Option<u64> {
-    outcomes(log).await.into_iter().find(|(_, o)| o.effects().iter().any(&matches)).map(|(seq, _)| seq)
+    outcomes(log, &OutcomeFilter::All)
+        .await
+        .into_iter()
+        .find(|(_, o)| o.effects().iter().any(&matches))
+        .map(|(seq, _)| seq)
 }
 
 /// How many effects `match`.
 async fn count(log: &JetStream, matches: impl Fn(&Effect) -> bool) -> usize {
-    outcomes(log).await.iter().map(|(_, o)| o.effects().iter().filter(|e| matches(e)).count()).sum()
+    outcomes(log, &OutcomeFilter::All)
+        .await
+        .iter()
+        .map(|(_, o)| o.effects().iter().filter(|e| matches(e)).count())
+        .sum()
 }
 
 /// Waits until `n` sync reports of the incarnation at `epoch` were decided; returns how many there are.
 async fn wait_reports(log: &JetStream, epoch: u64, n: usize, processes: &[&Proc]) -> usize {
     let deadline = tokio::time::Instant::now() + crate::api::STEP;
     loop {
-        let reports = outcomes(log)
+        let reports = outcomes(log, &OutcomeFilter::All)
             .await
             .iter()
             .filter(|(_, o)| o.command.type_name == "agent.sync")
@@ -157,33 +145,12 @@ async fn wait_reports(log: &JetStream, epoch: u64, n: usize, processes: &[&Proc]
 /// it turns `stalled` (no new placements), then `gone`; its resources are `orphaned` and their claims freed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_dies_turns_stalled_then_gone_and_its_claims_come_back() {
-    let Some(server) = NatsServer::start() else { return };
-    let url = server.url().to_owned();
-    let dir = tempfile::Builder::new().prefix("lh-e2e-stale-").tempdir().expect("a temporary directory");
-    let data = dir.path().join("data").display().to_string();
-    let partitions = PARTITIONS.to_string();
-    let args = [
-        "serve",
-        "--nats",
-        &url,
-        "--partitions",
-        &partitions,
-        "--listen",
-        "127.0.0.1:0",
-        "--data",
-        &data,
-        "--stall-after",
-        "3s",
-        "--orphan-after",
-        "5s",
-        "--sweep-interval",
-        "100ms",
-        "--sweep-retry",
-        "1s",
-    ];
-    let mut serve = Proc::spawn(dir.path(), "serve", &args);
+    let Some(run) = NatsRun::start("stale", PARTITIONS) else { return };
+    let mut extra = vec!["--stall-after", "3s", "--orphan-after", "5s"];
+    extra.extend(FAST_SWEEPER);
+    let mut serve = run.serve("serve", &extra);
     let api = Api::new(serve.address().await);
-    let mut a1 = agent(dir.path(), &url, false);
+    let mut a1 = run.agent("a1", &[]);
     wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &a1]).await;
     let name = agent_name("a1");
     let pool = PoolName::new("slots").expect("a pool name");
@@ -192,9 +159,7 @@ async fn an_agent_that_dies_turns_stalled_then_gone_and_its_claims_come_back() {
     let mut resources = Vec::new();
     for _ in 0..2 {
         let id = ResourceId::generate();
-        let mut body = Allocate::new(name.clone(), id, "container", 1);
-        body.pools = vec![pool.clone()];
-        api.accepted(&command(body), &[&serve]).await;
+        api.accepted(&allocate_in_pool(&name, id, &pool), &[&serve]).await;
         resources.push(id);
     }
     for id in &resources {
@@ -211,21 +176,7 @@ async fn an_agent_that_dies_turns_stalled_then_gone_and_its_claims_come_back() {
         let view = wait_resource(&api, &format!("a1.{id}"), |r| r.state == "orphaned", &[&serve]).await;
         assert!(view.claims.iter().all(|c| c.status != "bound"), "an orphan holds no slot: {view:?}");
     }
-    let deadline = tokio::time::Instant::now() + crate::api::STEP;
-    loop {
-        let pools = api.get("/v1/pools").await.unwrap_or_default();
-        let held =
-            pools.as_array().and_then(|all| all.iter().find(|p| p["name"] == "slots")).map(|p| p["held"].clone());
-        if held == Some(serde_json::json!(0)) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the orphans' slots never came back: {held:?}\n{}",
-            serve.tail()
-        );
-        tokio::time::sleep(crate::api::POLL).await;
-    }
+    wait_pool(&api, "slots", |p| p["held"] == 0, &[&serve]).await;
     serve.assert_no_panic();
     serve.stop_cleanly().await;
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use leasehold_projector::{AgentView, LeaseView, ResourceView};
 use leasehold_schemas::command::{Acquire, Allocate, Release, ReleaseLease, Renew};
+use leasehold_schemas::ids::PoolName;
 use leasehold_schemas::{
     AgentName, Command as Body, CommandId, Envelope, Issuer, LeaseId, Position, ResourceId, Timestamp, codec,
 };
@@ -33,6 +34,13 @@ pub(crate) fn command(body: impl Into<Body>) -> Envelope {
 
 pub(crate) fn allocate(agent: &AgentName, resource: ResourceId) -> Envelope {
     allocate_with_capacity(agent, resource, 1)
+}
+
+/// An allocation that claims one identifier of `pool` before it is created.
+pub(crate) fn allocate_in_pool(agent: &AgentName, resource: ResourceId, pool: &PoolName) -> Envelope {
+    let mut body = Allocate::new(agent.clone(), resource, "container", 1);
+    body.pools = vec![pool.clone()];
+    command(body)
 }
 
 pub(crate) fn allocate_with_capacity(agent: &AgentName, resource: ResourceId, capacity: u32) -> Envelope {
@@ -206,6 +214,26 @@ pub(crate) async fn wait_agent(
         assert!(
             Instant::now() < deadline,
             "agent {name}: not as expected after {STEP:?}; last seen: {this:?}\n{}",
+            logs(processes.iter().copied())
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Waits until the pool's view satisfies `done`.
+pub(crate) async fn wait_pool(api: &Api, name: &str, done: impl Fn(&Value) -> bool, processes: &[&Proc]) -> Value {
+    let deadline = Instant::now() + STEP;
+    loop {
+        let pools = api.get("/v1/pools").await.unwrap_or(Value::Null);
+        let this = pools.as_array().and_then(|all| all.iter().find(|p| p["name"] == name)).cloned();
+        if let Some(pool) = &this
+            && done(pool)
+        {
+            return pool.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pool {name}: not as expected after {STEP:?}; last seen {this:?}\n{}",
             logs(processes.iter().copied())
         );
         tokio::time::sleep(POLL).await;

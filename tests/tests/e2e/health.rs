@@ -9,68 +9,34 @@
 //! (its probe path is taken by a directory): a second failure report makes the check fail, the parent is released
 //! and destroyed, and so is its child on the other agent.
 
-use leasehold_log::jetstream::{JetStream, JetStreamConfig};
-use leasehold_log::nats_server::NatsServer;
-use leasehold_log::{Log, OutcomeFilter};
+use leasehold_log::OutcomeFilter;
+use leasehold_log::jetstream::JetStream;
 use leasehold_schemas::command::{Allocate, ReportFailureByOperator};
 use leasehold_schemas::ids::ResourceRef;
 use leasehold_schemas::outcome::{Effect, ReleaseCause};
 use leasehold_schemas::subjects::partition_of_agent;
-use leasehold_schemas::{AgentName, LeaseId, ResourceId, codec};
+use leasehold_schemas::{AgentName, LeaseId, ResourceId};
 
 use crate::api::{Api, acquire, agent_name, allocate, command, wait_agent, wait_path, wait_resource};
-use crate::support::Proc;
+use crate::nats::{FAST_SWEEPER, NatsRun, outcomes};
 
 const PARTITIONS: u32 = 8;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_resource_is_quarantined_checked_and_restored_or_released_with_its_child() {
-    let Some(server) = NatsServer::start() else { return };
-    let url = server.url().to_owned();
-    let dir = tempfile::Builder::new().prefix("lh-e2e-health-").tempdir().expect("a temporary directory");
-    let data = dir.path().join("data").display().to_string();
-    let partitions = PARTITIONS.to_string();
-    let serve_args = [
-        "serve",
-        "--roles",
-        "worker,projector,gateway",
-        "--nats",
-        &url,
-        "--partitions",
-        &partitions,
-        "--listen",
-        "127.0.0.1:0",
-        "--data",
-        &data,
-    ];
-    let mut serve = Proc::spawn(dir.path(), "serve", &serve_args);
+    let Some(run) = NatsRun::start("health", PARTITIONS) else { return };
+    let mut serve = run.serve("serve", &["--roles", "worker,projector,gateway"]);
     let api = Api::new(serve.address().await);
-    let sweeper_args = [
-        "serve",
-        "--roles",
-        "sweeper",
-        "--nats",
-        &url,
-        "--partitions",
-        &partitions,
-        "--listen",
-        "127.0.0.1:0",
-        "--sweep-interval",
-        "100ms",
-        "--sweep-retry",
-        "1s",
-    ];
-    let mut sweeper = Proc::spawn(dir.path(), "sweeper", &sweeper_args);
+    let mut sweeper_args = vec!["--roles", "sweeper"];
+    sweeper_args.extend(FAST_SWEEPER);
+    let mut sweeper = run.serve("sweeper", &sweeper_args);
     sweeper.address().await;
 
     // Two agents in two partitions.
     let names = two_partitions();
     let mut agents = Vec::new();
     for name in &names {
-        let driver = format!("dir:{}", dir.path().join(name.as_str()).display());
-        let args =
-            ["agent", "run", "--name", name.as_str(), "--driver", &driver, "--nats", &url, "--sync-interval", "300ms"];
-        agents.push(Proc::spawn(dir.path(), name.as_str(), &args));
+        agents.push(run.agent(name.as_str(), &[]));
     }
     for name in &names {
         wait_agent(&api, name.as_str(), |a| a.status == "live", &[&serve, &sweeper, &agents[0], &agents[1]]).await;
@@ -90,7 +56,7 @@ async fn a_failed_resource_is_quarantined_checked_and_restored_or_released_with_
 
     // The child has heard from its parent (the answer to its adoption, carried by the sweeper) before the sweeper
     // is frozen: what it hears next is news.
-    let log = JetStream::connect(JetStreamConfig::new(&url, 0)).await.expect("attach to the log");
+    let log = run.log().await;
     let deadline = tokio::time::Instant::now() + crate::api::STEP;
     while upstream_flags(&log, &names[1], child).await.is_empty() {
         assert!(
@@ -124,7 +90,7 @@ async fn a_failed_resource_is_quarantined_checked_and_restored_or_released_with_
     );
 
     // A failing check: the parent is released, and its child on the other agent with it.
-    let parent_dir = dir.path().join(parent_agent.as_str()).join(parent.to_string());
+    let parent_dir = run.path().join(parent_agent.as_str()).join(parent.to_string());
     std::fs::create_dir(parent_dir.join(".leasehold-probe")).expect("take the probe's path");
     api.accepted(&command(failure), &[&serve]).await;
     wait_resource(&api, &parent_ref, |r| r.state == "destroyed", &all).await;
@@ -157,37 +123,27 @@ fn two_partitions() -> [AgentName; 2] {
     [first, second]
 }
 
-/// The effects on an agent's subject, in log order.
-async fn effects_of(log: &JetStream, agent: &AgentName) -> Vec<Effect> {
+/// What `pick` takes from the effects on an agent's subject, in log order.
+async fn effects_of<T>(log: &JetStream, agent: &AgentName, pick: impl Fn(&Effect) -> Option<T>) -> Vec<T> {
     let filter =
         OutcomeFilter::Key { partition: partition_of_agent(agent, PARTITIONS), key: agent.as_str().to_owned() };
-    let outcomes = log.read_outcomes(&filter, 1, 100_000).await.expect("read the outcomes");
-    outcomes
-        .iter()
-        .flat_map(|stored| codec::decode_outcome(&stored.payload).expect("an outcome").effects().to_vec())
-        .collect()
+    outcomes(log, &filter).await.iter().flat_map(|(_, o)| o.effects()).filter_map(pick).collect()
 }
 
 /// The `suspect-upstream` flags the child took, in log order.
 async fn upstream_flags(log: &JetStream, agent: &AgentName, child: ResourceId) -> Vec<bool> {
-    let effects = effects_of(log, agent).await;
-    effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::UpstreamFlagged { resource, suspect, .. } if *resource == child => Some(*suspect),
-            _ => None,
-        })
-        .collect()
+    effects_of(log, agent, |e| match e {
+        Effect::UpstreamFlagged { resource, suspect, .. } if *resource == child => Some(*suspect),
+        _ => None,
+    })
+    .await
 }
 
 /// Why the child was ordered released, each time it was.
 async fn release_causes(log: &JetStream, agent: &AgentName, child: ResourceId) -> Vec<ReleaseCause> {
-    let effects = effects_of(log, agent).await;
-    effects
-        .into_iter()
-        .filter_map(|e| match e {
-            Effect::ResourceReleasing { resource, cause } if resource == child => Some(cause),
-            _ => None,
-        })
-        .collect()
+    effects_of(log, agent, |e| match e {
+        Effect::ResourceReleasing { resource, cause } if *resource == child => Some(cause.clone()),
+        _ => None,
+    })
+    .await
 }

@@ -10,6 +10,7 @@ mod dead_letters;
 mod fences;
 mod front_door;
 mod health;
+mod nats;
 mod pools;
 mod python_producer;
 mod support;

@@ -11,19 +11,20 @@
 
 use std::time::Duration;
 
-use leasehold_log::jetstream::{JetStream, JetStreamConfig};
-use leasehold_log::nats_server::NatsServer;
-use leasehold_log::{Log, OutcomeFilter};
+use leasehold_log::OutcomeFilter;
 use leasehold_projector::ResourceView;
-use leasehold_schemas::command::{Allocate, DefinePool, TickPool};
+use leasehold_schemas::command::{DefinePool, TickPool};
 use leasehold_schemas::ids::{Millis, PoolName};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::PoolKind;
-use leasehold_schemas::{CommandId, Envelope, Issuer, ResourceId, Timestamp, codec};
+use leasehold_schemas::{CommandId, ResourceId};
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::api::{Api, POLL, STEP, agent_name, command, release, wait_agent, wait_resource};
+use crate::api::{
+    Api, POLL, STEP, agent_name, allocate_in_pool, command, release, wait_agent, wait_pool, wait_resource,
+};
+use crate::nats::{FAST_SWEEPER, NatsRun, outcomes, publish};
 use crate::support::{Proc, logs};
 
 const PARTITIONS: u32 = 8;
@@ -31,35 +32,14 @@ const COOLDOWN: Duration = Duration::from_secs(2);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_address_comes_back_only_after_its_holder_is_destroyed_and_its_cool_down() {
-    let Some(server) = NatsServer::start() else { return };
-    let url = server.url().to_owned();
-    let dir = tempfile::Builder::new().prefix("lh-e2e-pools-").tempdir().expect("a temporary directory");
-    let data = dir.path().join("data").display().to_string();
-    let partitions = PARTITIONS.to_string();
-    let serve_args = [
-        "serve",
-        "--nats",
-        &url,
-        "--partitions",
-        &partitions,
-        "--listen",
-        "127.0.0.1:0",
-        "--data",
-        &data,
-        "--sweep-interval",
-        "100ms",
-        "--sweep-retry",
-        "1s",
-        "--release-timeout",
-        "300ms",
-    ];
-    let mut serve = Proc::spawn(dir.path(), "serve", &serve_args);
+    let Some(run) = NatsRun::start("pools", PARTITIONS) else { return };
+    let mut extra = FAST_SWEEPER.to_vec();
+    extra.extend(["--release-timeout", "300ms"]);
+    let mut serve = run.serve("serve", &extra);
     let api = Api::new(serve.address().await);
-    let driver = format!("dir:{}", dir.path().join("a1").display());
-    let agent_args = ["agent", "run", "--name", "a1", "--driver", &driver, "--nats", &url, "--sync-interval", "300ms"];
-    let mut agent = Proc::spawn(dir.path(), "a1", &agent_args);
+    let mut agent = run.agent("a1", &[]);
     wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &agent]).await;
-    let log = JetStream::connect(JetStreamConfig::new(&url, 0)).await.expect("attach to the log");
+    let log = run.log().await;
 
     let pool = PoolName::new("net").expect("a pool name");
     let kind = PoolKind::Ipv4 { network: "10.9.0.0".parse().expect("an address"), prefix_len: 30, exclude: vec![] };
@@ -68,11 +48,7 @@ async fn an_address_comes_back_only_after_its_holder_is_destroyed_and_its_cool_d
 
     // Two containers take both addresses.
     let a1 = agent_name("a1");
-    let with_address = |id: ResourceId| {
-        let mut body = Allocate::new(a1.clone(), id, "container", 1);
-        body.pools = vec![pool.clone()];
-        command(body)
-    };
+    let with_address = |id: ResourceId| allocate_in_pool(&a1, id, &pool);
     let (c1, c2, c3) = (ResourceId::generate(), ResourceId::generate(), ResourceId::generate());
     let mut addresses = Vec::new();
     for id in [c1, c2] {
@@ -89,7 +65,8 @@ async fn an_address_comes_back_only_after_its_holder_is_destroyed_and_its_cool_d
     // The agent hangs; c1 is released. It stays releasing and keeps its address.
     agent.freeze();
     api.accepted(&release(&a1, c1), &[&serve]).await;
-    let tick = tick_pool(&log, &pool).await;
+    // A tick straight to the log, as a sweeper would send it: the pool's own answer says what it has free.
+    let tick = publish(&log, "e2e-sweeper", TickPool { pool: pool.clone() }).await;
     let answer = wait_decided(&api, tick, &[&serve]).await;
     assert_eq!(answer["status"], "rejected", "{answer:#}");
     let message = answer["rejection"]["message"].as_str().unwrap_or_default();
@@ -118,24 +95,22 @@ async fn an_address_comes_back_only_after_its_holder_is_destroyed_and_its_cool_d
     assert_eq!(bound_address(&view).as_deref(), Some(addresses[0].as_str()), "c3 got c1's address");
 
     // The log's order: c1 destroyed, then its address freed, then (a cool-down later) granted to c3.
-    let outcomes = log.read_outcomes(&OutcomeFilter::All, 1, 100_000).await.expect("read the outcomes");
     let mut destroyed = None;
     let mut freed = None;
     let mut granted = None;
-    for stored in &outcomes {
-        let outcome = codec::decode_outcome(&stored.payload).expect("an outcome");
+    for (seq, outcome) in outcomes(&log, &OutcomeFilter::All).await {
         for effect in outcome.effects() {
             match effect {
                 Effect::ResourceDestroyed { resource, .. } if *resource == c1 => {
-                    destroyed = Some((stored.seq, outcome.decided_at));
+                    destroyed = Some((seq, outcome.decided_at));
                 }
                 Effect::ClaimFreed { holder, value, .. } if holder.resource == c1 => {
                     assert_eq!(value.to_string(), addresses[0]);
-                    freed = Some((stored.seq, outcome.decided_at));
+                    freed = Some((seq, outcome.decided_at));
                 }
                 Effect::ClaimGranted { holder, value, .. } if holder.resource == c3 => {
                     assert_eq!(value.to_string(), addresses[0]);
-                    granted = Some((stored.seq, outcome.decided_at));
+                    granted = Some((seq, outcome.decided_at));
                 }
                 _ => {}
             }
@@ -162,22 +137,6 @@ fn bound_address(view: &ResourceView) -> Option<String> {
     view.claims.iter().find(|c| c.status == "bound").and_then(|c| c.id.clone())
 }
 
-/// Sends a `tick-pool` straight to the log, as a sweeper would: the pool's own answer says what it has free.
-async fn tick_pool(log: &JetStream, pool: &PoolName) -> CommandId {
-    let id = CommandId::generate();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_millis();
-    let envelope = Envelope::new(
-        id,
-        Issuer::new("e2e-sweeper").expect("an issuer"),
-        Timestamp(now as u64),
-        TickPool { pool: pool.clone() },
-    );
-    let payload = codec::encode_command(&envelope).expect("encode");
-    let subject = leasehold_schemas::subjects::ingress_subject_of(&envelope.body);
-    log.publish_command(&subject, &id.to_string(), payload.into()).await.expect("publish the tick");
-    id
-}
-
 /// Waits until the command is decided (the gateway shows its outcome); returns its status.
 async fn wait_decided(api: &Api, id: CommandId, processes: &[&Proc]) -> Value {
     let deadline = Instant::now() + STEP;
@@ -188,26 +147,6 @@ async fn wait_decided(api: &Api, id: CommandId, processes: &[&Proc]) -> Value {
             return status;
         }
         assert!(Instant::now() < deadline, "command {id} not decided in {STEP:?}\n{}", logs(processes.iter().copied()));
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-/// Waits until the pool's view satisfies `done`.
-async fn wait_pool(api: &Api, name: &str, done: impl Fn(&Value) -> bool, processes: &[&Proc]) -> Value {
-    let deadline = Instant::now() + STEP;
-    loop {
-        let pools = api.get("/v1/pools").await.unwrap_or(Value::Null);
-        let this = pools.as_array().and_then(|all| all.iter().find(|p| p["name"] == name)).cloned();
-        if let Some(pool) = &this
-            && done(pool)
-        {
-            return pool.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "pool {name}: not as expected after {STEP:?}; last seen {this:?}\n{}",
-            logs(processes.iter().copied())
-        );
         tokio::time::sleep(POLL).await;
     }
 }

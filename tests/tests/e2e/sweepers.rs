@@ -7,17 +7,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use futures::StreamExt;
-use leasehold_log::jetstream::{JetStream, JetStreamConfig};
-use leasehold_log::nats_server::NatsServer;
-use leasehold_log::{Log, OutcomeFilter};
+use leasehold_log::OutcomeFilter;
+use leasehold_log::jetstream::JetStream;
 use leasehold_schemas::command::Acquire;
 use leasehold_schemas::ids::Millis;
 use leasehold_schemas::outcome::Effect;
-use leasehold_schemas::{CommandId, Envelope, Issuer, LeaseId, ResourceId, Timestamp, codec};
+use leasehold_schemas::{LeaseId, ResourceId};
 use tokio::time::Instant;
 
 use crate::api::{Api, POLL, agent_name, allocate_with_capacity, wait_agent, wait_resource};
-use crate::support::{Proc, logs};
+use crate::nats::{NatsRun, outcomes, publish};
+use crate::support::logs;
 
 const PARTITIONS: u32 = 8;
 const LEASES: usize = 1000;
@@ -29,54 +29,18 @@ const LIMIT: Duration = Duration::from_secs(90);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sweepers_expire_every_lease_exactly_once() {
-    let Some(server) = NatsServer::start() else { return };
-    let url = server.url().to_owned();
-    let dir = tempfile::Builder::new().prefix("lh-e2e-sweepers-").tempdir().expect("a temporary directory");
-    let data = dir.path().join("data").display().to_string();
-    let partitions = PARTITIONS.to_string();
-    let serve_args = [
-        "serve",
-        "--roles",
-        "worker,projector,gateway",
-        "--nats",
-        &url,
-        "--partitions",
-        &partitions,
-        "--listen",
-        "127.0.0.1:0",
-        "--data",
-        &data,
-    ];
-    let mut serve = Proc::spawn(dir.path(), "serve", &serve_args);
+    let Some(run) = NatsRun::start("sweepers", PARTITIONS) else { return };
+    let mut serve = run.serve("serve", &["--roles", "worker,projector,gateway"]);
     let api = Api::new(serve.address().await);
     let sweeper = |name: &str| {
-        let args = [
-            "serve",
-            "--roles",
-            "sweeper",
-            "--nats",
-            &url,
-            "--partitions",
-            &partitions,
-            "--listen",
-            "127.0.0.1:0",
-            "--name",
-            name,
-            "--sweep-interval",
-            "100ms",
-            "--sweep-retry",
-            "2s",
-        ];
-        Proc::spawn(dir.path(), name, &args)
+        run.serve(name, &["--roles", "sweeper", "--name", name, "--sweep-interval", "100ms", "--sweep-retry", "2s"])
     };
     let mut sweepers = [sweeper("s1"), sweeper("s2")];
     let mut metrics = Vec::new();
     for process in &mut sweepers {
         metrics.push(Api::new(process.address().await));
     }
-    let driver = format!("dir:{}", dir.path().join("a1").display());
-    let agent_args = ["agent", "run", "--name", "a1", "--driver", &driver, "--nats", &url, "--sync-interval", "300ms"];
-    let agent = Proc::spawn(dir.path(), "a1", &agent_args);
+    let agent = run.agent("a1", &[]);
     let everyone = || [&serve, &agent, &sweepers[0], &sweepers[1]];
     wait_agent(&api, "a1", |a| a.status == "live", &everyone()).await;
 
@@ -92,11 +56,10 @@ async fn two_sweepers_expire_every_lease_exactly_once() {
     }
 
     // A thousand leases, straight to the log.
-    let log = JetStream::connect(JetStreamConfig::new(&url, 0)).await.expect("attach to the log");
+    let log = run.log().await;
     let leases: Vec<(LeaseId, ResourceId)> =
         (0..LEASES).map(|i| (LeaseId::generate(), resources[i % RESOURCES])).collect();
-    let published = futures::stream::iter(leases.iter().map(|(lease, resource)| {
-        let log = log.clone();
+    futures::stream::iter(leases.iter().map(|(lease, resource)| {
         let body = Acquire {
             agent: a1.clone(),
             resource: *resource,
@@ -105,19 +68,11 @@ async fn two_sweepers_expire_every_lease_exactly_once() {
             ttl: Some(Millis(TTL.as_millis() as u64)),
             wait_timeout: None,
         };
-        async move {
-            let id = CommandId::generate();
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("now").as_millis();
-            let envelope = Envelope::new(id, Issuer::new("e2e").expect("issuer"), Timestamp(now as u64), body);
-            let subject = leasehold_schemas::subjects::ingress_subject_of(&envelope.body);
-            let payload = codec::encode_command(&envelope).expect("encode");
-            log.publish_command(&subject, &id.to_string(), payload.into()).await.map(|_| ())
-        }
+        publish(&log, "e2e", body)
     }))
     .buffer_unordered(64)
     .collect::<Vec<_>>()
     .await;
-    assert!(published.iter().all(Result::is_ok), "every acquire is stored");
 
     // Every lease is granted, then expires: exactly once each.
     let wanted: BTreeSet<LeaseId> = leases.iter().map(|(l, _)| *l).collect();
@@ -172,23 +127,17 @@ struct Tally {
 impl Tally {
     async fn of(log: &JetStream) -> Tally {
         let mut tally = Tally::default();
-        let mut from = 1;
-        loop {
-            let batch = log.read_outcomes(&OutcomeFilter::All, from, 2048).await.expect("read the outcomes");
-            let Some(last) = batch.last() else { return tally };
-            from = last.seq + 1;
-            for stored in &batch {
-                let outcome = codec::decode_outcome(&stored.payload).expect("an outcome");
-                for effect in outcome.effects() {
-                    match effect {
-                        Effect::LeaseGranted { lease, .. } => {
-                            tally.granted.insert(*lease);
-                        }
-                        Effect::LeaseExpired { lease } => *tally.expired.entry(*lease).or_default() += 1,
-                        _ => {}
+        for (_, outcome) in outcomes(log, &OutcomeFilter::All).await {
+            for effect in outcome.effects() {
+                match effect {
+                    Effect::LeaseGranted { lease, .. } => {
+                        tally.granted.insert(*lease);
                     }
+                    Effect::LeaseExpired { lease } => *tally.expired.entry(*lease).or_default() += 1,
+                    _ => {}
                 }
             }
         }
+        tally
     }
 }
