@@ -6,79 +6,38 @@
 //! The API is built in-process over the embedded log (a worker and a projector run as tasks) and called with
 //! `tower::ServiceExt::oneshot`.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
-use leasehold_gateway::{Api, GatewayConfig, Health, Tokens, router};
+use leasehold_gateway::{GatewayConfig, Tokens};
 use leasehold_log::Log;
-use leasehold_log::embedded::Embedded;
-use leasehold_projector::Projector;
 use leasehold_schemas::codec;
 use leasehold_schemas::command::{Allocate, Register};
 use leasehold_schemas::ids::{AgentName, CommandId, Issuer, ResourceId, Timestamp};
 use leasehold_schemas::subjects::ingress_subject_of;
 use leasehold_schemas::{Envelope, Uuid};
-use leasehold_worker::WorkerConfig;
-use prometheus_client::registry::Registry;
 use serde_json::Value;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-const PARTITIONS: u32 = 2;
+use support::Gateway;
+
 const ALICE: &str = "alice-token-0123456789";
 const CI: &str = "ci-token-abcdefghijklmn";
 const TOKEN_FILE: &str = "# principal token\nop:alice alice-token-0123456789\nop:ci ci-token-abcdefghijklmn\n";
 
-/// The API over an embedded log, with a worker and a projector running as tasks.
-struct Gateway {
-    log: Embedded,
-    app: Router,
-    shutdown: CancellationToken,
-    tasks: Vec<JoinHandle<()>>,
-    _dirs: [tempfile::TempDir; 2],
-}
-
 impl Gateway {
     async fn start(tokens: Option<&str>) -> Gateway {
-        let log_dir = tempfile::Builder::new().prefix("lh-gw-auth-log-").tempdir().expect("a temporary directory");
-        let projection_dir =
-            tempfile::Builder::new().prefix("lh-gw-auth-proj-").tempdir().expect("a temporary directory");
-        let log = Embedded::open(log_dir.path(), PARTITIONS).expect("open the embedded log");
-        let mut projector = Projector::open(projection_dir.path(), PARTITIONS).expect("open the projection");
-        let shutdown = CancellationToken::new();
         let config = GatewayConfig {
             tokens: tokens.map(|text| Arc::new(Tokens::parse(text).expect("a good token file"))),
             ..GatewayConfig::default()
         };
-        let api = Api::new(log.clone(), &projector, config, shutdown.clone());
-        let mut tasks = Vec::new();
-        {
-            let (log, shutdown) = (log.clone(), shutdown.clone());
-            tasks.push(tokio::spawn(async move {
-                projector.run(&log, &shutdown).await.expect("the projector runs until shutdown");
-            }));
-        }
-        {
-            let (log, shutdown) = (log.clone(), shutdown.clone());
-            tasks.push(tokio::spawn(async move {
-                let report = leasehold_worker::run(log, WorkerConfig::new("w"), shutdown).await;
-                assert!(report.stopped.is_empty(), "partitions stopped: {:?}", report.stopped);
-            }));
-        }
-        let health = Health {
-            roles: vec!["gateway".to_owned()],
-            registry: Arc::new(Registry::default()),
-            projection: None,
-            failures: Default::default(),
-            workers: None,
-        };
-        let gw = Gateway { log, app: router(api, health), shutdown, tasks, _dirs: [log_dir, projection_dir] };
+        let gw = Gateway::start_with(config, true).await;
         gw.register_w1(tokens.map(|_| bearer(ALICE)).as_deref()).await;
         gw
     }
@@ -149,15 +108,6 @@ impl Gateway {
     /// `GET uri` with `authorization`.
     async fn get(&self, uri: &str, authorization: Option<&str>) -> (StatusCode, Option<String>, Value) {
         self.send(Method::GET, uri, authorization, None).await
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-        for task in &self.tasks {
-            task.abort();
-        }
     }
 }
 

@@ -7,74 +7,33 @@
 //! The API is built in-process over the embedded log (a worker and a projector run as tasks) and called with
 //! `tower::ServiceExt::oneshot`.
 
-use std::sync::Arc;
+mod support;
+
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
-use leasehold_gateway::{Api, GatewayConfig, Health, router};
+use leasehold_gateway::GatewayConfig;
 use leasehold_log::Log;
-use leasehold_log::embedded::Embedded;
-use leasehold_projector::Projector;
 use leasehold_schemas::codec::{self, MAX_COMMAND_BYTES};
 use leasehold_schemas::command::{Acquire, Allocate, ExpireLease, Heartbeat, Register};
 use leasehold_schemas::ids::{AgentName, CommandId, Issuer, LeaseId, Position, ResourceId, Timestamp};
 use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::subjects::ingress_subject_of;
 use leasehold_schemas::{Command, Envelope, Uuid};
-use leasehold_worker::WorkerConfig;
-use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-const PARTITIONS: u32 = 4;
+use support::{Gateway, PARTITIONS};
+
 /// How long a condition wait may take before the test fails.
 const DEADLINE: Duration = Duration::from_secs(20);
 
-/// The API over an embedded log, with a projector and (when asked) a worker running as tasks.
-struct Gateway {
-    log: Embedded,
-    app: Router,
-    shutdown: CancellationToken,
-    tasks: Vec<JoinHandle<()>>,
-    _dirs: [tempfile::TempDir; 2],
-}
-
 impl Gateway {
     async fn start(with_worker: bool) -> Gateway {
-        let log_dir = tempfile::Builder::new().prefix("lh-gw-log-").tempdir().expect("a temporary directory");
-        let projection_dir = tempfile::Builder::new().prefix("lh-gw-proj-").tempdir().expect("a temporary directory");
-        let log = Embedded::open(log_dir.path(), PARTITIONS).expect("open the embedded log");
-        let mut projector = Projector::open(projection_dir.path(), PARTITIONS).expect("open the projection");
-        let shutdown = CancellationToken::new();
-        let api = Api::new(log.clone(), &projector, GatewayConfig::default(), shutdown.clone());
-        let mut tasks = Vec::new();
-        {
-            let (log, shutdown) = (log.clone(), shutdown.clone());
-            tasks.push(tokio::spawn(async move {
-                projector.run(&log, &shutdown).await.expect("the projector runs until shutdown");
-            }));
-        }
-        if with_worker {
-            let (log, shutdown) = (log.clone(), shutdown.clone());
-            tasks.push(tokio::spawn(async move {
-                let report = leasehold_worker::run(log, WorkerConfig::new("w"), shutdown).await;
-                assert!(report.stopped.is_empty(), "partitions stopped: {:?}", report.stopped);
-            }));
-        }
-        let health = Health {
-            roles: vec!["gateway".to_owned()],
-            registry: Arc::new(Registry::default()),
-            projection: None,
-            failures: Default::default(),
-            workers: None,
-        };
-        Gateway { log, app: router(api, health), shutdown, tasks, _dirs: [log_dir, projection_dir] }
+        Gateway::start_with(GatewayConfig::default(), with_worker).await
     }
 
     async fn last_seq(&self) -> u64 {
@@ -159,15 +118,6 @@ impl Gateway {
             );
             assert!(Instant::now() < deadline, "command {id} did not get there in {DEADLINE:?}: {status} {answer}");
             tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-        for task in &self.tasks {
-            task.abort();
         }
     }
 }
