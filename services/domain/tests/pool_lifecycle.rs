@@ -12,29 +12,13 @@ use leasehold_domain::state::Holding;
 use leasehold_schemas::Outcome;
 use leasehold_schemas::RejectionKind::*;
 use leasehold_schemas::command::{Claim, DefinePool, DeletePool, Free, UpdatePool};
-use leasehold_schemas::ids::{Millis, Position, ResourceId, ResourceRef, Source};
+use leasehold_schemas::ids::{Millis, Position, ResourceRef, Source};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::{PoolKind, PoolValue};
 use proptest::prelude::*;
 use support::*;
 
 const COOL: Millis = Millis::from_secs(30);
-
-fn holder(n: u8) -> ResourceRef {
-    ResourceRef::new(agent_name("w1"), ResourceId::from_parts(T0.0, [n; 10]))
-}
-
-fn source(n: u8) -> Source {
-    Source { partition: 0, position: Position(1000 + u64::from(n)) }
-}
-
-fn addr(last: u8) -> Ipv4Addr {
-    Ipv4Addr::new(10, 0, 0, last)
-}
-
-fn ip(last: u8) -> PoolValue {
-    PoolValue::Ipv4(addr(last))
-}
 
 fn subnet(prefix_len: u8, exclude: Vec<Ipv4Addr>) -> PoolKind {
     PoolKind::Ipv4 { network: addr(0), prefix_len, exclude }

@@ -9,7 +9,7 @@ use Then::{Effects, Rejected};
 use leasehold_domain::state::Holding;
 use leasehold_schemas::RejectionKind::*;
 use leasehold_schemas::command::{Claim, DefinePool, Free, TickPool};
-use leasehold_schemas::ids::{Millis, Position, ResourceId, ResourceRef, Source};
+use leasehold_schemas::ids::{Millis, Position, ResourceRef, Source};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::{PoolKind, PoolValue};
 use leasehold_schemas::settings::DEFAULT_POOL_COOLDOWN;
@@ -22,24 +22,6 @@ const COOL: Millis = Millis::from_secs(30);
 const ALMOST: Millis = Millis(COOL.0 - 1);
 
 // --- helpers: holders are numbered, so `given` and `when` can name the same one ------------------------------------
-
-/// Holder `n`: a resource on agent `w1` (the pool does not need to know it).
-fn holder(n: u8) -> ResourceRef {
-    ResourceRef::new(agent_name("w1"), ResourceId::from_parts(T0.0, [n; 10]))
-}
-
-/// Where holder `n`'s claim comes from: its `claim-wanted` effect, as the sweeper saw it.
-fn source(n: u8) -> Source {
-    Source { partition: 0, position: Position(1000 + u64::from(n)) }
-}
-
-fn addr(last: u8) -> Ipv4Addr {
-    Ipv4Addr::new(10, 0, 0, last)
-}
-
-fn ip(last: u8) -> PoolValue {
-    PoolValue::Ipv4(addr(last))
-}
 
 fn slot(n: u32) -> PoolValue {
     PoolValue::Slot(n)

@@ -606,3 +606,23 @@ pub fn all_hold(checks: Vec<NamedCheck>) {
     }
     assert!(failures.is_empty(), "{} checks failed:\n{}", failures.len(), failures.join("\n"));
 }
+
+// --- pools: holders are numbered, so `given` and `when` can name the same one ---------------------------------------
+
+/// Holder `n`: a resource on agent `w1` (the pool does not need to know it).
+pub fn holder(n: u8) -> ResourceRef {
+    ResourceRef::new(agent_name("w1"), ResourceId::from_parts(T0.0, [n; 10]))
+}
+
+/// Where holder `n`'s claim comes from: its `claim-wanted` effect, as the sweeper saw it.
+pub fn source(n: u8) -> Source {
+    Source { partition: 0, position: Position(1000 + u64::from(n)) }
+}
+
+pub fn addr(last: u8) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(10, 0, 0, last)
+}
+
+pub fn ip(last: u8) -> leasehold_schemas::pool::PoolValue {
+    leasehold_schemas::pool::PoolValue::Ipv4(addr(last))
+}
