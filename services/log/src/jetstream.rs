@@ -1524,24 +1524,37 @@ fn follow(log: JetStream, filter: OutcomeFilter, from: u64) -> BoxStream<'static
                 }
             }
         };
-        let next = match messages.next().await {
-            None => Err(Error::Unavailable("the outcome follower ended".to_owned())),
-            Some(Err(e)) => Err(unavailable("the outcome follower failed", e)),
-            Some(Ok(message)) => match message.info() {
-                Err(e) => Err(Error::Storage(format!("a followed outcome has no stream sequence: {e}"))),
-                Ok(info) => {
-                    let seq = info.stream_sequence;
-                    let message = message.message;
-                    stored_outcome(seq, &message.subject, message.headers.as_ref(), message.payload)
-                }
-            },
-        };
-        match next {
+        match followed(messages.next().await, None) {
             Ok(outcome) => Some((Ok(outcome), State::Following(messages))),
             Err(e) => Some((Err(e), State::Done)),
         }
     })
     .boxed()
+}
+
+/// The outcome a follower's next message holds. With `expected`, the consumer sequence it must carry: a gap (an
+/// outcome taken from the consumer by someone else) ends the follow, to be started again from the last sequence.
+fn followed<E: fmt::Display>(
+    next: Option<Result<async_nats::jetstream::Message, E>>,
+    expected: Option<u64>,
+) -> Result<StoredOutcome, Error> {
+    let message = match next {
+        None => return Err(Error::Unavailable("the outcome follower ended".to_owned())),
+        Some(Err(e)) => return Err(unavailable("the outcome follower failed", e)),
+        Some(Ok(message)) => message,
+    };
+    let info = message.info().map_err(|e| Error::Storage(format!("a followed outcome has no stream sequence: {e}")))?;
+    if let Some(expected) = expected
+        && info.consumer_sequence != expected
+    {
+        return Err(Error::Unavailable(format!(
+            "the outcome follower skipped from delivery {expected} to {}",
+            info.consumer_sequence
+        )));
+    }
+    let seq = info.stream_sequence;
+    let message = message.message;
+    stored_outcome(seq, &message.subject, message.headers.as_ref(), message.payload)
 }
 
 /// An agent's outcomes, read as its restricted user may: through its one consumer, `lh-agent-<name>` on `LH_EVT`
@@ -1580,23 +1593,7 @@ fn follow_as_agent(
                 Err(e) => return Some((Err(e), State::Done)),
             },
         };
-        let next = match messages.next().await {
-            None => Err(Error::Unavailable("the outcome follower ended".to_owned())),
-            Some(Err(e)) => Err(unavailable("the outcome follower failed", e)),
-            Some(Ok(message)) => match message.info() {
-                Err(e) => Err(Error::Storage(format!("a followed outcome has no stream sequence: {e}"))),
-                Ok(info) if info.consumer_sequence != expected => Err(Error::Unavailable(format!(
-                    "the outcome follower skipped from delivery {expected} to {}",
-                    info.consumer_sequence
-                ))),
-                Ok(info) => {
-                    let seq = info.stream_sequence;
-                    let message = message.message;
-                    stored_outcome(seq, &message.subject, message.headers.as_ref(), message.payload)
-                }
-            },
-        };
-        match next {
+        match followed(messages.next().await, Some(expected)) {
             Ok(outcome) => Some((Ok(outcome), State::Following(messages, expected + 1))),
             Err(e) => Some((Err(e), State::Done)),
         }
