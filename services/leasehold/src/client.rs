@@ -117,16 +117,9 @@ impl fmt::Display for OutcomeUnknown {
 impl std::error::Error for OutcomeUnknown {}
 
 /// A request the gateway refused (`4xx`): sending it again as it is cannot help.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub(crate) struct Refused(pub(crate) String);
-
-impl fmt::Display for Refused {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Refused {}
 
 /// The gateway's error body (`400`, `403`, `404`).
 #[derive(Debug, Deserialize)]

@@ -6,7 +6,6 @@
 //! records its flags only where no policy is recorded yet (`if_no_policy`), so two servers started with different
 //! flags never flip it back and forth: the one that comes second warns about every difference instead.
 
-use std::fmt;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -24,16 +23,9 @@ use crate::output::{self, OutputFormat, Table};
 use crate::produce::{ProduceArgs, parse_millis};
 
 /// A command line that asks for something that makes no sense: nothing was sent; exit status 2.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub(crate) struct BadCommandLine(pub(crate) String);
-
-impl fmt::Display for BadCommandLine {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for BadCommandLine {}
 
 /// The policy's fields as flags; each one not given keeps what is recorded (or, for `serve` on a log without a
 /// policy, the default).

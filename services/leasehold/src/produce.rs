@@ -663,16 +663,9 @@ pub(crate) const EXIT_OUTCOME_UNKNOWN: u8 = 3;
 pub(crate) const EXIT_STILL_WAITING: u8 = 4;
 
 /// `acquire --block` gave up: the lease was still waiting at the timeout (it goes on waiting).
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub(crate) struct StillWaiting(pub(crate) String);
-
-impl fmt::Display for StillWaiting {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for StillWaiting {}
 
 /// The status of a sent command once it is decided (or dead-lettered). When its outcome is not known (no outcome
 /// within `timeout`, the gateway gone after it was sent...), prints what is known on stdout — `known`, the
