@@ -486,6 +486,16 @@ impl Resource {
         self.parent.as_ref().filter(|link| link.suspect).map(|link| &link.reference)
     }
 
+    /// What this resource's state means for its children: left for good, suspect, or healthy.
+    pub fn as_parent(&self) -> leasehold_schemas::command::ParentState {
+        use leasehold_schemas::command::ParentState;
+        match self.state {
+            _ if self.state.has_left() => ParentState::Left,
+            ResourceState::Suspect { .. } => ParentState::Suspect,
+            _ => ParentState::Healthy,
+        }
+    }
+
     /// What the resource last heard from its parent (`None`: no parent, or not adopted yet).
     pub fn parent_seen(&self) -> Option<Source> {
         self.parent.as_ref().and_then(|link| link.seen)

@@ -214,12 +214,7 @@ fn claims_wanted(states: &States, state: &PartitionState, resource: &Resource, o
 
 /// What a parent's state means for a child, as its partition holds it now.
 fn parent_state_of(parent_home: &PartitionState, parent: &ResourceRef) -> ParentState {
-    match resource_at(parent_home, parent) {
-        Some(p) if p.state.has_left() => ParentState::Left,
-        Some(p) if matches!(p.state, ResourceState::Suspect { .. }) => ParentState::Suspect,
-        Some(_) => ParentState::Healthy,
-        None => ParentState::Left,
-    }
+    resource_at(parent_home, parent).map_or(ParentState::Left, Resource::as_parent)
 }
 
 /// A child's side of its parent: adoption, the answer to it, and the parent's changes since.

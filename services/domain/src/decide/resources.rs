@@ -469,9 +469,7 @@ impl<'s> Decider<'s> {
         let known = self.state.resources.get(&command.parent.resource);
         let parent = known.filter(|r| r.agent == command.parent.agent);
         let parent_state = match parent {
-            Some(parent) if parent.state.has_left() => ParentState::Left,
-            Some(parent) if matches!(parent.state, ResourceState::Suspect { .. }) => ParentState::Suspect,
-            Some(_) => ParentState::Healthy,
+            Some(parent) => parent.as_parent(),
             // The id is another agent's resource here: this parent can never exist (ids are unique per partition).
             None if known.is_some() => ParentState::Left,
             None => {
