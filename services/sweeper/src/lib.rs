@@ -127,16 +127,6 @@ impl SweeperMetrics {
         );
         metrics
     }
-
-    /// Requests published so far of `type_name`.
-    pub fn requests(&self, type_name: &'static str) -> u64 {
-        self.requests.get_or_create(&TypeLabel { r#type: type_name }).get()
-    }
-
-    /// Resources releasing past the release timeout, at the last look.
-    pub fn releasing_overdue(&self) -> i64 {
-        self.releasing_overdue.get()
-    }
 }
 
 /// After this many sends of the same request, the sweeper says so.
@@ -158,10 +148,11 @@ fn wall_now() -> Timestamp {
 /// an id made longer ago than its outcome horizon, which an operator may set as short as a minute.
 pub const ID_WINDOW: Duration = Duration::from_secs(1);
 
-/// The command id of the request planned as `key`, sent in the window of width `window` (at most [`ID_WINDOW`])
-/// that `now` falls in: the same for every sweeper that sends it in that window.
-pub fn request_id(key: &str, now: Timestamp, window: Duration) -> CommandId {
-    let width = (window.min(ID_WINDOW).as_millis() as u64).max(1);
+/// The command id of the request planned as `key`, sent in the window that `now` falls in: [`ID_WINDOW`], or
+/// `retry_after` when shorter (a request sent again must be a new command, or the log would drop it as a
+/// duplicate). The same for every sweeper that sends it in that window.
+pub fn request_id(key: &str, now: Timestamp, retry_after: Duration) -> CommandId {
+    let width = (retry_after.min(ID_WINDOW).as_millis() as u64).max(1);
     let window = now.0 / width * width;
     let a = fnv1a64(key.as_bytes(), 0xcbf2_9ce4_8422_2325);
     let b = fnv1a64(key.as_bytes(), 0x8422_2325_cbf2_9ce4 ^ window);
@@ -424,7 +415,7 @@ impl<L: Log> Sender<'_, L> {
 
 /// Publishes one request, its command id derived from its key and the window `now` falls in.
 async fn publish<L: Log>(log: L, issuer: Issuer, item: Planned, now: Timestamp, retry_after: Duration) -> bool {
-    let id = request_id(&item.key, now, ID_WINDOW.min(retry_after));
+    let id = request_id(&item.key, now, retry_after);
     let envelope = Envelope::new(id, issuer, now, item.command);
     let payload = match codec::encode_command(&envelope) {
         Ok(payload) => payload,
