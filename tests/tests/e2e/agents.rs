@@ -26,6 +26,21 @@ const PARTITIONS: u32 = 8;
 /// More than the breaker lets go at once (at least 5, and more than half of the agent's resources).
 const RESOURCES: usize = 6;
 
+/// Allocates [`RESOURCES`] resources on a1 and waits until its agent has made them all.
+async fn allocate_active(api: &Api, processes: &[&Proc]) -> Vec<ResourceId> {
+    let a1 = agent_name("a1");
+    let mut resources = Vec::new();
+    for _ in 0..RESOURCES {
+        let id = ResourceId::generate();
+        api.accepted(&allocate(&a1, id), processes).await;
+        resources.push(id);
+    }
+    for id in &resources {
+        wait_resource(api, &format!("a1.{id}"), |r| r.state == "active", processes).await;
+    }
+    resources
+}
+
 /// Removes the resource directories under `root` (what a wiped disk looks like), keeping the agent's own files.
 fn wipe(root: &Path, resources: &[ResourceId]) {
     for id in resources {
@@ -41,15 +56,7 @@ async fn a_wiped_agent_trips_the_breaker_until_the_loss_is_confirmed() {
     let mut a1 = run.agent("a1", &[]);
     wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &a1]).await;
     let name = agent_name("a1");
-    let mut resources = Vec::new();
-    for _ in 0..RESOURCES {
-        let id = ResourceId::generate();
-        api.accepted(&allocate(&name, id), &[&serve]).await;
-        resources.push(id);
-    }
-    for id in &resources {
-        wait_resource(&api, &format!("a1.{id}"), |r| r.state == "active", &[&serve, &a1]).await;
-    }
+    let resources = allocate_active(&api, &[&serve, &a1]).await;
 
     // The agent stops; its disk is wiped; it starts again without saying so.
     a1.stop_cleanly().await;
@@ -77,15 +84,7 @@ async fn a_wiped_agent_trips_the_breaker_until_the_loss_is_confirmed() {
     wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &a1]).await;
 
     // A wiped incarnation that says so loses what it lost at once.
-    let mut more = Vec::new();
-    for _ in 0..RESOURCES {
-        let id = ResourceId::generate();
-        api.accepted(&allocate(&name, id), &[&serve]).await;
-        more.push(id);
-    }
-    for id in &more {
-        wait_resource(&api, &format!("a1.{id}"), |r| r.state == "active", &[&serve, &a1]).await;
-    }
+    let more = allocate_active(&api, &[&serve, &a1]).await;
     a1.stop_cleanly().await;
     wipe(&run.path().join("a1"), &more);
     let trips_before = count(&log, |e| matches!(e, Effect::AgentSuspect { .. })).await;
