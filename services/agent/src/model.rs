@@ -83,7 +83,10 @@ pub(crate) struct Model {
     resources: BTreeMap<ResourceId, Tracked>,
     watermark: Position,
     /// The highest position of an effect that says something a report answers: anything but the writer's notes on
-    /// the agent's own observations and heartbeats (`observation-accepted`, `agent-seen`) and lease effects.
+    /// the agent's own observations and heartbeats (`observation-accepted`, `resource-seen`, `agent-seen`) and
+    /// lease effects. A `resource-seen` answers a report that named the handle (`created`): that report set no
+    /// quiet mark, so the pass after it reports anyway; counted as material, it would make an idle agent send one
+    /// more report whenever it lands after two quiet passes.
     material: Position,
 }
 
@@ -117,6 +120,7 @@ impl Model {
             let routine = matches!(
                 effect,
                 Effect::ObservationAccepted { .. }
+                    | Effect::ResourceSeen { .. }
                     | Effect::AgentSeen { .. }
                     | Effect::LeaseWaiting { .. }
                     | Effect::LeaseGranted { .. }
@@ -269,6 +273,13 @@ pub(crate) struct Chunk {
 }
 
 impl View {
+    /// Counts these calls as in flight too (started after the snapshot, during the listing): those of resources
+    /// the snapshot knows ordered created; others are not the report's business.
+    pub(crate) fn also_in_flight(&mut self, started: BTreeSet<ResourceId>) {
+        let ordered: BTreeSet<ResourceId> = self.entries.iter().filter(|(_, e)| e.ordered).map(|(id, _)| *id).collect();
+        self.in_flight.extend(started.into_iter().filter(|id| ordered.contains(id)));
+    }
+
     /// The report of `present` (the listing) against the snapshot. A handle is named at most once: in flight
     /// (creates and destroys running: they count as present), else `created` (ordered, not yet seen present, here),
     /// `missing` (seen present, not releasing, gone) or `destroyed` (releasing, gone). `count`/`digest` cover the
@@ -386,6 +397,24 @@ mod tests {
             assert_eq!(found, expected, "row {n}: {e:?} in flight {in_flight} present {here}");
             assert_eq!(lists.count, u64::from(counted), "row {n}");
         }
+    }
+
+    /// A create started after the snapshot and finished before the report: the listing may have missed it, and
+    /// the writer saw it made (its `report-created` went first). Named in flight, it counts as the writer counts.
+    #[test]
+    fn a_call_started_during_the_listing_is_named_in_flight() {
+        let (made, unknown) = (id(1), id(2));
+        let mut view = View {
+            material: Position::ZERO,
+            watermark: Position(9),
+            entries: vec![(made, entry(true, false, false))],
+            in_flight: BTreeSet::new(),
+        };
+        assert_eq!(view.report(&BTreeSet::new()).count, 0, "without it, the handle is not counted");
+        view.also_in_flight(BTreeSet::from([made, unknown]));
+        let lists = view.report(&BTreeSet::new());
+        assert_eq!(lists.in_flight, vec![made], "a resource the snapshot does not know stays out of the report");
+        assert_eq!(lists.count, 1);
     }
 
     #[test]

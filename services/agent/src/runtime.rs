@@ -221,6 +221,7 @@ pub async fn run<L: Log, D: Driver>(
         blocked: BTreeSet::new(),
         garbage: BTreeSet::new(),
         listing: false,
+        started_while_listing: BTreeSet::new(),
         sync_again: false,
         resync_wanted: false,
         quiet: None,
@@ -320,6 +321,11 @@ struct Agent<L, D> {
     /// Handles of no known resource, to destroy.
     garbage: BTreeSet<ResourceId>,
     listing: bool,
+    /// Creates and destroys started while the listing runs, after its snapshot: the report names them in flight.
+    /// Otherwise a create started and finished meanwhile (its `report-created` sent before the report) would be
+    /// absent from both the snapshot's calls and the listing, and the report would count one handle fewer than
+    /// the writer, which already saw it made.
+    started_while_listing: BTreeSet<ResourceId>,
     sync_again: bool,
     resync_wanted: bool,
     /// The last report that named nothing: (epoch, last material position, count, digest). The same again says
@@ -558,6 +564,9 @@ impl<L: Log, D: Driver> Agent<L, D> {
         };
         self.task_of.insert(task.id(), Some(id));
         self.running.insert(id, op);
+        if self.listing && matches!(op, Op::Create | Op::Destroy) {
+            self.started_while_listing.insert(id);
+        }
     }
 
     /// A sync pass: snapshot first (watermark, calls running, model), then the listing (in a task), then the
@@ -597,7 +606,10 @@ impl<L: Log, D: Driver> Agent<L, D> {
                         self.running.remove(&id);
                         self.blocked.insert(id);
                     }
-                    Some(None) => self.listing = false,
+                    Some(None) => {
+                        self.listing = false;
+                        self.started_while_listing.clear();
+                    }
                     None => {}
                 }
             }
@@ -686,6 +698,8 @@ impl<L: Log, D: Driver> Agent<L, D> {
             }
             Done::Listed { view, resync, result } => {
                 self.listing = false;
+                let mut view = view;
+                view.also_in_flight(std::mem::take(&mut self.started_while_listing));
                 match result {
                     Ok(handles) => self.listed(view, resync, handles).await,
                     Err(e) => {
