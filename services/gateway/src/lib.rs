@@ -28,6 +28,7 @@ mod auth;
 mod commands;
 mod dead;
 mod events;
+mod export;
 mod metrics;
 mod queries;
 
@@ -142,6 +143,7 @@ pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
         .route("/v1/pools/{name}", get(queries::pool_holders::<L>))
         .route("/v1/dlq", get(queries::dead_letters::<L>))
         .route("/v1/events", get(events::events::<L>))
+        .route("/v1/export", get(export::export::<L>))
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(api);
     let v1 = match tokens {

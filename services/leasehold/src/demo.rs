@@ -57,17 +57,47 @@ pub(crate) struct Summary {
 }
 
 /// Runs the story, writing the timeline to `out`.
-pub(crate) fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<Summary> {
+/// With `keep`, the data directory (the log and the projection) is copied there at the end, for an audit
+/// (`leasehold-replay --data DIR ...`).
+pub(crate) fn run(out: &mut (dyn Write + Send), keep: Option<&Path>) -> anyhow::Result<Summary> {
+    if let Some(keep) = keep
+        && keep.exists()
+    {
+        bail!("--keep {}: it exists; name a new directory", keep.display());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
         let dir = tempfile::tempdir().context("making a temporary directory")?;
         let services = Services::start(dir.path()).await?;
-        let mut demo = Demo::new(out, services).await?;
+        let mut demo = Demo::new(&mut *out, services).await?;
         let script = demo.script().await;
         let summary = demo.finish(script).await;
+        // The log and the projection are closed with the services.
+        drop(demo);
+        if let Some(keep) = keep {
+            keep_data(&dir.path().join("data"), keep)?;
+            writeln!(
+                out,
+                "\nthe data directory is kept in {0}: audit it with `leasehold-replay --data {0} verify`",
+                keep.display()
+            )?;
+        }
         drop(dir);
         summary
     })
+}
+
+/// Copies the files of the demo's data directory to `to`.
+fn keep_data(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name()))
+                .with_context(|| format!("copying {} to {}", entry.path().display(), to.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// The services of one `serve` process, in this process.
@@ -649,7 +679,7 @@ mod tests {
     #[test]
     fn the_demo_runs_the_real_services_and_tells_the_whole_story() {
         let mut out = Vec::new();
-        let summary = run(&mut out).unwrap();
+        let summary = run(&mut out, None).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(summary.lease_waited_then_granted, "{text}");
         assert!(summary.double_release_one_noop, "{text}");

@@ -8,14 +8,14 @@ mod bench;
 mod client;
 mod credentials;
 mod demo;
-mod nats_args;
-mod output;
+pub mod nats_args;
+pub mod output;
 mod policy;
 mod produce;
 mod projection;
 mod query;
 mod serve;
-mod timeline;
+pub mod timeline;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -69,7 +69,11 @@ pub(crate) struct GlobalArgs {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Run the real services on a temporary directory, walk a scripted story through them, print its timeline.
-    Demo,
+    Demo {
+        /// Keep the demo's data directory (its log and projection) here, for `leasehold-replay --data DIR`.
+        #[arg(long, value_name = "DIR")]
+        keep: Option<std::path::PathBuf>,
+    },
     /// Run leasehold's roles over the embedded log (the default) or NATS JetStream.
     Serve(serve::ServeArgs),
     /// The agent of a machine (`agent run --name N --driver dir:PATH --nats URL`), and what operators do to agents.
@@ -193,8 +197,8 @@ fn exit_status(error: &anyhow::Error) -> u8 {
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Cmd::Demo => {
-            let summary = demo::run(&mut std::io::stdout())?;
+        Cmd::Demo { keep } => {
+            let summary = demo::run(&mut std::io::stdout(), keep.as_deref())?;
             if !summary.refold_matches {
                 anyhow::bail!("folding the demo's outcomes from scratch gave different read models");
             }

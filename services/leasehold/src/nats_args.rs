@@ -6,52 +6,52 @@ use leasehold_log::jetstream::{Credentials, JetStreamConfig};
 
 /// The embedded log in a data directory, or JetStream.
 #[derive(Debug, Clone, clap::Args)]
-pub(crate) struct LogArgs {
+pub struct LogArgs {
     /// The data directory: the embedded log (unless --nats is given) and the projection.
     #[arg(long, default_value = "./leasehold-data")]
-    pub(crate) data: PathBuf,
+    pub data: PathBuf,
     /// Partitions of the log: recorded when the log is first created, and checked after.
     #[arg(long, default_value_t = 32)]
-    pub(crate) partitions: u32,
+    pub partitions: u32,
     #[command(flatten)]
-    pub(crate) nats: NatsArgs,
+    pub nats: NatsArgs,
 }
 
 impl LogArgs {
     /// The JetStream settings, if --nats was given.
-    pub(crate) fn jetstream(&self) -> Option<JetStreamConfig> {
+    pub fn jetstream(&self) -> Option<JetStreamConfig> {
         self.nats.config(self.partitions)
     }
 }
 
 #[derive(Debug, Clone, clap::Args)]
-pub(crate) struct NatsArgs {
+pub struct NatsArgs {
     /// Use NATS JetStream at this URL (comma-separated for several servers) instead of the embedded log.
     /// Credentials go in --creds or --user/--password, never in the URL.
     #[arg(long)]
-    pub(crate) nats: Option<String>,
+    pub nats: Option<String>,
     /// A NATS credentials file.
     #[arg(long, requires = "nats", conflicts_with_all = ["user", "password", "nkey_seed"])]
-    pub(crate) creds: Option<PathBuf>,
+    pub creds: Option<PathBuf>,
     /// A file holding an nkey user seed (`SU...`, as `leasehold credentials --nkey` prints it).
     #[arg(long, requires = "nats", conflicts_with_all = ["user", "password"])]
-    pub(crate) nkey_seed: Option<PathBuf>,
+    pub nkey_seed: Option<PathBuf>,
     /// The prefix of this client's reply subjects: the one its user may subscribe to (`leasehold credentials`
     /// gives user NAME `_INBOX_NAME`; an agent defaults to `_INBOX_<its name>`).
     #[arg(long, requires = "nats")]
-    pub(crate) inbox_prefix: Option<String>,
+    pub inbox_prefix: Option<String>,
     #[arg(long, requires_all = ["nats", "password"])]
-    pub(crate) user: Option<String>,
+    pub user: Option<String>,
     #[arg(long, requires_all = ["nats", "user"])]
-    pub(crate) password: Option<String>,
+    pub password: Option<String>,
     /// Stream replicas when the JetStream streams are created, and checked after (3 in production).
     #[arg(long, default_value_t = 1)]
-    pub(crate) replicas: usize,
+    pub replicas: usize,
 }
 
 impl NatsArgs {
     /// The JetStream settings for `partitions` partitions, if --nats was given.
-    pub(crate) fn config(&self, partitions: u32) -> Option<JetStreamConfig> {
+    pub fn config(&self, partitions: u32) -> Option<JetStreamConfig> {
         let url = self.nats.as_ref()?;
         let credentials = match (&self.creds, &self.user, &self.password) {
             (Some(file), _, _) => Credentials::CredsFile(file.clone()),

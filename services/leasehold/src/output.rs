@@ -10,7 +10,7 @@ use serde::Serialize;
 
 /// `--output`: what a command prints on stdout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub(crate) enum OutputFormat {
+pub enum OutputFormat {
     /// Aligned columns (or `field  value` lines for one record), for people.
     #[default]
     Table,
@@ -20,22 +20,22 @@ pub(crate) enum OutputFormat {
 
 /// Rows under a header, each column as wide as its widest cell, two spaces apart; the last column is not padded.
 #[derive(Debug)]
-pub(crate) struct Table {
+pub struct Table {
     headers: Vec<&'static str>,
     rows: Vec<Vec<String>>,
 }
 
 impl Table {
-    pub(crate) fn new(headers: &[&'static str]) -> Self {
+    pub fn new(headers: &[&'static str]) -> Self {
         Table { headers: headers.to_vec(), rows: Vec::new() }
     }
 
-    pub(crate) fn row(&mut self, cells: Vec<String>) {
+    pub fn row(&mut self, cells: Vec<String>) {
         debug_assert_eq!(cells.len(), self.headers.len(), "a row has one cell per column");
         self.rows.push(cells);
     }
 
-    pub(crate) fn render(&self) -> String {
+    pub fn render(&self) -> String {
         let n_columns = self.headers.len();
         let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
         for row in &self.rows {
@@ -62,7 +62,7 @@ impl Table {
 }
 
 /// `field  value` lines for one record, the fields aligned.
-pub(crate) fn fields(pairs: &[(&str, String)]) -> String {
+pub fn fields(pairs: &[(&str, String)]) -> String {
     let width = pairs.iter().map(|(name, _)| name.chars().count()).max().unwrap_or(0);
     let mut out = String::new();
     for (name, value) in pairs {
@@ -80,17 +80,17 @@ static KNOWN: Mutex<BTreeMap<&'static str, String>> = Mutex::new(BTreeMap::new()
 
 /// A producer or query command runs with `format`: with JSON, a failure that printed nothing yet prints one JSON
 /// error (see [`emit_error`]).
-pub(crate) fn errors_as(format: OutputFormat) {
+pub fn errors_as(format: OutputFormat) {
     JSON_ERRORS.store(format == OutputFormat::Json, Ordering::Relaxed);
 }
 
 /// Notes a fact a JSON error carries: the command id chosen, the reference of what it makes.
-pub(crate) fn know(field: &'static str, value: impl ToString) {
+pub fn know(field: &'static str, value: impl ToString) {
     KNOWN.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(field, value.to_string());
 }
 
 /// `{"error": <message>, ...what is known}`
-pub(crate) fn error_value(message: &str) -> serde_json::Value {
+pub fn error_value(message: &str) -> serde_json::Value {
     let mut map = serde_json::Map::new();
     map.insert("error".to_owned(), message.into());
     for (field, value) in KNOWN.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter() {
@@ -101,7 +101,7 @@ pub(crate) fn error_value(message: &str) -> serde_json::Value {
 
 /// With `--output json`, a failure that printed nothing on stdout prints `{"error": ..., ...what is known}` there
 /// (the message goes on stderr as well), so that stdout holds one JSON value on every exit path.
-pub(crate) fn emit_error(error: &anyhow::Error) {
+pub fn emit_error(error: &anyhow::Error) {
     if JSON_ERRORS.load(Ordering::Relaxed) && !EMITTED.load(Ordering::Relaxed) {
         let value = error_value(&format!("{error:#}"));
         if let Ok(text) = json(&value) {
@@ -112,7 +112,7 @@ pub(crate) fn emit_error(error: &anyhow::Error) {
 
 /// Writes `text` to stdout. A closed stdout (`leasehold watch | head`) ends the process quietly, as other command
 /// line tools do.
-pub(crate) fn emit(text: &str) {
+pub fn emit(text: &str) {
     use std::io::Write as _;
     EMITTED.store(true, Ordering::Relaxed);
     let mut stdout = std::io::stdout().lock();
@@ -126,29 +126,29 @@ pub(crate) fn emit(text: &str) {
 }
 
 /// Pretty JSON of `value`, with a final newline.
-pub(crate) fn json(value: &impl Serialize) -> anyhow::Result<String> {
+pub fn json(value: &impl Serialize) -> anyhow::Result<String> {
     let mut text = serde_json::to_string_pretty(value)?;
     text.push('\n');
     Ok(text)
 }
 
 /// A log time (unix ms) as RFC 3339 in UTC; `-` for none.
-pub(crate) fn time(ms: Option<u64>) -> String {
+pub fn time(ms: Option<u64>) -> String {
     ms.map_or_else(|| "-".to_owned(), |ms| Timestamp(ms).to_string())
 }
 
 /// A duration in ms as `5min`, `30s`, `1500ms`; `-` for none.
-pub(crate) fn duration(ms: Option<u64>) -> String {
+pub fn duration(ms: Option<u64>) -> String {
     ms.map_or_else(|| "-".to_owned(), |ms| leasehold_schemas::Millis(ms).to_string())
 }
 
 /// An optional value, `-` for none.
-pub(crate) fn opt(value: Option<impl ToString>) -> String {
+pub fn opt(value: Option<impl ToString>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
 /// A JSON value for a table cell: strings without quotes, `null` as `-`, anything else compact.
-pub(crate) fn cell(value: &serde_json::Value) -> String {
+pub fn cell(value: &serde_json::Value) -> String {
     match value {
         serde_json::Value::Null => "-".to_owned(),
         serde_json::Value::String(text) => text.clone(),
@@ -157,7 +157,7 @@ pub(crate) fn cell(value: &serde_json::Value) -> String {
 }
 
 /// An effect as `name {its fields}` (its JSON form, without the outer object).
-pub(crate) fn effect(effect: &leasehold_schemas::Effect) -> String {
+pub fn effect(effect: &leasehold_schemas::Effect) -> String {
     match serde_json::to_value(effect) {
         Ok(serde_json::Value::Object(map)) if map.len() == 1 => {
             let (name, fields) = map.into_iter().next().expect("one entry");
@@ -172,7 +172,7 @@ pub(crate) fn effect(effect: &leasehold_schemas::Effect) -> String {
 }
 
 /// One line for an outcome on the log: sequence, log time, key, command type, issuer, then what was decided.
-pub(crate) fn outcome_line(seq: u64, outcome: &Outcome) -> String {
+pub fn outcome_line(seq: u64, outcome: &Outcome) -> String {
     let head = format!(
         "{seq}  {}  {}  {}  {}  {}",
         outcome.log_time,

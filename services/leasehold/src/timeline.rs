@@ -5,7 +5,7 @@ use leasehold_schemas::outcome::{BreakerClear, Effect, ReleaseCause, ResyncReaso
 use leasehold_schemas::{Decision, Outcome};
 
 /// The lines of one outcome: the command, who sent it, and each effect at its position (or the rejection).
-pub(crate) fn lines(outcome: &Outcome, at_secs: f64) -> Vec<String> {
+pub fn lines(outcome: &Outcome, at_secs: f64) -> Vec<String> {
     let mut out =
         vec![format!("t+{at_secs:>5.1}s  {:<24} from {}", outcome.command.type_name, outcome.command.issuer.as_str())];
     match &outcome.decision {
@@ -23,7 +23,7 @@ pub(crate) fn lines(outcome: &Outcome, at_secs: f64) -> Vec<String> {
 }
 
 /// The last eight hex digits of an id: enough to tell the demo's resources apart.
-pub(crate) fn short(id: impl ToString) -> String {
+pub fn short(id: impl ToString) -> String {
     let text = id.to_string();
     format!("…{}", &text[text.len() - 8..])
 }
@@ -33,7 +33,7 @@ fn stamp(stamp: &ObsStamp) -> String {
 }
 
 /// One line of plain words for an effect.
-pub(crate) fn describe(effect: &Effect) -> String {
+pub fn describe(effect: &Effect) -> String {
     match effect {
         Effect::AgentRegistered { wiped, .. } => {
             format!("agent registered: this position is its epoch{}", if *wiped { " (wiped)" } else { "" })

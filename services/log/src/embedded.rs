@@ -117,6 +117,32 @@ impl Embedded {
         Self::with_database(db, partitions, system_clock())
     }
 
+    /// Opens the log in `dir` with the partition count it was created with; refuses a directory with no log (for
+    /// readers such as the replay tool, which must not create one).
+    pub fn open_existing(dir: &Path) -> Result<Self, Error> {
+        let path = dir.join(FILE_NAME);
+        if !path.is_file() {
+            return Err(Error::Refused(format!("there is no leasehold log in {} (no {FILE_NAME})", dir.display())));
+        }
+        let partitions = {
+            let db = Database::open(&path).map_err(|e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => Error::Refused(format!(
+                    "the log in {} is in use by another process (the embedded log is one process's)",
+                    dir.display()
+                )),
+                other => Error::Storage(format!("cannot open {}: {other}", path.display())),
+            })?;
+            let read = db.begin_read().map_err(storage)?;
+            let meta = read.open_table(META).map_err(storage)?;
+            meta.get("partitions")
+                .map_err(storage)?
+                .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
+                .map(u32::from_le_bytes)
+                .ok_or_else(|| Error::Refused(format!("{} is not a leasehold log", path.display())))?
+        };
+        Self::open(dir, partitions)
+    }
+
     /// A log in memory, with log time from `clock` (for tests and simulations).
     pub fn in_memory(partitions: u32, clock: Clock) -> Result<Self, Error> {
         let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new()).map_err(storage)?;

@@ -23,6 +23,7 @@
 
 pub mod conformance;
 pub mod embedded;
+pub mod export;
 mod follow;
 pub mod intercept;
 pub mod jetstream;

@@ -828,21 +828,63 @@ impl Reader {
     /// A digest (SHA-256, hex) of each table's keys and values, in key order.
     pub fn digests(&self) -> Result<BTreeMap<&'static str, String>, Error> {
         let read = self.db.begin_read().map_err(storage)?;
-        let mut out = BTreeMap::new();
-        out.insert("agents", digest(&read, AGENTS)?);
-        out.insert("holders", digest(&read, HOLDERS)?);
-        out.insert("leases", digest(&read, LEASES)?);
-        out.insert("leases_by_resource", digest(&read, LEASES_BY_RESOURCE)?);
-        out.insert("outcomes", digest(&read, OUTCOMES)?);
-        out.insert("pools", digest(&read, POOLS)?);
-        out.insert("policies", digest(&read, POLICIES)?);
-        out.insert("resources", digest(&read, RESOURCES)?);
-        out.insert("resources_by_agent", digest(&read, RESOURCES_BY_AGENT)?);
-        out.insert("resources_by_state", digest(&read, RESOURCES_BY_STATE)?);
-        out.insert("chain", digest(&read, CHAIN)?);
-        out.insert("counts", digest(&read, COUNTS)?);
-        Ok(out)
+        digests_of(&read)
     }
+}
+
+/// A projection as recorded in a directory, read without changing it (for audits).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    pub applied: u64,
+    /// The projection version that wrote it; only this build's can be compared with a fresh fold.
+    pub version: Option<u64>,
+    pub digests: BTreeMap<&'static str, String>,
+}
+
+/// Reads the projection in `dir` without writing to it: `None` if there is none. Refused while a process has it
+/// open for writing (`serve`).
+pub fn recorded(dir: &Path) -> Result<Option<Recorded>, Error> {
+    let path = dir.join(FILE_NAME);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let db = redb::ReadOnlyDatabase::open(&path).map_err(|e| match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => {
+            Error::Refused(format!("the projection in {} is in use by another process", dir.display()))
+        }
+        other => storage(other),
+    })?;
+    let read = redb::ReadableDatabase::begin_read(&db).map_err(storage)?;
+    let (applied, version) = {
+        let meta = match read.open_table(META) {
+            Ok(meta) => meta,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(storage(e)),
+        };
+        let applied = meta.get("applied").map_err(storage)?.map_or(0, |v| v.value());
+        let version = meta.get("version").map_err(storage)?.map(|v| v.value());
+        (applied, version)
+    };
+    let digests = if version == Some(PROJECTION_VERSION) { digests_of(&read)? } else { BTreeMap::new() };
+    Ok(Some(Recorded { applied, version, digests }))
+}
+
+/// A digest of each read-model table in `read`.
+fn digests_of(read: &redb::ReadTransaction) -> Result<BTreeMap<&'static str, String>, Error> {
+    let mut out = BTreeMap::new();
+    out.insert("agents", digest(read, AGENTS)?);
+    out.insert("holders", digest(read, HOLDERS)?);
+    out.insert("leases", digest(read, LEASES)?);
+    out.insert("leases_by_resource", digest(read, LEASES_BY_RESOURCE)?);
+    out.insert("outcomes", digest(read, OUTCOMES)?);
+    out.insert("pools", digest(read, POOLS)?);
+    out.insert("policies", digest(read, POLICIES)?);
+    out.insert("resources", digest(read, RESOURCES)?);
+    out.insert("resources_by_agent", digest(read, RESOURCES_BY_AGENT)?);
+    out.insert("resources_by_state", digest(read, RESOURCES_BY_STATE)?);
+    out.insert("chain", digest(read, CHAIN)?);
+    out.insert("counts", digest(read, COUNTS)?);
+    Ok(out)
 }
 
 fn digest<K: redb::Key + 'static, V: redb::Value + 'static>(

@@ -13,5 +13,6 @@ mod health;
 mod nats;
 mod pools;
 mod python_producer;
+mod replay;
 mod support;
 mod sweepers;

@@ -209,13 +209,22 @@ pub(crate) struct Ran {
 /// Runs `leasehold-e2e ARGS` in `dir` to its end (at most [`STEP`]) with `env` added to the environment and
 /// `LEASEHOLD_TOKEN` removed from it unless `env` sets it.
 pub(crate) async fn run_cli(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Ran {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_leasehold-e2e"));
+    run_bin(env!("CARGO_BIN_EXE_leasehold-e2e"), dir, args, env, STEP).await
+}
+
+/// Runs `leasehold-replay-e2e ARGS` (the audit tool) in `dir` to its end, at most `limit`.
+pub(crate) async fn run_replay(dir: &Path, args: &[&str], limit: Duration) -> Ran {
+    run_bin(env!("CARGO_BIN_EXE_leasehold-replay-e2e"), dir, args, &[], limit).await
+}
+
+async fn run_bin(bin: &str, dir: &Path, args: &[&str], env: &[(&str, &str)], limit: Duration) -> Ran {
+    let mut command = tokio::process::Command::new(bin);
     command.args(args).current_dir(dir).env_remove("LEASEHOLD_TOKEN").env("NO_COLOR", "1").stdin(Stdio::null());
     command.envs(env.iter().copied()).kill_on_drop(true);
-    let output = tokio::time::timeout(STEP, command.output())
+    let output = tokio::time::timeout(limit, command.output())
         .await
-        .unwrap_or_else(|_| panic!("leasehold-e2e {args:?} did not end in {STEP:?}"))
-        .expect("run leasehold-e2e");
+        .unwrap_or_else(|_| panic!("{bin} {args:?} did not end in {limit:?}"))
+        .expect("run the command line");
     Ran {
         code: output.status.code(),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),

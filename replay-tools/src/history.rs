@@ -1,0 +1,293 @@
+//! `history REF|LEASE|AGENT|POOL`: every command and event touching one thing, in log order, with who sent the
+//! command, what was decided, and the thing's state after each step.
+
+use futures::StreamExt;
+use leasehold_domain::PartitionState;
+use leasehold_domain::state::ClaimSlot;
+use leasehold_schemas::outcome::Decision;
+use leasehold_schemas::{AgentName, Key, LeaseId, PoolName, ResourceId, ResourceRef, codec};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::fold::{Failure, Fold, Step};
+use crate::mentions::Mentions;
+
+/// What `history` is asked about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Resource(ResourceId),
+    Lease(LeaseId),
+    Agent(AgentName),
+    Pool(PoolName),
+    /// A bare name: an agent's or a pool's.
+    Name(AgentName, Option<PoolName>),
+    /// A bare id: a resource's or a lease's.
+    Id(ResourceId, LeaseId),
+}
+
+impl std::str::FromStr for Target {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if let Some(pool) = text.strip_prefix('@') {
+            return PoolName::new(pool).map(Target::Pool).map_err(|e| e.to_string());
+        }
+        if let Some(pool) = text.strip_prefix("pool:") {
+            return PoolName::new(pool).map(Target::Pool).map_err(|e| e.to_string());
+        }
+        if let Some(agent) = text.strip_prefix("agent:") {
+            return AgentName::new(agent).map(Target::Agent).map_err(|e| e.to_string());
+        }
+        if let Some(lease) = text.strip_prefix("lease:") {
+            return lease.parse::<LeaseId>().map(Target::Lease).map_err(|e| e.to_string());
+        }
+        if text.contains('.') {
+            return text.parse::<ResourceRef>().map(|r| Target::Resource(r.resource)).map_err(|e| e.to_string());
+        }
+        if let (Ok(resource), Ok(lease)) = (text.parse::<ResourceId>(), text.parse::<LeaseId>()) {
+            return Ok(Target::Id(resource, lease));
+        }
+        match AgentName::new(text) {
+            Ok(agent) => Ok(Target::Name(agent, PoolName::new(text).ok())),
+            Err(e) => Err(format!(
+                "{text:?} is none of a resource (AGENT.ID or ID), a lease id, an agent or a pool (@NAME): {e}"
+            )),
+        }
+    }
+}
+
+/// One step of a thing's history.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub seq: u64,
+    pub partition: u32,
+    /// The log time of the command (RFC 3339).
+    pub time: String,
+    pub command: String,
+    pub command_id: String,
+    pub issuer: String,
+    /// The command's correlation id, when it carries one and the log still holds it.
+    pub correlation_id: Option<String>,
+    pub part: u32,
+    /// `accepted` or `rejected`.
+    pub outcome: &'static str,
+    pub rejection: Option<String>,
+    /// The effects about the thing, each with its position.
+    pub effects: Vec<String>,
+    /// The thing after this step.
+    pub state: serde_json::Value,
+}
+
+impl Target {
+    /// The effects of `step` about this thing, and whether the step is about it at all.
+    fn select(&self, step: &Step) -> Option<Vec<String>> {
+        let outcome = &step.outcome;
+        let subject_token = step.command.as_ref().and_then(|c| c.subject.rsplit('.').next().map(str::to_owned));
+        let key = &outcome.command.key;
+        let whole_subject = match self {
+            Target::Agent(agent) => matches!(key, Key::Agent(a) if a == agent),
+            Target::Pool(pool) => matches!(key, Key::Pool(p) if p == pool),
+            Target::Name(agent, pool) => {
+                matches!(key, Key::Agent(a) if a == agent) || matches!((key, pool), (Key::Pool(p), Some(q)) if p == q)
+            }
+            _ => false,
+        };
+        let effect_matches = |m: &Mentions<'_>| match self {
+            Target::Resource(id) => m.names_resource(*id),
+            Target::Lease(id) => m.leases.contains(id),
+            Target::Id(resource, lease) => m.names_resource(*resource) || m.leases.contains(lease),
+            Target::Pool(pool) => m.pools.contains(&pool),
+            Target::Name(_, Some(pool)) => m.pools.contains(&pool),
+            Target::Agent(_) | Target::Name(_, None) => false,
+        };
+        let effects: Vec<String> = outcome
+            .positioned_effects()
+            .filter(|(_, e)| whole_subject || effect_matches(&Mentions::of(e)))
+            .map(|(position, e)| format!("{} {}", position.0, leasehold::output::effect(e)))
+            .collect();
+        let about_command = match (self, &subject_token) {
+            (Target::Resource(id), Some(token)) => *token == id.to_string(),
+            (Target::Lease(id), Some(token)) => *token == id.to_string(),
+            (Target::Id(resource, _), Some(token)) => *token == resource.to_string(),
+            _ => false,
+        };
+        (whole_subject || about_command || !effects.is_empty()).then_some(effects)
+    }
+
+    /// The thing in `state` (its partition's, after the step).
+    fn state_in(&self, state: &PartitionState, step: &Step) -> serde_json::Value {
+        match self {
+            Target::Resource(id) => resource_state(state, *id),
+            Target::Lease(id) => lease_state(state, *id),
+            Target::Id(resource, lease) => match state.resource(*resource) {
+                Some(_) => resource_state(state, *resource),
+                None => lease_state(state, *lease),
+            },
+            Target::Agent(agent) | Target::Name(agent, None) => agent_state(state, agent),
+            Target::Pool(pool) => pool_state(state, pool, step),
+            Target::Name(agent, Some(pool)) => match &step.outcome.command.key {
+                Key::Agent(_) => agent_state(state, agent),
+                Key::Pool(_) => pool_state(state, pool, step),
+            },
+        }
+    }
+}
+
+fn resource_state(state: &PartitionState, id: ResourceId) -> serde_json::Value {
+    let Some(resource) = state.resource(id) else { return json!(null) };
+    let claims: serde_json::Map<String, serde_json::Value> = resource
+        .claims
+        .iter()
+        .map(|(pool, slot)| {
+            let text = match slot {
+                ClaimSlot::Wanted { .. } => "wanted".to_owned(),
+                ClaimSlot::Bound { value, .. } => format!("bound {value}"),
+                ClaimSlot::Returned { .. } => "returned".to_owned(),
+            };
+            (pool.to_string(), json!(text))
+        })
+        .collect();
+    json!({
+        "ref": resource.reference().to_string(),
+        "state": resource.state.name(),
+        "live_leases": resource.live_leases.len(),
+        "capacity": resource.capacity,
+        "claims": claims,
+    })
+}
+
+fn lease_state(state: &PartitionState, id: LeaseId) -> serde_json::Value {
+    match state.lease(id) {
+        Some(lease) => json!({
+            "state": lease.state.name(),
+            "holder": lease.holder,
+            "resource": ResourceRef::new(lease.agent.clone(), lease.resource).to_string(),
+        }),
+        None => json!(null),
+    }
+}
+
+fn agent_state(state: &PartitionState, agent: &AgentName) -> serde_json::Value {
+    match state.agent(agent) {
+        Some(agent) => json!({
+            "status": agent.status(),
+            "resources": agent.resources.len(),
+            "held": agent.n_held,
+            "epoch": agent.epoch.0,
+        }),
+        None => json!(null),
+    }
+}
+
+fn pool_state(state: &PartitionState, pool: &PoolName, step: &Step) -> serde_json::Value {
+    if let Some(found) = state.pool(pool) {
+        return json!({
+            "held": found.held.len(),
+            "waiting": found.waiters.len(),
+            "cooling": found.cooling.len(),
+        });
+    }
+    // An outcome of a holder's partition: the claims of the resources it names on that pool.
+    let mut claims = serde_json::Map::new();
+    for effect in step.outcome.effects() {
+        for id in Mentions::of(effect).resources {
+            if let Some(resource) = state.resource(id)
+                && let Some(slot) = resource.claims.get(pool)
+            {
+                let text = match slot {
+                    ClaimSlot::Wanted { .. } => "wanted".to_owned(),
+                    ClaimSlot::Bound { value, .. } => format!("bound {value}"),
+                    ClaimSlot::Returned { .. } => "returned".to_owned(),
+                };
+                claims.insert(resource.reference().to_string(), json!(text));
+            }
+        }
+    }
+    if claims.is_empty() { json!(null) } else { json!({ "claims": claims }) }
+}
+
+/// The rows of `target`'s history, folding `entries` to their end.
+pub async fn history(
+    partitions: u32,
+    mut entries: futures::stream::BoxStream<'static, Result<leasehold_log::export::Entry, leasehold_log::Error>>,
+    target: &Target,
+    mut progress: impl FnMut(u64),
+) -> Result<Vec<Row>, Failure> {
+    let mut fold = Fold::new(partitions);
+    let mut rows = Vec::new();
+    while let Some(entry) = entries.next().await {
+        let entry = entry.map_err(|e| read_failure(&fold, &e))?;
+        let Some(step) = fold.admit(entry)? else { continue };
+        fold.apply(&step)?;
+        progress(step.seq());
+        let Some(effects) = target.select(&step) else { continue };
+        let outcome = &step.outcome;
+        let correlation_id = step
+            .command
+            .as_ref()
+            .and_then(|c| codec::decode_command(&c.payload).ok())
+            .and_then(|e| e.correlation_id)
+            .map(|id| id.to_string());
+        let (verdict, rejection) = match &outcome.decision {
+            Decision::Accepted { .. } => ("accepted", None),
+            Decision::Rejected(r) => ("rejected", Some(r.to_string())),
+        };
+        rows.push(Row {
+            seq: step.seq(),
+            partition: step.partition(),
+            time: outcome.log_time.to_string(),
+            command: outcome.command.type_name.clone(),
+            command_id: outcome.command.id.to_string(),
+            issuer: outcome.command.issuer.to_string(),
+            correlation_id,
+            part: outcome.part,
+            outcome: verdict,
+            rejection,
+            effects,
+            state: target.state_in(fold.state(step.partition()), &step),
+        });
+    }
+    Ok(rows)
+}
+
+pub(crate) fn read_failure(fold: &Fold, e: &leasehold_log::Error) -> Failure {
+    let at = fold.last_outcome();
+    Failure {
+        what: "outcome",
+        seq: at + 1,
+        partition: None,
+        detail: format!("reading the log after outcome {at}: {e}"),
+    }
+}
+
+/// The rows as text: a line per step, its effects indented under it, then the state after.
+pub fn render(rows: &[Row]) -> String {
+    let mut out = String::new();
+    for row in rows {
+        let part = if row.part > 0 { format!(" part {}", row.part) } else { String::new() };
+        out.push_str(&format!(
+            "{:>8}  {}  {}{part}  by {}  (command {}{})  {}\n",
+            row.seq,
+            row.time,
+            row.command,
+            row.issuer,
+            row.command_id,
+            row.correlation_id.as_ref().map(|c| format!(", correlation {c}")).unwrap_or_default(),
+            match &row.rejection {
+                Some(r) => format!("rejected: {r}"),
+                None => row.outcome.to_owned(),
+            },
+        ));
+        for effect in &row.effects {
+            out.push_str(&format!("          {effect}\n"));
+        }
+        if !row.state.is_null() {
+            out.push_str(&format!("          after: {}\n", crate::compact(&row.state)));
+        }
+    }
+    if rows.is_empty() {
+        out.push_str("nothing in the log touches it\n");
+    }
+    out
+}

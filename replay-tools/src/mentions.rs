@@ -1,0 +1,95 @@
+//! What an effect is about: the resources, leases and pools it names, in its own partition or another's.
+
+use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::{LeaseId, PoolName, ResourceId};
+
+/// The things one effect names.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Mentions<'e> {
+    /// Resources of the outcome's partition.
+    pub resources: Vec<ResourceId>,
+    /// Resources named by reference, usually of another partition (a pool's holders, a child, a parent).
+    pub elsewhere: Vec<ResourceId>,
+    pub leases: Vec<LeaseId>,
+    /// Pools named by the effect (a pool's own outcomes name it by their key instead).
+    pub pools: Vec<&'e PoolName>,
+}
+
+impl<'e> Mentions<'e> {
+    pub fn of(effect: &'e Effect) -> Self {
+        let mut m = Mentions::default();
+        match effect {
+            Effect::ResourceAllocated { resource, parent, .. } => {
+                m.resources.push(*resource);
+                m.elsewhere.extend(parent.iter().map(|p| p.resource));
+            }
+            Effect::ClaimWanted { resource, pool } => {
+                m.resources.push(*resource);
+                m.pools.push(pool);
+            }
+            Effect::ClaimBound { resource, pool, .. }
+            | Effect::ClaimReleasable { resource, pool, .. }
+            | Effect::GrantReturned { resource, pool, .. } => {
+                m.resources.push(*resource);
+                m.pools.push(pool);
+            }
+            Effect::CreateOrdered { resource }
+            | Effect::ResourceActivated { resource, .. }
+            | Effect::ResourceSeen { resource, .. }
+            | Effect::ResourcePaused { resource, .. }
+            | Effect::ResourceUnpaused { resource, .. }
+            | Effect::ResourceUpdated { resource, .. }
+            | Effect::ResourceSuspect { resource, .. }
+            | Effect::HealthCheckRequested { resource }
+            | Effect::ResourceHealthy { resource }
+            | Effect::ResourceReleasing { resource, .. }
+            | Effect::ResourceDestroyed { resource, .. }
+            | Effect::ResourceLost { resource, .. }
+            | Effect::ResourceOrphaned { resource }
+            | Effect::ResourceFailed { resource, .. } => m.resources.push(*resource),
+            Effect::UpstreamFlagged { resource, parent, .. } => {
+                m.resources.push(*resource);
+                m.elsewhere.push(parent.resource);
+            }
+            Effect::ChildAdopted { parent, child, .. } => {
+                m.resources.push(*parent);
+                m.elsewhere.push(child.resource);
+            }
+            Effect::LeaseWaiting { lease, resource, .. } | Effect::LeaseGranted { lease, resource, .. } => {
+                m.leases.push(*lease);
+                m.resources.push(*resource);
+            }
+            Effect::LeaseRenewed { lease, .. }
+            | Effect::LeaseReleased { lease }
+            | Effect::LeaseBroken { lease, .. }
+            | Effect::LeaseExpired { lease }
+            | Effect::LeaseFailed { lease } => m.leases.push(*lease),
+            Effect::ClaimGranted { holder, .. }
+            | Effect::ClaimQueued { holder, .. }
+            | Effect::ClaimFreed { holder, .. }
+            | Effect::ClaimWithdrawn { holder } => m.elsewhere.push(holder.resource),
+            Effect::AgentRegistered { .. }
+            | Effect::AgentSeen { .. }
+            | Effect::AgentStalled { .. }
+            | Effect::AgentRecovered {}
+            | Effect::AgentGone { .. }
+            | Effect::AgentRetired { .. }
+            | Effect::AgentSuspect { .. }
+            | Effect::AgentBreakerCleared { .. }
+            | Effect::AgentBreakerRearmed {}
+            | Effect::ResyncRequested { .. }
+            | Effect::ObservationAccepted { .. }
+            | Effect::PoolDefined { .. }
+            | Effect::PoolUpdated { .. }
+            | Effect::PoolDeleted {}
+            | Effect::PartitionSettingsChanged { .. }
+            | Effect::DecisionContinues { .. } => {}
+        }
+        m
+    }
+
+    /// Whether it names `resource`, here or elsewhere.
+    pub fn names_resource(&self, resource: ResourceId) -> bool {
+        self.resources.contains(&resource) || self.elsewhere.contains(&resource)
+    }
+}

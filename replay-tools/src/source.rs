@@ -1,0 +1,179 @@
+//! Where the log is read from: an embedded data directory, JetStream, a running server's gateway, or an export
+//! file. Each gives the same entries in the same order (every command before the outcome that answers it), so every
+//! command of the tool works on each.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use leasehold::nats_args::NatsArgs;
+use leasehold_log::Log;
+use leasehold_log::embedded::Embedded;
+use leasehold_log::export::{self, Entry, Header};
+use leasehold_log::jetstream::JetStream;
+
+/// Which log to read: exactly one of these.
+#[derive(Debug, Clone, clap::Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["data", "nats", "server", "file"])))]
+pub struct SourceArgs {
+    /// An embedded data directory (`leasehold serve --data DIR`). The log file is locked while `serve` runs on it:
+    /// then ask the server instead, with --server.
+    #[arg(long, global = true)]
+    pub data: Option<PathBuf>,
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    /// A running server's gateway (`http://127.0.0.1:8080`): its log, streamed as an export.
+    #[arg(long, global = true)]
+    pub server: Option<String>,
+    /// The bearer token for --server, when its gateway has tokens: the first line of this file
+    /// (or `$LEASEHOLD_TOKEN`).
+    #[arg(long, global = true)]
+    pub token_file: Option<PathBuf>,
+    /// An export file (`leasehold-replay export`).
+    #[arg(long, global = true)]
+    pub file: Option<PathBuf>,
+}
+
+/// An opened source.
+pub enum Source {
+    Embedded { log: Embedded, dir: PathBuf },
+    Nats { log: JetStream, url: String },
+    File { path: PathBuf },
+    Server { url: String, token: Option<String> },
+}
+
+/// A source's entries, with what is known of them before reading.
+pub struct Entries {
+    pub partitions: u32,
+    /// The last outcome sequence to expect (for progress; 0 when unknown).
+    pub last_outcome: u64,
+    pub entries: BoxStream<'static, Result<Entry, leasehold_log::Error>>,
+    /// The export header, for a file or a server.
+    pub header: Option<Header>,
+}
+
+impl Source {
+    pub async fn open(args: &SourceArgs) -> anyhow::Result<Source> {
+        if let Some(dir) = &args.data {
+            let log = Embedded::open_existing(dir).map_err(|e| match e {
+                leasehold_log::Error::Refused(why) if why.contains("in use") => anyhow::anyhow!(
+                    "{why}: `leasehold serve` is running on it (redb locks the file). Ask the server instead: \
+                     --server http://ADDRESS (its --listen address)"
+                ),
+                other => anyhow::anyhow!("{}: {other}", dir.display()),
+            })?;
+            return Ok(Source::Embedded { log, dir: dir.clone() });
+        }
+        if let Some(config) = args.nats.config(0) {
+            let url = config.url.clone();
+            let log = JetStream::connect(config).await.with_context(|| format!("connecting to {url}"))?;
+            return Ok(Source::Nats { log, url });
+        }
+        if let Some(path) = &args.file {
+            if !path.is_file() {
+                bail!("{}: no such file", path.display());
+            }
+            return Ok(Source::File { path: path.clone() });
+        }
+        if let Some(url) = &args.server {
+            return Ok(Source::Server { url: url.trim_end_matches('/').to_owned(), token: token(args)? });
+        }
+        bail!("say which log to read: --data DIR, --nats URL, --server URL or --file FILE")
+    }
+
+    /// What to call it in messages and export headers.
+    pub fn describe(&self) -> String {
+        match self {
+            Source::Embedded { dir, .. } => format!("embedded {}", dir.display()),
+            Source::Nats { url, .. } => format!("nats {url}"),
+            Source::File { path } => format!("file {}", path.display()),
+            Source::Server { url, .. } => format!("server {url}"),
+        }
+    }
+
+    /// The embedded log, when that is the source.
+    pub fn embedded(&self) -> Option<(&Embedded, &PathBuf)> {
+        match self {
+            Source::Embedded { log, dir } => Some((log, dir)),
+            _ => None,
+        }
+    }
+
+    /// Every entry, outcomes up to `to` (all when `None`).
+    pub async fn entries(&self, to: Option<u64>) -> anyhow::Result<Entries> {
+        match self {
+            Source::Embedded { log, .. } => from_log(log, to).await,
+            Source::Nats { log, .. } => from_log(log, to).await,
+            Source::File { path } => {
+                let file = tokio::fs::File::open(path).await.with_context(|| format!("opening {}", path.display()))?;
+                let input = tokio::io::BufReader::with_capacity(256 * 1024, file);
+                let (reader, header) =
+                    export::Reader::open(input).await.with_context(|| format!("reading {}", path.display()))?;
+                Ok(from_reader(reader, header, to))
+            }
+            Source::Server { url, token } => {
+                let address = match to {
+                    Some(to) => format!("{url}/v1/export?to={to}"),
+                    None => format!("{url}/v1/export"),
+                };
+                let mut request = reqwest::Client::new().get(address);
+                if let Some(token) = token {
+                    request = request.bearer_auth(token);
+                }
+                let response = request.send().await.with_context(|| format!("asking {url} for its log"))?;
+                let status = response.status();
+                if !status.is_success() {
+                    let body = response.text().await.unwrap_or_default();
+                    bail!("{url} answered {status}: {}", body.trim());
+                }
+                let body = response.bytes_stream().map(|chunk| chunk.map_err(std::io::Error::other));
+                let input = tokio_util::io::StreamReader::new(body);
+                let (reader, header) =
+                    export::Reader::open(input).await.with_context(|| format!("reading the log of {url}"))?;
+                Ok(from_reader(reader, header, to))
+            }
+        }
+    }
+}
+
+async fn from_log<L: Log>(log: &L, to: Option<u64>) -> anyhow::Result<Entries> {
+    let mut last = 0;
+    for partition in 0..log.partitions() {
+        last = last.max(log.last_outcome_seq(partition).await.context("reading the log's last outcome")?);
+    }
+    Ok(Entries {
+        partitions: log.partitions(),
+        last_outcome: to.map_or(last, |to| to.min(last)),
+        entries: export::entries(log.clone(), to),
+        header: None,
+    })
+}
+
+fn from_reader<R>(reader: export::Reader<R>, header: Header, to: Option<u64>) -> Entries
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+{
+    let last = to.map_or(header.to_seq, |to| to.min(header.to_seq));
+    let entries = reader.into_stream();
+    let entries = match to {
+        // The file holds more: stop at the first outcome past `to` (what comes after it is not wanted).
+        Some(to) => {
+            entries.take_while(move |e| std::future::ready(!matches!(e, Ok(Entry::Outcome(o)) if o.seq > to))).boxed()
+        }
+        None => entries,
+    };
+    Entries { partitions: header.partitions, last_outcome: last, entries, header: Some(header) }
+}
+
+fn token(args: &SourceArgs) -> anyhow::Result<Option<String>> {
+    if let Some(path) = &args.token_file {
+        let text = std::fs::read_to_string(path).with_context(|| format!("--token-file {}", path.display()))?;
+        let token = text.lines().next().unwrap_or_default().trim();
+        if token.is_empty() {
+            bail!("--token-file {}: its first line is empty; it holds the token, alone", path.display());
+        }
+        return Ok(Some(token.to_owned()));
+    }
+    Ok(std::env::var("LEASEHOLD_TOKEN").ok().filter(|t| !t.trim().is_empty()))
+}

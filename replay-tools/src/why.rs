@@ -1,0 +1,358 @@
+//! `why --ip ADDR | --slot POOL:N | --port POOL:N [--at TIME|SEQ]`: who held a pool's identifier, since when,
+//! through which commands (who sent each, its id and correlation id), and when and why it was let go and freed.
+//!
+//! A holding is followed across partitions: the allocation that wanted the claim (the holder's partition), the
+//! grant (the pool's), the binding (the holder's), the release and the end of the resource (the holder's), the
+//! claim let go (the holder's) and the free (the pool's).
+
+use std::collections::HashMap;
+
+use futures::StreamExt;
+use leasehold_schemas::outcome::{Effect, ReleaseCause};
+use leasehold_schemas::pool::PoolValue;
+use leasehold_schemas::{Key, PoolName, ResourceId, Timestamp, codec};
+use serde::Serialize;
+
+use crate::fold::{Failure, Fold, Step};
+
+/// The identifier asked about: a value, in one pool or in any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Query {
+    pub pool: Option<PoolName>,
+    pub value: PoolValue,
+}
+
+/// A moment of the log: an outcome sequence, or a log time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum At {
+    Seq(u64),
+    Time(Timestamp),
+}
+
+impl std::str::FromStr for At {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if let Ok(seq) = text.parse::<u64>() {
+            return Ok(At::Seq(seq));
+        }
+        humantime::parse_rfc3339_weak(text)
+            .map(|t| {
+                let ms = t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+                At::Time(Timestamp(ms))
+            })
+            .map_err(|e| format!("{text:?} is neither an outcome sequence nor a time (2026-11-23T14:02:00Z): {e}"))
+    }
+}
+
+/// One step of a holding.
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    pub seq: u64,
+    /// The command's log time (RFC 3339).
+    pub time: String,
+    #[serde(skip)]
+    pub time_ms: u64,
+    pub command: String,
+    pub command_id: String,
+    pub issuer: String,
+    pub correlation_id: Option<String>,
+    /// What happened, in words.
+    pub detail: String,
+}
+
+/// One holder's time with the identifier.
+#[derive(Debug, Clone, Serialize)]
+pub struct Holding {
+    pub pool: String,
+    pub value: String,
+    /// The holding resource (`AGENT.ID`).
+    pub holder: String,
+    /// The allocation that wanted the claim.
+    pub allocated: Option<Event>,
+    pub granted: Event,
+    pub bound: Option<Event>,
+    /// The release of the holder: who or what asked for it, and why.
+    pub releasing: Option<Event>,
+    /// The holder's end: destroyed, lost, orphaned or failed.
+    pub ended: Option<Event>,
+    /// The holder's partition let the claim go (with a terminal state), or returned a grant it could not keep.
+    pub let_go: Option<Event>,
+    pub freed: Option<Event>,
+}
+
+impl Holding {
+    fn covers(&self, at: At) -> bool {
+        match at {
+            At::Seq(seq) => self.granted.seq <= seq && self.freed.as_ref().is_none_or(|f| f.seq > seq),
+            At::Time(t) => self.granted.time_ms <= t.0 && self.freed.as_ref().is_none_or(|f| f.time_ms > t.0),
+        }
+    }
+
+    fn starts_after(&self, at: At) -> bool {
+        match at {
+            At::Seq(seq) => self.granted.seq > seq,
+            At::Time(t) => self.granted.time_ms > t.0,
+        }
+    }
+}
+
+/// What `why` answers.
+#[derive(Debug, Clone, Serialize)]
+pub struct Answer {
+    pub value: String,
+    pub pool: Option<String>,
+    /// The moment asked about, if any.
+    pub at: Option<String>,
+    /// Every holding (or, with a moment, the one that covers it, if any).
+    pub holdings: Vec<Holding>,
+    /// With a moment nobody held it at: the holding that ended last before it.
+    pub before: Option<Holding>,
+}
+
+#[derive(Default)]
+struct Tracker {
+    holdings: Vec<Holding>,
+    /// Holdings not freed yet, by holder.
+    open: HashMap<ResourceId, Vec<usize>>,
+    /// The allocation of each resource that wanted a claim of a matching pool, until its holding opens.
+    allocations: HashMap<ResourceId, Event>,
+}
+
+fn event(step: &Step, detail: String) -> Event {
+    let outcome = &step.outcome;
+    let correlation_id = step
+        .command
+        .as_ref()
+        .and_then(|c| codec::decode_command(&c.payload).ok())
+        .and_then(|e| e.correlation_id)
+        .map(|id| id.to_string());
+    Event {
+        seq: step.seq(),
+        time: outcome.log_time.to_string(),
+        time_ms: outcome.log_time.0,
+        command: outcome.command.type_name.clone(),
+        command_id: outcome.command.id.to_string(),
+        issuer: outcome.command.issuer.to_string(),
+        correlation_id,
+        detail,
+    }
+}
+
+fn cause(cause: &ReleaseCause) -> String {
+    match cause {
+        ReleaseCause::Released { by, reason } => {
+            format!("released by {by}{}", reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default())
+        }
+        ReleaseCause::HealthCheckFailed { detail } => format!("a health check failed: {detail}"),
+        ReleaseCause::ParentLeft { parent } => format!("its parent {parent} left"),
+        ReleaseCause::CreateTimeout {} => "its create did not finish in time".to_owned(),
+        ReleaseCause::AgentRetired {} => "its agent was retired".to_owned(),
+    }
+}
+
+impl Tracker {
+    fn step(&mut self, query: &Query, step: &Step) {
+        let pool_key = match &step.outcome.command.key {
+            Key::Pool(pool) => Some(pool),
+            Key::Agent(_) => None,
+        };
+        let pool_matches = |pool: &PoolName| query.pool.as_ref().is_none_or(|q| q == pool);
+        for effect in step.outcome.effects() {
+            match effect {
+                Effect::ClaimWanted { resource, pool } if pool_matches(pool) => {
+                    let detail = format!("allocated, wanting an identifier of pool {pool}");
+                    self.allocations.insert(*resource, event(step, detail));
+                }
+                Effect::ClaimGranted { holder, value, .. } if *value == query.value => {
+                    let Some(pool) = pool_key.filter(|p| pool_matches(p)) else { continue };
+                    let holding = Holding {
+                        pool: pool.to_string(),
+                        value: value.to_string(),
+                        holder: holder.to_string(),
+                        allocated: self.allocations.remove(&holder.resource),
+                        granted: event(step, format!("{value} granted to {holder}")),
+                        bound: None,
+                        releasing: None,
+                        ended: None,
+                        let_go: None,
+                        freed: None,
+                    };
+                    self.open.entry(holder.resource).or_default().push(self.holdings.len());
+                    self.holdings.push(holding);
+                }
+                Effect::ClaimBound { resource, pool, value, .. } if *value == query.value && pool_matches(pool) => {
+                    self.each_open(*resource, Some(pool), |h| {
+                        h.bound.get_or_insert_with(|| event(step, format!("{value} bound to the resource")));
+                    });
+                }
+                Effect::ResourceReleasing { resource, cause: why } => {
+                    self.each_open(*resource, None, |h| {
+                        h.releasing.get_or_insert_with(|| event(step, format!("releasing: {}", cause(why))));
+                    });
+                }
+                Effect::ResourceDestroyed { resource, .. }
+                | Effect::ResourceLost { resource, .. }
+                | Effect::ResourceOrphaned { resource }
+                | Effect::ResourceFailed { resource, .. } => {
+                    let detail = leasehold::timeline::describe(effect);
+                    self.each_open(*resource, None, |h| {
+                        h.ended.get_or_insert_with(|| event(step, detail.clone()));
+                    });
+                    self.allocations.remove(resource);
+                }
+                Effect::ClaimReleasable { resource, pool, value: Some(value), .. }
+                    if *value == query.value && pool_matches(pool) =>
+                {
+                    self.each_open(*resource, Some(pool), |h| {
+                        h.let_go.get_or_insert_with(|| event(step, "the claim may go back to its pool".to_owned()));
+                    });
+                }
+                Effect::GrantReturned { resource, pool, value, .. } if *value == query.value && pool_matches(pool) => {
+                    self.each_open(*resource, Some(pool), |h| {
+                        h.let_go.get_or_insert_with(|| {
+                            event(step, "the grant was returned: not the resource's to keep".to_owned())
+                        });
+                    });
+                }
+                Effect::ClaimFreed { holder, value, .. } if *value == query.value => {
+                    let Some(pool) = pool_key.filter(|p| pool_matches(p)) else { continue };
+                    let pool_text = pool.to_string();
+                    if let Some(open) = self.open.get_mut(&holder.resource) {
+                        if let Some(at) = open.iter().position(|i| self.holdings[*i].pool == pool_text) {
+                            let idx = open.remove(at);
+                            self.holdings[idx].freed = Some(event(step, format!("{value} freed")));
+                        }
+                        if open.is_empty() {
+                            self.open.remove(&holder.resource);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn each_open(&mut self, resource: ResourceId, pool: Option<&PoolName>, mut change: impl FnMut(&mut Holding)) {
+        let Some(open) = self.open.get(&resource) else { return };
+        for idx in open {
+            let holding = &mut self.holdings[*idx];
+            if pool.is_none_or(|p| holding.pool == p.as_str()) {
+                change(holding);
+            }
+        }
+    }
+}
+
+/// Folds `entries` to their end and answers `query` (at `at`, or over all time).
+pub async fn why(
+    partitions: u32,
+    mut entries: futures::stream::BoxStream<'static, Result<leasehold_log::export::Entry, leasehold_log::Error>>,
+    query: &Query,
+    at: Option<At>,
+    mut progress: impl FnMut(u64),
+) -> Result<Answer, Failure> {
+    let mut fold = Fold::new(partitions);
+    let mut tracker = Tracker::default();
+    while let Some(entry) = entries.next().await {
+        let entry = entry.map_err(|e| crate::history::read_failure(&fold, &e))?;
+        let Some(step) = fold.admit(entry)? else { continue };
+        fold.apply(&step)?;
+        progress(step.seq());
+        if let Some(At::Seq(seq)) = at
+            && step.seq() > seq
+            && tracker.open.is_empty()
+        {
+            // Nothing held at the moment asked about can end later than here: the rest is not needed.
+            break;
+        }
+        tracker.step(query, &step);
+    }
+    let mut answer = Answer {
+        value: query.value.to_string(),
+        pool: query.pool.as_ref().map(ToString::to_string),
+        at: at.map(|at| match at {
+            At::Seq(seq) => format!("outcome {seq}"),
+            At::Time(t) => t.to_string(),
+        }),
+        holdings: Vec::new(),
+        before: None,
+    };
+    match at {
+        None => answer.holdings = tracker.holdings,
+        Some(at) => {
+            answer.before = tracker.holdings.iter().filter(|h| !h.covers(at) && !h.starts_after(at)).last().cloned();
+            answer.holdings = tracker.holdings.into_iter().filter(|h| h.covers(at)).collect();
+        }
+    }
+    Ok(answer)
+}
+
+/// The answer as text.
+pub fn render(answer: &Answer) -> String {
+    let mut out = String::new();
+    let what = match &answer.pool {
+        Some(pool) => format!("{} of pool {pool}", answer.value),
+        None => answer.value.clone(),
+    };
+    match (&answer.at, answer.holdings.is_empty()) {
+        (Some(at), true) => {
+            out.push_str(&format!("nobody held {what} at {at}\n"));
+            if let Some(before) = &answer.before {
+                out.push_str("the holding before it:\n");
+                holding(&mut out, before);
+            }
+            return out;
+        }
+        (None, true) => {
+            out.push_str(&format!("nobody ever held {what}\n"));
+            return out;
+        }
+        (Some(at), false) => out.push_str(&format!("{what} at {at}:\n")),
+        (None, false) => out.push_str(&format!("{what}: {} holding(s)\n", answer.holdings.len())),
+    }
+    for h in &answer.holdings {
+        holding(&mut out, h);
+    }
+    out
+}
+
+fn holding(out: &mut String, h: &Holding) {
+    let until = match &h.freed {
+        Some(freed) => format!("until outcome {} ({})", freed.seq, freed.time),
+        None => "still held".to_owned(),
+    };
+    out.push_str(&format!(
+        "{} of pool {}: held by {} from outcome {} ({}), {until}\n",
+        h.value, h.pool, h.holder, h.granted.seq, h.granted.time
+    ));
+    let steps = [
+        ("allocated", &h.allocated),
+        ("granted", &Some(h.granted.clone())),
+        ("bound", &h.bound),
+        ("releasing", &h.releasing),
+        ("ended", &h.ended),
+        ("let go", &h.let_go),
+        ("freed", &h.freed),
+    ];
+    let mut table = leasehold::output::Table::new(&["  STEP", "SEQ", "TIME", "COMMAND", "BY", "COMMAND ID", "WHAT"]);
+    for (name, step) in steps {
+        if let Some(e) = step {
+            let id = match &e.correlation_id {
+                Some(c) => format!("{} (correlation {c})", e.command_id),
+                None => e.command_id.clone(),
+            };
+            table.row(vec![
+                format!("  {name}"),
+                e.seq.to_string(),
+                e.time.clone(),
+                e.command.clone(),
+                e.issuer.clone(),
+                id,
+                e.detail.clone(),
+            ]);
+        }
+    }
+    out.push_str(&table.render());
+}
