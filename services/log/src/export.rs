@@ -631,8 +631,9 @@ impl<W: AsyncWrite + Unpin + Send> Writer<W> {
         Ok(writer)
     }
 
-    /// Writes one entry. An entry out of reader order (see [`Tally`]'s rules) is refused, so that the file stays one a
-    /// reader takes.
+    /// Writes one entry. What a reader would refuse is refused here, so that the file stays one a reader takes: an
+    /// outcome not after the one before or past the header's `to_seq`, a command not after its partition's one
+    /// before, a dead letter not after the one before, a partition the header does not name.
     pub async fn write(&mut self, entry: &Entry) -> Result<(), Error> {
         self.tally.check(entry).map_err(|what| Error::Refused(format!("cannot export this entry: {what}")))?;
         self.begin_frame();
