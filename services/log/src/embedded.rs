@@ -28,22 +28,23 @@ use crate::{
 };
 
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+// The record tables are the crate's, not this module's: `export::import` fills them with the rows of an export.
 /// seq -> (partition, subject, log time, payload)
-const CMD: TableDefinition<u64, (u32, &str, u64, &[u8])> = TableDefinition::new("cmd");
-const CMD_BY_PARTITION: TableDefinition<(u32, u64), ()> = TableDefinition::new("cmd_by_partition");
+pub(crate) const CMD: TableDefinition<u64, (u32, &str, u64, &[u8])> = TableDefinition::new("cmd");
+pub(crate) const CMD_BY_PARTITION: TableDefinition<(u32, u64), ()> = TableDefinition::new("cmd_by_partition");
 /// command id -> (seq, log time), inside the duplicate window
-const CMD_IDS: TableDefinition<&str, (u64, u64)> = TableDefinition::new("cmd_ids");
-const CMD_IDS_BY_TIME: TableDefinition<(u64, u64), &str> = TableDefinition::new("cmd_ids_by_time");
+pub(crate) const CMD_IDS: TableDefinition<&str, (u64, u64)> = TableDefinition::new("cmd_ids");
+pub(crate) const CMD_IDS_BY_TIME: TableDefinition<(u64, u64), &str> = TableDefinition::new("cmd_ids_by_time");
 /// An outcome: (partition, key, cmd id, cmd seq, part, prev seq, payload).
 type EvtRow = (u32, &'static str, &'static str, u64, u32, u64, &'static [u8]);
 /// seq -> outcome
-const EVT: TableDefinition<u64, EvtRow> = TableDefinition::new("evt");
-const EVT_BY_PARTITION: TableDefinition<(u32, u64), ()> = TableDefinition::new("evt_by_partition");
-const EVT_BY_KEY: TableDefinition<(u32, &str, u64), ()> = TableDefinition::new("evt_by_key");
-const EVT_IDS: TableDefinition<&str, u64> = TableDefinition::new("evt_ids");
+pub(crate) const EVT: TableDefinition<u64, EvtRow> = TableDefinition::new("evt");
+pub(crate) const EVT_BY_PARTITION: TableDefinition<(u32, u64), ()> = TableDefinition::new("evt_by_partition");
+pub(crate) const EVT_BY_KEY: TableDefinition<(u32, &str, u64), ()> = TableDefinition::new("evt_by_key");
+pub(crate) const EVT_IDS: TableDefinition<&str, u64> = TableDefinition::new("evt_ids");
 /// seq -> (partition, source seq, source subject, reason, payload)
-const DLQ: TableDefinition<u64, (u32, u64, &str, &str, &[u8])> = TableDefinition::new("dlq");
-const DLQ_BY_SOURCE: TableDefinition<u64, u64> = TableDefinition::new("dlq_by_source");
+pub(crate) const DLQ: TableDefinition<u64, (u32, u64, &str, &str, &[u8])> = TableDefinition::new("dlq");
+pub(crate) const DLQ_BY_SOURCE: TableDefinition<u64, u64> = TableDefinition::new("dlq_by_source");
 /// partition -> (decider version, fence, last command id, state)
 const SNAPSHOTS: TableDefinition<u32, (u32, u64, &str, &[u8])> = TableDefinition::new("snapshots");
 

@@ -16,6 +16,8 @@
 //! - [`embedded`]: one redb file in a data directory, for one process (the default).
 //! - [`jetstream`]: NATS JetStream streams `LH_CMD`, `LH_EVT`, `LH_DLQ` (DESIGN section 9).
 //! - [`conformance`]: the test functions every backend passes, run against both.
+//! - [`export`]: the whole log as one portable, checksummed file (or HTTP body), and its import into a new embedded
+//!   data directory.
 //!
 //! Architecture invariant: only this crate names `async_nats` or the log's redb tables.
 
