@@ -146,7 +146,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     )
                 },
             )?;
-            return Ok(ExitCode::SUCCESS);
+            Ok(ExitCode::SUCCESS)
         }
         command => {
             let source = Source::open(&cli.source).await?;

@@ -43,6 +43,12 @@ pub enum Source {
     Server { url: String, token: Option<String> },
 }
 
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
 /// A source's entries, with what is known of them before reading.
 pub struct Entries {
     pub partitions: u32,
@@ -53,10 +59,19 @@ pub struct Entries {
     pub header: Option<Header>,
 }
 
+impl std::fmt::Debug for Entries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entries")
+            .field("partitions", &self.partitions)
+            .field("last_outcome", &self.last_outcome)
+            .finish()
+    }
+}
+
 impl Source {
     pub async fn open(args: &SourceArgs) -> anyhow::Result<Source> {
         if let Some(dir) = &args.data {
-            let log = Embedded::open_existing(dir).map_err(|e| match e {
+            let log = Embedded::open_read_only(dir).map_err(|e| match e {
                 leasehold_log::Error::Refused(why) if why.contains("in use") => anyhow::anyhow!(
                     "{why}: `leasehold serve` is running on it (redb locks the file). Ask the server instead: \
                      --server http://ADDRESS (its --listen address)"

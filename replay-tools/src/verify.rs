@@ -102,6 +102,12 @@ struct Claims {
     releasable: HashSet<(PoolName, ResourceId, PoolValue, Position)>,
 }
 
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier").field("report", &self.report).finish_non_exhaustive()
+    }
+}
+
 pub struct Verifier {
     fold: Fold,
     report: Report,

@@ -282,7 +282,7 @@ pub async fn why(
     match at {
         None => answer.holdings = tracker.holdings,
         Some(at) => {
-            answer.before = tracker.holdings.iter().filter(|h| !h.covers(at) && !h.starts_after(at)).last().cloned();
+            answer.before = tracker.holdings.iter().rfind(|h| !h.covers(at) && !h.starts_after(at)).cloned();
             answer.holdings = tracker.holdings.into_iter().filter(|h| h.covers(at)).collect();
         }
     }

@@ -80,8 +80,31 @@ impl std::fmt::Debug for Embedded {
     }
 }
 
+/// The redb file: open for writing (one process), or read-only (a reader such as the replay tool, which several
+/// can hold at once, and none while a writer has it).
+enum Db {
+    Write(Database),
+    Read(redb::ReadOnlyDatabase),
+}
+
+impl Db {
+    fn begin_read(&self) -> Result<redb::ReadTransaction, redb::TransactionError> {
+        match self {
+            Db::Write(db) => db.begin_read(),
+            Db::Read(db) => db.begin_read(),
+        }
+    }
+
+    fn begin_write(&self) -> Result<redb::WriteTransaction, Error> {
+        match self {
+            Db::Write(db) => db.begin_write().map_err(storage),
+            Db::Read(_) => Err(Error::Refused("this log was opened read-only: it takes no writes".to_owned())),
+        }
+    }
+}
+
 struct Inner {
-    db: Database,
+    db: Db,
     partitions: u32,
     clock: Clock,
     /// The last log time given: log time never goes back.
@@ -118,30 +141,35 @@ impl Embedded {
         Self::with_database(db, partitions, system_clock())
     }
 
-    /// Opens the log in `dir` with the partition count it was created with; refuses a directory with no log (for
-    /// readers such as the replay tool, which must not create one).
-    pub fn open_existing(dir: &Path) -> Result<Self, Error> {
+    /// Opens the log in `dir` read-only, with the partition count it was created with: for readers such as the
+    /// replay tool, which must neither create a log nor write to one. Several readers may hold it at once; none
+    /// while a writer (`serve`) has it open. Refuses a directory with no log.
+    pub fn open_read_only(dir: &Path) -> Result<Self, Error> {
         let path = dir.join(FILE_NAME);
         if !path.is_file() {
             return Err(Error::Refused(format!("there is no leasehold log in {} (no {FILE_NAME})", dir.display())));
         }
+        let db = redb::ReadOnlyDatabase::open(&path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => Error::Refused(format!(
+                "the log in {} is in use by another process (the embedded log is one process's)",
+                dir.display()
+            )),
+            other => Error::Storage(format!("cannot open {}: {other}", path.display())),
+        })?;
         let partitions = {
-            let db = Database::open(&path).map_err(|e| match e {
-                redb::DatabaseError::DatabaseAlreadyOpen => Error::Refused(format!(
-                    "the log in {} is in use by another process (the embedded log is one process's)",
-                    dir.display()
-                )),
-                other => Error::Storage(format!("cannot open {}: {other}", path.display())),
-            })?;
             let read = db.begin_read().map_err(storage)?;
             let meta = read.open_table(META).map_err(storage)?;
+            let format = meta.get("format").map_err(storage)?.map(|v| v.value().to_vec());
+            if format.as_deref() != Some(FORMAT) {
+                return Err(Error::Refused(format!("{} is not a leasehold log", path.display())));
+            }
             meta.get("partitions")
                 .map_err(storage)?
                 .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
                 .map(u32::from_le_bytes)
-                .ok_or_else(|| Error::Refused(format!("{} is not a leasehold log", path.display())))?
+                .ok_or_else(|| Error::Refused(format!("{} records no partition count", path.display())))?
         };
-        Self::open(dir, partitions)
+        Self::from_db(Db::Read(db), partitions, system_clock())
     }
 
     /// A log in memory, with log time from `clock` (for tests and simulations).
@@ -198,6 +226,10 @@ impl Embedded {
             txn.open_table(SNAPSHOTS).map_err(storage)?;
         }
         txn.commit().map_err(storage)?;
+        Self::from_db(Db::Write(db), partitions, clock)
+    }
+
+    fn from_db(db: Db, partitions: u32, clock: Clock) -> Result<Self, Error> {
         let (last_cmd, last_evt, last_time) = {
             let read = db.begin_read().map_err(storage)?;
             let cmd = read.open_table(CMD).map_err(storage)?;
@@ -258,7 +290,7 @@ impl Embedded {
         }
         let partition = partition_of(key, self.inner.partitions);
         let stored = format!("lh.cmd.{partition}.{class}.{key}.{id}");
-        let txn = self.inner.db.begin_write().map_err(storage)?;
+        let txn = self.inner.db.begin_write()?;
         let time = self.log_time();
         let window = u64::try_from(DUPLICATE_WINDOW.as_millis()).unwrap_or(u64::MAX);
         let published = {
@@ -328,7 +360,7 @@ impl Embedded {
         if partition >= self.inner.partitions {
             return Err(Error::Refused(format!("there is no partition {partition}")));
         }
-        let txn = self.inner.db.begin_write().map_err(storage)?;
+        let txn = self.inner.db.begin_write()?;
         let landed = {
             let mut by_partition = txn.open_table(EVT_BY_PARTITION).map_err(storage)?;
             let last = by_partition
@@ -444,7 +476,7 @@ impl Embedded {
     }
 
     fn dead_letter_blocking(&self, letter: &DeadLetter) -> Result<(), Error> {
-        let txn = self.inner.db.begin_write().map_err(storage)?;
+        let txn = self.inner.db.begin_write()?;
         {
             let mut by_source = txn.open_table(DLQ_BY_SOURCE).map_err(storage)?;
             if by_source.get(letter.source_seq).map_err(storage)?.is_some() {
@@ -488,7 +520,7 @@ impl Embedded {
     }
 
     fn put_snapshot_blocking(&self, snapshot: &Snapshot) -> Result<(), Error> {
-        let txn = self.inner.db.begin_write().map_err(storage)?;
+        let txn = self.inner.db.begin_write()?;
         {
             let mut table = txn.open_table(SNAPSHOTS).map_err(storage)?;
             let last = snapshot.last_command.as_deref().unwrap_or("");

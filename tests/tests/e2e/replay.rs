@@ -10,7 +10,7 @@ use futures::StreamExt;
 use leasehold_log::export::{self, Entry};
 use serde_json::Value;
 
-use crate::api::{Api, agent_name, allocate};
+use crate::api::{Api, agent_name, allocate, wait_agent};
 use crate::nats::NatsRun;
 use crate::support::{Proc, Ran, run_replay};
 
@@ -80,7 +80,7 @@ async fn the_demo_log_answers_who_held_what_when_and_why() {
     assert_eq!(verified["ok"], true, "{verified:#}");
     let report = &verified["report"];
     let n_outcomes = report["outcomes"].as_u64().expect("a count");
-    assert!(n_outcomes > 50, "the demo decides many commands: {report:#}");
+    assert!(n_outcomes > 30, "the demo decides many commands: {report:#}");
     assert_eq!(report["redecided"]["count"].as_u64(), Some(n_outcomes), "every outcome re-decided: {report:#}");
     assert_eq!(report["folded_only_commands_gone"]["count"], 0);
     let projection = &report["projection"];
@@ -135,7 +135,9 @@ async fn the_demo_log_answers_who_held_what_when_and_why() {
         .collect();
     assert_eq!(releases.len(), 2, "two releases on record: {releases:#?}");
     let is_releasing = |r: &Value| {
-        r["effects"].as_array().is_some_and(|e| e.iter().any(|e| e.as_str().unwrap_or("").contains("resource-releasing")))
+        r["effects"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e.as_str().unwrap_or("").contains("resource-releasing")))
     };
     assert_eq!(releases.iter().filter(|r| is_releasing(r)).count(), 1, "one release, one no-op: {releases:#?}");
     let releasing_row = releases.iter().find(|r| is_releasing(r)).expect("the release");
@@ -161,7 +163,9 @@ async fn the_demo_log_answers_who_held_what_when_and_why() {
         let found = resources.iter().find(|r| r["id"] == volume.as_str());
         found.map(|r| r["state"].as_str().unwrap_or("").to_owned()).unwrap_or_default()
     };
-    let before = replay_json(&dir, &["--data", data_arg, "state", "--at", &(released_at - 1).to_string(), "--agent", "w1"]).await;
+    let before =
+        replay_json(&dir, &["--data", data_arg, "state", "--at", &(released_at - 1).to_string(), "--agent", "w1"])
+            .await;
     assert_eq!(state_of(&before), "active", "{before:#}");
     assert!(before["agents"].as_array().is_some_and(|a| a.len() == 1 && a[0]["name"] == "w1"), "{before:#}");
     let at = replay_json(&dir, &["--data", data_arg, "state", "--at", &released_at.to_string()]).await;
@@ -189,12 +193,16 @@ async fn the_demo_log_answers_who_held_what_when_and_why() {
     let flipped = dir.join("flipped.lhx");
     std::fs::write(&flipped, &bytes).expect("write");
     let refused_dir = dir.join("refused");
-    let ran = replay(&dir, &["--data", refused_dir.to_str().expect("UTF-8"), "import", flipped.to_str().expect("UTF-8")]).await;
+    let ran =
+        replay(&dir, &["--data", refused_dir.to_str().expect("UTF-8"), "import", flipped.to_str().expect("UTF-8")])
+            .await;
     assert_eq!(ran.code, Some(2), "a corrupt file is refused: {ran:?}");
     assert!(!refused_dir.exists(), "a refused import leaves nothing behind");
     let truncated = dir.join("truncated.lhx");
     std::fs::write(&truncated, &std::fs::read(&file).expect("the export")[..middle]).expect("write");
-    let ran = replay(&dir, &["--data", refused_dir.to_str().expect("UTF-8"), "import", truncated.to_str().expect("UTF-8")]).await;
+    let ran =
+        replay(&dir, &["--data", refused_dir.to_str().expect("UTF-8"), "import", truncated.to_str().expect("UTF-8")])
+            .await;
     assert_eq!(ran.code, Some(2), "a truncated file is refused: {ran:?}");
     assert!(!refused_dir.exists());
     let ran = replay(&dir, &["--data", copy.to_str().expect("UTF-8"), "import", file_arg]).await;
@@ -279,9 +287,12 @@ async fn a_corrupted_or_divergent_outcome_fails_verify_at_its_sequence() {
 async fn a_running_server_is_read_through_its_gateway_and_jetstream_directly() {
     let tmp = tempfile::tempdir().expect("a temporary directory");
     let dir = tmp.path();
-    let mut serve = Proc::spawn(dir, "serve", &["serve", "--data", "data", "--listen", "127.0.0.1:0", "--partitions", "4"]);
+    let agent = format!("w1=dir:{}", dir.join("w1").display());
+    let args = ["serve", "--data", "data", "--listen", "127.0.0.1:0", "--partitions", "4", "--agent", &agent];
+    let mut serve = Proc::spawn(dir, "serve", &args);
     let base = serve.address().await;
     let api = Api::new(base.clone());
+    wait_agent(&api, "w1", |a| a.status == "live", &[&serve]).await;
     let w1 = agent_name("w1");
     for _ in 0..3 {
         api.accepted(&allocate(&w1, leasehold_schemas::ResourceId::generate()), &[&serve]).await;
@@ -300,7 +311,9 @@ async fn a_running_server_is_read_through_its_gateway_and_jetstream_directly() {
     let Some(nats) = NatsRun::start("replay", 4) else { return };
     let mut serve = nats.serve("serve", &[]);
     let base = serve.address().await;
+    let mut agent = nats.agent("w1", &[]);
     let api = Api::new(base);
+    wait_agent(&api, "w1", |a| a.status == "live", &[&serve, &agent]).await;
     for _ in 0..3 {
         api.accepted(&allocate(&w1, leasehold_schemas::ResourceId::generate()), &[&serve]).await;
     }
@@ -312,5 +325,6 @@ async fn a_running_server_is_read_through_its_gateway_and_jetstream_directly() {
     replay_json(nats.path(), &["--nats", &url, "export", file.to_str().expect("UTF-8")]).await;
     let from_file = replay_json(nats.path(), &["--file", file.to_str().expect("UTF-8"), "verify"]).await;
     assert_eq!(from_file["report"]["outcomes"], verified["report"]["outcomes"]);
+    agent.stop_cleanly().await;
     serve.stop_cleanly().await;
 }
