@@ -492,7 +492,7 @@ impl<'o> Demo<'o> {
         )?;
         writeln!(
             self.out,
-            "   the data directory was {} (removed now); `leasehold serve` keeps one running",
+            "   the data directory was {} (removed at exit; `--keep DIR` keeps a copy to audit); `leasehold serve` keeps one running",
             self.services.data.display()
         )?;
         Ok(self.summary.clone())
