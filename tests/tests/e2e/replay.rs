@@ -180,8 +180,20 @@ async fn the_demo_log_answers_who_held_what_when_and_why() {
     assert_eq!(exported["trailer"]["outcomes"].as_u64(), Some(n_outcomes), "{exported:#}");
     let copy = dir.join("imported");
     replay_json(&dir, &["--data", copy.to_str().expect("UTF-8"), "import", file_arg]).await;
+    // The copy has no projection yet: rebuild makes one, and verify compares it with a fresh fold.
+    let rebuilt = replay_json(&dir, &["--data", copy.to_str().expect("UTF-8"), "rebuild"]).await;
+    assert_eq!(rebuilt["applied"].as_u64(), Some(n_outcomes), "{rebuilt:#}");
     let again = replay_json(&dir, &["--data", copy.to_str().expect("UTF-8"), "verify"]).await;
     assert_eq!(again["ok"], true, "{again:#}");
+    assert_eq!(again["report"]["projection"]["applied"].as_u64(), Some(n_outcomes), "{again:#}");
+    assert_eq!(again["report"]["projection"]["differing"], Value::Array(vec![]), "{again:#}");
+    // Up to a sequence: the file holds that much, and verifies.
+    let half = dir.join("half.lhx");
+    let to = (n_outcomes / 2).to_string();
+    let cut = replay_json(&dir, &["--data", data_arg, "export", half.to_str().expect("UTF-8"), "--to", &to]).await;
+    assert_eq!(cut["trailer"]["last_outcome_seq"].as_u64(), Some(n_outcomes / 2), "{cut:#}");
+    let half_verified = replay_json(&dir, &["--file", half.to_str().expect("UTF-8"), "verify"]).await;
+    assert_eq!(half_verified["report"]["outcomes"].as_u64(), Some(n_outcomes / 2), "{half_verified:#}");
     assert_eq!(again["report"]["outcomes"].as_u64(), Some(n_outcomes));
     assert_eq!(again["report"]["commands"], report["commands"]);
     let from_file = replay_json(&dir, &["--file", file_arg, "verify"]).await;
