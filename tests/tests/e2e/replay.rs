@@ -221,8 +221,15 @@ async fn the_demo_log_answers_who_held_what_when_and_why() {
     assert_eq!(ran.code, Some(2), "an existing data directory is refused: {ran:?}");
 }
 
-/// Rewrites the export `from` into `to`, changing the outcome at `target` with `change`.
-async fn tamper(from: &Path, to: &Path, target: u64, change: impl Fn(&mut leasehold_log::StoredOutcome)) {
+/// Rewrites the export `from` into `to`, changing the outcome at `target` with `change`, and leaving out the
+/// commands `drop_command` picks.
+async fn rewrite(
+    from: &Path,
+    to: &Path,
+    target: u64,
+    change: impl Fn(&mut leasehold_log::StoredOutcome),
+    drop_command: impl Fn(u64) -> bool,
+) {
     let input = tokio::fs::File::open(from).await.expect("the export");
     let (reader, header) = export::Reader::open(tokio::io::BufReader::new(input)).await.expect("a readable export");
     let out = tokio::fs::File::create(to).await.expect("a new file");
@@ -230,6 +237,11 @@ async fn tamper(from: &Path, to: &Path, target: u64, change: impl Fn(&mut leaseh
     let mut entries = reader.into_stream();
     while let Some(entry) = entries.next().await {
         let mut entry = entry.expect("an entry");
+        if let Entry::Command { record, .. } = &entry
+            && drop_command(record.seq)
+        {
+            continue;
+        }
         if let Entry::Outcome(stored) = &mut entry
             && stored.seq == target
         {
@@ -238,6 +250,11 @@ async fn tamper(from: &Path, to: &Path, target: u64, change: impl Fn(&mut leaseh
         writer.write(&entry).await.expect("written");
     }
     writer.finish().await.expect("finished");
+}
+
+/// Rewrites the export `from` into `to`, changing the outcome at `target` with `change`.
+async fn tamper(from: &Path, to: &Path, target: u64, change: impl Fn(&mut leasehold_log::StoredOutcome)) {
+    rewrite(from, to, target, change, |_| false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -289,6 +306,15 @@ async fn a_corrupted_or_divergent_outcome_fails_verify_at_its_sequence() {
     let detail = v["report"]["failure"]["detail"].as_str().unwrap_or("");
     assert!(detail.contains("differs from what decide gives") && detail.contains("decided_at"), "{v:#}");
     assert_eq!(v["report"]["redecided"]["last"].as_u64().map(|l| l < target), Some(true), "{v:#}");
+    // Commands past the command log's retention (left out of the file): their outcomes can only be folded, and
+    // the report says which range.
+    let aged = dir.join("aged.lhx");
+    rewrite(&file, &aged, 0, |_| {}, |seq| seq <= 20).await;
+    let v = replay_json(dir, &["--file", aged.to_str().expect("UTF-8"), "verify"]).await;
+    assert_eq!(v["ok"], true, "{v:#}");
+    let gone = &v["report"]["folded_only_commands_gone"];
+    assert!(gone["count"].as_u64().unwrap_or(0) > 0 && gone["first"] == 1, "{v:#}");
+    assert!(v["report"]["redecided"]["first"].as_u64().unwrap_or(0) > 1, "{v:#}");
     // The table output names the sequence too.
     let ran = replay(dir, &["--file", divergent.to_str().expect("UTF-8"), "verify"]).await;
     assert_eq!(ran.code, Some(1));
