@@ -1,5 +1,6 @@
 //! The codec: one fixed bincode configuration, a byte limit, no trailing bytes. JSON for producers in other
-//! languages. Nothing outside this module calls bincode.
+//! languages. Nothing outside this module encodes commands or outcomes (the log's export file frames them as opaque
+//! bytes in its own container, `leasehold_log::export`).
 //!
 //! Command wire form (bincode):
 //!

@@ -27,7 +27,10 @@ use crate::{
     StoredOutcome, outcome_msg_id,
 };
 
-const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+/// The META key of the command sequence the log starts after when it was imported without its oldest commands
+/// (aged out of the source's retention): the next command gets a later sequence than every one the outcomes answer.
+pub(crate) const CMD_FLOOR: &str = "cmd_floor";
 // The record tables are the crate's, not this module's: `export::import` fills them with the rows of an export.
 /// seq -> (partition, subject, log time, payload)
 pub(crate) const CMD: TableDefinition<u64, (u32, &str, u64, &[u8])> = TableDefinition::new("cmd");
@@ -106,6 +109,8 @@ impl Db {
 struct Inner {
     db: Db,
     partitions: u32,
+    /// See [`CMD_FLOOR`] (0 for a log that was never imported).
+    cmd_floor: u64,
     clock: Clock,
     /// The last log time given: log time never goes back.
     last_time: Mutex<u64>,
@@ -230,18 +235,25 @@ impl Embedded {
     }
 
     fn from_db(db: Db, partitions: u32, clock: Clock) -> Result<Self, Error> {
-        let (last_cmd, last_evt, last_time) = {
+        let (last_cmd, last_evt, last_time, cmd_floor) = {
             let read = db.begin_read().map_err(storage)?;
+            let meta = read.open_table(META).map_err(storage)?;
+            let cmd_floor = meta
+                .get(CMD_FLOOR)
+                .map_err(storage)?
+                .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+                .map_or(0, u64::from_le_bytes);
             let cmd = read.open_table(CMD).map_err(storage)?;
             let last_cmd = cmd.last().map_err(storage)?.map(|(k, v)| (k.value(), v.value().2));
             let evt = read.open_table(EVT).map_err(storage)?;
             let last_evt = evt.last().map_err(storage)?.map_or(0, |(k, _)| k.value());
-            (last_cmd.map_or(0, |c| c.0), last_evt, last_cmd.map_or(0, |c| c.1))
+            (last_cmd.map_or(0, |c| c.0).max(cmd_floor), last_evt, last_cmd.map_or(0, |c| c.1), cmd_floor)
         };
         Ok(Embedded {
             inner: Arc::new(Inner {
                 db,
                 partitions,
+                cmd_floor,
                 clock,
                 last_time: Mutex::new(last_time),
                 commands: watch::Sender::new(last_cmd),
@@ -317,7 +329,7 @@ impl Embedded {
                 Some((seq, at)) if at + window > time.0 => Published { seq, duplicate: true },
                 _ => {
                     let mut cmd = txn.open_table(CMD).map_err(storage)?;
-                    let seq = cmd.last().map_err(storage)?.map_or(0, |(k, _)| k.value()) + 1;
+                    let seq = cmd.last().map_err(storage)?.map_or(0, |(k, _)| k.value()).max(self.inner.cmd_floor) + 1;
                     cmd.insert(seq, (partition, stored.as_str(), time.0, payload)).map_err(storage)?;
                     txn.open_table(CMD_BY_PARTITION).map_err(storage)?.insert((partition, seq), ()).map_err(storage)?;
                     ids.insert(msg_id, (seq, time.0)).map_err(storage)?;

@@ -31,8 +31,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, B
 use tokio::sync::mpsc;
 
 use crate::embedded::{
-    CMD, CMD_BY_PARTITION, CMD_IDS, CMD_IDS_BY_TIME, DLQ, DLQ_BY_SOURCE, DUPLICATE_WINDOW, EVT, EVT_BY_KEY,
-    EVT_BY_PARTITION, EVT_IDS, Embedded, FILE_NAME,
+    CMD, CMD_BY_PARTITION, CMD_FLOOR, CMD_IDS, CMD_IDS_BY_TIME, DLQ, DLQ_BY_SOURCE, DUPLICATE_WINDOW, EVT, EVT_BY_KEY,
+    EVT_BY_PARTITION, EVT_IDS, Embedded, FILE_NAME, META,
 };
 use crate::{CommandRecord, DeadLetter, Error, Log, OutcomeFilter, StoredOutcome, outcome_msg_id};
 
@@ -1046,6 +1046,10 @@ fn storage(e: impl fmt::Display) -> Error {
 /// keeps as its publishes, appends and dead letters fill them; then the duplicate window.
 fn write_rows(db: Database, mut batches: mpsc::Receiver<Vec<Entry>>) -> Result<(), Error> {
     let mut recent = RecentIds::default();
+    // The newest command the file holds, and the newest one its outcomes and dead letters answer: when the oldest
+    // commands aged out of the source (all of a quiet partition's), the second is larger, and the log must go on
+    // after it (a writer refuses a command log that ends below its cursor).
+    let (mut newest_command, mut newest_answered) = (0u64, 0u64);
     while let Some(batch) = batches.blocking_recv() {
         let txn = db.begin_write().map_err(storage)?;
         {
@@ -1070,6 +1074,7 @@ fn write_rows(db: Database, mut batches: mpsc::Receiver<Vec<Entry>>) -> Result<(
                         }
                         cmd_by_partition.insert((*partition, record.seq), ()).map_err(storage)?;
                         recent.note(record);
+                        newest_command = newest_command.max(record.seq);
                     }
                     Entry::Outcome(o) => {
                         let row = (
@@ -1082,6 +1087,7 @@ fn write_rows(db: Database, mut batches: mpsc::Receiver<Vec<Entry>>) -> Result<(
                             o.payload.as_ref(),
                         );
                         evt.insert(o.seq, row).map_err(storage)?;
+                        newest_answered = newest_answered.max(o.cmd_seq);
                         evt_by_partition.insert((o.partition, o.seq), ()).map_err(storage)?;
                         evt_by_key.insert((o.partition, o.key.as_str(), o.seq), ()).map_err(storage)?;
                         evt_ids
@@ -1097,6 +1103,7 @@ fn write_rows(db: Database, mut batches: mpsc::Receiver<Vec<Entry>>) -> Result<(
                             letter.payload.as_ref(),
                         );
                         dlq.insert(*seq, row).map_err(storage)?;
+                        newest_answered = newest_answered.max(letter.source_seq);
                         dlq_by_source.insert(letter.source_seq, *seq).map_err(storage)?;
                     }
                 }
@@ -1111,6 +1118,10 @@ fn write_rows(db: Database, mut batches: mpsc::Receiver<Vec<Entry>>) -> Result<(
         for ((time, seq), id) in &recent.by_time {
             ids.insert(id.as_str(), (*seq, *time)).map_err(storage)?;
             by_time.insert((*time, *seq), id.as_str()).map_err(storage)?;
+        }
+        if newest_answered > newest_command {
+            let mut meta = txn.open_table(META).map_err(storage)?;
+            meta.insert(CMD_FLOOR, newest_answered.to_le_bytes().as_slice()).map_err(storage)?;
         }
     }
     txn.commit().map_err(storage)

@@ -507,3 +507,43 @@ async fn a_jetstream_log_imports_as_an_embedded_one() {
     assert_eq!(header.source, server.url());
     assert_eq!(seen(&Embedded::open(&target, PARTITIONS).unwrap()).await, before);
 }
+
+/// A log whose commands aged out of the source (a quiet JetStream log past `LH_CMD`'s retention) imports with the
+/// outcomes only; the log then goes on after the newest command they answer, so a writer's cursor is never above
+/// the command log's end (a writer refuses such a log as replaced).
+#[tokio::test]
+async fn a_log_without_its_aged_out_commands_goes_on_after_what_its_outcomes_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = source(&dir.path().join("source")).await;
+    let (file, _) = export_all(&log, None).await;
+    let before = seen(&log).await;
+    drop(log);
+    let (header, entries) = read_all(&file).await.unwrap();
+    let answered = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Outcome(o) => Some(o.cmd_seq),
+            Entry::DeadLetter { letter, .. } => Some(letter.source_seq),
+            Entry::Command { .. } => None,
+        })
+        .max()
+        .unwrap();
+    let mut aged = Vec::new();
+    let mut writer = Writer::new(&mut aged, &header).await.unwrap();
+    for entry in entries.iter().filter(|e| !matches!(e, Entry::Command { .. })) {
+        writer.write(entry).await.unwrap();
+    }
+    writer.finish().await.unwrap();
+
+    let target = dir.path().join("imported");
+    export::import(&aged[..], &target).await.unwrap();
+    let log = Embedded::open(&target, PARTITIONS).unwrap();
+    assert_eq!(log.last_command_seq().await.unwrap(), answered);
+    assert!(answered <= before.last_command_seq);
+    let published = log.publish_command("lh.in.op.k0._", "after-import", Bytes::from_static(b"new")).await.unwrap();
+    assert_eq!(published.seq, answered + 1, "the next command comes after every one the outcomes answer");
+    drop(log);
+    // And so after a reopen.
+    let log = Embedded::open(&target, PARTITIONS).unwrap();
+    assert_eq!(log.last_command_seq().await.unwrap(), answered + 1);
+}
