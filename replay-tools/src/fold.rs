@@ -73,6 +73,11 @@ pub struct Fold {
     waiting: Vec<VecDeque<CommandRecord>>,
     last_outcome: u64,
     last_command: Vec<u64>,
+    /// The decider version of each partition's last outcome: a writer never goes back to an older one.
+    versions: Vec<u32>,
+    /// Whether a command of the partition has been read: from then on, a command an outcome answers cannot be
+    /// missing for retention's sake (retention drops the oldest commands only).
+    commands_seen: Vec<bool>,
     /// Outcome parts folded.
     pub outcomes: u64,
     /// Commands read.
@@ -91,6 +96,8 @@ impl Fold {
             waiting: vec![VecDeque::new(); n],
             last_outcome: 0,
             last_command: vec![0; n],
+            versions: vec![0; n],
+            commands_seen: vec![false; n],
             outcomes: 0,
             commands: 0,
             dead_letters: 0,
@@ -135,6 +142,7 @@ impl Fold {
                     ));
                 }
                 self.last_command[p] = record.seq;
+                self.commands_seen[p] = true;
                 self.commands += 1;
                 self.waiting[p].push_back(record);
                 Ok(None)
@@ -194,6 +202,29 @@ impl Fold {
                 ),
             ));
         }
+        // The subject and the command id too: an agent reads only its own subject.
+        let key = outcome.command.key.token();
+        if stored.key != key || stored.cmd_id != outcome.command.id.to_string() {
+            return Err(Failure::outcome(
+                seq,
+                partition,
+                format!(
+                    "it is stored under key {:?} and command id {}, but its body is about {key:?} and command {}",
+                    stored.key, stored.cmd_id, outcome.command.id
+                ),
+            ));
+        }
+        if outcome.decider_version < self.versions[p] {
+            return Err(Failure::outcome(
+                seq,
+                partition,
+                format!(
+                    "it says decider version {}, older than the partition's outcomes before it ({}): writers never go \
+                     back to an older decider",
+                    outcome.decider_version, self.versions[p]
+                ),
+            ));
+        }
         let last = self.decisions[p].last;
         match (outcome.part, last) {
             (0, Some((cmd, part, true))) => {
@@ -241,6 +272,17 @@ impl Fold {
                 }
             }
         }
+        if outcome.part == 0 && command.is_none() && self.commands_seen[p] {
+            return Err(Failure::outcome(
+                seq,
+                partition,
+                format!(
+                    "it answers command {}, which the command log does not hold although it holds older commands of \
+                     the partition: retention drops only the oldest commands, so this one is missing",
+                    outcome.cmd_seq
+                ),
+            ));
+        }
         Ok(Step { stored, outcome, command, unanswered })
     }
 
@@ -254,6 +296,7 @@ impl Fold {
             Err(_) => return Err(Failure::outcome(seq, partition, "folding it panicked")),
         }
         self.chain[p] = seq;
+        self.versions[p] = step.outcome.decider_version;
         self.last_outcome = seq;
         self.decisions[p].last = Some((step.outcome.cmd_seq, step.outcome.part, step.outcome.continues()));
         self.outcomes += 1;

@@ -106,13 +106,46 @@ impl Target {
             .filter(|(_, e)| whole_subject || effect_matches(&Mentions::of(e)))
             .map(|(position, e)| format!("{} {}", position.0, leasehold::output::effect(e)))
             .collect();
+        if whole_subject || !effects.is_empty() {
+            return Some(effects);
+        }
+        // No effect names it (a rejection, a no-op): the command itself may (a rejected acquire names its
+        // resource in its body, its subject names the lease).
         let about_command = match (self, &subject_token) {
-            (Target::Resource(id), Some(token)) => *token == id.to_string(),
-            (Target::Lease(id), Some(token)) => *token == id.to_string(),
-            (Target::Id(resource, _), Some(token)) => *token == resource.to_string(),
-            _ => false,
+            (Target::Resource(id), Some(token)) if *token == id.to_string() => true,
+            (Target::Lease(id), Some(token)) if *token == id.to_string() => true,
+            (Target::Id(resource, lease), Some(token))
+                if *token == resource.to_string() || *token == lease.to_string() =>
+            {
+                true
+            }
+            _ => step.command.as_ref().is_some_and(|c| self.named_in(&c.payload)),
         };
-        (whole_subject || about_command || !effects.is_empty()).then_some(effects)
+        about_command.then_some(effects)
+    }
+
+    /// Whether a command's payload names this thing anywhere in its body.
+    fn named_in(&self, payload: &[u8]) -> bool {
+        let (texts, raw): (Vec<String>, Vec<Vec<u8>>) = match self {
+            Target::Resource(id) => (vec![id.to_string()], vec![id.as_uuid().as_bytes().to_vec()]),
+            Target::Lease(id) => (vec![id.to_string()], vec![id.as_uuid().as_bytes().to_vec()]),
+            Target::Id(resource, lease) => (
+                vec![resource.to_string(), lease.to_string()],
+                vec![resource.as_uuid().as_bytes().to_vec(), lease.as_uuid().as_bytes().to_vec()],
+            ),
+            Target::Pool(pool) | Target::Name(_, Some(pool)) => (vec![pool.to_string()], vec![]),
+            Target::Agent(_) | Target::Name(_, None) => return false,
+        };
+        // A cheap look at the bytes first (the binary form holds a uuid's 16 bytes, JSON its text), then the
+        // decoded body.
+        let contains = |needle: &[u8]| !needle.is_empty() && payload.windows(needle.len()).any(|w| w == needle);
+        if !raw.iter().any(|r| contains(r)) && !texts.iter().any(|t| contains(t.as_bytes())) {
+            return false;
+        }
+        let Ok(envelope) = codec::decode_command(payload) else { return false };
+        let Ok(json) = codec::command_to_json(&envelope) else { return false };
+        let Ok(body) = serde_json::from_str::<serde_json::Value>(&json) else { return false };
+        names(&body["body"], &texts)
     }
 
     /// The thing in `state` (its partition's, after the step).
@@ -131,6 +164,16 @@ impl Target {
                 Key::Pool(_) => pool_state(state, pool, step),
             },
         }
+    }
+}
+
+/// Whether a JSON value holds one of `texts` as a string, anywhere.
+fn names(value: &serde_json::Value, texts: &[String]) -> bool {
+    match value {
+        serde_json::Value::String(s) => texts.iter().any(|t| t == s),
+        serde_json::Value::Array(items) => items.iter().any(|v| names(v, texts)),
+        serde_json::Value::Object(map) => map.values().any(|v| names(v, texts)),
+        _ => false,
     }
 }
 

@@ -84,13 +84,19 @@ pub enum Cmd {
     },
     /// Writes the log from its start (up to --to) to a self-contained, checksummed file.
     Export {
+        /// The new file to write.
+        #[arg(id = "export_file", value_name = "FILE")]
         file: PathBuf,
         /// The last outcome sequence to include.
         #[arg(long)]
         to: Option<u64>,
     },
     /// Restores an export file into a new embedded data directory (--data DIR, which must not exist).
-    Import { file: PathBuf },
+    Import {
+        /// The export file to restore.
+        #[arg(id = "import_file", value_name = "FILE")]
+        file: PathBuf,
+    },
     /// Drops a projection and folds it again from sequence 1 (with --data: the data directory's; else --projection).
     Rebuild {
         #[arg(long)]
@@ -101,6 +107,7 @@ pub enum Cmd {
 /// The entry point of the binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    leasehold::output::errors_as(cli.output);
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
@@ -116,6 +123,7 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("leasehold-replay: {e:#}");
+            leasehold::output::emit_error(&e);
             ExitCode::from(2)
         }
     }

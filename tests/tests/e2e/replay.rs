@@ -10,7 +10,7 @@ use futures::StreamExt;
 use leasehold_log::export::{self, Entry};
 use serde_json::Value;
 
-use crate::api::{Api, agent_name, allocate, wait_agent};
+use crate::api::{Api, acquire, agent_name, allocate, wait_agent};
 use crate::nats::NatsRun;
 use crate::support::{Proc, Ran, run_replay};
 
@@ -344,6 +344,25 @@ async fn a_running_server_is_read_through_its_gateway_and_jetstream_directly() {
     assert!(verified["report"]["redecided"]["count"].as_u64().unwrap_or(0) >= 3, "{verified:#}");
     let rows = replay_json(dir, &["--server", &base, "history", "agent:w1"]).await;
     assert_eq!(rows.as_array().map(|r| r.iter().filter(|r| r["command"] == "op.allocate").count()), Some(3));
+    // A rejected acquire names the resource in its body only (its subject is the lease): it is in the resource's
+    // history all the same.
+    let unknown = leasehold_schemas::ResourceId::generate();
+    let answer = api.decide(&acquire(&w1, unknown, leasehold_schemas::LeaseId::generate()), &[&serve]).await;
+    assert_eq!(answer["status"], "rejected", "{answer:#}");
+    let reference = format!("w1.{unknown}");
+    let rows = replay_json(dir, &["--server", &base, "history", &reference]).await;
+    let rows = rows.as_array().expect("rows");
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!((rows[0]["command"].as_str(), rows[0]["outcome"].as_str()), (Some("op.acquire"), Some("rejected")));
+    // export to a file from the server, and from that file to another: the same log.
+    let from_server = dir.join("server.lhx");
+    replay_json(dir, &["--server", &base, "export", from_server.to_str().expect("UTF-8")]).await;
+    let copied = dir.join("copied.lhx");
+    replay_json(dir, &["--file", from_server.to_str().expect("UTF-8"), "export", copied.to_str().expect("UTF-8")])
+        .await;
+    let a = replay_json(dir, &["--file", copied.to_str().expect("UTF-8"), "verify"]).await;
+    assert_eq!(a["ok"], true, "{a:#}");
+    assert!(a["report"]["redecided"]["count"].as_u64().unwrap_or(0) >= 4, "{a:#}");
     serve.stop_cleanly().await;
 
     let Some(nats) = NatsRun::start("replay", 4) else { return };
