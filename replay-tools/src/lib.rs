@@ -233,14 +233,16 @@ async fn verify(source: &Source, projection: Option<PathBuf>, output: OutputForm
             note = Some("no projection to compare (give --projection DIR)".to_owned());
             None
         }
-        Some(dir) => match leasehold_projector::recorded(dir)
-            .with_context(|| format!("reading the projection in {}", dir.display()))?
-        {
-            None => {
+        Some(dir) => match leasehold_projector::recorded(dir) {
+            Err(e) => {
+                note = Some(format!("cannot read the projection in {}: {e}; not compared", dir.display()));
+                None
+            }
+            Ok(None) => {
                 note = Some(format!("no projection in {}", dir.display()));
                 None
             }
-            Some(r) if r.version != Some(leasehold_projector::PROJECTION_VERSION) => {
+            Ok(Some(r)) if r.version != Some(leasehold_projector::PROJECTION_VERSION) => {
                 note = Some(format!(
                     "the projection in {} was made by another build (version {:?}); not compared",
                     dir.display(),
@@ -248,7 +250,7 @@ async fn verify(source: &Source, projection: Option<PathBuf>, output: OutputForm
                 ));
                 None
             }
-            Some(r) => Some(verify::Projection {
+            Ok(Some(r)) => Some(verify::Projection {
                 applied: r.applied,
                 digests: r.digests.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
             }),

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use leasehold::nats_args::NatsArgs;
 use leasehold_log::Log;
-use leasehold_log::embedded::Embedded;
+use leasehold_log::embedded::{Embedded, FILE_NAME, NOT_CLOSED_CLEANLY};
 use leasehold_log::export::{self, Entry, Header};
 use leasehold_log::jetstream::JetStream;
 
@@ -37,10 +37,23 @@ pub struct SourceArgs {
 
 /// An opened source.
 pub enum Source {
-    Embedded { log: Embedded, dir: PathBuf },
-    Nats { log: JetStream, url: String },
-    File { path: PathBuf },
-    Server { url: String, token: Option<String> },
+    /// `_copy`: a repaired copy of a log whose writer crashed, read instead of it (removed when done).
+    Embedded {
+        log: Embedded,
+        dir: PathBuf,
+        _copy: Option<tempfile::TempDir>,
+    },
+    Nats {
+        log: JetStream,
+        url: String,
+    },
+    File {
+        path: PathBuf,
+    },
+    Server {
+        url: String,
+        token: Option<String>,
+    },
 }
 
 impl std::fmt::Debug for Source {
@@ -71,14 +84,29 @@ impl std::fmt::Debug for Entries {
 impl Source {
     pub async fn open(args: &SourceArgs) -> anyhow::Result<Source> {
         if let Some(dir) = &args.data {
-            let log = Embedded::open_read_only(dir).map_err(|e| match e {
-                leasehold_log::Error::Refused(why) if why.contains("in use") => anyhow::anyhow!(
+            let log = match Embedded::open_read_only(dir) {
+                Ok(log) => log,
+                Err(leasehold_log::Error::Refused(why)) if why.contains(NOT_CLOSED_CLEANLY) => {
+                    // Its writer crashed: audit a repaired copy, never the original.
+                    let copy = tempfile::tempdir().context("making a directory for a copy of the log")?;
+                    std::fs::copy(dir.join(FILE_NAME), copy.path().join(FILE_NAME))
+                        .with_context(|| format!("copying the log of {}", dir.display()))?;
+                    let log = Embedded::open_existing(copy.path())
+                        .with_context(|| format!("repairing a copy of the log of {}", dir.display()))?;
+                    eprintln!(
+                        "leasehold-replay: the log in {} was not closed cleanly (its writer stopped without closing \
+                         it); reading a repaired copy, the original is left as it is",
+                        dir.display()
+                    );
+                    return Ok(Source::Embedded { log, dir: dir.clone(), _copy: Some(copy) });
+                }
+                Err(leasehold_log::Error::Refused(why)) if why.contains("in use") => bail!(
                     "{why}: `leasehold serve` is running on it (redb locks the file). Ask the server instead: \
                      --server http://ADDRESS (its --listen address)"
                 ),
-                other => anyhow::anyhow!("{}: {other}", dir.display()),
-            })?;
-            return Ok(Source::Embedded { log, dir: dir.clone() });
+                Err(other) => bail!("{}: {other}", dir.display()),
+            };
+            return Ok(Source::Embedded { log, dir: dir.clone(), _copy: None });
         }
         if let Some(config) = args.nats.config(0) {
             let url = config.url.clone();
@@ -110,7 +138,7 @@ impl Source {
     /// The embedded log, when that is the source.
     pub fn embedded(&self) -> Option<(&Embedded, &PathBuf)> {
         match self {
-            Source::Embedded { log, dir } => Some((log, dir)),
+            Source::Embedded { log, dir, .. } => Some((log, dir)),
             _ => None,
         }
     }

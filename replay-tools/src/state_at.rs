@@ -38,30 +38,34 @@ pub async fn state_at(
     let mut batch: Vec<StoredOutcome> = Vec::new();
     let mut stopped = vec![false; partitions as usize];
     let (mut seq, mut time) = (0, None);
+    // Whether each partition's last outcome taken goes on in a next part: a decision's parts are taken whole, so a
+    // moment inside one (`--at` the sequence of a part that continues) reads as the decision's end.
+    let mut continues = vec![false; partitions as usize];
     while let Some(entry) = entries.next().await {
         let Entry::Outcome(stored) = entry? else { continue };
         let p = stored.partition as usize;
         if p >= stopped.len() {
             anyhow::bail!("outcome {} is of partition {p}, which this log does not have", stored.seq);
         }
-        match at {
-            At::Seq(limit) if stored.seq > limit => break,
-            At::Seq(_) => {}
-            At::Time(limit) => {
-                if stopped[p] {
-                    continue;
-                }
-                let outcome = codec::decode_outcome(&stored.payload)
-                    .map_err(|e| anyhow::anyhow!("outcome {} does not decode: {e}", stored.seq))?;
-                if outcome.log_time > limit {
-                    stopped[p] = true;
-                    if stopped.iter().all(|s| *s) {
-                        break;
-                    }
-                    continue;
-                }
-                time = Some(outcome.log_time);
+        let outcome = codec::decode_outcome(&stored.payload)
+            .map_err(|e| anyhow::anyhow!("outcome {} does not decode: {e}", stored.seq))?;
+        let past = match at {
+            At::Seq(limit) => stored.seq > limit,
+            At::Time(limit) => stopped[p] || outcome.log_time > limit,
+        };
+        if past && !continues[p] {
+            stopped[p] = true;
+            if stopped.iter().zip(&continues).all(|(s, c)| *s || !*c) && matches!(at, At::Seq(_)) {
+                break;
             }
+            if stopped.iter().all(|s| *s) {
+                break;
+            }
+            continue;
+        }
+        continues[p] = outcome.continues();
+        if !past {
+            time = Some(outcome.log_time);
         }
         seq = stored.seq;
         progress(seq);
@@ -72,11 +76,6 @@ pub async fn state_at(
         }
     }
     projector.apply_batch(&batch)?;
-    if time.is_none()
-        && let Some(last) = batch.last()
-    {
-        time = codec::decode_outcome(&last.payload).ok().map(|o| o.log_time);
-    }
     let reader = projector.reader();
     let query = ResourceQuery { agent: agent.map(str::to_owned), ..ResourceQuery::default() };
     let resources = reader.resources(&query)?;

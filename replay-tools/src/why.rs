@@ -37,13 +37,36 @@ impl std::str::FromStr for At {
         if let Ok(seq) = text.parse::<u64>() {
             return Ok(At::Seq(seq));
         }
-        humantime::parse_rfc3339_weak(text)
+        // humantime reads UTC (`Z`) and zone-less times; an offset (`+01:00`) is applied here.
+        let (time, offset_s) = split_offset(text);
+        humantime::parse_rfc3339_weak(time)
             .map(|t| {
-                let ms = t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-                At::Time(Timestamp(ms))
+                let ms = t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+                At::Time(Timestamp((ms - offset_s * 1000).max(0) as u64))
             })
-            .map_err(|e| format!("{text:?} is neither an outcome sequence nor a time (2026-11-23T14:02:00Z): {e}"))
+            .map_err(|e| {
+                format!("{text:?} is neither an outcome sequence nor a time (2026-11-23T14:02:00Z, or +01:00): {e}")
+            })
     }
+}
+
+/// A time and its UTC offset in seconds: `...T14:02:00+01:00` is `...T14:02:00` at +3600 s.
+fn split_offset(text: &str) -> (&str, i64) {
+    let Some(t) = text.find(['T', 't', ' ']) else { return (text, 0) };
+    let clock = &text[t..];
+    let Some(at) = clock.rfind(['+', '-']) else { return (text, 0) };
+    let offset = &clock[at + 1..];
+    let parts: Vec<&str> = offset.split(':').collect();
+    let (Some(h), Some(m)) =
+        (parts.first().and_then(|h| h.parse::<i64>().ok()), parts.get(1).and_then(|m| m.parse::<i64>().ok()))
+    else {
+        return (text, 0);
+    };
+    if parts.len() != 2 || h > 23 || m > 59 {
+        return (text, 0);
+    }
+    let sign = if clock.as_bytes()[at] == b'-' { -1 } else { 1 };
+    (&text[..t + at], sign * (h * 3600 + m * 60))
 }
 
 /// One step of a holding.
@@ -109,6 +132,21 @@ pub struct Answer {
     pub holdings: Vec<Holding>,
     /// With a moment nobody held it at: the holding that ended last before it.
     pub before: Option<Holding>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moments_are_sequences_or_times_with_offsets() {
+        assert_eq!("42".parse::<At>(), Ok(At::Seq(42)));
+        let utc = "2026-11-23T12:57:09Z".parse::<At>().unwrap();
+        assert_eq!("2026-11-23T13:57:09+01:00".parse::<At>().unwrap(), utc);
+        assert_eq!("2026-11-23T07:57:09-05:00".parse::<At>().unwrap(), utc);
+        assert_eq!("2026-11-23T12:57:09.500Z".parse::<At>(), Ok(At::Time(Timestamp(1_795_438_629_500))));
+        assert!("yesterday".parse::<At>().is_err());
+    }
 }
 
 #[derive(Default)]

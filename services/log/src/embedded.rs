@@ -123,6 +123,10 @@ struct Inner {
     workers: Mutex<BTreeMap<String, tokio::time::Instant>>,
 }
 
+/// What a read-only open says of a log whose writer did not close it (it crashed): redb repairs such a file on
+/// the next open for writing.
+pub const NOT_CLOSED_CLEANLY: &str = "not closed cleanly";
+
 /// How long a worker of the embedded log stays listed after it last said it is alive.
 pub const WORKER_TTL: Duration = Duration::from_secs(3);
 
@@ -159,6 +163,10 @@ impl Embedded {
                 "the log in {} is in use by another process (the embedded log is one process's)",
                 dir.display()
             )),
+            redb::DatabaseError::RepairAborted => Error::Refused(format!(
+                "{NOT_CLOSED_CLEANLY}: the log in {} needs a repair, which a read-only open may not make",
+                dir.display()
+            )),
             other => Error::Storage(format!("cannot open {}: {other}", path.display())),
         })?;
         let partitions = {
@@ -174,7 +182,31 @@ impl Embedded {
                 .map(u32::from_le_bytes)
                 .ok_or_else(|| Error::Refused(format!("{} records no partition count", path.display())))?
         };
+        if partitions == 0 || partitions > crate::MAX_PARTITIONS {
+            return Err(Error::Refused(format!("{} records {partitions} partitions: it is damaged", path.display())));
+        }
         Self::from_db(Db::Read(db), partitions, system_clock())
+    }
+
+    /// Opens the log in `dir` for writing, with the partition count it recorded (a log of unknown partition count:
+    /// a copy being repaired, an import).
+    pub fn open_existing(dir: &Path) -> Result<Self, Error> {
+        let path = dir.join(FILE_NAME);
+        if !path.is_file() {
+            return Err(Error::Refused(format!("there is no leasehold log in {} (no {FILE_NAME})", dir.display())));
+        }
+        let partitions = {
+            let db =
+                Database::open(&path).map_err(|e| Error::Storage(format!("cannot open {}: {e}", path.display())))?;
+            let read = db.begin_read().map_err(storage)?;
+            let meta = read.open_table(META).map_err(storage)?;
+            meta.get("partitions")
+                .map_err(storage)?
+                .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
+                .map(u32::from_le_bytes)
+                .ok_or_else(|| Error::Refused(format!("{} records no partition count", path.display())))?
+        };
+        Self::open(dir, partitions)
     }
 
     /// A log in memory, with log time from `clock` (for tests and simulations).
@@ -184,8 +216,11 @@ impl Embedded {
     }
 
     fn with_database(db: Database, partitions: u32, clock: Clock) -> Result<Self, Error> {
-        if partitions == 0 {
-            return Err(Error::Refused("a log has at least one partition".to_owned()));
+        if partitions == 0 || partitions > crate::MAX_PARTITIONS {
+            return Err(Error::Refused(format!(
+                "a log has between 1 and {} partitions, not {partitions}",
+                crate::MAX_PARTITIONS
+            )));
         }
         let txn = db.begin_write().map_err(storage)?;
         {

@@ -783,8 +783,11 @@ impl<R: AsyncRead + Unpin + Send> Reader<R> {
         }
         let header: Header = serde_json::from_slice(&reader.frame)
             .map_err(|e| damaged(start, format!("the header does not decode: {e}")))?;
-        if header.partitions == 0 {
-            return Err(damaged(start, "the header names no partitions"));
+        if header.partitions == 0 || header.partitions > crate::MAX_PARTITIONS {
+            return Err(damaged(
+                start,
+                format!("the header names {} partitions (a log has 1 to {})", header.partitions, crate::MAX_PARTITIONS),
+            ));
         }
         reader.tally = Tally::new(&header);
         Ok((reader, header))
@@ -933,7 +936,7 @@ where
 /// subject, log time, fields and payload, and a writer going on with it gets the next sequences. Returns the header
 /// and trailer.
 ///
-/// `dir` must not exist, or be an empty directory (then it is replaced); its parent must exist. The rows are written
+/// `dir` must not exist (an existing one, even empty, is refused); its parent must exist. The rows are written
 /// into a temporary directory beside `dir`, which takes `dir`'s place only once the whole file has been read and
 /// checked: a damaged or cut file, or any failure, leaves nothing behind.
 ///
@@ -1000,19 +1003,11 @@ where
 
 /// The parent and name of a new data directory, or why `dir` cannot be one.
 fn new_data_dir(dir: &Path) -> Result<(PathBuf, std::ffi::OsString), Error> {
-    match std::fs::read_dir(dir) {
-        Ok(mut entries) => {
-            if entries.next().is_some() {
-                return Err(Error::Refused(format!(
-                    "{} exists and is not empty: an import makes a new data directory; name one that does not exist",
-                    dir.display()
-                )));
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(Error::Refused(format!("{} cannot be a new data directory: {e}", dir.display())));
-        }
+    if dir.symlink_metadata().is_ok() {
+        return Err(Error::Refused(format!(
+            "{} exists: an import makes a new data directory; name one that does not exist",
+            dir.display()
+        )));
     }
     let Some(name) = dir.file_name() else {
         return Err(Error::Refused(format!("{} cannot be a new data directory: it names no directory", dir.display())));

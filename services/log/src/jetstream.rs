@@ -295,6 +295,12 @@ impl JetStream {
             (config.partitions, config.replicas) = existing_log(&js).await?;
         }
         let (partitions, replicas) = (config.partitions, config.replicas);
+        if partitions > crate::MAX_PARTITIONS {
+            return Err(Error::Refused(format!(
+                "a log has between 1 and {} partitions, not {partitions}",
+                crate::MAX_PARTITIONS
+            )));
+        }
         let cmd = ensure_stream(&js, cmd_stream_config(partitions, replicas)).await?;
         let evt = ensure_stream(&js, evt_stream_config(replicas)).await?;
         let dlq = ensure_stream(&js, dlq_stream_config(replicas)).await?;

@@ -43,6 +43,10 @@ pub use record::{
     fence_headers, fence_headers_on, outcome_msg_id,
 };
 
+/// The most partitions a log may have: far more than one cluster serves (each partition is a writer, a consumer
+/// and a state in memory), and a bound a damaged file or a typo cannot make a reader allocate past.
+pub const MAX_PARTITIONS: u32 = 4096;
+
 /// The header that names the command an outcome answers.
 pub const HEADER_CMD_ID: &str = "Lh-Cmd-Id";
 /// The command's sequence in the command log: the log itself holds the writer's cursor.

@@ -426,7 +426,7 @@ async fn an_existing_directory_is_refused() {
     let (log, _) = source(&dir.path().join("source")).await;
     let (file, _) = export_all(&log, None).await;
     let err = export::import(&file[..], &dir.path().join("source")).await.expect_err("a data directory");
-    assert!(err.to_string().contains("exists and is not empty"), "{err}");
+    assert!(err.to_string().contains("exists"), "{err}");
     assert!(dir.path().join("source").join("log.redb").exists(), "left as it was");
     let file_there = dir.path().join("a-file");
     std::fs::write(&file_there, b"x").unwrap();
@@ -434,11 +434,16 @@ async fn an_existing_directory_is_refused() {
     assert_eq!(std::fs::read(&file_there).unwrap(), b"x");
     let err = export::import(&file[..], &dir.path().join("no-such-parent").join("data")).await.expect_err("no parent");
     assert!(err.to_string().contains("create it first"), "{err}");
-    // An empty directory is taken (made by hand for the import).
+    // An empty directory is refused too: an import makes its directory, so a mistyped path never lands in one that
+    // something else was about to use.
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    export::import(&file[..], &empty).await.expect("an empty directory");
-    assert_eq!(seen(&Embedded::open(&empty, PARTITIONS).unwrap()).await, seen(&log).await);
+    let err = export::import(&file[..], &empty).await.expect_err("an existing directory");
+    assert!(err.to_string().contains("exists"), "{err}");
+    assert_eq!(std::fs::read_dir(&empty).unwrap().count(), 0, "left as it was");
+    let fresh = dir.path().join("fresh");
+    export::import(&file[..], &fresh).await.expect("a new directory");
+    assert_eq!(seen(&Embedded::open(&fresh, PARTITIONS).unwrap()).await, seen(&log).await);
 }
 
 #[tokio::test]
