@@ -56,6 +56,12 @@ impl Step {
     pub fn seq(&self) -> u64 {
         self.stored.seq
     }
+
+    /// The correlation id of the command it answers, if it carries one and the source still holds it.
+    pub fn correlation_id(&self) -> Option<String> {
+        let command = self.command.as_ref()?;
+        codec::decode_command(&command.payload).ok()?.correlation_id.map(|id| id.to_string())
+    }
 }
 
 /// Where a partition's decisions stand.

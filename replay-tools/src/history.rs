@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::fold::{Failure, Fold, Step};
-use crate::mentions::Mentions;
+use leasehold_schemas::mentions::Mentions;
 
 /// What `history` is asked about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -266,12 +266,7 @@ pub async fn history(
         progress(step.seq());
         let Some(effects) = target.select(&step) else { continue };
         let outcome = &step.outcome;
-        let correlation_id = step
-            .command
-            .as_ref()
-            .and_then(|c| codec::decode_command(&c.payload).ok())
-            .and_then(|e| e.correlation_id)
-            .map(|id| id.to_string());
+        let correlation_id = step.correlation_id();
         let (verdict, rejection) = match &outcome.decision {
             Decision::Accepted { .. } => ("accepted", None),
             Decision::Rejected(r) => ("rejected", Some(r.to_string())),

@@ -12,7 +12,6 @@
 
 pub mod fold;
 pub mod history;
-pub mod mentions;
 pub mod source;
 pub mod state_at;
 pub mod verify;

@@ -27,7 +27,7 @@ use leasehold_schemas::{LeaseId, Outcome, PoolName, Position, RejectionKind, Res
 use serde::Serialize;
 
 use crate::fold::{Failure, Fold, Step};
-use crate::mentions::Mentions;
+use leasehold_schemas::mentions::Mentions;
 
 /// How often (in outcomes of one partition) every invariant of the domain is checked over the whole partition.
 pub const FULL_CHECK_EVERY: u64 = 10_000;

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use futures::StreamExt;
 use leasehold_schemas::outcome::{Effect, ReleaseCause};
 use leasehold_schemas::pool::PoolValue;
-use leasehold_schemas::{Key, PoolName, ResourceId, Timestamp, codec};
+use leasehold_schemas::{Key, PoolName, ResourceId, Timestamp};
 use serde::Serialize;
 
 use crate::fold::{Failure, Fold, Step};
@@ -160,12 +160,7 @@ struct Tracker {
 
 fn event(step: &Step, detail: String) -> Event {
     let outcome = &step.outcome;
-    let correlation_id = step
-        .command
-        .as_ref()
-        .and_then(|c| codec::decode_command(&c.payload).ok())
-        .and_then(|e| e.correlation_id)
-        .map(|id| id.to_string());
+    let correlation_id = step.correlation_id();
     Event {
         seq: step.seq(),
         time: outcome.log_time.to_string(),

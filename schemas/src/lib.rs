@@ -17,6 +17,7 @@ pub mod codec;
 pub mod command;
 pub mod envelope;
 pub mod ids;
+pub mod mentions;
 pub mod outcome;
 pub mod pool;
 pub mod settings;

@@ -441,63 +441,11 @@ impl Touched {
     }
 
     fn effect(&mut self, effect: &Effect, resources: &mut BTreeSet<ResourceId>, leases: &mut BTreeSet<LeaseId>) {
-        match effect {
-            Effect::AgentRegistered { .. }
-            | Effect::AgentSeen { .. }
-            | Effect::AgentStalled { .. }
-            | Effect::AgentRecovered {}
-            | Effect::AgentGone { .. }
-            | Effect::AgentRetired { .. }
-            | Effect::AgentSuspect { .. }
-            | Effect::AgentBreakerCleared { .. }
-            | Effect::AgentBreakerRearmed {}
-            | Effect::ResyncRequested { .. }
-            | Effect::ObservationAccepted { .. }
-            | Effect::PoolDefined { .. }
-            | Effect::PoolUpdated { .. }
-            | Effect::PoolDeleted {}
-            | Effect::ClaimQueued { .. }
-            | Effect::ClaimWithdrawn { .. }
-            | Effect::PartitionSettingsChanged { .. }
-            | Effect::DecisionContinues { .. } => {}
-            Effect::ResourceAllocated { resource, .. }
-            | Effect::ClaimWanted { resource, .. }
-            | Effect::ClaimBound { resource, .. }
-            | Effect::CreateOrdered { resource }
-            | Effect::ResourceActivated { resource, .. }
-            | Effect::ResourceSeen { resource, .. }
-            | Effect::ResourcePaused { resource, .. }
-            | Effect::ResourceUnpaused { resource, .. }
-            | Effect::ResourceUpdated { resource, .. }
-            | Effect::ResourceSuspect { resource, .. }
-            | Effect::HealthCheckRequested { resource }
-            | Effect::ResourceHealthy { resource }
-            | Effect::UpstreamFlagged { resource, .. }
-            | Effect::ResourceReleasing { resource, .. }
-            | Effect::ResourceDestroyed { resource, .. }
-            | Effect::ResourceLost { resource, .. }
-            | Effect::ResourceOrphaned { resource }
-            | Effect::ResourceFailed { resource, .. }
-            | Effect::ClaimReleasable { resource, .. }
-            | Effect::GrantReturned { resource, .. }
-            | Effect::ChildAdopted { parent: resource, .. } => {
-                resources.insert(*resource);
-            }
-            Effect::LeaseWaiting { lease, resource, .. } | Effect::LeaseGranted { lease, resource, .. } => {
-                leases.insert(*lease);
-                resources.insert(*resource);
-            }
-            Effect::LeaseRenewed { lease, .. }
-            | Effect::LeaseReleased { lease }
-            | Effect::LeaseBroken { lease, .. }
-            | Effect::LeaseExpired { lease }
-            | Effect::LeaseFailed { lease } => {
-                leases.insert(*lease);
-            }
-            Effect::ClaimGranted { value, .. } | Effect::ClaimFreed { value, .. } => {
-                self.values.insert(*value);
-            }
-        }
+        // The resources and leases of this partition, and the identifiers of a pool's own grants and frees.
+        let m = leasehold_schemas::mentions::Mentions::of(effect);
+        resources.extend(m.resources);
+        leases.extend(m.leases);
+        self.values.extend(m.pool_values);
     }
 }
 

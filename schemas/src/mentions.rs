@@ -1,7 +1,9 @@
-//! What an effect is about: the resources, leases and pools it names, in its own partition or another's.
+//! What an effect is about: the resources, leases, pools and pool identifiers it names, in its own partition or
+//! another's. The projector indexes what an outcome touched by it; the replay tool finds a thing's history by it.
 
-use leasehold_schemas::outcome::Effect;
-use leasehold_schemas::{LeaseId, PoolName, ResourceId};
+use crate::ids::{LeaseId, PoolName, ResourceId};
+use crate::outcome::Effect;
+use crate::pool::PoolValue;
 
 /// The things one effect names.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -13,9 +15,12 @@ pub struct Mentions<'e> {
     pub leases: Vec<LeaseId>,
     /// Pools named by the effect (a pool's own outcomes name it by their key instead).
     pub pools: Vec<&'e PoolName>,
+    /// Identifiers a pool's own effect hands out or takes back (`claim-granted`, `claim-freed`).
+    pub pool_values: Vec<PoolValue>,
 }
 
 impl<'e> Mentions<'e> {
+    /// What `effect` names.
     pub fn of(effect: &'e Effect) -> Self {
         let mut m = Mentions::default();
         match effect {
@@ -64,10 +69,11 @@ impl<'e> Mentions<'e> {
             | Effect::LeaseBroken { lease, .. }
             | Effect::LeaseExpired { lease }
             | Effect::LeaseFailed { lease } => m.leases.push(*lease),
-            Effect::ClaimGranted { holder, .. }
-            | Effect::ClaimQueued { holder, .. }
-            | Effect::ClaimFreed { holder, .. }
-            | Effect::ClaimWithdrawn { holder } => m.elsewhere.push(holder.resource),
+            Effect::ClaimGranted { holder, value, .. } | Effect::ClaimFreed { holder, value, .. } => {
+                m.elsewhere.push(holder.resource);
+                m.pool_values.push(*value);
+            }
+            Effect::ClaimQueued { holder, .. } | Effect::ClaimWithdrawn { holder } => m.elsewhere.push(holder.resource),
             Effect::AgentRegistered { .. }
             | Effect::AgentSeen { .. }
             | Effect::AgentStalled { .. }
