@@ -5,11 +5,14 @@
 //! - [`source`]: where the log is read from (an embedded data directory, JetStream, a server, an export file).
 //! - [`fold`]: the checked fold every command runs.
 //! - [`history`], [`why`], [`state_at`], [`verify`]: the questions.
+//! - [`bench`]: the replay benchmark (`replay-bench`): a generated log, and the rates of `verify` and `rebuild`
+//!   beside the raw read rate of the same source.
 //!
 //! Read-only, except `import` (a new data directory) and `rebuild` (the projection it names).
 
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod fold;
 pub mod history;
 pub mod source;
@@ -387,23 +390,11 @@ async fn rebuild(
     let mut projector = leasehold_projector::Projector::open(&dir, entries.partitions).with_context(|| {
         format!("opening the projection in {} (is `leasehold serve` running on it?)", dir.display())
     })?;
-    projector.drop_all()?;
     let started = Instant::now();
     let mut progress = Progress::new(entries.last_outcome, "rebuild");
-    let mut batch = Vec::with_capacity(leasehold_projector::MAX_BATCH);
-    let mut stream = entries.entries;
-    while let Some(entry) = stream.next().await {
-        if let Entry::Outcome(o) = entry? {
-            progress.at(o.seq);
-            batch.push(o);
-            if batch.len() >= leasehold_projector::MAX_BATCH {
-                projector.apply_batch(&batch)?;
-                batch.clear();
-            }
-        }
-    }
-    projector.apply_batch(&batch)?;
+    let rebuilt = rebuild_projection(&mut projector, entries.entries, |seq| progress.at(seq)).await;
     progress.done();
+    rebuilt?;
     let elapsed = started.elapsed();
     let applied = projector.applied();
     let digests = projector.digests()?;
@@ -423,6 +414,30 @@ async fn rebuild(
             text
         },
     )
+}
+
+/// Drops every read model of `projector` and folds `entries`' outcomes into it again from sequence 1, in batches of
+/// [`leasehold_projector::MAX_BATCH`] (one write transaction each); `progress` is told each outcome's sequence.
+/// What `rebuild` does, and what the replay benchmark times.
+pub async fn rebuild_projection(
+    projector: &mut leasehold_projector::Projector,
+    mut entries: futures::stream::BoxStream<'static, Result<Entry, leasehold_log::Error>>,
+    mut progress: impl FnMut(u64),
+) -> anyhow::Result<()> {
+    projector.drop_all()?;
+    let mut batch = Vec::with_capacity(leasehold_projector::MAX_BATCH);
+    while let Some(entry) = entries.next().await {
+        if let Entry::Outcome(o) = entry? {
+            progress(o.seq);
+            batch.push(o);
+            if batch.len() >= leasehold_projector::MAX_BATCH {
+                projector.apply_batch(&batch)?;
+                batch.clear();
+            }
+        }
+    }
+    projector.apply_batch(&batch)?;
+    Ok(())
 }
 
 fn progress_rate(n: u64, elapsed: Duration) -> f64 {

@@ -1,7 +1,8 @@
 //! What `leasehold bench throughput` measures of a JetStream server besides leasehold itself: the raw append rate
 //! (no fence), the fenced rate one append in flight per partition, the fence's cost as a partition's subjects grow,
 //! all on a scratch stream `LH_BENCH` that is removed afterwards; and a pipelined fill of a partition's outcomes for
-//! the takeover measurement.
+//! the takeover measurement; and pipelined loaders of a whole generated log (commands, then outcomes) for the
+//! replay benchmark (`replay-bench`).
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -183,6 +184,85 @@ impl JetStream {
             check_fill(want, ack.await.map_err(|e| unavailable("a fill append failed", e))?.sequence)?;
         }
         Ok(if records.is_empty() { fence } else { stream_last + records.len() as u64 })
+    }
+
+    /// Publishes `commands` (ingress subject, command id, payload) in order, up to `in_flight` unacknowledged, and
+    /// answers the sequence each was stored at, in order. For loading a generated log into a fresh `LH_CMD` (the
+    /// replay benchmark): one connection publishes in order, so the server stores them in order. A command the
+    /// server takes for a duplicate (its id published before, within the window) is refused: a generated log has
+    /// none, so one means the stream was not fresh.
+    pub async fn bench_load_commands(
+        &self,
+        commands: &[(String, String, Bytes)],
+        in_flight: usize,
+    ) -> Result<Vec<u64>, Error> {
+        let js = &self.inner.js;
+        let mut sequences = Vec::with_capacity(commands.len());
+        let mut pending: VecDeque<PublishAckFuture> = VecDeque::new();
+        let landed = |ack: async_nats::jetstream::publish::PublishAck| {
+            if ack.duplicate {
+                return Err(Error::Refused(format!(
+                    "a loaded command was taken for a duplicate of the one at {}: the load needs a fresh LH_CMD",
+                    ack.sequence
+                )));
+            }
+            Ok(ack.sequence)
+        };
+        for (subject, msg_id, payload) in commands {
+            if pending.len() >= in_flight.max(1) {
+                let ack = pending.pop_front().expect("not empty");
+                sequences.push(landed(ack.await.map_err(|e| unavailable("a loaded command failed", e))?)?);
+            }
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, super::header_value("Nats-Msg-Id", msg_id)?);
+            let message = PublishMessage::build().payload(payload.clone()).headers(headers);
+            let ack = js
+                .send_publish(subject.clone(), message)
+                .await
+                .map_err(|e| unavailable("a loaded command failed", e))?;
+            pending.push_back(ack);
+        }
+        for ack in pending {
+            sequences.push(landed(ack.await.map_err(|e| unavailable("a loaded command failed", e))?)?);
+        }
+        Ok(sequences)
+    }
+
+    /// Publishes outcome records of any partitions in order, each as `(partition, prev, record)` with exactly the
+    /// subject and headers an append gives it (`Lh-Cmd-Id`, `Lh-Cmd-Seq`, `Lh-Part`, `Lh-Prev-Seq` = `prev`,
+    /// `Nats-Msg-Id`) but no fence, up to `in_flight` unacknowledged; answers the sequence each landed at, in order.
+    /// For loading a generated log into a fresh `LH_EVT` (the replay benchmark), where the caller knows every
+    /// sequence in advance and checks the answer: any other append meanwhile breaks the chain it predicted.
+    pub async fn bench_load_outcomes(
+        &self,
+        records: &[(u32, u64, OutcomeRecord)],
+        in_flight: usize,
+    ) -> Result<Vec<u64>, Error> {
+        let js = &self.inner.js;
+        let mut sequences = Vec::with_capacity(records.len());
+        let mut pending: VecDeque<PublishAckFuture> = VecDeque::new();
+        let landed = |ack: async_nats::jetstream::publish::PublishAck| {
+            if ack.duplicate {
+                return Err(Error::Refused(format!(
+                    "a loaded outcome was taken for a duplicate of the one at {}: the load needs a fresh LH_EVT",
+                    ack.sequence
+                )));
+            }
+            Ok(ack.sequence)
+        };
+        for (partition, prev, record) in records {
+            if pending.len() >= in_flight.max(1) {
+                let ack = pending.pop_front().expect("not empty");
+                sequences.push(landed(ack.await.map_err(|e| unavailable("a loaded outcome failed", e))?)?);
+            }
+            let (subject, message) = JetStream::outcome_message(*partition, *prev, record, false)?;
+            let ack = js.send_publish(subject, message).await.map_err(|e| unavailable("a loaded outcome failed", e))?;
+            pending.push_back(ack);
+        }
+        for ack in pending {
+            sequences.push(landed(ack.await.map_err(|e| unavailable("a loaded outcome failed", e))?)?);
+        }
+        Ok(sequences)
     }
 }
 
