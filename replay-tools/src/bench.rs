@@ -37,7 +37,8 @@
 //! loudly if any decision comes out rejected or with another number of effects. Then, timed:
 //! - *raw read*: [`export::entries`] over the log drained, nothing folded: the same reads (batched direct gets of
 //!   outcomes, each partition's commands) and header decoding `verify` gets its entries from;
-//! - *verify* and *rebuild* as above, over [`export::entries`].
+//! - *verify* as above, over [`export::entries`]; *rebuild* over the outcomes alone ([`crate::source::Source::outcomes`],
+//!   as the CLI's `rebuild` reads them: a projection needs no command), so its ratio may pass 1.
 //!
 //! **How to read it.** Each `ratio` is the raw read's time over the phase's time, so 0.25 means the phase goes at a
 //! quarter of the speed the source can be read at: a figure that survives a noisy machine better than the rates. The
@@ -963,8 +964,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         if let Err(failure) = verified("JetStream log", &report, made.outcomes) {
             failures.push(failure);
         }
-        let (_, applied, rebuild) =
-            rebuild_entries(args.partitions, &dir.join("projection-nats"), export::entries(log.clone(), None)).await?;
+        // As `leasehold-replay --nats URL rebuild` does: the outcomes only (a projection needs no command).
+        let source = crate::source::Source::Nats { log: log.clone(), url: url.clone() };
+        let outcomes = source.outcomes(None).await?.entries;
+        let (_, applied, rebuild) = rebuild_entries(args.partitions, &dir.join("projection-nats"), outcomes).await?;
         ensure!(applied == made.outcomes, "the rebuild from JetStream applied up to {applied}, not {}", made.outcomes);
         let outcomes_only = read_outcomes(&log, made.outcomes).await?;
         let mut nats_figures = SourceFigures::new(

@@ -204,7 +204,7 @@ async fn run_on(source: &Source, command: Cmd, output: OutputFormat, args: &Sour
                 At::Seq(seq) => Some(seq),
                 At::Time(_) => None,
             };
-            let entries = source.entries(to).await?;
+            let entries = source.outcomes(to).await?;
             let mut progress = Progress::new(entries.last_outcome, "state");
             let state =
                 state_at::state_at(entries.partitions, entries.entries, at, agent.as_deref(), |s| progress.at(s)).await;
@@ -386,7 +386,7 @@ async fn rebuild(
     let dir = projection
         .or_else(|| args.data.clone())
         .ok_or_else(|| anyhow::anyhow!("say which projection to rebuild: --projection DIR (with --data, its own)"))?;
-    let entries = source.entries(None).await?;
+    let entries = source.outcomes(None).await?;
     let mut projector = leasehold_projector::Projector::open(&dir, entries.partitions).with_context(|| {
         format!("opening the projection in {} (is `leasehold serve` running on it?)", dir.display())
     })?;

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use futures::StreamExt;
 use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use leasehold::nats_args::NatsArgs;
 use leasehold_log::Log;
 use leasehold_log::embedded::{Embedded, FILE_NAME, NOT_CLOSED_CLEANLY};
@@ -178,6 +178,55 @@ impl Source {
             }
         }
     }
+}
+
+impl Source {
+    /// Every outcome (up to `to`), without the commands: for what folds outcomes only (`state`, `rebuild`). From a
+    /// log, the commands are not even read (on JetStream they cost most of a full read); from a file or a server,
+    /// they are read and skipped.
+    pub async fn outcomes(&self, to: Option<u64>) -> anyhow::Result<Entries> {
+        match self {
+            Source::Embedded { log, .. } => outcomes_of(log, to).await,
+            Source::Nats { log, .. } => outcomes_of(log, to).await,
+            Source::File { .. } | Source::Server { .. } => {
+                let mut entries = self.entries(to).await?;
+                entries.entries = entries
+                    .entries
+                    .filter(|e| std::future::ready(!matches!(e, Ok(Entry::Command { .. } | Entry::DeadLetter { .. }))))
+                    .boxed();
+                Ok(entries)
+            }
+        }
+    }
+}
+
+/// A log's outcomes from the first up to `to` (or the last there is now), read in batches.
+async fn outcomes_of<L: Log>(log: &L, to: Option<u64>) -> anyhow::Result<Entries> {
+    let mut last = 0;
+    for partition in 0..log.partitions() {
+        last = last.max(log.last_outcome_seq(partition).await.context("reading the log's last outcome")?);
+    }
+    let end = to.map_or(last, |to| to.min(last));
+    let partitions = log.partitions();
+    let log = log.clone();
+    let batches = futures::stream::try_unfold(1u64, move |next| {
+        let log = log.clone();
+        async move {
+            if next > end {
+                return Ok(None);
+            }
+            let batch = log.read_outcomes(&leasehold_log::OutcomeFilter::All, next, 1000).await?;
+            let batch: Vec<_> = batch.into_iter().filter(|o| o.seq <= end).collect();
+            match batch.last() {
+                None => Ok(None),
+                Some(last) => {
+                    let after = last.seq + 1;
+                    Ok(Some((futures::stream::iter(batch.into_iter().map(|o| Ok(Entry::Outcome(o)))), after)))
+                }
+            }
+        }
+    });
+    Ok(Entries { partitions, last_outcome: end, entries: batches.try_flatten().boxed(), header: None })
 }
 
 async fn from_log<L: Log>(log: &L, to: Option<u64>) -> anyhow::Result<Entries> {

@@ -58,7 +58,7 @@ const KIND_TRAILER: u8 = b'T';
 
 /// How many outcomes, commands (of one partition) and dead letters a walk of the log asks for at once.
 const OUTCOME_BATCH: usize = 1000;
-const COMMAND_BATCH: usize = 256;
+const COMMAND_BATCH: usize = 1000;
 const DEAD_LETTER_BATCH: usize = 256;
 /// An import commits (and waits for the disk) every this many records or bytes, whichever comes first.
 const IMPORT_BATCH: usize = 10_000;
