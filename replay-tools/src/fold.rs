@@ -40,8 +40,8 @@ impl Failure {
 pub struct Step {
     pub stored: StoredOutcome,
     pub outcome: Outcome,
-    /// The command it answers, for the first part of a decision, if the source still holds it (commands age out
-    /// after the command log's retention; outcomes never do).
+    /// The command it answers, if the source still holds it (commands age out after the command log's retention;
+    /// outcomes never do). A later part of a decision carries its first part's command.
     pub command: Option<CommandRecord>,
     /// The partition's commands before it that got no outcome (duplicates, heartbeats that changed nothing,
     /// commands dead-lettered), in sequence.
@@ -81,6 +81,8 @@ pub struct Fold {
     last_command: Vec<u64>,
     /// The decider version of each partition's last outcome: a writer never goes back to an older one.
     versions: Vec<u32>,
+    /// The command of each partition's decision in progress, for its later parts.
+    deciding: Vec<Option<CommandRecord>>,
     /// Whether a command of the partition has been read: from then on, a command an outcome answers cannot be
     /// missing for retention's sake (retention drops the oldest commands only).
     commands_seen: Vec<bool>,
@@ -104,6 +106,7 @@ impl Fold {
             last_command: vec![0; n],
             versions: vec![0; n],
             commands_seen: vec![false; n],
+            deciding: vec![None; n],
             outcomes: 0,
             commands: 0,
             dead_letters: 0,
@@ -289,6 +292,16 @@ impl Fold {
                 ),
             ));
         }
+        let command = if outcome.part == 0 {
+            self.deciding[p] = if outcome.continues() { command.clone() } else { None };
+            command
+        } else {
+            let command = self.deciding[p].clone();
+            if !outcome.continues() {
+                self.deciding[p] = None;
+            }
+            command
+        };
         Ok(Step { stored, outcome, command, unanswered })
     }
 
