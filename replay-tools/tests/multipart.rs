@@ -34,7 +34,7 @@ impl Log {
         );
         let payload = Bytes::from(codec::encode_command(&envelope).expect("encodes"));
         self.entries.push(Entry::Command { partition: 0, record: CommandRecord { seq, subject, time, payload } });
-        for outcome in self.driver.outcomes()[before..].to_vec() {
+        for outcome in self.driver.outcomes()[before..].iter() {
             let seq = self.prev + 1;
             self.entries.push(Entry::Outcome(StoredOutcome {
                 seq,
