@@ -44,7 +44,7 @@ impl Log {
                 cmd_seq: outcome.cmd_seq,
                 part: outcome.part,
                 prev_seq: self.prev,
-                payload: Bytes::from(codec::encode_outcome(&outcome).expect("encodes")),
+                payload: Bytes::from(codec::encode_outcome(outcome).expect("encodes")),
             }));
             self.prev = seq;
         }
