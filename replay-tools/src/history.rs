@@ -126,6 +126,7 @@ impl Target {
 
     /// Whether a command's payload names this thing anywhere in its body.
     fn named_in(&self, payload: &[u8]) -> bool {
+        let pool_target = matches!(self, Target::Pool(_) | Target::Name(_, Some(_)));
         let (texts, raw): (Vec<String>, Vec<Vec<u8>>) = match self {
             Target::Resource(id) => (vec![id.to_string()], vec![id.as_uuid().as_bytes().to_vec()]),
             Target::Lease(id) => (vec![id.to_string()], vec![id.as_uuid().as_bytes().to_vec()]),
@@ -145,7 +146,7 @@ impl Target {
         let Ok(envelope) = codec::decode_command(payload) else { return false };
         let Ok(json) = codec::command_to_json(&envelope) else { return false };
         let Ok(body) = serde_json::from_str::<serde_json::Value>(&json) else { return false };
-        names(&body["body"], &texts)
+        if pool_target { names_pool(&body["body"], &texts) } else { names(&body["body"], &texts) }
     }
 
     /// The thing in `state` (its partition's, after the step).
@@ -173,6 +174,21 @@ fn names(value: &serde_json::Value, texts: &[String]) -> bool {
         serde_json::Value::String(s) => texts.iter().any(|t| t == s),
         serde_json::Value::Array(items) => items.iter().any(|v| names(v, texts)),
         serde_json::Value::Object(map) => map.values().any(|v| names(v, texts)),
+        _ => false,
+    }
+}
+
+/// Whether a JSON value names one of `texts` as a pool: the value of a `pool` field or an item of a `pools` list
+/// (a resource kind, a holder or an attribute that happens to spell a pool's name is not the pool).
+fn names_pool(value: &serde_json::Value, texts: &[String]) -> bool {
+    let is = |v: &serde_json::Value| v.as_str().is_some_and(|s| texts.iter().any(|t| t == s));
+    match value {
+        serde_json::Value::Object(map) => map.iter().any(|(key, v)| match (key.as_str(), v) {
+            ("pool", v) if is(v) => true,
+            ("pools", serde_json::Value::Array(items)) if items.iter().any(is) => true,
+            _ => names_pool(v, texts),
+        }),
+        serde_json::Value::Array(items) => items.iter().any(|v| names_pool(v, texts)),
         _ => false,
     }
 }

@@ -200,11 +200,9 @@ async fn run_on(source: &Source, command: Cmd, output: OutputFormat, args: &Sour
         }
         Cmd::State { at, agent } => {
             let at: At = at.parse().map_err(anyhow::Error::msg)?;
-            let to = match at {
-                At::Seq(seq) => Some(seq),
-                At::Time(_) => None,
-            };
-            let entries = source.outcomes(to).await?;
+            // Not cut at the sequence: a decision's parts after it are read too (`state_at` stops once none is
+            // unfinished).
+            let entries = source.outcomes(None).await?;
             let mut progress = Progress::new(entries.last_outcome, "state");
             let state =
                 state_at::state_at(entries.partitions, entries.entries, at, agent.as_deref(), |s| progress.at(s)).await;
@@ -295,6 +293,10 @@ fn render_verify(report: &verify::Report, note: Option<&str>, elapsed: Duration,
         ),
         format!("re-decided        {} equal to the record", span(&report.redecided)),
         format!("only folded       commands past retention: {}", span(&report.folded_only_commands_gone)),
+        format!(
+            "                  commands missing after older ones (retention moved during the read, or altered): {}",
+            span(&report.folded_only_commands_missing)
+        ),
         format!("                  older decider: {}", span(&report.folded_only_older_decider)),
         format!("                  newer schema: {}", span(&report.folded_only_newer_schema)),
         format!(

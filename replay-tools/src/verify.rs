@@ -63,6 +63,9 @@ pub struct Report {
     pub without_outcome: u64,
     /// Outcomes that could only be folded: their command is past the command log's retention.
     pub folded_only_commands_gone: Span,
+    /// Outcomes that could only be folded: their command is not held although older commands of the partition are
+    /// (retention moved while a live log was read, or the log was altered).
+    pub folded_only_commands_missing: Span,
     /// Outcomes that could only be folded: an older decider version made them.
     pub folded_only_older_decider: Span,
     /// Outcomes that could only be folded: their command is in a newer schema than this tool knows.
@@ -343,7 +346,11 @@ fn redecide(report: &mut Report, state: &PartitionState, step: &Step) -> Result<
     }
     let redecided = if recorded.part == 0 {
         let Some(record) = &step.command else {
-            report.folded_only_commands_gone.add(seq);
+            if step.command_missing {
+                report.folded_only_commands_missing.add(seq);
+            } else {
+                report.folded_only_commands_gone.add(seq);
+            }
             return Ok(());
         };
         if let Err(e) = codec::decode_command(&record.payload)
