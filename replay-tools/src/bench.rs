@@ -108,16 +108,9 @@ pub struct BenchArgs {
 /// The entry point of the binary.
 pub fn main() -> ExitCode {
     let args = BenchArgs::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match crate::start("replay-bench") {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("replay-bench: cannot start the runtime: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     match runtime.block_on(run(args)) {
         Ok(code) => code,

@@ -110,16 +110,9 @@ pub enum Cmd {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     leasehold::output::errors_as(cli.output);
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match start("leasehold-replay") {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("leasehold-replay: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
@@ -129,6 +122,19 @@ pub fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// What a binary of this crate starts with: logs on stderr (`RUST_LOG`, warnings by default) and a runtime; exit 2
+/// (said on stderr as `name: ...`) if the runtime cannot start.
+pub(crate) fn start(name: &str) -> Result<tokio::runtime::Runtime, ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| {
+        eprintln!("{name}: cannot start the runtime: {e}");
+        ExitCode::from(2)
+    })
 }
 
 /// Runs one command: `Ok(SUCCESS)`, `Ok(1)` when `verify` found the log wrong, `Err` when the command could not do
