@@ -14,6 +14,33 @@ use leasehold_log::export::Entry;
 use leasehold_log::{CommandRecord, StoredOutcome};
 use leasehold_schemas::{Outcome, codec};
 
+/// Folds `entries` to their end, or until `visit` breaks, calling it with each step once applied (and the fold, for
+/// the states after it): what the questions that need no look before a step (`history`, `why`) share.
+pub async fn each_step(
+    partitions: u32,
+    mut entries: futures::stream::BoxStream<'static, Result<Entry, leasehold_log::Error>>,
+    mut visit: impl FnMut(&Fold, &Step) -> std::ops::ControlFlow<()>,
+) -> Result<Fold, Failure> {
+    let mut fold = Fold::new(partitions);
+    while let Some(entry) = futures::StreamExt::next(&mut entries).await {
+        let entry = entry.map_err(|e| {
+            let at = fold.last_outcome();
+            Failure {
+                what: "outcome",
+                seq: at + 1,
+                partition: None,
+                detail: format!("reading the log after outcome {at}: {e}"),
+            }
+        })?;
+        let Some(step) = fold.admit(entry)? else { continue };
+        fold.apply(&step)?;
+        if visit(&fold, &step).is_break() {
+            break;
+        }
+    }
+    Ok(fold)
+}
+
 /// The first thing found wrong, at an outcome's (or a command's) sequence.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, thiserror::Error)]
 #[error("{what} {seq}{}: {detail}", partition.map(|p| format!(" (partition {p})")).unwrap_or_default())]

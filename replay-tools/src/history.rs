@@ -1,16 +1,17 @@
 //! `history REF|LEASE|AGENT|POOL`: every command and event touching one thing, in log order, with who sent the
 //! command, what was decided, and the thing's state after each step.
 
-use futures::StreamExt;
+use std::ops::ControlFlow;
+
 use leasehold_domain::PartitionState;
 use leasehold_domain::state::ClaimSlot;
+use leasehold_schemas::mentions::Mentions;
 use leasehold_schemas::outcome::Decision;
 use leasehold_schemas::{AgentName, Key, LeaseId, PoolName, ResourceId, ResourceRef, codec};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::fold::{Failure, Fold, Step};
-use leasehold_schemas::mentions::Mentions;
+use crate::fold::{Failure, Fold, Step, each_step};
 
 /// What `history` is asked about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -269,49 +270,41 @@ fn pool_state(state: &PartitionState, pool: &PoolName, step: &Step) -> serde_jso
 /// The rows of `target`'s history, folding `entries` to their end.
 pub async fn history(
     partitions: u32,
-    mut entries: futures::stream::BoxStream<'static, Result<leasehold_log::export::Entry, leasehold_log::Error>>,
+    entries: futures::stream::BoxStream<'static, Result<leasehold_log::export::Entry, leasehold_log::Error>>,
     target: &Target,
     mut progress: impl FnMut(u64),
 ) -> Result<Vec<Row>, Failure> {
-    let mut fold = Fold::new(partitions);
     let mut rows = Vec::new();
-    while let Some(entry) = entries.next().await {
-        let entry = entry.map_err(|e| read_failure(&fold, &e))?;
-        let Some(step) = fold.admit(entry)? else { continue };
-        fold.apply(&step)?;
+    each_step(partitions, entries, |fold, step| {
         progress(step.seq());
-        let Some(effects) = target.select(&step) else { continue };
-        let outcome = &step.outcome;
-        let correlation_id = step.correlation_id();
-        let (verdict, rejection) = match &outcome.decision {
-            Decision::Accepted { .. } => ("accepted", None),
-            Decision::Rejected(r) => ("rejected", Some(r.to_string())),
-        };
-        rows.push(Row {
-            seq: step.seq(),
-            partition: step.partition(),
-            time: outcome.log_time.to_string(),
-            command: outcome.command.type_name.clone(),
-            command_id: outcome.command.id.to_string(),
-            issuer: outcome.command.issuer.to_string(),
-            correlation_id,
-            part: outcome.part,
-            outcome: verdict,
-            rejection,
-            effects,
-            state: target.state_in(fold.state(step.partition()), &step),
-        });
-    }
+        if let Some(effects) = target.select(step) {
+            rows.push(row(fold, step, target, effects));
+        }
+        ControlFlow::Continue(())
+    })
+    .await?;
     Ok(rows)
 }
 
-pub(crate) fn read_failure(fold: &Fold, e: &leasehold_log::Error) -> Failure {
-    let at = fold.last_outcome();
-    Failure {
-        what: "outcome",
-        seq: at + 1,
-        partition: None,
-        detail: format!("reading the log after outcome {at}: {e}"),
+fn row(fold: &Fold, step: &Step, target: &Target, effects: Vec<String>) -> Row {
+    let outcome = &step.outcome;
+    let (verdict, rejection) = match &outcome.decision {
+        Decision::Accepted { .. } => ("accepted", None),
+        Decision::Rejected(r) => ("rejected", Some(r.to_string())),
+    };
+    Row {
+        seq: step.seq(),
+        partition: step.partition(),
+        time: outcome.log_time.to_string(),
+        command: outcome.command.type_name.clone(),
+        command_id: outcome.command.id.to_string(),
+        issuer: outcome.command.issuer.to_string(),
+        correlation_id: step.correlation_id(),
+        part: outcome.part,
+        outcome: verdict,
+        rejection,
+        effects,
+        state: target.state_in(fold.state(step.partition()), step),
     }
 }
 

@@ -140,40 +140,11 @@ pub(crate) fn start(name: &str) -> Result<tokio::runtime::Runtime, ExitCode> {
 /// Runs one command: `Ok(SUCCESS)`, `Ok(1)` when `verify` found the log wrong, `Err` when the command could not do
 /// what was asked (bad input, a source it cannot read).
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let output = cli.output;
+    let (output, args) = (cli.output, &cli.source);
+    // Every command but `import` reads a source, opened in its arm (`import` writes the data directory --data names).
     match cli.command {
-        Cmd::Import { file } => {
-            let Some(dir) = &cli.source.data else { bail!("import needs --data DIR: the new data directory") };
-            let input = tokio::fs::File::open(&file).await.with_context(|| format!("opening {}", file.display()))?;
-            let input = tokio::io::BufReader::with_capacity(256 * 1024, input);
-            let (header, trailer) =
-                export::import(input, dir).await.with_context(|| format!("importing {}", file.display()))?;
-            print(
-                output,
-                &serde_json::json!({"imported": file, "data": dir, "header": header, "trailer": trailer}),
-                || {
-                    format!(
-                        "imported {} outcome(s), {} command(s) and {} dead letter(s) of {} partition(s) into {}\n",
-                        trailer.outcomes,
-                        trailer.commands,
-                        trailer.dead_letters,
-                        header.partitions,
-                        dir.display()
-                    )
-                },
-            )?;
-            Ok(ExitCode::SUCCESS)
-        }
-        command => {
-            let source = Source::open(&cli.source).await?;
-            run_on(&source, command, output, &cli.source).await
-        }
-    }
-}
-
-async fn run_on(source: &Source, command: Cmd, output: OutputFormat, args: &SourceArgs) -> anyhow::Result<ExitCode> {
-    match command {
         Cmd::History { target } => {
+            let source = Source::open(args).await?;
             let target: history::Target = target.parse().map_err(anyhow::Error::msg)?;
             let entries = source.entries(None).await?;
             let mut progress = Progress::new(entries.last_outcome, "history");
@@ -183,6 +154,7 @@ async fn run_on(source: &Source, command: Cmd, output: OutputFormat, args: &Sour
             print(output, &rows, || history::render(&rows))?;
         }
         Cmd::Why { ip, slot, port, at } => {
+            let source = Source::open(args).await?;
             let query = match (ip, slot, port) {
                 (Some(ip), _, _) => why::Query { pool: None, value: PoolValue::Ipv4(ip) },
                 (_, Some(slot), _) => {
@@ -205,6 +177,7 @@ async fn run_on(source: &Source, command: Cmd, output: OutputFormat, args: &Sour
             print(output, &answer, || why::render(&answer))?;
         }
         Cmd::State { at, agent } => {
+            let source = Source::open(args).await?;
             let at: At = at.parse().map_err(anyhow::Error::msg)?;
             // Not cut at the sequence: a decision's parts after it are read too (`state_at` stops once none is
             // unfinished).
@@ -216,10 +189,30 @@ async fn run_on(source: &Source, command: Cmd, output: OutputFormat, args: &Sour
             let state = state?;
             print(output, &state, || state_at::render(&state))?;
         }
-        Cmd::Verify { projection } => return verify(source, projection, output).await,
-        Cmd::Export { file, to } => export_to(source, &file, to, output).await?,
-        Cmd::Rebuild { projection } => rebuild(source, projection, args, output).await?,
-        Cmd::Import { .. } => unreachable!("handled before a source is opened"),
+        Cmd::Verify { projection } => return verify(&Source::open(args).await?, projection, output).await,
+        Cmd::Export { file, to } => export_to(&Source::open(args).await?, &file, to, output).await?,
+        Cmd::Rebuild { projection } => rebuild(&Source::open(args).await?, projection, args, output).await?,
+        Cmd::Import { file } => {
+            let Some(dir) = &args.data else { bail!("import needs --data DIR: the new data directory") };
+            let input = tokio::fs::File::open(&file).await.with_context(|| format!("opening {}", file.display()))?;
+            let input = tokio::io::BufReader::with_capacity(256 * 1024, input);
+            let (header, trailer) =
+                export::import(input, dir).await.with_context(|| format!("importing {}", file.display()))?;
+            print(
+                output,
+                &serde_json::json!({"imported": file, "data": dir, "header": header, "trailer": trailer}),
+                || {
+                    format!(
+                        "imported {} outcome(s), {} command(s) and {} dead letter(s) of {} partition(s) into {}\n",
+                        trailer.outcomes,
+                        trailer.commands,
+                        trailer.dead_letters,
+                        header.partitions,
+                        dir.display()
+                    )
+                },
+            )?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -332,18 +325,12 @@ async fn export_to(source: &Source, file: &PathBuf, to: Option<u64>, output: Out
         bail!("{} exists: export writes a new file", file.display());
     }
     let entries = source.entries(to).await?;
-    let header = export::Header {
-        format: export::FORMAT.to_owned(),
-        format_version: export::FORMAT_VERSION,
-        schema_version: leasehold_schemas::SCHEMA_VERSION,
-        decider_version: leasehold_domain::DECIDER_VERSION,
-        partitions: entries.partitions,
-        exported_at_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64),
-        to_seq: entries.last_outcome,
-        source: source.describe(),
-    };
+    let header = export::Header::new(
+        leasehold_domain::DECIDER_VERSION,
+        entries.partitions,
+        entries.last_outcome,
+        &source.describe(),
+    );
     let partial = file.with_extension("partial");
     let written = async {
         let out = tokio::fs::File::create(&partial).await.with_context(|| format!("creating {}", partial.display()))?;

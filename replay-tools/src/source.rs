@@ -259,13 +259,5 @@ where
 }
 
 fn token(args: &SourceArgs) -> anyhow::Result<Option<String>> {
-    if let Some(path) = &args.token_file {
-        let text = std::fs::read_to_string(path).with_context(|| format!("--token-file {}", path.display()))?;
-        let token = text.lines().next().unwrap_or_default().trim();
-        if token.is_empty() {
-            bail!("--token-file {}: its first line is empty; it holds the token, alone", path.display());
-        }
-        return Ok(Some(token.to_owned()));
-    }
-    Ok(std::env::var("LEASEHOLD_TOKEN").ok().filter(|t| !t.trim().is_empty()))
+    leasehold::client::bearer_token(None, args.token_file.as_deref())
 }

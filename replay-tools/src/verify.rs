@@ -21,13 +21,13 @@ use futures::StreamExt;
 use leasehold_domain::{Ctx, DECIDER_VERSION, Decided, PartitionState, apply, continue_work, decide, encode_part};
 use leasehold_log::CommandRecord;
 use leasehold_schemas::codec::{self, CodecErrorKind};
+use leasehold_schemas::mentions::Mentions;
 use leasehold_schemas::outcome::{Decision, Effect};
 use leasehold_schemas::pool::PoolValue;
 use leasehold_schemas::{LeaseId, Outcome, PoolName, Position, RejectionKind, ResourceId};
 use serde::Serialize;
 
 use crate::fold::{Failure, Fold, Step};
-use leasehold_schemas::mentions::Mentions;
 
 /// How often (in outcomes of one partition) every invariant of the domain is checked over the whole partition.
 pub const FULL_CHECK_EVERY: u64 = 10_000;
@@ -353,19 +353,23 @@ fn redecide(report: &mut Report, state: &PartitionState, step: &Step) -> Result<
             }
             return Ok(());
         };
-        if let Err(e) = codec::decode_command(&record.payload)
-            && e.kind() == CodecErrorKind::NewerSchema
-        {
-            report.folded_only_newer_schema.add(seq);
-            return Ok(());
-        }
-        let envelope = leasehold_worker::admit(partition, state.partitions(), record).map_err(|why| {
-            Failure::outcome(
-                seq,
-                partition,
-                format!("it answers command {}, which a writer must dead-letter ({why})", record.seq),
-            )
-        })?;
+        let envelope = match leasehold_worker::admit(partition, state.partitions(), record) {
+            Ok(envelope) => envelope,
+            // A newer schema than this tool's (decoded again only on this rare path): it can only be folded.
+            Err(_)
+                if codec::decode_command(&record.payload).is_err_and(|e| e.kind() == CodecErrorKind::NewerSchema) =>
+            {
+                report.folded_only_newer_schema.add(seq);
+                return Ok(());
+            }
+            Err(why) => {
+                return Err(Failure::outcome(
+                    seq,
+                    partition,
+                    format!("it answers command {}, which a writer must dead-letter ({why})", record.seq),
+                ));
+            }
+        };
         let ctx = Ctx { cmd_seq: record.seq, log_time: record.time };
         match catch_unwind(AssertUnwindSafe(|| decide(state, &ctx, &envelope))) {
             Ok(Ok(Decided::Append(outcome))) => Some(outcome),

@@ -6,14 +6,14 @@
 //! claim let go (the holder's) and the free (the pool's).
 
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 
-use futures::StreamExt;
 use leasehold_schemas::outcome::{Effect, ReleaseCause};
 use leasehold_schemas::pool::PoolValue;
 use leasehold_schemas::{Key, PoolName, ResourceId, Timestamp};
 use serde::Serialize;
 
-use crate::fold::{Failure, Fold, Step};
+use crate::fold::{Failure, Step, each_step};
 
 /// The identifier asked about: a value, in one pool or in any.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -281,27 +281,25 @@ impl Tracker {
 /// Folds `entries` to their end and answers `query` (at `at`, or over all time).
 pub async fn why(
     partitions: u32,
-    mut entries: futures::stream::BoxStream<'static, Result<leasehold_log::export::Entry, leasehold_log::Error>>,
+    entries: futures::stream::BoxStream<'static, Result<leasehold_log::export::Entry, leasehold_log::Error>>,
     query: &Query,
     at: Option<At>,
     mut progress: impl FnMut(u64),
 ) -> Result<Answer, Failure> {
-    let mut fold = Fold::new(partitions);
     let mut tracker = Tracker::default();
-    while let Some(entry) = entries.next().await {
-        let entry = entry.map_err(|e| crate::history::read_failure(&fold, &e))?;
-        let Some(step) = fold.admit(entry)? else { continue };
-        fold.apply(&step)?;
+    each_step(partitions, entries, |_, step| {
         progress(step.seq());
         if let Some(At::Seq(seq)) = at
             && step.seq() > seq
             && tracker.open.is_empty()
         {
             // Nothing held at the moment asked about can end later than here: the rest is not needed.
-            break;
+            return ControlFlow::Break(());
         }
-        tracker.step(query, &step);
-    }
+        tracker.step(query, step);
+        ControlFlow::Continue(())
+    })
+    .await?;
     let mut answer = Answer {
         value: query.value.to_string(),
         pool: query.pool.as_ref().map(ToString::to_string),

@@ -142,10 +142,16 @@ pub(crate) const TOKEN_ENV: &str = "LEASEHOLD_TOKEN";
 /// The bearer token of the command line: `--gateway-token`, else the first line of `--token-file`, else `$LEASEHOLD_TOKEN`
 /// (unless empty), else none.
 pub(crate) fn token(global: &crate::GlobalArgs) -> anyhow::Result<Option<String>> {
-    if let Some(token) = &global.gateway_token {
-        return Ok(Some(token.clone()));
+    bearer_token(global.gateway_token.as_deref(), global.token_file.as_deref())
+}
+
+/// A gateway's bearer token: `inline`, else the first line of `file`, else `$LEASEHOLD_TOKEN` (unless empty), else
+/// none. Shared by every command line that talks to a gateway (`leasehold`, `leasehold-replay --server`).
+pub fn bearer_token(inline: Option<&str>, file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
+    if let Some(token) = inline {
+        return Ok(Some(token.to_owned()));
     }
-    if let Some(path) = &global.token_file {
+    if let Some(path) = file {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("--token-file {}: cannot read it", path.display()))?;
         let token = text.lines().next().unwrap_or_default().trim();

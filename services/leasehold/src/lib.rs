@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod agents;
 mod bench;
-mod client;
+pub mod client;
 mod credentials;
 mod demo;
 pub mod nats_args;

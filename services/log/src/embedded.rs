@@ -123,6 +123,49 @@ struct Inner {
     workers: Mutex<BTreeMap<String, tokio::time::Instant>>,
 }
 
+/// The log file of `dir`, which must exist.
+fn existing_file(dir: &Path) -> Result<std::path::PathBuf, Error> {
+    let path = dir.join(FILE_NAME);
+    if !path.is_file() {
+        return Err(Error::Refused(format!("there is no leasehold log in {} (no {FILE_NAME})", dir.display())));
+    }
+    Ok(path)
+}
+
+/// Why the log file `path` of `dir` does not open.
+fn open_failed(dir: &Path, path: &Path, e: redb::DatabaseError) -> Error {
+    match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => Error::Refused(format!(
+            "the log in {} is in use by another process (the embedded log is one process's)",
+            dir.display()
+        )),
+        redb::DatabaseError::RepairAborted => Error::Refused(format!(
+            "{NOT_CLOSED_CLEANLY}: the log in {} needs a repair, which a read-only open may not make",
+            dir.display()
+        )),
+        other => Error::Storage(format!("cannot open {}: {other}", path.display())),
+    }
+}
+
+/// The partition count a log file recorded when it was created, if it is a leasehold log and the count is sane.
+fn recorded_partitions(read: &redb::ReadTransaction, path: &Path) -> Result<u32, Error> {
+    let meta = read.open_table(META).map_err(storage)?;
+    let format = meta.get("format").map_err(storage)?.map(|v| v.value().to_vec());
+    if format.as_deref() != Some(FORMAT) {
+        return Err(Error::Refused(format!("{} is not a leasehold log", path.display())));
+    }
+    let partitions = meta
+        .get("partitions")
+        .map_err(storage)?
+        .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
+        .map(u32::from_le_bytes)
+        .ok_or_else(|| Error::Refused(format!("{} records no partition count", path.display())))?;
+    if partitions == 0 || partitions > crate::MAX_PARTITIONS {
+        return Err(Error::Refused(format!("{} records {partitions} partitions: it is damaged", path.display())));
+    }
+    Ok(partitions)
+}
+
 /// What a read-only open says of a log whose writer did not close it (it crashed): redb repairs such a file on
 /// the next open for writing.
 pub const NOT_CLOSED_CLEANLY: &str = "not closed cleanly";
@@ -140,13 +183,7 @@ impl Embedded {
     pub fn open(dir: &Path, partitions: u32) -> Result<Self, Error> {
         std::fs::create_dir_all(dir).map_err(|e| Error::Storage(format!("cannot create {}: {e}", dir.display())))?;
         let path = dir.join(FILE_NAME);
-        let db = Database::create(&path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => Error::Refused(format!(
-                "the log in {} is in use by another process (the embedded log is one process's)",
-                dir.display()
-            )),
-            other => Error::Storage(format!("cannot open {}: {other}", path.display())),
-        })?;
+        let db = Database::create(&path).map_err(|e| open_failed(dir, &path, e))?;
         Self::with_database(db, partitions, system_clock())
     }
 
@@ -154,59 +191,19 @@ impl Embedded {
     /// replay tool, which must neither create a log nor write to one. Several readers may hold it at once; none
     /// while a writer (`serve`) has it open. Refuses a directory with no log.
     pub fn open_read_only(dir: &Path) -> Result<Self, Error> {
-        let path = dir.join(FILE_NAME);
-        if !path.is_file() {
-            return Err(Error::Refused(format!("there is no leasehold log in {} (no {FILE_NAME})", dir.display())));
-        }
-        let db = redb::ReadOnlyDatabase::open(&path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => Error::Refused(format!(
-                "the log in {} is in use by another process (the embedded log is one process's)",
-                dir.display()
-            )),
-            redb::DatabaseError::RepairAborted => Error::Refused(format!(
-                "{NOT_CLOSED_CLEANLY}: the log in {} needs a repair, which a read-only open may not make",
-                dir.display()
-            )),
-            other => Error::Storage(format!("cannot open {}: {other}", path.display())),
-        })?;
-        let partitions = {
-            let read = db.begin_read().map_err(storage)?;
-            let meta = read.open_table(META).map_err(storage)?;
-            let format = meta.get("format").map_err(storage)?.map(|v| v.value().to_vec());
-            if format.as_deref() != Some(FORMAT) {
-                return Err(Error::Refused(format!("{} is not a leasehold log", path.display())));
-            }
-            meta.get("partitions")
-                .map_err(storage)?
-                .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
-                .map(u32::from_le_bytes)
-                .ok_or_else(|| Error::Refused(format!("{} records no partition count", path.display())))?
-        };
-        if partitions == 0 || partitions > crate::MAX_PARTITIONS {
-            return Err(Error::Refused(format!("{} records {partitions} partitions: it is damaged", path.display())));
-        }
+        let path = existing_file(dir)?;
+        let db = redb::ReadOnlyDatabase::open(&path).map_err(|e| open_failed(dir, &path, e))?;
+        let partitions = recorded_partitions(&db.begin_read().map_err(storage)?, &path)?;
         Self::from_db(Db::Read(db), partitions, system_clock())
     }
 
     /// Opens the log in `dir` for writing, with the partition count it recorded (a log of unknown partition count:
     /// a copy being repaired, an import).
     pub fn open_existing(dir: &Path) -> Result<Self, Error> {
-        let path = dir.join(FILE_NAME);
-        if !path.is_file() {
-            return Err(Error::Refused(format!("there is no leasehold log in {} (no {FILE_NAME})", dir.display())));
-        }
-        let partitions = {
-            let db =
-                Database::open(&path).map_err(|e| Error::Storage(format!("cannot open {}: {e}", path.display())))?;
-            let read = db.begin_read().map_err(storage)?;
-            let meta = read.open_table(META).map_err(storage)?;
-            meta.get("partitions")
-                .map_err(storage)?
-                .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
-                .map(u32::from_le_bytes)
-                .ok_or_else(|| Error::Refused(format!("{} records no partition count", path.display())))?
-        };
-        Self::open(dir, partitions)
+        let path = existing_file(dir)?;
+        let db = Database::open(&path).map_err(|e| open_failed(dir, &path, e))?;
+        let partitions = recorded_partitions(&db.begin_read().map_err(storage)?, &path)?;
+        Self::with_database(db, partitions, system_clock())
     }
 
     /// A log in memory, with log time from `clock` (for tests and simulations).
