@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::{FutureExt, StreamExt};
 use leasehold_domain::state::ResourceState;
-use leasehold_domain::{DECIDER_VERSION, PartitionState, apply};
+use leasehold_domain::PartitionState;
 use leasehold_log::{Log, OutcomeFilter, StoredOutcome};
 use leasehold_schemas::codec;
 use leasehold_schemas::command::Cascade;
@@ -226,22 +226,9 @@ impl View {
                 expected,
             });
         }
-        let outcome = codec::decode_outcome(&stored.payload)
-            .map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
-        if outcome.decider_version > DECIDER_VERSION {
-            return Err(Error::Fold {
-                seq: stored.seq,
-                detail: format!("decided by decider version {}, newer than this sweeper's", outcome.decider_version),
-            });
-        }
-        if outcome.partition != stored.partition || outcome.cmd_seq != stored.cmd_seq || outcome.part != stored.part {
-            return Err(Error::Fold { seq: stored.seq, detail: "its headers do not match its body".to_owned() });
-        }
         let state = self.states.get_mut(&stored.partition).expect("checked above");
-        // `apply` refuses what does not fold; a panic in it stops the sweeper with an error, not a dead task.
-        let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| apply(state, &outcome)))
-            .map_err(|_| Error::Fold { seq: stored.seq, detail: "folding it panicked".to_owned() })?;
-        applied.map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
+        let outcome = leasehold_worker::fold_outcome(state, stored)
+            .map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
         self.chain.insert(stored.partition, stored.seq);
         let agent = match &outcome.command.key {
             leasehold_schemas::ids::Key::Agent(agent) => Some(agent.clone()),

@@ -21,7 +21,7 @@ use leasehold_log::{Log, Owner};
 use tokio_util::sync::CancellationToken;
 
 pub use metrics::WorkerMetrics;
-pub use writer::{Counts, Folded, Stop, Writer, WriterConfig, admit, fold_partition, fold_partition_to};
+pub use writer::{Counts, Folded, Stop, Writer, WriterConfig, admit, fold_outcome, fold_partition, fold_partition_to};
 
 /// What stops a partition: a retry cannot mend it, an operator must look.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -632,36 +632,39 @@ async fn fold<L: Log>(
                     expected: prev,
                 });
             }
-            let outcome = codec::decode_outcome(&stored.payload).map_err(|e| Error::Undecodable {
-                partition,
-                seq: stored.seq,
-                detail: e.to_string(),
-            })?;
-            if outcome.decider_version > DECIDER_VERSION {
-                return Err(Error::NewerDecider { partition, seq: stored.seq, version: outcome.decider_version });
-            }
-            if outcome.partition != partition || outcome.cmd_seq != stored.cmd_seq || outcome.part != stored.part {
-                return Err(Error::Undecodable {
-                    partition,
-                    seq: stored.seq,
-                    detail: format!(
-                        "its headers (command {}, part {}) do not match its body (partition {}, command {}, part {})",
-                        stored.cmd_seq, stored.part, outcome.partition, outcome.cmd_seq, outcome.part
-                    ),
-                });
-            }
-            match catch_unwind(AssertUnwindSafe(|| apply(&mut state, &outcome))) {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(Error::Fold { partition, seq: stored.seq, detail: e.to_string() }),
-                Err(panic) => {
-                    let detail = format!("apply panicked: {}", panic_message(&panic));
-                    return Err(Error::Fold { partition, seq: stored.seq, detail });
-                }
-            }
+            let outcome = fold_outcome(&mut state, &stored)?;
             prev = stored.seq;
             last_command = Some(outcome.command.id);
             folded += 1;
         }
+    }
+}
+
+/// Folds one stored outcome into `state` (its partition's, whose chain the caller has checked), with the checks
+/// every fold makes: it decodes, its decider is no newer than this build's, its headers match its body, and `apply`
+/// takes it (a panic in `apply` is an error, not a dead task). Returns the outcome applied. The writers' load and
+/// the sweeper's fold both go through it.
+pub fn fold_outcome(state: &mut PartitionState, stored: &leasehold_log::StoredOutcome) -> Result<Outcome, Error> {
+    let (partition, seq) = (stored.partition, stored.seq);
+    let outcome = codec::decode_outcome(&stored.payload)
+        .map_err(|e| Error::Undecodable { partition, seq, detail: e.to_string() })?;
+    if outcome.decider_version > DECIDER_VERSION {
+        return Err(Error::NewerDecider { partition, seq, version: outcome.decider_version });
+    }
+    if outcome.partition != partition || outcome.cmd_seq != stored.cmd_seq || outcome.part != stored.part {
+        return Err(Error::Undecodable {
+            partition,
+            seq,
+            detail: format!(
+                "its headers (command {}, part {}) do not match its body (partition {}, command {}, part {})",
+                stored.cmd_seq, stored.part, outcome.partition, outcome.cmd_seq, outcome.part
+            ),
+        });
+    }
+    match catch_unwind(AssertUnwindSafe(|| apply(state, &outcome))) {
+        Ok(Ok(())) => Ok(outcome),
+        Ok(Err(e)) => Err(Error::Fold { partition, seq, detail: e.to_string() }),
+        Err(panic) => Err(Error::Fold { partition, seq, detail: format!("apply panicked: {}", panic_message(&panic)) }),
     }
 }
 
