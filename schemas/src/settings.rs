@@ -33,9 +33,7 @@ impl AgentSettings {
         stall_after: Millis::from_secs(60),
         orphan_after: Millis::from_hours(24),
     };
-}
 
-impl AgentSettings {
     /// Checks that the settings make sense together; the error names the setting and what to change. `decide`
     /// refuses settings that fail it, and the CLI refuses them before it sends anything.
     pub fn check(&self) -> Result<(), String> {

@@ -41,4 +41,4 @@ mod runtime;
 
 pub use dir::{DirDriver, OWNER_FILE};
 pub use driver::{AnyDriver, Driver, DriverError, DriverSpecError, Health, Spec, parse_driver};
-pub use runtime::{AgentConfig, AgentControl, AgentStatus, Error, heartbeat_every, run};
+pub use runtime::{AgentConfig, AgentControl, AgentStatus, Error, run};

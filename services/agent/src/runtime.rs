@@ -843,7 +843,7 @@ fn cut(mut detail: String) -> String {
 /// that follows the policy keeps this pace until its next registration when the policy changes later: a shorter
 /// `stall_after` set meanwhile can call it stalled early, so lower `stall_after` together with restarting (or
 /// re-registering) the agents, or keep it well above four times their `heartbeat_interval` (10 s by default).
-pub fn heartbeat_every(stall_after: leasehold_schemas::Millis, configured: Duration) -> Duration {
+fn heartbeat_every(stall_after: leasehold_schemas::Millis, configured: Duration) -> Duration {
     let quarter = Duration::from_millis(stall_after.0 / 4);
     configured.min(quarter).max(Duration::from_millis(1))
 }

@@ -492,15 +492,13 @@ fn apply_effect(
         }
         Effect::ResourceLost { resource, stamp } => {
             set_resource_state(state, *resource, ResourceState::Lost, position, now);
-            let loss_window = match key {
-                leasehold_schemas::Key::Agent(name) => state.agents.get(name).map(|a| state.settings_of(a).loss_window),
-                leasehold_schemas::Key::Pool(_) => None,
-            };
+            let policy_window = state.policy().agent.loss_window;
             if let Some(agent) = agent_of(state, key)
-                && let Some(loss_window) = loss_window
                 && !agent.breaker_bypass
                 && agent.bypass_spent_on != Some(*stamp)
             {
+                // `settings_of`, with the policy read before the agent is borrowed.
+                let loss_window = agent.settings.as_ref().map_or(policy_window, |s| s.loss_window);
                 let window_start = now.saturating_sub(loss_window);
                 while agent.recent_losses.front().is_some_and(|t| *t <= window_start) {
                     agent.recent_losses.pop_front();

@@ -11,7 +11,7 @@ use crate::state::{Agent, Lease, LeaseState, PartitionState, Resource, ResourceS
 /// Heartbeats are recorded at most every third of `stall_after` (coalesced), so a recorded one may lag the real last
 /// one by up to that much: silence is judged from the recorded one plus that third, and an agent is never called
 /// stalled or gone early. The agent paces its heartbeats well within it.
-pub fn coalesce_interval(stall_after: Millis) -> Millis {
+pub(crate) fn coalesce_interval(stall_after: Millis) -> Millis {
     Millis(stall_after.0 / 3)
 }
 

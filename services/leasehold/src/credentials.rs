@@ -16,7 +16,7 @@ use leasehold_schemas::subjects::partition_of_agent;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Role {
     /// One agent, whose events are in `partition`.
-    Agent { name: AgentName, partition: u32, partitions: u32 },
+    Agent { name: AgentName, partition: u32 },
     /// A `serve --roles worker,projector` process of a log of `partitions`: the writers and the read models.
     Worker { partitions: u32 },
     /// A producer (an operator's CLI with `--nats`, a service that sends `op` commands).
@@ -228,6 +228,17 @@ pub(crate) struct CredentialsArgs {
     nats: crate::nats_args::NatsArgs,
 }
 
+impl CredentialsArgs {
+    /// The log's partition count: `--partitions`, else read from the server of `--nats`.
+    fn partitions(&self) -> anyhow::Result<u32> {
+        match self.partitions {
+            Some(p) if p > 0 => Ok(p),
+            Some(_) => anyhow::bail!("--partitions: a log has at least one partition"),
+            None => partitions_from_server(&self.nats),
+        }
+    }
+}
+
 /// The non-agent roles `leasehold credentials` knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum ServiceRole {
@@ -248,13 +259,9 @@ pub(crate) struct ServiceCredentialsArgs {
 /// `leasehold agent credentials NAME`.
 pub(crate) fn agent(args: CredentialsArgs) -> anyhow::Result<()> {
     let name = AgentName::new(args.name.as_str()).context("NAME")?;
-    let partitions = match args.partitions {
-        Some(p) if p > 0 => p,
-        Some(_) => anyhow::bail!("--partitions: a log has at least one partition"),
-        None => partitions_from_server(&args.nats)?,
-    };
+    let partitions = args.partitions()?;
     let partition = partition_of_agent(&name, partitions);
-    let role = Role::Agent { name: name.clone(), partition, partitions };
+    let role = Role::Agent { name: name.clone(), partition };
     let hint = format!(
         "leasehold agent run --name {name} --partitions {partitions} --driver DRIVER --nats URL{}",
         if args.nkey { " --nkey-seed SEED_FILE" } else { " --user USER --password PASSWORD" }
@@ -272,12 +279,7 @@ pub(crate) fn service(args: ServiceCredentialsArgs) -> anyhow::Result<()> {
     );
     let (role, what) = match role {
         ServiceRole::Worker => {
-            let partitions = match args.partitions {
-                Some(p) if p > 0 => p,
-                Some(_) => anyhow::bail!("--partitions: a log has at least one partition"),
-                None => partitions_from_server(&args.nats)?,
-            };
-            (Role::Worker { partitions }, "worker (serve --roles worker,projector)")
+            (Role::Worker { partitions: args.partitions()? }, "worker (serve --roles worker,projector)")
         }
         ServiceRole::Producer => (Role::Producer, "producer"),
         ServiceRole::Sweeper => (Role::Sweeper, "sweeper"),
@@ -329,7 +331,7 @@ mod tests {
     #[test]
     fn an_agent_may_read_only_its_own_subject_through_its_own_consumer() {
         let name = AgentName::new("res-a").unwrap();
-        let role = Role::Agent { name, partition: 7, partitions: 8 };
+        let role = Role::Agent { name, partition: 7 };
         let p = permissions(&role, "_INBOX_res-a");
         let publish: Vec<&str> = p.publish.iter().map(|g| g.subject.as_str()).collect();
         assert_eq!(

@@ -241,19 +241,19 @@ pub(crate) async fn record_from_flags<L: Log>(
     issuer: &Issuer,
     timeout: Duration,
 ) -> anyhow::Result<Vec<String>> {
+    // `serve` refused flags that make no sense before it started anything.
     let wanted = flags.apply_to(&ClusterPolicy::DEFAULT);
-    for partition in 0..log.partitions() {
-        check(&wanted, partition)?;
-    }
     let mut warnings = Vec::new();
     for partition in 0..log.partitions() {
         // The settings subject is where `policy set` and this seeding record a policy: reading it is a few
         // outcomes, where a fold of the partition would repeat the load the writers do at the same time. Only when it
-        // shows no policy, or one the flags contradict, is the partition folded, for the exact answer (a policy sent
-        // on another key of the partition is seen there).
+        // shows one the flags contradict is the partition folded, for the exact answer (a policy sent on another key
+        // of the partition is seen there). When it shows none, the seeding below says: `if_no_policy` is refused
+        // where a policy exists anyway, and then the partition is folded.
         let mut recorded = match policy_on_settings_subject(log, partition).await? {
             Some(policy) if flags.differences(&policy).is_empty() => Some(policy),
-            _ => recorded_policy(log, partition).await?,
+            Some(_) => recorded_policy(log, partition).await?,
+            None => None,
         };
         if recorded.is_none() {
             let body = SetPartitionSettings {

@@ -18,8 +18,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::{FutureExt, StreamExt};
-use leasehold_domain::state::ResourceState;
 use leasehold_domain::PartitionState;
+use leasehold_domain::state::ResourceState;
 use leasehold_log::{Log, OutcomeFilter, StoredOutcome};
 use leasehold_schemas::codec;
 use leasehold_schemas::command::Cascade;

@@ -646,8 +646,11 @@ async fn fold<L: Log>(
 /// the sweeper's fold both go through it.
 pub fn fold_outcome(state: &mut PartitionState, stored: &leasehold_log::StoredOutcome) -> Result<Outcome, Error> {
     let (partition, seq) = (stored.partition, stored.seq);
-    let outcome = codec::decode_outcome(&stored.payload)
-        .map_err(|e| Error::Undecodable { partition, seq, detail: e.to_string() })?;
+    let outcome = codec::decode_outcome(&stored.payload).map_err(|e| Error::Undecodable {
+        partition,
+        seq,
+        detail: e.to_string(),
+    })?;
     if outcome.decider_version > DECIDER_VERSION {
         return Err(Error::NewerDecider { partition, seq, version: outcome.decider_version });
     }

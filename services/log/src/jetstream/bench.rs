@@ -196,36 +196,12 @@ impl JetStream {
         commands: &[(String, String, Bytes)],
         in_flight: usize,
     ) -> Result<Vec<u64>, Error> {
-        let js = &self.inner.js;
-        let mut sequences = Vec::with_capacity(commands.len());
-        let mut pending: VecDeque<PublishAckFuture> = VecDeque::new();
-        let landed = |ack: async_nats::jetstream::publish::PublishAck| {
-            if ack.duplicate {
-                return Err(Error::Refused(format!(
-                    "a loaded command was taken for a duplicate of the one at {}: the load needs a fresh LH_CMD",
-                    ack.sequence
-                )));
-            }
-            Ok(ack.sequence)
-        };
-        for (subject, msg_id, payload) in commands {
-            if pending.len() >= in_flight.max(1) {
-                let ack = pending.pop_front().expect("not empty");
-                sequences.push(landed(ack.await.map_err(|e| unavailable("a loaded command failed", e))?)?);
-            }
+        let messages = commands.iter().map(|(subject, msg_id, payload)| {
             let mut headers = async_nats::HeaderMap::new();
             headers.insert(async_nats::header::NATS_MESSAGE_ID, super::header_value("Nats-Msg-Id", msg_id)?);
-            let message = PublishMessage::build().payload(payload.clone()).headers(headers);
-            let ack = js
-                .send_publish(subject.clone(), message)
-                .await
-                .map_err(|e| unavailable("a loaded command failed", e))?;
-            pending.push_back(ack);
-        }
-        for ack in pending {
-            sequences.push(landed(ack.await.map_err(|e| unavailable("a loaded command failed", e))?)?);
-        }
-        Ok(sequences)
+            Ok((subject.clone(), PublishMessage::build().payload(payload.clone()).headers(headers)))
+        });
+        self.load_pipelined("command", "LH_CMD", in_flight, messages).await
     }
 
     /// Publishes outcome records of any partitions in order, each as `(partition, prev, record)` with exactly the
@@ -238,29 +214,45 @@ impl JetStream {
         records: &[(u32, u64, OutcomeRecord)],
         in_flight: usize,
     ) -> Result<Vec<u64>, Error> {
+        let messages = records
+            .iter()
+            .map(|(partition, prev, record)| JetStream::outcome_message(*partition, *prev, record, false));
+        self.load_pipelined("outcome", "LH_EVT", in_flight, messages).await
+    }
+
+    /// Publishes `messages` in order with up to `in_flight` unacknowledged, and answers the sequence each landed at;
+    /// a duplicate means `stream` was not fresh.
+    async fn load_pipelined(
+        &self,
+        what: &str,
+        stream: &str,
+        in_flight: usize,
+        messages: impl Iterator<Item = Result<(String, PublishMessage), Error>>,
+    ) -> Result<Vec<u64>, Error> {
         let js = &self.inner.js;
-        let mut sequences = Vec::with_capacity(records.len());
+        let mut sequences = Vec::new();
         let mut pending: VecDeque<PublishAckFuture> = VecDeque::new();
-        let landed = |ack: async_nats::jetstream::publish::PublishAck| {
+        let failed = format!("a loaded {what} failed");
+        let landed = |ack: Result<async_nats::jetstream::publish::PublishAck, _>| {
+            let ack = ack.map_err(|e| unavailable(&failed, e))?;
             if ack.duplicate {
                 return Err(Error::Refused(format!(
-                    "a loaded outcome was taken for a duplicate of the one at {}: the load needs a fresh LH_EVT",
+                    "a loaded {what} was taken for a duplicate of the one at {}: the load needs a fresh {stream}",
                     ack.sequence
                 )));
             }
             Ok(ack.sequence)
         };
-        for (partition, prev, record) in records {
+        for message in messages {
             if pending.len() >= in_flight.max(1) {
                 let ack = pending.pop_front().expect("not empty");
-                sequences.push(landed(ack.await.map_err(|e| unavailable("a loaded outcome failed", e))?)?);
+                sequences.push(landed(ack.await)?);
             }
-            let (subject, message) = JetStream::outcome_message(*partition, *prev, record, false)?;
-            let ack = js.send_publish(subject, message).await.map_err(|e| unavailable("a loaded outcome failed", e))?;
-            pending.push_back(ack);
+            let (subject, message) = message?;
+            pending.push_back(js.send_publish(subject, message).await.map_err(|e| unavailable(&failed, e))?);
         }
         for ack in pending {
-            sequences.push(landed(ack.await.map_err(|e| unavailable("a loaded outcome failed", e))?)?);
+            sequences.push(landed(ack.await)?);
         }
         Ok(sequences)
     }
