@@ -400,3 +400,98 @@ pub async fn snapshots<L: Log>(log: L) {
     assert_eq!(log.latest_snapshot(0).await.unwrap(), Some(second));
     assert_eq!(log.latest_snapshot(1).await.unwrap(), None);
 }
+
+/// Checks that `outcomes` (one partition's, in order) form an unbroken chain from `fence`; returns the last sequence.
+fn check_chain(outcomes: &[StoredOutcome], fence: u64) -> u64 {
+    let mut prev = fence;
+    for outcome in outcomes {
+        assert_eq!(outcome.prev_seq, prev, "the chain is unbroken: {outcome:?}");
+        prev = outcome.seq;
+    }
+    prev
+}
+
+/// An append of several records (a group commit) lands whole, contiguously, with the chain unbroken, or not at all:
+/// under a stale fence, with one record already stored, or with more records than an append takes, nothing of it
+/// is stored. Batches of one partition stay contiguous while another partition appends at the same time.
+pub async fn batches_land_whole_or_not_at_all<L: Log>(log: L) {
+    let (p, q) = (0, 1);
+    let keys = keys_in(p, log.partitions(), 3);
+    let batch = |from: u64, n: u64| -> Vec<OutcomeRecord> {
+        // A decision in parts (cmd `from` in three parts), then one part per command, across three keys.
+        (0..n)
+            .map(|i| {
+                let (cmd_seq, part) = if i < 3 { (from, i as u32) } else { (from + i - 2, 0) };
+                record(&keys[(i % 3) as usize], cmd_seq, part)
+            })
+            .collect()
+    };
+    let first_batch = batch(1, 5);
+    let Appended::Landed { first, last } = log.append(p, 0, &first_batch).await else {
+        panic!("a batch under the right fence lands");
+    };
+    assert_eq!(last - first, 4, "a batch lands contiguously");
+    let stored = all_outcomes(&log, &OutcomeFilter::Partition(p), 1).await;
+    assert_eq!(
+        stored.iter().map(|o| (o.key.clone(), o.cmd_seq, o.part)).collect::<Vec<_>>(),
+        first_batch.iter().map(|r| (r.key.clone(), r.cmd_seq, r.part)).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        stored.iter().map(|o| o.payload.clone()).collect::<Vec<_>>(),
+        first_batch.iter().map(|r| r.payload.clone()).collect::<Vec<_>>()
+    );
+    assert_eq!(check_chain(&stored, 0), last);
+
+    // A stale fence stores nothing, and says where the partition is.
+    match log.append(p, 0, &batch(10, 4)).await {
+        Appended::Stale { last: named } => assert!(named.is_none() || named == Some(last), "{named:?}"),
+        other => panic!("a batch under a stale fence: {other:?}"),
+    }
+    // One record already stored (a batch retried after a lost answer): nothing of it is stored.
+    let mut overlapping = batch(10, 3);
+    overlapping.push(first_batch[4].clone());
+    let answer = log.append(p, last, &overlapping).await;
+    assert!(!matches!(answer, Appended::Landed { .. }), "a batch with a stored record must not land: {answer:?}");
+    // More records than an append takes: nothing is sent.
+    let too_many: Vec<_> = (0..=crate::MAX_APPEND_RECORDS as u64).map(|i| record(&keys[0], 100 + i, 0)).collect();
+    let answer = log.append(p, last, &too_many).await;
+    assert!(!matches!(answer, Appended::Landed { .. }), "{answer:?}");
+    assert_eq!(all_outcomes(&log, &OutcomeFilter::Partition(p), 1).await.len(), 5, "refused batches store nothing");
+    assert_eq!(log.last_outcome_seq(p).await.unwrap(), last);
+
+    // Batches of p and single appends of q at the same time: each partition's chain stays unbroken.
+    let other = log.clone();
+    let q_key = keys_in(q, log.partitions(), 1).remove(0);
+    let singles = tokio::spawn(async move {
+        let mut fence = 0;
+        for n in 1..=60 {
+            fence = append_one(&other, q, fence, record(&q_key, n, 0)).await;
+        }
+    });
+    let mut fence = last;
+    for round in 0..6u64 {
+        let records = batch(1000 + round * 200, 150);
+        match log.append(p, fence, &records).await {
+            Appended::Landed { first, last } => {
+                assert_eq!(last - first, 149, "round {round}: a batch lands contiguously");
+                fence = last;
+            }
+            other => panic!("round {round}: {other:?}"),
+        }
+    }
+    singles.await.expect("the single appends");
+    let full: Vec<_> = (0..crate::MAX_APPEND_RECORDS as u64).map(|i| record(&keys[1], 5000 + i, 0)).collect();
+    let Appended::Landed { first, last } = log.append(p, fence, &full).await else { panic!("a full batch lands") };
+    assert_eq!(last + 1 - first, crate::MAX_APPEND_RECORDS as u64);
+    let stored = all_outcomes(&log, &OutcomeFilter::Partition(p), 1).await;
+    assert_eq!(stored.len(), 5 + 6 * 150 + crate::MAX_APPEND_RECORDS);
+    assert_eq!(check_chain(&stored, 0), last);
+    let stored_q = all_outcomes(&log, &OutcomeFilter::Partition(q), 1).await;
+    assert_eq!(stored_q.len(), 60);
+    check_chain(&stored_q, 0);
+    // A follower of everything sees each partition's chain unbroken too, in one order.
+    let everything = all_outcomes(&log, &OutcomeFilter::All, 1).await;
+    let of = |partition: u32| everything.iter().filter(|o| o.partition == partition).cloned().collect::<Vec<_>>();
+    assert_eq!(of(p), stored);
+    assert_eq!(of(q), stored_q);
+}

@@ -640,6 +640,14 @@ impl Log for Embedded {
         if records.is_empty() {
             return Appended::Unknown("nothing to append".to_owned());
         }
+        if records.len() > crate::MAX_APPEND_RECORDS {
+            // As on JetStream, whose atomic batches hold at most this many.
+            return Appended::Unknown(format!(
+                "an append holds at most {} records, not {}: nothing was stored",
+                crate::MAX_APPEND_RECORDS,
+                records.len()
+            ));
+        }
         blocking(|| self.append_blocking(partition, fence, records))
             .unwrap_or_else(|e| Appended::Unknown(e.to_string()))
     }

@@ -52,7 +52,7 @@ use tokio::time::Instant;
 mod bench;
 
 use crate::{
-    Appended, CommandRecord, DeadLetter, Error, HEADER_CMD_ID, HEADER_CMD_SEQ, HEADER_DLQ_REASON,
+    Appended, CommandRecord, DeadLetter, Error, HEADER_BATCH_INDEX, HEADER_CMD_ID, HEADER_CMD_SEQ, HEADER_DLQ_REASON,
     HEADER_DLQ_SOURCE_SEQ, HEADER_DLQ_SOURCE_SUBJECT, HEADER_PART, HEADER_PREV_SEQ, Log, OutcomeFilter, OutcomeRecord,
     Owner, Published, Snapshot, StoredOutcome, fence_headers, outcome_msg_id,
 };
@@ -452,43 +452,198 @@ impl JetStream {
         self.inner.js.send_publish(subject, message).await?.await
     }
 
-    /// An outcome record as a message on its subject, chained on `prev` (the fence, when `fenced`).
-    fn outcome_message(
-        partition: u32,
-        prev: u64,
-        record: &OutcomeRecord,
-        fenced: bool,
-    ) -> Result<(String, PublishMessage), Error> {
+    /// The subject and headers of an outcome record: the ids, and its place in the partition's chain.
+    fn outcome_headers(partition: u32, record: &OutcomeRecord, place: Place) -> Result<(String, HeaderMap), Error> {
         if !is_token(&record.key) {
             return Err(Error::Refused(format!("{:?} is not a subject token", record.key)));
         }
-        let id = outcome_msg_id(partition, record.cmd_seq, record.part);
         let mut headers = HeaderMap::new();
         headers.insert(HEADER_CMD_ID, header_value(HEADER_CMD_ID, &record.cmd_id)?);
         headers.insert(HEADER_CMD_SEQ, record.cmd_seq.to_string());
         headers.insert(HEADER_PART, record.part.to_string());
-        headers.insert(HEADER_PREV_SEQ, prev.to_string());
-        if fenced {
-            for (name, value) in fence_headers(partition, prev) {
-                headers.insert(name, value);
+        match place {
+            Place::First { fence } => {
+                headers.insert(HEADER_PREV_SEQ, fence.to_string());
+                for (name, value) in fence_headers(partition, fence) {
+                    headers.insert(name, value);
+                }
             }
+            Place::Later { index } => headers.insert(HEADER_BATCH_INDEX, index.to_string()),
+            Place::Unfenced { prev } => headers.insert(HEADER_PREV_SEQ, prev.to_string()),
         }
-        let message = PublishMessage::build().payload(record.payload.clone()).headers(headers).message_id(&id);
-        Ok((format!("lh.evt.{partition}.{}", record.key), message))
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            outcome_msg_id(partition, record.cmd_seq, record.part).as_str(),
+        );
+        Ok((format!("lh.evt.{partition}.{}", record.key), headers))
     }
 
-    /// Publishes one outcome record under `prev`; `Ok(seq)` when it landed cleanly.
-    async fn append_record(&self, partition: u32, prev: u64, record: &OutcomeRecord) -> Result<u64, Appended> {
-        let id = outcome_msg_id(partition, record.cmd_seq, record.part);
-        let (subject, message) =
-            Self::outcome_message(partition, prev, record, true).map_err(|e| Appended::Unknown(e.to_string()))?;
+    /// Publishes one outcome record under the fence.
+    async fn append_record(&self, partition: u32, fence: u64, record: &OutcomeRecord) -> Appended {
+        let (subject, headers) = match Self::outcome_headers(partition, record, Place::First { fence }) {
+            Ok(message) => message,
+            Err(e) => return Appended::Unknown(e.to_string()),
+        };
+        let message = PublishMessage::build().payload(record.payload.clone()).headers(headers);
         match self.publish(subject, message).await {
-            Ok(ack) if ack.duplicate => {
-                Err(Appended::Unknown(format!("duplicate outcome {id}: stored at {}", ack.sequence)))
-            }
-            Ok(ack) => Ok(ack.sequence),
-            Err(e) => Err(append_error(&e)),
+            Ok(ack) if ack.duplicate => Appended::Unknown(format!(
+                "duplicate outcome {}: stored at {}",
+                outcome_msg_id(partition, record.cmd_seq, record.part),
+                ack.sequence
+            )),
+            Ok(ack) => Appended::Landed { first: ack.sequence, last: ack.sequence },
+            Err(e) => append_error(&e),
         }
+    }
+
+    /// Publishes `records` as one ADR-50 atomic batch: the fence on the first message only, `Lh-Batch-Index` on
+    /// the rest, the commit on the last. The server checks the fence against the stream as it was before the
+    /// batch and stores all of it, contiguously, or nothing. Only the first message and the commit ask for an
+    /// answer, so the batch costs one round trip: a refused first message (too many open batches) means the
+    /// batch was never opened and the rest of it is dropped by the server.
+    async fn append_batch(&self, partition: u32, fence: u64, records: &[OutcomeRecord]) -> Appended {
+        let client = &self.inner.client;
+        let mut messages = Vec::with_capacity(records.len());
+        for (index, record) in records.iter().enumerate() {
+            let place = if index == 0 { Place::First { fence } } else { Place::Later { index } };
+            match Self::outcome_headers(partition, record, place) {
+                Ok(message) => messages.push(message),
+                Err(e) => return Appended::Unknown(e.to_string()),
+            }
+        }
+        let inbox = client.new_inbox();
+        let batch = inbox.rsplit('.').next().unwrap_or("batch").to_owned();
+        let mut replies = match client.subscribe(format!("{inbox}.*")).await {
+            Ok(replies) => replies,
+            Err(e) => return Appended::Unknown(format!("cannot take answers to the batch: {e}")),
+        };
+        let last = messages.len() - 1;
+        for (i, ((subject, mut headers), record)) in messages.into_iter().zip(records).enumerate() {
+            headers.insert(async_nats::header::NATS_BATCH_ID, batch.as_str());
+            headers.insert(async_nats::header::NATS_BATCH_SEQUENCE, (i + 1).to_string());
+            let payload = record.payload.clone();
+            let sent = if i == last {
+                headers.insert(async_nats::header::NATS_BATCH_COMMIT, async_nats::header::NATS_BATCH_COMMIT_FINAL);
+                client.publish_with_reply_and_headers(subject, format!("{inbox}.commit"), headers, payload).await
+            } else if i == 0 {
+                client.publish_with_reply_and_headers(subject, format!("{inbox}.first"), headers, payload).await
+            } else {
+                client.publish_with_headers(subject, headers, payload).await
+            };
+            if let Err(e) = sent {
+                return Appended::Unknown(format!("batch {batch}: message {} not sent: {e}", i + 1));
+            }
+        }
+        let deadline = Instant::now() + self.inner.config.request_timeout;
+        loop {
+            let reply = match tokio::time::timeout_at(deadline, replies.next()).await {
+                Ok(Some(reply)) => reply,
+                Ok(None) => {
+                    return Appended::Unknown(format!("the connection closed before batch {batch} was answered"));
+                }
+                Err(_) => {
+                    return Appended::Unknown(format!(
+                        "batch {batch} of {} records was not answered in {:?}",
+                        records.len(),
+                        self.inner.config.request_timeout
+                    ));
+                }
+            };
+            if reply.status == Some(StatusCode::NO_RESPONDERS) {
+                return Appended::Unknown(format!("no stream takes lh.evt.{partition}: batch {batch} not stored"));
+            }
+            let commit = reply.subject.ends_with(".commit");
+            match batch_answer(&reply.payload) {
+                // The first message was taken: wait for the commit.
+                BatchAnswer::Taken if !commit => {}
+                BatchAnswer::Stored { seq, count, id } if commit => {
+                    if id.as_deref() != Some(batch.as_str()) || count != records.len() as u64 || seq < count {
+                        return Appended::Unknown(format!(
+                            "batch {batch} of {} records was answered for batch {id:?} of {count} at {seq}",
+                            records.len()
+                        ));
+                    }
+                    return Appended::Landed { first: seq + 1 - count, last: seq };
+                }
+                BatchAnswer::Refused { code, description } => {
+                    return batch_refusal(code, &description, &batch, !commit);
+                }
+                other => return Appended::Unknown(format!("batch {batch}: unexpected answer {other:?}")),
+            }
+        }
+    }
+}
+
+/// Where an outcome record stands in its append.
+#[derive(Debug, Clone, Copy)]
+enum Place {
+    /// The first record: chained on the fence, which it carries.
+    First { fence: u64 },
+    /// A later record of an atomic batch: the record stored just before it is its predecessor.
+    Later { index: usize },
+    /// Chained on `prev` without a fence: the benchmark's loads, on a stream nothing else writes to.
+    Unfenced { prev: u64 },
+}
+
+/// What the server answered to a message of an atomic batch.
+#[derive(Debug, PartialEq, Eq)]
+enum BatchAnswer {
+    /// The first message was taken (an empty answer).
+    Taken,
+    /// The batch was stored: the commit's acknowledgement.
+    Stored {
+        seq: u64,
+        count: u64,
+        id: Option<String>,
+    },
+    Refused {
+        code: u64,
+        description: String,
+    },
+    Garbled(String),
+}
+
+fn batch_answer(payload: &[u8]) -> BatchAnswer {
+    if payload.is_empty() {
+        return BatchAnswer::Taken;
+    }
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(payload) else {
+        return BatchAnswer::Garbled(String::from_utf8_lossy(payload).into_owned());
+    };
+    if let Some(error) = value.get("error") {
+        return BatchAnswer::Refused {
+            code: error.get("err_code").and_then(serde_json::Value::as_u64).unwrap_or(0),
+            description: error.get("description").and_then(serde_json::Value::as_str).unwrap_or("").to_owned(),
+        };
+    }
+    match (value.get("seq").and_then(serde_json::Value::as_u64), value.get("count").and_then(serde_json::Value::as_u64))
+    {
+        (Some(seq), Some(count)) => BatchAnswer::Stored {
+            seq,
+            count,
+            id: value.get("batch").and_then(serde_json::Value::as_str).map(str::to_owned),
+        },
+        _ => BatchAnswer::Garbled(value.to_string()),
+    }
+}
+
+/// What a refused atomic batch means, as DESIGN section 3 says: a stale fence (10071) stored nothing and names the
+/// partition's last sequence; in flight on a replicated stream (10164), a leader change (10163) and too many open
+/// batches (10210) stored nothing and are retried as they are. Anything else refused at the commit stored nothing
+/// either (the batch is atomic), but says something unexpected: the writer reloads. A refused first message never
+/// opened the batch.
+fn batch_refusal(code: u64, description: &str, batch: &str, first: bool) -> Appended {
+    const WRONG_LAST_SEQUENCE: u64 = 10071;
+    const NOT_READY: u64 = 10164;
+    const UNAVAILABLE: u64 = 10163;
+    const TOO_MANY_BATCHES: u64 = 10210;
+    let which = if first { "first message" } else { "commit" };
+    match code {
+        WRONG_LAST_SEQUENCE => Appended::Stale { last: sequence_after(description, "wrong last sequence: ") },
+        NOT_READY | UNAVAILABLE | TOO_MANY_BATCHES => {
+            Appended::Busy(format!("batch {batch}: {which} refused ({code}): {description}"))
+        }
+        _ => Appended::Unknown(format!("batch {batch}: {which} refused ({code}): {description}")),
     }
 }
 
@@ -497,7 +652,24 @@ async fn ensure_stream(js: &Context, wanted: stream::Config) -> Result<stream::S
     let name = wanted.name.clone();
     for _ in 0..2 {
         match js.get_stream(&name).await {
-            Ok(stream) => return check_stream(&wanted, &stream.cached_info().config).map(|()| stream),
+            Ok(stream) => {
+                let got = &stream.cached_info().config;
+                check_stream(&wanted, got)?;
+                if wanted.allow_atomic_publish && !got.allow_atomic_publish {
+                    // A log made before group commit: atomic batches are an addition the server allows on a live
+                    // stream, and nothing else changes.
+                    let config = stream::Config { allow_atomic_publish: true, ..got.clone() };
+                    js.update_stream(config)
+                        .await
+                        .map_err(|e| Error::Refused(format!("cannot allow atomic batches on stream {name}: {e}")))?;
+                    tracing::info!(stream = %name, "allowed atomic batches on the stream");
+                    return js
+                        .get_stream(&name)
+                        .await
+                        .map_err(|e| unavailable(&format!("cannot read stream {name}"), e));
+                }
+                return Ok(stream);
+            }
             Err(e) => match e.kind() {
                 GetStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND => {}
                 _ => return Err(unavailable(&format!("cannot read stream {name}"), e)),
@@ -647,7 +819,12 @@ fn append_error(e: &PublishError) -> Appended {
 /// The sequence in "wrong last sequence: N", the server's answer to a stale fence.
 fn wrong_last_sequence(e: &PublishError) -> Option<u64> {
     let text = std::error::Error::source(e).map_or_else(|| e.to_string(), ToString::to_string);
-    let rest = &text[text.rfind("wrong last sequence: ")? + "wrong last sequence: ".len()..];
+    sequence_after(&text, "wrong last sequence: ")
+}
+
+/// The number after the last `marker` in `text`.
+fn sequence_after(text: &str, marker: &str) -> Option<u64> {
+    let rest = &text[text.rfind(marker)? + marker.len()..];
     rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
 
@@ -680,6 +857,8 @@ fn evt_stream_config(replicas: usize) -> stream::Config {
     stream::Config {
         deny_delete: true,
         deny_purge: true,
+        // Group commit: a writer's appends of several records are ADR-50 atomic batches.
+        allow_atomic_publish: true,
         ..stream_config(EVT_STREAM, "lh.evt.>", OUTCOME_DUPLICATE_WINDOW, replicas)
     }
 }
@@ -776,7 +955,12 @@ fn stored_outcome(
             .to_owned(),
         cmd_seq: number(HEADER_CMD_SEQ)?,
         part: u32::try_from(number(HEADER_PART)?).map_err(|_| refused(&format!("no valid {HEADER_PART} header")))?,
-        prev_seq: number(HEADER_PREV_SEQ)?,
+        // A later record of an atomic batch names its index instead: the batch is stored contiguously, so its
+        // predecessor is the message just before it (which the folds check is the partition's previous outcome).
+        prev_seq: match (header(headers, HEADER_PREV_SEQ), header(headers, HEADER_BATCH_INDEX)) {
+            (None, Some(index)) if index.parse::<u64>().is_ok_and(|i| i > 0) && seq > 1 => seq - 1,
+            _ => number(HEADER_PREV_SEQ)?,
+        },
         payload,
     })
 }
@@ -965,24 +1149,17 @@ impl Log for JetStream {
         if partition >= self.inner.config.partitions {
             return Appended::Unknown(format!("there is no partition {partition}"));
         }
-        let mut prev = fence;
-        let mut first = None;
-        for (i, record) in records.iter().enumerate() {
-            match self.append_record(partition, prev, record).await {
-                Ok(seq) => {
-                    first.get_or_insert(seq);
-                    prev = seq;
-                }
-                Err(answer) => {
-                    let Some(first) = first else { return answer };
-                    // Part of the append landed: only a reload can tell what the partition holds.
-                    return Appended::Unknown(format!(
-                        "records 0..{i} landed at {first}..={prev}, then record {i}: {answer:?}"
-                    ));
-                }
-            }
+        if records.len() > crate::MAX_APPEND_RECORDS {
+            return Appended::Unknown(format!(
+                "an append holds at most {} records, not {}: nothing was sent",
+                crate::MAX_APPEND_RECORDS,
+                records.len()
+            ));
         }
-        Appended::Landed { first: first.unwrap_or(prev), last: prev }
+        match records {
+            [record] => self.append_record(partition, fence, record).await,
+            _ => self.append_batch(partition, fence, records).await,
+        }
     }
 
     async fn last_outcome_seq(&self, partition: u32) -> Result<u64, Error> {

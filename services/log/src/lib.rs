@@ -56,6 +56,12 @@ pub const HEADER_PART: &str = "Lh-Part";
 /// The fence this outcome was appended under: the sequence of the partition's previous outcome (0 for the first).
 /// Every fold checks the chain and stops on a break.
 pub const HEADER_PREV_SEQ: &str = "Lh-Prev-Seq";
+/// On the later records of an atomic batch, instead of [`HEADER_PREV_SEQ`]: the record's index in the batch (1 for
+/// the second). A batch is stored contiguously, so the record's predecessor is the one stored just before it; only
+/// the first record carries the fence (ADR-50 checks it against the stream as it was before the batch).
+pub const HEADER_BATCH_INDEX: &str = "Lh-Batch-Index";
+/// The most records one append takes: a JetStream atomic batch holds at most 1,000 messages.
+pub const MAX_APPEND_RECORDS: usize = 1000;
 /// Why a command was dead-lettered.
 pub const HEADER_DLQ_REASON: &str = "Lh-Reason";
 /// The command log sequence of a dead-lettered command.

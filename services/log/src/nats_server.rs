@@ -29,6 +29,8 @@ pub struct ServerOptions {
     pub max_payload: Option<usize>,
     /// More configuration, appended as is (accounts and users, for a test of permissions).
     pub extra: Option<String>,
+    /// More of the `jetstream` block, as is (`sync_interval: always`, `limits { batch { ... } }`).
+    pub jetstream: Option<String>,
     /// The HTTP monitoring port (`http`), if any.
     pub monitor_port: Option<u16>,
 }
@@ -200,7 +202,11 @@ fn server_config(dir: &Path, options: &ServerOptions, cluster: Option<&ClusterNo
     if let Some(max_payload) = options.max_payload {
         config.push_str(&format!("max_payload: {max_payload}\n"));
     }
-    config.push_str(&format!("jetstream {{\n  store_dir: {:?}\n}}\n", dir.display().to_string()));
+    config.push_str(&format!(
+        "jetstream {{\n  store_dir: {:?}\n  {}\n}}\n",
+        dir.display().to_string(),
+        options.jetstream.as_deref().unwrap_or("")
+    ));
     if let Some(port) = options.monitor_port {
         config.push_str(&format!("http: \"127.0.0.1:{port}\"\n"));
     }

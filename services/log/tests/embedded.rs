@@ -79,3 +79,9 @@ async fn snapshots() {
     let dir = tempfile::tempdir().unwrap();
     conformance::snapshots(open(&dir)).await;
 }
+
+#[tokio::test]
+async fn batches_land_whole_or_not_at_all() {
+    let dir = tempfile::tempdir().unwrap();
+    conformance::batches_land_whole_or_not_at_all(open(&dir)).await;
+}

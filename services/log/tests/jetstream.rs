@@ -346,3 +346,71 @@ async fn the_fence_holds_on_an_r3_cluster() {
     let retry = retry_of_a_landed_append(&log).await;
     assert!(matches!(&retry, Appended::Unknown(reason) if reason.contains("duplicate")), "{retry:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_land_whole_or_not_at_all() {
+    let Some((_server, log)) = fresh().await else { return };
+    conformance::batches_land_whole_or_not_at_all(log.clone()).await;
+    // As stored: the first record of a batch carries the fence and Lh-Prev-Seq, the later ones only their index.
+    let p = 2;
+    let keys = conformance::keys_in(p, PARTITIONS, 2);
+    let records: Vec<_> = (0..4).map(|i| conformance::record(&keys[i % 2], 1 + i as u64, 0)).collect();
+    let Appended::Landed { first, last } = log.append(p, 0, &records).await else { panic!("the batch lands") };
+    let js = async_nats::jetstream::new(log.client().clone());
+    let evt = js.get_stream("LH_EVT").await.expect("LH_EVT");
+    assert!(evt.cached_info().config.allow_atomic_publish, "LH_EVT allows atomic batches");
+    for seq in first..=last {
+        let message = evt.get_raw_message(seq).await.expect("the stored record");
+        let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
+        if seq == first {
+            assert_eq!(header("Lh-Prev-Seq").as_deref(), Some("0"));
+            assert_eq!(header("Nats-Expected-Last-Subject-Sequence").as_deref(), Some("0"));
+            assert_eq!(header("Lh-Batch-Index"), None);
+        } else {
+            assert_eq!(header("Lh-Prev-Seq"), None, "a later record carries no chain header");
+            assert_eq!(header("Nats-Expected-Last-Subject-Sequence"), None, "a later record never carries the fence");
+            assert_eq!(header("Lh-Batch-Index"), Some((seq - first).to_string()));
+        }
+    }
+}
+
+/// Too many open batches (10210) is "busy": nothing stored, and the same append lands once a slot is free, with no
+/// reload. The server here allows one open batch per stream; a batch opened by hand and never committed holds it
+/// until the server's batch timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_open_batches_is_busy_and_retried_as_it_is() {
+    let options = ServerOptions {
+        jetstream: Some("limits { batch { max_inflight_per_stream: 1, timeout: \"1s\" } }".to_owned()),
+        ..Default::default()
+    };
+    let Some(server) = NatsServer::start_with(options) else { return };
+    let log = JetStream::connect(config(server.url(), PARTITIONS)).await.expect("connect");
+    let p = 1;
+    let key = &conformance::keys_in(p, PARTITIONS, 1)[0];
+    // A batch opened and abandoned half-way: its first message only.
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Batch-Id", "abandoned");
+    headers.insert("Nats-Batch-Sequence", "1");
+    let opened = log
+        .client()
+        .request_with_headers(format!("lh.evt.{p}.{key}"), headers, Bytes::from_static(b"half"))
+        .await
+        .expect("the abandoned batch's first message");
+    assert!(opened.payload.is_empty(), "the batch was opened: {opened:?}");
+    let records: Vec<_> = (1..=3).map(|n| conformance::record(key, n, 0)).collect();
+    let busy = log.append(p, 0, &records).await;
+    assert!(matches!(&busy, Appended::Busy(why) if why.contains("10210")), "{busy:?}");
+    assert_eq!(log.last_outcome_seq(p).await.unwrap(), 0, "nothing stored, the abandoned batch included");
+    // Retried as it is (what a writer does with a busy answer), under the same fence.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let landed = loop {
+        match log.append(p, 0, &records).await {
+            Appended::Busy(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
+            answer => break answer,
+        }
+    };
+    let Appended::Landed { first, last } = landed else { panic!("the retried batch: {landed:?}") };
+    assert_eq!(last - first, 2);
+    let stored = conformance::all_outcomes(&log, &leasehold_log::OutcomeFilter::Partition(p), 1).await;
+    assert_eq!(stored.iter().map(|o| o.cmd_seq).collect::<Vec<_>>(), vec![1, 2, 3], "the abandoned batch left nothing");
+}

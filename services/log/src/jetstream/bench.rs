@@ -176,7 +176,7 @@ impl JetStream {
                 let (want, ack) = pending.pop_front().expect("not empty");
                 check_fill(want, ack.await.map_err(|e| unavailable("a fill append failed", e))?.sequence)?;
             }
-            let (subject, message) = JetStream::outcome_message(partition, prev, record, false)?;
+            let (subject, message) = JetStream::unfenced_message(partition, prev, record)?;
             let ack = js.send_publish(subject, message).await.map_err(|e| unavailable("a fill append failed", e))?;
             pending.push_back((next, ack));
         }
@@ -184,6 +184,12 @@ impl JetStream {
             check_fill(want, ack.await.map_err(|e| unavailable("a fill append failed", e))?.sequence)?;
         }
         Ok(if records.is_empty() { fence } else { stream_last + records.len() as u64 })
+    }
+
+    /// An outcome record chained on `prev` without a fence.
+    fn unfenced_message(partition: u32, prev: u64, record: &OutcomeRecord) -> Result<(String, PublishMessage), Error> {
+        let (subject, headers) = JetStream::outcome_headers(partition, record, super::Place::Unfenced { prev })?;
+        Ok((subject, PublishMessage::build().payload(record.payload.clone()).headers(headers)))
     }
 
     /// Publishes `commands` (ingress subject, command id, payload) in order, up to `in_flight` unacknowledged, and
@@ -214,9 +220,8 @@ impl JetStream {
         records: &[(u32, u64, OutcomeRecord)],
         in_flight: usize,
     ) -> Result<Vec<u64>, Error> {
-        let messages = records
-            .iter()
-            .map(|(partition, prev, record)| JetStream::outcome_message(*partition, *prev, record, false));
+        let messages =
+            records.iter().map(|(partition, prev, record)| JetStream::unfenced_message(*partition, *prev, record));
         self.load_pipelined("outcome", "LH_EVT", in_flight, messages).await
     }
 
