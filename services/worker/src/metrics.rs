@@ -35,6 +35,7 @@ pub struct WorkerMetrics {
     lag_seconds: Family<PartitionLabel, Gauge<f64, AtomicU64>>,
     dead_letters: Counter,
     reloads: Counter,
+    append_records: Histogram,
     stopped_gauge: Family<PartitionLabel, Gauge>,
     /// Partitions stopped on record (a broken chain, a newer decider...), with why: for `/healthz`.
     stopped: Arc<Mutex<BTreeMap<u32, String>>>,
@@ -50,6 +51,8 @@ impl Default for WorkerMetrics {
             lag_seconds: Family::default(),
             dead_letters: Counter::default(),
             reloads: Counter::default(),
+            // 1 to 1,024 records, doubling.
+            append_records: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1.0, 2.0, 11)),
             stopped_gauge: Family::default(),
             stopped: Arc::default(),
         }
@@ -87,6 +90,11 @@ impl WorkerMetrics {
             metrics.reloads.clone(),
         );
         registry.register(
+            "leasehold_writer_append_records",
+            "Outcome records per append (group commit: every command waiting goes out in one append)",
+            metrics.append_records.clone(),
+        );
+        registry.register(
             "leasehold_partition_stopped",
             "1 for a partition this process's writers stopped on record (it needs an operator)",
             metrics.stopped_gauge.clone(),
@@ -102,6 +110,10 @@ impl WorkerMetrics {
 
     pub(crate) fn lag(&self, partition: u32, seconds: f64) {
         self.lag_seconds.get_or_create(&PartitionLabel { partition }).set(seconds.max(0.0));
+    }
+
+    pub(crate) fn appended(&self, records: usize) {
+        self.append_records.observe(records as f64);
     }
 
     pub(crate) fn dead_lettered(&self) {

@@ -1,14 +1,23 @@
 //! The writer of one partition (DESIGN section 3): it folds the partition's outcomes into state, then decides the
-//! partition's commands strictly in log order from its cursor and appends each outcome under the fence.
+//! partition's commands strictly in log order from its cursor and appends their outcomes under the fence.
 //!
 //! ```text
 //!   load: fold lh.evt.<p>.> from 1 (checking the Lh-Prev-Seq chain) ─▶ state, fence, cursor
 //!   finish the parts of an unfinished decision
-//!   loop: commands after the read position ─▶ decode, check subject ─▶ decide ─▶ encode ─▶ apply ─▶ append(fence)
-//!            │ undecodable, mismatched: LH_DLQ             │ landed: fence moves on
-//!            │ already decided / unchanged: nothing        │ busy: same append again
-//!                                                           │ anything else: drop state, load, go on from the cursor
+//!   loop: every command waiting after the read position (up to max_batch)
+//!           each: decode, check subject ─▶ decide ─▶ encode ─▶ apply ─▶ into the group
+//!                 │ undecodable, mismatched: LH_DLQ     │ the group full (records, bytes): append it now
+//!                 │ already decided / unchanged: nothing
+//!         append(fence, group) ─▶ landed: fence moves on, commands acked through the last one
+//!                                 busy: the same append again
+//!                                 anything else: drop state and group, load, go on from the cursor
 //! ```
+//!
+//! **Group commit.** The outcomes of every command that was waiting go out as one append: one atomic batch on
+//! JetStream, one transaction on the embedded log. One append is in flight per partition, and the next group is
+//! whatever arrived meanwhile, so a lone command still costs one round trip while a busy partition's groups grow up
+//! to `max_append_records`. The state runs ahead of the log by the group in hand; any answer but a clean landing
+//! drops both and reloads. A decision's parts may span groups but never interleave with another command's.
 //!
 //! `decide`, `continue_work` and `apply` run under `catch_unwind` before anything is appended: a command the
 //! decider panics on gets a recorded internal-error outcome instead, and a part it panics on abandons the rest of
@@ -70,6 +79,9 @@ pub struct Counts {
     pub busy_retries: u64,
     pub internal_errors: u64,
     pub snapshots: u64,
+    /// Appends that landed, and the records they held (their ratio is the mean group).
+    pub appends: u64,
+    pub appended: u64,
 }
 
 impl std::ops::AddAssign for Counts {
@@ -83,6 +95,8 @@ impl std::ops::AddAssign for Counts {
         self.busy_retries += more.busy_retries;
         self.internal_errors += more.internal_errors;
         self.snapshots += more.snapshots;
+        self.appends += more.appends;
+        self.appended += more.appended;
     }
 }
 
@@ -91,6 +105,10 @@ impl std::ops::AddAssign for Counts {
 pub struct WriterConfig {
     /// Commands asked for at once.
     pub max_batch: usize,
+    /// The most outcome records one append carries (group commit); 1 appends each outcome on its own.
+    pub max_append_records: usize,
+    /// An append is sent once its records hold this many bytes, whatever their number.
+    pub max_append_bytes: usize,
     /// How long to wait for commands before checking the hold and the shutdown again.
     pub poll: Duration,
     /// The first wait before retrying a busy append or an unavailable log; doubles up to `max_backoff`.
@@ -114,7 +132,9 @@ pub struct WriterConfig {
 impl Default for WriterConfig {
     fn default() -> Self {
         WriterConfig {
-            max_batch: 256,
+            max_batch: leasehold_log::MAX_APPEND_RECORDS,
+            max_append_records: leasehold_log::MAX_APPEND_RECORDS,
+            max_append_bytes: DEFAULT_APPEND_BYTES,
             poll: Duration::from_millis(500),
             backoff: Duration::from_millis(5),
             max_backoff: Duration::from_secs(1),
@@ -125,6 +145,21 @@ impl Default for WriterConfig {
             metrics: None,
         }
     }
+}
+
+/// Bytes of outcome records after which a group is appended: 8 MiB, well inside what one atomic batch may stage,
+/// and at least 16 of the largest parts (512 KiB).
+pub const DEFAULT_APPEND_BYTES: usize = 8 << 20;
+
+/// Outcomes decided and applied but not yet appended: the next append.
+#[derive(Debug, Default)]
+struct Group {
+    records: Vec<OutcomeRecord>,
+    bytes: usize,
+    /// The command the last record answers.
+    last_command: Option<CommandId>,
+    /// Per decided command, for the metrics once it lands: type, rejected, when its decision started.
+    decided: Vec<(&'static str, bool, std::time::Instant)>,
 }
 
 /// The writer of one partition: its state folded from the log, the fence, and how far it has read.
@@ -140,6 +175,8 @@ pub struct Writer<L: Log> {
     counts: Counts,
     /// Outcome parts appended since the last snapshot (or the load).
     since_snapshot: u64,
+    /// What the state holds that the log does not yet: appended before anything is acked.
+    group: Group,
 }
 
 impl<L: Log> Writer<L> {
@@ -150,7 +187,16 @@ impl<L: Log> Writer<L> {
         let Folded { state, fence, last_command, folded } = fold_partition(&log, partition, at_least, &config).await?;
         check_command_log(&log, &state, last_command).await?;
         let read_pos = state.cursor();
-        Ok(Writer { log, config, state, fence, read_pos, counts: Counts::default(), since_snapshot: folded })
+        Ok(Writer {
+            log,
+            config,
+            state,
+            fence,
+            read_pos,
+            counts: Counts::default(),
+            since_snapshot: folded,
+            group: Group::default(),
+        })
     }
 
     pub fn state(&self) -> &PartitionState {
@@ -170,13 +216,17 @@ impl<L: Log> Writer<L> {
     pub async fn serve(&mut self, owner: &mut L::Owner, shutdown: &CancellationToken) -> Result<Stop, Error> {
         let mut backoff = self.config.backoff;
         loop {
-            match self.finish_parts().await {
+            let finished = match self.finish_parts().await {
+                Ok(()) => self.flush(true).await,
+                Err(failure) => Err(failure),
+            };
+            match finished {
                 Ok(()) => {}
                 Err(Failure::Unclean(unclean)) => {
                     self.reload(unclean).await?;
                     continue;
                 }
-                Err(Failure::Fatal(e)) => return Err(e),
+                Err(Failure::Fatal(e)) => return self.stop_on(e).await,
             }
             if shutdown.is_cancelled() {
                 return Ok(Stop::Shutdown);
@@ -220,11 +270,20 @@ impl<L: Log> Writer<L> {
                         self.reload(unclean).await?;
                         break;
                     }
-                    Err(Failure::Fatal(e)) => return Err(e),
+                    Err(Failure::Fatal(e)) => return self.stop_on(e).await,
                 }
                 if shutdown.is_cancelled() {
                     break;
                 }
+            }
+            // The group: every outcome of the commands in hand, in one append. Nothing is acked before it lands.
+            match self.flush(true).await {
+                Ok(()) => {}
+                Err(Failure::Unclean(unclean)) => {
+                    self.reload(unclean).await?;
+                    continue;
+                }
+                Err(Failure::Fatal(e)) => return self.stop_on(e).await,
             }
             match owner.done_through(self.read_pos).await {
                 Ok(()) => {}
@@ -232,6 +291,16 @@ impl<L: Log> Writer<L> {
                 Err(e) => tracing::warn!(partition = self.state.partition(), error = %e, "could not ack commands"),
             }
         }
+    }
+
+    /// Stops the partition on `e` (what a retry cannot mend), after appending the group in hand: the commands
+    /// before the one that stopped it were decided cleanly, as a writer without group commit would have appended
+    /// them. No snapshot: the state may hold what failed.
+    async fn stop_on(&mut self, e: Error) -> Result<Stop, Error> {
+        if let Err(Failure::Unclean(unclean)) = self.flush(false).await {
+            tracing::warn!(partition = self.state.partition(), why = %unclean.why, "the last group did not land cleanly");
+        }
+        Err(e)
     }
 
     /// Drops the state and folds the partition again; goes on from the cursor the log holds.
@@ -244,6 +313,7 @@ impl<L: Log> Writer<L> {
         self.fence = fence;
         self.read_pos = self.state.cursor();
         self.since_snapshot = folded;
+        self.group = Group::default();
         self.counts.reloads += 1;
         if let Some(metrics) = &self.config.metrics {
             metrics.reloaded();
@@ -304,8 +374,8 @@ impl<L: Log> Writer<L> {
         self.counts.decided += 1;
         let rejected = outcome.rejection().is_some();
         self.commit(outcome, |state, detail| internal_error_outcome(state, &ctx, &envelope, detail)).await?;
+        self.group.decided.push((envelope.type_name(), rejected, started));
         if let Some(metrics) = &self.config.metrics {
-            metrics.decided(envelope.type_name(), rejected, started.elapsed());
             let now =
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
             metrics.lag(partition, now - command.time.0 as f64 / 1000.0);
@@ -354,6 +424,9 @@ impl<L: Log> Writer<L> {
                 };
                 tracing::error!(partition, cmd_seq = outcome.cmd_seq, %detail, "applying an outcome failed");
                 self.counts.internal_errors += 1;
+                // The group in hand was applied cleanly before: append it (no snapshot of a state the failed
+                // apply may have touched), then fold the state again from the log.
+                self.flush(false).await?;
                 let Folded { state, fence, .. } =
                     fold_partition(&self.log, partition, self.fence, &self.config).await?;
                 self.state = state;
@@ -389,13 +462,43 @@ impl<L: Log> Writer<L> {
             part: outcome.part,
             payload: Bytes::from(bytes),
         };
+        self.group.bytes += record.payload.len();
+        self.group.records.push(record);
+        self.group.last_command = Some(outcome.command.id);
+        if self.group.records.len() >= self.config.max_append_records.clamp(1, leasehold_log::MAX_APPEND_RECORDS)
+            || self.group.bytes >= self.config.max_append_bytes
+        {
+            self.flush(true).await?;
+        }
+        Ok(())
+    }
+
+    /// Appends the group in hand under the fence, retrying while the log is busy. When it lands the fence moves on
+    /// and (with `snapshot`) a snapshot may be stored; any other answer leaves the state untrusted.
+    async fn flush(&mut self, snapshot: bool) -> Result<(), Failure> {
+        if self.group.records.is_empty() {
+            return Ok(());
+        }
+        let partition = self.state.partition();
         let mut backoff = self.config.backoff;
         loop {
-            match self.log.append(partition, self.fence, std::slice::from_ref(&record)).await {
+            match self.log.append(partition, self.fence, &self.group.records).await {
                 Appended::Landed { last, .. } => {
+                    let group = std::mem::take(&mut self.group);
+                    let n = group.records.len() as u64;
                     self.fence = last;
-                    self.since_snapshot += 1;
-                    self.maybe_snapshot(&outcome).await;
+                    self.since_snapshot += n;
+                    self.counts.appends += 1;
+                    self.counts.appended += n;
+                    if let Some(metrics) = &self.config.metrics {
+                        metrics.appended(group.records.len());
+                        for (type_name, rejected, started) in group.decided {
+                            metrics.decided(type_name, rejected, started.elapsed());
+                        }
+                    }
+                    if snapshot && let Some(last_command) = group.last_command {
+                        self.maybe_snapshot(last_command).await;
+                    }
                     return Ok(());
                 }
                 Appended::Busy(why) => {
@@ -417,7 +520,7 @@ impl<L: Log> Writer<L> {
 
     /// Stores a snapshot when enough outcomes landed since the last one and no decision is unfinished. A snapshot is
     /// a cache: failing to store one is a warning, nothing more.
-    async fn maybe_snapshot(&mut self, last: &Outcome) {
+    async fn maybe_snapshot(&mut self, last_command: CommandId) {
         let every = self.config.snapshot_every;
         if every == 0 || self.since_snapshot < every || self.state.pending().is_some() {
             return;
@@ -434,7 +537,7 @@ impl<L: Log> Writer<L> {
             partition,
             decider_version: DECIDER_VERSION,
             fence: self.fence,
-            last_command: Some(last.command.id.to_string()),
+            last_command: Some(last_command.to_string()),
             state: Bytes::from(state),
         };
         match self.log.put_snapshot(snapshot).await {

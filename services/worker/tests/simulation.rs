@@ -3,7 +3,10 @@
 //! partitions of an in-memory embedded log on a single-threaded runtime with paused time, while a seeded fault
 //! layer between them and the log loses acks, times appends out (landed or not), answers "busy", stalls a writer
 //! while its hold moves to the other one (so it resumes with a buffered append under a stale fence), moves holds
-//! between the parts of a decision, and delivers commands again and out of order. A producer publishes a seeded
+//! between the parts of a decision, and delivers commands again and out of order. Writers group-commit (each seed
+//! its own group size, from one record to a thousand), so the same faults hit batches: a batch abandoned half-way
+//! (nothing stored), a commit answer lost after the batch landed, too many open batches, a takeover between two
+//! batches of one decision's parts. A producer publishes a seeded
 //! workload meanwhile: registrations, allocations, reports, heartbeats, leases, releases, retirements decided in
 //! parts (one mid-workload, one at the end), retried commands, garbage and commands on the wrong subject. Writers store snapshots every few outcomes
 //! and load from them; the fault layer sometimes offers a snapshot no writer may use (another decider version, past
@@ -49,6 +52,31 @@ struct Faults {
     redeliveries: u64,
     bad_snapshots: u64,
     snapshots_used: u64,
+    /// The same faults, where the append was a batch of several records.
+    batches_landed: u64,
+    batches_abandoned: u64,
+    batch_answers_lost: u64,
+    batches_busy: u64,
+    moves_between_batches_of_parts: u64,
+}
+
+impl std::ops::AddAssign for Faults {
+    fn add_assign(&mut self, f: Faults) {
+        self.busy += f.busy;
+        self.timed_out += f.timed_out;
+        self.acks_lost += f.acks_lost;
+        self.stalls += f.stalls;
+        self.moves_between_parts += f.moves_between_parts;
+        self.holds_dropped += f.holds_dropped;
+        self.redeliveries += f.redeliveries;
+        self.bad_snapshots += f.bad_snapshots;
+        self.snapshots_used += f.snapshots_used;
+        self.batches_landed += f.batches_landed;
+        self.batches_abandoned += f.batches_abandoned;
+        self.batch_answers_lost += f.batch_answers_lost;
+        self.batches_busy += f.batches_busy;
+        self.moves_between_batches_of_parts += f.moves_between_batches_of_parts;
+    }
 }
 
 /// Seeded faults between the embedded log and one worker.
@@ -85,12 +113,14 @@ impl Intercept<Embedded> for Faulty {
     type Owner = SimOwner;
 
     async fn append(&self, log: &Embedded, partition: u32, fence: u64, records: &[OutcomeRecord]) -> Appended {
+        let batch = records.len() > 1;
         if self.roll(3) {
-            self.count(|f| f.busy += 1);
+            self.count(|f| if batch { f.batches_busy += 1 } else { f.busy += 1 });
             return Appended::Busy("simulated: too many open batches".to_owned());
         }
         if self.roll(3) {
-            self.count(|f| f.timed_out += 1);
+            // For a batch: abandoned half-way (some messages sent, never committed), which stores nothing.
+            self.count(|f| if batch { f.batches_abandoned += 1 } else { f.timed_out += 1 });
             return Appended::Unknown("simulated: timed out, not landed".to_owned());
         }
         if self.roll(4) {
@@ -103,12 +133,15 @@ impl Intercept<Embedded> for Faulty {
         if let Appended::Landed { .. } = answer {
             let continues =
                 records.last().and_then(|r| codec::decode_outcome(&r.payload).ok()).is_some_and(|o| o.continues());
+            if batch {
+                self.count(|f| f.batches_landed += 1);
+            }
             if continues && self.roll(30) {
-                self.count(|f| f.moves_between_parts += 1);
+                self.count(|f| if batch { f.moves_between_batches_of_parts += 1 } else { f.moves_between_parts += 1 });
                 log.drop_owner(partition);
             }
             if self.roll(4) {
-                self.count(|f| f.acks_lost += 1);
+                self.count(|f| if batch { f.batch_answers_lost += 1 } else { f.acks_lost += 1 });
                 return Appended::Unknown("simulated: landed, ack lost".to_owned());
             }
         }
@@ -437,6 +470,9 @@ async fn run_seed(seed: u64) -> Faults {
             takeover_after: None,
             writer: WriterConfig {
                 max_batch: 1 + (seed % 7) as usize,
+                // One record per append (no group commit) to a thousand; the small groups split long decisions
+                // into several batches.
+                max_append_records: [1, 2, 3, 5, 1000][(seed % 5) as usize],
                 poll: Duration::from_millis(500),
                 split_budget: Some(SPLIT_BUDGET),
                 snapshot_every: 1 + seed % 5,
@@ -528,16 +564,7 @@ fn writers_under_seeded_faults_decide_as_one_writer_would() {
     let seeds: u64 = std::env::var("LH_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
     let mut total = Faults::default();
     for seed in 0..seeds {
-        let f = simulate(seed);
-        total.busy += f.busy;
-        total.timed_out += f.timed_out;
-        total.acks_lost += f.acks_lost;
-        total.stalls += f.stalls;
-        total.moves_between_parts += f.moves_between_parts;
-        total.holds_dropped += f.holds_dropped;
-        total.redeliveries += f.redeliveries;
-        total.bad_snapshots += f.bad_snapshots;
-        total.snapshots_used += f.snapshots_used;
+        total += simulate(seed);
     }
     eprintln!("{seeds} seeds: {total:?}");
     // Every kind of fault happened (a fault layer that never fires tests nothing).
@@ -551,6 +578,11 @@ fn writers_under_seeded_faults_decide_as_one_writer_would() {
         ("redeliveries", total.redeliveries),
         ("bad snapshots", total.bad_snapshots),
         ("snapshots used", total.snapshots_used),
+        ("batches landed", total.batches_landed),
+        ("batches abandoned half-way", total.batches_abandoned),
+        ("batch answers lost after landing", total.batch_answers_lost),
+        ("too many open batches", total.batches_busy),
+        ("takeovers between batches of one decision's parts", total.moves_between_batches_of_parts),
     ] {
         assert!(n > 0 || seeds < 50, "no {name} fault in {seeds} seeds");
     }
