@@ -176,6 +176,9 @@ impl Log for Expiring {
     async fn publish_command(&self, subject: &str, msg_id: &str, payload: Bytes) -> Result<Published, Error> {
         self.inner.publish_command(subject, msg_id, payload).await
     }
+    async fn publish_commands(&self, commands: &[leasehold_log::Publish]) -> Vec<Result<Published, Error>> {
+        self.inner.publish_commands(commands).await
+    }
     async fn read_commands(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
         if after > 0 {
             // Time has passed since the last batch: retention moved on.

@@ -150,7 +150,8 @@ pub(crate) async fn post<L: Log>(
         Some((_, first)) => leasehold_log::Published { seq: first.cmd_seq, duplicate: true },
         None => {
             let subject = ingress_subject_of(&envelope.body);
-            match api.log.publish_command(&subject, &id, payload.into()).await {
+            let command = leasehold_log::Publish { subject, msg_id: id.clone(), payload: payload.into() };
+            match api.ingest.publish(command).await {
                 Ok(published) => published,
                 Err(e @ leasehold_log::Error::Refused(_)) => return error(StatusCode::BAD_REQUEST, e.to_string()),
                 Err(e) => return unavailable("the command could not be published", e),

@@ -60,11 +60,18 @@ pub struct GatewayConfig {
     /// The bearer tokens callers must present on `/v1/...`, each naming the principal recorded as the issuer of its
     /// commands; `None`: no authentication, and the issuer is what the command says (development only).
     pub tokens: Option<Arc<Tokens>>,
+    /// The most commands of concurrent requests published together (batched ingest); 1 publishes each alone.
+    pub ingest_batch: usize,
 }
 
 impl Default for GatewayConfig {
     fn default() -> Self {
-        GatewayConfig { default_wait: Duration::from_secs(30), max_wait: Duration::from_secs(300), tokens: None }
+        GatewayConfig {
+            default_wait: Duration::from_secs(30),
+            max_wait: Duration::from_secs(300),
+            tokens: None,
+            ingest_batch: leasehold_log::MAX_APPEND_RECORDS,
+        }
     }
 }
 
@@ -72,6 +79,8 @@ impl Default for GatewayConfig {
 /// the projector's last applied sequence (to wait for an outcome to be projected).
 pub struct Api<L: Log> {
     log: L,
+    /// Publishes the commands of concurrent requests together.
+    ingest: leasehold_log::ingest::Ingest,
     reader: Reader,
     applied: tokio::sync::watch::Receiver<u64>,
     dead: dead::DeadLetters,
@@ -90,7 +99,8 @@ impl<L: Log> Api<L> {
     /// end when `shutdown` is cancelled.
     pub fn new(log: L, projector: &Projector, config: GatewayConfig, shutdown: CancellationToken) -> Arc<Self> {
         let (reader, applied) = (projector.reader(), projector.subscribe());
-        Arc::new(Api { log, reader, applied, dead: dead::DeadLetters::default(), config, shutdown })
+        let ingest = leasehold_log::ingest::Ingest::start(log.clone(), config.ingest_batch);
+        Arc::new(Api { log, ingest, reader, applied, dead: dead::DeadLetters::default(), config, shutdown })
     }
 }
 

@@ -495,3 +495,55 @@ pub async fn batches_land_whole_or_not_at_all<L: Log>(log: L) {
     assert_eq!(of(p), stored);
     assert_eq!(of(q), stored_q);
 }
+
+/// Commands published together are each answered as if published alone, in order: stored in the order given, a
+/// duplicate (of an earlier command, or of one earlier in the same batch) names the first copy and does not keep
+/// the others from being stored, a bad subject is refused alone.
+pub async fn publish_commands_answers_each<L: Log>(log: L) {
+    let key = &keys_in(1, log.partitions(), 1)[0];
+    let first = publish(&log, key, 0).await;
+    let command = |subject: String, id: &str| crate::Publish {
+        subject,
+        msg_id: id.to_owned(),
+        payload: Bytes::from(format!("{id}@{key}")),
+    };
+    let subject = format!("lh.in.op.{key}._");
+    let batch = vec![
+        command(subject.clone(), "b-1"),
+        command(subject.clone(), &format!("id-{key}-0")),
+        command("lh.in.op".to_owned(), "b-bad"),
+        command(subject.clone(), "b-2"),
+        command(subject.clone(), "b-1"),
+    ];
+    let answers = log.publish_commands(&batch).await;
+    assert_eq!(answers.len(), 5, "{answers:?}");
+    let seq = |i: usize| match &answers[i] {
+        Ok(published) => *published,
+        Err(e) => panic!("command {i}: {e}"),
+    };
+    assert!(!seq(0).duplicate && seq(0).seq > first);
+    assert_eq!(seq(1), crate::Published { seq: first, duplicate: true }, "a duplicate names the first copy");
+    assert!(matches!(answers[2], Err(crate::Error::Refused(_))), "{:?}", answers[2]);
+    assert!(!seq(3).duplicate && seq(3).seq > seq(0).seq, "stored in the order given");
+    assert_eq!(seq(4), crate::Published { seq: seq(0).seq, duplicate: true }, "a duplicate within the batch");
+    let stored = log.read_commands(1, first, 10).await.expect("read commands");
+    assert_eq!(
+        stored.iter().map(|c| (c.seq, c.payload.clone())).collect::<Vec<_>>(),
+        vec![(seq(0).seq, batch[0].payload.clone()), (seq(3).seq, batch[3].payload.clone())]
+    );
+    assert!(log.publish_commands(&[]).await.is_empty());
+
+    // A batch of fresh commands over every partition (on JetStream, one atomic batch): each answer names where its
+    // own command is.
+    let fresh: Vec<_> = (0..300).map(|i| command(format!("lh.in.op.k{}._", i % 11), &format!("fresh-{i}"))).collect();
+    let answers = log.publish_commands(&fresh).await;
+    let mut seqs = Vec::new();
+    for (command, answer) in fresh.iter().zip(&answers) {
+        let published = answer.as_ref().expect("a fresh command is stored");
+        assert!(!published.duplicate);
+        let stored = log.command_at(published.seq).await.expect("read").expect("stored");
+        assert_eq!(stored.payload, command.payload, "the answer names the command's own sequence");
+        seqs.push(published.seq);
+    }
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "stored in the order given");
+}

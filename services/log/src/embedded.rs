@@ -23,7 +23,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::watch;
 
 use crate::{
-    Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Published, Snapshot,
+    Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Publish, Published, Snapshot,
     StoredOutcome, outcome_msg_id,
 };
 
@@ -316,7 +316,8 @@ impl Embedded {
         Timestamp(*last)
     }
 
-    fn publish_blocking(&self, subject: &str, msg_id: &str, payload: &[u8]) -> Result<Published, Error> {
+    /// Where a command published on `subject` is stored (`lh.cmd.<p>.<class>.<key>.<id>`), or why it cannot be.
+    fn command_home(&self, subject: &str, payload: &[u8]) -> Result<(u32, String), Error> {
         let tokens: Vec<&str> = subject.split('.').collect();
         let ["lh", "in", class, key, id] = tokens.as_slice() else {
             return Err(Error::Refused(format!(
@@ -333,19 +334,32 @@ impl Embedded {
             )));
         }
         let partition = partition_of(key, self.inner.partitions);
-        let stored = format!("lh.cmd.{partition}.{class}.{key}.{id}");
+        Ok((partition, format!("lh.cmd.{partition}.{class}.{key}.{id}")))
+    }
+
+    /// Stores `commands` in one transaction (one fsync), each deduplicated by its id as if published alone in
+    /// order: a command refused for its subject or size is answered so and the others are stored all the same.
+    fn publish_blocking(&self, commands: &[Publish]) -> Result<Vec<Result<Published, Error>>, Error> {
+        let homes: Vec<_> = commands.iter().map(|c| self.command_home(&c.subject, &c.payload)).collect();
+        if homes.iter().all(Result::is_err) {
+            return Ok(homes.into_iter().filter_map(Result::err).map(Err).collect());
+        }
         let txn = self.inner.db.begin_write()?;
         let time = self.log_time();
         let window = u64::try_from(DUPLICATE_WINDOW.as_millis()).unwrap_or(u64::MAX);
-        let published = {
+        let mut answers = Vec::with_capacity(commands.len());
+        let mut last_new = None;
+        {
             let mut ids = txn.open_table(CMD_IDS).map_err(storage)?;
             let mut by_time = txn.open_table(CMD_IDS_BY_TIME).map_err(storage)?;
+            let mut cmd = txn.open_table(CMD).map_err(storage)?;
+            let mut by_partition = txn.open_table(CMD_BY_PARTITION).map_err(storage)?;
             // Forget ids whose window has passed (a few per publish, so the table stays the window's size).
             let horizon = time.0.saturating_sub(window);
             let old: Vec<((u64, u64), String)> = by_time
                 .range((0, 0)..(horizon, 0))
                 .map_err(storage)?
-                .take(16)
+                .take(16 * commands.len())
                 .map(|e| e.map(|(k, v)| (k.value(), v.value().to_owned())))
                 .collect::<Result<_, _>>()
                 .map_err(storage)?;
@@ -356,25 +370,39 @@ impl Embedded {
                     ids.remove(id.as_str()).map_err(storage)?;
                 }
             }
-            let earlier = ids.get(msg_id).map_err(storage)?.map(|v| v.value());
-            match earlier {
-                Some((seq, at)) if at + window > time.0 => Published { seq, duplicate: true },
-                _ => {
-                    let mut cmd = txn.open_table(CMD).map_err(storage)?;
-                    let seq = cmd.last().map_err(storage)?.map_or(0, |(k, _)| k.value()).max(self.inner.cmd_floor) + 1;
-                    cmd.insert(seq, (partition, stored.as_str(), time.0, payload)).map_err(storage)?;
-                    txn.open_table(CMD_BY_PARTITION).map_err(storage)?.insert((partition, seq), ()).map_err(storage)?;
-                    ids.insert(msg_id, (seq, time.0)).map_err(storage)?;
-                    by_time.insert((time.0, seq), msg_id).map_err(storage)?;
-                    Published { seq, duplicate: false }
-                }
+            let mut next = cmd.last().map_err(storage)?.map_or(0, |(k, _)| k.value()).max(self.inner.cmd_floor) + 1;
+            for (command, home) in commands.iter().zip(homes) {
+                let (partition, stored) = match home {
+                    Ok(home) => home,
+                    Err(e) => {
+                        answers.push(Err(e));
+                        continue;
+                    }
+                };
+                let msg_id = command.msg_id.as_str();
+                let earlier = ids.get(msg_id).map_err(storage)?.map(|v| v.value());
+                let answer = match earlier {
+                    Some((seq, at)) if at + window > time.0 => Published { seq, duplicate: true },
+                    _ => {
+                        let seq = next;
+                        next += 1;
+                        cmd.insert(seq, (partition, stored.as_str(), time.0, command.payload.as_ref()))
+                            .map_err(storage)?;
+                        by_partition.insert((partition, seq), ()).map_err(storage)?;
+                        ids.insert(msg_id, (seq, time.0)).map_err(storage)?;
+                        by_time.insert((time.0, seq), msg_id).map_err(storage)?;
+                        last_new = Some(seq);
+                        Published { seq, duplicate: false }
+                    }
+                };
+                answers.push(Ok(answer));
             }
-        };
-        txn.commit().map_err(storage)?;
-        if !published.duplicate {
-            self.inner.commands.send_replace(published.seq);
         }
-        Ok(published)
+        txn.commit().map_err(storage)?;
+        if let Some(seq) = last_new {
+            self.inner.commands.send_replace(seq);
+        }
+        Ok(answers)
     }
 
     fn read_commands_blocking(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
@@ -621,7 +649,18 @@ impl Log for Embedded {
     }
 
     async fn publish_command(&self, subject: &str, msg_id: &str, payload: Bytes) -> Result<Published, Error> {
-        blocking(|| self.publish_blocking(subject, msg_id, &payload))
+        let command = Publish { subject: subject.to_owned(), msg_id: msg_id.to_owned(), payload };
+        blocking(|| self.publish_blocking(std::slice::from_ref(&command)))?.pop().expect("one answer per command")
+    }
+
+    async fn publish_commands(&self, commands: &[Publish]) -> Vec<Result<Published, Error>> {
+        if commands.is_empty() {
+            return Vec::new();
+        }
+        match blocking(|| self.publish_blocking(commands)) {
+            Ok(answers) => answers,
+            Err(e) => commands.iter().map(|_| Err(e.clone())).collect(),
+        }
     }
 
     async fn read_commands(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {

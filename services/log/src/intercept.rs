@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 
 use crate::{
-    Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Published, Snapshot,
+    Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Publish, Published, Snapshot,
     StoredOutcome,
 };
 
@@ -35,6 +35,14 @@ pub trait Intercept<L: Log>: Clone + Send + Sync + 'static {
         payload: Bytes,
     ) -> impl Future<Output = Result<Published, Error>> + Send {
         log.publish_command(subject, msg_id, payload)
+    }
+
+    fn publish_commands(
+        &self,
+        log: &L,
+        commands: &[Publish],
+    ) -> impl Future<Output = Vec<Result<Published, Error>>> + Send {
+        log.publish_commands(commands)
     }
 
     fn follow(&self, log: &L, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {
@@ -90,6 +98,10 @@ impl<L: Log, I: Intercept<L>> Log for Intercepted<L, I> {
 
     async fn publish_command(&self, subject: &str, msg_id: &str, payload: Bytes) -> Result<Published, Error> {
         self.hooks.publish_command(&self.log, subject, msg_id, payload).await
+    }
+
+    async fn publish_commands(&self, commands: &[Publish]) -> Vec<Result<Published, Error>> {
+        self.hooks.publish_commands(&self.log, commands).await
     }
 
     async fn read_commands(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {

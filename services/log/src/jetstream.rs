@@ -54,7 +54,7 @@ mod bench;
 use crate::{
     Appended, CommandRecord, DeadLetter, Error, HEADER_BATCH_INDEX, HEADER_CMD_ID, HEADER_CMD_SEQ, HEADER_DLQ_REASON,
     HEADER_DLQ_SOURCE_SEQ, HEADER_DLQ_SOURCE_SUBJECT, HEADER_PART, HEADER_PREV_SEQ, Log, OutcomeFilter, OutcomeRecord,
-    Owner, Published, Snapshot, StoredOutcome, fence_headers, outcome_msg_id,
+    Owner, Publish, Published, Snapshot, StoredOutcome, fence_headers, outcome_msg_id,
 };
 
 /// The command stream.
@@ -452,6 +452,61 @@ impl JetStream {
         self.inner.js.send_publish(subject, message).await?.await
     }
 
+    /// The headers of a command published on `subject` (its id as `Nats-Msg-Id`), or why it cannot be published.
+    fn command_headers(&self, subject: &str, msg_id: &str) -> Result<HeaderMap, Error> {
+        let tokens: Vec<&str> = subject.split('.').collect();
+        let ["lh", "in", class, key, id] = tokens.as_slice() else {
+            return Err(Error::Refused(format!(
+                "no stream takes subject {subject:?} (commands go to lh.in.<class>.<key>.<id>)"
+            )));
+        };
+        if ![class, key, id].iter().all(|t| is_token(t)) {
+            return Err(Error::Refused(format!("{subject:?} is not a valid subject to publish on")));
+        }
+        if msg_id.is_empty() {
+            return Err(Error::Refused("a command needs an id".to_owned()));
+        }
+        if let Some(agent) = &self.inner.config.agent
+            && (*class != "agent" || key != agent)
+        {
+            // Its credentials would not let it: say so rather than wait for an answer that never comes.
+            return Err(Error::Refused(format!(
+                "agent {agent} publishes only on lh.in.agent.{agent}.>, not {subject}"
+            )));
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, header_value("Nats-Msg-Id", msg_id)?);
+        Ok(headers)
+    }
+
+    /// Publishes `commands` with all of them in flight at once (each still its own message, deduplicated by its own
+    /// id), then takes the acknowledgements in order.
+    async fn publish_pipelined(&self, commands: &[Publish]) -> Vec<Result<Published, Error>> {
+        let mut pending = Vec::with_capacity(commands.len());
+        for command in commands {
+            let sent = match self.command_headers(&command.subject, &command.msg_id) {
+                Ok(headers) => {
+                    let message = PublishMessage::build().payload(command.payload.clone()).headers(headers);
+                    let sent = self.inner.js.send_publish(command.subject.clone(), message).await;
+                    sent.map_err(|e| publish_command_error(&command.subject, e))
+                }
+                Err(e) => Err(e),
+            };
+            pending.push(sent);
+        }
+        let mut answers = Vec::with_capacity(commands.len());
+        for (command, sent) in commands.iter().zip(pending) {
+            answers.push(match sent {
+                Ok(ack) => match ack.await {
+                    Ok(ack) => Ok(Published { seq: ack.sequence, duplicate: ack.duplicate }),
+                    Err(e) => Err(publish_command_error(&command.subject, e)),
+                },
+                Err(e) => Err(e),
+            });
+        }
+        answers
+    }
+
     /// The subject and headers of an outcome record: the ids, and its place in the partition's chain.
     fn outcome_headers(partition: u32, record: &OutcomeRecord, place: Place) -> Result<(String, HeaderMap), Error> {
         if !is_token(&record.key) {
@@ -497,32 +552,41 @@ impl JetStream {
     }
 
     /// Publishes `records` as one ADR-50 atomic batch: the fence on the first message only, `Lh-Batch-Index` on
-    /// the rest, the commit on the last. The server checks the fence against the stream as it was before the
-    /// batch and stores all of it, contiguously, or nothing. Only the first message and the commit ask for an
-    /// answer, so the batch costs one round trip: a refused first message (too many open batches) means the
-    /// batch was never opened and the rest of it is dropped by the server.
+    /// the rest. The server checks the fence against the stream as it was before the batch and stores all of it,
+    /// contiguously, or nothing.
     async fn append_batch(&self, partition: u32, fence: u64, records: &[OutcomeRecord]) -> Appended {
-        let client = &self.inner.client;
         let mut messages = Vec::with_capacity(records.len());
         for (index, record) in records.iter().enumerate() {
             let place = if index == 0 { Place::First { fence } } else { Place::Later { index } };
             match Self::outcome_headers(partition, record, place) {
-                Ok(message) => messages.push(message),
+                Ok((subject, headers)) => messages.push((subject, headers, record.payload.clone())),
                 Err(e) => return Appended::Unknown(e.to_string()),
             }
         }
+        match self.atomic_batch(messages).await {
+            Ok(last) => Appended::Landed { first: last + 1 - records.len() as u64, last },
+            Err(BatchFailed::Refused { code, description, first }) => batch_refusal(code, &description, first),
+            Err(BatchFailed::Unknown(why)) => Appended::Unknown(why),
+        }
+    }
+
+    /// Sends `messages` (subject, headers, payload) as one ADR-50 atomic batch and answers the sequence of its last
+    /// message once stored: the batch is stored contiguously, so message `i` of `n` is at `last + 1 - n + i`.
+    /// Only the first message and the commit ask for an answer, so the batch costs one round trip; a refused first
+    /// message (too many open batches) never opened the batch, and the server drops the rest of it.
+    async fn atomic_batch(&self, messages: Vec<(String, HeaderMap, Bytes)>) -> Result<u64, BatchFailed> {
+        let client = &self.inner.client;
+        let n = messages.len();
         let inbox = client.new_inbox();
         let batch = inbox.rsplit('.').next().unwrap_or("batch").to_owned();
-        let mut replies = match client.subscribe(format!("{inbox}.*")).await {
-            Ok(replies) => replies,
-            Err(e) => return Appended::Unknown(format!("cannot take answers to the batch: {e}")),
-        };
-        let last = messages.len() - 1;
-        for (i, ((subject, mut headers), record)) in messages.into_iter().zip(records).enumerate() {
+        let mut replies = client
+            .subscribe(format!("{inbox}.*"))
+            .await
+            .map_err(|e| BatchFailed::Unknown(format!("cannot take answers to a batch: {e}")))?;
+        for (i, (subject, mut headers, payload)) in messages.into_iter().enumerate() {
             headers.insert(async_nats::header::NATS_BATCH_ID, batch.as_str());
             headers.insert(async_nats::header::NATS_BATCH_SEQUENCE, (i + 1).to_string());
-            let payload = record.payload.clone();
-            let sent = if i == last {
+            let sent = if i + 1 == n {
                 headers.insert(async_nats::header::NATS_BATCH_COMMIT, async_nats::header::NATS_BATCH_COMMIT_FINAL);
                 client.publish_with_reply_and_headers(subject, format!("{inbox}.commit"), headers, payload).await
             } else if i == 0 {
@@ -530,48 +594,95 @@ impl JetStream {
             } else {
                 client.publish_with_headers(subject, headers, payload).await
             };
-            if let Err(e) = sent {
-                return Appended::Unknown(format!("batch {batch}: message {} not sent: {e}", i + 1));
-            }
+            sent.map_err(|e| BatchFailed::Unknown(format!("batch {batch}: message {} not sent: {e}", i + 1)))?;
         }
         let deadline = Instant::now() + self.inner.config.request_timeout;
         loop {
             let reply = match tokio::time::timeout_at(deadline, replies.next()).await {
                 Ok(Some(reply)) => reply,
                 Ok(None) => {
-                    return Appended::Unknown(format!("the connection closed before batch {batch} was answered"));
+                    return Err(BatchFailed::Unknown(format!(
+                        "the connection closed before batch {batch} was answered"
+                    )));
                 }
                 Err(_) => {
-                    return Appended::Unknown(format!(
-                        "batch {batch} of {} records was not answered in {:?}",
-                        records.len(),
+                    return Err(BatchFailed::Unknown(format!(
+                        "batch {batch} of {n} messages was not answered in {:?}",
                         self.inner.config.request_timeout
-                    ));
+                    )));
                 }
             };
             if reply.status == Some(StatusCode::NO_RESPONDERS) {
-                return Appended::Unknown(format!("no stream takes lh.evt.{partition}: batch {batch} not stored"));
+                return Err(BatchFailed::Unknown(format!("no stream takes batch {batch}: nothing stored")));
             }
             let commit = reply.subject.ends_with(".commit");
             match batch_answer(&reply.payload) {
-                // The first message was taken: wait for the commit.
+                // The first message was staged: wait for the commit.
                 BatchAnswer::Taken if !commit => {}
                 BatchAnswer::Stored { seq, count, id } if commit => {
-                    if id.as_deref() != Some(batch.as_str()) || count != records.len() as u64 || seq < count {
-                        return Appended::Unknown(format!(
-                            "batch {batch} of {} records was answered for batch {id:?} of {count} at {seq}",
-                            records.len()
-                        ));
+                    if id.as_deref() != Some(batch.as_str()) || count != n as u64 || seq < count {
+                        return Err(BatchFailed::Unknown(format!(
+                            "batch {batch} of {n} messages was answered for batch {id:?} of {count} at {seq}"
+                        )));
                     }
-                    return Appended::Landed { first: seq + 1 - count, last: seq };
+                    return Ok(seq);
                 }
                 BatchAnswer::Refused { code, description } => {
-                    return batch_refusal(code, &description, &batch, !commit);
+                    return Err(BatchFailed::Refused {
+                        code,
+                        description: format!("batch {batch}: {description}"),
+                        first: !commit,
+                    });
                 }
-                other => return Appended::Unknown(format!("batch {batch}: unexpected answer {other:?}")),
+                other => return Err(BatchFailed::Unknown(format!("batch {batch}: unexpected answer {other:?}"))),
             }
         }
     }
+
+    /// Publishes commands as atomic batches of up to [`crate::MAX_APPEND_RECORDS`]: one fsync per batch under
+    /// `sync_interval: always`, and every command's sequence from the one acknowledgement. A batch the server
+    /// refuses whole (one id already stored, which is how a retry looks: 10201; too many open batches) or does
+    /// not answer stores nothing or everything, so it is published again command by command, where each id's
+    /// dedupe answers for itself (a duplicate names the first copy).
+    async fn publish_batched(&self, commands: &[Publish]) -> Vec<Result<Published, Error>> {
+        let mut answers: Vec<Option<Result<Published, Error>>> = vec![None; commands.len()];
+        let mut valid = Vec::new();
+        for (i, command) in commands.iter().enumerate() {
+            match self.command_headers(&command.subject, &command.msg_id) {
+                Ok(headers) => valid.push((i, headers)),
+                Err(e) => answers[i] = Some(Err(e)),
+            }
+        }
+        for chunk in valid.chunks(crate::MAX_APPEND_RECORDS) {
+            let messages = chunk
+                .iter()
+                .map(|(i, headers)| (commands[*i].subject.clone(), headers.clone(), commands[*i].payload.clone()))
+                .collect();
+            match self.atomic_batch(messages).await {
+                Ok(last) => {
+                    let first = last + 1 - chunk.len() as u64;
+                    for (k, (i, _)) in chunk.iter().enumerate() {
+                        answers[*i] = Some(Ok(Published { seq: first + k as u64, duplicate: false }));
+                    }
+                }
+                Err(failed) => {
+                    tracing::debug!(?failed, commands = chunk.len(), "a command batch did not land whole; one by one");
+                    let alone: Vec<Publish> = chunk.iter().map(|(i, _)| commands[*i].clone()).collect();
+                    for ((i, _), answer) in chunk.iter().zip(self.publish_pipelined(&alone).await) {
+                        answers[*i] = Some(answer);
+                    }
+                }
+            }
+        }
+        answers.into_iter().map(|a| a.unwrap_or_else(|| Err(Error::Unavailable("not published".to_owned())))).collect()
+    }
+}
+
+/// Why an atomic batch was not stored: refused by the server (nothing stored), or no clean answer.
+#[derive(Debug)]
+enum BatchFailed {
+    Refused { code: u64, description: String, first: bool },
+    Unknown(String),
 }
 
 /// Where an outcome record stands in its append.
@@ -632,7 +743,7 @@ fn batch_answer(payload: &[u8]) -> BatchAnswer {
 /// batches (10210) stored nothing and are retried as they are. Anything else refused at the commit stored nothing
 /// either (the batch is atomic), but says something unexpected: the writer reloads. A refused first message never
 /// opened the batch.
-fn batch_refusal(code: u64, description: &str, batch: &str, first: bool) -> Appended {
+fn batch_refusal(code: u64, description: &str, first: bool) -> Appended {
     const WRONG_LAST_SEQUENCE: u64 = 10071;
     const NOT_READY: u64 = 10164;
     const UNAVAILABLE: u64 = 10163;
@@ -641,9 +752,9 @@ fn batch_refusal(code: u64, description: &str, batch: &str, first: bool) -> Appe
     match code {
         WRONG_LAST_SEQUENCE => Appended::Stale { last: sequence_after(description, "wrong last sequence: ") },
         NOT_READY | UNAVAILABLE | TOO_MANY_BATCHES => {
-            Appended::Busy(format!("batch {batch}: {which} refused ({code}): {description}"))
+            Appended::Busy(format!("{which} refused ({code}): {description}"))
         }
-        _ => Appended::Unknown(format!("batch {batch}: {which} refused ({code}): {description}")),
+        _ => Appended::Unknown(format!("{which} refused ({code}): {description}")),
     }
 }
 
@@ -796,6 +907,21 @@ fn snapshot_object(partition: u32) -> String {
     format!("partition-{partition}")
 }
 
+/// What a failed command publish means: refused (too large, or refused by the server) or unavailable.
+fn publish_command_error(subject: &str, e: PublishError) -> Error {
+    match e.kind() {
+        PublishErrorKind::MaxPayloadExceeded => Error::Refused(format!("the command is too large: {e}")),
+        PublishErrorKind::StreamNotFound => Error::Unavailable(format!("no stream takes {subject}: {e}")),
+        PublishErrorKind::Other
+            if std::error::Error::source(&e)
+                .is_some_and(|s| s.downcast_ref::<async_nats::jetstream::Error>().is_some()) =>
+        {
+            Error::Refused(format!("the log refused the command: {e}"))
+        }
+        _ => unavailable("the command was not acknowledged", e),
+    }
+}
+
 /// What a refused or failed outcome publish means.
 fn append_error(e: &PublishError) -> Appended {
     let server = std::error::Error::source(e).and_then(|s| s.downcast_ref::<async_nats::jetstream::Error>());
@@ -845,6 +971,8 @@ fn stream_config(name: &str, subjects: &str, duplicate_window: Duration, replica
 fn cmd_stream_config(partitions: u32, replicas: usize) -> stream::Config {
     let (source, destination) = partition_transform(partitions);
     stream::Config {
+        // Batched ingest: commands published together are one atomic batch (one fsync, every sequence known).
+        allow_atomic_publish: true,
         subject_transform: Some(SubjectTransform { source: source.clone(), destination }),
         max_age: COMMAND_RETENTION,
         deny_delete: true,
@@ -1077,42 +1205,19 @@ impl Log for JetStream {
     }
 
     async fn publish_command(&self, subject: &str, msg_id: &str, payload: Bytes) -> Result<Published, Error> {
-        let tokens: Vec<&str> = subject.split('.').collect();
-        let ["lh", "in", class, key, id] = tokens.as_slice() else {
-            return Err(Error::Refused(format!(
-                "no stream takes subject {subject:?} (commands go to lh.in.<class>.<key>.<id>)"
-            )));
-        };
-        if ![class, key, id].iter().all(|t| is_token(t)) {
-            return Err(Error::Refused(format!("{subject:?} is not a valid subject to publish on")));
-        }
-        if msg_id.is_empty() {
-            return Err(Error::Refused("a command needs an id".to_owned()));
-        }
-        if let Some(agent) = &self.inner.config.agent
-            && (*class != "agent" || key != agent)
-        {
-            // Its credentials would not let it: say so rather than wait for an answer that never comes.
-            return Err(Error::Refused(format!(
-                "agent {agent} publishes only on lh.in.agent.{agent}.>, not {subject}"
-            )));
-        }
-        let mut headers = HeaderMap::new();
-        headers.insert(async_nats::header::NATS_MESSAGE_ID, header_value("Nats-Msg-Id", msg_id)?);
+        let headers = self.command_headers(subject, msg_id)?;
         let message = PublishMessage::build().payload(payload).headers(headers);
         match self.publish(subject.to_owned(), message).await {
             Ok(ack) => Ok(Published { seq: ack.sequence, duplicate: ack.duplicate }),
-            Err(e) => Err(match e.kind() {
-                PublishErrorKind::MaxPayloadExceeded => Error::Refused(format!("the command is too large: {e}")),
-                PublishErrorKind::StreamNotFound => Error::Unavailable(format!("no stream takes {subject}: {e}")),
-                PublishErrorKind::Other
-                    if std::error::Error::source(&e)
-                        .is_some_and(|s| s.downcast_ref::<async_nats::jetstream::Error>().is_some()) =>
-                {
-                    Error::Refused(format!("the log refused the command: {e}"))
-                }
-                _ => unavailable("the command was not acknowledged", e),
-            }),
+            Err(e) => Err(publish_command_error(subject, e)),
+        }
+    }
+
+    async fn publish_commands(&self, commands: &[Publish]) -> Vec<Result<Published, Error>> {
+        match commands {
+            [] => Vec::new(),
+            [command] => vec![self.publish_command(&command.subject, &command.msg_id, command.payload.clone()).await],
+            _ => self.publish_batched(commands).await,
         }
     }
 

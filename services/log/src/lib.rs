@@ -27,6 +27,7 @@ pub mod conformance;
 pub mod embedded;
 pub mod export;
 mod follow;
+pub mod ingest;
 pub mod intercept;
 pub mod jetstream;
 pub mod nats_server;
@@ -39,8 +40,8 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 
 pub use record::{
-    Appended, CommandRecord, DeadLetter, Error, OutcomeFilter, OutcomeRecord, Published, Snapshot, StoredOutcome,
-    fence_headers, fence_headers_on, outcome_msg_id,
+    Appended, CommandRecord, DeadLetter, Error, OutcomeFilter, OutcomeRecord, Publish, Published, Snapshot,
+    StoredOutcome, fence_headers, fence_headers_on, outcome_msg_id,
 };
 
 /// The most partitions a log may have: far more than one cluster serves (each partition is a writer, a consumer
@@ -126,6 +127,12 @@ pub trait Log: Clone + Send + Sync + 'static {
         msg_id: &str,
         payload: bytes::Bytes,
     ) -> impl Future<Output = Result<Published, Error>> + Send;
+
+    /// Publishes `commands` together (batched ingest: one fsync for all of them where the log can), each answered
+    /// as [`Log::publish_command`] would answer it alone, in order: deduplicated by its own id (a duplicate names
+    /// the first copy, and does not keep the others from being stored), refused alone for a bad subject or size.
+    /// Commands are stored in the order given. An error that touches them all (the log unavailable) answers each.
+    fn publish_commands(&self, commands: &[Publish]) -> impl Future<Output = Vec<Result<Published, Error>>> + Send;
 
     /// Up to `max` commands of `partition` with sequences after `after`, strictly in sequence, without waiting.
     fn read_commands(

@@ -199,6 +199,24 @@ impl fmt::Debug for Snapshot {
     }
 }
 
+/// A command to publish: its ingress subject (`lh.in.<class>.<key>.<id>`), its id (the dedupe key) and its bytes.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Publish {
+    pub subject: String,
+    pub msg_id: String,
+    pub payload: Bytes,
+}
+
+impl fmt::Debug for Publish {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Publish")
+            .field("subject", &self.subject)
+            .field("msg_id", &self.msg_id)
+            .field("bytes", &self.payload.len())
+            .finish()
+    }
+}
+
 /// The answer to publishing a command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Published {

@@ -85,3 +85,9 @@ async fn batches_land_whole_or_not_at_all() {
     let dir = tempfile::tempdir().unwrap();
     conformance::batches_land_whole_or_not_at_all(open(&dir)).await;
 }
+
+#[tokio::test]
+async fn publish_commands_answers_each() {
+    let dir = tempfile::tempdir().unwrap();
+    conformance::publish_commands_answers_each(open(&dir)).await;
+}

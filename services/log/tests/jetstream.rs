@@ -414,3 +414,9 @@ async fn too_many_open_batches_is_busy_and_retried_as_it_is() {
     let stored = conformance::all_outcomes(&log, &leasehold_log::OutcomeFilter::Partition(p), 1).await;
     assert_eq!(stored.iter().map(|o| o.cmd_seq).collect::<Vec<_>>(), vec![1, 2, 3], "the abandoned batch left nothing");
 }
+
+#[tokio::test]
+async fn publish_commands_answers_each() {
+    let Some((_server, log)) = fresh().await else { return };
+    conformance::publish_commands_answers_each(log).await;
+}
