@@ -80,6 +80,13 @@ pub(crate) struct ServeArgs {
     /// to decide) instead of dead-lettering it as from an unknown version.
     #[arg(long)]
     rolling_out_schema: Option<u16>,
+    /// Group commit: the most outcome records a writer appends at once (every command waiting, up to this; 1
+    /// appends each outcome alone). At most 1000, the most a JetStream atomic batch holds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    max_append_records: u16,
+    /// Batched ingest: the most commands of concurrent HTTP requests the gateway publishes at once (1: each alone).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    ingest_batch: u16,
     /// How often the sweeper looks for due work.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     sweep_interval: Duration,
@@ -280,7 +287,11 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, checked: Checked, shutdown: Can
                 }
                 None => println!("gateway: no authentication (no --tokens): each command's issuer is what it says"),
             }
-            let config = leasehold_gateway::GatewayConfig { tokens, ..Default::default() };
+            let config = leasehold_gateway::GatewayConfig {
+                tokens,
+                ingest_batch: usize::from(args.ingest_batch),
+                ..Default::default()
+            };
             let api = leasehold_gateway::Api::new(log.clone(), projector, config, shutdown.clone());
             println!("gateway: listening on http://{address} (the API, /healthz, /metrics)");
             leasehold_gateway::router(api, health)
@@ -299,6 +310,7 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, checked: Checked, shutdown: Can
     if let Some(metrics) = worker_metrics {
         let mut config = WorkerConfig::new(name.clone());
         config.writer.rolling_out_schema = args.rolling_out_schema;
+        config.writer.max_append_records = usize::from(args.max_append_records);
         config.writer.metrics = Some(metrics);
         println!("worker {name}: serving its share of partitions 0..{}", log.partitions());
         let (log, shutdown) = (log.clone(), shutdown.clone());
