@@ -314,6 +314,27 @@ impl JetStream {
         Ok(JetStream { inner: Arc::new(Inner { client, js, config, streams: Some(streams) }) })
     }
 
+    /// Up to `max` stored outcomes from sequence `from`, each as its sequence, subject and headers as the server
+    /// keeps them (the batch headers included): for tests and audits that check what is on the wire.
+    pub async fn stored_outcome_headers(
+        &self,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, String, BTreeMap<String, String>)>, Error> {
+        let messages = self.direct_batch(EVT_STREAM, "lh.evt.>", from, max).await?;
+        Ok(messages
+            .into_iter()
+            .map(|message| {
+                let headers = message
+                    .headers
+                    .iter()
+                    .filter_map(|(name, values)| Some((name.to_string(), values.last()?.as_str().to_owned())))
+                    .collect();
+                (message.sequence, message.subject.to_string(), headers)
+            })
+            .collect())
+    }
+
     /// The replica count of the streams (as found, for a client of an existing log).
     pub fn replicas(&self) -> usize {
         self.inner.config.replicas

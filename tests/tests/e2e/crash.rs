@@ -12,6 +12,9 @@
 //!   partition's commands (none skipped), and the `Lh-Prev-Seq` chain is unbroken (checked by hand and by
 //!   `fold_partition`, whose state keeps the invariants);
 //! - `LH_DLQ` is empty;
+//! - the writers group-commit, and every batch stored is whole (contiguous, one partition, numbered from 1 up to
+//!   its commit, the fence on its first record only), batches were appended before the stop, and a batch the killed
+//!   worker left unfinished is nowhere (`check_batches`);
 //! - a projector that followed the log from sequence 1 while the workers ran (as `serve --roles projector` does)
 //!   equals the writers' fold of each partition, knows every outcome, and gives the same digests and states when
 //!   dropped and rebuilt from sequence 1.
@@ -302,6 +305,8 @@ async fn run(scenario: Scenario, url: &str) -> Measured {
         Err(failed) => std::panic::resume_unwind(failed.into_panic()),
     };
     check_log(&log, &ids, projector).await;
+    let batches = check_batches(&log, last_of_a).await;
+    eprintln!("{}: {batches}", scenario.name);
     eprintln!("{}: the checks took {:.1} s", scenario.name, checking.elapsed().as_secs_f64());
     measured
 }
@@ -674,6 +679,68 @@ async fn check_log(log: &JetStream, ids: &[String], mut projector: Projector) {
     assert_eq!(rebuilt, applied, "the rebuild applied every outcome");
     assert_eq!(rebuilt_digests, digests, "a rebuild from sequence 1 gives the same content");
     assert!(rebuilt_states == projected, "a rebuild from sequence 1 folds the same states");
+}
+
+/// The writers group-commit: each append of several outcomes is one atomic batch. Reads every stored outcome's
+/// headers and checks that each batch in the log is whole: its messages are contiguous, of one partition, numbered
+/// from 1 (`Nats-Batch-Sequence`, kept by the server), the first carrying the fence and `Lh-Prev-Seq`, each later
+/// one `Lh-Batch-Index` one more than the message before, and the last the commit. A batch worker A left half-sent
+/// when it was killed is nowhere: what a follower can read is only whole batches. Also insists the traffic before
+/// the kill was batched (else the test would prove nothing about batches). Returns a summary.
+async fn check_batches(log: &JetStream, last_of_a: u64) -> String {
+    let mut last = 0;
+    for p in 0..PARTITIONS {
+        last = last.max(log.last_outcome_seq(p).await.expect("the last outcome"));
+    }
+    // (batch id, partition subject prefix, next batch sequence expected, first seq)
+    let mut open: Option<(String, String, u64, u64)> = None;
+    let (mut batches, mut largest, mut in_batches, mut batched_before_kill) = (0u64, 0u64, 0u64, 0u64);
+    let mut stored = Vec::new();
+    while stored.last().map_or(0, |(seq, _, _)| *seq) < last {
+        let from = stored.last().map_or(1, |(seq, _, _)| seq + 1);
+        let more = log.stored_outcome_headers(from, 1024).await.expect("the stored outcomes");
+        assert!(!more.is_empty(), "the outcomes end before {last}");
+        stored.extend(more);
+    }
+    for (seq, subject, headers) in stored {
+        let header = |name: &str| headers.get(name).cloned();
+        let partition = subject.split('.').take(3).collect::<Vec<_>>().join(".");
+        let Some(id) = header("Nats-Batch-Id") else {
+            assert!(open.is_none(), "outcome {seq} is not part of the batch still open before it: {open:?}");
+            assert!(header("Lh-Prev-Seq").is_some(), "a lone outcome {seq} carries its chain");
+            continue;
+        };
+        let position: u64 = header("Nats-Batch-Sequence").and_then(|v| v.parse().ok()).expect("a batch sequence");
+        match &mut open {
+            None => {
+                assert_eq!(position, 1, "outcome {seq} starts batch {id} in the middle");
+                assert!(header("Lh-Prev-Seq").is_some() && header("Nats-Expected-Last-Subject-Sequence").is_some());
+                open = Some((id.clone(), partition.clone(), 2, seq));
+            }
+            Some((open_id, open_partition, next, _)) => {
+                assert_eq!((&id, &partition), (&*open_id, &*open_partition), "batch {open_id} is cut at {seq}");
+                assert_eq!(position, *next, "batch {id} skips a message at {seq}");
+                assert_eq!(header("Lh-Batch-Index"), Some((position - 1).to_string()), "outcome {seq}");
+                assert_eq!(header("Nats-Expected-Last-Subject-Sequence"), None, "a later record carries no fence");
+                *next += 1;
+            }
+        }
+        if header("Nats-Batch-Commit").is_some() {
+            let (_, _, _, first) = open.take().expect("open");
+            let size = seq + 1 - first;
+            batches += 1;
+            in_batches += size;
+            largest = largest.max(size);
+            if seq <= last_of_a {
+                batched_before_kill += 1;
+            }
+        }
+    }
+    assert!(open.is_none(), "the log ends inside a batch: {open:?}");
+    assert!(batched_before_kill > 0, "worker a appended no batch of several outcomes: nothing was group-committed");
+    format!(
+        "{batches} batches of several outcomes ({batched_before_kill} before the stop), {in_batches} of {last} outcomes in batches, the largest {largest}"
+    )
 }
 
 async fn read_all_outcomes(log: &JetStream) -> Vec<StoredOutcome> {
