@@ -494,6 +494,25 @@ pub async fn batches_land_whole_or_not_at_all<L: Log>(log: L) {
     let of = |partition: u32| everything.iter().filter(|o| o.partition == partition).cloned().collect::<Vec<_>>();
     assert_eq!(of(p), stored);
     assert_eq!(of(q), stored_q);
+    // A follower (an agent follows its key, the projector everything) sees batched outcomes one by one, in order,
+    // exactly as they read back.
+    for filter in [OutcomeFilter::Key { partition: p, key: keys[1].clone() }, OutcomeFilter::All] {
+        let expected: Vec<StoredOutcome> =
+            everything.iter().filter(|o| filter.matches(o.partition, &o.key)).cloned().collect();
+        let mut follow = log.follow(filter.clone(), 1);
+        let mut seen = Vec::new();
+        while seen.len() < expected.len() {
+            let next = tokio::time::timeout(Duration::from_secs(10), follow.next())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("{filter:?}: {} of {} outcomes followed in 10 s", seen.len(), expected.len())
+                })
+                .expect("the follow goes on")
+                .expect("an outcome");
+            seen.push(next);
+        }
+        assert_eq!(seen, expected, "{filter:?}");
+    }
 }
 
 /// Commands published together are each answered as if published alone, in order: stored in the order given, a

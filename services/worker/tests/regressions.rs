@@ -237,3 +237,61 @@ async fn a_slow_log_does_not_hold_the_shutdown_up() {
         .unwrap();
     assert!(report.stopped.is_empty(), "{:?}", report.stopped);
 }
+
+/// Answers the first `n` appends of several records "busy" (too many open batches), and records every append's size.
+#[derive(Debug, Clone, Default)]
+struct BusyBatches {
+    busy_left: Arc<AtomicU32>,
+    sizes: Arc<std::sync::Mutex<Vec<usize>>>,
+}
+
+impl Intercept<Embedded> for BusyBatches {
+    type Owner = EmbeddedOwner;
+
+    async fn own(&self, log: &Embedded, partition: u32, worker: &str) -> Result<Option<EmbeddedOwner>, Error> {
+        log.own(partition, worker).await
+    }
+
+    async fn append(
+        &self,
+        log: &Embedded,
+        partition: u32,
+        fence: u64,
+        records: &[leasehold_log::OutcomeRecord],
+    ) -> leasehold_log::Appended {
+        self.sizes.lock().unwrap().push(records.len());
+        if records.len() > 1
+            && self.busy_left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+        {
+            return leasehold_log::Appended::Busy("too many open batches (10210)".to_owned());
+        }
+        log.append(partition, fence, records).await
+    }
+}
+
+/// Group commit: the commands waiting when the writer starts go out as one append; a "busy" answer (10210) is
+/// retried as it is, with no reload; every command has its one outcome, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_commands_go_out_as_one_append_and_busy_is_retried_without_a_reload() {
+    let inner = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
+    let mut producer = Producer { log: inner.clone(), n: 0 };
+    let agent = AgentName::new("w0").unwrap();
+    producer.publish("w0", register(&agent)).await;
+    for _ in 0..40 {
+        let resource = producer.resource();
+        producer.publish("ci", allocate(&agent, resource)).await;
+    }
+    let hooks = BusyBatches { busy_left: Arc::new(AtomicU32::new(2)), ..BusyBatches::default() };
+    let log = Intercepted { log: inner.clone(), hooks: hooks.clone() };
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(leasehold_worker::run(log, WorkerConfig::new("worker"), shutdown.clone()));
+    let outcomes = first_parts(&inner, 41).await;
+    let report = stop(shutdown, worker).await;
+    assert!(report.stopped.is_empty(), "{:?}", report.stopped);
+    assert_eq!(report.counts.reloads, 0, "a busy answer is not a reason to reload");
+    assert_eq!(report.counts.busy_retries, 2);
+    assert_eq!(hooks.sizes.lock().unwrap()[..3], [41, 41, 41], "one group of all 41, sent three times");
+    assert_eq!((report.counts.appends, report.counts.appended), (1, 41));
+    assert_eq!(outcomes.iter().map(|o| o.cmd_seq).collect::<Vec<_>>(), (1..=41).collect::<Vec<u64>>());
+    assert!(outcomes.windows(2).all(|w| w[1].prev_seq == w[0].seq), "the chain is unbroken");
+}
