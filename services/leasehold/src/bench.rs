@@ -367,9 +367,12 @@ pub(crate) async fn batched_appends<L: Log>(log: &L, n: u64, size: usize) -> any
         let log = log.clone();
         lanes.spawn(async move {
             let mut fence = log.last_outcome_seq(p).await?;
+            // Command sequences after the partition's last outcome: an outcome's message id names its command, and
+            // an atomic batch holding an id stored before is refused whole.
+            let base = fence;
             for round in 0..rounds {
                 let records: Vec<_> = (0..size as u64)
-                    .map(|i| raw_record(&format!("raw{}", i % 16), round * size as u64 + i + 1))
+                    .map(|i| raw_record(&format!("raw{}", i % 16), base + round * size as u64 + i + 1))
                     .collect();
                 match log.append(p, fence, &records).await {
                     leasehold_log::Appended::Landed { last, .. } => fence = last,
