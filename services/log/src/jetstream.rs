@@ -5,10 +5,14 @@
 //!   leasehold creates and refuses ([`Error::Refused`], naming what differs) otherwise. `LH_CMD` takes
 //!   `lh.in.*.*.*` and stores each command on `lh.cmd.<p>.<class>.<key>.<id>` through a subject transform with the
 //!   partition count in it, so a stream made for another partition count is refused.
-//! - **Appends.** Each record is published to `lh.evt.<p>.<key>` under the fence ([`crate::fence_headers`]), one
-//!   after another, each fenced on the one before. The answers map as DESIGN section 3 says: a clean ack lands,
-//!   10071 is stale (with the sequence the server names), 10164, 10163 and 10210 are busy (nothing stored), and
-//!   everything else (a duplicate, a timeout) is unknown.
+//! - **Appends.** One record is published to `lh.evt.<p>.<key>` under the fence ([`crate::fence_headers`]); several
+//!   are one ADR-50 atomic batch (group commit), the fence and `Lh-Prev-Seq` on the first message only and
+//!   `Lh-Batch-Index` on the rest, stored contiguously or not at all. The answers map as DESIGN section 3 says: a
+//!   clean ack lands, 10071 is stale (with the sequence the server names), 10164, 10163 and 10210 are busy (nothing
+//!   stored), and everything else (a duplicate, a timeout) is unknown.
+//! - **Publishing commands.** Several at once are one atomic batch on `LH_CMD` (one fsync; each command's sequence
+//!   from the one acknowledgement), published again one by one when the server refuses the batch whole (an id stored
+//!   before: 10201), so each id's dedupe answers for itself.
 //! - **Reads.** History is read with batched direct gets (`$JS.API.DIRECT.GET`, ADR-31), which any replica may
 //!   answer. A replica applies in order, so it may lag but never skips: a read gives a prefix of the truth. Where a
 //!   lag would matter, the read checks with the stream leader: [`Log::last_outcome_seq`] and [`Log::command_at`]
