@@ -28,7 +28,8 @@ use crate::produce::{self, Transport};
 )]
 pub(crate) struct PublishArgs {
     /// The commands: one JSON command a line, each what `POST /v1/commands` takes (NDJSON); `-` reads stdin. Blank
-    /// lines and lines starting with `#` are skipped.
+    /// lines and lines starting with `#` are skipped. Each command keeps its own issuer unless --issuer is given (a
+    /// gateway with tokens records your token's principal instead).
     #[arg(long, value_name = "FILE")]
     pub(crate) file: PathBuf,
     #[command(flatten)]

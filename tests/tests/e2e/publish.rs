@@ -3,7 +3,8 @@
 //! and one line sent twice) through the gateway's batch endpoint. Every command is printed with its command
 //! sequence, the line sent twice as a duplicate of the first; the resources appear and turn active. The same file
 //! sent again stores nothing (all duplicates, in JSON). A file with a line that does not parse sends nothing, and a
-//! command under a used id is refused (exit 1) while the others of its file are published.
+//! command under a used id is refused (exit 1) while the others of its file are published. With `--nats`, the same
+//! straight to JetStream.
 
 use std::collections::BTreeMap;
 
@@ -121,4 +122,71 @@ fn resource_of(envelope: &Envelope) -> ResourceId {
         leasehold_schemas::Command::Allocate(allocate) => allocate.resource,
         other => panic!("not an allocation: {other:?}"),
     }
+}
+
+/// `--nats`: the same file straight to JetStream (one atomic batch), no gateway between. Each command is stored once
+/// (the line sent twice and the file sent again are duplicates at the first sequence), and another command under a
+/// used id is refused. Without `nats-server` on `PATH` it prints a notice and passes, except in CI (`CI=true`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_of_commands_goes_straight_to_jetstream_each_once() {
+    let Some(run) = crate::nats::NatsRun::start("publish", 4) else { return };
+    let mut serve = run.serve("serve", &[]);
+    serve.address().await;
+    let w1 = agent_name("w1");
+    let envelopes: Vec<Envelope> = (0..20).map(|_| allocate(&w1, ResourceId::generate())).collect();
+    let json = |e: &Envelope| codec::command_to_json(e).expect("the command in JSON");
+    let mut file: String = envelopes.iter().map(|e| json(e) + "\n").collect();
+    file.push_str(&json(&envelopes[3]));
+    let path = run.path().join("allocations.ndjson");
+    std::fs::write(&path, &file).expect("write the file");
+    let path = path.display().to_string();
+    let publish = ["--output", "json", "publish", "--file", &path, "--nats", &run.url];
+
+    let ran = run_cli(run.path(), &publish, &[]).await;
+    assert_eq!(ran.code, Some(0), "{ran:?}\n{}", serve.tail());
+    let first: Vec<Value> = serde_json::from_str(&ran.stdout).expect("a JSON array");
+    assert_eq!(first.len(), 21);
+    for (item, envelope) in first.iter().zip(&envelopes) {
+        assert_eq!(item["command_id"], envelope.command_id.to_string(), "{item}");
+        assert_eq!((item["status"].as_str(), item["duplicate"].as_bool()), (Some("published"), Some(false)), "{item}");
+    }
+    assert_eq!(first[20]["duplicate"], true, "{}", first[20]);
+    assert_eq!(first[20]["command_seq"], first[3]["command_seq"], "the repeat names the first copy");
+
+    let ran = run_cli(run.path(), &publish, &[]).await;
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let again: Vec<Value> = serde_json::from_str(&ran.stdout).expect("a JSON array");
+    for (item, was) in again.iter().zip(&first) {
+        assert_eq!(
+            (item["command_seq"].as_u64(), item["duplicate"].as_bool()),
+            (was["command_seq"].as_u64(), Some(true))
+        );
+    }
+
+    // Stored once each: the command log holds each id of the file at one sequence.
+    let log = run.log().await;
+    let mut stored: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for seq in 1..=leasehold_log::Log::last_command_seq(&log).await.expect("the last sequence") {
+        let Some(record) = leasehold_log::Log::command_at(&log, seq).await.expect("read the command log") else {
+            continue;
+        };
+        let envelope = codec::decode_command(&record.payload).expect("a command");
+        stored.entry(envelope.command_id.to_string()).or_default().push(seq);
+    }
+    for (item, envelope) in first.iter().zip(&envelopes) {
+        let seq = item["command_seq"].as_u64().expect("a sequence");
+        assert_eq!(stored.get(&envelope.command_id.to_string()), Some(&vec![seq]), "{item}");
+    }
+
+    let mut conflicting = allocate(&w1, ResourceId::generate());
+    conflicting.command_id = envelopes[5].command_id;
+    let bad = run.path().join("conflicting.ndjson");
+    std::fs::write(&bad, json(&conflicting) + "\n").expect("write");
+    let bad = bad.display().to_string();
+    let ran = run_cli(run.path(), &["publish", "--file", &bad, "--nats", &run.url], &[]).await;
+    assert_eq!(ran.code, Some(1), "{ran:?}");
+    assert!(ran.stdout.contains("refused 409 (line 1)") && ran.stdout.contains("names another command"), "{ran:?}");
+
+    serve.stop_cleanly().await;
+    serve.assert_no_panic();
 }
