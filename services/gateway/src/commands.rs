@@ -17,7 +17,7 @@ use leasehold_schemas::{CommandClass, Envelope, Outcome, Rejection};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::Principal;
-use crate::{Api, error, unavailable};
+use crate::{Api, error};
 
 /// What the gateway knows of a command: `published` (no wait asked), `accepted` or `rejected` (decided: its
 /// outcome, every part of it), `dead-lettered` (with the reason), or `pending` (a wait that ran out of time).
@@ -66,6 +66,13 @@ impl CommandStatus {
             detail: None,
         }
     }
+
+    /// A command published (or found stored) and not waited for.
+    pub(crate) fn published(command_id: &str, published: leasehold_log::Published) -> Self {
+        let mut status = CommandStatus::new(command_id, "published", Some(published.seq));
+        status.duplicate = published.duplicate;
+        status
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -93,14 +100,8 @@ pub(crate) async fn post<L: Log>(
         Ok(timeout) => timeout,
         Err(response) => return response,
     };
-    if let Some(kind) = headers.get(header::CONTENT_TYPE) {
-        // The media type alone, without parameters (`; charset=utf-8`): exactly application/json.
-        let json = kind
-            .to_str()
-            .is_ok_and(|k| k.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json")));
-        if !json {
-            return error(StatusCode::BAD_REQUEST, "a command is sent as JSON, with Content-Type: application/json");
-        }
+    if !json_content(&headers) {
+        return error(StatusCode::BAD_REQUEST, "a command is sent as JSON, with Content-Type: application/json");
     }
     let bytes = match axum::body::to_bytes(body, MAX_COMMAND_BYTES).await {
         Ok(bytes) => bytes,
@@ -111,18 +112,88 @@ pub(crate) async fn post<L: Log>(
             );
         }
     };
-    let mut envelope = match codec::command_from_json(&bytes) {
-        Ok(envelope) => envelope,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    let principal = principal.map(|Extension(principal)| principal);
+    let Checked { envelope, id, publish } = match check(&bytes, principal.as_ref()) {
+        Ok(checked) => checked,
+        Err(refusal) => return refusal.into_response(),
     };
+    let decided = match first_decision(&api, &id) {
+        Ok(decided) => decided,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let published = match &decided {
+        Some(first) => Ok(first_copy(first)),
+        None => api.ingest.publish(publish).await,
+    };
+    let published = match landed(&api, &envelope, published, decided.as_ref()).await {
+        Ok(published) => published,
+        Err(refusal) => return refusal.into_response(),
+    };
+    tracing::debug!(command = %id, r#type = envelope.type_name(), seq = published.seq, "published");
+    let Some(timeout) = query.wait.unwrap_or(false).then_some(timeout) else {
+        return (StatusCode::ACCEPTED, Json(CommandStatus::published(&id, published))).into_response();
+    };
+    let (code, mut status) = wait_for(&api, &id, published.seq, timeout).await;
+    status.duplicate = published.duplicate;
+    (code, Json(status)).into_response()
+}
+
+/// Why the gateway refuses one command (alone, or as an item of a batch): the status `POST /v1/commands` answers
+/// for it, and a message that says what to do.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    pub(crate) status: StatusCode,
+    pub(crate) message: String,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Refusal { status, message: message.into() }
+    }
+
+    /// A failure of the read models or the log (503: they may be back soon), logged.
+    pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> Self {
+        tracing::warn!(error = %e, "{what}");
+        Refusal::new(StatusCode::SERVICE_UNAVAILABLE, format!("{what}: {e}"))
+    }
+
+    pub(crate) fn into_response(self) -> Response {
+        error(self.status, self.message)
+    }
+}
+
+/// Whether a request's body is JSON: no Content-Type, or exactly `application/json` (parameters such as
+/// `; charset=utf-8` aside).
+pub(crate) fn json_content(headers: &HeaderMap) -> bool {
+    headers.get(header::CONTENT_TYPE).is_none_or(|kind| {
+        kind.to_str()
+            .is_ok_and(|k| k.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json")))
+    })
+}
+
+/// A command the gateway takes, checked and ready to publish.
+pub(crate) struct Checked {
+    /// The command as it is recorded (the principal its issuer).
+    pub(crate) envelope: Envelope,
+    pub(crate) id: String,
+    /// It on its ingress subject, in the bincode form.
+    pub(crate) publish: leasehold_log::Publish,
+}
+
+/// The checks every command goes through at the gateway, alone or in a batch: the strict decoding of `schemas` (400
+/// naming the field), the authenticated principal as its issuer, `op` commands only (403), its bincode form within
+/// size (400).
+pub(crate) fn check(json: &[u8], principal: Option<&Principal>) -> Result<Checked, Refusal> {
+    let mut envelope =
+        codec::command_from_json(json).map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.to_string()))?;
     // An authenticated caller is the issuer: the body's `issuer` is a claim, replaced (not refused when it differs,
     // so a client need not know its principal's spelling). What is published, and what a retry is compared with
-    // below, is the command as recorded, with the principal.
-    if let Some(Extension(Principal(principal))) = principal {
-        envelope.issuer = principal;
+    // later, is the command as recorded, with the principal.
+    if let Some(Principal(principal)) = principal {
+        envelope.issuer = principal.clone();
     }
     if envelope.class != CommandClass::Op {
-        return error(
+        return Err(Refusal::new(
             StatusCode::FORBIDDEN,
             format!(
                 "the gateway takes op commands only; {} is {} {} command, sent by its {} on NATS with credentials \
@@ -132,62 +203,58 @@ pub(crate) async fn post<L: Log>(
                 envelope.class,
                 if envelope.class == CommandClass::Agent { "agent" } else { "sweeper" }
             ),
-        );
+        ));
     }
-    let payload = match codec::encode_command(&envelope) {
-        Ok(payload) => payload,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
-    };
+    let payload = codec::encode_command(&envelope).map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.to_string()))?;
     let id = envelope.command_id.to_string();
-    // A command id names one command. One already decided is not published again: a retry gets its first decision
-    // back; another command under the same id is refused (each partition remembers only its own ids, so the log
-    // alone would decide it again in another partition).
-    let decided = match api.reader.outcome(&id) {
-        Ok(outcomes) => outcomes.into_iter().next(),
-        Err(e) => return unavailable("the projection cannot be read", e),
+    let publish = leasehold_log::Publish {
+        subject: ingress_subject_of(&envelope.body),
+        msg_id: id.clone(),
+        payload: payload.into(),
     };
-    let published = match &decided {
-        Some((_, first)) => leasehold_log::Published { seq: first.cmd_seq, duplicate: true },
-        None => {
-            let subject = ingress_subject_of(&envelope.body);
-            let command = leasehold_log::Publish { subject, msg_id: id.clone(), payload: payload.into() };
-            match api.ingest.publish(command).await {
-                Ok(published) => published,
-                Err(e @ leasehold_log::Error::Refused(_)) => return error(StatusCode::BAD_REQUEST, e.to_string()),
-                Err(e) => return unavailable("the command could not be published", e),
-            }
-        }
-    };
-    // What the log holds under this id must be this very command: a client sending another command under an id
-    // already used (at once, or later) would otherwise get the other command's decision for its own.
-    if published.duplicate
-        && let Err(response) = same_command(&api, published.seq, &envelope, decided.as_ref().map(|(_, o)| o)).await
-    {
-        return response;
-    }
-    tracing::debug!(command = %id, r#type = envelope.type_name(), seq = published.seq, "published");
-    let Some(timeout) = query.wait.unwrap_or(false).then_some(timeout) else {
-        let mut status = CommandStatus::new(&id, "published", Some(published.seq));
-        status.duplicate = published.duplicate;
-        return (StatusCode::ACCEPTED, Json(status)).into_response();
-    };
-    let (code, mut status) = wait_for(&api, &id, published.seq, timeout).await;
-    status.duplicate = published.duplicate;
-    (code, Json(status)).into_response()
+    Ok(Checked { envelope, id, publish })
 }
 
-/// Refuses (409) when the command stored at `seq` under this id is another command than `envelope`'s.
-async fn same_command<L: Log>(
-    api: &Api<L>,
-    seq: u64,
-    envelope: &Envelope,
-    decided: Option<&Outcome>,
-) -> Result<(), Response> {
-    match leasehold_log::other_command_under_id(&api.log, seq, envelope, decided).await {
-        Ok(None) => Ok(()),
-        Ok(Some(why)) => Err(error(StatusCode::CONFLICT, why)),
-        Err(e) => Err(unavailable("the command log cannot be read", e)),
+/// The first decision of command `id`, when the projection has one. A command id names one command: one already
+/// decided is not published again. A retry gets its first decision back; another command under the same id is
+/// refused (each partition remembers only its own ids, so the log alone would decide it again in another
+/// partition).
+pub(crate) fn first_decision<L: Log>(api: &Api<L>, id: &str) -> Result<Option<Outcome>, Refusal> {
+    match api.reader.outcome(id) {
+        Ok(outcomes) => Ok(outcomes.into_iter().next().map(|(_, outcome)| outcome)),
+        Err(e) => Err(Refusal::unavailable("the projection cannot be read", e)),
     }
+}
+
+/// What a command already decided is answered with instead of being published again: its first copy.
+pub(crate) fn first_copy(decided: &Outcome) -> leasehold_log::Published {
+    leasehold_log::Published { seq: decided.cmd_seq, duplicate: true }
+}
+
+/// Where the log put a checked command, as its answer says it: `published` is what the log answered (or the
+/// [`first_copy`] of `decided`). A publish the log refused is a 400 (nothing was stored), one it could not answer a
+/// 503 (it may have been stored: sending it again is safe). What the log holds under a duplicate's id must be this
+/// very command: a client sending another command under an id already used (at once, or later) would otherwise get
+/// the other command's decision for its own (409).
+pub(crate) async fn landed<L: Log>(
+    api: &Api<L>,
+    envelope: &Envelope,
+    published: Result<leasehold_log::Published, leasehold_log::Error>,
+    decided: Option<&Outcome>,
+) -> Result<leasehold_log::Published, Refusal> {
+    let published = match published {
+        Ok(published) => published,
+        Err(e @ leasehold_log::Error::Refused(_)) => return Err(Refusal::new(StatusCode::BAD_REQUEST, e.to_string())),
+        Err(e) => return Err(Refusal::unavailable("the command could not be published", e)),
+    };
+    if published.duplicate {
+        match leasehold_log::other_command_under_id(&api.log, published.seq, envelope, decided).await {
+            Ok(None) => {}
+            Ok(Some(why)) => return Err(Refusal::new(StatusCode::CONFLICT, why)),
+            Err(e) => return Err(Refusal::unavailable("the command log cannot be read", e)),
+        }
+    }
+    Ok(published)
 }
 
 fn wait_time<L: Log>(api: &Api<L>, asked: Option<&str>) -> Result<Duration, Response> {

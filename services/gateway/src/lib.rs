@@ -2,6 +2,7 @@
 //!
 //! ```text
 //!   POST /v1/commands[?wait=true&timeout=30s]   a command in JSON -> published on its ingress subject
+//!   POST /v1/commands/batch                     a JSON array of commands -> published together, one answer each
 //!   GET  /v1/commands/{id}                      its outcome, or "dead-lettered" with the reason
 //!   GET  /v1/resources/{ref}  /v1/resources?agent=&state=&kind=
 //!   GET  /v1/leases?resource=  /v1/leases/{ref}  /v1/agents  /v1/pools  /v1/pools/{name}  /v1/dlq
@@ -25,6 +26,7 @@
 #![allow(clippy::result_large_err)]
 
 mod auth;
+mod batch;
 mod commands;
 mod dead;
 mod events;
@@ -46,6 +48,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{MIN_TOKEN_LEN, TokenFileError, TokenFileErrorKind, Tokens};
+pub use batch::{BatchAnswer, BatchRefusal, MAX_BATCH_BYTES, MAX_BATCH_COMMANDS};
 pub use commands::{CommandStatus, DeadLetterView, PositionedOutcome};
 pub use dead::DeadView;
 pub use metrics::ProjectionMetrics;
@@ -142,6 +145,8 @@ pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
     let tokens = api.config.tokens.clone();
     let v1 = Router::new()
         .route("/v1/commands", post(commands::post::<L>))
+        // A static segment wins over a capture in axum's router, whatever the order: `batch` is never taken for an id.
+        .route("/v1/commands/batch", post(batch::post::<L>))
         .route("/v1/commands/{id}", get(commands::get::<L>))
         .route("/v1/resources", get(queries::resources::<L>))
         .route("/v1/resources/{reference}", get(queries::resource::<L>))
@@ -202,6 +207,5 @@ fn error(status: StatusCode, message: impl AsRef<str>) -> Response {
 
 /// A failure of the read models or the log, as a 503 (the projection or the log may be back soon).
 fn unavailable(what: &str, e: impl std::fmt::Display) -> Response {
-    tracing::warn!(error = %e, "{what}");
-    error(StatusCode::SERVICE_UNAVAILABLE, format!("{what}: {e}"))
+    commands::Refusal::unavailable(what, e).into_response()
 }

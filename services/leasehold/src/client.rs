@@ -7,6 +7,8 @@ use std::time::Duration;
 use anyhow::{Context, anyhow, bail};
 use futures::StreamExt;
 use futures::stream::BoxStream;
+pub(crate) use leasehold_gateway::BatchRefusal;
+use leasehold_gateway::{MAX_BATCH_BYTES, MAX_BATCH_COMMANDS};
 use leasehold_schemas::{Command, Envelope, Outcome};
 use reqwest::{StatusCode, Url};
 use serde::de::DeserializeOwned;
@@ -74,6 +76,42 @@ pub(crate) fn decided(status: &CommandStatus) -> bool {
         "dead-lettered" => true,
         _ => false,
     }
+}
+
+/// How long one batch of commands may take at the gateway: a thousand commands are one publish, and a duplicate
+/// among them one more read of the log each.
+const BATCH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What became of one command of a batch ([`Gateway::submit_many`], `leasehold publish`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum BatchItem {
+    /// Refused (400, 403, 409: nothing stored for it), or not known to be stored (503: send it again).
+    Refused(BatchRefusal),
+    /// Stored, or found stored before (`duplicate`): `published` and its command sequence.
+    Published(CommandStatus),
+}
+
+/// Ranges of `texts` (in order, each at least one text) of at most `max_commands` texts whose JSON array (`[`, the
+/// texts with commas between, `]`) takes at most `max_bytes` bytes; a text larger alone makes a batch of its own,
+/// which the gateway refuses with its reason.
+pub(crate) fn batches(texts: &[String], max_commands: usize, max_bytes: usize) -> Vec<std::ops::Range<usize>> {
+    let mut ranges = Vec::new();
+    let (mut start, mut bytes) = (0, 2);
+    for (index, text) in texts.iter().enumerate() {
+        let more = text.len() + usize::from(index > start);
+        if index > start && (index - start == max_commands || bytes + more > max_bytes) {
+            ranges.push(start..index);
+            (start, bytes) = (index, 2);
+            bytes += text.len();
+        } else {
+            bytes += more;
+        }
+    }
+    if start < texts.len() {
+        ranges.push(start..texts.len());
+    }
+    ranges
 }
 
 /// A command was sent, and may have been stored, but what became of it is not known: the gateway went away, or
@@ -300,6 +338,114 @@ impl Gateway {
             bail!("the gateway refused command {} ({code}): {}", envelope.command_id, error_text(&text));
         }
         Err(unknown(format!("the gateway answered {code}: {}", error_text(&text))))
+    }
+
+    /// Submits `envelopes` through `POST /v1/commands/batch`, in batches of at most [`MAX_BATCH_COMMANDS`] commands
+    /// and [`MAX_BATCH_BYTES`] bytes, without waiting for outcomes: one answer per envelope, in order, each the
+    /// command's `published` status (its command sequence, whether it was a duplicate) or why it was refused, its
+    /// `index` the envelope's. An error only when nothing was stored: a command that does not encode, a gateway that
+    /// cannot be reached or refuses the token on the first batch. A later batch that fails whole answers each of its
+    /// commands with the gateway's refusal, or, when it may have been stored (no answer, a 5xx), with status 503:
+    /// sending those again is safe, their ids are kept.
+    pub(crate) async fn submit_many(&self, envelopes: &[Envelope]) -> anyhow::Result<Vec<BatchItem>> {
+        self.submit_in_batches(envelopes, MAX_BATCH_COMMANDS, MAX_BATCH_BYTES).await
+    }
+
+    /// [`Gateway::submit_many`] in batches of at most `max_commands` commands and `max_bytes` bytes.
+    async fn submit_in_batches(
+        &self,
+        envelopes: &[Envelope],
+        max_commands: usize,
+        max_bytes: usize,
+    ) -> anyhow::Result<Vec<BatchItem>> {
+        let mut texts = Vec::with_capacity(envelopes.len());
+        for envelope in envelopes {
+            let text = leasehold_schemas::codec::command_to_json(envelope)
+                .with_context(|| format!("encoding command {}", envelope.command_id))?;
+            texts.push(text);
+        }
+        let mut answers = Vec::with_capacity(envelopes.len());
+        for range in batches(&texts, max_commands, max_bytes) {
+            let first_batch = range.start == 0;
+            let mut body = String::from("[");
+            body.push_str(&texts[range.clone()].join(","));
+            body.push(']');
+            let ids = || envelopes[range.clone()].iter().map(|e| e.command_id.to_string());
+            let whole = |status_code: u16, error: String| -> Vec<BatchItem> {
+                ids()
+                    .zip(range.clone())
+                    .map(|(id, index)| {
+                        BatchItem::Refused(BatchRefusal {
+                            index,
+                            command_id: Some(id),
+                            error: error.clone(),
+                            status_code,
+                        })
+                    })
+                    .collect()
+            };
+            let response = match self
+                .http
+                .post(self.url(&["v1", "commands", "batch"], &[]))
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body)
+                .timeout(BATCH_TIMEOUT)
+                .send()
+                .await
+            {
+                Ok(response) => response,
+                Err(e) if e.is_connect() && first_batch => return Err(self.unreachable(e)),
+                // No connection: nothing of this batch was sent; otherwise it may have been stored.
+                Err(e) if e.is_connect() => {
+                    answers.extend(whole(503, format!("not sent: {}", self.unreachable(e))));
+                    continue;
+                }
+                Err(e) => {
+                    answers.extend(whole(503, format!("{}; it may have been stored", self.unreachable(e))));
+                    continue;
+                }
+            };
+            let code = response.status();
+            let text = match response.text().await {
+                Ok(text) => text,
+                Err(e) => {
+                    answers.extend(whole(503, format!("{}; it may have been stored", self.unreachable(e))));
+                    continue;
+                }
+            };
+            if code == StatusCode::UNAUTHORIZED && first_batch {
+                return Err(self.unauthorized(&text));
+            }
+            if code != StatusCode::OK {
+                // A refusal of the whole batch (4xx) stored nothing of it; anything else may have stored some.
+                let status = if code.is_client_error() { code.as_u16() } else { 503 };
+                answers.extend(whole(status, format!("the gateway answered {code}: {}", error_text(&text))));
+                continue;
+            }
+            let items: Vec<BatchItem> = match serde_json::from_str(&text) {
+                Ok(items) => items,
+                Err(e) => {
+                    let why = format!("the gateway's answer is unexpected ({e}); they may have been stored");
+                    answers.extend(whole(503, why));
+                    continue;
+                }
+            };
+            if items.len() != range.len() {
+                let why = format!(
+                    "the gateway answered {} commands of the {} sent; they may have been stored",
+                    items.len(),
+                    range.len()
+                );
+                answers.extend(whole(503, why));
+                continue;
+            }
+            answers.extend(items.into_iter().zip(range.clone()).map(|(item, index)| match item {
+                // The gateway counts from the start of its batch; the caller from the start of `envelopes`.
+                BatchItem::Refused(refusal) => BatchItem::Refused(BatchRefusal { index, ..refusal }),
+                published => published,
+            }));
+        }
+        Ok(answers)
     }
 
     /// `GET` of `segments` with `query`: `None` on 404.
@@ -800,6 +946,72 @@ mod tests {
 
     fn unknown(error: anyhow::Error) -> OutcomeUnknown {
         error.downcast::<OutcomeUnknown>().unwrap_or_else(|e| panic!("not an unknown outcome: {e:#}"))
+    }
+
+    #[test]
+    fn batches_keep_to_the_count_and_the_bytes() {
+        let texts: Vec<String> =
+            ["aaaa", "bb", "cccccc", "d", "eeeeeeeeeeee"].iter().map(|t| (*t).to_owned()).collect();
+        // `[aaaa,bb]` is 9 bytes, `[cccccc,d]` 10: a third text would pass 2 commands.
+        assert_eq!(batches(&texts, 2, 100), vec![0..2, 2..4, 4..5]);
+        // 10 bytes: `[aaaa,bb]` fits, `[aaaa,bb,cccccc]` does not; a text larger than the cap goes alone.
+        assert_eq!(batches(&texts, 10, 10), vec![0..2, 2..4, 4..5]);
+        assert_eq!(batches(&texts, 10, 1000), vec![0..5]);
+        assert_eq!(batches(&[], 10, 1000), Vec::<std::ops::Range<usize>>::new());
+    }
+
+    #[test]
+    fn a_batch_answers_each_command_at_its_place_and_a_failed_batch_each_of_its_commands() {
+        let envelopes: Vec<Envelope> = (0..5).map(|_| allocate_envelope()).collect();
+        let id = |i: usize| envelopes[i].command_id.to_string();
+        let published = |i: usize, seq: u64, duplicate: bool| {
+            serde_json::json!({"command_id": id(i), "status": "published", "command_seq": seq,
+                "duplicate": duplicate, "rejection": null, "outcomes": [], "dead_letter": null, "detail": null})
+        };
+        let first = serde_json::json!([published(0, 7, false), published(1, 3, true)]);
+        let refusal = serde_json::json!({"index": 0, "command_id": id(2), "error": "names another command",
+            "status_code": 409});
+        let second = serde_json::json!([refusal, published(3, 8, false)]);
+        let (gateway, requests) = fake_gateway(vec![
+            answer("200 OK", &first.to_string()),
+            answer("200 OK", &second.to_string()),
+            answer("503 Service Unavailable", r#"{"error": "the log is unavailable"}"#),
+        ]);
+        let answers = runtime().block_on(gateway.submit_in_batches(&envelopes, 2, MAX_BATCH_BYTES)).unwrap();
+        let statuses: Vec<(Option<u64>, bool)> = answers
+            .iter()
+            .filter_map(|a| match a {
+                BatchItem::Published(status) => Some((status.command_seq, status.duplicate)),
+                BatchItem::Refused(_) => None,
+            })
+            .collect();
+        assert_eq!(statuses, vec![(Some(7), false), (Some(3), true), (Some(8), false)]);
+        let refusals: Vec<&BatchRefusal> = answers
+            .iter()
+            .filter_map(|a| match a {
+                BatchItem::Refused(refusal) => Some(refusal),
+                BatchItem::Published(_) => None,
+            })
+            .collect();
+        assert_eq!(refusals.len(), 2, "{answers:?}");
+        // The gateway's index counts from its batch; the answer's from the first envelope.
+        assert_eq!((refusals[0].index, refusals[0].status_code), (2, 409));
+        assert_eq!(refusals[0].command_id, Some(id(2)));
+        assert_eq!((refusals[1].index, refusals[1].status_code), (4, 503), "a batch that failed may have been stored");
+        assert!(refusals[1].error.contains("the log is unavailable"), "{}", refusals[1].error);
+        assert!(matches!(answers[2], BatchItem::Refused(_)) && matches!(answers[4], BatchItem::Refused(_)));
+        let bodies: Vec<Vec<serde_json::Value>> = requests
+            .try_iter()
+            .map(|request| {
+                assert!(request.starts_with("POST /v1/commands/batch HTTP/1.1"), "{request}");
+                let body = request.split("\r\n\r\n").nth(1).expect("a body");
+                serde_json::from_str(body).expect("a JSON array")
+            })
+            .collect();
+        let sent: Vec<Vec<&str>> =
+            bodies.iter().map(|b| b.iter().map(|c| c["command_id"].as_str().unwrap()).collect()).collect();
+        let ids: Vec<String> = (0..5).map(id).collect();
+        assert_eq!(sent, vec![vec![&ids[0][..], &ids[1]], vec![&ids[2][..], &ids[3]], vec![&ids[4][..]]]);
     }
 
     #[test]

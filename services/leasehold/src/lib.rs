@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod agents;
 mod bench;
+mod bulk;
 pub mod client;
 mod credentials;
 mod demo;
@@ -106,6 +107,11 @@ enum Cmd {
     Update(produce::UpdateArgs),
     /// Say that a resource is failing: it turns suspect and its agent is asked for a health check.
     ReportFailure(produce::ReportFailureArgs),
+    /// Publish many commands at once from a file of one JSON command a line (`--file F`, `-` for stdin), in batches,
+    /// through the gateway or straight to JetStream (--nats), without waiting for outcomes. Prints each command's id
+    /// and command sequence (`duplicate` when it was stored before) or why it was refused. Sending the file again is
+    /// safe: each command keeps its id. Exit 1 if any was refused, 3 if any may not have been stored.
+    Publish(bulk::PublishArgs),
     /// Pools of identifiers (IPv4 addresses, slots, ports).
     #[command(subcommand)]
     Pool(PoolCmd),
@@ -183,7 +189,7 @@ pub fn main() -> std::process::ExitCode {
 
 /// The exit status of an error (see [`EXIT_STATUS_HELP`]).
 fn exit_status(error: &anyhow::Error) -> u8 {
-    if error.is::<client::OutcomeUnknown>() {
+    if error.is::<client::OutcomeUnknown>() || error.is::<bulk::SomeUnknown>() {
         produce::EXIT_OUTCOME_UNKNOWN
     } else if error.is::<produce::StillWaiting>() {
         produce::EXIT_STILL_WAITING
@@ -227,6 +233,10 @@ fn run() -> anyhow::Result<()> {
         Cmd::Unpause(args) => produce_cmd(produce::ProduceCmd::Unpause(args), &cli.global)?,
         Cmd::Update(args) => produce_cmd(produce::ProduceCmd::Update(args), &cli.global)?,
         Cmd::ReportFailure(args) => produce_cmd(produce::ProduceCmd::ReportFailure(args), &cli.global)?,
+        Cmd::Publish(args) => {
+            output::errors_as(cli.global.output);
+            client_runtime()?.block_on(bulk::run(args, &cli.global))?
+        }
         Cmd::Pool(PoolCmd::Define(args)) => produce_cmd(produce::ProduceCmd::PoolDefine(args), &cli.global)?,
         Cmd::Pool(PoolCmd::Update(args)) => produce_cmd(produce::ProduceCmd::PoolUpdate(args), &cli.global)?,
         Cmd::Pool(PoolCmd::Delete(args)) => produce_cmd(produce::ProduceCmd::PoolDelete(args), &cli.global)?,

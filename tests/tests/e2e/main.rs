@@ -12,6 +12,7 @@ mod front_door;
 mod health;
 mod nats;
 mod pools;
+mod publish;
 mod python_producer;
 mod replay;
 mod support;

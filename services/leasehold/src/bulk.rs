@@ -1,0 +1,337 @@
+//! `leasehold publish --file F`: many commands at once (a migration, a scripted load), read from a file of one JSON
+//! command a line and sent in batches, through the gateway (`POST /v1/commands/batch`) or straight to JetStream
+//! (`--nats`, `Log::publish_commands`). Each command keeps its own id, so sending the file again is safe: what was
+//! stored is answered as a duplicate, never stored twice.
+
+use std::io::Read as _;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use leasehold_log::Log;
+use leasehold_schemas::{CommandClass, Envelope, codec};
+use serde::Serialize;
+
+use crate::GlobalArgs;
+use crate::client::{BatchItem, BatchRefusal};
+use crate::nats_args::NatsArgs;
+use crate::output::{self, OutputFormat};
+use crate::produce::{self, Transport};
+
+/// `leasehold publish`
+#[derive(Debug, Clone, clap::Args)]
+#[command(
+    mut_arg("nats", |a| a.help(
+        "Publish straight to NATS JetStream at this URL (comma-separated for several servers) instead of through \
+         the gateway. Credentials go in --creds or --user/--password, never in the URL"
+    )),
+    mut_arg("replicas", |a| a.hide(true)),
+)]
+pub(crate) struct PublishArgs {
+    /// The commands: one JSON command a line, each what `POST /v1/commands` takes (NDJSON); `-` reads stdin. Blank
+    /// lines and lines starting with `#` are skipped. Each command keeps its own issuer unless --issuer is given (a
+    /// gateway with tokens records your token's principal instead).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) file: PathBuf,
+    #[command(flatten)]
+    pub(crate) nats: NatsArgs,
+}
+
+/// Some commands were sent and may have been stored, without an answer that says so: exit status 3, as a producer
+/// command whose outcome is unknown. Sending the file again is safe.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct SomeUnknown(String);
+
+/// One command of the file and its line.
+#[derive(Debug)]
+struct Line {
+    number: usize,
+    envelope: Envelope,
+}
+
+/// What `--output json` prints for one command.
+#[derive(Debug, Serialize)]
+struct Printed<'a> {
+    line: usize,
+    command_id: Option<&'a str>,
+    /// `published`, `refused` or `unknown` (it may have been stored: send it again).
+    status: &'static str,
+    command_seq: Option<u64>,
+    duplicate: bool,
+    status_code: Option<u16>,
+    error: Option<&'a str>,
+}
+
+pub(crate) async fn run(args: PublishArgs, global: &GlobalArgs) -> anyhow::Result<()> {
+    let text = if args.file.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).context("reading the commands from stdin")?;
+        text
+    } else {
+        std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?
+    };
+    let issuer = match &global.issuer {
+        Some(given) => Some(produce::issuer(Some(given))?),
+        None => None,
+    };
+    let lines = parse(&text, issuer.as_ref()).with_context(|| format!("{}: nothing was sent", args.file.display()))?;
+    let envelopes: Vec<Envelope> = lines.iter().map(|line| line.envelope.clone()).collect();
+    let answers = match Transport::connect(global, &args.nats).await? {
+        Transport::Gateway(gateway) => gateway.submit_many(&envelopes).await?,
+        Transport::Nats(log) => publish_to_log(&log, &envelopes).await?,
+    };
+    report(&lines, &answers, global.output)
+}
+
+/// The commands of `text`, one a line (blank lines and `#` comments skipped), each decoded as strictly as the gateway
+/// decodes it and of class `op`; `issuer`, when given, replaces each one's. Every bad line is named, with its number.
+fn parse(text: &str, issuer: Option<&leasehold_schemas::Issuer>) -> anyhow::Result<Vec<Line>> {
+    let mut lines = Vec::new();
+    let mut bad = Vec::new();
+    for (idx, line) in text.lines().enumerate() {
+        let number = idx + 1;
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        match codec::command_from_json(line.as_bytes()) {
+            Ok(envelope) if envelope.class != CommandClass::Op => bad.push(format!(
+                "line {number}: {} is {} {} command; publish takes op commands only (agents and sweepers send \
+                 theirs on NATS with credentials that allow it)",
+                envelope.type_name(),
+                if envelope.class == CommandClass::Agent { "an" } else { "a" },
+                envelope.class
+            )),
+            Ok(mut envelope) => {
+                if let Some(issuer) = issuer {
+                    envelope.issuer = issuer.clone();
+                }
+                lines.push(Line { number, envelope });
+            }
+            Err(e) => bad.push(format!("line {number}: {e}")),
+        }
+    }
+    if !bad.is_empty() {
+        bail!("{} bad line(s), each in the JSON form POST /v1/commands takes:\n  {}", bad.len(), bad.join("\n  "));
+    }
+    if lines.is_empty() {
+        bail!("no commands in it: one JSON command a line");
+    }
+    Ok(lines)
+}
+
+/// Publishes `envelopes` to the log in batches of one atomic publish each, and answers each as the gateway's batch
+/// endpoint would: a duplicate must be this very command (409 otherwise), a refusal of the log is a 400, a publish
+/// the log could not answer a 503 (it may have been stored). An error only when the first batch could not be
+/// published at all (the log unreachable): nothing was stored.
+async fn publish_to_log<L: Log>(log: &L, envelopes: &[Envelope]) -> anyhow::Result<Vec<BatchItem>> {
+    let mut commands = Vec::with_capacity(envelopes.len());
+    for envelope in envelopes {
+        let payload = codec::encode_command(envelope).with_context(|| format!("encoding {}", envelope.command_id))?;
+        commands.push(leasehold_log::Publish {
+            subject: leasehold_schemas::subjects::ingress_subject_of(&envelope.body),
+            msg_id: envelope.command_id.to_string(),
+            payload: payload.into(),
+        });
+    }
+    let mut answers = Vec::with_capacity(envelopes.len());
+    for (chunk_idx, chunk) in commands.chunks(leasehold_log::MAX_APPEND_RECORDS).enumerate() {
+        let offset = chunk_idx * leasehold_log::MAX_APPEND_RECORDS;
+        let published = log.publish_commands(chunk).await;
+        if offset == 0
+            && let Some(Err(e @ leasehold_log::Error::Unavailable(_))) = published.first()
+            && published.iter().all(|answer| matches!(answer, Err(leasehold_log::Error::Unavailable(_))))
+        {
+            bail!("publishing to the log: {e}");
+        }
+        for (k, answer) in published.into_iter().enumerate() {
+            let index = offset + k;
+            let envelope = &envelopes[index];
+            let id = envelope.command_id.to_string();
+            let refused = |status_code: u16, error: String| {
+                BatchItem::Refused(BatchRefusal { index, command_id: Some(id.clone()), error, status_code })
+            };
+            answers.push(match answer {
+                Ok(published) => {
+                    let other = match published.duplicate {
+                        true => leasehold_log::other_command_under_id(log, published.seq, envelope, None).await,
+                        false => Ok(None),
+                    };
+                    match other {
+                        Ok(None) => BatchItem::Published(crate::client::CommandStatus {
+                            command_id: id.clone(),
+                            status: "published".to_owned(),
+                            command_seq: Some(published.seq),
+                            duplicate: published.duplicate,
+                            rejection: None,
+                            outcomes: Vec::new(),
+                            dead_letter: None,
+                        }),
+                        Ok(Some(why)) => refused(409, why),
+                        Err(e) => {
+                            refused(503, format!("stored under an id already used; the log cannot say by what: {e}"))
+                        }
+                    }
+                }
+                Err(e @ leasehold_log::Error::Refused(_)) => refused(400, e.to_string()),
+                Err(e) => refused(503, format!("{e}; it may have been stored")),
+            });
+        }
+    }
+    Ok(answers)
+}
+
+/// Prints one line (table) or one JSON object (json, in one array) per command, in the file's order; then fails
+/// when any was refused (exit 1) or may not have been stored (exit 3), naming their lines.
+fn report(lines: &[Line], answers: &[BatchItem], format: OutputFormat) -> anyhow::Result<()> {
+    let mut printed = Vec::with_capacity(lines.len());
+    let (mut refused, mut unknown) = (Vec::new(), Vec::new());
+    for (line, answer) in lines.iter().zip(answers) {
+        printed.push(match answer {
+            BatchItem::Published(status) => Printed {
+                line: line.number,
+                command_id: Some(&status.command_id),
+                status: "published",
+                command_seq: status.command_seq,
+                duplicate: status.duplicate,
+                status_code: None,
+                error: None,
+            },
+            BatchItem::Refused(refusal) => {
+                let is_unknown = refusal.status_code >= 500;
+                let which = if is_unknown { &mut unknown } else { &mut refused };
+                which.push(line.number);
+                Printed {
+                    line: line.number,
+                    command_id: refusal.command_id.as_deref(),
+                    status: if is_unknown { "unknown" } else { "refused" },
+                    command_seq: None,
+                    duplicate: false,
+                    status_code: Some(refusal.status_code),
+                    error: Some(&refusal.error),
+                }
+            }
+        });
+    }
+    match format {
+        OutputFormat::Json => output::emit(&output::json(&printed)?),
+        OutputFormat::Table => {
+            let mut text = String::new();
+            for item in &printed {
+                let id = item.command_id.unwrap_or("-");
+                let line = match (item.command_seq, item.error) {
+                    (Some(seq), _) if item.duplicate => format!("{id}  {seq}  duplicate\n"),
+                    (Some(seq), _) => format!("{id}  {seq}\n"),
+                    (None, error) => format!(
+                        "{id}  {} {} (line {}): {}\n",
+                        item.status,
+                        output::opt(item.status_code),
+                        item.line,
+                        error.unwrap_or_default()
+                    ),
+                };
+                text.push_str(&line);
+            }
+            output::emit(&text);
+        }
+    }
+    let n_duplicates = printed.iter().filter(|p| p.duplicate).count();
+    eprintln!(
+        "{} command(s): {} published ({n_duplicates} of them duplicates of commands stored before), {} refused, {} \
+         unknown",
+        lines.len(),
+        lines.len() - refused.len() - unknown.len(),
+        refused.len(),
+        unknown.len()
+    );
+    if !refused.is_empty() {
+        bail!("{} command(s) refused, on line(s) {}: nothing was stored for them", refused.len(), list(&refused));
+    }
+    if !unknown.is_empty() {
+        return Err(SomeUnknown(format!(
+            "{} command(s) may not have been stored, on line(s) {}: send the file again (a command stored already is \
+             answered as a duplicate, never stored twice)",
+            unknown.len(),
+            list(&unknown)
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+fn list(numbers: &[usize]) -> String {
+    numbers.iter().map(usize::to_string).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use leasehold_log::embedded::{Embedded, system_clock};
+    use leasehold_schemas::command::{Allocate, Heartbeat};
+    use leasehold_schemas::{AgentName, CommandId, Issuer, Position, ResourceId, Timestamp};
+
+    use super::*;
+
+    fn allocate(id: CommandId) -> Envelope {
+        let agent = AgentName::new("w1").unwrap();
+        let body = Allocate::new(agent, ResourceId::generate(), "dir", 1);
+        Envelope::new(id, Issuer::new("op:script").unwrap(), Timestamp(1), body)
+    }
+
+    fn json(envelope: &Envelope) -> String {
+        codec::command_to_json(envelope).unwrap()
+    }
+
+    #[test]
+    fn lines_are_commands_and_every_bad_one_is_named_by_its_number() {
+        let (a, b) = (allocate(CommandId::generate()), allocate(CommandId::generate()));
+        let text = format!("# a comment\n\n{}\n  {}  \r\n", json(&a), json(&b));
+        let lines = parse(&text, None).unwrap();
+        let got: Vec<(usize, CommandId)> = lines.iter().map(|l| (l.number, l.envelope.command_id)).collect();
+        assert_eq!(got, vec![(3, a.command_id), (4, b.command_id)]);
+        assert_eq!(lines[0].envelope.issuer.as_str(), "op:script", "the line's issuer stays without --issuer");
+        let issuer = Issuer::new("op:migration").unwrap();
+        let lines = parse(&text, Some(&issuer)).unwrap();
+        assert!(lines.iter().all(|l| l.envelope.issuer == issuer), "--issuer replaces each line's");
+
+        let heartbeat = Envelope::new(
+            CommandId::generate(),
+            Issuer::new("w1").unwrap(),
+            Timestamp(1),
+            Heartbeat { agent: AgentName::new("w1").unwrap(), epoch: Position(1) },
+        );
+        let text = format!("{}\n{{\"nope\": 1}}\n{}\nnot json\n", json(&a), json(&heartbeat));
+        let error = format!("{:#}", parse(&text, None).unwrap_err());
+        assert!(error.contains("3 bad line(s)"), "{error}");
+        assert!(error.contains("line 2: "), "{error}");
+        assert!(
+            error.contains("line 3: agent.heartbeat is an agent command; publish takes op commands only"),
+            "{error}"
+        );
+        assert!(error.contains("line 4: "), "{error}");
+        assert!(!error.contains("line 1:"), "{error}");
+        assert!(parse("# nothing\n\n", None).is_err(), "a file without commands is refused");
+    }
+
+    #[tokio::test]
+    async fn straight_to_the_log_each_command_is_stored_once_and_another_under_a_used_id_is_refused() {
+        let log = Embedded::in_memory(2, system_clock()).unwrap();
+        let (a, b) = (allocate(CommandId::generate()), allocate(CommandId::generate()));
+        let another = allocate(a.command_id);
+        let answers = publish_to_log(&log, &[a.clone(), b.clone(), a.clone(), another]).await.unwrap();
+        let summary: Vec<(Option<u64>, bool, Option<u16>)> = answers
+            .iter()
+            .map(|answer| match answer {
+                BatchItem::Published(status) => (status.command_seq, status.duplicate, None),
+                BatchItem::Refused(refusal) => (None, false, Some(refusal.status_code)),
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![(Some(1), false, None), (Some(2), false, None), (Some(1), true, None), (None, false, Some(409))]
+        );
+        let BatchItem::Refused(refusal) = &answers[3] else { unreachable!() };
+        assert_eq!(refusal.index, 3);
+        assert!(refusal.error.contains("names another command"), "{}", refusal.error);
+        assert_eq!(log.last_command_seq().await.unwrap(), 2, "two commands stored, once each");
+    }
+}
