@@ -681,7 +681,7 @@ impl Log for Embedded {
         }
         if records.len() > crate::MAX_APPEND_RECORDS {
             // As on JetStream, whose atomic batches hold at most this many.
-            return Appended::Unknown(format!(
+            return Appended::TooLarge(format!(
                 "an append holds at most {} records, not {}: nothing was stored",
                 crate::MAX_APPEND_RECORDS,
                 records.len()

@@ -104,6 +104,10 @@ impl<L: Log, I: Intercept<L>> Log for Intercepted<L, I> {
         self.hooks.publish_commands(&self.log, commands).await
     }
 
+    fn max_append_records(&self) -> usize {
+        self.log.max_append_records()
+    }
+
     async fn read_commands(&self, partition: u32, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
         self.log.read_commands(partition, after, max).await
     }

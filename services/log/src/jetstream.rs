@@ -203,6 +203,10 @@ struct Streams {
     workers: async_nats::jetstream::kv::Store,
     /// How long a key of `workers` lives: the bucket's own setting (its creator's).
     worker_ttl: Duration,
+    /// Whether `LH_EVT` and `LH_CMD` allow atomic batches (a log made before group commit does not, until a user
+    /// allowed to update streams connects, or an operator turns it on).
+    evt_atomic: bool,
+    cmd_atomic: bool,
 }
 
 fn unavailable(what: &str, e: impl fmt::Display) -> Error {
@@ -305,16 +309,27 @@ impl JetStream {
                 crate::MAX_PARTITIONS
             )));
         }
-        let cmd = ensure_stream(&js, cmd_stream_config(partitions, replicas)).await?;
-        let evt = ensure_stream(&js, evt_stream_config(replicas)).await?;
-        let dlq = ensure_stream(&js, dlq_stream_config(replicas)).await?;
+        // Only a process that serves the log (it names the partition count) upgrades its streams; a client of an
+        // existing log takes them as they are.
+        let cmd = ensure_stream(&js, cmd_stream_config(partitions, replicas), !client_only).await?;
+        let evt = ensure_stream(&js, evt_stream_config(replicas), !client_only).await?;
+        let dlq = ensure_stream(&js, dlq_stream_config(replicas), !client_only).await?;
+        let (cmd_atomic, evt_atomic) =
+            (cmd.cached_info().config.allow_atomic_publish, evt.cached_info().config.allow_atomic_publish);
+        if !evt_atomic {
+            tracing::warn!(
+                "LH_EVT does not allow atomic batches (a log made before group commit): writers append one outcome \
+                 at a time, at a fraction of the durable throughput. A user allowed to update streams turns it on \
+                 by starting `leasehold serve` once, or an operator sets `allow_atomic` on LH_EVT and LH_CMD"
+            );
+        }
         let snapshots = snapshot_bucket(&js, replicas).await?;
         let workers = workers_bucket(&js, replicas, (!client_only).then_some(config.priority_timeout)).await?;
         let worker_ttl = match workers.status().await {
             Ok(status) if !status.info.config.max_age.is_zero() => status.info.config.max_age,
             _ => config.priority_timeout,
         };
-        let streams = Streams { cmd, evt, dlq, snapshots, workers, worker_ttl };
+        let streams = Streams { cmd, evt, dlq, snapshots, workers, worker_ttl, evt_atomic, cmd_atomic };
         Ok(JetStream { inner: Arc::new(Inner { client, js, config, streams: Some(streams) }) })
     }
 
@@ -591,6 +606,7 @@ impl JetStream {
         match self.atomic_batch(messages).await {
             Ok(last) => Appended::Landed { first: last + 1 - records.len() as u64, last },
             Err(BatchFailed::Refused { code, description, first }) => batch_refusal(code, &description, first),
+            Err(BatchFailed::TooLarge(why)) => Appended::TooLarge(why),
             Err(BatchFailed::Unknown(why)) => Appended::Unknown(why),
         }
     }
@@ -602,6 +618,24 @@ impl JetStream {
     async fn atomic_batch(&self, messages: Vec<(String, HeaderMap, Bytes)>) -> Result<u64, BatchFailed> {
         let client = &self.inner.client;
         let n = messages.len();
+        // A message the server would refuse for its size must not go out half-way through a batch: the batch would
+        // stay open until the server's timeout, holding one of the few open batches a stream allows.
+        let max_payload = client.server_info().max_payload;
+        for (i, (subject, headers, payload)) in messages.iter().enumerate() {
+            let header_bytes: usize = headers
+                .iter()
+                .map(|(k, v)| k.to_string().len() + 4 + v.iter().map(|v| v.as_str().len() + 2).sum::<usize>())
+                .sum();
+            // The batch headers, the header block's framing, and the subject's share of the protocol line.
+            let size = payload.len() + header_bytes + BATCH_HEADER_BYTES + subject.len();
+            if max_payload > 0 && size > max_payload {
+                return Err(BatchFailed::TooLarge(format!(
+                    "message {} of the batch would be about {size} bytes with its headers, over the server's \
+                     max_payload of {max_payload}",
+                    i + 1
+                )));
+            }
+        }
         let inbox = client.new_inbox();
         let batch = inbox.rsplit('.').next().unwrap_or("batch").to_owned();
         let mut replies = client
@@ -678,6 +712,17 @@ impl JetStream {
                 Err(e) => answers[i] = Some(Err(e)),
             }
         }
+        if !self.streams().is_ok_and(|s| s.cmd_atomic) {
+            // LH_CMD made before batched ingest, not upgraded yet: each command alone.
+            let alone: Vec<Publish> = valid.iter().map(|(i, _)| commands[*i].clone()).collect();
+            for ((i, _), answer) in valid.iter().zip(self.publish_pipelined(&alone).await) {
+                answers[*i] = Some(answer);
+            }
+            return answers
+                .into_iter()
+                .map(|a| a.unwrap_or_else(|| Err(Error::Unavailable("not published".to_owned()))))
+                .collect();
+        }
         for chunk in valid.chunks(crate::MAX_APPEND_RECORDS) {
             let messages = chunk
                 .iter()
@@ -691,6 +736,9 @@ impl JetStream {
                     }
                 }
                 Err(failed) => {
+                    // Refused whole, too large, or not answered: nothing of it is stored, or all of it. A command
+                    // whose batch was stored but not answered comes back `duplicate` with the sequence the batch
+                    // gave it: stored once, though this call stored it.
                     tracing::debug!(?failed, commands = chunk.len(), "a command batch did not land whole; one by one");
                     let alone: Vec<Publish> = chunk.iter().map(|(i, _)| commands[*i].clone()).collect();
                     for ((i, _), answer) in chunk.iter().zip(self.publish_pipelined(&alone).await) {
@@ -703,12 +751,18 @@ impl JetStream {
     }
 }
 
-/// Why an atomic batch was not stored: refused by the server (nothing stored), or no clean answer.
+/// Why an atomic batch was not stored: refused by the server (nothing stored), not sent for a message too large,
+/// or no clean answer.
 #[derive(Debug)]
 enum BatchFailed {
     Refused { code: u64, description: String, first: bool },
+    TooLarge(String),
     Unknown(String),
 }
+
+/// Bytes the batch headers add to a message (`Nats-Batch-Id` of 22 characters, `Nats-Batch-Sequence` of up to four
+/// digits, `Nats-Batch-Commit`) with the header block's own framing, rounded up.
+const BATCH_HEADER_BYTES: usize = 128;
 
 /// Where an outcome record stands in its append.
 #[derive(Debug, Clone, Copy)]
@@ -773,8 +827,11 @@ fn batch_refusal(code: u64, description: &str, first: bool) -> Appended {
     const NOT_READY: u64 = 10164;
     const UNAVAILABLE: u64 = 10163;
     const TOO_MANY_BATCHES: u64 = 10210;
+    const TOO_LARGE: u64 = 10199;
     let which = if first { "first message" } else { "commit" };
     match code {
+        // The server's `max_msgs` per batch is below this batch's size (an operator's limit): smaller batches land.
+        TOO_LARGE => Appended::TooLarge(format!("{which} refused ({code}): {description}")),
         WRONG_LAST_SEQUENCE => Appended::Stale { last: sequence_after(description, "wrong last sequence: ") },
         NOT_READY | UNAVAILABLE | TOO_MANY_BATCHES => {
             Appended::Busy(format!("{which} refused ({code}): {description}"))
@@ -784,25 +841,30 @@ fn batch_refusal(code: u64, description: &str, first: bool) -> Appended {
 }
 
 /// Creates the stream `wanted`, or checks the one there.
-async fn ensure_stream(js: &Context, wanted: stream::Config) -> Result<stream::Stream, Error> {
+async fn ensure_stream(js: &Context, wanted: stream::Config, upgrade: bool) -> Result<stream::Stream, Error> {
     let name = wanted.name.clone();
     for _ in 0..2 {
         match js.get_stream(&name).await {
             Ok(stream) => {
                 let got = &stream.cached_info().config;
                 check_stream(&wanted, got)?;
-                if wanted.allow_atomic_publish && !got.allow_atomic_publish {
+                if upgrade && wanted.allow_atomic_publish && !got.allow_atomic_publish {
                     // A log made before group commit: atomic batches are an addition the server allows on a live
-                    // stream, and nothing else changes.
+                    // stream, and nothing else changes. A user not allowed to update streams (a worker's
+                    // credentials) goes on without them: the log says so, and appends one record at a time.
                     let config = stream::Config { allow_atomic_publish: true, ..got.clone() };
-                    js.update_stream(config)
-                        .await
-                        .map_err(|e| Error::Refused(format!("cannot allow atomic batches on stream {name}: {e}")))?;
-                    tracing::info!(stream = %name, "allowed atomic batches on the stream");
-                    return js
-                        .get_stream(&name)
-                        .await
-                        .map_err(|e| unavailable(&format!("cannot read stream {name}"), e));
+                    match js.update_stream(config).await {
+                        Ok(_) => {
+                            tracing::info!(stream = %name, "allowed atomic batches on the stream");
+                            return js
+                                .get_stream(&name)
+                                .await
+                                .map_err(|e| unavailable(&format!("cannot read stream {name}"), e));
+                        }
+                        Err(e) => {
+                            tracing::warn!(stream = %name, error = %e, "cannot allow atomic batches on the stream")
+                        }
+                    }
                 }
                 return Ok(stream);
             }
@@ -1280,7 +1342,7 @@ impl Log for JetStream {
             return Appended::Unknown(format!("there is no partition {partition}"));
         }
         if records.len() > crate::MAX_APPEND_RECORDS {
-            return Appended::Unknown(format!(
+            return Appended::TooLarge(format!(
                 "an append holds at most {} records, not {}: nothing was sent",
                 crate::MAX_APPEND_RECORDS,
                 records.len()
@@ -1288,8 +1350,16 @@ impl Log for JetStream {
         }
         match records {
             [record] => self.append_record(partition, fence, record).await,
+            _ if !self.streams().is_ok_and(|s| s.evt_atomic) => Appended::TooLarge(
+                "LH_EVT does not allow atomic batches (a log made before group commit): one record per append"
+                    .to_owned(),
+            ),
             _ => self.append_batch(partition, fence, records).await,
         }
+    }
+
+    fn max_append_records(&self) -> usize {
+        if self.streams().is_ok_and(|s| s.evt_atomic) { crate::MAX_APPEND_RECORDS } else { 1 }
     }
 
     async fn last_outcome_seq(&self, partition: u32) -> Result<u64, Error> {

@@ -153,6 +153,12 @@ pub trait Log: Clone + Send + Sync + 'static {
     /// one the sequence of the record before it. Two appenders with the same fence never both land.
     fn append(&self, partition: u32, fence: u64, records: &[OutcomeRecord]) -> impl Future<Output = Appended> + Send;
 
+    /// The most records one append of this log takes ([`MAX_APPEND_RECORDS`]; 1 on a JetStream log whose
+    /// `LH_EVT` does not allow atomic batches: made before group commit, and not upgraded by an operator yet).
+    fn max_append_records(&self) -> usize {
+        MAX_APPEND_RECORDS
+    }
+
     /// The sequence of the last outcome of `partition` (0 if none): the fence its next append must carry. Reads
     /// the latest write (never a lagging replica).
     fn last_outcome_seq(&self, partition: u32) -> impl Future<Output = Result<u64, Error>> + Send;

@@ -235,6 +235,9 @@ pub enum Appended {
     /// Not landed, and nothing else happened: the log is busy with another write of the partition (NATS 10164 on
     /// a replicated stream, too many open batches). Retry the same append.
     Busy(String),
+    /// Not landed, and nothing else happened: the log takes fewer records (or bytes) in one append than these (a
+    /// server's batch limit, a record too large to batch). Append them in smaller slices.
+    TooLarge(String),
     /// Not landed: the partition's last outcome is not at the fence (another writer appended, or this writer's
     /// earlier append did). `last` is the partition's last sequence when the log said it. Reload from the log.
     Stale { last: Option<u64> },

@@ -177,6 +177,9 @@ pub struct Writer<L: Log> {
     since_snapshot: u64,
     /// What the state holds that the log does not yet: appended before anything is acked.
     group: Group,
+    /// The most records one append carries: the configuration's and the log's limit, halved each time the log
+    /// says an append was too large (a server's batch limit).
+    append_cap: usize,
 }
 
 impl<L: Log> Writer<L> {
@@ -187,15 +190,17 @@ impl<L: Log> Writer<L> {
         let Folded { state, fence, last_command, folded } = fold_partition(&log, partition, at_least, &config).await?;
         check_command_log(&log, &state, last_command).await?;
         let read_pos = state.cursor();
+        let append_cap = config.max_append_records.clamp(1, log.max_append_records().max(1));
         Ok(Writer {
             log,
-            config,
+            append_cap,
             state,
             fence,
             read_pos,
             counts: Counts::default(),
             since_snapshot: folded,
             group: Group::default(),
+            config,
         })
     }
 
@@ -473,33 +478,26 @@ impl<L: Log> Writer<L> {
         Ok(())
     }
 
-    /// Appends the group in hand under the fence, retrying while the log is busy. When it lands the fence moves on
-    /// and (with `snapshot`) a snapshot may be stored; any other answer leaves the state untrusted.
+    /// Appends the group in hand under the fence, retrying while the log is busy, in slices of at most
+    /// `append_cap` records (each fenced on the one before). When all of it lands the fence has moved on and (with
+    /// `snapshot`) a snapshot may be stored; any other answer leaves the state untrusted.
     async fn flush(&mut self, snapshot: bool) -> Result<(), Failure> {
-        if self.group.records.is_empty() {
-            return Ok(());
-        }
         let partition = self.state.partition();
+        let total = self.group.records.len();
         let mut backoff = self.config.backoff;
-        loop {
-            match self.log.append(partition, self.fence, &self.group.records).await {
+        let mut start = 0;
+        while start < total {
+            let end = (start + self.append_cap).min(total);
+            match self.log.append(partition, self.fence, &self.group.records[start..end]).await {
                 Appended::Landed { last, .. } => {
-                    let group = std::mem::take(&mut self.group);
-                    let n = group.records.len() as u64;
                     self.fence = last;
-                    self.since_snapshot += n;
                     self.counts.appends += 1;
-                    self.counts.appended += n;
+                    self.counts.appended += (end - start) as u64;
                     if let Some(metrics) = &self.config.metrics {
-                        metrics.appended(group.records.len());
-                        for (type_name, rejected, started) in group.decided {
-                            metrics.decided(type_name, rejected, started.elapsed());
-                        }
+                        metrics.appended(end - start);
                     }
-                    if snapshot && let Some(last_command) = group.last_command {
-                        self.maybe_snapshot(last_command).await;
-                    }
-                    return Ok(());
+                    start = end;
+                    backoff = self.config.backoff;
                 }
                 Appended::Busy(why) => {
                     tracing::debug!(partition, %why, "the log is busy; appending again");
@@ -507,15 +505,36 @@ impl<L: Log> Writer<L> {
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(self.config.max_backoff);
                 }
+                Appended::TooLarge(why) if end - start > 1 => {
+                    // Nothing was stored: the same records go again in smaller appends, from now on.
+                    self.append_cap = ((end - start) / 2).max(1);
+                    tracing::warn!(partition, %why, cap = self.append_cap, "the log takes fewer records per append");
+                }
                 Appended::Stale { last } => {
                     return Err(Failure::Unclean(Unclean {
                         at_least: last.unwrap_or(0),
                         why: format!("the fence {} is stale (the partition's last outcome is {last:?})", self.fence),
                     }));
                 }
-                Appended::Unknown(why) => return Err(Failure::Unclean(Unclean { at_least: 0, why })),
+                Appended::TooLarge(why) | Appended::Unknown(why) => {
+                    return Err(Failure::Unclean(Unclean { at_least: 0, why }));
+                }
             }
         }
+        if total == 0 {
+            return Ok(());
+        }
+        let group = std::mem::take(&mut self.group);
+        self.since_snapshot += total as u64;
+        if let Some(metrics) = &self.config.metrics {
+            for (type_name, rejected, started) in group.decided {
+                metrics.decided(type_name, rejected, started.elapsed());
+            }
+        }
+        if snapshot && let Some(last_command) = group.last_command {
+            self.maybe_snapshot(last_command).await;
+        }
+        Ok(())
     }
 
     /// Stores a snapshot when enough outcomes landed since the last one and no decision is unfinished. A snapshot is

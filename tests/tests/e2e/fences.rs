@@ -238,7 +238,9 @@ impl<L: Log> Intercept<L> for Racer {
                 }
             }
             Appended::Busy(_) => self.tally.lock().expect("tally").busy += 1,
-            Appended::Stale { .. } | Appended::Unknown(_) => self.tally.lock().expect("tally").refused += 1,
+            Appended::Stale { .. } | Appended::Unknown(_) | Appended::TooLarge(_) => {
+                self.tally.lock().expect("tally").refused += 1;
+            }
         }
         let released = *self.gate.borrow() == Gate::Released { cmd_seq, part };
         if released && !matches!(answer, Appended::Busy(_)) {
