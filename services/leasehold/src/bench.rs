@@ -155,7 +155,7 @@ async fn embedded(dir: &Path, args: &ThroughputArgs, figures: &mut Figures) -> a
     figures.raw_append_per_s = raw.per_second();
     eprintln!("raw fenced appends (the embedded log's own append, one in flight per partition)...");
     let fenced_log = Embedded::open(&scratch.join("fenced"), args.partitions)?;
-    figures.raw_fenced_per_s = fenced_appends(&fenced_log, args.commands.min(20_000)).await?;
+    figures.raw_fenced_per_s = batched_appends(&fenced_log, args.commands.min(20_000), 1).await?;
     drop(fenced_log);
     raw_batches(args, figures, |name| Embedded::open(&scratch.join(name), args.partitions)).await?;
     for agents in [100u64, 10_000] {
@@ -302,32 +302,6 @@ async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Appends `n` records through the log's own fenced append, one in flight per partition; returns appends/s.
-pub(crate) async fn fenced_appends<L: Log>(log: &L, n: u64) -> anyhow::Result<f64> {
-    let partitions = log.partitions();
-    let per = n / u64::from(partitions);
-    let start = Instant::now();
-    let mut lanes = tokio::task::JoinSet::new();
-    for p in 0..partitions {
-        let log = log.clone();
-        lanes.spawn(async move {
-            let mut fence = log.last_outcome_seq(p).await?;
-            for i in 0..per {
-                let record = raw_record(&format!("raw{}", i % 16), i + 1);
-                match log.append(p, fence, &[record]).await {
-                    leasehold_log::Appended::Landed { last, .. } => fence = last,
-                    other => bail!("a raw fenced append did not land: {other:?}"),
-                }
-            }
-            anyhow::Ok(())
-        });
-    }
-    while let Some(lane) = lanes.join_next().await {
-        lane??;
-    }
-    Ok((per * u64::from(partitions)) as f64 / start.elapsed().as_secs_f64())
-}
-
 fn raw_record(key: &str, cmd_seq: u64) -> OutcomeRecord {
     OutcomeRecord {
         key: key.to_owned(),
@@ -356,8 +330,9 @@ where
     Ok(())
 }
 
-/// `n` records appended as fenced batches of `size` (an atomic batch on JetStream, a transaction on the embedded
-/// log), one batch in flight per partition: the log's own group-commit ceiling. Records/s.
+/// `n` records appended as fenced appends of `size` (a batch: an atomic batch on JetStream, a transaction on the
+/// embedded log), one append in flight per partition: the log's own fenced ceiling (`size` 1) and group-commit
+/// ceiling. Records/s.
 pub(crate) async fn batched_appends<L: Log>(log: &L, n: u64, size: usize) -> anyhow::Result<f64> {
     let partitions = log.partitions();
     let rounds = (n / u64::from(partitions)).div_ceil(size as u64).max(1);

@@ -1,4 +1,4 @@
-//! Regressions a red-team review found in the writers, each as it was triggered.
+//! Regressions red-team reviews found in the writers, each as it was triggered (the last two on a real nats-server).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use leasehold_log::embedded::{Embedded, EmbeddedOwner};
 use leasehold_log::intercept::{Intercept, Intercepted};
+use leasehold_log::jetstream::{JetStream, JetStreamConfig};
+use leasehold_log::nats_server::{NatsServer, ServerOptions};
 use leasehold_log::{CommandRecord, Error, Log, OutcomeFilter, StoredOutcome};
 use leasehold_schemas::command::{Allocate, Register, RetireAgent};
 use leasehold_schemas::ids::{AgentName, CommandId, Issuer, ResourceId, Timestamp};
@@ -36,12 +38,12 @@ impl Intercept<Embedded> for FailCommandAt {
     }
 }
 
-struct Producer {
-    log: Embedded,
+struct Producer<L: Log> {
+    log: L,
     n: u64,
 }
 
-impl Producer {
+impl<L: Log> Producer<L> {
     async fn publish(&mut self, issuer: &str, body: impl Into<Command>) {
         self.n += 1;
         let mut entropy = [0u8; 10];
@@ -74,15 +76,20 @@ fn register(agent: &AgentName) -> Register {
     }
 }
 
-/// Waits (bounded) until the log holds `n` first parts of outcomes.
-async fn first_parts(log: &Embedded, n: usize) -> Vec<StoredOutcome> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+/// Waits (bounded: 20 s) until the log holds `n` first parts of outcomes.
+async fn first_parts<L: Log>(log: &L, n: usize) -> Vec<StoredOutcome> {
+    first_parts_within(log, n, Duration::from_secs(20)).await
+}
+
+/// Waits up to `within` until the log holds `n` first parts of outcomes.
+async fn first_parts_within<L: Log>(log: &L, n: usize, within: Duration) -> Vec<StoredOutcome> {
+    let deadline = tokio::time::Instant::now() + within;
     loop {
         let outcomes = log.read_outcomes(&OutcomeFilter::All, 1, 10_000).await.unwrap();
         if outcomes.iter().filter(|o| o.part == 0).count() >= n {
             return outcomes;
         }
-        assert!(tokio::time::Instant::now() < deadline, "only {} outcomes in 20 s", outcomes.len());
+        assert!(tokio::time::Instant::now() < deadline, "only {} outcomes in {within:?}", outcomes.len());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -294,4 +301,75 @@ async fn waiting_commands_go_out_as_one_append_and_busy_is_retried_without_a_rel
     assert_eq!((report.counts.appends, report.counts.appended), (1, 41));
     assert_eq!(outcomes.iter().map(|o| o.cmd_seq).collect::<Vec<_>>(), (1..=41).collect::<Vec<u64>>());
     assert!(outcomes.windows(2).all(|w| w[1].prev_seq == w[0].seq), "the chain is unbroken");
+}
+
+/// A server whose operator limits atomic batches to 10 messages (`jetstream { limits { batch { max_msgs: 10 } } }`,
+/// a documented server limit): the writer's group of 30 is refused whole (10199, "too large"); the writer appends
+/// it again in smaller slices (it used to reload and send the same group again, forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_batch_limit_below_the_group_is_met_with_smaller_appends() {
+    let options =
+        ServerOptions { jetstream: Some("limits { batch { max_msgs: 10 } }".to_owned()), ..Default::default() };
+    let Some(server) = NatsServer::start_with(options) else { return };
+    let config = JetStreamConfig {
+        priority_timeout: Duration::from_secs(2),
+        ack_wait: Duration::from_secs(2),
+        ..JetStreamConfig::new(server.url(), 1)
+    };
+    let log = JetStream::connect(config).await.expect("connect");
+    let mut producer = Producer { log: log.clone(), n: 0 };
+    let agent = AgentName::new("w0").unwrap();
+    producer.publish("w0", register(&agent)).await;
+    for _ in 0..29 {
+        let resource = producer.resource();
+        producer.publish("ci", allocate(&agent, resource)).await;
+    }
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(leasehold_worker::run(log.clone(), WorkerConfig::new("worker"), shutdown.clone()));
+    let outcomes = first_parts_within(&log, 30, Duration::from_secs(10)).await;
+    let report = stop(shutdown, worker).await;
+    eprintln!("report: {:?}", report.counts);
+    assert_eq!(
+        outcomes.len(),
+        30,
+        "every command decided within 10 s; the log holds {} outcomes after {} reloads",
+        outcomes.len(),
+        report.counts.reloads
+    );
+}
+
+/// Appends whose answers come after `request_timeout` (a slow disk: `sync_interval: always`, a 4 ms timeout): the
+/// writer reloads while its batch is still being stored and decides the same commands again; the fence must refuse
+/// the second copy, so every command still has exactly one outcome, in order, on an unbroken chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_append_answers_never_double_an_outcome() {
+    let options = ServerOptions { jetstream: Some("sync_interval: always".to_owned()), ..Default::default() };
+    let Some(server) = NatsServer::start_with(options) else { return };
+    let base = JetStreamConfig {
+        priority_timeout: Duration::from_secs(2),
+        ack_wait: Duration::from_secs(2),
+        ..JetStreamConfig::new(server.url(), 1)
+    };
+    let log = JetStream::connect(base.clone()).await.expect("connect");
+    let mut producer = Producer { log: log.clone(), n: 0 };
+    let agents: Vec<AgentName> = (0..20).map(|i| AgentName::new(format!("w{i}")).unwrap()).collect();
+    for agent in &agents {
+        producer.publish(agent.as_str(), register(agent)).await;
+    }
+    for i in 0..980 {
+        let resource = producer.resource();
+        producer.publish("ci", allocate(&agents[i % 20], resource)).await;
+    }
+    let slow = JetStream::connect(JetStreamConfig { request_timeout: Duration::from_millis(4), ..base })
+        .await
+        .expect("connect with a short timeout");
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(leasehold_worker::run(slow, WorkerConfig::new("worker"), shutdown.clone()));
+    let outcomes = first_parts_within(&log, 1000, Duration::from_secs(60)).await;
+    let report = stop(shutdown, worker).await;
+    eprintln!("report: {:?} stopped {:?}", report.counts, report.stopped);
+    let seqs: Vec<u64> = outcomes.iter().filter(|o| o.part == 0).map(|o| o.cmd_seq).collect();
+    assert_eq!(seqs, (1..=1000).collect::<Vec<u64>>(), "one outcome per command, in order");
+    let p0: Vec<_> = outcomes.iter().collect();
+    assert!(p0.windows(2).all(|w| w[1].prev_seq == w[0].seq), "the chain is unbroken");
 }
