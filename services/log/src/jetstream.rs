@@ -86,6 +86,9 @@ pub const OUTCOME_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// again and dead-letters it again; the window absorbs that.
 pub const DEAD_LETTER_DUPLICATE_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
+/// How long a serving process waits for the server to allow atomic batches on a stream made before group commit.
+const UPGRADE_WAIT: Duration = Duration::from_secs(2);
+
 /// The most messages one direct get asks for.
 const DIRECT_BATCH: usize = 1024;
 /// The most deliveries one pull of a writer consumer asks for.
@@ -191,6 +194,9 @@ struct Inner {
     config: JetStreamConfig,
     /// `None` on an agent's restricted connection, which may not read the streams' state.
     streams: Option<Streams>,
+    /// The most commands one ingest batch carries: halved when the server refuses a batch as too large (an
+    /// operator's `max_msgs`), so ingest does not stage and abandon doomed batches again and again.
+    ingest_cap: std::sync::atomic::AtomicUsize,
 }
 
 struct Streams {
@@ -292,7 +298,15 @@ impl JetStream {
             if !is_token(agent) {
                 return Err(Error::Refused(format!("{agent:?} is not an agent name")));
             }
-            return Ok(JetStream { inner: Arc::new(Inner { client, js, config, streams: None }) });
+            return Ok(JetStream {
+                inner: Arc::new(Inner {
+                    client,
+                    js,
+                    config,
+                    streams: None,
+                    ingest_cap: crate::MAX_APPEND_RECORDS.into(),
+                }),
+            });
         }
         let mut config = config;
         // A client of an existing log (an agent, a producer) takes it as its creator made it, and has no say in how
@@ -330,7 +344,15 @@ impl JetStream {
             _ => config.priority_timeout,
         };
         let streams = Streams { cmd, evt, dlq, snapshots, workers, worker_ttl, evt_atomic, cmd_atomic };
-        Ok(JetStream { inner: Arc::new(Inner { client, js, config, streams: Some(streams) }) })
+        Ok(JetStream {
+            inner: Arc::new(Inner {
+                client,
+                js,
+                config,
+                streams: Some(streams),
+                ingest_cap: crate::MAX_APPEND_RECORDS.into(),
+            }),
+        })
     }
 
     /// Up to `max` stored outcomes from sequence `from`, each as its sequence, subject and headers as the server
@@ -723,7 +745,8 @@ impl JetStream {
                 .map(|a| a.unwrap_or_else(|| Err(Error::Unavailable("not published".to_owned()))))
                 .collect();
         }
-        for chunk in valid.chunks(crate::MAX_APPEND_RECORDS) {
+        let cap = self.inner.ingest_cap.load(std::sync::atomic::Ordering::Relaxed).max(1);
+        for chunk in valid.chunks(cap) {
             let messages = chunk
                 .iter()
                 .map(|(i, headers)| (commands[*i].subject.clone(), headers.clone(), commands[*i].payload.clone()))
@@ -736,6 +759,9 @@ impl JetStream {
                     }
                 }
                 Err(failed) => {
+                    if matches!(failed, BatchFailed::Refused { code: 10199, .. }) && chunk.len() > 1 {
+                        self.inner.ingest_cap.store(chunk.len() / 2, std::sync::atomic::Ordering::Relaxed);
+                    }
                     // Refused whole, too large, or not answered: nothing of it is stored, or all of it. A command
                     // whose batch was stored but not answered comes back `duplicate` with the sequence the batch
                     // gave it: stored once, though this call stored it.
@@ -828,10 +854,12 @@ fn batch_refusal(code: u64, description: &str, first: bool) -> Appended {
     const UNAVAILABLE: u64 = 10163;
     const TOO_MANY_BATCHES: u64 = 10210;
     const TOO_LARGE: u64 = 10199;
+    const ATOMIC_DISABLED: u64 = 10174;
     let which = if first { "first message" } else { "commit" };
     match code {
-        // The server's `max_msgs` per batch is below this batch's size (an operator's limit): smaller batches land.
-        TOO_LARGE => Appended::TooLarge(format!("{which} refused ({code}): {description}")),
+        // The server's `max_msgs` per batch is below this batch's size (an operator's limit), or atomic batches were
+        // turned off on the stream since we connected: smaller appends land, down to one record.
+        TOO_LARGE | ATOMIC_DISABLED => Appended::TooLarge(format!("{which} refused ({code}): {description}")),
         WRONG_LAST_SEQUENCE => Appended::Stale { last: sequence_after(description, "wrong last sequence: ") },
         NOT_READY | UNAVAILABLE | TOO_MANY_BATCHES => {
             Appended::Busy(format!("{which} refused ({code}): {description}"))
@@ -853,7 +881,12 @@ async fn ensure_stream(js: &Context, wanted: stream::Config, upgrade: bool) -> R
                     // stream, and nothing else changes. A user not allowed to update streams (a worker's
                     // credentials) goes on without them: the log says so, and appends one record at a time.
                     let config = stream::Config { allow_atomic_publish: true, ..got.clone() };
-                    match js.update_stream(config).await {
+                    // A user without the right gets no answer at all (a permission violation): do not wait long.
+                    let updated = match tokio::time::timeout(UPGRADE_WAIT, js.update_stream(config)).await {
+                        Ok(answer) => answer.map_err(|e| e.to_string()),
+                        Err(_) => Err(format!("no answer in {UPGRADE_WAIT:?} (no permission to update streams?)")),
+                    };
+                    match updated {
                         Ok(_) => {
                             tracing::info!(stream = %name, "allowed atomic batches on the stream");
                             return js
@@ -2016,6 +2049,26 @@ async fn agent_messages(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batch_answers_map_as_section_3_says() {
+        assert_eq!(batch_answer(b""), BatchAnswer::Taken);
+        assert_eq!(
+            batch_answer(br#"{"stream":"LH_EVT","seq":12,"batch":"b1","count":3}"#),
+            BatchAnswer::Stored { seq: 12, count: 3, id: Some("b1".to_owned()) }
+        );
+        let refused = batch_answer(
+            br#"{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 59"},"stream":"LH_EVT","seq":0}"#,
+        );
+        let BatchAnswer::Refused { code, description } = refused else { panic!("{refused:?}") };
+        assert_eq!(batch_refusal(code, &description, false), Appended::Stale { last: Some(59) });
+        assert!(matches!(batch_refusal(10210, "atomic publish too many inflight", true), Appended::Busy(_)));
+        assert!(matches!(batch_refusal(10164, "not ready", false), Appended::Busy(_)));
+        assert!(matches!(batch_refusal(10199, "atomic publish batch is too large", false), Appended::TooLarge(_)));
+        assert!(matches!(batch_refusal(10174, "atomic publish is disabled", false), Appended::TooLarge(_)));
+        assert!(matches!(batch_refusal(10201, "duplicate message id", false), Appended::Unknown(_)));
+        assert!(matches!(batch_answer(b"garbage"), BatchAnswer::Garbled(_)));
+    }
 
     #[test]
     fn ack_subjects_name_the_stream_sequence() {

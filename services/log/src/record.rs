@@ -227,7 +227,8 @@ pub struct Published {
 }
 
 /// The answer to an append. Only [`Appended::Landed`] is clean; a writer that gets any other answer must not trust
-/// its memory of the partition (DESIGN section 3), except [`Appended::Busy`], which is retried as it is.
+/// its memory of the partition (DESIGN section 3), except [`Appended::Busy`], which is retried as it is, and
+/// [`Appended::TooLarge`], which is retried in smaller appends (nothing was stored either way).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Appended {
     /// Every record landed, at `first..=last`, in order.

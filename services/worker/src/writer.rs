@@ -10,6 +10,7 @@
 //!                 │ already decided / unchanged: nothing
 //!         append(fence, group) ─▶ landed: fence moves on, commands acked through the last one
 //!                                 busy: the same append again
+//!                                 too large: the same records in smaller appends, from then on
 //!                                 anything else: drop state and group, load, go on from the cursor
 //! ```
 //!
