@@ -1,16 +1,16 @@
 //! A deterministic simulation of the writers (the FoundationDB / TigerBeetle way): two real workers (`run`: the
-//! share of partitions among live workers, taking what nobody serves, the writers) serve the
-//! partitions of an in-memory embedded log on a single-threaded runtime with paused time, while a seeded fault
-//! layer between them and the log loses acks, times appends out (landed or not), answers "busy", stalls a writer
-//! while its hold moves to the other one (so it resumes with a buffered append under a stale fence), moves holds
-//! between the parts of a decision, and delivers commands again and out of order. Writers group-commit (each seed
-//! its own group size, from one record to a thousand), so the same faults hit batches: a batch abandoned half-way
-//! (nothing stored), a commit answer lost after the batch landed, too many open batches, a takeover between two
-//! batches of one decision's parts. A producer publishes a seeded
-//! workload meanwhile: registrations, allocations, reports, heartbeats, leases, releases, retirements decided in
-//! parts (one mid-workload, one at the end), retried commands, garbage and commands on the wrong subject. Writers store snapshots every few outcomes
-//! and load from them; the fault layer sometimes offers a snapshot no writer may use (another decider version, past
-//! the log's end, garbage) instead.
+//! share of partitions among live workers, taking what nobody serves, the writers) serve the partitions of an
+//! in-memory embedded log on a single-threaded runtime with paused time, while a seeded fault layer between them
+//! and the log loses acks, times appends out (landed or not), answers "busy", stalls a writer while its hold moves
+//! to the other one (so it resumes with a buffered append under a stale fence), moves holds between the parts of a
+//! decision, and delivers commands again and out of order. Writers group-commit (each seed its own group size, from
+//! one record to a thousand), so the same faults hit batches: a batch abandoned half-way (nothing stored), a commit
+//! answer lost after the batch landed, too many open batches, a batch over a server's limit (appended again in
+//! smaller slices), a takeover between two batches of one decision's parts. A producer publishes a seeded workload
+//! meanwhile: registrations, allocations, reports, heartbeats, leases, releases, retirements decided in parts (one
+//! mid-workload, one at the end), retried commands, garbage and commands on the wrong subject. Writers store
+//! snapshots every few outcomes and load from them; the fault layer sometimes offers a snapshot no writer may use
+//! (another decider version, past the log's end, garbage) instead.
 //!
 //! After each seed: the outcomes in the log are exactly those one fault-free writer makes from the same command log
 //! (so every command has exactly one outcome, in command order, each part once), the chain is unbroken, the state
@@ -57,6 +57,7 @@ struct Faults {
     batches_abandoned: u64,
     batch_answers_lost: u64,
     batches_busy: u64,
+    batches_too_large: u64,
     moves_between_batches_of_parts: u64,
 }
 
@@ -75,6 +76,7 @@ impl std::ops::AddAssign for Faults {
         self.batches_abandoned += f.batches_abandoned;
         self.batch_answers_lost += f.batch_answers_lost;
         self.batches_busy += f.batches_busy;
+        self.batches_too_large += f.batches_too_large;
         self.moves_between_batches_of_parts += f.moves_between_batches_of_parts;
     }
 }
@@ -117,6 +119,11 @@ impl Intercept<Embedded> for Faulty {
         if self.roll(3) {
             self.count(|f| if batch { f.batches_busy += 1 } else { f.busy += 1 });
             return Appended::Busy("simulated: too many open batches".to_owned());
+        }
+        if batch && self.roll(2) {
+            // A server batch limit below this batch (10199): nothing stored; the writer appends in smaller slices.
+            self.count(|f| f.batches_too_large += 1);
+            return Appended::TooLarge("simulated: atomic publish batch is too large".to_owned());
         }
         if self.roll(3) {
             // For a batch: abandoned half-way (some messages sent, never committed), which stores nothing.
@@ -582,6 +589,7 @@ fn writers_under_seeded_faults_decide_as_one_writer_would() {
         ("batches abandoned half-way", total.batches_abandoned),
         ("batch answers lost after landing", total.batch_answers_lost),
         ("too many open batches", total.batches_busy),
+        ("batches over a server limit", total.batches_too_large),
         ("takeovers between batches of one decision's parts", total.moves_between_batches_of_parts),
     ] {
         assert!(n > 0 || seeds < 50, "no {name} fault in {seeds} seeds");
