@@ -144,6 +144,9 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
                 for warning in durability_warnings(log.replicas(), varz.as_ref()) {
                     eprintln!("{warning}");
                 }
+                if let Some(warning) = payload_warning(log.client().server_info().max_payload) {
+                    eprintln!("{warning}");
+                }
                 serve(log, &args, checked, shutdown).await
             }
         };
@@ -191,6 +194,20 @@ fn durability_warnings(replicas: usize, varz: Option<&Result<serde_json::Value, 
         }
     }
     out
+}
+
+/// A server whose `max_payload` is below the largest outcome part (512 KiB) plus its headers cannot store every
+/// outcome a writer may append: such an append never lands, and its partition retries it forever.
+fn payload_warning(max_payload: usize) -> Option<String> {
+    let needed = leasehold_schemas::codec::MAX_OUTCOME_BYTES + 64 * 1024;
+    (max_payload < needed).then(|| {
+        format!(
+            "WARNING: the NATS server's max_payload is {max_payload} bytes: an outcome part may take up to {} bytes \
+             with its headers, and one the server refuses stops its partition's progress; keep max_payload at its \
+             default (1 MiB) or more",
+            needed
+        )
+    })
 }
 
 fn roles(roles: &[Role]) -> String {
@@ -474,6 +491,8 @@ mod tests {
         assert!(durability_warnings(3, Some(&Ok(always))).is_empty());
         assert!(durability_warnings(3, None).is_empty());
         assert_eq!(durability_warnings(3, Some(&Err("refused".to_owned()))).len(), 1);
+        assert!(payload_warning(1024 * 1024).is_none(), "the default max_payload holds every outcome part");
+        assert!(payload_warning(512 * 1024).is_some_and(|w| w.contains("max_payload is 524288 bytes")));
     }
 
     fn checked(argv: &[&str]) -> anyhow::Result<Checked> {
