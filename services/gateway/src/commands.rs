@@ -242,19 +242,13 @@ pub(crate) async fn landed<L: Log>(
     published: Result<leasehold_log::Published, leasehold_log::Error>,
     decided: Option<&Outcome>,
 ) -> Result<leasehold_log::Published, Refusal> {
-    let published = match published {
-        Ok(published) => published,
-        Err(e @ leasehold_log::Error::Refused(_)) => return Err(Refusal::new(StatusCode::BAD_REQUEST, e.to_string())),
-        Err(e) => return Err(Refusal::unavailable("the command could not be published", e)),
-    };
-    if published.duplicate {
-        match leasehold_log::other_command_under_id(&api.log, published.seq, envelope, decided).await {
-            Ok(None) => {}
-            Ok(Some(why)) => return Err(Refusal::new(StatusCode::CONFLICT, why)),
-            Err(e) => return Err(Refusal::unavailable("the command log cannot be read", e)),
-        }
-    }
-    Ok(published)
+    use leasehold_log::NotStored;
+    leasehold_log::settle_publish(&api.log, published, envelope, decided).await.map_err(|not| match not {
+        NotStored::Refused(e) => Refusal::new(StatusCode::BAD_REQUEST, e.to_string()),
+        NotStored::OtherCommand(why) => Refusal::new(StatusCode::CONFLICT, why),
+        NotStored::Unanswered(e) => Refusal::unavailable("the command could not be published", e),
+        NotStored::Unchecked(e) => Refusal::unavailable("the command log cannot be read", e),
+    })
 }
 
 fn wait_time<L: Log>(api: &Api<L>, asked: Option<&str>) -> Result<Duration, Response> {

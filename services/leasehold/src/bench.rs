@@ -438,7 +438,7 @@ fn allocation(agent: &AgentName, ids: &mut Ids) -> Envelope {
 
 /// How commands are published in a phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ingest {
+enum Publishing {
     /// One publish per command, 64 in flight (one fsync each under `sync_interval: always`).
     Alone,
     /// 256 concurrent callers through `leasehold_log::ingest::Ingest`, as the gateway publishes: whatever is waiting
@@ -450,11 +450,12 @@ enum Ingest {
 async fn publish_all<L: Log>(
     log: &L,
     envelopes: Vec<Envelope>,
-    how: Ingest,
+    how: Publishing,
 ) -> anyhow::Result<(Duration, Vec<(String, Instant)>)> {
     let start = Instant::now();
-    let batcher = (how == Ingest::Batched).then(|| leasehold_log::ingest::Ingest::start(log.clone(), 1000));
-    let in_flight = if how == Ingest::Batched { 256 } else { 64 };
+    let batcher = (how == Publishing::Batched)
+        .then(|| leasehold_log::ingest::Ingest::start(log.clone(), leasehold_log::MAX_APPEND_RECORDS));
+    let in_flight = if how == Publishing::Batched { 256 } else { 64 };
     let results: Vec<anyhow::Result<(String, Instant)>> = futures::stream::iter(envelopes)
         .map(|envelope| {
             let (log, batcher) = (log.clone(), batcher.clone());
@@ -563,10 +564,10 @@ pub(crate) async fn end_to_end<L: Log>(log: &L, args: &ThroughputArgs, figures: 
     }
     let (alone, batched) = envelopes.split_at(envelopes.len() / 2);
     eprintln!("publishing {} commands one by one (64 in flight)...", alone.len());
-    let (took, _) = publish_all(log, alone.to_vec(), Ingest::Alone).await?;
+    let (took, _) = publish_all(log, alone.to_vec(), Publishing::Alone).await?;
     figures.publish_per_s = alone.len() as f64 / took.as_secs_f64();
     eprintln!("publishing {} commands with batched ingest (256 callers)...", batched.len());
-    let (took, _) = publish_all(log, batched.to_vec(), Ingest::Batched).await?;
+    let (took, _) = publish_all(log, batched.to_vec(), Publishing::Batched).await?;
     figures.publish_batched_per_s = batched.len() as f64 / took.as_secs_f64();
 
     // The commands are in the log: each phase decides a fresh `commands` of them, the first without group commit.
@@ -598,7 +599,7 @@ pub(crate) async fn end_to_end<L: Log>(log: &L, args: &ThroughputArgs, figures: 
         let target = args.commands;
         tokio::spawn(async move { outcomes_landed(&log, from, target).await })
     };
-    let (_, sent) = publish_all(log, more, Ingest::Batched).await?;
+    let (_, sent) = publish_all(log, more, Publishing::Batched).await?;
     let (done, seen) = landed.await??;
     figures.e2e_concurrent_per_s = args.commands as f64 / (done - start).as_secs_f64();
     let mut loaded: Vec<Duration> =
@@ -653,7 +654,7 @@ async fn low_load_latency<L: Log>(
         let envelope = allocation(&agents[i % agents.len()], ids);
         let id = envelope.command_id.to_string();
         let start = Instant::now();
-        publish_all(log, vec![envelope], Ingest::Alone).await?;
+        publish_all(log, vec![envelope], Publishing::Alone).await?;
         loop {
             applied.borrow_and_update();
             if !reader.outcome(&id)?.is_empty() {

@@ -120,11 +120,12 @@ fn parse(text: &str, issuer: Option<&leasehold_schemas::Issuer>) -> anyhow::Resu
     Ok(lines)
 }
 
-/// Publishes `envelopes` to the log in batches of one atomic publish each, and answers each as the gateway's batch
-/// endpoint would: a duplicate must be this very command (409 otherwise), a refusal of the log is a 400, a publish
-/// the log could not answer a 503 (it may have been stored). An error only when the first batch could not be
-/// published at all (the log unreachable): nothing was stored.
+/// Publishes `envelopes` to the log together (`Log::publish_commands`: atomic batches on JetStream), and answers
+/// each as the gateway's batch endpoint would ([`leasehold_log::settle_publish`]): a duplicate must be this very
+/// command (409 otherwise), a refusal of the log is a 400, a publish the log could not answer a 503 (it may have been
+/// stored). An error only when no command could be published at all (the log unreachable): nothing was stored.
 async fn publish_to_log<L: Log>(log: &L, envelopes: &[Envelope]) -> anyhow::Result<Vec<BatchItem>> {
+    use leasehold_log::NotStored;
     let mut commands = Vec::with_capacity(envelopes.len());
     for envelope in envelopes {
         let payload = codec::encode_command(envelope).with_context(|| format!("encoding {}", envelope.command_id))?;
@@ -134,49 +135,35 @@ async fn publish_to_log<L: Log>(log: &L, envelopes: &[Envelope]) -> anyhow::Resu
             payload: payload.into(),
         });
     }
+    let published = log.publish_commands(&commands).await;
+    if let Some(Err(e @ leasehold_log::Error::Unavailable(_))) = published.first()
+        && published.iter().all(|answer| matches!(answer, Err(leasehold_log::Error::Unavailable(_))))
+    {
+        bail!("publishing to the log: {e}");
+    }
     let mut answers = Vec::with_capacity(envelopes.len());
-    for (chunk_idx, chunk) in commands.chunks(leasehold_log::MAX_APPEND_RECORDS).enumerate() {
-        let offset = chunk_idx * leasehold_log::MAX_APPEND_RECORDS;
-        let published = log.publish_commands(chunk).await;
-        if offset == 0
-            && let Some(Err(e @ leasehold_log::Error::Unavailable(_))) = published.first()
-            && published.iter().all(|answer| matches!(answer, Err(leasehold_log::Error::Unavailable(_))))
-        {
-            bail!("publishing to the log: {e}");
-        }
-        for (k, answer) in published.into_iter().enumerate() {
-            let index = offset + k;
-            let envelope = &envelopes[index];
-            let id = envelope.command_id.to_string();
-            let refused = |status_code: u16, error: String| {
-                BatchItem::Refused(BatchRefusal { index, command_id: Some(id.clone()), error, status_code })
-            };
-            answers.push(match answer {
-                Ok(published) => {
-                    let other = match published.duplicate {
-                        true => leasehold_log::other_command_under_id(log, published.seq, envelope, None).await,
-                        false => Ok(None),
-                    };
-                    match other {
-                        Ok(None) => BatchItem::Published(crate::client::CommandStatus {
-                            command_id: id.clone(),
-                            status: "published".to_owned(),
-                            command_seq: Some(published.seq),
-                            duplicate: published.duplicate,
-                            rejection: None,
-                            outcomes: Vec::new(),
-                            dead_letter: None,
-                        }),
-                        Ok(Some(why)) => refused(409, why),
-                        Err(e) => {
-                            refused(503, format!("stored under an id already used; the log cannot say by what: {e}"))
-                        }
-                    }
-                }
-                Err(e @ leasehold_log::Error::Refused(_)) => refused(400, e.to_string()),
-                Err(e) => refused(503, format!("{e}; it may have been stored")),
-            });
-        }
+    for (index, (envelope, answer)) in envelopes.iter().zip(published).enumerate() {
+        let id = envelope.command_id.to_string();
+        let refused = |status_code: u16, error: String| {
+            BatchItem::Refused(BatchRefusal { index, command_id: Some(id.clone()), error, status_code })
+        };
+        answers.push(match leasehold_log::settle_publish(log, answer, envelope, None).await {
+            Ok(published) => BatchItem::Published(crate::client::CommandStatus {
+                command_id: id.clone(),
+                status: "published".to_owned(),
+                command_seq: Some(published.seq),
+                duplicate: published.duplicate,
+                rejection: None,
+                outcomes: Vec::new(),
+                dead_letter: None,
+            }),
+            Err(NotStored::Refused(e)) => refused(400, e.to_string()),
+            Err(NotStored::OtherCommand(why)) => refused(409, why),
+            Err(NotStored::Unanswered(e)) => refused(503, format!("{e}; it may have been stored")),
+            Err(NotStored::Unchecked(e)) => {
+                refused(503, format!("stored under an id already used; the log cannot say by what: {e}"))
+            }
+        });
     }
     Ok(answers)
 }

@@ -552,8 +552,8 @@ pub async fn publish_commands_answers_each<L: Log>(log: L) {
     );
     assert!(log.publish_commands(&[]).await.is_empty());
 
-    // A batch of fresh commands over every partition (on JetStream, one atomic batch): each answer names where its
-    // own command is.
+    // A batch of fresh commands over every partition: each answer names where its own command is (on JetStream the
+    // sequences come from one batch's acknowledgement; `tests/batch_limits.rs` checks the batch itself).
     let fresh: Vec<_> = (0..300).map(|i| command(format!("lh.in.op.k{}._", i % 11), &format!("fresh-{i}"))).collect();
     let answers = log.publish_commands(&fresh).await;
     let mut seqs = Vec::new();

@@ -34,6 +34,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::ErrorCode;
@@ -196,7 +197,13 @@ struct Inner {
     streams: Option<Streams>,
     /// The most commands one ingest batch carries: halved when the server refuses a batch as too large (an
     /// operator's `max_msgs`), so ingest does not stage and abandon doomed batches again and again.
-    ingest_cap: std::sync::atomic::AtomicUsize,
+    ingest_cap: AtomicUsize,
+}
+
+impl Inner {
+    fn new(client: async_nats::Client, js: Context, config: JetStreamConfig, streams: Option<Streams>) -> Arc<Inner> {
+        Arc::new(Inner { client, js, config, streams, ingest_cap: AtomicUsize::new(crate::MAX_APPEND_RECORDS) })
+    }
 }
 
 struct Streams {
@@ -298,15 +305,7 @@ impl JetStream {
             if !is_token(agent) {
                 return Err(Error::Refused(format!("{agent:?} is not an agent name")));
             }
-            return Ok(JetStream {
-                inner: Arc::new(Inner {
-                    client,
-                    js,
-                    config,
-                    streams: None,
-                    ingest_cap: crate::MAX_APPEND_RECORDS.into(),
-                }),
-            });
+            return Ok(JetStream { inner: Inner::new(client, js, config, None) });
         }
         let mut config = config;
         // A client of an existing log (an agent, a producer) takes it as its creator made it, and has no say in how
@@ -344,15 +343,7 @@ impl JetStream {
             _ => config.priority_timeout,
         };
         let streams = Streams { cmd, evt, dlq, snapshots, workers, worker_ttl, evt_atomic, cmd_atomic };
-        Ok(JetStream {
-            inner: Arc::new(Inner {
-                client,
-                js,
-                config,
-                streams: Some(streams),
-                ingest_cap: crate::MAX_APPEND_RECORDS.into(),
-            }),
-        })
+        Ok(JetStream { inner: Inner::new(client, js, config, Some(streams)) })
     }
 
     /// Up to `max` stored outcomes from sequence `from`, each as its sequence, subject and headers as the server
@@ -541,32 +532,30 @@ impl JetStream {
         Ok(headers)
     }
 
-    /// Publishes `commands` with all of them in flight at once (each still its own message, deduplicated by its own
-    /// id), then takes the acknowledgements in order.
-    async fn publish_pipelined(&self, commands: &[Publish]) -> Vec<Result<Published, Error>> {
-        let mut pending = Vec::with_capacity(commands.len());
-        for command in commands {
-            let sent = match self.command_headers(&command.subject, &command.msg_id) {
-                Ok(headers) => {
-                    let message = PublishMessage::build().payload(command.payload.clone()).headers(headers);
-                    let sent = self.inner.js.send_publish(command.subject.clone(), message).await;
-                    sent.map_err(|e| publish_command_error(&command.subject, e))
+    /// Publishes the commands at `chosen` (their indexes in `commands`, with their headers) each alone, all of them
+    /// in flight at once (each deduplicated by its own id), and puts each answer at its index.
+    async fn publish_one_by_one(
+        &self,
+        commands: &[Publish],
+        chosen: &[(usize, HeaderMap)],
+        answers: &mut [Option<Result<Published, Error>>],
+    ) {
+        let mut pending = Vec::with_capacity(chosen.len());
+        for (i, headers) in chosen {
+            let command = &commands[*i];
+            let message = PublishMessage::build().payload(command.payload.clone()).headers(headers.clone());
+            pending.push(self.inner.js.send_publish(command.subject.clone(), message).await);
+        }
+        for ((i, _), sent) in chosen.iter().zip(pending) {
+            let subject = &commands[*i].subject;
+            answers[*i] = Some(
+                match sent {
+                    Ok(ack) => ack.await.map_err(|e| publish_command_error(subject, e)),
+                    Err(e) => Err(publish_command_error(subject, e)),
                 }
-                Err(e) => Err(e),
-            };
-            pending.push(sent);
+                .map(|ack| Published { seq: ack.sequence, duplicate: ack.duplicate }),
+            );
         }
-        let mut answers = Vec::with_capacity(commands.len());
-        for (command, sent) in commands.iter().zip(pending) {
-            answers.push(match sent {
-                Ok(ack) => match ack.await {
-                    Ok(ack) => Ok(Published { seq: ack.sequence, duplicate: ack.duplicate }),
-                    Err(e) => Err(publish_command_error(&command.subject, e)),
-                },
-                Err(e) => Err(e),
-            });
-        }
-        answers
     }
 
     /// The subject and headers of an outcome record: the ids, and its place in the partition's chain.
@@ -643,13 +632,15 @@ impl JetStream {
         // A message the server would refuse for its size must not go out half-way through a batch: the batch would
         // stay open until the server's timeout, holding one of the few open batches a stream allows.
         let max_payload = client.server_info().max_payload;
-        for (i, (subject, headers, payload)) in messages.iter().enumerate() {
+        for (i, (_, headers, payload)) in messages.iter().enumerate() {
+            // As the client counts it: "NATS/1.0\r\n", "<name>: <value>\r\n" per value, "\r\n"; plus the batch headers.
             let header_bytes: usize = headers
                 .iter()
-                .map(|(k, v)| k.to_string().len() + 4 + v.iter().map(|v| v.as_str().len() + 2).sum::<usize>())
+                .map(|(name, values)| {
+                    values.iter().map(|v| AsRef::<str>::as_ref(name).len() + v.as_str().len() + 4).sum::<usize>()
+                })
                 .sum();
-            // The batch headers, the header block's framing, and the subject's share of the protocol line.
-            let size = payload.len() + header_bytes + BATCH_HEADER_BYTES + subject.len();
+            let size = payload.len() + header_bytes + 12 + BATCH_HEADER_BYTES;
             if max_payload > 0 && size > max_payload {
                 return Err(BatchFailed::TooLarge(format!(
                     "message {} of the batch would be about {size} bytes with its headers, over the server's \
@@ -734,24 +725,20 @@ impl JetStream {
                 Err(e) => answers[i] = Some(Err(e)),
             }
         }
-        if !self.streams().is_ok_and(|s| s.cmd_atomic) {
-            // LH_CMD made before batched ingest, not upgraded yet: each command alone.
-            let alone: Vec<Publish> = valid.iter().map(|(i, _)| commands[*i].clone()).collect();
-            for ((i, _), answer) in valid.iter().zip(self.publish_pipelined(&alone).await) {
-                answers[*i] = Some(answer);
-            }
-            return answers
-                .into_iter()
-                .map(|a| a.unwrap_or_else(|| Err(Error::Unavailable("not published".to_owned()))))
-                .collect();
-        }
-        let cap = self.inner.ingest_cap.load(std::sync::atomic::Ordering::Relaxed).max(1);
+        // LH_CMD made before batched ingest and not upgraded yet: all of them one by one.
+        let atomic = self.streams().is_ok_and(|s| s.cmd_atomic);
+        let cap = if atomic { self.inner.ingest_cap.load(Ordering::Relaxed).max(1) } else { valid.len().max(1) };
         for chunk in valid.chunks(cap) {
-            let messages = chunk
-                .iter()
-                .map(|(i, headers)| (commands[*i].subject.clone(), headers.clone(), commands[*i].payload.clone()))
-                .collect();
-            match self.atomic_batch(messages).await {
+            let stored = if atomic {
+                let messages = chunk
+                    .iter()
+                    .map(|(i, headers)| (commands[*i].subject.clone(), headers.clone(), commands[*i].payload.clone()))
+                    .collect();
+                self.atomic_batch(messages).await
+            } else {
+                Err(BatchFailed::TooLarge("LH_CMD does not allow atomic batches".to_owned()))
+            };
+            match stored {
                 Ok(last) => {
                     let first = last + 1 - chunk.len() as u64;
                     for (k, (i, _)) in chunk.iter().enumerate() {
@@ -759,17 +746,16 @@ impl JetStream {
                     }
                 }
                 Err(failed) => {
-                    if matches!(failed, BatchFailed::Refused { code: 10199, .. }) && chunk.len() > 1 {
-                        self.inner.ingest_cap.store(chunk.len() / 2, std::sync::atomic::Ordering::Relaxed);
+                    if matches!(&failed, BatchFailed::Refused { code, .. }
+                        if ErrorCode(*code) == ErrorCode::ATOMIC_PUBLISH_TOO_LARGE_BATCH)
+                    {
+                        self.inner.ingest_cap.store((chunk.len() / 2).max(1), Ordering::Relaxed);
                     }
                     // Refused whole, too large, or not answered: nothing of it is stored, or all of it. A command
                     // whose batch was stored but not answered comes back `duplicate` with the sequence the batch
                     // gave it: stored once, though this call stored it.
                     tracing::debug!(?failed, commands = chunk.len(), "a command batch did not land whole; one by one");
-                    let alone: Vec<Publish> = chunk.iter().map(|(i, _)| commands[*i].clone()).collect();
-                    for ((i, _), answer) in chunk.iter().zip(self.publish_pipelined(&alone).await) {
-                        answers[*i] = Some(answer);
-                    }
+                    self.publish_one_by_one(commands, chunk, &mut answers).await;
                 }
             }
         }
@@ -787,7 +773,7 @@ enum BatchFailed {
 }
 
 /// Bytes the batch headers add to a message (`Nats-Batch-Id` of 22 characters, `Nats-Batch-Sequence` of up to four
-/// digits, `Nats-Batch-Commit`) with the header block's own framing, rounded up.
+/// digits, `Nats-Batch-Commit`), rounded up.
 const BATCH_HEADER_BYTES: usize = 128;
 
 /// Where an outcome record stands in its append.
@@ -843,28 +829,33 @@ fn batch_answer(payload: &[u8]) -> BatchAnswer {
     }
 }
 
-/// What a refused atomic batch means, as DESIGN section 3 says: a stale fence (10071) stored nothing and names the
-/// partition's last sequence; in flight on a replicated stream (10164), a leader change (10163) and too many open
-/// batches (10210) stored nothing and are retried as they are. Anything else refused at the commit stored nothing
-/// either (the batch is atomic), but says something unexpected: the writer reloads. A refused first message never
-/// opened the batch.
+/// What a refused atomic batch means: [`refused_append`] of its code, saying which message was refused (a refused
+/// first message never opened the batch).
 fn batch_refusal(code: u64, description: &str, first: bool) -> Appended {
-    const WRONG_LAST_SEQUENCE: u64 = 10071;
-    const NOT_READY: u64 = 10164;
-    const UNAVAILABLE: u64 = 10163;
-    const TOO_MANY_BATCHES: u64 = 10210;
-    const TOO_LARGE: u64 = 10199;
-    const ATOMIC_DISABLED: u64 = 10174;
     let which = if first { "first message" } else { "commit" };
+    refused_append(ErrorCode(code), &format!("{which} refused ({code}): {description}"))
+}
+
+/// What the server's refusal of an append (one record, or an atomic batch) means, as DESIGN section 3 says; `text`
+/// is its message. Nothing was stored in any case:
+/// - a stale fence (10071) names the partition's last sequence: reload;
+/// - in flight on a replicated stream (10164), not ready after a leader change (10163), too many open batches
+///   (10210): busy, the same append again;
+/// - a batch over the server's `max_msgs` (10199), or atomic batches turned off on the stream since we connected
+///   (10174): too large, smaller appends land, down to one record;
+/// - anything else says something unexpected: unknown, reload.
+fn refused_append(code: ErrorCode, text: &str) -> Appended {
     match code {
-        // The server's `max_msgs` per batch is below this batch's size (an operator's limit), or atomic batches were
-        // turned off on the stream since we connected: smaller appends land, down to one record.
-        TOO_LARGE | ATOMIC_DISABLED => Appended::TooLarge(format!("{which} refused ({code}): {description}")),
-        WRONG_LAST_SEQUENCE => Appended::Stale { last: sequence_after(description, "wrong last sequence: ") },
-        NOT_READY | UNAVAILABLE | TOO_MANY_BATCHES => {
-            Appended::Busy(format!("{which} refused ({code}): {description}"))
+        ErrorCode::STREAM_WRONG_LAST_SEQUENCE => {
+            Appended::Stale { last: sequence_after(text, "wrong last sequence: ") }
         }
-        _ => Appended::Unknown(format!("{which} refused ({code}): {description}")),
+        ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
+        | ErrorCode::STREAM_EXPECTED_LAST_SEQ_PER_SUBJECT_NOT_READY
+        | ErrorCode::ATOMIC_PUBLISH_TOO_MANY_INFLIGHT => Appended::Busy(text.to_owned()),
+        ErrorCode::ATOMIC_PUBLISH_TOO_LARGE_BATCH | ErrorCode::ATOMIC_PUBLISH_DISABLED => {
+            Appended::TooLarge(text.to_owned())
+        }
+        _ => Appended::Unknown(text.to_owned()),
     }
 }
 
@@ -877,27 +868,7 @@ async fn ensure_stream(js: &Context, wanted: stream::Config, upgrade: bool) -> R
                 let got = &stream.cached_info().config;
                 check_stream(&wanted, got)?;
                 if upgrade && wanted.allow_atomic_publish && !got.allow_atomic_publish {
-                    // A log made before group commit: atomic batches are an addition the server allows on a live
-                    // stream, and nothing else changes. A user not allowed to update streams (a worker's
-                    // credentials) goes on without them: the log says so, and appends one record at a time.
-                    let config = stream::Config { allow_atomic_publish: true, ..got.clone() };
-                    // A user without the right gets no answer at all (a permission violation): do not wait long.
-                    let updated = match tokio::time::timeout(UPGRADE_WAIT, js.update_stream(config)).await {
-                        Ok(answer) => answer.map_err(|e| e.to_string()),
-                        Err(_) => Err(format!("no answer in {UPGRADE_WAIT:?} (no permission to update streams?)")),
-                    };
-                    match updated {
-                        Ok(_) => {
-                            tracing::info!(stream = %name, "allowed atomic batches on the stream");
-                            return js
-                                .get_stream(&name)
-                                .await
-                                .map_err(|e| unavailable(&format!("cannot read stream {name}"), e));
-                        }
-                        Err(e) => {
-                            tracing::warn!(stream = %name, error = %e, "cannot allow atomic batches on the stream")
-                        }
-                    }
+                    return allow_atomic_batches(js, stream).await;
                 }
                 return Ok(stream);
             }
@@ -926,6 +897,29 @@ async fn ensure_stream(js: &Context, wanted: stream::Config, upgrade: bool) -> R
         }
     }
     Err(Error::Unavailable(format!("stream {name} was created and deleted while we looked")))
+}
+
+/// Allows atomic batches on `stream`, made before group commit: an addition the server allows on a live stream,
+/// and nothing else changes. A user not allowed to update streams (a worker's credentials) gets no answer at all (a
+/// permission violation), so the wait is short: it goes on with the stream as it is, and the log appends one record
+/// at a time (connect warns).
+async fn allow_atomic_batches(js: &Context, stream: stream::Stream) -> Result<stream::Stream, Error> {
+    let name = stream.cached_info().config.name.clone();
+    let config = stream::Config { allow_atomic_publish: true, ..stream.cached_info().config.clone() };
+    match tokio::time::timeout(UPGRADE_WAIT, js.update_stream(config)).await {
+        Ok(Ok(_)) => {
+            tracing::info!(stream = %name, "allowed atomic batches on the stream");
+            js.get_stream(&name).await.map_err(|e| unavailable(&format!("cannot read stream {name}"), e))
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(stream = %name, error = %e, "cannot allow atomic batches on the stream");
+            Ok(stream)
+        }
+        Err(_) => {
+            tracing::warn!(stream = %name, "no answer in {UPGRADE_WAIT:?} to allowing atomic batches (no permission?)");
+            Ok(stream)
+        }
+    }
 }
 
 /// The partition and replica counts of the log on this server, read from `LH_CMD`'s transform; refused when there
@@ -1042,30 +1036,16 @@ fn publish_command_error(subject: &str, e: PublishError) -> Error {
     }
 }
 
-/// What a refused or failed outcome publish means.
+/// What a refused or failed outcome publish means: a server's refusal as [`refused_append`] says, anything else
+/// (a timeout, a lost connection) unknown.
 fn append_error(e: &PublishError) -> Appended {
     let server = std::error::Error::source(e).and_then(|s| s.downcast_ref::<async_nats::jetstream::Error>());
-    let code = server.map(async_nats::jetstream::Error::error_code);
-    match (e.kind(), code) {
-        (PublishErrorKind::WrongLastSequence, _) => Appended::Stale { last: wrong_last_sequence(e) },
-        // In flight on a replicated stream (10164), unavailable after a leader change (10163), too many open
-        // batches (10210): the server stored nothing.
-        (
-            _,
-            Some(
-                ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
-                | ErrorCode::STREAM_EXPECTED_LAST_SEQ_PER_SUBJECT_NOT_READY
-                | ErrorCode::ATOMIC_PUBLISH_TOO_MANY_INFLIGHT,
-            ),
-        ) => Appended::Busy(e.to_string()),
+    let text = server.map_or_else(|| e.to_string(), ToString::to_string);
+    match (e.kind(), server) {
+        (PublishErrorKind::WrongLastSequence, _) => refused_append(ErrorCode::STREAM_WRONG_LAST_SEQUENCE, &text),
+        (_, Some(server)) => refused_append(server.error_code(), &text),
         _ => Appended::Unknown(e.to_string()),
     }
-}
-
-/// The sequence in "wrong last sequence: N", the server's answer to a stale fence.
-fn wrong_last_sequence(e: &PublishError) -> Option<u64> {
-    let text = std::error::Error::source(e).map_or_else(|| e.to_string(), ToString::to_string);
-    sequence_after(&text, "wrong last sequence: ")
 }
 
 /// The number after the last `marker` in `text`.

@@ -106,6 +106,45 @@ pub async fn other_command_under_id<L: Log>(
     }))
 }
 
+/// Why a command given to the log cannot be answered as stored ([`settle_publish`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotStored {
+    /// The log refused it: nothing was stored (a bad subject, too large).
+    Refused(Error),
+    /// Its id was used for another command, which the log holds under it (the why says which).
+    OtherCommand(String),
+    /// The publish was not answered: it may have been stored, and sending it again is safe.
+    Unanswered(Error),
+    /// A duplicate whose stored copy cannot be read to tell whether it is this command.
+    Unchecked(Error),
+}
+
+/// Settles what the log answered to publishing `envelope` (or, for a command already decided, the first copy the
+/// front door answers with, `decided` its decision): a refusal and an unanswered publish say so, and a duplicate
+/// must be this very command, or a client sending another command under an id already used would get the other
+/// command's decision for its own ([`other_command_under_id`]). What the gateway and the command line answer for
+/// each command they publish.
+pub async fn settle_publish<L: Log>(
+    log: &L,
+    published: Result<Published, Error>,
+    envelope: &leasehold_schemas::Envelope,
+    decided: Option<&leasehold_schemas::Outcome>,
+) -> Result<Published, NotStored> {
+    let published = match published {
+        Ok(published) => published,
+        Err(e @ Error::Refused(_)) => return Err(NotStored::Refused(e)),
+        Err(e) => return Err(NotStored::Unanswered(e)),
+    };
+    if published.duplicate {
+        match other_command_under_id(log, published.seq, envelope, decided).await {
+            Ok(None) => {}
+            Ok(Some(why)) => return Err(NotStored::OtherCommand(why)),
+            Err(e) => return Err(NotStored::Unchecked(e)),
+        }
+    }
+    Ok(published)
+}
+
 /// What the services need of the log. Implementations are cheap to clone (a handle on shared state).
 ///
 /// Sequences are the log's own: one counter for all commands, one for all outcomes (as a JetStream stream's), so a

@@ -483,8 +483,11 @@ impl<L: Log> Writer<L> {
     /// `append_cap` records (each fenced on the one before). When all of it lands the fence has moved on and (with
     /// `snapshot`) a snapshot may be stored; any other answer leaves the state untrusted.
     async fn flush(&mut self, snapshot: bool) -> Result<(), Failure> {
-        let partition = self.state.partition();
         let total = self.group.records.len();
+        if total == 0 {
+            return Ok(());
+        }
+        let partition = self.state.partition();
         let mut backoff = self.config.backoff;
         let mut start = 0;
         while start < total {
@@ -521,9 +524,6 @@ impl<L: Log> Writer<L> {
                     return Err(Failure::Unclean(Unclean { at_least: 0, why }));
                 }
             }
-        }
-        if total == 0 {
-            return Ok(());
         }
         let group = std::mem::take(&mut self.group);
         self.since_snapshot += total as u64;
