@@ -351,6 +351,7 @@ impl Generator {
                     attributes,
                     parent: None,
                     pools: vec![],
+                    wait: None,
                 };
                 (OPERATOR.to_owned(), body.into())
             }

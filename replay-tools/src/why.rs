@@ -182,6 +182,8 @@ fn cause(cause: &ReleaseCause) -> String {
         ReleaseCause::ParentLeft { parent } => format!("its parent {parent} left"),
         ReleaseCause::CreateTimeout {} => "its create did not finish in time".to_owned(),
         ReleaseCause::AgentRetired {} => "its agent was retired".to_owned(),
+        ReleaseCause::ParentAbsent { parent } => format!("its parent {parent} does not exist"),
+        ReleaseCause::WaitTimeout { waited } => format!("it waited {waited} for its pools' identifiers"),
     }
 }
 

@@ -90,6 +90,7 @@ async fn a_decision_in_parts_is_re_decided_and_state_at_its_first_part_reads_to_
             attributes: Default::default(),
             parent: None,
             pools: vec![],
+            wait: None,
         };
         log.submit("op:ci", allocate);
         for _ in 0..64 {
@@ -286,6 +287,7 @@ async fn history_of_a_pool_lists_only_commands_that_name_it_as_a_pool() {
         attributes: Default::default(),
         parent: None,
         pools: vec![],
+        wait: None,
     };
     log.submit("op:ci", allocate);
     let entries: Vec<Result<Entry, Error>> = log.entries.into_iter().map(Ok).collect();

@@ -67,7 +67,7 @@ pub struct CodecError {
 }
 
 impl CodecError {
-    fn new(kind: CodecErrorKind, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: CodecErrorKind, detail: impl Into<String>) -> Self {
         CodecError { kind, detail: detail.into(), newer_version: None }
     }
 
@@ -138,10 +138,29 @@ where
     }
 }
 
+/// [`unit_variant`] for an optional field: `null` or absent is `None`.
+pub(crate) fn unit_variant_option<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    use serde::de::IntoDeserializer;
+    if deserializer.is_human_readable() {
+        let Some(text) = Option::<String>::deserialize(deserializer)? else {
+            return Ok(None);
+        };
+        let plain: serde::de::value::StrDeserializer<'_, serde::de::value::Error> = text.as_str().into_deserializer();
+        T::deserialize(plain).map(Some).map_err(serde::de::Error::custom)
+    } else {
+        Option::<T>::deserialize(deserializer)
+    }
+}
+
 /// The list fields of a JSON command: the only places a JSON array may stand, and only of plain values. serde
 /// would read any struct from an array of its fields in order (`"source": [5, 118]`), which no name checks: that is
 /// refused, so that every object of a command is read by its field names.
-const JSON_LISTS: &[&str] = &["pools", "remove", "created", "missing", "destroyed", "in_flight", "held", "exclude"];
+const JSON_LISTS: &[&str] =
+    &["pools", "remove", "created", "missing", "destroyed", "in_flight", "held", "exclude", "handles"];
 
 fn refuse_positional(value: &serde_json::Value, path: &str) -> Result<(), CodecError> {
     use serde_json::Value;
@@ -302,11 +321,17 @@ fn check_class(type_name: &str, declared: CommandClass, body: &Command) -> Resul
     Ok(())
 }
 
-/// Encodes a command in the bincode form, in the current schema version (whatever version it was read in: the
-/// types are always the current ones).
+/// Encodes a command in the bincode form, in the oldest schema version that expresses it (whatever version it was
+/// read in: the types are always the current ones), so that a leasehold of an older version reads every command that
+/// needs nothing newer.
 pub fn encode_command(envelope: &Envelope) -> Result<Vec<u8>, CodecError> {
+    encode_command_in(crate::command::legacy::oldest_version(&envelope.body), envelope)
+}
+
+/// Encodes a command in the layout of schema `version`.
+fn encode_command_in(version: u16, envelope: &Envelope) -> Result<Vec<u8>, CodecError> {
     let mut out = vec![FORMAT_BINCODE_V1];
-    encode_into(&crate::SCHEMA_VERSION, &mut out)?;
+    encode_into(&version, &mut out)?;
     let header = Header {
         type_name: envelope.type_name().to_owned(),
         command_id: envelope.command_id,
@@ -317,7 +342,7 @@ pub fn encode_command(envelope: &Envelope) -> Result<Vec<u8>, CodecError> {
         causation_id: envelope.causation_id,
     };
     encode_into(&header, &mut out)?;
-    envelope.body.encode_body(&mut out)?;
+    crate::command::legacy::encode_body(version, &envelope.body, &mut out)?;
     check_size(&out, MAX_COMMAND_BYTES, "command")?;
     Ok(out)
 }
@@ -376,7 +401,10 @@ fn decode_command_bincode(bytes: &[u8]) -> Result<Envelope, CodecError> {
     let rest = &bytes[read_version..];
     let (header, read_header) = decode_from::<Header>(rest)?;
     let rest = &rest[read_header..];
-    let (body, read_body) = Command::decode_body(&header.type_name, rest)?;
+    let (body, read_body) = match crate::command::legacy::decode_body(schema_version, &header.type_name, rest) {
+        Some(decoded) => decoded?,
+        None => Command::decode_body(&header.type_name, rest)?,
+    };
     if read_body != rest.len() {
         return Err(CodecError::new(
             CodecErrorKind::TrailingBytes,
@@ -396,7 +424,7 @@ fn decode_command_bincode(bytes: &[u8]) -> Result<Envelope, CodecError> {
     };
     // One layout per command, as the README says (a number in as few bytes as it takes, map keys in order): a
     // command has one byte form, so its bytes name it.
-    if schema_version == crate::SCHEMA_VERSION && encode_command(&envelope)?[1..] != *bytes {
+    if encode_command_in(schema_version, &envelope)?[1..] != *bytes {
         return Err(CodecError::new(
             CodecErrorKind::Malformed,
             "not in the canonical bincode form: a number written in more bytes than it takes, or map keys out of order",
@@ -439,10 +467,11 @@ struct JsonEnvelopeOut<'a> {
     body: crate::command::BodyRef<'a>,
 }
 
-/// The JSON form of a command, as producers in other languages write it (in the current schema version).
+/// The JSON form of a command, as producers in other languages write it (in the oldest schema version that
+/// expresses it, as the bincode form is).
 pub fn command_to_json(envelope: &Envelope) -> Result<String, CodecError> {
     let json = JsonEnvelopeOut {
-        schema_version: crate::SCHEMA_VERSION,
+        schema_version: crate::command::legacy::oldest_version(&envelope.body),
         type_name: envelope.type_name(),
         command_id: envelope.command_id,
         class: envelope.class,
@@ -501,7 +530,7 @@ pub fn command_from_json(bytes: &[u8]) -> Result<Envelope, CodecError> {
 /// Encodes an outcome; refuses one over [`MAX_OUTCOME_BYTES`].
 pub fn encode_outcome(outcome: &Outcome) -> Result<Vec<u8>, CodecError> {
     let mut out = vec![FORMAT_BINCODE_V1];
-    encode_into(&crate::SCHEMA_VERSION, &mut out)?;
+    encode_into(&outcome.oldest_schema_version(), &mut out)?;
     encode_into(outcome, &mut out)?;
     check_size(&out, MAX_OUTCOME_BYTES, "outcome")?;
     Ok(out)
@@ -615,11 +644,40 @@ mod tests {
     #[test]
     fn a_newer_schema_is_not_garbage() {
         let mut bytes = encode_command(&heartbeat()).unwrap();
-        bytes[1] = 2; // the varint schema version
+        assert_eq!(bytes[1], 1, "a heartbeat needs nothing newer than version 1, and is written in it");
+        bytes[1] = u8::try_from(crate::SCHEMA_VERSION + 1).unwrap(); // the varint schema version
         assert_eq!(decode_command(&bytes).unwrap_err().kind(), CodecErrorKind::NewerSchema);
         assert_eq!(decode_command(&bytes).unwrap_err().newer_version(), Some(crate::SCHEMA_VERSION + 1));
         let json = command_to_json(&heartbeat()).unwrap().replace(r#""schema_version":1"#, r#""schema_version":9"#);
         assert_eq!(decode_command(json.as_bytes()).unwrap_err().kind(), CodecErrorKind::NewerSchema);
+    }
+
+    /// A command written in version 1 by an older leasehold reads into today's types, and today's command that needs
+    /// nothing newer is written in version 1 byte for byte as then; one that uses a field of version 2 is written in
+    /// version 2, and a version 1 payload cannot pass for it.
+    #[test]
+    fn commands_are_written_in_the_oldest_version_that_expresses_them() {
+        use crate::command::Allocate;
+        let agent = AgentName::new("w1").unwrap();
+        let resource = crate::ResourceId::from_parts(1_767_225_600_000, [1; 10]);
+        let id = CommandId::from_parts(1_767_225_600_000, [2; 10]);
+        let issuer = Issuer::new("op:alice").unwrap();
+        let plain = Envelope::new(id, issuer.clone(), Timestamp(1), Allocate::new(agent.clone(), resource, "vm", 1));
+        let bytes = encode_command(&plain).unwrap();
+        assert_eq!((bytes[1], plain.schema_version), (1, 1));
+        assert_eq!(decode_command(&bytes).unwrap(), plain);
+        let waits = Allocate { wait: Some(crate::Millis::from_secs(30)), ..Allocate::new(agent, resource, "vm", 1) };
+        let waits = Envelope::new(id, issuer, Timestamp(1), waits);
+        let bytes = encode_command(&waits).unwrap();
+        assert_eq!((bytes[1], waits.schema_version), (2, 2));
+        assert_eq!(decode_command(&bytes).unwrap(), waits);
+        // Stamped version 1, the same bytes would be a version 1 allocation with trailing bytes: refused.
+        let mut relabelled = bytes.clone();
+        relabelled[1] = 1;
+        assert!(decode_command(&relabelled).is_err());
+        let json = command_to_json(&waits).unwrap();
+        assert!(json.contains(r#""schema_version":2"#), "{json}");
+        assert_eq!(decode_command(json.as_bytes()).unwrap(), waits);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use uuid::Uuid;
 use crate::envelope::CommandClass;
 use crate::ids::{AgentName, Key, LeaseId, Millis, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp};
 use crate::pool::{PoolKind, PoolValue};
-use crate::settings::{AgentSettings, ClusterPolicy};
+use crate::settings::{AgentSettings, ClusterPolicy, GcMode};
 
 /// At most this many handles may be named in one report or one resync chunk (about 140 KiB of ids), so that an
 /// outcome always has room for the rest of the work when a decision must continue.
@@ -42,6 +42,11 @@ pub struct Allocate {
     /// One identifier is claimed from each of these pools before the resource is created.
     #[serde(default)]
     pub pools: Vec<PoolName>,
+    /// How long the resource may wait for its pools' identifiers (log time from its allocation); past it, the
+    /// allocation is given up (`resource-releasing`, cause `wait-timeout`). `None`: it waits until released.
+    /// Added in schema version 2 (a version 1 allocation has none).
+    #[serde(default)]
+    pub wait: Option<Millis>,
 }
 
 impl Allocate {
@@ -55,6 +60,7 @@ impl Allocate {
             attributes: BTreeMap::new(),
             parent: None,
             pools: Vec::new(),
+            wait: None,
         }
     }
 }
@@ -150,6 +156,13 @@ pub struct RetireAgent {
     pub agent: AgentName,
 }
 
+/// Bring a retired agent back into service, on record (retirement is sticky: registering again does not end it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnretireAgent {
+    pub agent: AgentName,
+}
+
 /// The operator confirms that an agent whose circuit breaker tripped really lost what it reported missing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -201,6 +214,10 @@ pub struct SetPartitionSettings {
     /// `already-done`). `serve` sends its flags so: two processes started with different flags never flip the
     /// recorded policy back and forth.
     pub if_no_policy: bool,
+    /// What agents of the partition do with garbage (handles of no live resource): `destroy` (ordered on record) or
+    /// `dry-run` (recorded, never ordered). `None` keeps the partition's. Added in schema version 2.
+    #[serde(default, deserialize_with = "crate::codec::unit_variant_option")]
+    pub gc: Option<GcMode>,
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -311,6 +328,50 @@ impl ResyncChunk {
         let id = id.as_uuid();
         id >= self.lo && self.hi.is_none_or(|hi| id < hi)
     }
+}
+
+/// Handles on the machine that are not in the agent's assignment set as of `watermark` (garbage: of no resource the
+/// agent knows, or of one that left). Sent after a creation grace period, in chunks of at most
+/// [`MAX_REPORT_HANDLES`], and only when that set changes. The writer decides each handle on record: a destroy ordered
+/// (`garbage-destroy-ordered`), a handle of a `lost` resource quarantined (`handle-reappeared`), or, in a dry run,
+/// what would have been done (`garbage-dry-run`). The agent destroys only what the log ordered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GarbageReport {
+    pub agent: AgentName,
+    pub epoch: Position,
+    pub obs: u64,
+    pub watermark: Position,
+    #[serde(default)]
+    pub handles: Vec<ResourceId>,
+    /// The agent runs with `--gc dry-run`: record, order nothing.
+    pub dry_run: bool,
+}
+
+/// The agent destroyed a handle it was ordered to destroy: the resource's release (`ordered` is its
+/// `resource-releasing`) or a garbage handle's (`ordered` is its `garbage-destroy-ordered`). Sent at once, as a
+/// create is, so a freed identifier comes back without waiting for the next sync report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportDestroyed {
+    pub agent: AgentName,
+    pub epoch: Position,
+    pub obs: u64,
+    pub resource: ResourceId,
+    pub ordered: Position,
+}
+
+/// Whether the agent's driver can list the machine's resources (its root mounted, its daemon answering). Sent when
+/// that changes from what the log records: a driver that cannot list judges nothing (no report is made from it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriverStatus {
+    pub agent: AgentName,
+    pub epoch: Position,
+    pub obs: u64,
+    pub available: bool,
+    /// Why not, when unavailable (the driver's error).
+    pub detail: String,
 }
 
 /// What the driver said went wrong.
@@ -458,6 +519,9 @@ pub enum ParentState {
     Suspect,
     /// The parent is healthy again: clear the flag.
     Healthy,
+    /// The parent's partition has never known it and records it as absent (it refuses a later allocation of that
+    /// id): release the child. Added after the first fixtures: at the end, so the other discriminants stay.
+    Absent,
 }
 
 /// To a child resource: its parent's state. `source` is the parent's effect that says so: a state change, or the
@@ -603,6 +667,10 @@ commands! {
     TickPool(TickPool) = Sys "sys.tick-pool",
     Cascade(Cascade) = Sys "sys.cascade",
     Adopt(Adopt) = Sys "sys.adopt",
+    UnretireAgent(UnretireAgent) = Op "op.unretire-agent",
+    GarbageReport(GarbageReport) = Agent "agent.report-garbage",
+    ReportDestroyed(ReportDestroyed) = Agent "agent.report-destroyed",
+    DriverStatus(DriverStatus) = Agent "agent.driver-status",
 }
 
 /// The last subject token of a command: the resource or lease it is about, or `_`.
@@ -640,6 +708,10 @@ impl Command {
             Command::ReportFailureByOperator(c) => agent(&c.agent),
             Command::RetireAgent(c) => agent(&c.agent),
             Command::ConfirmLoss(c) => agent(&c.agent),
+            Command::UnretireAgent(c) => agent(&c.agent),
+            Command::GarbageReport(c) => agent(&c.agent),
+            Command::ReportDestroyed(c) => agent(&c.agent),
+            Command::DriverStatus(c) => agent(&c.agent),
             Command::DefinePool(c) => pool(&c.pool),
             Command::UpdatePool(c) => pool(&c.pool),
             Command::DeletePool(c) => pool(&c.pool),
@@ -684,6 +756,7 @@ impl Command {
             Command::ReportCreated(c) => Resource(c.resource),
             Command::ReportFailure(c) => Resource(c.resource),
             Command::HealthResult(c) => Resource(c.resource),
+            Command::ReportDestroyed(c) => Resource(c.resource),
             Command::ExpireLease(c) => Lease(c.lease),
             Command::WaitTimeout(c) => Lease(c.lease),
             Command::CreateTimeout(c) => Resource(c.resource),
@@ -696,6 +769,9 @@ impl Command {
             Command::Cascade(c) => Resource(c.child.resource),
             Command::Adopt(c) => Resource(c.parent.resource),
             Command::RetireAgent(_)
+            | Command::UnretireAgent(_)
+            | Command::GarbageReport(_)
+            | Command::DriverStatus(_)
             | Command::ConfirmLoss(_)
             | Command::DefinePool(_)
             | Command::UpdatePool(_)
@@ -709,6 +785,142 @@ impl Command {
             | Command::MarkGone(_)
             | Command::TickPool(_) => None,
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Bodies of older schema versions, read into today's types.
+
+pub(crate) mod legacy {
+    //! The bodies whose layout changed since schema version 1, as version 1 wrote them. A command keeps the schema
+    //! version it was written in, so a log written by an older leasehold decodes as it was written, into today's
+    //! types (the fields added since take their "not given" value). Bodies that did not change decode as they are.
+
+    use super::*;
+
+    /// Version 1 of `op.allocate`: no `wait`.
+    #[derive(Serialize, Deserialize)]
+    struct AllocateV1 {
+        agent: AgentName,
+        resource: ResourceId,
+        kind: String,
+        capacity: u32,
+        attributes: BTreeMap<String, String>,
+        parent: Option<ResourceRef>,
+        pools: Vec<PoolName>,
+    }
+
+    /// Version 1 of `op.set-partition-settings`: no `gc`.
+    #[derive(Serialize, Deserialize)]
+    struct SetPartitionSettingsV1 {
+        key: Key,
+        partition: u32,
+        outcome_horizon: Option<Millis>,
+        policy: Option<ClusterPolicy>,
+        if_no_policy: bool,
+    }
+
+    /// The oldest schema version that expresses `command`: a command is written in it, so a leasehold that does not
+    /// know a later version still reads everything that does not need one (agents and producers can be upgraded
+    /// before the workers). 2 for the commands added in version 2 and for bodies that use a field or variant added
+    /// then; 1 otherwise.
+    pub(crate) fn oldest_version(command: &Command) -> u16 {
+        let needs_two = match command {
+            Command::UnretireAgent(_)
+            | Command::GarbageReport(_)
+            | Command::ReportDestroyed(_)
+            | Command::DriverStatus(_) => true,
+            Command::Allocate(c) => c.wait.is_some(),
+            Command::SetPartitionSettings(c) => c.gc.is_some(),
+            Command::Cascade(c) => c.parent_state == ParentState::Absent,
+            _ => false,
+        };
+        if needs_two { 2 } else { 1 }
+    }
+
+    /// Encodes the body of `command` in the layout of `version` (from [`oldest_version`]).
+    pub(crate) fn encode_body(
+        version: u16,
+        command: &Command,
+        out: &mut Vec<u8>,
+    ) -> Result<(), crate::codec::CodecError> {
+        if version < oldest_version(command) {
+            return Err(crate::codec::CodecError::new(
+                crate::codec::CodecErrorKind::Encode,
+                format!(
+                    "{} as it is needs schema version {}, not {version}",
+                    command.type_name(),
+                    oldest_version(command)
+                ),
+            ));
+        }
+        match (version, command) {
+            (1, Command::Allocate(c)) => {
+                let v1 = AllocateV1 {
+                    agent: c.agent.clone(),
+                    resource: c.resource,
+                    kind: c.kind.clone(),
+                    capacity: c.capacity,
+                    attributes: c.attributes.clone(),
+                    parent: c.parent.clone(),
+                    pools: c.pools.clone(),
+                };
+                crate::codec::encode_into(&v1, out)
+            }
+            (1, Command::SetPartitionSettings(c)) => {
+                let v1 = SetPartitionSettingsV1 {
+                    key: c.key.clone(),
+                    partition: c.partition,
+                    outcome_horizon: c.outcome_horizon,
+                    policy: c.policy.clone(),
+                    if_no_policy: c.if_no_policy,
+                };
+                crate::codec::encode_into(&v1, out)
+            }
+            _ => command.encode_body(out),
+        }
+    }
+
+    /// The body of `type_name` as `version` wrote it, when that layout differs from today's; `None`: decode it as
+    /// today's.
+    pub(crate) fn decode_body(
+        version: u16,
+        type_name: &str,
+        bytes: &[u8],
+    ) -> Option<Result<(Command, usize), crate::codec::CodecError>> {
+        if version >= 2 {
+            return None;
+        }
+        let decoded = match type_name {
+            "op.allocate" => crate::codec::decode_from::<AllocateV1>(bytes).map(|(v1, read)| {
+                let body = Allocate {
+                    agent: v1.agent,
+                    resource: v1.resource,
+                    kind: v1.kind,
+                    capacity: v1.capacity,
+                    attributes: v1.attributes,
+                    parent: v1.parent,
+                    pools: v1.pools,
+                    wait: None,
+                };
+                (Command::Allocate(body), read)
+            }),
+            "op.set-partition-settings" => {
+                crate::codec::decode_from::<SetPartitionSettingsV1>(bytes).map(|(v1, read)| {
+                    let body = SetPartitionSettings {
+                        key: v1.key,
+                        partition: v1.partition,
+                        outcome_horizon: v1.outcome_horizon,
+                        policy: v1.policy,
+                        if_no_policy: v1.if_no_policy,
+                        gc: None,
+                    };
+                    (Command::SetPartitionSettings(body), read)
+                })
+            }
+            _ => return None,
+        };
+        Some(decoded)
     }
 }
 

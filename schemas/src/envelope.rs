@@ -55,11 +55,12 @@ pub struct Envelope<C = Command> {
 }
 
 impl Envelope<Command> {
-    /// An envelope in the current schema version, its class taken from the body.
+    /// An envelope in the oldest schema version that expresses its body (the version it is written in: see
+    /// `codec::encode_command`), its class taken from the body.
     pub fn new(command_id: CommandId, issuer: Issuer, issued_at: Timestamp, body: impl Into<Command>) -> Self {
         let body = body.into();
         Envelope {
-            schema_version: crate::SCHEMA_VERSION,
+            schema_version: crate::command::legacy::oldest_version(&body),
             command_id,
             class: body.class(),
             issuer,

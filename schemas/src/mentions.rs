@@ -51,7 +51,12 @@ impl<'e> Mentions<'e> {
             | Effect::ResourceDestroyed { resource, .. }
             | Effect::ResourceLost { resource, .. }
             | Effect::ResourceOrphaned { resource }
-            | Effect::ResourceFailed { resource, .. } => m.resources.push(*resource),
+            | Effect::ResourceFailed { resource, .. }
+            | Effect::HandleReappeared { resource, .. }
+            | Effect::AllocationWaitsUntil { resource, .. } => m.resources.push(*resource),
+            Effect::GarbageDestroyOrdered { handle, .. }
+            | Effect::GarbageDryRun { handle, .. }
+            | Effect::GarbageDestroyed { handle, .. } => m.resources.push(*handle),
             Effect::UpstreamFlagged { resource, parent, .. } => {
                 m.resources.push(*resource);
                 m.elsewhere.push(parent.resource);
@@ -89,7 +94,11 @@ impl<'e> Mentions<'e> {
             | Effect::PoolUpdated { .. }
             | Effect::PoolDeleted {}
             | Effect::PartitionSettingsChanged { .. }
-            | Effect::DecisionContinues { .. } => {}
+            | Effect::DecisionContinues { .. }
+            | Effect::AgentDriverUnavailable { .. }
+            | Effect::AgentDriverAvailable {}
+            | Effect::AgentUnretired { .. }
+            | Effect::GcModeChanged { .. } => {}
         }
         m
     }

@@ -19,7 +19,7 @@ use crate::ids::{
     CommandId, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp,
 };
 use crate::pool::{PoolKind, PoolValue};
-use crate::settings::{AgentSettings, PartitionSettings};
+use crate::settings::{AgentSettings, GcMode, PartitionSettings};
 
 /// The one message a writer appends for one command.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,6 +100,29 @@ impl Outcome {
             Decision::Accepted { effects, .. } => effects,
             Decision::Rejected(_) => &[],
         }
+    }
+
+    /// The oldest schema version that expresses this outcome: 2 when it holds an effect, a cause or a parent state
+    /// added in version 2, else 1. An outcome is written in it, so a reader of an older version reads every outcome
+    /// that needs nothing newer (see `codec::encode_outcome`).
+    pub fn oldest_schema_version(&self) -> u16 {
+        let needs_two = |effect: &Effect| match effect {
+            Effect::GarbageDestroyOrdered { .. }
+            | Effect::GarbageDryRun { .. }
+            | Effect::GarbageDestroyed { .. }
+            | Effect::HandleReappeared { .. }
+            | Effect::AgentDriverUnavailable { .. }
+            | Effect::AgentDriverAvailable {}
+            | Effect::AgentUnretired { .. }
+            | Effect::GcModeChanged { .. }
+            | Effect::AllocationWaitsUntil { .. } => true,
+            Effect::ResourceReleasing { cause, .. } => {
+                matches!(cause, ReleaseCause::ParentAbsent { .. } | ReleaseCause::WaitTimeout { .. })
+            }
+            Effect::ChildAdopted { parent_state, .. } => *parent_state == crate::command::ParentState::Absent,
+            _ => false,
+        };
+        if self.effects().iter().any(needs_two) { 2 } else { 1 }
     }
 
     /// True when the decision goes on in a next part (this part ends with `decision-continues`).
@@ -192,11 +215,27 @@ impl fmt::Display for RejectionKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ReleaseCause {
-    Released { by: Issuer, reason: Option<String> },
-    HealthCheckFailed { detail: String },
-    ParentLeft { parent: ResourceRef },
+    Released {
+        by: Issuer,
+        reason: Option<String>,
+    },
+    HealthCheckFailed {
+        detail: String,
+    },
+    ParentLeft {
+        parent: ResourceRef,
+    },
     CreateTimeout {},
     AgentRetired {},
+    // Added in schema version 2: at the end, so the discriminants above stay.
+    /// Its parent's partition never knew the parent and recorded it absent.
+    ParentAbsent {
+        parent: ResourceRef,
+    },
+    /// It waited for its pools' identifiers longer than its allocation's `wait`.
+    WaitTimeout {
+        waited: Millis,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -489,6 +528,65 @@ pub enum Effect {
         recovered: Vec<PoolValue>,
     },
     PoolDeleted {},
+
+    // Added in schema version 2.
+    /// A handle on the agent's machine that is no live resource is to be destroyed: the agent destroys it only now.
+    GarbageDestroyOrdered {
+        handle: ResourceId,
+        cause: GarbageCause,
+    },
+    /// A dry run (`--gc dry-run` or the policy's `gc`): this handle would have been ordered destroyed (or quarantined,
+    /// `cause` says); nothing is ordered.
+    GarbageDryRun {
+        handle: ResourceId,
+        cause: GarbageCause,
+    },
+    /// The agent destroyed a garbage handle the log ordered destroyed.
+    GarbageDestroyed {
+        handle: ResourceId,
+        stamp: ObsStamp,
+    },
+    /// A handle of a resource recorded `lost` is on the machine again (a disk mounted late, a restored backup): it is
+    /// quarantined, never touched by the agent, its claims never given back to it, until a command on record (a
+    /// `release` of the lost resource) orders it destroyed.
+    HandleReappeared {
+        resource: ResourceId,
+        stamp: ObsStamp,
+    },
+    /// The agent's driver cannot list the machine's resources: nothing is judged from it until it can again.
+    AgentDriverUnavailable {
+        detail: String,
+    },
+    AgentDriverAvailable {},
+    /// Back in service after `retire`.
+    AgentUnretired {
+        by: Issuer,
+    },
+    /// What the partition's agents do with garbage from now on.
+    GcModeChanged {
+        mode: GcMode,
+    },
+    /// The resource waits for its pools' identifiers until `until` at the latest (its allocation's `wait`).
+    AllocationWaitsUntil {
+        resource: ResourceId,
+        until: Timestamp,
+    },
+}
+
+/// Why a garbage handle is destroyed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GarbageCause {
+    /// No resource of this agent with that id is known: never allocated, or forgotten after the outcome horizon.
+    Unknown {},
+    /// Its resource was confirmed destroyed (the handle came back, or its destroy did not finish).
+    Destroyed {},
+    /// Its resource was orphaned while its agent was gone: its identifiers may have been granted again.
+    Orphaned {},
+    /// Its resource failed to be created: what is left of the attempt.
+    Failed {},
+    /// A quarantined handle of a `lost` resource, released by an operator.
+    Released { by: Issuer, reason: Option<String> },
 }
 
 impl Effect {
@@ -543,6 +641,15 @@ impl Effect {
             Effect::ClaimWithdrawn { .. } => "claim-withdrawn",
             Effect::PartitionSettingsChanged { .. } => "partition-settings-changed",
             Effect::DecisionContinues { .. } => "decision-continues",
+            Effect::GarbageDestroyOrdered { .. } => "garbage-destroy-ordered",
+            Effect::GarbageDryRun { .. } => "garbage-dry-run",
+            Effect::GarbageDestroyed { .. } => "garbage-destroyed",
+            Effect::HandleReappeared { .. } => "handle-reappeared",
+            Effect::AgentDriverUnavailable { .. } => "agent-driver-unavailable",
+            Effect::AgentDriverAvailable {} => "agent-driver-available",
+            Effect::AgentUnretired { .. } => "agent-unretired",
+            Effect::GcModeChanged { .. } => "gc-mode-changed",
+            Effect::AllocationWaitsUntil { .. } => "allocation-waits-until",
         }
     }
 }

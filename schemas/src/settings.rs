@@ -141,3 +141,41 @@ mod tests {
         assert!(err.contains("unknown field `horizon`"), "{err}");
     }
 }
+
+/// What the agents of a partition do with garbage: handles on their machines of no live resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GcMode {
+    /// Each handle is ordered destroyed on record (`garbage-destroy-ordered`), and only then destroyed.
+    #[default]
+    Destroy,
+    /// Each handle is recorded (`garbage-dry-run`) with what would have been done; nothing is ordered or destroyed.
+    DryRun,
+}
+
+impl GcMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            GcMode::Destroy => "destroy",
+            GcMode::DryRun => "dry-run",
+        }
+    }
+}
+
+impl std::fmt::Display for GcMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for GcMode {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "destroy" => Ok(GcMode::Destroy),
+            "dry-run" => Ok(GcMode::DryRun),
+            other => Err(format!("gc mode {other:?} is neither `destroy` nor `dry-run`")),
+        }
+    }
+}

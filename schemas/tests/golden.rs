@@ -28,16 +28,17 @@ use leasehold_schemas::command::{
     RequestHealthCheck, ResyncChunk, RetireAgent, SetPartitionSettings, SyncReport, TickPool, Unpause, Update,
     UpdatePool, WaitTimeout,
 };
+use leasehold_schemas::command::{DriverStatus, GarbageReport, ReportDestroyed, UnretireAgent};
 use leasehold_schemas::ids::{
     AgentName, CommandId, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source,
     Timestamp,
 };
 use leasehold_schemas::outcome::{
-    BreakReason, BreakerClear, CommandSummary, Decision, Effect, Outcome, Rejection, RejectionKind, ReleaseCause,
-    ResyncReason, SuspectCause, UnpauseCause, Work,
+    BreakReason, BreakerClear, CommandSummary, Decision, Effect, GarbageCause, Outcome, Rejection, RejectionKind,
+    ReleaseCause, ResyncReason, SuspectCause, UnpauseCause, Work,
 };
 use leasehold_schemas::pool::{PoolKind, PoolValue};
-use leasehold_schemas::settings::{AgentSettings, ClusterPolicy, PartitionSettings};
+use leasehold_schemas::settings::{AgentSettings, ClusterPolicy, GcMode, PartitionSettings};
 use leasehold_schemas::subjects::{ingress_subject_of, partition_of, partition_of_key};
 use leasehold_schemas::{CommandClass, Envelope, SCHEMA_VERSION, Uuid};
 
@@ -196,6 +197,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                 ]),
                 parent: Some(parent_ref()),
                 pools: vec![pool()],
+                wait: None,
             },
         )),
         correlated(envelope(
@@ -274,6 +276,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                 outcome_horizon: None,
                 policy: partition_settings_with_policy().policy,
                 if_no_policy: true,
+                gc: None,
             },
         ),
         envelope(
@@ -390,6 +393,35 @@ fn command_samples() -> Vec<(String, Envelope)> {
             ),
             10,
         ),
+        envelope(60, OP_ISSUER, UnretireAgent { agent: a() }),
+        envelope(
+            61,
+            "w1",
+            GarbageReport {
+                agent: a(),
+                epoch: Position(3),
+                obs: 48,
+                watermark: Position(120),
+                handles: vec![other_resource(5), other_resource(6)],
+                dry_run: false,
+            },
+        ),
+        envelope(
+            62,
+            "w1",
+            ReportDestroyed { agent: a(), epoch: Position(3), obs: 49, resource: r(), ordered: Position(130) },
+        ),
+        envelope(
+            63,
+            "w1",
+            DriverStatus {
+                agent: a(),
+                epoch: Position(3),
+                obs: 50,
+                available: false,
+                detail: "/var/lib/leasehold no longer names agent w1 in .leasehold-agent".into(),
+            },
+        ),
     ];
     let mut samples: Vec<(String, Envelope)> =
         main.into_iter().map(|envelope| (envelope.type_name().to_owned(), envelope)).collect();
@@ -412,6 +444,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                     attributes: BTreeMap::new(),
                     parent: None,
                     pools: vec![],
+                    wait: None,
                 },
             ),
         ),
@@ -442,6 +475,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                     outcome_horizon: Some(Millis::from_hours(24)),
                     policy: None,
                     if_no_policy: false,
+                    gc: None,
                 },
             ),
         ),
@@ -471,6 +505,75 @@ fn command_samples() -> Vec<(String, Envelope)> {
                     parent_state: ParentState::Suspect,
                     source: source(),
                     answers: None,
+                },
+            ),
+        ),
+        (
+            "wait",
+            envelope(
+                64,
+                OP_ISSUER,
+                Allocate {
+                    agent: a(),
+                    resource: other_resource(7),
+                    kind: "container".into(),
+                    capacity: 1,
+                    attributes: BTreeMap::new(),
+                    parent: None,
+                    pools: vec![pool()],
+                    wait: Some(Millis::from_secs(30)),
+                },
+            ),
+        ),
+        (
+            "gc",
+            envelope(
+                65,
+                OP_ISSUER,
+                SetPartitionSettings {
+                    key: Key::Agent(a()),
+                    partition: partition_of_key(&Key::Agent(a()), 8),
+                    outcome_horizon: None,
+                    policy: None,
+                    if_no_policy: false,
+                    gc: Some(GcMode::DryRun),
+                },
+            ),
+        ),
+        (
+            "dry-run",
+            envelope(
+                66,
+                "w1",
+                GarbageReport {
+                    agent: a(),
+                    epoch: Position(3),
+                    obs: 51,
+                    watermark: Position(121),
+                    handles: vec![],
+                    dry_run: true,
+                },
+            ),
+        ),
+        (
+            "available",
+            envelope(
+                67,
+                "w1",
+                DriverStatus { agent: a(), epoch: Position(3), obs: 52, available: true, detail: String::new() },
+            ),
+        ),
+        (
+            "absent",
+            envelope(
+                68,
+                SWEEPER,
+                Cascade {
+                    child: resource_ref(),
+                    parent: parent_ref(),
+                    parent_state: ParentState::Absent,
+                    source: source(),
+                    answers: Some(Source { partition: 3, position: Position(17) }),
                 },
             ),
         ),
@@ -601,6 +704,15 @@ fn effect_samples() -> Vec<Effect> {
             recovered: vec![PoolValue::Ipv4(ip(3))],
         },
         Effect::PoolDeleted {},
+        Effect::GarbageDestroyOrdered { handle: other_resource(5), cause: GarbageCause::Unknown {} },
+        Effect::GarbageDryRun { handle: other_resource(6), cause: GarbageCause::Orphaned {} },
+        Effect::GarbageDestroyed { handle: other_resource(5), stamp },
+        Effect::HandleReappeared { resource: r(), stamp },
+        Effect::AgentDriverUnavailable { detail: "the root /var/lib/leasehold is not mounted".into() },
+        Effect::AgentDriverAvailable {},
+        Effect::AgentUnretired { by: issuer(OP_ISSUER) },
+        Effect::GcModeChanged { mode: GcMode::DryRun },
+        Effect::AllocationWaitsUntil { resource: r(), until: Timestamp(T0 + 30_000) },
     ]
 }
 
@@ -724,6 +836,24 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
         Effect::ResourceReleasing { resource: resource(), cause: ReleaseCause::ParentLeft { parent: parent_ref() } },
         Effect::ResourceReleasing { resource: resource(), cause: ReleaseCause::CreateTimeout {} },
         Effect::ResourceReleasing { resource: resource(), cause: ReleaseCause::AgentRetired {} },
+        Effect::ResourceReleasing { resource: resource(), cause: ReleaseCause::ParentAbsent { parent: parent_ref() } },
+        Effect::ResourceReleasing {
+            resource: resource(),
+            cause: ReleaseCause::WaitTimeout { waited: Millis::from_secs(30) },
+        },
+        Effect::GarbageDestroyOrdered { handle: other_resource(5), cause: GarbageCause::Destroyed {} },
+        Effect::GarbageDestroyOrdered { handle: other_resource(5), cause: GarbageCause::Failed {} },
+        Effect::GarbageDestroyOrdered {
+            handle: resource(),
+            cause: GarbageCause::Released { by: issuer(OP_ISSUER), reason: Some("restored from backup".into()) },
+        },
+        Effect::GcModeChanged { mode: GcMode::Destroy },
+        Effect::ChildAdopted {
+            parent: parent(),
+            child: ResourceRef::new(AgentName::new("w2").unwrap(), resource()),
+            child_source: Source { partition: 3, position: Position(17) },
+            parent_state: ParentState::Absent,
+        },
         Effect::ResourceSuspect {
             resource: resource(),
             cause: SuspectCause::Operator { by: issuer(OP_ISSUER), detail: "slow".into() },
@@ -793,7 +923,7 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
 // Exhaustive maps from each wire enum to an index: a variant added without a fixture fails to compile here, and a
 // new arm without a sample fails `samples_cover_every_variant`.
 
-const EFFECT_VARIANTS: usize = 48;
+const EFFECT_VARIANTS: usize = 57;
 
 fn effect_index(effect: &Effect) -> usize {
     match effect {
@@ -845,6 +975,15 @@ fn effect_index(effect: &Effect) -> usize {
         Effect::ChildAdopted { .. } => 45,
         Effect::PoolUpdated { .. } => 46,
         Effect::PoolDeleted {} => 47,
+        Effect::GarbageDestroyOrdered { .. } => 48,
+        Effect::GarbageDryRun { .. } => 49,
+        Effect::GarbageDestroyed { .. } => 50,
+        Effect::HandleReappeared { .. } => 51,
+        Effect::AgentDriverUnavailable { .. } => 52,
+        Effect::AgentDriverAvailable {} => 53,
+        Effect::AgentUnretired { .. } => 54,
+        Effect::GcModeChanged { .. } => 55,
+        Effect::AllocationWaitsUntil { .. } => 56,
     }
 }
 
@@ -932,8 +1071,17 @@ impl Seen {
             ParentState::Left => 0,
             ParentState::Suspect => 1,
             ParentState::Healthy => 2,
+            ParentState::Absent => 3,
         };
         self.mark("ParentState", index);
+    }
+
+    fn gc_mode(&mut self, mode: GcMode) {
+        let index = match mode {
+            GcMode::Destroy => 0,
+            GcMode::DryRun => 1,
+        };
+        self.mark("GcMode", index);
     }
 
     fn option<T>(&mut self, what: &'static str, value: &Option<T>) {
@@ -959,6 +1107,11 @@ impl Seen {
             Command::Cascade(c) => {
                 self.parent_state(c.parent_state);
                 self.option("Option (cascade answers)", &c.answers);
+            }
+            Command::SetPartitionSettings(c) => {
+                if let Some(mode) = c.gc {
+                    self.gc_mode(mode);
+                }
             }
             _ => {}
         }
@@ -1020,6 +1173,8 @@ impl Seen {
                     ReleaseCause::ParentLeft { .. } => 2,
                     ReleaseCause::CreateTimeout {} => 3,
                     ReleaseCause::AgentRetired {} => 4,
+                    ReleaseCause::ParentAbsent { .. } => 5,
+                    ReleaseCause::WaitTimeout { .. } => 6,
                 };
                 self.mark("ReleaseCause", index);
             }
@@ -1043,6 +1198,17 @@ impl Seen {
             Effect::DecisionContinues { work } => self.mark("Work", work_index(work)),
             Effect::GrantReturned { value, .. } => self.pool_value(value),
             Effect::ChildAdopted { parent_state, .. } => self.parent_state(*parent_state),
+            Effect::GarbageDestroyOrdered { cause, .. } | Effect::GarbageDryRun { cause, .. } => {
+                let index = match cause {
+                    GarbageCause::Unknown {} => 0,
+                    GarbageCause::Destroyed {} => 1,
+                    GarbageCause::Orphaned {} => 2,
+                    GarbageCause::Failed {} => 3,
+                    GarbageCause::Released { .. } => 4,
+                };
+                self.mark("GarbageCause", index);
+            }
+            Effect::GcModeChanged { mode } => self.gc_mode(*mode),
             _ => {}
         }
     }
@@ -1056,16 +1222,18 @@ const VARIANT_COUNTS: &[(&str, usize)] = &[
     ("Decision", 2),
     ("Effect", EFFECT_VARIANTS),
     ("FailureKind", 2),
+    ("GarbageCause", 5),
+    ("GcMode", 2),
     ("Key", 2),
     ("Option (cascade answers)", 2),
     ("Option (causation id)", 2),
     ("Option (claim value)", 2),
     ("Option (correlation id)", 2),
-    ("ParentState", 3),
+    ("ParentState", 4),
     ("PoolKind", 3),
     ("PoolValue", 3),
     ("RejectionKind", REJECTION_KINDS.len()),
-    ("ReleaseCause", 5),
+    ("ReleaseCause", 7),
     ("ResyncReason", 2),
     ("SuspectCause", 2),
     ("UnpauseCause", 2),
@@ -1409,7 +1577,13 @@ fn a_newer_schema_version_is_reported_as_newer_not_as_garbage() {
     for fixture in fixtures() {
         let bytes = committed_or_encoded(&fixture, Form::Bincode);
         assert_eq!(bytes[0], codec::FORMAT_BINCODE_V1, "{}: the format tag", fixture.name);
-        assert_eq!(u16::from(bytes[1]), SCHEMA_VERSION, "{}: the schema version is the second byte", fixture.name);
+        // Each is written in the oldest version that expresses it (so older readers read what they can).
+        let written_in = match &fixture.sample {
+            Sample::Command(envelope) => envelope.schema_version,
+            Sample::Outcome(outcome) => outcome.oldest_schema_version(),
+        };
+        assert!(written_in <= SCHEMA_VERSION, "{}", fixture.name);
+        assert_eq!(u16::from(bytes[1]), written_in, "{}: the schema version is the second byte", fixture.name);
         // One more than this build, and the largest u16 (varint 0xfb then two little-endian bytes).
         let bumped = [bytes[..1].to_vec(), vec![future], bytes[2..].to_vec()].concat();
         let largest = [bytes[..1].to_vec(), vec![0xfb, 0xff, 0xff], bytes[2..].to_vec()].concat();

@@ -16,6 +16,7 @@ use leasehold_schemas::command::{
     RequestHealthCheck, ResyncChunk, RetireAgent, SetPartitionSettings, SyncReport, TickPool, Unpause, Update,
     WaitTimeout,
 };
+use leasehold_schemas::command::{DriverStatus, GarbageReport, ReportDestroyed, UnretireAgent};
 use leasehold_schemas::ids::{
     AgentName, CommandId, Issuer, Key, LeaseId, Millis, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp,
 };
@@ -72,6 +73,7 @@ fn body(type_name: &str, full: bool) -> Command {
             attributes,
             parent: some_if(full, parent()),
             pools: if full { vec![pool()] } else { vec![] },
+            wait: some_if(full, Millis::from_secs(30)),
         }
         .into(),
         "op.acquire" => Acquire {
@@ -134,6 +136,7 @@ fn body(type_name: &str, full: bool) -> Command {
             outcome_horizon: some_if(full, Millis::from_hours(12)),
             policy: full.then(leasehold_schemas::settings::ClusterPolicy::default),
             if_no_policy: full,
+            gc: some_if(full, leasehold_schemas::settings::GcMode::DryRun),
         }
         .into(),
         "agent.register" => Register {
@@ -221,6 +224,28 @@ fn body(type_name: &str, full: bool) -> Command {
         }
         .into(),
         "sys.adopt" => Adopt { parent: parent(), child: holder, source: source() }.into(),
+        "op.unretire-agent" => UnretireAgent { agent: agent() }.into(),
+        "agent.report-garbage" => GarbageReport {
+            agent: agent(),
+            epoch: Position(3),
+            obs: 9,
+            watermark: Position(30),
+            handles: ids(8),
+            dry_run: full,
+        }
+        .into(),
+        "agent.report-destroyed" => {
+            ReportDestroyed { agent: agent(), epoch: Position(3), obs: 9, resource: resource(), ordered: Position(12) }
+                .into()
+        }
+        "agent.driver-status" => DriverStatus {
+            agent: agent(),
+            epoch: Position(3),
+            obs: 9,
+            available: !full,
+            detail: if full { "root not mounted".to_owned() } else { String::new() },
+        }
+        .into(),
         other => panic!("no sample for {other}: add one here"),
     }
 }
@@ -340,7 +365,7 @@ fn unknown_fields_are_refused_everywhere() {
     assert_refused(&text, CodecErrorKind::Malformed, &["body.kind.ipv4.gateway: unknown field `gateway`"]);
     let text = edit(&json("sys.claim"), r#""partition":3"#, r#""partition":3,"stream":"x""#);
     assert_refused(&text, CodecErrorKind::Malformed, &["body.source.stream: unknown field `stream`"]);
-    let text = edit(&json("op.allocate"), r#""schema_version":1"#, r#""schema_version":1,"priority":2"#);
+    let text = edit(&json("op.allocate"), r#""schema_version":2"#, r#""schema_version":2,"priority":2"#);
     assert_refused(&text, CodecErrorKind::Malformed, &["priority: unknown field `priority`"]);
 }
 

@@ -69,6 +69,7 @@ fn main() {
             attributes: Default::default(),
             parent: None,
             pools: vec![],
+            wait: None,
         };
         w.submit("op:scheduler", allocate);
         let created = ReportCreated { agent: agent.clone(), epoch: Position(1), obs: i + 1, resource, native_id: None };

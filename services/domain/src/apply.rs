@@ -150,6 +150,10 @@ fn forget_old(state: &mut PartitionState) {
                     let reference = resource.reference();
                     if let Some(agent) = state.agents.get_mut(&resource.agent) {
                         agent.resources.remove(&id);
+                        // A lost resource's handle may come back long after: it is still recognised and quarantined.
+                        if matches!(resource.state, ResourceState::Lost { .. }) {
+                            agent.lost_ids.insert(id);
+                        }
                     }
                     state.returned_grants.retain(|(holder, _, _)| *holder != reference);
                 }
@@ -168,6 +172,9 @@ fn forget_old(state: &mut PartitionState) {
                 if !resource_is(state, &holder) {
                     state.returned_grants.remove(&(holder, pool, token));
                 }
+            }
+            Forget::Absent(id) => {
+                state.absent.remove(&id);
             }
         }
     }
@@ -293,8 +300,14 @@ fn apply_effect(
                 n_held: 0,
                 held_digest: Default::default(),
                 held_by_creation: Default::default(),
+                driver_unavailable: None,
+                gone_at: None,
+                quarantined: Default::default(),
+                lost_ids: Default::default(),
+                garbage_orders: Default::default(),
             });
             agent.liveness = Liveness::Live;
+            agent.gone_at = None;
             agent.retired = *retired;
             agent.epoch = position;
             agent.incarnation = *incarnation;
@@ -325,6 +338,7 @@ fn apply_effect(
         Effect::AgentGone { .. } => {
             if let Some(agent) = agent_of(state, key) {
                 agent.liveness = Liveness::Gone;
+                agent.gone_at = Some(now);
             }
         }
         Effect::AgentRetired { .. } => {
@@ -387,6 +401,8 @@ fn apply_effect(
                     allocated_at: now,
                     allocated_pos: position,
                     create_ordered: None,
+                    create_ordered_at: None,
+                    wait_until: None,
                     destruction_ordered: None,
                     last_present: None,
                     native_id: None,
@@ -412,6 +428,13 @@ fn apply_effect(
         Effect::CreateOrdered { resource } => {
             if let Some(r) = state.resources.get_mut(resource) {
                 r.create_ordered = Some(position);
+                r.create_ordered_at = Some(now);
+                r.wait_until = None;
+            }
+        }
+        Effect::AllocationWaitsUntil { resource, until } => {
+            if let Some(r) = state.resources.get_mut(resource) {
+                r.wait_until = Some(*until);
             }
         }
         Effect::ResourceSeen { resource, stamp, native_id } => {
@@ -488,10 +511,14 @@ fn apply_effect(
             set_resource_state(state, *resource, releasing, position, now);
         }
         Effect::ResourceDestroyed { resource, .. } => {
-            set_resource_state(state, *resource, ResourceState::Destroyed, position, now);
+            let cause = match state.resources.get(resource).map(|r| &r.state) {
+                Some(ResourceState::Releasing { cause }) => Some(cause.clone()),
+                _ => None,
+            };
+            set_resource_state(state, *resource, ResourceState::Destroyed { cause }, position, now);
         }
         Effect::ResourceLost { resource, stamp } => {
-            set_resource_state(state, *resource, ResourceState::Lost, position, now);
+            set_resource_state(state, *resource, ResourceState::Lost { stamp: *stamp }, position, now);
             let policy_window = state.policy().agent.loss_window;
             if let Some(agent) = agent_of(state, key)
                 && !agent.breaker_bypass
@@ -507,7 +534,8 @@ fn apply_effect(
             }
         }
         Effect::ResourceOrphaned { resource } => {
-            set_resource_state(state, *resource, ResourceState::Orphaned, position, now);
+            let gone_at = agent_of(state, key).and_then(|agent| agent.gone_at);
+            set_resource_state(state, *resource, ResourceState::Orphaned { gone_at }, position, now);
         }
         Effect::ResourceFailed { resource, detail } => {
             set_resource_state(state, *resource, ResourceState::Failed { detail: detail.clone() }, position, now);
@@ -529,6 +557,11 @@ fn apply_effect(
                 state.forget.insert((until, Forget::ReturnedGrant(holder.clone(), pool.clone(), *token)));
             }
             state.returned_grants.insert((holder, pool.clone(), *token));
+        }
+        Effect::ChildAdopted { parent, parent_state: leasehold_schemas::command::ParentState::Absent, .. } => {
+            // Never allocated here from now on: the answer "absent" stays true.
+            state.absent.insert(*parent);
+            state.forget.insert((now.max(parent.time()), Forget::Absent(*parent)));
         }
         Effect::ChildAdopted { .. } => {}
         Effect::LeaseWaiting { lease, resource, holder, ttl, wait_until } => {
@@ -648,6 +681,41 @@ fn apply_effect(
         }
         // The pending decision is recorded by `apply` from the outcome as a whole.
         Effect::DecisionContinues { .. } => {}
+        Effect::GarbageDestroyOrdered { handle, .. } => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.quarantined.remove(handle);
+                agent.garbage_orders.insert(position, *handle);
+            }
+        }
+        Effect::GarbageDryRun { .. } => {}
+        Effect::GarbageDestroyed { handle, .. } => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.garbage_orders.retain(|_, id| id != handle);
+            }
+        }
+        Effect::HandleReappeared { resource, .. } => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.quarantined.insert(*resource, position);
+            }
+        }
+        Effect::AgentDriverUnavailable { detail } => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.driver_unavailable = Some(detail.clone());
+            }
+        }
+        Effect::AgentDriverAvailable {} => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.driver_unavailable = None;
+            }
+        }
+        Effect::AgentUnretired { .. } => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.retired = false;
+            }
+        }
+        Effect::GcModeChanged { mode } => {
+            state.gc_mode = *mode;
+        }
     }
 }
 

@@ -28,17 +28,22 @@ pub fn gone_due(state: &PartitionState, agent: &Agent) -> Timestamp {
     agent.last_seen.saturating_add(settings.orphan_after).saturating_add(coalesce_interval(settings.stall_after))
 }
 
-/// When a `pending` resource's create times out (it is then released: the create may still be running); `None`
-/// for a resource in any other state. The timeout is its agent's effective `create_timeout`.
+/// When a `pending` resource is given up; `None` for a resource in any other state, or one that may wait for ever.
+/// Once its create was ordered: the order's log time plus its agent's effective `create_timeout` (it is then
+/// released: the create may still be running). Before that (its pools' identifiers not all bound yet): its
+/// allocation's `wait`, if it gave one; waiting for an address is bounded by nothing else.
 pub fn create_due(state: &PartitionState, resource: &Resource) -> Option<Timestamp> {
     if resource.state != ResourceState::Pending {
         return None;
     }
+    let Some(ordered_at) = resource.create_ordered_at else {
+        return resource.wait_until;
+    };
     let create_timeout = match state.agent(&resource.agent) {
         Some(agent) => state.settings_of(agent).create_timeout,
         None => state.policy().agent.create_timeout,
     };
-    Some(resource.allocated_at.saturating_add(create_timeout))
+    Some(ordered_at.saturating_add(create_timeout))
 }
 
 /// An active lease with a ttl: when it expires. A waiting lease with a wait timeout: when it fails. `None`

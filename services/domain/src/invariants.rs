@@ -60,6 +60,16 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
         {
             return Err(format!("agent {}'s held view does not match its resources", agent.name));
         }
+        for id in agent.quarantined.keys() {
+            if !agent.lost_id_known(state, *id) {
+                return Err(format!("agent {} quarantines {id}, which is not a lost resource of it", agent.name));
+            }
+        }
+        for (position, id) in &agent.garbage_orders {
+            if state.resource(*id).is_some_and(|r| r.agent == agent.name && !r.state.is_terminal()) {
+                return Err(format!("agent {}'s garbage order at {position} names its live resource {id}", agent.name));
+            }
+        }
         for (position, id) in &agent.releasing {
             let ok = state.resource(*id).is_some_and(|r| {
                 matches!(r.state, crate::state::ResourceState::Releasing { .. })

@@ -13,7 +13,7 @@ use leasehold_schemas::ids::{
 };
 use leasehold_schemas::outcome::{BreakReason, CommandSummary, ReleaseCause, SuspectCause, Work};
 use leasehold_schemas::pool::{PoolKind, PoolValue};
-use leasehold_schemas::settings::{AgentSettings, ClusterPolicy, PartitionSettings};
+use leasehold_schemas::settings::{AgentSettings, ClusterPolicy, GcMode, PartitionSettings};
 
 /// Everything one partition's writer knows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,6 +30,11 @@ pub struct PartitionState {
     pub(crate) resources: BTreeMap<ResourceId, Resource>,
     pub(crate) leases: BTreeMap<LeaseId, Lease>,
     pub(crate) pools: BTreeMap<PoolName, Pool>,
+    /// Resource ids this partition answered "absent" for (a child's adoption asked about a parent it never knew):
+    /// an allocation of one is refused, so the answer stays true. Kept until the id could no longer be allocated.
+    pub(crate) absent: BTreeSet<ResourceId>,
+    /// What agents of this partition do with garbage.
+    pub(crate) gc_mode: GcMode,
     pub(crate) recent: RecentCommands,
     /// A decision whose last part so far ends with `decision-continues`: its next part comes before anything else.
     pub(crate) pending: Option<PendingDecision>,
@@ -58,6 +63,8 @@ pub(crate) enum Forget {
     /// The record of a released holder, named by the position that ended its claim.
     PoolHolder(PoolName, ResourceRef, Position),
     ReturnedGrant(ResourceRef, PoolName, Position),
+    /// An id recorded absent (see `PartitionState::absent`).
+    Absent(ResourceId),
 }
 
 /// Command ids decided within the horizon, with the command sequence that decided them: a retry is answered
@@ -103,6 +110,8 @@ impl PartitionState {
             resources: BTreeMap::new(),
             leases: BTreeMap::new(),
             pools: BTreeMap::new(),
+            absent: BTreeSet::new(),
+            gc_mode: GcMode::Destroy,
             recent: RecentCommands::default(),
             pending: None,
             returned_grants: BTreeSet::new(),
@@ -225,6 +234,16 @@ impl PartitionState {
         self.pools.values()
     }
 
+    /// What the partition's agents do with garbage.
+    pub fn gc_mode(&self) -> GcMode {
+        self.gc_mode
+    }
+
+    /// True when this partition answered a child's adoption that resource id `id` is absent: it is never allocated.
+    pub fn is_absent(&self, id: ResourceId) -> bool {
+        self.absent.contains(&id)
+    }
+
     /// The command sequence that decided a command id, while it is remembered (within the horizon).
     pub fn decided_at_seq(&self, id: CommandId) -> Option<u64> {
         self.recent.by_id.get(&id).copied()
@@ -301,6 +320,18 @@ pub struct Agent {
     pub n_held: u64,
     pub held_digest: HandleDigest,
     pub held_by_creation: BTreeMap<Position, ResourceId>,
+    /// `Some(why)` while the agent's driver cannot list the machine's resources.
+    pub driver_unavailable: Option<String>,
+    /// When it was declared gone (its resources orphaned then), while it is gone.
+    pub gone_at: Option<Timestamp>,
+    /// Handles of `lost` resources that reappeared on the machine, by the position that quarantined them: untouched
+    /// until a command on record orders them destroyed.
+    pub quarantined: BTreeMap<ResourceId, Position>,
+    /// Resources of this agent recorded `lost` whose records were forgotten after the horizon: a handle of one that
+    /// reappears is still quarantined, never taken for garbage.
+    pub lost_ids: BTreeSet<ResourceId>,
+    /// Garbage handles ordered destroyed (by the position of the order) and not yet reported destroyed.
+    pub garbage_orders: BTreeMap<Position, ResourceId>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -325,6 +356,17 @@ impl Agent {
     pub fn losses_in_window(&self, loss_window: Millis, now: Timestamp) -> u32 {
         let since = now.saturating_sub(loss_window);
         self.recent_losses.iter().filter(|t| **t > since).count() as u32
+    }
+
+    /// True when `id` is this agent's resource recorded lost (in state or forgotten since).
+    pub fn lost_id_known(&self, state: &PartitionState, id: ResourceId) -> bool {
+        self.lost_ids.contains(&id)
+            || state.resource(id).is_some_and(|r| r.agent == self.name && matches!(r.state, ResourceState::Lost { .. }))
+    }
+
+    /// The position of the garbage order still pending for `handle`, if any.
+    pub fn garbage_order_of(&self, handle: ResourceId) -> Option<Position> {
+        self.garbage_orders.iter().find(|(_, id)| **id == handle).map(|(at, _)| *at)
     }
 
     /// The status a person would read: `live`, `stalled`, `gone`, `suspect`, `retired`.
@@ -362,9 +404,18 @@ pub enum ResourceState {
     Releasing {
         cause: Box<ReleaseCause>,
     },
-    Destroyed,
-    Lost,
-    Orphaned,
+    /// Confirmed destroyed by its agent; `cause` is the release it answered.
+    Destroyed {
+        cause: Option<Box<ReleaseCause>>,
+    },
+    /// Found missing by the agent's observation `stamp`.
+    Lost {
+        stamp: ObsStamp,
+    },
+    /// Its agent was declared gone at `gone_at` (and stayed gone past `orphan_after`): nobody can confirm anything.
+    Orphaned {
+        gone_at: Option<Timestamp>,
+    },
     Failed {
         detail: String,
     },
@@ -378,9 +429,9 @@ impl ResourceState {
             ResourceState::Paused { .. } => "paused",
             ResourceState::Suspect { .. } => "suspect",
             ResourceState::Releasing { .. } => "releasing",
-            ResourceState::Destroyed => "destroyed",
-            ResourceState::Lost => "lost",
-            ResourceState::Orphaned => "orphaned",
+            ResourceState::Destroyed { .. } => "destroyed",
+            ResourceState::Lost { .. } => "lost",
+            ResourceState::Orphaned { .. } => "orphaned",
             ResourceState::Failed { .. } => "failed",
         }
     }
@@ -388,7 +439,10 @@ impl ResourceState {
     pub fn is_terminal(&self) -> bool {
         matches!(
             self,
-            ResourceState::Destroyed | ResourceState::Lost | ResourceState::Orphaned | ResourceState::Failed { .. }
+            ResourceState::Destroyed { .. }
+                | ResourceState::Lost { .. }
+                | ResourceState::Orphaned { .. }
+                | ResourceState::Failed { .. }
         )
     }
 
@@ -452,6 +506,10 @@ pub struct Resource {
     pub allocated_pos: Position,
     /// The position of `CreateOrdered`: the agent could know of it from this watermark on.
     pub create_ordered: Option<Position>,
+    /// The log time of `CreateOrdered`: the create timeout counts from it.
+    pub create_ordered_at: Option<Timestamp>,
+    /// While its claims are not all bound: the allocation is given up at this log time (its `wait`).
+    pub wait_until: Option<Timestamp>,
     /// The position of `ResourceReleasing`.
     pub destruction_ordered: Option<Position>,
     /// The last observation of presence.

@@ -9,6 +9,7 @@ use leasehold_domain::state::{Agent, Liveness};
 use leasehold_schemas::RejectionKind::*;
 use leasehold_schemas::command::*;
 use leasehold_schemas::ids::{Key, Millis, Position, ResourceId, Timestamp};
+use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::subjects::partition_of_key;
 use leasehold_schemas::{CommandClass, Outcome};
@@ -119,7 +120,14 @@ fn settings(edit: impl FnOnce(&mut AgentSettings)) -> AgentSettings {
 
 fn partition_settings(w: &mut World, partition: u32, horizon: Millis) -> Outcome {
     let key = Key::Agent(w.a());
-    w.op(SetPartitionSettings { key, partition, outcome_horizon: Some(horizon), policy: None, if_no_policy: false })
+    w.op(SetPartitionSettings {
+        key,
+        partition,
+        outcome_horizon: Some(horizon),
+        policy: None,
+        if_no_policy: false,
+        gc: None,
+    })
 }
 
 /// An agent name that hashes to `partition` of `partitions`.
@@ -289,7 +297,7 @@ fn a_new_incarnation_gets_a_new_epoch_and_old_observations_are_refused() {
 }
 
 #[test]
-fn registering_a_gone_or_retired_agent_makes_it_placeable_again() {
+fn registering_a_gone_agent_makes_it_placeable_again() {
     let mut w = World::new();
     w.registered();
     gone(&mut w);
@@ -297,13 +305,29 @@ fn registering_a_gone_or_retired_agent_makes_it_placeable_again() {
     accepted(&register(&mut w, AgentSettings::default(), false));
     assert_eq!(agent(&w).liveness, Liveness::Live);
     assert_eq!(effect_names(&allocate(&mut w)), ["resource-allocated", "create-ordered"]);
+    settle(&w);
+}
 
+/// Retirement is sticky: an agent that holds nothing and registers again (its `serve --agent` restarted) stays
+/// retired; only `unretire`, on record and by whom, brings it back.
+#[test]
+fn a_retired_agent_stays_retired_until_unretired() {
     let mut w = World::new();
     w.registered();
     accepted(&retire(&mut w));
-    accepted(&register(&mut w, AgentSettings::default(), false));
+    let o = register(&mut w, AgentSettings::default(), false);
+    assert!(matches!(o.effects(), [Effect::AgentRegistered { retired: true, .. }]), "{o:?}");
+    assert!(agent(&w).retired);
+    refused(&mut w, allocate, InvalidState, &["agent w1 is retired", "no new placements"]);
+    let a = w.a();
+    let o = w.op(UnretireAgent { agent: a.clone() });
+    assert!(matches!(o.effects(), [Effect::AgentUnretired { by }] if by.as_str() == OP), "{o:?}");
     assert!(!agent(&w).retired);
     assert_eq!(effect_names(&allocate(&mut w)), ["resource-allocated", "create-ordered"]);
+    refused(&mut w, |w| w.op(UnretireAgent { agent: a.clone() }), AlreadyDone, &["agent w1 is not retired"]);
+    // Registering again keeps it in service.
+    accepted(&register(&mut w, AgentSettings::default(), false));
+    assert!(!agent(&w).retired);
     settle(&w);
 }
 

@@ -23,7 +23,14 @@ fn policy(stall_after: Millis, orphan_after: Millis) -> ClusterPolicy {
 }
 
 fn set_policy(w: &mut World, policy: Option<ClusterPolicy>, if_no_policy: bool) -> Outcome {
-    w.op(SetPartitionSettings { key: Key::Agent(w.a()), partition: 0, outcome_horizon: None, policy, if_no_policy })
+    w.op(SetPartitionSettings {
+        key: Key::Agent(w.a()),
+        partition: 0,
+        outcome_horizon: None,
+        policy,
+        if_no_policy,
+        gc: None,
+    })
 }
 
 fn mark_stalled(w: &mut World) -> Outcome {
@@ -120,6 +127,7 @@ fn a_policy_that_makes_no_sense_is_refused_and_a_horizon_change_keeps_the_policy
         outcome_horizon: Some(Millis::from_hours(48)),
         policy: None,
         if_no_policy: false,
+        gc: None,
     };
     accepted(&w.op(horizon));
     assert_eq!(w.state().settings().outcome_horizon, Millis::from_hours(48));

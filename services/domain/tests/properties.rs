@@ -2534,6 +2534,7 @@ impl Sim {
                     attributes: Default::default(),
                     parent,
                     pools: names,
+                    wait: None,
                 };
                 one(self, op, body.into())
             }
@@ -2631,6 +2632,7 @@ impl Sim {
                     outcome_horizon: Some(outcome_horizon),
                     policy: None,
                     if_no_policy: false,
+                    gc: None,
                 };
                 one(self, op, body.into())
             }
@@ -2776,6 +2778,7 @@ impl Sim {
                             attributes: Default::default(),
                             parent: None,
                             pools: if i % 16 == 0 { vec![self.pools[0].clone()] } else { vec![] },
+                            wait: None,
                         };
                         self.envelope(op, 0, body.into())
                     })
@@ -2876,6 +2879,7 @@ impl Sim {
                 attributes: Default::default(),
                 parent: None,
                 pools: vec![],
+                wait: None,
             }
             .into(),
             1 => {
@@ -2892,6 +2896,7 @@ impl Sim {
                     attributes,
                     parent: None,
                     pools: vec![],
+                    wait: None,
                 }
                 .into()
             }

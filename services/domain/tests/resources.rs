@@ -842,7 +842,7 @@ fn release_transitions() {
                 lost(w);
             },
             |w| w.release(),
-            Rejected(AlreadyDone, &["already lost"]),
+            Rejected(AlreadyDone, &["is lost and no handle of it is on its agent's machine"]),
         ),
         case(
             "release a failed resource",
@@ -1595,14 +1595,70 @@ fn create_timeouts() {
             create_timeout,
             Effects(&["resource-releasing", "lease-broken"]),
         ),
+        // The create timeout counts from the create order: waiting for an address is bounded only by the
+        // allocation's own `wait`.
         case(
-            "create timeout of a resource still waiting for its pool claim",
+            "no create timeout for a resource still waiting for its pool claim",
             |w| {
                 wanting(w, &["ips"]);
-                w.advance(Millis::from_mins(10));
+                w.advance(Millis::from_hours(2));
             },
             create_timeout,
+            Rejected(NothingToDo, &["waits for its pools' identifiers with no wait given"]),
+        ),
+        case(
+            "the allocation's wait bounds waiting for a pool claim",
+            |w| {
+                w.registered();
+                accepted(&w.define_slots("ips", 4, secs(60)));
+                w.pending_with(|c| {
+                    c.pools = vec![pool_name("ips")];
+                    c.wait = Some(secs(30));
+                });
+                let names = effect_names(w.d.outcomes().last().unwrap());
+                assert_eq!(names, ["resource-allocated", "claim-wanted", "allocation-waits-until"]);
+                w.advance(secs(30));
+            },
+            |w| {
+                let outcome = create_timeout(w);
+                let released = outcome.effects().iter().any(|e| {
+                    matches!(e, Effect::ResourceReleasing { cause: ReleaseCause::WaitTimeout { waited }, .. }
+                        if *waited == secs(30))
+                });
+                assert!(released, "{outcome:?}");
+                outcome
+            },
             Effects(&["resource-releasing"]),
+        ),
+        case(
+            "a wait is not yet over",
+            |w| {
+                w.registered();
+                accepted(&w.define_slots("ips", 4, secs(60)));
+                w.pending_with(|c| {
+                    c.pools = vec![pool_name("ips")];
+                    c.wait = Some(secs(30));
+                });
+                w.advance(Millis(secs(30).0 - 1));
+            },
+            create_timeout,
+            Rejected(NotYetDue, &["may wait for its pools until"]),
+        ),
+        case(
+            "the create timeout counts from the create order, not the allocation",
+            |w| {
+                wanting(w, &["ips"]);
+                w.advance(Millis::from_mins(9));
+                granted(w, "ips");
+                let (value, token) = grant_of(w, "ips");
+                assert_eq!(effect_names(&bind(w, "ips", value, token)), ["claim-bound", "create-ordered"]);
+                w.advance(Millis::from_mins(9));
+            },
+            |w| {
+                let outcome = create_timeout(w);
+                naming(outcome, w.rref())
+            },
+            Rejected(NotYetDue, &["may be created until"]),
         ),
         case(
             "create timeout a moment too early",

@@ -334,7 +334,12 @@ fn a_renew_stamped_far_ahead_is_refused() {
     let (agent, lease, token) = (w.a(), w.l(), w.token());
     let mut ahead = w.d.envelope(OP, Renew { agent, lease, token, ttl: None });
     ahead.command_id = CommandId::from_parts(w.d.now().0 + Millis::from_hours(1).0, [7; 10]);
-    refused(&mut w, |w| w.d.submit_envelope(&ahead), Invalid, &["fix the holder's clock"]);
+    refused(
+        &mut w,
+        |w| w.d.submit_envelope(&ahead),
+        Invalid,
+        &["more than 5min after the log's time", "fix the issuer's clock"],
+    );
     settle(&w);
 }
 

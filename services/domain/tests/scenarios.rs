@@ -729,8 +729,9 @@ fn arvados_slot_zero_and_stale_slot() {
 
 // --- (i) a holder that goes terminal before the bind --------------------------------------------------------------
 
-/// The pool grants an identifier, but before the sweeper carries the grant back the holder times out, is released
-/// and is confirmed destroyed. The bind that finally arrives sends the claim straight back and the pool frees it.
+/// The pool grants an identifier, but before the sweeper carries the grant back the holder's wait for it runs out,
+/// it is released and is confirmed destroyed. The bind that finally arrives sends the claim straight back and the
+/// pool frees it.
 #[test]
 fn claim_of_a_holder_gone_terminal_before_the_bind_goes_straight_back() {
     let (mut agents, mut pools) = two_partitions();
@@ -738,17 +739,21 @@ fn claim_of_a_holder_gone_terminal_before_the_bind_goes_straight_back() {
     let subnet = PoolKind::Ipv4 { network: ip(0), prefix_len: 29, exclude: vec![] };
     let define = DefinePool { pool: pool_name("overlay"), kind: subnet, cooldown: None };
     step(&pools.op(define), &["pool-defined"]);
-    let quick = settings(|s| s.create_timeout = Millis::from_mins(1));
-    step(&agents.register_with(&agent, quick, false), &["agent-registered"]);
+    step(&agents.register_with(&agent, settings(|_| {}), false), &["agent-registered"]);
 
-    let (id, alloc) = allocate(&mut agents, &["overlay"]);
-    step(&alloc, &["resource-allocated", "claim-wanted"]);
+    let mut cmd = agents.allocate_cmd(&agent);
+    cmd.pools = vec![pool_name("overlay")];
+    cmd.wait = Some(Millis::from_mins(1));
+    let id = cmd.resource;
+    agents.last_resource = Some(id);
+    let alloc = agents.op(cmd);
+    step(&alloc, &["resource-allocated", "claim-wanted", "allocation-waits-until"]);
     let granted = pools.sys(only(claims_for(&alloc)));
     step(&granted, &["claim-granted"]);
     let bind = only(binds_for(&granted));
     let holder = ResourceRef::new(agent.clone(), id);
 
-    // The bind is slow. The create times out: releasing, not failed (the create may be running).
+    // The bind is slow. The wait runs out: releasing, not failed (as a create timeout is).
     refused(&mut agents, NotYetDue, |w| w.sys(CreateTimeout { agent: agent.clone(), resource: id }));
     agents.advance(Millis::from_mins(1));
     step(&agents.sys(CreateTimeout { agent: agent.clone(), resource: id }), &["resource-releasing"]);

@@ -19,7 +19,7 @@ use leasehold_schemas::RejectionKind::*;
 use leasehold_schemas::codec::{self, MAX_COMMAND_BYTES, MAX_OUTCOME_BYTES};
 use leasehold_schemas::command::*;
 use leasehold_schemas::ids::*;
-use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::outcome::{Effect, ReleaseCause};
 use leasehold_schemas::pool::{PoolKind, PoolValue};
 use leasehold_schemas::{Envelope, Outcome, Uuid};
 use support::*;
@@ -419,23 +419,69 @@ fn seq6_a_child_of_a_parent_that_already_left_is_released_by_its_adoption() {
     let (adopted, answer) = adoption(&mut parents, &parent, &child, born);
     assert!(matches!(adopted.effects()[0], Effect::ChildAdopted { parent_state: ParentState::Left, .. }));
     assert_eq!(effect_names(&children.sys(answer)), ["resource-releasing"]);
-    // A parent id nobody allocated: asked again while it could still be, "left" once it never can be.
-    let nobody = ResourceRef::new(parents.a(), parents.d.new_resource_id());
-    let ask = Adopt { parent: nobody, child, source: born };
-    refused(&mut parents, |w| w.sys(ask.clone()), NotYetDue, &["not known here yet"]);
-    parents.advance(Millis::from_hours(25));
-    let late = parents.sys(ask);
-    assert!(matches!(late.effects()[0], Effect::ChildAdopted { parent_state: ParentState::Left, .. }));
     settle(&parents);
     settle(&children);
+}
+
+/// A parent id nobody allocated (stamped now, or ahead within the clock tolerance) used to be answered "not yet"
+/// until its time plus the horizon: a question nobody could answer, asked again and again by the sweeper. It is
+/// answered "absent" at once, the id is recorded so and never allocated after, and the child is released with the
+/// reason.
+#[test]
+fn seq6_a_child_of_a_parent_nobody_allocated_is_released_at_once() {
+    let (mut parents, mut children) = two_partitions();
+    parents.registered();
+    let nobody = ResourceRef::new(parents.a(), parents.d.new_resource_id());
+    let alloc_parent = nobody.clone();
+    children.pending_with(|c| c.parent = Some(alloc_parent));
+    let alloc = children.d.outcomes().last().unwrap().clone();
+    let (child, born) = (children.rref(), children.source_of(&alloc, "resource-allocated"));
+    let (adopted, answer) = adoption(&mut parents, &nobody, &child, born);
+    assert!(matches!(adopted.effects()[0], Effect::ChildAdopted { parent_state: ParentState::Absent, .. }));
+    assert!(parents.state().is_absent(nobody.resource));
+    let released = children.sys(answer);
+    assert_eq!(effect_names(&released), ["resource-releasing"]);
+    assert!(matches!(
+        &released.effects()[0],
+        Effect::ResourceReleasing { cause: ReleaseCause::ParentAbsent { parent }, .. } if *parent == nobody
+    ));
+    // The answer stays true: that id is never allocated in the parent's partition.
+    let late = Allocate { capacity: 1, ..allocation(&nobody.agent, nobody.resource) };
+    refused(&mut parents, |w| w.op(late), AlreadyExists, &["answered \"absent\""]);
+    // Until it could not be allocated anyway: then the record goes.
+    parents.advance(Millis::from_hours(25));
+    let agent = parents.a();
+    accepted(&parents.heartbeat(&agent));
+    assert!(!parents.state().is_absent(nobody.resource), "forgotten past the horizon");
+    settle(&parents);
+    settle(&children);
+}
+
+/// A parent stamped further ahead than the clock tolerance is refused at allocation: it would never be answered.
+#[test]
+fn seq6_a_parent_id_stamped_far_ahead_is_refused() {
+    let mut w = World::new();
+    w.registered();
+    let agent = w.a();
+    let ahead = ResourceRef::new(agent.clone(), ResourceId::from_parts(T0.0 + Millis::from_hours(2).0, [7; 10]));
+    let mut allocate = allocation(&agent, w.d.new_resource_id());
+    allocate.parent = Some(ahead);
+    refused(&mut w, |w| w.op(allocate), Invalid, &["parent id", "fix the issuer's clock"]);
+    settle(&w);
 }
 
 // --- 7 ---------------------------------------------------------------------------------------------------------
 
 fn set_horizon(w: &mut World, horizon: Millis) {
     let key = Key::Agent(w.a());
-    let body =
-        SetPartitionSettings { key, partition: 0, outcome_horizon: Some(horizon), policy: None, if_no_policy: false };
+    let body = SetPartitionSettings {
+        key,
+        partition: 0,
+        outcome_horizon: Some(horizon),
+        policy: None,
+        if_no_policy: false,
+        gc: None,
+    };
     accepted(&w.op(body));
 }
 
@@ -479,29 +525,29 @@ fn seq7_a_resource_id_forgotten_under_a_short_horizon_is_not_allocated_again_whe
 
 // --- 8 ---------------------------------------------------------------------------------------------------------
 
-/// A UUIDv7 stamped 20 h ahead is allocated and destroyed. Before, it was forgotten 24 h after it was destroyed and
-/// could be allocated again at 26 h: its id looked fresh. A terminal record is now kept until its id could no
-/// longer be allocated, and ids stamped further ahead than the horizon are refused.
+/// A UUIDv7 stamped ahead of the log (within the clock tolerance) is allocated and destroyed. Before, it was
+/// forgotten a horizon after it was destroyed and could be allocated again: its id looked fresh. A terminal record is
+/// kept until its id could no longer be allocated, and ids stamped further ahead than `MAX_ID_AHEAD` are refused.
 #[test]
 fn seq8_a_future_stamped_id_is_never_reused() {
     let mut w = World::new();
     w.registered();
     let agent = w.a();
-    let ahead = ResourceId::from_parts(T0.0 + Millis::from_hours(20).0, [9; 10]);
+    let ahead = ResourceId::from_parts(T0.0 + Millis::from_mins(4).0, [9; 10]);
     let allocate = Allocate { capacity: 1, ..allocation(&agent, ahead) };
     accepted(&w.op(allocate.clone()));
     accepted(&w.release_of(ahead));
     accepted(&w.sync(&agent, |r| r.destroyed = vec![ahead]));
-    w.advance(Millis::from_hours(26));
+    w.advance(Millis(Millis::from_hours(24).0 + Millis::from_mins(2).0));
     accepted(&w.sync(&agent, |_| {}));
     assert_eq!(state_name(&w, ahead), "destroyed", "kept while its id could be allocated");
     refused(&mut w, |w| w.op(allocate.clone()), AlreadyExists, &["already exists (destroyed)"]);
-    w.advance(Millis::from_hours(19));
+    w.advance(Millis::from_mins(3));
     accepted(&w.sync(&agent, |_| {}));
     assert!(w.state().resource(ahead).is_none(), "forgotten once its id is older than the horizon");
     refused(&mut w, |w| w.op(allocate.clone()), Invalid, &["longer ago than the outcome horizon"]);
 
-    let too_far = ResourceId::from_parts(w.d.now().0 + Millis::from_hours(25).0, [8; 10]);
+    let too_far = ResourceId::from_parts(w.d.now().0 + leasehold_domain::MAX_ID_AHEAD.0 + 1, [8; 10]);
     let far = Allocate { resource: too_far, ..allocate };
     refused(&mut w, |w| w.op(far), Invalid, &["fix the issuer's clock"]);
     settle(&w);

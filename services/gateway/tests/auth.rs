@@ -125,6 +125,7 @@ fn allocate(issuer: &str) -> Envelope {
         attributes: Default::default(),
         parent: None,
         pools: Vec::new(),
+        wait: None,
     };
     Envelope::new(CommandId::generate(), Issuer::new(issuer).expect("an issuer"), now(), body)
 }

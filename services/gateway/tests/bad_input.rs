@@ -157,6 +157,7 @@ fn allocate(on: &str) -> Envelope {
             attributes: [("image".to_owned(), "alpine:3.20".to_owned())].into(),
             parent: None,
             pools: Vec::new(),
+            wait: None,
         },
     )
 }

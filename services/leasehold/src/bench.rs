@@ -432,6 +432,7 @@ fn allocation(agent: &AgentName, ids: &mut Ids) -> Envelope {
         attributes,
         parent: None,
         pools: vec![],
+        wait: None,
     };
     Envelope::new(CommandId::from_parts(at.0, ids.next()), Issuer::new("bench").expect("valid"), at, body)
 }

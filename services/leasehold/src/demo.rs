@@ -526,6 +526,7 @@ impl<'o> Demo<'o> {
                     attributes: [("team".to_owned(), "infra".to_owned())].into(),
                     parent: None,
                     pools,
+                    wait: None,
                 },
             )
             .await?;

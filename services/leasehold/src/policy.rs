@@ -175,6 +175,7 @@ async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -
             outcome_horizon: None,
             policy: Some(policy),
             if_no_policy: false,
+            gc: None,
         };
         let envelope = crate::produce::envelope(&issuer, None, body);
         crate::produce::simple(global, &args.produce, envelope, &what).await?;
@@ -262,6 +263,7 @@ pub(crate) async fn record_from_flags<L: Log>(
                 outcome_horizon: None,
                 policy: Some(wanted.clone()),
                 if_no_policy: true,
+                gc: None,
             };
             let envelope = crate::produce::envelope(issuer, None, body);
             let status = crate::produce::submit_to_log(log, &envelope, timeout).await?;

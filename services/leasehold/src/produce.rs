@@ -78,6 +78,11 @@ pub(crate) struct AllocateArgs {
     /// An attribute, `name=value` (repeatable).
     #[arg(long = "attr", value_name = "NAME=VALUE", value_parser = parse_attr)]
     pub(crate) attrs: Vec<(String, String)>,
+    /// With --pool: give the allocation up (released, cause `wait-timeout`) if its pools have not granted an
+    /// identifier within this long (`30s`, `10min`); default: it waits until released. The create timeout counts
+    /// only from the create order, once every identifier is bound.
+    #[arg(long, value_parser = parse_millis, value_name = "DURATION")]
+    pub(crate) wait: Option<Millis>,
     #[command(flatten)]
     pub(crate) produce: ProduceArgs,
 }
@@ -831,6 +836,7 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
                 attributes: attributes(&args.attrs)?,
                 parent: args.parent,
                 pools: args.pools,
+                wait: args.wait,
             };
             let envelope = envelope(&issuer, args.produce.command_id, body);
             let sent = transport.submit(&envelope, args.produce.timeout).await;

@@ -1,7 +1,7 @@
 //! Outcomes in plain words, one line per effect: the timeline `leasehold demo` prints.
 
 use leasehold_schemas::ids::ObsStamp;
-use leasehold_schemas::outcome::{BreakerClear, Effect, ReleaseCause, ResyncReason, Work};
+use leasehold_schemas::outcome::{BreakerClear, Effect, GarbageCause, ReleaseCause, ResyncReason, Work};
 use leasehold_schemas::{Decision, Outcome};
 
 /// The lines of one outcome: the command, who sent it, and each effect at its position (or the rejection).
@@ -26,6 +26,17 @@ pub fn lines(outcome: &Outcome, at_secs: f64) -> Vec<String> {
 pub fn short(id: impl ToString) -> String {
     let text = id.to_string();
     format!("…{}", &text[text.len() - 8..])
+}
+
+/// Why a garbage handle goes, in plain words.
+pub fn garbage(cause: &GarbageCause) -> String {
+    match cause {
+        GarbageCause::Unknown {} => "of no resource the log knows".to_owned(),
+        GarbageCause::Destroyed {} => "its resource was destroyed".to_owned(),
+        GarbageCause::Orphaned {} => "its resource was orphaned while its agent was gone".to_owned(),
+        GarbageCause::Failed {} => "its resource failed to be created".to_owned(),
+        GarbageCause::Released { by, .. } => format!("a quarantined handle of a lost resource, released by {by}"),
+    }
 }
 
 fn stamp(stamp: &ObsStamp) -> String {
@@ -103,6 +114,10 @@ pub fn describe(effect: &Effect) -> String {
                 ReleaseCause::ParentLeft { parent } => format!("its parent {} left", short(parent.resource)),
                 ReleaseCause::CreateTimeout {} => "its create timed out".to_owned(),
                 ReleaseCause::AgentRetired {} => "its agent retired".to_owned(),
+                ReleaseCause::ParentAbsent { parent } => {
+                    format!("its parent {} does not exist", short(parent.resource))
+                }
+                ReleaseCause::WaitTimeout { waited } => format!("it waited {waited} for its pools' identifiers"),
             };
             format!("{} releasing ({why}); the agent must destroy it; its claims stay held", short(resource))
         }
@@ -156,6 +171,27 @@ pub fn describe(effect: &Effect) -> String {
         }
         Effect::ChildAdopted { parent, child, parent_state, .. } => {
             format!("{} answers its child {}: {parent_state:?}", short(parent), short(child.resource))
+        }
+        Effect::GarbageDestroyOrdered { handle, cause } => {
+            format!("handle {} is garbage ({}): the agent must destroy it", short(handle), garbage(cause))
+        }
+        Effect::GarbageDryRun { handle, cause } => {
+            format!("handle {} is garbage ({}); a dry run: nothing is ordered", short(handle), garbage(cause))
+        }
+        Effect::GarbageDestroyed { handle, stamp: s } => {
+            format!("garbage handle {} destroyed (confirmed by {})", short(handle), stamp(s))
+        }
+        Effect::HandleReappeared { resource, stamp: s } => format!(
+            "the handle of lost {} is back (seen in {}): quarantined, untouched until it is released",
+            short(resource),
+            stamp(s)
+        ),
+        Effect::AgentDriverUnavailable { detail } => format!("the agent's driver is UNAVAILABLE: {detail}"),
+        Effect::AgentDriverAvailable {} => "the agent's driver is available again".to_owned(),
+        Effect::AgentUnretired { by } => format!("agent back in service (unretired by {by})"),
+        Effect::GcModeChanged { mode } => format!("garbage collection mode: {mode}"),
+        Effect::AllocationWaitsUntil { resource, until } => {
+            format!("{} waits for its pools' identifiers until {until} at the latest", short(resource))
         }
     }
 }

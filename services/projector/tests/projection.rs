@@ -121,6 +121,7 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
                     attributes: BTreeMap::new(),
                     parent: None,
                     pools,
+                    wait: None,
                 },
             )
             .await;
@@ -389,6 +390,7 @@ fn the_policy_and_what_follows_it_are_read_as_recorded() {
         outcome_horizon: None,
         policy: Some(policy.clone()),
         if_no_policy: false,
+        gc: None,
     };
     assert!(driver.submit("ops", body).rejection().is_none());
     driver.submit(

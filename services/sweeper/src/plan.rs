@@ -253,7 +253,7 @@ fn parent_work(
     }
     let wanted = parent_state_of(parent_home, parent);
     let in_step = match wanted {
-        ParentState::Left => false,
+        ParentState::Left | ParentState::Absent => false,
         ParentState::Suspect => child.upstream_suspect().is_some(),
         ParentState::Healthy => child.upstream_suspect().is_none(),
     };

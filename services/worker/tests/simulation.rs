@@ -294,6 +294,7 @@ impl Workload {
                     attributes: BTreeMap::new(),
                     parent: None,
                     pools: vec![],
+                    wait: None,
                 };
                 self.envelope("ci", body, at)
             }

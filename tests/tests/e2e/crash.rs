@@ -398,6 +398,7 @@ fn commands(count: usize) -> Vec<Prepared> {
             attributes: BTreeMap::new(),
             parent: None,
             pools: Vec::new(),
+            wait: None,
         };
         out.push(prepare(&envelope(n, "ci", body.into())));
     }

@@ -3,7 +3,7 @@
 
 use leasehold_schemas::RejectionKind;
 use leasehold_schemas::command::{
-    ConfirmLoss, Heartbeat, MarkGone, MarkStalled, Orphan, Register, RetireAgent, SetPartitionSettings,
+    ConfirmLoss, Heartbeat, MarkGone, MarkStalled, Orphan, Register, RetireAgent, SetPartitionSettings, UnretireAgent,
 };
 use leasehold_schemas::ids::Millis;
 use leasehold_schemas::outcome::{BreakerClear, Effect, ResyncReason};
@@ -20,9 +20,9 @@ impl<'s> Decider<'s> {
         }
         let mut stays_retired = false;
         if let Some(agent) = self.state.agents.get(&command.agent) {
-            // A retired agent registers to finish releasing what it holds; once nothing is left, registering
-            // brings the name back into service.
-            stays_retired = agent.retired && self.state.resources_of(agent).any(|r| !r.state.is_terminal());
+            // A retired agent registers to finish releasing what it holds, and stays retired: only `unretire`, on
+            // record, brings the name back into service.
+            stays_retired = agent.retired;
             if command.wiped && agent.breaker.is_some() {
                 self.out.push(Effect::AgentBreakerCleared { reason: BreakerClear::Wiped {} });
             }
@@ -116,6 +116,15 @@ impl<'s> Decider<'s> {
         Ok(())
     }
 
+    pub(super) fn unretire_agent(&mut self, command: &UnretireAgent) -> Verdict {
+        let agent = self.agent(&command.agent)?;
+        if !agent.retired {
+            return reject(RejectionKind::AlreadyDone, format!("agent {} is not retired", agent.name));
+        }
+        self.out.push(Effect::AgentUnretired { by: self.issuer.clone() });
+        Ok(())
+    }
+
     pub(super) fn confirm_loss(&mut self, command: &ConfirmLoss) -> Verdict {
         let agent = self.agent(&command.agent)?;
         if agent.breaker.is_none() {
@@ -168,10 +177,16 @@ impl<'s> Decider<'s> {
             outcome_horizon: command.outcome_horizon.unwrap_or(self.state.settings.outcome_horizon),
             policy: command.policy.clone().or_else(|| self.state.settings.policy.clone()),
         };
-        if settings == self.state.settings {
+        let gc = command.gc.filter(|mode| *mode != self.state.gc_mode);
+        if settings == self.state.settings && gc.is_none() {
             return reject(RejectionKind::AlreadyDone, "the partition already has these settings");
         }
-        self.out.push(Effect::PartitionSettingsChanged { settings });
+        if settings != self.state.settings {
+            self.out.push(Effect::PartitionSettingsChanged { settings });
+        }
+        if let Some(mode) = gc {
+            self.out.push(Effect::GcModeChanged { mode });
+        }
         Ok(())
     }
 }

@@ -8,6 +8,7 @@
 //! appends every part before it decides anything else, so nothing can come between the parts of a decision.
 
 mod agents;
+mod garbage;
 mod leases;
 mod pools;
 mod reports;
@@ -27,7 +28,11 @@ use leasehold_schemas::{CommandClass, Envelope, Outcome, Rejection, RejectionKin
 use crate::state::{Agent, ClaimSlot, LeaseState, PartitionState, Resource, ResourceState};
 
 /// The version of these rules. Outcomes carry it; re-deciding history is checked within one version.
-pub const DECIDER_VERSION: u32 = 1;
+pub const DECIDER_VERSION: u32 = 2;
+/// How far ahead of the log's time an id may be stamped (UUIDv7 ids carry their issuer's clock): further ahead, the
+/// issuer's clock is wrong, and the id is refused ("fix the issuer's clock"). An id from the future would be
+/// remembered, asked about and waited for until its own time plus the horizon; NTP keeps clocks within a second.
+pub const MAX_ID_AHEAD: leasehold_schemas::Millis = leasehold_schemas::Millis::from_mins(5);
 /// The most leases one resource can take (bounds the effects of one resource leaving).
 pub const MAX_CAPACITY: u32 = 1024;
 /// The most pools one resource claims from.
@@ -253,7 +258,7 @@ pub(crate) fn echo(text: &str) -> String {
 pub(crate) fn remembered(outcome: &Outcome) -> bool {
     let type_name = outcome.command.type_name.as_str();
     let accepted_renew = type_name == "op.renew" && outcome.rejection().is_none();
-    !matches!(type_name, "agent.heartbeat" | "agent.sync" | "agent.resync-chunk")
+    !matches!(type_name, "agent.heartbeat" | "agent.sync" | "agent.resync-chunk" | "agent.report-garbage")
         && !accepted_renew
         && outcome.rejection().is_none_or(|r| r.kind != RejectionKind::NotYetDue)
 }
@@ -342,7 +347,7 @@ impl<'s> Decider<'s> {
     }
 
     /// Refuses an id (`what` names it) that was made longer ago than the horizon, at or before something this
-    /// partition has forgotten (it may be a forgotten one), or further in the future than the horizon.
+    /// partition has forgotten (it may be a forgotten one), or further ahead than [`MAX_ID_AHEAD`].
     fn check_fresh_id(&self, what: &str, id: &dyn fmt::Display, stamped: Timestamp, kind: RejectionKind) -> Verdict {
         let horizon = self.state.settings.outcome_horizon;
         let advice = if kind == RejectionKind::StaleCommand { "issue a new command" } else { "choose a fresh UUIDv7" };
@@ -366,12 +371,17 @@ impl<'s> Decider<'s> {
                 ),
             );
         }
-        if stamped > self.now.saturating_add(horizon) {
+        self.check_not_ahead(what, id, stamped)
+    }
+
+    /// Refuses an id stamped more than [`MAX_ID_AHEAD`] after the log's time.
+    fn check_not_ahead(&self, what: &str, id: &dyn fmt::Display, stamped: Timestamp) -> Verdict {
+        if stamped > self.now.saturating_add(MAX_ID_AHEAD) {
             return reject(
                 RejectionKind::Invalid,
                 format!(
-                    "{what} {id} says it was made at {stamped}, more than the outcome horizon ({horizon}) after the \
-                     log's time {}; fix the issuer's clock",
+                    "{what} {id} says it was made at {stamped}, more than {MAX_ID_AHEAD} after the log's time {}; \
+                     fix the issuer's clock",
                     self.now
                 ),
             );
@@ -492,6 +502,10 @@ impl<'s> Decider<'s> {
             Command::TickPool(c) => self.tick_pool(c),
             Command::Cascade(c) => self.cascade(c),
             Command::Adopt(c) => self.adopt(c),
+            Command::UnretireAgent(c) => self.unretire_agent(c),
+            Command::GarbageReport(c) => self.garbage_report(c),
+            Command::ReportDestroyed(c) => self.report_destroyed(c),
+            Command::DriverStatus(c) => self.driver_status(c),
         }
     }
 

@@ -136,7 +136,12 @@ pub fn expected_listing(state: &PartitionState, report: &SyncReport) -> Option<(
 
 impl<'s> Decider<'s> {
     /// The observing agent, if the observation is from its current epoch and newer than the last one decided.
-    fn observer(&self, name: &AgentName, epoch: Position, obs: u64) -> Result<(&'s Agent, ObsStamp), Rejection> {
+    pub(super) fn observer(
+        &self,
+        name: &AgentName,
+        epoch: Position,
+        obs: u64,
+    ) -> Result<(&'s Agent, ObsStamp), Rejection> {
         let agent = self.incarnation(name, epoch, "observation")?;
         let stamp = ObsStamp { epoch, obs };
         if stamp <= agent.last_obs {
@@ -153,7 +158,7 @@ impl<'s> Decider<'s> {
 
     /// Refuses a position an agent names (`what`: its report's watermark, the check it answers) that the log has
     /// not reached.
-    fn check_reached(&self, what: &str, position: Position) -> Verdict {
+    pub(super) fn check_reached(&self, what: &str, position: Position) -> Verdict {
         if position > self.state.last_position() {
             return reject(
                 RejectionKind::Invalid,

@@ -6,7 +6,7 @@ use leasehold_schemas::command::{
     Adopt, Allocate, BindClaim, Cascade, CreateTimeout, ExpirePause, ParentState, Pause, Release,
     ReportFailureByOperator, RequestHealthCheck, Unpause, Update,
 };
-use leasehold_schemas::outcome::{BreakReason, Effect, ReleaseCause, SuspectCause, UnpauseCause};
+use leasehold_schemas::outcome::{BreakReason, Effect, GarbageCause, ReleaseCause, SuspectCause, UnpauseCause};
 use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
 use leasehold_schemas::{Key, RejectionKind, ResourceRef, Source};
 
@@ -81,6 +81,12 @@ impl<'s> Decider<'s> {
                 format!("agent {} is {why}; no new placements on it", agent.name),
             );
         }
+        if let Some(why) = &agent.driver_unavailable {
+            return reject(
+                RejectionKind::InvalidState,
+                format!("agent {}'s driver is unavailable ({why}); no new placements on it", agent.name),
+            );
+        }
         let id = command.resource;
         if let Some(existing) = self.state.resources.get(&id) {
             return reject(
@@ -88,7 +94,21 @@ impl<'s> Decider<'s> {
                 format!("resource {} already exists ({})", existing.reference(), existing.state.name()),
             );
         }
+        if self.state.absent.contains(&id) || agent.lost_ids.contains(&id) {
+            return reject(
+                RejectionKind::AlreadyExists,
+                format!(
+                    "resource id {id} was recorded here as never allocated (a child's adoption asked for it as its \
+                     parent, and was answered \"absent\"), or as lost; choose a fresh UUIDv7"
+                ),
+            );
+        }
         self.check_fresh_id("resource id", &id, id.time(), RejectionKind::Invalid)?;
+        if let Some(wait) = command.wait
+            && wait.0 == 0
+        {
+            return reject(RejectionKind::Invalid, "a wait of 0 gives up at once; give a longer one, or none");
+        }
         if !is_kind(&command.kind) {
             return reject(
                 RejectionKind::Invalid,
@@ -118,6 +138,7 @@ impl<'s> Decider<'s> {
             if parent.resource == id {
                 return reject(RejectionKind::Invalid, format!("resource {id} cannot be its own parent"));
             }
+            self.check_not_ahead("parent id", &parent.resource, parent.resource.time())?;
             if partition_of_agent(&parent.agent, self.state.partitions) == self.state.partition {
                 let parent_resource = self.resource(&parent.agent, parent.resource).map_err(|mut r| {
                     r.message = format!("parent {parent} is not known");
@@ -149,6 +170,9 @@ impl<'s> Decider<'s> {
         for pool in &command.pools {
             self.out.push(Effect::ClaimWanted { resource: id, pool: pool.clone() });
         }
+        if let Some(wait) = command.wait.filter(|_| !command.pools.is_empty()) {
+            self.out.push(Effect::AllocationWaitsUntil { resource: id, until: self.now.saturating_add(wait) });
+        }
         if command.pools.is_empty() {
             self.out.push(Effect::CreateOrdered { resource: id });
         }
@@ -156,10 +180,28 @@ impl<'s> Decider<'s> {
     }
 
     pub(super) fn release(&mut self, command: &Release) -> Verdict {
-        let resource = self.resource(&command.agent, command.resource)?;
         if let Some(reason) = &command.reason {
             check_text("reason", reason)?;
         }
+        // A lost resource whose handle came back is released by destroying that handle, on record.
+        if let Some(agent) = self.state.agents.get(&command.agent)
+            && agent.lost_id_known(self.state, command.resource)
+        {
+            let reference = format!("{}.{}", command.agent, command.resource);
+            if !agent.quarantined.contains_key(&command.resource) {
+                return reject(
+                    RejectionKind::AlreadyDone,
+                    format!(
+                        "resource {reference} is lost and no handle of it is on its agent's machine (one that \
+                         reappears is quarantined until released)"
+                    ),
+                );
+            }
+            let cause = GarbageCause::Released { by: self.issuer.clone(), reason: command.reason.clone() };
+            self.out.push(Effect::GarbageDestroyOrdered { handle: command.resource, cause });
+            return Ok(());
+        }
+        let resource = self.resource(&command.agent, command.resource)?;
         if resource.state.has_left() {
             return reject(
                 RejectionKind::AlreadyDone,
@@ -334,19 +376,23 @@ impl<'s> Decider<'s> {
         self.agent(&command.agent)?;
         let resource = self.resource(&command.agent, command.resource)?;
         let Some(due) = crate::due::create_due(self.state, resource) else {
-            return reject(
-                RejectionKind::NothingToDo,
-                format!("resource {} is {}, not pending", resource.reference(), describe_state(resource)),
-            );
+            let why = if resource.state == ResourceState::Pending {
+                "waits for its pools' identifiers with no wait given".to_owned()
+            } else {
+                format!("is {}, not pending", describe_state(resource))
+            };
+            return reject(RejectionKind::NothingToDo, format!("resource {} {why}", resource.reference()));
         };
         if self.now < due {
-            return reject(
-                RejectionKind::NotYetDue,
-                format!("resource {} may be created until {due}", resource.reference()),
-            );
+            let what = if resource.create_ordered.is_some() { "may be created" } else { "may wait for its pools" };
+            return reject(RejectionKind::NotYetDue, format!("resource {} {what} until {due}", resource.reference()));
         }
         // Not `failed`: the create may still be running. The agent destroys it; an observation frees its claims.
-        self.order_release(resource, ReleaseCause::CreateTimeout {}, BreakReason::ResourceLeft);
+        let cause = match resource.create_ordered_at {
+            Some(_) => ReleaseCause::CreateTimeout {},
+            None => ReleaseCause::WaitTimeout { waited: due.since(resource.allocated_at) },
+        };
+        self.order_release(resource, cause, BreakReason::ResourceLeft);
         Ok(())
     }
 
@@ -383,10 +429,14 @@ impl<'s> Decider<'s> {
         if parent_home == self.state.partition {
             return self.follow_local_parent(child, &command.parent);
         }
-        // A parent that left never comes back (ids are never reused): `left` is taken whatever the child heard
-        // before, so no message, however out of order, can keep a child of a departed parent alive.
-        if command.parent_state == ParentState::Left {
-            let cause = ReleaseCause::ParentLeft { parent: command.parent.clone() };
+        // A parent that left never comes back (ids are never reused), and one recorded absent is never allocated:
+        // either is taken whatever the child heard before, so no message, however out of order, can keep a child of
+        // a departed or missing parent alive.
+        if matches!(command.parent_state, ParentState::Left | ParentState::Absent) {
+            let cause = match command.parent_state {
+                ParentState::Absent => ReleaseCause::ParentAbsent { parent: command.parent.clone() },
+                _ => ReleaseCause::ParentLeft { parent: command.parent.clone() },
+            };
             self.order_release(child, cause, BreakReason::ResourceLeft);
             return Ok(());
         }
@@ -462,7 +512,8 @@ impl<'s> Decider<'s> {
     }
 
     /// The parent's side of an adoption: its state as of now, for a child allocated in another partition. A parent
-    /// unknown here that could still be allocated is asked about again later; one that never can be has left.
+    /// this partition never knew is answered `absent` at once, and recorded so: its id is never allocated here after
+    /// that, so the answer stays true (a producer allocates a parent before its children).
     pub(super) fn adopt(&mut self, command: &Adopt) -> Verdict {
         let about = format_args!("child {}", command.child);
         self.check_from_home(&about, &command.child.agent, command.source, "its allocation")?;
@@ -472,18 +523,9 @@ impl<'s> Decider<'s> {
             Some(parent) => parent.as_parent(),
             // The id is another agent's resource here: this parent can never exist (ids are unique per partition).
             None if known.is_some() => ParentState::Left,
-            None => {
-                let stamped = command.parent.resource.time();
-                let horizon = self.state.settings.outcome_horizon;
-                let may_come = stamped.saturating_add(horizon) >= self.now && stamped > self.state.forgotten_up_to;
-                if may_come {
-                    return reject(
-                        RejectionKind::NotYetDue,
-                        format!("parent {} is not known here yet; ask again later", command.parent),
-                    );
-                }
-                ParentState::Left
-            }
+            // Forgotten after the horizon (it left long ago), or never allocated: the child cannot keep it.
+            None if command.parent.resource.time() <= self.state.forgotten_up_to => ParentState::Left,
+            None => ParentState::Absent,
         };
         self.out.push(Effect::ChildAdopted {
             parent: command.parent.resource,

@@ -412,6 +412,7 @@ pub fn allocation(agent: &AgentName, resource: ResourceId) -> Allocate {
         attributes: Default::default(),
         parent: None,
         pools: vec![],
+        wait: None,
     }
 }
 
