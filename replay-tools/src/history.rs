@@ -1,12 +1,18 @@
 //! `history REF|LEASE|AGENT|POOL`: every command and event touching one thing, in log order, with who sent the
 //! command, what was decided, and the thing's state after each step.
+//!
+//! A thing's history is whole: a resource's holds the ends of its leases (whose effects name only the lease) and the
+//! pool's side of its claims (decided in the pool's partition, interleaved by log sequence); an agent's holds the
+//! pool's grants and frees of its resources. The fold learns which leases are a resource's, and which resources an
+//! agent's, from the effects before (`lease-waiting`, `lease-granted`, `resource-allocated`).
 
+use std::collections::HashSet;
 use std::ops::ControlFlow;
 
 use leasehold_domain::PartitionState;
 use leasehold_domain::state::ClaimSlot;
 use leasehold_schemas::mentions::Mentions;
-use leasehold_schemas::outcome::Decision;
+use leasehold_schemas::outcome::{Decision, Effect};
 use leasehold_schemas::{AgentName, Key, LeaseId, PoolName, ResourceId, ResourceRef, codec};
 use serde::Serialize;
 use serde_json::json;
@@ -43,8 +49,15 @@ impl std::str::FromStr for Target {
         if let Some(lease) = text.strip_prefix("lease:") {
             return lease.parse::<LeaseId>().map(Target::Lease).map_err(|e| e.to_string());
         }
+        if let Some(resource) = text.strip_prefix("resource:") {
+            return resource.parse::<ResourceId>().map(Target::Resource).map_err(|e| e.to_string());
+        }
         if text.contains('.') {
-            return text.parse::<ResourceRef>().map(|r| Target::Resource(r.resource)).map_err(|e| e.to_string());
+            // `AGENT.ID` names a resource, and a lease too (`leasehold acquire` prints a lease as `<agent>.<lease id>`):
+            // an id is one thing's, so both are followed.
+            let reference = text.parse::<ResourceRef>().map_err(|e| e.to_string())?;
+            let lease = LeaseId::new(reference.resource.as_uuid()).map_err(|e| e.to_string())?;
+            return Ok(Target::Id(reference.resource, lease));
         }
         if let (Ok(resource), Ok(lease)) = (text.parse::<ResourceId>(), text.parse::<LeaseId>()) {
             return Ok(Target::Id(resource, lease));
@@ -80,9 +93,44 @@ pub struct Row {
     pub state: serde_json::Value,
 }
 
+/// What the fold has learnt about the thing asked for from the steps so far: the leases of a resource, the resources
+/// of an agent. Their effects concern it too, though they do not name it.
+#[derive(Debug, Default)]
+struct Known {
+    leases: HashSet<LeaseId>,
+    resources: HashSet<ResourceId>,
+}
+
+impl Known {
+    /// Learns from `step` (before its effects are selected: an acquire names its lease and its resource together).
+    fn learn(&mut self, target: &Target, step: &Step) {
+        let resource = match target {
+            Target::Resource(id) | Target::Id(id, _) => Some(*id),
+            _ => None,
+        };
+        let agent = match (target, &step.outcome.command.key) {
+            (Target::Agent(agent) | Target::Name(agent, _), Key::Agent(key)) => agent == key,
+            _ => false,
+        };
+        for effect in step.outcome.effects() {
+            match effect {
+                Effect::LeaseWaiting { lease, resource: of, .. } | Effect::LeaseGranted { lease, resource: of, .. }
+                    if Some(*of) == resource =>
+                {
+                    self.leases.insert(*lease);
+                }
+                Effect::ResourceAllocated { resource, .. } if agent => {
+                    self.resources.insert(*resource);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 impl Target {
     /// The effects of `step` about this thing, and whether the step is about it at all.
-    fn select(&self, step: &Step) -> Option<Vec<String>> {
+    fn select(&self, step: &Step, known: &Known) -> Option<Vec<String>> {
         let outcome = &step.outcome;
         let subject_token = step.command.as_ref().and_then(|c| c.subject.rsplit('.').next().map(str::to_owned));
         let key = &outcome.command.key;
@@ -94,13 +142,16 @@ impl Target {
             }
             _ => false,
         };
+        let its_lease = |m: &Mentions<'_>| m.leases.iter().any(|l| known.leases.contains(l));
+        let its_resource =
+            |m: &Mentions<'_>| m.resources.iter().chain(&m.elsewhere).any(|r| known.resources.contains(r));
         let effect_matches = |m: &Mentions<'_>| match self {
-            Target::Resource(id) => m.names_resource(*id),
+            Target::Resource(id) => m.names_resource(*id) || its_lease(m),
             Target::Lease(id) => m.leases.contains(id),
-            Target::Id(resource, lease) => m.names_resource(*resource) || m.leases.contains(lease),
+            Target::Id(resource, lease) => m.names_resource(*resource) || m.leases.contains(lease) || its_lease(m),
             Target::Pool(pool) => m.pools.contains(&pool),
-            Target::Name(_, Some(pool)) => m.pools.contains(&pool),
-            Target::Agent(_) | Target::Name(_, None) => false,
+            Target::Name(_, Some(pool)) => m.pools.contains(&pool) || its_resource(m),
+            Target::Agent(_) | Target::Name(_, None) => its_resource(m),
         };
         let effects: Vec<String> = outcome
             .positioned_effects()
@@ -117,6 +168,12 @@ impl Target {
             (Target::Lease(id), Some(token)) if *token == id.to_string() => true,
             (Target::Id(resource, lease), Some(token))
                 if *token == resource.to_string() || *token == lease.to_string() =>
+            {
+                true
+            }
+            // A command about one of the resource's leases (a renew or a release refused).
+            (Target::Resource(_) | Target::Id(..), Some(token))
+                if token.parse::<LeaseId>().is_ok_and(|l| known.leases.contains(&l)) =>
             {
                 true
             }
@@ -150,20 +207,28 @@ impl Target {
         if pool_target { names_pool(&body["body"], &texts) } else { names(&body["body"], &texts) }
     }
 
-    /// The thing in `state` (its partition's, after the step).
-    fn state_in(&self, state: &PartitionState, step: &Step) -> serde_json::Value {
+    /// The thing after `step`. A resource, a lease or an agent is in its agent's partition, which is not the step's
+    /// when a pool decided the step (a grant, a free): then its state there, which the step left as it was.
+    fn state_in(&self, fold: &Fold, step: &Step) -> serde_json::Value {
+        let here = fold.state(step.partition());
+        let home = |holds: &dyn Fn(&PartitionState) -> bool| {
+            if holds(here) { here } else { fold.states().iter().find(|s| holds(s)).unwrap_or(here) }
+        };
         match self {
-            Target::Resource(id) => resource_state(state, *id),
-            Target::Lease(id) => lease_state(state, *id),
-            Target::Id(resource, lease) => match state.resource(*resource) {
-                Some(_) => resource_state(state, *resource),
-                None => lease_state(state, *lease),
-            },
-            Target::Agent(agent) | Target::Name(agent, None) => agent_state(state, agent),
-            Target::Pool(pool) => pool_state(state, pool, step),
+            Target::Resource(id) => resource_state(home(&|s| s.resource(*id).is_some()), *id),
+            Target::Lease(id) => lease_state(home(&|s| s.lease(*id).is_some()), *id),
+            Target::Id(resource, lease) => {
+                let state = home(&|s| s.resource(*resource).is_some() || s.lease(*lease).is_some());
+                match state.resource(*resource) {
+                    Some(_) => resource_state(state, *resource),
+                    None => lease_state(state, *lease),
+                }
+            }
+            Target::Agent(agent) | Target::Name(agent, None) => agent_state(home(&|s| s.agent(agent).is_some()), agent),
+            Target::Pool(pool) => pool_state(here, pool, step),
             Target::Name(agent, Some(pool)) => match &step.outcome.command.key {
-                Key::Agent(_) => agent_state(state, agent),
-                Key::Pool(_) => pool_state(state, pool, step),
+                Key::Pool(key) if key == pool => pool_state(here, pool, step),
+                _ => agent_state(home(&|s| s.agent(agent).is_some()), agent),
             },
         }
     }
@@ -275,9 +340,11 @@ pub async fn history(
     mut progress: impl FnMut(u64),
 ) -> Result<Vec<Row>, Failure> {
     let mut rows = Vec::new();
+    let mut known = Known::default();
     each_step(partitions, entries, |fold, step| {
         progress(step.seq());
-        if let Some(effects) = target.select(step) {
+        known.learn(target, step);
+        if let Some(effects) = target.select(step, &known) {
             rows.push(row(fold, step, target, effects));
         }
         ControlFlow::Continue(())
@@ -304,7 +371,7 @@ fn row(fold: &Fold, step: &Step, target: &Target, effects: Vec<String>) -> Row {
         outcome: verdict,
         rejection,
         effects,
-        state: target.state_in(fold.state(step.partition()), step),
+        state: target.state_in(fold, step),
     }
 }
 

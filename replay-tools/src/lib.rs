@@ -26,7 +26,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use leasehold::output::{OutputFormat, json};
@@ -51,8 +51,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Cmd {
-    /// Every command and event touching a resource (AGENT.ID or ID), a lease (ID or lease:ID), an agent (NAME or
-    /// agent:NAME) or a pool (@NAME), in log order: sequence, time, issuer, command, outcome, the state after.
+    /// Every command and event touching a resource or a lease (AGENT.ID, ID, resource:ID or lease:ID), an agent
+    /// (NAME or agent:NAME) or a pool (@NAME), in log order: sequence, time, issuer, command, outcome, the state
+    /// after. A resource's history holds its leases' and its claims' steps too.
     History { target: String },
     /// Who held a pool's identifier at a moment (or over all time), since when, through which commands, and when
     /// and why it was let go.
@@ -106,9 +107,25 @@ pub enum Cmd {
     },
 }
 
+impl Cli {
+    /// Parses a command line as the binary does: the source flags and `--output` go before or after the
+    /// subcommand; a bad command line is clap's error (exit 2), exactly one source included.
+    pub fn try_parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut command = SourceArgs::globalise(Cli::command());
+        let matches = command.try_get_matches_from_mut(args)?;
+        let cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
+        cli.source.check().map_err(|(kind, message)| command.error(kind, message))?;
+        Ok(cli)
+    }
+}
+
 /// The entry point of the binary.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::try_parse_args(std::env::args_os()).unwrap_or_else(|e| e.exit());
     leasehold::output::errors_as(cli.output);
     let runtime = match start("leasehold-replay") {
         Ok(runtime) => runtime,

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
+use clap::error::ErrorKind;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use leasehold::nats_args::NatsArgs;
@@ -13,9 +14,9 @@ use leasehold_log::embedded::{Embedded, FILE_NAME, NOT_CLOSED_CLEANLY};
 use leasehold_log::export::{self, Entry, Header};
 use leasehold_log::jetstream::JetStream;
 
-/// Which log to read: exactly one of these.
+/// Which log to read: exactly one of these. Every flag goes before or after the subcommand ([`SourceArgs::globalise`]),
+/// and [`SourceArgs::check`] says what is missing or too much.
 #[derive(Debug, Clone, clap::Args)]
-#[command(group(clap::ArgGroup::new("source").required(true).args(["data", "nats", "server", "file"])))]
 pub struct SourceArgs {
     /// An embedded data directory (`leasehold serve --data DIR`). The log file is locked while `serve` runs on it:
     /// then ask the server instead, with --server.
@@ -33,6 +34,86 @@ pub struct SourceArgs {
     /// An export file (`leasehold-replay export`).
     #[arg(long, global = true)]
     pub file: Option<PathBuf>,
+}
+
+/// The ids of the NATS flags (`leasehold`'s own [`NatsArgs`], flattened here).
+const NATS_FLAGS: [&str; 7] = ["nats", "creds", "nkey_seed", "inbox_prefix", "user", "password", "replicas"];
+
+impl SourceArgs {
+    /// `command` with every source flag global, so it is taken before or after the subcommand alike. clap checks
+    /// `requires` and `conflicts_with` within the part of the command line a flag was given in (a `--creds` after
+    /// the subcommand would not see a `--nats` before it), and a required group before the subcommand only: those
+    /// relations are dropped here and checked whole by [`SourceArgs::check`].
+    pub fn globalise(command: clap::Command) -> clap::Command {
+        command.mut_args(|arg| {
+            let id = arg.get_id().as_str();
+            if NATS_FLAGS.contains(&id) || ["data", "server", "token_file", "file"].contains(&id) {
+                arg.global(true)
+                    .requires(clap::builder::Resettable::Reset)
+                    .conflicts_with(clap::builder::Resettable::Reset)
+            } else {
+                arg
+            }
+        })
+    }
+
+    /// Exactly one source, and credentials that go with it; the error names the flags and what to give instead.
+    pub fn check(&self) -> Result<(), (ErrorKind, String)> {
+        let given: Vec<&str> = [
+            ("--data DIR", self.data.is_some()),
+            ("--nats URL", self.nats.nats.is_some()),
+            ("--server URL", self.server.is_some()),
+            ("--file FILE", self.file.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect();
+        match given.as_slice() {
+            [] => {
+                return Err((
+                    ErrorKind::MissingRequiredArgument,
+                    "say which log to read: one of --data DIR, --nats URL, --server URL or --file FILE (before or \
+                     after the subcommand)"
+                        .to_owned(),
+                ));
+            }
+            [_] => {}
+            several => {
+                let message = format!("{} name several logs: give exactly one source", several.join(", "));
+                return Err((ErrorKind::ArgumentConflict, message));
+            }
+        }
+        let nats = &self.nats;
+        let needs_nats = [
+            ("--creds", nats.creds.is_some()),
+            ("--nkey-seed", nats.nkey_seed.is_some()),
+            ("--inbox-prefix", nats.inbox_prefix.is_some()),
+            ("--user", nats.user.is_some()),
+            ("--password", nats.password.is_some()),
+        ];
+        if nats.nats.is_none()
+            && let Some((flag, _)) = needs_nats.iter().find(|(_, given)| *given)
+        {
+            return Err((
+                ErrorKind::MissingRequiredArgument,
+                format!("{flag} is a NATS credential: it needs --nats URL"),
+            ));
+        }
+        let ways = [
+            ("--creds", nats.creds.is_some()),
+            ("--nkey-seed", nats.nkey_seed.is_some()),
+            ("--user/--password", nats.user.is_some() || nats.password.is_some()),
+        ];
+        let chosen: Vec<&str> = ways.iter().filter_map(|(flag, given)| given.then_some(*flag)).collect();
+        if chosen.len() > 1 {
+            let message = format!("{} are two kinds of NATS credentials: give one", chosen.join(" and "));
+            return Err((ErrorKind::ArgumentConflict, message));
+        }
+        if nats.user.is_some() != nats.password.is_some() {
+            return Err((ErrorKind::MissingRequiredArgument, "--user and --password go together".to_owned()));
+        }
+        Ok(())
+    }
 }
 
 /// An opened source.
@@ -260,4 +341,35 @@ where
 
 fn token(args: &SourceArgs) -> anyhow::Result<Option<String>> {
     leasehold::client::bearer_token(None, args.token_file.as_deref())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Cli;
+
+    #[test]
+    fn nats_flags_and_their_credentials_go_on_either_side_of_the_subcommand() {
+        for args in [
+            &["lr", "--nats", "nats://127.0.0.1:4222", "--creds", "x.creds", "verify"][..],
+            &["lr", "verify", "--nats", "nats://127.0.0.1:4222", "--creds", "x.creds"],
+            &["lr", "--nats", "nats://127.0.0.1:4222", "verify", "--creds", "x.creds"],
+            &["lr", "--creds", "x.creds", "history", "w1", "--nats", "nats://127.0.0.1:4222"],
+        ] {
+            let cli = Cli::try_parse_args(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            assert_eq!(cli.source.nats.nats.as_deref(), Some("nats://127.0.0.1:4222"), "{args:?}");
+            assert_eq!(cli.source.nats.creds.as_deref(), Some(std::path::Path::new("x.creds")), "{args:?}");
+        }
+        let cli = Cli::try_parse_args(["lr", "why", "--ip", "10.0.0.1", "--server", "http://h:1", "--token-file", "t"])
+            .expect("parses");
+        assert_eq!(cli.source.server.as_deref(), Some("http://h:1"));
+        assert!(cli.source.token_file.is_some());
+        for (args, says) in [
+            (&["lr", "--nats", "n", "verify", "--creds", "c", "--user", "u", "--password", "p"][..], "two kinds"),
+            (&["lr", "verify", "--nats", "n", "--user", "u"], "--user and --password go together"),
+            (&["lr", "verify", "--server", "s", "--nats", "n"], "name several logs"),
+        ] {
+            let error = Cli::try_parse_args(args).expect_err("refused").to_string();
+            assert!(error.contains(says), "{args:?}: {error}");
+        }
+    }
 }

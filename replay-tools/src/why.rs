@@ -10,7 +10,7 @@ use std::ops::ControlFlow;
 
 use leasehold_schemas::outcome::{Effect, ReleaseCause};
 use leasehold_schemas::pool::PoolValue;
-use leasehold_schemas::{Key, PoolName, ResourceId, Timestamp};
+use leasehold_schemas::{AgentName, Key, PoolName, ResourceId, Timestamp};
 use serde::Serialize;
 
 use crate::fold::{Failure, Step, each_step};
@@ -103,6 +103,15 @@ pub struct Holding {
     /// The holder's partition let the claim go (with a terminal state), or returned a grant it could not keep.
     pub let_go: Option<Event>,
     pub freed: Option<Event>,
+    /// Why the identifier went back to its pool, once freed: the holder's end in words (destroyed after a release by
+    /// whom, lost, failed, orphaned because its agent was declared gone and when, or a grant returned).
+    pub freed_because: Option<String>,
+    /// The reason, known from the holder's end until the free.
+    #[serde(skip)]
+    reason: Option<String>,
+    /// The release that ordered the holder's destruction, in words.
+    #[serde(skip)]
+    release: Option<String>,
 }
 
 impl Holding {
@@ -152,6 +161,8 @@ mod tests {
 #[derive(Default)]
 struct Tracker {
     holdings: Vec<Holding>,
+    /// When each agent was last declared gone, and when it was seen last before.
+    gone: HashMap<AgentName, (Timestamp, Timestamp)>,
     /// Holdings not freed yet, by holder.
     open: HashMap<ResourceId, Vec<usize>>,
     /// The allocation of each resource that wanted a claim of a matching pool, until its holding opens.
@@ -187,6 +198,19 @@ fn cause(cause: &ReleaseCause) -> String {
     }
 }
 
+/// A release's cause, to follow "after it was".
+fn released(cause: &ReleaseCause) -> String {
+    match cause {
+        ReleaseCause::Released { by, reason } => {
+            format!("released by {by}{}", reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default())
+        }
+        ReleaseCause::HealthCheckFailed { detail } => format!("released after a failed health check: {detail}"),
+        ReleaseCause::ParentLeft { parent } => format!("released when its parent {parent} left"),
+        ReleaseCause::CreateTimeout {} => "released when its create did not finish in time".to_owned(),
+        ReleaseCause::AgentRetired {} => "released when its agent was retired".to_owned(),
+    }
+}
+
 impl Tracker {
     fn step(&mut self, query: &Query, step: &Step) {
         let pool_key = match &step.outcome.command.key {
@@ -194,8 +218,14 @@ impl Tracker {
             Key::Agent(_) => None,
         };
         let pool_matches = |pool: &PoolName| query.pool.as_ref().is_none_or(|q| q == pool);
+        let at = step.outcome.decided_at;
         for effect in step.outcome.effects() {
             match effect {
+                Effect::AgentGone { last_seen } => {
+                    if let Key::Agent(agent) = &step.outcome.command.key {
+                        self.gone.insert(agent.clone(), (at, *last_seen));
+                    }
+                }
                 Effect::ClaimWanted { resource, pool } if pool_matches(pool) => {
                     let detail = format!("allocated, wanting an identifier of pool {pool}");
                     self.allocations.insert(*resource, event(step, detail));
@@ -213,6 +243,9 @@ impl Tracker {
                         ended: None,
                         let_go: None,
                         freed: None,
+                        freed_because: None,
+                        reason: None,
+                        release: None,
                     };
                     self.open.entry(holder.resource).or_default().push(self.holdings.len());
                     self.holdings.push(holding);
@@ -225,6 +258,7 @@ impl Tracker {
                 Effect::ResourceReleasing { resource, cause: why } => {
                     self.each_open(*resource, None, |h| {
                         h.releasing.get_or_insert_with(|| event(step, format!("releasing: {}", cause(why))));
+                        h.release.get_or_insert_with(|| released(why));
                     });
                 }
                 Effect::ResourceDestroyed { resource, .. }
@@ -232,8 +266,15 @@ impl Tracker {
                 | Effect::ResourceOrphaned { resource }
                 | Effect::ResourceFailed { resource, .. } => {
                     let detail = leasehold::timeline::describe(effect);
+                    let reason = self.end_reason(effect, step);
+                    let destroyed = matches!(effect, Effect::ResourceDestroyed { .. });
                     self.each_open(*resource, None, |h| {
                         h.ended.get_or_insert_with(|| event(step, detail.clone()));
+                        let reason = match &h.release {
+                            Some(release) if destroyed => format!("{reason}, after it was {release}"),
+                            _ => reason.clone(),
+                        };
+                        h.reason.get_or_insert(reason);
                     });
                     self.allocations.remove(resource);
                 }
@@ -249,6 +290,9 @@ impl Tracker {
                         h.let_go.get_or_insert_with(|| {
                             event(step, "the grant was returned: not the resource's to keep".to_owned())
                         });
+                        h.reason.get_or_insert_with(|| {
+                            format!("the grant was not its holder's to keep: its partition returned it at {at}")
+                        });
                     });
                 }
                 Effect::ClaimFreed { holder, value, .. } if *value == query.value => {
@@ -257,7 +301,9 @@ impl Tracker {
                     if let Some(open) = self.open.get_mut(&holder.resource) {
                         if let Some(at) = open.iter().position(|i| self.holdings[*i].pool == pool_text) {
                             let idx = open.remove(at);
-                            self.holdings[idx].freed = Some(event(step, format!("{value} freed")));
+                            let holding = &mut self.holdings[idx];
+                            holding.freed = Some(event(step, format!("{value} freed")));
+                            holding.freed_because = holding.reason.clone();
                         }
                         if open.is_empty() {
                             self.open.remove(&holder.resource);
@@ -266,6 +312,31 @@ impl Tracker {
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// Why a holder's end lets its claim go, in words (a destruction is followed by the release that ordered it,
+    /// which the holding knows).
+    fn end_reason(&self, effect: &Effect, step: &Step) -> String {
+        let at = step.outcome.decided_at;
+        let agent = match &step.outcome.command.key {
+            Key::Agent(agent) => Some(agent),
+            Key::Pool(_) => None,
+        };
+        let its_agent = agent.map(|a| format!("its agent {a}")).unwrap_or_else(|| "its agent".to_owned());
+        match effect {
+            Effect::ResourceDestroyed { .. } => format!("its holder was destroyed, as {its_agent} confirmed at {at}"),
+            Effect::ResourceLost { .. } => format!("its holder was lost: {its_agent} found it missing at {at}"),
+            Effect::ResourceFailed { detail, .. } => {
+                format!("its holder failed: {its_agent} could not create it ({detail}), at {at}")
+            }
+            _ => match agent.and_then(|a| self.gone.get(a).map(|gone| (a, gone))) {
+                Some((agent, (declared, last_seen))) => format!(
+                    "its holder's agent {agent} was declared gone at {declared} (not seen since {last_seen}): the \
+                     holder was orphaned, and may still run if its machine was cut off rather than dead"
+                ),
+                None => format!("its holder was orphaned at {at}: {its_agent} was gone"),
+            },
         }
     }
 
@@ -388,4 +459,7 @@ fn holding(out: &mut String, h: &Holding) {
         }
     }
     out.push_str(&table.render());
+    if let Some(because) = &h.freed_because {
+        out.push_str(&format!("  freed because {because}\n"));
+    }
 }
