@@ -12,10 +12,12 @@
 //!
 //! Records are bincode 2 of this module's own mirror structs: to the log a command or outcome is bytes, so this is
 //! the log's container, not the wire of commands and outcomes that only `schemas` knows. The header and trailer are
-//! JSON, so `head -c 300 FILE` says what a file is. Format version 2 writes a dead letter as `L`, with its command
-//! id; version 1 wrote `D`, without one, which a reader still takes (the id is then read from the letter's payload). A frame is at most [`MAX_FRAME`] bytes, so a damaged length
+//! JSON, so `head -c 300 FILE` says what a file is. A frame is at most [`MAX_FRAME`] bytes, so a damaged length
 //! cannot make a reader allocate gigabytes; every frame is checked against its checksum and the trailer's counts
 //! against what was read, so a damaged or cut file is refused, never half taken.
+//!
+//! Format version 2 writes a dead letter as `L`, with its command id; version 1 wrote `D`, without one, which a
+//! reader still takes (the id is then read from the letter's payload, as the log reads its own older letters).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
