@@ -363,8 +363,11 @@ pub fn decode_command(bytes: &[u8]) -> Result<Envelope, CodecError> {
     }
 }
 
-/// The command id of a payload that may not decode as a whole (a dead letter: a newer body, a refused subject),
-/// read from its header alone; `None` when not even that can be read. For finding a command, never for deciding.
+/// The command id of a payload that may not decode as a whole (a dead letter: a newer body, a refused subject, a
+/// payload over [`MAX_COMMAND_BYTES`]), read from its header alone; `None` when not even that can be read. For finding
+/// a command, never for deciding. No size limit applies: bincode reads only the header, and JSON is scanned for its
+/// top-level `command_id` without building the document (values are skipped, nothing is kept), stopping there, so a
+/// huge or broken body after the id does not hide it.
 pub fn peek_command_id(bytes: &[u8]) -> Option<CommandId> {
     match *bytes.first()? {
         FORMAT_BINCODE_V1 => {
@@ -373,12 +376,80 @@ pub fn peek_command_id(bytes: &[u8]) -> Option<CommandId> {
             let (header, _) = decode_from::<Header>(rest.get(read_version..)?).ok()?;
             Some(header.command_id)
         }
-        FORMAT_JSON => {
-            let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-            value.get("command_id")?.as_str()?.parse().ok()
-        }
+        FORMAT_JSON => peek_json_command_id(bytes),
         _ => None,
     }
+}
+
+/// The top-level `command_id` of a JSON object, scanned key by key (see [`peek_command_id`]).
+fn peek_json_command_id(bytes: &[u8]) -> Option<CommandId> {
+    use serde::de::{self, Deserializer as _, MapAccess, Visitor};
+
+    /// Whether a key is `command_id`, without keeping it.
+    struct IsCommandId(bool);
+
+    impl<'de> Deserialize<'de> for IsCommandId {
+        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct Key;
+            impl Visitor<'_> for Key {
+                type Value = IsCommandId;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a key")
+                }
+                fn visit_str<E: de::Error>(self, key: &str) -> Result<IsCommandId, E> {
+                    Ok(IsCommandId(key == "command_id"))
+                }
+            }
+            deserializer.deserialize_str(Key)
+        }
+    }
+
+    /// The id, parsed where it stands (not kept as text first).
+    struct Id(Option<CommandId>);
+
+    impl<'de> Deserialize<'de> for Id {
+        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct Text;
+            impl Visitor<'_> for Text {
+                type Value = Id;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a command id")
+                }
+                fn visit_str<E: de::Error>(self, text: &str) -> Result<Id, E> {
+                    Ok(Id(text.parse().ok()))
+                }
+            }
+            deserializer.deserialize_str(Text)
+        }
+    }
+
+    /// Reads the object's keys, skipping values, until `command_id`; then stops (with an error, so the rest of
+    /// the payload is never read) and leaves the id in `found`.
+    struct Scan<'a> {
+        found: &'a mut Option<CommandId>,
+    }
+
+    impl<'de> Visitor<'de> for Scan<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(IsCommandId(wanted)) = map.next_key()? {
+                if wanted {
+                    *self.found = map.next_value::<Id>()?.0;
+                    return Err(de::Error::custom("stop: the command id is read"));
+                }
+                map.next_value::<IgnoredAny>()?;
+            }
+            Ok(())
+        }
+    }
+
+    let mut found = None;
+    // The answer is in `found` whatever this returns: an error after the id is how the scan stops.
+    let _ = serde_json::Deserializer::from_slice(bytes).deserialize_map(Scan { found: &mut found });
+    found
 }
 
 /// The first byte is what tells the forms apart, so JSON gets no leading whitespace or byte-order mark. A payload
@@ -603,6 +674,75 @@ mod tests {
         assert_eq!(peek_command_id(json.as_bytes()), Some(envelope.command_id));
         assert_eq!(peek_command_id(b"\x07garbage"), None);
         assert_eq!(peek_command_id(b""), None);
+    }
+
+    /// A valid allocation whose attribute puts it over the codec's limit in both forms: what a
+    /// producer with a larger `max_payload` can store and a writer must dead-letter.
+    fn oversized_allocation() -> (Envelope, Vec<u8>, String) {
+        use crate::command::Allocate;
+        use crate::ids::ResourceId;
+        let (agent, resource) = (AgentName::new("w1").unwrap(), ResourceId::from_parts(1_700_000_000_000, [5; 10]));
+        let mut allocate = Allocate::new(agent.clone(), resource, "container", 1);
+        allocate.attributes.insert("blob".to_owned(), "x".repeat(MAX_COMMAND_BYTES + 1000));
+        let envelope = Envelope::new(
+            CommandId::from_parts(1_700_000_000_000, [9; 10]),
+            Issuer::new("op:big").unwrap(),
+            Timestamp(1_700_000_000_000),
+            allocate,
+        );
+        assert_eq!(encode_command(&envelope).unwrap_err().kind(), CodecErrorKind::TooLarge);
+        // The bincode form as `encode_command` lays it out, without its size check.
+        let mut bincode = vec![FORMAT_BINCODE_V1];
+        encode_into(&crate::SCHEMA_VERSION, &mut bincode).unwrap();
+        let header = Header {
+            type_name: envelope.type_name().to_owned(),
+            command_id: envelope.command_id,
+            class: envelope.class,
+            issuer: envelope.issuer.clone(),
+            issued_at: envelope.issued_at,
+            correlation_id: None,
+            causation_id: None,
+        };
+        encode_into(&header, &mut bincode).unwrap();
+        envelope.body.encode_body(&mut bincode).unwrap();
+        // The JSON form likewise: the small allocation's text with the attribute put in.
+        let small = command_to_json(&Envelope {
+            body: Allocate::new(agent, resource, "container", 1).into(),
+            ..envelope.clone()
+        })
+        .unwrap();
+        let blob = format!(r#""attributes":{{"blob":"{}"}}"#, "x".repeat(MAX_COMMAND_BYTES + 1000));
+        assert_eq!(small.matches(r#""attributes":{}"#).count(), 1, "{small}");
+        let json = small.replace(r#""attributes":{}"#, &blob);
+        (envelope, bincode, json)
+    }
+
+    #[test]
+    fn the_command_id_of_an_oversized_payload_is_read_from_its_header() {
+        let (envelope, bincode, json) = oversized_allocation();
+        let id = Some(envelope.command_id);
+        assert!(bincode.len() > MAX_COMMAND_BYTES && json.len() > MAX_COMMAND_BYTES);
+        assert_eq!(decode_command(&bincode).unwrap_err().kind(), CodecErrorKind::TooLarge);
+        assert_eq!(decode_command(json.as_bytes()).unwrap_err().kind(), CodecErrorKind::TooLarge);
+        assert_eq!(peek_command_id(&bincode), id, "bincode over the limit");
+        assert_eq!(peek_command_id(json.as_bytes()), id, "JSON over the limit");
+
+        // Cut in the middle of its body: the header (bincode) or the top-level field before the cut (JSON) is read.
+        assert_eq!(peek_command_id(&bincode[..bincode.len() / 2]), id, "bincode cut short");
+        assert_eq!(peek_command_id(&json.as_bytes()[..json.len() / 2]), id, "JSON cut short");
+
+        // In JSON the id may stand after the huge body (serde_json's own maps sort their keys: `body` first).
+        let sorted = serde_json::to_string(&serde_json::from_str::<serde_json::Value>(&json).unwrap()).unwrap();
+        assert!(sorted.find(r#""body""#) < sorted.find(r#""command_id""#), "the body comes first");
+        assert_eq!(peek_command_id(sorted.as_bytes()), id, "JSON with the id after the body");
+
+        // Only the top level names the command; an id that is no command id is none.
+        let text = envelope.command_id.to_string();
+        assert_eq!(peek_command_id(format!(r#"{{"body":{{"command_id":"{text}"}}}}"#).as_bytes()), None);
+        assert_eq!(peek_command_id(br#"{"command_id":"not-an-id","body":{}}"#), None);
+        assert_eq!(peek_command_id(br#"{"command_id":7}"#), None);
+        assert_eq!(peek_command_id(br#"["command_id"]"#), None);
+        assert_eq!(peek_command_id(format!(r#"{{"x":[1,{{"y":"}}"}}],"command_id":"{text}""#).as_bytes()), id);
     }
 
     fn heartbeat() -> Envelope {

@@ -51,6 +51,9 @@ pub struct DeadLetterView {
     pub reason: String,
     pub source_seq: u64,
     pub subject: String,
+    /// The dead letter's payload names the command id asked for. False: it names none, and the id is only the
+    /// `Nats-Msg-Id` its producer published it under (the answer's `detail` says so).
+    pub id_verified: bool,
 }
 
 impl CommandStatus {
@@ -351,8 +354,26 @@ async fn status_of<L: Log>(api: &Api<L>, id: &str, seq: Option<u64>) -> Result<O
     .map_err(|e| format!("the dead letters cannot be read: {e}"))?;
     Ok(dead.map(|dead| {
         let mut answer = CommandStatus::new(id, "dead-lettered", Some(dead.source_seq));
-        answer.dead_letter =
-            Some(DeadLetterView { reason: dead.reason, source_seq: dead.source_seq, subject: dead.subject });
+        let id_verified = dead.id_verified && dead.command_id.as_deref() == Some(id);
+        if !id_verified {
+            let at = dead.source_seq;
+            answer.detail = Some(match &dead.command_id {
+                Some(named) if named != id => {
+                    format!("the dead letter at command sequence {at} is of command {named}, not {id}")
+                }
+                Some(_) => format!(
+                    "unverified id: the dead letter at command sequence {at} names no command id that can be read; \
+                     {id} is only the Nats-Msg-Id its producer published it under"
+                ),
+                None => format!("the dead letter at command sequence {at} names no command id"),
+            });
+        }
+        answer.dead_letter = Some(DeadLetterView {
+            reason: dead.reason,
+            source_seq: dead.source_seq,
+            subject: dead.subject,
+            id_verified,
+        });
         answer
     }))
 }

@@ -1,10 +1,10 @@
 //! Dead letters as the gateway shows them: read from the log's dead-letter stream as it grows, indexed by the
-//! command log sequence they came from and by command id (read from the payload's header, when it has one).
+//! command log sequence they came from and by command id (the one the letter records: read from its payload, or
+//! only the message id its producer published it under, unverified), whether or not its bytes were kept.
 
 use std::collections::HashMap;
 
 use leasehold_log::Log;
-use leasehold_schemas::codec;
 use serde::Serialize;
 use tokio::sync::Mutex;
 
@@ -19,8 +19,11 @@ pub struct DeadView {
     /// The subject it was stored on.
     pub subject: String,
     pub reason: String,
-    /// The command id its header names, if the payload has a readable header.
+    /// The command id: the one its payload's header names, else the `Nats-Msg-Id` its producer published it under.
     pub command_id: Option<String>,
+    /// The payload itself names `command_id`. False: it names none, and `command_id` (if any) is only its
+    /// producer's word.
+    pub id_verified: bool,
     /// Its size in bytes.
     pub bytes: usize,
 }
@@ -64,13 +67,21 @@ impl DeadLetters {
                     source_seq: letter.source_seq,
                     subject: letter.source_subject.clone(),
                     reason: letter.reason.clone(),
-                    command_id: codec::peek_command_id(&letter.payload).map(|id| id.to_string()),
+                    command_id: letter.command_id.as_ref().map(|id| id.id.clone()),
+                    id_verified: letter.command_id.as_ref().is_some_and(|id| id.verified),
                     bytes: letter.payload.len(),
                 };
                 let at = index.all.len();
                 index.by_source.insert(view.source_seq, at);
                 if let Some(id) = &view.command_id {
-                    index.by_command.entry(id.clone()).or_insert(at);
+                    // The first letter of an id, unless a later one's payload names it and the first's does not.
+                    let replaces = |earlier: usize| view.id_verified && !index.all[earlier].id_verified;
+                    match index.by_command.get(id) {
+                        Some(&earlier) if !replaces(earlier) => {}
+                        _ => {
+                            index.by_command.insert(id.clone(), at);
+                        }
+                    }
                 }
                 index.all.push(view);
             }

@@ -842,3 +842,71 @@ async fn the_event_stream_opens_with_where_it_starts() {
     let text = String::from_utf8(frame.into_data().expect("bytes").to_vec()).expect("UTF-8");
     assert!(text.contains("event: open") && text.contains("id: 4") && text.contains(r#"{"from":5}"#), "{text}");
 }
+
+/// A command over the codec's 1 MiB (the embedded log stores up to 2 MiB, as NATS does with `max_payload: 2MB`),
+/// published straight to the log, is dead-lettered and found by its id: whole, and cut short in its body (the id is
+/// read from the top of the payload, not from a document that must parse whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_over_1_mib_is_found_dead_lettered_by_its_id() {
+    let gw = Gateway::start(true).await;
+    let big = |command: &Envelope| -> Vec<u8> {
+        replaced(&text(command), r#""image":"alpine:3.20""#, &format!(r#""image":"{}""#, "a".repeat(MAX_COMMAND_BYTES)))
+    };
+    let whole = allocate("w1");
+    let cut = allocate("w1");
+    let cut_bytes = {
+        let bytes = big(&cut);
+        bytes[..bytes.len() - 100].to_vec()
+    };
+    for (command, payload) in [(&whole, big(&whole)), (&cut, cut_bytes)] {
+        let id = command.command_id.to_string();
+        assert!(payload.len() > MAX_COMMAND_BYTES);
+        let seq = gw
+            .log
+            .publish_command(&ingress_subject_of(&command.body), &id, payload.into())
+            .await
+            .expect("the log stores up to 2 MiB")
+            .seq;
+        let answer = gw.wait_for_command(&id, |a| a["status"] == "dead-lettered").await;
+        assert_eq!(answer["command_seq"], seq, "{answer}");
+        assert_eq!(answer["dead_letter"]["id_verified"], true, "{answer}");
+        assert_eq!(answer["detail"], Value::Null, "{answer}");
+        let reason = answer["dead_letter"]["reason"].as_str().expect("a reason");
+        assert!(reason.starts_with("oversized") && reason.contains("over the limit of 1048576"), "{reason}");
+    }
+    let (status, list) = gw.get("/v1/dlq").await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let ids: Vec<Value> = list
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|d| json!({"command_id": d["command_id"], "id_verified": d["id_verified"]}))
+        .collect();
+    let expected: Vec<Value> =
+        [&whole, &cut].iter().map(|c| json!({"command_id": c.command_id.to_string(), "id_verified": true})).collect();
+    assert_eq!(ids, expected);
+}
+
+/// Garbage published under a `Nats-Msg-Id` that is a command id (a producer that meant a command and sent
+/// something else) is found by that id, marked unverified: its payload names none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_is_found_by_the_id_it_was_published_under_marked_unverified() {
+    let gw = Gateway::start(true).await;
+    let id = CommandId::generate().to_string();
+    let seq = gw
+        .log
+        .publish_command("lh.in.op.w1._", &id, b"\x02not a command".to_vec().into())
+        .await
+        .expect("publish garbage")
+        .seq;
+    let answer = gw.wait_for_command(&id, |a| a["status"] == "dead-lettered").await;
+    assert_eq!(answer["command_seq"], seq, "{answer}");
+    assert_eq!(answer["dead_letter"]["id_verified"], false, "{answer}");
+    assert!(answer["dead_letter"]["reason"].as_str().expect("a reason").starts_with("unknown format"), "{answer}");
+    let detail = answer["detail"].as_str().expect("a note on the id");
+    assert!(detail.starts_with("unverified id") && detail.contains("Nats-Msg-Id"), "{detail}");
+    let (status, list) = gw.get("/v1/dlq").await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let entry = &list[0];
+    assert_eq!((&entry["command_id"], &entry["id_verified"]), (&json!(id), &json!(false)), "{list}");
+}

@@ -63,6 +63,10 @@ pub(crate) struct DeadLetterInfo {
     pub(crate) reason: String,
     pub(crate) source_seq: u64,
     pub(crate) subject: String,
+    /// Whether the letter's payload names the command id asked for; false: the id is only the `Nats-Msg-Id` it
+    /// was published under. None from a gateway that does not say.
+    #[serde(default)]
+    pub(crate) id_verified: Option<bool>,
 }
 
 /// The longest one request may wait on the gateway (its `max_wait`): a longer `--timeout` waits in rounds.

@@ -307,7 +307,7 @@ fn dead_letters_table(records: &Vec<Value>) -> String {
             cell(&d["partition"]),
             cell(&d["source_seq"]),
             cell(&d["subject"]),
-            cell(&d["command_id"]),
+            letter_id(d),
             bytes,
             cell(&d["reason"]),
         ]);
@@ -315,8 +315,16 @@ fn dead_letters_table(records: &Vec<Value>) -> String {
     table.render()
 }
 
+/// A dead letter's command id, marked when only its producer's `Nats-Msg-Id` names it.
+fn letter_id(letter: &Value) -> String {
+    match (&letter["command_id"], &letter["id_verified"]) {
+        (Value::String(id), Value::Bool(false)) => format!("{id} (unverified)"),
+        (id, _) => cell(id),
+    }
+}
+
 fn command_text(status: &CommandStatus) -> String {
-    let mut text = output::fields(&[
+    let mut fields = vec![
         ("command", status.command_id.clone()),
         ("status", status.status.clone()),
         ("command_seq", output::opt(status.command_seq)),
@@ -331,7 +339,16 @@ fn command_text(status: &CommandStatus) -> String {
                 |d| format!("{} (command seq {}, {})", d.reason, d.source_seq, d.subject),
             ),
         ),
-    ]);
+    ];
+    if status.dead_letter.as_ref().is_some_and(|d| d.id_verified == Some(false)) {
+        fields.push((
+            "id",
+            "unverified: the dead letter's payload names no command id; this one is only the Nats-Msg-Id it was \
+             published under"
+                .to_owned(),
+        ));
+    }
+    let mut text = output::fields(&fields);
     for outcome in &status.outcomes {
         text.push_str(&output::outcome_line(outcome.seq, &outcome.outcome));
         text.push('\n');
@@ -402,6 +419,45 @@ mod tests {
             vec![serde_json::json!({"name": "w1", "status": "live", "epoch": 3, "last_seen": 1767225601000u64,
             "resources": 2, "held": 1})];
         assert!(agents_table(&agents).ends_with("w1    live    3      2026-01-01T00:00:01.000Z  2          1     -\n"));
+    }
+
+    #[test]
+    fn a_dead_letter_known_only_by_its_producers_id_is_marked_unverified() {
+        let letters = vec![
+            serde_json::json!({"seq": 1, "partition": 2, "source_seq": 7, "subject": "lh.cmd.2.op.w1._",
+                "reason": "oversized", "command_id": "019b76da-abe8-7001-8000-000000000001", "id_verified": true,
+                "bytes": 0}),
+            serde_json::json!({"seq": 2, "partition": 2, "source_seq": 8, "subject": "lh.cmd.2.op.w1._",
+                "reason": "unknown format", "command_id": "019b76da-abe8-7001-8000-000000000002",
+                "id_verified": false, "bytes": 9}),
+            serde_json::json!({"seq": 3, "partition": 2, "source_seq": 9, "subject": "lh.cmd.2.op.w1._",
+                "reason": "empty", "command_id": null, "id_verified": false, "bytes": 0}),
+        ];
+        let table = dead_letters_table(&letters);
+        let rows: Vec<&str> = table.lines().collect();
+        assert!(
+            rows[1].contains(" 019b76da-abe8-7001-8000-000000000001 ") && !rows[1].contains("unverified"),
+            "{table}"
+        );
+        assert!(rows[2].contains(" 019b76da-abe8-7001-8000-000000000002 (unverified) "), "{table}");
+        assert!(rows[3].contains(" - "), "{table}");
+
+        let status: CommandStatus = serde_json::from_value(serde_json::json!({
+            "command_id": "019b76da-abe8-7001-8000-000000000002", "status": "dead-lettered", "command_seq": 8,
+            "duplicate": false, "rejection": null, "outcomes": [], "detail": "unverified id: ...",
+            "dead_letter": {"reason": "unknown format", "source_seq": 8, "subject": "lh.cmd.2.op.w1._",
+                "id_verified": false}}))
+        .unwrap();
+        let text = command_text(&status);
+        assert!(text.contains("status       dead-lettered\n"), "{text}");
+        assert!(text.contains("dead_letter  unknown format (command seq 8, lh.cmd.2.op.w1._)\n"), "{text}");
+        assert!(text.contains("id           unverified: "), "{text}");
+        let mut verified = status.clone();
+        verified.dead_letter.as_mut().unwrap().id_verified = Some(true);
+        assert!(!command_text(&verified).contains("unverified"));
+        // A gateway from before the mark says nothing of it.
+        verified.dead_letter.as_mut().unwrap().id_verified = None;
+        assert!(!command_text(&verified).contains("unverified"));
     }
 
     #[test]

@@ -366,7 +366,9 @@ async fn take<O: Owner>(owner: &mut O, after: u64, n: usize) -> Vec<u64> {
     got
 }
 
-/// A dead letter is stored once per source sequence, with its raw bytes and reason.
+/// A dead letter is stored once per source sequence, with its raw bytes, its reason and its command id: the one its
+/// payload names (verified), else the message id its command was published under (unverified), kept when its
+/// bytes are not.
 pub async fn dead_letters<L: Log>(log: L) {
     let letter = DeadLetter {
         partition: 0,
@@ -374,6 +376,7 @@ pub async fn dead_letters<L: Log>(log: L) {
         source_subject: "lh.cmd.0.op.w1._".to_owned(),
         reason: "malformed: bad JSON".to_owned(),
         payload: Bytes::from_static(b"\x00garbage"),
+        command_id: None,
     };
     log.dead_letter(letter.clone()).await.unwrap();
     log.dead_letter(letter.clone()).await.unwrap();
@@ -381,6 +384,40 @@ pub async fn dead_letters<L: Log>(log: L) {
     log.dead_letter(other.clone()).await.unwrap();
     let stored = log.read_dead_letters(1, 10).await.unwrap();
     assert_eq!(stored.into_iter().map(|(_, l)| l).collect::<Vec<_>>(), vec![letter, other]);
+
+    // Commands as a producer stores them: garbage under the command id it meant; a payload whose header names its
+    // id, under another message id (the payload is the truth), whole and without its bytes; garbage under a
+    // message id that cannot be an id; garbage without a message id anyone would read as one.
+    const ID: &str = "019b76da-abe8-7001-8000-000000000001";
+    const NAMED: &str = "019b76da-abe8-7001-8000-000000000002";
+    let named = format!(r#"{{"schema_version":1,"command_id":"{NAMED}","body":{{"cut"#);
+    let publish = |msg_id: String, payload: Vec<u8>| {
+        let log = log.clone();
+        async move {
+            let seq = log.publish_command("lh.in.op.w1._", &msg_id, payload.into()).await.unwrap().seq;
+            log.command_at(seq).await.unwrap().expect("the command just published")
+        }
+    };
+    let records = [
+        publish(ID.to_owned(), b"\x02not a command".to_vec()).await,
+        publish("producer-1".to_owned(), named.clone().into_bytes()).await,
+        publish("producer-2".to_owned(), named.into_bytes()).await,
+        publish("x".repeat(300), b"\x02junk".to_vec()).await,
+    ];
+    let partition = records[0].subject.split('.').nth(2).unwrap().parse().unwrap();
+    let letters: Vec<DeadLetter> =
+        records.iter().map(|record| DeadLetter::of(partition, record, "unknown format".to_owned())).collect();
+    assert_eq!(letters[0].command_id, None, "garbage names no id: the log adds the producer's");
+    log.dead_letter(letters[0].clone()).await.unwrap();
+    log.dead_letter(letters[1].clone()).await.unwrap();
+    log.dead_letter(letters[2].without_bytes("too large for the dead letters")).await.unwrap();
+    log.dead_letter(letters[3].clone()).await.unwrap();
+    let stored: Vec<DeadLetter> = log.read_dead_letters(3, 10).await.unwrap().into_iter().map(|(_, l)| l).collect();
+    let ids: Vec<Option<crate::LetterId>> = stored.iter().map(|l| l.command_id.clone()).collect();
+    let id = |id: &str, verified| Some(crate::LetterId { id: id.to_owned(), verified });
+    assert_eq!(ids, vec![id(ID, false), id(NAMED, true), id(NAMED, true), None], "{stored:?}");
+    assert_eq!(stored[0].payload, records[0].payload, "the bytes are kept");
+    assert!(stored[2].payload.is_empty() && stored[2].reason.contains("are not kept here"), "{:?}", stored[2]);
 }
 
 /// The latest snapshot of a partition replaces the one before; partitions keep their own.

@@ -23,8 +23,8 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::watch;
 
 use crate::{
-    Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Publish, Published, Snapshot,
-    StoredOutcome, outcome_msg_id,
+    Appended, CommandRecord, DeadLetter, Error, LetterId, Log, OutcomeFilter, OutcomeRecord, Owner, Publish, Published,
+    Snapshot, StoredOutcome, outcome_msg_id,
 };
 
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -48,6 +48,9 @@ pub(crate) const EVT_IDS: TableDefinition<&str, u64> = TableDefinition::new("evt
 /// seq -> (partition, source seq, source subject, reason, payload)
 pub(crate) const DLQ: TableDefinition<u64, (u32, u64, &str, &str, &[u8])> = TableDefinition::new("dlq");
 pub(crate) const DLQ_BY_SOURCE: TableDefinition<u64, u64> = TableDefinition::new("dlq_by_source");
+/// seq -> (command id, verified) of a dead letter that names one (see [`crate::LetterId`]). A table of its own, so
+/// that logs made before it keep their `dlq` rows as they are: a letter without a row here is read by its payload.
+pub(crate) const DLQ_IDS: TableDefinition<u64, (&str, bool)> = TableDefinition::new("dlq_ids");
 /// partition -> (decider version, fence, last command id, state)
 const SNAPSHOTS: TableDefinition<u32, (u32, u64, &str, &[u8])> = TableDefinition::new("snapshots");
 
@@ -166,6 +169,15 @@ fn recorded_partitions(read: &redb::ReadTransaction, path: &Path) -> Result<u32,
     Ok(partitions)
 }
 
+/// The message id command `seq` was published under, while the duplicate window remembers it (the log keeps ids
+/// for dedupe only, by the command's log time).
+fn producer_msg_id(txn: &redb::WriteTransaction, seq: u64) -> Result<Option<String>, Error> {
+    let cmd = txn.open_table(CMD).map_err(storage)?;
+    let Some(time) = cmd.get(seq).map_err(storage)?.map(|row| row.value().2) else { return Ok(None) };
+    let by_time = txn.open_table(CMD_IDS_BY_TIME).map_err(storage)?;
+    Ok(by_time.get((time, seq)).map_err(storage)?.map(|id| id.value().to_owned()))
+}
+
 /// What a read-only open says of a log whose writer did not close it (it crashed): redb repairs such a file on
 /// the next open for writing.
 pub const NOT_CLOSED_CLEANLY: &str = "not closed cleanly";
@@ -260,6 +272,7 @@ impl Embedded {
             txn.open_table(EVT_IDS).map_err(storage)?;
             txn.open_table(DLQ).map_err(storage)?;
             txn.open_table(DLQ_BY_SOURCE).map_err(storage)?;
+            txn.open_table(DLQ_IDS).map_err(storage)?;
             txn.open_table(SNAPSHOTS).map_err(storage)?;
         }
         txn.commit().map_err(storage)?;
@@ -554,6 +567,10 @@ impl Embedded {
             if by_source.get(letter.source_seq).map_err(storage)?.is_some() {
                 return Ok(());
             }
+            let letter = match letter.command_id {
+                Some(_) => letter.clone(),
+                None => letter.clone().with_producer_id(producer_msg_id(&txn, letter.source_seq)?.as_deref()),
+            };
             let mut dlq = txn.open_table(DLQ).map_err(storage)?;
             let seq = dlq.last().map_err(storage)?.map_or(0, |(k, _)| k.value()) + 1;
             let reason = letter.header_reason();
@@ -566,6 +583,12 @@ impl Embedded {
             );
             dlq.insert(seq, value).map_err(storage)?;
             by_source.insert(letter.source_seq, seq).map_err(storage)?;
+            if let Some(id) = &letter.command_id {
+                txn.open_table(DLQ_IDS)
+                    .map_err(storage)?
+                    .insert(seq, (id.id.as_str(), id.verified))
+                    .map_err(storage)?;
+            }
         }
         txn.commit().map_err(storage)
     }
@@ -573,10 +596,23 @@ impl Embedded {
     fn read_dead_letters_blocking(&self, from: u64, max: usize) -> Result<Vec<(u64, DeadLetter)>, Error> {
         let read = self.inner.db.begin_read().map_err(storage)?;
         let dlq = read.open_table(DLQ).map_err(storage)?;
+        // A log made before letters kept their ids, opened read-only, has no such table.
+        let ids = match read.open_table(DLQ_IDS) {
+            Ok(ids) => Some(ids),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(storage(e)),
+        };
         let mut out = Vec::new();
         for entry in dlq.range(from.max(1)..).map_err(storage)?.take(max) {
             let (seq, value) = entry.map_err(storage)?;
             let (partition, source_seq, source_subject, reason, payload) = value.value();
+            let recorded = match &ids {
+                Some(ids) => ids.get(seq.value()).map_err(storage)?.map(|v| {
+                    let (id, verified) = v.value();
+                    LetterId { id: id.to_owned(), verified }
+                }),
+                None => None,
+            };
             out.push((
                 seq.value(),
                 DeadLetter {
@@ -585,6 +621,7 @@ impl Embedded {
                     source_subject: source_subject.to_owned(),
                     reason: reason.to_owned(),
                     payload: Bytes::copy_from_slice(payload),
+                    command_id: recorded.or_else(|| LetterId::read_from(payload)),
                 },
             ));
         }

@@ -4,7 +4,7 @@
 //! ```text
 //!   LHEXPORT                                   8 bytes of magic
 //!   frame H  header (JSON)                     format and its version, schema and decider versions, partitions, end
-//!   frame C | O | D                            every command, outcome and dead letter, in reader order (entries)
+//!   frame C | O | L                            every command, outcome and dead letter, in reader order (entries)
 //!   frame T  trailer (JSON)                    how many of each, the last outcome sequence
 //!
 //!   frame = kind u8 | payload length u32 LE | CRC-32 of kind, length and payload, u32 LE | payload
@@ -15,6 +15,9 @@
 //! JSON, so `head -c 300 FILE` says what a file is. A frame is at most [`MAX_FRAME`] bytes, so a damaged length
 //! cannot make a reader allocate gigabytes; every frame is checked against its checksum and the trailer's counts
 //! against what was read, so a damaged or cut file is refused, never half taken.
+//!
+//! Format version 2 writes a dead letter as `L`, with its command id; version 1 wrote `D`, without one, which a
+//! reader still takes (the id is then read from the letter's payload, as the log reads its own older letters).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
@@ -31,15 +34,16 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, B
 use tokio::sync::mpsc;
 
 use crate::embedded::{
-    CMD, CMD_BY_PARTITION, CMD_FLOOR, CMD_IDS, CMD_IDS_BY_TIME, DLQ, DLQ_BY_SOURCE, DUPLICATE_WINDOW, EVT, EVT_BY_KEY,
-    EVT_BY_PARTITION, EVT_IDS, Embedded, FILE_NAME, META,
+    CMD, CMD_BY_PARTITION, CMD_FLOOR, CMD_IDS, CMD_IDS_BY_TIME, DLQ, DLQ_BY_SOURCE, DLQ_IDS, DUPLICATE_WINDOW, EVT,
+    EVT_BY_KEY, EVT_BY_PARTITION, EVT_IDS, Embedded, FILE_NAME, META,
 };
-use crate::{CommandRecord, DeadLetter, Error, Log, OutcomeFilter, StoredOutcome, outcome_msg_id};
+use crate::{CommandRecord, DeadLetter, Error, LetterId, Log, OutcomeFilter, StoredOutcome, outcome_msg_id};
 
 /// What the header names as the format.
 pub const FORMAT: &str = "leasehold-export";
-/// The format version this build writes; it reads every version up to this one.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this build writes; it reads every version up to this one. 2: dead letters carry their
+/// command id (frame `L`).
+pub const FORMAT_VERSION: u32 = 2;
 /// The first 8 bytes of every export.
 pub const MAGIC: [u8; 8] = *b"LHEXPORT";
 /// The largest frame payload (a command is at most 2 MiB, an outcome part 512 KiB, a dead letter a command's bytes).
@@ -53,7 +57,10 @@ const FRAME_HEAD: usize = 9;
 const KIND_HEADER: u8 = b'H';
 const KIND_COMMAND: u8 = b'C';
 const KIND_OUTCOME: u8 = b'O';
-const KIND_DEAD_LETTER: u8 = b'D';
+/// A dead letter of format version 1, without its command id (read, no longer written).
+const KIND_DEAD_LETTER_V1: u8 = b'D';
+/// A dead letter with its command id.
+const KIND_DEAD_LETTER: u8 = b'L';
 const KIND_TRAILER: u8 = b'T';
 
 /// How many outcomes, commands (of one partition) and dead letters a walk of the log asks for at once.
@@ -417,6 +424,18 @@ struct OutcomeFrame<'a> {
     payload: Raw<'a>,
 }
 
+/// A dead letter as format version 1 wrote it.
+#[derive(Serialize, Deserialize)]
+struct DeadLetterFrameV1<'a> {
+    seq: u64,
+    partition: u32,
+    source_seq: u64,
+    source_subject: &'a str,
+    reason: &'a str,
+    #[serde(borrow)]
+    payload: Raw<'a>,
+}
+
 #[derive(Serialize, Deserialize)]
 struct DeadLetterFrame<'a> {
     seq: u64,
@@ -424,6 +443,8 @@ struct DeadLetterFrame<'a> {
     source_seq: u64,
     source_subject: &'a str,
     reason: &'a str,
+    /// The command id and whether the payload names it ([`crate::LetterId`]).
+    command_id: Option<(&'a str, bool)>,
     #[serde(borrow)]
     payload: Raw<'a>,
 }
@@ -436,7 +457,8 @@ struct FormatProbe {
     format_version: u32,
 }
 
-fn decode_entry(kind: FrameKind, frame: &[u8]) -> Result<Entry, String> {
+/// Decodes a record frame of kind `kind` (its byte: a kind may have several layouts).
+fn decode_entry(kind: u8, frame: &[u8]) -> Result<Entry, String> {
     fn decode<'a, T: Deserialize<'a>>(frame: &'a [u8], what: &str) -> Result<T, String> {
         let (value, used) = bincode::serde::borrow_decode_from_slice(frame, bincode::config::standard())
             .map_err(|e| format!("a {what} frame does not decode: {e}"))?;
@@ -446,7 +468,7 @@ fn decode_entry(kind: FrameKind, frame: &[u8]) -> Result<Entry, String> {
         Ok(value)
     }
     Ok(match kind {
-        FrameKind::Command => {
+        KIND_COMMAND => {
             let f: CommandFrame<'_> = decode(frame, "command")?;
             Entry::Command {
                 partition: f.partition,
@@ -458,7 +480,7 @@ fn decode_entry(kind: FrameKind, frame: &[u8]) -> Result<Entry, String> {
                 },
             }
         }
-        FrameKind::Outcome => {
+        KIND_OUTCOME => {
             let f: OutcomeFrame<'_> = decode(frame, "outcome")?;
             Entry::Outcome(StoredOutcome {
                 seq: f.seq,
@@ -471,7 +493,7 @@ fn decode_entry(kind: FrameKind, frame: &[u8]) -> Result<Entry, String> {
                 payload: Bytes::copy_from_slice(f.payload.0),
             })
         }
-        FrameKind::DeadLetter => {
+        KIND_DEAD_LETTER => {
             let f: DeadLetterFrame<'_> = decode(frame, "dead letter")?;
             Entry::DeadLetter {
                 seq: f.seq,
@@ -481,9 +503,25 @@ fn decode_entry(kind: FrameKind, frame: &[u8]) -> Result<Entry, String> {
                     source_subject: f.source_subject.to_owned(),
                     reason: f.reason.to_owned(),
                     payload: Bytes::copy_from_slice(f.payload.0),
+                    command_id: f.command_id.map(|(id, verified)| LetterId { id: id.to_owned(), verified }),
                 },
             }
         }
+        KIND_DEAD_LETTER_V1 => {
+            let f: DeadLetterFrameV1<'_> = decode(frame, "dead letter")?;
+            Entry::DeadLetter {
+                seq: f.seq,
+                letter: DeadLetter {
+                    partition: f.partition,
+                    source_seq: f.source_seq,
+                    source_subject: f.source_subject.to_owned(),
+                    reason: f.reason.to_owned(),
+                    payload: Bytes::copy_from_slice(f.payload.0),
+                    command_id: LetterId::read_from(f.payload.0),
+                },
+            }
+        }
+        other => return Err(format!("a frame of unknown kind {other:#04x}")),
     })
 }
 
@@ -669,6 +707,7 @@ impl<W: AsyncWrite + Unpin + Send> Writer<W> {
                     source_seq: letter.source_seq,
                     source_subject: &letter.source_subject,
                     reason: &letter.reason,
+                    command_id: letter.command_id.as_ref().map(|id| (id.id.as_str(), id.verified)),
                     payload: Raw(&letter.payload),
                 };
                 (FrameKind::DeadLetter, bincode::serde::encode_into_std_write(frame, &mut self.frame, config))
@@ -721,6 +760,8 @@ pub struct Reader<R> {
     input: BufReader<R>,
     /// The payload of the frame just read; reused from frame to frame.
     frame: Vec<u8>,
+    /// The kind byte of the frame just read.
+    kind: u8,
     offset: u64,
     tally: Tally,
     trailer: Option<Trailer>,
@@ -760,8 +801,14 @@ impl<R: AsyncRead + Unpin + Send> Reader<R> {
         if got < magic.len() || magic != MAGIC {
             return Err(Error::Refused("this is not a leasehold export: it does not start with LHEXPORT".to_owned()));
         }
-        let mut reader =
-            Reader { input, frame: Vec::new(), offset: MAGIC.len() as u64, tally: Tally::of(0, 0), trailer: None };
+        let mut reader = Reader {
+            input,
+            frame: Vec::new(),
+            kind: 0,
+            offset: MAGIC.len() as u64,
+            tally: Tally::of(0, 0),
+            trailer: None,
+        };
         let start = reader.offset;
         if reader.read_frame().await? != KIND_HEADER {
             return Err(damaged(start, "the first frame is not the header"));
@@ -798,8 +845,10 @@ impl<R: AsyncRead + Unpin + Send> Reader<R> {
     /// what is wrong.
     pub async fn next(&mut self) -> Result<Option<Entry>, Error> {
         let start = self.offset;
-        let Some(kind) = self.next_kind().await? else { return Ok(None) };
-        let entry = decode_entry(kind, &self.frame).map_err(|what| damaged(start, what))?;
+        if self.next_kind().await?.is_none() {
+            return Ok(None);
+        }
+        let entry = decode_entry(self.kind, &self.frame).map_err(|what| damaged(start, what))?;
         self.tally.check(&entry).map_err(|what| damaged(start, what))?;
         Ok(Some(entry))
     }
@@ -844,10 +893,11 @@ impl<R: AsyncRead + Unpin + Send> Reader<R> {
             return Ok(None);
         }
         let start = self.offset;
-        let kind = match self.read_frame().await? {
+        self.kind = self.read_frame().await?;
+        let kind = match self.kind {
             KIND_COMMAND => FrameKind::Command,
             KIND_OUTCOME => FrameKind::Outcome,
-            KIND_DEAD_LETTER => FrameKind::DeadLetter,
+            KIND_DEAD_LETTER | KIND_DEAD_LETTER_V1 => FrameKind::DeadLetter,
             KIND_TRAILER => {
                 let trailer: Trailer = serde_json::from_slice(&self.frame)
                     .map_err(|e| damaged(start, format!("the trailer does not decode: {e}")))?;
@@ -1029,7 +1079,12 @@ fn entry_bytes(entry: &Entry) -> usize {
     match entry {
         Entry::Command { record, .. } => record.subject.len() + record.payload.len(),
         Entry::Outcome(outcome) => outcome.key.len() + outcome.cmd_id.len() + outcome.payload.len(),
-        Entry::DeadLetter { letter, .. } => letter.source_subject.len() + letter.reason.len() + letter.payload.len(),
+        Entry::DeadLetter { letter, .. } => {
+            letter.source_subject.len()
+                + letter.reason.len()
+                + letter.payload.len()
+                + letter.command_id.as_ref().map_or(0, |id| id.id.len())
+        }
     }
 }
 
@@ -1056,6 +1111,7 @@ fn write_rows(db: Database, mut batches: mpsc::Receiver<Vec<Entry>>) -> Result<(
             let mut evt_ids = txn.open_table(EVT_IDS).map_err(storage)?;
             let mut dlq = txn.open_table(DLQ).map_err(storage)?;
             let mut dlq_by_source = txn.open_table(DLQ_BY_SOURCE).map_err(storage)?;
+            let mut dlq_ids = txn.open_table(DLQ_IDS).map_err(storage)?;
             for entry in &batch {
                 match entry {
                     Entry::Command { partition, record } => {
@@ -1100,6 +1156,9 @@ fn write_rows(db: Database, mut batches: mpsc::Receiver<Vec<Entry>>) -> Result<(
                         dlq.insert(*seq, row).map_err(storage)?;
                         newest_answered = newest_answered.max(letter.source_seq);
                         dlq_by_source.insert(letter.source_seq, *seq).map_err(storage)?;
+                        if let Some(id) = &letter.command_id {
+                            dlq_ids.insert(*seq, (id.id.as_str(), id.verified)).map_err(storage)?;
+                        }
                     }
                 }
             }

@@ -57,9 +57,10 @@ use tokio::time::Instant;
 mod bench;
 
 use crate::{
-    Appended, CommandRecord, DeadLetter, Error, HEADER_BATCH_INDEX, HEADER_CMD_ID, HEADER_CMD_SEQ, HEADER_DLQ_REASON,
-    HEADER_DLQ_SOURCE_SEQ, HEADER_DLQ_SOURCE_SUBJECT, HEADER_PART, HEADER_PREV_SEQ, Log, OutcomeFilter, OutcomeRecord,
-    Owner, Publish, Published, Snapshot, StoredOutcome, fence_headers, outcome_msg_id,
+    Appended, CommandRecord, DeadLetter, Error, HEADER_BATCH_INDEX, HEADER_CMD_ID, HEADER_CMD_SEQ,
+    HEADER_DLQ_PRODUCER_ID, HEADER_DLQ_REASON, HEADER_DLQ_SOURCE_SEQ, HEADER_DLQ_SOURCE_SUBJECT, HEADER_PART,
+    HEADER_PREV_SEQ, LetterId, Log, OutcomeFilter, OutcomeRecord, Owner, Publish, Published, Snapshot, StoredOutcome,
+    fence_headers, outcome_msg_id,
 };
 
 /// The command stream.
@@ -1214,11 +1215,26 @@ fn stored_dead_letter(message: StreamMessage) -> Result<(u64, DeadLetter), Error
             .to_owned(),
         reason: header(headers, HEADER_DLQ_REASON).unwrap_or_default().to_owned(),
         payload: message.payload.clone(),
+        // A letter stored before ids were recorded has neither header: its payload's header names it, if anything.
+        command_id: match (header(headers, HEADER_CMD_ID), header(headers, HEADER_DLQ_PRODUCER_ID)) {
+            (Some(id), _) => Some(LetterId { id: id.to_owned(), verified: true }),
+            (None, Some(id)) => Some(LetterId { id: id.to_owned(), verified: false }),
+            (None, None) => LetterId::read_from(&message.payload),
+        },
     };
     Ok((seq, letter))
 }
 
 impl JetStream {
+    /// The `Nats-Msg-Id` command `seq` was published under, if the command log still holds it and it had one.
+    async fn producer_msg_id(&self, seq: u64) -> Result<Option<String>, Error> {
+        match self.stream(CMD_STREAM)?.get_raw_message(seq).await {
+            Ok(message) => Ok(header(Some(&message.headers), "Nats-Msg-Id").map(str::to_owned)),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(unavailable(&format!("cannot read command {seq} for the id it was published under"), e)),
+        }
+    }
+
     /// The latest snapshot of `partition`, read without a deadline (see [`Log::latest_snapshot`]), with its size.
     async fn read_snapshot(
         &self,
@@ -1278,6 +1294,13 @@ fn dead_letter_message(letter: &DeadLetter) -> Result<(String, PublishMessage), 
     headers.insert(HEADER_DLQ_REASON, header_value(HEADER_DLQ_REASON, &letter.header_reason())?);
     headers.insert(HEADER_DLQ_SOURCE_SEQ, letter.source_seq.to_string());
     headers.insert(HEADER_DLQ_SOURCE_SUBJECT, header_value(HEADER_DLQ_SOURCE_SUBJECT, &letter.source_subject)?);
+    match &letter.command_id {
+        Some(LetterId { id, verified: true }) => headers.insert(HEADER_CMD_ID, header_value(HEADER_CMD_ID, id)?),
+        Some(LetterId { id, verified: false }) => {
+            headers.insert(HEADER_DLQ_PRODUCER_ID, header_value(HEADER_DLQ_PRODUCER_ID, id)?);
+        }
+        None => {}
+    }
     let message = PublishMessage::build()
         .payload(letter.payload.clone())
         .headers(headers)
@@ -1394,6 +1417,13 @@ impl Log for JetStream {
 
     async fn dead_letter(&self, letter: DeadLetter) -> Result<(), Error> {
         self.streams()?;
+        let letter = match letter.command_id {
+            Some(_) => letter,
+            None => {
+                let msg_id = self.producer_msg_id(letter.source_seq).await?;
+                letter.with_producer_id(msg_id.as_deref())
+            }
+        };
         let (subject, message) = dead_letter_message(&letter)?;
         // A duplicate is the letter stored before: done either way.
         match self.publish(subject, message).await {

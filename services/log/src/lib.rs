@@ -40,7 +40,7 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 
 pub use record::{
-    Appended, CommandRecord, DeadLetter, Error, OutcomeFilter, OutcomeRecord, Publish, Published, Snapshot,
+    Appended, CommandRecord, DeadLetter, Error, LetterId, OutcomeFilter, OutcomeRecord, Publish, Published, Snapshot,
     StoredOutcome, fence_headers, fence_headers_on, outcome_msg_id,
 };
 
@@ -48,7 +48,7 @@ pub use record::{
 /// and a state in memory), and a bound a damaged file or a typo cannot make a reader allocate past.
 pub const MAX_PARTITIONS: u32 = 4096;
 
-/// The header that names the command an outcome answers.
+/// The header that names the command an outcome answers (and a dead letter's, read from its payload).
 pub const HEADER_CMD_ID: &str = "Lh-Cmd-Id";
 /// The command's sequence in the command log: the log itself holds the writer's cursor.
 pub const HEADER_CMD_SEQ: &str = "Lh-Cmd-Seq";
@@ -69,6 +69,9 @@ pub const HEADER_DLQ_REASON: &str = "Lh-Reason";
 pub const HEADER_DLQ_SOURCE_SEQ: &str = "Lh-Source-Seq";
 /// The subject a dead-lettered command was stored on.
 pub const HEADER_DLQ_SOURCE_SUBJECT: &str = "Lh-Source-Subject";
+/// The `Nats-Msg-Id` a dead-lettered command was published under, when its payload names no command id: its
+/// unverified id. A letter whose payload names one carries it as [`HEADER_CMD_ID`].
+pub const HEADER_DLQ_PRODUCER_ID: &str = "Lh-Producer-Msg-Id";
 
 /// Why the command the log stored under an id at `seq` is not `envelope`'s (`None`: it is): another class or body
 /// (the issuer and its clock may differ: a client that rebuilt its envelope to send it again). Where the log no
@@ -215,10 +218,13 @@ pub trait Log: Clone + Send + Sync + 'static {
     /// as it lands. The stream ends only with an error.
     fn follow(&self, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>>;
 
-    /// Stores an undecodable or refused command in the dead-letter log, once per source sequence.
+    /// Stores an undecodable or refused command in the dead-letter log, once per source sequence. A letter whose
+    /// payload names no command id gets the message id the command was published under (`Nats-Msg-Id`), marked
+    /// unverified: JetStream keeps it with the command; the embedded log knows it while the duplicate window does.
     fn dead_letter(&self, letter: DeadLetter) -> impl Future<Output = Result<(), Error>> + Send;
 
-    /// Dead letters with sequences from `from`, in order, at most `max`.
+    /// Dead letters with sequences from `from`, in order, at most `max`, each with its command id when it has one
+    /// (a letter stored before ids were recorded: the one its payload's header names).
     fn read_dead_letters(
         &self,
         from: u64,

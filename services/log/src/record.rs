@@ -114,7 +114,8 @@ impl OutcomeFilter {
     }
 }
 
-/// A command that cannot be decided: its raw bytes, where it was and why.
+/// A command that cannot be decided: its raw bytes, where it was, why, and which command it was when that can be
+/// told.
 #[derive(Clone, PartialEq, Eq)]
 pub struct DeadLetter {
     pub partition: u32,
@@ -124,7 +125,30 @@ pub struct DeadLetter {
     pub source_subject: String,
     pub reason: String,
     pub payload: Bytes,
+    /// The command id, read before the bytes may be dropped; `None` when neither the payload nor its producer
+    /// named one. A letter stored before ids were recorded gets the one its payload's header names when read.
+    pub command_id: Option<LetterId>,
 }
+
+/// Which command a dead letter was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LetterId {
+    pub id: String,
+    /// Read from the payload itself (its header names it: the body's id is the truth). False: the payload names
+    /// none, and this is only the `Nats-Msg-Id` its producer published it under, the producer's word.
+    pub verified: bool,
+}
+
+impl LetterId {
+    /// The id a payload's header names (verified), if it has a readable one: how a letter stored before ids were
+    /// recorded is read.
+    pub fn read_from(payload: &[u8]) -> Option<LetterId> {
+        leasehold_schemas::codec::peek_command_id(payload).map(|id| LetterId { id: id.to_string(), verified: true })
+    }
+}
+
+/// The longest producer's message id a letter keeps (a longer one is no command id anyway).
+const MAX_PRODUCER_ID: usize = 256;
 
 impl fmt::Debug for DeadLetter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -134,11 +158,38 @@ impl fmt::Debug for DeadLetter {
             .field("source_subject", &self.source_subject)
             .field("reason", &self.reason)
             .field("bytes", &self.payload.len())
+            .field("command_id", &self.command_id)
             .finish()
     }
 }
 
 impl DeadLetter {
+    /// The letter of `command`, read from `partition` and refused for `reason`, with the command id its payload's
+    /// header names (read now, before the log may have to drop the bytes: a payload over the codec's limit or too
+    /// large for the dead-letter log). The log adds its producer's message id when the payload names none.
+    pub fn of(partition: u32, command: &CommandRecord, reason: String) -> DeadLetter {
+        DeadLetter {
+            partition,
+            source_seq: command.seq,
+            source_subject: command.subject.clone(),
+            reason,
+            payload: command.payload.clone(),
+            command_id: LetterId::read_from(&command.payload),
+        }
+    }
+
+    /// The letter with `msg_id`, the id its producer published it under, as its unverified command id, when the
+    /// payload names none and `msg_id` can be one (not empty, one line, at most 256 bytes).
+    pub fn with_producer_id(mut self, msg_id: Option<&str>) -> DeadLetter {
+        if self.command_id.is_none()
+            && let Some(msg_id) =
+                msg_id.filter(|id| !id.is_empty() && id.len() <= MAX_PRODUCER_ID && !id.chars().any(|c| c.is_control()))
+        {
+            self.command_id = Some(LetterId { id: msg_id.to_owned(), verified: false });
+        }
+        self
+    }
+
     /// `lh.dlq.<p>.<class>.<key>.<id>`, mirroring the command subject (or `lh.dlq.<p>._._._` for one that does not
     /// have that shape).
     pub fn subject(&self) -> String {
@@ -306,6 +357,7 @@ mod tests {
             source_subject: subject.to_owned(),
             reason: "bad\nthing".to_owned(),
             payload: Bytes::new(),
+            command_id: None,
         };
         assert_eq!(letter("lh.cmd.2.op.w1._").subject(), "lh.dlq.2.op.w1._");
         assert_eq!(letter("lh.cmd.2.op").subject(), "lh.dlq.2._._._");

@@ -2,7 +2,7 @@
 
 use leasehold_log::conformance;
 use leasehold_log::embedded::Embedded;
-use leasehold_log::{Error, Log};
+use leasehold_log::{DeadLetter, Error, LetterId, Log};
 
 fn open(dir: &tempfile::TempDir) -> Embedded {
     Embedded::open(dir.path(), 4).expect("open the embedded log")
@@ -59,6 +59,42 @@ async fn old_deliveries_never_skip() {
 async fn dead_letters() {
     let dir = tempfile::tempdir().unwrap();
     conformance::dead_letters(open(&dir)).await;
+}
+
+/// A log made before dead letters kept their command ids has no `dlq_ids` table: its letters are read with the id
+/// their payload's header names (verified), read-only and after an open for writing alike.
+#[tokio::test]
+async fn dead_letters_stored_before_ids_were_recorded_are_read_by_their_payload() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = "019b76da-abe8-7001-8000-000000000004";
+    let payload = format!(r#"{{"command_id":"{id}","body":{{"cut"#);
+    {
+        let log = open(&dir);
+        for (seq, payload) in [(5, payload.clone().into_bytes()), (6, b"\x02garbage".to_vec())] {
+            let letter = DeadLetter {
+                partition: 1,
+                source_seq: seq,
+                source_subject: "lh.cmd.1.op.w1._".to_owned(),
+                reason: "unknown format".to_owned(),
+                payload: payload.into(),
+                command_id: None,
+            };
+            log.dead_letter(letter).await.unwrap();
+        }
+    }
+    // The table an older build did not have, dropped as if it never was.
+    let db = redb::Database::open(dir.path().join(leasehold_log::embedded::FILE_NAME)).unwrap();
+    let txn = db.begin_write().unwrap();
+    assert!(txn.delete_table(redb::TableDefinition::<u64, (&str, bool)>::new("dlq_ids")).unwrap());
+    txn.commit().unwrap();
+    drop(db);
+
+    let expected = vec![Some(LetterId { id: id.to_owned(), verified: true }), None];
+    let ids = |letters: Vec<(u64, DeadLetter)>| letters.into_iter().map(|(_, l)| l.command_id).collect::<Vec<_>>();
+    let read_only = Embedded::open_read_only(dir.path()).unwrap();
+    assert_eq!(ids(read_only.read_dead_letters(1, 10).await.unwrap()), expected, "read-only");
+    drop(read_only);
+    assert_eq!(ids(open(&dir).read_dead_letters(1, 10).await.unwrap()), expected, "opened for writing");
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use leasehold_log::embedded::Embedded;
 use leasehold_log::export::{self, Entry, FORMAT_VERSION, FrameKind, Header, Reader, Trailer, Writer};
 use leasehold_log::jetstream::{JetStream, JetStreamConfig};
 use leasehold_log::nats_server::NatsServer;
-use leasehold_log::{Appended, CommandRecord, DeadLetter, Error, Log, OutcomeFilter, StoredOutcome};
+use leasehold_log::{Appended, CommandRecord, DeadLetter, Error, LetterId, Log, OutcomeFilter, StoredOutcome};
 use leasehold_schemas::command::Heartbeat;
 use leasehold_schemas::subjects::{ingress_subject_of, partition_of};
 use leasehold_schemas::{AgentName, CommandId, Envelope, Issuer, Position, Timestamp, codec};
@@ -65,15 +65,10 @@ async fn fill<L: Log>(log: &L) -> Vec<Envelope> {
         match seq % 6 {
             0 => {}
             1 => {
-                log.dead_letter(DeadLetter {
-                    partition,
-                    source_seq: seq,
-                    source_subject: command.subject.clone(),
-                    reason: format!("command {seq} is garbage"),
-                    payload: command.payload.clone(),
-                })
-                .await
-                .expect("dead letter");
+                // Garbage: the log adds the id it was published under (`id-N`), unverified.
+                log.dead_letter(DeadLetter::of(partition, &command, format!("command {seq} is garbage")))
+                    .await
+                    .expect("dead letter");
             }
             2 => {
                 let Appended::Landed { .. } =
@@ -358,6 +353,7 @@ async fn a_writer_goes_on_after_an_import() {
         source_subject: "lh.cmd.x".to_owned(),
         reason: "test".to_owned(),
         payload: Bytes::new(),
+        command_id: None,
     })
     .await
     .unwrap();
@@ -366,6 +362,45 @@ async fn a_writer_goes_on_after_an_import() {
     let (_, first) = &before.dead_letters[0];
     log.dead_letter(first.clone()).await.unwrap();
     assert_eq!(log.read_dead_letters(1, 1000).await.unwrap().len(), before.dead_letters.len() + 1);
+}
+
+/// An export of format version 1 (a fixture written by a build of that version: its dead letters are `D` frames
+/// without command ids) is read with each letter's id read from its payload, imported, and exported again in this
+/// build's format with the ids.
+#[tokio::test]
+async fn an_export_of_format_version_1_is_read_with_the_ids_its_letters_name() {
+    let file = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/export-v1-dead-letters.lhexport"))
+        .expect("the fixture");
+    let (header, entries) = read_all(&file).await.expect("a version 1 export is read");
+    assert_eq!(header.format_version, 1);
+    let letters = |entries: &[Entry]| -> Vec<(u64, u64, Option<LetterId>)> {
+        entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::DeadLetter { seq, letter } => Some((*seq, letter.source_seq, letter.command_id.clone())),
+                _ => None,
+            })
+            .collect()
+    };
+    let named = Some(LetterId { id: "019b76da-abe8-7001-8000-000000000005".to_owned(), verified: true });
+    assert_eq!(letters(&entries), vec![(1, 5, named), (2, 6, None)]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("imported");
+    export::import(file.as_slice(), &data).await.expect("import a version 1 export");
+    let log = Embedded::open_existing(&data).unwrap();
+    let stored: Vec<(u64, u64, Option<LetterId>)> = log
+        .read_dead_letters(1, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(seq, letter)| (seq, letter.source_seq, letter.command_id))
+        .collect();
+    assert_eq!(stored, letters(&entries));
+    let (again, _) = export_all(&log, None).await;
+    let (header, reexported) = read_all(&again).await.unwrap();
+    assert_eq!(header.format_version, FORMAT_VERSION);
+    assert_eq!(letters(&reexported), letters(&entries));
 }
 
 /// Imports `file` into a new directory of `dir` and insists it is refused and leaves nothing there.

@@ -79,6 +79,30 @@ async fn dead_letters() {
     conformance::dead_letters(log).await;
 }
 
+/// A dead letter stored before letters carried their command id (no `Lh-Cmd-Id` or `Lh-Producer-Msg-Id` header) is
+/// read with the id its payload's header names, as verified.
+#[tokio::test]
+async fn a_dead_letter_stored_before_ids_were_recorded_is_read_by_its_payload() {
+    let Some((_server, log)) = fresh().await else { return };
+    let id = "019b76da-abe8-7001-8000-000000000003";
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Lh-Reason", "oversized: command of 1048577 bytes");
+    headers.insert("Lh-Source-Seq", "5");
+    headers.insert("Lh-Source-Subject", "lh.cmd.1.op.w1._");
+    let payload = format!(r#"{{"command_id":"{id}","body":{{"cut"#);
+    let js = async_nats::jetstream::new(log.client().clone());
+    js.publish_with_headers("lh.dlq.1.op.w1._", headers, payload.clone().into())
+        .await
+        .expect("publish an old letter")
+        .await
+        .expect("stored");
+    let letters = log.read_dead_letters(1, 10).await.expect("read the dead letters");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let letter = &letters[0].1;
+    assert_eq!((letter.source_seq, letter.payload.as_ref()), (5, payload.as_bytes()));
+    assert_eq!(letter.command_id, Some(leasehold_log::LetterId { id: id.to_owned(), verified: true }));
+}
+
 #[tokio::test]
 async fn snapshots() {
     let Some((_server, log)) = fresh().await else { return };

@@ -335,13 +335,9 @@ impl<L: Log> Writer<L> {
                 return Err(Failure::Fatal(Error::NewerSchema { partition, seq: command.seq, version, reason }));
             }
             Err(Refusal::DeadLetter(reason)) => {
-                let letter = DeadLetter {
-                    partition,
-                    source_seq: command.seq,
-                    source_subject: command.subject.clone(),
-                    reason,
-                    payload: command.payload.clone(),
-                };
+                // With the command id its payload names, read now: the log may have to keep the letter without
+                // its bytes.
+                let letter = DeadLetter::of(partition, command, reason);
                 tracing::warn!(partition, seq = command.seq, reason = %letter.reason, "command dead-lettered");
                 self.with_retries(|log| {
                     let letter = letter.clone();

@@ -20,8 +20,8 @@ use leasehold_log::embedded::Embedded;
 use leasehold_log::jetstream::{JetStream, JetStreamConfig};
 use leasehold_log::nats_server::{NatsServer, ServerOptions};
 use leasehold_log::{Log, OutcomeFilter, conformance};
-use leasehold_schemas::command::{Heartbeat, Register};
-use leasehold_schemas::ids::{AgentName, CommandId, Issuer, Position, Timestamp};
+use leasehold_schemas::command::{Allocate, Heartbeat, Register};
+use leasehold_schemas::ids::{AgentName, CommandId, Issuer, Position, ResourceId, Timestamp};
 use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::subjects::{ingress_subject_of, partition_of};
 use leasehold_schemas::{Envelope, Key, Uuid, codec};
@@ -371,4 +371,117 @@ async fn a_dead_letter_too_large_for_the_dead_letters_is_kept_without_its_bytes(
     assert!(letter.payload.is_empty(), "kept without its bytes");
     assert!(letter.reason.contains(&format!("its {} bytes are not kept here", max - 48)), "{}", letter.reason);
     assert!(letter.reason.contains(&format!("sequence {} of the command log", garbage.seq)), "{}", letter.reason);
+}
+
+/// A valid allocation, in JSON, whose one attribute makes it `size` bytes long: over the codec's 1 MiB when `size`
+/// is, as a producer in another language may send it to a server whose `max_payload` is larger.
+fn allocation_of_size(size: usize) -> (Envelope, Vec<u8>) {
+    let at = now_ms();
+    let body = Allocate::new(
+        AgentName::new(TARGET).expect("an agent name"),
+        ResourceId::from_parts(at, [7; 10]),
+        "container",
+        1,
+    );
+    let envelope = Envelope::new(
+        CommandId::from_parts(at, [77; 10]),
+        Issuer::new("op:big").expect("an issuer"),
+        Timestamp(at),
+        body,
+    );
+    let small = codec::command_to_json(&envelope).expect("encode");
+    let empty = r#""attributes":{}"#;
+    assert_eq!(small.matches(empty).count(), 1, "{small}");
+    let blob = "x".repeat(size - small.len() + empty.len() - r#""attributes":{"blob":""}"#.len());
+    let json = small.replace(empty, &format!(r#""attributes":{{"blob":"{blob}"}}"#));
+    assert_eq!(json.len(), size);
+    (envelope, json.into_bytes())
+}
+
+/// `leasehold command ID` (with `--output json` first when `json`) until it answers `dead-lettered`, bounded.
+async fn command_until_dead_lettered(dir: &Path, server: &str, id: &str, json: bool, serve: &mut Proc) -> String {
+    let deadline = Instant::now() + STEP;
+    loop {
+        let mut args = vec!["--server", server];
+        if json {
+            args.extend(["--output", "json"]);
+        }
+        args.extend(["command", id]);
+        let ran = crate::support::run_cli(dir, &args, &[]).await;
+        if ran.code == Some(0) && ran.stdout.contains("dead-lettered") {
+            return ran.stdout;
+        }
+        // Until the worker has dead-lettered it, the gateway knows nothing of it (exit 1, "no command ... is known").
+        assert!(ran.stderr.contains("is known"), "leasehold command {id}: {ran:?}");
+        serve.assert_running_while("jetstream");
+        assert!(
+            Instant::now() < deadline,
+            "command {id} was not dead-lettered in {STEP:?}: {ran:?}\n{}",
+            serve.output()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// With `max_payload: 2MB`, as the README advises, a valid command over 1 MiB and just under the server's limit
+/// fits in `LH_CMD` but its dead letter does not fit in `LH_DLQ`: the worker keeps the letter without its bytes,
+/// and `leasehold command ID` finds it all the same, dead-lettered with its reason (the id was read from the payload
+/// before the bytes were dropped). Garbage published under a command id as its `Nats-Msg-Id` is found by that id,
+/// marked unverified. `dlq ls` shows both ids, the second marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_found_by_command_id_even_without_their_bytes_on_jetstream() {
+    let Some(server) =
+        NatsServer::start_with(ServerOptions { max_payload: Some(2 * 1024 * 1024), ..Default::default() })
+    else {
+        return;
+    };
+    let log = JetStream::connect(JetStreamConfig::new(server.url(), PARTITIONS)).await.expect("connect");
+    let max = log.client().server_info().max_payload;
+    // Its own `Nats-Msg-Id` header fits beside it; the letter's reason and source headers do not.
+    let (big, payload) = allocation_of_size(max - 200);
+    let big_id = big.command_id.to_string();
+    let stored = log.publish_command(&ingress_subject_of(&big.body), &big_id, payload.into()).await.expect("fits");
+    let garbage_id = CommandId::generate().to_string();
+    let garbage = log
+        .publish_command(&format!("lh.in.op.{TARGET}._"), &garbage_id, Bytes::from_static(b"\x02not a command"))
+        .await
+        .expect("publish garbage");
+
+    let dir = tempfile::Builder::new().prefix("lh-e2e-dlq-ids-").tempdir().expect("a temporary directory");
+    let data = dir.path().join("data");
+    let partitions = PARTITIONS.to_string();
+    let args = [
+        "--roles",
+        "worker,projector,gateway",
+        "--nats",
+        server.url(),
+        "--partitions",
+        &partitions,
+        "--data",
+        data.to_str().expect("a UTF-8 path"),
+        "--name",
+        "e2e-dlq-ids",
+    ];
+    let mut serve = spawn_serve(dir.path(), &args);
+    let address = serve.address().await;
+
+    let text = command_until_dead_lettered(dir.path(), &address, &big_id, false, &mut serve).await;
+    assert!(text.contains("oversized") && text.contains("are not kept here"), "{text}");
+    assert!(text.contains(&format!("command seq {}", stored.seq)) && !text.contains("unverified"), "{text}");
+    let json = command_until_dead_lettered(dir.path(), &address, &big_id, true, &mut serve).await;
+    let answer: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(answer["dead_letter"]["id_verified"], true, "{answer}");
+    let letters = log.read_dead_letters(1, 10).await.expect("read the dead letters");
+    let (_, letter) = letters.iter().find(|(_, l)| l.source_seq == stored.seq).expect("the big command's letter");
+    assert!(letter.payload.is_empty(), "kept without its bytes: {letter:?}");
+
+    let text = command_until_dead_lettered(dir.path(), &address, &garbage_id, false, &mut serve).await;
+    assert!(text.contains("unknown format") && text.contains(&format!("command seq {}", garbage.seq)), "{text}");
+    assert!(text.contains("unverified"), "{text}");
+
+    let ran = crate::support::run_cli(dir.path(), &["--server", &address, "dlq", "ls"], &[]).await;
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    assert!(ran.stdout.contains(&format!(" {big_id} ")), "{}", ran.stdout);
+    assert!(ran.stdout.contains(&format!(" {garbage_id} (unverified) ")), "{}", ran.stdout);
+    stop_cleanly(&mut serve, "jetstream").await;
 }
