@@ -208,6 +208,8 @@ fn released(cause: &ReleaseCause) -> String {
         ReleaseCause::ParentLeft { parent } => format!("released when its parent {parent} left"),
         ReleaseCause::CreateTimeout {} => "released when its create did not finish in time".to_owned(),
         ReleaseCause::AgentRetired {} => "released when its agent was retired".to_owned(),
+        ReleaseCause::ParentAbsent { parent } => format!("released because its parent {parent} does not exist"),
+        ReleaseCause::WaitTimeout { waited } => format!("released after waiting {waited} for its pools' identifiers"),
     }
 }
 
