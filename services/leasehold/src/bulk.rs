@@ -207,17 +207,19 @@ fn report(lines: &[Line], answers: &[BatchItem], format: OutputFormat) -> anyhow
             for item in &printed {
                 let id = item.command_id.unwrap_or("-");
                 let line = match (item.command_seq, item.error) {
-                    (Some(seq), _) if item.duplicate => format!("{id}  {seq}  duplicate\n"),
-                    (Some(seq), _) => format!("{id}  {seq}\n"),
+                    (Some(seq), _) if item.duplicate => format!("{id}  {seq}  duplicate"),
+                    (Some(seq), _) => format!("{id}  {seq}"),
                     (None, error) => format!(
-                        "{id}  {} {} (line {}): {}\n",
+                        "{id}  {} {} (line {}): {}",
                         item.status,
                         output::opt(item.status_code),
                         item.line,
                         error.unwrap_or_default()
                     ),
                 };
-                text.push_str(&line);
+                // The gateway's refusals echo the command's text: the line is shown escaped.
+                text.push_str(&leasehold_schemas::text::escape_for_display(&line));
+                text.push('\n');
             }
             output::emit(&text);
         }

@@ -9,6 +9,7 @@ mod bulk;
 pub mod client;
 mod credentials;
 mod demo;
+pub mod logs;
 pub mod nats_args;
 pub mod output;
 mod policy;
@@ -177,10 +178,17 @@ pub fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
+            use leasehold_schemas::text::shown;
             output::emit_error(&e);
-            eprintln!("error: {e}");
+            // Errors quote the gateway, the log and what producers wrote: shown escaped, but for the command
+            // `acquire --block` says to run again, which is made safe to show and to paste as it is.
+            if e.is::<produce::StillWaiting>() {
+                eprintln!("error: {e}");
+            } else {
+                eprintln!("error: {}", shown(&e));
+            }
             for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                eprintln!("  caused by: {}", shown(cause));
             }
             std::process::ExitCode::from(exit_status(&e))
         }
@@ -217,11 +225,11 @@ fn run() -> anyhow::Result<()> {
             produce_cmd(produce::ProduceCmd::AgentConfirmLoss(args), &cli.global)?
         }
         Cmd::Agent(cmd) => {
-            init_tracing();
+            logs::init("info");
             agents::run(cmd)?;
         }
         Cmd::Serve(args) => {
-            init_tracing();
+            logs::init("info");
             serve::run(args)?;
         }
         Cmd::Allocate(args) => produce_cmd(produce::ProduceCmd::Allocate(args), &cli.global)?,
@@ -274,11 +282,3 @@ fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")
 }
 
-/// Logs go to stderr, filtered by `RUST_LOG` (default: info).
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colours only on a terminal: logs captured to a file stay plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
-}
