@@ -281,4 +281,3 @@ fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     use anyhow::Context as _;
     tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")
 }
-

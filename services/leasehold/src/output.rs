@@ -218,8 +218,10 @@ pub fn outcome_line(seq: u64, outcome: &Outcome) -> String {
     match outcome.rejection() {
         Some(rejection) => format!("{head}  rejected {}: {}", rejection.kind, shown(&rejection.message)),
         None => {
-            let effects: Vec<String> =
-                outcome.positioned_effects().map(|(position, e)| format!("{} {}", position.0, shown_effect(e))).collect();
+            let effects: Vec<String> = outcome
+                .positioned_effects()
+                .map(|(position, e)| format!("{} {}", position.0, shown_effect(e)))
+                .collect();
             format!("{head}  accepted: {}", effects.join("; "))
         }
     }
