@@ -108,11 +108,18 @@ fn parse(text: &str, issuer: Option<&leasehold_schemas::Issuer>) -> anyhow::Resu
                 }
                 lines.push(Line { number, envelope });
             }
-            Err(e) => bad.push(format!("line {number}: {e}")),
+            // The codec's message quotes the line (a field name as it was written): escaped for display here, since
+            // the list of bad lines is one error of several lines, printed as it is (`output::ShownError`).
+            Err(e) => bad.push(format!("line {number}: {}", leasehold_schemas::text::shown(&e))),
         }
     }
     if !bad.is_empty() {
-        bail!("{} bad line(s), each in the JSON form POST /v1/commands takes:\n  {}", bad.len(), bad.join("\n  "));
+        return Err(output::ShownError(format!(
+            "{} bad line(s), each in the JSON form POST /v1/commands takes:\n  {}",
+            bad.len(),
+            bad.join("\n  ")
+        ))
+        .into());
     }
     if lines.is_empty() {
         bail!("no commands in it: one JSON command a line");

@@ -178,17 +178,16 @@ pub fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            use leasehold_schemas::text::shown;
             output::emit_error(&e);
-            // Errors quote the gateway, the log and what producers wrote: shown escaped, but for the command
-            // `acquire --block` says to run again, which is made safe to show and to paste as it is.
-            if e.is::<produce::StillWaiting>() {
-                eprintln!("error: {e}");
-            } else {
-                eprintln!("error: {}", shown(&e));
+            // Errors quote the gateway, the log and what producers wrote: each is shown escaped, but for those made
+            // safe to show by their makers (the command `acquire --block` says to run again, to be pasted as it is).
+            let made_safe = |error: &(dyn std::error::Error + 'static)| error.is::<produce::StillWaiting>();
+            let mut chain = e.chain();
+            if let Some(error) = chain.next() {
+                eprintln!("error: {}", output::show_error(error, made_safe(error)));
             }
-            for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {}", shown(cause));
+            for cause in chain {
+                eprintln!("  caused by: {}", output::show_error(cause, made_safe(cause)));
             }
             std::process::ExitCode::from(exit_status(&e))
         }

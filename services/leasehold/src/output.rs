@@ -98,6 +98,18 @@ pub fn pad(text: &str, width: usize) -> String {
     out
 }
 
+/// An error whose message its maker made safe to show (each piece of outside text in it escaped), so that it may
+/// span lines: printed as it is, where other errors are escaped whole (see [`show_error`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ShownError(pub String);
+
+/// An error (one of a chain) as stderr shows it: escaped for display, unless it is a [`ShownError`] or `also_shown`
+/// says its maker made it safe.
+pub fn show_error(error: &(dyn std::error::Error + 'static), also_shown: bool) -> String {
+    if also_shown || error.is::<ShownError>() { error.to_string() } else { shown(error).to_string() }
+}
+
 /// Whether anything was printed on stdout (with [`emit`]).
 static EMITTED: AtomicBool = AtomicBool::new(false);
 /// Whether a failure prints a JSON error on stdout (`--output json` of a producer or query command).

@@ -1657,6 +1657,14 @@ mod tests {
         let word = shell_word("x\u{1b}[31mRED\rFAKE\u{202e}'\\");
         assert_eq!(word, r"$'x\x1b[31mRED\rFAKE\u202e\'\\'");
         assert!(!word.contains(leasehold_schemas::text::is_unsafe_for_display));
+        // Pasted into bash, each word is the text again.
+        for text in ["x\u{1b}[31mRED\rFAKE\u{202e}'\\", "a\nb\tc\u{7f}\u{9b}\u{200f}", "build 1's", "漢字"] {
+            let pasted = std::process::Command::new("bash")
+                .args(["-c", &format!("printf %s {}", shell_word(text))])
+                .output()
+                .expect("bash runs");
+            assert_eq!(String::from_utf8(pasted.stdout).unwrap(), text, "{}", shell_word(text));
+        }
     }
 
     #[test]
