@@ -200,9 +200,22 @@ struct ErrorBody<'a> {
     error: &'a str,
 }
 
-/// An error answer: `{"error": "..."}` with `status`.
+/// An error answer: `{"error": "..."}` with `status`. The message is escaped for display
+/// ([`leasehold_schemas::text::escape_for_display`]): it echoes what the request said (a value that did not decode,
+/// a name that is not one), and serde_json leaves C1 and bidi characters raw, so a terminal showing the body (`curl`,
+/// `jq -r .error`) would act on them.
 fn error(status: StatusCode, message: impl AsRef<str>) -> Response {
-    (status, axum::Json(ErrorBody { error: message.as_ref() })).into_response()
+    let message = leasehold_schemas::text::escape_for_display(message.as_ref());
+    (status, axum::Json(ErrorBody { error: &message })).into_response()
+}
+
+/// A path's one parameter; a path axum cannot decode (not UTF-8 once percent-decoded) is a 400 with a JSON error,
+/// like every other, instead of axum's own plain text.
+fn path_param(
+    path: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
+) -> Result<String, Response> {
+    path.map(|axum::extract::Path(param)| param)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("bad path: {}", e.body_text())))
 }
 
 /// A failure of the read models or the log, as a 503 (the projection or the log may be back soon).

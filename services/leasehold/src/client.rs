@@ -686,7 +686,11 @@ impl Follower {
             };
             self.stream = None;
             let delay = self.cursor.failed();
-            eprintln!("note: {trouble}; connecting again in {delay:?}, {}", self.cursor.describe());
+            eprintln!(
+                "note: {}; connecting again in {delay:?}, {}",
+                leasehold_schemas::text::shown(&trouble),
+                self.cursor.describe()
+            );
             tokio::time::sleep(delay).await;
         }
     }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use anyhow::Context;
 use leasehold_log::Log;
 use leasehold_log::embedded::Embedded;
+use leasehold_schemas::text::shown;
 use leasehold_worker::WorkerConfig;
 use tokio_util::sync::CancellationToken;
 
@@ -337,7 +338,7 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, checked: Checked, shutdown: Can
                 Ok(())
             } else {
                 for (partition, error) in &report.stopped {
-                    eprintln!("partition {partition} stopped: {error}");
+                    eprintln!("partition {partition} stopped: {}", shown(error));
                 }
                 Err(anyhow::anyhow!("{} partition(s) stopped", report.stopped.len()))
             }
@@ -365,7 +366,7 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, checked: Checked, shutdown: Can
                 _ = shutdown.cancelled() => {}
                 recorded = crate::policy::record_from_flags(&log, &flags, &issuer, POLICY_TIMEOUT) => {
                     if let Err(e) = recorded {
-                        eprintln!("WARNING: policy: the flags' policy could not be checked against the log: {e:#}");
+                        eprintln!("WARNING: policy: the flags' policy could not be checked against the log: {:#}", shown(&e));
                     }
                 }
             }
@@ -379,7 +380,7 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, checked: Checked, shutdown: Can
     while let Some(joined) = tasks.join_next().await {
         let outcome = joined.context("a role panicked").and_then(|outcome| outcome);
         if let Err(e) = outcome {
-            eprintln!("leasehold serve: {e:#}");
+            eprintln!("leasehold serve: {:#}", shown(&e));
             failures.push(format!("{e:#}"));
             if result.is_ok() {
                 result = Err(e);
@@ -417,7 +418,7 @@ async fn project<L: Log>(
                 }
             }
             Err(e) => {
-                eprintln!("projector stopped: {e}");
+                eprintln!("projector stopped: {}", shown(&e));
                 return Err(anyhow::Error::new(e).context("the projector stopped"));
             }
         }
@@ -444,7 +445,7 @@ async fn sweep<L: Log>(
                 }
             }
             Err(e) => {
-                eprintln!("sweeper stopped: {e}");
+                eprintln!("sweeper stopped: {}", shown(&e));
                 return Err(anyhow::Error::new(e).context("the sweeper stopped"));
             }
         }

@@ -841,3 +841,123 @@ fn second_server(data: &Path, nats: &str, flags: &[&str]) -> Vec<String> {
     let _ = child.wait();
     warnings
 }
+
+/// What a terminal would act on, in a holder: ESC and a colour, a carriage return that would let `FAKE` overwrite
+/// the row, a right-to-left override.
+const EVIL: &str = "x\u{1b}[31mRED\rFAKE\u{202e}";
+/// [`EVIL`] as the command line shows it.
+const EVIL_SHOWN: &str = "x\\x1b[31mRED\\rFAKE\\u{202e}";
+
+/// `text` holds no control or bidi character but its line breaks.
+#[track_caller]
+fn shown_safely(what: &str, text: &str) {
+    let raw = text.replace('\n', "");
+    assert!(!raw.contains(leasehold_schemas::text::is_unsafe_for_display), "{what} prints a raw control: {text:?}");
+}
+
+/// The display column at which `needle` starts on the first line of `table` that holds it.
+fn column_of(table: &str, needle: &str) -> usize {
+    let line = table.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("no {needle:?} in\n{table}"));
+    leasehold::output::display_width(&line[..line.find(needle).unwrap()])
+}
+
+#[test]
+fn producer_text_is_shown_escaped_and_json_keeps_it_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    register_absent_agent(dir.path());
+    std::fs::create_dir_all(dir.path().join("w1")).unwrap();
+    let server = Server::start(&dir.path().join("data"), &[format!("w1=dir:{}", dir.path().join("w1").display())]);
+    wait_registered(&server, "w1");
+
+    let resource = server.json(&[
+        "allocate",
+        "--agent",
+        "w1",
+        "--kind",
+        "dir",
+        "--capacity",
+        "3",
+        "--attr",
+        &format!("note={EVIL}"),
+    ]);
+    let reference = str_of(&resource, "ref").to_owned();
+    assert_eq!(resource["attrs"]["note"], EVIL, "JSON keeps the attribute exact: {resource:#}");
+    server.wait_for(&["get", &reference], "the resource active", |r| r["state"] == "active");
+
+    // acquire in JSON: the holder exact; in a table: escaped.
+    let command_id = leasehold_schemas::CommandId::generate().to_string();
+    let lease = server.json(&["acquire", &reference, "--holder", EVIL, "--command-id", &command_id]);
+    assert_eq!(lease["holder"], EVIL, "{lease:#}");
+    let wide = "漢字ビルド\u{202e}";
+    let acquired = server.run(&["acquire", &reference, "--holder", wide]);
+    assert!(acquired.status.success(), "{}", text(&acquired.stderr));
+    let acquired = text(&acquired.stdout);
+    shown_safely("acquire", &acquired);
+    assert!(acquired.contains("holder      漢字ビルド\\u{202e}\n"), "{acquired}");
+
+    // leases, get, ls, command: escaped, and the columns line up on a terminal.
+    let leases = text(&server.run(&["leases", &reference]).stdout);
+    shown_safely("leases", &leases);
+    assert!(leases.contains(EVIL_SHOWN) && leases.lines().count() == 3, "one row per lease: {leases}");
+    let state_column = column_of(&leases, "STATE");
+    assert_eq!(column_of(&leases, &format!("{EVIL_SHOWN}  ")) + EVIL_SHOWN.len() + 2, state_column, "{leases}");
+    assert!(leases.lines().skip(1).all(|row| column_of(row, "active") == state_column), "{leases}");
+    let got = text(&server.run(&["get", &reference]).stdout);
+    shown_safely("get", &got);
+    assert!(got.contains(&format!("attrs        note={EVIL_SHOWN}\n")), "{got}");
+    assert!(got.contains(&format!("active, {EVIL_SHOWN})")), "{got}");
+    let listed = text(&server.run(&["ls", "--agent", "w1"]).stdout);
+    shown_safely("ls", &listed);
+    assert!(listed.contains(&reference), "{listed}");
+    let status = text(&server.run(&["command", &command_id]).stdout);
+    shown_safely("command", &status);
+    assert!(status.contains(r#""holder":"x\u001b[31mRED\rFAKE\u202e""#), "{status}");
+
+    // JSON stays exact.
+    let leases = server.json(&["leases", &reference]);
+    let holders: Vec<&str> = leases.as_array().unwrap().iter().map(|l| str_of(l, "holder")).collect();
+    assert!(holders.contains(&EVIL) && holders.contains(&wide), "{holders:?}");
+    assert_eq!(server.json(&["get", &reference])["attrs"]["note"], EVIL);
+
+    // A producer command's effects in a table.
+    let failed = server.run(&["report-failure", &reference, "--reason", EVIL]);
+    assert!(failed.status.success(), "{}", text(&failed.stderr));
+    shown_safely("report-failure", &text(&failed.stdout));
+    assert!(text(&failed.stdout).contains(r#"x\u001b[31mRED\rFAKE\u202e"#), "{}", text(&failed.stdout));
+
+    // acquire --block gives up on a lease that waits (w2 is away): the command to run again is safe to show and
+    // says the same holder, in ANSI-C quotes.
+    let pending = server.json(&["allocate", "--agent", "w2", "--kind", "dir"]);
+    let blocked = server.run(&["acquire", str_of(&pending, "ref"), "--holder", EVIL, "--block", "--timeout", "1s"]);
+    assert_eq!(code(&blocked), 4, "{}", text_of(&blocked));
+    shown_safely("acquire --block", &text(&blocked.stderr));
+    assert!(text(&blocked.stderr).contains(r"--holder $'x\x1b[31mRED\rFAKE\u202e'"), "{}", text(&blocked.stderr));
+
+    // An error on stderr that quotes a command's text: a line of `publish --file` that does not decode.
+    let file = dir.path().join("commands.ndjson");
+    let allocate = leasehold_schemas::command::Allocate {
+        agent: leasehold_schemas::AgentName::new("w1").unwrap(),
+        resource: ResourceId::generate(),
+        kind: "dir".to_owned(),
+        capacity: 1,
+        attributes: Default::default(),
+        parent: None,
+        pools: Vec::new(),
+        wait: None,
+    };
+    let issuer = leasehold_schemas::Issuer::new("cli").unwrap();
+    let envelope = leasehold_schemas::Envelope::new(
+        leasehold_schemas::CommandId::generate(),
+        issuer,
+        leasehold_schemas::Timestamp(1_790_000_000_000),
+        allocate,
+    );
+    let mut line: Value = serde_json::from_str(&leasehold_schemas::codec::command_to_json(&envelope).unwrap()).unwrap();
+    line["body"][EVIL] = serde_json::json!(1);
+    std::fs::write(&file, format!("{line}\n{line}\n")).unwrap();
+    let published = server.run(&["publish", "--file", file.to_str().unwrap()]);
+    assert!(!published.status.success());
+    let stderr = text(&published.stderr);
+    shown_safely("publish", &stderr);
+    assert!(stderr.contains("  line 2: bad JSON") && stderr.contains(EVIL_SHOWN), "one line each: {stderr}");
+}
