@@ -57,7 +57,7 @@ pub use batch::{BatchAnswer, BatchRefusal, MAX_BATCH_BYTES, MAX_BATCH_COMMANDS};
 pub use commands::{CommandStatus, DeadLetterView, PositionedOutcome};
 pub use dead::DeadView;
 pub use metrics::ProjectionMetrics;
-pub use ready::{ReadyCheck, Readiness};
+pub use ready::{Readiness, ReadyCheck};
 
 /// Settings of the gateway.
 #[derive(Debug, Clone)]

@@ -220,7 +220,7 @@ async fn metrics_count_decisions_dead_letters_and_resources_by_state() {
 async fn commands_wait_for_readiness_and_readyz_says_what_each_role_waits_on() {
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use leasehold_gateway::{Api, GatewayConfig, ReadyCheck, Readiness, router};
+    use leasehold_gateway::{Api, GatewayConfig, Readiness, ReadyCheck, router};
     use leasehold_projector::Projector;
     use leasehold_schemas::command::Allocate;
     use leasehold_schemas::ids::ResourceId;

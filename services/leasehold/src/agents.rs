@@ -70,10 +70,7 @@ pub(crate) fn spawn_all<L: Log>(
 ) {
     for (driver, config) in agents {
         let name = config.name.clone();
-        println!(
-            "agent {name}: {driver}, reporting every {}",
-            humantime::format_duration(config.sync_interval)
-        );
+        println!("agent {name}: {driver}, reporting every {}", humantime::format_duration(config.sync_interval));
         let (log, shutdown, mut start) = (log.clone(), shutdown.clone(), start.clone());
         let control = config.control.clone();
         let detail: crate::stop::Detail = std::sync::Arc::new(move || Some(unfinished(&control)));

@@ -350,7 +350,8 @@ impl Gateway {
             Err(e) => return Err(unknown(self.unreachable(e).to_string())),
         };
         let code = response.status();
-        let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()?.parse().ok());
+        let retry_after =
+            response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()?.parse().ok());
         let text = response.text().await.map_err(|e| unknown(self.unreachable(e).to_string()))?;
         if let Ok(status) = serde_json::from_str::<CommandStatus>(&text) {
             return Ok((code, status));

@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use leasehold_gateway::{Readiness, ReadyCheck};
 use leasehold_log::Log;
 use leasehold_log::embedded::Embedded;
-use leasehold_gateway::{ReadyCheck, Readiness};
 use leasehold_worker::WorkerConfig;
 use tokio_util::sync::CancellationToken;
 
@@ -121,8 +121,9 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     let result = runtime.block_on(async {
         let shutdown = CancellationToken::new();
         let listed = running.clone();
-        let signals =
-            tokio::spawn(crate::stop::on_signals(shutdown.clone(), "leasehold serve", grace, move || listed.unfinished()));
+        let signals = tokio::spawn(crate::stop::on_signals(shutdown.clone(), "leasehold serve", grace, move || {
+            listed.unfinished()
+        }));
         let work = open_and_serve(&args, checked, &shutdown, &running);
         let result = crate::stop::within_grace(work, &shutdown, grace, || running.unfinished()).await;
         signals.abort();
@@ -329,8 +330,7 @@ async fn serve<L: Log>(
     // What each role waits on before it is ready (`/readyz`); the gateway takes no command before it is.
     let seeds = args.roles.contains(&Role::Worker);
     let log_end: LogEnd = Arc::default();
-    let projector_waits =
-        projector.as_ref().map(|p| ProjectorWaits { end: log_end.clone(), applied: p.subscribe() });
+    let projector_waits = projector.as_ref().map(|p| ProjectorWaits { end: log_end.clone(), applied: p.subscribe() });
     let gateway_waits = match (&projector, &projector_waits) {
         (Some(projector), Some(waits)) if args.roles.contains(&Role::Gateway) => {
             Some(GatewayWaits::new(log.partitions(), seeds, waits.clone(), projector.reader()))
@@ -350,7 +350,8 @@ async fn serve<L: Log>(
     }
     for (_, config) in &agents {
         let control = config.control.clone();
-        readiness.add(format!("agent {}", config.name), ReadyCheck::new(move || crate::ready::agent_waiting_on(&control)));
+        readiness
+            .add(format!("agent {}", config.name), ReadyCheck::new(move || crate::ready::agent_waiting_on(&control)));
     }
     let health = leasehold_gateway::Health {
         roles: args.roles.iter().map(|r| role_name(*r)).collect(),

@@ -213,9 +213,10 @@ mod tests {
     async fn the_grace_runs_from_the_stop_and_cuts_a_hung_stop_short() {
         let shutdown = CancellationToken::new();
         // Work that ends on its own is not cut, however long it takes before the stop.
-        let ends = within_grace(tokio::time::sleep(Duration::from_secs(3600)), &shutdown, Duration::from_secs(1), || {
-            vec!["never asked".to_owned()]
-        });
+        let ends =
+            within_grace(tokio::time::sleep(Duration::from_secs(3600)), &shutdown, Duration::from_secs(1), || {
+                vec!["never asked".to_owned()]
+            });
         assert_eq!(ends.await, Ok(()));
         // Work that never ends after the stop is cut at the grace, counted from the stop.
         let started = tokio::time::Instant::now();

@@ -254,7 +254,10 @@ mod tests {
         metrics.looked();
         zero.set(Phase::Loading);
         one.set(Phase::Loading);
-        assert_eq!(metrics.waiting_on().as_deref(), Some("loading partition(s) 0-1; asking the log for partition(s) 2"));
+        assert_eq!(
+            metrics.waiting_on().as_deref(),
+            Some("loading partition(s) 0-1; asking the log for partition(s) 2")
+        );
         assert_eq!(metrics.held(), [0, 1]);
         zero.set(Phase::Serving);
         drop(one);
