@@ -30,10 +30,10 @@ pub(crate) fn parse_all(specs: &[String]) -> anyhow::Result<Vec<(AgentName, AnyD
     Ok(agents)
 }
 
-/// How long an agent's own drain may take on shutdown (its calls running, then what it has to send): half the
-/// process's `--shutdown-grace`, at most the agent's default, so the drain ends before the process gives up on it.
-fn drain_grace(process_grace: Duration) -> Duration {
-    (process_grace / 2).min(AgentConfig::new(AgentName::new("a").expect("a valid name")).shutdown_grace)
+/// How long an agent's own drain may take on shutdown (its calls running, then what it has to send): at most half
+/// the process's `--shutdown-grace`, so the drain ends before the process gives up on it.
+fn drain_grace(config: &AgentConfig, process_grace: Duration) -> Duration {
+    config.shutdown_grace.min(process_grace / 2)
 }
 
 /// The agents `serve` runs, configured: their status can be asked (for `/readyz`) before they start.
@@ -45,8 +45,8 @@ pub(crate) fn configure(
     agents
         .into_iter()
         .map(|(name, driver)| {
-            let config =
-                AgentConfig { sync_interval, shutdown_grace: drain_grace(process_grace), ..AgentConfig::new(name) };
+            let mut config = AgentConfig { sync_interval, ..AgentConfig::new(name) };
+            config.shutdown_grace = drain_grace(&config, process_grace);
             (driver, config)
         })
         .collect()
@@ -201,15 +201,15 @@ pub(crate) fn run(cmd: AgentCmd) -> anyhow::Result<()> {
         ..config
     };
     let grace = args.stop.shutdown_grace;
-    let config_for_agent = AgentConfig {
+    let mut config_for_agent = AgentConfig {
         sync_interval: args.sync_interval,
         max_in_flight: args.max_in_flight,
         call_timeout: args.call_timeout,
         wiped: args.wiped,
         settings,
-        shutdown_grace: drain_grace(grace),
         ..AgentConfig::new(name.clone())
     };
+    config_for_agent.shutdown_grace = drain_grace(&config_for_agent, grace);
     let control = config_for_agent.control.clone();
     let connected = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;

@@ -270,9 +270,14 @@ pub(crate) async fn seed_from_flags<L: Log>(
         let recorded = loop {
             match policy_on_settings_subject(log, partition).await {
                 Ok(recorded) => break recorded,
-                Err(e) => {
+                Err(e) if matches!(e.downcast_ref(), Some(leasehold_log::Error::Unavailable(_))) => {
                     tracing::warn!(partition, error = %format!("{e:#}"), "cannot read the recorded policy; asking again");
                     pause.wait(shutdown).await?;
+                }
+                // Seeded all the same: `if_no_policy` is refused where a policy is recorded.
+                Err(e) => {
+                    tracing::warn!(partition, error = %format!("{e:#}"), "cannot read the recorded policy");
+                    break None;
                 }
             }
         };

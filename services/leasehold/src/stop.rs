@@ -7,7 +7,8 @@
 //! append nothing; a partition's cursor is in the log, and the commands whose outcomes did not land are decided again
 //! by the partition's next owner; the projector and the sweeper resume from the log; an agent observes again at its
 //! next pass what it had not reported. The process exits rather than wait on anything: a call to a NATS server that
-//! is gone retries for as long as its client reconnects, and a runtime waits for its blocking tasks.
+//! is gone retries for as long as its client reconnects, and a runtime waits for its blocking tasks; a watchdog thread
+//! started at the first signal ends the process even if a runtime thread itself is stuck.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -32,14 +33,20 @@ pub(crate) struct GraceArgs {
     pub(crate) shutdown_grace: Duration,
 }
 
-/// Cancels `shutdown` at the first SIGINT or SIGTERM; exits the process at the second, saying on stderr what it had
-/// not finished (`unfinished`).
+/// How long past its grace a stop may take before the watchdog thread ends the process: for a runtime thread that
+/// is stuck itself (a blocking call in a drop, a disk that hangs), where [`within_grace`] cannot run.
+const WATCHDOG_AFTER_GRACE: Duration = Duration::from_secs(2);
+
+/// Cancels `shutdown` at the first SIGINT or SIGTERM (and starts a watchdog thread that exits the process, status 1,
+/// if it still runs [`WATCHDOG_AFTER_GRACE`] past the grace); exits the process at the second, saying on stderr what
+/// it had not finished (`unfinished`).
 pub(crate) async fn on_signals(
     shutdown: CancellationToken,
     program: &'static str,
     grace: Duration,
-    unfinished: impl Fn() -> Vec<String> + Send + 'static,
+    unfinished: impl Fn() -> Vec<String> + Send + Sync + 'static,
 ) {
+    let unfinished = Arc::new(unfinished);
     use tokio::signal::unix::{SignalKind, signal};
     let (mut interrupt, mut terminate) = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
         (Ok(interrupt), Ok(terminate)) => (interrupt, terminate),
@@ -63,6 +70,16 @@ pub(crate) async fn on_signals(
                 humantime::format_duration(grace)
             );
             shutdown.cancel();
+            let unfinished = unfinished.clone();
+            let watchdog = std::thread::Builder::new().name("shutdown-watchdog".to_owned()).spawn(move || {
+                std::thread::sleep(grace + WATCHDOG_AFTER_GRACE);
+                exit_cut_short(program, grace, &unfinished())
+            });
+            if let Err(e) = watchdog {
+                eprintln!(
+                    "{program}: cannot start the shutdown watchdog ({e}); the grace is kept by the runtime alone"
+                );
+            }
         } else {
             let what = format!("a second signal: exiting now (status {EXIT_SECOND_SIGNAL})");
             eprintln!("{}", unfinished_message(program, &what, &unfinished()));
