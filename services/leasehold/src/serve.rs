@@ -46,13 +46,13 @@ pub(crate) struct ServeArgs {
     /// The roles to run, comma-separated (default: every role that exists).
     #[arg(long, value_delimiter = ',', default_value = "worker,projector,gateway,sweeper")]
     roles: Vec<Role>,
-    /// Where to listen for HTTP: the API with the gateway role, else /healthz and /metrics only. Port 0 picks a
-    /// free port (printed).
+    /// Where to listen for HTTP: the API with the gateway role, else /healthz, /readyz and /metrics only. Port 0
+    /// picks a free port (printed).
     #[arg(long, default_value = "127.0.0.1:7420")]
     listen: SocketAddr,
     /// The gateway's bearer tokens: a file of `PRINCIPAL TOKEN` lines (`#` comments), each token at least 16
-    /// characters. Every /v1 request must then carry `Authorization: Bearer TOKEN` (401 otherwise; /healthz and
-    /// /metrics need none), and its commands are recorded with the token's principal as their issuer, whatever
+    /// characters. Every /v1 request must then carry `Authorization: Bearer TOKEN` (401 otherwise; /healthz, /readyz
+    /// and /metrics need none), and its commands are recorded with the token's principal as their issuer, whatever
     /// they claim. Without it nobody is authenticated, which is allowed on a loopback --listen only.
     #[arg(long, value_name = "FILE")]
     tokens: Option<PathBuf>,
