@@ -7,7 +7,7 @@
 //!   GET  /v1/resources/{ref}  /v1/resources?agent=&state=&kind=
 //!   GET  /v1/leases?resource=  /v1/leases/{ref}  /v1/agents  /v1/pools  /v1/pools/{name}  /v1/dlq
 //!   GET  /v1/events?key=&from=                  outcomes as server-sent events, following
-//!   GET  /healthz  /metrics
+//!   GET  /healthz  /readyz  /metrics
 //! ```
 //!
 //! Commands are decoded with the strict decoding of `schemas` (a 400 names the field path and the value; nothing is
@@ -15,6 +15,10 @@
 //! projector's read models in the same process; `?wait=true` returns once the outcome is decided *and* projected,
 //! so a query right after it sees what it did. A process that runs no gateway role still serves `/healthz` and
 //! `/metrics` ([`metrics_only`]), so every `serve` process can be scraped.
+//!
+//! `/healthz` is liveness (a role, an agent or a partition stopped: 503); `/readyz` is readiness (every role of the
+//! process ready: 200, else 503 naming what each waits on). Until [`GatewayConfig::ready`] says the gateway is ready,
+//! commands are refused with 503 and `Retry-After`, nothing published ([`ready`]).
 //!
 //! With [`GatewayConfig::tokens`], every `/v1/...` request needs `Authorization: Bearer <token>` (401 otherwise,
 //! before anything is read or published), and a command's issuer is the principal of its token, whatever its body
@@ -33,6 +37,7 @@ mod events;
 mod export;
 mod metrics;
 mod queries;
+mod ready;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +57,7 @@ pub use batch::{BatchAnswer, BatchRefusal, MAX_BATCH_BYTES, MAX_BATCH_COMMANDS};
 pub use commands::{CommandStatus, DeadLetterView, PositionedOutcome};
 pub use dead::DeadView;
 pub use metrics::ProjectionMetrics;
+pub use ready::{Readiness, ReadyCheck};
 
 /// Settings of the gateway.
 #[derive(Debug, Clone)]
@@ -65,6 +71,10 @@ pub struct GatewayConfig {
     pub tokens: Option<Arc<Tokens>>,
     /// The most commands of concurrent requests published together (batched ingest); 1 publishes each alone.
     pub ingest_batch: usize,
+    /// Whether the gateway takes commands yet (default: always): until it does, `POST /v1/commands` and
+    /// `/v1/commands/batch` answer 503 with `Retry-After` and publish nothing, so no command overtakes what the
+    /// process stores first.
+    pub ready: ReadyCheck,
 }
 
 impl Default for GatewayConfig {
@@ -74,6 +84,7 @@ impl Default for GatewayConfig {
             max_wait: Duration::from_secs(300),
             tokens: None,
             ingest_batch: leasehold_log::MAX_APPEND_RECORDS,
+            ready: ReadyCheck::ready(),
         }
     }
 }
@@ -107,7 +118,7 @@ impl<L: Log> Api<L> {
     }
 }
 
-/// What `/healthz` and `/metrics` need.
+/// What `/healthz`, `/readyz` and `/metrics` need.
 #[derive(Debug, Clone)]
 pub struct Health {
     /// The roles this process runs.
@@ -121,6 +132,8 @@ pub struct Health {
     /// The writers of this process, when it runs them: a partition they stopped on record makes `/healthz` answer
     /// 503 too.
     pub workers: Option<leasehold_worker::WorkerMetrics>,
+    /// What `/readyz` asks each role of the process (none: ready as soon as it answers).
+    pub ready: Readiness,
 }
 
 /// What stopped in this process, said by whoever runs the roles.
@@ -138,15 +151,16 @@ impl Failures {
     }
 }
 
-/// The whole API: `/v1/...`, `/healthz` and `/metrics`. With tokens, every `/v1/...` route answers 401 to a request
-/// without a valid bearer token; `/healthz` and `/metrics` never ask for one (probes and scrapers hold no token, and
-/// they show counts, not names).
+/// The whole API: `/v1/...`, `/healthz`, `/readyz` and `/metrics`. With tokens, every `/v1/...` route answers 401 to a
+/// request without a valid bearer token; `/healthz`, `/readyz` and `/metrics` never ask for one (probes and scrapers
+/// hold no token, and they show counts and roles, not names).
 pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
     let tokens = api.config.tokens.clone();
+    let gate = || axum::middleware::from_fn_with_state(api.config.ready.clone(), ready::gate);
     let v1 = Router::new()
-        .route("/v1/commands", post(commands::post::<L>))
+        .route("/v1/commands", post(commands::post::<L>).route_layer(gate()))
         // A static segment wins over a capture in axum's router, whatever the order: `batch` is never taken for an id.
-        .route("/v1/commands/batch", post(batch::post::<L>))
+        .route("/v1/commands/batch", post(batch::post::<L>).route_layer(gate()))
         .route("/v1/commands/{id}", get(commands::get::<L>))
         .route("/v1/resources", get(queries::resources::<L>))
         .route("/v1/resources/{reference}", get(queries::resource::<L>))
@@ -168,10 +182,11 @@ pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
     v1.merge(metrics_only(health))
 }
 
-/// `/healthz` and `/metrics` alone: what a process that runs no gateway role serves.
+/// `/healthz`, `/readyz` and `/metrics` alone: what a process that runs no gateway role serves.
 pub fn metrics_only(health: Health) -> Router {
     Router::new()
         .route("/healthz", get(metrics::healthz))
+        .route("/readyz", get(ready::readyz))
         .route("/metrics", get(metrics::metrics))
         .fallback(not_found)
         .with_state(Arc::new(health))

@@ -1,4 +1,4 @@
-//! `/healthz` and `/metrics`.
+//! `/healthz` (liveness: did a role, an agent or a partition of the process stop?) and `/metrics`.
 
 use std::sync::Arc;
 
@@ -66,10 +66,7 @@ pub(crate) async fn healthz(State(health): State<Arc<Health>>) -> Response {
         },
         None => None,
     };
-    let mut failures = health.failures.list();
-    if let Some(workers) = &health.workers {
-        failures.extend(workers.stopped().into_iter().map(|(p, why)| format!("partition {p} stopped: {why}")));
-    }
+    let failures = failures(&health);
     if failures.is_empty() {
         Json(serde_json::json!({ "status": "ok", "roles": health.roles, "applied": applied })).into_response()
     } else {
@@ -77,6 +74,16 @@ pub(crate) async fn healthz(State(health): State<Arc<Health>>) -> Response {
             serde_json::json!({ "status": "failing", "roles": health.roles, "applied": applied, "failures": failures });
         (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
     }
+}
+
+/// What stopped in the process: its roles and agents (said by whoever runs them) and the partitions its writers
+/// stopped on record.
+pub(crate) fn failures(health: &Health) -> Vec<String> {
+    let mut failures = health.failures.list();
+    if let Some(workers) = &health.workers {
+        failures.extend(workers.stopped().into_iter().map(|(p, why)| format!("partition {p} stopped: {why}")));
+    }
+    failures
 }
 
 pub(crate) async fn metrics(State(health): State<Arc<Health>>) -> Response {

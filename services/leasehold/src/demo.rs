@@ -163,6 +163,7 @@ impl Services {
             projection: Some(projection),
             failures: leasehold_gateway::Failures::default(),
             workers: None,
+            ready: leasehold_gateway::Readiness::default(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("listening on 127.0.0.1")?;
         let address = listener.local_addr()?;

@@ -16,7 +16,9 @@ mod policy;
 mod produce;
 mod projection;
 mod query;
+mod ready;
 mod serve;
+mod stop;
 pub mod timeline;
 
 #[derive(Debug, Parser)]

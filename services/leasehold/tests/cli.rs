@@ -28,7 +28,8 @@ impl Drop for Server {
 }
 
 impl Server {
-    /// Starts `serve` on `data` with a free port and `agents` (`NAME=dir:PATH`), and returns once `/healthz` answers.
+    /// Starts `serve` on `data` with a free port and `agents` (`NAME=dir:PATH`), and returns once `/readyz` answers
+    /// 200 (every role ready: the gateway takes commands).
     fn start(data: &Path, agents: &[String]) -> Server {
         Server::start_on(data, None, agents)
     }
@@ -80,17 +81,17 @@ impl Server {
             }
         };
         let server = Server { child, url: format!("http://{address}") };
-        server.wait_healthy(&address);
+        server.wait_ready(&address);
         server
     }
 
-    /// Bounded retries of `GET /healthz` until it answers 200.
-    fn wait_healthy(&self, address: &str) {
+    /// Bounded retries of `GET /readyz` until it answers 200.
+    fn wait_ready(&self, address: &str) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let answer = TcpStream::connect(address).and_then(|mut stream| {
                 stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-                stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: leasehold\r\nConnection: close\r\n\r\n")?;
+                stream.write_all(b"GET /readyz HTTP/1.1\r\nHost: leasehold\r\nConnection: close\r\n\r\n")?;
                 let mut text = String::new();
                 stream.read_to_string(&mut text)?;
                 Ok(text)
@@ -98,7 +99,7 @@ impl Server {
             match answer {
                 Ok(text) if text.starts_with("HTTP/1.1 200") => return,
                 other => {
-                    assert!(Instant::now() < deadline, "/healthz at {address} never answered 200: {other:?}");
+                    assert!(Instant::now() < deadline, "/readyz at {address} never answered 200: {other:?}");
                     std::thread::sleep(Duration::from_millis(50));
                 }
             }
