@@ -169,7 +169,8 @@ async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -
     for (view, policy) in planned {
         let what = format!("policy set: partition {}", view.partition);
         // Only what is given is sent: `--gc` alone leaves the policy (recorded or not) as it is.
-        let policy = Some(policy).filter(|p| !args.flags.is_empty() && !(view.recorded && *p == view.policy));
+        let unchanged = |p: &ClusterPolicy| view.recorded && *p == view.policy;
+        let policy = Some(policy).filter(|p| !args.flags.is_empty() && !unchanged(p));
         let gc = args.gc.filter(|mode| *mode != view.gc);
         if policy.is_none() && gc.is_none() {
             output::emit(&format!("{what}: unchanged (it has this policy already)\n"));
