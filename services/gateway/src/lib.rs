@@ -127,7 +127,8 @@ pub struct Health {
     pub registry: Arc<Registry>,
     /// Gauges read from the projection at each scrape, when this process runs the projector.
     pub projection: Option<ProjectionMetrics>,
-    /// Roles (or in-process agents) of this process that stopped on an error: `/healthz` answers 503 and names them.
+    /// Roles (or in-process agents) of this process that stopped on an error: `/healthz` answers 503 and names them
+    /// (and names, without failing, what stopped only for one machine's resources: [`Failures::push_degraded`]).
     pub failures: Failures,
     /// The writers of this process, when it runs them: a partition they stopped on record makes `/healthz` answer
     /// 503 too.
@@ -138,16 +139,37 @@ pub struct Health {
 
 /// What stopped in this process, said by whoever runs the roles.
 #[derive(Debug, Clone, Default)]
-pub struct Failures(Arc<std::sync::Mutex<Vec<String>>>);
+pub struct Failures(Arc<std::sync::Mutex<Stopped>>);
+
+#[derive(Debug, Default)]
+struct Stopped {
+    failing: Vec<String>,
+    degraded: Vec<String>,
+}
 
 impl Failures {
-    /// Records that something stopped, and why.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Stopped> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records that something stopped, and why: `/healthz` fails.
     pub fn push(&self, what: impl Into<String>) {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(what.into());
+        self.lock().failing.push(what.into());
+    }
+
+    /// Records that something stopped for one machine's resources only (an in-process agent whose driver cannot
+    /// reach its root): the process still serves everything else, so `/healthz` names it under `degraded` and
+    /// does not fail (restarting the process would not bring the disk back).
+    pub fn push_degraded(&self, what: impl Into<String>) {
+        self.lock().degraded.push(what.into());
     }
 
     pub fn list(&self) -> Vec<String> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.lock().failing.clone()
+    }
+
+    pub fn degraded(&self) -> Vec<String> {
+        self.lock().degraded.clone()
     }
 }
 

@@ -145,8 +145,12 @@ pub(crate) async fn policy<L: Log>(State(api): State<Arc<Api<L>>>) -> Response {
     all(api.reader.policies())
 }
 
+/// The pools, each as of now by this process's clock: a record changes only when its pool's outcomes do, and
+/// `cooling` counts only the cool-downs not ended yet.
 pub(crate) async fn pools<L: Log>(State(api): State<Arc<Api<L>>>) -> Response {
-    all(api.reader.pools())
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    let now = u64::try_from(now).unwrap_or(u64::MAX);
+    all(api.reader.pools().map(|pools| pools.into_iter().map(|pool| pool.at(now)).collect::<Vec<_>>()))
 }
 
 /// Who holds each identifier of a pool.

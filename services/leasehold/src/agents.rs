@@ -84,6 +84,13 @@ pub(crate) fn spawn_all<L: Log>(
     }
 }
 
+/// True when `error` is an in-process agent that stopped because its driver cannot reach its machine's resources
+/// (its root cannot be made, opened or locked): one machine's disk, not the process, so `/healthz` names it without
+/// failing.
+pub(crate) fn stopped_for_its_machine(error: &anyhow::Error) -> bool {
+    matches!(error.downcast_ref::<leasehold_agent::Error>(), Some(leasehold_agent::Error::Driver { .. }))
+}
+
 #[derive(Debug, clap::Args)]
 pub(crate) struct AgentRunArgs {
     /// The agent's name: the machine it runs on (`[a-z0-9][a-z0-9_-]{0,62}`).
@@ -174,14 +181,16 @@ pub(crate) enum AgentCmd {
     /// Confirm that a suspect agent (its loss breaker tripped; see `leasehold agents`) really lost what it reported
     /// missing: the losses are marked after a full resync.
     ConfirmLoss(crate::produce::AgentNameArgs),
+    /// Bring a retired agent back into service, on record (retirement is sticky: registering again does not end it).
+    Unretire(crate::produce::AgentNameArgs),
 }
 
 pub(crate) fn run(cmd: AgentCmd) -> anyhow::Result<()> {
     let args = match cmd {
         AgentCmd::Run(args) => args,
         AgentCmd::Credentials(args) => return crate::credentials::agent(args),
-        AgentCmd::Retire(_) | AgentCmd::ConfirmLoss(_) => {
-            anyhow::bail!("only `agent run` runs a process; retire and confirm-loss are sent as commands")
+        AgentCmd::Retire(_) | AgentCmd::ConfirmLoss(_) | AgentCmd::Unretire(_) => {
+            anyhow::bail!("only `agent run` runs a process; retire, unretire and confirm-loss are sent as commands")
         }
     };
     let name = AgentName::new(args.name.as_str()).context("--name")?;

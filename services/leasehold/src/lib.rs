@@ -225,6 +225,9 @@ fn run() -> anyhow::Result<()> {
         Cmd::Agent(agents::AgentCmd::ConfirmLoss(args)) => {
             produce_cmd(produce::ProduceCmd::AgentConfirmLoss(args), &cli.global)?
         }
+        Cmd::Agent(agents::AgentCmd::Unretire(args)) => {
+            produce_cmd(produce::ProduceCmd::AgentUnretire(args), &cli.global)?
+        }
         Cmd::Agent(cmd) => {
             logs::init("info");
             agents::run(cmd)?;

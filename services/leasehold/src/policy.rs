@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use leasehold_log::Log;
 use leasehold_projector::PolicyView;
 use leasehold_schemas::command::SetPartitionSettings;
-use leasehold_schemas::settings::ClusterPolicy;
+use leasehold_schemas::settings::{ClusterPolicy, GcMode};
 use leasehold_schemas::subjects::settings_key;
 use leasehold_schemas::{Envelope, Issuer, Key, Millis};
 use leasehold_worker::{WriterConfig, fold_partition};
@@ -116,6 +116,10 @@ fn check(policy: &ClusterPolicy, partition: u32) -> Result<(), BadCommandLine> {
 pub(crate) struct PolicySetArgs {
     #[command(flatten)]
     pub(crate) flags: PolicyFlags,
+    /// What agents do with handles on their machines that no live resource owns: `destroy` (each ordered destroyed
+    /// on record, the default) or `dry-run` (recorded as `garbage-dry-run`, nothing ordered or destroyed).
+    #[arg(long, value_name = "destroy|dry-run")]
+    pub(crate) gc: Option<GcMode>,
     #[command(flatten)]
     pub(crate) produce: ProduceArgs,
 }
@@ -141,10 +145,10 @@ pub(crate) async fn run(cmd: PolicyCmd, global: &GlobalArgs) -> anyhow::Result<(
 }
 
 async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -> anyhow::Result<()> {
-    if args.flags.is_empty() {
+    if args.flags.is_empty() && args.gc.is_none() {
         return Err(BadCommandLine(
             "nothing to change: give at least one of --stall-after, --orphan-after, --create-timeout, \
-             --claim-cooldown, --max-loss, --loss-window"
+             --claim-cooldown, --max-loss, --loss-window, --gc"
                 .to_owned(),
         )
         .into());
@@ -166,7 +170,11 @@ async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -
     let issuer = crate::produce::issuer(global.issuer.as_deref())?;
     for (view, policy) in planned {
         let what = format!("policy set: partition {}", view.partition);
-        if view.recorded && policy == view.policy {
+        // Only what is given is sent: `--gc` alone leaves the policy (recorded or not) as it is.
+        let unchanged = |p: &ClusterPolicy| view.recorded && *p == view.policy;
+        let policy = Some(policy).filter(|p| !args.flags.is_empty() && !unchanged(p));
+        let gc = args.gc.filter(|mode| *mode != view.gc);
+        if policy.is_none() && gc.is_none() {
             output::emit(&format!("{what}: unchanged (it has this policy already)\n"));
             continue;
         }
@@ -175,9 +183,9 @@ async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -
             key,
             partition: view.partition,
             outcome_horizon: None,
-            policy: Some(policy),
+            policy,
             if_no_policy: false,
-            gc: None,
+            gc,
         };
         let envelope = crate::produce::envelope(&issuer, None, body);
         crate::produce::simple(global, &args.produce, envelope, &what).await?;
@@ -191,16 +199,16 @@ fn show(views: &[PolicyView], format: OutputFormat) -> anyhow::Result<()> {
         return Ok(());
     }
     let Some(first) = views.first() else { bail!("the gateway knows of no partition") };
-    let agree = views.iter().all(|v| v.recorded == first.recorded && v.policy == first.policy);
+    let agree = views.iter().all(|v| v.recorded == first.recorded && v.policy == first.policy && v.gc == first.gc);
     if agree {
         let whose = match first.recorded {
             true => format!("the policy of all {} partitions", views.len()),
             false => format!("no policy recorded in any of the {} partitions: the defaults", views.len()),
         };
-        output::emit(&format!("{whose}\n{}", fields(&first.policy)));
+        output::emit(&format!("{whose}\n{}", fields(&first.policy, first.gc)));
     } else {
         let mut table =
-            Table::new(&["PARTITION", "RECORDED", "STALL", "ORPHAN", "CREATE", "COOLDOWN", "MAX-LOSS", "WINDOW"]);
+            Table::new(&["PARTITION", "RECORDED", "STALL", "ORPHAN", "CREATE", "COOLDOWN", "MAX-LOSS", "WINDOW", "GC"]);
         for view in views {
             let a = &view.policy.agent;
             table.row(vec![
@@ -212,6 +220,7 @@ fn show(views: &[PolicyView], format: OutputFormat) -> anyhow::Result<()> {
                 view.policy.claim_cooldown.to_string(),
                 format!("{}/{}", a.max_loss_min, a.max_loss_percent),
                 a.loss_window.to_string(),
+                view.gc.to_string(),
             ]);
         }
         output::emit(&format!(
@@ -223,7 +232,7 @@ fn show(views: &[PolicyView], format: OutputFormat) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn fields(policy: &ClusterPolicy) -> String {
+fn fields(policy: &ClusterPolicy, gc: GcMode) -> String {
     let a = &policy.agent;
     output::fields(&[
         ("stall-after", a.stall_after.to_string()),
@@ -232,6 +241,7 @@ fn fields(policy: &ClusterPolicy) -> String {
         ("claim-cooldown", policy.claim_cooldown.to_string()),
         ("max-loss", format!("{}/{}", a.max_loss_min, a.max_loss_percent)),
         ("loss-window", a.loss_window.to_string()),
+        ("gc", gc.to_string()),
     ])
 }
 

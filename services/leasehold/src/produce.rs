@@ -15,7 +15,7 @@ use leasehold_log::jetstream::{JetStream, JetStreamConfig};
 use leasehold_log::{Log, OutcomeFilter};
 use leasehold_schemas::command::{
     Acquire, Allocate, ConfirmLoss, DefinePool, DeletePool, Pause, Release, ReleaseLease, Renew,
-    ReportFailureByOperator, RetireAgent, Unpause, Update, UpdatePool,
+    ReportFailureByOperator, RetireAgent, Unpause, UnretireAgent, Update, UpdatePool,
 };
 use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::{
@@ -253,7 +253,7 @@ pub(crate) struct PoolDeleteArgs {
     pub(crate) produce: ProduceArgs,
 }
 
-/// `leasehold agent retire` and `leasehold agent confirm-loss`
+/// `leasehold agent retire`, `unretire` and `confirm-loss`
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct AgentNameArgs {
     /// The agent's name.
@@ -968,6 +968,11 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
             let body = RetireAgent { agent: args.name };
             simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
+        ProduceCmd::AgentUnretire(args) => {
+            let what = format!("agent unretire {}", args.name);
+            let body = UnretireAgent { agent: args.name };
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
+        }
         ProduceCmd::AgentConfirmLoss(args) => {
             let what = format!("agent confirm-loss {}", args.name);
             let body = ConfirmLoss { agent: args.name };
@@ -1201,6 +1206,7 @@ pub(crate) enum ProduceCmd {
     PoolUpdate(PoolDefineArgs),
     PoolDelete(PoolDeleteArgs),
     AgentRetire(AgentNameArgs),
+    AgentUnretire(AgentNameArgs),
     AgentConfirmLoss(AgentNameArgs),
 }
 

@@ -478,7 +478,11 @@ async fn serve<L: Log>(
         let outcome = joined.context("a role panicked").and_then(|outcome| outcome);
         if let Err(e) = outcome {
             eprintln!("leasehold serve: {:#}", shown(&e));
-            failures.push(format!("{e:#}"));
+            if crate::agents::stopped_for_its_machine(&e) {
+                failures.push_degraded(format!("{e:#}"));
+            } else {
+                failures.push(format!("{e:#}"));
+            }
             if result.is_ok() {
                 result = Err(e);
             }

@@ -962,3 +962,103 @@ fn producer_text_is_shown_escaped_and_json_keeps_it_exact() {
     shown_safely("publish", &stderr);
     assert!(stderr.contains("  line 2: bad JSON") && stderr.contains(EVIL_SHOWN), "one line each: {stderr}");
 }
+
+/// `agent retire` is sticky: what the agent held is released and destroyed (and `get` says why), and the agent
+/// registering again when its `serve` restarts stays retired, though it holds nothing; `agent unretire` brings it
+/// back, on record with who asked. `policy set --gc dry-run` shows in `policy show`.
+#[test]
+fn retirement_is_sticky_until_unretired_on_record_and_gc_is_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("w1");
+    std::fs::create_dir_all(&root).unwrap();
+    let agents = [format!("w1=dir:{}", root.display())];
+    let data = dir.path().join("data");
+    let fast = ["--sync-interval", "200ms"];
+    let first_epoch = {
+        let server = Server::start_with(&data, None, "127.0.0.1:0", &agents, &fast);
+        wait_registered(&server, "w1");
+        let allocated = server.json(&["allocate", "--agent", "w1", "--kind", "dir"]);
+        let reference = str_of(&allocated, "ref").to_owned();
+        server.wait_for(&["get", &reference], "the resource created", |r| r["state"] == "active");
+        let retired = server.json(&["agent", "retire", "w1", "--issuer", "op:carol"]);
+        assert_eq!(retired["status"], "accepted", "{retired:#}");
+        let got = server.wait_for(&["get", &reference], "the resource destroyed", |r| r["state"] == "destroyed");
+        assert_eq!(got["detail"]["release"], serde_json::json!({"agent-retired": {}}), "{got:#}");
+        assert_eq!(got["detail"]["confirmed_by"], "w1", "{got:#}");
+        let table = text(&server.run(&["get", &reference]).stdout);
+        assert!(table.contains("destroyed, as its agent w1 confirmed, after its agent was retired"), "{table}");
+        let agents = server.json(&["agents"]);
+        assert_eq!((agents[0]["status"].as_str(), agents[0]["retired"].as_bool()), (Some("retired"), Some(true)));
+        agents[0]["epoch"].as_u64().expect("an epoch")
+    };
+
+    // The same agent registers again (its process restarted): still retired, though nothing is left to destroy.
+    let server = Server::start_with(&data, None, "127.0.0.1:0", &agents, &fast);
+    let agents = server.wait_for(&["agents"], "w1 registered again", |a| {
+        a[0]["epoch"].as_u64().is_some_and(|epoch| epoch > first_epoch)
+    });
+    assert_eq!((agents[0]["status"].as_str(), agents[0]["retired"].as_bool()), (Some("retired"), Some(true)));
+    assert_eq!(agents[0]["resources"].as_u64().map(|n| n <= 1), Some(true), "{agents:#}");
+    let table = text(&server.run(&["agents"]).stdout);
+    assert!(table.starts_with("NAME ") && table.contains(" retired ") && table.contains(" DRIVER "), "{table}");
+
+    // Unretired on record, by whom.
+    let unretired = server.json(&["agent", "unretire", "w1", "--issuer", "op:carol"]);
+    assert_eq!(unretired["status"], "accepted", "{unretired:#}");
+    let effect = &unretired["outcomes"][0]["outcome"]["decision"]["accepted"]["effects"][0];
+    assert_eq!(effect["agent-unretired"]["by"], "op:carol", "{unretired:#}");
+    let agents = server.wait_for(&["agents"], "w1 back in service", |a| a[0]["status"] == "live");
+    assert_eq!(agents[0]["retired"], false);
+    let again = server.fails(&["agent", "unretire", "w1"]);
+    assert!(again.contains("rejected (already-done)") && again.contains("is not retired"), "{again}");
+
+    // The gc mode is part of the policy.
+    let set = server.run(&["policy", "set", "--gc", "dry-run"]);
+    assert!(set.status.success(), "{}", text_of(&set));
+    assert_eq!(text(&set.stdout).matches(": accepted").count(), 4, "{}", text(&set.stdout));
+    server.wait_for(&["policy", "show"], "gc dry-run everywhere", |all| {
+        all.as_array().is_some_and(|all| all.iter().all(|p| p["gc"] == "dry-run" && p["recorded"] == true))
+    });
+    let shown = text(&server.run(&["policy", "show"]).stdout);
+    assert!(shown.contains("\ngc              dry-run\n"), "{shown}");
+    let unchanged = server.run(&["policy", "set", "--gc", "dry-run"]);
+    assert_eq!(text(&unchanged.stdout).matches(": unchanged").count(), 4, "{}", text_of(&unchanged));
+    let bad = server.run(&["policy", "set", "--gc", "sometimes"]);
+    assert_eq!(code(&bad), 2, "{}", text_of(&bad));
+}
+
+/// An in-process agent whose driver cannot open its root (here a plain file) stops, and says so, but `/healthz`
+/// stays 200: one machine's disk is not the process's health.
+#[test]
+fn an_agent_whose_root_cannot_be_opened_does_not_fail_healthz() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("not-a-directory");
+    std::fs::write(&root, "a file where the root should be").unwrap();
+    let server = Server::start(&dir.path().join("data"), &[format!("w9=dir:{}", root.display())]);
+    let address = server.url.trim_start_matches("http://").to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = http_get(&address, "/healthz");
+        assert!(answer.starts_with("HTTP/1.1 200"), "/healthz failed for one agent's disk: {answer}");
+        // Named on /healthz once stopped (or, an agent that keeps running, recorded in its record).
+        let recorded = server
+            .json(&["agents"])
+            .as_array()
+            .is_some_and(|agents| agents.iter().any(|a| a["name"] == "w9" && a["driver"]["available"] == false));
+        if answer.contains("agent w9") || recorded {
+            break;
+        }
+        assert!(Instant::now() < deadline, "agent w9 never said its root cannot be opened: {answer}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `GET path` on `address`, the whole answer (status line, headers, body).
+fn http_get(address: &str, path: &str) -> String {
+    let mut stream = TcpStream::connect(address).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("a read timeout");
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: leasehold\r\nConnection: close\r\n\r\n").expect("send");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("read");
+    answer
+}
