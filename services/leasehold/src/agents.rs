@@ -36,16 +36,39 @@ fn drain_grace(config: &AgentConfig, process_grace: Duration) -> Duration {
     config.shutdown_grace.min(process_grace / 2)
 }
 
+/// What an agent does with garbage (`--gc`, `--gc-grace`), for `agent run` and `serve`'s agents alike.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct GcArgs {
+    /// What the agent does with handles on its machine that are no live resource: `destroy` reports them and
+    /// destroys each once the log orders it (on record), `dry-run` reports them and destroys nothing (the log records
+    /// what would have been ordered). The policy's `gc` (`leasehold policy set --gc`) can make every agent dry-run.
+    #[arg(long, default_value = "destroy", value_name = "destroy|dry-run")]
+    gc: leasehold_schemas::settings::GcMode,
+    /// A handle of no resource the log knows is reported only once it has been on the machine this long (something
+    /// may be making it right now); handles of resources that left are reported at once.
+    #[arg(long, default_value = "5min", value_parser = humantime::parse_duration)]
+    gc_grace: Duration,
+}
+
+impl GcArgs {
+    fn apply(&self, config: &mut AgentConfig) {
+        config.gc_dry_run = self.gc == leasehold_schemas::settings::GcMode::DryRun;
+        config.gc_grace = self.gc_grace;
+    }
+}
+
 /// The agents `serve` runs, configured: their status can be asked (for `/readyz`) before they start.
 pub(crate) fn configure(
     agents: Vec<(AgentName, AnyDriver)>,
     sync_interval: Duration,
+    gc: &GcArgs,
     process_grace: Duration,
 ) -> Vec<(AnyDriver, AgentConfig)> {
     agents
         .into_iter()
         .map(|(name, driver)| {
             let mut config = AgentConfig { sync_interval, ..AgentConfig::new(name) };
+            gc.apply(&mut config);
             config.shutdown_grace = drain_grace(&config, process_grace);
             (driver, config)
         })
@@ -118,6 +141,8 @@ pub(crate) struct AgentRunArgs {
     /// This machine's disk was wiped: losing everything it held is expected, not a fault for the breaker.
     #[arg(long)]
     wiped: bool,
+    #[command(flatten)]
+    gc: GcArgs,
     #[command(flatten)]
     settings: AgentSettingsFlags,
     #[command(flatten)]
@@ -219,6 +244,7 @@ pub(crate) fn run(cmd: AgentCmd) -> anyhow::Result<()> {
         ..AgentConfig::new(name.clone())
     };
     config_for_agent.shutdown_grace = drain_grace(&config_for_agent, grace);
+    args.gc.apply(&mut config_for_agent);
     let control = config_for_agent.control.clone();
     let connected = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;

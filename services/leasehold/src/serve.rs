@@ -70,6 +70,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     sync_interval: Duration,
     #[command(flatten)]
+    gc: crate::agents::GcArgs,
+    #[command(flatten)]
     log: crate::nats_args::LogArgs,
     /// How long a worker's hold on a partition outlives it (JetStream `priority_timeout`).
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
@@ -338,7 +340,7 @@ async fn serve<L: Log>(
         }
         _ => None,
     };
-    let agents = crate::agents::configure(agents, args.sync_interval, args.stop.shutdown_grace);
+    let agents = crate::agents::configure(agents, args.sync_interval, &args.gc, args.stop.shutdown_grace);
     let mut readiness = Readiness::default();
     if let Some(metrics) = worker_metrics.clone() {
         readiness.add("worker", ReadyCheck::new(move || metrics.waiting_on()));
