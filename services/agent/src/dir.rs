@@ -45,6 +45,8 @@ impl DirDriver {
     fn open_blocking(&self, agent: &AgentName) -> Result<(), DriverError> {
         let root = &self.root;
         let refuse = |why: String| Err(DriverError::Transient(why));
+        // Not this agent's to take, whatever the disk does: the process must not run on it.
+        let taken = |why: String| Err(DriverError::Refused(why));
         if let Err(e) = std::fs::create_dir_all(root) {
             return refuse(format!("cannot make the root {}: {e}", root.display()));
         }
@@ -54,12 +56,12 @@ impl DirDriver {
         // A root inside another agent's root, or named like a resource id, would be taken for a handle (and
         // destroyed) by the agent of the root around it.
         if root.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.parse::<ResourceId>().is_ok()) {
-            return refuse(format!("the root {} is named like a resource id: name it otherwise", root.display()));
+            return taken(format!("the root {} is named like a resource id: name it otherwise", root.display()));
         }
         if let Ok(absolute) = std::fs::canonicalize(root) {
             for outer in absolute.ancestors().skip(1) {
                 if outer.join(OWNER_FILE).exists() {
-                    return refuse(format!(
+                    return taken(format!(
                         "the root {} is inside {}, the root of another agent (see its {OWNER_FILE}): roots do not nest",
                         root.display(),
                         outer.display()
@@ -76,7 +78,7 @@ impl DirDriver {
         match locked.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
-                return refuse(format!(
+                return taken(format!(
                     "{} is in use by another agent process (named in {}): one root per agent",
                     root.display(),
                     path.display()
@@ -95,7 +97,7 @@ impl DirDriver {
         }
         let named = named.trim();
         if !named.is_empty() && named != agent.as_str() {
-            return refuse(format!(
+            return taken(format!(
                 "{} holds the resources of agent {named} (see {}), not of {agent}: one root per agent (to give a \
                  machine's root to another agent name, retire the old agent, let it release what it holds, then \
                  remove {OWNER_FILE})",

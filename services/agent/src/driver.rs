@@ -38,6 +38,11 @@ pub enum DriverError {
     /// Anything else (a daemon down, a disk busy): the agent tries again at a later pass.
     #[error("{0}")]
     Transient(String),
+    /// From `open`: the machine's resources are not this agent's to take (another agent's root, another process of
+    /// this agent holding it): the agent must not run, as two agents on one machine's resources would each destroy
+    /// what the log orders for the other's.
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// The thing that makes, destroys, lists and checks resources on one machine. Each call stands alone: the agent

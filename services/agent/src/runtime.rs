@@ -118,6 +118,8 @@ pub struct AgentStatus {
     pub destroys_reported: u64,
     /// `Some(why)` while the driver cannot list.
     pub driver_unavailable: Option<String>,
+    /// Why the agent stopped, once it stopped on an error.
+    pub stopped: Option<String>,
     pub health_checks: u64,
     /// Sync passes whose listing came back.
     pub sync_passes: u64,
@@ -200,8 +202,14 @@ pub enum Error {
     Undecodable { agent: AgentName, seq: u64, detail: String },
     #[error("agent {agent}: the log refused: {error}")]
     Log { agent: AgentName, error: leasehold_log::Error },
+    /// The driver cannot reach the machine's resources (its root cannot be made, opened or read): the machine's
+    /// trouble, not a misconfiguration of the process.
     #[error("agent {agent}: its driver cannot take the machine's resources: {detail}")]
     Driver { agent: AgentName, detail: String },
+    /// The machine's resources are another agent's (or another process of this one holds them): two agents must
+    /// never share them, since each destroys what the log orders for its own.
+    #[error("agent {agent}: its driver refuses the machine's resources: {detail}")]
+    Refused { agent: AgentName, detail: String },
 }
 
 /// Runs the agent until `shutdown`: registers an incarnation, follows its outcome subject from the start, makes
@@ -216,8 +224,13 @@ pub async fn run<L: Log, D: Driver>(
 ) -> Result<(), Error> {
     // Before anything is registered or destroyed: the driver's resources are this agent's alone.
     if let Err(e) = driver.open(&config.name).await {
-        let error = Error::Driver { agent: config.name.clone(), detail: e.to_string() };
+        let error = match e {
+            DriverError::Refused(detail) => Error::Refused { agent: config.name.clone(), detail },
+            other => Error::Driver { agent: config.name.clone(), detail: other.to_string() },
+        };
         error!(agent = %config.name, error = %error, "agent stopped");
+        let stopped = error.to_string();
+        config.control.update(|s| s.stopped = Some(stopped));
         return Err(error);
     }
     let (outgoing, queue) = mpsc::channel(OUTGOING_CAPACITY);
@@ -255,6 +268,8 @@ pub async fn run<L: Log, D: Driver>(
     let result = agent.run(publisher).await;
     if let Err(e) = &result {
         error!(agent = %agent.config.name, error = %e, "agent stopped");
+        let stopped = e.to_string();
+        agent.config.control.update(|s| s.stopped = Some(stopped));
     }
     result
 }

@@ -147,7 +147,10 @@ impl GatewayWaits {
     }
 }
 
-/// An in-process agent is ready once its registration is decided.
+/// An in-process agent is ready once its registration is decided. One that stopped waits on nothing: it is named by
+/// `/healthz` and `/readyz` among the failures, or as degraded when it stopped for its machine's disk (one machine's
+/// trouble does not hold the process back).
 pub(crate) fn agent_waiting_on(control: &leasehold_agent::AgentControl) -> Option<String> {
-    control.status().epoch.is_none().then(|| "registering".to_owned())
+    let status = control.status();
+    (status.epoch.is_none() && status.stopped.is_none()).then(|| "registering".to_owned())
 }

@@ -104,11 +104,12 @@ async fn bad_payloads_are_dead_lettered_and_the_partition_moves_on() {
 /// record, for a newer worker to decide it. Without the declaration the same command is dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_of_a_schema_rolling_out_stops_the_partition_instead() {
-    for declared in [Some(2), None] {
+    let next = leasehold_schemas::SCHEMA_VERSION + 1;
+    for declared in [Some(next), None] {
         let log = Embedded::in_memory(1, leasehold_log::embedded::system_clock()).unwrap();
         let first = register(1);
         let mut newer = codec::encode_command(&register(2)).unwrap();
-        newer[1] = 2;
+        newer[1] = u8::try_from(next).unwrap();
         for (envelope, payload) in [(&first, codec::encode_command(&first).unwrap()), (&register(2), newer)] {
             let subject = ingress_subject_of(&envelope.body);
             log.publish_command(&subject, &envelope.command_id.to_string(), Bytes::from(payload)).await.unwrap();
@@ -137,7 +138,7 @@ async fn a_command_of_a_schema_rolling_out_stops_the_partition_instead() {
         match declared {
             Some(_) => {
                 let stopped = report.stopped.get(&0).map(ToString::to_string).unwrap_or_default();
-                assert!(stopped.contains("schema version 2, which is rolling out"), "{stopped:?}");
+                assert!(stopped.contains(&format!("schema version {next}, which is rolling out")), "{stopped:?}");
                 assert!(log.read_dead_letters(1, 10).await.unwrap().is_empty());
             }
             None => assert!(report.stopped.is_empty(), "{:?}", report.stopped),
