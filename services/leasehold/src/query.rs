@@ -150,12 +150,17 @@ fn resource_fields(record: &Value) -> String {
             .join(", "),
         other => cell(other),
     };
-    output::fields(&[
+    let mut rows = vec![
         ("ref", cell(&record["ref"])),
         ("kind", cell(&record["kind"])),
         ("state", cell(&record["state"])),
         ("detail", detail_text(record)),
-        ("quarantined", quarantine_text(record)),
+    ];
+    // Only a lost resource's handle is ever quarantined: the line is left out otherwise.
+    if !record["quarantined"].is_null() {
+        rows.push(("quarantined", quarantine_text(record)));
+    }
+    rows.extend([
         ("capacity", cell(&record["capacity"])),
         ("attrs", none_if_empty(attrs)),
         ("parent", cell(&record["parent"])),
@@ -164,7 +169,8 @@ fn resource_fields(record: &Value) -> String {
         ("leases", none_if_empty(leases)),
         ("created_seq", cell(&record["created_seq"])),
         ("updated_at", output::time(record["updated_at"].as_u64())),
-    ])
+    ]);
+    output::fields(&rows)
 }
 
 /// Why a resource is in its state, in words where the record says it in a known shape: a release's cause, and the
