@@ -9,7 +9,6 @@ use leasehold_schemas::{Rejection, RejectionKind};
 use super::{Decider, MAX_HOLDER_BYTES, Verdict, reject};
 use crate::state::{Lease, LeaseState, Liveness, ResourceState};
 
-
 impl<'s> Decider<'s> {
     fn lease(&self, agent: &AgentName, id: LeaseId) -> Result<&'s Lease, Rejection> {
         match self.state.leases.get(&id) {
