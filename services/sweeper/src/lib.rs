@@ -146,8 +146,9 @@ const ATTEMPTS_BEFORE_WARNING: u32 = 5;
 /// The longest wait between two sends of the same request.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
-/// How long to wait before sending a request again after `attempts` sends: `retry_after`, then doubling.
-fn backoff(retry_after: Duration, attempts: u32) -> Duration {
+/// How long the sweeper waits before sending a request again after `attempts` sends: `retry_after`, then doubling,
+/// up to 5 minutes (never below `retry_after`). Public for simulations of the sweeper's load on the log.
+pub fn backoff(retry_after: Duration, attempts: u32) -> Duration {
     retry_after.saturating_mul(1 << attempts.saturating_sub(1).min(16)).min(MAX_BACKOFF.max(retry_after))
 }
 
