@@ -8,11 +8,17 @@
 //!   then does it act.
 //! - It creates what was ordered created and destroys what is releasing, at most `max_in_flight` driver calls at
 //!   once, each under `call_timeout`; a call that fails or times out is tried again at the next pass. A definitive
-//!   create failure is reported as such. A restarted agent creates and destroys again whatever is still pending or
-//!   releasing: drivers take both as done when they already are.
+//!   create failure is reported as such; a destroy is reported at once (`agent.report-destroyed`), as a create is,
+//!   so a freed identifier goes back without waiting for the next report. A restarted agent creates and destroys
+//!   again whatever is still pending or releasing: drivers take both as done when they already are.
 //! - Every `sync_interval` (± 20 %) a sync pass takes a snapshot of the model (its watermark: the highest position
-//!   of the subject applied) and of the calls running, then lists the machine, then reports. Handles of no known
-//!   resource are garbage: the agent destroys them on its own.
+//!   of the subject applied) and of the calls running, then lists the machine, then reports. A listing that fails
+//!   is recorded (`agent.driver-status`) when that changes, and nothing is judged from it.
+//! - Every destroy is on the record. Handles that are not in the assignment set (garbage) are reported
+//!   (`agent.report-garbage`: those of resources that left at once, others after the creation grace `gc_grace`, and
+//!   only when that set changes); the writer orders each destroyed, or quarantines the handle of a `lost` resource,
+//!   and the agent destroys only what the log ordered. A quarantined handle is never touched. `gc_dry_run` reports
+//!   garbage as a dry run: recorded, never ordered.
 //! - It answers health checks and full resync requests, and heartbeats every `heartbeat_interval`.
 //!
 //! The report rules, each handle named at most once:
@@ -41,4 +47,4 @@ mod runtime;
 
 pub use dir::{DirDriver, OWNER_FILE};
 pub use driver::{AnyDriver, Driver, DriverError, DriverSpecError, Health, Spec, parse_driver};
-pub use runtime::{AgentConfig, AgentControl, AgentStatus, Error, run};
+pub use runtime::{AgentConfig, AgentControl, AgentStatus, Error, GC_GRACE, run};

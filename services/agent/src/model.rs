@@ -3,7 +3,10 @@
 //! This is not the domain's state: the agent sees only its subject, and positions are partition-wide, so it keeps
 //! what it needs to act and to report. Per resource: what to make (kind, attributes), whether and where its create
 //! was ordered, whether it was ever seen present, whether and where it is releasing, and the health check asked of
-//! it. A terminal resource is forgotten: a handle of it still on the machine is garbage.
+//! it. A terminal resource leaves the assignment set; its id is kept (until a listing shows it absent) so that a
+//! handle of it still on the machine is reported at once. Garbage is never destroyed on the agent's own judgement:
+//! the model keeps the log's orders (`garbage-destroy-ordered`) and the quarantined handles of lost resources
+//! (`handle-reappeared`), which nothing touches.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -38,16 +41,18 @@ pub(crate) enum Op {
     Destroy,
     /// A health check answering the request at this position.
     Check(Position),
-    /// A destroy of a handle no resource of the model owns.
-    Garbage,
+    /// A destroy of a garbage handle the log ordered destroyed at this position.
+    Garbage(Position),
 }
 
 impl Tracked {
-    /// The next call this resource needs, if any: destroy before create before check.
+    /// The next call this resource needs, if any: destroy before create before check. A resource released before
+    /// its create was ordered is destroyed too (nothing is there: the call only confirms it), so that its destroy is
+    /// reported at once and its claims go back without waiting for a sync report.
     pub(crate) fn next_op(&self) -> Option<Op> {
         let ordered = self.create_ordered.is_some();
         match self.releasing {
-            Some(_) if ordered && !self.destroy_done => Some(Op::Destroy),
+            Some(_) if !self.destroy_done => Some(Op::Destroy),
             Some(_) => None,
             None if ordered && !self.seen_present && !self.create_done => Some(Op::Create),
             None => self.health_request.map(Op::Check),
@@ -76,11 +81,29 @@ pub(crate) enum Signal {
         resource: ResourceId,
         how: &'static str,
     },
+    /// The log ordered a garbage handle destroyed (at `at`): the agent destroys it if it is on the machine.
+    GarbageOrdered {
+        handle: ResourceId,
+        at: Position,
+    },
+    /// A lost resource's handle is quarantined: never touched.
+    Quarantined {
+        handle: ResourceId,
+    },
 }
 
 #[derive(Debug, Default)]
 pub(crate) struct Model {
     resources: BTreeMap<ResourceId, Tracked>,
+    /// Resources that reached a terminal state (by their effect's name), until a listing shows them absent: a handle
+    /// of one still on the machine is garbage known to the log, reported without waiting out the creation grace.
+    left: BTreeMap<ResourceId, &'static str>,
+    /// Handles of lost resources that reappeared, by the position that quarantined them: never touched.
+    quarantined: BTreeMap<ResourceId, Position>,
+    /// Garbage handles the log ordered destroyed, by handle, with the order's position; until reported destroyed.
+    garbage_orders: BTreeMap<ResourceId, Position>,
+    /// What the log records of the driver: `Some(why)` while it is recorded unavailable.
+    driver_recorded: Option<String>,
     watermark: Position,
     /// The highest position of an effect that says something a report answers: anything but the writer's notes on
     /// the agent's own observations and heartbeats (`observation-accepted`, `resource-seen`, `agent-seen`) and
@@ -112,16 +135,58 @@ impl Model {
         self.resources.contains_key(&id)
     }
 
+    /// How the resource `id` left (its terminal effect), while the model keeps it.
+    pub(crate) fn left(&self, id: ResourceId) -> Option<&'static str> {
+        self.left.get(&id).copied()
+    }
+
+    /// Forgets the ids of resources that left and whose handles are not on the machine any more.
+    pub(crate) fn forget_left_absent(&mut self, present: &BTreeSet<ResourceId>) {
+        self.left.retain(|id, _| present.contains(id));
+    }
+
+    pub(crate) fn is_quarantined(&self, id: ResourceId) -> bool {
+        self.quarantined.contains_key(&id)
+    }
+
+    pub(crate) fn n_quarantined(&self) -> usize {
+        self.quarantined.len()
+    }
+
+    /// The position of the log's order to destroy garbage handle `id`, while it is not reported destroyed.
+    pub(crate) fn garbage_order(&self, id: ResourceId) -> Option<Position> {
+        self.garbage_orders.get(&id).copied()
+    }
+
+    pub(crate) fn garbage_orders(&self) -> impl Iterator<Item = (ResourceId, Position)> + '_ {
+        self.garbage_orders.iter().map(|(id, at)| (*id, *at))
+    }
+
+    /// What the log records of the driver: `Some(why)` while unavailable.
+    pub(crate) fn driver_recorded(&self) -> Option<&str> {
+        self.driver_recorded.as_deref()
+    }
+
     /// Applies one outcome part of the agent's subject.
     pub(crate) fn apply(&mut self, outcome: &Outcome, signals: &mut Vec<Signal>) {
         for (position, effect) in outcome.positioned_effects() {
             self.apply_effect(position, effect, signals);
             self.watermark = self.watermark.max(position);
+            // Garbage, quarantine and the driver's status change nothing a sync report answers (the count and
+            // digest cover the assignment set only).
             let routine = matches!(
                 effect,
                 Effect::ObservationAccepted { .. }
                     | Effect::ResourceSeen { .. }
                     | Effect::AgentSeen { .. }
+                    | Effect::GarbageDestroyOrdered { .. }
+                    | Effect::GarbageDryRun { .. }
+                    | Effect::GarbageDestroyed { .. }
+                    | Effect::HandleReappeared { .. }
+                    | Effect::AgentDriverUnavailable { .. }
+                    | Effect::AgentDriverAvailable {}
+                    | Effect::AgentUnretired { .. }
+                    | Effect::AllocationWaitsUntil { .. }
                     | Effect::LeaseWaiting { .. }
                     | Effect::LeaseGranted { .. }
                     | Effect::LeaseRenewed { .. }
@@ -154,6 +219,7 @@ impl Model {
             Effect::AgentGone { .. } => signals.push(Signal::Gone),
             Effect::ResyncRequested { .. } => signals.push(Signal::ResyncRequested { at: position }),
             Effect::ResourceAllocated { resource, kind, attributes, .. } => {
+                self.left.remove(resource);
                 let spec = Spec { kind: kind.clone(), attributes: attributes.clone() };
                 self.resources.insert(
                     *resource,
@@ -190,9 +256,24 @@ impl Model {
             | Effect::ResourceFailed { resource, .. } => {
                 let forgotten = self.resources.remove(resource);
                 if forgotten.is_some() {
+                    self.left.insert(*resource, effect.name());
                     signals.push(Signal::Left { resource: *resource, how: effect.name() });
                 }
             }
+            Effect::HandleReappeared { resource, .. } => {
+                self.quarantined.insert(*resource, position);
+                signals.push(Signal::Quarantined { handle: *resource });
+            }
+            Effect::GarbageDestroyOrdered { handle, .. } => {
+                self.quarantined.remove(handle);
+                self.garbage_orders.insert(*handle, position);
+                signals.push(Signal::GarbageOrdered { handle: *handle, at: position });
+            }
+            Effect::GarbageDestroyed { handle, .. } => {
+                self.garbage_orders.remove(handle);
+            }
+            Effect::AgentDriverUnavailable { detail } => self.driver_recorded = Some(detail.clone()),
+            Effect::AgentDriverAvailable {} => self.driver_recorded = None,
             _ => {}
         }
     }

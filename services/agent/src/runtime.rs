@@ -11,8 +11,8 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use leasehold_log::{Log, OutcomeFilter, StoredOutcome};
 use leasehold_schemas::command::{
-    FailureKind, HealthResult, Heartbeat, MAX_REPORT_HANDLES, Register, ReportCreated, ReportFailure, ResyncChunk,
-    SyncReport,
+    DriverStatus, FailureKind, GarbageReport, HealthResult, Heartbeat, MAX_REPORT_HANDLES, Register, ReportCreated,
+    ReportDestroyed, ReportFailure, ResyncChunk, SyncReport,
 };
 use leasehold_schemas::outcome::{Decision, Outcome};
 use leasehold_schemas::settings::AgentSettings;
@@ -36,6 +36,11 @@ const MAX_DETAIL_BYTES: usize = 1000;
 /// Commands waiting for the publisher.
 const OUTGOING_CAPACITY: usize = 256;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// The default creation grace for unknown handles, as Nomad's dangling-container reconciler uses.
+pub const GC_GRACE: Duration = Duration::from_secs(300);
+/// A garbage report the writer answered without an order (a dry run; a handle it took for a live resource) is sent
+/// again, unchanged, at most this often: a policy switched from dry run to destroy reaches handles reported before.
+const GARBAGE_RECHECK: Duration = Duration::from_secs(3600);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Settings of one agent process.
@@ -57,6 +62,12 @@ pub struct AgentConfig {
     pub settings: Option<AgentSettings>,
     /// On shutdown, driver calls still running and commands not yet published get this long.
     pub shutdown_grace: Duration,
+    /// A handle on the machine of no resource the agent knows is reported as garbage only once it has been seen this
+    /// long (something may be making it right now: a create racing the listing, another tool). Handles of resources
+    /// that left are reported at once.
+    pub gc_grace: Duration,
+    /// `--gc dry-run`: garbage is reported as a dry run (recorded, never ordered destroyed).
+    pub gc_dry_run: bool,
     /// Status and "sync now" for whoever started the agent (a clone of the config shares it).
     pub control: AgentControl,
 }
@@ -73,6 +84,8 @@ impl AgentConfig {
             wiped: false,
             settings: None,
             shutdown_grace: Duration::from_secs(5),
+            gc_grace: GC_GRACE,
+            gc_dry_run: false,
             control: AgentControl::default(),
         }
     }
@@ -95,8 +108,16 @@ pub struct AgentStatus {
     pub creates: u64,
     pub create_failures: u64,
     pub destroys: u64,
-    /// Handles of no known resource it destroyed.
+    /// Garbage handles it destroyed (each ordered by the log).
     pub garbage: u64,
+    /// Garbage reports published (each chunk counts).
+    pub garbage_reports: u64,
+    /// Handles of lost resources quarantined on this machine: never touched.
+    pub quarantined: usize,
+    /// Destroys reported at once (`agent.report-destroyed`).
+    pub destroys_reported: u64,
+    /// `Some(why)` while the driver cannot list.
+    pub driver_unavailable: Option<String>,
     pub health_checks: u64,
     /// Sync passes whose listing came back.
     pub sync_passes: u64,
@@ -219,7 +240,12 @@ pub async fn run<L: Log, D: Driver>(
         task_of: HashMap::new(),
         ready: BTreeSet::new(),
         blocked: BTreeSet::new(),
-        garbage: BTreeSet::new(),
+        garbage: BTreeMap::new(),
+        garbage_seen: BTreeMap::new(),
+        garbage_reported: None,
+        destroy_reported: BTreeMap::new(),
+        driver_down: None,
+        driver_status_sent: None,
         listing: false,
         started_while_listing: BTreeSet::new(),
         sync_again: false,
@@ -261,6 +287,15 @@ enum Outgoing {
     },
     Sync(SyncReport),
     Chunk(ResyncChunk),
+    Garbage(GarbageReport),
+    Destroyed {
+        resource: ResourceId,
+        ordered: Position,
+    },
+    DriverStatus {
+        available: bool,
+        detail: String,
+    },
 }
 
 /// Why a driver call did not succeed.
@@ -282,10 +317,26 @@ impl std::fmt::Display for CallError {
 /// A finished driver call.
 #[derive(Debug)]
 enum Done {
-    Created { id: ResourceId, result: Result<Option<String>, CallError> },
-    Destroyed { id: ResourceId, garbage: bool, result: Result<(), CallError> },
-    Checked { id: ResourceId, request: Position, result: Result<Health, CallError> },
-    Listed { view: View, resync: bool, result: Result<Vec<ResourceId>, CallError> },
+    Created {
+        id: ResourceId,
+        result: Result<Option<String>, CallError>,
+    },
+    /// `garbage`: the position of the log's order, for a garbage handle.
+    Destroyed {
+        id: ResourceId,
+        garbage: Option<Position>,
+        result: Result<(), CallError>,
+    },
+    Checked {
+        id: ResourceId,
+        request: Position,
+        result: Result<Health, CallError>,
+    },
+    Listed {
+        view: View,
+        resync: bool,
+        result: Result<Vec<ResourceId>, CallError>,
+    },
 }
 
 async fn call<T>(limit: Duration, work: impl Future<Output = Result<T, DriverError>>) -> Result<T, CallError> {
@@ -318,8 +369,18 @@ struct Agent<L, D> {
     ready: BTreeSet<ResourceId>,
     /// Resources whose last call failed: tried again at the next pass.
     blocked: BTreeSet<ResourceId>,
-    /// Handles of no known resource, to destroy.
-    garbage: BTreeSet<ResourceId>,
+    /// Garbage handles the log ordered destroyed and the last listing found, to destroy (with the order's position).
+    garbage: BTreeMap<ResourceId, Position>,
+    /// Handles of no resource the model knows, by when a listing first showed them (the creation grace).
+    garbage_seen: BTreeMap<ResourceId, Instant>,
+    /// The garbage handles last reported and when: the same set is not reported again (but after a long while).
+    garbage_reported: Option<(BTreeSet<ResourceId>, Instant)>,
+    /// Destroys reported at once, by handle and the order they answer, until the log records them.
+    destroy_reported: BTreeMap<ResourceId, Position>,
+    /// What this process saw of its driver at its last listing: `Some(why)` when it could not list.
+    driver_down: Option<String>,
+    /// The driver status last sent and not yet recorded (so it is not sent again meanwhile).
+    driver_status_sent: Option<Option<String>>,
     listing: bool,
     /// Creates and destroys started while the listing runs, after its snapshot: the report names them in flight.
     /// Otherwise a create started and finished meanwhile (its `report-created` sent before the report) would be
@@ -431,6 +492,12 @@ impl<L: Log, D: Driver> Agent<L, D> {
             detail: e.to_string(),
         })?;
         self.note_answer(&outcome)?;
+        let ours = outcome.command.class == CommandClass::Agent
+            && outcome.command.issuer.as_str() == self.config.name.as_str();
+        if ours && outcome.command.type_name == "agent.driver-status" {
+            // Recorded or refused: either way what the log holds is in the model now; send again if it differs.
+            self.driver_status_sent = None;
+        }
         let mut signals = Vec::new();
         self.model.apply(&outcome, &mut signals);
         for signal in signals {
@@ -444,6 +511,7 @@ impl<L: Log, D: Driver> Agent<L, D> {
                     self.epoch = Some(epoch);
                     self.config.control.update(|s| s.epoch = Some(epoch));
                     self.send(Outgoing::Epoch { epoch, heartbeat }).await;
+                    self.send_driver_status().await;
                     self.start_pass();
                 }
                 Signal::Registered { incarnation, epoch, .. } => {
@@ -471,15 +539,58 @@ impl<L: Log, D: Driver> Agent<L, D> {
                         info!(agent = %self.config.name, %resource, how, "resource left");
                     }
                 }
+                Signal::GarbageOrdered { handle, at } => {
+                    info!(agent = %self.config.name, %handle, order = %at, "the log ordered a garbage handle destroyed");
+                    self.garbage.insert(handle, at);
+                }
+                Signal::Quarantined { handle } => {
+                    warn!(
+                        agent = %self.config.name,
+                        %handle,
+                        "the handle of a lost resource is back: quarantined (untouched until the resource is released)"
+                    );
+                    self.garbage.remove(&handle);
+                }
             }
         }
+        // A destroy reported at once is settled once the log has answered it (the resource left, the order is done).
+        let model = &self.model;
+        self.destroy_reported.retain(|id, at| {
+            model.get(*id).is_some_and(|t| t.releasing == Some(*at)) || model.garbage_order(*id) == Some(*at)
+        });
         let (watermark, n_resources, last_seq) = (self.model.watermark(), self.model.len(), self.last_seq);
+        let quarantined = self.model.n_quarantined();
         self.config.control.update(|s| {
             s.watermark = watermark;
             s.n_resources = n_resources;
             s.last_seq = last_seq;
+            s.quarantined = quarantined;
         });
+        if ours && outcome.command.type_name == "agent.driver-status" {
+            self.send_driver_status().await;
+        }
         Ok(())
+    }
+
+    /// Says what this process sees of its driver when the log records something else (and it was not just said).
+    async fn send_driver_status(&mut self) {
+        if self.epoch.is_none() {
+            return;
+        }
+        let seen = self.driver_down.clone();
+        if seen.as_deref() == self.model.driver_recorded() || self.driver_status_sent.as_ref() == Some(&seen) {
+            return;
+        }
+        match &seen {
+            Some(why) => warn!(agent = %self.config.name, why, "the driver cannot list: recording it unavailable"),
+            None => info!(agent = %self.config.name, "the driver lists again: recording it available"),
+        }
+        self.driver_status_sent = Some(seen.clone());
+        let (available, detail) = match seen {
+            Some(why) => (false, why),
+            None => (true, String::new()),
+        };
+        self.send(Outgoing::DriverStatus { available, detail }).await;
     }
 
     /// Logs what became of this agent's own commands; a refused registration of this incarnation stops it.
@@ -532,10 +643,17 @@ impl<L: Log, D: Driver> Agent<L, D> {
                     let spec = tracked.spec.clone();
                     self.spawn_op(id, op, spec);
                 }
-            } else if let Some(id) = self.garbage.pop_first() {
-                if !self.model.contains(id) && !self.running.contains_key(&id) {
-                    info!(agent = %self.config.name, resource = %id, "destroying garbage: a handle of no known resource");
-                    self.spawn_op(id, Op::Garbage, Spec::default());
+            } else if let Some((id, at)) = self.garbage.pop_first() {
+                // Only what the log ordered, as it still stands: never a live resource or a quarantined handle.
+                let ordered = self.model.garbage_order(id) == Some(at);
+                if ordered
+                    && !self.model.contains(id)
+                    && !self.model.is_quarantined(id)
+                    && !self.running.contains_key(&id)
+                    && self.destroy_reported.get(&id) != Some(&at)
+                {
+                    info!(agent = %self.config.name, resource = %id, order = %at, "destroying garbage, as the log ordered");
+                    self.spawn_op(id, Op::Garbage(at), Spec::default());
                 }
             } else {
                 break;
@@ -553,9 +671,13 @@ impl<L: Log, D: Driver> Agent<L, D> {
                 let result = call(limit, driver.create(id, &spec)).await;
                 Done::Created { id, result }
             }),
-            Op::Destroy | Op::Garbage => self.calls.spawn(async move {
+            Op::Destroy | Op::Garbage(_) => self.calls.spawn(async move {
                 let result = call(limit, driver.destroy(id)).await;
-                Done::Destroyed { id, garbage: op == Op::Garbage, result }
+                let garbage = match op {
+                    Op::Garbage(at) => Some(at),
+                    _ => None,
+                };
+                Done::Destroyed { id, garbage, result }
             }),
             Op::Check(request) => self.calls.spawn(async move {
                 let result = call(limit, driver.check(id)).await;
@@ -655,19 +777,26 @@ impl<L: Log, D: Driver> Agent<L, D> {
             Done::Destroyed { id, garbage, result } => {
                 self.running.remove(&id);
                 self.ready.insert(id);
-                match result {
-                    Ok(()) if garbage => {
+                match (result, garbage) {
+                    (Ok(()), Some(ordered)) => {
                         self.config.control.update(|s| s.garbage += 1);
-                        info!(%agent, resource = %id, "destroyed garbage");
+                        info!(%agent, resource = %id, order = %ordered, "destroyed garbage, as the log ordered");
+                        self.report_destroyed(id, ordered).await;
                     }
-                    Ok(()) => {
+                    (Ok(()), None) => {
                         self.config.control.update(|s| s.destroys += 1);
                         info!(%agent, resource = %id, "destroyed");
-                        if let Some(tracked) = self.model.get_mut(id) {
+                        let ordered = self.model.get_mut(id).and_then(|tracked| {
                             tracked.destroy_done = true;
+                            tracked.releasing
+                        });
+                        // At once, as a create is reported: its claims go back without waiting for a sync report.
+                        if let Some(ordered) = ordered {
+                            self.report_destroyed(id, ordered).await;
                         }
                     }
-                    Err(e) => {
+                    (Err(e), garbage) => {
+                        let garbage = garbage.is_some();
                         warn!(%agent, resource = %id, garbage, error = %e, "destroy did not finish; tried again at the next pass");
                         if !garbage {
                             self.blocked.insert(id);
@@ -701,17 +830,99 @@ impl<L: Log, D: Driver> Agent<L, D> {
                 let mut view = view;
                 view.also_in_flight(std::mem::take(&mut self.started_while_listing));
                 match result {
-                    Ok(handles) => self.listed(view, resync, handles).await,
+                    Ok(handles) => {
+                        self.driver_down = None;
+                        self.send_driver_status().await;
+                        self.listed(view, resync, handles).await;
+                    }
                     Err(e) => {
                         warn!(%agent, error = %e, "listing failed; no report this pass");
                         self.resync_wanted |= resync;
+                        self.driver_down = Some(cut(e.to_string()));
+                        self.send_driver_status().await;
                     }
                 }
+                let driver_unavailable = self.driver_down.clone();
+                self.config.control.update(|s| s.driver_unavailable = driver_unavailable);
                 if std::mem::take(&mut self.sync_again) {
                     self.start_pass();
                 }
             }
         }
+    }
+
+    /// What a listing means for garbage. Handles the log ordered destroyed are destroyed if here, and reported
+    /// destroyed if not (the order is settled either way). Handles of no resource the model holds, not quarantined
+    /// and not ordered, are reported to the writer: those of resources that left at once, others once they have been
+    /// here for the creation grace; the same set is not reported again (an idle agent does not grow the log), except
+    /// after [`GARBAGE_RECHECK`]. Nothing is destroyed on the agent's own judgement.
+    async fn garbage_pass(&mut self, view: &View, present: &BTreeSet<ResourceId>, epoch: Position) {
+        let agent = self.config.name.clone();
+        let orders: Vec<(ResourceId, Position)> = self.model.garbage_orders().collect();
+        for (id, at) in orders {
+            if present.contains(&id) {
+                self.garbage.insert(id, at);
+            } else if !self.running.contains_key(&id) {
+                self.report_destroyed(id, at).await;
+            }
+        }
+        let now = Instant::now();
+        let candidates: BTreeSet<ResourceId> = present
+            .iter()
+            .copied()
+            .filter(|id| {
+                !self.model.contains(*id)
+                    && !self.model.is_quarantined(*id)
+                    && self.model.garbage_order(*id).is_none()
+                    && !self.running.contains_key(id)
+            })
+            .collect();
+        self.garbage_seen.retain(|id, _| candidates.contains(id));
+        for id in &candidates {
+            self.garbage_seen.entry(*id).or_insert(now);
+        }
+        self.model.forget_left_absent(present);
+        let grace = self.config.gc_grace;
+        let due: BTreeSet<ResourceId> = candidates
+            .iter()
+            .copied()
+            .filter(|id| self.model.left(*id).is_some() || self.garbage_seen[id] + grace <= now)
+            .collect();
+        let unchanged = self
+            .garbage_reported
+            .as_ref()
+            .is_some_and(|(set, at)| *set == due && now.duration_since(*at) < GARBAGE_RECHECK);
+        if due.is_empty() || unchanged {
+            if due.is_empty() {
+                self.garbage_reported = None;
+            }
+            return;
+        }
+        let handles: Vec<ResourceId> = due.iter().copied().collect();
+        info!(%agent, handles = handles.len(), dry_run = self.config.gc_dry_run, "reporting garbage for the log to decide");
+        for chunk in handles.chunks(CHUNK_HANDLES) {
+            self.config.control.update(|s| s.garbage_reports += 1);
+            self.send(Outgoing::Garbage(GarbageReport {
+                agent: agent.clone(),
+                epoch,
+                obs: 0,
+                watermark: view.watermark,
+                handles: chunk.to_vec(),
+                dry_run: self.config.gc_dry_run,
+            }))
+            .await;
+        }
+        self.garbage_reported = Some((due, now));
+    }
+
+    /// Says at once that `id` was destroyed as the log ordered at `ordered` (a release, or a garbage order), once.
+    async fn report_destroyed(&mut self, id: ResourceId, ordered: Position) {
+        if self.epoch.is_none() || self.destroy_reported.get(&id) == Some(&ordered) {
+            return;
+        }
+        self.destroy_reported.insert(id, ordered);
+        self.config.control.update(|s| s.destroys_reported += 1);
+        self.send(Outgoing::Destroyed { resource: id, ordered }).await;
     }
 
     /// The second half of a sync pass: the report (or the full resync) from the snapshot and the listing, and the
@@ -723,20 +934,18 @@ impl<L: Log, D: Driver> Agent<L, D> {
             if self.running.contains_key(id) {
                 continue;
             }
-            match self.model.get_mut(*id) {
-                None => {
-                    self.garbage.insert(*id);
-                }
-                // Destroyed once, and here again: destroy it again.
-                Some(tracked) if tracked.releasing.is_some() && tracked.destroy_done => {
-                    tracked.destroy_done = false;
-                    self.ready.insert(*id);
-                }
-                Some(_) => {}
+            // Destroyed once, and here again: destroy it again.
+            if let Some(tracked) = self.model.get_mut(*id)
+                && tracked.releasing.is_some()
+                && tracked.destroy_done
+            {
+                tracked.destroy_done = false;
+                self.ready.insert(*id);
             }
         }
         self.config.control.update(|s| s.sync_passes += 1);
         let Some(epoch) = self.epoch else { return };
+        self.garbage_pass(&view, &present, epoch).await;
         let lists = view.report(&present);
         if resync || lists.n_named() > MAX_REPORT_HANDLES {
             self.quiet = None;
@@ -911,6 +1120,15 @@ async fn publish_all<L: Log>(log: L, config: AgentConfig, mut queue: mpsc::Recei
                     .into(),
                     (Outgoing::Sync(report), Some(epoch)) => SyncReport { epoch, obs: observe(), ..report }.into(),
                     (Outgoing::Chunk(chunk), Some(epoch)) => ResyncChunk { epoch, obs: observe(), ..chunk }.into(),
+                    (Outgoing::Garbage(report), Some(epoch)) => {
+                        GarbageReport { epoch, obs: observe(), ..report }.into()
+                    }
+                    (Outgoing::Destroyed { resource, ordered }, Some(epoch)) => {
+                        ReportDestroyed { agent: agent.clone(), epoch, obs: observe(), resource, ordered }.into()
+                    }
+                    (Outgoing::DriverStatus { available, detail }, Some(epoch)) => {
+                        DriverStatus { agent: agent.clone(), epoch, obs: observe(), available, detail }.into()
+                    }
                 };
                 (CommandId::generate(), body)
             }
@@ -926,6 +1144,9 @@ async fn publish_all<L: Log>(log: L, config: AgentConfig, mut queue: mpsc::Recei
             Command::ReportCreated(c) => Some((c.obs, false)),
             Command::ReportFailure(c) => Some((c.obs, false)),
             Command::HealthResult(c) => Some((c.obs, false)),
+            Command::GarbageReport(c) => Some((c.obs, false)),
+            Command::ReportDestroyed(c) => Some((c.obs, false)),
+            Command::DriverStatus(c) => Some((c.obs, false)),
             _ => None,
         };
         match publish(&log, &issuer, command_id, body).await {

@@ -11,7 +11,7 @@ use leasehold_agent::{AgentConfig, AgentControl, DirDriver, Driver, DriverError,
 use leasehold_log::embedded::Embedded;
 use leasehold_log::{Log, OutcomeFilter};
 use leasehold_schemas::command::{Allocate, Release, ReportFailureByOperator, RequestHealthCheck};
-use leasehold_schemas::outcome::{Decision, Effect, Outcome};
+use leasehold_schemas::outcome::{Decision, Effect, GarbageCause, Outcome};
 use leasehold_schemas::subjects::{ingress_subject_of, partition_of_agent};
 use leasehold_schemas::{AgentName, Command, CommandClass, CommandId, Envelope, Issuer, Position, ResourceId, codec};
 use leasehold_worker::WorkerConfig;
@@ -54,10 +54,16 @@ impl System {
 
     /// Starts an agent with passes only when asked (and one right after registering), and waits for its epoch.
     async fn agent<D: Driver>(&self, name: &str, driver: D) -> RunningAgent {
+        self.agent_with(name, driver, |_| {}).await
+    }
+
+    /// [`System::agent`], with `edit` changing its configuration first.
+    async fn agent_with<D: Driver>(&self, name: &str, driver: D, edit: impl FnOnce(&mut AgentConfig)) -> RunningAgent {
         let name = AgentName::new(name).unwrap();
         let mut config = AgentConfig::new(name.clone());
         config.sync_interval = Duration::from_secs(3600);
         config.call_timeout = Duration::from_secs(10);
+        edit(&mut config);
         let control = config.control.clone();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(run(self.log.clone(), driver, config, shutdown.clone()));
@@ -247,11 +253,13 @@ async fn an_idle_agent_sends_no_report_that_says_nothing_new() {
     system.stop().await;
 }
 
+/// Every destroy is on the record: a handle of no known resource is reported, the writer orders it destroyed (with
+/// its cause), and only then does the agent destroy it and say so. Other files are left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn garbage_is_destroyed_and_other_files_are_left_alone() {
+async fn garbage_is_destroyed_only_as_the_log_orders_and_other_files_are_left_alone() {
     let system = System::start();
     let root = system.resources_dir();
-    let agent = system.agent("w1", DirDriver::new(&root)).await;
+    let agent = system.agent_with("w1", DirDriver::new(&root), |c| c.gc_grace = Duration::ZERO).await;
     let w1 = agent.name.clone();
     let known = system.allocate(&w1).await;
     system
@@ -266,23 +274,233 @@ async fn garbage_is_destroyed_and_other_files_are_left_alone() {
     std::fs::write(dir_of(&root, file_with_an_id_name), "mine too").unwrap();
 
     agent.sync().await;
-    within("the garbage destroy", agent.control.wait_for(|s| s.garbage >= 1)).await;
-    assert!(!dir_of(&root, stranger).exists(), "a handle of no known resource is destroyed");
-    assert!(root.join("scratch").is_dir() && root.join("notes.txt").is_file(), "other files stay");
-    assert!(dir_of(&root, file_with_an_id_name).is_file(), "a file is not a handle");
-    assert!(dir_of(&root, known).is_dir(), "what the log knows stays");
-    // Garbage is never counted: the report after it agrees with the writer.
-    agent.sync().await;
-    let last_report = agent.control.status().last_report_obs;
+    let ordered = system
+        .effect(&w1, "the garbage order", |e| {
+            matches!(e, Effect::GarbageDestroyOrdered { handle, cause: GarbageCause::Unknown {} } if *handle == stranger)
+        })
+        .await;
     system
         .effect(
             &w1,
-            "the last report's decision",
-            |e| matches!(e, Effect::ObservationAccepted { stamp, .. } if stamp.obs == last_report),
+            "the garbage destroy, on record",
+            |e| matches!(e, Effect::GarbageDestroyed { handle, .. } if *handle == stranger),
         )
         .await;
+    assert!(!dir_of(&root, stranger).exists(), "a handle of no known resource is destroyed, as ordered");
+    assert!(root.join("scratch").is_dir() && root.join("notes.txt").is_file(), "other files stay");
+    assert!(dir_of(&root, file_with_an_id_name).is_file(), "a file is not a handle");
+    assert!(dir_of(&root, known).is_dir(), "what the log knows stays");
     let outcomes = system.outcomes(&w1).await;
+    let confirmed = outcomes
+        .iter()
+        .find(|o| o.command.type_name == "agent.report-destroyed")
+        .expect("the destroy is reported at once");
+    assert!(confirmed.positioned_effects().all(|(p, _)| p > ordered), "the destroy came after the order");
+    // Garbage is never counted: the report after it agrees with the writer, and an unchanged set is not sent again.
+    let reports = agent.control.status().garbage_reports;
+    agent.sync().await;
+    agent.sync().await;
+    assert_eq!(agent.control.status().garbage_reports, reports, "nothing new to report");
     assert_eq!(agent.control.status().garbage, 1);
+    assert_honest(&system.outcomes(&w1).await, &w1);
+    agent.stop().await;
+    system.stop().await;
+}
+
+/// A handle of no known resource is left alone for the creation grace (something may be making it); a handle of a
+/// resource that left is reported at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unknown_handles_wait_out_the_creation_grace_left_ones_do_not() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let agent = system.agent_with("w1", DirDriver::new(&root), |c| c.gc_grace = Duration::from_secs(3600)).await;
+    let w1 = agent.name.clone();
+    let gone = system.allocate(&w1).await;
+    system
+        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == gone))
+        .await;
+    system.release(&w1, gone).await;
+    system
+        .effect(
+            &w1,
+            "the destruction",
+            |e| matches!(e, Effect::ResourceDestroyed { resource, .. } if *resource == gone),
+        )
+        .await;
+    // Its handle comes back (a slow create, a restore), and a stranger appears.
+    std::fs::create_dir(dir_of(&root, gone)).unwrap();
+    let stranger = ResourceId::generate();
+    std::fs::create_dir(dir_of(&root, stranger)).unwrap();
+    agent.sync().await;
+    system
+        .effect(&w1, "the order for the destroyed resource's handle", |e| {
+            matches!(e, Effect::GarbageDestroyOrdered { handle, cause: GarbageCause::Destroyed {} } if *handle == gone)
+        })
+        .await;
+    system
+        .effect(&w1, "its destroy", |e| matches!(e, Effect::GarbageDestroyed { handle, .. } if *handle == gone))
+        .await;
+    agent.sync().await;
+    let outcomes = system.outcomes(&w1).await;
+    let named_stranger = outcomes.iter().flat_map(|o| o.effects()).any(|e| {
+        matches!(e, Effect::GarbageDestroyOrdered { handle, .. } | Effect::GarbageDryRun { handle, .. } if *handle == stranger)
+    });
+    assert!(!named_stranger, "an unknown handle waits out the creation grace");
+    assert!(dir_of(&root, stranger).is_dir());
+    assert!(!dir_of(&root, gone).exists());
+    agent.stop().await;
+    system.stop().await;
+}
+
+/// A dry run records what would be destroyed and destroys nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dry_run_destroys_nothing() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let agent = system
+        .agent_with("w1", DirDriver::new(&root), |c| {
+            c.gc_grace = Duration::ZERO;
+            c.gc_dry_run = true;
+        })
+        .await;
+    let w1 = agent.name.clone();
+    let stranger = ResourceId::generate();
+    std::fs::create_dir_all(dir_of(&root, stranger).join("data")).unwrap();
+    agent.sync().await;
+    system
+        .effect(
+            &w1,
+            "the dry run's record",
+            |e| matches!(e, Effect::GarbageDryRun { handle, cause: GarbageCause::Unknown {} } if *handle == stranger),
+        )
+        .await;
+    agent.sync().await;
+    assert!(dir_of(&root, stranger).join("data").is_dir(), "a dry run destroys nothing");
+    assert_eq!(agent.control.status().garbage, 0);
+    let ordered = system
+        .outcomes(&w1)
+        .await
+        .iter()
+        .flat_map(|o| o.effects().to_vec())
+        .any(|e| matches!(e, Effect::GarbageDestroyOrdered { .. }));
+    assert!(!ordered, "nothing is ordered in a dry run");
+    agent.stop().await;
+    system.stop().await;
+}
+
+/// A lost volume that comes back keeps its data (a disk mounted late, a restored backup): its handle is
+/// quarantined, never touched by the agent through any number of passes, and destroyed only when an operator
+/// releases the lost resource, on record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_volume_that_comes_back_keeps_its_data() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let agent = system.agent_with("w1", DirDriver::new(&root), |c| c.gc_grace = Duration::ZERO).await;
+    let w1 = agent.name.clone();
+    let volume = system.allocate(&w1).await;
+    system
+        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == volume))
+        .await;
+    let away = system.tmp.path().join("away");
+    std::fs::rename(dir_of(&root, volume), &away).unwrap();
+    agent.sync().await;
+    system.effect(&w1, "the loss", |e| matches!(e, Effect::ResourceLost { resource, .. } if *resource == volume)).await;
+
+    std::fs::write(away.join("precious"), "the data").unwrap();
+    std::fs::rename(&away, dir_of(&root, volume)).unwrap();
+    agent.sync().await;
+    system
+        .effect(
+            &w1,
+            "the quarantine",
+            |e| matches!(e, Effect::HandleReappeared { resource, .. } if *resource == volume),
+        )
+        .await;
+    within("the agent to see the quarantine", agent.control.wait_for(|s| s.quarantined == 1)).await;
+    for _ in 0..3 {
+        agent.sync().await;
+    }
+    assert_eq!(std::fs::read_to_string(dir_of(&root, volume).join("precious")).unwrap(), "the data");
+    assert_eq!(agent.control.status().garbage, 0, "a quarantined handle is never destroyed by a report");
+
+    system
+        .publish("op:alice", Release { agent: w1.clone(), resource: volume, reason: Some("not needed".into()) })
+        .await;
+    system
+        .effect(&w1, "the order, by the operator", |e| {
+            matches!(e, Effect::GarbageDestroyOrdered { handle, cause: GarbageCause::Released { by, .. } }
+                if *handle == volume && by.as_str() == "op:alice")
+        })
+        .await;
+    system
+        .effect(
+            &w1,
+            "its destroy, on record",
+            |e| matches!(e, Effect::GarbageDestroyed { handle, .. } if *handle == volume),
+        )
+        .await;
+    assert!(!dir_of(&root, volume).exists());
+    assert_honest(&system.outcomes(&w1).await, &w1);
+    agent.stop().await;
+    system.stop().await;
+}
+
+/// A destroy is reported at once, not at the next sync pass: a freed identifier comes back in seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_destroy_is_reported_at_once() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let agent = system.agent("w1", DirDriver::new(&root)).await;
+    let w1 = agent.name.clone();
+    let id = system.allocate(&w1).await;
+    system
+        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == id))
+        .await;
+    let passes = agent.control.status().sync_passes;
+    system.release(&w1, id).await;
+    system
+        .effect(&w1, "the destruction", |e| matches!(e, Effect::ResourceDestroyed { resource, .. } if *resource == id))
+        .await;
+    assert_eq!(agent.control.status().sync_passes, passes, "no sync pass was needed (the interval is an hour)");
+    let outcomes = system.outcomes(&w1).await;
+    let by =
+        outcomes.iter().find(|o| o.effects().iter().any(|e| matches!(e, Effect::ResourceDestroyed { .. }))).unwrap();
+    assert_eq!(by.command.type_name, "agent.report-destroyed");
+    assert_honest(&outcomes, &w1);
+    agent.stop().await;
+    system.stop().await;
+}
+
+/// A driver that cannot list (its root's owner file removed) is recorded unavailable, and available again once it
+/// lists; nothing is judged meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_driver_that_cannot_list_is_recorded() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let agent = system.agent("w1", DirDriver::new(&root)).await;
+    let w1 = agent.name.clone();
+    let kept = system.allocate(&w1).await;
+    system
+        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == kept))
+        .await;
+    let owner = root.join(leasehold_agent::OWNER_FILE);
+    std::fs::remove_file(&owner).unwrap();
+    agent.control.sync_now();
+    within("the driver seen unavailable", agent.control.wait_for(|s| s.driver_unavailable.is_some())).await;
+    system
+        .effect(
+            &w1,
+            "driver-unavailable on record",
+            |e| matches!(e, Effect::AgentDriverUnavailable { detail } if detail.contains("not agent w1's any more")),
+        )
+        .await;
+    std::fs::write(&owner, "w1\n").unwrap();
+    agent.sync().await;
+    system.effect(&w1, "driver-available on record", |e| matches!(e, Effect::AgentDriverAvailable {})).await;
+    let outcomes = system.outcomes(&w1).await;
+    let statuses = outcomes.iter().filter(|o| o.command.type_name == "agent.driver-status").count();
+    assert_eq!(statuses, 2, "one record each time it changed");
+    assert!(!outcomes.iter().flat_map(|o| o.effects()).any(|e| matches!(e, Effect::ResourceLost { .. })));
     assert_honest(&outcomes, &w1);
     agent.stop().await;
     system.stop().await;
