@@ -12,7 +12,8 @@
 //! How the agents are modelled: an agent acts at once on what its subject orders (it reports a create, a destroy
 //! with `agent.report-destroyed`, a health check's result), and every 30 s (its sync pass) sends a sync report only
 //! when its subject got a material change since its last report: an effect other than `observation-accepted`,
-//! `resource-seen`, `agent-seen` and lease effects (the agent runtime's own rule). The sweeper plans whenever an
+//! `resource-seen`, `agent-seen`, lease, garbage and driver-status effects (the agent runtime's own rule: they change
+//! nothing a report answers). The sweeper plans whenever an
 //! outcome was appended (as the running sweeper does) and sends each request due, a request still wanted again
 //! after its 5 s retry and then less and less often, as the running sweeper does. Time jumps from one event to the
 //! next (a heartbeat, a sync pass, a deadline, a resend).
@@ -187,11 +188,20 @@ impl World {
                 self.answers.insert(child.clone(), answer);
             }
             let Some(agent) = self.agents.get_mut(name) else { continue };
+            // The agent runtime's rule (`services/agent/src/model.rs`).
             let routine = matches!(
                 effect,
                 Effect::ObservationAccepted { .. }
                     | Effect::ResourceSeen { .. }
                     | Effect::AgentSeen { .. }
+                    | Effect::GarbageDestroyOrdered { .. }
+                    | Effect::GarbageDryRun { .. }
+                    | Effect::GarbageDestroyed { .. }
+                    | Effect::HandleReappeared { .. }
+                    | Effect::AgentDriverUnavailable { .. }
+                    | Effect::AgentDriverAvailable {}
+                    | Effect::AgentUnretired { .. }
+                    | Effect::AllocationWaitsUntil { .. }
                     | Effect::LeaseWaiting { .. }
                     | Effect::LeaseGranted { .. }
                     | Effect::LeaseRenewed { .. }
