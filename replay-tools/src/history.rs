@@ -375,29 +375,32 @@ fn row(fold: &Fold, step: &Step, target: &Target, effects: Vec<String>) -> Row {
     }
 }
 
-/// The rows as text: a line per step, its effects indented under it, then the state after.
+/// The rows as text: a line per step, its effects indented under it, then the state after. What the log holds is
+/// shown escaped (`leasehold_schemas::text`): the texts of the step, and the JSON of effects and state with their
+/// control and bidi characters as JSON escapes.
 pub fn render(rows: &[Row]) -> String {
+    use leasehold_schemas::text::{json_for_display, shown};
     let mut out = String::new();
     for row in rows {
         let part = if row.part > 0 { format!(" part {}", row.part) } else { String::new() };
         out.push_str(&format!(
             "{:>8}  {}  {}{part}  by {}  (command {}{})  {}\n",
             row.seq,
-            row.time,
-            row.command,
-            row.issuer,
-            row.command_id,
-            row.correlation_id.as_ref().map(|c| format!(", correlation {c}")).unwrap_or_default(),
+            shown(&row.time),
+            shown(&row.command),
+            shown(&row.issuer),
+            shown(&row.command_id),
+            row.correlation_id.as_ref().map(|c| format!(", correlation {}", shown(c))).unwrap_or_default(),
             match &row.rejection {
-                Some(r) => format!("rejected: {r}"),
+                Some(r) => format!("rejected: {}", shown(r)),
                 None => row.outcome.to_owned(),
             },
         ));
         for effect in &row.effects {
-            out.push_str(&format!("          {effect}\n"));
+            out.push_str(&format!("          {}\n", json_for_display(effect)));
         }
         if !row.state.is_null() {
-            out.push_str(&format!("          after: {}\n", crate::compact(&row.state)));
+            out.push_str(&format!("          after: {}\n", json_for_display(&crate::compact(&row.state))));
         }
     }
     if rows.is_empty() {

@@ -134,20 +134,18 @@ pub fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("leasehold-replay: {e:#}");
+            eprintln!("leasehold-replay: {:#}", leasehold_schemas::text::shown(&e));
             leasehold::output::emit_error(&e);
             ExitCode::from(2)
         }
     }
 }
 
-/// What a binary of this crate starts with: logs on stderr (`RUST_LOG`, warnings by default) and a runtime; exit 2
-/// (said on stderr as `name: ...`) if the runtime cannot start.
+/// What a binary of this crate starts with: logs on stderr (`RUST_LOG`, warnings by default, every field escaped
+/// for display as `leasehold`'s are) and a runtime; exit 2 (said on stderr as `name: ...`) if the runtime cannot
+/// start.
 pub(crate) fn start(name: &str) -> Result<tokio::runtime::Runtime, ExitCode> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    leasehold::logs::init("warn");
     tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| {
         eprintln!("{name}: cannot start the runtime: {e}");
         ExitCode::from(2)
@@ -334,7 +332,8 @@ fn render_verify(report: &verify::Report, note: Option<&str>, elapsed: Duration,
         Some(f) => lines.push(format!("FAILED at {f}")),
         None => lines.push("OK".to_owned()),
     }
-    lines.join("\n") + "\n"
+    // A failure quotes the log (rejections, effects) and a note the projection's errors: each line is shown escaped.
+    lines.iter().map(|line| leasehold_schemas::text::escape_for_display(line)).collect::<Vec<_>>().join("\n") + "\n"
 }
 
 async fn export_to(source: &Source, file: &PathBuf, to: Option<u64>, output: OutputFormat) -> anyhow::Result<()> {

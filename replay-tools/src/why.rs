@@ -115,6 +115,25 @@ pub struct Holding {
 }
 
 impl Holding {
+    /// A holding of `value` of `pool` by `holder`, granted by `granted`, with nothing after the grant yet.
+    pub fn new(pool: String, value: String, holder: String, granted: Event) -> Self {
+        Holding {
+            pool,
+            value,
+            holder,
+            allocated: None,
+            granted,
+            bound: None,
+            releasing: None,
+            ended: None,
+            let_go: None,
+            freed: None,
+            freed_because: None,
+            reason: None,
+            release: None,
+        }
+    }
+
     fn covers(&self, at: At) -> bool {
         match at {
             At::Seq(seq) => self.granted.seq <= seq && self.freed.as_ref().is_none_or(|f| f.seq > seq),
@@ -395,7 +414,8 @@ pub async fn why(
     Ok(answer)
 }
 
-/// The answer as text.
+/// The answer as text, escaped for display (`leasehold_schemas::text`): holders and details are what producers
+/// wrote.
 pub fn render(answer: &Answer) -> String {
     let mut out = String::new();
     let what = match &answer.pool {
@@ -404,7 +424,7 @@ pub fn render(answer: &Answer) -> String {
     };
     match (&answer.at, answer.holdings.is_empty()) {
         (Some(at), true) => {
-            out.push_str(&format!("nobody held {what} at {at}\n"));
+            out.push_str(&shown_line(format!("nobody held {what} at {at}")));
             if let Some(before) = &answer.before {
                 out.push_str("the holding before it:\n");
                 holding(&mut out, before);
@@ -412,11 +432,11 @@ pub fn render(answer: &Answer) -> String {
             return out;
         }
         (None, true) => {
-            out.push_str(&format!("nobody ever held {what}\n"));
+            out.push_str(&shown_line(format!("nobody ever held {what}")));
             return out;
         }
-        (Some(at), false) => out.push_str(&format!("{what} at {at}:\n")),
-        (None, false) => out.push_str(&format!("{what}: {} holding(s)\n", answer.holdings.len())),
+        (Some(at), false) => out.push_str(&shown_line(format!("{what} at {at}:"))),
+        (None, false) => out.push_str(&shown_line(format!("{what}: {} holding(s)", answer.holdings.len()))),
     }
     for h in &answer.holdings {
         holding(&mut out, h);
@@ -424,15 +444,20 @@ pub fn render(answer: &Answer) -> String {
     out
 }
 
+/// A line of raw text, escaped for display, with its newline.
+fn shown_line(text: String) -> String {
+    format!("{}\n", leasehold_schemas::text::escape_for_display(&text))
+}
+
 fn holding(out: &mut String, h: &Holding) {
     let until = match &h.freed {
         Some(freed) => format!("until outcome {} ({})", freed.seq, freed.time),
         None => "still held".to_owned(),
     };
-    out.push_str(&format!(
-        "{} of pool {}: held by {} from outcome {} ({}), {until}\n",
+    out.push_str(&shown_line(format!(
+        "{} of pool {}: held by {} from outcome {} ({}), {until}",
         h.value, h.pool, h.holder, h.granted.seq, h.granted.time
-    ));
+    )));
     let steps = [
         ("allocated", &h.allocated),
         ("granted", &Some(h.granted.clone())),

@@ -6,6 +6,7 @@
 //! - [`envelope`]: the command envelope (schema version, type name, ids, class, issuer, issuer time).
 //! - [`codec`]: the one bincode configuration and the JSON form for producers in other languages.
 //! - [`subjects`]: NATS subject layout and the partition function (byte-for-byte NATS's `partition()`).
+//! - [`text`]: how free text from commands is shown to people (control and bidi characters escaped).
 //!
 //! Nothing here has behaviour beyond validation and encoding. bincode is not self-describing, so no type in this
 //! crate uses `skip_serializing_if`, `flatten`, `untagged` or `tag`; golden fixtures under `tests/fixtures/`
@@ -22,6 +23,7 @@ pub mod outcome;
 pub mod pool;
 pub mod settings;
 pub mod subjects;
+pub mod text;
 
 pub use command::Command;
 pub use envelope::{CommandClass, Envelope};

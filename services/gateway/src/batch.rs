@@ -176,7 +176,8 @@ fn refused(index: usize, command_id: Option<String>, refusal: Refusal) -> BatchA
     BatchAnswer::Refused(BatchRefusal {
         index,
         command_id,
-        error: refusal.message,
+        // Its message is shown to people, like every error of the gateway's (`crate::error`).
+        error: leasehold_schemas::text::escape_for_display(&refusal.message).into_owned(),
         status_code: refusal.status.as_u16(),
     })
 }

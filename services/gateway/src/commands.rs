@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -320,9 +320,10 @@ async fn wait_for<L: Log>(api: &Api<L>, id: &str, seq: u64, timeout: Duration) -
     let deadline = tokio::time::Instant::now() + timeout;
     let mut applied = api.applied.clone();
     let mut projector_alive = true;
+    // A detail is a message, escaped for display like the gateway's errors (`crate::error`): it may quote the log.
     let pending = |detail: String| {
         let mut status = CommandStatus::new(id, "pending", Some(seq));
-        status.detail = Some(detail);
+        status.detail = Some(leasehold_schemas::text::escape_for_display(&detail).into_owned());
         status
     };
     loop {
@@ -432,9 +433,13 @@ pub(crate) struct GetQuery {
 
 pub(crate) async fn get<L: Log>(
     State(api): State<Arc<Api<L>>>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     query: Result<Query<GetQuery>, QueryRejection>,
 ) -> Response {
+    let id = match crate::path_param(id) {
+        Ok(id) => id,
+        Err(response) => return response,
+    };
     let Query(query) = match query {
         Ok(query) => query,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad query: {}", e.body_text())),

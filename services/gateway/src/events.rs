@@ -105,6 +105,8 @@ fn event(stored: &StoredOutcome) -> Result<Event, String> {
     Ok(Event::default().event("outcome").id(stored.seq.to_string()).data(data.to_string()))
 }
 
+/// `{"error": ...}` as the stream's last event, its message escaped for display as [`crate::error`]'s are.
 fn error_event(message: &str) -> Event {
+    let message = leasehold_schemas::text::escape_for_display(message);
     Event::default().event("error").data(serde_json::json!({ "error": message }).to_string())
 }

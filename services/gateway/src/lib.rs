@@ -7,7 +7,7 @@
 //!   GET  /v1/resources/{ref}  /v1/resources?agent=&state=&kind=
 //!   GET  /v1/leases?resource=  /v1/leases/{ref}  /v1/agents  /v1/pools  /v1/pools/{name}  /v1/dlq
 //!   GET  /v1/events?key=&from=                  outcomes as server-sent events, following
-//!   GET  /healthz  /metrics
+//!   GET  /healthz  /readyz  /metrics
 //! ```
 //!
 //! Commands are decoded with the strict decoding of `schemas` (a 400 names the field path and the value; nothing is
@@ -15,6 +15,10 @@
 //! projector's read models in the same process; `?wait=true` returns once the outcome is decided *and* projected,
 //! so a query right after it sees what it did. A process that runs no gateway role still serves `/healthz` and
 //! `/metrics` ([`metrics_only`]), so every `serve` process can be scraped.
+//!
+//! `/healthz` is liveness (a role, an agent or a partition stopped: 503); `/readyz` is readiness (every role of the
+//! process ready: 200, else 503 naming what each waits on). Until [`GatewayConfig::ready`] says the gateway is ready,
+//! commands are refused with 503 and `Retry-After`, nothing published ([`ready`]).
 //!
 //! With [`GatewayConfig::tokens`], every `/v1/...` request needs `Authorization: Bearer <token>` (401 otherwise,
 //! before anything is read or published), and a command's issuer is the principal of its token, whatever its body
@@ -33,6 +37,7 @@ mod events;
 mod export;
 mod metrics;
 mod queries;
+mod ready;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +57,7 @@ pub use batch::{BatchAnswer, BatchRefusal, MAX_BATCH_BYTES, MAX_BATCH_COMMANDS};
 pub use commands::{CommandStatus, DeadLetterView, PositionedOutcome};
 pub use dead::DeadView;
 pub use metrics::ProjectionMetrics;
+pub use ready::{Readiness, ReadyCheck};
 
 /// Settings of the gateway.
 #[derive(Debug, Clone)]
@@ -65,6 +71,10 @@ pub struct GatewayConfig {
     pub tokens: Option<Arc<Tokens>>,
     /// The most commands of concurrent requests published together (batched ingest); 1 publishes each alone.
     pub ingest_batch: usize,
+    /// Whether the gateway takes commands yet (default: always): until it does, `POST /v1/commands` and
+    /// `/v1/commands/batch` answer 503 with `Retry-After` and publish nothing, so no command overtakes what the
+    /// process stores first.
+    pub ready: ReadyCheck,
 }
 
 impl Default for GatewayConfig {
@@ -74,6 +84,7 @@ impl Default for GatewayConfig {
             max_wait: Duration::from_secs(300),
             tokens: None,
             ingest_batch: leasehold_log::MAX_APPEND_RECORDS,
+            ready: ReadyCheck::ready(),
         }
     }
 }
@@ -107,7 +118,7 @@ impl<L: Log> Api<L> {
     }
 }
 
-/// What `/healthz` and `/metrics` need.
+/// What `/healthz`, `/readyz` and `/metrics` need.
 #[derive(Debug, Clone)]
 pub struct Health {
     /// The roles this process runs.
@@ -116,37 +127,62 @@ pub struct Health {
     pub registry: Arc<Registry>,
     /// Gauges read from the projection at each scrape, when this process runs the projector.
     pub projection: Option<ProjectionMetrics>,
-    /// Roles (or in-process agents) of this process that stopped on an error: `/healthz` answers 503 and names them.
+    /// Roles (or in-process agents) of this process that stopped on an error: `/healthz` answers 503 and names them
+    /// (and names, without failing, what stopped only for one machine's resources: [`Failures::push_degraded`]).
     pub failures: Failures,
     /// The writers of this process, when it runs them: a partition they stopped on record makes `/healthz` answer
     /// 503 too.
     pub workers: Option<leasehold_worker::WorkerMetrics>,
+    /// What `/readyz` asks each role of the process (none: ready as soon as it answers).
+    pub ready: Readiness,
 }
 
 /// What stopped in this process, said by whoever runs the roles.
 #[derive(Debug, Clone, Default)]
-pub struct Failures(Arc<std::sync::Mutex<Vec<String>>>);
+pub struct Failures(Arc<std::sync::Mutex<Stopped>>);
+
+#[derive(Debug, Default)]
+struct Stopped {
+    failing: Vec<String>,
+    degraded: Vec<String>,
+}
 
 impl Failures {
-    /// Records that something stopped, and why.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Stopped> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records that something stopped, and why: `/healthz` fails.
     pub fn push(&self, what: impl Into<String>) {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(what.into());
+        self.lock().failing.push(what.into());
+    }
+
+    /// Records that something stopped for one machine's resources only (an in-process agent whose driver cannot
+    /// reach its root): the process still serves everything else, so `/healthz` names it under `degraded` and
+    /// does not fail (restarting the process would not bring the disk back).
+    pub fn push_degraded(&self, what: impl Into<String>) {
+        self.lock().degraded.push(what.into());
     }
 
     pub fn list(&self) -> Vec<String> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.lock().failing.clone()
+    }
+
+    pub fn degraded(&self) -> Vec<String> {
+        self.lock().degraded.clone()
     }
 }
 
-/// The whole API: `/v1/...`, `/healthz` and `/metrics`. With tokens, every `/v1/...` route answers 401 to a request
-/// without a valid bearer token; `/healthz` and `/metrics` never ask for one (probes and scrapers hold no token, and
-/// they show counts, not names).
+/// The whole API: `/v1/...`, `/healthz`, `/readyz` and `/metrics`. With tokens, every `/v1/...` route answers 401 to a
+/// request without a valid bearer token; `/healthz`, `/readyz` and `/metrics` never ask for one (probes and scrapers
+/// hold no token, and they show counts and roles, not names).
 pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
     let tokens = api.config.tokens.clone();
+    let gate = || axum::middleware::from_fn_with_state(api.config.ready.clone(), ready::gate);
     let v1 = Router::new()
-        .route("/v1/commands", post(commands::post::<L>))
+        .route("/v1/commands", post(commands::post::<L>).route_layer(gate()))
         // A static segment wins over a capture in axum's router, whatever the order: `batch` is never taken for an id.
-        .route("/v1/commands/batch", post(batch::post::<L>))
+        .route("/v1/commands/batch", post(batch::post::<L>).route_layer(gate()))
         .route("/v1/commands/{id}", get(commands::get::<L>))
         .route("/v1/resources", get(queries::resources::<L>))
         .route("/v1/resources/{reference}", get(queries::resource::<L>))
@@ -168,10 +204,11 @@ pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
     v1.merge(metrics_only(health))
 }
 
-/// `/healthz` and `/metrics` alone: what a process that runs no gateway role serves.
+/// `/healthz`, `/readyz` and `/metrics` alone: what a process that runs no gateway role serves.
 pub fn metrics_only(health: Health) -> Router {
     Router::new()
         .route("/healthz", get(metrics::healthz))
+        .route("/readyz", get(ready::readyz))
         .route("/metrics", get(metrics::metrics))
         .fallback(not_found)
         .with_state(Arc::new(health))
@@ -200,9 +237,22 @@ struct ErrorBody<'a> {
     error: &'a str,
 }
 
-/// An error answer: `{"error": "..."}` with `status`.
+/// An error answer: `{"error": "..."}` with `status`. The message is escaped for display
+/// ([`leasehold_schemas::text::escape_for_display`]): it echoes what the request said (a value that did not decode,
+/// a name that is not one), and serde_json leaves C1 and bidi characters raw, so a terminal showing the body (`curl`,
+/// `jq -r .error`) would act on them.
 fn error(status: StatusCode, message: impl AsRef<str>) -> Response {
-    (status, axum::Json(ErrorBody { error: message.as_ref() })).into_response()
+    let message = leasehold_schemas::text::escape_for_display(message.as_ref());
+    (status, axum::Json(ErrorBody { error: &message })).into_response()
+}
+
+/// A path's one parameter; a path axum cannot decode (not UTF-8 once percent-decoded) is a 400 with a JSON error,
+/// like every other, instead of axum's own plain text.
+fn path_param(
+    path: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
+) -> Result<String, Response> {
+    path.map(|axum::extract::Path(param)| param)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("bad path: {}", e.body_text())))
 }
 
 /// A failure of the read models or the log, as a 503 (the projection or the log may be back soon).

@@ -1,4 +1,4 @@
-//! `/healthz` and `/metrics`.
+//! `/healthz` (liveness: did a role, an agent or a partition of the process stop?) and `/metrics`.
 
 use std::sync::Arc;
 
@@ -19,14 +19,21 @@ struct StateLabel {
     state: String,
 }
 
-/// Gauges of the read models, read from the projection at each scrape: resources and leases by state, and the
-/// last outcome sequence applied.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AgentLabel {
+    agent: String,
+}
+
+/// Gauges of the read models, read from the projection at each scrape: resources and leases by state, the last
+/// outcome sequence applied, and per agent its quarantined handles and whether its driver can list.
 #[derive(Debug, Clone)]
 pub struct ProjectionMetrics {
     reader: Reader,
     resources: Family<StateLabel, Gauge>,
     leases: Family<StateLabel, Gauge>,
     applied: Gauge,
+    quarantined: Family<AgentLabel, Gauge>,
+    driver_up: Family<AgentLabel, Gauge>,
 }
 
 impl ProjectionMetrics {
@@ -37,6 +44,8 @@ impl ProjectionMetrics {
             resources: Family::default(),
             leases: Family::default(),
             applied: Gauge::default(),
+            quarantined: Family::default(),
+            driver_up: Family::default(),
         };
         registry.register("leasehold_resources", "Resource records by state", metrics.resources.clone());
         registry.register("leasehold_leases", "Lease records by state", metrics.leases.clone());
@@ -44,6 +53,16 @@ impl ProjectionMetrics {
             "leasehold_projection_applied_seq",
             "The last outcome sequence the projection applied",
             metrics.applied.clone(),
+        );
+        registry.register(
+            "leasehold_quarantined_handles",
+            "Handles of lost resources on an agent's machine, quarantined until a release orders them destroyed",
+            metrics.quarantined.clone(),
+        );
+        registry.register(
+            "leasehold_agent_driver_up",
+            "1 while an agent's driver can list its machine's resources, 0 while it recorded it cannot",
+            metrics.driver_up.clone(),
         );
         metrics
     }
@@ -54,6 +73,11 @@ impl ProjectionMetrics {
             family.get_or_create(&StateLabel { state }).set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         self.applied.set(i64::try_from(self.reader.applied()?).unwrap_or(i64::MAX));
+        for agent in self.reader.agents()? {
+            let label = AgentLabel { agent: agent.name };
+            self.quarantined.get_or_create(&label).set(i64::try_from(agent.quarantined).unwrap_or(i64::MAX));
+            self.driver_up.get_or_create(&label).set(i64::from(agent.driver.available));
+        }
         Ok(())
     }
 }
@@ -66,17 +90,29 @@ pub(crate) async fn healthz(State(health): State<Arc<Health>>) -> Response {
         },
         None => None,
     };
+    let failures = failures(&health);
+    let degraded = health.failures.degraded();
+    let (status, mut body) = if failures.is_empty() {
+        (StatusCode::OK, serde_json::json!({ "status": "ok", "roles": health.roles, "applied": applied }))
+    } else {
+        let body =
+            serde_json::json!({ "status": "failing", "roles": health.roles, "applied": applied, "failures": failures });
+        (StatusCode::SERVICE_UNAVAILABLE, body)
+    };
+    if !degraded.is_empty() {
+        body["degraded"] = degraded.into();
+    }
+    (status, Json(body)).into_response()
+}
+
+/// What stopped in the process: its roles and agents (said by whoever runs them) and the partitions its writers
+/// stopped on record.
+pub(crate) fn failures(health: &Health) -> Vec<String> {
     let mut failures = health.failures.list();
     if let Some(workers) = &health.workers {
         failures.extend(workers.stopped().into_iter().map(|(p, why)| format!("partition {p} stopped: {why}")));
     }
-    if failures.is_empty() {
-        Json(serde_json::json!({ "status": "ok", "roles": health.roles, "applied": applied })).into_response()
-    } else {
-        let body =
-            serde_json::json!({ "status": "failing", "roles": health.roles, "applied": applied, "failures": failures });
-        (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
-    }
+    failures
 }
 
 pub(crate) async fn metrics(State(health): State<Arc<Health>>) -> Response {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -12,7 +12,7 @@ use leasehold_projector::ResourceQuery;
 use leasehold_schemas::ids::{AgentName, LeaseId, PoolName, ResourceRef};
 use serde::{Deserialize, Serialize};
 
-use crate::{Api, error, unavailable};
+use crate::{Api, error, path_param, unavailable};
 
 const RESOURCE_STATES: &[&str] =
     &["pending", "active", "paused", "suspect", "releasing", "destroyed", "lost", "orphaned", "failed"];
@@ -36,7 +36,14 @@ fn bad_query(e: QueryRejection) -> Response {
     error(StatusCode::BAD_REQUEST, format!("bad query: {}", e.body_text()))
 }
 
-pub(crate) async fn resource<L: Log>(State(api): State<Arc<Api<L>>>, Path(reference): Path<String>) -> Response {
+pub(crate) async fn resource<L: Log>(
+    State(api): State<Arc<Api<L>>>,
+    reference: Result<Path<String>, PathRejection>,
+) -> Response {
+    let reference = match path_param(reference) {
+        Ok(reference) => reference,
+        Err(response) => return response,
+    };
     let parsed: ResourceRef = match reference.parse() {
         Ok(parsed) => parsed,
         Err(e) => {
@@ -105,7 +112,14 @@ pub(crate) async fn leases<L: Log>(
 }
 
 /// A lease by its reference, `<agent>.<lease id>`.
-pub(crate) async fn lease<L: Log>(State(api): State<Arc<Api<L>>>, Path(reference): Path<String>) -> Response {
+pub(crate) async fn lease<L: Log>(
+    State(api): State<Arc<Api<L>>>,
+    reference: Result<Path<String>, PathRejection>,
+) -> Response {
+    let reference = match path_param(reference) {
+        Ok(reference) => reference,
+        Err(response) => return response,
+    };
     let parsed = reference
         .split_once('.')
         .ok_or_else(|| "no '.' between the agent and the lease id".to_owned())
@@ -131,12 +145,23 @@ pub(crate) async fn policy<L: Log>(State(api): State<Arc<Api<L>>>) -> Response {
     all(api.reader.policies())
 }
 
+/// The pools, each as of now by this process's clock: a record changes only when its pool's outcomes do, and
+/// `cooling` counts only the cool-downs not ended yet.
 pub(crate) async fn pools<L: Log>(State(api): State<Arc<Api<L>>>) -> Response {
-    all(api.reader.pools())
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    let now = u64::try_from(now).unwrap_or(u64::MAX);
+    all(api.reader.pools().map(|pools| pools.into_iter().map(|pool| pool.at(now)).collect::<Vec<_>>()))
 }
 
 /// Who holds each identifier of a pool.
-pub(crate) async fn pool_holders<L: Log>(State(api): State<Arc<Api<L>>>, Path(name): Path<String>) -> Response {
+pub(crate) async fn pool_holders<L: Log>(
+    State(api): State<Arc<Api<L>>>,
+    name: Result<Path<String>, PathRejection>,
+) -> Response {
+    let name = match path_param(name) {
+        Ok(name) => name,
+        Err(response) => return response,
+    };
     if let Err(e) = PoolName::new(name.as_str()) {
         return error(StatusCode::BAD_REQUEST, format!("{name:?} is not a pool name: {e}"));
     }

@@ -42,6 +42,7 @@ async fn healthz_names_a_stopped_role_and_a_stopped_partition() {
         projection: None,
         failures: Failures::default(),
         workers: Some(metrics.clone()),
+        ready: Default::default(),
     };
     let (status, answer) = healthz(&health).await;
     assert_eq!((status, answer["status"].as_str()), (StatusCode::OK, Some("ok")), "{answer}");
@@ -59,7 +60,7 @@ async fn healthz_names_a_stopped_role_and_a_stopped_partition() {
         Heartbeat { agent: AgentName::new("w1").expect("a name"), epoch: Position(1) },
     );
     let newer = codec::command_to_json(&heartbeat).expect("JSON").replacen(
-        &format!("\"schema_version\":{SCHEMA_VERSION}"),
+        &format!("\"schema_version\":{}", heartbeat.schema_version),
         &format!("\"schema_version\":{}", SCHEMA_VERSION + 1),
         1,
     );
@@ -119,6 +120,7 @@ async fn metrics_count_decisions_dead_letters_and_resources_by_state() {
         projection: Some(projection),
         failures: Failures::default(),
         workers: Some(workers.clone()),
+        ready: Default::default(),
     };
     let app = router(api, health);
     let mut config = WorkerConfig::new("w");
@@ -209,4 +211,85 @@ async fn metrics_count_decisions_dead_letters_and_resources_by_state() {
     shutdown.cancel();
     assert!(worker.await.expect("the worker ends").stopped.is_empty());
     projecting.await.expect("the projector ends").expect("the projector stops cleanly");
+}
+
+/// Until the gateway is ready, a command is refused with 503 and `Retry-After`, and nothing is published (it could
+/// overtake what the process stores first); `/readyz` says what each role waits on, while `/healthz` (liveness) stays
+/// 200. Once ready, commands go through and `/readyz` answers 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_wait_for_readiness_and_readyz_says_what_each_role_waits_on() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use leasehold_gateway::{Api, GatewayConfig, Readiness, ReadyCheck, router};
+    use leasehold_projector::Projector;
+    use leasehold_schemas::command::Allocate;
+    use leasehold_schemas::ids::ResourceId;
+
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let log = Embedded::open(&dir.path().join("log"), 2).expect("the embedded log");
+    let projector = Projector::open(&dir.path().join("projection"), 2).expect("the projection");
+    let ready = Arc::new(AtomicBool::new(false));
+    let gateway = {
+        let ready = ready.clone();
+        ReadyCheck::new(move || (!ready.load(Ordering::SeqCst)).then(|| "storing the policy commands".to_owned()))
+    };
+    let mut readiness = Readiness::default();
+    readiness.add("worker", ReadyCheck::ready());
+    readiness.add("gateway", gateway.clone());
+    let config = GatewayConfig { ready: gateway, ..GatewayConfig::default() };
+    let api = Api::new(log.clone(), &projector, config, CancellationToken::new());
+    let health = Health {
+        roles: vec!["worker".to_owned(), "projector".to_owned(), "gateway".to_owned()],
+        registry: Arc::new(Registry::default()),
+        projection: None,
+        failures: Failures::default(),
+        workers: None,
+        ready: readiness,
+    };
+    let app = router(api, health);
+    let allocate = Envelope::new(
+        CommandId::generate(),
+        Issuer::new("op").expect("an issuer"),
+        Timestamp(1),
+        Allocate::new(AgentName::new("w1").expect("a name"), ResourceId::generate(), "volume", 1),
+    );
+    let post = |path: &str, body: String| {
+        Request::builder()
+            .method("POST")
+            .uri(path)
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .expect("a request")
+    };
+    let one = codec::command_to_json(&allocate).expect("JSON");
+    let batch = format!("[{one}]");
+
+    for (path, body) in [("/v1/commands", one.clone()), ("/v1/commands/batch", batch.clone())] {
+        let response = app.clone().oneshot(post(path, body)).await.expect("an answer");
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "{path}");
+        assert_eq!(response.headers().get("retry-after").map(|v| v.as_bytes()), Some(&b"1"[..]), "{path}");
+        let body = response.into_body().collect().await.expect("the body").to_bytes();
+        let answer: Value = serde_json::from_slice(&body).expect("JSON");
+        let error = answer["error"].as_str().unwrap_or_default();
+        assert!(error.contains("does not take commands yet (storing the policy commands)"), "{error}");
+        assert!(error.contains("nothing was stored"), "{error}");
+    }
+    assert_eq!(log.last_command_seq().await.expect("the log"), 0, "nothing was published");
+    let (status, readyz) = get_text(&app, "/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{readyz}");
+    let readyz: Value = serde_json::from_str(&readyz).expect("JSON");
+    assert_eq!(readyz["status"], "waiting");
+    assert_eq!(readyz["waiting"], serde_json::json!({"gateway": "storing the policy commands"}), "{readyz}");
+    let (status, healthz) = get_text(&app, "/healthz").await;
+    assert_eq!(status, StatusCode::OK, "liveness does not wait for readiness: {healthz}");
+
+    ready.store(true, Ordering::SeqCst);
+    let (status, readyz) = get_text(&app, "/readyz").await;
+    assert_eq!(status, StatusCode::OK, "{readyz}");
+    assert!(readyz.contains(r#""status":"ready""#), "{readyz}");
+    let response = app.clone().oneshot(post("/v1/commands", one)).await.expect("an answer");
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let response = app.clone().oneshot(post("/v1/commands/batch", batch)).await.expect("an answer");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(log.last_command_seq().await.expect("the log"), 1, "stored once (the batch sent it again)");
 }

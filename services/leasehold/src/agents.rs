@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use leasehold_agent::{AgentConfig, AnyDriver};
+use leasehold_agent::{AgentConfig, AgentControl, AnyDriver};
 use leasehold_log::Log;
 use leasehold_schemas::ids::{AgentName, Millis};
 use leasehold_schemas::settings::AgentSettings;
@@ -30,22 +30,88 @@ pub(crate) fn parse_all(specs: &[String]) -> anyhow::Result<Vec<(AgentName, AnyD
     Ok(agents)
 }
 
-/// Starts `agents`, each until `shutdown`.
-pub(crate) fn spawn_all<L: Log>(
-    tasks: &mut tokio::task::JoinSet<anyhow::Result<()>>,
-    log: &L,
+/// How long an agent's own drain may take on shutdown (its calls running, then what it has to send): at most half
+/// the process's `--shutdown-grace`, so the drain ends before the process gives up on it.
+fn drain_grace(config: &AgentConfig, process_grace: Duration) -> Duration {
+    config.shutdown_grace.min(process_grace / 2)
+}
+
+/// What an agent does with garbage (`--gc`, `--gc-grace`), for `agent run` and `serve`'s agents alike.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct GcArgs {
+    /// What the agent does with handles on its machine that are no live resource: `destroy` reports them and
+    /// destroys each once the log orders it (on record), `dry-run` reports them and destroys nothing (the log records
+    /// what would have been ordered). The policy's `gc` (`leasehold policy set --gc`) can make every agent dry-run.
+    #[arg(long, default_value = "destroy", value_name = "destroy|dry-run")]
+    gc: leasehold_schemas::settings::GcMode,
+    /// A handle of no resource the log knows is reported only once it has been on the machine this long (something
+    /// may be making it right now); handles of resources that left are reported at once.
+    #[arg(long, default_value = "5min", value_parser = humantime::parse_duration)]
+    gc_grace: Duration,
+}
+
+impl GcArgs {
+    fn apply(&self, config: &mut AgentConfig) {
+        config.gc_dry_run = self.gc == leasehold_schemas::settings::GcMode::DryRun;
+        config.gc_grace = self.gc_grace;
+    }
+}
+
+/// The agents `serve` runs, configured: their status can be asked (for `/readyz`) before they start.
+pub(crate) fn configure(
     agents: Vec<(AgentName, AnyDriver)>,
     sync_interval: Duration,
+    gc: &GcArgs,
+    process_grace: Duration,
+) -> Vec<(AnyDriver, AgentConfig)> {
+    agents
+        .into_iter()
+        .map(|(name, driver)| {
+            let mut config = AgentConfig { sync_interval, ..AgentConfig::new(name) };
+            gc.apply(&mut config);
+            config.shutdown_grace = drain_grace(&config, process_grace);
+            (driver, config)
+        })
+        .collect()
+}
+
+/// What an agent has not finished, when a stop is cut short.
+fn unfinished(control: &AgentControl) -> String {
+    let calls = control.status().n_in_flight;
+    format!("{calls} driver call(s) running; what it had not reported it observes again at its next pass")
+}
+
+/// Starts `agents` once `start` holds true (the policy this process seeds is stored: an agent registered before it
+/// would pace its heartbeats by the defaults), each until `shutdown`.
+pub(crate) fn spawn_all<L: Log>(
+    tasks: &mut tokio::task::JoinSet<anyhow::Result<()>>,
+    running: &crate::stop::Running,
+    log: &L,
+    agents: Vec<(AnyDriver, AgentConfig)>,
+    start: &tokio::sync::watch::Receiver<bool>,
     shutdown: &CancellationToken,
 ) {
-    for (name, driver) in agents {
-        println!("agent {name}: {driver}, reporting every {}", humantime::format_duration(sync_interval));
-        let config = AgentConfig { sync_interval, ..AgentConfig::new(name.clone()) };
-        let (log, shutdown) = (log.clone(), shutdown.clone());
-        tasks.spawn(async move {
+    for (driver, config) in agents {
+        let name = config.name.clone();
+        println!("agent {name}: {driver}, reporting every {}", humantime::format_duration(config.sync_interval));
+        let (log, shutdown, mut start) = (log.clone(), shutdown.clone(), start.clone());
+        let control = config.control.clone();
+        let detail: crate::stop::Detail = std::sync::Arc::new(move || Some(unfinished(&control)));
+        running.spawn_with(tasks, format!("agent {name}"), Some(detail), async move {
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                started = start.wait_for(|go| *go) => if started.is_err() { return Ok(()) },
+            }
             leasehold_agent::run(log, driver, config, shutdown).await.with_context(|| format!("agent {name} stopped"))
         });
     }
+}
+
+/// True when `error` is an in-process agent that stopped because its driver cannot reach its machine's resources
+/// (its root cannot be made, opened or locked): one machine's disk, not the process, so `/healthz` names it without
+/// failing.
+pub(crate) fn stopped_for_its_machine(error: &anyhow::Error) -> bool {
+    matches!(error.downcast_ref::<leasehold_agent::Error>(), Some(leasehold_agent::Error::Driver { .. }))
 }
 
 #[derive(Debug, clap::Args)]
@@ -76,7 +142,11 @@ pub(crate) struct AgentRunArgs {
     #[arg(long)]
     wiped: bool,
     #[command(flatten)]
+    gc: GcArgs,
+    #[command(flatten)]
     settings: AgentSettingsFlags,
+    #[command(flatten)]
+    stop: crate::stop::GraceArgs,
 }
 
 /// Settings of this agent alone. Without any, it follows the cluster policy (`leasehold policy show`), as that
@@ -136,14 +206,16 @@ pub(crate) enum AgentCmd {
     /// Confirm that a suspect agent (its loss breaker tripped; see `leasehold agents`) really lost what it reported
     /// missing: the losses are marked after a full resync.
     ConfirmLoss(crate::produce::AgentNameArgs),
+    /// Bring a retired agent back into service, on record (retirement is sticky: registering again does not end it).
+    Unretire(crate::produce::AgentNameArgs),
 }
 
 pub(crate) fn run(cmd: AgentCmd) -> anyhow::Result<()> {
     let args = match cmd {
         AgentCmd::Run(args) => args,
         AgentCmd::Credentials(args) => return crate::credentials::agent(args),
-        AgentCmd::Retire(_) | AgentCmd::ConfirmLoss(_) => {
-            anyhow::bail!("only `agent run` runs a process; retire and confirm-loss are sent as commands")
+        AgentCmd::Retire(_) | AgentCmd::ConfirmLoss(_) | AgentCmd::Unretire(_) => {
+            anyhow::bail!("only `agent run` runs a process; retire, unretire and confirm-loss are sent as commands")
         }
     };
     let name = AgentName::new(args.name.as_str()).context("--name")?;
@@ -162,32 +234,63 @@ pub(crate) fn run(cmd: AgentCmd) -> anyhow::Result<()> {
         inbox_prefix: config.inbox_prefix.clone().or_else(|| Some(crate::credentials::inbox_prefix(name.as_str()))),
         ..config
     };
+    let grace = args.stop.shutdown_grace;
+    let mut config_for_agent = AgentConfig {
+        sync_interval: args.sync_interval,
+        max_in_flight: args.max_in_flight,
+        call_timeout: args.call_timeout,
+        wiped: args.wiped,
+        settings,
+        ..AgentConfig::new(name.clone())
+    };
+    config_for_agent.shutdown_grace = drain_grace(&config_for_agent, grace);
+    args.gc.apply(&mut config_for_agent);
+    let control = config_for_agent.control.clone();
+    let connected = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-    runtime.block_on(async move {
+    let url = config.url.clone();
+    let unfinished = {
+        let (name, url, connected) = (name.clone(), url.clone(), connected.clone());
+        move || {
+            vec![if connected.load(std::sync::atomic::Ordering::Acquire) {
+                format!("agent {name}: {}", unfinished(&control))
+            } else {
+                format!("connecting to NATS at {url}")
+            }]
+        }
+    };
+    let result = runtime.block_on(async {
         let shutdown = CancellationToken::new();
-        let signals = tokio::spawn(crate::serve::stop_on_signal(shutdown.clone()));
-        let url = config.url.clone();
-        let log = leasehold_log::jetstream::JetStream::connect(config)
-            .await
-            .with_context(|| format!("connecting to NATS at {url}"))?;
-        println!(
-            "agent {name}: {driver} over NATS JetStream at {url}, reporting every {}",
-            humantime::format_duration(args.sync_interval)
-        );
-        let config = AgentConfig {
-            sync_interval: args.sync_interval,
-            max_in_flight: args.max_in_flight,
-            call_timeout: args.call_timeout,
-            wiped: args.wiped,
-            settings,
-            ..AgentConfig::new(name.clone())
+        let signals = crate::stop::on_signals(shutdown.clone(), "leasehold agent run", grace, unfinished.clone());
+        let signals = tokio::spawn(signals);
+        let work = async {
+            let log = leasehold_log::jetstream::JetStream::connect(config)
+                .await
+                .with_context(|| format!("connecting to NATS at {url}"))?;
+            connected.store(true, std::sync::atomic::Ordering::Release);
+            println!(
+                "agent {name}: {driver} over NATS JetStream at {url}, reporting every {}",
+                humantime::format_duration(args.sync_interval)
+            );
+            leasehold_agent::run(log, driver, config_for_agent, shutdown.clone())
+                .await
+                .with_context(|| format!("agent {name} stopped"))?;
+            println!("agent {name}: stopped");
+            anyhow::Ok(())
         };
-        let result = leasehold_agent::run(log, driver, config, shutdown).await;
+        let result = crate::stop::within_grace(work, &shutdown, grace, unfinished).await;
         signals.abort();
-        result.with_context(|| format!("agent {name} stopped"))?;
-        println!("agent {name}: stopped");
-        Ok(())
-    })
+        result
+    });
+    let result = match result {
+        Ok(result) => result,
+        Err(crate::stop::GraceRanOut(unfinished)) => {
+            crate::stop::exit_cut_short("leasehold agent run", grace, &unfinished)
+        }
+    };
+    // Nothing the runtime still holds (a blocking call of the driver) keeps the process from ending.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
 }
 
 #[cfg(test)]

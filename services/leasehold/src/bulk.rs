@@ -108,11 +108,18 @@ fn parse(text: &str, issuer: Option<&leasehold_schemas::Issuer>) -> anyhow::Resu
                 }
                 lines.push(Line { number, envelope });
             }
-            Err(e) => bad.push(format!("line {number}: {e}")),
+            // The codec's message quotes the line (a field name as it was written): escaped for display here, since
+            // the list of bad lines is one error of several lines, printed as it is (`output::ShownError`).
+            Err(e) => bad.push(format!("line {number}: {}", leasehold_schemas::text::shown(&e))),
         }
     }
     if !bad.is_empty() {
-        bail!("{} bad line(s), each in the JSON form POST /v1/commands takes:\n  {}", bad.len(), bad.join("\n  "));
+        return Err(output::ShownError(format!(
+            "{} bad line(s), each in the JSON form POST /v1/commands takes:\n  {}",
+            bad.len(),
+            bad.join("\n  ")
+        ))
+        .into());
     }
     if lines.is_empty() {
         bail!("no commands in it: one JSON command a line");
@@ -207,17 +214,19 @@ fn report(lines: &[Line], answers: &[BatchItem], format: OutputFormat) -> anyhow
             for item in &printed {
                 let id = item.command_id.unwrap_or("-");
                 let line = match (item.command_seq, item.error) {
-                    (Some(seq), _) if item.duplicate => format!("{id}  {seq}  duplicate\n"),
-                    (Some(seq), _) => format!("{id}  {seq}\n"),
+                    (Some(seq), _) if item.duplicate => format!("{id}  {seq}  duplicate"),
+                    (Some(seq), _) => format!("{id}  {seq}"),
                     (None, error) => format!(
-                        "{id}  {} {} (line {}): {}\n",
+                        "{id}  {} {} (line {}): {}",
                         item.status,
                         output::opt(item.status_code),
                         item.line,
                         error.unwrap_or_default()
                     ),
                 };
-                text.push_str(&line);
+                // The gateway's refusals echo the command's text: the line is shown escaped.
+                text.push_str(&leasehold_schemas::text::escape_for_display(&line));
+                text.push('\n');
             }
             output::emit(&text);
         }

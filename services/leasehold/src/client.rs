@@ -158,6 +158,14 @@ impl fmt::Display for OutcomeUnknown {
 
 impl std::error::Error for OutcomeUnknown {}
 
+/// The gateway does not take commands yet (503 with `Retry-After`: it is starting): nothing was stored.
+#[derive(Debug, thiserror::Error)]
+#[error("{why}")]
+struct NotReady {
+    why: String,
+    retry_after: Duration,
+}
+
 /// A request the gateway refused (`4xx`): sending it again as it is cannot help.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -287,7 +295,23 @@ impl Gateway {
             let asked_at = tokio::time::Instant::now();
             let round = deadline.saturating_duration_since(asked_at).min(MAX_ROUND);
             let sent_before = first_duplicate.is_some();
-            let (code, mut status) = self.submit_round(envelope, &body, round, sent_before).await?;
+            let (code, mut status) = match self.submit_round(envelope, &body, round, sent_before).await {
+                Ok(answer) => answer,
+                Err(e) => match e.downcast::<NotReady>() {
+                    Ok(not_ready) if asked_at + not_ready.retry_after < deadline => {
+                        tokio::time::sleep(not_ready.retry_after).await;
+                        continue;
+                    }
+                    Ok(not_ready) => {
+                        return Err(Refused(format!(
+                            "the gateway did not take command {} within the time given: {}",
+                            envelope.command_id, not_ready.why
+                        ))
+                        .into());
+                    }
+                    Err(e) => return Err(e),
+                },
+            };
             status.duplicate = *first_duplicate.get_or_insert(status.duplicate);
             if decided(&status) {
                 return Ok(status);
@@ -330,9 +354,15 @@ impl Gateway {
             Err(e) => return Err(unknown(self.unreachable(e).to_string())),
         };
         let code = response.status();
+        let retry_after =
+            response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()?.parse().ok());
         let text = response.text().await.map_err(|e| unknown(self.unreachable(e).to_string()))?;
         if let Ok(status) = serde_json::from_str::<CommandStatus>(&text) {
             return Ok((code, status));
+        }
+        if let (StatusCode::SERVICE_UNAVAILABLE, Some(seconds), false) = (code, retry_after, sent_before) {
+            // A gateway not ready yet stores nothing: asked again after the pause it names.
+            return Err(NotReady { why: error_text(&text), retry_after: Duration::from_secs(seconds) }.into());
         }
         if code == StatusCode::UNAUTHORIZED && !sent_before {
             return Err(self.unauthorized(&text));
@@ -686,7 +716,11 @@ impl Follower {
             };
             self.stream = None;
             let delay = self.cursor.failed();
-            eprintln!("note: {trouble}; connecting again in {delay:?}, {}", self.cursor.describe());
+            eprintln!(
+                "note: {}; connecting again in {delay:?}, {}",
+                leasehold_schemas::text::shown(&trouble),
+                self.cursor.describe()
+            );
             tokio::time::sleep(delay).await;
         }
     }
@@ -1016,6 +1050,30 @@ mod tests {
             bodies.iter().map(|b| b.iter().map(|c| c["command_id"].as_str().unwrap()).collect()).collect();
         let ids: Vec<String> = (0..5).map(id).collect();
         assert_eq!(sent, vec![vec![&ids[0][..], &ids[1]], vec![&ids[2][..], &ids[3]], vec![&ids[4][..]]]);
+    }
+
+    #[test]
+    fn a_gateway_not_ready_yet_is_asked_again_within_the_time_given() {
+        let envelope = allocate_envelope();
+        let id = envelope.command_id;
+        let not_ready = || {
+            let body = r#"{"error":"the gateway does not take commands yet (the projector: catching up)"}"#;
+            Some(format!(
+                "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            ))
+        };
+        let (gateway, requests) =
+            fake_gateway(vec![not_ready(), answer("200 OK", &status_body(&id, "accepted", false)), not_ready()]);
+        let rt = runtime();
+        let status = rt.block_on(gateway.submit(&envelope, Duration::from_secs(10))).expect("accepted once ready");
+        assert_eq!(status.status, "accepted");
+        assert_eq!(requests.try_iter().count(), 2, "asked again after the pause the gateway named");
+        // Not ready for longer than the time given: refused (nothing was stored), not an unknown outcome.
+        let refused = rt.block_on(gateway.submit(&envelope, Duration::from_millis(500))).unwrap_err();
+        let text = refused.downcast::<Refused>().expect("a refusal").to_string();
+        assert!(text.contains("did not take command") && text.contains("catching up"), "{text}");
     }
 
     #[test]

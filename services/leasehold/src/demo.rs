@@ -126,6 +126,8 @@ impl AgentRun {
         self.stop = shutdown.child_token();
         let config = AgentConfig {
             sync_interval: Duration::from_secs(1),
+            // The story shows a stray directory reported and destroyed at once; a real agent waits 5 minutes.
+            gc_grace: Duration::ZERO,
             control: self.control.clone(),
             ..AgentConfig::new(self.name.clone())
         };
@@ -163,6 +165,7 @@ impl Services {
             projection: Some(projection),
             failures: leasehold_gateway::Failures::default(),
             workers: None,
+            ready: leasehold_gateway::Readiness::default(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("listening on 127.0.0.1")?;
         let address = listener.local_addr()?;
@@ -323,7 +326,7 @@ impl<'o> Demo<'o> {
         self.summary.lost_detected = true;
         self.print_through(self.latest().await?).await?;
 
-        self.chapter("a directory nobody allocated appears on w1: its agent destroys it (nothing to record)")?;
+        self.chapter("a directory nobody allocated appears on w1: its agent reports it, the log orders it destroyed")?;
         let stray = ResourceId::generate();
         std::fs::create_dir_all(self.dir_of("w1", stray)).context("making a stray directory")?;
         writeln!(self.out, "   (mkdir {})", self.dir_of("w1", stray).display())?;
@@ -335,7 +338,8 @@ impl<'o> Demo<'o> {
         })
         .await?;
         self.summary.garbage_destroyed = true;
-        writeln!(self.out, "   the agent removed {}", timeline::short(stray))?;
+        self.print_through(self.latest().await?).await?;
+        writeln!(self.out, "   the agent removed {}, as ordered, and said so", timeline::short(stray))?;
 
         self.pools().await?;
 

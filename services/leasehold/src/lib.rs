@@ -9,13 +9,16 @@ mod bulk;
 pub mod client;
 mod credentials;
 mod demo;
+pub mod logs;
 pub mod nats_args;
 pub mod output;
 mod policy;
 mod produce;
 mod projection;
 mod query;
+mod ready;
 mod serve;
+mod stop;
 pub mod timeline;
 
 #[derive(Debug, Parser)]
@@ -178,9 +181,15 @@ pub fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             output::emit_error(&e);
-            eprintln!("error: {e}");
-            for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+            // Errors quote the gateway, the log and what producers wrote: each is shown escaped, but for those made
+            // safe to show by their makers (the command `acquire --block` says to run again, to be pasted as it is).
+            let made_safe = |error: &(dyn std::error::Error + 'static)| error.is::<produce::StillWaiting>();
+            let mut chain = e.chain();
+            if let Some(error) = chain.next() {
+                eprintln!("error: {}", output::show_error(error, made_safe(error)));
+            }
+            for cause in chain {
+                eprintln!("  caused by: {}", output::show_error(cause, made_safe(cause)));
             }
             std::process::ExitCode::from(exit_status(&e))
         }
@@ -216,12 +225,15 @@ fn run() -> anyhow::Result<()> {
         Cmd::Agent(agents::AgentCmd::ConfirmLoss(args)) => {
             produce_cmd(produce::ProduceCmd::AgentConfirmLoss(args), &cli.global)?
         }
+        Cmd::Agent(agents::AgentCmd::Unretire(args)) => {
+            produce_cmd(produce::ProduceCmd::AgentUnretire(args), &cli.global)?
+        }
         Cmd::Agent(cmd) => {
-            init_tracing();
+            logs::init("info");
             agents::run(cmd)?;
         }
         Cmd::Serve(args) => {
-            init_tracing();
+            logs::init("info");
             serve::run(args)?;
         }
         Cmd::Allocate(args) => produce_cmd(produce::ProduceCmd::Allocate(args), &cli.global)?,
@@ -272,13 +284,4 @@ fn query_cmd(command: query::QueryCmd, global: &GlobalArgs) -> anyhow::Result<()
 fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     use anyhow::Context as _;
     tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")
-}
-
-/// Logs go to stderr, filtered by `RUST_LOG` (default: info).
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colours only on a terminal: logs captured to a file stay plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
 }

@@ -1,12 +1,19 @@
 //! How the command line prints: plain aligned columns for people, one JSON value on stdout for programs.
+//!
+//! Text for people carries what producers wrote (holders, attributes, reasons, details, native ids, rejections
+//! that echo them), so every piece of it is shown through [`leasehold_schemas::text`]: control and bidi characters
+//! escaped, once, where the piece is put into its line. [`Table::row`] and [`fields`] take raw text and escape
+//! each cell themselves, and align columns by the width the escaped cells take on a terminal (a CJK character
+//! takes two columns). JSON output is never escaped: a value stays exact.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use leasehold_schemas::text::{escape_for_display, json_for_display, shown};
 use leasehold_schemas::{Outcome, Timestamp};
 use serde::Serialize;
+use unicode_width::UnicodeWidthStr;
 
 /// `--output`: what a command prints on stdout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -19,6 +26,7 @@ pub enum OutputFormat {
 }
 
 /// Rows under a header, each column as wide as its widest cell, two spaces apart; the last column is not padded.
+/// Cells are raw text: each is escaped for display when it is added.
 #[derive(Debug)]
 pub struct Table {
     headers: Vec<&'static str>,
@@ -30,17 +38,18 @@ impl Table {
         Table { headers: headers.to_vec(), rows: Vec::new() }
     }
 
+    /// Adds a row of raw cells (escaped here: a cell never breaks its line or colours the terminal).
     pub fn row(&mut self, cells: Vec<String>) {
         debug_assert_eq!(cells.len(), self.headers.len(), "a row has one cell per column");
-        self.rows.push(cells);
+        self.rows.push(cells.iter().map(|cell| escape_for_display(cell).into_owned()).collect());
     }
 
     pub fn render(&self) -> String {
         let n_columns = self.headers.len();
-        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| display_width(h)).collect();
         for row in &self.rows {
             for (idx, cell) in row.iter().enumerate().take(n_columns) {
-                widths[idx] = widths[idx].max(cell.chars().count());
+                widths[idx] = widths[idx].max(display_width(cell));
             }
         }
         let mut out = String::new();
@@ -51,7 +60,8 @@ impl Table {
                 if idx + 1 == n_columns {
                     line.push_str(cell);
                 } else {
-                    let _ = write!(line, "{cell:<width$}  ", width = widths[idx]);
+                    line.push_str(&pad(cell, widths[idx]));
+                    line.push_str("  ");
                 }
             }
             out.push_str(line.trim_end());
@@ -61,14 +71,43 @@ impl Table {
     }
 }
 
-/// `field  value` lines for one record, the fields aligned.
+/// `field  value` lines for one record, the fields aligned; each value is raw text, escaped here.
 pub fn fields(pairs: &[(&str, String)]) -> String {
-    let width = pairs.iter().map(|(name, _)| name.chars().count()).max().unwrap_or(0);
+    let width = pairs.iter().map(|(name, _)| display_width(name)).max().unwrap_or(0);
     let mut out = String::new();
     for (name, value) in pairs {
-        let _ = writeln!(out, "{name:<width$}  {value}");
+        out.push_str(&pad(name, width));
+        out.push_str("  ");
+        out.push_str(&escape_for_display(value));
+        out.push('\n');
     }
     out
+}
+
+/// The columns `text` takes on a terminal (a CJK character or an emoji two, a combining mark none). Meant for text
+/// already escaped for display, which holds no control character.
+pub fn display_width(text: &str) -> usize {
+    UnicodeWidthStr::width(text)
+}
+
+/// `text` with spaces after it up to `width` columns (as it is when it is that wide already).
+pub fn pad(text: &str, width: usize) -> String {
+    let mut out = String::with_capacity(text.len() + width);
+    out.push_str(text);
+    out.extend(std::iter::repeat_n(' ', width.saturating_sub(display_width(text))));
+    out
+}
+
+/// An error whose message its maker made safe to show (each piece of outside text in it escaped), so that it may
+/// span lines: printed as it is, where other errors are escaped whole (see [`show_error`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ShownError(pub String);
+
+/// An error (one of a chain) as stderr shows it: escaped for display, unless it is a [`ShownError`] or `also_shown`
+/// says its maker made it safe.
+pub fn show_error(error: &(dyn std::error::Error + 'static), also_shown: bool) -> String {
+    if also_shown || error.is::<ShownError>() { error.to_string() } else { shown(error).to_string() }
 }
 
 /// Whether anything was printed on stdout (with [`emit`]).
@@ -156,7 +195,8 @@ pub fn cell(value: &serde_json::Value) -> String {
     }
 }
 
-/// An effect as `name {its fields}` (its JSON form, without the outer object).
+/// An effect as `name {its fields}` (its JSON form, without the outer object): exact, for JSON output. To show
+/// it to people, [`shown_effect`].
 pub fn effect(effect: &leasehold_schemas::Effect) -> String {
     match serde_json::to_value(effect) {
         Ok(serde_json::Value::Object(map)) if map.len() == 1 => {
@@ -171,21 +211,29 @@ pub fn effect(effect: &leasehold_schemas::Effect) -> String {
     }
 }
 
-/// One line for an outcome on the log: sequence, log time, key, command type, issuer, then what was decided.
+/// [`effect`] made safe to show: its JSON with every control and bidi character a JSON escape (the same value).
+pub fn shown_effect(effect: &leasehold_schemas::Effect) -> String {
+    json_for_display(&self::effect(effect)).into_owned()
+}
+
+/// One line for an outcome on the log: sequence, log time, key, command type, issuer, then what was decided; every
+/// piece escaped for display.
 pub fn outcome_line(seq: u64, outcome: &Outcome) -> String {
     let head = format!(
         "{seq}  {}  {}  {}  {}  {}",
         outcome.log_time,
         outcome.command.key.token(),
-        outcome.command.type_name,
-        outcome.command.issuer,
+        shown(&outcome.command.type_name),
+        shown(&outcome.command.issuer),
         outcome.command.id,
     );
     match outcome.rejection() {
-        Some(rejection) => format!("{head}  rejected {}: {}", rejection.kind, rejection.message),
+        Some(rejection) => format!("{head}  rejected {}: {}", rejection.kind, shown(&rejection.message)),
         None => {
-            let effects: Vec<String> =
-                outcome.positioned_effects().map(|(position, e)| format!("{} {}", position.0, effect(e))).collect();
+            let effects: Vec<String> = outcome
+                .positioned_effects()
+                .map(|(position, e)| format!("{} {}", position.0, shown_effect(e)))
+                .collect();
             format!("{head}  accepted: {}", effects.join("; "))
         }
     }
@@ -206,6 +254,70 @@ mod tests {
              w1.a      pending  container\n\
              w22.bbbb  active   -\n"
         );
+    }
+
+    #[test]
+    fn cells_are_escaped_and_columns_aligned_by_the_width_they_take() {
+        let mut table = Table::new(&["HOLDER", "STATE", "WHY"]);
+        table.row(vec!["x\u{1b}[31mRED\rFAKE".into(), "active".into(), "-".into()]);
+        table.row(vec!["漢字ビルド".into(), "wait\u{202e}ing".into(), "a\nb".into()]);
+        table.row(vec!["🦀".into(), "-".into(), "-".into()]);
+        assert_eq!(
+            table.render(),
+            "HOLDER              STATE            WHY\n\
+             x\\x1b[31mRED\\rFAKE  active           -\n\
+             漢字ビルド          wait\\u{202e}ing  a\\nb\n\
+             🦀                  -                -\n"
+        );
+        // Every line is as wide, column by column, on a terminal.
+        let text = table.render();
+        let starts: Vec<usize> = text.lines().map(|l| display_width(&l[..l.rfind("  ").unwrap()])).collect();
+        assert!(starts.windows(2).all(|w| w[0] == w[1]), "{starts:?}\n{text}");
+    }
+
+    #[test]
+    fn widths_count_terminal_columns() {
+        assert_eq!(display_width("abc"), 3);
+        assert_eq!(display_width("漢字"), 4);
+        assert_eq!(display_width("é"), 1);
+        assert_eq!(display_width("e\u{301}"), 1);
+        assert_eq!(display_width("🦀"), 2);
+        assert_eq!(pad("漢字", 6), "漢字  ");
+        assert_eq!(pad("abcdef", 3), "abcdef");
+    }
+
+    #[test]
+    fn field_values_are_escaped() {
+        assert_eq!(
+            fields(&[("holder", "x\u{1b}[31mRED\rFAKE".into()), ("detail", "a\u{202e}b\nc".into())]),
+            "holder  x\\x1b[31mRED\\rFAKE\ndetail  a\\u{202e}b\\nc\n"
+        );
+    }
+
+    #[test]
+    fn an_outcome_line_shows_what_producers_wrote_escaped() {
+        let outcome = |decision: serde_json::Value| -> Outcome {
+            serde_json::from_value(serde_json::json!({
+                "decider_version": 1, "partition": 5,
+                "command": {"id": "019b76da-abe8-7001-8000-000000000001", "class": "op", "type_name": "op.acquire",
+                            "issuer": "cli", "issued_at": 1767225601000u64, "key": "w1"},
+                "cmd_seq": 3, "part": 0, "log_time": 1767225601007u64, "decided_at": 1767225601007u64,
+                "decision": decision
+            }))
+            .unwrap()
+        };
+        let granted = outcome(serde_json::json!({"accepted": {"first_position": 10, "effects": [
+            {"lease-granted": {"lease": "019b76da-9860-7333-b333-333333333333",
+                "resource": "019b76da-9478-7111-9111-111111111111", "holder": "x\u{1b}[31mRED\rFAKE\u{202e}",
+                "ttl": null, "expires_at": null}}
+        ]}}));
+        let line = outcome_line(7, &granted);
+        assert!(!line.contains(leasehold_schemas::text::is_unsafe_for_display), "{line:?}");
+        assert!(line.contains(r#""holder":"x\u001b[31mRED\rFAKE\u202e""#), "{line}");
+        let rejected =
+            outcome(serde_json::json!({"rejected": {"kind": "invalid-state", "message": "holder x\u{1b}[2J\n7 FAKE"}}));
+        let line = outcome_line(8, &rejected);
+        assert!(line.ends_with(r"rejected invalid-state: holder x\x1b[2J\n7 FAKE"), "{line}");
     }
 
     #[test]

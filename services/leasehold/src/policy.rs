@@ -4,7 +4,8 @@
 //! Kubernetes' controller manager own theirs: no process's configuration changes a decision. `policy set` reads the
 //! current policy of every partition, changes only the fields given and sends the result to each partition; `serve`
 //! records its flags only where no policy is recorded yet (`if_no_policy`), so two servers started with different
-//! flags never flip it back and forth: the one that comes second warns about every difference instead.
+//! flags never flip it back and forth: the one that comes second warns about every difference instead. `serve` stores
+//! these commands before its gateway takes any (see `ready.rs`), and looks at their decisions afterwards.
 
 use std::time::Duration;
 
@@ -12,10 +13,11 @@ use anyhow::{Context, bail};
 use leasehold_log::Log;
 use leasehold_projector::PolicyView;
 use leasehold_schemas::command::SetPartitionSettings;
-use leasehold_schemas::settings::ClusterPolicy;
+use leasehold_schemas::settings::{ClusterPolicy, GcMode};
 use leasehold_schemas::subjects::settings_key;
-use leasehold_schemas::{Issuer, Key, Millis};
+use leasehold_schemas::{Envelope, Issuer, Key, Millis};
 use leasehold_worker::{WriterConfig, fold_partition};
+use tokio_util::sync::CancellationToken;
 
 use crate::GlobalArgs;
 use crate::client::Gateway;
@@ -114,6 +116,10 @@ fn check(policy: &ClusterPolicy, partition: u32) -> Result<(), BadCommandLine> {
 pub(crate) struct PolicySetArgs {
     #[command(flatten)]
     pub(crate) flags: PolicyFlags,
+    /// What agents do with handles on their machines that no live resource owns: `destroy` (each ordered destroyed
+    /// on record, the default) or `dry-run` (recorded as `garbage-dry-run`, nothing ordered or destroyed).
+    #[arg(long, value_name = "destroy|dry-run")]
+    pub(crate) gc: Option<GcMode>,
     #[command(flatten)]
     pub(crate) produce: ProduceArgs,
 }
@@ -139,10 +145,10 @@ pub(crate) async fn run(cmd: PolicyCmd, global: &GlobalArgs) -> anyhow::Result<(
 }
 
 async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -> anyhow::Result<()> {
-    if args.flags.is_empty() {
+    if args.flags.is_empty() && args.gc.is_none() {
         return Err(BadCommandLine(
             "nothing to change: give at least one of --stall-after, --orphan-after, --create-timeout, \
-             --claim-cooldown, --max-loss, --loss-window"
+             --claim-cooldown, --max-loss, --loss-window, --gc"
                 .to_owned(),
         )
         .into());
@@ -164,7 +170,11 @@ async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -
     let issuer = crate::produce::issuer(global.issuer.as_deref())?;
     for (view, policy) in planned {
         let what = format!("policy set: partition {}", view.partition);
-        if view.recorded && policy == view.policy {
+        // Only what is given is sent: `--gc` alone leaves the policy (recorded or not) as it is.
+        let unchanged = |p: &ClusterPolicy| view.recorded && *p == view.policy;
+        let policy = Some(policy).filter(|p| !args.flags.is_empty() && !unchanged(p));
+        let gc = args.gc.filter(|mode| *mode != view.gc);
+        if policy.is_none() && gc.is_none() {
             output::emit(&format!("{what}: unchanged (it has this policy already)\n"));
             continue;
         }
@@ -173,9 +183,9 @@ async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -
             key,
             partition: view.partition,
             outcome_horizon: None,
-            policy: Some(policy),
+            policy,
             if_no_policy: false,
-            gc: None,
+            gc,
         };
         let envelope = crate::produce::envelope(&issuer, None, body);
         crate::produce::simple(global, &args.produce, envelope, &what).await?;
@@ -189,16 +199,16 @@ fn show(views: &[PolicyView], format: OutputFormat) -> anyhow::Result<()> {
         return Ok(());
     }
     let Some(first) = views.first() else { bail!("the gateway knows of no partition") };
-    let agree = views.iter().all(|v| v.recorded == first.recorded && v.policy == first.policy);
+    let agree = views.iter().all(|v| v.recorded == first.recorded && v.policy == first.policy && v.gc == first.gc);
     if agree {
         let whose = match first.recorded {
             true => format!("the policy of all {} partitions", views.len()),
             false => format!("no policy recorded in any of the {} partitions: the defaults", views.len()),
         };
-        output::emit(&format!("{whose}\n{}", fields(&first.policy)));
+        output::emit(&format!("{whose}\n{}", fields(&first.policy, first.gc)));
     } else {
         let mut table =
-            Table::new(&["PARTITION", "RECORDED", "STALL", "ORPHAN", "CREATE", "COOLDOWN", "MAX-LOSS", "WINDOW"]);
+            Table::new(&["PARTITION", "RECORDED", "STALL", "ORPHAN", "CREATE", "COOLDOWN", "MAX-LOSS", "WINDOW", "GC"]);
         for view in views {
             let a = &view.policy.agent;
             table.row(vec![
@@ -210,6 +220,7 @@ fn show(views: &[PolicyView], format: OutputFormat) -> anyhow::Result<()> {
                 view.policy.claim_cooldown.to_string(),
                 format!("{}/{}", a.max_loss_min, a.max_loss_percent),
                 a.loss_window.to_string(),
+                view.gc.to_string(),
             ]);
         }
         output::emit(&format!(
@@ -221,7 +232,7 @@ fn show(views: &[PolicyView], format: OutputFormat) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn fields(policy: &ClusterPolicy) -> String {
+fn fields(policy: &ClusterPolicy, gc: GcMode) -> String {
     let a = &policy.agent;
     output::fields(&[
         ("stall-after", a.stall_after.to_string()),
@@ -230,58 +241,173 @@ fn fields(policy: &ClusterPolicy) -> String {
         ("claim-cooldown", policy.claim_cooldown.to_string()),
         ("max-loss", format!("{}/{}", a.max_loss_min, a.max_loss_percent)),
         ("loss-window", a.loss_window.to_string()),
+        ("gc", gc.to_string()),
     ])
 }
 
-/// What `serve` does with its policy flags once the writers run: where a partition has no policy, records them
-/// (the defaults for flags not given) with `if_no_policy`; where one is recorded, never changes it, but warns on
-/// stderr about each flag given that differs. Returns the warnings it printed.
-pub(crate) async fn record_from_flags<L: Log>(
+/// Where `serve` left the policy of one partition when it seeded the log ([`seed_from_flags`]).
+#[derive(Debug)]
+pub(crate) enum Seeded {
+    /// A policy was recorded there already.
+    Recorded(ClusterPolicy),
+    /// This process stored its policy command there (`if_no_policy`); its decision comes later.
+    Published(Envelope),
+    /// The log refused the policy command (nothing stored), with why.
+    Refused(String),
+}
+
+/// The first half of what `serve` does with its policy flags (with the worker role, whose user may publish on the
+/// settings subjects): stores, in every partition without a policy recorded, the flags' policy (the defaults for
+/// flags not given) with `if_no_policy`, without waiting for the decisions. Each partition decides in log order, so
+/// a command stored after these is decided under the policy: the gateway takes commands once they are stored.
+/// `stored` is told of each partition found with a policy or given the command. A log that does not answer is
+/// asked again (the same commands, so nothing is stored twice) until it does or `shutdown`; `None` then.
+pub(crate) async fn seed_from_flags<L: Log>(
     log: &L,
     flags: &PolicyFlags,
     issuer: &Issuer,
-    timeout: Duration,
-) -> anyhow::Result<Vec<String>> {
+    stored: &(dyn Fn(u32) + Send + Sync),
+    shutdown: &CancellationToken,
+) -> Option<Vec<(u32, Seeded)>> {
     // `serve` refused flags that make no sense before it started anything.
     let wanted = flags.apply_to(&ClusterPolicy::DEFAULT);
-    let mut warnings = Vec::new();
+    let mut pause = Backoff::default();
+    // The settings subject is where `policy set` and this seeding record a policy: reading it is a few outcomes,
+    // where a fold of the partition would repeat the load the writers do at the same time. When it shows none,
+    // the seeding says: `if_no_policy` is refused where a policy exists anyway.
+    let mut seeded: Vec<(u32, Seeded)> = Vec::new();
+    let mut to_publish: Vec<(u32, Envelope)> = Vec::new();
     for partition in 0..log.partitions() {
-        // The settings subject is where `policy set` and this seeding record a policy: reading it is a few
-        // outcomes, where a fold of the partition would repeat the load the writers do at the same time. Only when it
-        // shows one the flags contradict is the partition folded, for the exact answer (a policy sent on another key
-        // of the partition is seen there). When it shows none, the seeding below says: `if_no_policy` is refused
-        // where a policy exists anyway, and then the partition is folded.
-        let mut recorded = match policy_on_settings_subject(log, partition).await? {
-            Some(policy) if flags.differences(&policy).is_empty() => Some(policy),
-            Some(_) => recorded_policy(log, partition).await?,
-            None => None,
+        let recorded = loop {
+            match policy_on_settings_subject(log, partition).await {
+                Ok(recorded) => break recorded,
+                Err(e) if matches!(e.downcast_ref(), Some(leasehold_log::Error::Unavailable(_))) => {
+                    tracing::warn!(partition, error = %format!("{e:#}"), "cannot read the recorded policy; asking again");
+                    pause.wait(shutdown).await?;
+                }
+                // Seeded all the same: `if_no_policy` is refused where a policy is recorded.
+                Err(e) => {
+                    tracing::warn!(partition, error = %format!("{e:#}"), "cannot read the recorded policy");
+                    break None;
+                }
+            }
         };
-        if recorded.is_none() {
-            let body = SetPartitionSettings {
-                key: settings_key(partition, log.partitions()),
-                partition,
-                outcome_horizon: None,
-                policy: Some(wanted.clone()),
-                if_no_policy: true,
-                gc: None,
-            };
-            let envelope = crate::produce::envelope(issuer, None, body);
-            let status = crate::produce::submit_to_log(log, &envelope, timeout).await?;
-            match status.status.as_str() {
-                "accepted" => println!("policy: partition {partition}: recorded from this process's flags"),
-                // Another process recorded one first: compare with it below.
-                "rejected" => recorded = recorded_policy(log, partition).await?,
-                other => {
-                    let warning = format!(
-                        "policy: partition {partition}: the policy from this process's flags is {other} (no writer \
-                         decided it within {}); check with `leasehold policy show`",
-                        humantime::format_duration(timeout)
+        match recorded {
+            Some(policy) => {
+                stored(partition);
+                seeded.push((partition, Seeded::Recorded(policy)));
+            }
+            None => {
+                let body = SetPartitionSettings {
+                    key: settings_key(partition, log.partitions()),
+                    partition,
+                    outcome_horizon: None,
+                    policy: Some(wanted.clone()),
+                    if_no_policy: true,
+                    gc: None,
+                };
+                to_publish.push((partition, crate::produce::envelope(issuer, None, body)));
+            }
+        }
+    }
+    // All at once: one write of the log for every partition (the commands go one by one where it cannot batch them).
+    let mut to_publish: Vec<(u32, Envelope, leasehold_log::Publish)> = to_publish
+        .into_iter()
+        .filter_map(|(partition, envelope)| match leasehold_schemas::codec::encode_command(&envelope) {
+            Ok(payload) => {
+                let publish = leasehold_log::Publish {
+                    subject: leasehold_schemas::subjects::ingress_subject_of(&envelope.body),
+                    msg_id: envelope.command_id.to_string(),
+                    payload: payload.into(),
+                };
+                Some((partition, envelope, publish))
+            }
+            Err(e) => {
+                let why = format!("the policy command of partition {partition} does not encode: {e}");
+                eprintln!("WARNING: policy: {why}");
+                seeded.push((partition, Seeded::Refused(why)));
+                None
+            }
+        })
+        .collect();
+    let mut pause = Backoff::default();
+    while !to_publish.is_empty() {
+        let commands: Vec<leasehold_log::Publish> = to_publish.iter().map(|(_, _, publish)| publish.clone()).collect();
+        let answers = log.publish_commands(&commands).await;
+        let mut again = Vec::new();
+        for ((partition, envelope, publish), answer) in to_publish.into_iter().zip(answers) {
+            match answer {
+                Ok(_) => {
+                    stored(partition);
+                    seeded.push((partition, Seeded::Published(envelope)));
+                }
+                Err(e @ leasehold_log::Error::Refused(_)) => {
+                    let why = format!(
+                        "the log refused the policy command of partition {partition} ({e}): this process seeds no \
+                         policy there; may its user publish on {} (a worker's may)?",
+                        publish.subject
                     );
-                    eprintln!("WARNING: {warning}");
-                    warnings.push(warning);
+                    eprintln!("WARNING: policy: {why}");
+                    seeded.push((partition, Seeded::Refused(why)));
+                }
+                Err(e) => {
+                    tracing::warn!(partition, error = %e, "the policy command was not stored; sending it again");
+                    again.push((partition, envelope, publish));
                 }
             }
         }
+        to_publish = again;
+        if !to_publish.is_empty() {
+            pause.wait(shutdown).await?;
+        }
+    }
+    seeded.sort_by_key(|(partition, _)| *partition);
+    Some(seeded)
+}
+
+/// The second half: once the policy commands are stored, what became of them. Where one was accepted, says so;
+/// where a policy was recorded (before, or by another process first), never changes it but warns on stderr about
+/// each flag given that differs; where no writer decided within `timeout`, warns. Returns the warnings printed.
+pub(crate) async fn check_seeded<L: Log>(
+    log: &L,
+    flags: &PolicyFlags,
+    seeded: Vec<(u32, Seeded)>,
+    timeout: Duration,
+) -> anyhow::Result<Vec<String>> {
+    let mut warnings = Vec::new();
+    for (partition, seeded) in seeded {
+        let recorded = match seeded {
+            Seeded::Refused(why) => {
+                warnings.push(why);
+                continue;
+            }
+            // Only when the settings subject shows a policy the flags contradict is the partition folded, for the
+            // exact answer (a policy sent on another key of the partition is seen there).
+            Seeded::Recorded(policy) if flags.differences(&policy).is_empty() => Some(policy),
+            Seeded::Recorded(_) => recorded_policy(log, partition).await?,
+            // Sent again under its id: stored once, and answered with its decision.
+            Seeded::Published(envelope) => {
+                let status = crate::produce::submit_to_log(log, &envelope, timeout).await?;
+                match status.status.as_str() {
+                    "accepted" => {
+                        println!("policy: partition {partition}: recorded from this process's flags");
+                        None
+                    }
+                    // Another process recorded one first: compare with it below.
+                    "rejected" => recorded_policy(log, partition).await?,
+                    other => {
+                        let warning = format!(
+                            "policy: partition {partition}: the policy from this process's flags is {other} (no \
+                             writer decided it within {}); check with `leasehold policy show`",
+                            humantime::format_duration(timeout)
+                        );
+                        eprintln!("WARNING: {warning}");
+                        warnings.push(warning);
+                        None
+                    }
+                }
+            }
+        };
         if let Some(recorded) = recorded {
             let differences = flags.differences(&recorded);
             if !differences.is_empty() {
@@ -296,6 +422,27 @@ pub(crate) async fn record_from_flags<L: Log>(
         }
     }
     Ok(warnings)
+}
+
+/// A pause that doubles from 200 ms to 5 s, cut short by a shutdown (`None`).
+#[derive(Debug)]
+struct Backoff(Duration);
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff(Duration::from_millis(200))
+    }
+}
+
+impl Backoff {
+    async fn wait(&mut self, shutdown: &CancellationToken) -> Option<()> {
+        let pause = self.0;
+        self.0 = (self.0 * 2).min(Duration::from_secs(5));
+        tokio::select! {
+            () = shutdown.cancelled() => None,
+            () = tokio::time::sleep(pause) => Some(()),
+        }
+    }
 }
 
 /// The last policy recorded through the settings key of `partition` (`None`: none there).

@@ -15,7 +15,7 @@ use leasehold_log::jetstream::{JetStream, JetStreamConfig};
 use leasehold_log::{Log, OutcomeFilter};
 use leasehold_schemas::command::{
     Acquire, Allocate, ConfirmLoss, DefinePool, DeletePool, Pause, Release, ReleaseLease, Renew,
-    ReportFailureByOperator, RetireAgent, Unpause, Update, UpdatePool,
+    ReportFailureByOperator, RetireAgent, Unpause, UnretireAgent, Update, UpdatePool,
 };
 use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::{
@@ -253,7 +253,7 @@ pub(crate) struct PoolDeleteArgs {
     pub(crate) produce: ProduceArgs,
 }
 
-/// `leasehold agent retire` and `leasehold agent confirm-loss`
+/// `leasehold agent retire`, `unretire` and `confirm-loss`
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct AgentNameArgs {
     /// The agent's name.
@@ -667,7 +667,8 @@ pub(crate) const EXIT_OUTCOME_UNKNOWN: u8 = 3;
 /// The exit status of `acquire --block` when the lease is still waiting at the timeout.
 pub(crate) const EXIT_STILL_WAITING: u8 = 4;
 
-/// `acquire --block` gave up: the lease was still waiting at the timeout (it goes on waiting).
+/// `acquire --block` gave up: the lease was still waiting at the timeout (it goes on waiting). Its message holds
+/// the command to run again, already safe to show (see [`shell_word`]): it is printed as it is, to be pasted.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub(crate) struct StillWaiting(pub(crate) String);
@@ -690,7 +691,7 @@ fn settle(
                 eprintln!(
                     "note: command {} was stored before (a command sent again): nothing was stored again; this is its \
                      outcome",
-                    status.command_id
+                    leasehold_schemas::text::shown(&status.command_id)
                 );
             }
             return Ok(status);
@@ -967,6 +968,11 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
             let body = RetireAgent { agent: args.name };
             simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
+        ProduceCmd::AgentUnretire(args) => {
+            let what = format!("agent unretire {}", args.name);
+            let body = UnretireAgent { agent: args.name };
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
+        }
         ProduceCmd::AgentConfirmLoss(args) => {
             let what = format!("agent confirm-loss {}", args.name);
             let body = ConfirmLoss { agent: args.name };
@@ -1002,10 +1008,10 @@ pub(crate) async fn simple(
 
 /// `<what>: accepted` and one line per effect, with its position.
 fn accepted_text(what: &str, envelope: &Envelope, outcomes: &[SeqOutcome]) -> String {
-    let mut text = format!("{what}: accepted [command {}]\n", envelope.command_id);
+    let mut text = format!("{}: accepted [command {}]\n", leasehold_schemas::text::shown(what), envelope.command_id);
     for SeqOutcome { outcome, .. } in outcomes {
         for (position, effect) in outcome.positioned_effects() {
-            text.push_str(&format!("  {}  {}\n", position.0, output::effect(effect)));
+            text.push_str(&format!("  {}  {}\n", position.0, output::shown_effect(effect)));
         }
     }
     text
@@ -1126,7 +1132,7 @@ fn wait_again(args: &AcquireArgs, global: &GlobalArgs, command_id: &str, lease: 
     }
     words.extend([
         "--command-id".to_owned(),
-        command_id.to_owned(),
+        shell_word(command_id),
         "--lease-id".to_owned(),
         lease.to_string(),
         "--block".to_owned(),
@@ -1150,10 +1156,38 @@ fn wait_again(args: &AcquireArgs, global: &GlobalArgs, command_id: &str, lease: 
     words.join(" ")
 }
 
-/// `text` as one word for a POSIX shell: as it is when that is safe, else in single quotes.
+/// `text` as one word for a POSIX shell: as it is when that is safe, else in single quotes. A word with a control or
+/// bidi character (see `leasehold_schemas::text`) is written in ANSI-C quotes instead (`$'x\e[31m'` as
+/// `$'x\x1b[31m'`; bash, zsh, ksh and POSIX.1-2024 shells read them): the same word, safe to show on a terminal
+/// and to paste.
 fn shell_word(text: &str) -> String {
+    use std::fmt::Write as _;
     let plain = !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || "@%+=:,./_-".contains(c));
-    if plain { text.to_owned() } else { format!("'{}'", text.replace('\'', "'\\''")) }
+    if plain {
+        return text.to_owned();
+    }
+    if !text.contains(leasehold_schemas::text::is_unsafe_for_display) {
+        return format!("'{}'", text.replace('\'', "'\\''"));
+    }
+    let mut word = "$'".to_owned();
+    for c in text.chars() {
+        match c {
+            '\\' => word.push_str("\\\\"),
+            '\'' => word.push_str("\\'"),
+            '\n' => word.push_str("\\n"),
+            '\r' => word.push_str("\\r"),
+            '\t' => word.push_str("\\t"),
+            c if leasehold_schemas::text::is_unsafe_for_display(c) && (c as u32) < 0x80 => {
+                let _ = write!(word, "\\x{:02x}", c as u32);
+            }
+            c if leasehold_schemas::text::is_unsafe_for_display(c) => {
+                let _ = write!(word, "\\u{:04x}", c as u32);
+            }
+            c => word.push(c),
+        }
+    }
+    word.push('\'');
+    word
 }
 
 /// The producer commands, as `lib.rs` dispatches them.
@@ -1172,6 +1206,7 @@ pub(crate) enum ProduceCmd {
     PoolUpdate(PoolDefineArgs),
     PoolDelete(PoolDeleteArgs),
     AgentRetire(AgentNameArgs),
+    AgentUnretire(AgentNameArgs),
     AgentConfirmLoss(AgentNameArgs),
 }
 
@@ -1624,6 +1659,24 @@ mod tests {
         let words = ["acquire", REF, "--holder", "build 1's", "--ttl", "5min", "--lease-id", &LEASE[3..]];
         let crate::Cmd::Acquire(back) = parse(&words).unwrap().command else { panic!() };
         assert_eq!((back.holder, back.ttl), (args.holder, args.ttl));
+    }
+
+    #[test]
+    fn a_word_with_control_characters_is_shown_in_ansi_c_quotes() {
+        assert_eq!(shell_word("build-1"), "build-1");
+        assert_eq!(shell_word("build 1's"), "'build 1'\\''s'");
+        assert_eq!(shell_word("漢字"), "'漢字'");
+        let word = shell_word("x\u{1b}[31mRED\rFAKE\u{202e}'\\");
+        assert_eq!(word, r"$'x\x1b[31mRED\rFAKE\u202e\'\\'");
+        assert!(!word.contains(leasehold_schemas::text::is_unsafe_for_display));
+        // Pasted into bash, each word is the text again.
+        for text in ["x\u{1b}[31mRED\rFAKE\u{202e}'\\", "a\nb\tc\u{7f}\u{9b}\u{200f}", "build 1's", "漢字"] {
+            let pasted = std::process::Command::new("bash")
+                .args(["-c", &format!("printf %s {}", shell_word(text))])
+                .output()
+                .expect("bash runs");
+            assert_eq!(String::from_utf8(pasted.stdout).unwrap(), text, "{}", shell_word(text));
+        }
     }
 
     #[test]

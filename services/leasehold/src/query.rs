@@ -154,7 +154,8 @@ fn resource_fields(record: &Value) -> String {
         ("ref", cell(&record["ref"])),
         ("kind", cell(&record["kind"])),
         ("state", cell(&record["state"])),
-        ("detail", cell(&record["detail"])),
+        ("detail", detail_text(record)),
+        ("quarantined", quarantine_text(record)),
         ("capacity", cell(&record["capacity"])),
         ("attrs", none_if_empty(attrs)),
         ("parent", cell(&record["parent"])),
@@ -164,6 +165,91 @@ fn resource_fields(record: &Value) -> String {
         ("created_seq", cell(&record["created_seq"])),
         ("updated_at", output::time(record["updated_at"].as_u64())),
     ])
+}
+
+/// Why a resource is in its state, in words where the record says it in a known shape: a release's cause, and the
+/// reason every terminal state keeps; anything else as the record has it.
+fn detail_text(record: &Value) -> String {
+    let detail = &record["detail"];
+    match (record["state"].as_str(), detail) {
+        (Some("releasing"), Value::Object(_)) => format!("released: {}", cause_text(detail)),
+        (Some("destroyed"), Value::Object(_)) => {
+            let confirmed = format!("destroyed, as its agent {} confirmed", cell(&detail["confirmed_by"]));
+            match &detail["release"] {
+                Value::Null => confirmed,
+                cause => format!("{confirmed}, after {}", cause_text(cause)),
+            }
+        }
+        (Some("lost"), Value::Object(_)) => format!(
+            "found missing by its agent {} (observation {} of epoch {})",
+            cell(&detail["found_missing_by"]),
+            cell(&detail["observation"]["obs"]),
+            cell(&detail["observation"]["epoch"])
+        ),
+        (Some("orphaned"), Value::Object(_)) if detail["freed_because"].is_string() => {
+            format!("freed because {}", cell(&detail["freed_because"]))
+        }
+        _ => cell(detail),
+    }
+}
+
+/// A release cause (`{"released": {"by", "reason"}}`, `{"create-timeout": {}}`...) in words.
+fn cause_text(cause: &Value) -> String {
+    let Some((name, fields)) = cause.as_object().filter(|c| c.len() == 1).and_then(|c| c.iter().next()) else {
+        return cell(cause);
+    };
+    let reason = |field: &str| match &fields[field] {
+        Value::Null => String::new(),
+        value => format!(" ({})", cell(value)),
+    };
+    match name.as_str() {
+        "released" => format!("a release by {}{}", cell(&fields["by"]), reason("reason")),
+        "health-check-failed" => format!("a failed health check{}", reason("detail")),
+        "parent-left" => format!("its parent {} left", cell(&fields["parent"])),
+        "parent-absent" => format!("its parent {} was never known", cell(&fields["parent"])),
+        "create-timeout" => "its create timed out".to_owned(),
+        "agent-retired" => "its agent was retired".to_owned(),
+        "wait-timeout" => format!("waiting {} for its pools", output::duration(fields["waited"].as_u64())),
+        _ => cell(cause),
+    }
+}
+
+/// A lost resource's handle found on its machine again: quarantined until a release orders it destroyed.
+fn quarantine_text(record: &Value) -> String {
+    let q = &record["quarantined"];
+    if !q.is_object() {
+        return "-".to_owned();
+    }
+    let found = format!(
+        "its handle reappeared at {} (position {})",
+        output::time(q["found_at"].as_u64()),
+        cell(&q["position"])
+    );
+    match (&q["destroy_ordered"], q["destroyed_at"].as_u64()) {
+        (Value::Null, _) => format!(
+            "{found}; the agent leaves it alone until `leasehold release {}` orders it destroyed",
+            cell(&record["ref"])
+        ),
+        (ordered, None) => {
+            format!("{found}; ordered destroyed at position {} by {}", cell(ordered), cell(&q["released_by"]))
+        }
+        (ordered, Some(at)) => format!(
+            "{found}; ordered destroyed at position {} by {}, destroyed at {}",
+            cell(ordered),
+            cell(&q["released_by"]),
+            output::time(Some(at))
+        ),
+    }
+}
+
+/// A resource's state for a list: a lost one whose handle is quarantined says so.
+fn state_text(record: &Value) -> String {
+    let q = &record["quarantined"];
+    match (cell(&record["state"]), q.is_object()) {
+        (state, true) if q["destroy_ordered"].is_null() => format!("{state} (quarantined)"),
+        (state, true) if q["destroyed_at"].is_null() => format!("{state} (quarantined, destroy ordered)"),
+        (state, _) => state,
+    }
 }
 
 /// One claim of a resource: what it holds, or that it still waits for its pool (a pending resource is created only
@@ -218,7 +304,7 @@ fn resources_table(records: &Vec<Value>) -> String {
         table.row(vec![
             cell(&r["ref"]),
             cell(&r["kind"]),
-            cell(&r["state"]),
+            state_text(r),
             cell(&r["capacity"]),
             count(&r["leases"]),
             none_if_empty(claims),
@@ -244,19 +330,41 @@ fn leases_table(records: &Vec<Value>) -> String {
 }
 
 fn agents_table(records: &Vec<Value>) -> String {
-    let mut table = Table::new(&["NAME", "STATUS", "EPOCH", "LAST SEEN", "RESOURCES", "HELD", "WHY"]);
+    let mut table =
+        Table::new(&["NAME", "STATUS", "EPOCH", "LAST SEEN", "RESOURCES", "HELD", "DRIVER", "QUARANTINED", "WHY"]);
     for a in records {
+        let status = match (cell(&a["status"]), a["retired"].as_bool()) {
+            // A gone agent reads `gone`, but its retirement still holds when it comes back.
+            (status, Some(true)) if status != "retired" => format!("{status} (retired)"),
+            (status, _) => status,
+        };
+        let driver = match a["driver"]["available"].as_bool() {
+            Some(true) => "ok",
+            Some(false) => "unavailable",
+            None => "-",
+        };
+        let why: Vec<String> = [driver_text(a), breaker_text(a)].into_iter().filter(|w| w != "-").collect();
         table.row(vec![
             cell(&a["name"]),
-            cell(&a["status"]),
+            status,
             cell(&a["epoch"]),
             output::time(a["last_seen"].as_u64()),
             cell(&a["resources"]),
             cell(&a["held"]),
-            breaker_text(a),
+            driver.to_owned(),
+            cell(&a["quarantined"]),
+            if why.is_empty() { "-".to_owned() } else { why.join("; ") },
         ]);
     }
     table.render()
+}
+
+/// Why an agent's driver cannot list its machine's resources, as the agent recorded it (`-` while it can).
+fn driver_text(agent: &Value) -> String {
+    match agent["driver"]["available"].as_bool() {
+        Some(false) => format!("driver: {}", cell(&agent["driver"]["detail"])),
+        _ => "-".to_owned(),
+    }
 }
 
 /// A pool kind's JSON (`{"ipv4": {"network", "prefix_len", "exclude"}}`...) in a few words.
@@ -417,8 +525,78 @@ mod tests {
         );
         let agents =
             vec![serde_json::json!({"name": "w1", "status": "live", "epoch": 3, "last_seen": 1767225601000u64,
-            "resources": 2, "held": 1})];
-        assert!(agents_table(&agents).ends_with("w1    live    3      2026-01-01T00:00:01.000Z  2          1     -\n"));
+            "resources": 2, "held": 1, "retired": false, "driver": {"available": true, "detail": null},
+            "quarantined": 0})];
+        assert!(
+            agents_table(&agents)
+                .ends_with("w1    live    3      2026-01-01T00:00:01.000Z  2          1     ok      0            -\n"),
+            "{}",
+            agents_table(&agents)
+        );
+    }
+
+    #[test]
+    fn an_agent_shows_its_driver_its_quarantine_and_a_retirement_that_outlives_gone() {
+        let agents =
+            vec![serde_json::json!({"name": "w1", "status": "gone", "epoch": 3, "last_seen": 1767225601000u64,
+            "resources": 2, "held": 0, "retired": true, "quarantined": 2,
+            "driver": {"available": false, "detail": "the root /srv/w1 is not mounted"}})];
+        let table = agents_table(&agents);
+        let row = table.lines().nth(1).expect("a row");
+        assert!(row.starts_with("w1    gone (retired)  3 "), "{table}");
+        assert!(row.contains(" unavailable  2 "), "{table}");
+        assert!(row.ends_with("driver: the root /srv/w1 is not mounted"), "{table}");
+    }
+
+    #[test]
+    fn terminal_states_say_why_in_words() {
+        let record = |state: &str, detail: Value| serde_json::json!({"ref": "w1.r", "state": state, "detail": detail});
+        let destroyed = record(
+            "destroyed",
+            serde_json::json!({"release": {"released": {"by": "op:alice", "reason": "done"}}, "confirmed_by": "w1"}),
+        );
+        assert_eq!(detail_text(&destroyed), "destroyed, as its agent w1 confirmed, after a release by op:alice (done)");
+        let retired = record("destroyed", serde_json::json!({"release": {"agent-retired": {}}, "confirmed_by": "w1"}));
+        assert_eq!(detail_text(&retired), "destroyed, as its agent w1 confirmed, after its agent was retired");
+        let lost = record("lost", serde_json::json!({"found_missing_by": "w1", "observation": {"epoch": 3, "obs": 7}}));
+        assert_eq!(detail_text(&lost), "found missing by its agent w1 (observation 7 of epoch 3)");
+        let orphaned = record(
+            "orphaned",
+            serde_json::json!({"agent_gone_at": 1767225601000u64,
+                "freed_because": "its holder's agent w1 was declared gone at 2026-01-01T00:00:01.000Z"}),
+        );
+        assert_eq!(
+            detail_text(&orphaned),
+            "freed because its holder's agent w1 was declared gone at 2026-01-01T00:00:01.000Z"
+        );
+        assert_eq!(detail_text(&record("failed", "no space left".into())), "no space left");
+        let releasing = record("releasing", serde_json::json!({"create-timeout": {}}));
+        assert_eq!(detail_text(&releasing), "released: its create timed out");
+        assert_eq!(detail_text(&record("active", Value::Null)), "-");
+    }
+
+    #[test]
+    fn a_quarantined_handle_shows_in_get_and_ls() {
+        let mut record = serde_json::json!({"ref": "w1.r", "kind": "dir", "state": "lost", "capacity": 1,
+            "leases": [], "claims": [], "updated_at": 1767225601000u64,
+            "quarantined": {"position": 40, "found_at": 1767225601000u64, "destroy_ordered": null,
+                "released_by": null, "reason": null, "destroyed_at": null}});
+        assert_eq!(
+            quarantine_text(&record),
+            "its handle reappeared at 2026-01-01T00:00:01.000Z (position 40); the agent leaves it alone until \
+             `leasehold release w1.r` orders it destroyed"
+        );
+        assert!(resources_table(&vec![record.clone()]).contains(" lost (quarantined) "));
+        record["quarantined"]["destroy_ordered"] = 42.into();
+        record["quarantined"]["released_by"] = "op:bob".into();
+        assert!(quarantine_text(&record).ends_with("; ordered destroyed at position 42 by op:bob"));
+        assert!(resources_table(&vec![record.clone()]).contains(" lost (quarantined, destroy ordered) "));
+        record["quarantined"]["destroyed_at"] = 1767225602000u64.into();
+        assert!(quarantine_text(&record).ends_with(", destroyed at 2026-01-01T00:00:02.000Z"));
+        assert!(resources_table(&vec![record.clone()]).contains(" lost "));
+        assert!(!resources_table(&vec![record.clone()]).contains("quarantined"));
+        record["quarantined"] = Value::Null;
+        assert_eq!(quarantine_text(&record), "-");
     }
 
     #[test]

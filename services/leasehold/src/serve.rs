@@ -1,9 +1,12 @@
 //! `leasehold serve`: runs the roles asked for over the embedded log in a data directory or over JetStream, prints
 //! what it serves and where it listens, and stops cleanly on SIGINT or SIGTERM (each writer finishes the command in
-//! hand and gives its partition up; the HTTP server stops taking requests; agents stop their loops).
+//! hand and gives its partition up; the HTTP server stops taking requests; agents stop their loops), within
+//! `--shutdown-grace` whatever the log does (`stop.rs`).
 //!
 //! Every `serve` process listens on `--listen`: the gateway role serves the whole API there; without it, the
-//! process still serves `/healthz` and `/metrics`, so separate worker processes are scraped too.
+//! process still serves `/healthz`, `/readyz` and `/metrics`, so separate worker processes are probed and scraped
+//! too. With the worker role it stores the policy of its flags in every partition without one before its gateway
+//! takes commands and its agents register (`ready.rs`).
 //!
 //! The gateway authenticates callers by the bearer tokens of `--tokens FILE` and records each command with its
 //! caller's principal as the issuer. Without `--tokens` it authenticates nobody, which `serve` allows only on a
@@ -15,10 +18,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use leasehold_gateway::{Readiness, ReadyCheck};
 use leasehold_log::Log;
 use leasehold_log::embedded::Embedded;
+use leasehold_schemas::text::shown;
 use leasehold_worker::WorkerConfig;
 use tokio_util::sync::CancellationToken;
+
+use crate::ready::{GatewayWaits, LogEnd, ProjectorWaits};
+use crate::stop::Running;
 
 /// A role `serve` can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -39,13 +47,13 @@ pub(crate) struct ServeArgs {
     /// The roles to run, comma-separated (default: every role that exists).
     #[arg(long, value_delimiter = ',', default_value = "worker,projector,gateway,sweeper")]
     roles: Vec<Role>,
-    /// Where to listen for HTTP: the API with the gateway role, else /healthz and /metrics only. Port 0 picks a
-    /// free port (printed).
+    /// Where to listen for HTTP: the API with the gateway role, else /healthz, /readyz and /metrics only. Port 0
+    /// picks a free port (printed).
     #[arg(long, default_value = "127.0.0.1:7420")]
     listen: SocketAddr,
     /// The gateway's bearer tokens: a file of `PRINCIPAL TOKEN` lines (`#` comments), each token at least 16
-    /// characters. Every /v1 request must then carry `Authorization: Bearer TOKEN` (401 otherwise; /healthz and
-    /// /metrics need none), and its commands are recorded with the token's principal as their issuer, whatever
+    /// characters. Every /v1 request must then carry `Authorization: Bearer TOKEN` (401 otherwise; /healthz, /readyz
+    /// and /metrics need none), and its commands are recorded with the token's principal as their issuer, whatever
     /// they claim. Without it nobody is authenticated, which is allowed on a loopback --listen only.
     #[arg(long, value_name = "FILE")]
     tokens: Option<PathBuf>,
@@ -61,6 +69,8 @@ pub(crate) struct ServeArgs {
     /// How often each agent of this process reports what it holds (±20 % jitter).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     sync_interval: Duration,
+    #[command(flatten)]
+    gc: crate::agents::GcArgs,
     #[command(flatten)]
     log: crate::nats_args::LogArgs,
     /// How long a worker's hold on a partition outlives it (JetStream `priority_timeout`).
@@ -102,58 +112,83 @@ pub(crate) struct ServeArgs {
     /// policy keeps it: a flag that differs is warned about, never applied (`leasehold policy set` changes it).
     #[command(flatten)]
     policy: crate::policy::PolicyFlags,
+    #[command(flatten)]
+    stop: crate::stop::GraceArgs,
 }
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     // What can be refused is refused before anything is opened or created.
     let checked = check(&args)?;
+    let grace = args.stop.shutdown_grace;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-    runtime.block_on(async move {
+    let running = Running::default();
+    let result = runtime.block_on(async {
         let shutdown = CancellationToken::new();
-        let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
-        let result = match args.log.jetstream() {
-            None => {
-                let log = Embedded::open(&args.log.data, args.log.partitions)
-                    .with_context(|| format!("opening the embedded log in {}", args.log.data.display()))?;
-                println!(
-                    "leasehold serve: {} over the embedded log in {} ({} partitions)",
-                    roles(&args.roles),
-                    args.log.data.display(),
-                    log.partitions()
-                );
-                serve(log, &args, checked, shutdown).await
-            }
-            Some(config) => {
-                let url = config.url.clone();
-                let config = leasehold_log::jetstream::JetStreamConfig {
-                    priority_timeout: args.priority_timeout,
-                    ack_wait: args.ack_wait,
-                    ..config
-                };
-                let log = leasehold_log::jetstream::JetStream::connect(config)
-                    .await
-                    .with_context(|| format!("connecting to NATS at {url}"))?;
-                println!(
-                    "leasehold serve: {} over NATS JetStream at {url} ({} partitions)",
-                    roles(&args.roles),
-                    log.partitions()
-                );
-                let varz = match &args.nats_monitor {
-                    None => None,
-                    Some(monitor) => Some(read_varz(monitor).await),
-                };
-                for warning in durability_warnings(log.replicas(), varz.as_ref()) {
-                    eprintln!("{warning}");
-                }
-                if let Some(warning) = payload_warning(log.client().server_info().max_payload) {
-                    eprintln!("{warning}");
-                }
-                serve(log, &args, checked, shutdown).await
-            }
-        };
+        let listed = running.clone();
+        let signals = tokio::spawn(crate::stop::on_signals(shutdown.clone(), "leasehold serve", grace, move || {
+            listed.unfinished()
+        }));
+        let work = open_and_serve(&args, checked, &shutdown, &running);
+        let result = crate::stop::within_grace(work, &shutdown, grace, || running.unfinished()).await;
         signals.abort();
         result
-    })
+    });
+    let result = match result {
+        Ok(result) => result,
+        Err(crate::stop::GraceRanOut(unfinished)) => crate::stop::exit_cut_short("leasehold serve", grace, &unfinished),
+    };
+    // Nothing the runtime still holds (a blocking task) keeps the process from ending.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+/// Opens the log `args` name and serves the roles on it until `shutdown`.
+async fn open_and_serve(
+    args: &ServeArgs,
+    checked: Checked,
+    shutdown: &CancellationToken,
+    running: &Running,
+) -> anyhow::Result<()> {
+    match args.log.jetstream() {
+        None => {
+            let log = Embedded::open(&args.log.data, args.log.partitions)
+                .with_context(|| format!("opening the embedded log in {}", args.log.data.display()))?;
+            println!(
+                "leasehold serve: {} over the embedded log in {} ({} partitions)",
+                roles(&args.roles),
+                args.log.data.display(),
+                log.partitions()
+            );
+            serve(log, args, checked, shutdown.clone(), running).await
+        }
+        Some(config) => {
+            let url = config.url.clone();
+            let config = leasehold_log::jetstream::JetStreamConfig {
+                priority_timeout: args.priority_timeout,
+                ack_wait: args.ack_wait,
+                ..config
+            };
+            let log = leasehold_log::jetstream::JetStream::connect(config)
+                .await
+                .with_context(|| format!("connecting to NATS at {url}"))?;
+            println!(
+                "leasehold serve: {} over NATS JetStream at {url} ({} partitions)",
+                roles(&args.roles),
+                log.partitions()
+            );
+            let varz = match &args.nats_monitor {
+                None => None,
+                Some(monitor) => Some(read_varz(monitor).await),
+            };
+            for warning in durability_warnings(log.replicas(), varz.as_ref()) {
+                eprintln!("{warning}");
+            }
+            if let Some(warning) = payload_warning(log.client().server_info().max_payload) {
+                eprintln!("{warning}");
+            }
+            serve(log, args, checked, shutdown.clone(), running).await
+        }
+    }
 }
 
 /// The server's `/varz`, or why it could not be read.
@@ -264,7 +299,13 @@ fn load_tokens(path: &std::path::Path) -> anyhow::Result<leasehold_gateway::Toke
     Ok(tokens)
 }
 
-async fn serve<L: Log>(log: L, args: &ServeArgs, checked: Checked, shutdown: CancellationToken) -> anyhow::Result<()> {
+async fn serve<L: Log>(
+    log: L,
+    args: &ServeArgs,
+    checked: Checked,
+    shutdown: CancellationToken,
+    running: &Running,
+) -> anyhow::Result<()> {
     let name = args.name.clone().unwrap_or_else(default_name);
     let Checked { agents, tokens } = checked;
     let mut registry = prometheus_client::registry::Registry::default();
@@ -289,15 +330,43 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, checked: Checked, shutdown: Can
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let address = listener.local_addr().context("reading the address listened on")?;
+
+    // What each role waits on before it is ready (`/readyz`); the gateway takes no command before it is.
+    let seeds = args.roles.contains(&Role::Worker);
+    let log_end: LogEnd = Arc::default();
+    let projector_waits = projector.as_ref().map(|p| ProjectorWaits { end: log_end.clone(), applied: p.subscribe() });
+    let gateway_waits = match (&projector, &projector_waits) {
+        (Some(projector), Some(waits)) if args.roles.contains(&Role::Gateway) => {
+            Some(GatewayWaits::new(log.partitions(), seeds, waits.clone(), projector.reader()))
+        }
+        _ => None,
+    };
+    let agents = crate::agents::configure(agents, args.sync_interval, &args.gc, args.stop.shutdown_grace);
+    let mut readiness = Readiness::default();
+    if let Some(metrics) = worker_metrics.clone() {
+        readiness.add("worker", ReadyCheck::new(move || metrics.waiting_on()));
+    }
+    if let Some(waits) = projector_waits.clone() {
+        readiness.add("projector", ReadyCheck::new(move || waits.waiting_on()));
+    }
+    if let Some(waits) = gateway_waits.clone() {
+        readiness.add("gateway", ReadyCheck::new(move || waits.waiting_on()));
+    }
+    for (_, config) in &agents {
+        let control = config.control.clone();
+        readiness
+            .add(format!("agent {}", config.name), ReadyCheck::new(move || crate::ready::agent_waiting_on(&control)));
+    }
     let health = leasehold_gateway::Health {
         roles: args.roles.iter().map(|r| role_name(*r)).collect(),
         registry: Arc::new(registry),
         projection: projection_metrics,
         failures: failures.clone(),
         workers: worker_metrics.clone(),
+        ready: readiness,
     };
-    let router = match &projector {
-        Some(projector) if args.roles.contains(&Role::Gateway) => {
+    let router = match (&projector, &gateway_waits) {
+        (Some(projector), Some(waits)) => {
             match &tokens {
                 Some(tokens) => {
                     let principals = tokens.principals().iter().map(|p| p.as_str()).collect::<Vec<_>>().join(", ");
@@ -305,40 +374,87 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, checked: Checked, shutdown: Can
                 }
                 None => println!("gateway: no authentication (no --tokens): each command's issuer is what it says"),
             }
+            let waits = waits.clone();
             let config = leasehold_gateway::GatewayConfig {
                 tokens,
                 ingest_batch: usize::from(args.ingest_batch),
+                ready: ReadyCheck::new(move || waits.waiting_on()),
                 ..Default::default()
             };
             let api = leasehold_gateway::Api::new(log.clone(), projector, config, shutdown.clone());
-            println!("gateway: listening on http://{address} (the API, /healthz, /metrics)");
+            println!("gateway: listening on http://{address} (the API, /healthz, /readyz, /metrics)");
             leasehold_gateway::router(api, health)
         }
         _ => {
-            println!("listening on http://{address} (/healthz, /metrics)");
+            println!("listening on http://{address} (/healthz, /readyz, /metrics)");
             leasehold_gateway::metrics_only(health)
         }
     };
     {
         let shutdown = shutdown.clone();
-        tasks.spawn(async move {
+        running.spawn(&mut tasks, "the HTTP server (requests in flight)", async move {
             leasehold_gateway::serve(listener, router, shutdown).await.context("the HTTP server stopped")
+        });
+    }
+    if projector_waits.is_some() {
+        let (log, end, shutdown) = (log.clone(), log_end.clone(), shutdown.clone());
+        running.spawn(&mut tasks, "reading where the outcome log ends", async move {
+            crate::ready::read_log_end(&log, &end, &shutdown).await;
+            Ok(())
+        });
+    }
+    // The policy this process seeds is stored before the gateway takes commands and before its agents register; its
+    // decisions are looked at afterwards.
+    let (policy_stored, policy_stored_rx) = tokio::sync::watch::channel(!seeds);
+    if seeds {
+        let (log, flags, shutdown, waits) = (log.clone(), args.policy.clone(), shutdown.clone(), gateway_waits.clone());
+        let issuer = leasehold_schemas::Issuer::new(format!("serve:{name}"))
+            .unwrap_or_else(|_| leasehold_schemas::Issuer::new("serve").expect("a valid issuer"));
+        running.spawn(&mut tasks, "the policy seeding", async move {
+            let stored = move |partition: u32| {
+                if let Some(waits) = &waits {
+                    waits.stored(partition);
+                }
+            };
+            let Some(seeded) = crate::policy::seed_from_flags(&log, &flags, &issuer, &stored, &shutdown).await else {
+                return Ok(());
+            };
+            policy_stored.send_replace(true);
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                checked = crate::policy::check_seeded(&log, &flags, seeded, POLICY_TIMEOUT) => {
+                    if let Err(e) = checked {
+                        eprintln!("WARNING: policy: the flags' policy could not be checked against the log: {:#}", shown(&e));
+                    }
+                }
+            }
+            Ok(())
         });
     }
     if let Some(metrics) = worker_metrics {
         let mut config = WorkerConfig::new(name.clone());
         config.writer.rolling_out_schema = args.rolling_out_schema;
         config.writer.max_append_records = usize::from(args.max_append_records);
-        config.writer.metrics = Some(metrics);
+        config.writer.metrics = Some(metrics.clone());
         println!("worker {name}: serving its share of partitions 0..{}", log.partitions());
         let (log, shutdown) = (log.clone(), shutdown.clone());
-        tasks.spawn(async move {
+        let held: crate::stop::Detail = Arc::new(move || {
+            let held = metrics.held();
+            (!held.is_empty()).then(|| {
+                format!(
+                    "partition(s) {} not given back (another worker takes each once this one's hold expires, after \
+                     --priority-timeout; on the embedded log the next `serve` does)",
+                    leasehold_worker::metrics::ranges(&held)
+                )
+            })
+        });
+        running.spawn_with(&mut tasks, "worker", Some(held), async move {
             let report = leasehold_worker::run(log, config, shutdown).await;
             if report.stopped.is_empty() {
                 Ok(())
             } else {
                 for (partition, error) in &report.stopped {
-                    eprintln!("partition {partition} stopped: {error}");
+                    eprintln!("partition {partition} stopped: {}", shown(error));
                 }
                 Err(anyhow::anyhow!("{} partition(s) stopped", report.stopped.len()))
             }
@@ -346,7 +462,7 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, checked: Checked, shutdown: Can
     }
     if let Some(projector) = projector {
         let (log, shutdown) = (log.clone(), shutdown.clone());
-        tasks.spawn(async move { project(projector, log, shutdown).await });
+        running.spawn(&mut tasks, "projector", async move { project(projector, log, shutdown).await });
     }
     if let Some(metrics) = sweeper_metrics {
         let mut config = leasehold_sweeper::SweeperConfig::new(name.clone());
@@ -355,33 +471,21 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, checked: Checked, shutdown: Can
         config.release_timeout = args.release_timeout;
         println!("sweeper {name}: looking for due work every {}", humantime::format_duration(args.sweep_interval));
         let (log, shutdown) = (log.clone(), shutdown.clone());
-        tasks.spawn(async move { sweep(log, config, metrics, shutdown).await });
+        running.spawn(&mut tasks, "sweeper", async move { sweep(log, config, metrics, shutdown).await });
     }
-    if args.roles.contains(&Role::Worker) {
-        let (log, flags, shutdown) = (log.clone(), args.policy.clone(), shutdown.clone());
-        let issuer = leasehold_schemas::Issuer::new(format!("serve:{name}"))
-            .unwrap_or_else(|_| leasehold_schemas::Issuer::new("serve").expect("a valid issuer"));
-        tasks.spawn(async move {
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                recorded = crate::policy::record_from_flags(&log, &flags, &issuer, POLICY_TIMEOUT) => {
-                    if let Err(e) = recorded {
-                        eprintln!("WARNING: policy: the flags' policy could not be checked against the log: {e:#}");
-                    }
-                }
-            }
-            Ok(())
-        });
-    }
-    crate::agents::spawn_all(&mut tasks, &log, agents, args.sync_interval, &shutdown);
+    crate::agents::spawn_all(&mut tasks, running, &log, agents, &policy_stored_rx, &shutdown);
     // A role or an agent that stops on an error leaves the others running (a projector stopped on a broken chain
     // must not take the writers down), but the process says so: on stderr, and on /healthz, which answers 503.
     let mut result = Ok(());
     while let Some(joined) = tasks.join_next().await {
         let outcome = joined.context("a role panicked").and_then(|outcome| outcome);
         if let Err(e) = outcome {
-            eprintln!("leasehold serve: {e:#}");
-            failures.push(format!("{e:#}"));
+            eprintln!("leasehold serve: {:#}", shown(&e));
+            if crate::agents::stopped_for_its_machine(&e) {
+                failures.push_degraded(format!("{e:#}"));
+            } else {
+                failures.push(format!("{e:#}"));
+            }
             if result.is_ok() {
                 result = Err(e);
             }
@@ -391,7 +495,7 @@ async fn serve<L: Log>(log: L, args: &ServeArgs, checked: Checked, shutdown: Can
     result
 }
 
-/// How long `serve` waits for the writers to decide the policy it seeds the log with.
+/// How long `serve` waits for the writers to decide the policy it seeded the log with, once it is stored.
 const POLICY_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn role_name(role: Role) -> String {
@@ -418,7 +522,7 @@ async fn project<L: Log>(
                 }
             }
             Err(e) => {
-                eprintln!("projector stopped: {e}");
+                eprintln!("projector stopped: {}", shown(&e));
                 return Err(anyhow::Error::new(e).context("the projector stopped"));
             }
         }
@@ -445,7 +549,7 @@ async fn sweep<L: Log>(
                 }
             }
             Err(e) => {
-                eprintln!("sweeper stopped: {e}");
+                eprintln!("sweeper stopped: {}", shown(&e));
                 return Err(anyhow::Error::new(e).context("the sweeper stopped"));
             }
         }
@@ -456,24 +560,6 @@ fn default_name() -> String {
     let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
     let host = if host.is_empty() { "worker".to_owned() } else { host };
     format!("{host}-{}", std::process::id())
-}
-
-pub(crate) async fn stop_on_signal(shutdown: CancellationToken) {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(e) => {
-            eprintln!("cannot listen for SIGTERM: {e}");
-            let _ = tokio::signal::ctrl_c().await;
-            shutdown.cancel();
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    println!("leasehold: stopping");
-    shutdown.cancel();
 }
 
 #[cfg(test)]

@@ -2,9 +2,11 @@
 
 use leasehold_schemas::ids::ObsStamp;
 use leasehold_schemas::outcome::{BreakerClear, Effect, GarbageCause, ReleaseCause, ResyncReason, Work};
+use leasehold_schemas::text::escape_for_display;
 use leasehold_schemas::{Decision, Outcome};
 
-/// The lines of one outcome: the command, who sent it, and each effect at its position (or the rejection).
+/// The lines of one outcome: the command, who sent it, and each effect at its position (or the rejection); each
+/// line escaped for display (holders, kinds, details and rejections are what producers wrote).
 pub fn lines(outcome: &Outcome, at_secs: f64) -> Vec<String> {
     let mut out =
         vec![format!("t+{at_secs:>5.1}s  {:<24} from {}", outcome.command.type_name, outcome.command.issuer.as_str())];
@@ -19,7 +21,7 @@ pub fn lines(outcome: &Outcome, at_secs: f64) -> Vec<String> {
             }
         }
     }
-    out
+    out.into_iter().map(|line| escape_for_display(&line).into_owned()).collect()
 }
 
 /// The last eight hex digits of an id: enough to tell the demo's resources apart.
@@ -43,7 +45,7 @@ fn stamp(stamp: &ObsStamp) -> String {
     format!("observation {} of epoch {}", stamp.obs, stamp.epoch)
 }
 
-/// One line of plain words for an effect.
+/// One line of plain words for an effect: raw text, to be escaped where it is shown.
 pub fn describe(effect: &Effect) -> String {
     match effect {
         Effect::AgentRegistered { wiped, .. } => {
@@ -193,5 +195,37 @@ pub fn describe(effect: &Effect) -> String {
         Effect::AllocationWaitsUntil { resource, until } => {
             format!("{} waits for its pools' identifiers until {until} at the latest", short(resource))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(decision: serde_json::Value) -> Outcome {
+        serde_json::from_value(serde_json::json!({
+            "decider_version": 1, "partition": 5,
+            "command": {"id": "019b76da-abe8-7001-8000-000000000001", "class": "op", "type_name": "op.acquire",
+                        "issuer": "cli", "issued_at": 1767225601000u64, "key": "w1"},
+            "cmd_seq": 3, "part": 0, "log_time": 1767225601007u64, "decided_at": 1767225601007u64,
+            "decision": decision
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn lines_show_what_producers_wrote_escaped() {
+        let granted = outcome(serde_json::json!({"accepted": {"first_position": 10, "effects": [
+            {"lease-granted": {"lease": "019b76da-9860-7333-b333-333333333333",
+                "resource": "019b76da-9478-7111-9111-111111111111", "holder": "x\u{1b}[31mRED\rFAKE\u{202e}",
+                "ttl": null, "expires_at": null}}
+        ]}}));
+        assert_eq!(
+            lines(&granted, 1.0)[1],
+            "           #10   lease …33333333 granted to x\\x1b[31mRED\\rFAKE\\u{202e} on …11111111 (this position is \
+             its token)"
+        );
+        let rejected = outcome(serde_json::json!({"rejected": {"kind": "invalid-state", "message": "no\nFAKE\u{9b}"}}));
+        assert_eq!(lines(&rejected, 1.0)[1], "           rejected: invalid-state: no\\nFAKE\\u{9b}");
     }
 }

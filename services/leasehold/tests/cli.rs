@@ -28,7 +28,8 @@ impl Drop for Server {
 }
 
 impl Server {
-    /// Starts `serve` on `data` with a free port and `agents` (`NAME=dir:PATH`), and returns once `/healthz` answers.
+    /// Starts `serve` on `data` with a free port and `agents` (`NAME=dir:PATH`), and returns once `/readyz` answers
+    /// 200 (every role ready: the gateway takes commands).
     fn start(data: &Path, agents: &[String]) -> Server {
         Server::start_on(data, None, agents)
     }
@@ -80,17 +81,17 @@ impl Server {
             }
         };
         let server = Server { child, url: format!("http://{address}") };
-        server.wait_healthy(&address);
+        server.wait_ready(&address);
         server
     }
 
-    /// Bounded retries of `GET /healthz` until it answers 200.
-    fn wait_healthy(&self, address: &str) {
+    /// Bounded retries of `GET /readyz` until it answers 200.
+    fn wait_ready(&self, address: &str) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let answer = TcpStream::connect(address).and_then(|mut stream| {
                 stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-                stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: leasehold\r\nConnection: close\r\n\r\n")?;
+                stream.write_all(b"GET /readyz HTTP/1.1\r\nHost: leasehold\r\nConnection: close\r\n\r\n")?;
                 let mut text = String::new();
                 stream.read_to_string(&mut text)?;
                 Ok(text)
@@ -98,7 +99,7 @@ impl Server {
             match answer {
                 Ok(text) if text.starts_with("HTTP/1.1 200") => return,
                 other => {
-                    assert!(Instant::now() < deadline, "/healthz at {address} never answered 200: {other:?}");
+                    assert!(Instant::now() < deadline, "/readyz at {address} never answered 200: {other:?}");
                     std::thread::sleep(Duration::from_millis(50));
                 }
             }
@@ -840,4 +841,224 @@ fn second_server(data: &Path, nats: &str, flags: &[&str]) -> Vec<String> {
     let _ = child.kill();
     let _ = child.wait();
     warnings
+}
+
+/// What a terminal would act on, in a holder: ESC and a colour, a carriage return that would let `FAKE` overwrite
+/// the row, a right-to-left override.
+const EVIL: &str = "x\u{1b}[31mRED\rFAKE\u{202e}";
+/// [`EVIL`] as the command line shows it.
+const EVIL_SHOWN: &str = "x\\x1b[31mRED\\rFAKE\\u{202e}";
+
+/// `text` holds no control or bidi character but its line breaks.
+#[track_caller]
+fn shown_safely(what: &str, text: &str) {
+    let raw = text.replace('\n', "");
+    assert!(!raw.contains(leasehold_schemas::text::is_unsafe_for_display), "{what} prints a raw control: {text:?}");
+}
+
+/// The display column at which `needle` starts on the first line of `table` that holds it.
+fn column_of(table: &str, needle: &str) -> usize {
+    let line = table.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("no {needle:?} in\n{table}"));
+    leasehold::output::display_width(&line[..line.find(needle).unwrap()])
+}
+
+#[test]
+fn producer_text_is_shown_escaped_and_json_keeps_it_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    register_absent_agent(dir.path());
+    std::fs::create_dir_all(dir.path().join("w1")).unwrap();
+    let server = Server::start(&dir.path().join("data"), &[format!("w1=dir:{}", dir.path().join("w1").display())]);
+    wait_registered(&server, "w1");
+
+    let resource = server.json(&[
+        "allocate",
+        "--agent",
+        "w1",
+        "--kind",
+        "dir",
+        "--capacity",
+        "3",
+        "--attr",
+        &format!("note={EVIL}"),
+    ]);
+    let reference = str_of(&resource, "ref").to_owned();
+    assert_eq!(resource["attrs"]["note"], EVIL, "JSON keeps the attribute exact: {resource:#}");
+    server.wait_for(&["get", &reference], "the resource active", |r| r["state"] == "active");
+
+    // acquire in JSON: the holder exact; in a table: escaped.
+    let command_id = leasehold_schemas::CommandId::generate().to_string();
+    let lease = server.json(&["acquire", &reference, "--holder", EVIL, "--command-id", &command_id]);
+    assert_eq!(lease["holder"], EVIL, "{lease:#}");
+    let wide = "漢字ビルド\u{202e}";
+    let acquired = server.run(&["acquire", &reference, "--holder", wide]);
+    assert!(acquired.status.success(), "{}", text(&acquired.stderr));
+    let acquired = text(&acquired.stdout);
+    shown_safely("acquire", &acquired);
+    assert!(acquired.contains("holder      漢字ビルド\\u{202e}\n"), "{acquired}");
+
+    // leases, get, ls, command: escaped, and the columns line up on a terminal.
+    let leases = text(&server.run(&["leases", &reference]).stdout);
+    shown_safely("leases", &leases);
+    assert!(leases.contains(EVIL_SHOWN) && leases.lines().count() == 3, "one row per lease: {leases}");
+    let state_column = column_of(&leases, "STATE");
+    assert_eq!(column_of(&leases, &format!("{EVIL_SHOWN}  ")) + EVIL_SHOWN.len() + 2, state_column, "{leases}");
+    assert!(leases.lines().skip(1).all(|row| column_of(row, "active") == state_column), "{leases}");
+    let got = text(&server.run(&["get", &reference]).stdout);
+    shown_safely("get", &got);
+    assert!(got.contains(&format!("attrs        note={EVIL_SHOWN}\n")), "{got}");
+    assert!(got.contains(&format!("active, {EVIL_SHOWN})")), "{got}");
+    let listed = text(&server.run(&["ls", "--agent", "w1"]).stdout);
+    shown_safely("ls", &listed);
+    assert!(listed.contains(&reference), "{listed}");
+    let status = text(&server.run(&["command", &command_id]).stdout);
+    shown_safely("command", &status);
+    assert!(status.contains(r#""holder":"x\u001b[31mRED\rFAKE\u202e""#), "{status}");
+
+    // JSON stays exact.
+    let leases = server.json(&["leases", &reference]);
+    let holders: Vec<&str> = leases.as_array().unwrap().iter().map(|l| str_of(l, "holder")).collect();
+    assert!(holders.contains(&EVIL) && holders.contains(&wide), "{holders:?}");
+    assert_eq!(server.json(&["get", &reference])["attrs"]["note"], EVIL);
+
+    // A producer command's effects in a table.
+    let failed = server.run(&["report-failure", &reference, "--reason", EVIL]);
+    assert!(failed.status.success(), "{}", text(&failed.stderr));
+    shown_safely("report-failure", &text(&failed.stdout));
+    assert!(text(&failed.stdout).contains(r#"x\u001b[31mRED\rFAKE\u202e"#), "{}", text(&failed.stdout));
+
+    // acquire --block gives up on a lease that waits (w2 is away): the command to run again is safe to show and
+    // says the same holder, in ANSI-C quotes.
+    let pending = server.json(&["allocate", "--agent", "w2", "--kind", "dir"]);
+    let blocked = server.run(&["acquire", str_of(&pending, "ref"), "--holder", EVIL, "--block", "--timeout", "1s"]);
+    assert_eq!(code(&blocked), 4, "{}", text_of(&blocked));
+    shown_safely("acquire --block", &text(&blocked.stderr));
+    assert!(text(&blocked.stderr).contains(r"--holder $'x\x1b[31mRED\rFAKE\u202e'"), "{}", text(&blocked.stderr));
+
+    // An error on stderr that quotes a command's text: a line of `publish --file` that does not decode.
+    let file = dir.path().join("commands.ndjson");
+    let allocate = leasehold_schemas::command::Allocate {
+        agent: leasehold_schemas::AgentName::new("w1").unwrap(),
+        resource: ResourceId::generate(),
+        kind: "dir".to_owned(),
+        capacity: 1,
+        attributes: Default::default(),
+        parent: None,
+        pools: Vec::new(),
+        wait: None,
+    };
+    let issuer = leasehold_schemas::Issuer::new("cli").unwrap();
+    let envelope = leasehold_schemas::Envelope::new(
+        leasehold_schemas::CommandId::generate(),
+        issuer,
+        leasehold_schemas::Timestamp(1_790_000_000_000),
+        allocate,
+    );
+    let mut line: Value = serde_json::from_str(&leasehold_schemas::codec::command_to_json(&envelope).unwrap()).unwrap();
+    line["body"][EVIL] = serde_json::json!(1);
+    std::fs::write(&file, format!("{line}\n{line}\n")).unwrap();
+    let published = server.run(&["publish", "--file", file.to_str().unwrap()]);
+    assert!(!published.status.success());
+    let stderr = text(&published.stderr);
+    shown_safely("publish", &stderr);
+    assert!(stderr.contains("  line 2: bad JSON") && stderr.contains(EVIL_SHOWN), "one line each: {stderr}");
+}
+
+/// `agent retire` is sticky: what the agent held is released and destroyed (and `get` says why), and the agent
+/// registering again when its `serve` restarts stays retired, though it holds nothing; `agent unretire` brings it
+/// back, on record with who asked. `policy set --gc dry-run` shows in `policy show`.
+#[test]
+fn retirement_is_sticky_until_unretired_on_record_and_gc_is_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("w1");
+    std::fs::create_dir_all(&root).unwrap();
+    let agents = [format!("w1=dir:{}", root.display())];
+    let data = dir.path().join("data");
+    let fast = ["--sync-interval", "200ms"];
+    let first_epoch = {
+        let server = Server::start_with(&data, None, "127.0.0.1:0", &agents, &fast);
+        wait_registered(&server, "w1");
+        let allocated = server.json(&["allocate", "--agent", "w1", "--kind", "dir"]);
+        let reference = str_of(&allocated, "ref").to_owned();
+        server.wait_for(&["get", &reference], "the resource created", |r| r["state"] == "active");
+        let retired = server.json(&["agent", "retire", "w1", "--issuer", "op:carol"]);
+        assert_eq!(retired["status"], "accepted", "{retired:#}");
+        let got = server.wait_for(&["get", &reference], "the resource destroyed", |r| r["state"] == "destroyed");
+        assert_eq!(got["detail"]["release"], serde_json::json!({"agent-retired": {}}), "{got:#}");
+        assert_eq!(got["detail"]["confirmed_by"], "w1", "{got:#}");
+        let table = text(&server.run(&["get", &reference]).stdout);
+        assert!(table.contains("destroyed, as its agent w1 confirmed, after its agent was retired"), "{table}");
+        let agents = server.json(&["agents"]);
+        assert_eq!((agents[0]["status"].as_str(), agents[0]["retired"].as_bool()), (Some("retired"), Some(true)));
+        agents[0]["epoch"].as_u64().expect("an epoch")
+    };
+
+    // The same agent registers again (its process restarted): still retired, though nothing is left to destroy.
+    let server = Server::start_with(&data, None, "127.0.0.1:0", &agents, &fast);
+    let agents = server.wait_for(&["agents"], "w1 registered again", |a| {
+        a[0]["epoch"].as_u64().is_some_and(|epoch| epoch > first_epoch)
+    });
+    assert_eq!((agents[0]["status"].as_str(), agents[0]["retired"].as_bool()), (Some("retired"), Some(true)));
+    assert_eq!(agents[0]["resources"].as_u64().map(|n| n <= 1), Some(true), "{agents:#}");
+    let table = text(&server.run(&["agents"]).stdout);
+    assert!(table.starts_with("NAME ") && table.contains(" retired ") && table.contains(" DRIVER "), "{table}");
+
+    // Unretired on record, by whom.
+    let unretired = server.json(&["agent", "unretire", "w1", "--issuer", "op:carol"]);
+    assert_eq!(unretired["status"], "accepted", "{unretired:#}");
+    let effect = &unretired["outcomes"][0]["outcome"]["decision"]["accepted"]["effects"][0];
+    assert_eq!(effect["agent-unretired"]["by"], "op:carol", "{unretired:#}");
+    let agents = server.wait_for(&["agents"], "w1 back in service", |a| a[0]["status"] == "live");
+    assert_eq!(agents[0]["retired"], false);
+    let again = server.fails(&["agent", "unretire", "w1"]);
+    assert!(again.contains("rejected (already-done)") && again.contains("is not retired"), "{again}");
+
+    // The gc mode is part of the policy.
+    let set = server.run(&["policy", "set", "--gc", "dry-run"]);
+    assert!(set.status.success(), "{}", text_of(&set));
+    assert_eq!(text(&set.stdout).matches(": accepted").count(), 4, "{}", text(&set.stdout));
+    server.wait_for(&["policy", "show"], "gc dry-run everywhere", |all| {
+        all.as_array().is_some_and(|all| all.iter().all(|p| p["gc"] == "dry-run" && p["recorded"] == true))
+    });
+    let shown = text(&server.run(&["policy", "show"]).stdout);
+    assert!(shown.contains("\ngc              dry-run\n"), "{shown}");
+    let unchanged = server.run(&["policy", "set", "--gc", "dry-run"]);
+    assert_eq!(text(&unchanged.stdout).matches(": unchanged").count(), 4, "{}", text_of(&unchanged));
+    let bad = server.run(&["policy", "set", "--gc", "sometimes"]);
+    assert_eq!(code(&bad), 2, "{}", text_of(&bad));
+}
+
+/// An in-process agent whose driver cannot open its root (here a plain file) stops, and says so, but `/healthz`
+/// stays 200: one machine's disk is not the process's health.
+#[test]
+fn an_agent_whose_root_cannot_be_opened_does_not_fail_healthz() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("not-a-directory");
+    std::fs::write(&root, "a file where the root should be").unwrap();
+    let server = Server::start(&dir.path().join("data"), &[format!("w9=dir:{}", root.display())]);
+    let address = server.url.trim_start_matches("http://").to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = http_get(&address, "/healthz");
+        assert!(answer.starts_with("HTTP/1.1 200"), "/healthz failed for one agent's disk: {answer}");
+        // Named on /healthz once stopped (or, an agent that keeps running, recorded in its record).
+        let recorded = server
+            .json(&["agents"])
+            .as_array()
+            .is_some_and(|agents| agents.iter().any(|a| a["name"] == "w9" && a["driver"]["available"] == false));
+        if answer.contains("agent w9") || recorded {
+            break;
+        }
+        assert!(Instant::now() < deadline, "agent w9 never said its root cannot be opened: {answer}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `GET path` on `address`, the whole answer (status line, headers, body).
+fn http_get(address: &str, path: &str) -> String {
+    let mut stream = TcpStream::connect(address).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("a read timeout");
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: leasehold\r\nConnection: close\r\n\r\n").expect("send");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("read");
+    answer
 }

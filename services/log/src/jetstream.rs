@@ -1913,7 +1913,14 @@ impl Owner for JetStreamOwner {
             Ok(_) => {}
             Err(e) => tracing::warn!(partition = self.partition, error = %e, "could not release the partition"),
         }
-        let _ = self.log.inner.client.flush().await;
+        // A flush waits for the connection: on a server that is gone, for as long as the client reconnects.
+        let flushed = tokio::time::timeout(self.log.inner.config.request_timeout, self.log.inner.client.flush()).await;
+        if flushed.is_err() {
+            tracing::warn!(
+                partition = self.partition,
+                "the acks of the partition were not flushed: the server is away"
+            );
+        }
     }
 }
 

@@ -32,7 +32,8 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 pub use views::{
-    AgentView, BreakerView, ClaimView, HolderView, LeaseBrief, LeaseView, PolicyView, PoolView, ResourceView,
+    AgentView, BreakerView, ClaimView, DriverView, HolderView, LeaseBrief, LeaseView, PolicyView, PoolView,
+    QuarantineView, ResourceView,
 };
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -56,7 +57,7 @@ const COUNTS: TableDefinition<(&str, &str), u64> = TableDefinition::new("counts"
 
 /// The layout of the read models. A projection of another layout (made by another build) is dropped when opened
 /// and folded again from sequence 1: the log is the truth, the projection a cache of it.
-pub const PROJECTION_VERSION: u64 = 3;
+pub const PROJECTION_VERSION: u64 = 4;
 /// The outcomes table of layout 1, keyed without the command sequence: dropped with the rest.
 const OUTCOMES_V1: TableDefinition<(&str, u32), (u64, &str)> = TableDefinition::new("outcomes");
 
@@ -479,8 +480,11 @@ impl<'t> Tables<'t> {
         let json = serde_json::to_string(outcome).map_err(storage)?;
         let id = outcome.command.id.to_string();
         self.outcomes.insert((id.as_str(), outcome.cmd_seq, outcome.part), (seq, json.as_str())).map_err(storage)?;
-        if outcome.effects().iter().any(|e| matches!(e, Effect::PartitionSettingsChanged { .. })) {
+        let settings_changed = |e: &Effect| matches!(e, Effect::PartitionSettingsChanged { .. });
+        if outcome.effects().iter().any(|e| matches!(e, Effect::GcModeChanged { .. }) || settings_changed(e)) {
             self.policies.insert(state.partition(), to_json(&PolicyView::of(state, seq))?.as_str()).map_err(storage)?;
+        }
+        if outcome.effects().iter().any(settings_changed) {
             // Agents that follow the policy follow it now: their records show the settings in force.
             for agent in state.agents().filter(|a| a.settings.is_none()) {
                 let view = to_json(&AgentView::of(state, agent, seq))?;
@@ -488,8 +492,8 @@ impl<'t> Tables<'t> {
             }
         }
         match &outcome.command.key {
-            Key::Agent(agent) => {
-                if let Some(agent) = state.agent(agent) {
+            Key::Agent(name) => {
+                if let Some(agent) = state.agent(name) {
                     let view = to_json(&AgentView::of(state, agent, seq))?;
                     self.agents.insert(agent.name.as_str(), view.as_str()).map_err(storage)?;
                 }
@@ -503,14 +507,32 @@ impl<'t> Tables<'t> {
                     }
                 }
                 for (id, before) in &touched.resources {
+                    // A resource no longer in state is one of the outcome's own agent (an outcome changes only the
+                    // aggregate of its key).
+                    let reference = match state.resource(*id) {
+                        Some(resource) => resource.reference(),
+                        None => ResourceRef::new(name.clone(), *id),
+                    }
+                    .to_string();
+                    let old = match self.resources.get(reference.as_str()).map_err(storage)? {
+                        Some(old) => Some(from_json::<ResourceView>(old.value())?),
+                        None => None,
+                    };
                     if let Some(resource) = state.resource(*id) {
-                        let reference = resource.reference().to_string();
-                        let created_seq = match self.resources.get(reference.as_str()).map_err(storage)? {
-                            Some(old) => from_json::<ResourceView>(old.value())?.created_seq,
-                            None => seq,
-                        };
-                        let view = ResourceView::of(state, resource, created_seq, seq, outcome.decided_at.0);
+                        let created_seq = old.as_ref().map_or(seq, |old| old.created_seq);
+                        let mut view = ResourceView::of(state, resource, created_seq, seq, outcome.decided_at.0);
+                        view.quarantined = QuarantineView::follow(old.and_then(|old| old.quarantined), outcome, *id);
                         self.write_resource(&view, *before)?;
+                    } else if let Some(mut old) = old {
+                        // Forgotten from the state after the horizon (a lost resource's id stays known to its
+                        // agent): its handle's quarantine still changes the stored record, and nothing else does.
+                        let quarantined = QuarantineView::follow(old.quarantined.clone(), outcome, *id);
+                        if quarantined != old.quarantined {
+                            old.quarantined = quarantined;
+                            old.as_of = seq;
+                            old.updated_at = outcome.decided_at.0;
+                            self.resources.insert(reference.as_str(), to_json(&old)?.as_str()).map_err(storage)?;
+                        }
                     }
                 }
             }
@@ -520,7 +542,8 @@ impl<'t> Tables<'t> {
             }
             Key::Pool(name) => {
                 if let Some(pool) = state.pool(name) {
-                    self.pools.insert(name.as_str(), to_json(&PoolView::of(pool, seq))?.as_str()).map_err(storage)?;
+                    let view = PoolView::of(pool, seq, outcome.decided_at);
+                    self.pools.insert(name.as_str(), to_json(&view)?.as_str()).map_err(storage)?;
                     for value in &touched.values {
                         let text = value.to_string();
                         match HolderView::of(pool, value, seq) {

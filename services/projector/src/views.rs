@@ -1,12 +1,17 @@
 //! The records of the read models, in JSON: what `GET /v1/...` and the CLI show. Each is made from the partition
 //! state the projector folds (the domain's own fold, so a read model can never disagree with the writer's view), as
-//! of the outcome that last touched it.
+//! of the outcome that last touched it. One part is followed from the outcomes instead: a lost resource's quarantined
+//! handle ([`QuarantineView`]), which the state forgets once the handle is ordered destroyed, and whose resource
+//! record may be forgotten from the state before its handle comes back.
 
 use std::collections::BTreeMap;
 
 use leasehold_domain::PartitionState;
 use leasehold_domain::state::{Agent, ClaimSlot, Holding, Lease, LeaseState, Pool, Resource, ResourceState};
-use leasehold_schemas::settings::ClusterPolicy;
+use leasehold_schemas::Outcome;
+use leasehold_schemas::ids::{ResourceId, Timestamp};
+use leasehold_schemas::outcome::{Effect, GarbageCause};
+use leasehold_schemas::settings::{ClusterPolicy, GcMode};
 use serde::{Deserialize, Serialize};
 
 /// A resource as the log last decided it.
@@ -25,7 +30,11 @@ pub struct ResourceView {
     pub upstream_suspect: bool,
     /// `pending`, `active`, `paused`, `suspect`, `releasing`, `destroyed`, `lost`, `orphaned`, `failed`.
     pub state: String,
-    /// Why it is in that state, where the state says (a pause, a suspicion, a release, a failure).
+    /// Why it is in that state: a pause, a suspicion, a release; and for every terminal state its reason —
+    /// `destroyed`: `{"release": <the release cause it answered, or null>, "confirmed_by": <its agent>}`; `lost`:
+    /// `{"found_missing_by": <its agent>, "observation": {"epoch", "obs"}}`; `orphaned`: `{"agent_gone_at": <unix
+    /// ms or null>, "freed_because": "its holder's agent w1 was declared gone at <time>"}`; `failed`: the driver's
+    /// error, as a string.
     pub detail: Option<serde_json::Value>,
     /// Log time of its allocation (unix ms).
     pub allocated_at: u64,
@@ -34,12 +43,75 @@ pub struct ResourceView {
     /// Live leases (waiting or active), first come first.
     pub leases: Vec<LeaseBrief>,
     pub terminal_at: Option<u64>,
+    /// For a `lost` resource whose handle came back on its agent's machine: the quarantine of that handle.
+    pub quarantined: Option<QuarantineView>,
     /// The outcome sequence that allocated it.
     pub created_seq: u64,
     /// Log time of the outcome this record is as of (unix ms).
     pub updated_at: u64,
     /// The outcome sequence this record is as of.
     pub as_of: u64,
+}
+
+/// The handle of a `lost` resource found on its agent's machine again (`handle-reappeared`): quarantined, untouched
+/// by the agent, until a release of the lost resource orders it destroyed (`garbage-destroy-ordered`) and the agent
+/// reports it destroyed (`garbage-destroyed`). Followed from the outcomes, since the partition state keeps only the
+/// part still pending.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuarantineView {
+    /// The position of `handle-reappeared`.
+    pub position: u64,
+    /// Log time it was found (unix ms).
+    pub found_at: u64,
+    /// The position of the `garbage-destroy-ordered` a release of the lost resource made; `null` while quarantined.
+    pub destroy_ordered: Option<u64>,
+    /// Who released it (the issuer of that release), and why.
+    pub released_by: Option<String>,
+    pub reason: Option<String>,
+    /// Log time its agent reported the handle destroyed (unix ms).
+    pub destroyed_at: Option<u64>,
+}
+
+impl QuarantineView {
+    /// `previous` followed through what `outcome` says of resource `id`'s handle.
+    pub fn follow(previous: Option<QuarantineView>, outcome: &Outcome, id: ResourceId) -> Option<QuarantineView> {
+        let mut current = previous;
+        for (position, effect) in outcome.positioned_effects() {
+            match effect {
+                Effect::HandleReappeared { resource, .. } if *resource == id => {
+                    current = Some(QuarantineView {
+                        position: position.0,
+                        found_at: outcome.decided_at.0,
+                        destroy_ordered: None,
+                        released_by: None,
+                        reason: None,
+                        destroyed_at: None,
+                    });
+                }
+                Effect::GarbageDestroyOrdered { handle, cause } if *handle == id => {
+                    if let Some(q) = current.as_mut() {
+                        q.destroy_ordered = Some(position.0);
+                        if let GarbageCause::Released { by, reason } = cause {
+                            q.released_by = Some(by.to_string());
+                            q.reason = reason.clone();
+                        }
+                    }
+                }
+                Effect::GarbageDestroyed { handle, .. } if *handle == id => {
+                    if let Some(q) = current.as_mut().filter(|q| q.destroy_ordered.is_some()) {
+                        q.destroyed_at = Some(outcome.decided_at.0);
+                    }
+                }
+                _ => {}
+            }
+        }
+        current
+    }
+
+    /// True while the handle is on the machine and nothing has ordered it destroyed.
+    pub fn is_pending(&self) -> bool {
+        self.destroy_ordered.is_none()
+    }
 }
 
 /// A live lease as its resource lists it.
@@ -97,7 +169,25 @@ pub struct AgentView {
     pub own_settings: bool,
     /// While the circuit breaker holds (status `suspect`): why.
     pub breaker: Option<BreakerView>,
+    /// Retired by an operator (sticky until `agent unretire`), whatever `status` says (a gone agent reads `gone`).
+    pub retired: bool,
+    /// While it is `gone`: log time it was declared gone (unix ms).
+    pub gone_at: Option<u64>,
+    /// Whether its driver can list the machine's resources, and if not why (as the agent recorded it).
+    pub driver: DriverView,
+    /// Handles of `lost` resources on its machine, quarantined until a release orders them destroyed.
+    pub quarantined: u64,
+    /// Garbage handles ordered destroyed and not yet reported destroyed.
+    pub garbage_orders: u64,
     pub as_of: u64,
+}
+
+/// An agent's driver as the agent last recorded it (`agent-driver-unavailable`, `agent-driver-available`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverView {
+    pub available: bool,
+    /// Why it cannot list (a root gone, unmounted, no longer naming its agent); `null` while available.
+    pub detail: Option<String>,
 }
 
 /// Why an agent is suspect: the report that tripped its breaker would have lost `would_lose` of its `live`
@@ -121,6 +211,9 @@ pub struct PolicyView {
     pub recorded: bool,
     pub policy: ClusterPolicy,
     pub outcome_horizon_ms: u64,
+    /// What the partition's agents do with garbage: `destroy` (ordered on record) or `dry-run` (recorded only).
+    #[serde(default)]
+    pub gc: GcMode,
     pub as_of: u64,
 }
 
@@ -133,6 +226,7 @@ impl PolicyView {
             recorded: state.settings().policy.is_some(),
             policy: state.policy().clone(),
             outcome_horizon_ms: state.settings().outcome_horizon.0,
+            gc: state.gc_mode(),
             as_of,
         }
     }
@@ -145,7 +239,13 @@ pub struct PoolView {
     pub cooldown_ms: u64,
     pub held: u64,
     pub waiting: u64,
+    /// Freed identifiers whose cool-down has not ended: as of `updated_at` in the projection; the gateway answers
+    /// it as of its own clock ([`PoolView::at`]), since the record changes only when the pool's outcomes do.
     pub cooling: u64,
+    /// When each of those cool-downs ends (unix ms, earliest first).
+    pub cooling_until: Vec<u64>,
+    /// Log time of the outcome this record is as of (unix ms).
+    pub updated_at: u64,
     pub as_of: u64,
 }
 
@@ -173,8 +273,24 @@ impl ResourceView {
             }
             ResourceState::Suspect { cause, .. } => Some(json(cause)),
             ResourceState::Releasing { cause } => Some(json(cause)),
+            ResourceState::Destroyed { cause } => Some(serde_json::json!({
+                "release": cause.as_deref().map(json),
+                "confirmed_by": resource.agent.as_str(),
+            })),
+            ResourceState::Lost { stamp } => Some(serde_json::json!({
+                "found_missing_by": resource.agent.as_str(),
+                "observation": json(stamp),
+            })),
+            ResourceState::Orphaned { gone_at } => {
+                let agent = &resource.agent;
+                let freed_because = match gone_at {
+                    Some(at) => format!("its holder's agent {agent} was declared gone at {at}"),
+                    None => format!("its holder's agent {agent} was declared gone"),
+                };
+                Some(serde_json::json!({ "agent_gone_at": gone_at.map(|t| t.0), "freed_because": freed_because }))
+            }
             ResourceState::Failed { detail } => Some(serde_json::Value::String(detail.clone())),
-            _ => None,
+            ResourceState::Pending | ResourceState::Active => None,
         };
         let claims = resource
             .claims
@@ -211,6 +327,8 @@ impl ResourceView {
                 })
                 .collect(),
             terminal_at: resource.terminal_at.map(|t| t.0),
+            // Followed from the outcomes by the projector (see [`QuarantineView::follow`]).
+            quarantined: None,
             created_seq,
             updated_at,
             as_of,
@@ -259,22 +377,50 @@ impl AgentView {
                 live: b.live,
                 tripped_at: b.tripped_at.0,
             }),
+            retired: agent.retired,
+            gone_at: agent.gone_at.map(|t| t.0),
+            driver: DriverView {
+                available: agent.driver_unavailable.is_none(),
+                detail: agent.driver_unavailable.clone(),
+            },
+            quarantined: agent.quarantined.len() as u64,
+            garbage_orders: agent.garbage_orders.len() as u64,
             as_of,
         }
     }
 }
 
 impl PoolView {
-    pub fn of(pool: &Pool, as_of: u64) -> Self {
+    /// The record of `pool` as of the outcome at `as_of`, decided at `updated_at`. The pool keeps a freed identifier
+    /// in its cooling queue until it is handed out again, cooled or not: only those still cooling then count.
+    pub fn of(pool: &Pool, as_of: u64, updated_at: Timestamp) -> Self {
+        let cooling_until: Vec<u64> = pool
+            .cooling
+            .keys()
+            .map(|(freed_at, _)| freed_at.saturating_add(pool.cooldown))
+            .filter(|until| *until > updated_at)
+            .map(|until| until.0)
+            .collect();
         PoolView {
             name: pool.name.to_string(),
             kind: json(&pool.kind),
             cooldown_ms: pool.cooldown.0,
             held: pool.held.len() as u64,
             waiting: pool.waiters.len() as u64,
-            cooling: pool.cooling.len() as u64,
+            cooling: cooling_until.len() as u64,
+            cooling_until,
+            updated_at: updated_at.0,
             as_of,
         }
+    }
+
+    /// The record as of `now` (unix ms; never before the record's own time): `cooling` counts only the cool-downs
+    /// not ended by then.
+    pub fn at(mut self, now: u64) -> Self {
+        let now = now.max(self.updated_at);
+        self.cooling_until.retain(|until| *until > now);
+        self.cooling = self.cooling_until.len() as u64;
+        self
     }
 }
 

@@ -294,9 +294,14 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
                 unserved_since.remove(&partition);
                 let token = shutdown.child_token();
                 let (log, config, stop) = (log.clone(), config.clone(), token.clone());
-                let task = tokio::spawn(async move { serve_once(log, partition, &config, &stop).await });
+                // Tracked from now (asking), so a first look that just ended counts it as not loaded yet.
+                let tracked = WorkerMetrics::track(config.writer.metrics.as_ref(), partition);
+                let task = tokio::spawn(async move { serve_once(log, partition, &config, &stop, &tracked).await });
                 running.insert(partition, (held, token, task));
             }
+        }
+        if let Some(metrics) = &config.writer.metrics {
+            metrics.looked();
         }
         tokio::select! {
             biased;
@@ -334,6 +339,7 @@ async fn serve_once<L: Log>(
     partition: u32,
     config: &WorkerConfig,
     stop: &CancellationToken,
+    tracked: &metrics::Tracked,
 ) -> (Counts, Result<(), Error>) {
     let mut owner = match log.own(partition, &config.name).await {
         Ok(Some(owner)) => owner,
@@ -345,6 +351,7 @@ async fn serve_once<L: Log>(
         Err(e) => return (Counts::default(), Err(e.into())),
     };
     tracing::debug!(partition, worker = %config.name, "serving partition");
+    tracked.set(metrics::Phase::Loading);
     // The hold is kept alive while the partition loads.
     let load = Writer::load(log.clone(), partition, config.writer.clone(), 0);
     tokio::pin!(load);
@@ -367,6 +374,7 @@ async fn serve_once<L: Log>(
             return (Counts::default(), Err(e));
         }
     };
+    tracked.set(metrics::Phase::Serving);
     let result = writer.serve(&mut owner, stop).await;
     let counts = writer.counts();
     match result {

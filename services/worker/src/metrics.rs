@@ -1,6 +1,8 @@
 //! What the writers of this process tell Prometheus: commands decided and rejected by type, how long a decision
 //! takes from the command in hand to its outcome landed, how far behind the log's clock each partition is, dead
 //! letters and reloads. Registered in the process's registry by `serve`; a writer without metrics records nothing.
+//! They also hold where each partition of the process stands (asked for, loading, serving): what `/readyz` waits on,
+//! and what a stop cut short by its grace names as not given back.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -39,6 +41,53 @@ pub struct WorkerMetrics {
     stopped_gauge: Family<PartitionLabel, Gauge>,
     /// Partitions stopped on record (a broken chain, a newer decider...), with why: for `/healthz`.
     stopped: Arc<Mutex<BTreeMap<u32, String>>>,
+    /// Where the partitions this process's writers were given stand: for `/readyz` and a stop cut short.
+    phases: Arc<Mutex<Phases>>,
+}
+
+/// Where a partition given to this process's writers stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Its writer asks the log for it (another worker may hold it).
+    Asking,
+    /// Held, and loading (snapshot and tail).
+    Loading,
+    /// Held and loaded: deciding.
+    Serving,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Phases {
+    /// The worker has looked at its share once (every partition of it was given a writer).
+    looked: bool,
+    of: BTreeMap<u32, Phase>,
+}
+
+/// A partition's entry in [`Phases`] for as long as its writer task lives: dropped with the task, whatever ends it.
+#[derive(Debug)]
+pub(crate) struct Tracked {
+    phases: Option<Arc<Mutex<Phases>>>,
+    partition: u32,
+}
+
+impl Tracked {
+    pub(crate) fn set(&self, phase: Phase) {
+        if let Some(phases) = &self.phases {
+            lock(phases).of.insert(self.partition, phase);
+        }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        if let Some(phases) = &self.phases {
+            lock(phases).of.remove(&self.partition);
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Default for WorkerMetrics {
@@ -55,6 +104,7 @@ impl Default for WorkerMetrics {
             append_records: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1.0, 2.0, 11)),
             stopped_gauge: Family::default(),
             stopped: Arc::default(),
+            phases: Arc::default(),
         }
     }
 }
@@ -133,5 +183,89 @@ impl WorkerMetrics {
     pub fn stopped(&self) -> Vec<(u32, String)> {
         let stopped = self.stopped.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         stopped.iter().map(|(p, why)| (*p, why.clone())).collect()
+    }
+
+    /// What keeps the writers from being ready, or `None` once they have looked at their share and every partition
+    /// they asked for is either loaded or another worker's. A partition taken over later (a worker left) makes
+    /// them wait again while it loads.
+    pub fn waiting_on(&self) -> Option<String> {
+        let phases = lock(&self.phases);
+        if !phases.looked {
+            return Some("looking for its share of the partitions".to_owned());
+        }
+        let pending = |wanted: Phase| phases.of.iter().filter(|(_, p)| **p == wanted).map(|(p, _)| *p).collect();
+        let (asking, loading): (Vec<u32>, Vec<u32>) = (pending(Phase::Asking), pending(Phase::Loading));
+        let mut waits = Vec::new();
+        if !loading.is_empty() {
+            waits.push(format!("loading partition(s) {}", ranges(&loading)));
+        }
+        if !asking.is_empty() {
+            waits.push(format!("asking the log for partition(s) {}", ranges(&asking)));
+        }
+        (!waits.is_empty()).then(|| waits.join("; "))
+    }
+
+    /// The partitions the writers hold now (loading or serving): those not given back if the process ended now.
+    pub fn held(&self) -> Vec<u32> {
+        lock(&self.phases).of.iter().filter(|(_, p)| **p != Phase::Asking).map(|(p, _)| *p).collect()
+    }
+
+    /// A partition's entry, [`Phase::Asking`] until its writer says more, removed when the returned value drops.
+    pub(crate) fn track(metrics: Option<&WorkerMetrics>, partition: u32) -> Tracked {
+        let phases = metrics.map(|m| m.phases.clone());
+        let tracked = Tracked { phases, partition };
+        tracked.set(Phase::Asking);
+        tracked
+    }
+
+    /// The worker has given every partition of its first share a writer.
+    pub(crate) fn looked(&self) {
+        lock(&self.phases).looked = true;
+    }
+}
+
+/// Partitions as ranges: `0-3, 7, 9-10`.
+pub fn ranges(partitions: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut iter = partitions.iter().copied().peekable();
+    while let Some(start) = iter.next() {
+        let mut end = start;
+        while iter.peek() == Some(&(end + 1)) {
+            end = iter.next().unwrap_or(end);
+        }
+        out.push(if end == start { start.to_string() } else { format!("{start}-{end}") });
+    }
+    out.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_writers_are_ready_once_their_share_is_loaded() {
+        let metrics = WorkerMetrics::default();
+        assert_eq!(metrics.waiting_on().as_deref(), Some("looking for its share of the partitions"));
+        let (zero, one, two) = (
+            WorkerMetrics::track(Some(&metrics), 0),
+            WorkerMetrics::track(Some(&metrics), 1),
+            WorkerMetrics::track(Some(&metrics), 2),
+        );
+        metrics.looked();
+        zero.set(Phase::Loading);
+        one.set(Phase::Loading);
+        assert_eq!(
+            metrics.waiting_on().as_deref(),
+            Some("loading partition(s) 0-1; asking the log for partition(s) 2")
+        );
+        assert_eq!(metrics.held(), [0, 1]);
+        zero.set(Phase::Serving);
+        drop(one);
+        drop(two);
+        assert_eq!(metrics.waiting_on(), None, "another worker's partitions are not waited for");
+        assert_eq!(metrics.held(), [0]);
+        drop(zero);
+        assert!(metrics.held().is_empty(), "a partition given back is not held");
+        assert_eq!(ranges(&[0, 1, 2, 5, 7, 8]), "0-2, 5, 7-8");
     }
 }

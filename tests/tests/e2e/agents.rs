@@ -52,7 +52,7 @@ fn wipe(root: &Path, resources: &[ResourceId]) {
 async fn a_wiped_agent_trips_the_breaker_until_the_loss_is_confirmed() {
     let Some(run) = NatsRun::start("agents", PARTITIONS) else { return };
     let mut serve = run.serve("serve", &[]);
-    let api = Api::new(serve.address().await);
+    let api = Api::new(serve.ready().await);
     let mut a1 = run.agent("a1", &[]);
     wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &a1]).await;
     let name = agent_name("a1");
@@ -148,7 +148,7 @@ async fn an_agent_that_dies_turns_stalled_then_gone_and_its_claims_come_back() {
     let mut extra = vec!["--stall-after", "3s", "--orphan-after", "5s"];
     extra.extend(FAST_SWEEPER);
     let mut serve = run.serve("serve", &extra);
-    let api = Api::new(serve.address().await);
+    let api = Api::new(serve.ready().await);
     let mut a1 = run.agent("a1", &[]);
     wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &a1]).await;
     let name = agent_name("a1");

@@ -26,7 +26,7 @@ async fn the_gateway_refuses_without_a_valid_token_and_records_the_principal_as_
     let (tokens_arg, agent) = (tokens.display().to_string(), format!("w1=dir:{}", root.display()));
     let args = ["serve", "--data", &data, "--listen", "127.0.0.1:0", "--tokens", &tokens_arg, "--agent", &agent];
     let mut serve = Proc::spawn(dir.path(), "serve", &args);
-    let server = serve.address().await;
+    let server = serve.ready().await;
     assert!(serve.stdout().contains("gateway: bearer tokens of op:alice"), "{}", serve.tail());
     wait_agent_live(&server, &mut serve).await;
 

@@ -53,7 +53,7 @@ async fn one_embedded_process_serves_the_api_and_its_agent_keeps_the_directories
     let args =
         ["serve", "--data", &data_arg, "--listen", "127.0.0.1:0", "--agent", &agent_spec, "--sync-interval", SYNC];
     let mut serve = Proc::spawn(dir.path(), "serve-1", &args);
-    let api = Api::new(serve.address().await);
+    let api = Api::new(serve.ready().await);
     let w1 = agent_name("w1");
     let first = wait_agent(&api, "w1", |a| a.status == "live", &[&serve]).await;
 
@@ -144,7 +144,7 @@ async fn one_embedded_process_serves_the_api_and_its_agent_keeps_the_directories
 
     // Restart on the same data directory: the same answers, and the agent registers again.
     let mut serve = Proc::spawn(dir.path(), "serve-2", &args);
-    let api = Api::new(serve.address().await);
+    let api = Api::new(serve.ready().await);
     for (path, was) in &before {
         let now = api.get(path).await.unwrap_or_else(|| panic!("{path} answers after the restart"));
         assert_eq!(&now, was, "{path} answers differently after the restart");
@@ -238,7 +238,7 @@ async fn separate_processes_over_nats_settle_after_a_worker_is_killed() {
         &gw_data,
     ];
     let mut gateway = Proc::spawn(dir.path(), "gw", &gw_args);
-    let api = Api::new(gateway.address().await);
+    let api = Api::new(gateway.ready().await);
     let mut agents = BTreeMap::new();
     for name in ["a1", "a2"] {
         let driver = format!("dir:{}", dir.path().join(name).display());
@@ -392,8 +392,8 @@ async fn separate_processes_over_nats_settle_after_a_worker_is_killed() {
 }
 
 /// Two agents given one root would each destroy the other's directories as unknown: the second refuses to start
-/// (the root is locked and names its agent), nothing of the first is touched, and `/healthz` says the process is
-/// failing, with why, while the other roles go on.
+/// (the root is locked and names its agent), nothing of the first is touched, and `/healthz` (and `/readyz`) say the
+/// process is failing, with why, while the other roles go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_agents_on_one_root_are_refused_and_health_says_so() {
     let dir = tempfile::Builder::new().prefix("lh-e2e-root-").tempdir().expect("a temporary directory");
@@ -403,6 +403,7 @@ async fn two_agents_on_one_root_are_refused_and_health_says_so() {
     let args =
         ["serve", "--data", &data, "--listen", "127.0.0.1:0", "--agent", &a1, "--agent", &a2, "--sync-interval", SYNC];
     let mut serve = Proc::spawn(dir.path(), "serve-shared", &args);
+    // Never ready: one of its agents stopped.
     let api = Api::new(serve.address().await);
     let deadline = Instant::now() + STEP;
     let health = loop {
@@ -417,6 +418,10 @@ async fn two_agents_on_one_root_are_refused_and_health_says_so() {
     assert_eq!(health["status"], "failing", "{health}");
     let failures = health["failures"].to_string();
     assert!(failures.contains("in use by another agent process"), "{failures}");
+    let ready = api.http.get(format!("{}/readyz", api.base)).send().await.expect("GET /readyz");
+    assert_eq!(ready.status().as_u16(), 503, "a process with a role stopped is not ready");
+    let ready: Value = ready.json().await.expect("JSON");
+    assert_eq!(ready["status"], "failing", "{ready}");
     // The one that got the root works: its allocation is made.
     let owner = std::fs::read_to_string(root.join(leasehold_agent::OWNER_FILE)).expect("the owner file");
     let owner = agent_name(owner.trim());

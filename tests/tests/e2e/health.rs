@@ -26,7 +26,7 @@ const PARTITIONS: u32 = 8;
 async fn a_failed_resource_is_quarantined_checked_and_restored_or_released_with_its_child() {
     let Some(run) = NatsRun::start("health", PARTITIONS) else { return };
     let mut serve = run.serve("serve", &["--roles", "worker,projector,gateway"]);
-    let api = Api::new(serve.address().await);
+    let api = Api::new(serve.ready().await);
     let mut sweeper_args = vec!["--roles", "sweeper"];
     sweeper_args.extend(FAST_SWEEPER);
     let mut sweeper = run.serve("sweeper", &sweeper_args);

@@ -14,6 +14,8 @@ mod nats;
 mod pools;
 mod publish;
 mod python_producer;
+mod readiness;
 mod replay;
+mod stopping;
 mod support;
 mod sweepers;

@@ -36,7 +36,7 @@ async fn an_address_comes_back_only_after_its_holder_is_destroyed_and_its_cool_d
     let mut extra = FAST_SWEEPER.to_vec();
     extra.extend(["--release-timeout", "300ms"]);
     let mut serve = run.serve("serve", &extra);
-    let api = Api::new(serve.address().await);
+    let api = Api::new(serve.ready().await);
     let mut agent = run.agent("a1", &[]);
     wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &agent]).await;
     let log = run.log().await;

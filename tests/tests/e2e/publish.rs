@@ -25,7 +25,7 @@ async fn a_file_of_commands_is_published_in_batches_each_once() {
     let args =
         ["serve", "--data", &data, "--listen", "127.0.0.1:0", "--agent", &agent_spec, "--sync-interval", "500ms"];
     let mut serve = Proc::spawn(dir.path(), "serve", &args);
-    let server = serve.address().await;
+    let server = serve.ready().await;
     let api = Api::new(server.clone());
     wait_agent(&api, "w1", |a| a.status == "live", &[&serve]).await;
 
@@ -131,7 +131,7 @@ fn resource_of(envelope: &Envelope) -> ResourceId {
 async fn a_file_of_commands_goes_straight_to_jetstream_each_once() {
     let Some(run) = crate::nats::NatsRun::start("publish", 4) else { return };
     let mut serve = run.serve("serve", &[]);
-    serve.address().await;
+    serve.ready().await;
     let w1 = agent_name("w1");
     let envelopes: Vec<Envelope> = (0..20).map(|_| allocate(&w1, ResourceId::generate())).collect();
     let json = |e: &Envelope| codec::command_to_json(e).expect("the command in JSON");

@@ -105,7 +105,7 @@ async fn a_python_producer_publishes_json_to_jetstream_and_reads_its_outcomes_fr
         "e2e-py",
     ];
     let mut serve = Proc::spawn(dir.path(), "serve", &args);
-    let gateway = serve.address().await;
+    let gateway = serve.ready().await;
     let address = gateway.strip_prefix("http://").expect("an http:// address").to_owned();
     // The agent runs already: the producer registers nothing.
     wait_for(&mut serve, &address, "/v1/agents", |agents| {

@@ -328,7 +328,7 @@ async fn a_running_server_is_read_through_its_gateway_and_jetstream_directly() {
     let agent = format!("w1=dir:{}", dir.join("w1").display());
     let args = ["serve", "--data", "data", "--listen", "127.0.0.1:0", "--partitions", "4", "--agent", &agent];
     let mut serve = Proc::spawn(dir, "serve", &args);
-    let base = serve.address().await;
+    let base = serve.ready().await;
     let api = Api::new(base.clone());
     wait_agent(&api, "w1", |a| a.status == "live", &[&serve]).await;
     let w1 = agent_name("w1");
@@ -374,7 +374,7 @@ async fn a_running_server_is_read_through_its_gateway_and_jetstream_directly() {
 
     let Some(nats) = NatsRun::start("replay", 4) else { return };
     let mut serve = nats.serve("serve", &[]);
-    let base = serve.address().await;
+    let base = serve.ready().await;
     let mut agent = nats.agent("w1", &[]);
     let api = Api::new(base);
     wait_agent(&api, "w1", |a| a.status == "live", &[&serve, &agent]).await;

@@ -124,6 +124,37 @@ impl Proc {
         }
     }
 
+    /// The `http://...` address it listens on, once its `/readyz` answers 200 (every role of the process is ready:
+    /// a gateway takes commands), at most [`STEP`].
+    pub(crate) async fn ready(&mut self) -> String {
+        let address = self.address().await;
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().expect("an HTTP client");
+        let deadline = Instant::now() + STEP;
+        loop {
+            let answer = match http.get(format!("{address}/readyz")).send().await {
+                Ok(response) if response.status() == reqwest::StatusCode::OK => return address,
+                Ok(response) => format!("{}: {}", response.status(), response.text().await.unwrap_or_default()),
+                Err(e) => e.to_string(),
+            };
+            self.assert_running();
+            assert!(Instant::now() < deadline, "{} was not ready in {STEP:?}: {answer}\n{}", self.name, self.tail());
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Waits until it exits, at most `limit`: how it exited and how long that took.
+    pub(crate) async fn wait_exit(&mut self, limit: Duration) -> (ExitStatus, Duration) {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("ask whether the process runs") {
+                self.exited = Some(status);
+                return (status, started.elapsed());
+            }
+            assert!(started.elapsed() < limit, "{} did not exit in {limit:?}\n{}", self.name, self.output());
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
     /// SIGKILL (`Child::kill` signals exactly this process), then reaps it.
     pub(crate) fn kill9(&mut self) {
         self.assert_running();

@@ -31,7 +31,7 @@ const LIMIT: Duration = Duration::from_secs(90);
 async fn two_sweepers_expire_every_lease_exactly_once() {
     let Some(run) = NatsRun::start("sweepers", PARTITIONS) else { return };
     let mut serve = run.serve("serve", &["--roles", "worker,projector,gateway"]);
-    let api = Api::new(serve.address().await);
+    let api = Api::new(serve.ready().await);
     let sweeper = |name: &str| {
         run.serve(name, &["--roles", "sweeper", "--name", name, "--sweep-interval", "100ms", "--sweep-retry", "2s"])
     };

@@ -55,6 +55,7 @@ impl Gateway {
             projection: None,
             failures: Default::default(),
             workers: None,
+            ready: Default::default(),
         };
         Gateway { log, app: router(api, health), shutdown, tasks, _dirs: [log_dir, projection_dir] }
     }
