@@ -9,11 +9,13 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use leasehold_domain::MAX_ID_AHEAD;
 use leasehold_log::Log;
 use leasehold_schemas::codec::{self, MAX_COMMAND_BYTES};
-use leasehold_schemas::ids::CommandId;
+use leasehold_schemas::command::{Allocate, SubjectId};
+use leasehold_schemas::ids::{CommandId, Timestamp};
 use leasehold_schemas::subjects::ingress_subject_of;
-use leasehold_schemas::{CommandClass, Envelope, Outcome, Rejection};
+use leasehold_schemas::{Command, CommandClass, Envelope, Outcome, Rejection};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::Principal;
@@ -184,8 +186,8 @@ pub(crate) struct Checked {
 }
 
 /// The checks every command goes through at the gateway, alone or in a batch: the strict decoding of `schemas` (400
-/// naming the field), the authenticated principal as its issuer, `op` commands only (403), its bincode form within
-/// size (400).
+/// naming the field), the authenticated principal as its issuer, `op` commands only (403), no id stamped more than
+/// [`MAX_ID_AHEAD`] ahead of the gateway's clock (400), its bincode form within size (400).
 pub(crate) fn check(json: &[u8], principal: Option<&Principal>) -> Result<Checked, Refusal> {
     let mut envelope =
         codec::command_from_json(json).map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.to_string()))?;
@@ -208,6 +210,7 @@ pub(crate) fn check(json: &[u8], principal: Option<&Principal>) -> Result<Checke
             ),
         ));
     }
+    check_not_ahead(&envelope, gateway_now())?;
     let payload = codec::encode_command(&envelope).map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.to_string()))?;
     let id = envelope.command_id.to_string();
     let publish = leasehold_log::Publish {
@@ -216,6 +219,47 @@ pub(crate) fn check(json: &[u8], principal: Option<&Principal>) -> Result<Checke
         payload: payload.into(),
     };
     Ok(Checked { envelope, id, publish })
+}
+
+fn gateway_now() -> Timestamp {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Timestamp(u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The ids of a command that carry their issuer's clock (UUIDv7): the command's own, and the resource, lease and
+/// parent it names, each with what to call it.
+fn stamped_ids(envelope: &Envelope) -> Vec<(&'static str, String, Timestamp)> {
+    let mut ids = vec![("command id", envelope.command_id.to_string(), envelope.command_id.time())];
+    match envelope.body.subject_id() {
+        SubjectId::Resource(id) => ids.push(("resource id", id.to_string(), id.time())),
+        SubjectId::Lease(id) => ids.push(("lease id", id.to_string(), id.time())),
+        SubjectId::None => {}
+    }
+    match &envelope.body {
+        Command::Acquire(acquire) => ids.push(("resource id", acquire.resource.to_string(), acquire.resource.time())),
+        Command::Allocate(Allocate { parent: Some(parent), .. }) => {
+            ids.push(("parent id", parent.resource.to_string(), parent.resource.time()))
+        }
+        _ => {}
+    }
+    ids
+}
+
+/// Refuses (400) a command with an id stamped more than [`MAX_ID_AHEAD`] after `now`, the gateway's clock: the
+/// partition would refuse it by the log's clock anyway, and an issuer whose clock runs ahead learns it before
+/// anything is stored.
+fn check_not_ahead(envelope: &Envelope, now: Timestamp) -> Result<(), Refusal> {
+    let limit = now.saturating_add(MAX_ID_AHEAD);
+    match stamped_ids(envelope).into_iter().find(|(_, _, stamped)| *stamped > limit) {
+        None => Ok(()),
+        Some((what, id, stamped)) => Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{what} {id} says it was made at {stamped}, more than {MAX_ID_AHEAD} after the gateway's clock \
+                 ({now}); ids are UUIDv7 and carry their issuer's time: fix the issuer's clock"
+            ),
+        )),
+    }
 }
 
 /// The first decision of command `id`, when the projection has one. A command id names one command: one already

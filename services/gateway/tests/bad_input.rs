@@ -18,7 +18,7 @@ use leasehold_gateway::GatewayConfig;
 use leasehold_log::Log;
 use leasehold_schemas::codec::{self, MAX_COMMAND_BYTES};
 use leasehold_schemas::command::{Acquire, Allocate, ExpireLease, Heartbeat, Register};
-use leasehold_schemas::ids::{AgentName, CommandId, Issuer, LeaseId, Position, ResourceId, Timestamp};
+use leasehold_schemas::ids::{AgentName, CommandId, Issuer, LeaseId, Position, ResourceId, ResourceRef, Timestamp};
 use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::subjects::ingress_subject_of;
 use leasehold_schemas::{Command, Envelope, Uuid};
@@ -397,6 +397,65 @@ async fn content_types_classes_and_query_strings_are_checked_before_anything_is_
     let (status, answer) = gw.post_as(POST, Some("application/json; charset=utf-8"), text(&allocate("w1"))).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
     assert_eq!(gw.last_seq().await, before + 2);
+}
+
+/// Ids carry their issuer's clock (UUIDv7): a command, resource, lease or parent id stamped more than
+/// `MAX_ID_AHEAD` (5 minutes) after the gateway's clock is refused at the door, alone or in a batch, and nothing is
+/// published; one a minute ahead (a clock a little fast) is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_stamped_far_ahead_of_the_gateways_clock_are_refused() {
+    let gw = Gateway::start(false).await;
+    let json = Some("application/json");
+    let bad = StatusCode::BAD_REQUEST;
+    let ahead = leasehold_domain::MAX_ID_AHEAD.0;
+    // Ten seconds past the limit: the test's clock and the gateway's are the same clock, read a moment apart.
+    let far = now_ms() + ahead + 10_000;
+    let says = |what: &'static str| [what, "more than 5min after the gateway's clock", "fix the issuer's clock"];
+
+    let mut command = allocate("w1");
+    command.command_id = CommandId::from_parts(far, [1; 10]);
+    gw.refused("a command id ahead", POST, json, text(&command).into_bytes(), bad, &says("command id")).await;
+
+    let mut resource = allocate("w1");
+    let Command::Allocate(body) = &mut resource.body else { unreachable!("an allocation") };
+    body.resource = ResourceId::from_parts(far, [2; 10]);
+    gw.refused("a resource id ahead", POST, json, text(&resource).into_bytes(), bad, &says("resource id")).await;
+
+    let mut child = allocate("w1");
+    let Command::Allocate(body) = &mut child.body else { unreachable!("an allocation") };
+    body.parent = Some(ResourceRef::new(agent("w2"), ResourceId::from_parts(far, [3; 10])));
+    gw.refused("a parent id ahead", POST, json, text(&child).into_bytes(), bad, &says("parent id")).await;
+
+    let acquire = |lease: LeaseId, resource: ResourceId| {
+        let holder = "build-1".to_owned();
+        let body = Acquire { agent: agent("w1"), resource, lease, holder, ttl: None, wait_timeout: None };
+        envelope("op:test", body)
+    };
+    let lease_ahead = acquire(LeaseId::from_parts(far, [4; 10]), ResourceId::generate());
+    gw.refused("a lease id ahead", POST, json, text(&lease_ahead).into_bytes(), bad, &says("lease id")).await;
+    let resource_ahead = acquire(LeaseId::generate(), ResourceId::from_parts(far, [5; 10]));
+    gw.refused("an acquired resource ahead", POST, json, text(&resource_ahead).into_bytes(), bad, &says("resource id"))
+        .await;
+
+    // In a batch, the item alone is refused; the others are published.
+    let good = allocate("w1");
+    let before = gw.last_seq().await;
+    let batch = format!("[{},{}]", text(&good), text(&command));
+    let (status, answers) = gw.post("/v1/commands/batch", batch).await;
+    assert_eq!(status, StatusCode::OK, "{answers}");
+    assert_eq!(answers[0]["status"], "published", "{answers:#}");
+    assert_eq!(answers[1]["status_code"], 400, "{answers:#}");
+    let message = answers[1]["error"].as_str().expect("an error");
+    assert!(message.contains("command id") && message.contains("fix the issuer's clock"), "{message}");
+    assert_eq!(gw.last_seq().await, before + 1, "only the good command is published");
+
+    // A clock a minute fast is within the tolerance.
+    let mut near = allocate("w1");
+    near.command_id = CommandId::from_parts(now_ms() + 60_000, [6; 10]);
+    let Command::Allocate(body) = &mut near.body else { unreachable!("an allocation") };
+    body.resource = ResourceId::from_parts(now_ms() + 60_000, [7; 10]);
+    let (status, answer) = gw.post(POST, text(&near)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

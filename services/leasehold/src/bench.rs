@@ -4,6 +4,9 @@
 //!
 //! It needs an empty log (a new data directory, or a NATS server with no leasehold streams yet) and refuses any
 //! other: it publishes tens of thousands of commands.
+//!
+//! `leasehold bench regrant` (how soon a released pool identifier goes to the holder waiting for it) is in
+//! `bench/regrant.rs`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,10 +26,15 @@ use leasehold_schemas::{Effect, Envelope, Uuid, codec};
 use leasehold_worker::{WriterConfig, fold_partition};
 use tokio_util::sync::CancellationToken;
 
+mod regrant;
+
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum BenchCmd {
     /// Raw log rates beside leasehold's end-to-end rate, latency, fence fan-out cost and takeover time.
     Throughput(ThroughputArgs),
+    /// How soon a pool identifier freed by a release is bound to the holder waiting for it (p50/p99 of many rounds,
+    /// cool-down subtracted), with the services of `serve` and one agent in this process.
+    Regrant(regrant::RegrantArgs),
     /// (Used by `throughput`.) Folds partition 0 of a one-partition log in a fresh process and prints the memory
     /// the fold took, per live resource, as JSON.
     #[command(hide = true)]
@@ -113,6 +121,7 @@ pub(crate) fn run(cmd: BenchCmd) -> anyhow::Result<()> {
     match cmd {
         BenchCmd::Throughput(args) => runtime.block_on(throughput(args)),
         BenchCmd::Memory(args) => runtime.block_on(memory(args)),
+        BenchCmd::Regrant(args) => runtime.block_on(regrant::run(args)),
     }
 }
 

@@ -97,7 +97,8 @@ pub(crate) struct ServeArgs {
     /// Batched ingest: the most commands of concurrent HTTP requests the gateway publishes at once (1: each alone).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u16).range(1..=1000))]
     ingest_batch: u16,
-    /// How often the sweeper looks for due work.
+    /// How often the sweeper looks for work that falls due with time alone (deadlines); work that an outcome
+    /// announces (a freed address, a grant to carry) is asked for as soon as the outcome arrives.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     sweep_interval: Duration,
     /// A sweeper request whose effect has not shown after this long is sent again.

@@ -5,6 +5,10 @@
 //! It never writes state and never decides: a request is decided by the partition it goes to, by the log's clock.
 //! One that arrives early is refused `not-yet-due` (not remembered), and asked again after `retry_after`.
 //!
+//! It plans as soon as new outcomes are folded (a burst of them once, at most every `plan_gap`), so a claim
+//! releasable, a grant or an adoption answer is carried on within milliseconds; the tick (`interval`) is for what
+//! falls due with time alone: a deadline that passes while nothing is appended.
+//!
 //! Several sweepers may run at once. A request's command id derives from the work it asks for and the second it is
 //! sent in, so sweepers that plan the same work at the same time send the same command (the log keeps one copy);
 //! otherwise two copies may be decided, and the second is refused (the lease has already expired, the claim is
@@ -42,8 +46,11 @@ use crate::plan::Planned;
 pub struct SweeperConfig {
     /// Who the requests are from (their issuer): `sweeper` and this name.
     pub name: String,
-    /// How often the sweeper looks for due work.
+    /// How often the sweeper looks for work that falls due with time alone (a deadline that passes with no new
+    /// outcome). Outcomes are planned for as they arrive, not at this pace.
     pub interval: Duration,
+    /// The shortest gap between two plans made for arriving outcomes: a burst of outcomes is planned once.
+    pub plan_gap: Duration,
     /// A request whose effect has not shown after this long is sent again (as a new command).
     pub retry_after: Duration,
     /// A resource `releasing` for longer than this is reported: a metric and an alert line.
@@ -57,6 +64,7 @@ impl SweeperConfig {
         SweeperConfig {
             name: name.into(),
             interval: Duration::from_secs(1),
+            plan_gap: DEFAULT_PLAN_GAP,
             retry_after: Duration::from_secs(5),
             release_timeout: Duration::from_secs(600),
             in_flight: 64,
@@ -129,13 +137,18 @@ impl SweeperMetrics {
     }
 }
 
+/// The default [`SweeperConfig::plan_gap`]: short beside any interval a user waits on (a freed address waits for one
+/// plan), long enough that a busy log, whose outcomes are ready one after another, is not planned for each of them.
+pub const DEFAULT_PLAN_GAP: Duration = Duration::from_millis(20);
+
 /// After this many sends of the same request, the sweeper says so.
 const ATTEMPTS_BEFORE_WARNING: u32 = 5;
 /// The longest wait between two sends of the same request.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
-/// How long to wait before sending a request again after `attempts` sends: `retry_after`, then doubling.
-fn backoff(retry_after: Duration, attempts: u32) -> Duration {
+/// How long the sweeper waits before sending a request again after `attempts` sends: `retry_after`, then doubling,
+/// up to 5 minutes (never below `retry_after`). Public for simulations of the sweeper's load on the log.
+pub fn backoff(retry_after: Duration, attempts: u32) -> Duration {
     retry_after.saturating_mul(1 << attempts.saturating_sub(1).min(16)).min(MAX_BACKOFF.max(retry_after))
 }
 
@@ -286,38 +299,101 @@ pub async fn run<L: Log>(
     // `serve` refuses a zero interval; a library caller gets the shortest one instead of a panic.
     let mut ticker = tokio::time::interval(config.interval.max(Duration::from_millis(1)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut sender = Sender { log: &log, issuer, config: &config, metrics: &metrics, sent: HashMap::new() };
-    let mut planned: Vec<Planned> = Vec::new();
-    let mut dirty = true;
-    let mut overdue_reported: BTreeSet<ResourceRef> = BTreeSet::new();
+    let mut sweep = Sweep {
+        sender: Sender { log: &log, issuer, config: &config, metrics: &metrics, sent: HashMap::new() },
+        planned: Vec::new(),
+        dirty: true,
+        overdue_reported: BTreeSet::new(),
+        last_plan: None,
+    };
+    // When the outcomes folded since the last plan are planned for: right after they are folded, unless the last
+    // plan was less than `plan_gap` ago.
+    let mut plan_at: Option<tokio::time::Instant> = None;
     loop {
-        // The tick comes before the feed: a feed that is always ready (a busy log) must not starve the planning.
+        // Planning comes before the feed: a feed that is always ready (a busy log) must not starve it.
         tokio::select! {
             biased;
             () = shutdown.cancelled() => return Ok(()),
+            // Time alone: deadlines that pass with no outcome to announce them.
             _ = ticker.tick() => {
-                if dirty {
-                    view.prune();
-                    planned = plan::plan(&view.states, &view.answers);
-                    dirty = false;
+                if !sweep.run(&mut view, &shutdown).await {
+                    return Ok(());
                 }
-                tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => return Ok(()),
-                    () = sender.send_due(&planned) => {}
+                plan_at = None;
+            }
+            () = sleep_until(plan_at), if plan_at.is_some() => {
+                if !sweep.run(&mut view, &shutdown).await {
+                    return Ok(());
                 }
-                report_overdue(&view, &config, &metrics, &mut overdue_reported);
+                plan_at = None;
             }
             next = follow.next() => {
                 let Some(first) = next else { return Err(Error::FeedEnded) };
                 view.apply(&first?)?;
+                // Whatever else is ready now is folded before planning: a burst is one plan.
                 while let Some(Some(next)) = follow.next().now_or_never() {
                     view.apply(&next?)?;
                 }
                 metrics.applied.set(view.applied as i64);
-                dirty = true;
+                sweep.dirty = true;
+                if plan_at.is_none() {
+                    plan_at = Some(sweep.next_plan_at(config.plan_gap));
+                }
             }
         }
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The earliest a plan for arriving outcomes may start: `gap` after the last plan ended, or as long as that plan took
+/// when longer, so that planning takes at most about half of the sweeper's time however busy the log.
+fn next_plan_at(
+    last_plan: Option<(tokio::time::Instant, Duration)>,
+    gap: Duration,
+    now: tokio::time::Instant,
+) -> tokio::time::Instant {
+    last_plan.map_or(now, |(ended, took)| (ended + gap.max(took)).max(now))
+}
+
+/// The sweeper's planning and sending, between two outcomes folded.
+struct Sweep<'a, L: Log> {
+    sender: Sender<'a, L>,
+    planned: Vec<Planned>,
+    /// Outcomes were folded since the last plan.
+    dirty: bool,
+    overdue_reported: BTreeSet<ResourceRef>,
+    /// When the last plan ended, and how long it took.
+    last_plan: Option<(tokio::time::Instant, Duration)>,
+}
+
+impl<L: Log> Sweep<'_, L> {
+    fn next_plan_at(&self, gap: Duration) -> tokio::time::Instant {
+        next_plan_at(self.last_plan, gap, tokio::time::Instant::now())
+    }
+
+    /// Plans again if anything was folded since the last plan, then sends what is due. False when `shutdown` came
+    /// while sending.
+    async fn run(&mut self, view: &mut View, shutdown: &CancellationToken) -> bool {
+        if self.dirty {
+            let started = tokio::time::Instant::now();
+            view.prune();
+            self.planned = plan::plan(&view.states, &view.answers);
+            self.dirty = false;
+            self.last_plan = Some((tokio::time::Instant::now(), started.elapsed()));
+        }
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return false,
+            () = self.sender.send_due(&self.planned) => {}
+        }
+        report_overdue(view, self.sender.config, self.sender.metrics, &mut self.overdue_reported);
+        true
     }
 }
 
@@ -433,5 +509,16 @@ mod tests {
         assert_eq!(backoff(retry, 4), retry * 8);
         assert_eq!(backoff(retry, 40), MAX_BACKOFF);
         assert_eq!(backoff(Duration::from_secs(900), 3), Duration::from_secs(900), "never below retry_after");
+    }
+
+    #[test]
+    fn outcomes_are_planned_for_at_once_unless_a_plan_just_ran() {
+        let now = tokio::time::Instant::now();
+        let gap = Duration::from_millis(20);
+        let ms = Duration::from_millis;
+        assert_eq!(next_plan_at(None, gap, now), now, "the first plan at once");
+        assert_eq!(next_plan_at(Some((now - ms(50), ms(1))), gap, now), now, "the last plan is older than the gap");
+        assert_eq!(next_plan_at(Some((now - ms(5), ms(1))), gap, now), now + ms(15), "the gap after the last plan");
+        assert_eq!(next_plan_at(Some((now - ms(5), ms(300))), gap, now), now + ms(295), "a slow plan spaces them");
     }
 }
