@@ -2,16 +2,17 @@
 //! holder, an attribute, a release reason) is shown escaped by `history`, `state` and `why` — nothing a terminal
 //! would act on reaches stdout — while `--output json` keeps every value exact.
 
-use bytes::Bytes;
+mod support;
+
 use leasehold_domain::driver::Driver;
-use leasehold_log::export::{self, Entry};
-use leasehold_log::{CommandRecord, StoredOutcome};
+use leasehold_log::export::{self};
 use leasehold_replay::why::{Answer, Event, Holding};
 use leasehold_schemas::command::{Acquire, Allocate, Register, Release, SyncReport};
-use leasehold_schemas::ids::{Millis, Timestamp};
+use leasehold_schemas::ids::Timestamp;
 use leasehold_schemas::text::is_unsafe_for_display;
-use leasehold_schemas::{AgentName, Command, Envelope, ResourceId, codec};
+use leasehold_schemas::{AgentName, ResourceId};
 use serde_json::Value;
+use support::DriverLog;
 
 /// ESC and a colour, a carriage return, a C1 CSI, a right-to-left override.
 const EVIL: &str = "x\u{1b}[31mRED\rFAKE\u{9b}2J\u{202e}";
@@ -19,45 +20,6 @@ const EVIL: &str = "x\u{1b}[31mRED\rFAKE\u{9b}2J\u{202e}";
 const EVIL_SHOWN: &str = "x\\x1b[31mRED\\rFAKE\\u{9b}2J\\u{202e}";
 /// [`EVIL`] inside JSON shown to people: JSON escapes, the same value.
 const EVIL_JSON: &str = r#""x\u001b[31mRED\rFAKE\u009b2J\u202e""#;
-
-/// A one-partition log made by the domain's driver, as an export holds it.
-struct DriverLog {
-    driver: Driver,
-    entries: Vec<Entry>,
-    prev: u64,
-}
-
-impl DriverLog {
-    fn submit(&mut self, issuer: &str, body: impl Into<Command>) {
-        self.driver.advance(Millis(7));
-        let envelope: Envelope = self.driver.envelope(issuer, body);
-        let (seq, time) = (self.driver.next_seq(), self.driver.now());
-        let before = self.driver.outcomes().len();
-        self.driver.submit_envelope(&envelope);
-        let subject = leasehold_schemas::subjects::command_subject(
-            0,
-            envelope.body.class(),
-            &envelope.body.key(),
-            envelope.body.subject_id(),
-        );
-        let payload = Bytes::from(codec::encode_command(&envelope).expect("encodes"));
-        self.entries.push(Entry::Command { partition: 0, record: CommandRecord { seq, subject, time, payload } });
-        for outcome in self.driver.outcomes()[before..].iter() {
-            let seq = self.prev + 1;
-            self.entries.push(Entry::Outcome(StoredOutcome {
-                seq,
-                partition: 0,
-                key: outcome.command.key.token(),
-                cmd_id: outcome.command.id.to_string(),
-                cmd_seq: outcome.cmd_seq,
-                part: outcome.part,
-                prev_seq: self.prev,
-                payload: Bytes::from(codec::encode_outcome(outcome).expect("encodes")),
-            }));
-            self.prev = seq;
-        }
-    }
-}
 
 /// `leasehold-replay --file FILE ARGS...`: its stdout, once it succeeded.
 fn replay(file: &std::path::Path, args: &[&str]) -> String {

@@ -8,6 +8,8 @@
 //!    reported as only folded, never as a broken log;
 //! 3. `history @POOL` lists only commands that name the pool as a pool, not any string that spells its name.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -24,49 +26,12 @@ use leasehold_log::{
 use leasehold_replay::bench::{GenConfig, generate};
 use leasehold_replay::verify::Verifier;
 use leasehold_schemas::command::{Acquire, Allocate, Register, SyncReport};
-use leasehold_schemas::ids::{Millis, Timestamp};
-use leasehold_schemas::{AgentName, Command, Envelope, codec};
+use leasehold_schemas::ids::Timestamp;
+use leasehold_schemas::{AgentName, codec};
+use support::DriverLog;
 
 // ---------------------------------------------------------------------------------------------------------------
 // 1. state --at a continuing part, through the CLI.
-
-struct DriverLog {
-    driver: Driver,
-    entries: Vec<Entry>,
-    prev: u64,
-}
-
-impl DriverLog {
-    fn submit(&mut self, issuer: &str, body: impl Into<Command>) {
-        self.driver.advance(Millis(7));
-        let envelope: Envelope = self.driver.envelope(issuer, body);
-        let (seq, time) = (self.driver.next_seq(), self.driver.now());
-        let before = self.driver.outcomes().len();
-        self.driver.submit_envelope(&envelope);
-        let subject = leasehold_schemas::subjects::command_subject(
-            0,
-            envelope.body.class(),
-            &envelope.body.key(),
-            envelope.body.subject_id(),
-        );
-        let payload = Bytes::from(codec::encode_command(&envelope).expect("encodes"));
-        self.entries.push(Entry::Command { partition: 0, record: CommandRecord { seq, subject, time, payload } });
-        for outcome in self.driver.outcomes()[before..].iter() {
-            let seq = self.prev + 1;
-            self.entries.push(Entry::Outcome(StoredOutcome {
-                seq,
-                partition: 0,
-                key: outcome.command.key.token(),
-                cmd_id: outcome.command.id.to_string(),
-                cmd_seq: outcome.cmd_seq,
-                part: outcome.part,
-                prev_seq: self.prev,
-                payload: Bytes::from(codec::encode_outcome(outcome).expect("encodes")),
-            }));
-            self.prev = seq;
-        }
-    }
-}
 
 fn active_count(json: &serde_json::Value) -> usize {
     json["resources"].as_array().expect("resources").iter().filter(|r| r["state"] == "active").count()

@@ -47,4 +47,5 @@ mod runtime;
 
 pub use dir::{DirDriver, OWNER_FILE};
 pub use driver::{AnyDriver, Driver, DriverError, DriverSpecError, Health, Spec, parse_driver};
+pub use model::is_material;
 pub use runtime::{AgentConfig, AgentControl, AgentStatus, Error, GC_GRACE, run};

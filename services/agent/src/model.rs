@@ -60,6 +60,34 @@ impl Tracked {
     }
 }
 
+/// Whether `effect` on an agent's subject says something the agent's next sync report answers: anything but the
+/// writer's notes on the agent's own observations and heartbeats (`observation-accepted`, `resource-seen`,
+/// `agent-seen`), lease effects, and what changes nothing in the assignment set a report counts (garbage, quarantine,
+/// the driver's status, unretirement, a wait's deadline). An agent whose subject got nothing material since its last
+/// quiet report, and whose holdings are the same, sends none (the log does not grow with idle agents).
+pub fn is_material(effect: &Effect) -> bool {
+    !matches!(
+        effect,
+        Effect::ObservationAccepted { .. }
+            | Effect::ResourceSeen { .. }
+            | Effect::AgentSeen { .. }
+            | Effect::GarbageDestroyOrdered { .. }
+            | Effect::GarbageDryRun { .. }
+            | Effect::GarbageDestroyed { .. }
+            | Effect::HandleReappeared { .. }
+            | Effect::AgentDriverUnavailable { .. }
+            | Effect::AgentDriverAvailable {}
+            | Effect::AgentUnretired { .. }
+            | Effect::AllocationWaitsUntil { .. }
+            | Effect::LeaseWaiting { .. }
+            | Effect::LeaseGranted { .. }
+            | Effect::LeaseRenewed { .. }
+            | Effect::LeaseReleased { .. }
+            | Effect::LeaseExpired { .. }
+            | Effect::LeaseFailed { .. }
+    )
+}
+
 /// Something the runtime must act on after an outcome is applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Signal {
@@ -172,29 +200,7 @@ impl Model {
         for (position, effect) in outcome.positioned_effects() {
             self.apply_effect(position, effect, signals);
             self.watermark = self.watermark.max(position);
-            // Garbage, quarantine and the driver's status change nothing a sync report answers (the count and
-            // digest cover the assignment set only).
-            let routine = matches!(
-                effect,
-                Effect::ObservationAccepted { .. }
-                    | Effect::ResourceSeen { .. }
-                    | Effect::AgentSeen { .. }
-                    | Effect::GarbageDestroyOrdered { .. }
-                    | Effect::GarbageDryRun { .. }
-                    | Effect::GarbageDestroyed { .. }
-                    | Effect::HandleReappeared { .. }
-                    | Effect::AgentDriverUnavailable { .. }
-                    | Effect::AgentDriverAvailable {}
-                    | Effect::AgentUnretired { .. }
-                    | Effect::AllocationWaitsUntil { .. }
-                    | Effect::LeaseWaiting { .. }
-                    | Effect::LeaseGranted { .. }
-                    | Effect::LeaseRenewed { .. }
-                    | Effect::LeaseReleased { .. }
-                    | Effect::LeaseExpired { .. }
-                    | Effect::LeaseFailed { .. }
-            );
-            if !routine {
+            if is_material(effect) {
                 self.material = self.material.max(position);
             }
         }

@@ -112,6 +112,22 @@ impl System {
         .await
     }
 
+    /// Waits for `id` to turn active on `agent`'s subject.
+    async fn activated(&self, agent: &AgentName, id: ResourceId) -> Position {
+        self.effect(agent, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == id))
+            .await
+    }
+
+    /// Waits for `id` to be confirmed destroyed on `agent`'s subject.
+    async fn destroyed(&self, agent: &AgentName, id: ResourceId) -> Position {
+        self.effect(
+            agent,
+            "the destruction",
+            |e| matches!(e, Effect::ResourceDestroyed { resource, .. } if *resource == id),
+        )
+        .await
+    }
+
     async fn stop(self) {
         self.stop_worker.cancel();
         let report = self.worker.await.unwrap();
@@ -177,9 +193,7 @@ async fn allocate_release_and_a_directory_removed_by_hand() {
     let kept = system.allocate(&w1).await;
     let released = system.allocate(&w1).await;
     for id in [kept, released] {
-        system
-            .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == id))
-            .await;
+        system.activated(&w1, id).await;
         assert!(dir_of(&root, id).is_dir(), "the directory of {id} exists once it is active");
     }
     assert_eq!(agent.control.status().creates, 2);
@@ -188,13 +202,7 @@ async fn allocate_release_and_a_directory_removed_by_hand() {
     within("the destroy", agent.control.wait_for(|s| s.destroys >= 1)).await;
     assert!(!dir_of(&root, released).exists());
     agent.sync().await;
-    system
-        .effect(
-            &w1,
-            "the destruction",
-            |e| matches!(e, Effect::ResourceDestroyed { resource, .. } if *resource == released),
-        )
-        .await;
+    system.destroyed(&w1, released).await;
 
     std::fs::remove_dir_all(dir_of(&root, kept)).unwrap();
     agent.sync().await;
@@ -215,9 +223,7 @@ async fn an_idle_agent_sends_no_report_that_says_nothing_new() {
     let agent = system.agent("w1", DirDriver::new(&root)).await;
     let w1 = agent.name.clone();
     let kept = system.allocate(&w1).await;
-    system
-        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == kept))
-        .await;
+    system.activated(&w1, kept).await;
     // Passes until two quiet ones in a row: the first ones may still have something to say (the activation moved
     // the watermark), and a report is counted once published, a little after its pass...
     let mut quiet_in_a_row = 0;
@@ -262,9 +268,7 @@ async fn garbage_is_destroyed_only_as_the_log_orders_and_other_files_are_left_al
     let agent = system.agent_with("w1", DirDriver::new(&root), |c| c.gc_grace = Duration::ZERO).await;
     let w1 = agent.name.clone();
     let known = system.allocate(&w1).await;
-    system
-        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == known))
-        .await;
+    system.activated(&w1, known).await;
 
     let stranger = ResourceId::generate();
     std::fs::create_dir_all(dir_of(&root, stranger).join("inside")).unwrap();
@@ -316,17 +320,9 @@ async fn unknown_handles_wait_out_the_creation_grace_left_ones_do_not() {
     let agent = system.agent_with("w1", DirDriver::new(&root), |c| c.gc_grace = Duration::from_secs(3600)).await;
     let w1 = agent.name.clone();
     let gone = system.allocate(&w1).await;
-    system
-        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == gone))
-        .await;
+    system.activated(&w1, gone).await;
     system.release(&w1, gone).await;
-    system
-        .effect(
-            &w1,
-            "the destruction",
-            |e| matches!(e, Effect::ResourceDestroyed { resource, .. } if *resource == gone),
-        )
-        .await;
+    system.destroyed(&w1, gone).await;
     // Its handle comes back (a slow create, a restore), and a stranger appears.
     std::fs::create_dir(dir_of(&root, gone)).unwrap();
     let stranger = ResourceId::generate();
@@ -398,9 +394,7 @@ async fn a_lost_volume_that_comes_back_keeps_its_data() {
     let agent = system.agent_with("w1", DirDriver::new(&root), |c| c.gc_grace = Duration::ZERO).await;
     let w1 = agent.name.clone();
     let volume = system.allocate(&w1).await;
-    system
-        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == volume))
-        .await;
+    system.activated(&w1, volume).await;
     let away = system.tmp.path().join("away");
     std::fs::rename(dir_of(&root, volume), &away).unwrap();
     agent.sync().await;
@@ -453,14 +447,10 @@ async fn a_destroy_is_reported_at_once() {
     let agent = system.agent("w1", DirDriver::new(&root)).await;
     let w1 = agent.name.clone();
     let id = system.allocate(&w1).await;
-    system
-        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == id))
-        .await;
+    system.activated(&w1, id).await;
     let passes = agent.control.status().sync_passes;
     system.release(&w1, id).await;
-    system
-        .effect(&w1, "the destruction", |e| matches!(e, Effect::ResourceDestroyed { resource, .. } if *resource == id))
-        .await;
+    system.destroyed(&w1, id).await;
     assert_eq!(agent.control.status().sync_passes, passes, "no sync pass was needed (the interval is an hour)");
     let outcomes = system.outcomes(&w1).await;
     let by =
@@ -480,9 +470,7 @@ async fn a_driver_that_cannot_list_is_recorded() {
     let agent = system.agent("w1", DirDriver::new(&root)).await;
     let w1 = agent.name.clone();
     let kept = system.allocate(&w1).await;
-    system
-        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == kept))
-        .await;
+    system.activated(&w1, kept).await;
     let owner = root.join(leasehold_agent::OWNER_FILE);
     std::fs::remove_file(&owner).unwrap();
     agent.control.sync_now();
@@ -514,9 +502,7 @@ async fn a_new_incarnation_finishes_what_the_last_one_left() {
     let w1 = first.name.clone();
     let first_epoch = first.control.status().epoch.unwrap();
     let doomed = system.allocate(&w1).await;
-    system
-        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == doomed))
-        .await;
+    system.activated(&w1, doomed).await;
     first.stop().await;
 
     // While no agent runs: a release of what exists, and an allocation that nobody makes.
@@ -529,20 +515,12 @@ async fn a_new_incarnation_finishes_what_the_last_one_left() {
 
     let second = system.agent("w1", DirDriver::new(&root)).await;
     assert!(second.control.status().epoch.unwrap() > first_epoch, "a new incarnation has a new epoch");
-    system
-        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == fresh))
-        .await;
+    system.activated(&w1, fresh).await;
     assert!(dir_of(&root, fresh).is_dir());
     within("the destroy", second.control.wait_for(|s| s.destroys >= 1)).await;
     assert!(!dir_of(&root, doomed).exists());
     second.sync().await;
-    system
-        .effect(
-            &w1,
-            "the destruction",
-            |e| matches!(e, Effect::ResourceDestroyed { resource, .. } if *resource == doomed),
-        )
-        .await;
+    system.destroyed(&w1, doomed).await;
 
     assert_honest(&system.outcomes(&w1).await, &w1);
     second.stop().await;
@@ -589,9 +567,7 @@ async fn create_failures_and_health_checks_are_reported() {
         .await;
 
     let sick = system.allocate(&w1).await;
-    system
-        .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == sick))
-        .await;
+    system.activated(&w1, sick).await;
     let failure = ReportFailureByOperator { agent: w1.clone(), resource: sick, detail: "slow".into() };
     system.publish("operator", failure).await;
     system.publish("sweeper", RequestHealthCheck { agent: w1.clone(), resource: sick }).await;

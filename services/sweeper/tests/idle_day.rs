@@ -188,28 +188,8 @@ impl World {
                 self.answers.insert(child.clone(), answer);
             }
             let Some(agent) = self.agents.get_mut(name) else { continue };
-            // The agent runtime's rule (`services/agent/src/model.rs`).
-            let routine = matches!(
-                effect,
-                Effect::ObservationAccepted { .. }
-                    | Effect::ResourceSeen { .. }
-                    | Effect::AgentSeen { .. }
-                    | Effect::GarbageDestroyOrdered { .. }
-                    | Effect::GarbageDryRun { .. }
-                    | Effect::GarbageDestroyed { .. }
-                    | Effect::HandleReappeared { .. }
-                    | Effect::AgentDriverUnavailable { .. }
-                    | Effect::AgentDriverAvailable {}
-                    | Effect::AgentUnretired { .. }
-                    | Effect::AllocationWaitsUntil { .. }
-                    | Effect::LeaseWaiting { .. }
-                    | Effect::LeaseGranted { .. }
-                    | Effect::LeaseRenewed { .. }
-                    | Effect::LeaseReleased { .. }
-                    | Effect::LeaseExpired { .. }
-                    | Effect::LeaseFailed { .. }
-            );
-            if !routine {
+            // The agent runtime's own rule.
+            if leasehold_agent::is_material(effect) {
                 agent.material = agent.material.max(position);
             }
             let act = match effect {
