@@ -220,6 +220,7 @@ fn set_resource_state(
     }
     if is_terminal {
         resource.terminal_at = Some(now);
+        resource.terminal_pos = Some(position);
     }
     let destruction = resource.destruction_ordered;
     let creation = resource.creation_position();
@@ -409,6 +410,7 @@ fn apply_effect(
                     claims: Default::default(),
                     live_leases: Default::default(),
                     terminal_at: None,
+                    terminal_pos: None,
                 },
             );
             if let Some(agent) = state.agents.get_mut(agent_name) {

@@ -519,6 +519,9 @@ pub struct Resource {
     /// Live (waiting or active) leases, by the position of their request: first come, first granted.
     pub live_leases: BTreeMap<Position, LeaseId>,
     pub terminal_at: Option<Timestamp>,
+    /// The position of the effect that made it terminal: a report whose watermark is before it comes from a view in
+    /// which the resource was still there, and may count it (a destroy running, then confirmed at once).
+    pub terminal_pos: Option<Position>,
 }
 
 impl Resource {

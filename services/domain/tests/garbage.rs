@@ -245,6 +245,29 @@ fn a_destroy_is_confirmed_at_once() {
     settle(&w);
 }
 
+/// A destroy confirmed at once can be decided before a sync report taken while that destroy ran (it names the
+/// resource in flight, and counts it): the writer counts it too, as the report's view had it, and asks no resync.
+#[test]
+fn a_report_from_before_a_confirmed_destroy_agrees_with_the_writer() {
+    let mut w = World::new();
+    w.registered();
+    w.active_n(2);
+    let (agent, id) = (w.a(), w.r());
+    let release = w.release();
+    let ordered = position_of(&release, "resource-releasing");
+    // The agent's pass: its view is as of now, with the destroy running.
+    let mut report = w.sync_cmd(&agent, |r| r.in_flight = vec![id]);
+    let (count, digest) = w.expected_listing(&agent, &report);
+    assert_eq!(count, 2, "the running destroy counts as present");
+    // The destroy finishes and is reported at once, and decided before the report.
+    assert_eq!(effect_names(&destroyed_report(&mut w, id, ordered)), ["observation-accepted", "resource-destroyed"]);
+    report.obs = w.next_obs(&agent);
+    (report.count, report.digest) = (count, digest);
+    let outcome = w.agent_says(report);
+    assert_eq!(effect_names(&outcome), ["observation-accepted"], "no resync: {outcome:?}");
+    settle(&w);
+}
+
 /// An agent whose driver cannot list says so when that changes: on record, and nothing is placed on it meanwhile.
 #[test]
 fn a_driver_that_cannot_list_is_on_record() {

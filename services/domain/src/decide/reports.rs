@@ -114,7 +114,7 @@ fn expected_view(
         } else if !counted
             && named_present
             && resource.create_ordered.is_some_and(|at| at <= watermark)
-            && !resource.state.is_terminal()
+            && (!resource.state.is_terminal() || resource.terminal_pos.is_some_and(|at| at > watermark))
         {
             count += 1;
             digest.add(resource.id);
