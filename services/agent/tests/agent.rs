@@ -741,3 +741,62 @@ async fn an_allocation_made_during_an_inventory_is_not_marked_lost() {
     agent.stop().await;
     system.stop().await;
 }
+
+/// The dir driver, whose destroys do not finish (a busy disk): an order stays pending.
+#[derive(Debug)]
+struct NoDestroy(DirDriver);
+
+impl Driver for NoDestroy {
+    async fn create(&self, id: ResourceId, spec: &Spec) -> Result<Option<String>, DriverError> {
+        self.0.create(id, spec).await
+    }
+
+    async fn destroy(&self, id: ResourceId) -> Result<(), DriverError> {
+        Err(DriverError::Transient(format!("{id}: device busy")))
+    }
+
+    async fn list(&self) -> Result<Vec<ResourceId>, DriverError> {
+        self.0.list().await
+    }
+
+    async fn check(&self, id: ResourceId) -> Result<Health, DriverError> {
+        self.0.check(id).await
+    }
+}
+
+/// `--gc dry-run` destroys nothing, even a handle the log ordered destroyed before the agent ran dry: an operator who
+/// sees an order they doubt (a pending `garbage_orders` in `agents`) and restarts the agent with `--gc dry-run` to stop
+/// it must not see the agent carry it out the moment it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dry_run_agent_carries_out_no_garbage_order_given_before() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let first = system.agent_with("w1", NoDestroy(DirDriver::new(&root)), |c| c.gc_grace = Duration::ZERO).await;
+    let w1 = first.name.clone();
+    let stray = ResourceId::generate();
+    std::fs::create_dir_all(dir_of(&root, stray).join("data")).unwrap();
+    first.sync().await;
+    system
+        .effect(
+            &w1,
+            "the garbage order",
+            |e| matches!(e, Effect::GarbageDestroyOrdered { handle, .. } if *handle == stray),
+        )
+        .await;
+    first.stop().await;
+    assert!(dir_of(&root, stray).join("data").is_dir(), "the first agent could not destroy it");
+
+    let dry = system
+        .agent_with("w1", DirDriver::new(&root), |c| {
+            c.gc_grace = Duration::ZERO;
+            c.gc_dry_run = true;
+        })
+        .await;
+    dry.sync().await;
+    dry.sync().await;
+    let status = within("the calls to end", dry.control.wait_for(|s| s.n_in_flight == 0)).await;
+    assert_eq!(status.garbage, 0, "a dry run destroys nothing");
+    assert!(dir_of(&root, stray).join("data").is_dir(), "the handle is still there");
+    dry.stop().await;
+    system.stop().await;
+}
