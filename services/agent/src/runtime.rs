@@ -555,7 +555,17 @@ impl<L: Log, D: Driver> Agent<L, D> {
                     }
                 }
                 Signal::GarbageOrdered { handle, at } => {
-                    info!(agent = %self.config.name, %handle, order = %at, "the log ordered a garbage handle destroyed");
+                    if self.config.gc_dry_run {
+                        warn!(
+                            agent = %self.config.name,
+                            %handle,
+                            order = %at,
+                            "the log ordered a garbage handle destroyed; this agent runs --gc dry-run and leaves it (the \
+                             order waits for an agent run with --gc destroy)"
+                        );
+                    } else {
+                        info!(agent = %self.config.name, %handle, order = %at, "the log ordered a garbage handle destroyed");
+                    }
                     self.garbage.insert(handle, at);
                 }
                 Signal::Quarantined { handle } => {
@@ -659,9 +669,13 @@ impl<L: Log, D: Driver> Agent<L, D> {
                     self.spawn_op(id, op, spec);
                 }
             } else if let Some((id, at)) = self.garbage.pop_first() {
-                // Only what the log ordered, as it still stands: never a live resource or a quarantined handle.
+                // Only what the log ordered, as it still stands: never a live resource or a quarantined handle. A dry
+                // run destroys nothing, not even what was ordered before it began: the order waits for an agent that
+                // runs `--gc destroy`.
                 let ordered = self.model.garbage_order(id) == Some(at);
-                if ordered
+                if self.config.gc_dry_run {
+                    debug!(agent = %self.config.name, resource = %id, order = %at, "dry run: a garbage order is left pending");
+                } else if ordered
                     && !self.model.contains(id)
                     && !self.model.is_quarantined(id)
                     && !self.running.contains_key(&id)
