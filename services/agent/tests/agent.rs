@@ -800,3 +800,57 @@ async fn a_dry_run_agent_carries_out_no_garbage_order_given_before() {
     dry.stop().await;
     system.stop().await;
 }
+
+/// A destroy confirmed at once while the agent takes its inventory: the inventory (or the destroy in flight) still
+/// holds the handle, but the writer, having decided `report-destroyed` first, no longer counts it. The report made
+/// from that inventory must agree with the writer all the same (a disagreement asks for a full resync: chunks over
+/// everything the agent holds, each time a release lands during a listing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_destroy_confirmed_during_an_inventory_does_not_put_the_report_out_of_step() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let driver = Held::new(&root);
+    let agent = system.agent("w1", driver.clone()).await;
+    let w1 = agent.name.clone();
+    let kept = system.allocate(&w1).await;
+    let doomed = system.allocate(&w1).await;
+    for id in [kept, doomed] {
+        system
+            .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == id))
+            .await;
+    }
+
+    // The inventory is taken with both handles in it, and held.
+    driver.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let listed = driver.listed.notified();
+    let reports_before = agent.control.status().reports;
+    agent.control.sync_now();
+    within("the inventory to be taken", listed).await;
+
+    // Meanwhile one is released, destroyed and confirmed destroyed at once.
+    system.release(&w1, doomed).await;
+    system
+        .effect(
+            &w1,
+            "the confirmed destroy",
+            |e| matches!(e, Effect::ResourceDestroyed { resource, .. } if *resource == doomed),
+        )
+        .await;
+    assert!(!dir_of(&root, doomed).exists());
+
+    // The inventory goes on; its report is decided.
+    driver.go.add_permits(1);
+    let status = within("the held report", agent.control.wait_for(|s| s.reports > reports_before)).await;
+    let obs = status.last_report_obs;
+    system
+        .effect(
+            &w1,
+            "the held report's decision",
+            |e| matches!(e, Effect::ObservationAccepted { stamp, watermark: Some(_) } if stamp.obs == obs),
+        )
+        .await;
+    assert!(dir_of(&root, kept).is_dir());
+    assert_honest(&system.outcomes(&w1).await, &w1);
+    agent.stop().await;
+    system.stop().await;
+}
