@@ -287,6 +287,7 @@ impl Model {
                 let entry = Entry {
                     ordered: t.create_ordered.is_some(),
                     seen_present: t.seen_present,
+                    made: t.create_done,
                     releasing: t.releasing.is_some(),
                 };
                 (*id, entry)
@@ -301,6 +302,9 @@ impl Model {
 pub(crate) struct Entry {
     ordered: bool,
     seen_present: bool,
+    /// This process made it (and reported it created): gone from the listing, it is missing even before the model
+    /// has folded its activation, which the writer may have decided already.
+    made: bool,
     releasing: bool,
 }
 
@@ -400,6 +404,7 @@ impl View {
                 (_, true, true) => count(&mut lists, id),
                 (true, _, false) => lists.destroyed.push(id),
                 (false, true, false) => lists.missing.push(id),
+                (false, false, false) if entry.made => lists.missing.push(id),
                 (false, false, false) => {}
             }
         }
@@ -442,7 +447,7 @@ mod tests {
     }
 
     fn entry(ordered: bool, seen_present: bool, releasing: bool) -> Entry {
-        Entry { ordered, seen_present, releasing }
+        Entry { ordered, seen_present, made: false, releasing }
     }
 
     #[test]
