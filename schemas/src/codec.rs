@@ -300,6 +300,22 @@ fn check_version(version: u16) -> Result<(), CodecError> {
     Ok(())
 }
 
+/// Refuses a command stamped with a schema version older than the one that expresses it (a type, a field or a
+/// variant added later): a leasehold of that version would not read it, so its producer did not write that version.
+fn check_expressed_in(version: u16, type_name: &str, body: &Command) -> Result<(), CodecError> {
+    let needs = crate::command::legacy::oldest_version(body);
+    if version < needs {
+        return Err(CodecError::new(
+            CodecErrorKind::Malformed,
+            format!(
+                "{type_name} as written needs schema version {needs} (a type, field or value added then), but says \
+                 schema version {version}; write schema_version {needs}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 #[derive(Serialize, Deserialize)]
 struct Header {
     type_name: String,
@@ -483,6 +499,7 @@ fn decode_command_bincode(bytes: &[u8]) -> Result<Envelope, CodecError> {
         ));
     }
     check_class(&header.type_name, header.class, &body)?;
+    check_expressed_in(schema_version, &header.type_name, &body)?;
     let envelope = Envelope {
         schema_version,
         command_id: header.command_id,
@@ -586,6 +603,7 @@ pub fn command_from_json(bytes: &[u8]) -> Result<Envelope, CodecError> {
     let json: JsonEnvelope = from_json(bytes)?;
     let body = Command::body_from_json(&json.type_name, bytes)?;
     check_class(&json.type_name, json.class, &body)?;
+    check_expressed_in(json.schema_version, &json.type_name, &body)?;
     Ok(Envelope {
         schema_version: json.schema_version,
         command_id: json.command_id,

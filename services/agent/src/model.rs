@@ -293,6 +293,7 @@ impl Model {
                 let entry = Entry {
                     ordered: t.create_ordered.is_some(),
                     seen_present: t.seen_present,
+                    made: t.create_done,
                     releasing: t.releasing.is_some(),
                 };
                 (*id, entry)
@@ -307,6 +308,9 @@ impl Model {
 pub(crate) struct Entry {
     ordered: bool,
     seen_present: bool,
+    /// This process made it (and reported it created): gone from the listing, it is missing even before the model
+    /// has folded its activation, which the writer may have decided already.
+    made: bool,
     releasing: bool,
 }
 
@@ -367,6 +371,11 @@ impl View {
         self.in_flight.extend(started.into_iter().filter(|id| ordered.contains(id)));
     }
 
+    /// Counts these destroys as done, not in flight (they finished during the listing, and were reported at once).
+    pub(crate) fn not_in_flight(&mut self, destroyed: &BTreeSet<ResourceId>) {
+        self.in_flight.retain(|id| !destroyed.contains(id));
+    }
+
     /// The report of `present` (the listing) against the snapshot. A handle is named at most once: in flight
     /// (creates and destroys running: they count as present), else `created` (ordered, not yet seen present, here),
     /// `missing` (seen present, not releasing, gone) or `destroyed` (releasing, gone). `count`/`digest` cover the
@@ -401,6 +410,7 @@ impl View {
                 (_, true, true) => count(&mut lists, id),
                 (true, _, false) => lists.destroyed.push(id),
                 (false, true, false) => lists.missing.push(id),
+                (false, false, false) if entry.made => lists.missing.push(id),
                 (false, false, false) => {}
             }
         }
@@ -443,7 +453,7 @@ mod tests {
     }
 
     fn entry(ordered: bool, seen_present: bool, releasing: bool) -> Entry {
-        Entry { ordered, seen_present, releasing }
+        Entry { ordered, seen_present, made: false, releasing }
     }
 
     #[test]
@@ -601,5 +611,88 @@ mod tests {
         assert!(names.contains(&"resource-destroyed".to_owned()), "{names:?}");
         fold(&partition, &mut model);
         assert_eq!(model.len(), 2, "two resources are left");
+    }
+
+    /// A sync report made from the model as it is, while the partition has decided more than the model folded.
+    struct Lagging {
+        w1: leasehold_schemas::AgentName,
+        partition: leasehold_domain::driver::Driver,
+        model: Model,
+        folded: usize,
+        epoch: Position,
+        obs: u64,
+    }
+
+    impl Lagging {
+        fn new() -> Self {
+            use leasehold_schemas::command::Register;
+            let w1 = leasehold_schemas::AgentName::new("w1").unwrap();
+            let mut partition =
+                leasehold_domain::driver::Driver::new(0, 1, leasehold_schemas::Timestamp(1_800_000_000_000));
+            let register =
+                Register { agent: w1.clone(), incarnation: Uuid::from_u128(1), wiped: false, settings: None };
+            let epoch = partition.submit("w1", register).positioned_effects().next().unwrap().0;
+            Lagging { w1, partition, model: Model::default(), folded: 0, epoch, obs: 0 }
+        }
+
+        fn fold(&mut self) {
+            for outcome in &self.partition.outcomes()[self.folded..] {
+                self.model.apply(outcome, &mut Vec::new());
+            }
+            self.folded = self.partition.outcomes().len();
+        }
+
+        /// Allocated, made by this agent and reported created (decided), not folded yet.
+        fn made(&mut self) -> ResourceId {
+            use leasehold_schemas::command::{Allocate, ReportCreated};
+            let id = self.partition.new_resource_id();
+            assert!(self.partition.submit("op", Allocate::new(self.w1.clone(), id, "dir", 1)).rejection().is_none());
+            self.fold();
+            self.model.get_mut(id).unwrap().create_done = true;
+            self.obs += 1;
+            let (agent, epoch, obs) = (self.w1.clone(), self.epoch, self.obs);
+            let created = ReportCreated { agent, epoch, obs, resource: id, native_id: None };
+            assert!(self.partition.submit("w1", created).rejection().is_none());
+            id
+        }
+
+        /// Reports `present` from the model as folded so far: the count and digest the writer expects, and what it
+        /// decided.
+        fn report(&mut self, present: &[ResourceId]) -> Vec<&'static str> {
+            self.obs += 1;
+            let view = self.model.view(|_| false);
+            let lists = view.report(&present.iter().copied().collect());
+            let report = lists.into_report(self.w1.clone(), self.epoch, self.obs, view.watermark);
+            let expected = leasehold_domain::expected_listing(self.partition.state(), &report).unwrap();
+            let outcome = self.partition.submit("w1", report.clone());
+            let names: Vec<&'static str> = outcome.effects().iter().map(|e| e.name()).collect();
+            assert_eq!(expected, (report.count, report.digest), "{report:?} ({names:?})");
+            assert!(!names.contains(&"resync-requested"), "{names:?}");
+            names
+        }
+    }
+
+    /// The model lags the log by a few outcomes (it folds its subject as it comes). A handle this agent made (its
+    /// `report-created` decided: active) and gone by the listing, before the model folded its activation, is missing:
+    /// the report agrees with the writer (no resync) and the loss is found at once.
+    #[test]
+    fn a_handle_made_and_gone_before_its_activation_is_folded_is_missing() {
+        let mut lag = Lagging::new();
+        let made = lag.made();
+        let names = lag.report(&[]);
+        assert!(names.contains(&"resource-lost"), "{names:?}");
+        assert!(lag.partition.state().resource(made).unwrap().state.is_terminal());
+    }
+
+    /// A handle back on the machine just after the writer marked its resource lost, before the model folded the
+    /// loss: the report made then agrees with the writer (no resync).
+    #[test]
+    fn a_handle_back_before_its_loss_is_folded_agrees_with_the_writer() {
+        let mut lag = Lagging::new();
+        let back = lag.made();
+        lag.fold();
+        let names = lag.report(&[]);
+        assert!(names.contains(&"resource-lost"), "{names:?}");
+        lag.report(&[back]);
     }
 }

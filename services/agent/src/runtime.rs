@@ -261,6 +261,7 @@ pub async fn run<L: Log, D: Driver>(
         driver_status_sent: None,
         listing: false,
         started_while_listing: BTreeSet::new(),
+        destroyed_while_listing: BTreeSet::new(),
         sync_again: false,
         resync_wanted: false,
         quiet: None,
@@ -402,6 +403,10 @@ struct Agent<L, D> {
     /// absent from both the snapshot's calls and the listing, and the report would count one handle fewer than
     /// the writer, which already saw it made.
     started_while_listing: BTreeSet<ResourceId>,
+    /// Resources destroyed (as their release ordered) while the listing runs: the listing may still show them, or the
+    /// snapshot name them in flight, but each destroy is reported at once and may be decided before the report, after
+    /// which the writer no longer counts the handle. The report names them absent, as they are.
+    destroyed_while_listing: BTreeSet<ResourceId>,
     sync_again: bool,
     resync_wanted: bool,
     /// The last report that named nothing: (epoch, last material position, count, digest). The same again says
@@ -555,7 +560,17 @@ impl<L: Log, D: Driver> Agent<L, D> {
                     }
                 }
                 Signal::GarbageOrdered { handle, at } => {
-                    info!(agent = %self.config.name, %handle, order = %at, "the log ordered a garbage handle destroyed");
+                    if self.config.gc_dry_run {
+                        warn!(
+                            agent = %self.config.name,
+                            %handle,
+                            order = %at,
+                            "the log ordered a garbage handle destroyed; this agent runs --gc dry-run and leaves it (the \
+                             order waits for an agent run with --gc destroy)"
+                        );
+                    } else {
+                        info!(agent = %self.config.name, %handle, order = %at, "the log ordered a garbage handle destroyed");
+                    }
                     self.garbage.insert(handle, at);
                 }
                 Signal::Quarantined { handle } => {
@@ -659,9 +674,13 @@ impl<L: Log, D: Driver> Agent<L, D> {
                     self.spawn_op(id, op, spec);
                 }
             } else if let Some((id, at)) = self.garbage.pop_first() {
-                // Only what the log ordered, as it still stands: never a live resource or a quarantined handle.
+                // Only what the log ordered, as it still stands: never a live resource or a quarantined handle. A dry
+                // run destroys nothing, not even what was ordered before it began: the order waits for an agent that
+                // runs `--gc destroy`.
                 let ordered = self.model.garbage_order(id) == Some(at);
-                if ordered
+                if self.config.gc_dry_run {
+                    debug!(agent = %self.config.name, resource = %id, order = %at, "dry run: a garbage order is left pending");
+                } else if ordered
                     && !self.model.contains(id)
                     && !self.model.is_quarantined(id)
                     && !self.running.contains_key(&id)
@@ -746,6 +765,7 @@ impl<L: Log, D: Driver> Agent<L, D> {
                     Some(None) => {
                         self.listing = false;
                         self.started_while_listing.clear();
+                        self.destroyed_while_listing.clear();
                     }
                     None => {}
                 }
@@ -801,6 +821,9 @@ impl<L: Log, D: Driver> Agent<L, D> {
                     (Ok(()), None) => {
                         self.config.control.update(|s| s.destroys += 1);
                         info!(%agent, resource = %id, "destroyed");
+                        if self.listing {
+                            self.destroyed_while_listing.insert(id);
+                        }
                         let ordered = self.model.get_mut(id).and_then(|tracked| {
                             tracked.destroy_done = true;
                             tracked.releasing
@@ -844,8 +867,11 @@ impl<L: Log, D: Driver> Agent<L, D> {
                 self.listing = false;
                 let mut view = view;
                 view.also_in_flight(std::mem::take(&mut self.started_while_listing));
+                let destroyed = std::mem::take(&mut self.destroyed_while_listing);
+                view.not_in_flight(&destroyed);
                 match result {
-                    Ok(handles) => {
+                    Ok(mut handles) => {
+                        handles.retain(|id| !destroyed.contains(id));
                         self.driver_down = None;
                         self.send_driver_status().await;
                         self.listed(view, resync, handles).await;

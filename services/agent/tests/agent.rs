@@ -732,3 +732,116 @@ async fn an_allocation_made_during_an_inventory_is_not_marked_lost() {
     agent.stop().await;
     system.stop().await;
 }
+
+/// The dir driver, whose destroys do not finish (a busy disk): an order stays pending.
+#[derive(Debug)]
+struct NoDestroy(DirDriver);
+
+impl Driver for NoDestroy {
+    async fn create(&self, id: ResourceId, spec: &Spec) -> Result<Option<String>, DriverError> {
+        self.0.create(id, spec).await
+    }
+
+    async fn destroy(&self, id: ResourceId) -> Result<(), DriverError> {
+        Err(DriverError::Transient(format!("{id}: device busy")))
+    }
+
+    async fn list(&self) -> Result<Vec<ResourceId>, DriverError> {
+        self.0.list().await
+    }
+
+    async fn check(&self, id: ResourceId) -> Result<Health, DriverError> {
+        self.0.check(id).await
+    }
+}
+
+/// `--gc dry-run` destroys nothing, even a handle the log ordered destroyed before the agent ran dry: an operator who
+/// sees an order they doubt (a pending `garbage_orders` in `agents`) and restarts the agent with `--gc dry-run` to stop
+/// it must not see the agent carry it out the moment it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dry_run_agent_carries_out_no_garbage_order_given_before() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let first = system.agent_with("w1", NoDestroy(DirDriver::new(&root)), |c| c.gc_grace = Duration::ZERO).await;
+    let w1 = first.name.clone();
+    let stray = ResourceId::generate();
+    std::fs::create_dir_all(dir_of(&root, stray).join("data")).unwrap();
+    first.sync().await;
+    system
+        .effect(
+            &w1,
+            "the garbage order",
+            |e| matches!(e, Effect::GarbageDestroyOrdered { handle, .. } if *handle == stray),
+        )
+        .await;
+    first.stop().await;
+    assert!(dir_of(&root, stray).join("data").is_dir(), "the first agent could not destroy it");
+
+    let dry = system
+        .agent_with("w1", DirDriver::new(&root), |c| {
+            c.gc_grace = Duration::ZERO;
+            c.gc_dry_run = true;
+        })
+        .await;
+    dry.sync().await;
+    dry.sync().await;
+    let status = within("the calls to end", dry.control.wait_for(|s| s.n_in_flight == 0)).await;
+    assert_eq!(status.garbage, 0, "a dry run destroys nothing");
+    assert!(dir_of(&root, stray).join("data").is_dir(), "the handle is still there");
+    dry.stop().await;
+    system.stop().await;
+}
+
+/// A destroy confirmed at once while the agent takes its inventory: the inventory (or the destroy in flight) still
+/// holds the handle, but the writer, having decided `report-destroyed` first, no longer counts it. The report made
+/// from that inventory must agree with the writer all the same (a disagreement asks for a full resync: chunks over
+/// everything the agent holds, each time a release lands during a listing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_destroy_confirmed_during_an_inventory_does_not_put_the_report_out_of_step() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let driver = Held::new(&root);
+    let agent = system.agent("w1", driver.clone()).await;
+    let w1 = agent.name.clone();
+    let kept = system.allocate(&w1).await;
+    let doomed = system.allocate(&w1).await;
+    for id in [kept, doomed] {
+        system
+            .effect(&w1, "activation", |e| matches!(e, Effect::ResourceActivated { resource, .. } if *resource == id))
+            .await;
+    }
+
+    // The inventory is taken with both handles in it, and held.
+    driver.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let listed = driver.listed.notified();
+    let reports_before = agent.control.status().reports;
+    agent.control.sync_now();
+    within("the inventory to be taken", listed).await;
+
+    // Meanwhile one is released, destroyed and confirmed destroyed at once.
+    system.release(&w1, doomed).await;
+    system
+        .effect(
+            &w1,
+            "the confirmed destroy",
+            |e| matches!(e, Effect::ResourceDestroyed { resource, .. } if *resource == doomed),
+        )
+        .await;
+    assert!(!dir_of(&root, doomed).exists());
+
+    // The inventory goes on; its report is decided.
+    driver.go.add_permits(1);
+    let status = within("the held report", agent.control.wait_for(|s| s.reports > reports_before)).await;
+    let obs = status.last_report_obs;
+    system
+        .effect(
+            &w1,
+            "the held report's decision",
+            |e| matches!(e, Effect::ObservationAccepted { stamp, watermark: Some(_) } if stamp.obs == obs),
+        )
+        .await;
+    assert!(dir_of(&root, kept).is_dir());
+    assert_honest(&system.outcomes(&w1).await, &w1);
+    agent.stop().await;
+    system.stop().await;
+}

@@ -316,3 +316,24 @@ fn terminal_states_carry_their_reason() {
     assert_eq!(at, gone.decided_at);
     settle(&w);
 }
+
+/// A handle the log ordered destroyed as garbage of no resource is never allocated while that order stands: the
+/// agent would hold an order to destroy the directory of a live resource (and the invariant "no garbage order names a
+/// live resource" would break, which `leasehold-replay verify` reports as a wrong log). A producer choosing its ids
+/// (`allocate --id`) can name any handle on the machine.
+#[test]
+fn a_handle_ordered_destroyed_is_not_allocated_while_the_order_stands() {
+    let mut w = World::new();
+    w.registered();
+    let agent = w.a();
+    let stray = w.d.new_resource_id();
+    let outcome = garbage(&mut w, vec![stray], false);
+    assert_eq!(orders(&outcome), [(stray, GarbageCause::Unknown {})]);
+    let ordered = w.state().agent(&agent).unwrap().garbage_order_of(stray).unwrap();
+    refused(&mut w, |w| w.op(allocation(&agent, stray)), AlreadyExists, &["ordered destroyed"]);
+    settle(&w);
+    // Once the agent confirmed the destroy, nothing on the machine is left to confuse: the id is free again.
+    accepted(&destroyed_report(&mut w, stray, ordered));
+    accepted(&w.op(allocation(&agent, stray)));
+    settle(&w);
+}

@@ -103,6 +103,16 @@ impl<'s> Decider<'s> {
                 ),
             );
         }
+        if let Some(ordered) = agent.garbage_order_of(id) {
+            return reject(
+                RejectionKind::AlreadyExists,
+                format!(
+                    "a handle {id} is on agent {}'s machine, ordered destroyed as garbage at {ordered} and not yet \
+                     destroyed; choose a fresh UUIDv7",
+                    agent.name
+                ),
+            );
+        }
         self.check_fresh_id("resource id", &id, id.time(), RejectionKind::Invalid)?;
         if let Some(wait) = command.wait
             && wait.0 == 0
