@@ -404,15 +404,13 @@ async fn a_lost_volume_that_comes_back_keeps_its_data() {
     let w1 = agent.name.clone();
     let volume = system.allocate(&w1).await;
     let active_at = system.activated(&w1, volume).await;
-    // The agent knows the volume was made before it goes: a report from an older view would not name it missing
-    // (it never saw it present), and the writer would ask for a resync instead.
     within("the agent to learn the volume is active", agent.control.wait_for(|s| s.watermark >= active_at)).await;
     let away = system.tmp.path().join("away");
     std::fs::rename(dir_of(&root, volume), &away).unwrap();
     agent.sync().await;
     system.effect(&w1, "the loss", |e| matches!(e, Effect::ResourceLost { resource, .. } if *resource == volume)).await;
-    // The disk comes back after the agent has learnt of the loss (a report from a view older than the loss would
-    // still count the volume as held, and the writer, which counts it lost, would ask for a harmless resync).
+    // The disk comes back once the agent has learnt of the loss (the quarantine is what this test is about; a handle
+    // back before that is in the model's tests).
     within("the agent to learn of the loss", agent.control.wait_for(|s| s.n_resources == 0)).await;
 
     std::fs::write(away.join("precious"), "the data").unwrap();

@@ -150,6 +150,9 @@ fn forget_old(state: &mut PartitionState) {
                     let reference = resource.reference();
                     if let Some(agent) = state.agents.get_mut(&resource.agent) {
                         agent.resources.remove(&id);
+                        if let Some(at) = resource.terminal_pos {
+                            agent.left_by_position.remove(&at);
+                        }
                         // A lost resource's handle may come back long after: it is still recognised and quarantined.
                         if matches!(resource.state, ResourceState::Lost { .. }) {
                             agent.lost_ids.insert(id);
@@ -245,6 +248,9 @@ fn set_resource_state(
         {
             agent.releasing.remove(&pos);
         }
+        if is_terminal {
+            agent.left_by_position.insert(position, id);
+        }
     }
     if is_terminal {
         // Kept until its id could no longer be allocated, even if it was stamped in the future.
@@ -306,6 +312,7 @@ fn apply_effect(
                 quarantined: Default::default(),
                 lost_ids: Default::default(),
                 garbage_orders: Default::default(),
+                left_by_position: Default::default(),
             });
             agent.liveness = Liveness::Live;
             agent.gone_at = None;
@@ -402,6 +409,7 @@ fn apply_effect(
                     allocated_at: now,
                     allocated_pos: position,
                     create_ordered: None,
+                    activated_pos: None,
                     create_ordered_at: None,
                     wait_until: None,
                     destruction_ordered: None,
@@ -450,6 +458,7 @@ fn apply_effect(
         Effect::ResourceActivated { resource, stamp, native_id } => {
             if let Some(r) = state.resources.get_mut(resource) {
                 r.last_present = Some(*stamp);
+                r.activated_pos = Some(position);
                 if let Some(native_id) = native_id {
                     r.native_id = Some(native_id.as_str().into());
                 }

@@ -332,6 +332,9 @@ pub struct Agent {
     pub lost_ids: BTreeSet<ResourceId>,
     /// Garbage handles ordered destroyed (by the position of the order) and not yet reported destroyed.
     pub garbage_orders: BTreeMap<Position, ResourceId>,
+    /// Its resources that reached a terminal state, by that position, while their records are in state: a report
+    /// whose watermark is before one comes from a view in which it was still there.
+    pub left_by_position: BTreeMap<Position, ResourceId>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -506,6 +509,8 @@ pub struct Resource {
     pub allocated_pos: Position,
     /// The position of `CreateOrdered`: the agent could know of it from this watermark on.
     pub create_ordered: Option<Position>,
+    /// The position of `ResourceActivated`: from this watermark on, the agent knows it made it.
+    pub activated_pos: Option<Position>,
     /// The log time of `CreateOrdered`: the create timeout counts from it.
     pub create_ordered_at: Option<Timestamp>,
     /// While its claims are not all bound: the allocation is given up at this log time (its `wait`).

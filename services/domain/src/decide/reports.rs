@@ -105,6 +105,19 @@ fn expected_view(
             digest.add(*id);
         }
     }
+    // Resources that left after the watermark and that the report does not name: in the report's view they were
+    // still there, and an agent that had seen one present names it if it was gone (missing or destroyed), so one it
+    // does not name it found present, and counted.
+    let mut left_since = agent.left_by_position.range(watermark.next()..).map(|(_, id)| id).peekable();
+    let named: BTreeSet<ResourceId> =
+        if left_since.peek().is_some() { judged.iter().map(|(r, _)| r.id).collect() } else { BTreeSet::new() };
+    for id in left_since {
+        let Some(resource) = state.resources.get(id) else { continue };
+        if !named.contains(id) && resource.activated_pos.is_some_and(|at| at <= watermark) {
+            count += 1;
+            digest.add(*id);
+        }
+    }
     for (resource, seen) in judged {
         let counted = counted_in_view(resource, watermark);
         let named_present = matches!(seen, Seen::Present | Seen::InFlight);
