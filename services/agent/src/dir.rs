@@ -4,6 +4,7 @@
 use std::io::{self, Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use leasehold_schemas::ResourceId;
@@ -27,6 +28,37 @@ pub struct DirDriver {
     root: PathBuf,
     /// The locked root, once opened.
     owner: Arc<Mutex<Option<Owner>>>,
+    /// Calls into the file system whose caller gave up (its timeout) while they still run: a hung mount.
+    stuck: Arc<AtomicUsize>,
+}
+
+/// Past this many calls that outlived their caller and still run, the driver starts no new one (each holds a thread
+/// of the blocking pool for as long as the file system hangs): it says so, and the agent records its driver
+/// unavailable, until they return.
+const MAX_STUCK_CALLS: usize = 2;
+
+/// One blocking call's fate, shared by its caller and the thread running it.
+#[derive(Debug, Default)]
+struct CallState {
+    done: bool,
+    abandoned: bool,
+}
+
+/// Held by the caller while it waits: dropped before the call is done (the caller's timeout), the call counts as
+/// stuck until its thread returns.
+struct Waiting {
+    state: Arc<Mutex<CallState>>,
+    stuck: Arc<AtomicUsize>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !state.done {
+            state.abandoned = true;
+            self.stuck.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }
 
 /// The root as opened: the locked directory, its identity (device and inode) and the agent it is for.
@@ -39,7 +71,38 @@ struct Owner {
 
 impl DirDriver {
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        DirDriver { root: root.into(), owner: Arc::default() }
+        DirDriver { root: root.into(), owner: Arc::default(), stuck: Arc::default() }
+    }
+
+    /// Runs `work` on the blocking pool, refusing to start while too many earlier calls hang (see
+    /// [`MAX_STUCK_CALLS`]). A caller that gives up leaves the call counted as stuck until it returns.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&DirDriver) -> Result<T, DriverError> + Send + 'static,
+    ) -> Result<T, DriverError> {
+        let stuck = self.stuck.load(Ordering::SeqCst);
+        if stuck >= MAX_STUCK_CALLS {
+            return Err(DriverError::Transient(format!(
+                "{stuck} calls into {} have not returned (a hung file system?): nothing new is started there until \
+                 they do",
+                self.root.display()
+            )));
+        }
+        let state = Arc::new(Mutex::new(CallState::default()));
+        let waiting = Waiting { state: state.clone(), stuck: self.stuck.clone() };
+        let (driver, stuck) = (self.clone(), self.stuck.clone());
+        let result = tokio::task::spawn_blocking(move || {
+            let result = work(&driver);
+            let mut state = state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            state.done = true;
+            if state.abandoned {
+                stuck.fetch_sub(1, Ordering::SeqCst);
+            }
+            result
+        })
+        .await;
+        drop(waiting);
+        result.map_err(|e| DriverError::Transient(format!("a call into {} failed: {e}", self.root.display())))?
     }
 
     fn open_blocking(&self, agent: &AgentName) -> Result<(), DriverError> {
@@ -121,7 +184,7 @@ impl DirDriver {
     }
 
     /// Once opened: the root must still be there and still name this agent.
-    async fn check_owner(&self) -> Result<(), DriverError> {
+    fn check_owner(&self) -> Result<(), DriverError> {
         let (identity, agent) = match &*self.owner.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
             Some(owner) => (owner.identity, owner.agent.clone()),
             None => return Ok(()),
@@ -133,14 +196,14 @@ impl DirDriver {
             )))
         };
         // The very directory locked at open, not another one at the same path (a copy, a bare mount point).
-        match tokio::fs::metadata(&self.root).await {
+        match std::fs::metadata(&self.root) {
             Ok(meta) if (meta.dev(), meta.ino()) == identity => {}
             Ok(_) => {
                 return refuse(format!("the root {} is another directory than the one opened", self.root.display()));
             }
             Err(e) => return refuse(format!("the root {} is not agent {agent}'s any more ({e})", self.root.display())),
         }
-        match tokio::fs::read_to_string(&path).await {
+        match std::fs::read_to_string(&path) {
             Ok(named) if named.trim() == agent.as_str() => Ok(()),
             Ok(named) => refuse(format!("{} names agent {:?}, not {agent}", path.display(), named.trim())),
             Err(e) => refuse(format!(
@@ -149,6 +212,75 @@ impl DirDriver {
                 path.display()
             )),
         }
+    }
+
+    fn create_blocking(&self, id: ResourceId) -> Result<Option<String>, DriverError> {
+        self.check_owner()?;
+        let path = self.path_of(id);
+        // Never the root itself: a root that is gone is not made again here (the check above refused it).
+        match std::fs::create_dir(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound && self.owner.lock().map_or(true, |o| o.is_none()) => {
+                // A driver used without `open` (tests): the root is made when first needed.
+                std::fs::create_dir_all(&path).map_err(|e| create_error(&path, e))?;
+            }
+            Err(e) => return Err(create_error(&path, e)),
+        }
+        // `create_dir_all` accepts a path that exists as anything; only a directory is the resource.
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_dir() => Ok(Some(path.display().to_string())),
+            Ok(_) => Err(create_error(&path, io::Error::from(io::ErrorKind::AlreadyExists))),
+            Err(e) => Err(DriverError::Transient(format!("cannot read {}: {e}", path.display()))),
+        }
+    }
+
+    fn destroy_blocking(&self, id: ResourceId) -> Result<(), DriverError> {
+        self.check_owner()?;
+        let path = self.path_of(id);
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(DriverError::Transient(format!("cannot remove {}: {e}", path.display()))),
+        }
+    }
+
+    fn list_blocking(&self) -> Result<Vec<ResourceId>, DriverError> {
+        self.check_owner()?;
+        let failed = |e: io::Error| DriverError::Transient(format!("cannot list {}: {e}", self.root.display()));
+        std::fs::create_dir_all(&self.root).map_err(failed)?;
+        let mut handles = Vec::new();
+        for entry in std::fs::read_dir(&self.root).map_err(failed)? {
+            let entry = entry.map_err(failed)?;
+            let Some(id) = entry.file_name().to_str().and_then(|name| name.parse::<ResourceId>().ok()) else {
+                continue;
+            };
+            // A plain file named like a resource id is not a handle either (and stays where it is).
+            if entry.file_type().map_err(failed)?.is_dir() {
+                handles.push(id);
+            }
+        }
+        handles.sort();
+        Ok(handles)
+    }
+
+    fn check_blocking(&self, id: ResourceId) -> Result<Health, DriverError> {
+        self.check_owner()?;
+        let path = self.path_of(id);
+        let unhealthy = |detail: String| Ok(Health { healthy: false, detail });
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => return unhealthy(format!("{} is not a directory", path.display())),
+            Err(e) => return unhealthy(format!("{}: {e}", path.display())),
+        }
+        let probe = path.join(PROBE);
+        if let Err(e) = std::fs::write(&probe, b"probe") {
+            return unhealthy(format!("{} is not writable: {e}", path.display()));
+        }
+        if let Err(e) = std::fs::remove_file(&probe) {
+            return unhealthy(format!("cannot remove {}: {e}", probe.display()));
+        }
+        Ok(Health { healthy: true, detail: format!("{} exists and is writable", path.display()) })
     }
 
     pub fn root(&self) -> &Path {
@@ -173,85 +305,31 @@ fn create_error(path: &Path, e: io::Error) -> DriverError {
 
 impl Driver for DirDriver {
     async fn open(&self, agent: &AgentName) -> Result<(), DriverError> {
-        let (driver, agent) = (self.clone(), agent.clone());
-        tokio::task::spawn_blocking(move || driver.open_blocking(&agent))
-            .await
-            .map_err(|e| DriverError::Transient(format!("opening the root: {e}")))?
+        let agent = agent.clone();
+        self.blocking(move |driver| driver.open_blocking(&agent)).await
     }
 
     async fn create(&self, id: ResourceId, _spec: &Spec) -> Result<Option<String>, DriverError> {
-        self.check_owner().await?;
-        let path = self.path_of(id);
-        // Never the root itself: a root that is gone is not made again here (the check above refused it).
-        match tokio::fs::create_dir(&path).await {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound && self.owner.lock().map_or(true, |o| o.is_none()) => {
-                // A driver used without `open` (tests): the root is made when first needed.
-                tokio::fs::create_dir_all(&path).await.map_err(|e| create_error(&path, e))?;
-            }
-            Err(e) => return Err(create_error(&path, e)),
-        }
-        // `create_dir_all` accepts a path that exists as anything; only a directory is the resource.
-        match tokio::fs::metadata(&path).await {
-            Ok(meta) if meta.is_dir() => Ok(Some(path.display().to_string())),
-            Ok(_) => Err(create_error(&path, io::Error::from(io::ErrorKind::AlreadyExists))),
-            Err(e) => Err(DriverError::Transient(format!("cannot read {}: {e}", path.display()))),
-        }
+        self.blocking(move |driver| driver.create_blocking(id)).await
     }
 
     async fn destroy(&self, id: ResourceId) -> Result<(), DriverError> {
-        self.check_owner().await?;
-        let path = self.path_of(id);
-        match tokio::fs::remove_dir_all(&path).await {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(DriverError::Transient(format!("cannot remove {}: {e}", path.display()))),
-        }
+        self.blocking(move |driver| driver.destroy_blocking(id)).await
     }
 
     async fn list(&self) -> Result<Vec<ResourceId>, DriverError> {
-        self.check_owner().await?;
-        let failed = |e: io::Error| DriverError::Transient(format!("cannot list {}: {e}", self.root.display()));
-        tokio::fs::create_dir_all(&self.root).await.map_err(failed)?;
-        let mut entries = tokio::fs::read_dir(&self.root).await.map_err(failed)?;
-        let mut handles = Vec::new();
-        while let Some(entry) = entries.next_entry().await.map_err(failed)? {
-            let Some(id) = entry.file_name().to_str().and_then(|name| name.parse::<ResourceId>().ok()) else {
-                continue;
-            };
-            // A plain file named like a resource id is not a handle either (and stays where it is).
-            if entry.file_type().await.map_err(failed)?.is_dir() {
-                handles.push(id);
-            }
-        }
-        handles.sort();
-        Ok(handles)
+        self.blocking(|driver| driver.list_blocking()).await
     }
 
     async fn check(&self, id: ResourceId) -> Result<Health, DriverError> {
-        self.check_owner().await?;
-        let path = self.path_of(id);
-        let unhealthy = |detail: String| Ok(Health { healthy: false, detail });
-        match tokio::fs::metadata(&path).await {
-            Ok(meta) if meta.is_dir() => {}
-            Ok(_) => return unhealthy(format!("{} is not a directory", path.display())),
-            Err(e) => return unhealthy(format!("{}: {e}", path.display())),
-        }
-        let probe = path.join(PROBE);
-        if let Err(e) = tokio::fs::write(&probe, b"probe").await {
-            return unhealthy(format!("{} is not writable: {e}", path.display()));
-        }
-        if let Err(e) = tokio::fs::remove_file(&probe).await {
-            return unhealthy(format!("cannot remove {}: {e}", probe.display()));
-        }
-        Ok(Health { healthy: true, detail: format!("{} exists and is writable", path.display()) })
+        self.blocking(move |driver| driver.check_blocking(id)).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn id(n: u8) -> ResourceId {
         ResourceId::from_parts(1_800_000_000_000, [n; 10])
@@ -329,6 +407,47 @@ mod tests {
         std::fs::write(&file, "not a directory").unwrap();
         let err = DirDriver::new(&file).open(&w1).await.unwrap_err().to_string();
         assert!(err.contains(&file.display().to_string()), "{err}");
+    }
+
+    /// A root whose file system hangs (here its owner file turned into a FIFO nobody writes: reading it blocks, as a
+    /// hung NFS mount does) holds a thread for every call into it; past a few calls that outlived their caller, the
+    /// driver starts no new one, so a pass every 30 s cannot fill the blocking pool. Once the calls return, it works
+    /// again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_into_a_hung_root_are_bounded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        let w1 = AgentName::new("w1").unwrap();
+        let driver = DirDriver::new(&root);
+        driver.open(&w1).await.unwrap();
+        let owner = root.join(OWNER_FILE);
+        std::fs::remove_file(&owner).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&owner).status().expect("mkfifo runs");
+        assert!(made.success());
+        for _ in 0..MAX_STUCK_CALLS {
+            let gave_up = tokio::time::timeout(Duration::from_millis(200), driver.list()).await;
+            assert!(gave_up.is_err(), "the call hangs: {gave_up:?}");
+        }
+        assert_eq!(driver.stuck.load(Ordering::SeqCst), MAX_STUCK_CALLS);
+        let refused = tokio::time::timeout(Duration::from_secs(5), driver.list()).await.expect("answered at once");
+        let err = refused.unwrap_err().to_string();
+        assert!(err.contains("have not returned") && err.contains("nothing new is started"), "{err}");
+
+        // The file system answers again: the hung readers get what is written and return.
+        let fifo = owner.clone();
+        let writer = tokio::task::spawn_blocking(move || {
+            let mut file = std::fs::OpenOptions::new().write(true).open(&fifo).expect("open the FIFO for writing");
+            file.write_all(b"w1\n").expect("write");
+        });
+        tokio::time::timeout(Duration::from_secs(10), writer).await.expect("the readers were there").unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while driver.stuck.load(Ordering::SeqCst) > 0 {
+            assert!(tokio::time::Instant::now() < deadline, "the stuck calls returned");
+            tokio::task::yield_now().await;
+        }
+        std::fs::remove_file(&owner).unwrap();
+        std::fs::write(&owner, "w1\n").unwrap();
+        assert_eq!(driver.list().await.unwrap(), vec![], "listed again");
     }
 
     #[tokio::test]
