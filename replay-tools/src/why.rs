@@ -217,18 +217,11 @@ fn cause(cause: &ReleaseCause) -> String {
     }
 }
 
-/// A release's cause, to follow "after it was".
-fn released(cause: &ReleaseCause) -> String {
-    match cause {
-        ReleaseCause::Released { by, reason } => {
-            format!("released by {by}{}", reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default())
-        }
-        ReleaseCause::HealthCheckFailed { detail } => format!("released after a failed health check: {detail}"),
-        ReleaseCause::ParentLeft { parent } => format!("released when its parent {parent} left"),
-        ReleaseCause::CreateTimeout {} => "released when its create did not finish in time".to_owned(),
-        ReleaseCause::AgentRetired {} => "released when its agent was retired".to_owned(),
-        ReleaseCause::ParentAbsent { parent } => format!("released because its parent {parent} does not exist"),
-        ReleaseCause::WaitTimeout { waited } => format!("released after waiting {waited} for its pools' identifiers"),
+/// A release's cause, to follow "after it was": "released by X: reason", or "released because <the cause>".
+fn released(why: &ReleaseCause) -> String {
+    match why {
+        ReleaseCause::Released { .. } => cause(why),
+        other => format!("released because {}", cause(other)),
     }
 }
 

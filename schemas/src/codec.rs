@@ -401,44 +401,6 @@ pub fn peek_command_id(bytes: &[u8]) -> Option<CommandId> {
 fn peek_json_command_id(bytes: &[u8]) -> Option<CommandId> {
     use serde::de::{self, Deserializer as _, MapAccess, Visitor};
 
-    /// Whether a key is `command_id`, without keeping it.
-    struct IsCommandId(bool);
-
-    impl<'de> Deserialize<'de> for IsCommandId {
-        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-            struct Key;
-            impl Visitor<'_> for Key {
-                type Value = IsCommandId;
-                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                    f.write_str("a key")
-                }
-                fn visit_str<E: de::Error>(self, key: &str) -> Result<IsCommandId, E> {
-                    Ok(IsCommandId(key == "command_id"))
-                }
-            }
-            deserializer.deserialize_str(Key)
-        }
-    }
-
-    /// The id, parsed where it stands (not kept as text first).
-    struct Id(Option<CommandId>);
-
-    impl<'de> Deserialize<'de> for Id {
-        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-            struct Text;
-            impl Visitor<'_> for Text {
-                type Value = Id;
-                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                    f.write_str("a command id")
-                }
-                fn visit_str<E: de::Error>(self, text: &str) -> Result<Id, E> {
-                    Ok(Id(text.parse().ok()))
-                }
-            }
-            deserializer.deserialize_str(Text)
-        }
-    }
-
     /// Reads the object's keys, skipping values, until `command_id`; then stops (with an error, so the rest of
     /// the payload is never read) and leaves the id in `found`.
     struct Scan<'a> {
@@ -451,9 +413,10 @@ fn peek_json_command_id(bytes: &[u8]) -> Option<CommandId> {
             f.write_str("a JSON object")
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-            while let Some(IsCommandId(wanted)) = map.next_key()? {
-                if wanted {
-                    *self.found = map.next_value::<Id>()?.0;
+            // Only top-level keys and the id are read as text (a few short strings); every value is skipped.
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == "command_id" {
+                    *self.found = map.next_value::<std::borrow::Cow<'de, str>>()?.parse().ok();
                     return Err(de::Error::custom("stop: the command id is read"));
                 }
                 map.next_value::<IgnoredAny>()?;

@@ -371,11 +371,6 @@ impl View {
         self.in_flight.extend(started.into_iter().filter(|id| ordered.contains(id)));
     }
 
-    /// Counts these destroys as done, not in flight (they finished during the listing, and were reported at once).
-    pub(crate) fn not_in_flight(&mut self, destroyed: &BTreeSet<ResourceId>) {
-        self.in_flight.retain(|id| !destroyed.contains(id));
-    }
-
     /// The report of `present` (the listing) against the snapshot. A handle is named at most once: in flight
     /// (creates and destroys running: they count as present), else `created` (ordered, not yet seen present, here),
     /// `missing` (seen present, not releasing, gone) or `destroyed` (releasing, gone). `count`/`digest` cover the

@@ -261,7 +261,6 @@ pub async fn run<L: Log, D: Driver>(
         driver_status_sent: None,
         listing: false,
         started_while_listing: BTreeSet::new(),
-        destroyed_while_listing: BTreeSet::new(),
         sync_again: false,
         resync_wanted: false,
         quiet: None,
@@ -403,10 +402,6 @@ struct Agent<L, D> {
     /// absent from both the snapshot's calls and the listing, and the report would count one handle fewer than
     /// the writer, which already saw it made.
     started_while_listing: BTreeSet<ResourceId>,
-    /// Resources destroyed (as their release ordered) while the listing runs: the listing may still show them, or the
-    /// snapshot name them in flight, but each destroy is reported at once and may be decided before the report, after
-    /// which the writer no longer counts the handle. The report names them absent, as they are.
-    destroyed_while_listing: BTreeSet<ResourceId>,
     sync_again: bool,
     resync_wanted: bool,
     /// The last report that named nothing: (epoch, last material position, count, digest). The same again says
@@ -765,7 +760,6 @@ impl<L: Log, D: Driver> Agent<L, D> {
                     Some(None) => {
                         self.listing = false;
                         self.started_while_listing.clear();
-                        self.destroyed_while_listing.clear();
                     }
                     None => {}
                 }
@@ -821,9 +815,6 @@ impl<L: Log, D: Driver> Agent<L, D> {
                     (Ok(()), None) => {
                         self.config.control.update(|s| s.destroys += 1);
                         info!(%agent, resource = %id, "destroyed");
-                        if self.listing {
-                            self.destroyed_while_listing.insert(id);
-                        }
                         let ordered = self.model.get_mut(id).and_then(|tracked| {
                             tracked.destroy_done = true;
                             tracked.releasing
@@ -867,11 +858,8 @@ impl<L: Log, D: Driver> Agent<L, D> {
                 self.listing = false;
                 let mut view = view;
                 view.also_in_flight(std::mem::take(&mut self.started_while_listing));
-                let destroyed = std::mem::take(&mut self.destroyed_while_listing);
-                view.not_in_flight(&destroyed);
                 match result {
-                    Ok(mut handles) => {
-                        handles.retain(|id| !destroyed.contains(id));
+                    Ok(handles) => {
                         self.driver_down = None;
                         self.send_driver_status().await;
                         self.listed(view, resync, handles).await;

@@ -791,9 +791,9 @@ async fn a_dry_run_agent_carries_out_no_garbage_order_given_before() {
 }
 
 /// A destroy confirmed at once while the agent takes its inventory: the inventory (or the destroy in flight) still
-/// holds the handle, but the writer, having decided `report-destroyed` first, no longer counts it. The report made
-/// from that inventory must agree with the writer all the same (a disagreement asks for a full resync: chunks over
-/// everything the agent holds, each time a release lands during a listing).
+/// holds the handle, and the writer decides `report-destroyed` first. The writer counts the handle as the report's
+/// view had it (it left after the report's watermark), so the report agrees with it (a disagreement asks for a full
+/// resync: chunks over everything the agent holds, each time a release lands during a listing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_destroy_confirmed_during_an_inventory_does_not_put_the_report_out_of_step() {
     let system = System::start();

@@ -695,13 +695,13 @@ fn apply_effect(
         Effect::GarbageDestroyOrdered { handle, .. } => {
             if let Some(agent) = agent_of(state, key) {
                 agent.quarantined.remove(handle);
-                agent.garbage_orders.insert(position, *handle);
+                agent.garbage_orders.insert(*handle, position);
             }
         }
         Effect::GarbageDryRun { .. } => {}
         Effect::GarbageDestroyed { handle, .. } => {
             if let Some(agent) = agent_of(state, key) {
-                agent.garbage_orders.retain(|_, id| id != handle);
+                agent.garbage_orders.remove(handle);
             }
         }
         Effect::HandleReappeared { resource, .. } => {

@@ -65,7 +65,7 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
                 return Err(format!("agent {} quarantines {id}, which is not a lost resource of it", agent.name));
             }
         }
-        for (position, id) in &agent.garbage_orders {
+        for (id, position) in &agent.garbage_orders {
             if state.resource(*id).is_some_and(|r| r.agent == agent.name && !r.state.is_terminal()) {
                 return Err(format!("agent {}'s garbage order at {position} names its live resource {id}", agent.name));
             }

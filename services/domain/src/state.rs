@@ -330,8 +330,8 @@ pub struct Agent {
     /// Resources of this agent recorded `lost` whose records were forgotten after the horizon: a handle of one that
     /// reappears is still quarantined, never taken for garbage.
     pub lost_ids: BTreeSet<ResourceId>,
-    /// Garbage handles ordered destroyed (by the position of the order) and not yet reported destroyed.
-    pub garbage_orders: BTreeMap<Position, ResourceId>,
+    /// Garbage handles ordered destroyed, with the position of the order, not yet reported destroyed.
+    pub garbage_orders: BTreeMap<ResourceId, Position>,
     /// Its resources that reached a terminal state, by that position, while their records are in state: a report
     /// whose watermark is before one comes from a view in which it was still there.
     pub left_by_position: BTreeMap<Position, ResourceId>,
@@ -369,7 +369,7 @@ impl Agent {
 
     /// The position of the garbage order still pending for `handle`, if any.
     pub fn garbage_order_of(&self, handle: ResourceId) -> Option<Position> {
-        self.garbage_orders.iter().find(|(_, id)| **id == handle).map(|(at, _)| *at)
+        self.garbage_orders.get(&handle).copied()
     }
 
     /// The status a person would read: `live`, `stalled`, `gone`, `suspect`, `retired`.

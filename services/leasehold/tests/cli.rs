@@ -167,13 +167,19 @@ fn register_absent_agent(data: &Path) {
     });
 }
 
+/// A served gateway under `dir` with agent `w1` running and `w2` known but away.
+fn serve_w1_with_w2_absent(dir: &Path) -> Server {
+    register_absent_agent(dir);
+    std::fs::create_dir_all(dir.join("w1")).unwrap();
+    let server = Server::start(&dir.join("data"), &[format!("w1=dir:{}", dir.join("w1").display())]);
+    wait_registered(&server, "w1");
+    server
+}
+
 #[test]
 fn producer_and_query_commands_against_a_served_gateway() {
     let dir = tempfile::tempdir().unwrap();
-    register_absent_agent(dir.path());
-    std::fs::create_dir_all(dir.path().join("w1")).unwrap();
-    let server = Server::start(&dir.path().join("data"), &[format!("w1=dir:{}", dir.path().join("w1").display())]);
-    wait_registered(&server, "w1");
+    let server = serve_w1_with_w2_absent(dir.path());
 
     // allocate: the resource record, as the gateway has it right after.
     let resource = server.json(&[
@@ -865,10 +871,7 @@ fn column_of(table: &str, needle: &str) -> usize {
 #[test]
 fn producer_text_is_shown_escaped_and_json_keeps_it_exact() {
     let dir = tempfile::tempdir().unwrap();
-    register_absent_agent(dir.path());
-    std::fs::create_dir_all(dir.path().join("w1")).unwrap();
-    let server = Server::start(&dir.path().join("data"), &[format!("w1=dir:{}", dir.path().join("w1").display())]);
-    wait_registered(&server, "w1");
+    let server = serve_w1_with_w2_absent(dir.path());
 
     let resource = server.json(&[
         "allocate",
