@@ -9,7 +9,7 @@ use leasehold_schemas::subjects::partition_of_agent;
 
 use crate::state::{
     Agent, Breaker, ClaimSlot, Forget, Holding, Lease, LeaseState, Liveness, ParentLink, PartitionState, PauseInfo,
-    PendingDecision, Pool, Resource, ResourceState,
+    PendingClock, PendingDecision, Pool, Resource, ResourceState,
 };
 
 /// An outcome that does not follow the state it is folded into: a log out of order, with a gap, or of another
@@ -145,14 +145,12 @@ fn forget_old(state: &mut PartitionState) {
         match item {
             // A resource or lease id names one record for ever (ids are never allocated twice), and its entry is made
             // when the record ends.
-            Forget::Resource(id) => {
+            Forget::Resource(id, left_at) => {
                 if let Some(resource) = state.resources.remove(&id) {
                     let reference = resource.reference();
                     if let Some(agent) = state.agents.get_mut(&resource.agent) {
                         agent.resources.remove(&id);
-                        if let Some(at) = resource.terminal_pos {
-                            agent.left_by_position.remove(&at);
-                        }
+                        agent.left_by_position.remove(&left_at);
                         // A lost resource's handle may come back long after: it is still recognised and quarantined.
                         if matches!(resource.state, ResourceState::Lost { .. }) {
                             agent.lost_ids.insert(id);
@@ -223,7 +221,6 @@ fn set_resource_state(
     }
     if is_terminal {
         resource.terminal_at = Some(now);
-        resource.terminal_pos = Some(position);
     }
     let destruction = resource.destruction_ordered;
     let creation = resource.creation_position();
@@ -254,7 +251,7 @@ fn set_resource_state(
     }
     if is_terminal {
         // Kept until its id could no longer be allocated, even if it was stamped in the future.
-        state.forget.insert((now.max(id.time()), Forget::Resource(id)));
+        state.forget.insert((now.max(id.time()), Forget::Resource(id, position)));
     }
 }
 
@@ -410,15 +407,13 @@ fn apply_effect(
                     allocated_pos: position,
                     create_ordered: None,
                     activated_pos: None,
-                    create_ordered_at: None,
-                    wait_until: None,
+                    pending_clock: None,
                     destruction_ordered: None,
                     last_present: None,
                     native_id: None,
                     claims: Default::default(),
                     live_leases: Default::default(),
                     terminal_at: None,
-                    terminal_pos: None,
                 },
             );
             if let Some(agent) = state.agents.get_mut(agent_name) {
@@ -438,13 +433,12 @@ fn apply_effect(
         Effect::CreateOrdered { resource } => {
             if let Some(r) = state.resources.get_mut(resource) {
                 r.create_ordered = Some(position);
-                r.create_ordered_at = Some(now);
-                r.wait_until = None;
+                r.pending_clock = Some(PendingClock::OrderedAt(now));
             }
         }
         Effect::AllocationWaitsUntil { resource, until } => {
             if let Some(r) = state.resources.get_mut(resource) {
-                r.wait_until = Some(*until);
+                r.pending_clock = Some(PendingClock::WaitsUntil(*until));
             }
         }
         Effect::ResourceSeen { resource, stamp, native_id } => {

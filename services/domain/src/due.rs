@@ -6,7 +6,7 @@
 
 use leasehold_schemas::ids::{Millis, Timestamp};
 
-use crate::state::{Agent, Lease, LeaseState, PartitionState, Resource, ResourceState};
+use crate::state::{Agent, Lease, LeaseState, PartitionState, PendingClock, Resource, ResourceState};
 
 /// Heartbeats are recorded at most every third of `stall_after` (coalesced), so a recorded one may lag the real last
 /// one by up to that much: silence is judged from the recorded one plus that third, and an agent is never called
@@ -36,8 +36,9 @@ pub fn create_due(state: &PartitionState, resource: &Resource) -> Option<Timesta
     if resource.state != ResourceState::Pending {
         return None;
     }
-    let Some(ordered_at) = resource.create_ordered_at else {
-        return resource.wait_until;
+    let ordered_at = match resource.pending_clock? {
+        PendingClock::WaitsUntil(until) => return Some(until),
+        PendingClock::OrderedAt(at) => at,
     };
     let create_timeout = match state.agent(&resource.agent) {
         Some(agent) => state.settings_of(agent).create_timeout,

@@ -58,7 +58,8 @@ pub struct PartitionState {
 /// position, so a newer record under the same name is never erased by an older entry.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub(crate) enum Forget {
-    Resource(ResourceId),
+    /// A terminal resource, with the position that made it terminal (its entry in `Agent::left_by_position`).
+    Resource(ResourceId, Position),
     Lease(LeaseId),
     /// The record of a released holder, named by the position that ended its claim.
     PoolHolder(PoolName, ResourceRef, Position),
@@ -460,6 +461,15 @@ impl ResourceState {
     }
 }
 
+/// What a pending resource is given up by (see [`crate::due::create_due`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PendingClock {
+    /// Waiting for its pools' identifiers, at most until this log time (its allocation's `wait`).
+    WaitsUntil(Timestamp),
+    /// Its create was ordered at this log time: the create timeout counts from it.
+    OrderedAt(Timestamp),
+}
+
 /// A pause: why, and until when.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PauseInfo {
@@ -511,10 +521,9 @@ pub struct Resource {
     pub create_ordered: Option<Position>,
     /// The position of `ResourceActivated`: from this watermark on, the agent knows it made it.
     pub activated_pos: Option<Position>,
-    /// The log time of `CreateOrdered`: the create timeout counts from it.
-    pub create_ordered_at: Option<Timestamp>,
-    /// While its claims are not all bound: the allocation is given up at this log time (its `wait`).
-    pub wait_until: Option<Timestamp>,
+    /// Where a pending resource's deadline comes from: its allocation's `wait`, or (once its create is ordered)
+    /// the create timeout counted from the order. One at a time: the order ends the wait.
+    pub pending_clock: Option<PendingClock>,
     /// The position of `ResourceReleasing`.
     pub destruction_ordered: Option<Position>,
     /// The last observation of presence.
@@ -524,9 +533,6 @@ pub struct Resource {
     /// Live (waiting or active) leases, by the position of their request: first come, first granted.
     pub live_leases: BTreeMap<Position, LeaseId>,
     pub terminal_at: Option<Timestamp>,
-    /// The position of the effect that made it terminal: a report whose watermark is before it comes from a view in
-    /// which the resource was still there, and may count it (a destroy running, then confirmed at once).
-    pub terminal_pos: Option<Position>,
 }
 
 impl Resource {

@@ -108,14 +108,15 @@ fn expected_view(
     // Resources that left after the watermark and that the report does not name: in the report's view they were
     // still there, and an agent that had seen one present names it if it was gone (missing or destroyed), so one it
     // does not name it found present, and counted.
-    let mut left_since = agent.left_by_position.range(watermark.next()..).map(|(_, id)| id).peekable();
-    let named: BTreeSet<ResourceId> =
-        if left_since.peek().is_some() { judged.iter().map(|(r, _)| r.id).collect() } else { BTreeSet::new() };
-    for id in left_since {
-        let Some(resource) = state.resources.get(id) else { continue };
-        if !named.contains(id) && resource.activated_pos.is_some_and(|at| at <= watermark) {
-            count += 1;
-            digest.add(*id);
+    let left_since: BTreeSet<ResourceId> =
+        agent.left_by_position.range(watermark.next()..).map(|(_, id)| *id).collect();
+    if !left_since.is_empty() {
+        let named: BTreeSet<ResourceId> = judged.iter().map(|(r, _)| r.id).collect();
+        for id in left_since.difference(&named) {
+            if state.resources.get(id).is_some_and(|r| r.activated_pos.is_some_and(|at| at <= watermark)) {
+                count += 1;
+                digest.add(*id);
+            }
         }
     }
     for (resource, seen) in judged {
@@ -127,7 +128,7 @@ fn expected_view(
         } else if !counted
             && named_present
             && resource.create_ordered.is_some_and(|at| at <= watermark)
-            && (!resource.state.is_terminal() || resource.terminal_pos.is_some_and(|at| at > watermark))
+            && (!resource.state.is_terminal() || left_since.contains(&resource.id))
         {
             count += 1;
             digest.add(resource.id);

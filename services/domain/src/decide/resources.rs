@@ -14,7 +14,7 @@ use super::{
     Decider, MAX_ATTRIBUTE_KEY_BYTES, MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES, MAX_CAPACITY, MAX_POOLS_PER_RESOURCE,
     Verdict, check_text, echo, reject,
 };
-use crate::state::{ClaimSlot, Liveness, Resource, ResourceState};
+use crate::state::{ClaimSlot, Liveness, PendingClock, Resource, ResourceState};
 
 /// `[a-z0-9][a-z0-9_.-]{0,62}`.
 fn is_kind(kind: &str) -> bool {
@@ -398,9 +398,9 @@ impl<'s> Decider<'s> {
             return reject(RejectionKind::NotYetDue, format!("resource {} {what} until {due}", resource.reference()));
         }
         // Not `failed`: the create may still be running. The agent destroys it; an observation frees its claims.
-        let cause = match resource.create_ordered_at {
-            Some(_) => ReleaseCause::CreateTimeout {},
-            None => ReleaseCause::WaitTimeout { waited: due.since(resource.allocated_at) },
+        let cause = match resource.pending_clock {
+            Some(PendingClock::WaitsUntil(_)) => ReleaseCause::WaitTimeout { waited: due.since(resource.allocated_at) },
+            _ => ReleaseCause::CreateTimeout {},
         };
         self.order_release(resource, cause, BreakReason::ResourceLeft);
         Ok(())

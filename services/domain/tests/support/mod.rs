@@ -241,7 +241,8 @@ impl World {
         for r in state.resources_of(a).filter(|r| known(r)) {
             let releasing_seen = r.state.name() == "releasing" && r.last_present.is_some();
             let named_present = report.created.contains(&r.id) || report.in_flight.contains(&r.id);
-            let there_at_watermark = !r.state.is_terminal() || r.terminal_pos.is_some_and(|at| at > report.watermark);
+            let left_since = a.left_by_position.range(report.watermark.next()..).any(|(_, id)| *id == r.id);
+            let there_at_watermark = !r.state.is_terminal() || left_since;
             if r.state.is_held() || releasing_seen || (named_present && there_at_watermark) {
                 ids.insert(r.id);
             }
