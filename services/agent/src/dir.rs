@@ -10,10 +10,13 @@ use std::sync::{Arc, Mutex};
 use leasehold_schemas::ResourceId;
 use leasehold_schemas::ids::AgentName;
 
-use crate::driver::{Driver, DriverError, Health, Spec};
+use crate::driver::{Driver, DriverError, Health, Listed, Spec};
 
 /// The name of the file a health check writes and removes inside a resource's directory.
 const PROBE: &str = ".leasehold-probe";
+/// A resource directory holding this file has failed for good (what uses it wrote why in it): the listing says so,
+/// and a health check finds it unhealthy. The directory's counterpart of a container that exited.
+pub const FAILED_FILE: &str = ".leasehold-failed";
 /// The file in the root that says which agent the root is for, locked while an agent process uses it.
 pub const OWNER_FILE: &str = ".leasehold-agent";
 
@@ -245,7 +248,7 @@ impl DirDriver {
         }
     }
 
-    fn list_blocking(&self) -> Result<Vec<ResourceId>, DriverError> {
+    fn list_blocking(&self) -> Result<Vec<Listed>, DriverError> {
         self.check_owner()?;
         let failed = |e: io::Error| DriverError::Transient(format!("cannot list {}: {e}", self.root.display()));
         std::fs::create_dir_all(&self.root).map_err(failed)?;
@@ -257,10 +260,10 @@ impl DirDriver {
             };
             // A plain file named like a resource id is not a handle either (and stays where it is).
             if entry.file_type().map_err(failed)?.is_dir() {
-                handles.push(id);
+                handles.push(Listed { id, failed: self.failure_of(id) });
             }
         }
-        handles.sort();
+        handles.sort_by_key(|listed| listed.id);
         Ok(handles)
     }
 
@@ -273,6 +276,9 @@ impl DirDriver {
             Ok(_) => return unhealthy(format!("{} is not a directory", path.display())),
             Err(e) => return unhealthy(format!("{}: {e}", path.display())),
         }
+        if let Some(why) = self.failure_of(id) {
+            return unhealthy(why);
+        }
         let probe = path.join(PROBE);
         if let Err(e) = std::fs::write(&probe, b"probe") {
             return unhealthy(format!("{} is not writable: {e}", path.display()));
@@ -281,6 +287,14 @@ impl DirDriver {
             return unhealthy(format!("cannot remove {}: {e}", probe.display()));
         }
         Ok(Health { healthy: true, detail: format!("{} exists and is writable", path.display()) })
+    }
+
+    /// What the resource's `.leasehold-failed` says, if it has one.
+    fn failure_of(&self, id: ResourceId) -> Option<String> {
+        let path = self.path_of(id).join(FAILED_FILE);
+        let said = std::fs::read(&path).ok()?;
+        let said = String::from_utf8_lossy(&said[..said.len().min(512)]).trim().to_owned();
+        Some(if said.is_empty() { format!("{} exists", path.display()) } else { format!("failed: {said}") })
     }
 
     pub fn root(&self) -> &Path {
@@ -317,7 +331,7 @@ impl Driver for DirDriver {
         self.blocking(move |driver| driver.destroy_blocking(id)).await
     }
 
-    async fn list(&self) -> Result<Vec<ResourceId>, DriverError> {
+    async fn list(&self) -> Result<Vec<Listed>, DriverError> {
         self.blocking(|driver| driver.list_blocking()).await
     }
 
@@ -346,7 +360,7 @@ mod tests {
         std::fs::write(driver.root().join("notes.txt"), "hello").unwrap();
         std::fs::write(driver.root().join(id(3).to_string()), "a file, not a handle").unwrap();
         std::fs::create_dir(driver.root().join(id(4).to_string().to_uppercase())).unwrap();
-        assert_eq!(driver.list().await.unwrap(), vec![id(1), id(2)]);
+        assert_eq!(driver.list().await.unwrap(), vec![Listed::present(id(1)), Listed::present(id(2))]);
     }
 
     #[tokio::test]

@@ -9,16 +9,56 @@ use std::fmt;
 use std::future::Future;
 use std::str::FromStr;
 
-use leasehold_schemas::ResourceId;
 use leasehold_schemas::ids::AgentName;
+use leasehold_schemas::pool::{PoolKind, PoolValue};
+use leasehold_schemas::{PoolName, Position, ResourceId};
 
 use crate::dir::DirDriver;
 
-/// What to make: the resource's kind and attributes, as allocated (and updated since).
+/// What to make: the resource's kind and attributes, as allocated (and updated since), the identifiers it holds, and
+/// where its create was ordered.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Spec {
     pub kind: String,
     pub attributes: BTreeMap<String, String>,
+    /// The identifiers bound to it, by pool: all of them are bound before its create is ordered.
+    pub claims: BTreeMap<PoolName, Claimed>,
+    /// The create order this call carries out (`None` for a call that makes nothing, such as a garbage destroy).
+    pub order: Option<CreateOrder>,
+}
+
+/// An identifier bound to a resource, with the definition of its pool as the grant carried it (IPv4 pools: a
+/// driver puts the address on a network of that subnet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    pub value: PoolValue,
+    pub pool: Option<PoolKind>,
+}
+
+/// Which incarnation of the agent makes a resource, and the log position of the order it makes it by: drivers that
+/// label what they make (docker) record both on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreateOrder {
+    /// The agent's epoch: the position of its registration.
+    pub epoch: Position,
+    /// The position of `create-ordered`.
+    pub position: Position,
+}
+
+/// A handle on the machine, as a listing finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub id: ResourceId,
+    /// `Some(why)`: it is there but stopped working for good (a container that exited, with its exit code). The
+    /// agent reports it unhealthy; the health check the writer then asks for finds it so, and it is released.
+    pub failed: Option<String>,
+}
+
+impl Listed {
+    /// A handle that is there and has not failed.
+    pub fn present(id: ResourceId) -> Self {
+        Listed { id, failed: None }
+    }
 }
 
 /// The answer of a health check.
@@ -38,6 +78,11 @@ pub enum DriverError {
     /// Anything else (a daemon down, a disk busy): the agent tries again at a later pass.
     #[error("{0}")]
     Transient(String),
+    /// A destroy that cannot finish while something else uses the resource (a volume mounted by a container the
+    /// agent did not make): tried again at a later pass, as a transient error is, and the reason is recorded once on
+    /// the resource (`destroy-blocked`), so `get` says why it is still releasing.
+    #[error("{0}")]
+    InUse(String),
     /// From `open`: the machine's resources are not this agent's to take (another agent's root, another process of
     /// this agent holding it): the agent must not run, as two agents on one machine's resources would each destroy
     /// what the log orders for the other's.
@@ -64,7 +109,7 @@ pub trait Driver: Send + Sync + 'static {
 
     /// The handles present on the machine. Anything the driver does not recognise as a handle is left out (and so
     /// left alone).
-    fn list(&self) -> impl Future<Output = Result<Vec<ResourceId>, DriverError>> + Send;
+    fn list(&self) -> impl Future<Output = Result<Vec<Listed>, DriverError>> + Send;
 
     /// Whether the resource `id` works.
     fn check(&self, id: ResourceId) -> impl Future<Output = Result<Health, DriverError>> + Send;
@@ -131,7 +176,7 @@ impl Driver for AnyDriver {
         }
     }
 
-    async fn list(&self) -> Result<Vec<ResourceId>, DriverError> {
+    async fn list(&self) -> Result<Vec<Listed>, DriverError> {
         match self {
             AnyDriver::Dir(dir) => dir.list().await,
         }

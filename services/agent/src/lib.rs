@@ -45,7 +45,9 @@ mod driver;
 mod model;
 mod runtime;
 
-pub use dir::{DirDriver, OWNER_FILE};
-pub use driver::{AnyDriver, Driver, DriverError, DriverSpecError, Health, Spec, parse_driver};
+pub use dir::{DirDriver, FAILED_FILE, OWNER_FILE};
+pub use driver::{
+    AnyDriver, Claimed, CreateOrder, Driver, DriverError, DriverSpecError, Health, Listed, Spec, parse_driver,
+};
 pub use model::is_material;
 pub use runtime::{AgentConfig, AgentControl, AgentStatus, Error, GC_GRACE, run};

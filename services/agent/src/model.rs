@@ -226,7 +226,7 @@ impl Model {
             Effect::ResyncRequested { .. } => signals.push(Signal::ResyncRequested { at: position }),
             Effect::ResourceAllocated { resource, kind, attributes, .. } => {
                 self.left.remove(resource);
-                let spec = Spec { kind: kind.clone(), attributes: attributes.clone() };
+                let spec = Spec { kind: kind.clone(), attributes: attributes.clone(), ..Spec::default() };
                 self.resources.insert(
                     *resource,
                     Tracked {
@@ -245,6 +245,9 @@ impl Model {
                 remove.iter().for_each(|key| {
                     t.spec.attributes.remove(key);
                 });
+            }),
+            Effect::ClaimBound { resource, pool, value, .. } => touch(*resource, &mut |t| {
+                t.spec.claims.insert(pool.clone(), crate::driver::Claimed { value: *value, pool: None });
             }),
             Effect::CreateOrdered { resource } => touch(*resource, &mut |t| t.create_ordered = Some(position)),
             Effect::ResourceActivated { resource, .. } | Effect::ResourceSeen { resource, .. } => {

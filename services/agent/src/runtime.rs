@@ -26,7 +26,7 @@ use tokio::time::{Instant, MissedTickBehavior, sleep_until, timeout, timeout_at}
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::driver::{Driver, DriverError, Health, Spec};
+use crate::driver::{CreateOrder, Driver, DriverError, Health, Listed, Spec};
 use crate::model::{Model, Op, Signal, View};
 
 /// Handles per resync chunk: well under [`MAX_REPORT_HANDLES`], so a chunk is about 70 KiB.
@@ -350,7 +350,7 @@ enum Done {
     Listed {
         view: View,
         resync: bool,
-        result: Result<Vec<ResourceId>, CallError>,
+        result: Result<Vec<Listed>, CallError>,
     },
 }
 
@@ -665,7 +665,9 @@ impl<L: Log, D: Driver> Agent<L, D> {
                 }
                 let Some(tracked) = self.model.get(id) else { continue };
                 if let Some(op) = tracked.next_op() {
-                    let spec = tracked.spec.clone();
+                    let mut spec = tracked.spec.clone();
+                    spec.order =
+                        self.epoch.zip(tracked.create_ordered).map(|(epoch, position)| CreateOrder { epoch, position });
                     self.spawn_op(id, op, spec);
                 }
             } else if let Some((id, at)) = self.garbage.pop_first() {
@@ -956,9 +958,9 @@ impl<L: Log, D: Driver> Agent<L, D> {
 
     /// The second half of a sync pass: the report (or the full resync) from the snapshot and the listing, and the
     /// handles to destroy.
-    async fn listed(&mut self, view: View, resync: bool, handles: Vec<ResourceId>) {
+    async fn listed(&mut self, view: View, resync: bool, handles: Vec<Listed>) {
         let agent = self.config.name.clone();
-        let present: BTreeSet<ResourceId> = handles.into_iter().collect();
+        let present: BTreeSet<ResourceId> = handles.iter().map(|listed| listed.id).collect();
         for id in &present {
             if self.running.contains_key(id) {
                 continue;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures::StreamExt;
-use leasehold_agent::{AgentConfig, AgentControl, DirDriver, Driver, DriverError, Error, Health, Spec, run};
+use leasehold_agent::{AgentConfig, AgentControl, DirDriver, Driver, DriverError, Error, Health, Listed, Spec, run};
 use leasehold_log::embedded::Embedded;
 use leasehold_log::{Log, OutcomeFilter};
 use leasehold_schemas::command::{Allocate, Release, ReportFailureByOperator, RequestHealthCheck};
@@ -556,7 +556,7 @@ impl Driver for Picky {
         self.0.destroy(id).await
     }
 
-    async fn list(&self) -> Result<Vec<ResourceId>, DriverError> {
+    async fn list(&self) -> Result<Vec<Listed>, DriverError> {
         self.0.list().await
     }
 
@@ -650,7 +650,7 @@ impl Driver for Held {
         self.dir.destroy(id).await
     }
 
-    async fn list(&self) -> Result<Vec<ResourceId>, DriverError> {
+    async fn list(&self) -> Result<Vec<Listed>, DriverError> {
         let listing = self.dir.list().await;
         if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
             self.listed.notify_one();
@@ -744,7 +744,7 @@ impl Driver for NoDestroy {
         Err(DriverError::Transient(format!("{id}: device busy")))
     }
 
-    async fn list(&self) -> Result<Vec<ResourceId>, DriverError> {
+    async fn list(&self) -> Result<Vec<Listed>, DriverError> {
         self.0.list().await
     }
 
