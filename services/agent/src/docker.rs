@@ -47,8 +47,8 @@ pub const LABEL_NETWORK_POOL: &str = "io.leasehold.pool";
 
 /// The socket a daemon listens on unless told otherwise.
 const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
-/// How long one request to the daemon may take at least: every call is under the client's timeout, which is this or
-/// the stop timeout plus this, whichever is longer (a stop holds its request open while the container stops).
+/// How long one request to the daemon may take beyond the stop timeout: every request is under the client's timeout,
+/// the stop timeout plus this (a stop holds its request open while the container stops).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The kinds this driver makes.
 const KINDS: &str = "container, volume";
@@ -135,7 +135,7 @@ impl DockerDriver {
     /// default), at the first call that gets through.
     async fn docker(&self) -> Result<Docker, DriverError> {
         let endpoint = self.endpoint.clone();
-        let timeout = REQUEST_TIMEOUT.max(self.stop_timeout + REQUEST_TIMEOUT).as_secs();
+        let timeout = (self.stop_timeout + REQUEST_TIMEOUT).as_secs();
         let docker = self
             .client
             .get_or_try_init(|| async move {
@@ -361,6 +361,22 @@ impl DockerDriver {
         }
     }
 
+    /// Why a container that is not running failed for good, if it did: it ran and stopped, or its start failed (a
+    /// command that does not exist). One made and not started yet has not failed.
+    fn failure_of(name: &str, found: &ContainerInspectResponse) -> Option<String> {
+        let state = found.state.clone().unwrap_or_default();
+        if state.running == Some(true) {
+            return None;
+        }
+        if never_started(found) {
+            return state
+                .error
+                .filter(|error| !error.is_empty())
+                .map(|error| format!("container {name} could not start: {error}"));
+        }
+        Some(Self::exit_of(name, found))
+    }
+
     /// The failure of a container that ran and stopped, from its state.
     fn exit_of(name: &str, found: &ContainerInspectResponse) -> String {
         let state = found.state.clone().unwrap_or_default();
@@ -502,10 +518,15 @@ impl Driver for DockerDriver {
         for container in containers {
             let Some(id) = resource_of(container.labels.as_ref()) else { continue };
             let failed = match container.state {
-                Some(ContainerSummaryStateEnum::EXITED | ContainerSummaryStateEnum::DEAD) => {
+                // Stopped after it ran, or made and never started: which, and why, only an inspect says.
+                Some(
+                    ContainerSummaryStateEnum::EXITED
+                    | ContainerSummaryStateEnum::DEAD
+                    | ContainerSummaryStateEnum::CREATED,
+                ) => {
                     let name = container.id.clone().unwrap_or_else(|| object_name(id));
                     match docker.inspect_container(&name, None::<InspectContainerOptions>).await {
-                        Ok(inspected) => Some(Self::exit_of(&object_name(id), &inspected)),
+                        Ok(inspected) => Self::failure_of(&object_name(id), &inspected),
                         // Removed between the listing and now: not there.
                         Err(e) if status(&e) == Some(404) => continue,
                         Err(e) => return Err(self.down(&format!("inspect container {name}"), e)),
@@ -537,10 +558,12 @@ impl Driver for DockerDriver {
             {
                 let state = found.state.clone().unwrap_or_default();
                 if state.running != Some(true) {
-                    if never_started(&found) {
-                        return unhealthy(format!("container {name} was made but never started"));
-                    }
-                    return unhealthy(Self::exit_of(&name, &found));
+                    return unhealthy(Self::failure_of(&name, &found).unwrap_or_else(|| {
+                        format!(
+                            "container {name} is {}",
+                            state.status.map_or_else(|| "not running".to_owned(), |s| s.to_string())
+                        )
+                    }));
                 }
                 let checked = found
                     .config

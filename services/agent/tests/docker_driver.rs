@@ -57,10 +57,8 @@ async fn image() -> Option<String> {
                 Err(e) => return unavailable(format!("the docker daemon does not answer: {e}")),
             };
             remove_leftovers(&docker).await;
-            match import_busybox_image("", &busybox).await {
-                Ok(tag) => Some(tag),
-                Err(e) => return unavailable(format!("cannot import the busybox image: {e}")),
-            }
+            // The daemon answers: an image it cannot import is a failure, CI or not.
+            Some(import_busybox_image("", &busybox).await.expect("the busybox image is imported"))
         })
         .await
         .clone()
@@ -254,6 +252,18 @@ async fn a_container_that_exits_is_listed_failed_and_checks_unhealthy() {
     // Create again is still done (it exists); it does not start it again.
     driver.create(id, &container(&image, "false")).await.unwrap();
     driver.destroy(id).await.unwrap();
+    assert_eq!(driver.list().await.unwrap(), vec![]);
+
+    // A command that does not exist: the start fails for good, and the container left behind lists as failed.
+    let never = new_id();
+    let err = driver.create(never, &container(&image, "/no/such/program")).await.unwrap_err();
+    assert!(matches!(&err, DriverError::CreateFailed(why) if why.contains("/no/such/program")), "{err}");
+    let listed = driver.list().await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let failed = listed[0].failed.clone().unwrap_or_default();
+    assert!(failed.starts_with(&format!("container lh-{never} could not start: ")), "{listed:?}");
+    assert!(!driver.check(never).await.unwrap().healthy);
+    driver.destroy(never).await.unwrap();
     assert_eq!(driver.list().await.unwrap(), vec![]);
 }
 
