@@ -76,6 +76,9 @@ pub struct DockerDriver {
     /// The client, once the API version is agreed with the daemon.
     client: Arc<tokio::sync::OnceCell<Docker>>,
     opened: Arc<Mutex<Option<Opened>>>,
+    /// Held while a network is looked for and made: two creates on one new network (the agent runs several at once)
+    /// would otherwise both make it, and the daemon refuses the second for its subnet before the first has a name.
+    making_network: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// What `open` took: the agent's name and the lock that keeps a second process of it off this daemon.
@@ -104,6 +107,7 @@ impl DockerDriver {
             lock_dir,
             client: Arc::default(),
             opened: Arc::default(),
+            making_network: Arc::default(),
         })
     }
 
@@ -278,6 +282,7 @@ impl DockerDriver {
         network: &str,
         fixed: &FixedAddress,
     ) -> Result<(), DriverError> {
+        let _making = self.making_network.lock().await;
         let found = match docker.inspect_network(network, None).await {
             Ok(found) => Some(found),
             Err(e) if status(&e) == Some(404) => None,
@@ -313,15 +318,25 @@ impl DockerDriver {
                     labels: Some(labels),
                     ..Default::default()
                 };
-                match docker.create_network(request).await {
+                let refused = match docker.create_network(request).await {
                     Ok(_) => return Ok(()),
-                    // Another create made it meanwhile: it is checked as any network found.
-                    Err(e) if status(&e) == Some(409) => {}
-                    Err(e) => return Err(create_error(&self.endpoint, &format!("create network {network}"), e)),
-                }
-                match docker.inspect_network(network, None).await {
-                    Ok(found) => found,
-                    Err(e) => return Err(self.down(&format!("inspect network {network}"), e)),
+                    Err(e) if status(&e).is_some_and(|code| (400..500).contains(&code)) => e,
+                    Err(e) => return Err(self.down(&format!("create network {network}"), e)),
+                };
+                // Another process made it meanwhile (a name conflict, or, on daemons that allow two networks of one
+                // name, the subnet taken a moment before the name shows): the network there now is checked as any
+                // network found. Looked for a few times, briefly: then the refusal stands.
+                let mut tries = 0;
+                loop {
+                    match docker.inspect_network(network, None).await {
+                        Ok(found) => break found,
+                        Err(e) if status(&e) == Some(404) && tries < 5 => tries += 1,
+                        Err(e) if status(&e) == Some(404) => {
+                            return Err(create_error(&self.endpoint, &format!("create network {network}"), refused));
+                        }
+                        Err(e) => return Err(self.down(&format!("inspect network {network}"), e)),
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
         };

@@ -385,6 +385,41 @@ async fn a_pool_address_is_the_containers_address_on_its_network() {
 }
 
 #[tokio::test]
+async fn two_creates_racing_for_a_missing_network_both_get_their_address() {
+    let Some(image) = image().await else { return };
+    let docker = client().await;
+    let (driver, _agent, _locks) = opened("race").await;
+    let network = format!("lh-test-race-{}", std::process::id());
+    let third = u8::try_from(std::process::id() % 250).unwrap();
+    let pool = PoolKind::Ipv4 {
+        network: Ipv4Addr::new(10, 214, third, 0),
+        prefix_len: 29,
+        exclude: vec![Ipv4Addr::new(10, 214, third, 1)],
+    };
+    let on_network = |last: u8| {
+        let mut spec = container(&image, "sleep 600");
+        spec.attributes.insert("network".to_owned(), network.clone());
+        let value = PoolValue::Ipv4(Ipv4Addr::new(10, 214, third, last));
+        spec.claims.insert("net2".parse().unwrap(), Claimed { value, pool: Some(pool.clone()) });
+        spec
+    };
+    let (first, second) = (new_id(), new_id());
+    let (one, two) = (on_network(2), on_network(3));
+    let (made_first, made_second) = tokio::join!(driver.create(first, &one), driver.create(second, &two));
+    made_first.unwrap();
+    made_second.unwrap();
+    for (id, last) in [(first, 2), (second, 3)] {
+        let found = inspect(&docker, &format!("lh-{id}")).await.unwrap();
+        let networks = found.network_settings.unwrap().networks.unwrap();
+        let address = networks.get(&network).and_then(|on| on.ip_address.clone());
+        assert_eq!(address, Some(format!("10.214.{third}.{last}")));
+    }
+    driver.destroy(first).await.unwrap();
+    driver.destroy(second).await.unwrap();
+    docker.remove_network(&network).await.unwrap();
+}
+
+#[tokio::test]
 async fn a_second_process_of_an_agent_on_a_daemon_is_refused() {
     let Some(_image) = image().await else { return };
     let (first, agent, locks) = opened("lock").await;
