@@ -40,6 +40,15 @@ const PATIENCE: Duration = Duration::from_secs(20);
 /// The pool's cool-down: short, so the demo shows an address cooling down without waiting long.
 const POOL_COOLDOWN: Duration = Duration::from_secs(2);
 
+/// Which driver the demo's agents run: directories (the default, needing nothing but cargo) or real containers on
+/// the local Docker daemon (`--driver docker`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub(crate) enum DemoDriver {
+    #[default]
+    Dir,
+    Docker,
+}
+
 /// What the demo established, for its test and its last lines.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Summary {
@@ -54,12 +63,20 @@ pub(crate) struct Summary {
     pub(crate) address_reused_after_cooldown: bool,
     pub(crate) nothing_lost_by_breaker: bool,
     pub(crate) refold_matches: bool,
+    /// Docker: `docker inspect` shows the addresses the pool granted.
+    pub(crate) addresses_real: bool,
+    /// Docker: a container whose program exited was found failed, checked unhealthy and released.
+    pub(crate) exit_released: bool,
+    /// Docker: an image not on the machine failed its resource, saying so.
+    pub(crate) missing_image_failed: bool,
+    /// Docker: nothing the demo made is left on the daemon.
+    pub(crate) nothing_left: bool,
 }
 
 /// Runs the story, writing the timeline to `out`.
 /// With `keep`, the data directory (the log and the projection) is copied there at the end, for an audit
 /// (`leasehold-replay --data DIR ...`).
-pub(crate) fn run(out: &mut (dyn Write + Send), keep: Option<&Path>) -> anyhow::Result<Summary> {
+pub(crate) fn run(out: &mut (dyn Write + Send), keep: Option<&Path>, driver: DemoDriver) -> anyhow::Result<Summary> {
     if let Some(keep) = keep
         && keep.exists()
     {
@@ -68,23 +85,59 @@ pub(crate) fn run(out: &mut (dyn Write + Send), keep: Option<&Path>) -> anyhow::
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
         let dir = tempfile::tempdir().context("making a temporary directory")?;
-        let services = Services::start(dir.path()).await?;
-        let mut demo = Demo::new(&mut *out, services).await?;
-        let script = demo.script().await;
-        let summary = demo.finish(script).await;
-        // The log and the projection are closed with the services.
-        drop(demo);
-        if let Some(keep) = keep {
-            keep_data(&dir.path().join("data"), keep)?;
-            writeln!(
-                out,
-                "\nthe data directory is kept in {0}: audit it with `leasehold-replay --data {0} verify`",
-                keep.display()
-            )?;
+        let (summary, stage) = match driver {
+            DemoDriver::Dir => {
+                let agents =
+                    ["w1", "w2"].map(|name| (name.to_owned(), AnyDriver::Dir(DirDriver::new(dir.path().join(name)))));
+                let services = Services::start(dir.path(), agents).await?;
+                let mut demo = Demo::new(&mut *out, services).await?;
+                let script = demo.script().await;
+                (demo.finish(script).await, None)
+            }
+            DemoDriver::Docker => {
+                let stage = crate::demo_docker::Stage::prepare(&mut *out).await?;
+                let summary = async {
+                    let services = Services::start(dir.path(), stage.agents()).await?;
+                    let mut demo = Demo::new(&mut *out, services).await?;
+                    let script = demo.docker_script(&stage).await;
+                    demo.finish(script).await
+                }
+                .await;
+                (summary, Some(stage))
+            }
+        };
+        // What the demo made on the daemon goes, whatever happened.
+        if let Some(stage) = stage {
+            let cleaned = stage.clean_up(&mut *out).await;
+            let summary = summary.map(|mut s| {
+                s.nothing_left = cleaned.as_ref().is_ok_and(|left| *left == 0);
+                s
+            });
+            cleaned?;
+            return finish_run(out, keep, dir, summary);
         }
-        drop(dir);
-        summary
+        finish_run(out, keep, dir, summary)
     })
+}
+
+/// The end of [`run`]: the data directory kept if asked for, then removed.
+fn finish_run(
+    out: &mut (dyn Write + Send),
+    keep: Option<&Path>,
+    dir: tempfile::TempDir,
+    summary: anyhow::Result<Summary>,
+) -> anyhow::Result<Summary> {
+    // The log and the projection are closed with the services.
+    if let Some(keep) = keep {
+        keep_data(&dir.path().join("data"), keep)?;
+        writeln!(
+            out,
+            "\nthe data directory is kept in {0}: audit it with `leasehold-replay --data {0} verify`",
+            keep.display()
+        )?;
+    }
+    drop(dir);
+    summary
 }
 
 /// Copies the files of the demo's data directory to `to`.
@@ -114,6 +167,8 @@ struct Services {
 /// One in-process agent: stopped and started again by the story.
 struct AgentRun {
     name: AgentName,
+    driver: AnyDriver,
+    /// The dir driver's root (unused with another driver).
     root: PathBuf,
     control: AgentControl,
     stop: CancellationToken,
@@ -131,7 +186,7 @@ impl AgentRun {
             control: self.control.clone(),
             ..AgentConfig::new(self.name.clone())
         };
-        let driver = AnyDriver::Dir(DirDriver::new(&self.root));
+        let driver = self.driver.clone();
         self.task = Some(tokio::spawn(leasehold_agent::run(log.clone(), driver, config, self.stop.clone())));
     }
 
@@ -145,7 +200,7 @@ impl AgentRun {
 }
 
 impl Services {
-    async fn start(dir: &Path) -> anyhow::Result<Services> {
+    async fn start(dir: &Path, agents: [(String, AnyDriver); 2]) -> anyhow::Result<Services> {
         let data = dir.join("data");
         let log = Embedded::open(&data, PARTITIONS).context("opening the embedded log")?;
         let shutdown = CancellationToken::new();
@@ -194,31 +249,32 @@ impl Services {
             let metrics = leasehold_sweeper::SweeperMetrics::default();
             leasehold_sweeper::run(sweeper_log, config, metrics, stop).await.context("the sweeper")
         });
-        let mut agents = Vec::new();
-        for name in ["w1", "w2"] {
+        let mut runs = Vec::new();
+        for (name, driver) in agents {
             let mut agent = AgentRun {
-                name: AgentName::new(name).expect("a valid name"),
-                root: dir.join(name),
+                root: dir.join(&name),
+                name: AgentName::new(&name).context("an agent name")?,
+                driver,
                 control: AgentControl::new(),
                 stop: CancellationToken::new(),
                 task: None,
             };
             agent.start(&log, &shutdown);
-            agents.push(agent);
+            runs.push(agent);
         }
         let gateway = Gateway::new(&format!("http://{address}"))?;
-        Ok(Services { log, data, shutdown, tasks, gateway, agents, projector })
+        Ok(Services { log, data, shutdown, tasks, gateway, agents: runs, projector })
     }
 }
 
-struct Demo<'o> {
-    out: &'o mut (dyn Write + Send),
+pub(crate) struct Demo<'o> {
+    pub(crate) out: &'o mut (dyn Write + Send),
     services: Services,
     /// Outcomes as the gateway's event feed delivers them.
     feed: mpsc::Receiver<anyhow::Result<SeqOutcome>>,
     printed_through: u64,
     start_ms: Option<u64>,
-    summary: Summary,
+    pub(crate) summary: Summary,
 }
 
 impl<'o> Demo<'o> {
@@ -453,7 +509,7 @@ impl<'o> Demo<'o> {
     }
 
     /// Stops everything, folds the log again from scratch and compares the read models; prints the end.
-    async fn finish(&mut self, script: anyhow::Result<()>) -> anyhow::Result<Summary> {
+    pub(crate) async fn finish(&mut self, script: anyhow::Result<()>) -> anyhow::Result<Summary> {
         for agent in &mut self.services.agents {
             agent.stop.cancel();
         }
@@ -504,7 +560,7 @@ impl<'o> Demo<'o> {
 
     // --- through the command line's client ---------------------------------------------------------------------
 
-    async fn submit(&self, issuer: &str, body: impl Into<Command>) -> anyhow::Result<CommandStatus> {
+    pub(crate) async fn submit(&self, issuer: &str, body: impl Into<Command>) -> anyhow::Result<CommandStatus> {
         let envelope = Envelope::new(CommandId::generate(), Issuer::new(issuer)?, now(), body);
         let status = self.services.gateway.submit(&envelope, PATIENCE).await?;
         match status.status.as_str() {
@@ -540,11 +596,11 @@ impl<'o> Demo<'o> {
         Ok(resource)
     }
 
-    async fn resource(&self, agent: &str, id: ResourceId) -> anyhow::Result<Option<ResourceView>> {
+    pub(crate) async fn resource(&self, agent: &str, id: ResourceId) -> anyhow::Result<Option<ResourceView>> {
         self.services.gateway.get(&["v1", "resources", &format!("{agent}.{id}")], &[]).await
     }
 
-    async fn until_agent(&self, name: &str, status: &str) -> anyhow::Result<AgentView> {
+    pub(crate) async fn until_agent(&self, name: &str, status: &str) -> anyhow::Result<AgentView> {
         let gateway = self.services.gateway.clone();
         until(&format!("{name} {status}"), || {
             let gateway = gateway.clone();
@@ -553,7 +609,7 @@ impl<'o> Demo<'o> {
         .await
     }
 
-    async fn until_state(&self, agent: &str, id: ResourceId, state: &str) -> anyhow::Result<ResourceView> {
+    pub(crate) async fn until_state(&self, agent: &str, id: ResourceId, state: &str) -> anyhow::Result<ResourceView> {
         let gateway = self.services.gateway.clone();
         until(&format!("{} {state}", timeline::short(id)), || {
             let gateway = gateway.clone();
@@ -567,7 +623,7 @@ impl<'o> Demo<'o> {
     }
 
     /// The projection's last applied sequence: everything up to it can be printed.
-    async fn latest(&self) -> anyhow::Result<u64> {
+    pub(crate) async fn latest(&self) -> anyhow::Result<u64> {
         #[derive(serde::Deserialize)]
         struct Healthz {
             applied: Option<u64>,
@@ -576,16 +632,26 @@ impl<'o> Demo<'o> {
         Ok(health.and_then(|h| h.applied).unwrap_or(0))
     }
 
+    /// Asks the `n`th agent for a sync pass now.
+    pub(crate) fn sync(&self, n: usize) {
+        self.services.agents[n].control.sync_now();
+    }
+
+    /// The command line's client of the demo's gateway.
+    pub(crate) fn gateway(&self) -> Gateway {
+        self.services.gateway.clone()
+    }
+
     // --- printing -----------------------------------------------------------------------------------------------
 
-    fn chapter(&mut self, title: &str) -> anyhow::Result<()> {
+    pub(crate) fn chapter(&mut self, title: &str) -> anyhow::Result<()> {
         writeln!(self.out, "\n== {title}")?;
         Ok(())
     }
 
     /// Prints the outcomes of the feed up to sequence `seq`, leaving out the routine ones (heartbeats, reports that
     /// change nothing).
-    async fn print_through(&mut self, seq: u64) -> anyhow::Result<()> {
+    pub(crate) async fn print_through(&mut self, seq: u64) -> anyhow::Result<()> {
         while self.printed_through < seq {
             let next = tokio::time::timeout(PATIENCE, self.feed.recv())
                 .await
@@ -618,7 +684,7 @@ impl<'o> Demo<'o> {
 }
 
 /// The address (or slot) a resource's first bound claim holds.
-fn bound(view: &ResourceView) -> Option<String> {
+pub(crate) fn bound(view: &ResourceView) -> Option<String> {
     view.claims.iter().find(|c| c.status == "bound").and_then(|c| c.id.clone())
 }
 
@@ -636,14 +702,14 @@ fn move_handles(from: &Path, to: &Path) -> anyhow::Result<usize> {
     Ok(moved)
 }
 
-async fn agent_view(gateway: &Gateway, name: &str) -> anyhow::Result<Option<AgentView>> {
+pub(crate) async fn agent_view(gateway: &Gateway, name: &str) -> anyhow::Result<Option<AgentView>> {
     let agents: Vec<AgentView> = gateway.get(&["v1", "agents"], &[]).await?.unwrap_or_default();
     Ok(agents.into_iter().find(|a| a.name == name))
 }
 
 /// Asks `check` until it answers something, for at most [`PATIENCE`] (the services work on their own: the demo
 /// looks at what they did).
-async fn until<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
+pub(crate) async fn until<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
@@ -668,7 +734,7 @@ fn routine(outcome: &leasehold_schemas::Outcome) -> bool {
         && outcome.effects().iter().all(quiet)
 }
 
-fn name(agent: &str) -> AgentName {
+pub(crate) fn name(agent: &str) -> AgentName {
     AgentName::new(agent).expect("the demo's agent names are valid")
 }
 
@@ -681,10 +747,34 @@ fn now() -> Timestamp {
 mod tests {
     use super::*;
 
+    /// The same services on real containers: addresses `docker inspect` shows, a loss, garbage, an exit, a missing
+    /// image, and nothing left on the daemon. Needs the Docker daemon: under `CI=true` one that does not answer
+    /// fails the test; elsewhere it is skipped, saying so.
+    #[test]
+    fn the_docker_demo_tells_the_story_on_real_containers_and_leaves_nothing() {
+        let daemon = std::process::Command::new("docker").arg("info").output().is_ok_and(|o| o.status.success());
+        if !daemon {
+            assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "CI=true and the docker daemon does not answer");
+            eprintln!("skipped: the docker daemon does not answer (docker info failed)");
+            return;
+        }
+        let mut out = Vec::new();
+        let summary = run(&mut out, None, DemoDriver::Docker);
+        let text = String::from_utf8(out).unwrap();
+        let summary = summary.unwrap_or_else(|e| panic!("{e:#}\n{text}"));
+        assert!(summary.addresses_real, "{text}");
+        assert!(summary.lost_detected && summary.garbage_destroyed, "{text}");
+        assert!(summary.exit_released && summary.missing_image_failed, "{text}");
+        assert!(summary.nothing_left && summary.refold_matches, "{text}");
+        for line in ["leasehold granted", "docker rm -f", "leasehold never pulls", "on the daemon: nothing left"] {
+            assert!(text.contains(line), "the timeline lacks {line:?}:\n{text}");
+        }
+    }
+
     #[test]
     fn the_demo_runs_the_real_services_and_tells_the_whole_story() {
         let mut out = Vec::new();
-        let summary = run(&mut out, None).unwrap();
+        let summary = run(&mut out, None, DemoDriver::Dir).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(summary.lease_waited_then_granted, "{text}");
         assert!(summary.double_release_one_noop, "{text}");

@@ -9,6 +9,7 @@ mod bulk;
 pub mod client;
 mod credentials;
 mod demo;
+mod demo_docker;
 pub mod logs;
 pub mod nats_args;
 pub mod output;
@@ -77,6 +78,11 @@ enum Cmd {
         /// Keep the demo's data directory (its log and projection) here, for `leasehold-replay --data DIR`.
         #[arg(long, value_name = "DIR")]
         keep: Option<std::path::PathBuf>,
+        /// `dir` (the default: directories, needing nothing but cargo) or `docker`: real containers and addresses on
+        /// the local Docker daemon, with an image the demo makes itself (a static busybox; nothing is pulled) and
+        /// removes at the end with everything else it made.
+        #[arg(long, value_enum, default_value_t = demo::DemoDriver::Dir)]
+        driver: demo::DemoDriver,
     },
     /// Run leasehold's roles over the embedded log (the default) or NATS JetStream.
     Serve(serve::ServeArgs),
@@ -212,8 +218,8 @@ fn exit_status(error: &anyhow::Error) -> u8 {
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Cmd::Demo { keep } => {
-            let summary = demo::run(&mut std::io::stdout(), keep.as_deref())?;
+        Cmd::Demo { keep, driver } => {
+            let summary = demo::run(&mut std::io::stdout(), keep.as_deref(), driver)?;
             if !summary.refold_matches {
                 anyhow::bail!("folding the demo's outcomes from scratch gave different read models");
             }
