@@ -46,8 +46,12 @@ trait Harness: Sized {
     /// What a create that was interrupted half-way leaves for `id` (the process died within the call).
     async fn interrupt_a_create(&self, id: ResourceId);
 
-    /// A driver whose machine cannot be reached at all; needs nothing of the machine itself.
+    /// A driver whose machine cannot be reached at all, and whatever must live as long as it; needs nothing of the
+    /// machine itself.
     fn unreachable() -> (Self::Driver, Box<dyn std::any::Any>);
+
+    /// Makes the machine unreachable for the driver already opened (a daemon stopped, a disk unmounted).
+    async fn cut_off(&self);
 }
 
 /// A spec's create order: any epoch and position will do, a driver only records them.
@@ -165,23 +169,38 @@ mod cases {
         h.driver().destroy(fine).await.expect("destroy");
     }
 
-    pub(super) async fn an_unreachable_machine_is_a_transient_error_on_every_call<H: Harness>() {
-        let (driver, _keep) = H::unreachable();
+    /// Every call of `driver` fails with a transient error that says why: nothing is listed, made, judged or
+    /// destroyed.
+    async fn every_call_is_transient(driver: &impl Driver, id: ResourceId, spec: &Spec) {
         let transient = |what: &str, result: Result<String, DriverError>| match result {
             Err(DriverError::Transient(why)) => assert!(!why.is_empty(), "{what}: says why"),
             other => panic!("{what} on an unreachable machine: {other:?}, not a transient error"),
         };
-        let agent = fresh_agent("unreachable");
-        // Opening may wait for the machine (a transient error) but must not refuse it for good.
-        if let Err(e) = driver.open(&agent).await {
-            assert!(matches!(e, DriverError::Transient(_)), "open: {e:?}");
-        }
-        let id = ResourceId::generate();
-        let spec = Spec { kind: "container".into(), order: order(), ..Spec::default() };
         transient("list", driver.list().await.map(|l| format!("{l:?}")));
-        transient("create", driver.create(id, &spec).await.map(|n| format!("{n:?}")));
+        transient("create", driver.create(id, spec).await.map(|n| format!("{n:?}")));
         transient("check", driver.check(id).await.map(|h| format!("{h:?}")));
         transient("destroy", driver.destroy(id).await.map(|()| "done".to_owned()));
+    }
+
+    pub(super) async fn an_unreachable_machine_is_a_transient_error_on_every_call<H: Harness>() {
+        let (driver, _keep) = H::unreachable();
+        // Opening waits for the machine (a transient error): it must not refuse it for good.
+        match driver.open(&fresh_agent("unreachable")).await {
+            Err(DriverError::Transient(_)) => {}
+            other => panic!("open of an unreachable machine: {other:?}, not a transient error"),
+        }
+        let spec = Spec { kind: "container".into(), order: order(), ..Spec::default() };
+        every_call_is_transient(&driver, ResourceId::generate(), &spec).await;
+    }
+
+    pub(super) async fn a_machine_cut_off_after_open_is_a_transient_error_on_every_call<H: Harness>() {
+        let Some(h) = H::start().await else { return };
+        let id = ResourceId::generate();
+        h.driver().create(id, &h.spec()).await.expect("create");
+        assert_eq!(list(&h).await, vec![Listed::present(id)]);
+        h.cut_off().await;
+        every_call_is_transient(h.driver(), id, &h.spec()).await;
+        every_call_is_transient(h.driver(), ResourceId::generate(), &h.spec()).await;
     }
 
     pub(super) async fn a_create_interrupted_half_way_is_finished_by_the_next<H: Harness>() {
@@ -231,6 +250,11 @@ macro_rules! conformance {
         #[tokio::test]
         async fn an_unreachable_machine_is_a_transient_error_on_every_call() {
             cases::an_unreachable_machine_is_a_transient_error_on_every_call::<$harness>().await;
+        }
+
+        #[tokio::test]
+        async fn a_machine_cut_off_after_open_is_a_transient_error_on_every_call() {
+            cases::a_machine_cut_off_after_open_is_a_transient_error_on_every_call::<$harness>().await;
         }
 
         #[tokio::test]
@@ -331,7 +355,350 @@ mod dir {
             std::fs::write(&file, "not a directory").expect("a file");
             (DirDriver::new(file.join("root")), Box::new(tmp))
         }
+
+        async fn cut_off(&self) {
+            // The root moves away (its disk unmounted): the driver must not make it again, nor list it as empty.
+            std::fs::rename(self.driver.root(), self.tmp.path().join("root-away")).expect("move the root away");
+        }
     }
 
     conformance!(DirHarness);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The docker driver: the real daemon, through a relay socket the test can cut.
+
+mod docker {
+    use std::collections::BTreeMap;
+    use std::path::{Path, PathBuf};
+    use std::process::Stdio;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use leasehold_agent::docker::{
+        DockerDriver, LABEL_AGENT, LABEL_KIND, LABEL_RESOURCE, find_busybox, import_busybox_image,
+    };
+    use tokio::net::{UnixListener, UnixStream};
+    use tokio::task::JoinSet;
+    use tokio::time::Instant;
+
+    use super::*;
+
+    /// The label on everything a test makes (the driver's objects through `with_labels`, the foreign ones by hand):
+    /// `PID-N`, so a later run removes what a run that died left, and only that.
+    const RUN_LABEL: &str = "lh-conformance-run";
+    /// How long one `docker` command or one awaited state may take.
+    const STEP: Duration = Duration::from_secs(30);
+
+    /// Runs `docker ARGS`: its stdout, or the failure with its stderr.
+    async fn docker(args: &[&str]) -> Result<String, String> {
+        let run = tokio::process::Command::new("docker").args(args).stdin(Stdio::null()).kill_on_drop(true).output();
+        let output = tokio::time::timeout(STEP, run)
+            .await
+            .map_err(|_| format!("docker {args:?} did not end in {STEP:?}"))?
+            .map_err(|e| format!("cannot run docker {args:?}: {e}"))?;
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            Err(format!("docker {args:?}: {}: {}", output.status, String::from_utf8_lossy(&output.stderr).trim()))
+        }
+    }
+
+    /// `docker ARGS`, which must succeed.
+    async fn must(args: &[&str]) -> String {
+        docker(args).await.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Whether the daemon answers; under `CI=true` it must.
+    async fn daemon_answers() -> bool {
+        match docker(&["version", "--format", "{{.Server.Version}}"]).await {
+            Ok(_) => true,
+            Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+                panic!("the docker daemon does not answer, and CI=true: start it ({e})")
+            }
+            Err(e) => {
+                eprintln!("notice: the docker daemon does not answer ({e}); skipping a docker conformance case");
+                false
+            }
+        }
+    }
+
+    /// Removes what earlier runs of this suite left behind (their process is gone), once per process.
+    async fn remove_leftovers() {
+        static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+        DONE.get_or_init(|| async {
+            let alive = |run: &str| {
+                run.split_once('-')
+                    .and_then(|(pid, _)| pid.parse::<u32>().ok())
+                    .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists())
+            };
+            let filter = format!("label={RUN_LABEL}");
+            let format = format!("{{{{.Names}}}}\t{{{{.Label \"{RUN_LABEL}\"}}}}");
+            let containers = must(&["ps", "-a", "--filter", &filter, "--format", &format]).await;
+            for line in containers.lines() {
+                if let Some((name, run)) = line.split_once('\t')
+                    && !alive(run)
+                {
+                    let _ = docker(&["rm", "-f", "-v", name]).await;
+                }
+            }
+            let volumes = must(&["volume", "ls", "--filter", &filter, "--format", &format]).await;
+            for line in volumes.lines() {
+                if let Some((name, run)) = line.split_once('\t')
+                    && !alive(run)
+                {
+                    let _ = docker(&["volume", "rm", "-f", name]).await;
+                }
+            }
+        })
+        .await;
+    }
+
+    /// The busybox image, imported (never pulled).
+    async fn image() -> String {
+        let busybox = find_busybox().unwrap_or_else(|e| panic!("the docker cases need a static busybox: {e}"));
+        import_busybox_image("", &busybox).await.unwrap_or_else(|e| panic!("import the busybox image: {e}"))
+    }
+
+    /// The daemon's socket, as the `docker` command line reaches it.
+    fn daemon_socket() -> PathBuf {
+        std::env::var("DOCKER_HOST")
+            .ok()
+            .and_then(|host| host.strip_prefix("unix://").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("/var/run/docker.sock"))
+    }
+
+    /// A unix socket that passes every connection on to the daemon's, until [`Relay::cut`]: then its connections
+    /// close and its path is gone, as a daemon that stopped.
+    struct Relay {
+        path: PathBuf,
+        tasks: JoinSet<()>,
+    }
+
+    impl Relay {
+        fn start(path: PathBuf) -> Relay {
+            let listener = UnixListener::bind(&path).expect("bind the relay socket");
+            let daemon = daemon_socket();
+            let mut tasks = JoinSet::new();
+            tasks.spawn(async move {
+                let mut connections = JoinSet::new();
+                while let Ok((mut client, _)) = listener.accept().await {
+                    let daemon = daemon.clone();
+                    connections.spawn(async move {
+                        if let Ok(mut upstream) = UnixStream::connect(&daemon).await {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                        }
+                    });
+                }
+            });
+            Relay { path, tasks }
+        }
+
+        /// Closes every connection and removes the socket.
+        fn cut(&mut self) {
+            self.tasks.abort_all();
+            std::fs::remove_file(&self.path).expect("remove the relay socket");
+        }
+    }
+
+    pub(crate) struct DockerHarness {
+        tmp: tempfile::TempDir,
+        agent: AgentName,
+        driver: DockerDriver,
+        image: String,
+        run: String,
+        relay: Mutex<Relay>,
+        /// The containers and volumes [`Harness::make_foreign`] made.
+        foreign: Mutex<Vec<(&'static str, String)>>,
+    }
+
+    fn name_of(id: ResourceId) -> String {
+        format!("lh-{id}")
+    }
+
+    impl DockerHarness {
+        fn run_label(&self) -> String {
+            format!("{RUN_LABEL}={}", self.run)
+        }
+
+        /// Starts a container by hand with `labels` (besides the test run's).
+        async fn run_by_hand(&self, name: &str, labels: &[String]) {
+            let run_label = self.run_label();
+            let mut args = vec!["run", "-d", "--name", name, "--label", &run_label];
+            for label in labels {
+                args.extend(["--label", label]);
+            }
+            args.extend([self.image.as_str(), "sleep", "600"]);
+            must(&args).await;
+        }
+
+        /// Waits until the container's state is `want`.
+        async fn wait_state(&self, name: &str, want: &str) {
+            let deadline = Instant::now() + STEP;
+            loop {
+                let state = docker(&["inspect", "--type", "container", "--format", "{{.State.Status}}", name]).await;
+                if state.as_deref().map(str::trim) == Ok(want) {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "container {name} is not {want} after {STEP:?}: {state:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+
+    impl Harness for DockerHarness {
+        type Driver = DockerDriver;
+
+        async fn start() -> Option<DockerHarness> {
+            if !daemon_answers().await {
+                return None;
+            }
+            remove_leftovers().await;
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let run = format!("{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::SeqCst));
+            let tmp = tempfile::tempdir().expect("a temporary directory");
+            let relay = Relay::start(tmp.path().join("docker.sock"));
+            let agent = fresh_agent("conf");
+            let driver = DockerDriver::new(&format!("unix://{}", relay.path.display()))
+                .expect("a docker endpoint")
+                .with_labels(BTreeMap::from([(RUN_LABEL.to_owned(), run.clone())]))
+                .with_stop_timeout(Duration::from_secs(1))
+                .with_lock_dir(tmp.path().to_owned());
+            driver.open(&agent).await.expect("open the driver");
+            let image = image().await;
+            Some(DockerHarness { tmp, agent, driver, image, run, relay: Mutex::new(relay), foreign: Mutex::default() })
+        }
+
+        fn driver(&self) -> &DockerDriver {
+            &self.driver
+        }
+
+        fn spec(&self) -> Spec {
+            let attributes =
+                BTreeMap::from([("image".to_owned(), self.image.clone()), ("cmd".to_owned(), "sleep 600".to_owned())]);
+            Spec { kind: "container".into(), attributes, claims: BTreeMap::new(), order: order() }
+        }
+
+        async fn exists(&self, id: ResourceId) -> bool {
+            docker(&["inspect", "--type", "container", &name_of(id)]).await.is_ok()
+        }
+
+        async fn remove_behind_its_back(&self, id: ResourceId) {
+            must(&["rm", "-f", &name_of(id)]).await;
+        }
+
+        async fn fail_behind_its_back(&self, id: ResourceId) {
+            must(&["kill", &name_of(id)]).await;
+            self.wait_state(&name_of(id), "exited").await;
+        }
+
+        async fn make_foreign(&self) -> Vec<ResourceId> {
+            let (by_hand, theirs, their_volume) =
+                (ResourceId::generate(), ResourceId::generate(), ResourceId::generate());
+            let other = fresh_agent("other");
+            // Made by hand, named as a handle, without leasehold's labels.
+            self.run_by_hand(&name_of(by_hand), &[]).await;
+            // Another agent's container and volume.
+            let their_labels = |id: ResourceId| {
+                vec![
+                    format!("{LABEL_AGENT}={other}"),
+                    format!("{LABEL_RESOURCE}={id}"),
+                    format!("{LABEL_KIND}=container"),
+                ]
+            };
+            self.run_by_hand(&name_of(theirs), &their_labels(theirs)).await;
+            let run_label = self.run_label();
+            let mut volume = vec!["volume", "create", "--label", &run_label];
+            let labels = their_labels(their_volume);
+            for label in &labels {
+                volume.extend(["--label", label]);
+            }
+            let volume_name = name_of(their_volume);
+            volume.push(&volume_name);
+            must(&volume).await;
+            // This agent's label on something that names no resource.
+            let scratch = format!("lh-scratch-{}", self.run);
+            self.run_by_hand(&scratch, &[format!("{LABEL_AGENT}={}", self.agent), format!("{LABEL_RESOURCE}=scratch")])
+                .await;
+            self.foreign.lock().expect("not poisoned").extend([
+                ("container", name_of(by_hand)),
+                ("container", name_of(theirs)),
+                ("volume", volume_name),
+                ("container", scratch),
+            ]);
+            vec![by_hand, theirs, their_volume]
+        }
+
+        async fn foreign_intact(&self) -> bool {
+            let foreign = self.foreign.lock().expect("not poisoned").clone();
+            for (kind, name) in foreign {
+                let format = if kind == "container" { "{{.State.Status}}" } else { "{{.Name}}" };
+                match docker(&["inspect", "--type", kind, "--format", format, &name]).await {
+                    Ok(state) if kind == "volume" || state.trim() == "running" => {}
+                    other => {
+                        eprintln!("{kind} {name}: {other:?}");
+                        return false;
+                    }
+                }
+            }
+            true
+        }
+
+        async fn interrupt_a_create(&self, id: ResourceId) {
+            // The driver's labels are on the container from its create; the process died before starting it.
+            let labels = [
+                format!("{LABEL_AGENT}={}", self.agent),
+                format!("{LABEL_RESOURCE}={id}"),
+                format!("{LABEL_KIND}=container"),
+                self.run_label(),
+            ];
+            let name = name_of(id);
+            let mut args = vec!["create", "--name", &name];
+            for label in &labels {
+                args.extend(["--label", label]);
+            }
+            args.extend([self.image.as_str(), "sleep", "600"]);
+            must(&args).await;
+            self.wait_state(&name, "created").await;
+        }
+
+        fn unreachable() -> (DockerDriver, Box<dyn std::any::Any>) {
+            let tmp = tempfile::tempdir().expect("a temporary directory");
+            let endpoint = format!("unix://{}", tmp.path().join("nonexistent.sock").display());
+            (DockerDriver::new(&endpoint).expect("a docker endpoint"), Box::new(tmp))
+        }
+
+        async fn cut_off(&self) {
+            self.relay.lock().expect("not poisoned").cut();
+        }
+    }
+
+    impl Drop for DockerHarness {
+        /// Removes every container and volume the case made, by its test run's label.
+        fn drop(&mut self) {
+            let filter = format!("label={}", self.run_label());
+            let docker = |args: &[&str]| {
+                std::process::Command::new("docker").args(args).stdin(Stdio::null()).output().map(|o| {
+                    String::from_utf8_lossy(&o.stdout).split_whitespace().map(str::to_owned).collect::<Vec<_>>()
+                })
+            };
+            if let Ok(containers) = docker(&["ps", "-aq", "--filter", &filter])
+                && !containers.is_empty()
+            {
+                let mut args = vec!["rm", "-f", "-v"];
+                args.extend(containers.iter().map(String::as_str));
+                let _ = docker(&args);
+            }
+            if let Ok(volumes) = docker(&["volume", "ls", "-q", "--filter", &filter])
+                && !volumes.is_empty()
+            {
+                let mut args = vec!["volume", "rm", "-f"];
+                args.extend(volumes.iter().map(String::as_str));
+                let _ = docker(&args);
+            }
+            let _ = &self.tmp;
+        }
+    }
+
+    conformance!(DockerHarness);
 }
