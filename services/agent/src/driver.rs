@@ -1,5 +1,5 @@
 //! What the agent needs of the thing that makes resources on its machine, and how a driver is named on the command
-//! line (`dir:PATH`).
+//! line (`dir:PATH`, `docker:[ENDPOINT]`).
 //!
 //! A driver knows handles only: a resource's handle is its id. Every call may be retried (create of something that
 //! exists and destroy of something absent both succeed), because the agent retries whatever it cannot confirm.
@@ -14,6 +14,7 @@ use leasehold_schemas::pool::{PoolKind, PoolValue};
 use leasehold_schemas::{PoolName, Position, ResourceId};
 
 use crate::dir::DirDriver;
+use crate::docker::DockerDriver;
 
 /// What to make: the resource's kind and attributes, as allocated (and updated since), the identifiers it holds, and
 /// where its create was ordered.
@@ -120,22 +121,30 @@ pub trait Driver: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub enum AnyDriver {
     Dir(DirDriver),
+    Docker(DockerDriver),
 }
 
 /// A driver spec that names no driver this build knows.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("driver {spec:?}: {reason}; known drivers: dir:PATH (one directory per resource under PATH)")]
+#[error(
+    "driver {spec:?}: {reason}; known drivers: dir:PATH (one directory per resource under PATH), \
+     docker:[unix:///SOCKET|tcp://LOOPBACK:PORT] (containers and volumes on a Docker daemon; docker: alone is the \
+     local socket)"
+)]
 pub struct DriverSpecError {
     pub spec: String,
     pub reason: &'static str,
 }
 
-/// Parses `dir:PATH` (and whatever other drivers come) into a driver.
+/// Parses `dir:PATH` or `docker:[ENDPOINT]` (and whatever other drivers come) into a driver.
 pub fn parse_driver(spec: &str) -> Result<AnyDriver, DriverSpecError> {
     let fail = |reason| Err(DriverSpecError { spec: spec.to_owned(), reason });
     match spec.split_once(':') {
         Some(("dir", "")) => fail("the dir driver needs a path"),
         Some(("dir", path)) => Ok(AnyDriver::Dir(DirDriver::new(path))),
+        Some(("docker", endpoint)) => DockerDriver::new(endpoint)
+            .map(AnyDriver::Docker)
+            .map_err(|e| DriverSpecError { spec: spec.to_owned(), reason: e.reason }),
         Some(_) => fail("unknown driver"),
         None => fail("a driver is named as KIND:ARGUMENT"),
     }
@@ -153,6 +162,7 @@ impl fmt::Display for AnyDriver {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AnyDriver::Dir(dir) => write!(f, "dir:{}", dir.root().display()),
+            AnyDriver::Docker(docker) => write!(f, "docker:{}", docker.endpoint()),
         }
     }
 }
@@ -161,30 +171,35 @@ impl Driver for AnyDriver {
     async fn open(&self, agent: &AgentName) -> Result<(), DriverError> {
         match self {
             AnyDriver::Dir(dir) => dir.open(agent).await,
+            AnyDriver::Docker(docker) => docker.open(agent).await,
         }
     }
 
     async fn create(&self, id: ResourceId, spec: &Spec) -> Result<Option<String>, DriverError> {
         match self {
             AnyDriver::Dir(dir) => dir.create(id, spec).await,
+            AnyDriver::Docker(docker) => docker.create(id, spec).await,
         }
     }
 
     async fn destroy(&self, id: ResourceId) -> Result<(), DriverError> {
         match self {
             AnyDriver::Dir(dir) => dir.destroy(id).await,
+            AnyDriver::Docker(docker) => docker.destroy(id).await,
         }
     }
 
     async fn list(&self) -> Result<Vec<Listed>, DriverError> {
         match self {
             AnyDriver::Dir(dir) => dir.list().await,
+            AnyDriver::Docker(docker) => docker.list().await,
         }
     }
 
     async fn check(&self, id: ResourceId) -> Result<Health, DriverError> {
         match self {
             AnyDriver::Dir(dir) => dir.check(id).await,
+            AnyDriver::Docker(docker) => docker.check(id).await,
         }
     }
 }
@@ -195,12 +210,21 @@ mod tests {
 
     #[test]
     fn driver_specs_parse_or_say_what_is_known() {
-        let AnyDriver::Dir(dir) = parse_driver("dir:/var/lib/leasehold/res").unwrap();
+        let Ok(AnyDriver::Dir(dir)) = parse_driver("dir:/var/lib/leasehold/res") else { panic!("a dir driver") };
         assert_eq!(dir.root(), std::path::Path::new("/var/lib/leasehold/res"));
-        assert_eq!("dir:/tmp/x".parse::<AnyDriver>().unwrap().to_string(), "dir:/tmp/x");
-        for bad in ["dir:", "docker:local", "/tmp/x"] {
-            let err = parse_driver(bad).unwrap_err().to_string();
-            assert!(err.contains("known drivers: dir:PATH"), "{err}");
+        for spec in ["dir:/tmp/x", "docker:", "docker:unix:///run/x.sock", "docker:tcp://127.0.0.1:2375"] {
+            assert_eq!(spec.parse::<AnyDriver>().unwrap().to_string(), spec);
         }
+        let Ok(AnyDriver::Docker(docker)) = parse_driver("docker:unix:///run/x.sock") else {
+            panic!("a docker driver")
+        };
+        assert_eq!(docker.endpoint(), "unix:///run/x.sock");
+        for bad in ["dir:", "docker:local", "/tmp/x", "oci:x"] {
+            let err = parse_driver(bad).unwrap_err().to_string();
+            assert!(err.contains("known drivers: dir:PATH") && err.contains("docker:[unix:///SOCKET"), "{err}");
+        }
+        let err = parse_driver("docker:tcp://10.1.2.3:2376").unwrap_err();
+        assert_eq!(err.spec, "docker:tcp://10.1.2.3:2376");
+        assert!(err.to_string().contains("loopback host only") && err.to_string().contains("no TLS"), "{err}");
     }
 }

@@ -36,11 +36,12 @@
 //!
 //! Whoever starts the agent ([`run`]) keeps an [`AgentControl`] (in [`AgentConfig`]) to read its [`AgentStatus`],
 //! wait for it to change, or ask for a sync pass now. Drivers implement [`Driver`]; [`parse_driver`] turns
-//! `dir:PATH` into one.
+//! `dir:PATH` or `docker:[ENDPOINT]` into one.
 
 #![forbid(unsafe_code)]
 
 mod dir;
+pub mod docker;
 mod driver;
 mod model;
 mod runtime;
