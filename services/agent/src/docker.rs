@@ -47,8 +47,8 @@ pub const LABEL_NETWORK_POOL: &str = "io.leasehold.pool";
 
 /// The socket a daemon listens on unless told otherwise.
 const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
-/// How long one request to the daemon may take at least: every call is under the client's timeout, which is this or
-/// the stop timeout plus this, whichever is longer (a stop holds its request open while the container stops).
+/// How long one request to the daemon may take beyond the stop timeout: every request is under the client's timeout,
+/// the stop timeout plus this (a stop holds its request open while the container stops).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The kinds this driver makes.
 const KINDS: &str = "container, volume";
@@ -76,6 +76,9 @@ pub struct DockerDriver {
     /// The client, once the API version is agreed with the daemon.
     client: Arc<tokio::sync::OnceCell<Docker>>,
     opened: Arc<Mutex<Option<Opened>>>,
+    /// Held while a network is looked for and made: two creates on one new network (the agent runs several at once)
+    /// would otherwise both make it, and the daemon refuses the second for its subnet before the first has a name.
+    making_network: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// What `open` took: the agent's name and the lock that keeps a second process of it off this daemon.
@@ -104,6 +107,7 @@ impl DockerDriver {
             lock_dir,
             client: Arc::default(),
             opened: Arc::default(),
+            making_network: Arc::default(),
         })
     }
 
@@ -135,7 +139,7 @@ impl DockerDriver {
     /// default), at the first call that gets through.
     async fn docker(&self) -> Result<Docker, DriverError> {
         let endpoint = self.endpoint.clone();
-        let timeout = REQUEST_TIMEOUT.max(self.stop_timeout + REQUEST_TIMEOUT).as_secs();
+        let timeout = (self.stop_timeout + REQUEST_TIMEOUT).as_secs();
         let docker = self
             .client
             .get_or_try_init(|| async move {
@@ -278,6 +282,7 @@ impl DockerDriver {
         network: &str,
         fixed: &FixedAddress,
     ) -> Result<(), DriverError> {
+        let _making = self.making_network.lock().await;
         let found = match docker.inspect_network(network, None).await {
             Ok(found) => Some(found),
             Err(e) if status(&e) == Some(404) => None,
@@ -313,15 +318,25 @@ impl DockerDriver {
                     labels: Some(labels),
                     ..Default::default()
                 };
-                match docker.create_network(request).await {
+                let refused = match docker.create_network(request).await {
                     Ok(_) => return Ok(()),
-                    // Another create made it meanwhile: it is checked as any network found.
-                    Err(e) if status(&e) == Some(409) => {}
-                    Err(e) => return Err(create_error(&self.endpoint, &format!("create network {network}"), e)),
-                }
-                match docker.inspect_network(network, None).await {
-                    Ok(found) => found,
-                    Err(e) => return Err(self.down(&format!("inspect network {network}"), e)),
+                    Err(e) if status(&e).is_some_and(|code| (400..500).contains(&code)) => e,
+                    Err(e) => return Err(self.down(&format!("create network {network}"), e)),
+                };
+                // Another process made it meanwhile (a name conflict, or, on daemons that allow two networks of one
+                // name, the subnet taken a moment before the name shows): the network there now is checked as any
+                // network found. Looked for a few times, briefly: then the refusal stands.
+                let mut tries = 0;
+                loop {
+                    match docker.inspect_network(network, None).await {
+                        Ok(found) => break found,
+                        Err(e) if status(&e) == Some(404) && tries < 5 => tries += 1,
+                        Err(e) if status(&e) == Some(404) => {
+                            return Err(create_error(&self.endpoint, &format!("create network {network}"), refused));
+                        }
+                        Err(e) => return Err(self.down(&format!("inspect network {network}"), e)),
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
         };
@@ -359,6 +374,22 @@ impl DockerDriver {
             ))),
             Err(e) => Err(create_error(&self.endpoint, &format!("create volume {name}"), e)),
         }
+    }
+
+    /// Why a container that is not running failed for good, if it did: it ran and stopped, or its start failed (a
+    /// command that does not exist). One made and not started yet has not failed.
+    fn failure_of(name: &str, found: &ContainerInspectResponse) -> Option<String> {
+        let state = found.state.clone().unwrap_or_default();
+        if state.running == Some(true) {
+            return None;
+        }
+        if never_started(found) {
+            return state
+                .error
+                .filter(|error| !error.is_empty())
+                .map(|error| format!("container {name} could not start: {error}"));
+        }
+        Some(Self::exit_of(name, found))
     }
 
     /// The failure of a container that ran and stopped, from its state.
@@ -502,10 +533,15 @@ impl Driver for DockerDriver {
         for container in containers {
             let Some(id) = resource_of(container.labels.as_ref()) else { continue };
             let failed = match container.state {
-                Some(ContainerSummaryStateEnum::EXITED | ContainerSummaryStateEnum::DEAD) => {
+                // Stopped after it ran, or made and never started: which, and why, only an inspect says.
+                Some(
+                    ContainerSummaryStateEnum::EXITED
+                    | ContainerSummaryStateEnum::DEAD
+                    | ContainerSummaryStateEnum::CREATED,
+                ) => {
                     let name = container.id.clone().unwrap_or_else(|| object_name(id));
                     match docker.inspect_container(&name, None::<InspectContainerOptions>).await {
-                        Ok(inspected) => Some(Self::exit_of(&object_name(id), &inspected)),
+                        Ok(inspected) => Self::failure_of(&object_name(id), &inspected),
                         // Removed between the listing and now: not there.
                         Err(e) if status(&e) == Some(404) => continue,
                         Err(e) => return Err(self.down(&format!("inspect container {name}"), e)),
@@ -537,10 +573,12 @@ impl Driver for DockerDriver {
             {
                 let state = found.state.clone().unwrap_or_default();
                 if state.running != Some(true) {
-                    if never_started(&found) {
-                        return unhealthy(format!("container {name} was made but never started"));
-                    }
-                    return unhealthy(Self::exit_of(&name, &found));
+                    return unhealthy(Self::failure_of(&name, &found).unwrap_or_else(|| {
+                        format!(
+                            "container {name} is {}",
+                            state.status.map_or_else(|| "not running".to_owned(), |s| s.to_string())
+                        )
+                    }));
                 }
                 let checked = found
                     .config

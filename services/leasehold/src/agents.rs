@@ -119,7 +119,9 @@ pub(crate) struct AgentRunArgs {
     /// The agent's name: the machine it runs on (`[a-z0-9][a-z0-9_-]{0,62}`).
     #[arg(long)]
     name: String,
-    /// What makes and destroys its resources: dir:PATH (one directory per resource under PATH).
+    /// What makes and destroys its resources: dir:PATH (one directory per resource under PATH), or
+    /// docker:[unix:///SOCKET|tcp://127.0.0.1:PORT] (containers and volumes on a Docker daemon; `docker:` alone is
+    /// the local socket).
     #[arg(long)]
     driver: String,
     #[command(flatten)]
@@ -135,7 +137,9 @@ pub(crate) struct AgentRunArgs {
     /// At most this many driver calls at once.
     #[arg(long, default_value_t = 5)]
     max_in_flight: usize,
-    /// A driver call that takes longer is given up and tried again later.
+    /// A driver call that takes longer is given up and tried again later. The default, 60 s, outlasts the docker
+    /// driver's slowest call, a destroy: a stop that lets the container stop for 10 s before killing it, then the
+    /// removal, each request under a client timeout of its own (30 s beyond the stop timeout).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     call_timeout: Duration,
     /// This machine's disk was wiped: losing everything it held is expected, not a fault for the breaker.

@@ -63,7 +63,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, conflicts_with = "tokens")]
     insecure_no_auth: bool,
     /// Run an agent in this process: NAME=DRIVER, the driver being dir:PATH (one directory per resource under
-    /// PATH). Repeatable. On one machine this is how agents run, since the embedded log is one process's.
+    /// PATH) or docker:[ENDPOINT] (containers and volumes on a Docker daemon). Repeatable. On one machine this is how agents run, since the embedded log is one process's.
     #[arg(long = "agent", value_name = "NAME=DRIVER")]
     agents: Vec<String>,
     /// How often each agent of this process reports what it holds (±20 % jitter).
