@@ -155,8 +155,15 @@ impl Story {
         let granted = log.submit("sweeper-1", Claim { pool: pool.clone(), holder: holder.clone(), source: wanted });
         let (grant, effect) = effect_at(&granted, "claim-granted");
         let Effect::ClaimGranted { value, .. } = effect else { unreachable!("named claim-granted") };
-        let bind =
-            BindClaim { holder, pool: pool.clone(), value: *value, token: grant.position, source: grant, wanted };
+        let bind = BindClaim {
+            holder,
+            pool: pool.clone(),
+            value: *value,
+            token: grant.position,
+            source: grant,
+            wanted,
+            definition: None,
+        };
         log.submit("sweeper-1", bind);
         let mut story = Story { log, agent, pool, resource, epoch, obs: 0, token: grant.position };
         let created =

@@ -382,6 +382,9 @@ pub enum FailureKind {
     CreateFailed,
     /// The resource exists but misbehaves: a health check is due.
     Unhealthy,
+    /// A destroy cannot finish while something else uses the resource (a volume a container mounts): the agent
+    /// tries again, and the reason is on record (schema version 3).
+    DestroyBlocked,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -480,7 +483,8 @@ pub struct Claim {
 
 /// To a resource: the pool granted `value` with `token`. `source` is the `ClaimGranted` effect; `wanted` is the
 /// `ClaimWanted` effect the grant answers (the grant's own `source`): a resource binds only a grant of its own
-/// claim and sends any other straight back.
+/// claim and sends any other straight back. `definition`: the pool's definition when the grant was carried, for
+/// IPv4 pools (schema version 3): the resource's agent puts the address on a network of that subnet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BindClaim {
@@ -490,6 +494,8 @@ pub struct BindClaim {
     pub token: Position,
     pub source: Source,
     pub wanted: Source,
+    #[serde(default)]
+    pub definition: Option<PoolKind>,
 }
 
 /// To a pool: give back the claim of `holder` with `token` (`None`: withdraw a holder still waiting).
@@ -820,11 +826,30 @@ pub(crate) mod legacy {
         if_no_policy: bool,
     }
 
+    /// Versions 1 and 2 of `sys.bind-claim`: no `definition`.
+    #[derive(Serialize, Deserialize)]
+    struct BindClaimV1 {
+        holder: ResourceRef,
+        pool: PoolName,
+        value: PoolValue,
+        token: Position,
+        source: Source,
+        wanted: Source,
+    }
+
     /// The oldest schema version that expresses `command`: a command is written in it, so a leasehold that does not
     /// know a later version still reads everything that does not need one (agents and producers can be upgraded
-    /// before the workers). 2 for the commands added in version 2 and for bodies that use a field or variant added
-    /// then; 1 otherwise.
+    /// before the workers). 3 for bodies that use a field or variant added in version 3, 2 for the commands added in
+    /// version 2 and for bodies that use a field or variant added then; 1 otherwise.
     pub(crate) fn oldest_version(command: &Command) -> u16 {
+        let needs_three = match command {
+            Command::BindClaim(c) => c.definition.is_some(),
+            Command::ReportFailure(c) => c.failure == FailureKind::DestroyBlocked,
+            _ => false,
+        };
+        if needs_three {
+            return 3;
+        }
         let needs_two = match command {
             Command::UnretireAgent(_)
             | Command::GarbageReport(_)
@@ -867,6 +892,17 @@ pub(crate) mod legacy {
                 };
                 crate::codec::encode_into(&v1, out)
             }
+            (1 | 2, Command::BindClaim(c)) => {
+                let v1 = BindClaimV1 {
+                    holder: c.holder.clone(),
+                    pool: c.pool.clone(),
+                    value: c.value,
+                    token: c.token,
+                    source: c.source,
+                    wanted: c.wanted,
+                };
+                crate::codec::encode_into(&v1, out)
+            }
             (1, Command::SetPartitionSettings(c)) => {
                 let v1 = SetPartitionSettingsV1 {
                     key: c.key.clone(),
@@ -888,6 +924,24 @@ pub(crate) mod legacy {
         type_name: &str,
         bytes: &[u8],
     ) -> Option<Result<(Command, usize), crate::codec::CodecError>> {
+        if version >= 3 {
+            return None;
+        }
+        if type_name == "sys.bind-claim" {
+            let decoded = crate::codec::decode_from::<BindClaimV1>(bytes).map(|(v1, read)| {
+                let body = BindClaim {
+                    holder: v1.holder,
+                    pool: v1.pool,
+                    value: v1.value,
+                    token: v1.token,
+                    source: v1.source,
+                    wanted: v1.wanted,
+                    definition: None,
+                };
+                (Command::BindClaim(body), read)
+            });
+            return Some(decoded);
+        }
         if version >= 2 {
             return None;
         }

@@ -33,6 +33,7 @@ impl<'e> Mentions<'e> {
                 m.pools.push(pool);
             }
             Effect::ClaimBound { resource, pool, .. }
+            | Effect::ClaimPoolDefinition { resource, pool, .. }
             | Effect::ClaimReleasable { resource, pool, .. }
             | Effect::GrantReturned { resource, pool, .. } => {
                 m.resources.push(*resource);
@@ -53,7 +54,8 @@ impl<'e> Mentions<'e> {
             | Effect::ResourceOrphaned { resource }
             | Effect::ResourceFailed { resource, .. }
             | Effect::HandleReappeared { resource, .. }
-            | Effect::AllocationWaitsUntil { resource, .. } => m.resources.push(*resource),
+            | Effect::AllocationWaitsUntil { resource, .. }
+            | Effect::DestroyBlocked { resource, .. } => m.resources.push(*resource),
             Effect::GarbageDestroyOrdered { handle, .. }
             | Effect::GarbageDryRun { handle, .. }
             | Effect::GarbageDestroyed { handle, .. } => m.resources.push(*handle),

@@ -102,10 +102,15 @@ impl Outcome {
         }
     }
 
-    /// The oldest schema version that expresses this outcome: 2 when it holds an effect, a cause or a parent state
-    /// added in version 2, else 1. An outcome is written in it, so a reader of an older version reads every outcome
-    /// that needs nothing newer (see `codec::encode_outcome`).
+    /// The oldest schema version that expresses this outcome: 3 when it holds an effect added in version 3, 2 when
+    /// it holds an effect, a cause or a parent state added in version 2, else 1. An outcome is written in it, so a
+    /// reader of an older version reads every outcome that needs nothing newer (see `codec::encode_outcome`).
     pub fn oldest_schema_version(&self) -> u16 {
+        let needs_three =
+            |effect: &Effect| matches!(effect, Effect::ClaimPoolDefinition { .. } | Effect::DestroyBlocked { .. });
+        if self.effects().iter().any(needs_three) {
+            return 3;
+        }
         let needs_two = |effect: &Effect| match effect {
             Effect::GarbageDestroyOrdered { .. }
             | Effect::GarbageDryRun { .. }
@@ -571,6 +576,19 @@ pub enum Effect {
         resource: ResourceId,
         until: Timestamp,
     },
+    /// Right after `claim-bound` of an IPv4 pool: the pool's definition as the grant carried it, for the agent to put
+    /// the address on a network of that subnet (schema version 3).
+    ClaimPoolDefinition {
+        resource: ResourceId,
+        pool: PoolName,
+        definition: PoolKind,
+    },
+    /// The agent could not finish destroying the resource because something else uses it (`detail` says what): it
+    /// tries again, and the resource stays `releasing` meanwhile (schema version 3).
+    DestroyBlocked {
+        resource: ResourceId,
+        detail: String,
+    },
 }
 
 /// Why a garbage handle is destroyed.
@@ -650,6 +668,8 @@ impl Effect {
             Effect::AgentUnretired { .. } => "agent-unretired",
             Effect::GcModeChanged { .. } => "gc-mode-changed",
             Effect::AllocationWaitsUntil { .. } => "allocation-waits-until",
+            Effect::ClaimPoolDefinition { .. } => "claim-pool-definition",
+            Effect::DestroyBlocked { .. } => "destroy-blocked",
         }
     }
 }

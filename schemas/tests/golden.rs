@@ -354,6 +354,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                     token: Position(55),
                     source: source(),
                     wanted: Source { partition: 5, position: Position(12) },
+                    definition: None,
                 },
             ),
             29,
@@ -578,6 +579,37 @@ fn command_samples() -> Vec<(String, Envelope)> {
             ),
         ),
         (
+            "destroy-blocked",
+            envelope(
+                69,
+                "w1",
+                ReportFailure {
+                    agent: a(),
+                    epoch: Position(3),
+                    obs: 53,
+                    resource: r(),
+                    failure: FailureKind::DestroyBlocked,
+                    detail: "volume lh-x is in use by container ci-cache".into(),
+                },
+            ),
+        ),
+        (
+            "ipv4",
+            envelope(
+                70,
+                SWEEPER,
+                BindClaim {
+                    holder: resource_ref(),
+                    pool: pool(),
+                    value: PoolValue::Ipv4(ip(7)),
+                    token: Position(55),
+                    source: source(),
+                    wanted: Source { partition: 5, position: Position(12) },
+                    definition: Some(PoolKind::Ipv4 { network: ip(0), prefix_len: 29, exclude: vec![ip(1)] }),
+                },
+            ),
+        ),
+        (
             "healthy-answer",
             envelope(
                 47,
@@ -713,6 +745,12 @@ fn effect_samples() -> Vec<Effect> {
         Effect::AgentUnretired { by: issuer(OP_ISSUER) },
         Effect::GcModeChanged { mode: GcMode::DryRun },
         Effect::AllocationWaitsUntil { resource: r(), until: Timestamp(T0 + 30_000) },
+        Effect::ClaimPoolDefinition {
+            resource: r(),
+            pool: pool(),
+            definition: PoolKind::Ipv4 { network: ip(0), prefix_len: 29, exclude: vec![ip(1)] },
+        },
+        Effect::DestroyBlocked { resource: r(), detail: "volume lh-x is in use by container ci-cache".into() },
     ]
 }
 
@@ -923,7 +961,7 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
 // Exhaustive maps from each wire enum to an index: a variant added without a fixture fails to compile here, and a
 // new arm without a sample fails `samples_cover_every_variant`.
 
-const EFFECT_VARIANTS: usize = 57;
+const EFFECT_VARIANTS: usize = 59;
 
 fn effect_index(effect: &Effect) -> usize {
     match effect {
@@ -984,6 +1022,8 @@ fn effect_index(effect: &Effect) -> usize {
         Effect::AgentUnretired { .. } => 54,
         Effect::GcModeChanged { .. } => 55,
         Effect::AllocationWaitsUntil { .. } => 56,
+        Effect::ClaimPoolDefinition { .. } => 57,
+        Effect::DestroyBlocked { .. } => 58,
     }
 }
 
@@ -1101,6 +1141,7 @@ impl Seen {
                 let index = match c.failure {
                     FailureKind::CreateFailed => 0,
                     FailureKind::Unhealthy => 1,
+                    FailureKind::DestroyBlocked => 2,
                 };
                 self.mark("FailureKind", index);
             }
@@ -1221,7 +1262,7 @@ const VARIANT_COUNTS: &[(&str, usize)] = &[
     ("CommandClass", 3),
     ("Decision", 2),
     ("Effect", EFFECT_VARIANTS),
-    ("FailureKind", 2),
+    ("FailureKind", 3),
     ("GarbageCause", 5),
     ("GcMode", 2),
     ("Key", 2),

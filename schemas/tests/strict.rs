@@ -211,6 +211,7 @@ fn body(type_name: &str, full: bool) -> Command {
             token: Position(41),
             source: source(),
             wanted: Source { partition: 5, position: Position(2) },
+            definition: None,
         }
         .into(),
         "sys.free" => Free { pool: pool(), holder, token: some_if(full, Position(41)), source: source() }.into(),

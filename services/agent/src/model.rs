@@ -10,6 +10,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+#[cfg(test)]
+use leasehold_schemas::PoolName;
 use leasehold_schemas::command::{HandleDigest, SyncReport};
 use leasehold_schemas::outcome::{Effect, Outcome};
 use leasehold_schemas::{AgentName, Position, ResourceId, Uuid};
@@ -32,6 +34,8 @@ pub(crate) struct Tracked {
     pub(crate) create_done: bool,
     /// This process destroyed it: no destroy again unless it shows up again.
     pub(crate) destroy_done: bool,
+    /// This process reported it failed (`unhealthy`) since it was last found healthy: not again meanwhile.
+    pub(crate) failure_reported: bool,
 }
 
 /// A driver call the agent makes for a resource.
@@ -79,6 +83,8 @@ pub fn is_material(effect: &Effect) -> bool {
             | Effect::AgentDriverAvailable {}
             | Effect::AgentUnretired { .. }
             | Effect::AllocationWaitsUntil { .. }
+            | Effect::DestroyBlocked { .. }
+            | Effect::ClaimPoolDefinition { .. }
             | Effect::LeaseWaiting { .. }
             | Effect::LeaseGranted { .. }
             | Effect::LeaseRenewed { .. }
@@ -95,8 +101,9 @@ pub(crate) enum Signal {
         incarnation: Uuid,
         epoch: Position,
         retired: bool,
-        /// The effective `stall_after` at the registration: heartbeats are paced by it.
-        stall_after: leasehold_schemas::Millis,
+        /// The effective settings at the registration: heartbeats are paced by `stall_after`, and a listing with
+        /// many failed handles at once is judged by the loss breaker's thresholds.
+        settings: leasehold_schemas::settings::AgentSettings,
     },
     Gone,
     ResyncRequested {
@@ -149,6 +156,11 @@ impl Model {
 
     pub(crate) fn len(&self) -> usize {
         self.resources.len()
+    }
+
+    /// How many resources the writer knows as created and are not being destroyed.
+    pub(crate) fn n_live(&self) -> usize {
+        self.resources.values().filter(|t| t.seen_present && t.releasing.is_none()).count()
     }
 
     pub(crate) fn get(&self, id: ResourceId) -> Option<&Tracked> {
@@ -219,7 +231,7 @@ impl Model {
                     incarnation: *incarnation,
                     epoch: position,
                     retired: *retired,
-                    stall_after: settings.stall_after,
+                    settings: settings.clone(),
                 });
             }
             Effect::AgentGone { .. } => signals.push(Signal::Gone),
@@ -237,6 +249,7 @@ impl Model {
                         health_request: None,
                         create_done: false,
                         destroy_done: false,
+                        failure_reported: false,
                     },
                 );
             }
@@ -249,12 +262,20 @@ impl Model {
             Effect::ClaimBound { resource, pool, value, .. } => touch(*resource, &mut |t| {
                 t.spec.claims.insert(pool.clone(), crate::driver::Claimed { value: *value, pool: None });
             }),
+            Effect::ClaimPoolDefinition { resource, pool, definition } => touch(*resource, &mut |t| {
+                if let Some(claimed) = t.spec.claims.get_mut(pool) {
+                    claimed.pool = Some(definition.clone());
+                }
+            }),
             Effect::CreateOrdered { resource } => touch(*resource, &mut |t| t.create_ordered = Some(position)),
             Effect::ResourceActivated { resource, .. } | Effect::ResourceSeen { resource, .. } => {
                 touch(*resource, &mut |t| t.seen_present = true)
             }
             Effect::HealthCheckRequested { resource } => touch(*resource, &mut |t| t.health_request = Some(position)),
-            Effect::ResourceHealthy { resource } => touch(*resource, &mut |t| t.health_request = None),
+            Effect::ResourceHealthy { resource } => touch(*resource, &mut |t| {
+                t.health_request = None;
+                t.failure_reported = false;
+            }),
             Effect::ResourceReleasing { resource, .. } => touch(*resource, &mut |t| {
                 t.releasing = Some(position);
                 t.health_request = None;
@@ -452,6 +473,50 @@ mod tests {
 
     fn entry(ordered: bool, seen_present: bool, releasing: bool) -> Entry {
         Entry { ordered, seen_present, made: false, releasing }
+    }
+
+    /// What the writer bound reaches the driver: each claim's identifier, and an IPv4 pool's definition (the network
+    /// the agent puts the address on).
+    #[test]
+    fn a_bound_claim_and_its_pools_network_reach_the_spec() {
+        use leasehold_schemas::PoolName;
+        use leasehold_schemas::pool::{PoolKind, PoolValue};
+        use std::net::Ipv4Addr;
+        let mut model = Model::default();
+        let mut signals = Vec::new();
+        let (r, pool) = (id(1), PoolName::new("net1").unwrap());
+        let definition = PoolKind::Ipv4 {
+            network: Ipv4Addr::new(10, 9, 0, 0),
+            prefix_len: 29,
+            exclude: vec![Ipv4Addr::new(10, 9, 0, 1)],
+        };
+        let effects = [
+            Effect::ResourceAllocated {
+                resource: r,
+                kind: "container".into(),
+                capacity: 1,
+                attributes: BTreeMap::from([("network".to_owned(), "lhnet".to_owned())]),
+                parent: None,
+            },
+            Effect::ClaimWanted { resource: r, pool: pool.clone() },
+            Effect::ClaimBound {
+                resource: r,
+                pool: pool.clone(),
+                value: PoolValue::Ipv4(Ipv4Addr::new(10, 9, 0, 2)),
+                token: Position(7),
+            },
+            Effect::ClaimPoolDefinition { resource: r, pool: pool.clone(), definition: definition.clone() },
+            Effect::CreateOrdered { resource: r },
+        ];
+        for (n, effect) in effects.iter().enumerate() {
+            model.apply_effect(Position(10 + n as u64), effect, &mut signals);
+        }
+        let tracked = model.get(r).unwrap();
+        assert_eq!(tracked.create_ordered, Some(Position(14)));
+        let claimed = &tracked.spec.claims[&pool];
+        assert_eq!(claimed.value, PoolValue::Ipv4(Ipv4Addr::new(10, 9, 0, 2)));
+        assert_eq!(claimed.pool, Some(definition));
+        assert_eq!(tracked.spec.attributes["network"], "lhnet");
     }
 
     #[test]

@@ -257,6 +257,8 @@ pub async fn run<L: Log, D: Driver>(
         garbage_seen: BTreeMap::new(),
         garbage_reported: None,
         destroy_reported: BTreeMap::new(),
+        blocked_reported: BTreeMap::new(),
+        settings: leasehold_schemas::settings::AgentSettings::DEFAULT,
         driver_down: None,
         driver_status_sent: None,
         listing: false,
@@ -292,6 +294,16 @@ enum Outgoing {
         native_id: Option<String>,
     },
     CreateFailed {
+        resource: ResourceId,
+        detail: String,
+    },
+    /// The listing found it failed (a container that exited).
+    Unhealthy {
+        resource: ResourceId,
+        detail: String,
+    },
+    /// Its destroy cannot finish while something else uses it.
+    DestroyBlocked {
         resource: ResourceId,
         detail: String,
     },
@@ -392,6 +404,10 @@ struct Agent<L, D> {
     garbage_reported: Option<(BTreeSet<ResourceId>, Instant)>,
     /// Destroys reported at once, by handle and the order they answer, until the log records them.
     destroy_reported: BTreeMap<ResourceId, Position>,
+    /// Why a destroy could not finish (something else uses the resource), as last reported: each reason once.
+    blocked_reported: BTreeMap<ResourceId, String>,
+    /// The agent's effective settings at its registration (the loss breaker's thresholds judge a mass failure).
+    settings: leasehold_schemas::settings::AgentSettings,
     /// What this process saw of its driver at its last listing: `Some(why)` when it could not list.
     driver_down: Option<String>,
     /// The driver status last sent and not yet recorded (so it is not sent again meanwhile).
@@ -520,8 +536,10 @@ impl<L: Log, D: Driver> Agent<L, D> {
                 Signal::Work(id) => {
                     self.ready.insert(id);
                 }
-                Signal::Registered { incarnation, epoch, retired, stall_after } if incarnation == self.incarnation => {
+                Signal::Registered { incarnation, epoch, retired, settings } if incarnation == self.incarnation => {
+                    let stall_after = settings.stall_after;
                     let heartbeat = heartbeat_every(stall_after, self.config.heartbeat_interval);
+                    self.settings = settings;
                     info!(agent = %self.config.name, %epoch, retired, resources = self.model.len(), %stall_after, ?heartbeat, "registered and caught up");
                     self.epoch = Some(epoch);
                     self.config.control.update(|s| s.epoch = Some(epoch));
@@ -548,6 +566,7 @@ impl<L: Log, D: Driver> Agent<L, D> {
                     }
                 }
                 Signal::Left { resource, how } => {
+                    self.blocked_reported.remove(&resource);
                     if how == "resource-lost" {
                         warn!(agent = %self.config.name, %resource, "resource lost");
                     } else {
@@ -826,6 +845,15 @@ impl<L: Log, D: Driver> Agent<L, D> {
                             self.report_destroyed(id, ordered).await;
                         }
                     }
+                    (Err(CallError::Driver(DriverError::InUse(detail))), None) => {
+                        warn!(%agent, resource = %id, detail, "destroy blocked: something else uses it; tried again at the next pass");
+                        self.blocked.insert(id);
+                        let releasing = self.model.get(id).is_some_and(|t| t.releasing.is_some());
+                        if live && releasing && self.blocked_reported.get(&id) != Some(&detail) {
+                            self.blocked_reported.insert(id, detail.clone());
+                            self.send(Outgoing::DestroyBlocked { resource: id, detail }).await;
+                        }
+                    }
                     (Err(e), garbage) => {
                         let garbage = garbage.is_some();
                         warn!(%agent, resource = %id, garbage, error = %e, "destroy did not finish; tried again at the next pass");
@@ -960,7 +988,7 @@ impl<L: Log, D: Driver> Agent<L, D> {
     /// handles to destroy.
     async fn listed(&mut self, view: View, resync: bool, handles: Vec<Listed>) {
         let agent = self.config.name.clone();
-        let present: BTreeSet<ResourceId> = handles.iter().map(|listed| listed.id).collect();
+        let mut present: BTreeSet<ResourceId> = handles.iter().map(|listed| listed.id).collect();
         for id in &present {
             if self.running.contains_key(id) {
                 continue;
@@ -977,6 +1005,7 @@ impl<L: Log, D: Driver> Agent<L, D> {
         self.config.control.update(|s| s.sync_passes += 1);
         let Some(epoch) = self.epoch else { return };
         self.garbage_pass(&view, &present, epoch).await;
+        let failures = self.failures(&handles, &mut present);
         let lists = view.report(&present);
         if resync || lists.n_named() > MAX_REPORT_HANDLES {
             self.quiet = None;
@@ -996,12 +1025,14 @@ impl<L: Log, D: Driver> Agent<L, D> {
                 }))
                 .await;
             }
+            self.report_failures(failures).await;
             return;
         }
         let key = (epoch, view.material, lists.count, lists.digest);
         if lists.n_named() == 0 && self.quiet == Some(key) {
             debug!(%agent, watermark = %view.watermark, count = lists.count, "nothing new since the last report");
             self.config.control.update(|s| s.quiet_passes += 1);
+            self.report_failures(failures).await;
             return;
         }
         self.quiet = (lists.n_named() == 0).then_some(key);
@@ -1017,6 +1048,53 @@ impl<L: Log, D: Driver> Agent<L, D> {
         );
         let report = lists.into_report(agent, epoch, 0, view.watermark);
         self.send(Outgoing::Sync(report)).await;
+        self.report_failures(failures).await;
+    }
+
+    /// The handles the listing found failed (a container that exited) that the writer knows as created and that are
+    /// not being destroyed, each once until it is found healthy again. A few are reported unhealthy, one by one
+    /// (each turns suspect, its health check finds it unhealthy, it is released). As many at once as would trip the
+    /// loss breaker (its thresholds, from the agent's registration) are a machine's trouble, not theirs — a dockerd
+    /// restart stops every container — so they are left out of `present` and the report names them missing: the
+    /// breaker holds them for an operator, instead of a mass failure releasing everything.
+    fn failures(&mut self, handles: &[Listed], present: &mut BTreeSet<ResourceId>) -> Vec<(ResourceId, String)> {
+        let failed: Vec<(ResourceId, String)> = handles
+            .iter()
+            .filter_map(|listed| Some((listed.id, listed.failed.clone()?)))
+            .filter(|(id, _)| {
+                !self.running.contains_key(id)
+                    && self
+                        .model
+                        .get(*id)
+                        .is_some_and(|t| t.seen_present && t.releasing.is_none() && !t.failure_reported)
+            })
+            .collect();
+        let live = self.model.n_live() as u64;
+        let n = failed.len() as u64;
+        let settings = &self.settings;
+        let mass = n >= u64::from(settings.max_loss_min) && n * 100 > live * u64::from(settings.max_loss_percent);
+        if !mass {
+            return failed;
+        }
+        warn!(
+            agent = %self.config.name,
+            failed = n,
+            live,
+            "{n} of {live} resources failed at once: reported missing, for the loss breaker to hold, not failed one by one"
+        );
+        for (id, _) in &failed {
+            present.remove(id);
+        }
+        Vec::new()
+    }
+
+    async fn report_failures(&mut self, failures: Vec<(ResourceId, String)>) {
+        for (id, detail) in failures {
+            let Some(tracked) = self.model.get_mut(id) else { continue };
+            tracked.failure_reported = true;
+            info!(agent = %self.config.name, resource = %id, detail, "found failed; reported unhealthy");
+            self.send(Outgoing::Unhealthy { resource: id, detail }).await;
+        }
     }
 
     /// Shutdown: calls running get the grace period to finish (and their results are still sent), then the
@@ -1136,6 +1214,24 @@ async fn publish_all<L: Log>(log: L, config: AgentConfig, mut queue: mpsc::Recei
                         obs: observe(),
                         resource,
                         failure: FailureKind::CreateFailed,
+                        detail: cut(detail),
+                    }
+                    .into(),
+                    (Outgoing::Unhealthy { resource, detail }, Some(epoch)) => ReportFailure {
+                        agent: agent.clone(),
+                        epoch,
+                        obs: observe(),
+                        resource,
+                        failure: FailureKind::Unhealthy,
+                        detail: cut(detail),
+                    }
+                    .into(),
+                    (Outgoing::DestroyBlocked { resource, detail }, Some(epoch)) => ReportFailure {
+                        agent: agent.clone(),
+                        epoch,
+                        obs: observe(),
+                        resource,
+                        failure: FailureKind::DestroyBlocked,
                         detail: cut(detail),
                     }
                     .into(),

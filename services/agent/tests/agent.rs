@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures::StreamExt;
-use leasehold_agent::{AgentConfig, AgentControl, DirDriver, Driver, DriverError, Error, Health, Listed, Spec, run};
+use leasehold_agent::{
+    AgentConfig, AgentControl, DirDriver, Driver, DriverError, Error, FAILED_FILE, Health, Listed, Spec, run,
+};
 use leasehold_log::embedded::Embedded;
 use leasehold_log::{Log, OutcomeFilter};
 use leasehold_schemas::command::{Allocate, Release, ReportFailureByOperator, RequestHealthCheck};
@@ -840,6 +842,154 @@ async fn a_destroy_confirmed_during_an_inventory_does_not_put_the_report_out_of_
         .await;
     assert!(dir_of(&root, kept).is_dir());
     assert_honest(&system.outcomes(&w1).await, &w1);
+    agent.stop().await;
+    system.stop().await;
+}
+
+/// A handle the listing finds failed (a container that exited; here a directory holding `.leasehold-failed`) is
+/// reported unhealthy once: the resource turns suspect with the driver's reason, its health check finds it
+/// unhealthy, and it is released and destroyed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handle_found_failed_is_reported_unhealthy_once_then_released() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let agent = system.agent("w1", DirDriver::new(&root)).await;
+    let w1 = agent.name.clone();
+    let kept = system.allocate(&w1).await;
+    let sick = system.allocate(&w1).await;
+    system.activated(&w1, kept).await;
+    system.activated(&w1, sick).await;
+
+    std::fs::write(dir_of(&root, sick).join(FAILED_FILE), "exited with code 3").unwrap();
+    // A pass reports a failure only of what the agent has folded as active: pass until one does.
+    let suspected = |outcomes: &[Outcome]| {
+        outcomes.iter().flat_map(|o| o.effects()).any(|e| {
+            matches!(e, Effect::ResourceSuspect { resource, cause } if *resource == sick
+                && format!("{cause:?}").contains("exited with code 3"))
+        })
+    };
+    within("the suspicion", async {
+        while !suspected(&system.outcomes(&w1).await) {
+            agent.sync().await;
+        }
+    })
+    .await;
+    agent.sync().await;
+    agent.sync().await;
+    system.publish("sweeper", RequestHealthCheck { agent: w1.clone(), resource: sick }).await;
+    system.destroyed(&w1, sick).await;
+
+    let outcomes = system.outcomes(&w1).await;
+    let suspicions = outcomes
+        .iter()
+        .flat_map(|o| o.effects())
+        .filter(|e| matches!(e, Effect::ResourceSuspect { resource, .. } if *resource == sick))
+        .count();
+    assert_eq!(suspicions, 1);
+    assert!(
+        !outcomes
+            .iter()
+            .any(|o| o.command.type_name == "agent.report-failure" && matches!(o.decision, Decision::Rejected(_))),
+        "the failure is reported once, never again while it is suspect"
+    );
+    assert!(
+        !outcomes
+            .iter()
+            .flat_map(|o| o.effects())
+            .any(|e| matches!(e, Effect::ResourceSuspect { resource, .. } if *resource == kept)),
+        "the healthy one is left alone"
+    );
+    assert_honest(&outcomes, &w1);
+    agent.stop().await;
+    system.stop().await;
+}
+
+/// Many handles failed at once (every container stopped by a dockerd restart) are the machine's trouble: the report
+/// names them missing, the loss breaker holds them for an operator, and none is failed one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_handles_failed_at_once_trip_the_loss_breaker_not_a_mass_failure() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let agent = system.agent("w1", DirDriver::new(&root)).await;
+    let w1 = agent.name.clone();
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.push(system.allocate(&w1).await);
+    }
+    let mut last = Position(0);
+    for id in &ids {
+        last = last.max(system.activated(&w1, *id).await);
+    }
+    // Every activation folded, so the agent knows all six as live when it finds them failed.
+    within("the agent to fold the activations", agent.control.wait_for(|s| s.watermark >= last)).await;
+    for id in &ids {
+        std::fs::write(dir_of(&root, *id).join(FAILED_FILE), "exited with code 255").unwrap();
+    }
+    agent.sync().await;
+    system.effect(&w1, "the breaker", |e| matches!(e, Effect::AgentSuspect { would_lose: 6, .. })).await;
+    let outcomes = system.outcomes(&w1).await;
+    let effects: Vec<&Effect> = outcomes.iter().flat_map(|o| o.effects()).collect();
+    assert!(!effects.iter().any(|e| matches!(e, Effect::ResourceSuspect { .. } | Effect::ResourceLost { .. })));
+    assert!(!outcomes.iter().any(|o| o.command.type_name == "agent.report-failure"), "no failure reported one by one");
+    agent.stop().await;
+    system.stop().await;
+}
+
+/// A driver whose destroys are blocked (something else uses the resource) until told otherwise.
+struct Busy {
+    dir: DirDriver,
+    busy: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Driver for Busy {
+    async fn create(&self, id: ResourceId, spec: &Spec) -> Result<Option<String>, DriverError> {
+        self.dir.create(id, spec).await
+    }
+
+    async fn destroy(&self, id: ResourceId) -> Result<(), DriverError> {
+        if self.busy.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(DriverError::InUse(format!("volume lh-{id} is in use by container ci-cache")));
+        }
+        self.dir.destroy(id).await
+    }
+
+    async fn list(&self) -> Result<Vec<Listed>, DriverError> {
+        self.dir.list().await
+    }
+
+    async fn check(&self, id: ResourceId) -> Result<Health, DriverError> {
+        self.dir.check(id).await
+    }
+}
+
+/// A destroy blocked by another user of the resource is retried, and its reason is on record once (`get` shows it);
+/// the resource stays releasing until the destroy goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_blocked_destroy_is_on_record_once_and_retried() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let agent = system.agent("w1", Busy { dir: DirDriver::new(&root), busy: busy.clone() }).await;
+    let w1 = agent.name.clone();
+    let id = system.allocate(&w1).await;
+    system.activated(&w1, id).await;
+    system.release(&w1, id).await;
+    system
+        .effect(&w1, "the blocked destroy", |e| {
+            matches!(e, Effect::DestroyBlocked { resource, detail } if *resource == id && detail.contains("ci-cache"))
+        })
+        .await;
+    agent.sync().await;
+    agent.sync().await;
+    assert!(dir_of(&root, id).is_dir(), "nothing is destroyed while it is in use");
+    busy.store(false, std::sync::atomic::Ordering::SeqCst);
+    agent.sync().await;
+    system.destroyed(&w1, id).await;
+    let outcomes = system.outcomes(&w1).await;
+    let blocked =
+        outcomes.iter().flat_map(|o| o.effects()).filter(|e| matches!(e, Effect::DestroyBlocked { .. })).count();
+    assert_eq!(blocked, 1, "the same reason is recorded once");
+    assert_honest(&outcomes, &w1);
     agent.stop().await;
     system.stop().await;
 }

@@ -721,6 +721,8 @@ fn apply_effect(
         Effect::GcModeChanged { mode } => {
             state.gc_mode = *mode;
         }
+        // For the agent (the network of an address) and for people (why a destroy waits): no state of the writer.
+        Effect::ClaimPoolDefinition { .. } | Effect::DestroyBlocked { .. } => {}
     }
 }
 

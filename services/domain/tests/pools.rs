@@ -741,3 +741,31 @@ fn regressions_found_in_review() {
 
     assert!(failures.is_empty(), "{} regressions:\n{}", failures.len(), failures.join("\n"));
 }
+
+/// An IPv4 pool's grant carries the pool's definition to the holder, which records it next to the bound address
+/// (`claim-pool-definition`): the agent puts the address on a network of that subnet. A slot pool's carries none.
+#[test]
+fn an_ipv4_grant_carries_its_pools_network_to_the_holder() {
+    let mut w = World::new();
+    w.registered();
+    let kind = subnet_29(vec![Ipv4Addr::new(10, 0, 0, 1)]);
+    accepted(&define(&mut w, "ips", kind.clone(), Some(COOL)));
+    w.pending_with(|c| c.pools = vec![pool_name("ips")]);
+    let (holder, wanted) = (w.rref(), w.wanted_by("ips"));
+    let bind = w.granted_claim(&pool_name("ips"), &holder, wanted);
+    assert_eq!(bind.definition, Some(kind.clone()));
+    let bound = w.sys(bind);
+    assert_eq!(effect_names(&bound), ["claim-bound", "claim-pool-definition", "create-ordered"]);
+    assert!(bound.effects().iter().any(|e| matches!(
+        e,
+        Effect::ClaimPoolDefinition { resource, definition, .. } if *resource == holder.resource && *definition == kind
+    )));
+    assert_eq!(bound.oldest_schema_version(), 3, "the new effect needs schema version 3");
+
+    slots(&mut w, 2);
+    w.pending_with(|c| c.pools = vec![pool_name("slots")]);
+    let (holder, wanted) = (w.rref(), w.wanted_by("slots"));
+    let bind = w.granted_claim(&pool_name("slots"), &holder, wanted);
+    assert_eq!(bind.definition, None);
+    assert_eq!(effect_names(&w.sys(bind)), ["claim-bound", "create-ordered"]);
+}

@@ -1891,6 +1891,8 @@ impl Sim {
                                         token: *token,
                                         source,
                                         wanted: *wanted,
+                                        definition: matches!(pool.kind, PoolKind::Ipv4 { .. })
+                                            .then(|| pool.kind.clone()),
                                     };
                                     messages.push(bind.into());
                                 }
@@ -2276,6 +2278,7 @@ impl Sim {
                         token: position,
                         source: source(position),
                         wanted: *wanted,
+                        definition: None,
                     };
                     self.grants.push(bind.clone());
                     self.bag.push_back(bind.into());

@@ -1381,6 +1381,23 @@ fn report_failure_table() {
             Rejected(InvalidState, &["is pending; only a created resource can be unhealthy"]),
         ),
         case(
+            "destroy-blocked on a releasing resource: recorded, and it stays releasing",
+            |w| {
+                w.active();
+                accepted(&w.release());
+            },
+            |w| report_failure(w, FailureKind::DestroyBlocked, "volume lh-x is in use by container ci-cache"),
+            Effects(&["observation-accepted", "destroy-blocked"]),
+        ),
+        case(
+            "destroy-blocked on an active resource",
+            |w| {
+                w.active();
+            },
+            |w| report_failure(w, FailureKind::DestroyBlocked, "in use"),
+            Rejected(InvalidState, &["is active; only a releasing resource's destroy can be blocked"]),
+        ),
+        case(
             "a detail over the limit",
             |w| {
                 w.active();

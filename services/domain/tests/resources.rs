@@ -427,7 +427,7 @@ fn grant_of(w: &World, pool: &str) -> (PoolValue, Position) {
 fn bind(w: &mut World, pool: &str, value: PoolValue, token: Position) -> Outcome {
     let holder = w.rref();
     let wanted = wanted_of(w, pool, token);
-    w.sys(BindClaim { holder, pool: pool_name(pool), value, token, source: src(token.0), wanted })
+    w.sys(BindClaim { holder, pool: pool_name(pool), value, token, source: src(token.0), wanted, definition: None })
 }
 
 /// The claim-wanted a bind answers: the one the pool granted with `token`, else the resource's own wanted claim
@@ -2081,7 +2081,15 @@ fn claim_binding() {
                 let (value, token) = grant_of(w, "ips");
                 let holder = ResourceRef::new(agent_name("w2"), w.r());
                 let wanted = wanted_of(w, "ips", token);
-                w.sys(BindClaim { holder, pool: pool_name("ips"), value, token, source: src(token.0), wanted })
+                w.sys(BindClaim {
+                    holder,
+                    pool: pool_name("ips"),
+                    value,
+                    token,
+                    source: src(token.0),
+                    wanted,
+                    definition: None,
+                })
             },
             Effects(&["grant-returned"]),
         ),

@@ -47,6 +47,7 @@ fn binds_for(granted: &Outcome) -> Vec<BindClaim> {
                 token: position,
                 source: Source { partition: granted.partition, position },
                 wanted: *wanted,
+                definition: None,
             }),
             _ => None,
         })

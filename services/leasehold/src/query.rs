@@ -160,6 +160,11 @@ fn resource_fields(record: &Value) -> String {
     if !record["quarantined"].is_null() {
         rows.push(("quarantined", quarantine_text(record)));
     }
+    // Only while a destroy waits for something else to let go of the resource.
+    if let Some(blocked) = record.get("destroy_blocked").filter(|b| !b.is_null()) {
+        let since = blocked["at"].as_u64().map(|ms| format!(" (since {})", crate::output::time(Some(ms))));
+        rows.push(("destroy_blocked", format!("{}{}", cell(&blocked["detail"]), since.unwrap_or_default())));
+    }
     rows.extend([
         ("capacity", cell(&record["capacity"])),
         ("attrs", none_if_empty(attrs)),

@@ -41,6 +41,14 @@ pub fn garbage(cause: &GarbageCause) -> String {
     }
 }
 
+/// An IPv4 pool's subnet (what an agent puts its addresses on).
+fn network(definition: &leasehold_schemas::pool::PoolKind) -> String {
+    match definition {
+        leasehold_schemas::pool::PoolKind::Ipv4 { network, prefix_len, .. } => format!("{network}/{prefix_len}"),
+        other => format!("{other:?}"),
+    }
+}
+
 fn stamp(stamp: &ObsStamp) -> String {
     format!("observation {} of epoch {}", stamp.obs, stamp.epoch)
 }
@@ -194,6 +202,12 @@ pub fn describe(effect: &Effect) -> String {
         Effect::GcModeChanged { mode } => format!("garbage collection mode: {mode}"),
         Effect::AllocationWaitsUntil { resource, until } => {
             format!("{} waits for its pools' identifiers until {until} at the latest", short(resource))
+        }
+        Effect::ClaimPoolDefinition { resource, pool, definition } => {
+            format!("{}'s address from pool {pool} is of the network {}", short(resource), network(definition))
+        }
+        Effect::DestroyBlocked { resource, detail } => {
+            format!("the destroy of {} cannot finish yet: {detail}; the agent tries again", short(resource))
         }
     }
 }

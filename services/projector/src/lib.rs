@@ -32,8 +32,8 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 pub use views::{
-    AgentView, BreakerView, ClaimView, DriverView, HolderView, LeaseBrief, LeaseView, PolicyView, PoolView,
-    QuarantineView, ResourceView,
+    AgentView, BreakerView, ClaimView, DestroyBlockedView, DriverView, HolderView, LeaseBrief, LeaseView, PolicyView,
+    PoolView, QuarantineView, ResourceView,
 };
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -521,7 +521,10 @@ impl<'t> Tables<'t> {
                     if let Some(resource) = state.resource(*id) {
                         let created_seq = old.as_ref().map_or(seq, |old| old.created_seq);
                         let mut view = ResourceView::of(state, resource, created_seq, seq, outcome.decided_at.0);
-                        view.quarantined = QuarantineView::follow(old.and_then(|old| old.quarantined), outcome, *id);
+                        let (quarantined, blocked) = old.map(|old| (old.quarantined, old.destroy_blocked)).unzip();
+                        view.quarantined = QuarantineView::follow(quarantined.flatten(), outcome, *id);
+                        view.destroy_blocked =
+                            DestroyBlockedView::follow(blocked.flatten(), outcome, *id, &resource.state);
                         self.write_resource(&view, *before)?;
                     } else if let Some(mut old) = old {
                         // Forgotten from the state after the horizon (a lost resource's id stays known to its

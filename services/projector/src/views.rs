@@ -45,6 +45,10 @@ pub struct ResourceView {
     pub terminal_at: Option<u64>,
     /// For a `lost` resource whose handle came back on its agent's machine: the quarantine of that handle.
     pub quarantined: Option<QuarantineView>,
+    /// For a `releasing` resource: why its agent could not finish the destroy yet (something else uses it), as last
+    /// reported (`destroy-blocked`). Followed from the outcomes, like `quarantined`.
+    #[serde(default)]
+    pub destroy_blocked: Option<DestroyBlockedView>,
     /// The outcome sequence that allocated it.
     pub created_seq: u64,
     /// Log time of the outcome this record is as of (unix ms).
@@ -111,6 +115,35 @@ impl QuarantineView {
     /// True while the handle is on the machine and nothing has ordered it destroyed.
     pub fn is_pending(&self) -> bool {
         self.destroy_ordered.is_none()
+    }
+}
+
+/// Why a releasing resource's destroy has not finished: what its agent last said (`destroy-blocked`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DestroyBlockedView {
+    pub detail: String,
+    /// Log time it was reported (unix ms).
+    pub at: u64,
+}
+
+impl DestroyBlockedView {
+    /// `previous` followed through what `outcome` says of resource `id`, while it is `releasing` (`state`).
+    pub fn follow(
+        previous: Option<DestroyBlockedView>,
+        outcome: &Outcome,
+        id: ResourceId,
+        state: &ResourceState,
+    ) -> Option<DestroyBlockedView> {
+        if !matches!(state, ResourceState::Releasing { .. }) {
+            return None;
+        }
+        let reported = outcome.effects().iter().rev().find_map(|effect| match effect {
+            Effect::DestroyBlocked { resource, detail } if *resource == id => {
+                Some(DestroyBlockedView { detail: detail.clone(), at: outcome.decided_at.0 })
+            }
+            _ => None,
+        });
+        reported.or(previous)
     }
 }
 
@@ -329,6 +362,7 @@ impl ResourceView {
             terminal_at: resource.terminal_at.map(|t| t.0),
             // Followed from the outcomes by the projector (see [`QuarantineView::follow`]).
             quarantined: None,
+            destroy_blocked: None,
             created_seq,
             updated_at,
             as_of,

@@ -17,6 +17,7 @@ use leasehold_schemas::command::{
     Orphan, ParentState, RequestHealthCheck, TickPool, WaitTimeout,
 };
 use leasehold_schemas::ids::{Key, PoolName, Position, ResourceRef, Source, Timestamp};
+use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
 
 /// One command the sweeper wants decided.
@@ -164,6 +165,8 @@ fn pool_work(states: &States, partition: u32, pool: &Pool, out: &mut Vec<Planned
                             token: *token,
                             source: Source { partition, position: *token },
                             wanted: *source,
+                            // An address is of a network: the agent needs the subnet to put it on one.
+                            definition: matches!(pool.kind, PoolKind::Ipv4 { .. }).then(|| pool.kind.clone()),
                         },
                     )),
                 }

@@ -454,6 +454,13 @@ impl<'s> Decider<'s> {
                     format!("resource {name} is {}; only a created resource can be unhealthy", state.name()),
                 );
             }
+            (FailureKind::DestroyBlocked, ResourceState::Releasing { .. }) => {}
+            (FailureKind::DestroyBlocked, state) => {
+                return reject(
+                    RejectionKind::InvalidState,
+                    format!("resource {name} is {}; only a releasing resource's destroy can be blocked", state.name()),
+                );
+            }
         }
         self.out.push(Effect::ObservationAccepted { stamp, watermark: None });
         match command.failure {
@@ -464,6 +471,9 @@ impl<'s> Decider<'s> {
             FailureKind::Unhealthy => {
                 let cause = SuspectCause::Agent { detail: command.detail.clone() };
                 self.out.push(Effect::ResourceSuspect { resource: resource.id, cause });
+            }
+            FailureKind::DestroyBlocked => {
+                self.out.push(Effect::DestroyBlocked { resource: resource.id, detail: command.detail.clone() });
             }
         }
         Ok(())

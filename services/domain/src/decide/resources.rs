@@ -7,6 +7,7 @@ use leasehold_schemas::command::{
     ReportFailureByOperator, RequestHealthCheck, Unpause, Update,
 };
 use leasehold_schemas::outcome::{BreakReason, Effect, GarbageCause, ReleaseCause, SuspectCause, UnpauseCause};
+use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
 use leasehold_schemas::{Key, RejectionKind, ResourceRef, Source};
 
@@ -621,6 +622,13 @@ impl<'s> Decider<'s> {
                     value: command.value,
                     token: command.token,
                 });
+                if let Some(definition @ PoolKind::Ipv4 { .. }) = &command.definition {
+                    self.out.push(Effect::ClaimPoolDefinition {
+                        resource: resource.id,
+                        pool: command.pool.clone(),
+                        definition: definition.clone(),
+                    });
+                }
                 let others_bound = resource
                     .claims
                     .iter()

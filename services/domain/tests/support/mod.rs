@@ -275,6 +275,7 @@ impl World {
             token: Position(1),
             source: Source { partition: self.state().partition(), position: Position(1) },
             wanted: self.wanted_by("ips"),
+            definition: None,
         };
         assert_eq!(effect_names(&self.sys(bind)), ["claim-bound", "create-ordered"]);
         self
@@ -374,7 +375,21 @@ impl World {
             })
             .unwrap_or_else(|| panic!("a grant, not {:?}", effect_names(&granted)));
         let grant = Source { partition: self.state().partition(), position: token };
-        BindClaim { holder: holder.clone(), pool: pool.clone(), value, token, source: grant, wanted: source }
+        // As the sweeper carries it: an IPv4 pool's definition goes with the grant.
+        let definition = self
+            .state()
+            .pool(pool)
+            .map(|p| p.kind.clone())
+            .filter(|kind| matches!(kind, leasehold_schemas::pool::PoolKind::Ipv4 { .. }));
+        BindClaim {
+            holder: holder.clone(),
+            pool: pool.clone(),
+            value,
+            token,
+            source: grant,
+            wanted: source,
+            definition,
+        }
     }
 
     /// `w.r()` observed present by a report-created.
