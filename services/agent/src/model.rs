@@ -10,8 +10,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-#[cfg(test)]
-use leasehold_schemas::PoolName;
 use leasehold_schemas::command::{HandleDigest, SyncReport};
 use leasehold_schemas::outcome::{Effect, Outcome};
 use leasehold_schemas::{AgentName, Position, ResourceId, Uuid};
