@@ -269,6 +269,15 @@ impl DirDriver {
 
     fn check_blocking(&self, id: ResourceId) -> Result<Health, DriverError> {
         self.check_owner()?;
+        // A root that cannot be read says nothing of the resource: answering "unhealthy" would have the writer
+        // release a resource that may be fine on a disk the agent cannot reach for now.
+        match std::fs::metadata(&self.root) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => {
+                return Err(DriverError::Transient(format!("the root {} is not a directory", self.root.display())));
+            }
+            Err(e) => return Err(DriverError::Transient(format!("cannot read the root {}: {e}", self.root.display()))),
+        }
         let path = self.path_of(id);
         let unhealthy = |detail: String| Ok(Health { healthy: false, detail });
         match std::fs::metadata(&path) {

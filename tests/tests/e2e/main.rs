@@ -7,6 +7,7 @@ mod auth;
 mod authz;
 mod crash;
 mod dead_letters;
+mod docker;
 mod fences;
 mod front_door;
 mod health;
