@@ -87,8 +87,11 @@ pub(crate) fn run(out: &mut (dyn Write + Send), keep: Option<&Path>, driver: Dem
         let dir = tempfile::tempdir().context("making a temporary directory")?;
         let (summary, stage) = match driver {
             DemoDriver::Dir => {
-                let agents =
-                    ["w1", "w2"].map(|name| (name.to_owned(), AnyDriver::Dir(DirDriver::new(dir.path().join(name)))));
+                let agents = ["w1", "w2"].map(|name| {
+                    let root = dir.path().join(name);
+                    let make: DriverMaker = Box::new(move || AnyDriver::Dir(DirDriver::new(&root)));
+                    (name.to_owned(), make)
+                });
                 let services = Services::start(dir.path(), agents).await?;
                 let mut demo = Demo::new(&mut *out, services).await?;
                 let script = demo.script().await;
@@ -164,10 +167,15 @@ struct Services {
     projector: tokio::task::JoinHandle<anyhow::Result<Projector>>,
 }
 
+/// Makes an agent's driver.
+pub(crate) type DriverMaker = Box<dyn Fn() -> AnyDriver + Send>;
+
 /// One in-process agent: stopped and started again by the story.
 struct AgentRun {
     name: AgentName,
-    driver: AnyDriver,
+    /// Makes the driver of each start: a new incarnation opens (and locks) its machine anew, so it gets a driver
+    /// of its own, never the stopped one's.
+    driver: DriverMaker,
     /// The dir driver's root (unused with another driver).
     root: PathBuf,
     control: AgentControl,
@@ -186,7 +194,7 @@ impl AgentRun {
             control: self.control.clone(),
             ..AgentConfig::new(self.name.clone())
         };
-        let driver = self.driver.clone();
+        let driver = (self.driver)();
         self.task = Some(tokio::spawn(leasehold_agent::run(log.clone(), driver, config, self.stop.clone())));
     }
 
@@ -200,7 +208,7 @@ impl AgentRun {
 }
 
 impl Services {
-    async fn start(dir: &Path, agents: [(String, AnyDriver); 2]) -> anyhow::Result<Services> {
+    async fn start(dir: &Path, agents: [(String, DriverMaker); 2]) -> anyhow::Result<Services> {
         let data = dir.join("data");
         let log = Embedded::open(&data, PARTITIONS).context("opening the embedded log")?;
         let shutdown = CancellationToken::new();

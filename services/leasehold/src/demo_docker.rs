@@ -28,7 +28,7 @@ use leasehold_schemas::command::{Allocate, DefinePool, Release};
 use leasehold_schemas::ids::{Millis, PoolName, ResourceId};
 use leasehold_schemas::pool::PoolKind;
 
-use crate::demo::{Demo, bound, name, until};
+use crate::demo::{Demo, DriverMaker, bound, name, until};
 
 /// The label on everything the demo's agents make (and on what the demo makes by hand), with the run's id.
 const LABEL_DEMO: &str = "io.leasehold.demo";
@@ -84,13 +84,17 @@ impl Stage {
     }
 
     /// The two agents' drivers: the local daemon, everything labelled with the run.
-    pub(crate) fn agents(&self) -> [(String, AnyDriver); 2] {
+    pub(crate) fn agents(&self) -> [(String, DriverMaker); 2] {
         self.agents.clone().map(|name| {
-            let driver = DockerDriver::new("")
-                .expect("the default endpoint parses")
-                .with_labels(BTreeMap::from([(LABEL_DEMO.to_owned(), self.run.clone())]))
-                .with_stop_timeout(Duration::from_secs(2));
-            (name, AnyDriver::Docker(driver))
+            let run = self.run.clone();
+            let make: DriverMaker = Box::new(move || {
+                let driver = DockerDriver::new("")
+                    .expect("the default endpoint parses")
+                    .with_labels(BTreeMap::from([(LABEL_DEMO.to_owned(), run.clone())]))
+                    .with_stop_timeout(Duration::from_secs(2));
+                AnyDriver::Docker(driver)
+            });
+            (name, make)
         })
     }
 
