@@ -748,13 +748,13 @@ fn container_attributes(attributes: &BTreeMap<String, String>) -> Result<Contain
     for (key, value) in attributes {
         match key.as_str() {
             "image" if value.trim().is_empty() => return Err("attribute image is empty".to_owned()),
-            "image" => image = Some(value.trim().to_owned()),
+            "image" => image = Some(image_reference(value.trim())?),
             "cmd" => attrs.cmd = Some(parse_cmd(value)?),
             "env-file" => attrs.env_file = Some(PathBuf::from(value)),
             "memory" => attrs.memory = Some(parse_bytes(value)?),
             "cpus" => attrs.nano_cpus = Some(parse_cpus(value)?),
             "network" if value.trim().is_empty() => return Err("attribute network is empty".to_owned()),
-            "network" => attrs.network = Some(value.trim().to_owned()),
+            "network" => attrs.network = Some(network_name(value.trim())?),
             _ => match key.strip_prefix("env.") {
                 Some(name) if is_env_name(name) => attrs.env.push((name.to_owned(), value.clone())),
                 Some(name) => return Err(format!("attribute {key}: {name:?} is not an environment variable name")),
@@ -769,6 +769,45 @@ fn container_attributes(attributes: &BTreeMap<String, String>) -> Result<Contain
     attrs.image = image
         .ok_or_else(|| format!("a container needs attribute image; known attributes are {CONTAINER_ATTRIBUTES}"))?;
     Ok(attrs)
+}
+
+/// `image`: a reference as Docker writes one (`name`, `name:tag`, `host/path/name:tag`, `name@sha256:...`). Anything
+/// else is refused here: the value goes into the path of a request to the daemon as it is, and into messages that
+/// reach logs and terminals, so a `?`, a `..`, a space or a control character must never get that far.
+fn image_reference(value: &str) -> Result<String, String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "/:@._-".contains(c);
+    if value.len() > 255
+        || !value.chars().all(allowed)
+        || !value.starts_with(|c: char| c.is_ascii_alphanumeric())
+        || value.contains("..")
+        || value.contains("//")
+    {
+        return Err(format!(
+            "attribute image {value:?} is not an image reference (name, name:tag, name@sha256:digest; letters, digits \
+             and / : @ . _ -)"
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+/// `network`: the name of a Docker network to join. Only a name: `host` (the machine's own network namespace, with
+/// every service that listens on its loopback, the daemon's TCP port among them) and `container:<id>` (another
+/// container's namespace, another tenant's perhaps) are network modes, not networks, and hand the container to
+/// whoever asked for far more than a network; they are refused, as is anything that is not a network name.
+fn network_name(value: &str) -> Result<String, String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "_.-".contains(c);
+    if value.eq_ignore_ascii_case("host") {
+        return Err("attribute network \"host\" is refused: a container of the agent's never shares the machine's \
+                    network namespace; name a Docker network"
+            .to_owned());
+    }
+    if value.len() > 128 || !value.chars().all(allowed) || !value.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        return Err(format!(
+            "attribute network {value:?} is not a Docker network name (letters, digits and _ . -; network modes such as \
+             container:<id> are refused)"
+        ));
+    }
+    Ok(value.to_owned())
 }
 
 /// Checks a volume's attributes: it takes none.
@@ -1180,9 +1219,28 @@ mod tests {
             (attrs(&[("image", "i"), ("cpus", "-1")]), "cpus \"-1\""),
             (attrs(&[("image", "i"), ("env.", "x")]), "not an environment variable name"),
             (attrs(&[("image", "")]), "image is empty"),
+            // Network modes that are not networks: the machine's namespace, another container's.
+            (attrs(&[("image", "i"), ("network", "host")]), "network \"host\" is refused"),
+            (attrs(&[("image", "i"), ("network", "HOST")]), "network \"host\" is refused"),
+            (attrs(&[("image", "i"), ("network", "container:lh-0abc")]), "not a Docker network name"),
+            (attrs(&[("image", "i"), ("network", "../containers/x")]), "not a Docker network name"),
+            (attrs(&[("image", "i"), ("network", "net\u{1b}[2J")]), "not a Docker network name"),
+            // An image is a reference, nothing that could turn the daemon's request path or a terminal.
+            (attrs(&[("image", "../containers/lh-x")]), "not an image reference"),
+            (attrs(&[("image", "busybox?all=1")]), "not an image reference"),
+            (attrs(&[("image", "evil\u{1b}]0;owned\u{7}")]), "not an image reference"),
+            (attrs(&[("image", "a b")]), "not an image reference"),
         ] {
             let err = container_attributes(&bad).unwrap_err();
             assert!(err.contains(says), "{bad:?}: {err}");
+        }
+        for image in ["busybox", "leasehold-busybox:3f9cbed384b7", "registry.example:5000/team/app:1.2", "a@sha256:0f"]
+        {
+            assert_eq!(container_attributes(&attrs(&[("image", image)])).unwrap().image, image);
+        }
+        for network in ["bridge", "lh-test_net.1", "none"] {
+            let ok = container_attributes(&attrs(&[("image", "i"), ("network", network)])).unwrap();
+            assert_eq!(ok.network.as_deref(), Some(network));
         }
         assert_eq!(parse_bytes("1024").unwrap(), 1024);
         assert_eq!(parse_bytes("2G").unwrap(), 2 << 30);
