@@ -73,6 +73,8 @@ pub struct DockerDriver {
     extra_labels: BTreeMap<String, String>,
     stop_timeout: Duration,
     lock_dir: PathBuf,
+    /// The directory `env-file` attributes name files under (canonical); without one, no env file is read.
+    env_file_dir: Option<PathBuf>,
     /// The client, once the API version is agreed with the daemon.
     client: Arc<tokio::sync::OnceCell<Docker>>,
     opened: Arc<Mutex<Option<Opened>>>,
@@ -105,6 +107,7 @@ impl DockerDriver {
             extra_labels: BTreeMap::new(),
             stop_timeout: Duration::from_secs(10),
             lock_dir,
+            env_file_dir: None,
             client: Arc::default(),
             opened: Arc::default(),
             making_network: Arc::default(),
@@ -128,6 +131,58 @@ impl DockerDriver {
     pub fn with_lock_dir(mut self, dir: PathBuf) -> Self {
         self.lock_dir = dir;
         self
+    }
+
+    /// The directory whose files `env-file` attributes may name (`agent run --env-file-dir`). An env file is read on
+    /// the agent's machine, by the agent, for whoever allocated the container, so without this no env file is read
+    /// at all, and with it only regular files under it (by a relative path; no `..`, and symlinks are followed
+    /// before the check, so none leads out). The directory must exist.
+    pub fn with_env_file_dir(mut self, dir: &Path) -> Result<Self, String> {
+        let canonical = std::fs::canonicalize(dir)
+            .map_err(|e| format!("env file directory {}: {e}: give an existing directory", dir.display()))?;
+        if !canonical.is_dir() {
+            return Err(format!("env file directory {} is not a directory", dir.display()));
+        }
+        self.env_file_dir = Some(canonical);
+        Ok(self)
+    }
+
+    /// The variables of the env file an `env-file` attribute names, read from under the env file directory only.
+    async fn read_env_file(&self, written: &str) -> Result<Vec<String>, DriverError> {
+        let refused = |why: &str| DriverError::CreateFailed(format!("attribute env-file {written:?}: {why}"));
+        let Some(dir) = &self.env_file_dir else {
+            return Err(refused(
+                "this agent reads no env files: it was started without --env-file-dir (only files under a \
+                 directory the operator names are read); pass the variables as env.NAME attributes",
+            ));
+        };
+        let relative = Path::new(written);
+        let plain =
+            !written.is_empty() && relative.components().all(|part| matches!(part, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(refused(
+                "an env file is named by a relative path under the agent's --env-file-dir, without ..",
+            ));
+        }
+        let path = match tokio::fs::canonicalize(dir.join(relative)).await {
+            Ok(path) => path,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(refused("no such file")),
+            Err(e) => return Err(DriverError::Transient(format!("cannot read env-file {written:?}: {e}"))),
+        };
+        if !path.starts_with(dir) {
+            return Err(refused("it leads out of the agent's --env-file-dir (a symlink): refused"));
+        }
+        let text = match tokio::fs::metadata(&path).await {
+            Ok(meta) if meta.is_file() => tokio::fs::read_to_string(&path).await,
+            Ok(_) => return Err(refused("not a regular file")),
+            Err(e) => Err(e),
+        };
+        let text = match text {
+            Ok(text) => text,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(refused("no such file")),
+            Err(e) => return Err(DriverError::Transient(format!("cannot read env-file {written:?}: {e}"))),
+        };
+        parse_env_file(&text).map_err(|why| refused(&why))
     }
 
     /// The endpoint as written on the command line after `docker:`.
@@ -191,16 +246,8 @@ impl DockerDriver {
             None => None,
         };
         let mut env = Vec::new();
-        if let Some(path) = &attrs.env_file {
-            let text = match tokio::fs::read_to_string(path).await {
-                Ok(text) => text,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    return Err(DriverError::CreateFailed(format!("env-file {}: no such file", path.display())));
-                }
-                Err(e) => return Err(DriverError::Transient(format!("cannot read env-file {}: {e}", path.display()))),
-            };
-            env = parse_env_file(&text)
-                .map_err(|why| DriverError::CreateFailed(format!("env-file {}: {why}", path.display())))?;
+        if let Some(written) = &attrs.env_file {
+            env = self.read_env_file(written).await?;
         }
         env.extend(attrs.env.iter().map(|(name, value)| format!("{name}={value}")));
         match docker.inspect_image(&attrs.image).await {
@@ -733,7 +780,8 @@ struct ContainerAttributes {
     cmd: Option<Vec<String>>,
     /// From `env.NAME` attributes, by name.
     env: Vec<(String, String)>,
-    env_file: Option<PathBuf>,
+    /// As written: a path relative to the agent's env file directory, checked when it is read.
+    env_file: Option<String>,
     memory: Option<i64>,
     nano_cpus: Option<i64>,
     /// The Docker network it joins: with an IPv4 claim, at the claimed address (made for the pool if missing);
@@ -750,7 +798,7 @@ fn container_attributes(attributes: &BTreeMap<String, String>) -> Result<Contain
             "image" if value.trim().is_empty() => return Err("attribute image is empty".to_owned()),
             "image" => image = Some(image_reference(value.trim())?),
             "cmd" => attrs.cmd = Some(parse_cmd(value)?),
-            "env-file" => attrs.env_file = Some(PathBuf::from(value)),
+            "env-file" => attrs.env_file = Some(value.clone()),
             "memory" => attrs.memory = Some(parse_bytes(value)?),
             "cpus" => attrs.nano_cpus = Some(parse_cpus(value)?),
             "network" if value.trim().is_empty() => return Err("attribute network is empty".to_owned()),
@@ -1194,7 +1242,7 @@ mod tests {
             ("image", "leasehold-busybox:abc"),
             ("cmd", "sleep 600"),
             ("env.GREETING", "hello world"),
-            ("env-file", "/etc/app.env"),
+            ("env-file", "app.env"),
             ("memory", "64m"),
             ("cpus", "1.5"),
             ("network", "lhnet"),
@@ -1203,7 +1251,7 @@ mod tests {
         assert_eq!(ok.image, "leasehold-busybox:abc");
         assert_eq!(ok.cmd, Some(vec!["sleep".to_owned(), "600".to_owned()]));
         assert_eq!(ok.env, vec![("GREETING".to_owned(), "hello world".to_owned())]);
-        assert_eq!(ok.env_file, Some(PathBuf::from("/etc/app.env")));
+        assert_eq!(ok.env_file.as_deref(), Some("app.env"));
         assert_eq!(ok.memory, Some(64 << 20));
         assert_eq!(ok.nano_cpus, Some(1_500_000_000));
         assert_eq!(ok.network.as_deref(), Some("lhnet"));

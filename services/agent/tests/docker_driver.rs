@@ -280,9 +280,11 @@ async fn what_cannot_be_made_fails_for_good() {
     let mut spec = container(&image, "true");
     spec.attributes.insert("ports".to_owned(), "80".to_owned());
     assert!(failed(driver.create(new_id(), &spec).await).contains("no attribute \"ports\""));
+    let env_dir = tempfile::tempdir().unwrap();
+    let with_env_dir = driver.clone().with_env_file_dir(env_dir.path()).unwrap();
     let mut spec = container(&image, "true");
-    spec.attributes.insert("env-file".to_owned(), "/nonexistent/leasehold.env".to_owned());
-    assert!(failed(driver.create(new_id(), &spec).await).contains("no such file"));
+    spec.attributes.insert("env-file".to_owned(), "leasehold.env".to_owned());
+    assert!(failed(with_env_dir.create(new_id(), &spec).await).contains("no such file"));
     let vm = Spec { kind: "vm".to_owned(), ..Spec::default() };
     assert!(failed(driver.create(new_id(), &vm).await).contains("known kinds are container, volume"));
     assert_eq!(driver.list().await.unwrap(), vec![], "nothing was left behind");
@@ -294,12 +296,13 @@ async fn env_attributes_and_files_reach_the_container() {
     let docker = client().await;
     let (driver, _agent, _locks) = opened("env").await;
     let dir = tempfile::tempdir().unwrap();
-    let env_file = dir.path().join("app.env");
-    std::fs::write(&env_file, "# the app\nFROM_FILE=yes\nBOTH=file\n").unwrap();
+    let driver = driver.with_env_file_dir(dir.path()).unwrap();
+    std::fs::create_dir(dir.path().join("apps")).unwrap();
+    std::fs::write(dir.path().join("apps/app.env"), "# the app\nFROM_FILE=yes\nBOTH=file\n").unwrap();
     let id = new_id();
     let mut spec = container(&image, "sleep 600");
     spec.attributes.insert("env.BOTH".to_owned(), "attribute".to_owned());
-    spec.attributes.insert("env-file".to_owned(), env_file.display().to_string());
+    spec.attributes.insert("env-file".to_owned(), "apps/app.env".to_owned());
     spec.attributes.insert("memory".to_owned(), "64m".to_owned());
     driver.create(id, &spec).await.unwrap();
     let found = inspect(&docker, &format!("lh-{id}")).await.unwrap();
@@ -309,6 +312,54 @@ async fn env_attributes_and_files_reach_the_container() {
     assert_eq!(both.last().map(|s| s.as_str()), Some("BOTH=attribute"), "the attribute is later, so it wins");
     assert_eq!(found.host_config.unwrap().memory, Some(64 << 20));
     driver.destroy(id).await.unwrap();
+}
+
+/// `env-file` is a producer's attribute read on the agent's machine: without a directory the operator named, no file
+/// is read at all, and with one, nothing outside it (`..`, an absolute path, a symlink that leads out) is.
+#[tokio::test]
+async fn an_env_file_is_read_only_from_the_directory_the_agent_was_given() {
+    let Some(image) = image().await else { return };
+    let (driver, _agent, _locks) = opened("envdir").await;
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("agent.creds");
+    std::fs::write(&secret, "NATS_SECRET=agent-creds\n").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ok.env"), "A=1\n").unwrap();
+    std::os::unix::fs::symlink(&secret, dir.path().join("leak.env")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), dir.path().join("out")).unwrap();
+    let refused = |result: Result<Option<String>, DriverError>| match result {
+        Err(DriverError::CreateFailed(why)) => why,
+        other => panic!("not refused for good: {other:?}"),
+    };
+    let with_file = |path: &str| {
+        let mut spec = container(&image, "sleep 600");
+        spec.attributes.insert("env-file".to_owned(), path.to_owned());
+        spec
+    };
+    // Started without --env-file-dir: no env file at all, not even one that exists.
+    for path in [secret.display().to_string(), "ok.env".to_owned()] {
+        let why = refused(driver.create(new_id(), &with_file(&path)).await);
+        assert!(why.contains("--env-file-dir"), "{path}: {why}");
+    }
+    let driver = driver.with_env_file_dir(dir.path()).unwrap();
+    let escapes = [
+        secret.display().to_string(),
+        "/etc/shadow".to_owned(),
+        format!("../{}/agent.creds", outside.path().file_name().unwrap().to_str().unwrap()),
+        "leak.env".to_owned(),
+        "out/agent.creds".to_owned(),
+        "".to_owned(),
+    ];
+    for path in escapes {
+        let why = refused(driver.create(new_id(), &with_file(&path)).await);
+        assert!(why.contains("env-file") && !why.contains("agent-creds"), "{path}: {why}");
+    }
+    assert_eq!(driver.list().await.unwrap(), vec![], "nothing was made from a file outside the directory");
+    let id = new_id();
+    driver.create(id, &with_file("ok.env")).await.unwrap();
+    driver.destroy(id).await.unwrap();
+    let missing = driver.clone().with_env_file_dir(&dir.path().join("missing"));
+    assert!(missing.unwrap_err().contains("missing"), "a directory that is not there is refused at start");
 }
 
 #[tokio::test]
