@@ -980,10 +980,19 @@ fn network_plan(pool_name: &PoolName, pool: &PoolKind, network: &str) -> Result<
         return Err(format!("pool {pool_name} is not an IPv4 pool"));
     };
     let cidr = Cidr { base: *base, prefix_len: *prefix_len };
+    // A bridge keeps its network and broadcast addresses and its gateway for itself: in a /31 or /32 Docker cannot
+    // even place the gateway, and answers a 500 that would be taken for a daemon's passing trouble.
+    if *prefix_len > 30 {
+        return Err(format!(
+            "pool {pool_name} is {cidr}: docker network {network} cannot be made from it, since a bridge network needs \
+             a /30 or larger (its network, broadcast and gateway addresses besides those handed out); define the pool \
+             with a shorter prefix, or create the network by hand with a subnet that holds the pool"
+        ));
+    }
     let gateway = exclude
         .iter()
         .copied()
-        .filter(|addr| cidr.contains(*addr) && (*prefix_len > 30 || (*addr != cidr.base && *addr != cidr.broadcast())))
+        .filter(|addr| cidr.contains(*addr) && *addr != cidr.base && *addr != cidr.broadcast())
         .min()
         .ok_or_else(|| {
             format!(
@@ -1381,6 +1390,14 @@ mod tests {
             "pool net1 excludes no address to serve as network lhnet's gateway: define the pool with --exclude <first \
              host>"
         );
+        // A /31 or /32 has no room for a bridge's gateway besides its addresses: Docker answers 500 ("failed to
+        // allocate gateway"), which would be retried for ever. Refused for good, before the daemon is asked.
+        for (cidr, exclude) in [("10.9.0.0/31", ["10.9.0.0"]), ("10.9.0.5/32", ["10.9.0.5"])] {
+            let err = network_plan(&pool("net1"), &ipv4_pool(cidr, &exclude), "lhnet").unwrap_err();
+            assert!(err.contains(&format!("pool net1 is {cidr}")) && err.contains("/30 or larger"), "{err}");
+        }
+        let plan = network_plan(&pool("net1"), &ipv4_pool("10.9.0.8/30", &["10.9.0.9"]), "lhnet").unwrap();
+        assert_eq!((plan.subnet.as_str(), plan.gateway), ("10.9.0.8/30", "10.9.0.9".parse().unwrap()));
     }
 
     #[test]
