@@ -264,7 +264,7 @@ impl DockerDriver {
         if let Some(network) = &attrs.network {
             let mut endpoint = EndpointSettings::default();
             if let Some(fixed) = &fixed {
-                self.ensure_network(docker, agent, network, fixed).await?;
+                self.ensure_network(docker, agent, id, network, fixed).await?;
                 endpoint.ipam_config =
                     Some(EndpointIpamConfig { ipv4_address: Some(fixed.addr.to_string()), ..Default::default() });
             }
@@ -326,6 +326,7 @@ impl DockerDriver {
         &self,
         docker: &Docker,
         agent: &AgentName,
+        id: ResourceId,
         network: &str,
         fixed: &FixedAddress,
     ) -> Result<(), DriverError> {
@@ -394,7 +395,24 @@ impl DockerDriver {
             .into_iter()
             .filter_map(|config| NetworkSubnet::parse(config.subnet.as_deref()?, config.gateway.as_deref()))
             .collect();
-        check_network(fixed, network, &subnets).map_err(DriverError::CreateFailed)
+        check_network(fixed, network, &subnets).map_err(DriverError::CreateFailed)?;
+        // leasehold grants an address to one resource at a time, and only once the container that had it is gone:
+        // another container that holds it was given it by hand. Docker would refuse the start (a 403 or a 500,
+        // as it goes), after making the container; this says who holds it, and makes nothing.
+        let own = object_name(id);
+        let holder = found.containers.unwrap_or_default().into_iter().find_map(|(container, endpoint)| {
+            let addr = endpoint.ipv4_address.as_deref()?.split('/').next()?.parse::<Ipv4Addr>().ok()?;
+            let name = endpoint.name.unwrap_or(container);
+            (addr == fixed.addr && name != own).then_some(name)
+        });
+        match holder {
+            Some(holder) => Err(DriverError::CreateFailed(format!(
+                "address {} of pool {} is already held on docker network {network} by container {holder:?}, which \
+                 leasehold did not give it: remove that container, or exclude the address from the pool",
+                fixed.addr, fixed.pool_name
+            ))),
+            None => Ok(()),
+        }
     }
 
     async fn create_volume(

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::{ContainerCreateBody, EndpointIpamConfig, EndpointSettings, HostConfig, NetworkingConfig};
 use bollard::query_parameters::{
     CreateContainerOptions, InspectContainerOptions, ListContainersOptions, ListNetworksOptions, ListVolumesOptions,
     RemoveContainerOptions, RemoveVolumeOptions,
@@ -433,6 +433,65 @@ async fn a_pool_address_is_the_containers_address_on_its_network() {
     driver.destroy(id).await.unwrap();
     assert!(docker.inspect_network(&network, None).await.is_ok(), "the agent never deletes networks");
     docker.remove_network(&network).await.unwrap();
+}
+
+/// An address of the pool that a container leasehold did not make holds already (someone ran `docker run --ip`): the
+/// create fails for good naming that container, and nothing is made, rather than a 500 at the start, retried.
+#[tokio::test]
+async fn a_pool_address_held_by_a_container_made_by_hand_fails_the_create_naming_it() {
+    let Some(image) = image().await else { return };
+    let docker = client().await;
+    let (driver, _agent, _locks) = opened("held").await;
+    let network = format!("lh-test-held-{}", std::process::id());
+    let third = u8::try_from(std::process::id() % 250).unwrap();
+    let pool = PoolKind::Ipv4 {
+        network: Ipv4Addr::new(10, 215, third, 0),
+        prefix_len: 29,
+        exclude: vec![Ipv4Addr::new(10, 215, third, 1)],
+    };
+    let on_network = |last: u8| {
+        let mut spec = container(&image, "sleep 600");
+        spec.attributes.insert("network".to_owned(), network.clone());
+        let value = PoolValue::Ipv4(Ipv4Addr::new(10, 215, third, last));
+        spec.claims.insert("net3".parse().unwrap(), Claimed { value, pool: Some(pool.clone()) });
+        spec
+    };
+    let first = new_id();
+    driver.create(first, &on_network(2)).await.unwrap();
+    let squatter = format!("lh-test-squatter-{}", std::process::id());
+    let endpoint = EndpointSettings {
+        ipam_config: Some(EndpointIpamConfig { ipv4_address: Some(format!("10.215.{third}.3")), ..Default::default() }),
+        ..Default::default()
+    };
+    let body = ContainerCreateBody {
+        image: Some(image.clone()),
+        cmd: Some(vec!["sleep".to_owned(), "600".to_owned()]),
+        labels: Some(HashMap::from([(TEST_RUN.to_owned(), run_id().to_owned())])),
+        host_config: Some(HostConfig { network_mode: Some(network.clone()), ..Default::default() }),
+        networking_config: Some(NetworkingConfig {
+            endpoints_config: Some(HashMap::from([(network.clone(), endpoint)])),
+        }),
+        ..Default::default()
+    };
+    let options = CreateContainerOptions { name: Some(squatter.clone()), ..Default::default() };
+    docker.create_container(Some(options), body).await.unwrap();
+    docker.start_container(&squatter, None).await.unwrap();
+
+    let second = new_id();
+    let result = driver.create(second, &on_network(3)).await;
+    let made = inspect(&docker, &format!("lh-{second}")).await.is_some();
+    driver.destroy(second).await.unwrap();
+    driver.destroy(first).await.unwrap();
+    remove_by_hand(&docker, &squatter).await;
+    docker.remove_network(&network).await.unwrap();
+    match result {
+        Err(DriverError::CreateFailed(why)) => assert!(
+            why.contains(&format!("10.215.{third}.3")) && why.contains(&squatter) && why.contains("did not"),
+            "{why}"
+        ),
+        other => panic!("not a failure for good naming the holder: {other:?}"),
+    }
+    assert!(!made, "nothing was made");
 }
 
 #[tokio::test]
