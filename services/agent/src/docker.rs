@@ -477,12 +477,7 @@ impl Driver for DockerDriver {
             return Err(DriverError::Transient(format!("the docker daemon at {} did not say its ID", self.endpoint)));
         };
         let path = self.lock_dir.join(lock_file_name(&daemon, agent));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| DriverError::Transient(format!("cannot open the lock file {}: {e}", path.display())))?;
+        let file = open_lock_file(&path)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
@@ -688,6 +683,40 @@ impl fmt::Display for Endpoint {
 /// The name of the container or volume of resource `id`.
 fn object_name(id: ResourceId) -> String {
     format!("lh-{id}")
+}
+
+/// Opens (making it if need be) the lock file at `path` without following a symlink there: the default lock
+/// directory is the temporary directory, where anyone may put a symlink of that name, and an agent running as root
+/// would otherwise make (or open) the file it points at. A new file is made with `create_new` (which never follows
+/// a symlink); an existing one is opened, then checked to be the regular file the name itself is.
+fn open_lock_file(path: &Path) -> Result<std::fs::File, DriverError> {
+    use std::os::unix::fs::MetadataExt;
+    let cannot = |e: io::Error| DriverError::Transient(format!("cannot open the lock file {}: {e}", path.display()));
+    let file = match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
+        Ok(file) => return Ok(file),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let named = std::fs::symlink_metadata(path).map_err(cannot)?;
+            if !named.file_type().is_file() {
+                return Err(not_a_lock_file(path));
+            }
+            let file = std::fs::OpenOptions::new().write(true).open(path).map_err(cannot)?;
+            let opened = file.metadata().map_err(cannot)?;
+            if (opened.dev(), opened.ino()) != (named.dev(), named.ino()) {
+                return Err(not_a_lock_file(path));
+            }
+            file
+        }
+        Err(e) => return Err(cannot(e)),
+    };
+    Ok(file)
+}
+
+fn not_a_lock_file(path: &Path) -> DriverError {
+    DriverError::Refused(format!(
+        "the lock file {} is not a regular file (a symlink?): someone else put it there; remove it, or give the agent \
+         a lock directory of its own ($XDG_RUNTIME_DIR)",
+        path.display()
+    ))
 }
 
 /// The lock file of one agent on one daemon (the daemon's ID is kept to characters safe in a file name).

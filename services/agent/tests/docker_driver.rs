@@ -543,6 +543,24 @@ async fn a_second_process_of_an_agent_on_a_daemon_is_refused() {
     driver(locks.path()).open(&agent).await.expect("once the first let go");
 }
 
+/// The lock file's directory is the temporary directory by default, where anyone may put a symlink of the lock
+/// file's name: opening it must not create or open the file it points at (the agent often runs as root).
+#[tokio::test]
+async fn a_lock_file_that_is_a_symlink_is_refused_and_its_target_not_made() {
+    let Some(_image) = image().await else { return };
+    let docker = client().await;
+    let daemon = docker.info().await.unwrap().id.unwrap();
+    let daemon: String =
+        daemon.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+    let (locks, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let agent = agent_name("symlink");
+    let target = elsewhere.path().join("nologin");
+    std::os::unix::fs::symlink(&target, locks.path().join(format!("leasehold-docker-{daemon}-{agent}.lock"))).unwrap();
+    let err = driver(locks.path()).open(&agent).await.unwrap_err();
+    assert!(!target.exists(), "the symlink's target was created: {err}");
+    assert!(matches!(&err, DriverError::Refused(why) if why.contains("not a regular file")), "{err}");
+}
+
 #[tokio::test]
 async fn an_unopened_driver_or_an_absent_daemon_makes_and_lists_nothing() {
     let locks = tempfile::tempdir().unwrap();
