@@ -73,6 +73,8 @@ pub struct DockerDriver {
     extra_labels: BTreeMap<String, String>,
     stop_timeout: Duration,
     lock_dir: PathBuf,
+    /// The directory `env-file` attributes name files under (canonical); without one, no env file is read.
+    env_file_dir: Option<PathBuf>,
     /// The client, once the API version is agreed with the daemon.
     client: Arc<tokio::sync::OnceCell<Docker>>,
     opened: Arc<Mutex<Option<Opened>>>,
@@ -105,6 +107,7 @@ impl DockerDriver {
             extra_labels: BTreeMap::new(),
             stop_timeout: Duration::from_secs(10),
             lock_dir,
+            env_file_dir: None,
             client: Arc::default(),
             opened: Arc::default(),
             making_network: Arc::default(),
@@ -128,6 +131,58 @@ impl DockerDriver {
     pub fn with_lock_dir(mut self, dir: PathBuf) -> Self {
         self.lock_dir = dir;
         self
+    }
+
+    /// The directory whose files `env-file` attributes may name (`agent run --env-file-dir`). An env file is read on
+    /// the agent's machine, by the agent, for whoever allocated the container, so without this no env file is read
+    /// at all, and with it only regular files under it (by a relative path; no `..`, and symlinks are followed
+    /// before the check, so none leads out). The directory must exist.
+    pub fn with_env_file_dir(mut self, dir: &Path) -> Result<Self, String> {
+        let canonical = std::fs::canonicalize(dir)
+            .map_err(|e| format!("env file directory {}: {e}: give an existing directory", dir.display()))?;
+        if !canonical.is_dir() {
+            return Err(format!("env file directory {} is not a directory", dir.display()));
+        }
+        self.env_file_dir = Some(canonical);
+        Ok(self)
+    }
+
+    /// The variables of the env file an `env-file` attribute names, read from under the env file directory only.
+    async fn read_env_file(&self, written: &str) -> Result<Vec<String>, DriverError> {
+        let refused = |why: &str| DriverError::CreateFailed(format!("attribute env-file {written:?}: {why}"));
+        let Some(dir) = &self.env_file_dir else {
+            return Err(refused(
+                "this agent reads no env files: it was started without --env-file-dir (only files under a \
+                 directory the operator names are read); pass the variables as env.NAME attributes",
+            ));
+        };
+        let relative = Path::new(written);
+        let plain =
+            !written.is_empty() && relative.components().all(|part| matches!(part, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(refused(
+                "an env file is named by a relative path under the agent's --env-file-dir, without ..",
+            ));
+        }
+        let path = match tokio::fs::canonicalize(dir.join(relative)).await {
+            Ok(path) => path,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(refused("no such file")),
+            Err(e) => return Err(DriverError::Transient(format!("cannot read env-file {written:?}: {e}"))),
+        };
+        if !path.starts_with(dir) {
+            return Err(refused("it leads out of the agent's --env-file-dir (a symlink): refused"));
+        }
+        let text = match tokio::fs::metadata(&path).await {
+            Ok(meta) if meta.is_file() => tokio::fs::read_to_string(&path).await,
+            Ok(_) => return Err(refused("not a regular file")),
+            Err(e) => Err(e),
+        };
+        let text = match text {
+            Ok(text) => text,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(refused("no such file")),
+            Err(e) => return Err(DriverError::Transient(format!("cannot read env-file {written:?}: {e}"))),
+        };
+        parse_env_file(&text).map_err(|why| refused(&why))
     }
 
     /// The endpoint as written on the command line after `docker:`.
@@ -191,16 +246,8 @@ impl DockerDriver {
             None => None,
         };
         let mut env = Vec::new();
-        if let Some(path) = &attrs.env_file {
-            let text = match tokio::fs::read_to_string(path).await {
-                Ok(text) => text,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    return Err(DriverError::CreateFailed(format!("env-file {}: no such file", path.display())));
-                }
-                Err(e) => return Err(DriverError::Transient(format!("cannot read env-file {}: {e}", path.display()))),
-            };
-            env = parse_env_file(&text)
-                .map_err(|why| DriverError::CreateFailed(format!("env-file {}: {why}", path.display())))?;
+        if let Some(written) = &attrs.env_file {
+            env = self.read_env_file(written).await?;
         }
         env.extend(attrs.env.iter().map(|(name, value)| format!("{name}={value}")));
         match docker.inspect_image(&attrs.image).await {
@@ -217,7 +264,7 @@ impl DockerDriver {
         if let Some(network) = &attrs.network {
             let mut endpoint = EndpointSettings::default();
             if let Some(fixed) = &fixed {
-                self.ensure_network(docker, agent, network, fixed).await?;
+                self.ensure_network(docker, agent, id, network, fixed).await?;
                 endpoint.ipam_config =
                     Some(EndpointIpamConfig { ipv4_address: Some(fixed.addr.to_string()), ..Default::default() });
             }
@@ -279,6 +326,7 @@ impl DockerDriver {
         &self,
         docker: &Docker,
         agent: &AgentName,
+        id: ResourceId,
         network: &str,
         fixed: &FixedAddress,
     ) -> Result<(), DriverError> {
@@ -347,7 +395,24 @@ impl DockerDriver {
             .into_iter()
             .filter_map(|config| NetworkSubnet::parse(config.subnet.as_deref()?, config.gateway.as_deref()))
             .collect();
-        check_network(fixed, network, &subnets).map_err(DriverError::CreateFailed)
+        check_network(fixed, network, &subnets).map_err(DriverError::CreateFailed)?;
+        // leasehold grants an address to one resource at a time, and only once the container that had it is gone:
+        // another container that holds it was given it by hand. Docker would refuse the start (a 403 or a 500,
+        // as it goes), after making the container; this says who holds it, and makes nothing.
+        let own = object_name(id);
+        let holder = found.containers.unwrap_or_default().into_iter().find_map(|(container, endpoint)| {
+            let addr = endpoint.ipv4_address.as_deref()?.split('/').next()?.parse::<Ipv4Addr>().ok()?;
+            let name = endpoint.name.unwrap_or(container);
+            (addr == fixed.addr && name != own).then_some(name)
+        });
+        match holder {
+            Some(holder) => Err(DriverError::CreateFailed(format!(
+                "address {} of pool {} is already held on docker network {network} by container {holder:?}, which \
+                 leasehold did not give it: remove that container, or exclude the address from the pool",
+                fixed.addr, fixed.pool_name
+            ))),
+            None => Ok(()),
+        }
     }
 
     async fn create_volume(
@@ -412,12 +477,7 @@ impl Driver for DockerDriver {
             return Err(DriverError::Transient(format!("the docker daemon at {} did not say its ID", self.endpoint)));
         };
         let path = self.lock_dir.join(lock_file_name(&daemon, agent));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| DriverError::Transient(format!("cannot open the lock file {}: {e}", path.display())))?;
+        let file = open_lock_file(&path)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
@@ -625,6 +685,40 @@ fn object_name(id: ResourceId) -> String {
     format!("lh-{id}")
 }
 
+/// Opens (making it if need be) the lock file at `path` without following a symlink there: the default lock
+/// directory is the temporary directory, where anyone may put a symlink of that name, and an agent running as root
+/// would otherwise make (or open) the file it points at. A new file is made with `create_new` (which never follows
+/// a symlink); an existing one is opened, then checked to be the regular file the name itself is.
+fn open_lock_file(path: &Path) -> Result<std::fs::File, DriverError> {
+    use std::os::unix::fs::MetadataExt;
+    let cannot = |e: io::Error| DriverError::Transient(format!("cannot open the lock file {}: {e}", path.display()));
+    let file = match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
+        Ok(file) => return Ok(file),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let named = std::fs::symlink_metadata(path).map_err(cannot)?;
+            if !named.file_type().is_file() {
+                return Err(not_a_lock_file(path));
+            }
+            let file = std::fs::OpenOptions::new().write(true).open(path).map_err(cannot)?;
+            let opened = file.metadata().map_err(cannot)?;
+            if (opened.dev(), opened.ino()) != (named.dev(), named.ino()) {
+                return Err(not_a_lock_file(path));
+            }
+            file
+        }
+        Err(e) => return Err(cannot(e)),
+    };
+    Ok(file)
+}
+
+fn not_a_lock_file(path: &Path) -> DriverError {
+    DriverError::Refused(format!(
+        "the lock file {} is not a regular file (a symlink?): someone else put it there; remove it, or give the agent \
+         a lock directory of its own ($XDG_RUNTIME_DIR)",
+        path.display()
+    ))
+}
+
 /// The lock file of one agent on one daemon (the daemon's ID is kept to characters safe in a file name).
 fn lock_file_name(daemon: &str, agent: &AgentName) -> String {
     let daemon: String =
@@ -733,7 +827,8 @@ struct ContainerAttributes {
     cmd: Option<Vec<String>>,
     /// From `env.NAME` attributes, by name.
     env: Vec<(String, String)>,
-    env_file: Option<PathBuf>,
+    /// As written: a path relative to the agent's env file directory, checked when it is read.
+    env_file: Option<String>,
     memory: Option<i64>,
     nano_cpus: Option<i64>,
     /// The Docker network it joins: with an IPv4 claim, at the claimed address (made for the pool if missing);
@@ -748,13 +843,13 @@ fn container_attributes(attributes: &BTreeMap<String, String>) -> Result<Contain
     for (key, value) in attributes {
         match key.as_str() {
             "image" if value.trim().is_empty() => return Err("attribute image is empty".to_owned()),
-            "image" => image = Some(value.trim().to_owned()),
+            "image" => image = Some(image_reference(value.trim())?),
             "cmd" => attrs.cmd = Some(parse_cmd(value)?),
-            "env-file" => attrs.env_file = Some(PathBuf::from(value)),
+            "env-file" => attrs.env_file = Some(value.clone()),
             "memory" => attrs.memory = Some(parse_bytes(value)?),
             "cpus" => attrs.nano_cpus = Some(parse_cpus(value)?),
             "network" if value.trim().is_empty() => return Err("attribute network is empty".to_owned()),
-            "network" => attrs.network = Some(value.trim().to_owned()),
+            "network" => attrs.network = Some(network_name(value.trim())?),
             _ => match key.strip_prefix("env.") {
                 Some(name) if is_env_name(name) => attrs.env.push((name.to_owned(), value.clone())),
                 Some(name) => return Err(format!("attribute {key}: {name:?} is not an environment variable name")),
@@ -769,6 +864,45 @@ fn container_attributes(attributes: &BTreeMap<String, String>) -> Result<Contain
     attrs.image = image
         .ok_or_else(|| format!("a container needs attribute image; known attributes are {CONTAINER_ATTRIBUTES}"))?;
     Ok(attrs)
+}
+
+/// `image`: a reference as Docker writes one (`name`, `name:tag`, `host/path/name:tag`, `name@sha256:...`). Anything
+/// else is refused here: the value goes into the path of a request to the daemon as it is, and into messages that
+/// reach logs and terminals, so a `?`, a `..`, a space or a control character must never get that far.
+fn image_reference(value: &str) -> Result<String, String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "/:@._-".contains(c);
+    if value.len() > 255
+        || !value.chars().all(allowed)
+        || !value.starts_with(|c: char| c.is_ascii_alphanumeric())
+        || value.contains("..")
+        || value.contains("//")
+    {
+        return Err(format!(
+            "attribute image {value:?} is not an image reference (name, name:tag, name@sha256:digest; letters, digits \
+             and / : @ . _ -)"
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+/// `network`: the name of a Docker network to join. Only a name: `host` (the machine's own network namespace, with
+/// every service that listens on its loopback, the daemon's TCP port among them) and `container:<id>` (another
+/// container's namespace, another tenant's perhaps) are network modes, not networks, and hand the container to
+/// whoever asked for far more than a network; they are refused, as is anything that is not a network name.
+fn network_name(value: &str) -> Result<String, String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "_.-".contains(c);
+    if value.eq_ignore_ascii_case("host") {
+        return Err("attribute network \"host\" is refused: a container of the agent's never shares the machine's \
+                    network namespace; name a Docker network"
+            .to_owned());
+    }
+    if value.len() > 128 || !value.chars().all(allowed) || !value.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        return Err(format!(
+            "attribute network {value:?} is not a Docker network name (letters, digits and _ . -; network modes such as \
+             container:<id> are refused)"
+        ));
+    }
+    Ok(value.to_owned())
 }
 
 /// Checks a volume's attributes: it takes none.
@@ -893,10 +1027,19 @@ fn network_plan(pool_name: &PoolName, pool: &PoolKind, network: &str) -> Result<
         return Err(format!("pool {pool_name} is not an IPv4 pool"));
     };
     let cidr = Cidr { base: *base, prefix_len: *prefix_len };
+    // A bridge keeps its network and broadcast addresses and its gateway for itself: in a /31 or /32 Docker cannot
+    // even place the gateway, and answers a 500 that would be taken for a daemon's passing trouble.
+    if *prefix_len > 30 {
+        return Err(format!(
+            "pool {pool_name} is {cidr}: docker network {network} cannot be made from it, since a bridge network needs \
+             a /30 or larger (its network, broadcast and gateway addresses besides those handed out); define the pool \
+             with a shorter prefix, or create the network by hand with a subnet that holds the pool"
+        ));
+    }
     let gateway = exclude
         .iter()
         .copied()
-        .filter(|addr| cidr.contains(*addr) && (*prefix_len > 30 || (*addr != cidr.base && *addr != cidr.broadcast())))
+        .filter(|addr| cidr.contains(*addr) && *addr != cidr.base && *addr != cidr.broadcast())
         .min()
         .ok_or_else(|| {
             format!(
@@ -1155,7 +1298,7 @@ mod tests {
             ("image", "leasehold-busybox:abc"),
             ("cmd", "sleep 600"),
             ("env.GREETING", "hello world"),
-            ("env-file", "/etc/app.env"),
+            ("env-file", "app.env"),
             ("memory", "64m"),
             ("cpus", "1.5"),
             ("network", "lhnet"),
@@ -1164,7 +1307,7 @@ mod tests {
         assert_eq!(ok.image, "leasehold-busybox:abc");
         assert_eq!(ok.cmd, Some(vec!["sleep".to_owned(), "600".to_owned()]));
         assert_eq!(ok.env, vec![("GREETING".to_owned(), "hello world".to_owned())]);
-        assert_eq!(ok.env_file, Some(PathBuf::from("/etc/app.env")));
+        assert_eq!(ok.env_file.as_deref(), Some("app.env"));
         assert_eq!(ok.memory, Some(64 << 20));
         assert_eq!(ok.nano_cpus, Some(1_500_000_000));
         assert_eq!(ok.network.as_deref(), Some("lhnet"));
@@ -1180,9 +1323,28 @@ mod tests {
             (attrs(&[("image", "i"), ("cpus", "-1")]), "cpus \"-1\""),
             (attrs(&[("image", "i"), ("env.", "x")]), "not an environment variable name"),
             (attrs(&[("image", "")]), "image is empty"),
+            // Network modes that are not networks: the machine's namespace, another container's.
+            (attrs(&[("image", "i"), ("network", "host")]), "network \"host\" is refused"),
+            (attrs(&[("image", "i"), ("network", "HOST")]), "network \"host\" is refused"),
+            (attrs(&[("image", "i"), ("network", "container:lh-0abc")]), "not a Docker network name"),
+            (attrs(&[("image", "i"), ("network", "../containers/x")]), "not a Docker network name"),
+            (attrs(&[("image", "i"), ("network", "net\u{1b}[2J")]), "not a Docker network name"),
+            // An image is a reference, nothing that could turn the daemon's request path or a terminal.
+            (attrs(&[("image", "../containers/lh-x")]), "not an image reference"),
+            (attrs(&[("image", "busybox?all=1")]), "not an image reference"),
+            (attrs(&[("image", "evil\u{1b}]0;owned\u{7}")]), "not an image reference"),
+            (attrs(&[("image", "a b")]), "not an image reference"),
         ] {
             let err = container_attributes(&bad).unwrap_err();
             assert!(err.contains(says), "{bad:?}: {err}");
+        }
+        for image in ["busybox", "leasehold-busybox:3f9cbed384b7", "registry.example:5000/team/app:1.2", "a@sha256:0f"]
+        {
+            assert_eq!(container_attributes(&attrs(&[("image", image)])).unwrap().image, image);
+        }
+        for network in ["bridge", "lh-test_net.1", "none"] {
+            let ok = container_attributes(&attrs(&[("image", "i"), ("network", network)])).unwrap();
+            assert_eq!(ok.network.as_deref(), Some(network));
         }
         assert_eq!(parse_bytes("1024").unwrap(), 1024);
         assert_eq!(parse_bytes("2G").unwrap(), 2 << 30);
@@ -1275,6 +1437,14 @@ mod tests {
             "pool net1 excludes no address to serve as network lhnet's gateway: define the pool with --exclude <first \
              host>"
         );
+        // A /31 or /32 has no room for a bridge's gateway besides its addresses: Docker answers 500 ("failed to
+        // allocate gateway"), which would be retried for ever. Refused for good, before the daemon is asked.
+        for (cidr, exclude) in [("10.9.0.0/31", ["10.9.0.0"]), ("10.9.0.5/32", ["10.9.0.5"])] {
+            let err = network_plan(&pool("net1"), &ipv4_pool(cidr, &exclude), "lhnet").unwrap_err();
+            assert!(err.contains(&format!("pool net1 is {cidr}")) && err.contains("/30 or larger"), "{err}");
+        }
+        let plan = network_plan(&pool("net1"), &ipv4_pool("10.9.0.8/30", &["10.9.0.9"]), "lhnet").unwrap();
+        assert_eq!((plan.subnet.as_str(), plan.gateway), ("10.9.0.8/30", "10.9.0.9".parse().unwrap()));
     }
 
     #[test]

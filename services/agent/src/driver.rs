@@ -158,6 +158,19 @@ impl FromStr for AnyDriver {
     }
 }
 
+impl AnyDriver {
+    /// The directory whose files a docker driver's `env-file` attributes may name (see
+    /// [`DockerDriver::with_env_file_dir`]); other drivers read no env files and refuse it.
+    pub fn with_env_file_dir(self, dir: &std::path::Path) -> Result<AnyDriver, String> {
+        match self {
+            AnyDriver::Docker(docker) => docker.with_env_file_dir(dir).map(AnyDriver::Docker),
+            other => {
+                Err(format!("the {other} driver reads no env files: an env file directory is for docker: drivers"))
+            }
+        }
+    }
+}
+
 impl fmt::Display for AnyDriver {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

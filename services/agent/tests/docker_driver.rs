@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::{ContainerCreateBody, EndpointIpamConfig, EndpointSettings, HostConfig, NetworkingConfig};
 use bollard::query_parameters::{
     CreateContainerOptions, InspectContainerOptions, ListContainersOptions, ListNetworksOptions, ListVolumesOptions,
     RemoveContainerOptions, RemoveVolumeOptions,
@@ -280,9 +280,11 @@ async fn what_cannot_be_made_fails_for_good() {
     let mut spec = container(&image, "true");
     spec.attributes.insert("ports".to_owned(), "80".to_owned());
     assert!(failed(driver.create(new_id(), &spec).await).contains("no attribute \"ports\""));
+    let env_dir = tempfile::tempdir().unwrap();
+    let with_env_dir = driver.clone().with_env_file_dir(env_dir.path()).unwrap();
     let mut spec = container(&image, "true");
-    spec.attributes.insert("env-file".to_owned(), "/nonexistent/leasehold.env".to_owned());
-    assert!(failed(driver.create(new_id(), &spec).await).contains("no such file"));
+    spec.attributes.insert("env-file".to_owned(), "leasehold.env".to_owned());
+    assert!(failed(with_env_dir.create(new_id(), &spec).await).contains("no such file"));
     let vm = Spec { kind: "vm".to_owned(), ..Spec::default() };
     assert!(failed(driver.create(new_id(), &vm).await).contains("known kinds are container, volume"));
     assert_eq!(driver.list().await.unwrap(), vec![], "nothing was left behind");
@@ -294,12 +296,13 @@ async fn env_attributes_and_files_reach_the_container() {
     let docker = client().await;
     let (driver, _agent, _locks) = opened("env").await;
     let dir = tempfile::tempdir().unwrap();
-    let env_file = dir.path().join("app.env");
-    std::fs::write(&env_file, "# the app\nFROM_FILE=yes\nBOTH=file\n").unwrap();
+    let driver = driver.with_env_file_dir(dir.path()).unwrap();
+    std::fs::create_dir(dir.path().join("apps")).unwrap();
+    std::fs::write(dir.path().join("apps/app.env"), "# the app\nFROM_FILE=yes\nBOTH=file\n").unwrap();
     let id = new_id();
     let mut spec = container(&image, "sleep 600");
     spec.attributes.insert("env.BOTH".to_owned(), "attribute".to_owned());
-    spec.attributes.insert("env-file".to_owned(), env_file.display().to_string());
+    spec.attributes.insert("env-file".to_owned(), "apps/app.env".to_owned());
     spec.attributes.insert("memory".to_owned(), "64m".to_owned());
     driver.create(id, &spec).await.unwrap();
     let found = inspect(&docker, &format!("lh-{id}")).await.unwrap();
@@ -309,6 +312,54 @@ async fn env_attributes_and_files_reach_the_container() {
     assert_eq!(both.last().map(|s| s.as_str()), Some("BOTH=attribute"), "the attribute is later, so it wins");
     assert_eq!(found.host_config.unwrap().memory, Some(64 << 20));
     driver.destroy(id).await.unwrap();
+}
+
+/// `env-file` is a producer's attribute read on the agent's machine: without a directory the operator named, no file
+/// is read at all, and with one, nothing outside it (`..`, an absolute path, a symlink that leads out) is.
+#[tokio::test]
+async fn an_env_file_is_read_only_from_the_directory_the_agent_was_given() {
+    let Some(image) = image().await else { return };
+    let (driver, _agent, _locks) = opened("envdir").await;
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("agent.creds");
+    std::fs::write(&secret, "NATS_SECRET=agent-creds\n").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ok.env"), "A=1\n").unwrap();
+    std::os::unix::fs::symlink(&secret, dir.path().join("leak.env")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), dir.path().join("out")).unwrap();
+    let refused = |result: Result<Option<String>, DriverError>| match result {
+        Err(DriverError::CreateFailed(why)) => why,
+        other => panic!("not refused for good: {other:?}"),
+    };
+    let with_file = |path: &str| {
+        let mut spec = container(&image, "sleep 600");
+        spec.attributes.insert("env-file".to_owned(), path.to_owned());
+        spec
+    };
+    // Started without --env-file-dir: no env file at all, not even one that exists.
+    for path in [secret.display().to_string(), "ok.env".to_owned()] {
+        let why = refused(driver.create(new_id(), &with_file(&path)).await);
+        assert!(why.contains("--env-file-dir"), "{path}: {why}");
+    }
+    let driver = driver.with_env_file_dir(dir.path()).unwrap();
+    let escapes = [
+        secret.display().to_string(),
+        "/etc/shadow".to_owned(),
+        format!("../{}/agent.creds", outside.path().file_name().unwrap().to_str().unwrap()),
+        "leak.env".to_owned(),
+        "out/agent.creds".to_owned(),
+        "".to_owned(),
+    ];
+    for path in escapes {
+        let why = refused(driver.create(new_id(), &with_file(&path)).await);
+        assert!(why.contains("env-file") && !why.contains("agent-creds"), "{path}: {why}");
+    }
+    assert_eq!(driver.list().await.unwrap(), vec![], "nothing was made from a file outside the directory");
+    let id = new_id();
+    driver.create(id, &with_file("ok.env")).await.unwrap();
+    driver.destroy(id).await.unwrap();
+    let missing = driver.clone().with_env_file_dir(&dir.path().join("missing"));
+    assert!(missing.unwrap_err().contains("missing"), "a directory that is not there is refused at start");
 }
 
 #[tokio::test]
@@ -384,6 +435,65 @@ async fn a_pool_address_is_the_containers_address_on_its_network() {
     docker.remove_network(&network).await.unwrap();
 }
 
+/// An address of the pool that a container leasehold did not make holds already (someone ran `docker run --ip`): the
+/// create fails for good naming that container, and nothing is made, rather than a 500 at the start, retried.
+#[tokio::test]
+async fn a_pool_address_held_by_a_container_made_by_hand_fails_the_create_naming_it() {
+    let Some(image) = image().await else { return };
+    let docker = client().await;
+    let (driver, _agent, _locks) = opened("held").await;
+    let network = format!("lh-test-held-{}", std::process::id());
+    let third = u8::try_from(std::process::id() % 250).unwrap();
+    let pool = PoolKind::Ipv4 {
+        network: Ipv4Addr::new(10, 215, third, 0),
+        prefix_len: 29,
+        exclude: vec![Ipv4Addr::new(10, 215, third, 1)],
+    };
+    let on_network = |last: u8| {
+        let mut spec = container(&image, "sleep 600");
+        spec.attributes.insert("network".to_owned(), network.clone());
+        let value = PoolValue::Ipv4(Ipv4Addr::new(10, 215, third, last));
+        spec.claims.insert("net3".parse().unwrap(), Claimed { value, pool: Some(pool.clone()) });
+        spec
+    };
+    let first = new_id();
+    driver.create(first, &on_network(2)).await.unwrap();
+    let squatter = format!("lh-test-squatter-{}", std::process::id());
+    let endpoint = EndpointSettings {
+        ipam_config: Some(EndpointIpamConfig { ipv4_address: Some(format!("10.215.{third}.3")), ..Default::default() }),
+        ..Default::default()
+    };
+    let body = ContainerCreateBody {
+        image: Some(image.clone()),
+        cmd: Some(vec!["sleep".to_owned(), "600".to_owned()]),
+        labels: Some(HashMap::from([(TEST_RUN.to_owned(), run_id().to_owned())])),
+        host_config: Some(HostConfig { network_mode: Some(network.clone()), ..Default::default() }),
+        networking_config: Some(NetworkingConfig {
+            endpoints_config: Some(HashMap::from([(network.clone(), endpoint)])),
+        }),
+        ..Default::default()
+    };
+    let options = CreateContainerOptions { name: Some(squatter.clone()), ..Default::default() };
+    docker.create_container(Some(options), body).await.unwrap();
+    docker.start_container(&squatter, None).await.unwrap();
+
+    let second = new_id();
+    let result = driver.create(second, &on_network(3)).await;
+    let made = inspect(&docker, &format!("lh-{second}")).await.is_some();
+    driver.destroy(second).await.unwrap();
+    driver.destroy(first).await.unwrap();
+    remove_by_hand(&docker, &squatter).await;
+    docker.remove_network(&network).await.unwrap();
+    match result {
+        Err(DriverError::CreateFailed(why)) => assert!(
+            why.contains(&format!("10.215.{third}.3")) && why.contains(&squatter) && why.contains("did not"),
+            "{why}"
+        ),
+        other => panic!("not a failure for good naming the holder: {other:?}"),
+    }
+    assert!(!made, "nothing was made");
+}
+
 #[tokio::test]
 async fn two_creates_racing_for_a_missing_network_both_get_their_address() {
     let Some(image) = image().await else { return };
@@ -431,6 +541,24 @@ async fn a_second_process_of_an_agent_on_a_daemon_is_refused() {
     driver(locks.path()).open(&agent_name("lock2")).await.expect("another agent on the same daemon");
     drop(first);
     driver(locks.path()).open(&agent).await.expect("once the first let go");
+}
+
+/// The lock file's directory is the temporary directory by default, where anyone may put a symlink of the lock
+/// file's name: opening it must not create or open the file it points at (the agent often runs as root).
+#[tokio::test]
+async fn a_lock_file_that_is_a_symlink_is_refused_and_its_target_not_made() {
+    let Some(_image) = image().await else { return };
+    let docker = client().await;
+    let daemon = docker.info().await.unwrap().id.unwrap();
+    let daemon: String =
+        daemon.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+    let (locks, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let agent = agent_name("symlink");
+    let target = elsewhere.path().join("nologin");
+    std::os::unix::fs::symlink(&target, locks.path().join(format!("leasehold-docker-{daemon}-{agent}.lock"))).unwrap();
+    let err = driver(locks.path()).open(&agent).await.unwrap_err();
+    assert!(!target.exists(), "the symlink's target was created: {err}");
+    assert!(matches!(&err, DriverError::Refused(why) if why.contains("not a regular file")), "{err}");
 }
 
 #[tokio::test]

@@ -20,12 +20,32 @@ pub(crate) fn parse_agent(spec: &str) -> anyhow::Result<(AgentName, AnyDriver)> 
     Ok((name, driver))
 }
 
-/// The agents `serve` was given, checked before anything starts: each spec, and each name once.
-pub(crate) fn parse_all(specs: &[String]) -> anyhow::Result<Vec<(AgentName, AnyDriver)>> {
+/// The agents `serve` was given, checked before anything starts: each spec, and each name once. `env_file_dir`
+/// (`--env-file-dir`) goes to each docker agent; it is refused when none is one.
+pub(crate) fn parse_all(
+    specs: &[String],
+    env_file_dir: Option<&std::path::Path>,
+) -> anyhow::Result<Vec<(AgentName, AnyDriver)>> {
     let mut seen = std::collections::BTreeSet::new();
-    let agents = specs.iter().map(|spec| parse_agent(spec)).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut agents = specs.iter().map(|spec| parse_agent(spec)).collect::<anyhow::Result<Vec<_>>>()?;
     for (name, _) in &agents {
         anyhow::ensure!(seen.insert(name.clone()), "--agent {name} is given twice: one process per agent");
+    }
+    if let Some(dir) = env_file_dir {
+        anyhow::ensure!(
+            agents.iter().any(|(_, driver)| matches!(driver, AnyDriver::Docker(_))),
+            "--env-file-dir is for docker agents (--agent NAME=docker:), and this process runs none"
+        );
+        agents = agents
+            .into_iter()
+            .map(|(name, driver)| match driver {
+                AnyDriver::Docker(_) => driver
+                    .with_env_file_dir(dir)
+                    .map(|driver| (name, driver))
+                    .map_err(|why| anyhow::anyhow!("--env-file-dir: {why}")),
+                other => Ok((name, other)),
+            })
+            .collect::<anyhow::Result<_>>()?;
     }
     Ok(agents)
 }
@@ -124,6 +144,11 @@ pub(crate) struct AgentRunArgs {
     /// the local socket).
     #[arg(long)]
     driver: String,
+    /// docker: only. The directory whose files a container's `env-file` attribute may name, by a path relative to
+    /// it (symlinks and `..` cannot lead out). Without it no env file is read: the attribute is a producer's, and
+    /// the agent would read any file of its machine (its own NATS credentials) into a container the producer runs.
+    #[arg(long, value_name = "DIR")]
+    env_file_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     nats: crate::nats_args::NatsArgs,
     /// The log's partition count. With it, the agent connects as its restricted user would (its own commands,
@@ -224,7 +249,10 @@ pub(crate) fn run(cmd: AgentCmd) -> anyhow::Result<()> {
     };
     let name = AgentName::new(args.name.as_str()).context("--name")?;
     let settings = args.settings.settings()?;
-    let driver = leasehold_agent::parse_driver(&args.driver)?;
+    let mut driver = leasehold_agent::parse_driver(&args.driver)?;
+    if let Some(dir) = &args.env_file_dir {
+        driver = driver.with_env_file_dir(dir).map_err(|why| anyhow::anyhow!("--env-file-dir: {why}"))?;
+    }
     // An agent never creates the log. Given the partition count, it connects as its restricted user may; else it
     // reads the count of the log `serve` made.
     let config = args.nats.config(args.partitions.unwrap_or(0)).context(
@@ -300,6 +328,20 @@ pub(crate) fn run(cmd: AgentCmd) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_env_file_directory_goes_to_docker_agents_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let specs = ["w1=docker:".to_owned(), "w2=dir:/tmp/lh-w2".to_owned()];
+        let agents = parse_all(&specs, Some(dir.path())).unwrap();
+        assert_eq!(agents.len(), 2);
+        let dirs_only = ["w2=dir:/tmp/lh-w2".to_owned()];
+        let err = parse_all(&dirs_only, Some(dir.path())).unwrap_err().to_string();
+        assert!(err.contains("--env-file-dir is for docker agents"), "{err}");
+        let err = parse_all(&specs, Some(&dir.path().join("missing"))).unwrap_err().to_string();
+        assert!(err.contains("--env-file-dir") && err.contains("missing"), "{err}");
+        assert!(parse_all(&specs, None).is_ok());
+    }
 
     #[test]
     fn an_agent_without_flags_follows_the_policy_and_one_with_flags_has_its_own() {

@@ -66,6 +66,10 @@ pub(crate) struct ServeArgs {
     /// PATH) or docker:[ENDPOINT] (containers and volumes on a Docker daemon). Repeatable. On one machine this is how agents run, since the embedded log is one process's.
     #[arg(long = "agent", value_name = "NAME=DRIVER")]
     agents: Vec<String>,
+    /// For this process's docker agents: the directory whose files a container's `env-file` attribute may name (a
+    /// path relative to it; nothing outside it is read). Without it they read no env files.
+    #[arg(long, value_name = "DIR")]
+    env_file_dir: Option<PathBuf>,
     /// How often each agent of this process reports what it holds (±20 % jitter).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     sync_interval: Duration,
@@ -285,7 +289,7 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
         ),
         None => None,
     };
-    Ok(Checked { agents: crate::agents::parse_all(&args.agents)?, tokens })
+    Ok(Checked { agents: crate::agents::parse_all(&args.agents, args.env_file_dir.as_deref())?, tokens })
 }
 
 /// The token file, refused (naming the line) when malformed; a file others can read is taken with a warning, since
