@@ -258,6 +258,7 @@ pub async fn run<L: Log, D: Driver>(
         garbage_reported: None,
         destroy_reported: BTreeMap::new(),
         blocked_reported: BTreeMap::new(),
+        recent_failures: Vec::new(),
         settings: leasehold_schemas::settings::AgentSettings::DEFAULT,
         driver_down: None,
         driver_status_sent: None,
@@ -406,6 +407,8 @@ struct Agent<L, D> {
     destroy_reported: BTreeMap<ResourceId, Position>,
     /// Why a destroy could not finish (something else uses the resource), as last reported: each reason once.
     blocked_reported: BTreeMap<ResourceId, String>,
+    /// When each failure reported one by one within the breaker's window was found.
+    recent_failures: Vec<Instant>,
     /// The agent's effective settings at its registration (the loss breaker's thresholds judge a mass failure).
     settings: leasehold_schemas::settings::AgentSettings,
     /// What this process saw of its driver at its last listing: `Some(why)` when it could not list.
@@ -1053,10 +1056,11 @@ impl<L: Log, D: Driver> Agent<L, D> {
 
     /// The handles the listing found failed (a container that exited) that the writer knows as created and that are
     /// not being destroyed, each once until it is found healthy again. A few are reported unhealthy, one by one
-    /// (each turns suspect, its health check finds it unhealthy, it is released). As many at once as would trip the
-    /// loss breaker (its thresholds, from the agent's registration) are a machine's trouble, not theirs — a dockerd
-    /// restart stops every container — so they are left out of `present` and the report names them missing: the
-    /// breaker holds them for an operator, instead of a mass failure releasing everything.
+    /// (each turns suspect, its health check finds it unhealthy, it is released). As many within the breaker's window
+    /// as would trip the loss breaker (its thresholds, from the agent's registration) are a machine's trouble, not
+    /// theirs — a dockerd restart stops every container — so every failed handle still live is left out of `present`
+    /// and the report names them missing: the breaker holds them for an operator, instead of a mass failure
+    /// releasing everything.
     fn failures(&mut self, handles: &[Listed], present: &mut BTreeSet<ResourceId>) -> Vec<(ResourceId, String)> {
         let failed: Vec<(ResourceId, String)> = handles
             .iter()
@@ -1069,11 +1073,22 @@ impl<L: Log, D: Driver> Agent<L, D> {
                         .is_some_and(|t| t.seen_present && t.releasing.is_none() && !t.failure_reported)
             })
             .collect();
-        let live = self.model.n_live() as u64;
+        // Judged over the breaker's window, as the writer judges losses: a restart whose stops two passes see half
+        // each is still one event.
+        let now = Instant::now();
+        let window = Duration::from_millis(self.settings.loss_window.0);
+        self.recent_failures.retain(|at| now.duration_since(*at) < window);
+        let earlier = self.recent_failures.len() as u64;
         let n = failed.len() as u64;
+        let total = earlier + n;
+        let live_at_start = self.model.n_live() as u64 + earlier;
         let settings = &self.settings;
-        let mass = n >= u64::from(settings.max_loss_min) && n * 100 > live * u64::from(settings.max_loss_percent);
+        let mass = n > 0
+            && total >= u64::from(settings.max_loss_min)
+            && total * 100 > live_at_start * u64::from(settings.max_loss_percent);
+        let live = live_at_start - earlier;
         if !mass {
+            self.recent_failures.extend(failed.iter().map(|_| now));
             return failed;
         }
         warn!(
@@ -1082,8 +1097,12 @@ impl<L: Log, D: Driver> Agent<L, D> {
             live,
             "{n} of {live} resources failed at once: reported missing, for the loss breaker to hold, not failed one by one"
         );
-        for (id, _) in &failed {
-            present.remove(id);
+        // Every failed handle the writer still holds live goes, those failed one by one earlier in the window
+        // included: the writer's breaker counts losses, and these are the same event's.
+        for listed in handles.iter().filter(|listed| listed.failed.is_some()) {
+            if self.model.get(listed.id).is_some_and(|t| t.seen_present && t.releasing.is_none()) {
+                present.remove(&listed.id);
+            }
         }
         Vec::new()
     }

@@ -993,3 +993,41 @@ async fn a_blocked_destroy_is_on_record_once_and_retried() {
     agent.stop().await;
     system.stop().await;
 }
+
+/// Failures are judged over the breaker's window, as losses are: a restart whose stops two passes see in halves is
+/// one event. The first few are failed one by one; once the window holds as many as would trip the breaker, the
+/// rest are reported missing and the breaker holds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failures_split_over_two_passes_still_meet_the_loss_breaker() {
+    let system = System::start();
+    let root = system.resources_dir();
+    let agent = system.agent("w1", DirDriver::new(&root)).await;
+    let w1 = agent.name.clone();
+    let mut ids = Vec::new();
+    for _ in 0..8 {
+        ids.push(system.allocate(&w1).await);
+    }
+    let mut last = Position(0);
+    for id in &ids {
+        last = last.max(system.activated(&w1, *id).await);
+    }
+    within("the agent to fold the activations", agent.control.wait_for(|s| s.watermark >= last)).await;
+    let fail = |id: &ResourceId| std::fs::write(dir_of(&root, *id).join(FAILED_FILE), "exited with code 255").unwrap();
+    let suspects = |outcomes: &[Outcome]| {
+        outcomes.iter().flat_map(|o| o.effects()).filter(|e| matches!(e, Effect::ResourceSuspect { .. })).count()
+    };
+    ids[..3].iter().for_each(fail);
+    within("three failed one by one", async {
+        while suspects(&system.outcomes(&w1).await) < 3 {
+            agent.sync().await;
+        }
+    })
+    .await;
+    ids[3..6].iter().for_each(fail);
+    agent.sync().await;
+    // All six: the three failed one by one are still live (suspect), and the same event's.
+    system.effect(&w1, "the breaker", |e| matches!(e, Effect::AgentSuspect { would_lose: 6, .. })).await;
+    assert_eq!(suspects(&system.outcomes(&w1).await), 3, "the second half is held by the breaker, not failed");
+    agent.stop().await;
+    system.stop().await;
+}
