@@ -57,8 +57,7 @@ const SNAPSHOTS: TableDefinition<u32, (u32, u64, &str, &[u8])> = TableDefinition
 const FORMAT: &[u8] = b"leasehold-log/1";
 /// The file in the data directory.
 pub const FILE_NAME: &str = "log.redb";
-/// How long a command id is remembered for dedupe (`LH_CMD`'s `duplicate_window`).
-pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
+pub use crate::DUPLICATE_WINDOW;
 /// The largest command payload the log stores (NATS's `max_payload` is 1 MiB by default; what is too large for the
 /// codec is stored and dead-lettered by the worker, as a larger `max_payload` would let through).
 pub const MAX_PAYLOAD: usize = 2 << 20;

@@ -49,7 +49,7 @@ impl Ingest {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "embedded"))]
 mod tests {
     use bytes::Bytes;
 

@@ -54,6 +54,7 @@ use leasehold_schemas::Timestamp;
 use leasehold_schemas::subjects::{command_filter, outcome_filter, partition_transform};
 use tokio::time::Instant;
 
+#[cfg(feature = "embedded")]
 mod bench;
 
 use crate::{
@@ -78,7 +79,7 @@ pub const WRITER_GROUP: &str = "writer";
 /// How long `LH_CMD` keeps a command.
 pub const COMMAND_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 /// How long a command id is remembered for dedupe (`LH_CMD`'s `duplicate_window`).
-pub const COMMAND_DUPLICATE_WINDOW: Duration = crate::embedded::DUPLICATE_WINDOW;
+pub const COMMAND_DUPLICATE_WINDOW: Duration = crate::DUPLICATE_WINDOW;
 /// How long an outcome's message id is remembered (`LH_EVT`'s `duplicate_window`). The fence, not this window,
 /// keeps an outcome from landing twice; a retry inside it is answered "duplicate" on a replicated stream.
 pub const OUTCOME_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
@@ -784,7 +785,9 @@ enum Place {
     First { fence: u64 },
     /// A later record of an atomic batch: the record stored just before it is its predecessor.
     Later { index: usize },
-    /// Chained on `prev` without a fence: the benchmark's loads, on a stream nothing else writes to.
+    /// Chained on `prev` without a fence: the benchmark's loads, on a stream nothing else writes to (the benchmarks
+    /// come with feature `embedded`).
+    #[cfg_attr(not(feature = "embedded"), allow(dead_code))]
     Unfenced { prev: u64 },
 }
 

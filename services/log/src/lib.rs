@@ -13,7 +13,8 @@
 //! - [`Log`]: the trait. An append carries a *fence* (the sequence the writer expects as the partition's last
 //!   outcome) and answers [`Appended`]: landed at a range, busy (not landed: retry), stale (not landed: someone
 //!   else appended), or unknown. Only a clean [`Appended::Landed`] may be trusted.
-//! - [`embedded`]: one redb file in a data directory, for one process (the default).
+//! - [`embedded`]: one redb file in a data directory, for one process (the default; feature `embedded`, on by
+//!   default, with [`export`] and the raw benchmarks: a producer that only publishes to JetStream leaves it off).
 //! - [`jetstream`]: NATS JetStream streams `LH_CMD`, `LH_EVT`, `LH_DLQ` (DESIGN section 9).
 //! - [`conformance`]: the test functions every backend passes, run against both.
 //! - [`export`]: the whole log as one portable, checksummed file (or HTTP body), and its import into a new embedded
@@ -24,13 +25,17 @@
 #![forbid(unsafe_code)]
 
 pub mod conformance;
+#[cfg(feature = "embedded")]
 pub mod embedded;
+#[cfg(feature = "embedded")]
 pub mod export;
+#[cfg(feature = "embedded")]
 mod follow;
 pub mod ingest;
 pub mod intercept;
 pub mod jetstream;
 pub mod nats_server;
+#[cfg(feature = "embedded")]
 pub mod raw;
 mod record;
 
@@ -61,6 +66,8 @@ pub const HEADER_PREV_SEQ: &str = "Lh-Prev-Seq";
 /// the second). A batch is stored contiguously, so the record's predecessor is the one stored just before it; only
 /// the first record carries the fence (ADR-50 checks it against the stream as it was before the batch).
 pub const HEADER_BATCH_INDEX: &str = "Lh-Batch-Index";
+/// How long a command id is remembered for dedupe (`LH_CMD`'s `duplicate_window`, the embedded log's likewise).
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
 /// The most records one append takes: a JetStream atomic batch holds at most 1,000 messages.
 pub const MAX_APPEND_RECORDS: usize = 1000;
 /// Why a command was dead-lettered.
