@@ -1,5 +1,6 @@
 //! leasehold's wire format: every message that crosses a process boundary is defined here, and only here.
 //!
+//! - [`api`]: the records of the gateway's HTTP API that its clients read too (a batch's refusals, its limits).
 //! - [`ids`]: names and identifiers (agent and pool names, UUIDv7 ids, positions, log time).
 //! - [`command`]: every command, in its class (`op`, `agent`, `sys`), and the [`command::Command`] enum.
 //! - [`outcome`]: the one message a writer appends per command: effects or a rejection.
@@ -14,6 +15,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod codec;
 pub mod command;
 pub mod envelope;

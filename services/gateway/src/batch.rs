@@ -18,14 +18,10 @@ use crate::auth::Principal;
 use crate::commands::{self, Checked, CommandStatus, Refusal};
 use crate::{Api, error};
 
-/// The most commands one batch takes: what one atomic batch on JetStream holds, so that a batch is one publish.
-pub const MAX_BATCH_COMMANDS: usize = leasehold_log::MAX_APPEND_RECORDS;
+pub use leasehold_schemas::api::{BatchRefusal, MAX_BATCH_BYTES, MAX_BATCH_COMMANDS};
 
-/// The most bytes a batch's body may take: 16 MiB. Not [`MAX_BATCH_COMMANDS`] × `MAX_COMMAND_BYTES` (1 GiB): the body
-/// is read whole before anything is decoded, so this bounds what one request holds in memory, and a few requests of
-/// 1 GiB would exhaust a gateway. A command is a few hundred bytes of JSON, so a thousand of them fit many times over,
-/// and one command of the largest size (1 MiB) still fits; a client with large commands sends fewer per batch.
-pub const MAX_BATCH_BYTES: usize = 16 << 20;
+// A batch is one publish of the log: it holds no more than one append takes.
+const _: () = assert!(MAX_BATCH_COMMANDS == leasehold_log::MAX_APPEND_RECORDS);
 
 /// How many duplicates are compared with what the log holds under their id at once (each is a read of the log).
 const CONCURRENT_LOOKUPS: usize = 16;
@@ -37,21 +33,6 @@ const CONCURRENT_LOOKUPS: usize = 16;
 pub enum BatchAnswer {
     Refused(BatchRefusal),
     Published(CommandStatus),
-}
-
-/// Why one command of a batch was refused; the others are not held back by it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct BatchRefusal {
-    /// Its place in the request, from 0.
-    pub index: usize,
-    /// Its command id, when the item has one that reads (a malformed item may not).
-    pub command_id: Option<String>,
-    /// What was wrong and what to do, as `POST /v1/commands` says it.
-    pub error: String,
-    /// What `POST /v1/commands` would have answered for it alone: 400 (bad input: nothing stored), 403 (not an `op`
-    /// command), 409 (its id names another command), or 503 (the log could not say: it may have been stored, and
-    /// sending it again is safe).
-    pub status_code: u16,
 }
 
 /// Takes a JSON array of `op` commands, each exactly what `POST /v1/commands` takes, and publishes the good ones with

@@ -1,0 +1,531 @@
+//! What a producer does around the gateway's API: build a command's envelope with ids it chooses (so that a retry of
+//! the same command is idempotent), send it through the gateway or straight to JetStream, wait for its outcome, and
+//! read what it made (the resource an allocation made, the lease an acquisition asked for).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use leasehold_log::jetstream::{JetStream, JetStreamConfig};
+use leasehold_log::{Log, OutcomeFilter};
+use leasehold_schemas::command::{Acquire, Allocate};
+use leasehold_schemas::{
+    AgentName, Command, CommandId, Effect, Envelope, IdError, Issuer, Key, LeaseId, Position, ResourceId, ResourceRef,
+    Timestamp,
+};
+use serde::Serialize;
+
+use crate::error::{Error, OutcomeUnknown};
+use crate::gateway::{CommandStatus, Follower, Gateway, RejectionInfo, SeqOutcome};
+
+/// How long a [`Producer`] waits for an outcome unless told otherwise (the command line's `--timeout` default).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A lease's address, `<agent>.<lease id>`: what `acquire` prints and every lease command takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRef {
+    pub agent: AgentName,
+    pub lease: LeaseId,
+}
+
+impl FromStr for LeaseRef {
+    type Err = IdError;
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        let (agent, lease) = s.split_once('.').ok_or_else(|| IdError::BadRef { value: s.to_owned() })?;
+        Ok(LeaseRef { agent: agent.parse()?, lease: lease.parse()? })
+    }
+}
+
+impl fmt::Display for LeaseRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.agent, self.lease)
+    }
+}
+
+/// Milliseconds since the Unix epoch of `time` (0 before it).
+pub fn unix_ms(time: SystemTime) -> u64 {
+    time.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// An envelope for `body` from `issuer` with id `id` (default: a new one), stamped with this machine's clock. Keep
+/// the id (and the ids inside `body`) to send the same command again when its outcome is unknown.
+pub fn envelope(issuer: &Issuer, id: Option<CommandId>, body: impl Into<Command>) -> Envelope {
+    let id = id.unwrap_or_else(CommandId::generate);
+    Envelope::new(id, issuer.clone(), Timestamp(unix_ms(SystemTime::now())), body)
+}
+
+/// Where commands go: the gateway, or JetStream itself.
+#[derive(Debug)]
+pub enum Transport {
+    Gateway(Gateway),
+    Nats(JetStream),
+}
+
+impl From<Gateway> for Transport {
+    fn from(gateway: Gateway) -> Self {
+        Transport::Gateway(gateway)
+    }
+}
+
+impl Transport {
+    /// JetStream as `config` says; its partition count is learnt from the streams `serve` created.
+    pub async fn nats(config: JetStreamConfig) -> Result<Self, Error> {
+        let url = config.url.clone();
+        let config = JetStreamConfig { partitions: 0, ..config };
+        let log = JetStream::connect(config)
+            .await
+            .map_err(|e| Error::transport_because(format!("connecting to NATS at {url}"), e))?;
+        Ok(Transport::Nats(log))
+    }
+
+    /// Sends `envelope` and waits up to `timeout` for its outcome (`pending` when none came in time).
+    pub async fn submit(&self, envelope: &Envelope, timeout: Duration) -> Result<CommandStatus, Error> {
+        match self {
+            Transport::Gateway(gateway) => gateway.submit(envelope, timeout).await,
+            Transport::Nats(log) => submit_to_log(log, envelope, timeout).await,
+        }
+    }
+
+    /// Every outcome of `key` from sequence `from` on, as it lands.
+    pub async fn follow(
+        &self,
+        key: &Key,
+        from: u64,
+    ) -> Result<BoxStream<'static, Result<SeqOutcome, Error>>, Error> {
+        match self {
+            Transport::Gateway(gateway) => {
+                Ok(Follower::new(gateway.clone(), Some(key.token()), Some(from)).into_stream())
+            }
+            Transport::Nats(log) => {
+                let filter = key_filter(log, key);
+                Ok(log
+                    .follow(filter, from)
+                    .map(|stored| {
+                        let stored = stored.map_err(|e| Error::transport_because("following the outcomes", e))?;
+                        let outcome = decode(&stored)?;
+                        Ok(SeqOutcome { seq: stored.seq, outcome })
+                    })
+                    .boxed())
+            }
+        }
+    }
+}
+
+fn key_filter(log: &impl Log, key: &Key) -> OutcomeFilter {
+    let partition = leasehold_schemas::subjects::partition_of_key(key, log.partitions());
+    OutcomeFilter::Key { partition, key: key.token() }
+}
+
+/// How many outcomes one read of a key's history takes.
+const HISTORY_BATCH: usize = 1000;
+
+/// Publishes `envelope` to the log and waits for the outcome of its command id (every part), as the gateway does:
+/// a command id names one command (another command under an id the log holds is refused), and a command decided
+/// before is answered with its first decision (the writer decides an id once: it appends nothing for a copy sent
+/// again, even after the log's duplicate window).
+pub async fn submit_to_log<L: Log>(log: &L, envelope: &Envelope, timeout: Duration) -> Result<CommandStatus, Error> {
+    let command_id = envelope.command_id.to_string();
+    let key = envelope.body.key();
+    let filter = key_filter(log, &key);
+    // Read before publishing: an outcome after this is followed, one up to it is looked for in the key's history.
+    let OutcomeFilter::Key { partition, .. } = filter else { unreachable!("a key filter") };
+    let before = log
+        .last_outcome_seq(partition)
+        .await
+        .map_err(|e| Error::transport_because("reading where the outcomes are", e))?;
+    let payload = leasehold_schemas::codec::encode_command(envelope)
+        .map_err(|e| Error::decode("encoding the command", e))?;
+    let subject = leasehold_schemas::subjects::ingress_subject_of(&envelope.body);
+    let published = match log.publish_command(&subject, &command_id, payload.into()).await {
+        Ok(published) => published,
+        // Refused: nothing was stored.
+        Err(e @ leasehold_log::Error::Refused(_)) => {
+            return Err(Error::Refused {
+                reason: format!("publishing command {command_id} on {subject}"),
+                source: Some(e.into()),
+            });
+        }
+        // No acknowledgement: it may have been stored.
+        Err(e) => {
+            return Err(OutcomeUnknown::new(envelope, format!("publishing on {subject}: {e}"), None).into());
+        }
+    };
+    let mut status = CommandStatus {
+        command_id: command_id.clone(),
+        status: "pending".to_owned(),
+        command_seq: Some(published.seq),
+        duplicate: published.duplicate,
+        rejection: None,
+        outcomes: Vec::new(),
+        dead_letter: None,
+    };
+    let unknown = |why: String, status: &CommandStatus| -> Error {
+        OutcomeUnknown::new(envelope, why, Some(status.clone())).into()
+    };
+    // A duplicate: what the log holds under this id must be this very command.
+    if published.duplicate {
+        same_command(log, envelope, published.seq, None).await.map_err(|e| e.into_error(&status, &unknown))?;
+    }
+    // The decision may be there already: the first copy's (a duplicate), or the same command's decided when it was
+    // sent before the duplicate window (another command sequence: the writer appends nothing for this copy).
+    let mut decided: Option<u64> = None;
+    let mut from = 1;
+    while from <= before {
+        let batch = match log.read_outcomes(&filter, from, HISTORY_BATCH).await {
+            Ok(batch) => batch,
+            Err(e) => return Err(unknown(format!("reading the outcomes of {}: {e}", key.token()), &status)),
+        };
+        let Some(last) = batch.last() else { break };
+        from = last.seq + 1;
+        for stored in batch.into_iter().filter(|stored| stored.cmd_id == command_id && stored.seq <= before) {
+            // The outcome of the copy just published wins over an earlier decision of the same id.
+            if decided.is_some_and(|seq| seq != stored.cmd_seq) && stored.cmd_seq == published.seq {
+                status.outcomes.clear();
+                status.rejection = None;
+                decided = None;
+            }
+            if decided.is_none_or(|seq| seq == stored.cmd_seq) {
+                decided = Some(stored.cmd_seq);
+                let outcome = decode(&stored)?;
+                take(&mut status, stored.seq, outcome);
+            }
+        }
+    }
+    if let Some(seq) = decided {
+        adopt(log, envelope, &mut status, seq, published.seq).await.map_err(|e| e.into_error(&status, &unknown))?;
+        if status.outcomes.last().is_some_and(|last| !last.outcome.continues()) {
+            return Ok(finish(status));
+        }
+    }
+    let mut outcomes = log.follow(filter, before + 1);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let stored = match tokio::time::timeout_at(deadline, outcomes.next()).await {
+            Err(_) => return Ok(status),
+            Ok(None) => return Err(unknown("the outcome stream ended before it was decided".to_owned(), &status)),
+            Ok(Some(Err(e))) => return Err(unknown(format!("following the outcomes: {e}"), &status)),
+            Ok(Some(Ok(stored))) => stored,
+        };
+        if stored.cmd_id != command_id || decided.is_some_and(|seq| seq != stored.cmd_seq) {
+            continue;
+        }
+        let outcome = decode(&stored)?;
+        if decided.is_none() {
+            decided = Some(stored.cmd_seq);
+            adopt(log, envelope, &mut status, stored.cmd_seq, published.seq)
+                .await
+                .map_err(|e| e.into_error(&status, &unknown))?;
+        }
+        let continues = outcome.continues();
+        take(&mut status, stored.seq, outcome);
+        if !continues {
+            return Ok(finish(status));
+        }
+    }
+}
+
+fn decode(stored: &leasehold_log::StoredOutcome) -> Result<leasehold_schemas::Outcome, Error> {
+    leasehold_schemas::codec::decode_outcome(&stored.payload)
+        .map_err(|e| Error::decode(format!("decoding the outcome at {}", stored.seq), e))
+}
+
+/// Adds one part of the decision to `status`.
+fn take(status: &mut CommandStatus, seq: u64, outcome: leasehold_schemas::Outcome) {
+    if let Some(rejection) = outcome.rejection() {
+        status.rejection = Some(RejectionInfo::from(rejection));
+    }
+    status.outcomes.push(SeqOutcome { seq, outcome });
+}
+
+/// Every part of the decision is in `status`.
+fn finish(mut status: CommandStatus) -> CommandStatus {
+    status.status = if status.rejection.is_some() { "rejected" } else { "accepted" }.to_owned();
+    status
+}
+
+/// The decision found answers the command stored at `cmd_seq`: when that is not the copy just published (at
+/// `published`), it is an earlier decision of this command id, which must be this very command; the answer is then a
+/// duplicate's.
+async fn adopt<L: Log>(
+    log: &L,
+    envelope: &Envelope,
+    status: &mut CommandStatus,
+    cmd_seq: u64,
+    published: u64,
+) -> Result<(), NotSame> {
+    if cmd_seq == published {
+        return Ok(());
+    }
+    let decided = status.outcomes.first().map(|o| &o.outcome);
+    same_command(log, envelope, cmd_seq, decided).await?;
+    status.duplicate = true;
+    status.command_seq = Some(cmd_seq);
+    Ok(())
+}
+
+/// Why the command stored under an id could not be taken for `envelope`.
+#[derive(Debug)]
+enum NotSame {
+    /// Another command: refused.
+    Another(String),
+    /// The command log could not be read: the outcome is unknown.
+    Unreadable(String),
+}
+
+impl NotSame {
+    fn into_error(self, status: &CommandStatus, unknown: &impl Fn(String, &CommandStatus) -> Error) -> Error {
+        match self {
+            NotSame::Another(message) => Error::refused(message),
+            NotSame::Unreadable(why) => unknown(why, status),
+        }
+    }
+}
+
+/// Whether the command stored at `seq` (under `envelope`'s id) is `envelope`'s (a producer rebuilds its envelope to
+/// send it again: its clock may differ).
+async fn same_command<L: Log>(
+    log: &L,
+    envelope: &Envelope,
+    seq: u64,
+    decided: Option<&leasehold_schemas::Outcome>,
+) -> Result<(), NotSame> {
+    match leasehold_log::other_command_under_id(log, seq, envelope, decided).await {
+        Ok(None) => Ok(()),
+        Ok(Some(why)) => Err(NotSame::Another(why)),
+        Err(e) => Err(NotSame::Unreadable(format!("reading the command stored under its id at {seq}: {e}"))),
+    }
+}
+
+/// The status of a sent command once it is decided (accepted, rejected) or dead-lettered. A status still `pending`
+/// or `published` (no outcome within `timeout`) is an [`Error::OutcomeUnknown`], as is a failure after the command
+/// may have been stored; other errors pass as they are.
+pub fn settle(
+    sent: Result<CommandStatus, Error>,
+    envelope: &Envelope,
+    timeout: Duration,
+) -> Result<CommandStatus, Error> {
+    let status = sent?;
+    if !matches!(status.status.as_str(), "pending" | "published") {
+        return Ok(status);
+    }
+    let seq = status.command_seq.map(|seq| format!(" at command seq {seq}")).unwrap_or_default();
+    let why = format!(
+        "it is stored{seq}, and no outcome came within {}; it will be decided when a worker serves its partition",
+        humantime::format_duration(timeout)
+    );
+    Err(OutcomeUnknown::new(envelope, why, Some(status)).into())
+}
+
+/// The outcomes of an accepted command; a rejection, a dead letter or a command not decided yet is an error that
+/// says why. `what` names the command in the message (`allocate w1.…`).
+pub fn outcomes(status: CommandStatus, what: &str) -> Result<Vec<SeqOutcome>, Error> {
+    let id = &status.command_id;
+    match status.status.as_str() {
+        "accepted" => Ok(status.outcomes),
+        "rejected" => Err(Error::Rejected { what: what.to_owned(), status: Box::new(status) }),
+        "dead-lettered" => Err(Error::DeadLettered { what: what.to_owned(), status: Box::new(status) }),
+        "pending" | "published" => {
+            let why = format!(
+                "{what}: no outcome in time; command {id} is stored{} and will be decided when a worker serves its \
+                 partition",
+                status.command_seq.map(|seq| format!(" at command seq {seq}")).unwrap_or_default()
+            );
+            let command_id = id.clone();
+            Err(OutcomeUnknown { command_id, why, status: Some(status), resend: String::new() }.into())
+        }
+        other => Err(Error::Decode { message: format!("{what}: the gateway says {other:?} of command {id}"), source: None }),
+    }
+}
+
+/// Checks that the outcomes of an allocation made `reference`: a command id first sent with another resource id
+/// answers with that one's outcome, which is refused here.
+pub fn check_allocated(command_id: &str, reference: &ResourceRef, outcomes: &[SeqOutcome]) -> Result<(), Error> {
+    let allocated: Vec<ResourceId> = outcomes
+        .iter()
+        .flat_map(|o| o.outcome.effects())
+        .filter_map(|effect| match effect {
+            Effect::ResourceAllocated { resource, .. } => Some(*resource),
+            _ => None,
+        })
+        .collect();
+    if !allocated.is_empty() && !allocated.contains(&reference.resource) {
+        return Err(Error::refused(format!(
+            "command {command_id} allocated {}, not {reference}: it was first sent with other ids (was --command-id \
+             {command_id} given with another --id?)",
+            allocated.iter().map(|id| format!("{}.{id}", reference.agent)).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// A lease as `acquire` prints it (the same fields as the gateway's lease records).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeaseRecord {
+    /// `<agent>.<lease id>`
+    pub id: String,
+    /// `<agent>.<resource id>`
+    pub resource: String,
+    pub holder: String,
+    /// `waiting`, `active`, `released`, `broken`, `expired`, `failed`.
+    pub state: String,
+    pub token: Option<u64>,
+    pub expires_at: Option<u64>,
+    pub wait_until: Option<u64>,
+}
+
+impl LeaseRecord {
+    /// The lease `acquire` asked for, as the outcomes of the acquisition (by command `command_id`) left it, and the
+    /// sequence of the last of them (to follow from). Outcomes not about this lease are those of a command id first
+    /// sent with another lease id: refused.
+    pub fn acquired(acquire: &Acquire, command_id: &str, outcomes: &[SeqOutcome]) -> Result<(Self, u64), Error> {
+        let lease_ref = LeaseRef { agent: acquire.agent.clone(), lease: acquire.lease };
+        let mut record = LeaseRecord {
+            id: lease_ref.to_string(),
+            resource: ResourceRef::new(acquire.agent.clone(), acquire.resource).to_string(),
+            holder: acquire.holder.clone(),
+            state: "waiting".to_owned(),
+            token: None,
+            expires_at: None,
+            wait_until: None,
+        };
+        let mut last_seq = 0;
+        let mut about_this_lease = false;
+        for SeqOutcome { seq, outcome } in outcomes {
+            last_seq = last_seq.max(*seq);
+            for (position, effect) in outcome.positioned_effects() {
+                about_this_lease |= record.apply(acquire.lease, position, effect);
+            }
+        }
+        if !about_this_lease {
+            return Err(Error::refused(format!(
+                "the outcome of command {command_id} is not about lease {lease_ref}: it was first sent with other ids \
+                 (was --command-id {command_id} given with another --lease-id?)"
+            )));
+        }
+        Ok((record, last_seq))
+    }
+
+    /// Applies an effect at `position` if it is about this lease; true if it changed the lease.
+    pub fn apply(&mut self, lease: LeaseId, position: Position, effect: &Effect) -> bool {
+        let mut set = |state: &str, token: Option<u64>, expires_at: Option<u64>, wait_until: Option<u64>| {
+            self.state = state.to_owned();
+            self.token = token;
+            self.expires_at = expires_at;
+            self.wait_until = wait_until;
+        };
+        match effect {
+            Effect::LeaseWaiting { lease: id, wait_until, .. } if *id == lease => {
+                set("waiting", None, None, wait_until.map(|t| t.0))
+            }
+            Effect::LeaseGranted { lease: id, expires_at, .. } if *id == lease => {
+                set("active", Some(position.0), expires_at.map(|t| t.0), None)
+            }
+            Effect::LeaseReleased { lease: id } if *id == lease => set("released", None, None, None),
+            Effect::LeaseBroken { lease: id, .. } if *id == lease => set("broken", None, None, None),
+            Effect::LeaseExpired { lease: id } if *id == lease => set("expired", None, None, None),
+            Effect::LeaseFailed { lease: id } if *id == lease => set("failed", None, None, None),
+            _ => return false,
+        }
+        true
+    }
+
+    /// Follows the outcomes of the lease's agent from sequence `from` until the waiting lease `lease` is granted or
+    /// ends, or `deadline` passes: true if it stopped waiting, false if it still waits at the deadline (it goes on
+    /// waiting in the log).
+    pub async fn wait(
+        &mut self,
+        transport: &Transport,
+        lease: &LeaseRef,
+        from: u64,
+        deadline: tokio::time::Instant,
+    ) -> Result<bool, Error> {
+        if self.state != "waiting" {
+            return Ok(true);
+        }
+        let mut events = transport.follow(&Key::Agent(lease.agent.clone()), from).await?;
+        loop {
+            let event = match tokio::time::timeout_at(deadline, events.next()).await {
+                Ok(Some(event)) => event?,
+                Ok(None) => {
+                    return Err(Error::transport(format!("the outcome stream ended while lease {lease} was waiting")));
+                }
+                Err(_) => return Ok(false),
+            };
+            for (position, effect) in event.outcome.positioned_effects() {
+                if self.apply(lease.lease, position, effect) && self.state != "waiting" {
+                    return Ok(true);
+                }
+            }
+        }
+    }
+}
+
+/// A producer: who sends (its issuer), where its commands go, and how long it waits for an outcome. Each call sends
+/// one command and waits until it is decided: the answer is the accepted outcome, or an [`Error`] that says what
+/// became of it. A command whose outcome is unknown ([`Error::OutcomeUnknown`]) is sent again safely with
+/// [`Producer::send`] and the same envelope.
+#[derive(Debug)]
+pub struct Producer {
+    transport: Transport,
+    issuer: Issuer,
+    timeout: Duration,
+}
+
+impl Producer {
+    /// Commands from `issuer` through `transport` (a [`Gateway`], or [`Transport::nats`]), waiting up to
+    /// [`DEFAULT_TIMEOUT`] for each outcome.
+    pub fn new(transport: impl Into<Transport>, issuer: Issuer) -> Self {
+        Producer { transport: transport.into(), issuer, timeout: DEFAULT_TIMEOUT }
+    }
+
+    /// The same producer, waiting up to `timeout` for each outcome.
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        Producer { timeout, ..self }
+    }
+
+    pub fn transport(&self) -> &Transport {
+        &self.transport
+    }
+
+    pub fn issuer(&self) -> &Issuer {
+        &self.issuer
+    }
+
+    /// An envelope for `body` with a new command id, from this producer's issuer.
+    pub fn envelope(&self, body: impl Into<Command>) -> Envelope {
+        envelope(&self.issuer, None, body)
+    }
+
+    /// Sends `envelope` and waits for its outcome: the accepted status, or why not.
+    pub async fn send(&self, envelope: &Envelope) -> Result<CommandStatus, Error> {
+        let sent = self.transport.submit(envelope, self.timeout).await;
+        let status = settle(sent, envelope, self.timeout)?;
+        let what = format!("{} {}", envelope.type_name(), envelope.body.key().token());
+        let outcomes = outcomes(status.clone(), &what)?;
+        Ok(CommandStatus { outcomes, ..status })
+    }
+
+    /// Sends one command (`Renew`, `Release`, `Pause`, `DefinePool`, `RetireAgent`...) with a new command id and
+    /// waits for its outcome.
+    pub async fn command(&self, body: impl Into<Command>) -> Result<CommandStatus, Error> {
+        self.send(&self.envelope(body)).await
+    }
+
+    /// Allocates a resource and waits until the allocation is decided: its reference, `<agent>.<id>` (the resource
+    /// itself is created by its agent after this; follow it with [`Gateway::get`] of `v1/resources/<ref>`).
+    pub async fn allocate(&self, body: Allocate) -> Result<ResourceRef, Error> {
+        let reference = ResourceRef::new(body.agent.clone(), body.resource);
+        let status = self.command(body).await?;
+        check_allocated(&status.command_id, &reference, &status.outcomes)?;
+        Ok(reference)
+    }
+
+    /// Asks for a lease and waits until the acquisition is decided: the lease, `active` (granted, with its token) or
+    /// `waiting` (on a pending resource: [`LeaseRecord::wait`] follows it).
+    pub async fn acquire(&self, body: Acquire) -> Result<LeaseRecord, Error> {
+        let status = self.command(body.clone()).await?;
+        LeaseRecord::acquired(&body, &status.command_id, &status.outcomes).map(|(record, _)| record)
+    }
+}
