@@ -156,7 +156,7 @@ impl Target {
         let effects: Vec<String> = outcome
             .positioned_effects()
             .filter(|(_, e)| whole_subject || effect_matches(&Mentions::of(e)))
-            .map(|(position, e)| format!("{} {}", position.0, leasehold::output::effect(e)))
+            .map(|(position, e)| format!("{} {}", position.0, leasehold_cli_common::output::effect(e)))
             .collect();
         if whole_subject || !effects.is_empty() {
             return Some(effects);

@@ -29,7 +29,7 @@ use anyhow::{Context, bail};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use leasehold::output::{OutputFormat, json};
+use leasehold_cli_common::output::{OutputFormat, json};
 use leasehold_log::export::{self, Entry};
 use leasehold_schemas::PoolName;
 use leasehold_schemas::pool::PoolValue;
@@ -126,7 +126,7 @@ impl Cli {
 /// The entry point of the binary.
 pub fn main() -> ExitCode {
     let cli = Cli::try_parse_args(std::env::args_os()).unwrap_or_else(|e| e.exit());
-    leasehold::output::errors_as(cli.output);
+    leasehold_cli_common::output::errors_as(cli.output);
     let runtime = match start("leasehold-replay") {
         Ok(runtime) => runtime,
         Err(code) => return code,
@@ -135,7 +135,7 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("leasehold-replay: {:#}", leasehold_schemas::text::shown(&e));
-            leasehold::output::emit_error(&e);
+            leasehold_cli_common::output::emit_error(&e);
             ExitCode::from(2)
         }
     }
@@ -145,7 +145,7 @@ pub fn main() -> ExitCode {
 /// for display as `leasehold`'s are) and a runtime; exit 2 (said on stderr as `name: ...`) if the runtime cannot
 /// start.
 pub(crate) fn start(name: &str) -> Result<tokio::runtime::Runtime, ExitCode> {
-    leasehold::logs::init("warn");
+    leasehold_cli_common::logs::init("warn");
     tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| {
         eprintln!("{name}: cannot start the runtime: {e}");
         ExitCode::from(2)
@@ -458,8 +458,8 @@ fn progress_rate(n: u64, elapsed: Duration) -> f64 {
 /// Prints `value` as JSON, or the text `text` makes.
 fn print(output: OutputFormat, value: &impl serde::Serialize, text: impl FnOnce() -> String) -> anyhow::Result<()> {
     match output {
-        OutputFormat::Json => leasehold::output::emit(&json(value)?),
-        OutputFormat::Table => leasehold::output::emit(&text()),
+        OutputFormat::Json => leasehold_cli_common::output::emit(&json(value)?),
+        OutputFormat::Table => leasehold_cli_common::output::emit(&text()),
     }
     Ok(())
 }

@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::error::ErrorKind;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use leasehold::nats_args::NatsArgs;
+use leasehold_cli_common::nats_args::NatsArgs;
 use leasehold_log::Log;
 use leasehold_log::embedded::{Embedded, FILE_NAME, NOT_CLOSED_CLEANLY};
 use leasehold_log::export::{self, Entry, Header};
@@ -340,7 +340,7 @@ where
 }
 
 fn token(args: &SourceArgs) -> anyhow::Result<Option<String>> {
-    leasehold::client::bearer_token(None, args.token_file.as_deref())
+    Ok(leasehold_client::bearer_token(None, args.token_file.as_deref())?)
 }
 
 #[cfg(test)]

@@ -91,7 +91,7 @@ pub async fn state_at(
 
 /// The state as text: a table per kind of thing.
 pub fn render(state: &StateAt) -> String {
-    use leasehold::output::Table;
+    use leasehold_cli_common::output::Table;
     let mut out = format!(
         "as of outcome {}{}\n\n",
         state.seq,

@@ -462,8 +462,8 @@ fn difference(recorded: &Outcome, redecided: &Outcome) -> String {
                     return format!(
                         "effect {i} (position {}): recorded {}; decide gives {}",
                         a.0 + i as u64,
-                        leasehold::output::effect(x),
-                        leasehold::output::effect(y)
+                        leasehold_cli_common::output::effect(x),
+                        leasehold_cli_common::output::effect(y)
                     );
                 }
             }

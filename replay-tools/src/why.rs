@@ -279,7 +279,7 @@ impl Tracker {
                 | Effect::ResourceLost { resource, .. }
                 | Effect::ResourceOrphaned { resource }
                 | Effect::ResourceFailed { resource, .. } => {
-                    let detail = leasehold::timeline::describe(effect);
+                    let detail = leasehold_cli_common::timeline::describe(effect);
                     let reason = self.end_reason(effect, step);
                     let destroyed = matches!(effect, Effect::ResourceDestroyed { .. });
                     self.each_open(*resource, None, |h| {
@@ -460,7 +460,7 @@ fn holding(out: &mut String, h: &Holding) {
         ("let go", &h.let_go),
         ("freed", &h.freed),
     ];
-    let mut table = leasehold::output::Table::new(&["  STEP", "SEQ", "TIME", "COMMAND", "BY", "COMMAND ID", "WHAT"]);
+    let mut table = leasehold_cli_common::output::Table::new(&["  STEP", "SEQ", "TIME", "COMMAND", "BY", "COMMAND ID", "WHAT"]);
     for (name, step) in steps {
         if let Some(e) = step {
             let id = match &e.correlation_id {

@@ -529,3 +529,222 @@ impl Producer {
         LeaseRecord::acquired(&body, &status.command_id, &status.outcomes).map(|(record, _)| record)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+    use leasehold_schemas::{Millis, Outcome};
+
+    use super::*;
+
+    const REF: &str = "w1.019b76da-9478-7111-9111-111111111111";
+
+    fn allocate_envelope() -> Envelope {
+        let body = Allocate::new("w1".parse().unwrap(), REF[3..].parse().unwrap(), "dir", 1);
+        envelope(&Issuer::new("cli").unwrap(), Some("019b76da-abe8-7001-8000-000000000001".parse().unwrap()), body)
+    }
+
+    fn status(status: &str) -> CommandStatus {
+        CommandStatus {
+            command_id: "019b76da-abe8-7001-8000-000000000001".into(),
+            status: status.into(),
+            command_seq: Some(12),
+            duplicate: false,
+            rejection: (status == "rejected")
+                .then(|| RejectionInfo { kind: "at-capacity".into(), message: "has 2 of 2 leases".into() }),
+            outcomes: Vec::new(),
+            dead_letter: None,
+        }
+    }
+
+    #[test]
+    fn what_became_of_a_command_is_an_outcome_or_an_error_of_its_kind() {
+        assert!(outcomes(status("accepted"), "acquire").is_ok());
+        let rejected = outcomes(status("rejected"), "acquire w1.x").unwrap_err();
+        assert_eq!(rejected.kind(), crate::ErrorKind::Rejected);
+        assert_eq!(rejected.rejection().map(|r| r.kind.as_str()), Some("at-capacity"));
+        assert_eq!(
+            rejected.to_string(),
+            "acquire w1.x rejected (at-capacity): has 2 of 2 leases [command 019b76da-abe8-7001-8000-000000000001]"
+        );
+        let dead = outcomes(status("dead-lettered"), "pause w1.x").unwrap_err();
+        assert_eq!(dead.kind(), crate::ErrorKind::DeadLettered);
+        assert!(dead.to_string().starts_with("pause w1.x was dead-lettered, not decided"), "{dead}");
+        let pending = outcomes(status("pending"), "acquire").unwrap_err();
+        assert_eq!(pending.kind(), crate::ErrorKind::OutcomeUnknown);
+        assert!(pending.to_string().contains("leasehold command 019b76da-abe8-7001-8000-000000000001"), "{pending}");
+        assert_eq!(pending.status().and_then(|s| s.command_seq), Some(12));
+    }
+
+    #[test]
+    fn a_status_still_pending_at_the_timeout_is_an_unknown_outcome() {
+        let envelope = allocate_envelope();
+        let unknown = settle(Ok(status("pending")), &envelope, Duration::from_secs(30)).unwrap_err();
+        assert_eq!(unknown.kind(), crate::ErrorKind::OutcomeUnknown);
+        let text = unknown.to_string();
+        assert!(text.contains("it is stored at command seq 12, and no outcome came within 30s"), "{text}");
+        assert!(text.contains("--command-id 019b76da-abe8-7001-8000-000000000001 --id 019b76da-9478"), "{text}");
+        assert!(settle(Ok(status("rejected")), &envelope, Duration::ZERO).is_ok(), "decided: the caller reads it");
+        let refused = settle(Err(Error::refused("no")), &envelope, Duration::ZERO).unwrap_err();
+        assert_eq!(refused.kind(), crate::ErrorKind::Refused);
+    }
+
+    #[test]
+    fn an_acquisition_answered_for_another_lease_is_refused() {
+        let lease: LeaseId = "019b76da-9860-7333-b333-333333333333".parse().unwrap();
+        let body = Acquire {
+            agent: "w1".parse().unwrap(),
+            resource: REF[3..].parse().unwrap(),
+            lease,
+            holder: "build-1".into(),
+            ttl: None,
+            wait_timeout: None,
+        };
+        let granted = |lease: LeaseId| -> SeqOutcome {
+            let outcome: Outcome = serde_json::from_value(serde_json::json!({
+                "decider_version": 1, "partition": 0,
+                "command": {"id": "019b76da-abe8-7001-8000-000000000001", "class": "op", "type_name": "op.acquire",
+                            "issuer": "cli", "issued_at": 1u64, "key": "w1"},
+                "cmd_seq": 3, "part": 0, "log_time": 2u64, "decided_at": 2u64,
+                "decision": {"accepted": {"first_position": 7, "effects": [
+                    {"lease-granted": {"lease": lease.to_string(), "resource": &REF[3..], "holder": "build-1",
+                        "ttl": null, "expires_at": null}}
+                ]}}
+            }))
+            .unwrap();
+            SeqOutcome { seq: 40, outcome }
+        };
+        let (record, last) = LeaseRecord::acquired(&body, "c1", &[granted(lease)]).unwrap();
+        assert_eq!((record.state.as_str(), record.token, last), ("active", Some(7), 40));
+        assert_eq!((record.id, record.resource), (format!("w1.{lease}"), REF.to_owned()));
+        let other = LeaseRecord::acquired(&body, "c1", &[granted(LeaseId::generate())]).unwrap_err();
+        assert_eq!(other.kind(), crate::ErrorKind::Refused);
+        assert!(other.to_string().contains("given with another --lease-id?"), "{other}");
+    }
+
+    #[test]
+    fn lease_refs_round_trip() {
+        let text = "w1.019b76da-9860-7333-b333-333333333333";
+        let lease: LeaseRef = text.parse().unwrap();
+        assert_eq!(lease.agent.as_str(), "w1");
+        assert_eq!(lease.to_string(), text);
+        assert!("019b76da-9860-7333-b333-333333333333".parse::<LeaseRef>().is_err());
+        assert!("W1.019b76da-9860-7333-b333-333333333333".parse::<LeaseRef>().is_err());
+    }
+
+    #[test]
+    fn a_lease_follows_its_own_effects_only() {
+        let lease = LeaseId::generate();
+        let other = LeaseId::generate();
+        let resource = ResourceId::generate();
+        let mut record = LeaseRecord {
+            id: format!("w1.{lease}"),
+            resource: format!("w1.{resource}"),
+            holder: "build-1".into(),
+            state: "waiting".into(),
+            token: None,
+            expires_at: None,
+            wait_until: None,
+        };
+        let waiting = Effect::LeaseWaiting {
+            lease,
+            resource,
+            holder: "build-1".into(),
+            ttl: None,
+            wait_until: Some(Timestamp(5_000)),
+        };
+        assert!(record.apply(lease, Position(3), &waiting));
+        assert_eq!(record.wait_until, Some(5_000));
+        assert!(!record.apply(lease, Position(4), &Effect::LeaseFailed { lease: other }));
+        let granted = Effect::LeaseGranted {
+            lease,
+            resource,
+            holder: "build-1".into(),
+            ttl: Some(Millis(60_000)),
+            expires_at: Some(Timestamp(70_000)),
+        };
+        assert!(record.apply(lease, Position(9), &granted));
+        assert_eq!((record.state.as_str(), record.token, record.expires_at), ("active", Some(9), Some(70_000)));
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(json["id"], format!("w1.{lease}"));
+        assert_eq!(json["token"], 9);
+        assert_eq!(json["wait_until"], serde_json::Value::Null);
+    }
+
+    /// An embedded log whose clock the test moves, with an allocation `envelope` published and decided once.
+    async fn decided_once(envelope: &Envelope) -> (leasehold_log::embedded::Embedded, Arc<AtomicU64>, u64) {
+        let now = Arc::new(AtomicU64::new(1_767_225_600_000));
+        let clock = Arc::clone(&now);
+        let log =
+            leasehold_log::embedded::Embedded::in_memory(4, Arc::new(move || Timestamp(clock.load(SeqCst)))).unwrap();
+        let id = envelope.command_id.to_string();
+        let payload = leasehold_schemas::codec::encode_command(envelope).unwrap();
+        let subject = leasehold_schemas::subjects::ingress_subject_of(&envelope.body);
+        let first = log.publish_command(&subject, &id, payload.into()).await.unwrap();
+        assert!(!first.duplicate);
+        let outcome: Outcome = serde_json::from_value(serde_json::json!({
+            "decider_version": 1, "partition": 0,
+            "command": {"id": id, "class": "op", "type_name": "op.allocate", "issuer": "cli",
+                        "issued_at": 1767225600000u64, "key": "w1"},
+            "cmd_seq": first.seq, "part": 0, "log_time": 1767225600000u64, "decided_at": 1767225600000u64,
+            "decision": {"accepted": {"first_position": 1, "effects": [
+                {"resource-allocated": {"resource": &REF[3..], "kind": "dir", "capacity": 1, "attributes": {},
+                    "parent": null}}
+            ]}}
+        }))
+        .unwrap();
+        let OutcomeFilter::Key { partition, key } = key_filter(&log, &envelope.body.key()) else { unreachable!() };
+        let fence = log.last_outcome_seq(partition).await.unwrap();
+        let record = leasehold_log::OutcomeRecord {
+            key,
+            cmd_id: id,
+            cmd_seq: first.seq,
+            part: 0,
+            payload: leasehold_schemas::codec::encode_outcome(&outcome).unwrap().into(),
+        };
+        assert!(matches!(log.append(partition, fence, &[record]).await, leasehold_log::Appended::Landed { .. }));
+        (log, now, first.seq)
+    }
+
+    #[tokio::test]
+    async fn a_command_sent_again_through_the_log_gets_its_first_decision() {
+        let envelope = allocate_envelope();
+        let (log, now, first) = decided_once(&envelope).await;
+        // Within the duplicate window: the log answers duplicate, and the decision is already there.
+        let status = submit_to_log(&log, &envelope, Duration::from_secs(5)).await.unwrap();
+        assert_eq!((status.status.as_str(), status.duplicate, status.command_seq), ("accepted", true, Some(first)));
+        assert_eq!(status.outcomes.len(), 1);
+        // After the window: stored again, at a new sequence, but decided once: the earlier decision, as a duplicate.
+        now.fetch_add(11 * 60 * 1000, SeqCst);
+        let status = submit_to_log(&log, &envelope, Duration::from_secs(5)).await.unwrap();
+        assert_eq!((status.status.as_str(), status.duplicate, status.command_seq), ("accepted", true, Some(first)));
+        assert_eq!(log.last_command_seq().await.unwrap(), first + 1, "stored again (past the window)");
+    }
+
+    #[tokio::test]
+    async fn another_command_under_a_used_id_is_refused_on_the_log() {
+        let envelope = allocate_envelope();
+        let (log, now, first) = decided_once(&envelope).await;
+        let mut other = envelope.clone();
+        let Command::Allocate(body) = &mut other.body else { unreachable!() };
+        body.resource = ResourceId::generate();
+        let expected = format!(
+            "command id {} names another command (op.allocate for w1, stored at command sequence {first})",
+            envelope.command_id
+        );
+        // A duplicate of the log: refused (the command line's exit status 1).
+        let error = submit_to_log(&log, &other, Duration::from_secs(5)).await.unwrap_err();
+        assert!(error.to_string().starts_with(&expected), "{error}");
+        assert_eq!(error.kind(), crate::ErrorKind::Refused);
+        // Past the window: the earlier decision of the id is another command's.
+        now.fetch_add(11 * 60 * 1000, SeqCst);
+        let error = submit_to_log(&log, &other, Duration::from_secs(5)).await.unwrap_err();
+        assert!(error.to_string().starts_with(&expected), "{error}");
+        // A new command that nobody decides: pending at the timeout, not a duplicate.
+        let fresh = Envelope { command_id: CommandId::generate(), ..envelope };
+        let status = submit_to_log(&log, &fresh, Duration::from_millis(200)).await.unwrap();
+        assert_eq!((status.status.as_str(), status.duplicate), ("pending", false));
+    }
+}

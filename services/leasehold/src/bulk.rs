@@ -76,7 +76,7 @@ pub(crate) async fn run(args: PublishArgs, global: &GlobalArgs) -> anyhow::Resul
     };
     let lines = parse(&text, issuer.as_ref()).with_context(|| format!("{}: nothing was sent", args.file.display()))?;
     let envelopes: Vec<Envelope> = lines.iter().map(|line| line.envelope.clone()).collect();
-    let answers = match Transport::connect(global, &args.nats).await? {
+    let answers = match produce::transport(global, &args.nats).await? {
         Transport::Gateway(gateway) => gateway.submit_many(&envelopes).await?,
         Transport::Nats(log) => publish_to_log(&log, &envelopes).await?,
     };

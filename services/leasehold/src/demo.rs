@@ -291,7 +291,7 @@ impl<'o> Demo<'o> {
         let (tx, feed) = mpsc::channel(1024);
         tokio::spawn(async move {
             while let Some(event) = events.next().await {
-                if tx.send(event).await.is_err() {
+                if tx.send(event.map_err(anyhow::Error::from)).await.is_err() {
                     return;
                 }
             }
@@ -605,7 +605,7 @@ impl<'o> Demo<'o> {
     }
 
     pub(crate) async fn resource(&self, agent: &str, id: ResourceId) -> anyhow::Result<Option<ResourceView>> {
-        self.services.gateway.get(&["v1", "resources", &format!("{agent}.{id}")], &[]).await
+        Ok(self.services.gateway.get(&["v1", "resources", &format!("{agent}.{id}")], &[]).await?)
     }
 
     pub(crate) async fn until_agent(&self, name: &str, status: &str) -> anyhow::Result<AgentView> {

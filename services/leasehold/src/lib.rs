@@ -2,17 +2,16 @@
 //! (`main.rs`) calls [`main`]; the end-to-end tests build their own binary on it, so what they spawn is what users run.
 
 use clap::{Parser, Subcommand};
+use leasehold_cli_common::{logs, nats_args, output, timeline};
+use leasehold_client::ErrorKind;
 
 mod agents;
 mod bench;
 mod bulk;
-pub mod client;
+mod client;
 mod credentials;
 mod demo;
 mod demo_docker;
-pub mod logs;
-pub mod nats_args;
-pub mod output;
 mod policy;
 mod produce;
 mod projection;
@@ -20,7 +19,6 @@ mod query;
 mod ready;
 mod serve;
 mod stop;
-pub mod timeline;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -204,7 +202,9 @@ pub fn main() -> std::process::ExitCode {
 
 /// The exit status of an error (see [`EXIT_STATUS_HELP`]).
 fn exit_status(error: &anyhow::Error) -> u8 {
-    if error.is::<client::OutcomeUnknown>() || error.is::<bulk::SomeUnknown>() {
+    let unknown = error.is::<client::OutcomeUnknown>()
+        || error.downcast_ref::<leasehold_client::Error>().is_some_and(|e| e.kind() == ErrorKind::OutcomeUnknown);
+    if unknown || error.is::<bulk::SomeUnknown>() {
         produce::EXIT_OUTCOME_UNKNOWN
     } else if error.is::<produce::StillWaiting>() {
         produce::EXIT_STILL_WAITING

@@ -1,31 +1,25 @@
 //! The producer commands (`allocate`, `acquire`, `renew`, ... `pool define`): each builds one `op` command with ids
 //! the command line chooses (so a retry of the same command is idempotent), sends it through the gateway or straight
-//! to JetStream (`--nats`), waits for its outcome and prints what it made.
+//! to JetStream (`--nats`) with `leasehold_client`, waits for its outcome and prints what it made.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::Ipv4Addr;
-use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
-use anyhow::{Context, anyhow, bail};
-use futures::StreamExt;
-use futures::stream::BoxStream;
-use leasehold_log::jetstream::{JetStream, JetStreamConfig};
-use leasehold_log::{Log, OutcomeFilter};
+use anyhow::{anyhow, bail};
+pub(crate) use leasehold_client::produce::{LeaseRecord, LeaseRef, Transport, submit_to_log};
 use leasehold_schemas::command::{
     Acquire, Allocate, ConfirmLoss, DefinePool, DeletePool, Pause, Release, ReleaseLease, Renew,
     ReportFailureByOperator, RetireAgent, Unpause, UnretireAgent, Update, UpdatePool,
 };
 use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::{
-    AgentName, Command, CommandId, Effect, Envelope, IdError, Issuer, Key, LeaseId, Millis, PoolName, Position,
-    ResourceId, ResourceRef, Timestamp,
+    AgentName, Command, CommandId, Effect, Envelope, Issuer, LeaseId, Millis, PoolName, Position, ResourceId,
+    ResourceRef, Timestamp,
 };
-use serde::Serialize;
 
 use crate::GlobalArgs;
-use crate::client::{CommandStatus, Follower, Gateway, OutcomeUnknown, RejectionInfo, SeqOutcome};
+use crate::client::{CommandStatus, Error, SeqOutcome};
 use crate::nats_args::NatsArgs;
 use crate::output::{self, OutputFormat};
 
@@ -262,27 +256,6 @@ pub(crate) struct AgentNameArgs {
     pub(crate) produce: ProduceArgs,
 }
 
-/// A lease's address, `<agent>.<lease id>`: what `acquire` prints and every lease command takes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LeaseRef {
-    pub(crate) agent: AgentName,
-    pub(crate) lease: LeaseId,
-}
-
-impl FromStr for LeaseRef {
-    type Err = IdError;
-    fn from_str(s: &str) -> Result<Self, IdError> {
-        let (agent, lease) = s.split_once('.').ok_or_else(|| IdError::BadRef { value: s.to_owned() })?;
-        Ok(LeaseRef { agent: agent.parse()?, lease: lease.parse()? })
-    }
-}
-
-impl fmt::Display for LeaseRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.agent, self.lease)
-    }
-}
-
 /// `name=value`, split at the first `=`; the name is not empty.
 pub(crate) fn parse_attr(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
@@ -311,9 +284,7 @@ pub(crate) fn parse_until(text: &str) -> Result<Timestamp, String> {
     }
 }
 
-fn unix_ms(time: SystemTime) -> u64 {
-    time.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+use leasehold_client::produce::unix_ms;
 
 /// `10.20.0.0/24`
 pub(crate) fn parse_cidr(text: &str) -> Result<(Ipv4Addr, u8), String> {
@@ -380,244 +351,12 @@ pub(crate) fn pool_kind(args: &PoolDefineArgs) -> anyhow::Result<PoolKind> {
     Ok(kind)
 }
 
-/// Where commands go: the gateway, or JetStream itself.
-#[derive(Debug)]
-pub(crate) enum Transport {
-    Gateway(Gateway),
-    Nats(JetStream),
-}
-
-impl Transport {
-    pub(crate) async fn connect(global: &GlobalArgs, nats: &NatsArgs) -> anyhow::Result<Self> {
-        // Partitions 0: learn the partition count from the streams `serve` created.
-        match nats.config(0) {
-            None => Ok(Transport::Gateway(crate::client::gateway(global)?)),
-            Some(config) => {
-                let url = config.url.clone();
-                let config = JetStreamConfig { partitions: 0, ..config };
-                let log = JetStream::connect(config).await.with_context(|| format!("connecting to NATS at {url}"))?;
-                Ok(Transport::Nats(log))
-            }
-        }
-    }
-
-    /// Sends `envelope` and waits up to `timeout` for its outcome (`pending` when none came in time).
-    pub(crate) async fn submit(&self, envelope: &Envelope, timeout: Duration) -> anyhow::Result<CommandStatus> {
-        match self {
-            Transport::Gateway(gateway) => gateway.submit(envelope, timeout).await,
-            Transport::Nats(log) => submit_to_log(log, envelope, timeout).await,
-        }
-    }
-
-    /// Every outcome of `key` from sequence `from` on, as it lands.
-    pub(crate) async fn follow(
-        &self,
-        key: &Key,
-        from: u64,
-    ) -> anyhow::Result<BoxStream<'static, anyhow::Result<SeqOutcome>>> {
-        match self {
-            Transport::Gateway(gateway) => {
-                Ok(Follower::new(gateway.clone(), Some(key.token()), Some(from)).into_stream())
-            }
-            Transport::Nats(log) => {
-                let filter = key_filter(log, key);
-                Ok(log
-                    .follow(filter, from)
-                    .map(|stored| {
-                        let stored = stored.context("following the outcomes")?;
-                        let outcome = leasehold_schemas::codec::decode_outcome(&stored.payload)
-                            .with_context(|| format!("decoding the outcome at {}", stored.seq))?;
-                        Ok(SeqOutcome { seq: stored.seq, outcome })
-                    })
-                    .boxed())
-            }
-        }
-    }
-}
-
-fn key_filter(log: &impl Log, key: &Key) -> OutcomeFilter {
-    let partition = leasehold_schemas::subjects::partition_of_key(key, log.partitions());
-    OutcomeFilter::Key { partition, key: key.token() }
-}
-
-/// How many outcomes one read of a key's history takes.
-const HISTORY_BATCH: usize = 1000;
-
-/// Publishes `envelope` to the log and waits for the outcome of its command id (every part), as the gateway does:
-/// a command id names one command (another command under an id the log holds is refused), and a command decided
-/// before is answered with its first decision (the writer decides an id once: it appends nothing for a copy sent
-/// again, even after the log's duplicate window).
-pub(crate) async fn submit_to_log<L: Log>(
-    log: &L,
-    envelope: &Envelope,
-    timeout: Duration,
-) -> anyhow::Result<CommandStatus> {
-    let command_id = envelope.command_id.to_string();
-    let key = envelope.body.key();
-    let filter = key_filter(log, &key);
-    // Read before publishing: an outcome after this is followed, one up to it is looked for in the key's history.
-    let OutcomeFilter::Key { partition, .. } = filter else { unreachable!("a key filter") };
-    let before = log.last_outcome_seq(partition).await.context("reading where the outcomes are")?;
-    let payload = leasehold_schemas::codec::encode_command(envelope).context("encoding the command")?;
-    let subject = leasehold_schemas::subjects::ingress_subject_of(&envelope.body);
-    let published = match log.publish_command(&subject, &command_id, payload.into()).await {
-        Ok(published) => published,
-        // Refused: nothing was stored.
-        Err(e @ leasehold_log::Error::Refused(_)) => {
-            return Err(anyhow!(e).context(format!("publishing command {command_id} on {subject}")));
-        }
-        // No acknowledgement: it may have been stored.
-        Err(e) => {
-            return Err(OutcomeUnknown::new(envelope, format!("publishing on {subject}: {e}"), None).into());
-        }
-    };
-    let mut status = CommandStatus {
-        command_id: command_id.clone(),
-        status: "pending".to_owned(),
-        command_seq: Some(published.seq),
-        duplicate: published.duplicate,
-        rejection: None,
-        outcomes: Vec::new(),
-        dead_letter: None,
-    };
-    let unknown = |why: String, status: &CommandStatus| -> anyhow::Error {
-        OutcomeUnknown::new(envelope, why, Some(status.clone())).into()
-    };
-    // A duplicate: what the log holds under this id must be this very command.
-    if published.duplicate {
-        same_command(log, envelope, published.seq, None).await.map_err(|e| e.into_error(&status, &unknown))?;
-    }
-    // The decision may be there already: the first copy's (a duplicate), or the same command's decided when it was
-    // sent before the duplicate window (another command sequence: the writer appends nothing for this copy).
-    let mut decided: Option<u64> = None;
-    let mut from = 1;
-    while from <= before {
-        let batch = match log.read_outcomes(&filter, from, HISTORY_BATCH).await {
-            Ok(batch) => batch,
-            Err(e) => return Err(unknown(format!("reading the outcomes of {}: {e}", key.token()), &status)),
-        };
-        let Some(last) = batch.last() else { break };
-        from = last.seq + 1;
-        for stored in batch.into_iter().filter(|stored| stored.cmd_id == command_id && stored.seq <= before) {
-            // The outcome of the copy just published wins over an earlier decision of the same id.
-            if decided.is_some_and(|seq| seq != stored.cmd_seq) && stored.cmd_seq == published.seq {
-                status.outcomes.clear();
-                status.rejection = None;
-                decided = None;
-            }
-            if decided.is_none_or(|seq| seq == stored.cmd_seq) {
-                decided = Some(stored.cmd_seq);
-                let outcome = decode(&stored)?;
-                take(&mut status, stored.seq, outcome);
-            }
-        }
-    }
-    if let Some(seq) = decided {
-        adopt(log, envelope, &mut status, seq, published.seq).await.map_err(|e| e.into_error(&status, &unknown))?;
-        if status.outcomes.last().is_some_and(|last| !last.outcome.continues()) {
-            return Ok(finish(status));
-        }
-    }
-    let mut outcomes = log.follow(filter, before + 1);
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let stored = match tokio::time::timeout_at(deadline, outcomes.next()).await {
-            Err(_) => return Ok(status),
-            Ok(None) => return Err(unknown("the outcome stream ended before it was decided".to_owned(), &status)),
-            Ok(Some(Err(e))) => return Err(unknown(format!("following the outcomes: {e}"), &status)),
-            Ok(Some(Ok(stored))) => stored,
-        };
-        if stored.cmd_id != command_id || decided.is_some_and(|seq| seq != stored.cmd_seq) {
-            continue;
-        }
-        let outcome = decode(&stored)?;
-        if decided.is_none() {
-            decided = Some(stored.cmd_seq);
-            adopt(log, envelope, &mut status, stored.cmd_seq, published.seq)
-                .await
-                .map_err(|e| e.into_error(&status, &unknown))?;
-        }
-        let continues = outcome.continues();
-        take(&mut status, stored.seq, outcome);
-        if !continues {
-            return Ok(finish(status));
-        }
-    }
-}
-
-fn decode(stored: &leasehold_log::StoredOutcome) -> anyhow::Result<leasehold_schemas::Outcome> {
-    leasehold_schemas::codec::decode_outcome(&stored.payload)
-        .with_context(|| format!("decoding the outcome at {}", stored.seq))
-}
-
-/// Adds one part of the decision to `status`.
-fn take(status: &mut CommandStatus, seq: u64, outcome: leasehold_schemas::Outcome) {
-    if let Some(rejection) = outcome.rejection() {
-        status.rejection = Some(RejectionInfo::from(rejection));
-    }
-    status.outcomes.push(SeqOutcome { seq, outcome });
-}
-
-/// Every part of the decision is in `status`.
-fn finish(mut status: CommandStatus) -> CommandStatus {
-    status.status = if status.rejection.is_some() { "rejected" } else { "accepted" }.to_owned();
-    status
-}
-
-/// The decision found answers the command stored at `cmd_seq`: when that is not the copy just published (at
-/// `published`), it is an earlier decision of this command id, which must be this very command; the answer is then a
-/// duplicate's.
-async fn adopt<L: Log>(
-    log: &L,
-    envelope: &Envelope,
-    status: &mut CommandStatus,
-    cmd_seq: u64,
-    published: u64,
-) -> Result<(), NotSame> {
-    if cmd_seq == published {
-        return Ok(());
-    }
-    let decided = status.outcomes.first().map(|o| &o.outcome);
-    same_command(log, envelope, cmd_seq, decided).await?;
-    status.duplicate = true;
-    status.command_seq = Some(cmd_seq);
-    Ok(())
-}
-
-/// Why the command stored under an id could not be taken for `envelope`.
-#[derive(Debug)]
-enum NotSame {
-    /// Another command: refused (exit status 1).
-    Another(String),
-    /// The command log could not be read: the outcome is unknown.
-    Unreadable(String),
-}
-
-impl NotSame {
-    fn into_error(
-        self,
-        status: &CommandStatus,
-        unknown: &impl Fn(String, &CommandStatus) -> anyhow::Error,
-    ) -> anyhow::Error {
-        match self {
-            NotSame::Another(message) => anyhow!(message),
-            NotSame::Unreadable(why) => unknown(why, status),
-        }
-    }
-}
-
-/// Whether the command stored at `seq` (under `envelope`'s id) is `envelope`'s (the command line rebuilds its
-/// envelope to send it again: its clock may differ).
-async fn same_command<L: Log>(
-    log: &L,
-    envelope: &Envelope,
-    seq: u64,
-    decided: Option<&leasehold_schemas::Outcome>,
-) -> Result<(), NotSame> {
-    match leasehold_log::other_command_under_id(log, seq, envelope, decided).await {
-        Ok(None) => Ok(()),
-        Ok(Some(why)) => Err(NotSame::Another(why)),
-        Err(e) => Err(NotSame::Unreadable(format!("reading the command stored under its id at {seq}: {e}"))),
+/// Where the commands of this process go: JetStream with `--nats`, else the gateway of `--server`.
+pub(crate) async fn transport(global: &GlobalArgs, nats: &NatsArgs) -> anyhow::Result<Transport> {
+    // Partitions 0: learn the partition count from the streams `serve` created.
+    match nats.config(0) {
+        None => Ok(Transport::Gateway(crate::client::gateway(global)?)),
+        Some(config) => Ok(Transport::nats(config).await?),
     }
 }
 
@@ -632,34 +371,22 @@ pub(crate) fn accepted(status: CommandStatus, format: OutputFormat, what: &str) 
     }
     let id = &status.command_id;
     match status.status.as_str() {
-        "rejected" => match &status.rejection {
-            Some(rejection) => bail!("{what} rejected ({}): {} [command {id}]", rejection.kind, rejection.message),
-            None => bail!("{what} rejected [command {id}]"),
-        },
-        "dead-lettered" => match &status.dead_letter {
-            Some(letter) => bail!(
-                "{what} was dead-lettered, not decided: {} [command {id}, command seq {}, subject {}]",
-                letter.reason,
-                letter.source_seq,
-                letter.subject
-            ),
-            None => bail!("{what} was dead-lettered, not decided [command {id}]"),
-        },
+        // Reached only by a status `settle` let through: one still waiting is an unknown outcome there already.
         "pending" | "published" => bail!(
             "{what}: no outcome in time; command {id} is stored{} and will be decided when a worker serves its \
              partition: ask again with `leasehold command {id}`",
             status.command_seq.map(|seq| format!(" at command seq {seq}")).unwrap_or_default()
         ),
-        other => bail!("{what}: the gateway says {other:?} of command {id}"),
+        _ => Ok(leasehold_client::produce::outcomes(status, what)?),
     }
 }
 
 /// An envelope for `body` from `issuer` with id `id` (default: a new one), stamped with this machine's clock.
 /// The id is noted for a JSON error (see [`output::know`]).
 pub(crate) fn envelope(issuer: &Issuer, id: Option<CommandId>, body: impl Into<Command>) -> Envelope {
-    let id = id.unwrap_or_else(CommandId::generate);
-    output::know("command_id", id);
-    Envelope::new(id, issuer.clone(), Timestamp(unix_ms(SystemTime::now())), body)
+    let envelope = leasehold_client::produce::envelope(issuer, id, body);
+    output::know("command_id", envelope.command_id);
+    envelope
 }
 
 /// The exit status of a command whose outcome is not known: it may have been stored, and may be decided later.
@@ -679,14 +406,14 @@ pub(crate) struct StillWaiting(pub(crate) String);
 /// command line's own `unknown` when the gateway said nothing) — and returns an [`OutcomeUnknown`], which says on
 /// stderr how to learn the outcome or send the command again.
 fn settle(
-    sent: anyhow::Result<CommandStatus>,
+    sent: Result<CommandStatus, Error>,
     envelope: &Envelope,
     timeout: Duration,
     format: OutputFormat,
     known: Option<(&str, String)>,
 ) -> anyhow::Result<CommandStatus> {
-    let unknown = match sent {
-        Ok(status) if !matches!(status.status.as_str(), "pending" | "published") => {
+    let unknown = match leasehold_client::produce::settle(sent, envelope, timeout) {
+        Ok(status) => {
             if status.duplicate {
                 eprintln!(
                     "note: command {} was stored before (a command sent again): nothing was stored again; this is its \
@@ -696,16 +423,8 @@ fn settle(
             }
             return Ok(status);
         }
-        Ok(status) => {
-            let seq = status.command_seq.map(|seq| format!(" at command seq {seq}")).unwrap_or_default();
-            let why = format!(
-                "it is stored{seq}, and no outcome came within {}; it will be decided when a worker serves its \
-                 partition",
-                humantime::format_duration(timeout)
-            );
-            OutcomeUnknown::new(envelope, why, Some(status))
-        }
-        Err(e) => e.downcast::<OutcomeUnknown>()?,
+        Err(Error::OutcomeUnknown(unknown)) => unknown,
+        Err(e) => return Err(e.into()),
     };
     match format {
         OutputFormat::Table => {
@@ -730,60 +449,20 @@ fn settle(
             output::emit(&output::json(&value)?);
         }
     }
-    Err(unknown.into())
+    Err(Error::OutcomeUnknown(unknown).into())
 }
 
-/// A lease as `acquire` prints it (the same fields as the gateway's lease records).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub(crate) struct LeaseRecord {
-    /// `<agent>.<lease id>`
-    pub(crate) id: String,
-    /// `<agent>.<resource id>`
-    pub(crate) resource: String,
-    pub(crate) holder: String,
-    /// `waiting`, `active`, `released`, `broken`, `expired`, `failed`.
-    pub(crate) state: String,
-    pub(crate) token: Option<u64>,
-    pub(crate) expires_at: Option<u64>,
-    pub(crate) wait_until: Option<u64>,
-}
-
-impl LeaseRecord {
-    /// Applies an effect at `position` if it is about this lease; true if it changed the lease.
-    pub(crate) fn apply(&mut self, lease: LeaseId, position: Position, effect: &Effect) -> bool {
-        let mut set = |state: &str, token: Option<u64>, expires_at: Option<u64>, wait_until: Option<u64>| {
-            self.state = state.to_owned();
-            self.token = token;
-            self.expires_at = expires_at;
-            self.wait_until = wait_until;
-        };
-        match effect {
-            Effect::LeaseWaiting { lease: id, wait_until, .. } if *id == lease => {
-                set("waiting", None, None, wait_until.map(|t| t.0))
-            }
-            Effect::LeaseGranted { lease: id, expires_at, .. } if *id == lease => {
-                set("active", Some(position.0), expires_at.map(|t| t.0), None)
-            }
-            Effect::LeaseReleased { lease: id } if *id == lease => set("released", None, None, None),
-            Effect::LeaseBroken { lease: id, .. } if *id == lease => set("broken", None, None, None),
-            Effect::LeaseExpired { lease: id } if *id == lease => set("expired", None, None, None),
-            Effect::LeaseFailed { lease: id } if *id == lease => set("failed", None, None, None),
-            _ => return false,
-        }
-        true
-    }
-
-    fn table(&self) -> String {
-        output::fields(&[
-            ("id", self.id.clone()),
-            ("state", self.state.clone()),
-            ("token", output::opt(self.token)),
-            ("resource", self.resource.clone()),
-            ("holder", self.holder.clone()),
-            ("expires_at", output::time(self.expires_at)),
-            ("wait_until", output::time(self.wait_until)),
-        ])
-    }
+/// A lease as `acquire` prints it in a table.
+fn lease_table(record: &LeaseRecord) -> String {
+    output::fields(&[
+        ("id", record.id.clone()),
+        ("state", record.state.clone()),
+        ("token", output::opt(record.token)),
+        ("resource", record.resource.clone()),
+        ("holder", record.holder.clone()),
+        ("expires_at", output::time(record.expires_at)),
+        ("wait_until", output::time(record.wait_until)),
+    ])
 }
 
 /// A resource as the outcome of its allocation describes it, for `--nats` (no read model to ask). The same fields
@@ -825,7 +504,7 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
     let format = global.output;
     match command {
         ProduceCmd::Allocate(args) => {
-            let transport = Transport::connect(global, &args.produce.nats).await?;
+            let transport = transport(global, &args.produce.nats).await?;
             let resource = args.id.unwrap_or_else(ResourceId::generate);
             let reference = ResourceRef::new(args.agent.clone(), resource);
             output::know("ref", &reference);
@@ -844,21 +523,7 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
             let status = settle(sent, &envelope, args.produce.timeout, format, Some(("ref", reference.to_string())))?;
             let command_id = status.command_id.clone();
             let outcomes = accepted(status, format, &format!("allocate {reference}"))?;
-            let allocated: Vec<ResourceId> = outcomes
-                .iter()
-                .flat_map(|o| o.outcome.effects())
-                .filter_map(|effect| match effect {
-                    Effect::ResourceAllocated { resource, .. } => Some(*resource),
-                    _ => None,
-                })
-                .collect();
-            if !allocated.is_empty() && !allocated.contains(&resource) {
-                bail!(
-                    "command {command_id} allocated {}, not {reference}: it was first sent with other ids (was \
-                     --command-id {command_id} given with another --id?)",
-                    allocated.iter().map(|id| format!("{}.{id}", args.agent)).collect::<Vec<_>>().join(", ")
-                );
-            }
+            leasehold_client::produce::check_allocated(&command_id, &reference, &outcomes)?;
             match format {
                 OutputFormat::Table => output::emit(&format!("{reference}\n")),
                 OutputFormat::Json => {
@@ -989,7 +654,7 @@ pub(crate) async fn simple(
     envelope: Envelope,
     what: &str,
 ) -> anyhow::Result<()> {
-    let transport = Transport::connect(global, &produce.nats).await?;
+    let transport = transport(global, &produce.nats).await?;
     let sent = transport.submit(&envelope, produce.timeout).await;
     let status = settle(sent, &envelope, produce.timeout, global.output, None)?;
     match global.output {
@@ -1018,7 +683,7 @@ fn accepted_text(what: &str, envelope: &Envelope, outcomes: &[SeqOutcome]) -> St
 }
 
 async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> anyhow::Result<()> {
-    let transport = Transport::connect(global, &args.produce.nats).await?;
+    let transport = transport(global, &args.produce.nats).await?;
     let lease = args.lease_id.unwrap_or_else(LeaseId::generate);
     let lease_ref = LeaseRef { agent: args.resource.agent.clone(), lease };
     output::know("lease", &lease_ref);
@@ -1031,67 +696,32 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
         wait_timeout: args.wait_timeout,
     };
     let what = format!("acquire {}", args.resource);
-    let envelope = envelope(issuer, args.produce.command_id, body);
+    let envelope = envelope(issuer, args.produce.command_id, body.clone());
     let sent = transport.submit(&envelope, args.produce.timeout).await;
     let status = settle(sent, &envelope, args.produce.timeout, global.output, Some(("lease", lease_ref.to_string())))?;
     let command_id = status.command_id.clone();
     let outcomes = accepted(status, global.output, &what)?;
-    let mut record = LeaseRecord {
-        id: lease_ref.to_string(),
-        resource: args.resource.to_string(),
-        holder: args.holder.clone(),
-        state: "waiting".to_owned(),
-        token: None,
-        expires_at: None,
-        wait_until: None,
-    };
-    let mut last_seq = 0;
-    let mut about_this_lease = false;
-    for SeqOutcome { seq, outcome } in &outcomes {
-        last_seq = last_seq.max(*seq);
-        for (position, effect) in outcome.positioned_effects() {
-            about_this_lease |= record.apply(lease, position, effect);
-        }
-    }
-    if !about_this_lease {
-        bail!(
-            "the outcome of command {command_id} is not about lease {lease_ref}: it was first sent with other ids (was \
-             --command-id {command_id} given with another --lease-id?)"
-        );
-    }
+    let (mut record, last_seq) = LeaseRecord::acquired(&body, &command_id, &outcomes)?;
     if args.block && record.state == "waiting" {
         if global.output == OutputFormat::Table {
-            output::emit(&record.table());
+            output::emit(&lease_table(&record));
         }
         // The timeout counts from here: the acquisition itself is decided.
         let deadline = tokio::time::Instant::now() + args.produce.timeout;
-        let key = Key::Agent(args.resource.agent.clone());
-        let mut events = transport.follow(&key, last_seq + 1).await?;
-        'follow: loop {
-            let event = match tokio::time::timeout_at(deadline, events.next()).await {
-                Ok(Some(event)) => event?,
-                Ok(None) => bail!("the outcome stream ended while lease {lease_ref} was waiting"),
-                Err(_) => {
-                    if global.output == OutputFormat::Json {
-                        let mut value = serde_json::to_value(&record)?;
-                        if let serde_json::Value::Object(map) = &mut value {
-                            map.insert("command_id".to_owned(), command_id.clone().into());
-                        }
-                        output::emit(&output::json(&value)?);
-                    }
-                    let again = wait_again(&args, global, &command_id, lease);
-                    return Err(StillWaiting(still_waiting(&record, args.produce.timeout, &again)).into());
+        if !record.wait(&transport, &lease_ref, last_seq + 1, deadline).await? {
+            if global.output == OutputFormat::Json {
+                let mut value = serde_json::to_value(&record)?;
+                if let serde_json::Value::Object(map) = &mut value {
+                    map.insert("command_id".to_owned(), command_id.clone().into());
                 }
-            };
-            for (position, effect) in event.outcome.positioned_effects() {
-                if record.apply(lease, position, effect) && record.state != "waiting" {
-                    break 'follow;
-                }
+                output::emit(&output::json(&value)?);
             }
+            let again = wait_again(&args, global, &command_id, lease);
+            return Err(StillWaiting(still_waiting(&record, args.produce.timeout, &again)).into());
         }
     }
     match global.output {
-        OutputFormat::Table => output::emit(&record.table()),
+        OutputFormat::Table => output::emit(&lease_table(&record)),
         OutputFormat::Json => output::emit(&output::json(&record)?),
     }
     if args.block && record.state != "active" {
@@ -1212,9 +842,6 @@ pub(crate) enum ProduceCmd {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-
     use leasehold_schemas::Outcome;
 
     use super::*;
@@ -1243,60 +870,11 @@ mod tests {
     }
 
     #[test]
-    fn lease_refs_round_trip() {
-        let text = "w1.019b76da-9860-7333-b333-333333333333";
-        let lease: LeaseRef = text.parse().unwrap();
-        assert_eq!(lease.agent.as_str(), "w1");
-        assert_eq!(lease.to_string(), text);
-        assert!("019b76da-9860-7333-b333-333333333333".parse::<LeaseRef>().is_err());
-        assert!("W1.019b76da-9860-7333-b333-333333333333".parse::<LeaseRef>().is_err());
-    }
-
-    #[test]
     fn the_issuer_is_given_or_the_user() {
         assert_eq!(issuer(Some("op:alice@example")).unwrap().as_str(), "op:alice@example");
         assert!(issuer(Some("has space")).unwrap_err().to_string().starts_with("--issuer"));
         let default = issuer(None).unwrap();
         assert!(default.as_str() == "cli" || default.as_str().starts_with("cli:"), "{default}");
-    }
-
-    #[test]
-    fn a_lease_follows_its_own_effects_only() {
-        let lease = LeaseId::generate();
-        let other = LeaseId::generate();
-        let resource = ResourceId::generate();
-        let mut record = LeaseRecord {
-            id: format!("w1.{lease}"),
-            resource: format!("w1.{resource}"),
-            holder: "build-1".into(),
-            state: "waiting".into(),
-            token: None,
-            expires_at: None,
-            wait_until: None,
-        };
-        let waiting = Effect::LeaseWaiting {
-            lease,
-            resource,
-            holder: "build-1".into(),
-            ttl: None,
-            wait_until: Some(Timestamp(5_000)),
-        };
-        assert!(record.apply(lease, Position(3), &waiting));
-        assert_eq!(record.wait_until, Some(5_000));
-        assert!(!record.apply(lease, Position(4), &Effect::LeaseFailed { lease: other }));
-        let granted = Effect::LeaseGranted {
-            lease,
-            resource,
-            holder: "build-1".into(),
-            ttl: Some(Millis(60_000)),
-            expires_at: Some(Timestamp(70_000)),
-        };
-        assert!(record.apply(lease, Position(9), &granted));
-        assert_eq!((record.state.as_str(), record.token, record.expires_at), ("active", Some(9), Some(70_000)));
-        let json = serde_json::to_value(&record).unwrap();
-        assert_eq!(json["id"], format!("w1.{lease}"));
-        assert_eq!(json["token"], 9);
-        assert_eq!(json["wait_until"], serde_json::Value::Null);
     }
 
     fn parse(argv: &[&str]) -> Result<crate::Cli, clap::Error> {
@@ -1473,7 +1051,7 @@ mod tests {
             command_seq: Some(12),
             duplicate: false,
             rejection: (status == "rejected")
-                .then(|| RejectionInfo { kind: "at-capacity".into(), message: "has 2 of 2 leases".into() }),
+                .then(|| crate::client::RejectionInfo { kind: "at-capacity".into(), message: "has 2 of 2 leases".into() }),
             outcomes: Vec::new(),
             dead_letter: None,
         };
@@ -1535,91 +1113,16 @@ mod tests {
         assert!(text.contains("it is stored at command seq 12, and no outcome came within 30s"), "{text}");
         assert!(text.contains("--command-id 019b76da-abe8-7001-8000-000000000001 --id 019b76da-9478"), "{text}");
         // From the transport, through anyhow's context: still an unknown outcome.
-        let lost = anyhow::Error::from(OutcomeUnknown::new(&envelope, "the connection broke".into(), None));
+        let lost = Error::from(leasehold_client::OutcomeUnknown::new(&envelope, "the connection broke".into(), None));
         let error = settle(Err(lost), &envelope, Duration::from_secs(30), OutputFormat::Json, None).unwrap_err();
         assert_eq!(crate::exit_status(&error.context("allocate")), EXIT_OUTCOME_UNKNOWN);
         // Decided statuses go on; other errors stay what they are.
         let accepted = CommandStatus { status: "accepted".into(), ..pending };
         assert!(settle(Ok(accepted), &envelope, Duration::from_secs(30), OutputFormat::Json, None).is_ok());
-        let refused = settle(Err(anyhow!("refused")), &envelope, Duration::ZERO, OutputFormat::Json, None).unwrap_err();
+        let refused = settle(Err(Error::Refused { reason: "refused".into(), source: None }), &envelope, Duration::ZERO, OutputFormat::Json, None).unwrap_err();
         assert_eq!(crate::exit_status(&refused), 1);
         let waiting = StillWaiting("still waiting".into());
         assert_eq!(crate::exit_status(&anyhow::Error::from(waiting)), EXIT_STILL_WAITING);
-    }
-
-    /// An embedded log whose clock the test moves, with an allocation `envelope` published and decided once.
-    async fn decided_once(envelope: &Envelope) -> (leasehold_log::embedded::Embedded, Arc<AtomicU64>, u64) {
-        let now = Arc::new(AtomicU64::new(1_767_225_600_000));
-        let clock = Arc::clone(&now);
-        let log =
-            leasehold_log::embedded::Embedded::in_memory(4, Arc::new(move || Timestamp(clock.load(SeqCst)))).unwrap();
-        let id = envelope.command_id.to_string();
-        let payload = leasehold_schemas::codec::encode_command(envelope).unwrap();
-        let subject = leasehold_schemas::subjects::ingress_subject_of(&envelope.body);
-        let first = log.publish_command(&subject, &id, payload.into()).await.unwrap();
-        assert!(!first.duplicate);
-        let outcome: Outcome = serde_json::from_value(serde_json::json!({
-            "decider_version": 1, "partition": 0,
-            "command": {"id": id, "class": "op", "type_name": "op.allocate", "issuer": "cli",
-                        "issued_at": 1767225600000u64, "key": "w1"},
-            "cmd_seq": first.seq, "part": 0, "log_time": 1767225600000u64, "decided_at": 1767225600000u64,
-            "decision": {"accepted": {"first_position": 1, "effects": [
-                {"resource-allocated": {"resource": &REF[3..], "kind": "dir", "capacity": 1, "attributes": {},
-                    "parent": null}}
-            ]}}
-        }))
-        .unwrap();
-        let OutcomeFilter::Key { partition, key } = key_filter(&log, &envelope.body.key()) else { unreachable!() };
-        let fence = log.last_outcome_seq(partition).await.unwrap();
-        let record = leasehold_log::OutcomeRecord {
-            key,
-            cmd_id: id,
-            cmd_seq: first.seq,
-            part: 0,
-            payload: leasehold_schemas::codec::encode_outcome(&outcome).unwrap().into(),
-        };
-        assert!(matches!(log.append(partition, fence, &[record]).await, leasehold_log::Appended::Landed { .. }));
-        (log, now, first.seq)
-    }
-
-    #[tokio::test]
-    async fn a_command_sent_again_through_the_log_gets_its_first_decision() {
-        let envelope = allocate_envelope();
-        let (log, now, first) = decided_once(&envelope).await;
-        // Within the duplicate window: the log answers duplicate, and the decision is already there.
-        let status = submit_to_log(&log, &envelope, Duration::from_secs(5)).await.unwrap();
-        assert_eq!((status.status.as_str(), status.duplicate, status.command_seq), ("accepted", true, Some(first)));
-        assert_eq!(status.outcomes.len(), 1);
-        // After the window: stored again, at a new sequence, but decided once: the earlier decision, as a duplicate.
-        now.fetch_add(11 * 60 * 1000, SeqCst);
-        let status = submit_to_log(&log, &envelope, Duration::from_secs(5)).await.unwrap();
-        assert_eq!((status.status.as_str(), status.duplicate, status.command_seq), ("accepted", true, Some(first)));
-        assert_eq!(log.last_command_seq().await.unwrap(), first + 1, "stored again (past the window)");
-    }
-
-    #[tokio::test]
-    async fn another_command_under_a_used_id_is_refused_on_the_log() {
-        let envelope = allocate_envelope();
-        let (log, now, first) = decided_once(&envelope).await;
-        let mut other = envelope.clone();
-        let Command::Allocate(body) = &mut other.body else { unreachable!() };
-        body.resource = ResourceId::generate();
-        let expected = format!(
-            "command id {} names another command (op.allocate for w1, stored at command sequence {first})",
-            envelope.command_id
-        );
-        // A duplicate of the log: refused, exit status 1.
-        let error = submit_to_log(&log, &other, Duration::from_secs(5)).await.unwrap_err();
-        assert!(error.to_string().starts_with(&expected), "{error}");
-        assert_eq!(crate::exit_status(&error), 1);
-        // Past the window: the earlier decision of the id is another command's.
-        now.fetch_add(11 * 60 * 1000, SeqCst);
-        let error = submit_to_log(&log, &other, Duration::from_secs(5)).await.unwrap_err();
-        assert!(error.to_string().starts_with(&expected), "{error}");
-        // A new command that nobody decides: pending at the timeout, not a duplicate.
-        let fresh = Envelope { command_id: CommandId::generate(), ..envelope };
-        let status = submit_to_log(&log, &fresh, Duration::from_millis(200)).await.unwrap();
-        assert_eq!((status.status.as_str(), status.duplicate), ("pending", false));
     }
 
     #[test]

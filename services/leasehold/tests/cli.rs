@@ -865,7 +865,7 @@ fn shown_safely(what: &str, text: &str) {
 /// The display column at which `needle` starts on the first line of `table` that holds it.
 fn column_of(table: &str, needle: &str) -> usize {
     let line = table.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("no {needle:?} in\n{table}"));
-    leasehold::output::display_width(&line[..line.find(needle).unwrap()])
+    leasehold_cli_common::output::display_width(&line[..line.find(needle).unwrap()])
 }
 
 #[test]
