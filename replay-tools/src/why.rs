@@ -460,7 +460,8 @@ fn holding(out: &mut String, h: &Holding) {
         ("let go", &h.let_go),
         ("freed", &h.freed),
     ];
-    let mut table = leasehold_cli_common::output::Table::new(&["  STEP", "SEQ", "TIME", "COMMAND", "BY", "COMMAND ID", "WHAT"]);
+    let mut table =
+        leasehold_cli_common::output::Table::new(&["  STEP", "SEQ", "TIME", "COMMAND", "BY", "COMMAND ID", "WHAT"]);
     for (name, step) in steps {
         if let Some(e) = step {
             let id = match &e.correlation_id {

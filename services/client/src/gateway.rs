@@ -123,7 +123,10 @@ pub fn batches(texts: &[String], max_commands: usize, max_bytes: usize) -> Vec<s
 #[derive(Debug)]
 enum RoundError {
     /// The gateway does not take commands yet (503 with `Retry-After`: it is starting): nothing was stored.
-    NotReady { why: String, retry_after: Duration },
+    NotReady {
+        why: String,
+        retry_after: Duration,
+    },
     Failed(Error),
 }
 
@@ -232,7 +235,10 @@ impl Gateway {
     /// The error of a request that got no answer: its message says why (the cause is in it, not after it).
     fn unreachable(&self, error: reqwest::Error) -> Error {
         if error.is_connect() {
-            Error::transport(format!("cannot reach the gateway at {}: is `leasehold serve` running? ({error})", self.base))
+            Error::transport(format!(
+                "cannot reach the gateway at {}: is `leasehold serve` running? ({error})",
+                self.base
+            ))
         } else if error.is_timeout() {
             Error::transport(format!("the gateway at {} did not answer in time ({error})", self.base))
         } else {
@@ -534,22 +540,20 @@ impl Gateway {
             })
             .filter_map(|event| async move {
                 match event {
-                    Ok(event) if event.event == "outcome" => Some(
-                        serde_json::from_str::<SeqOutcome>(&event.data)
-                            .map(Feed::Outcome)
-                            .map_err(|e| Error::decode(format!("an outcome event is not an outcome: {}", event.data), e)),
-                    ),
+                    Ok(event) if event.event == "outcome" => {
+                        Some(serde_json::from_str::<SeqOutcome>(&event.data).map(Feed::Outcome).map_err(|e| {
+                            Error::decode(format!("an outcome event is not an outcome: {}", event.data), e)
+                        }))
+                    }
                     // Where the stream starts: the place to resume from before any outcome came.
                     Ok(event) if event.event == "open" => {
                         event.id.as_deref().and_then(|id| id.parse().ok()).map(|before| Ok(Feed::Opened { before }))
                     }
                     // The gateway ends the stream with one `error` event when it cannot go on.
-                    Ok(event) if event.event == "error" => {
-                        Some(Err(Error::transport(format!(
-                            "the gateway's event stream failed: {}",
-                            error_text(&event.data)
-                        ))))
-                    }
+                    Ok(event) if event.event == "error" => Some(Err(Error::transport(format!(
+                        "the gateway's event stream failed: {}",
+                        error_text(&event.data)
+                    )))),
                     // Other event types carry no outcome.
                     Ok(_) => None,
                     Err(e) => Some(Err(e)),

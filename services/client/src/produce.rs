@@ -89,11 +89,7 @@ impl Transport {
     }
 
     /// Every outcome of `key` from sequence `from` on, as it lands.
-    pub async fn follow(
-        &self,
-        key: &Key,
-        from: u64,
-    ) -> Result<BoxStream<'static, Result<SeqOutcome, Error>>, Error> {
+    pub async fn follow(&self, key: &Key, from: u64) -> Result<BoxStream<'static, Result<SeqOutcome, Error>>, Error> {
         match self {
             Transport::Gateway(gateway) => {
                 Ok(Follower::new(gateway.clone(), Some(key.token()), Some(from)).into_stream())
@@ -135,8 +131,8 @@ pub async fn submit_to_log<L: Log>(log: &L, envelope: &Envelope, timeout: Durati
         .last_outcome_seq(partition)
         .await
         .map_err(|e| Error::transport_because("reading where the outcomes are", e))?;
-    let payload = leasehold_schemas::codec::encode_command(envelope)
-        .map_err(|e| Error::decode("encoding the command", e))?;
+    let payload =
+        leasehold_schemas::codec::encode_command(envelope).map_err(|e| Error::decode("encoding the command", e))?;
     let subject = leasehold_schemas::subjects::ingress_subject_of(&envelope.body);
     let published = match log.publish_command(&subject, &command_id, payload.into()).await {
         Ok(published) => published,
@@ -335,7 +331,9 @@ pub fn outcomes(status: CommandStatus, what: &str) -> Result<Vec<SeqOutcome>, Er
             let command_id = id.clone();
             Err(OutcomeUnknown { command_id, why, status: Some(status), resend: String::new() }.into())
         }
-        other => Err(Error::Decode { message: format!("{what}: the gateway says {other:?} of command {id}"), source: None }),
+        other => {
+            Err(Error::Decode { message: format!("{what}: the gateway says {other:?} of command {id}"), source: None })
+        }
     }
 }
 

@@ -1050,8 +1050,10 @@ mod tests {
             status: status.into(),
             command_seq: Some(12),
             duplicate: false,
-            rejection: (status == "rejected")
-                .then(|| crate::client::RejectionInfo { kind: "at-capacity".into(), message: "has 2 of 2 leases".into() }),
+            rejection: (status == "rejected").then(|| crate::client::RejectionInfo {
+                kind: "at-capacity".into(),
+                message: "has 2 of 2 leases".into(),
+            }),
             outcomes: Vec::new(),
             dead_letter: None,
         };
@@ -1119,7 +1121,14 @@ mod tests {
         // Decided statuses go on; other errors stay what they are.
         let accepted = CommandStatus { status: "accepted".into(), ..pending };
         assert!(settle(Ok(accepted), &envelope, Duration::from_secs(30), OutputFormat::Json, None).is_ok());
-        let refused = settle(Err(Error::Refused { reason: "refused".into(), source: None }), &envelope, Duration::ZERO, OutputFormat::Json, None).unwrap_err();
+        let refused = settle(
+            Err(Error::Refused { reason: "refused".into(), source: None }),
+            &envelope,
+            Duration::ZERO,
+            OutputFormat::Json,
+            None,
+        )
+        .unwrap_err();
         assert_eq!(crate::exit_status(&refused), 1);
         let waiting = StillWaiting("still waiting".into());
         assert_eq!(crate::exit_status(&anyhow::Error::from(waiting)), EXIT_STILL_WAITING);
