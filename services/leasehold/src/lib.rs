@@ -234,6 +234,10 @@ fn run() -> anyhow::Result<()> {
         Cmd::Agent(agents::AgentCmd::Unretire(args)) => {
             produce_cmd(produce::ProduceCmd::AgentUnretire(args), &cli.global)?
         }
+        Cmd::Agent(agents::AgentCmd::Cordon(args)) => produce_cmd(produce::ProduceCmd::AgentCordon(args), &cli.global)?,
+        Cmd::Agent(agents::AgentCmd::Uncordon(args)) => {
+            produce_cmd(produce::ProduceCmd::AgentUncordon(args), &cli.global)?
+        }
         Cmd::Agent(cmd) => {
             logs::init("info");
             agents::run(cmd)?;

@@ -14,8 +14,8 @@ use futures::stream::BoxStream;
 use leasehold_log::jetstream::{JetStream, JetStreamConfig};
 use leasehold_log::{Log, OutcomeFilter};
 use leasehold_schemas::command::{
-    Acquire, Allocate, ConfirmLoss, DefinePool, DeletePool, Pause, Release, ReleaseLease, Renew,
-    ReportFailureByOperator, RetireAgent, Unpause, UnretireAgent, Update, UpdatePool,
+    Acquire, Allocate, ConfirmLoss, CordonAgent, DefinePool, DeletePool, Pause, Release, ReleaseLease, Renew,
+    ReportFailureByOperator, RetireAgent, UncordonAgent, Unpause, UnretireAgent, Update, UpdatePool,
 };
 use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::{
@@ -258,6 +258,18 @@ pub(crate) struct PoolDeleteArgs {
 pub(crate) struct AgentNameArgs {
     /// The agent's name.
     pub(crate) name: AgentName,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold agent cordon`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct CordonArgs {
+    /// The agent's name.
+    pub(crate) name: AgentName,
+    /// Why, for whoever looks at the agent later (`leasehold agents` shows it).
+    #[arg(long)]
+    pub(crate) reason: Option<String>,
     #[command(flatten)]
     pub(crate) produce: ProduceArgs,
 }
@@ -973,6 +985,16 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
             let body = UnretireAgent { agent: args.name };
             simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
+        ProduceCmd::AgentCordon(args) => {
+            let what = format!("agent cordon {}", args.name);
+            let body = CordonAgent { agent: args.name, reason: args.reason };
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
+        }
+        ProduceCmd::AgentUncordon(args) => {
+            let what = format!("agent uncordon {}", args.name);
+            let body = UncordonAgent { agent: args.name };
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
+        }
         ProduceCmd::AgentConfirmLoss(args) => {
             let what = format!("agent confirm-loss {}", args.name);
             let body = ConfirmLoss { agent: args.name };
@@ -1207,6 +1229,8 @@ pub(crate) enum ProduceCmd {
     PoolDelete(PoolDeleteArgs),
     AgentRetire(AgentNameArgs),
     AgentUnretire(AgentNameArgs),
+    AgentCordon(CordonArgs),
+    AgentUncordon(AgentNameArgs),
     AgentConfirmLoss(AgentNameArgs),
 }
 
