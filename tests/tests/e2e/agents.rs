@@ -213,7 +213,8 @@ async fn a_cordoned_agent_keeps_what_it_holds_and_takes_nothing_new_until_uncord
     assert!(ran.stderr.contains("is cordoned (by") && ran.stderr.contains("kernel upgrade"), "{ran:?}");
     let lease = acquire(&agent_name("a1"), held[0], LeaseId::generate());
     api.accepted(&lease, &[&serve]).await;
-    let ran = run_in(cli(&["agents"])).await;
+    // LEASEHOLD_SERVER names the gateway as --server does.
+    let ran = run_cli(run.path(), &["agents"], &[("LEASEHOLD_SERVER", server.as_str())]).await;
     assert_eq!(ran.code, Some(0), "{ran:?}");
     assert!(ran.stdout.contains("live, cordoned") && ran.stdout.contains(": kernel upgrade"), "{}", ran.stdout);
     let ran = run_in(cli(&["agent", "cordon", "a1"])).await;
