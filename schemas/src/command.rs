@@ -163,6 +163,23 @@ pub struct UnretireAgent {
     pub agent: AgentName,
 }
 
+/// Stop new allocations (and placements) on an agent, on record; what it holds, and its leases, go on (schema
+/// version 3). Sticky like retirement: registering again does not end it, only `op.uncordon-agent` does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CordonAgent {
+    pub agent: AgentName,
+    /// Why, for whoever looks at the agent later.
+    pub reason: Option<String>,
+}
+
+/// Let an agent take new allocations again, on record (schema version 3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UncordonAgent {
+    pub agent: AgentName,
+}
+
 /// The operator confirms that an agent whose circuit breaker tripped really lost what it reported missing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -677,6 +694,8 @@ commands! {
     GarbageReport(GarbageReport) = Agent "agent.report-garbage",
     ReportDestroyed(ReportDestroyed) = Agent "agent.report-destroyed",
     DriverStatus(DriverStatus) = Agent "agent.driver-status",
+    CordonAgent(CordonAgent) = Op "op.cordon-agent",
+    UncordonAgent(UncordonAgent) = Op "op.uncordon-agent",
 }
 
 /// The last subject token of a command: the resource or lease it is about, or `_`.
@@ -715,6 +734,8 @@ impl Command {
             Command::RetireAgent(c) => agent(&c.agent),
             Command::ConfirmLoss(c) => agent(&c.agent),
             Command::UnretireAgent(c) => agent(&c.agent),
+            Command::CordonAgent(c) => agent(&c.agent),
+            Command::UncordonAgent(c) => agent(&c.agent),
             Command::GarbageReport(c) => agent(&c.agent),
             Command::ReportDestroyed(c) => agent(&c.agent),
             Command::DriverStatus(c) => agent(&c.agent),
@@ -776,6 +797,8 @@ impl Command {
             Command::Adopt(c) => Resource(c.parent.resource),
             Command::RetireAgent(_)
             | Command::UnretireAgent(_)
+            | Command::CordonAgent(_)
+            | Command::UncordonAgent(_)
             | Command::GarbageReport(_)
             | Command::DriverStatus(_)
             | Command::ConfirmLoss(_)
@@ -843,6 +866,7 @@ pub(crate) mod legacy {
     /// version 2 and for bodies that use a field or variant added then; 1 otherwise.
     pub(crate) fn oldest_version(command: &Command) -> u16 {
         let needs_three = match command {
+            Command::CordonAgent(_) | Command::UncordonAgent(_) => true,
             Command::BindClaim(c) => c.definition.is_some(),
             Command::ReportFailure(c) => c.failure == FailureKind::DestroyBlocked,
             _ => false,

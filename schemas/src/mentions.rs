@@ -100,6 +100,8 @@ impl<'e> Mentions<'e> {
             | Effect::AgentDriverUnavailable { .. }
             | Effect::AgentDriverAvailable {}
             | Effect::AgentUnretired { .. }
+            | Effect::AgentCordoned { .. }
+            | Effect::AgentUncordoned { .. }
             | Effect::GcModeChanged { .. } => {}
         }
         m

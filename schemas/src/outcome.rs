@@ -106,8 +106,15 @@ impl Outcome {
     /// it holds an effect, a cause or a parent state added in version 2, else 1. An outcome is written in it, so a
     /// reader of an older version reads every outcome that needs nothing newer (see `codec::encode_outcome`).
     pub fn oldest_schema_version(&self) -> u16 {
-        let needs_three =
-            |effect: &Effect| matches!(effect, Effect::ClaimPoolDefinition { .. } | Effect::DestroyBlocked { .. });
+        let needs_three = |effect: &Effect| {
+            matches!(
+                effect,
+                Effect::ClaimPoolDefinition { .. }
+                    | Effect::DestroyBlocked { .. }
+                    | Effect::AgentCordoned { .. }
+                    | Effect::AgentUncordoned { .. }
+            )
+        };
         if self.effects().iter().any(needs_three) {
             return 3;
         }
@@ -589,6 +596,15 @@ pub enum Effect {
         resource: ResourceId,
         detail: String,
     },
+    /// No new allocations or placements on the agent, until it is uncordoned (schema version 3).
+    AgentCordoned {
+        by: Issuer,
+        reason: Option<String>,
+    },
+    /// The agent takes new allocations again (schema version 3).
+    AgentUncordoned {
+        by: Issuer,
+    },
 }
 
 /// Why a garbage handle is destroyed.
@@ -670,6 +686,8 @@ impl Effect {
             Effect::AllocationWaitsUntil { .. } => "allocation-waits-until",
             Effect::ClaimPoolDefinition { .. } => "claim-pool-definition",
             Effect::DestroyBlocked { .. } => "destroy-blocked",
+            Effect::AgentCordoned { .. } => "agent-cordoned",
+            Effect::AgentUncordoned { .. } => "agent-uncordoned",
         }
     }
 }

@@ -28,7 +28,9 @@ use leasehold_schemas::command::{
     RequestHealthCheck, ResyncChunk, RetireAgent, SetPartitionSettings, SyncReport, TickPool, Unpause, Update,
     UpdatePool, WaitTimeout,
 };
-use leasehold_schemas::command::{DriverStatus, GarbageReport, ReportDestroyed, UnretireAgent};
+use leasehold_schemas::command::{
+    CordonAgent, DriverStatus, GarbageReport, ReportDestroyed, UncordonAgent, UnretireAgent,
+};
 use leasehold_schemas::ids::{
     AgentName, CommandId, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source,
     Timestamp,
@@ -423,6 +425,8 @@ fn command_samples() -> Vec<(String, Envelope)> {
                 detail: "/var/lib/leasehold no longer names agent w1 in .leasehold-agent".into(),
             },
         ),
+        envelope(71, OP_ISSUER, CordonAgent { agent: a(), reason: Some("kernel upgrade at 14:00".into()) }),
+        envelope(72, OP_ISSUER, UncordonAgent { agent: a() }),
     ];
     let mut samples: Vec<(String, Envelope)> =
         main.into_iter().map(|envelope| (envelope.type_name().to_owned(), envelope)).collect();
@@ -751,6 +755,8 @@ fn effect_samples() -> Vec<Effect> {
             definition: PoolKind::Ipv4 { network: ip(0), prefix_len: 29, exclude: vec![ip(1)] },
         },
         Effect::DestroyBlocked { resource: r(), detail: "volume lh-x is in use by container ci-cache".into() },
+        Effect::AgentCordoned { by: issuer(OP_ISSUER), reason: Some("kernel upgrade at 14:00".into()) },
+        Effect::AgentUncordoned { by: issuer(OP_ISSUER) },
     ]
 }
 
@@ -961,7 +967,7 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
 // Exhaustive maps from each wire enum to an index: a variant added without a fixture fails to compile here, and a
 // new arm without a sample fails `samples_cover_every_variant`.
 
-const EFFECT_VARIANTS: usize = 59;
+const EFFECT_VARIANTS: usize = 61;
 
 fn effect_index(effect: &Effect) -> usize {
     match effect {
@@ -1024,6 +1030,8 @@ fn effect_index(effect: &Effect) -> usize {
         Effect::AllocationWaitsUntil { .. } => 56,
         Effect::ClaimPoolDefinition { .. } => 57,
         Effect::DestroyBlocked { .. } => 58,
+        Effect::AgentCordoned { .. } => 59,
+        Effect::AgentUncordoned { .. } => 60,
     }
 }
 

@@ -80,6 +80,8 @@ pub fn is_material(effect: &Effect) -> bool {
             | Effect::AgentDriverUnavailable { .. }
             | Effect::AgentDriverAvailable {}
             | Effect::AgentUnretired { .. }
+            | Effect::AgentCordoned { .. }
+            | Effect::AgentUncordoned { .. }
             | Effect::AllocationWaitsUntil { .. }
             | Effect::DestroyBlocked { .. }
             | Effect::ClaimPoolDefinition { .. }

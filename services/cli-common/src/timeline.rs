@@ -199,6 +199,11 @@ pub fn describe(effect: &Effect) -> String {
         Effect::AgentDriverUnavailable { detail } => format!("the agent's driver is UNAVAILABLE: {detail}"),
         Effect::AgentDriverAvailable {} => "the agent's driver is available again".to_owned(),
         Effect::AgentUnretired { by } => format!("agent back in service (unretired by {by})"),
+        Effect::AgentCordoned { by, reason } => format!(
+            "agent cordoned by {by}: no new allocations; what it holds goes on{}",
+            reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default()
+        ),
+        Effect::AgentUncordoned { by } => format!("agent uncordoned by {by}: it takes new allocations again"),
         Effect::GcModeChanged { mode } => format!("garbage collection mode: {mode}"),
         Effect::AllocationWaitsUntil { resource, until } => {
             format!("{} waits for its pools' identifiers until {until} at the latest", short(resource))

@@ -8,8 +8,8 @@ use leasehold_schemas::outcome::{Decision, Effect, UnpauseCause};
 use leasehold_schemas::subjects::partition_of_agent;
 
 use crate::state::{
-    Agent, Breaker, ClaimSlot, Forget, Holding, Lease, LeaseState, Liveness, ParentLink, PartitionState, PauseInfo,
-    PendingClock, PendingDecision, Pool, Resource, ResourceState,
+    Agent, Breaker, ClaimSlot, Cordon, Forget, Holding, Lease, LeaseState, Liveness, ParentLink, PartitionState,
+    PauseInfo, PendingClock, PendingDecision, Pool, Resource, ResourceState,
 };
 
 /// An outcome that does not follow the state it is folded into: a log out of order, with a gap, or of another
@@ -310,6 +310,7 @@ fn apply_effect(
                 lost_ids: Default::default(),
                 garbage_orders: Default::default(),
                 left_by_position: Default::default(),
+                cordon: None,
             });
             agent.liveness = Liveness::Live;
             agent.gone_at = None;
@@ -716,6 +717,16 @@ fn apply_effect(
         Effect::AgentUnretired { .. } => {
             if let Some(agent) = agent_of(state, key) {
                 agent.retired = false;
+            }
+        }
+        Effect::AgentCordoned { by, reason } => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.cordon = Some(Cordon { by: by.clone(), reason: reason.clone(), since: now });
+            }
+        }
+        Effect::AgentUncordoned { .. } => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.cordon = None;
             }
         }
         Effect::GcModeChanged { mode } => {

@@ -336,6 +336,16 @@ pub struct Agent {
     /// Its resources that reached a terminal state, by that position, while their records are in state: a report
     /// whose watermark is before one comes from a view in which it was still there.
     pub left_by_position: BTreeMap<Position, ResourceId>,
+    /// `Some` while an operator has cordoned it: no new allocations on it; what it holds goes on.
+    pub cordon: Option<Cordon>,
+}
+
+/// Who cordoned an agent, why and since when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cordon {
+    pub by: leasehold_schemas::Issuer,
+    pub reason: Option<String>,
+    pub since: Timestamp,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1277,3 +1277,42 @@ fn regressions_found_in_review() {
         ),
     ]);
 }
+
+/// A cordon stops new allocations on an agent, on record and by whom; what it holds goes on (a lease is granted on a
+/// resource it already has). It is sticky across registrations, and only `uncordon` ends it.
+#[test]
+fn a_cordoned_agent_takes_no_new_allocations_but_keeps_what_it_holds() {
+    let mut w = World::new();
+    w.active();
+    let a = w.a();
+    let cordon = |w: &mut World| w.op(CordonAgent { agent: a.clone(), reason: Some("kernel upgrade".into()) });
+    let o = cordon(&mut w);
+    assert!(
+        matches!(o.effects(), [Effect::AgentCordoned { by, reason: Some(r) }] if by.as_str() == OP && r == "kernel upgrade"),
+        "{o:?}"
+    );
+    let held = agent(&w).cordon.clone().expect("cordoned");
+    assert_eq!((held.by.as_str(), held.reason.as_deref()), (OP, Some("kernel upgrade")));
+    refused(
+        &mut w,
+        allocate,
+        InvalidState,
+        &["agent w1 is cordoned (by op:", ": kernel upgrade)", "no new allocations"],
+    );
+    refused(&mut w, cordon, AlreadyDone, &["agent w1 is already cordoned (by op:", "kernel upgrade"]);
+    // What it holds goes on: a lease on its active resource is granted.
+    let lease = w.acquire_cmd(None, None);
+    assert!(effect_names(&w.op(lease)).contains(&"lease-granted"));
+    // Registering again keeps the cordon.
+    accepted(&register(&mut w, AgentSettings::default(), false));
+    assert!(agent(&w).cordon.is_some());
+    refused(&mut w, allocate, InvalidState, &["is cordoned"]);
+    let o = w.op(UncordonAgent { agent: a.clone() });
+    assert!(matches!(o.effects(), [Effect::AgentUncordoned { by }] if by.as_str() == OP), "{o:?}");
+    assert!(agent(&w).cordon.is_none());
+    assert_eq!(effect_names(&allocate(&mut w)), ["resource-allocated", "create-ordered"]);
+    refused(&mut w, |w| w.op(UncordonAgent { agent: a.clone() }), AlreadyDone, &["agent w1 is not cordoned"]);
+    let unknown = leasehold_schemas::AgentName::new("nobody").unwrap();
+    refused(&mut w, |w| w.op(CordonAgent { agent: unknown.clone(), reason: None }), Unknown, &["nobody"]);
+    settle(&w);
+}

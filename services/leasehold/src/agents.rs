@@ -237,14 +237,25 @@ pub(crate) enum AgentCmd {
     ConfirmLoss(crate::produce::AgentNameArgs),
     /// Bring a retired agent back into service, on record (retirement is sticky: registering again does not end it).
     Unretire(crate::produce::AgentNameArgs),
+    /// Stop new allocations on an agent, on record: what it holds, and its leases, go on (sticky until uncordon).
+    Cordon(crate::produce::CordonArgs),
+    /// Let a cordoned agent take new allocations again, on record.
+    Uncordon(crate::produce::AgentNameArgs),
 }
 
 pub(crate) fn run(cmd: AgentCmd) -> anyhow::Result<()> {
     let args = match cmd {
         AgentCmd::Run(args) => args,
         AgentCmd::Credentials(args) => return crate::credentials::agent(args),
-        AgentCmd::Retire(_) | AgentCmd::ConfirmLoss(_) | AgentCmd::Unretire(_) => {
-            anyhow::bail!("only `agent run` runs a process; retire, unretire and confirm-loss are sent as commands")
+        AgentCmd::Retire(_)
+        | AgentCmd::ConfirmLoss(_)
+        | AgentCmd::Unretire(_)
+        | AgentCmd::Cordon(_)
+        | AgentCmd::Uncordon(_) => {
+            anyhow::bail!(
+                "only `agent run` runs a process; retire, unretire, cordon, uncordon and confirm-loss are sent as \
+                 commands"
+            )
         }
     };
     let name = AgentName::new(args.name.as_str()).context("--name")?;

@@ -50,7 +50,7 @@ Exit status:
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct GlobalArgs {
     /// The gateway to talk to (producer commands without --nats, and every query).
-    #[arg(long, global = true, value_name = "URL", default_value = client::DEFAULT_SERVER)]
+    #[arg(long, global = true, value_name = "URL", env = "LEASEHOLD_SERVER", default_value = client::DEFAULT_SERVER)]
     pub(crate) server: String,
     /// What to print on stdout: aligned columns, or one JSON value.
     #[arg(long, global = true, value_enum, default_value_t = output::OutputFormat::Table)]
@@ -84,6 +84,13 @@ enum Cmd {
     },
     /// Run leasehold's roles over the embedded log (the default) or NATS JetStream.
     Serve(serve::ServeArgs),
+    /// Print a completion script for SHELL on stdout: `source <(leasehold completions bash)`, or save it where your
+    /// shell looks (bash: ~/.local/share/bash-completion/completions/leasehold; zsh: a directory of $fpath as
+    /// _leasehold; fish: ~/.config/fish/completions/leasehold.fish).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// The agent of a machine (`agent run --name N --driver dir:PATH --nats URL`), and what operators do to agents.
     #[command(subcommand)]
     Agent(agents::AgentCmd),
@@ -225,6 +232,12 @@ fn run() -> anyhow::Result<()> {
             }
         }
         Cmd::Bench(cmd) => bench::run(cmd)?,
+        Cmd::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command, "leasehold", &mut script);
+            output::emit(&String::from_utf8_lossy(&script));
+        }
         Cmd::Credentials(args) => credentials::service(args)?,
         Cmd::Projection(cmd) => projection::run(cmd)?,
         Cmd::Agent(agents::AgentCmd::Retire(args)) => produce_cmd(produce::ProduceCmd::AgentRetire(args), &cli.global)?,
@@ -233,6 +246,10 @@ fn run() -> anyhow::Result<()> {
         }
         Cmd::Agent(agents::AgentCmd::Unretire(args)) => {
             produce_cmd(produce::ProduceCmd::AgentUnretire(args), &cli.global)?
+        }
+        Cmd::Agent(agents::AgentCmd::Cordon(args)) => produce_cmd(produce::ProduceCmd::AgentCordon(args), &cli.global)?,
+        Cmd::Agent(agents::AgentCmd::Uncordon(args)) => {
+            produce_cmd(produce::ProduceCmd::AgentUncordon(args), &cli.global)?
         }
         Cmd::Agent(cmd) => {
             logs::init("info");
@@ -290,4 +307,30 @@ fn query_cmd(command: query::QueryCmd, global: &GlobalArgs) -> anyhow::Result<()
 fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     use anyhow::Context as _;
     tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::Cli;
+
+    /// The completion scripts name every command, the agent's subcommands included, for each shell.
+    #[test]
+    fn completions_name_the_commands_in_every_shell() {
+        for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish] {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "leasehold", &mut script);
+            let script = String::from_utf8(script).unwrap();
+            for word in ["allocate", "acquire", "cordon", "uncordon", "completions", "server"] {
+                assert!(script.contains(word), "{shell}: the script lacks {word}");
+            }
+        }
+    }
+
+    /// The command line's definition holds together (clap's own checks: no two flags alike, defaults parse).
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
 }

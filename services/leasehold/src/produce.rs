@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 use anyhow::{anyhow, bail};
 pub(crate) use leasehold_client::produce::{LeaseRecord, LeaseRef, Transport, submit_to_log};
 use leasehold_schemas::command::{
-    Acquire, Allocate, ConfirmLoss, DefinePool, DeletePool, Pause, Release, ReleaseLease, Renew,
-    ReportFailureByOperator, RetireAgent, Unpause, UnretireAgent, Update, UpdatePool,
+    Acquire, Allocate, ConfirmLoss, CordonAgent, DefinePool, DeletePool, Pause, Release, ReleaseLease, Renew,
+    ReportFailureByOperator, RetireAgent, UncordonAgent, Unpause, UnretireAgent, Update, UpdatePool,
 };
 use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::{
@@ -252,6 +252,18 @@ pub(crate) struct PoolDeleteArgs {
 pub(crate) struct AgentNameArgs {
     /// The agent's name.
     pub(crate) name: AgentName,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold agent cordon`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct CordonArgs {
+    /// The agent's name.
+    pub(crate) name: AgentName,
+    /// Why, for whoever looks at the agent later (`leasehold agents` shows it).
+    #[arg(long)]
+    pub(crate) reason: Option<String>,
     #[command(flatten)]
     pub(crate) produce: ProduceArgs,
 }
@@ -638,6 +650,16 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
             let body = UnretireAgent { agent: args.name };
             simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
+        ProduceCmd::AgentCordon(args) => {
+            let what = format!("agent cordon {}", args.name);
+            let body = CordonAgent { agent: args.name, reason: args.reason };
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
+        }
+        ProduceCmd::AgentUncordon(args) => {
+            let what = format!("agent uncordon {}", args.name);
+            let body = UncordonAgent { agent: args.name };
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
+        }
         ProduceCmd::AgentConfirmLoss(args) => {
             let what = format!("agent confirm-loss {}", args.name);
             let body = ConfirmLoss { agent: args.name };
@@ -837,6 +859,8 @@ pub(crate) enum ProduceCmd {
     PoolDelete(PoolDeleteArgs),
     AgentRetire(AgentNameArgs),
     AgentUnretire(AgentNameArgs),
+    AgentCordon(CordonArgs),
+    AgentUncordon(AgentNameArgs),
     AgentConfirmLoss(AgentNameArgs),
 }
 

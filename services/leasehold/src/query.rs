@@ -349,12 +349,14 @@ fn agents_table(records: &Vec<Value>) -> String {
             (status, Some(true)) if status != "retired" => format!("{status} (retired)"),
             (status, _) => status,
         };
+        let status = if a["cordon"].is_object() { format!("{status}, cordoned") } else { status };
         let driver = match a["driver"]["available"].as_bool() {
             Some(true) => "ok",
             Some(false) => "unavailable",
             None => "-",
         };
-        let why: Vec<String> = [driver_text(a), breaker_text(a)].into_iter().filter(|w| w != "-").collect();
+        let why: Vec<String> =
+            [cordon_text(a), driver_text(a), breaker_text(a)].into_iter().filter(|w| w != "-").collect();
         table.row(vec![
             cell(&a["name"]),
             status,
@@ -368,6 +370,19 @@ fn agents_table(records: &Vec<Value>) -> String {
         ]);
     }
     table.render()
+}
+
+/// Who cordoned an agent, since when, and why (`-` while it is not cordoned).
+fn cordon_text(agent: &Value) -> String {
+    let cordon = &agent["cordon"];
+    if !cordon.is_object() {
+        return "-".to_owned();
+    }
+    let why = match &cordon["reason"] {
+        Value::Null => String::new(),
+        reason => format!(": {}", cell(reason)),
+    };
+    format!("cordoned by {} since {}{why}", cell(&cordon["by"]), output::time(cordon["since"].as_u64()))
 }
 
 /// Why an agent's driver cannot list its machine's resources, as the agent recorded it (`-` while it can).
@@ -557,6 +572,22 @@ mod tests {
         assert!(row.starts_with("w1    gone (retired)  3 "), "{table}");
         assert!(row.contains(" unavailable  2 "), "{table}");
         assert!(row.ends_with("driver: the root /srv/w1 is not mounted"), "{table}");
+    }
+
+    #[test]
+    fn a_cordoned_agent_says_who_since_when_and_why() {
+        let agents = vec![
+            serde_json::json!({"name": "w1", "status": "live", "epoch": 3, "last_seen": 1767225601000u64,
+            "resources": 2, "held": 2, "retired": false, "quarantined": 0, "driver": {"available": true, "detail": null},
+            "cordon": {"by": "op:alice", "reason": "kernel \u{1b}[31mupgrade", "since": 1767225600000u64}}),
+        ];
+        let table = agents_table(&agents);
+        let row = table.lines().nth(1).expect("a row");
+        assert!(row.starts_with("w1    live, cordoned  3 "), "{table}");
+        assert!(
+            row.ends_with("cordoned by op:alice since 2026-01-01T00:00:00.000Z: kernel \\x1b[31mupgrade"),
+            "the reason is shown escaped: {table}"
+        );
     }
 
     #[test]

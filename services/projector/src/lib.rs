@@ -32,8 +32,8 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 pub use views::{
-    AgentView, BreakerView, ClaimView, DestroyBlockedView, DriverView, HolderView, LeaseBrief, LeaseView, PolicyView,
-    PoolView, QuarantineView, ResourceView,
+    AgentView, BreakerView, ClaimView, CordonView, DestroyBlockedView, DriverView, HolderView, LeaseBrief, LeaseView,
+    PolicyView, PoolView, QuarantineView, ResourceView,
 };
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");

@@ -212,7 +212,18 @@ pub struct AgentView {
     pub quarantined: u64,
     /// Garbage handles ordered destroyed and not yet reported destroyed.
     pub garbage_orders: u64,
+    /// While an operator has it cordoned (no new allocations): who, why and since when.
+    #[serde(default)]
+    pub cordon: Option<CordonView>,
     pub as_of: u64,
+}
+
+/// Who cordoned an agent, why, and since when (log time, unix ms).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CordonView {
+    pub by: String,
+    pub reason: Option<String>,
+    pub since: u64,
 }
 
 /// An agent's driver as the agent last recorded it (`agent-driver-unavailable`, `agent-driver-available`).
@@ -419,6 +430,11 @@ impl AgentView {
             },
             quarantined: agent.quarantined.len() as u64,
             garbage_orders: agent.garbage_orders.len() as u64,
+            cordon: agent.cordon.as_ref().map(|c| CordonView {
+                by: c.by.to_string(),
+                reason: c.reason.clone(),
+                since: c.since.0,
+            }),
             as_of,
         }
     }

@@ -7,20 +7,21 @@
 //!   at once, without the breaker.
 //! - An agent whose process dies for good turns `stalled` (no new placements), then `gone`; its resources turn
 //!   `orphaned` and their claims come back to the pool.
+//! - A cordoned agent takes no new allocations and keeps what it holds, until it is uncordoned.
 
 use std::path::Path;
 
 use leasehold_log::OutcomeFilter;
 use leasehold_log::jetstream::JetStream;
-use leasehold_schemas::ResourceId;
 use leasehold_schemas::command::{ConfirmLoss, DefinePool};
 use leasehold_schemas::ids::{Millis, PoolName};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::PoolKind;
+use leasehold_schemas::{LeaseId, ResourceId};
 
-use crate::api::{Api, agent_name, allocate, allocate_in_pool, command, wait_agent, wait_pool, wait_resource};
+use crate::api::{Api, acquire, agent_name, allocate, allocate_in_pool, command, wait_agent, wait_pool, wait_resource};
 use crate::nats::{FAST_SWEEPER, NatsRun, outcomes};
-use crate::support::Proc;
+use crate::support::{Proc, run_cli};
 
 const PARTITIONS: u32 = 8;
 /// More than the breaker lets go at once (at least 5, and more than half of the agent's resources).
@@ -177,5 +178,54 @@ async fn an_agent_that_dies_turns_stalled_then_gone_and_its_claims_come_back() {
     }
     wait_pool(&api, "slots", |p| p["held"] == 0, &[&serve]).await;
     serve.assert_no_panic();
+    serve.stop_cleanly().await;
+}
+
+/// `agent cordon` through the command line and the gateway, over a real nats-server: new allocations on the agent are
+/// refused naming the cordon, what it holds goes on (a lease is granted), `agents` shows who, since when and why, and
+/// `agent uncordon` lets allocations through again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cordoned_agent_keeps_what_it_holds_and_takes_nothing_new_until_uncordoned() {
+    let Some(run) = NatsRun::start("cordon", PARTITIONS) else { return };
+    let mut serve = run.serve("serve", &FAST_SWEEPER);
+    let server = serve.ready().await;
+    let api = Api::new(server.clone());
+    let mut a1 = run.agent("a1", &[]);
+    wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &a1]).await;
+    let held = allocate_active(&api, &[&serve, &a1]).await;
+    let cli = |args: &[&str]| {
+        let mut all = vec!["--server", server.as_str()];
+        all.extend_from_slice(args);
+        all.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let run_in = |args: Vec<String>| {
+        let dir = run.path().to_owned();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_cli(&dir, &args, &[]).await
+        }
+    };
+
+    let ran = run_in(cli(&["agent", "cordon", "a1", "--reason", "kernel upgrade"])).await;
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let ran = run_in(cli(&["allocate", "--agent", "a1", "--kind", "volume"])).await;
+    assert_eq!(ran.code, Some(1), "an allocation on a cordoned agent is refused: {ran:?}");
+    assert!(ran.stderr.contains("is cordoned (by") && ran.stderr.contains("kernel upgrade"), "{ran:?}");
+    let lease = acquire(&agent_name("a1"), held[0], LeaseId::generate());
+    api.accepted(&lease, &[&serve]).await;
+    // LEASEHOLD_SERVER names the gateway as --server does.
+    let ran = run_cli(run.path(), &["agents"], &[("LEASEHOLD_SERVER", server.as_str())]).await;
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    assert!(ran.stdout.contains("live, cordoned") && ran.stdout.contains(": kernel upgrade"), "{}", ran.stdout);
+    let ran = run_in(cli(&["agent", "cordon", "a1"])).await;
+    assert_eq!(ran.code, Some(1), "a second cordon is refused, naming the first: {ran:?}");
+    assert!(ran.stderr.contains("already cordoned"), "{ran:?}");
+
+    let ran = run_in(cli(&["agent", "uncordon", "a1"])).await;
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let ran = run_in(cli(&["allocate", "--agent", "a1", "--kind", "volume"])).await;
+    assert_eq!(ran.code, Some(0), "allocations go through again: {ran:?}");
+    serve.assert_no_panic();
+    a1.stop_cleanly().await;
     serve.stop_cleanly().await;
 }

@@ -3,13 +3,14 @@
 
 use leasehold_schemas::RejectionKind;
 use leasehold_schemas::command::{
-    ConfirmLoss, Heartbeat, MarkGone, MarkStalled, Orphan, Register, RetireAgent, SetPartitionSettings, UnretireAgent,
+    ConfirmLoss, CordonAgent, Heartbeat, MarkGone, MarkStalled, Orphan, Register, RetireAgent, SetPartitionSettings,
+    UncordonAgent, UnretireAgent,
 };
 use leasehold_schemas::ids::Millis;
 use leasehold_schemas::outcome::{BreakerClear, Effect, ResyncReason};
 use leasehold_schemas::settings::PartitionSettings;
 
-use super::{Decider, Verdict, reject};
+use super::{Decider, Verdict, check_text, cordon_text, reject};
 use crate::due::{coalesce_interval, gone_due, stall_due};
 use crate::state::Liveness;
 
@@ -122,6 +123,30 @@ impl<'s> Decider<'s> {
             return reject(RejectionKind::AlreadyDone, format!("agent {} is not retired", agent.name));
         }
         self.out.push(Effect::AgentUnretired { by: self.issuer.clone() });
+        Ok(())
+    }
+
+    pub(super) fn cordon_agent(&mut self, command: &CordonAgent) -> Verdict {
+        let agent = self.agent(&command.agent)?;
+        if let Some(reason) = &command.reason {
+            check_text("reason", reason)?;
+        }
+        if let Some(cordon) = &agent.cordon {
+            return reject(
+                RejectionKind::AlreadyDone,
+                format!("agent {} is already cordoned ({})", agent.name, cordon_text(cordon)),
+            );
+        }
+        self.out.push(Effect::AgentCordoned { by: self.issuer.clone(), reason: command.reason.clone() });
+        Ok(())
+    }
+
+    pub(super) fn uncordon_agent(&mut self, command: &UncordonAgent) -> Verdict {
+        let agent = self.agent(&command.agent)?;
+        if agent.cordon.is_none() {
+            return reject(RejectionKind::AlreadyDone, format!("agent {} is not cordoned", agent.name));
+        }
+        self.out.push(Effect::AgentUncordoned { by: self.issuer.clone() });
         Ok(())
     }
 

@@ -28,7 +28,7 @@ use leasehold_schemas::{CommandClass, Envelope, Outcome, Rejection, RejectionKin
 use crate::state::{Agent, ClaimSlot, LeaseState, PartitionState, Resource, ResourceState};
 
 /// The version of these rules. Outcomes carry it; re-deciding history is checked within one version.
-pub const DECIDER_VERSION: u32 = 2;
+pub const DECIDER_VERSION: u32 = 3;
 /// How far ahead of the log's time an id may be stamped (UUIDv7 ids carry their issuer's clock): further ahead, the
 /// issuer's clock is wrong, and the id is refused ("fix the issuer's clock"). An id from the future would be
 /// remembered, asked about and waited for until its own time plus the horizon; NTP keeps clocks within a second.
@@ -503,6 +503,8 @@ impl<'s> Decider<'s> {
             Command::Cascade(c) => self.cascade(c),
             Command::Adopt(c) => self.adopt(c),
             Command::UnretireAgent(c) => self.unretire_agent(c),
+            Command::CordonAgent(c) => self.cordon_agent(c),
+            Command::UncordonAgent(c) => self.uncordon_agent(c),
             Command::GarbageReport(c) => self.garbage_report(c),
             Command::ReportDestroyed(c) => self.report_destroyed(c),
             Command::DriverStatus(c) => self.driver_status(c),
@@ -668,6 +670,12 @@ impl<'s> Decider<'s> {
 }
 
 /// Checks free text from a command (its length only: it is never echoed).
+/// Who cordoned an agent, since when, and why: for refusals that name the cordon.
+fn cordon_text(cordon: &crate::state::Cordon) -> String {
+    let why = cordon.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+    format!("by {} since {}{why}", cordon.by, cordon.since)
+}
+
 fn check_text(what: &str, text: &str) -> Verdict {
     if text.len() > MAX_TEXT_BYTES {
         return reject(

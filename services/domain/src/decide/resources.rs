@@ -88,6 +88,12 @@ impl<'s> Decider<'s> {
                 format!("agent {}'s driver is unavailable ({why}); no new placements on it", agent.name),
             );
         }
+        if let Some(cordon) = &agent.cordon {
+            return reject(
+                RejectionKind::InvalidState,
+                format!("agent {} is cordoned ({}); no new allocations on it", agent.name, super::cordon_text(cordon)),
+            );
+        }
         let id = command.resource;
         if let Some(existing) = self.state.resources.get(&id) {
             return reject(
