@@ -1148,6 +1148,51 @@ mod tests {
     }
 
     #[test]
+    fn a_producer_allocates_through_the_gateway_and_answers_what_it_made_or_why_not() {
+        let resource = leasehold_schemas::ResourceId::generate();
+        let decided = |status: &str, made: leasehold_schemas::ResourceId| {
+            let outcome = serde_json::json!({
+                "decider_version": 1, "partition": 0,
+                "command": {"id": "019b76da-abe8-7001-8000-000000000001", "class": "op", "type_name": "op.allocate",
+                            "issuer": "ci:example", "issued_at": 1u64, "key": "w1"},
+                "cmd_seq": 12, "part": 0, "log_time": 2u64, "decided_at": 2u64,
+                "decision": {"accepted": {"first_position": 3, "effects": [
+                    {"resource-allocated": {"resource": made.to_string(), "kind": "volume", "capacity": 1,
+                        "attributes": {}, "parent": null}}
+                ]}}
+            });
+            let rejection = (status == "rejected")
+                .then(|| serde_json::json!({"kind": "unknown-agent", "message": "agent w1 is not known"}));
+            let body = serde_json::json!({"command_id": "019b76da-abe8-7001-8000-000000000001", "status": status,
+                "command_seq": 12, "duplicate": false, "rejection": rejection,
+                "outcomes": if status == "accepted" { vec![serde_json::json!({"seq": 40, "outcome": outcome})] }
+                            else { vec![] },
+                "dead_letter": null});
+            answer("200 OK", &body.to_string())
+        };
+        let (gateway, requests) = fake_gateway(vec![
+            decided("accepted", resource),
+            decided("rejected", resource),
+            decided("accepted", leasehold_schemas::ResourceId::generate()),
+        ]);
+        let producer = crate::Producer::new(gateway, "ci:example".parse().unwrap());
+        let volume = || leasehold_schemas::command::Allocate::new("w1".parse().unwrap(), resource, "volume", 1);
+        let rt = runtime();
+        let reference = rt.block_on(producer.allocate(volume())).unwrap();
+        assert_eq!(reference.to_string(), format!("w1.{resource}"));
+        let request = requests.recv().unwrap();
+        assert!(request.starts_with("POST /v1/commands?wait=true&timeout="), "{request}");
+        assert!(request.contains(r#""issuer":"ci:example""#), "{request}");
+        let rejected = rt.block_on(producer.allocate(volume())).unwrap_err();
+        assert_eq!(rejected.kind(), crate::ErrorKind::Rejected);
+        assert_eq!(rejected.rejection().map(|r| r.kind.as_str()), Some("unknown-agent"));
+        assert!(rejected.to_string().starts_with("op.allocate w1 rejected (unknown-agent): "), "{rejected}");
+        let another = rt.block_on(producer.allocate(volume())).unwrap_err();
+        assert_eq!(another.kind(), crate::ErrorKind::Refused);
+        assert!(another.to_string().contains(&format!("not w1.{resource}")), "{another}");
+    }
+
+    #[test]
     fn a_wait_that_runs_out_is_pending() {
         let envelope = allocate_envelope();
         let id = envelope.command_id;
