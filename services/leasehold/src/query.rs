@@ -160,6 +160,12 @@ fn resource_fields(record: &Value) -> String {
     if !record["quarantined"].is_null() {
         rows.push(("quarantined", quarantine_text(record)));
     }
+    // What a waiting state waits on, and for how long.
+    if let Some(waiting) = record.get("waiting_on").filter(|w| w.is_object()) {
+        let since =
+            waiting["since"].as_u64().map(|ms| format!(" (since {}, {})", output::time(Some(ms)), output::ago(ms)));
+        rows.push(("waiting_on", format!("{}{}", cell(&waiting["on"]), since.unwrap_or_default())));
+    }
     // Only while a destroy waits for something else to let go of the resource.
     if let Some(blocked) = record.get("destroy_blocked").filter(|b| !b.is_null()) {
         let since = blocked["at"].as_u64().map(|ms| format!(" (since {})", crate::output::time(Some(ms))));
