@@ -284,6 +284,14 @@ pub struct AgentView {
     /// While an operator has it cordoned (no new allocations): who, why and since when.
     #[serde(default)]
     pub cordon: Option<CordonView>,
+    /// What it declared at registration: labels for placement, and how many resources of each kind it takes.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub capacity: BTreeMap<String, u32>,
+    /// Its resources from pending to releasing, by kind: what the capacity counts.
+    #[serde(default)]
+    pub used: BTreeMap<String, u32>,
     pub as_of: u64,
 }
 
@@ -506,6 +514,9 @@ impl AgentView {
                 reason: c.reason.clone(),
                 since: c.since.0,
             }),
+            labels: agent.labels.clone(),
+            capacity: agent.capacity.clone(),
+            used: agent.by_kind.iter().map(|(kind, n)| (kind.to_string(), *n)).collect(),
             as_of,
         }
     }

@@ -265,3 +265,46 @@ async fn get_says_what_a_releasing_resource_waits_on() {
     a1.stop_cleanly().await;
     serve.stop_cleanly().await;
 }
+
+/// `agent run --capacity volume=1 --label zone=a`, over a real nats-server: the declaration is on record and in
+/// `agents`; a second volume is refused while the first is there (naming the capacity), and allowed once the first
+/// is destroyed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_capacity_refuses_allocations_past_it_until_a_place_frees() {
+    let Some(run) = NatsRun::start("capacity", PARTITIONS) else { return };
+    let mut serve = run.serve("serve", &FAST_SWEEPER);
+    let server = serve.ready().await;
+    let api = Api::new(server.clone());
+    let mut a1 = run.agent("a1", &["--capacity", "volume=1", "--label", "zone=a"]);
+    let agent =
+        wait_agent(&api, "a1", |a| a.status == "live" && a.capacity.get("volume") == Some(&1), &[&serve, &a1]).await;
+    assert_eq!(agent.labels.get("zone").map(String::as_str), Some("a"));
+    let cli = |args: &[&str]| {
+        let mut all = vec!["--server".to_owned(), server.clone()];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        all
+    };
+    let dir = run.path().to_owned();
+    let run_in = |args: Vec<String>| {
+        let dir = dir.clone();
+        async move { run_cli(&dir, &args.iter().map(String::as_str).collect::<Vec<_>>(), &[]).await }
+    };
+    let ran = run_in(cli(&["allocate", "--agent", "a1", "--kind", "volume"])).await;
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let first = ran.stdout.trim().to_owned();
+    wait_resource(&api, &first, |r| r.state == "active", &[&serve, &a1]).await;
+    let ran = run_in(cli(&["allocate", "--agent", "a1", "--kind", "volume"])).await;
+    assert_eq!(ran.code, Some(1), "{ran:?}");
+    assert!(ran.stderr.contains("is full for volume: 1 of 1"), "{ran:?}");
+    let ran = run_in(cli(&["agents"])).await;
+    assert!(ran.stdout.contains("volume 1/1"), "{}", ran.stdout);
+
+    let ran = run_in(cli(&["release", &first])).await;
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    wait_resource(&api, &first, |r| r.state == "destroyed", &[&serve, &a1]).await;
+    let ran = run_in(cli(&["allocate", "--agent", "a1", "--kind", "volume"])).await;
+    assert_eq!(ran.code, Some(0), "a place freed: {ran:?}");
+    serve.assert_no_panic();
+    a1.stop_cleanly().await;
+    serve.stop_cleanly().await;
+}
