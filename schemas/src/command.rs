@@ -253,6 +253,13 @@ pub struct Register {
     pub wiped: bool,
     /// The agent's own settings; `None`: it follows its partition's policy, as that policy changes.
     pub settings: Option<AgentSettings>,
+    /// What placement may select it by (`zone=a`), as the operator started it (schema version 3).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// How many resources of each kind it takes, from pending to releasing (`container=50`); a kind it does not
+    /// name is not limited by it, and never placed on it (schema version 3).
+    #[serde(default)]
+    pub capacity: BTreeMap<String, u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -849,6 +856,15 @@ pub(crate) mod legacy {
         if_no_policy: bool,
     }
 
+    /// Versions 1 and 2 of `agent.register`: no `labels`, no `capacity`.
+    #[derive(Serialize, Deserialize)]
+    struct RegisterV1 {
+        agent: AgentName,
+        incarnation: Uuid,
+        wiped: bool,
+        settings: Option<AgentSettings>,
+    }
+
     /// Versions 1 and 2 of `sys.bind-claim`: no `definition`.
     #[derive(Serialize, Deserialize)]
     struct BindClaimV1 {
@@ -867,6 +883,7 @@ pub(crate) mod legacy {
     pub(crate) fn oldest_version(command: &Command) -> u16 {
         let needs_three = match command {
             Command::CordonAgent(_) | Command::UncordonAgent(_) => true,
+            Command::Register(c) => !c.labels.is_empty() || !c.capacity.is_empty(),
             Command::BindClaim(c) => c.definition.is_some(),
             Command::ReportFailure(c) => c.failure == FailureKind::DestroyBlocked,
             _ => false,
@@ -916,6 +933,15 @@ pub(crate) mod legacy {
                 };
                 crate::codec::encode_into(&v1, out)
             }
+            (1 | 2, Command::Register(c)) => {
+                let v1 = RegisterV1 {
+                    agent: c.agent.clone(),
+                    incarnation: c.incarnation,
+                    wiped: c.wiped,
+                    settings: c.settings.clone(),
+                };
+                crate::codec::encode_into(&v1, out)
+            }
             (1 | 2, Command::BindClaim(c)) => {
                 let v1 = BindClaimV1 {
                     holder: c.holder.clone(),
@@ -950,6 +976,20 @@ pub(crate) mod legacy {
     ) -> Option<Result<(Command, usize), crate::codec::CodecError>> {
         if version >= 3 {
             return None;
+        }
+        if type_name == "agent.register" {
+            let decoded = crate::codec::decode_from::<RegisterV1>(bytes).map(|(v1, read)| {
+                let body = Register {
+                    agent: v1.agent,
+                    incarnation: v1.incarnation,
+                    wiped: v1.wiped,
+                    settings: v1.settings,
+                    labels: BTreeMap::new(),
+                    capacity: BTreeMap::new(),
+                };
+                (Command::Register(body), read)
+            });
+            return Some(decoded);
         }
         if type_name == "sys.bind-claim" {
             let decoded = crate::codec::decode_from::<BindClaimV1>(bytes).map(|(v1, read)| {

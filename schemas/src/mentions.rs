@@ -102,6 +102,7 @@ impl<'e> Mentions<'e> {
             | Effect::AgentUnretired { .. }
             | Effect::AgentCordoned { .. }
             | Effect::AgentUncordoned { .. }
+            | Effect::AgentDeclared { .. }
             | Effect::GcModeChanged { .. } => {}
         }
         m

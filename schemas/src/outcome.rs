@@ -113,6 +113,7 @@ impl Outcome {
                     | Effect::DestroyBlocked { .. }
                     | Effect::AgentCordoned { .. }
                     | Effect::AgentUncordoned { .. }
+                    | Effect::AgentDeclared { .. }
             )
         };
         if self.effects().iter().any(needs_three) {
@@ -605,6 +606,12 @@ pub enum Effect {
     AgentUncordoned {
         by: Issuer,
     },
+    /// At a registration: the labels and capacity the agent declares from now on, when they differ from what it
+    /// declared before (schema version 3).
+    AgentDeclared {
+        labels: BTreeMap<String, String>,
+        capacity: BTreeMap<String, u32>,
+    },
 }
 
 /// Why a garbage handle is destroyed.
@@ -688,6 +695,7 @@ impl Effect {
             Effect::DestroyBlocked { .. } => "destroy-blocked",
             Effect::AgentCordoned { .. } => "agent-cordoned",
             Effect::AgentUncordoned { .. } => "agent-uncordoned",
+            Effect::AgentDeclared { .. } => "agent-declared",
         }
     }
 }

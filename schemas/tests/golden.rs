@@ -284,7 +284,14 @@ fn command_samples() -> Vec<(String, Envelope)> {
         envelope(
             14,
             "w1",
-            Register { agent: a(), incarnation: incarnation(), wiped: false, settings: Some(agent_settings()) },
+            Register {
+                agent: a(),
+                incarnation: incarnation(),
+                wiped: false,
+                settings: Some(agent_settings()),
+                labels: Default::default(),
+                capacity: Default::default(),
+            },
         ),
         envelope(15, "w1", Heartbeat { agent: a(), epoch: Position(3) }),
         envelope(
@@ -433,8 +440,34 @@ fn command_samples() -> Vec<(String, Envelope)> {
 
     let variants = vec![
         (
+            "declared",
+            envelope(
+                73,
+                "w1",
+                Register {
+                    agent: a(),
+                    incarnation: incarnation(),
+                    wiped: false,
+                    settings: None,
+                    labels: [("zone".to_owned(), "a".to_owned())].into(),
+                    capacity: [("container".to_owned(), 50), ("volume".to_owned(), 200)].into(),
+                },
+            ),
+        ),
+        (
             "defaults",
-            envelope(50, "w1", Register { agent: a(), incarnation: incarnation(), wiped: true, settings: None }),
+            envelope(
+                50,
+                "w1",
+                Register {
+                    agent: a(),
+                    incarnation: incarnation(),
+                    wiped: true,
+                    settings: None,
+                    labels: Default::default(),
+                    capacity: Default::default(),
+                },
+            ),
         ),
         (
             "minimal",
@@ -757,6 +790,10 @@ fn effect_samples() -> Vec<Effect> {
         Effect::DestroyBlocked { resource: r(), detail: "volume lh-x is in use by container ci-cache".into() },
         Effect::AgentCordoned { by: issuer(OP_ISSUER), reason: Some("kernel upgrade at 14:00".into()) },
         Effect::AgentUncordoned { by: issuer(OP_ISSUER) },
+        Effect::AgentDeclared {
+            labels: [("zone".to_owned(), "a".to_owned())].into(),
+            capacity: [("container".to_owned(), 50), ("volume".to_owned(), 200)].into(),
+        },
     ]
 }
 
@@ -967,7 +1004,7 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
 // Exhaustive maps from each wire enum to an index: a variant added without a fixture fails to compile here, and a
 // new arm without a sample fails `samples_cover_every_variant`.
 
-const EFFECT_VARIANTS: usize = 61;
+const EFFECT_VARIANTS: usize = 62;
 
 fn effect_index(effect: &Effect) -> usize {
     match effect {
@@ -1032,6 +1069,7 @@ fn effect_index(effect: &Effect) -> usize {
         Effect::DestroyBlocked { .. } => 58,
         Effect::AgentCordoned { .. } => 59,
         Effect::AgentUncordoned { .. } => 60,
+        Effect::AgentDeclared { .. } => 61,
     }
 }
 

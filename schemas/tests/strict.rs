@@ -146,6 +146,8 @@ fn body(type_name: &str, full: bool) -> Command {
             incarnation: any_uuid(1),
             wiped: full,
             settings: full.then(AgentSettings::default),
+            labels: Default::default(),
+            capacity: Default::default(),
         }
         .into(),
         "agent.heartbeat" => Heartbeat { agent: agent(), epoch: Position(4) }.into(),

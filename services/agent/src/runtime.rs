@@ -70,6 +70,10 @@ pub struct AgentConfig {
     pub gc_dry_run: bool,
     /// Status and "sync now" for whoever started the agent (a clone of the config shares it).
     pub control: AgentControl,
+    /// What placement may select it by (`zone=a`), declared at each registration.
+    pub labels: BTreeMap<String, String>,
+    /// How many resources of each kind it takes (`container=50`), declared at each registration.
+    pub capacity: BTreeMap<String, u32>,
 }
 
 impl AgentConfig {
@@ -87,6 +91,8 @@ impl AgentConfig {
             gc_grace: GC_GRACE,
             gc_dry_run: false,
             control: AgentControl::default(),
+            labels: BTreeMap::new(),
+            capacity: BTreeMap::new(),
         }
     }
 }
@@ -494,6 +500,8 @@ impl<L: Log, D: Driver> Agent<L, D> {
             incarnation: self.incarnation,
             wiped: self.config.wiped,
             settings: self.config.settings.clone(),
+            labels: self.config.labels.clone(),
+            capacity: self.config.capacity.clone(),
         };
         info!(agent = %self.config.name, incarnation = %self.incarnation, wiped = self.config.wiped, "registering");
         let incarnation = self.incarnation;

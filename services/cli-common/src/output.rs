@@ -164,6 +164,24 @@ pub fn emit(text: &str) {
     }
 }
 
+/// How long ago log time `ms` (unix ms) was, by this machine's clock, in a few words: "40 s ago", "12 min ago",
+/// "3 h 5 min ago", "2 d 4 h ago" ("just now" for a time ahead of the clock).
+pub fn ago(ms: u64) -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    ago_from(now, ms)
+}
+
+fn ago_from(now: u64, ms: u64) -> String {
+    let secs = now.saturating_sub(ms) / 1000;
+    match secs {
+        0 if ms > now => "just now".to_owned(),
+        0..90 => format!("{secs} s ago"),
+        90..5_400 => format!("{} min ago", (secs + 30) / 60),
+        5_400..172_800 => format!("{} h {} min ago", secs / 3600, secs % 3600 / 60),
+        _ => format!("{} d {} h ago", secs / 86_400, secs % 86_400 / 3600),
+    }
+}
+
 /// Pretty JSON of `value`, with a final newline.
 pub fn json(value: &impl Serialize) -> anyhow::Result<String> {
     let mut text = serde_json::to_string_pretty(value)?;
@@ -242,6 +260,21 @@ pub fn outcome_line(seq: u64, outcome: &Outcome) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ages_read_in_a_few_words() {
+        let now = 1_767_225_600_000;
+        for (ago, said) in [
+            (0, "0 s ago"),
+            (40_000, "40 s ago"),
+            (12 * 60_000 + 10_000, "12 min ago"),
+            (3 * 3_600_000 + 5 * 60_000, "3 h 5 min ago"),
+            (2 * 86_400_000 + 4 * 3_600_000, "2 d 4 h ago"),
+        ] {
+            assert_eq!(ago_from(now, now - ago), said);
+        }
+        assert_eq!(ago_from(now, now + 5_000), "just now");
+    }
 
     #[test]
     fn table_aligns_columns_and_leaves_the_last_one_unpadded() {

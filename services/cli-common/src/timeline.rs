@@ -204,6 +204,12 @@ pub fn describe(effect: &Effect) -> String {
             reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default()
         ),
         Effect::AgentUncordoned { by } => format!("agent uncordoned by {by}: it takes new allocations again"),
+        Effect::AgentDeclared { labels, capacity } => {
+            let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let capacity: Vec<String> = capacity.iter().map(|(k, n)| format!("{k}={n}")).collect();
+            let list = |items: Vec<String>| if items.is_empty() { "none".to_owned() } else { items.join(", ") };
+            format!("agent declares labels {} and capacity {}", list(labels), list(capacity))
+        }
         Effect::GcModeChanged { mode } => format!("garbage collection mode: {mode}"),
         Effect::AllocationWaitsUntil { resource, until } => {
             format!("{} waits for its pools' identifiers until {until} at the latest", short(resource))

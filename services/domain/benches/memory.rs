@@ -55,6 +55,8 @@ fn main() {
         incarnation: Uuid::from_u128(1),
         wiped: false,
         settings: Some(AgentSettings::default()),
+        labels: Default::default(),
+        capacity: Default::default(),
     };
     w.submit("w1", register);
     let base = dhat::HeapStats::get().curr_bytes;

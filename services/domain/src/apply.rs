@@ -211,6 +211,7 @@ fn set_resource_state(
         return;
     };
     let was_held = resource.state.is_held();
+    let was_terminal = resource.state.is_terminal();
     let was_releasing = matches!(resource.state, ResourceState::Releasing { .. });
     let is_held = next.is_held();
     let is_releasing = matches!(next, ResourceState::Releasing { .. });
@@ -225,7 +226,17 @@ fn set_resource_state(
     let destruction = resource.destruction_ordered;
     let creation = resource.creation_position();
     let agent_name = resource.agent.clone();
+    let kind = resource.kind.clone();
     if let Some(agent) = state.agents.get_mut(&agent_name) {
+        if is_terminal && !was_terminal {
+            // What the capacity counts ends with the resource; a kind that counts nothing is not kept.
+            if let Some(n) = agent.by_kind.get_mut(&kind) {
+                *n -= 1;
+                if *n == 0 {
+                    agent.by_kind.remove(&kind);
+                }
+            }
+        }
         if was_held && !is_held {
             agent.n_held -= 1;
             agent.held_digest.remove(id);
@@ -311,6 +322,9 @@ fn apply_effect(
                 garbage_orders: Default::default(),
                 left_by_position: Default::default(),
                 cordon: None,
+                labels: Default::default(),
+                capacity: Default::default(),
+                by_kind: Default::default(),
             });
             agent.liveness = Liveness::Live;
             agent.gone_at = None;
@@ -419,6 +433,7 @@ fn apply_effect(
             );
             if let Some(agent) = state.agents.get_mut(agent_name) {
                 agent.resources.insert(*resource);
+                *agent.by_kind.entry(kind.as_str().into()).or_default() += 1;
             }
         }
         Effect::ClaimWanted { resource, pool } => {
@@ -727,6 +742,12 @@ fn apply_effect(
         Effect::AgentUncordoned { .. } => {
             if let Some(agent) = agent_of(state, key) {
                 agent.cordon = None;
+            }
+        }
+        Effect::AgentDeclared { labels, capacity } => {
+            if let Some(agent) = agent_of(state, key) {
+                agent.labels = labels.clone();
+                agent.capacity = capacity.clone();
             }
         }
         Effect::GcModeChanged { mode } => {

@@ -338,6 +338,12 @@ pub struct Agent {
     pub left_by_position: BTreeMap<Position, ResourceId>,
     /// `Some` while an operator has cordoned it: no new allocations on it; what it holds goes on.
     pub cordon: Option<Cordon>,
+    /// What it declared at its last registration that declared anything (`agent-declared`): labels for placement,
+    /// and how many resources of each kind it takes.
+    pub labels: BTreeMap<String, String>,
+    pub capacity: BTreeMap<String, u32>,
+    /// Its resources from pending to releasing, by kind: what its capacity counts.
+    pub by_kind: BTreeMap<Box<str>, u32>,
 }
 
 /// Who cordoned an agent, why and since when.

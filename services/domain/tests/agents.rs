@@ -945,7 +945,17 @@ fn issuers_and_classes() {
             |w| {
                 let agent = w.a();
                 let incarnation = leasehold_schemas::Uuid::from_u128(9);
-                w.d.submit("w2", Register { agent, incarnation, wiped: false, settings: None })
+                w.d.submit(
+                    "w2",
+                    Register {
+                        agent,
+                        incarnation,
+                        wiped: false,
+                        settings: None,
+                        labels: Default::default(),
+                        capacity: Default::default(),
+                    },
+                )
             },
             Rejected(NotPermitted, &["agent.register about agent w1 was sent by w2"]),
         ),
@@ -1243,8 +1253,17 @@ fn regressions_found_in_review() {
                 w.registered();
                 let a = w.a();
                 let incarnation = leasehold_schemas::Uuid::from_u128(77);
-                let mut e =
-                    w.d.envelope("w1", Register { agent: a.clone(), incarnation, wiped: false, settings: None });
+                let mut e = w.d.envelope(
+                    "w1",
+                    Register {
+                        agent: a.clone(),
+                        incarnation,
+                        wiped: false,
+                        settings: None,
+                        labels: Default::default(),
+                        capacity: Default::default(),
+                    },
+                );
                 e.issued_at = Timestamp(e.issued_at.0 + Millis::from_hours(1).0);
                 let first = w.d.submit_envelope(&e);
                 accepted(&first);
@@ -1314,5 +1333,70 @@ fn a_cordoned_agent_takes_no_new_allocations_but_keeps_what_it_holds() {
     refused(&mut w, |w| w.op(UncordonAgent { agent: a.clone() }), AlreadyDone, &["agent w1 is not cordoned"]);
     let unknown = leasehold_schemas::AgentName::new("nobody").unwrap();
     refused(&mut w, |w| w.op(CordonAgent { agent: unknown.clone(), reason: None }), Unknown, &["nobody"]);
+    settle(&w);
+}
+
+/// A registration that declares labels or a capacity records them (`agent-declared`) when they differ from the last
+/// declaration; an allocation of a kind at its capacity is refused, counting resources from pending to releasing, and
+/// a resource that ends gives its place back. A kind without a capacity is not limited.
+#[test]
+fn a_declared_capacity_bounds_allocations_of_its_kind() {
+    let mut w = World::new();
+    let a = w.a();
+    let declare = |w: &mut World, capacity: &[(&str, u32)]| {
+        w.obs.insert(a.clone(), 0);
+        let incarnation = leasehold_schemas::Uuid::from_u128(w.d.outcomes().len() as u128 + 1);
+        w.agent_says(Register {
+            agent: a.clone(),
+            incarnation,
+            wiped: false,
+            settings: None,
+            labels: [("zone".to_owned(), "a".to_owned())].into(),
+            capacity: capacity.iter().map(|(k, n)| ((*k).to_owned(), *n)).collect(),
+        })
+    };
+    let o = declare(&mut w, &[("container", 2)]);
+    assert_eq!(effect_names(&o), ["agent-registered", "agent-declared"]);
+    assert_eq!(agent(&w).capacity.get("container"), Some(&2));
+    assert_eq!(agent(&w).labels.get("zone").map(String::as_str), Some("a"));
+    // The same declaration again records nothing new.
+    assert_eq!(effect_names(&declare(&mut w, &[("container", 2)])), ["agent-registered"]);
+
+    let first = allocate(&mut w);
+    accepted(&first);
+    accepted(&allocate(&mut w));
+    refused(&mut w, allocate, InvalidState, &["agent w1 is full for container: 2 of 2 (pending to releasing)"]);
+    // Another kind is not limited.
+    let mut volume = w.allocate_cmd(&a);
+    volume.kind = "volume".into();
+    accepted(&w.op(volume));
+    assert_eq!(agent(&w).by_kind.get("container"), Some(&2));
+    // A resource that fails for good gives its place back.
+    let failed = first
+        .effects()
+        .iter()
+        .find_map(|e| match e {
+            Effect::ResourceAllocated { resource, .. } => Some(*resource),
+            _ => None,
+        })
+        .unwrap();
+    w.last_resource = Some(failed);
+    let epoch = w.epoch(&a);
+    let obs = w.next_obs(&a);
+    accepted(&w.agent_says(ReportFailure {
+        agent: a.clone(),
+        epoch,
+        obs,
+        resource: failed,
+        failure: FailureKind::CreateFailed,
+        detail: "no image".into(),
+    }));
+    assert_eq!(agent(&w).by_kind.get("container"), Some(&1));
+    accepted(&allocate(&mut w));
+    // A registration that declares nothing clears the declaration, on record.
+    let o = register(&mut w, AgentSettings::default(), false);
+    assert!(effect_names(&o).contains(&"agent-declared"));
+    assert!(agent(&w).capacity.is_empty());
+    accepted(&allocate(&mut w));
     settle(&w);
 }

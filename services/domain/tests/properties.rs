@@ -1800,6 +1800,8 @@ impl Sim {
                 incarnation: Uuid::from_u128(self.n_incarnations),
                 wiped: false,
                 settings: agent_settings(scenario.settings[i]),
+                labels: Default::default(),
+                capacity: Default::default(),
             };
             let envelope = self.envelope(agent.as_str(), 0, body.into());
             self.submit(envelope, &calm)?;
@@ -2491,6 +2493,8 @@ impl Sim {
                     incarnation: Uuid::from_u128(self.n_incarnations),
                     wiped: *wiped,
                     settings: agent_settings(*settings),
+                    labels: Default::default(),
+                    capacity: Default::default(),
                 };
                 let issuer = self.agent_issuer(&agent, step.who);
                 one(self, &issuer, body.into())

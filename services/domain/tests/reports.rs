@@ -1622,6 +1622,8 @@ fn a_wiped_agent_reporting_thousands_of_handles_missing_loses_them_in_bounded_pa
             incarnation: Uuid::from_u128(77),
             wiped: false,
             settings: Some(AgentSettings::default()),
+            labels: Default::default(),
+            capacity: Default::default(),
         },
     );
     let crash_parts = crash_between_parts(&mut crashing, first, &register_again);

@@ -50,6 +50,8 @@ impl Gateway {
             incarnation: Uuid::now_v7(),
             wiped: false,
             settings: None,
+            labels: Default::default(),
+            capacity: Default::default(),
         };
         let register = Envelope::new(CommandId::generate(), Issuer::new("w1").expect("an issuer"), now(), body);
         let json = codec::command_to_json(&register).expect("encode");

@@ -358,6 +358,8 @@ async fn content_types_classes_and_query_strings_are_checked_before_anything_is_
             incarnation: Uuid::from_u128(7),
             wiped: false,
             settings: Some(AgentSettings::default()),
+            labels: Default::default(),
+            capacity: Default::default(),
         },
     );
     gw.refused(
@@ -593,6 +595,8 @@ async fn a_valid_command_is_decided_and_a_retry_gets_the_same_outcome() {
             incarnation: Uuid::from_u128(0x5eed),
             wiped: false,
             settings: Some(AgentSettings::default()),
+            labels: Default::default(),
+            capacity: Default::default(),
         },
     );
     gw.publish_raw(&ingress_subject_of(&register.body), &register).await;
@@ -750,6 +754,8 @@ async fn a_command_id_reused_for_another_command_is_refused() {
                 incarnation: Uuid::now_v7(),
                 wiped: false,
                 settings: Some(AgentSettings::default()),
+                labels: Default::default(),
+                capacity: Default::default(),
             },
         );
         gw.publish_raw(&ingress_subject_of(&register.body), &register).await;

@@ -139,6 +139,8 @@ async fn answers_that_carry_data_keep_it_exact() {
             incarnation: Uuid::now_v7(),
             wiped: false,
             settings: Some(AgentSettings::default()),
+            labels: Default::default(),
+            capacity: Default::default(),
         },
     );
     let json = codec::command_to_json(&register).expect("JSON");

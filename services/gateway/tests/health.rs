@@ -142,6 +142,8 @@ async fn metrics_count_decisions_dead_letters_and_resources_by_state() {
         incarnation: leasehold_schemas::Uuid::now_v7(),
         wiped: false,
         settings: Some(AgentSettings::default()),
+        labels: Default::default(),
+        capacity: Default::default(),
     };
     let register = envelope("w1", register.into());
     let payload = codec::encode_command(&register).expect("encode");

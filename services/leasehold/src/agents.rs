@@ -127,6 +127,18 @@ pub(crate) fn spawn_all<L: Log>(
     }
 }
 
+/// `container=50,volume=200`: a capacity per kind.
+fn parse_capacity(text: &str) -> Result<Vec<(String, u32)>, String> {
+    text.split(',')
+        .map(|part| match part.split_once('=') {
+            Some((kind, n)) if !kind.is_empty() => {
+                n.trim().parse::<u32>().map(|n| (kind.trim().to_owned(), n)).map_err(|e| format!("{part:?}: {e}"))
+            }
+            _ => Err(format!("{part:?} is not KIND=N")),
+        })
+        .collect()
+}
+
 /// True when `error` is an in-process agent that stopped because its driver cannot reach its machine's resources
 /// (its root cannot be made, opened or locked): one machine's disk, not the process, so `/healthz` names it without
 /// failing.
@@ -170,6 +182,13 @@ pub(crate) struct AgentRunArgs {
     /// This machine's disk was wiped: losing everything it held is expected, not a fault for the breaker.
     #[arg(long)]
     wiped: bool,
+    /// A label placement may select this agent by (`--label zone=a`; repeatable), declared at each registration.
+    #[arg(long = "label", value_name = "NAME=VALUE", value_parser = crate::produce::parse_attr)]
+    labels: Vec<(String, String)>,
+    /// How many resources of a kind it takes, from pending to releasing (`--capacity container=50,volume=200`;
+    /// repeatable): an allocation of that kind past it is refused. A kind not named is not limited.
+    #[arg(long, value_name = "KIND=N[,KIND=N...]", value_parser = parse_capacity)]
+    capacity: Vec<Vec<(String, u32)>>,
     #[command(flatten)]
     gc: GcArgs,
     #[command(flatten)]
@@ -284,6 +303,8 @@ pub(crate) fn run(cmd: AgentCmd) -> anyhow::Result<()> {
         call_timeout: args.call_timeout,
         wiped: args.wiped,
         settings,
+        labels: args.labels.iter().cloned().collect(),
+        capacity: args.capacity.iter().flatten().cloned().collect(),
         ..AgentConfig::new(name.clone())
     };
     config_for_agent.shutdown_grace = drain_grace(&config_for_agent, grace);

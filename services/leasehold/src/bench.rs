@@ -423,6 +423,8 @@ fn registration(agent: &AgentName, ids: &mut Ids) -> Envelope {
         incarnation: Uuid::from_u128(7),
         wiped: false,
         settings: Some(AgentSettings::default()),
+        labels: Default::default(),
+        capacity: Default::default(),
     };
     Envelope::new(CommandId::from_parts(at.0, ids.next()), Issuer::new(agent.as_str()).expect("valid"), at, body)
 }
@@ -706,6 +708,8 @@ where
             incarnation: Uuid::from_u128(9),
             wiped: false,
             settings: Some(AgentSettings::default()),
+            labels: Default::default(),
+            capacity: Default::default(),
         },
     );
     let epoch = registered

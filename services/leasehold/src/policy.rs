@@ -375,6 +375,7 @@ pub(crate) async fn check_seeded<L: Log>(
     timeout: Duration,
 ) -> anyhow::Result<Vec<String>> {
     let mut warnings = Vec::new();
+    let mut recorded_here = Vec::new();
     for (partition, seeded) in seeded {
         let recorded = match seeded {
             Seeded::Refused(why) => {
@@ -390,7 +391,7 @@ pub(crate) async fn check_seeded<L: Log>(
                 let status = crate::produce::submit_to_log(log, &envelope, timeout).await?;
                 match status.status.as_str() {
                     "accepted" => {
-                        println!("policy: partition {partition}: recorded from this process's flags");
+                        recorded_here.push(partition);
                         None
                     }
                     // Another process recorded one first: compare with it below.
@@ -421,7 +422,28 @@ pub(crate) async fn check_seeded<L: Log>(
             }
         }
     }
+    // One line, not one per partition.
+    if !recorded_here.is_empty() {
+        println!("policy: recorded from this process's flags in {}", partitions_text(&recorded_here));
+    }
     Ok(warnings)
+}
+
+/// Partitions as ranges: "partitions 0..32 (32)", "partition 3", "partitions 0..4, 6 (5)".
+fn partitions_text(partitions: &[u32]) -> String {
+    let mut ranges: Vec<(u32, u32)> = Vec::new();
+    for &p in partitions {
+        match ranges.last_mut() {
+            Some((_, end)) if *end == p => *end = p + 1,
+            _ => ranges.push((p, p + 1)),
+        }
+    }
+    let text: Vec<String> =
+        ranges.iter().map(|(a, b)| if b - a == 1 { a.to_string() } else { format!("{a}..{b}") }).collect();
+    match partitions {
+        [one] => format!("partition {one}"),
+        _ => format!("partitions {} ({})", text.join(", "), partitions.len()),
+    }
 }
 
 /// A pause that doubles from 200 ms to 5 s, cut short by a shutdown (`None`).
@@ -477,6 +499,13 @@ async fn recorded_policy<L: Log>(log: &L, partition: u32) -> anyhow::Result<Opti
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn partitions_read_as_ranges() {
+        assert_eq!(partitions_text(&[3]), "partition 3");
+        assert_eq!(partitions_text(&(0..32).collect::<Vec<_>>()), "partitions 0..32 (32)");
+        assert_eq!(partitions_text(&[0, 1, 2, 3, 6, 9, 10]), "partitions 0..4, 6, 9..11 (7)");
+    }
     use super::*;
 
     fn secs(n: u64) -> Millis {

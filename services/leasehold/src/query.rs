@@ -160,6 +160,12 @@ fn resource_fields(record: &Value) -> String {
     if !record["quarantined"].is_null() {
         rows.push(("quarantined", quarantine_text(record)));
     }
+    // What a waiting state waits on, and for how long.
+    if let Some(waiting) = record.get("waiting_on").filter(|w| w.is_object()) {
+        let since =
+            waiting["since"].as_u64().map(|ms| format!(" (since {}, {})", output::time(Some(ms)), output::ago(ms)));
+        rows.push(("waiting_on", format!("{}{}", cell(&waiting["on"]), since.unwrap_or_default())));
+    }
     // Only while a destroy waits for something else to let go of the resource.
     if let Some(blocked) = record.get("destroy_blocked").filter(|b| !b.is_null()) {
         let since = blocked["at"].as_u64().map(|ms| format!(" (since {})", crate::output::time(Some(ms))));
@@ -341,8 +347,18 @@ fn leases_table(records: &Vec<Value>) -> String {
 }
 
 fn agents_table(records: &Vec<Value>) -> String {
-    let mut table =
-        Table::new(&["NAME", "STATUS", "EPOCH", "LAST SEEN", "RESOURCES", "HELD", "DRIVER", "QUARANTINED", "WHY"]);
+    let mut table = Table::new(&[
+        "NAME",
+        "STATUS",
+        "EPOCH",
+        "LAST SEEN",
+        "RESOURCES",
+        "HELD",
+        "CAPACITY",
+        "DRIVER",
+        "QUARANTINED",
+        "WHY",
+    ]);
     for a in records {
         let status = match (cell(&a["status"]), a["retired"].as_bool()) {
             // A gone agent reads `gone`, but its retirement still holds when it comes back.
@@ -364,12 +380,28 @@ fn agents_table(records: &Vec<Value>) -> String {
             output::time(a["last_seen"].as_u64()),
             cell(&a["resources"]),
             cell(&a["held"]),
+            capacity_text(a),
             driver.to_owned(),
             cell(&a["quarantined"]),
             if why.is_empty() { "-".to_owned() } else { why.join("; ") },
         ]);
     }
     table.render()
+}
+
+/// What an agent's declared capacity holds, kind by kind (`container 12/50, volume 0/200`; `-` without one).
+fn capacity_text(agent: &Value) -> String {
+    let Some(capacity) = agent["capacity"].as_object().filter(|c| !c.is_empty()) else {
+        return "-".to_owned();
+    };
+    let used = &agent["used"];
+    capacity
+        .iter()
+        .map(|(kind, limit)| {
+            format!("{} {}/{}", leasehold_schemas::text::shown(kind), used[kind].as_u64().unwrap_or(0), cell(limit))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Who cordoned an agent, since when, and why (`-` while it is not cordoned).
@@ -554,8 +586,9 @@ mod tests {
             "resources": 2, "held": 1, "retired": false, "driver": {"available": true, "detail": null},
             "quarantined": 0})];
         assert!(
-            agents_table(&agents)
-                .ends_with("w1    live    3      2026-01-01T00:00:01.000Z  2          1     ok      0            -\n"),
+            agents_table(&agents).ends_with(
+                "w1    live    3      2026-01-01T00:00:01.000Z  2          1     -         ok      0            -\n"
+            ),
             "{}",
             agents_table(&agents)
         );
@@ -584,6 +617,10 @@ mod tests {
         let table = agents_table(&agents);
         let row = table.lines().nth(1).expect("a row");
         assert!(row.starts_with("w1    live, cordoned  3 "), "{table}");
+        let declared = vec![serde_json::json!({"name": "w1", "status": "live", "epoch": 3, "last_seen": 1u64,
+            "resources": 13, "held": 12, "capacity": {"container": 50, "volume": 200}, "used": {"container": 12},
+            "driver": {"available": true, "detail": null}, "quarantined": 0})];
+        assert!(agents_table(&declared).contains("  container 12/50, volume 0/200  "), "{}", agents_table(&declared));
         assert!(
             row.ends_with("cordoned by op:alice since 2026-01-01T00:00:00.000Z: kernel \\x1b[31mupgrade"),
             "the reason is shown escaped: {table}"

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use views::{
     AgentView, BreakerView, ClaimView, CordonView, DestroyBlockedView, DriverView, HolderView, LeaseBrief, LeaseView,
-    PolicyView, PoolView, QuarantineView, ResourceView,
+    PolicyView, PoolView, QuarantineView, ResourceView, WaitingOn,
 };
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -521,6 +521,11 @@ impl<'t> Tables<'t> {
                     if let Some(resource) = state.resource(*id) {
                         let created_seq = old.as_ref().map_or(seq, |old| old.created_seq);
                         let mut view = ResourceView::of(state, resource, created_seq, seq, outcome.decided_at.0);
+                        // The state's start: kept while the state is the same, this outcome's time when it changes.
+                        view.state_since = match &old {
+                            Some(old) if old.state == view.state => old.state_since,
+                            _ => Some(outcome.decided_at.0),
+                        };
                         let (quarantined, blocked) = old.map(|old| (old.quarantined, old.destroy_blocked)).unzip();
                         view.quarantined = QuarantineView::follow(quarantined.flatten(), outcome, *id);
                         view.destroy_blocked =
@@ -629,11 +634,21 @@ impl Reader {
         Ok(meta.get("applied").map_err(storage)?.map_or(0, |v| v.value()))
     }
 
+    /// The resource's record, with what it waits on (from its agent's record as it is now).
     pub fn resource(&self, reference: &ResourceRef) -> Result<Option<ResourceView>, Error> {
         let read = self.db.begin_read().map_err(storage)?;
         let table = read.open_table(RESOURCES).map_err(storage)?;
         let key = reference.to_string();
-        table.get(key.as_str()).map_err(storage)?.map(|v| from_json(v.value())).transpose()
+        let Some(mut view) =
+            table.get(key.as_str()).map_err(storage)?.map(|v| from_json::<ResourceView>(v.value())).transpose()?
+        else {
+            return Ok(None);
+        };
+        let agents = read.open_table(AGENTS).map_err(storage)?;
+        let agent =
+            agents.get(view.agent.as_str()).map_err(storage)?.map(|v| from_json::<AgentView>(v.value())).transpose()?;
+        view.waiting_on = WaitingOn::of(&view, agent.as_ref());
+        Ok(Some(view))
     }
 
     pub fn resources(&self, query: &ResourceQuery) -> Result<Vec<ResourceView>, Error> {

@@ -49,6 +49,14 @@ pub struct ResourceView {
     /// reported (`destroy-blocked`). Followed from the outcomes, like `quarantined`.
     #[serde(default)]
     pub destroy_blocked: Option<DestroyBlockedView>,
+    /// Log time it entered its current state (unix ms). Followed from the outcomes; `null` in records written before
+    /// it was kept.
+    #[serde(default)]
+    pub state_since: Option<u64>,
+    /// For a state that waits on something: on what, and since when. Worked out when the record is read (the
+    /// gateway's `GET /v1/resources/{ref}`), from the record and its agent's as they are then: never stored.
+    #[serde(default)]
+    pub waiting_on: Option<WaitingOn>,
     /// The outcome sequence that allocated it.
     pub created_seq: u64,
     /// Log time of the outcome this record is as of (unix ms).
@@ -116,6 +124,67 @@ impl QuarantineView {
     pub fn is_pending(&self) -> bool {
         self.destroy_ordered.is_none()
     }
+}
+
+/// What a resource in a waiting state waits on, in words, and since when (log time, unix ms).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitingOn {
+    pub on: String,
+    pub since: Option<u64>,
+}
+
+impl WaitingOn {
+    /// What `resource` waits on, with `agent` (its agent's record, if any) as it is now: `None` for a state that waits
+    /// on nothing (active, or ended).
+    pub fn of(resource: &ResourceView, agent: Option<&AgentView>) -> Option<WaitingOn> {
+        let name = &resource.agent;
+        let on = match resource.state.as_str() {
+            "pending" => {
+                let wanted: Vec<&str> =
+                    resource.claims.iter().filter(|c| c.status == "wanted").map(|c| c.pool.as_str()).collect();
+                if wanted.is_empty() {
+                    format!("waiting for {name} to create it{}", agent_clause(name, agent))
+                } else {
+                    format!("waiting for an identifier of pool {}", wanted.join(", pool "))
+                }
+            }
+            "releasing" => {
+                let blocked =
+                    resource.destroy_blocked.as_ref().map(|b| format!(" (it says: {})", b.detail)).unwrap_or_default();
+                format!("waiting for {name} to confirm the destroy{blocked}{}", agent_clause(name, agent))
+            }
+            "suspect" => format!("waiting for its health check on {name}{}", agent_clause(name, agent)),
+            "paused" => {
+                let until = resource.detail.as_ref().and_then(|d| d.get("until")).and_then(|u| u.as_u64());
+                match until {
+                    Some(until) => format!("paused: waiting for an unpause, or until {}", Timestamp(until)),
+                    None => "paused: waiting for an unpause".to_owned(),
+                }
+            }
+            _ if resource.upstream_suspect => {
+                format!("new leases wait: its parent {} is suspect", resource.parent.as_deref().unwrap_or("?"))
+            }
+            _ => return None,
+        };
+        Some(WaitingOn { on, since: resource.state_since })
+    }
+}
+
+/// What the agent's record says of it, for a resource that waits on it: when it was last heard from and how it is,
+/// when that is not plainly live.
+fn agent_clause(name: &str, agent: Option<&AgentView>) -> String {
+    let Some(agent) = agent else {
+        return format!("; {name} has never registered");
+    };
+    let mut trouble = Vec::new();
+    if agent.status != "live" {
+        trouble.push(agent.status.clone());
+    }
+    if let Some(detail) = &agent.driver.detail {
+        trouble.push(format!("its driver is unavailable: {detail}"));
+    }
+    let trouble = if trouble.is_empty() { String::new() } else { format!(", {}", trouble.join(", ")) };
+    format!("; {name} last heard from {}{trouble}", Timestamp(agent.last_seen))
 }
 
 /// Why a releasing resource's destroy has not finished: what its agent last said (`destroy-blocked`).
@@ -215,6 +284,14 @@ pub struct AgentView {
     /// While an operator has it cordoned (no new allocations): who, why and since when.
     #[serde(default)]
     pub cordon: Option<CordonView>,
+    /// What it declared at registration: labels for placement, and how many resources of each kind it takes.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub capacity: BTreeMap<String, u32>,
+    /// Its resources from pending to releasing, by kind: what the capacity counts.
+    #[serde(default)]
+    pub used: BTreeMap<String, u32>,
     pub as_of: u64,
 }
 
@@ -374,6 +451,8 @@ impl ResourceView {
             // Followed from the outcomes by the projector (see [`QuarantineView::follow`]).
             quarantined: None,
             destroy_blocked: None,
+            state_since: None,
+            waiting_on: None,
             created_seq,
             updated_at,
             as_of,
@@ -435,6 +514,9 @@ impl AgentView {
                 reason: c.reason.clone(),
                 since: c.since.0,
             }),
+            labels: agent.labels.clone(),
+            capacity: agent.capacity.clone(),
+            used: agent.by_kind.iter().map(|(kind, n)| (kind.to_string(), *n)).collect(),
             as_of,
         }
     }
@@ -489,5 +571,68 @@ impl HolderView {
             token,
             as_of,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resource(state: &str, claims: serde_json::Value, extra: serde_json::Value) -> ResourceView {
+        let mut record = serde_json::json!({
+            "ref": "w1.r", "agent": "w1", "id": "r", "kind": "container", "capacity": 1, "attrs": {}, "parent": null,
+            "upstream_suspect": false, "state": state, "detail": null, "allocated_at": 1, "native_id": null,
+            "claims": claims, "leases": [], "terminal_at": null, "quarantined": null, "created_seq": 1,
+            "updated_at": 1, "as_of": 1, "state_since": 1767225600000u64,
+        });
+        record.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(record).unwrap()
+    }
+
+    fn agent(status: &str, driver: Option<&str>) -> AgentView {
+        serde_json::from_value(serde_json::json!({
+            "name": "w1", "status": status, "epoch": 3, "incarnation": "i", "last_seen": 1767225660000u64,
+            "resources": 1, "held": 1, "settings": {}, "own_settings": false, "breaker": null, "retired": false,
+            "gone_at": null, "driver": {"available": driver.is_none(), "detail": driver}, "quarantined": 0,
+            "garbage_orders": 0, "as_of": 1,
+        }))
+        .unwrap()
+    }
+
+    /// Each waiting state says on what, naming its agent's trouble; a state that waits on nothing says nothing.
+    #[test]
+    fn a_waiting_resource_says_on_what_and_since_when() {
+        let wanted = serde_json::json!([{"pool": "net1", "status": "wanted", "id": null, "token": null}]);
+        let on = |r: &ResourceView, a: Option<&AgentView>| WaitingOn::of(r, a).map(|w| w.on);
+        let live = agent("live", None);
+        let pending = resource("pending", wanted, serde_json::json!({}));
+        assert_eq!(on(&pending, Some(&live)).as_deref(), Some("waiting for an identifier of pool net1"));
+        assert_eq!(WaitingOn::of(&pending, Some(&live)).unwrap().since, Some(1767225600000));
+        let ordered = resource("pending", serde_json::json!([]), serde_json::json!({}));
+        assert_eq!(
+            on(&ordered, Some(&agent("stalled", None))).as_deref(),
+            Some("waiting for w1 to create it; w1 last heard from 2026-01-01T00:01:00.000Z, stalled")
+        );
+        let blocked = serde_json::json!({"destroy_blocked": {"detail": "volume in use by ci", "at": 1}});
+        let releasing = resource("releasing", serde_json::json!([]), blocked);
+        assert_eq!(
+            on(&releasing, Some(&agent("live", Some("the root is not mounted")))).as_deref(),
+            Some(
+                "waiting for w1 to confirm the destroy (it says: volume in use by ci); w1 last heard from \
+                 2026-01-01T00:01:00.000Z, its driver is unavailable: the root is not mounted"
+            )
+        );
+        assert_eq!(
+            on(&resource("suspect", serde_json::json!([]), serde_json::json!({})), None).as_deref(),
+            Some("waiting for its health check on w1; w1 has never registered")
+        );
+        let paused =
+            resource("paused", serde_json::json!([]), serde_json::json!({"detail": {"until": 1767229200000u64}}));
+        assert_eq!(
+            on(&paused, Some(&live)).as_deref(),
+            Some("paused: waiting for an unpause, or until 2026-01-01T01:00:00.000Z")
+        );
+        assert_eq!(on(&resource("active", serde_json::json!([]), serde_json::json!({})), Some(&live)), None);
+        assert_eq!(on(&resource("destroyed", serde_json::json!([]), serde_json::json!({})), Some(&live)), None);
     }
 }

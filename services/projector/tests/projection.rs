@@ -102,6 +102,8 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
                 incarnation: Uuid::from_u128(1),
                 wiped: false,
                 settings: Some(AgentSettings::default()),
+                labels: Default::default(),
+                capacity: Default::default(),
             },
         )
         .await;
@@ -291,7 +293,14 @@ async fn a_broken_chain_or_an_undecodable_outcome_stops_the_projector() {
     let w1 = AgentName::new("w1").unwrap();
     let outcome = driver.submit(
         "w1",
-        Register { agent: w1, incarnation: Uuid::from_u128(1), wiped: false, settings: Some(AgentSettings::default()) },
+        Register {
+            agent: w1,
+            incarnation: Uuid::from_u128(1),
+            wiped: false,
+            settings: Some(AgentSettings::default()),
+            labels: Default::default(),
+            capacity: Default::default(),
+        },
     );
     let payload = Bytes::from(codec::encode_outcome(&outcome).unwrap());
     let mut projector = Projector::in_memory(1).unwrap();
@@ -368,7 +377,17 @@ fn the_policy_and_what_follows_it_are_read_as_recorded() {
 
     let mut driver = leasehold_domain::driver::Driver::new(0, 1, Timestamp(1_800_000_000_000));
     let w1 = AgentName::new("w1").unwrap();
-    driver.submit("w1", Register { agent: w1, incarnation: Uuid::from_u128(1), wiped: false, settings: None });
+    driver.submit(
+        "w1",
+        Register {
+            agent: w1,
+            incarnation: Uuid::from_u128(1),
+            wiped: false,
+            settings: None,
+            labels: Default::default(),
+            capacity: Default::default(),
+        },
+    );
     let mut projector = Projector::in_memory(1).unwrap();
     feed(&mut projector, driver.outcomes());
     let reader = projector.reader();

@@ -364,8 +364,14 @@ impl World {
         };
         let next_heartbeat = self.now.saturating_add(agent.heartbeat_every());
         self.agents.insert(name.clone(), Agent { next_heartbeat, ..agent });
-        let body =
-            Register { agent: name.clone(), incarnation: Uuid::from_u128(self.ids.into()), wiped: false, settings };
+        let body = Register {
+            agent: name.clone(),
+            incarnation: Uuid::from_u128(self.ids.into()),
+            wiped: false,
+            settings,
+            labels: Default::default(),
+            capacity: Default::default(),
+        };
         self.send(name.as_str(), body);
         name
     }

@@ -113,7 +113,14 @@ impl World {
     fn register(&mut self, name: &str) -> AgentName {
         let agent = AgentName::new(name).unwrap();
         let incarnation = Uuid::from_u128(u128::from(self.cmd_seq) + 1);
-        let body = Register { agent: agent.clone(), incarnation, wiped: false, settings: None };
+        let body = Register {
+            agent: agent.clone(),
+            incarnation,
+            wiped: false,
+            settings: None,
+            labels: Default::default(),
+            capacity: Default::default(),
+        };
         self.send(name, body).expect("a registration is appended");
         self.obs.insert(agent.clone(), 0);
         agent

@@ -98,7 +98,14 @@ fn now() -> leasehold_schemas::ids::Timestamp {
 
 /// Registers `agent`; answers its epoch.
 async fn register(cluster: &mut Cluster, agent: &AgentName) -> Position {
-    let body = Register { agent: agent.clone(), incarnation: Uuid::from_u128(1), wiped: false, settings: None };
+    let body = Register {
+        agent: agent.clone(),
+        incarnation: Uuid::from_u128(1),
+        wiped: false,
+        settings: None,
+        labels: Default::default(),
+        capacity: Default::default(),
+    };
     cluster.send(agent.as_str(), body).await;
     cluster.until("registration", PATIENCE, |p, e| matches!(e, Effect::AgentRegistered { .. }).then_some(p)).await
 }

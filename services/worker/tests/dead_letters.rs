@@ -22,6 +22,8 @@ fn register(n: u8) -> Envelope {
         incarnation: Uuid::from_u128(7),
         wiped: false,
         settings: Some(AgentSettings::default()),
+        labels: Default::default(),
+        capacity: Default::default(),
     };
     Envelope::new(
         CommandId::from_parts(1_800_000_000_000, [n; 10]),

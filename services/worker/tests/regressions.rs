@@ -73,6 +73,8 @@ fn register(agent: &AgentName) -> Register {
         incarnation: Uuid::from_u128(7),
         wiped: false,
         settings: Some(AgentSettings::default()),
+        labels: Default::default(),
+        capacity: Default::default(),
     }
 }
 

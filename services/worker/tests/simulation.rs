@@ -437,6 +437,8 @@ async fn register(log: &Embedded, rng: &mut Rng) -> Vec<(AgentName, Position)> {
             incarnation: Uuid::from_u128(u128::from(rng.next_u64()) | 1 << 100),
             wiped: false,
             settings: Some(AgentSettings::default()),
+            labels: Default::default(),
+            capacity: Default::default(),
         };
         let envelope = Envelope::new(
             CommandId::from_parts(at.0, [9, i as u8, 0, 0, 0, 0, 0, 0, 0, 0]),

@@ -229,3 +229,82 @@ async fn a_cordoned_agent_keeps_what_it_holds_and_takes_nothing_new_until_uncord
     a1.stop_cleanly().await;
     serve.stop_cleanly().await;
 }
+
+/// What a resource waits on, end to end: a frozen agent leaves a released resource `releasing`, and `get` (and the
+/// gateway's record) says it waits for that agent to confirm the destroy, since when, and when the agent was last
+/// heard from; once the agent has destroyed it, nothing is waited on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_says_what_a_releasing_resource_waits_on() {
+    let Some(run) = NatsRun::start("waiting", PARTITIONS) else { return };
+    let mut serve = run.serve("serve", &FAST_SWEEPER);
+    let server = serve.ready().await;
+    let api = Api::new(server.clone());
+    let mut a1 = run.agent("a1", &[]);
+    wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &a1]).await;
+    let id = ResourceId::generate();
+    api.accepted(&allocate(&agent_name("a1"), id), &[&serve]).await;
+    let reference = format!("a1.{id}");
+    wait_resource(&api, &reference, |r| r.state == "active", &[&serve, &a1]).await;
+
+    a1.freeze();
+    let ran = run_cli(run.path(), &["--server", &server, "release", &reference], &[]).await;
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let view = wait_resource(&api, &reference, |r| r.state == "releasing", &[&serve]).await;
+    let waiting = view.waiting_on.expect("a releasing resource waits on something");
+    assert!(waiting.on.starts_with("waiting for a1 to confirm the destroy; a1 last heard from "), "{waiting:?}");
+    assert!(waiting.since.is_some(), "{waiting:?}");
+    let ran = run_cli(run.path(), &["--server", &server, "get", &reference], &[]).await;
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let line = ran.stdout.lines().find(|l| l.starts_with("waiting_on")).unwrap_or_else(|| panic!("{}", ran.stdout));
+    assert!(line.contains("waiting for a1 to confirm the destroy") && line.contains(" ago)"), "{line}");
+
+    a1.resume();
+    let view = wait_resource(&api, &reference, |r| r.state == "destroyed", &[&serve, &a1]).await;
+    assert_eq!(view.waiting_on, None, "a destroyed resource waits on nothing");
+    serve.assert_no_panic();
+    a1.stop_cleanly().await;
+    serve.stop_cleanly().await;
+}
+
+/// `agent run --capacity volume=1 --label zone=a`, over a real nats-server: the declaration is on record and in
+/// `agents`; a second volume is refused while the first is there (naming the capacity), and allowed once the first
+/// is destroyed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_capacity_refuses_allocations_past_it_until_a_place_frees() {
+    let Some(run) = NatsRun::start("capacity", PARTITIONS) else { return };
+    let mut serve = run.serve("serve", &FAST_SWEEPER);
+    let server = serve.ready().await;
+    let api = Api::new(server.clone());
+    let mut a1 = run.agent("a1", &["--capacity", "volume=1", "--label", "zone=a"]);
+    let agent =
+        wait_agent(&api, "a1", |a| a.status == "live" && a.capacity.get("volume") == Some(&1), &[&serve, &a1]).await;
+    assert_eq!(agent.labels.get("zone").map(String::as_str), Some("a"));
+    let cli = |args: &[&str]| {
+        let mut all = vec!["--server".to_owned(), server.clone()];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        all
+    };
+    let dir = run.path().to_owned();
+    let run_in = |args: Vec<String>| {
+        let dir = dir.clone();
+        async move { run_cli(&dir, &args.iter().map(String::as_str).collect::<Vec<_>>(), &[]).await }
+    };
+    let ran = run_in(cli(&["allocate", "--agent", "a1", "--kind", "volume"])).await;
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let first = ran.stdout.trim().to_owned();
+    wait_resource(&api, &first, |r| r.state == "active", &[&serve, &a1]).await;
+    let ran = run_in(cli(&["allocate", "--agent", "a1", "--kind", "volume"])).await;
+    assert_eq!(ran.code, Some(1), "{ran:?}");
+    assert!(ran.stderr.contains("is full for volume: 1 of 1"), "{ran:?}");
+    let ran = run_in(cli(&["agents"])).await;
+    assert!(ran.stdout.contains("volume 1/1"), "{}", ran.stdout);
+
+    let ran = run_in(cli(&["release", &first])).await;
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    wait_resource(&api, &first, |r| r.state == "destroyed", &[&serve, &a1]).await;
+    let ran = run_in(cli(&["allocate", "--agent", "a1", "--kind", "volume"])).await;
+    assert_eq!(ran.code, Some(0), "a place freed: {ran:?}");
+    serve.assert_no_panic();
+    a1.stop_cleanly().await;
+    serve.stop_cleanly().await;
+}

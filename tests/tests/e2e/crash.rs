@@ -386,6 +386,8 @@ fn commands(count: usize) -> Vec<Prepared> {
             incarnation: Uuid::from_u128(n as u128 + 1),
             wiped: false,
             settings: Some(AgentSettings::default()),
+            labels: Default::default(),
+            capacity: Default::default(),
         };
         out.push(prepare(&envelope(n, agent.as_str(), body.into())));
     }

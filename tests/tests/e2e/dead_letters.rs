@@ -79,6 +79,8 @@ fn register(agent: &str, n: u8) -> Envelope {
         incarnation: Uuid::from_u128(0x0001_ea5e_0000 + u128::from(n)),
         wiped: false,
         settings: Some(AgentSettings::default()),
+        labels: Default::default(),
+        capacity: Default::default(),
     };
     let at = now_ms();
     Envelope::new(

@@ -359,6 +359,8 @@ impl Workload {
             incarnation: Uuid::from_u128(u128::from(self.rng.next_u64()) | 1 << 100),
             wiped: false,
             settings: Some(AgentSettings::default()),
+            labels: Default::default(),
+            capacity: Default::default(),
         };
         let envelope = self.envelope(agent.as_str(), body);
         self.agents.push(Agent { name: agent, epoch: None, obs: 0 });

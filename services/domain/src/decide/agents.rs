@@ -11,6 +11,38 @@ use leasehold_schemas::outcome::{BreakerClear, Effect, ResyncReason};
 use leasehold_schemas::settings::PartitionSettings;
 
 use super::{Decider, Verdict, check_text, cordon_text, reject};
+
+/// At most this many labels, and kinds with a capacity, per agent.
+const MAX_DECLARED: usize = 32;
+
+/// An agent's labels and capacity: names and values as any producer text, a bounded count of each.
+fn check_declaration(command: &Register) -> Verdict {
+    if command.labels.len() > MAX_DECLARED || command.capacity.len() > MAX_DECLARED {
+        return reject(
+            RejectionKind::Invalid,
+            format!(
+                "agent {} declares {} labels and a capacity for {} kinds; at most {MAX_DECLARED} of each",
+                command.agent,
+                command.labels.len(),
+                command.capacity.len()
+            ),
+        );
+    }
+    for (key, value) in &command.labels {
+        check_text("label", key)?;
+        check_text("label value", value)?;
+        if key.is_empty() {
+            return reject(RejectionKind::Invalid, format!("agent {}: a label needs a name", command.agent));
+        }
+    }
+    for kind in command.capacity.keys() {
+        check_text("capacity kind", kind)?;
+        if kind.is_empty() {
+            return reject(RejectionKind::Invalid, format!("agent {}: a capacity needs a kind", command.agent));
+        }
+    }
+    Ok(())
+}
 use crate::due::{coalesce_interval, gone_due, stall_due};
 use crate::state::Liveness;
 
@@ -19,7 +51,13 @@ impl<'s> Decider<'s> {
         if let Some(Err(problem)) = command.settings.as_ref().map(|s| s.check()) {
             return reject(RejectionKind::Invalid, format!("agent {}: {problem}", command.agent));
         }
+        check_declaration(command)?;
         let mut stays_retired = false;
+        let declared_before = self.state.agents.get(&command.agent).map(|a| (&a.labels, &a.capacity));
+        let declares_anew = declared_before
+            .map_or(!command.labels.is_empty() || !command.capacity.is_empty(), |(l, c)| {
+                *l != command.labels || *c != command.capacity
+            });
         if let Some(agent) = self.state.agents.get(&command.agent) {
             // A retired agent registers to finish releasing what it holds, and stays retired: only `unretire`, on
             // record, brings the name back into service.
@@ -36,6 +74,9 @@ impl<'s> Decider<'s> {
             own_settings: command.settings.is_some(),
             retired: stays_retired,
         });
+        if declares_anew {
+            self.out.push(Effect::AgentDeclared { labels: command.labels.clone(), capacity: command.capacity.clone() });
+        }
         Ok(())
     }
 

@@ -88,6 +88,18 @@ impl<'s> Decider<'s> {
                 format!("agent {}'s driver is unavailable ({why}); no new placements on it", agent.name),
             );
         }
+        if let Some(limit) = agent.capacity.get(command.kind.as_str()) {
+            let used = agent.by_kind.get(command.kind.as_str()).copied().unwrap_or(0);
+            if used >= *limit {
+                return reject(
+                    RejectionKind::InvalidState,
+                    format!(
+                        "agent {} is full for {}: {used} of {limit} (pending to releasing); no new allocations of it",
+                        agent.name, command.kind
+                    ),
+                );
+            }
+        }
         if let Some(cordon) = &agent.cordon {
             return reject(
                 RejectionKind::InvalidState,

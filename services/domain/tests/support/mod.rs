@@ -132,7 +132,14 @@ impl World {
     ) -> Outcome {
         self.obs.insert(agent.clone(), 0);
         let incarnation = leasehold_schemas::Uuid::from_u128(self.d.outcomes().len() as u128 + 1);
-        self.agent_says(Register { agent: agent.clone(), incarnation, wiped, settings: settings.into() })
+        self.agent_says(Register {
+            agent: agent.clone(),
+            incarnation,
+            wiped,
+            settings: settings.into(),
+            labels: Default::default(),
+            capacity: Default::default(),
+        })
     }
 
     /// Registers the default agent `w1`, following the partition's policy.
