@@ -413,8 +413,8 @@ struct Agent<L, D> {
     destroy_reported: BTreeMap<ResourceId, Position>,
     /// Why a destroy could not finish (something else uses the resource), as last reported: each reason once.
     blocked_reported: BTreeMap<ResourceId, String>,
-    /// When each failure reported one by one within the breaker's window was found.
-    recent_failures: Vec<Instant>,
+    /// When each failure reported one by one within the breaker's window was found, and of what.
+    recent_failures: Vec<(Instant, ResourceId)>,
     /// The agent's effective settings at its registration (the loss breaker's thresholds judge a mass failure).
     settings: leasehold_schemas::settings::AgentSettings,
     /// What this process saw of its driver at its last listing: `Some(why)` when it could not list.
@@ -1085,18 +1085,25 @@ impl<L: Log, D: Driver> Agent<L, D> {
         // each is still one event.
         let now = Instant::now();
         let window = Duration::from_millis(self.settings.loss_window.0);
-        self.recent_failures.retain(|at| now.duration_since(*at) < window);
+        self.recent_failures.retain(|(at, _)| now.duration_since(*at) < window);
         let earlier = self.recent_failures.len() as u64;
         let n = failed.len() as u64;
         let total = earlier + n;
-        let live_at_start = self.model.n_live() as u64 + earlier;
+        // What the agent held when the window began: what it holds live now, and those failed earlier that have left
+        // since (the ones still suspect are live now, and counted there).
+        let left = self
+            .recent_failures
+            .iter()
+            .filter(|(_, id)| !self.model.get(*id).is_some_and(|t| t.seen_present && t.releasing.is_none()))
+            .count() as u64;
+        let live_at_start = self.model.n_live() as u64 + left;
         let settings = &self.settings;
         let mass = n > 0
             && total >= u64::from(settings.max_loss_min)
             && total * 100 > live_at_start * u64::from(settings.max_loss_percent);
-        let live = live_at_start - earlier;
+        let live = live_at_start - left;
         if !mass {
-            self.recent_failures.extend(failed.iter().map(|_| now));
+            self.recent_failures.extend(failed.iter().map(|(id, _)| (now, *id)));
             return failed;
         }
         warn!(

@@ -1364,8 +1364,12 @@ fn a_declared_capacity_bounds_allocations_of_its_kind() {
 
     let first = allocate(&mut w);
     accepted(&first);
-    accepted(&allocate(&mut w));
+    let second = w.allocate_cmd(&a);
+    accepted(&w.op(second.clone()));
     refused(&mut w, allocate, InvalidState, &["agent w1 is full for container: 2 of 2 (pending to releasing)"]);
+    // The same allocation sent again under another command id is answered for its id, not for the capacity.
+    let resend = second;
+    refused(&mut w, |w| w.op(resend.clone()), AlreadyExists, &["already exists"]);
     // Another kind is not limited.
     let mut volume = w.allocate_cmd(&a);
     volume.kind = "volume".into();
@@ -1393,6 +1397,18 @@ fn a_declared_capacity_bounds_allocations_of_its_kind() {
     }));
     assert_eq!(agent(&w).by_kind.get("container"), Some(&1));
     accepted(&allocate(&mut w));
+    // A kind no allocation can name is refused (it would limit nothing); a capacity of 0 takes none, and says so.
+    let bad = w.agent_says(Register {
+        agent: a.clone(),
+        incarnation: leasehold_schemas::Uuid::from_u128(999),
+        wiped: false,
+        settings: None,
+        labels: Default::default(),
+        capacity: [("Web App".to_owned(), 5)].into(),
+    });
+    assert!(bad.rejection().is_some_and(|r| r.message.contains("must match")), "{bad:?}");
+    accepted(&declare(&mut w, &[("container", 0)]));
+    refused(&mut w, allocate, InvalidState, &["agent w1 takes no container (its capacity for it is 0)"]);
     // A registration that declares nothing clears the declaration, on record.
     let o = register(&mut w, AgentSettings::default(), false);
     assert!(effect_names(&o).contains(&"agent-declared"));

@@ -161,8 +161,11 @@ impl WaitingOn {
                     None => "paused: waiting for an unpause".to_owned(),
                 }
             }
-            _ if resource.upstream_suspect => {
-                format!("new leases wait: its parent {} is suspect", resource.parent.as_deref().unwrap_or("?"))
+            // Since the parent turned suspect, which the record does not keep: no time is given.
+            "active" if resource.upstream_suspect => {
+                let on =
+                    format!("new leases wait: its parent {} is suspect", resource.parent.as_deref().unwrap_or("?"));
+                return Some(WaitingOn { on, since: None });
             }
             _ => return None,
         };
@@ -634,5 +637,13 @@ mod tests {
         );
         assert_eq!(on(&resource("active", serde_json::json!([]), serde_json::json!({})), Some(&live)), None);
         assert_eq!(on(&resource("destroyed", serde_json::json!([]), serde_json::json!({})), Some(&live)), None);
+        // A child flagged suspect-upstream waits for its parent only while it lives; the flag outlives its end.
+        let flagged = serde_json::json!({"upstream_suspect": true, "parent": "w2.p"});
+        let child = resource("active", serde_json::json!([]), flagged.clone());
+        assert_eq!(
+            WaitingOn::of(&child, Some(&live)),
+            Some(WaitingOn { on: "new leases wait: its parent w2.p is suspect".to_owned(), since: None })
+        );
+        assert_eq!(on(&resource("destroyed", serde_json::json!([]), flagged), Some(&live)), None);
     }
 }

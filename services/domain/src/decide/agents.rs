@@ -37,8 +37,12 @@ fn check_declaration(command: &Register) -> Verdict {
     }
     for kind in command.capacity.keys() {
         check_text("capacity kind", kind)?;
-        if kind.is_empty() {
-            return reject(RejectionKind::Invalid, format!("agent {}: a capacity needs a kind", command.agent));
+        // A kind no allocation can name would limit nothing, silently.
+        if !super::resources::is_kind(kind) {
+            return reject(
+                RejectionKind::Invalid,
+                format!("agent {}: capacity kind {kind:?} must match [a-z0-9][a-z0-9_.-]{{0,62}}", command.agent),
+            );
         }
     }
     Ok(())

@@ -18,7 +18,7 @@ use super::{
 use crate::state::{ClaimSlot, Liveness, PendingClock, Resource, ResourceState};
 
 /// `[a-z0-9][a-z0-9_.-]{0,62}`.
-fn is_kind(kind: &str) -> bool {
+pub(super) fn is_kind(kind: &str) -> bool {
     let bytes = kind.as_bytes();
     !bytes.is_empty()
         && bytes.len() <= 63
@@ -88,24 +88,6 @@ impl<'s> Decider<'s> {
                 format!("agent {}'s driver is unavailable ({why}); no new placements on it", agent.name),
             );
         }
-        if let Some(limit) = agent.capacity.get(command.kind.as_str()) {
-            let used = agent.by_kind.get(command.kind.as_str()).copied().unwrap_or(0);
-            if used >= *limit {
-                return reject(
-                    RejectionKind::InvalidState,
-                    format!(
-                        "agent {} is full for {}: {used} of {limit} (pending to releasing); no new allocations of it",
-                        agent.name, command.kind
-                    ),
-                );
-            }
-        }
-        if let Some(cordon) = &agent.cordon {
-            return reject(
-                RejectionKind::InvalidState,
-                format!("agent {} is cordoned ({}); no new allocations on it", agent.name, super::cordon_text(cordon)),
-            );
-        }
         let id = command.resource;
         if let Some(existing) = self.state.resources.get(&id) {
             return reject(
@@ -133,6 +115,32 @@ impl<'s> Decider<'s> {
             );
         }
         self.check_fresh_id("resource id", &id, id.time(), RejectionKind::Invalid)?;
+        // After the id's checks: an allocation sent again under another command id is answered "already exists",
+        // not "full" (it is the one that fills the place).
+        if let Some(limit) = agent.capacity.get(command.kind.as_str()) {
+            let used = agent.by_kind.get(command.kind.as_str()).copied().unwrap_or(0);
+            if *limit == 0 {
+                return reject(
+                    RejectionKind::InvalidState,
+                    format!("agent {} takes no {} (its capacity for it is 0)", agent.name, command.kind),
+                );
+            }
+            if used >= *limit {
+                return reject(
+                    RejectionKind::InvalidState,
+                    format!(
+                        "agent {} is full for {}: {used} of {limit} (pending to releasing); no new allocations of it",
+                        agent.name, command.kind
+                    ),
+                );
+            }
+        }
+        if let Some(cordon) = &agent.cordon {
+            return reject(
+                RejectionKind::InvalidState,
+                format!("agent {} is cordoned ({}); no new allocations on it", agent.name, super::cordon_text(cordon)),
+            );
+        }
         if let Some(wait) = command.wait
             && wait.0 == 0
         {
