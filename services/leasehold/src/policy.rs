@@ -168,14 +168,19 @@ async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -
         check(policy, view.partition)?;
     }
     let issuer = crate::produce::issuer(global.issuer.as_deref())?;
+    // One line for the whole cluster, not one per partition (JSON: each partition's command status).
+    let (mut changed, mut unchanged_in, mut statuses) = (Vec::new(), Vec::new(), Vec::new());
+    let mut now_in_force = None;
     for (view, policy) in planned {
         let what = format!("policy set: partition {}", view.partition);
         // Only what is given is sent: `--gc` alone leaves the policy (recorded or not) as it is.
         let unchanged = |p: &ClusterPolicy| view.recorded && *p == view.policy;
+        let in_force = (policy.clone(), args.gc.unwrap_or(view.gc));
         let policy = Some(policy).filter(|p| !args.flags.is_empty() && !unchanged(p));
         let gc = args.gc.filter(|mode| *mode != view.gc);
+        now_in_force.get_or_insert(in_force);
         if policy.is_none() && gc.is_none() {
-            output::emit(&format!("{what}: unchanged (it has this policy already)\n"));
+            unchanged_in.push(view.partition);
             continue;
         }
         let key: Key = view.key.parse().with_context(|| format!("the gateway's key {:?}", view.key))?;
@@ -188,8 +193,37 @@ async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -
             gc,
         };
         let envelope = crate::produce::envelope(&issuer, None, body);
-        crate::produce::simple(global, &args.produce, envelope, &what).await?;
+        let sent = crate::produce::accepted_quietly(global, &args.produce, envelope, &what).await;
+        // What was accepted before a failure stays accepted: the error says where it stands.
+        let sent = match sent {
+            Err(e) if !changed.is_empty() => {
+                Err(e.context(format!("policy set: already accepted in {}", partitions_text(&changed))))
+            }
+            other => other,
+        };
+        statuses.push(sent?);
+        changed.push(view.partition);
     }
+    if global.output == OutputFormat::Json {
+        output::emit(&output::json(&statuses)?);
+        return Ok(());
+    }
+    let mut line = match (changed.is_empty(), unchanged_in.is_empty()) {
+        (false, true) => format!("policy set: accepted in {}", partitions_text(&changed)),
+        (false, false) => format!(
+            "policy set: accepted in {}; unchanged in {} (they have this policy already)",
+            partitions_text(&changed),
+            partitions_text(&unchanged_in)
+        ),
+        (true, _) => {
+            format!("policy set: unchanged in {} (they have this policy already)", partitions_text(&unchanged_in))
+        }
+    };
+    line.push('\n');
+    if let Some((policy, gc)) = now_in_force {
+        line.push_str(&fields(&policy, gc));
+    }
+    output::emit(&line);
     Ok(())
 }
 

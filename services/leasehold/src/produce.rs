@@ -693,6 +693,22 @@ pub(crate) async fn simple(
     Ok(())
 }
 
+/// Sends `envelope` and waits for its outcome, as [`simple`] does, printing nothing: an error when it was not
+/// accepted; its status when it was.
+pub(crate) async fn accepted_quietly(
+    global: &GlobalArgs,
+    produce: &ProduceArgs,
+    envelope: Envelope,
+    what: &str,
+) -> anyhow::Result<leasehold_client::CommandStatus> {
+    let transport = transport(global, &produce.nats).await?;
+    let sent = transport.submit(&envelope, produce.timeout).await;
+    let status = settle(sent, &envelope, produce.timeout, global.output, None)?;
+    let kept = status.clone();
+    accepted(status, global.output, what)?;
+    Ok(kept)
+}
+
 /// `<what>: accepted` and one line per effect, with its position.
 fn accepted_text(what: &str, envelope: &Envelope, outcomes: &[SeqOutcome]) -> String {
     let mut text = format!("{}: accepted [command {}]\n", leasehold_schemas::text::shown(what), envelope.command_id);
