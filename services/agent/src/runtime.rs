@@ -1081,6 +1081,9 @@ impl<L: Log, D: Driver> Agent<L, D> {
                         .is_some_and(|t| t.seen_present && t.releasing.is_none() && !t.failure_reported)
             })
             .collect();
+        if failed.is_empty() {
+            return failed;
+        }
         // Judged over the breaker's window, as the writer judges losses: a restart whose stops two passes see half
         // each is still one event.
         let now = Instant::now();
@@ -1098,8 +1101,7 @@ impl<L: Log, D: Driver> Agent<L, D> {
             .count() as u64;
         let live_at_start = self.model.n_live() as u64 + left;
         let settings = &self.settings;
-        let mass = n > 0
-            && total >= u64::from(settings.max_loss_min)
+        let mass = total >= u64::from(settings.max_loss_min)
             && total * 100 > live_at_start * u64::from(settings.max_loss_percent);
         let live = live_at_start - left;
         if !mass {

@@ -226,9 +226,10 @@ fn set_resource_state(
     let destruction = resource.destruction_ordered;
     let creation = resource.creation_position();
     let agent_name = resource.agent.clone();
-    let kind = resource.kind.clone();
+    // Only the transition that ends the resource touches its kind's count (no copy of the kind on the others).
+    let ended_kind = (is_terminal && !was_terminal).then(|| resource.kind.clone());
     if let Some(agent) = state.agents.get_mut(&agent_name) {
-        if is_terminal && !was_terminal {
+        if let Some(kind) = ended_kind {
             // What the capacity counts ends with the resource; a kind that counts nothing is not kept.
             if let Some(n) = agent.by_kind.get_mut(&kind) {
                 *n -= 1;

@@ -61,14 +61,13 @@ impl Stage {
         let run: String = ResourceId::generate().to_string().chars().rev().take(6).collect();
         let third = u8::from_str_radix(&run[..2], 16).unwrap_or(1);
         let busybox = docker::find_busybox().map_err(anyhow::Error::msg)?;
-        let hex = file_hash(&busybox)?;
         let existed = images_like(&docker, "leasehold-busybox").await?;
         let image = docker::import_busybox_image("", &busybox).await.context("making the demo's image")?;
         let imported = !existed.contains(&image);
         writeln!(
             out,
-            "leasehold demo on Docker: run {run}; image {image} ({} by `docker import` of {} (sha256 {hex}…), nothing \
-             pulled)",
+            "leasehold demo on Docker: run {run}; image {image} ({} by `docker import` of {}, tagged by its content's \
+             hash; nothing pulled)",
             if imported { "made now" } else { "already here" },
             busybox.display()
         )?;
@@ -366,11 +365,4 @@ async fn images_like(docker: &Docker, repository: &str) -> anyhow::Result<Vec<St
         .flat_map(|image| image.repo_tags)
         .filter(|tag| tag.starts_with(&format!("{repository}:")))
         .collect())
-}
-
-/// The first 12 hex digits of a file's sha256, for the demo's first line.
-fn file_hash(path: &std::path::Path) -> anyhow::Result<String> {
-    use sha2::Digest;
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(sha2::Sha256::digest(&bytes).iter().take(6).map(|b| format!("{b:02x}")).collect())
 }

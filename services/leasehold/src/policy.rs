@@ -193,7 +193,7 @@ async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -
             gc,
         };
         let envelope = crate::produce::envelope(&issuer, None, body);
-        let sent = crate::produce::accepted_quietly(global, &args.produce, envelope, &what).await;
+        let sent = crate::produce::accepted_quietly(global, &args.produce, &envelope, &what).await;
         // What was accepted before a failure stays accepted: the error says where it stands.
         let sent = match sent {
             Err(e) if !changed.is_empty() => {

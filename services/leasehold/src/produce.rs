@@ -676,19 +676,10 @@ pub(crate) async fn simple(
     envelope: Envelope,
     what: &str,
 ) -> anyhow::Result<()> {
-    let transport = transport(global, &produce.nats).await?;
-    let sent = transport.submit(&envelope, produce.timeout).await;
-    let status = settle(sent, &envelope, produce.timeout, global.output, None)?;
+    let status = accepted_quietly(global, produce, &envelope, what).await?;
     match global.output {
-        OutputFormat::Json => {
-            let printed = status.clone();
-            accepted(status, global.output, what)?;
-            output::emit(&output::json(&printed)?);
-        }
-        OutputFormat::Table => {
-            let outcomes = accepted(status, global.output, what)?;
-            output::emit(&accepted_text(what, &envelope, &outcomes));
-        }
+        OutputFormat::Json => output::emit(&output::json(&status)?),
+        OutputFormat::Table => output::emit(&accepted_text(what, &envelope, &status.outcomes)),
     }
     Ok(())
 }
@@ -698,12 +689,12 @@ pub(crate) async fn simple(
 pub(crate) async fn accepted_quietly(
     global: &GlobalArgs,
     produce: &ProduceArgs,
-    envelope: Envelope,
+    envelope: &Envelope,
     what: &str,
 ) -> anyhow::Result<leasehold_client::CommandStatus> {
     let transport = transport(global, &produce.nats).await?;
-    let sent = transport.submit(&envelope, produce.timeout).await;
-    let status = settle(sent, &envelope, produce.timeout, global.output, None)?;
+    let sent = transport.submit(envelope, produce.timeout).await;
+    let status = settle(sent, envelope, produce.timeout, global.output, None)?;
     let kept = status.clone();
     accepted(status, global.output, what)?;
     Ok(kept)
