@@ -593,7 +593,7 @@ impl Claims {
     fn check(&mut self, step: &Step) -> Result<(), String> {
         let pool_key = match &step.outcome.command.key {
             leasehold_schemas::Key::Pool(name) => Some(name),
-            leasehold_schemas::Key::Agent(_) => None,
+            leasehold_schemas::Key::Agent(_) | leasehold_schemas::Key::Placement(_) => None,
         };
         for (position, effect) in step.outcome.positioned_effects() {
             match effect {

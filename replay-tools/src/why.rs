@@ -214,6 +214,12 @@ fn cause(cause: &ReleaseCause) -> String {
         ReleaseCause::AgentRetired {} => "its agent was retired".to_owned(),
         ReleaseCause::ParentAbsent { parent } => format!("its parent {parent} does not exist"),
         ReleaseCause::WaitTimeout { waited } => format!("it waited {waited} for its pools' identifiers"),
+        ReleaseCause::Drained { by, deadline: false } => {
+            format!("its agent was draining (asked by {by}) and it was idle past the grace period")
+        }
+        ReleaseCause::Drained { by, deadline: true } => {
+            format!("its agent was draining (asked by {by}) and the deadline came")
+        }
     }
 }
 
@@ -229,7 +235,7 @@ impl Tracker {
     fn step(&mut self, query: &Query, step: &Step) {
         let pool_key = match &step.outcome.command.key {
             Key::Pool(pool) => Some(pool),
-            Key::Agent(_) => None,
+            Key::Agent(_) | Key::Placement(_) => None,
         };
         let pool_matches = |pool: &PoolName| query.pool.as_ref().is_none_or(|q| q == pool);
         let at = step.outcome.decided_at;
@@ -335,7 +341,7 @@ impl Tracker {
         let at = step.outcome.decided_at;
         let agent = match &step.outcome.command.key {
             Key::Agent(agent) => Some(agent),
-            Key::Pool(_) => None,
+            Key::Pool(_) | Key::Placement(_) => None,
         };
         let its_agent = agent.map(|a| format!("its agent {a}")).unwrap_or_else(|| "its agent".to_owned());
         match effect {

@@ -154,6 +154,91 @@ pub struct ReportFailureByOperator {
 #[serde(deny_unknown_fields)]
 pub struct RetireAgent {
     pub agent: AgentName,
+    /// Refuse, changing nothing, if any resource of the agent holds a live lease when the command is decided: the
+    /// condition the operator saw (`agent retire` without `--yes`) travels with the command, so a projection that
+    /// was behind cannot release a leased resource by surprise. Added in schema version 4.
+    #[serde(default)]
+    pub only_if_unleased: bool,
+}
+
+impl RetireAgent {
+    pub fn new(agent: AgentName) -> Self {
+        RetireAgent { agent, only_if_unleased: false }
+    }
+}
+
+/// Cordon an agent and release what it holds as it falls idle (schema version 4): each resource is released once
+/// it holds no lease and has been idle for `grace`, and whatever is left at the deadline. `op.uncordon-agent` ends
+/// the drain; what was released stays released.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrainAgent {
+    pub agent: AgentName,
+    /// From the drain's decision; `None`: no deadline, only idle resources are released.
+    pub deadline: Option<Millis>,
+    /// How long a resource must have held no lease before it is released; `None`: the policy's default.
+    pub grace: Option<Millis>,
+    pub reason: Option<String>,
+}
+
+/// How a placement chooses among the agents that fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlacementStrategy {
+    /// The agent with the fewest resources of the kind (ties: the name).
+    #[default]
+    Spread,
+    /// The agent with the most resources of the kind that still has room (ties: the name).
+    Pack,
+}
+
+/// Allocate a resource on whichever live, schedulable agent fits (schema version 4): a placement, keyed by the
+/// resource id in a partition of its own. It reserves room on one agent and makes at most one resource, whatever
+/// is retried or crashes. The fields after `wait` choose the agent; the others are those of `op.allocate`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Place {
+    pub resource: ResourceId,
+    pub kind: String,
+    pub capacity: u32,
+    #[serde(default, deserialize_with = "crate::codec::unique_keys")]
+    pub attributes: BTreeMap<String, String>,
+    pub parent: Option<ResourceRef>,
+    #[serde(default)]
+    pub pools: Vec<PoolName>,
+    /// How long the request may wait for room (from its acceptance) and then, once placed, for its pools'
+    /// identifiers (from its allocation). `None`: no waiting for room (no candidate is a refusal).
+    #[serde(default)]
+    pub wait: Option<Millis>,
+    /// Labels the agent must carry, every one (`zone=a`).
+    #[serde(default, deserialize_with = "crate::codec::unique_keys")]
+    pub select: BTreeMap<String, String>,
+    #[serde(default)]
+    pub strategy: PlacementStrategy,
+}
+
+impl Place {
+    /// The allocation this placement makes on `agent`.
+    pub fn allocation_on(&self, agent: AgentName) -> Allocate {
+        Allocate {
+            agent,
+            resource: self.resource,
+            kind: self.kind.clone(),
+            capacity: self.capacity,
+            attributes: self.attributes.clone(),
+            parent: self.parent.clone(),
+            pools: self.pools.clone(),
+            wait: self.wait,
+        }
+    }
+}
+
+/// Give up a placement that is not placed yet (schema version 4). A placed one is released as any resource is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelPlacement {
+    pub resource: ResourceId,
+    pub reason: Option<String>,
 }
 
 /// Bring a retired agent back into service, on record (retirement is sticky: registering again does not end it).
@@ -578,6 +663,73 @@ pub struct Adopt {
     pub source: Source,
 }
 
+/// To an agent: reserve room for the placement of `resource` (schema version 4). `source` is the placement's
+/// `placement-wanted`. The agent's partition checks, atomically, that the agent is live, schedulable, carries the
+/// labels and has room; the reservation counts against its capacity until committed or cancelled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reserve {
+    pub agent: AgentName,
+    pub resource: ResourceId,
+    pub kind: String,
+    #[serde(default, deserialize_with = "crate::codec::unique_keys")]
+    pub select: BTreeMap<String, String>,
+    pub source: Source,
+}
+
+/// To a placement: `agent` reserved room for it (`capacity-reserved` at `token`, which is `source`). The placement
+/// binds the first reservation it hears of and no other (schema version 4).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BindPlacement {
+    pub resource: ResourceId,
+    pub agent: AgentName,
+    pub token: Position,
+    /// The agent's use of the kind with this reservation, and its capacity for the kind: what the outcome says.
+    pub used: u32,
+    pub capacity: u32,
+    pub source: Source,
+}
+
+/// To an agent: the placement bound its reservation `token` (`source`: the `placement-bound`): make the resource
+/// (schema version 4).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommitPlacement {
+    pub allocation: Allocate,
+    pub token: Position,
+    pub source: Source,
+}
+
+/// To an agent: a reservation its placement did not bind (it bound another, or ended): give the room back (schema
+/// version 4). `source`: the placement's partition as far as the sender saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelReservation {
+    pub agent: AgentName,
+    pub resource: ResourceId,
+    pub token: Position,
+    pub source: Source,
+}
+
+/// To a placement: no agent fits now, and why ("no agent with zone=a", "all 4 full"). A placement that may wait
+/// records that it waits and on what; one that may not, or whose wait has passed, is refused (schema version 4).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Unplaceable {
+    pub resource: ResourceId,
+    pub why: String,
+}
+
+/// To a draining agent: release `resource` if it is idle past the drain's grace, or the drain's deadline has
+/// passed (schema version 4).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRelease {
+    pub agent: AgentName,
+    pub resource: ResourceId,
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The enum of all commands, their type names and classes.
 
@@ -703,6 +855,15 @@ commands! {
     DriverStatus(DriverStatus) = Agent "agent.driver-status",
     CordonAgent(CordonAgent) = Op "op.cordon-agent",
     UncordonAgent(UncordonAgent) = Op "op.uncordon-agent",
+    Place(Place) = Op "op.place",
+    CancelPlacement(CancelPlacement) = Op "op.cancel-placement",
+    DrainAgent(DrainAgent) = Op "op.drain-agent",
+    Reserve(Reserve) = Sys "sys.reserve",
+    BindPlacement(BindPlacement) = Sys "sys.bind-placement",
+    CommitPlacement(CommitPlacement) = Sys "sys.commit-placement",
+    CancelReservation(CancelReservation) = Sys "sys.cancel-reservation",
+    Unplaceable(Unplaceable) = Sys "sys.unplaceable",
+    DrainRelease(DrainRelease) = Sys "sys.drain-release",
 }
 
 /// The last subject token of a command: the resource or lease it is about, or `_`.
@@ -771,6 +932,15 @@ impl Command {
             Command::TickPool(c) => pool(&c.pool),
             Command::Cascade(c) => agent(&c.child.agent),
             Command::Adopt(c) => agent(&c.parent.agent),
+            Command::Place(c) => Key::Placement(c.resource),
+            Command::CancelPlacement(c) => Key::Placement(c.resource),
+            Command::DrainAgent(c) => agent(&c.agent),
+            Command::Reserve(c) => agent(&c.agent),
+            Command::BindPlacement(c) => Key::Placement(c.resource),
+            Command::CommitPlacement(c) => agent(&c.allocation.agent),
+            Command::CancelReservation(c) => agent(&c.agent),
+            Command::Unplaceable(c) => Key::Placement(c.resource),
+            Command::DrainRelease(c) => agent(&c.agent),
         }
     }
 
@@ -802,7 +972,16 @@ impl Command {
             Command::Free(c) => Resource(c.holder.resource),
             Command::Cascade(c) => Resource(c.child.resource),
             Command::Adopt(c) => Resource(c.parent.resource),
-            Command::RetireAgent(_)
+            Command::Place(c) => Resource(c.resource),
+            Command::CancelPlacement(c) => Resource(c.resource),
+            Command::Reserve(c) => Resource(c.resource),
+            Command::BindPlacement(c) => Resource(c.resource),
+            Command::CommitPlacement(c) => Resource(c.allocation.resource),
+            Command::CancelReservation(c) => Resource(c.resource),
+            Command::Unplaceable(c) => Resource(c.resource),
+            Command::DrainRelease(c) => Resource(c.resource),
+            Command::DrainAgent(_)
+            | Command::RetireAgent(_)
             | Command::UnretireAgent(_)
             | Command::CordonAgent(_)
             | Command::UncordonAgent(_)
@@ -865,6 +1044,12 @@ pub(crate) mod legacy {
         settings: Option<AgentSettings>,
     }
 
+    /// Versions 1 to 3 of `op.retire-agent`: no `only_if_unleased`.
+    #[derive(Serialize, Deserialize)]
+    struct RetireAgentV1 {
+        agent: AgentName,
+    }
+
     /// Versions 1 and 2 of `sys.bind-claim`: no `definition`.
     #[derive(Serialize, Deserialize)]
     struct BindClaimV1 {
@@ -878,9 +1063,26 @@ pub(crate) mod legacy {
 
     /// The oldest schema version that expresses `command`: a command is written in it, so a leasehold that does not
     /// know a later version still reads everything that does not need one (agents and producers can be upgraded
-    /// before the workers). 3 for bodies that use a field or variant added in version 3, 2 for the commands added in
-    /// version 2 and for bodies that use a field or variant added then; 1 otherwise.
+    /// before the workers). 4 for the commands added in version 4 (placement and drain) and a retirement with a
+    /// condition, 3 for bodies that use a field or variant added in version 3, 2 for the commands added in version 2
+    /// and for bodies that use a field or variant added then; 1 otherwise.
     pub(crate) fn oldest_version(command: &Command) -> u16 {
+        let needs_four = match command {
+            Command::Place(_)
+            | Command::CancelPlacement(_)
+            | Command::DrainAgent(_)
+            | Command::Reserve(_)
+            | Command::BindPlacement(_)
+            | Command::CommitPlacement(_)
+            | Command::CancelReservation(_)
+            | Command::Unplaceable(_)
+            | Command::DrainRelease(_) => true,
+            Command::RetireAgent(c) => c.only_if_unleased,
+            _ => false,
+        };
+        if needs_four {
+            return 4;
+        }
         let needs_three = match command {
             Command::CordonAgent(_) | Command::UncordonAgent(_) => true,
             Command::Register(c) => !c.labels.is_empty() || !c.capacity.is_empty(),
@@ -921,6 +1123,9 @@ pub(crate) mod legacy {
             ));
         }
         match (version, command) {
+            (1..=3, Command::RetireAgent(c)) => {
+                crate::codec::encode_into(&RetireAgentV1 { agent: c.agent.clone() }, out)
+            }
             (1, Command::Allocate(c)) => {
                 let v1 = AllocateV1 {
                     agent: c.agent.clone(),
@@ -974,6 +1179,14 @@ pub(crate) mod legacy {
         type_name: &str,
         bytes: &[u8],
     ) -> Option<Result<(Command, usize), crate::codec::CodecError>> {
+        if version >= 4 {
+            return None;
+        }
+        if type_name == "op.retire-agent" {
+            let decoded = crate::codec::decode_from::<RetireAgentV1>(bytes)
+                .map(|(v1, read)| (Command::RetireAgent(RetireAgent::new(v1.agent)), read));
+            return Some(decoded);
+        }
         if version >= 3 {
             return None;
         }

@@ -370,20 +370,23 @@ impl fmt::Debug for Issuer {
     }
 }
 
-/// What a command is about, and so which partition decides it: an agent (with its resources and leases) or a
-/// pool. On subjects and in JSON an agent is its name and a pool is `@<name>`.
+/// What a command is about, and so which partition decides it: an agent (with its resources and leases), a
+/// pool, or a placement (an allocation that names no agent, keyed by its resource id; schema version 4). On
+/// subjects and in JSON an agent is its name, a pool is `@<name>` and a placement is `~<resource id>`.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Key {
     Agent(AgentName),
     Pool(PoolName),
+    Placement(ResourceId),
 }
 
 impl Key {
-    /// The subject token: `w1` for an agent, `@ips` for a pool.
+    /// The subject token: `w1` for an agent, `@ips` for a pool, `~<resource id>` for a placement.
     pub fn token(&self) -> String {
         match self {
             Key::Agent(agent) => agent.as_str().to_owned(),
             Key::Pool(pool) => format!("@{pool}"),
+            Key::Placement(resource) => format!("~{resource}"),
         }
     }
 }
@@ -393,6 +396,7 @@ impl fmt::Display for Key {
         match self {
             Key::Agent(agent) => write!(f, "agent {agent}"),
             Key::Pool(pool) => write!(f, "pool {pool}"),
+            Key::Placement(resource) => write!(f, "placement {resource}"),
         }
     }
 }
@@ -401,6 +405,7 @@ impl fmt::Display for Key {
 enum KeyWire {
     Agent(AgentName),
     Pool(PoolName),
+    Placement(ResourceId),
 }
 
 impl Serialize for Key {
@@ -411,6 +416,7 @@ impl Serialize for Key {
             match self {
                 Key::Agent(agent) => KeyWire::Agent(agent.clone()),
                 Key::Pool(pool) => KeyWire::Pool(pool.clone()),
+                Key::Placement(resource) => KeyWire::Placement(*resource),
             }
             .serialize(serializer)
         }
@@ -426,6 +432,7 @@ impl<'de> Deserialize<'de> for Key {
             Ok(match KeyWire::deserialize(deserializer)? {
                 KeyWire::Agent(agent) => Key::Agent(agent),
                 KeyWire::Pool(pool) => Key::Pool(pool),
+                KeyWire::Placement(resource) => Key::Placement(resource),
             })
         }
     }
@@ -440,10 +447,13 @@ impl fmt::Debug for Key {
 impl FromStr for Key {
     type Err = IdError;
     fn from_str(s: &str) -> Result<Self, IdError> {
-        match s.strip_prefix('@') {
-            Some(pool) => Ok(Key::Pool(pool.parse()?)),
-            None => Ok(Key::Agent(s.parse()?)),
+        if let Some(pool) = s.strip_prefix('@') {
+            return Ok(Key::Pool(pool.parse()?));
         }
+        if let Some(resource) = s.strip_prefix('~') {
+            return Ok(Key::Placement(resource.parse()?));
+        }
+        Ok(Key::Agent(s.parse()?))
     }
 }
 

@@ -55,7 +55,19 @@ impl<'e> Mentions<'e> {
             | Effect::ResourceFailed { resource, .. }
             | Effect::HandleReappeared { resource, .. }
             | Effect::AllocationWaitsUntil { resource, .. }
-            | Effect::DestroyBlocked { resource, .. } => m.resources.push(*resource),
+            | Effect::DestroyBlocked { resource, .. }
+            | Effect::CapacityReserved { resource, .. }
+            | Effect::ReservationEnded { resource, .. } => m.resources.push(*resource),
+            // A placement's partition is not its resource's: the resource is made on the agent it binds.
+            Effect::PlacementWaiting { resource, .. }
+            | Effect::PlacementBound { resource, .. }
+            | Effect::PlacementFailed { resource, .. }
+            | Effect::PlacementCancelled { resource, .. } => m.elsewhere.push(*resource),
+            Effect::PlacementWanted { request, .. } => {
+                m.elsewhere.push(request.resource);
+                m.elsewhere.extend(request.parent.iter().map(|p| p.resource));
+                m.pools.extend(request.pools.iter());
+            }
             Effect::GarbageDestroyOrdered { handle, .. }
             | Effect::GarbageDryRun { handle, .. }
             | Effect::GarbageDestroyed { handle, .. } => m.resources.push(*handle),
@@ -103,6 +115,7 @@ impl<'e> Mentions<'e> {
             | Effect::AgentCordoned { .. }
             | Effect::AgentUncordoned { .. }
             | Effect::AgentDeclared { .. }
+            | Effect::AgentDraining { .. }
             | Effect::GcModeChanged { .. } => {}
         }
         m

@@ -13,10 +13,11 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::command::{ResyncChunk, SyncReport};
+use crate::command::{Place, ResyncChunk, SyncReport};
 use crate::envelope::CommandClass;
 use crate::ids::{
-    CommandId, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp,
+    AgentName, CommandId, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source,
+    Timestamp,
 };
 use crate::pool::{PoolKind, PoolValue};
 use crate::settings::{AgentSettings, GcMode, PartitionSettings};
@@ -102,10 +103,26 @@ impl Outcome {
         }
     }
 
-    /// The oldest schema version that expresses this outcome: 3 when it holds an effect added in version 3, 2 when
-    /// it holds an effect, a cause or a parent state added in version 2, else 1. An outcome is written in it, so a
-    /// reader of an older version reads every outcome that needs nothing newer (see `codec::encode_outcome`).
+    /// The oldest schema version that expresses this outcome: 4 when it is about a placement or holds an effect or
+    /// cause added in version 4, 3 when it holds an effect added in version 3, 2 when it holds an effect, a cause or
+    /// a parent state added in version 2, else 1. An outcome is written in it, so a reader of an older version reads
+    /// every outcome that needs nothing newer (see `codec::encode_outcome`).
     pub fn oldest_schema_version(&self) -> u16 {
+        let needs_four = |effect: &Effect| match effect {
+            Effect::PlacementWanted { .. }
+            | Effect::PlacementWaiting { .. }
+            | Effect::PlacementBound { .. }
+            | Effect::PlacementFailed { .. }
+            | Effect::PlacementCancelled { .. }
+            | Effect::CapacityReserved { .. }
+            | Effect::ReservationEnded { .. }
+            | Effect::AgentDraining { .. } => true,
+            Effect::ResourceReleasing { cause, .. } => matches!(cause, ReleaseCause::Drained { .. }),
+            _ => false,
+        };
+        if matches!(self.command.key, Key::Placement(_)) || self.effects().iter().any(needs_four) {
+            return 4;
+        }
         let needs_three = |effect: &Effect| {
             matches!(
                 effect,
@@ -248,6 +265,12 @@ pub enum ReleaseCause {
     /// It waited for its pools' identifiers longer than its allocation's `wait`.
     WaitTimeout {
         waited: Millis,
+    },
+    /// Its agent is draining (schema version 4): it was idle past the drain's grace, or the drain's deadline came
+    /// (`deadline`).
+    Drained {
+        by: Issuer,
+        deadline: bool,
     },
 }
 
@@ -612,6 +635,59 @@ pub enum Effect {
         labels: BTreeMap<String, String>,
         capacity: BTreeMap<String, u32>,
     },
+    // Added in schema version 4: placement and drain.
+    /// A placement was asked for (`op.place`): it seeks an agent. `until`: how long it may wait for room, if at
+    /// all.
+    PlacementWanted {
+        request: Place,
+        until: Option<Timestamp>,
+    },
+    /// No agent fits now; the placement waits for room, for the reason given.
+    PlacementWaiting {
+        resource: ResourceId,
+        why: String,
+    },
+    /// The placement bound the reservation `token` of `agent`, which had `used` of `capacity` of the kind with
+    /// it: the resource is made there and nowhere else.
+    PlacementBound {
+        resource: ResourceId,
+        agent: AgentName,
+        token: Position,
+        used: u32,
+        capacity: u32,
+    },
+    /// The placement ended without a place, for the reason given.
+    PlacementFailed {
+        resource: ResourceId,
+        why: String,
+    },
+    PlacementCancelled {
+        resource: ResourceId,
+        by: Issuer,
+        reason: Option<String>,
+    },
+    /// In the agent's partition: room for the placement of `resource` (from `source`, its `placement-wanted`) is
+    /// held; it counts against the agent's capacity. Its position is the reservation's token.
+    CapacityReserved {
+        resource: ResourceId,
+        kind: String,
+        source: Source,
+        used: u32,
+        capacity: u32,
+    },
+    /// The reservation `token` ended: `committed` when it became the resource, else given back.
+    ReservationEnded {
+        resource: ResourceId,
+        token: Position,
+        committed: bool,
+    },
+    /// The agent drains: cordoned, its idle resources released after `grace`, the rest at `deadline`.
+    AgentDraining {
+        by: Issuer,
+        reason: Option<String>,
+        deadline: Option<Timestamp>,
+        grace: Millis,
+    },
 }
 
 /// Why a garbage handle is destroyed.
@@ -696,6 +772,14 @@ impl Effect {
             Effect::AgentCordoned { .. } => "agent-cordoned",
             Effect::AgentUncordoned { .. } => "agent-uncordoned",
             Effect::AgentDeclared { .. } => "agent-declared",
+            Effect::PlacementWanted { .. } => "placement-wanted",
+            Effect::PlacementWaiting { .. } => "placement-waiting",
+            Effect::PlacementBound { .. } => "placement-bound",
+            Effect::PlacementFailed { .. } => "placement-failed",
+            Effect::PlacementCancelled { .. } => "placement-cancelled",
+            Effect::CapacityReserved { .. } => "capacity-reserved",
+            Effect::ReservationEnded { .. } => "reservation-ended",
+            Effect::AgentDraining { .. } => "agent-draining",
         }
     }
 }

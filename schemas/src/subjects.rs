@@ -36,6 +36,7 @@ pub fn partition_of_key(key: &Key, partitions: u32) -> u32 {
     match key {
         Key::Agent(agent) => partition_of_agent(agent, partitions),
         Key::Pool(pool) => in_range(fnv1a32_on(fnv1a32(b"@"), pool.as_str().as_bytes()), partitions),
+        Key::Placement(resource) => partition_of(&format!("~{resource}"), partitions),
     }
 }
 

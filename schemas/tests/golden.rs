@@ -29,6 +29,10 @@ use leasehold_schemas::command::{
     UpdatePool, WaitTimeout,
 };
 use leasehold_schemas::command::{
+    BindPlacement, CancelPlacement, CancelReservation, CommitPlacement, DrainAgent, DrainRelease, Place,
+    PlacementStrategy, Reserve, Unplaceable,
+};
+use leasehold_schemas::command::{
     CordonAgent, DriverStatus, GarbageReport, ReportDestroyed, UncordonAgent, UnretireAgent,
 };
 use leasehold_schemas::ids::{
@@ -248,7 +252,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
             OP_ISSUER,
             ReportFailureByOperator { agent: a(), resource: r(), detail: "container does not answer on :8080".into() },
         ),
-        envelope(10, OP_ISSUER, RetireAgent { agent: a() }),
+        envelope(10, OP_ISSUER, RetireAgent::new(a())),
         envelope(11, OP_ISSUER, ConfirmLoss { agent: a() }),
         envelope(
             12,
@@ -434,11 +438,86 @@ fn command_samples() -> Vec<(String, Envelope)> {
         ),
         envelope(71, OP_ISSUER, CordonAgent { agent: a(), reason: Some("kernel upgrade at 14:00".into()) }),
         envelope(72, OP_ISSUER, UncordonAgent { agent: a() }),
+        envelope(74, OP_ISSUER, place_sample()),
+        envelope(75, OP_ISSUER, CancelPlacement { resource: r(), reason: Some("not needed any more".into()) }),
+        envelope(
+            76,
+            OP_ISSUER,
+            DrainAgent {
+                agent: a(),
+                deadline: Some(Millis::from_hours(2)),
+                grace: Some(Millis::from_mins(10)),
+                reason: Some("kernel upgrade at 14:00".into()),
+            },
+        ),
+        envelope(
+            77,
+            SWEEPER,
+            Reserve {
+                agent: a(),
+                resource: r(),
+                kind: "container".into(),
+                select: [("zone".to_owned(), "a".to_owned())].into(),
+                source: Source { partition: 6, position: Position(90) },
+            },
+        ),
+        envelope(
+            78,
+            SWEEPER,
+            BindPlacement {
+                resource: r(),
+                agent: a(),
+                token: Position(120),
+                used: 12,
+                capacity: 50,
+                source: Source { partition: 5, position: Position(120) },
+            },
+        ),
+        envelope(
+            79,
+            SWEEPER,
+            CommitPlacement {
+                allocation: place_sample().allocation_on(a()),
+                token: Position(120),
+                source: Source { partition: 6, position: Position(90) },
+            },
+        ),
+        envelope(
+            80,
+            SWEEPER,
+            CancelReservation {
+                agent: a(),
+                resource: r(),
+                token: Position(121),
+                source: Source { partition: 6, position: Position(95) },
+            },
+        ),
+        envelope(81, SWEEPER, Unplaceable { resource: r(), why: "zone=a: 4 agents full".into() }),
+        envelope(82, SWEEPER, DrainRelease { agent: a(), resource: r() }),
     ];
     let mut samples: Vec<(String, Envelope)> =
         main.into_iter().map(|envelope| (envelope.type_name().to_owned(), envelope)).collect();
 
     let variants = vec![
+        (
+            "pack",
+            envelope(
+                83,
+                OP_ISSUER,
+                Place {
+                    resource: other_resource(8),
+                    kind: "volume".into(),
+                    capacity: 1,
+                    attributes: BTreeMap::new(),
+                    parent: None,
+                    pools: vec![],
+                    wait: None,
+                    select: BTreeMap::new(),
+                    strategy: PlacementStrategy::Pack,
+                },
+            ),
+        ),
+        ("unleased", envelope(84, OP_ISSUER, RetireAgent { agent: a(), only_if_unleased: true })),
         (
             "declared",
             envelope(
@@ -667,6 +746,21 @@ fn command_samples() -> Vec<(String, Envelope)> {
     samples
 }
 
+/// A placement with every field set.
+fn place_sample() -> Place {
+    Place {
+        resource: resource(),
+        kind: "container".into(),
+        capacity: 2,
+        attributes: BTreeMap::from([("image".to_owned(), "alpine:3.20".to_owned())]),
+        parent: Some(parent_ref()),
+        pools: vec![pool()],
+        wait: Some(Millis::from_mins(5)),
+        select: [("zone".to_owned(), "a".to_owned())].into(),
+        strategy: PlacementStrategy::Spread,
+    }
+}
+
 /// Every effect variant, in the order of `effect_index`.
 fn effect_samples() -> Vec<Effect> {
     let r = resource;
@@ -794,6 +888,25 @@ fn effect_samples() -> Vec<Effect> {
             labels: [("zone".to_owned(), "a".to_owned())].into(),
             capacity: [("container".to_owned(), 50), ("volume".to_owned(), 200)].into(),
         },
+        Effect::PlacementWanted { request: place_sample(), until: Some(Timestamp(T0 + 300_000)) },
+        Effect::PlacementWaiting { resource: r(), why: "zone=a: 4 agents full".into() },
+        Effect::PlacementBound { resource: r(), agent: agent(), token: Position(120), used: 12, capacity: 50 },
+        Effect::PlacementFailed { resource: r(), why: "zone=a: no agent has these labels".into() },
+        Effect::PlacementCancelled { resource: r(), by: issuer(OP_ISSUER), reason: Some("not needed".into()) },
+        Effect::CapacityReserved {
+            resource: r(),
+            kind: "container".into(),
+            source: Source { partition: 6, position: Position(90) },
+            used: 12,
+            capacity: 50,
+        },
+        Effect::ReservationEnded { resource: r(), token: Position(120), committed: true },
+        Effect::AgentDraining {
+            by: issuer(OP_ISSUER),
+            reason: Some("kernel upgrade at 14:00".into()),
+            deadline: Some(Timestamp(T0 + 7_200_000)),
+            grace: Millis::from_mins(10),
+        },
     ]
 }
 
@@ -828,6 +941,17 @@ const REJECTION_KINDS: [RejectionKind; 16] = [
 ];
 
 /// Effects about pools are decided in the pool's partition: their outcome's key is the pool.
+fn is_placement_effect(effect: &Effect) -> bool {
+    matches!(
+        effect,
+        Effect::PlacementWanted { .. }
+            | Effect::PlacementWaiting { .. }
+            | Effect::PlacementBound { .. }
+            | Effect::PlacementFailed { .. }
+            | Effect::PlacementCancelled { .. }
+    )
+}
+
 fn is_pool_effect(effect: &Effect) -> bool {
     matches!(
         effect,
@@ -868,6 +992,7 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
     let mut samples = Vec::new();
     let for_agent = command_sample("agent.report-created");
     let for_pool = command_sample("sys.claim");
+    let for_placement = command_sample("op.place");
 
     samples.push((
         "outcome.accepted".to_owned(),
@@ -922,6 +1047,10 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
             resource: resource(),
             cause: ReleaseCause::WaitTimeout { waited: Millis::from_secs(30) },
         },
+        Effect::ResourceReleasing {
+            resource: resource(),
+            cause: ReleaseCause::Drained { by: issuer(OP_ISSUER), deadline: true },
+        },
         Effect::GarbageDestroyOrdered { handle: other_resource(5), cause: GarbageCause::Destroyed {} },
         Effect::GarbageDestroyOrdered { handle: other_resource(5), cause: GarbageCause::Failed {} },
         Effect::GarbageDestroyOrdered {
@@ -970,7 +1099,13 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
 
     for (i, effect) in effect_samples().into_iter().enumerate() {
         let name = format!("effect.{}", effect.name());
-        let on = if is_pool_effect(&effect) { &for_pool } else { &for_agent };
+        let on = if is_pool_effect(&effect) {
+            &for_pool
+        } else if is_placement_effect(&effect) {
+            &for_placement
+        } else {
+            &for_agent
+        };
         samples.push((name, outcome_of(10 + i as u8, on, accepted(400 + i as u64, vec![effect]))));
     }
     for (i, work) in work_samples().into_iter().enumerate() {
@@ -1004,7 +1139,7 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
 // Exhaustive maps from each wire enum to an index: a variant added without a fixture fails to compile here, and a
 // new arm without a sample fails `samples_cover_every_variant`.
 
-const EFFECT_VARIANTS: usize = 62;
+const EFFECT_VARIANTS: usize = 70;
 
 fn effect_index(effect: &Effect) -> usize {
     match effect {
@@ -1070,6 +1205,14 @@ fn effect_index(effect: &Effect) -> usize {
         Effect::AgentCordoned { .. } => 59,
         Effect::AgentUncordoned { .. } => 60,
         Effect::AgentDeclared { .. } => 61,
+        Effect::PlacementWanted { .. } => 62,
+        Effect::PlacementWaiting { .. } => 63,
+        Effect::PlacementBound { .. } => 64,
+        Effect::PlacementFailed { .. } => 65,
+        Effect::PlacementCancelled { .. } => 66,
+        Effect::CapacityReserved { .. } => 67,
+        Effect::ReservationEnded { .. } => 68,
+        Effect::AgentDraining { .. } => 69,
     }
 }
 
@@ -1122,7 +1265,12 @@ impl Seen {
     }
 
     fn key(&mut self, key: &Key) {
-        self.mark("Key", usize::from(matches!(key, Key::Pool(_))));
+        let index = match key {
+            Key::Agent(_) => 0,
+            Key::Pool(_) => 1,
+            Key::Placement(_) => 2,
+        };
+        self.mark("Key", index);
     }
 
     fn class(&mut self, class: CommandClass) {
@@ -1160,6 +1308,14 @@ impl Seen {
             ParentState::Absent => 3,
         };
         self.mark("ParentState", index);
+    }
+
+    fn strategy(&mut self, strategy: PlacementStrategy) {
+        let index = match strategy {
+            PlacementStrategy::Spread => 0,
+            PlacementStrategy::Pack => 1,
+        };
+        self.mark("PlacementStrategy", index);
     }
 
     fn gc_mode(&mut self, mode: GcMode) {
@@ -1200,6 +1356,7 @@ impl Seen {
                     self.gc_mode(mode);
                 }
             }
+            Command::Place(c) => self.strategy(c.strategy),
             _ => {}
         }
     }
@@ -1262,6 +1419,7 @@ impl Seen {
                     ReleaseCause::AgentRetired {} => 4,
                     ReleaseCause::ParentAbsent { .. } => 5,
                     ReleaseCause::WaitTimeout { .. } => 6,
+                    ReleaseCause::Drained { .. } => 7,
                 };
                 self.mark("ReleaseCause", index);
             }
@@ -1311,16 +1469,17 @@ const VARIANT_COUNTS: &[(&str, usize)] = &[
     ("FailureKind", 3),
     ("GarbageCause", 5),
     ("GcMode", 2),
-    ("Key", 2),
+    ("Key", 3),
     ("Option (cascade answers)", 2),
     ("Option (causation id)", 2),
     ("Option (claim value)", 2),
     ("Option (correlation id)", 2),
     ("ParentState", 4),
+    ("PlacementStrategy", 2),
     ("PoolKind", 3),
     ("PoolValue", 3),
     ("RejectionKind", REJECTION_KINDS.len()),
-    ("ReleaseCause", 7),
+    ("ReleaseCause", 8),
     ("ResyncReason", 2),
     ("SuspectCause", 2),
     ("UnpauseCause", 2),

@@ -17,6 +17,10 @@ use leasehold_schemas::command::{
     WaitTimeout,
 };
 use leasehold_schemas::command::{
+    BindPlacement, CancelPlacement, CancelReservation, CommitPlacement, DrainAgent, DrainRelease, Place,
+    PlacementStrategy, Reserve, Unplaceable,
+};
+use leasehold_schemas::command::{
     CordonAgent, DriverStatus, GarbageReport, ReportDestroyed, UncordonAgent, UnretireAgent,
 };
 use leasehold_schemas::ids::{
@@ -59,6 +63,21 @@ fn any_uuid(last: u8) -> Uuid {
 
 fn some_if<T>(full: bool, value: T) -> Option<T> {
     full.then_some(value)
+}
+
+/// A placement, every optional field set (`full`) or none.
+fn place(full: bool) -> Place {
+    Place {
+        resource: resource(),
+        kind: "container".to_owned(),
+        capacity: 2,
+        attributes: if full { BTreeMap::from([("image".to_owned(), "alpine".to_owned())]) } else { BTreeMap::new() },
+        parent: some_if(full, parent()),
+        pools: if full { vec![pool()] } else { vec![] },
+        wait: some_if(full, Millis::from_secs(30)),
+        select: if full { BTreeMap::from([("zone".to_owned(), "a".to_owned())]) } else { BTreeMap::new() },
+        strategy: if full { PlacementStrategy::Pack } else { PlacementStrategy::Spread },
+    }
 }
 
 /// One body per command type, every optional field set (`full`) or none (`!full`).
@@ -113,7 +132,7 @@ fn body(type_name: &str, full: bool) -> Command {
         "op.report-failure" => {
             ReportFailureByOperator { agent: agent(), resource: resource(), detail: "no answer".to_owned() }.into()
         }
-        "op.retire-agent" => RetireAgent { agent: agent() }.into(),
+        "op.retire-agent" => RetireAgent { agent: agent(), only_if_unleased: full }.into(),
         "op.confirm-loss" => ConfirmLoss { agent: agent() }.into(),
         "op.update-pool" => leasehold_schemas::command::UpdatePool {
             pool: pool(),
@@ -253,6 +272,43 @@ fn body(type_name: &str, full: bool) -> Command {
             detail: if full { "root not mounted".to_owned() } else { String::new() },
         }
         .into(),
+        "op.place" => place(full).into(),
+        "op.cancel-placement" => {
+            CancelPlacement { resource: resource(), reason: full.then(|| "not needed".to_owned()) }.into()
+        }
+        "op.drain-agent" => DrainAgent {
+            agent: agent(),
+            deadline: some_if(full, Millis::from_hours(2)),
+            grace: some_if(full, Millis::from_mins(10)),
+            reason: full.then(|| "kernel upgrade".to_owned()),
+        }
+        .into(),
+        "sys.reserve" => Reserve {
+            agent: agent(),
+            resource: resource(),
+            kind: "container".to_owned(),
+            select: if full { BTreeMap::from([("zone".to_owned(), "a".to_owned())]) } else { BTreeMap::new() },
+            source: source(),
+        }
+        .into(),
+        "sys.bind-placement" => BindPlacement {
+            resource: resource(),
+            agent: agent(),
+            token: Position(12),
+            used: 3,
+            capacity: 50,
+            source: source(),
+        }
+        .into(),
+        "sys.commit-placement" => {
+            CommitPlacement { allocation: place(full).allocation_on(agent()), token: Position(12), source: source() }
+                .into()
+        }
+        "sys.cancel-reservation" => {
+            CancelReservation { agent: agent(), resource: resource(), token: Position(12), source: source() }.into()
+        }
+        "sys.unplaceable" => Unplaceable { resource: resource(), why: "zone=a: 4 agents full".to_owned() }.into(),
+        "sys.drain-release" => DrainRelease { agent: agent(), resource: resource() }.into(),
         other => panic!("no sample for {other}: add one here"),
     }
 }

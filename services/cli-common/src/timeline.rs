@@ -128,6 +128,12 @@ pub fn describe(effect: &Effect) -> String {
                     format!("its parent {} does not exist", short(parent.resource))
                 }
                 ReleaseCause::WaitTimeout { waited } => format!("it waited {waited} for its pools' identifiers"),
+                ReleaseCause::Drained { by, deadline: false } => {
+                    format!("its agent drains (asked by {by}) and it was idle past the grace period")
+                }
+                ReleaseCause::Drained { by, deadline: true } => {
+                    format!("its agent drains (asked by {by}) and the drain's deadline came")
+                }
             };
             format!("{} releasing ({why}); the agent must destroy it; its claims stay held", short(resource))
         }
@@ -211,6 +217,37 @@ pub fn describe(effect: &Effect) -> String {
             format!("agent declares labels {} and capacity {}", list(labels), list(capacity))
         }
         Effect::GcModeChanged { mode } => format!("garbage collection mode: {mode}"),
+        Effect::PlacementWanted { request, until } => {
+            let select: Vec<String> = request.select.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let on =
+                if select.is_empty() { "any agent".to_owned() } else { format!("an agent with {}", select.join(", ")) };
+            let wait = until.map(|t| format!("; it may wait for room until {t}")).unwrap_or_default();
+            format!("placement of {} ({}) asked for: seeking {on}{wait}", short(request.resource), request.kind)
+        }
+        Effect::PlacementWaiting { resource, why } => format!("placement of {} waits for room: {why}", short(resource)),
+        Effect::PlacementBound { resource, agent, used, capacity, .. } => {
+            format!("placement of {} bound to {agent}: {used} of {capacity} of its kind there", short(resource))
+        }
+        Effect::PlacementFailed { resource, why } => format!("placement of {} refused: {why}", short(resource)),
+        Effect::PlacementCancelled { resource, by, reason } => format!(
+            "placement of {} cancelled by {by}{}",
+            short(resource),
+            reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default()
+        ),
+        Effect::CapacityReserved { resource, kind, used, capacity, .. } => {
+            format!("room held for the placement of {} ({used} of {capacity} {kind})", short(resource))
+        }
+        Effect::ReservationEnded { resource, committed: true, .. } => {
+            format!("room held for {} becomes the resource", short(resource))
+        }
+        Effect::ReservationEnded { resource, committed: false, .. } => {
+            format!("room held for {} given back (its placement went elsewhere or ended)", short(resource))
+        }
+        Effect::AgentDraining { by, reason, deadline, grace } => format!(
+            "agent drains (asked by {by}{}): idle resources are released after {grace}{}",
+            reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default(),
+            deadline.map(|d| format!(", everything left at {d}")).unwrap_or_default()
+        ),
         Effect::AllocationWaitsUntil { resource, until } => {
             format!("{} waits for its pools' identifiers until {until} at the latest", short(resource))
         }

@@ -9,7 +9,7 @@ use leasehold_schemas::subjects::partition_of_agent;
 
 use crate::state::{
     Agent, Breaker, ClaimSlot, Cordon, Forget, Holding, Lease, LeaseState, Liveness, ParentLink, PartitionState,
-    PauseInfo, PendingClock, PendingDecision, Pool, Resource, ResourceState,
+    PauseInfo, PendingClock, PendingDecision, Placement, PlacementState, Pool, Reservation, Resource, ResourceState,
 };
 
 /// An outcome that does not follow the state it is folded into: a log out of order, with a gap, or of another
@@ -177,6 +177,9 @@ fn forget_old(state: &mut PartitionState) {
             Forget::Absent(id) => {
                 state.absent.remove(&id);
             }
+            Forget::Placement(id) => {
+                state.placements.remove(&id);
+            }
         }
     }
 }
@@ -188,14 +191,14 @@ fn resource_is(state: &PartitionState, reference: &ResourceRef) -> bool {
 fn agent_of<'a>(state: &'a mut PartitionState, key: &leasehold_schemas::Key) -> Option<&'a mut Agent> {
     match key {
         leasehold_schemas::Key::Agent(name) => state.agents.get_mut(name),
-        leasehold_schemas::Key::Pool(_) => None,
+        leasehold_schemas::Key::Pool(_) | leasehold_schemas::Key::Placement(_) => None,
     }
 }
 
 fn pool_of<'a>(state: &'a mut PartitionState, key: &leasehold_schemas::Key) -> Option<&'a mut Pool> {
     match key {
         leasehold_schemas::Key::Pool(name) => state.pools.get_mut(name),
-        leasehold_schemas::Key::Agent(_) => None,
+        leasehold_schemas::Key::Agent(_) | leasehold_schemas::Key::Placement(_) => None,
     }
 }
 
@@ -326,6 +329,7 @@ fn apply_effect(
                 labels: Default::default(),
                 capacity: Default::default(),
                 by_kind: Default::default(),
+                reservations: Default::default(),
             });
             agent.liveness = Liveness::Live;
             agent.gone_at = None;
@@ -756,6 +760,72 @@ fn apply_effect(
         }
         // For the agent (the network of an address) and for people (why a destroy waits): no state of the writer.
         Effect::ClaimPoolDefinition { .. } | Effect::DestroyBlocked { .. } => {}
+        Effect::PlacementWanted { request, until } => {
+            let placement = Placement {
+                request: request.clone(),
+                wanted_at: position,
+                at: now,
+                until: *until,
+                state: PlacementState::Seeking,
+            };
+            state.placements.insert(request.resource, placement);
+        }
+        Effect::PlacementWaiting { resource, why } => {
+            if let Some(placement) = state.placements.get_mut(resource) {
+                let since = match &placement.state {
+                    PlacementState::Waiting { since, .. } => *since,
+                    _ => now,
+                };
+                placement.state = PlacementState::Waiting { why: why.clone(), since };
+            }
+        }
+        Effect::PlacementBound { resource, agent, token, used, capacity } => {
+            let next = PlacementState::Bound {
+                agent: agent.clone(),
+                token: *token,
+                used: *used,
+                capacity: *capacity,
+                at: now,
+            };
+            end_placement(state, *resource, next, now);
+        }
+        Effect::PlacementFailed { resource, why } => {
+            end_placement(state, *resource, PlacementState::Failed { why: why.clone(), at: now }, now);
+        }
+        Effect::PlacementCancelled { resource, by, reason } => {
+            let next = PlacementState::Cancelled { by: by.clone(), reason: reason.clone(), at: now };
+            end_placement(state, *resource, next, now);
+        }
+        Effect::CapacityReserved { resource, kind, source, used, capacity } => {
+            if let Some(agent) = agent_of(state, key) {
+                let reservation = Reservation {
+                    kind: kind.as_str().into(),
+                    token: position,
+                    source: *source,
+                    at: now,
+                    used: *used,
+                    capacity: *capacity,
+                };
+                agent.reservations.insert(*resource, reservation);
+            }
+        }
+        Effect::ReservationEnded { resource, token, .. } => {
+            if let Some(agent) = agent_of(state, key)
+                && agent.reservations.get(resource).is_some_and(|r| r.token == *token)
+            {
+                agent.reservations.remove(resource);
+            }
+        }
+        Effect::AgentDraining { .. } => {}
+    }
+}
+
+/// Ends a placement (bound, failed or cancelled): forgotten after the horizon, and until then its resource id
+/// answers a retry of the request.
+fn end_placement(state: &mut PartitionState, id: ResourceId, next: PlacementState, now: Timestamp) {
+    if let Some(placement) = state.placements.get_mut(&id) {
+        placement.state = next;
+        state.forget.insert((now.max(id.time()), Forget::Placement(id)));
     }
 }
 

@@ -30,6 +30,8 @@ pub struct PartitionState {
     pub(crate) resources: BTreeMap<ResourceId, Resource>,
     pub(crate) leases: BTreeMap<LeaseId, Lease>,
     pub(crate) pools: BTreeMap<PoolName, Pool>,
+    /// Placements whose key falls in this partition, by their resource id, until forgotten after they end.
+    pub(crate) placements: BTreeMap<ResourceId, Placement>,
     /// Resource ids this partition answered "absent" for (a child's adoption asked about a parent it never knew):
     /// an allocation of one is refused, so the answer stays true. Kept until the id could no longer be allocated.
     pub(crate) absent: BTreeSet<ResourceId>,
@@ -66,6 +68,8 @@ pub(crate) enum Forget {
     ReturnedGrant(ResourceRef, PoolName, Position),
     /// An id recorded absent (see `PartitionState::absent`).
     Absent(ResourceId),
+    /// A placement that ended (bound, failed or cancelled).
+    Placement(ResourceId),
 }
 
 /// Command ids decided within the horizon, with the command sequence that decided them: a retry is answered
@@ -111,6 +115,7 @@ impl PartitionState {
             resources: BTreeMap::new(),
             leases: BTreeMap::new(),
             pools: BTreeMap::new(),
+            placements: BTreeMap::new(),
             absent: BTreeSet::new(),
             gc_mode: GcMode::Destroy,
             recent: RecentCommands::default(),
@@ -235,6 +240,14 @@ impl PartitionState {
         self.pools.values()
     }
 
+    pub fn placement(&self, id: ResourceId) -> Option<&Placement> {
+        self.placements.get(&id)
+    }
+
+    pub fn placements(&self) -> impl Iterator<Item = &Placement> {
+        self.placements.values()
+    }
+
     /// What the partition's agents do with garbage.
     pub fn gc_mode(&self) -> GcMode {
         self.gc_mode
@@ -342,8 +355,108 @@ pub struct Agent {
     /// and how many resources of each kind it takes.
     pub labels: BTreeMap<String, String>,
     pub capacity: BTreeMap<String, u32>,
-    /// Its resources from pending to releasing, by kind: what its capacity counts.
+    /// Its resources from pending to releasing, by kind: what its capacity counts, with its reservations.
     pub by_kind: BTreeMap<Box<str>, u32>,
+    /// Room held for placements (`capacity-reserved`), by resource id, until committed or cancelled.
+    pub reservations: BTreeMap<ResourceId, Reservation>,
+}
+
+impl Agent {
+    /// What its capacity for `kind` counts now: its resources from pending to releasing, and its reservations.
+    pub fn used(&self, kind: &str) -> u32 {
+        let reserved = self.reservations.values().filter(|r| &*r.kind == kind).count();
+        self.by_kind.get(kind).copied().unwrap_or(0) + u32::try_from(reserved).unwrap_or(u32::MAX)
+    }
+
+    /// Why it takes no new allocation or placement now, if it takes none.
+    pub fn unschedulable(&self) -> Option<String> {
+        let why = match (self.liveness, self.retired, self.breaker.is_some()) {
+            (Liveness::Gone, _, _) => "gone",
+            (_, true, _) => "retired",
+            (Liveness::Stalled, _, _) => "stalled (no recent heartbeat)",
+            (_, _, true) => "suspect (its circuit breaker tripped)",
+            (Liveness::Live, false, false) => {
+                if let Some(why) = &self.driver_unavailable {
+                    return Some(format!("driver is unavailable ({why})"));
+                }
+                if let Some(cordon) = &self.cordon {
+                    let reason = cordon.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+                    return Some(format!("cordoned (by {} since {}{reason})", cordon.by, cordon.since));
+                }
+                return None;
+            }
+        };
+        Some(why.to_owned())
+    }
+
+    /// True when every label of `select` is one of its labels, with the same value.
+    pub fn matches(&self, select: &BTreeMap<String, String>) -> bool {
+        select.iter().all(|(key, value)| self.labels.get(key) == Some(value))
+    }
+}
+
+/// Room an agent holds for a placement: counted against its capacity until the placement commits it (it becomes
+/// the resource) or it is cancelled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    pub kind: Box<str>,
+    /// The position of its `capacity-reserved`.
+    pub token: Position,
+    /// The placement's `placement-wanted`.
+    pub source: leasehold_schemas::Source,
+    pub at: Timestamp,
+    /// The agent's use of the kind with this reservation, and its capacity for the kind, when it was made.
+    pub used: u32,
+    pub capacity: u32,
+}
+
+/// An allocation that named no agent: it seeks one, binds one reservation, and ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub request: leasehold_schemas::command::Place,
+    /// The position of its `placement-wanted`: the source of its reservations.
+    pub wanted_at: Position,
+    pub at: Timestamp,
+    /// How long it may wait for room.
+    pub until: Option<Timestamp>,
+    pub state: PlacementState,
+}
+
+impl Placement {
+    pub fn id(&self) -> ResourceId {
+        self.request.resource
+    }
+
+    /// True while it seeks an agent (not bound, failed or cancelled).
+    pub fn is_open(&self) -> bool {
+        matches!(self.state, PlacementState::Seeking | PlacementState::Waiting { .. })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PlacementState {
+    Seeking,
+    /// No agent fits; it waits for room.
+    Waiting {
+        why: String,
+        since: Timestamp,
+    },
+    Bound {
+        agent: AgentName,
+        token: Position,
+        used: u32,
+        capacity: u32,
+        at: Timestamp,
+    },
+    Failed {
+        why: String,
+        at: Timestamp,
+    },
+    Cancelled {
+        by: leasehold_schemas::Issuer,
+        reason: Option<String>,
+        at: Timestamp,
+    },
 }
 
 /// Who cordoned an agent, why and since when.

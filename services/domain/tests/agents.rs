@@ -99,7 +99,7 @@ fn gone(w: &mut World) {
 
 fn retire(w: &mut World) -> Outcome {
     let agent = w.a();
-    w.op(RetireAgent { agent })
+    w.op(RetireAgent::new(agent))
 }
 
 fn confirm_loss(w: &mut World) -> Outcome {
@@ -966,7 +966,7 @@ fn issuers_and_classes() {
             },
             |w| {
                 let agent = w.a();
-                let mut e = w.d.envelope("w1", RetireAgent { agent });
+                let mut e = w.d.envelope("w1", RetireAgent::new(agent));
                 e.class = CommandClass::Agent;
                 w.d.submit_envelope(&e)
             },
@@ -1014,7 +1014,7 @@ fn commands_for_another_partition_are_refused() {
     w.agent = theirs.clone();
     let message = format!("agent {theirs} belongs to partition 1, not 0");
     refused(&mut w, |w| register(w, AgentSettings::default(), false), WrongPartition, &[&message]);
-    refused(&mut w, |w| w.op(RetireAgent { agent: theirs.clone() }), WrongPartition, &[&message]);
+    refused(&mut w, |w| w.op(RetireAgent::new(theirs.clone())), WrongPartition, &[&message]);
     refused(&mut w, |w| w.sys(MarkStalled { agent: theirs.clone() }), WrongPartition, &[&message]);
     let pool = (0..1000)
         .map(|i| pool_name(&format!("p{i}")))
@@ -1048,7 +1048,7 @@ fn commands_issued_longer_ago_than_the_horizon_are_stale() {
     rejected(&o, InvalidState);
 
     // Issued a horizon and a millisecond ago: stale, whatever it asks.
-    let e = w.d.envelope(OP, RetireAgent { agent: name.clone() });
+    let e = w.d.envelope(OP, RetireAgent::new(name.clone()));
     w.advance(plus(DAY, ms(1)));
     refused(
         &mut w,
@@ -1111,7 +1111,7 @@ fn a_shorter_horizon_makes_commands_stale_sooner_and_outcomes_forgotten_sooner()
     assert_eq!(effect_names(&o), ["partition-settings-changed"]);
     assert_eq!(w.state().settings().outcome_horizon, Millis::from_hours(1));
     let agent = w.a();
-    let e = w.d.envelope(OP, RetireAgent { agent });
+    let e = w.d.envelope(OP, RetireAgent::new(agent));
     w.advance(plus(Millis::from_hours(1), ms(1)));
     refused(&mut w, |w| w.d.submit_envelope(&e), StaleCommand, &["outcome horizon (1h)"]);
     assert_eq!(w.state().n_recent_commands(), 1, "only the stale command's own outcome is left");
@@ -1189,7 +1189,7 @@ fn a_retry_after_the_horizon_is_stale_not_decided_again() {
     let mut w = World::new();
     w.registered();
     let agent = w.a();
-    let e = w.d.envelope(OP, RetireAgent { agent });
+    let e = w.d.envelope(OP, RetireAgent::new(agent));
     accepted(&w.d.submit_envelope(&e));
     w.advance(plus(DAY, ms(1)));
     accepted(&w.heartbeat(&w.a()));

@@ -1191,7 +1191,7 @@ fn leases_break_when_the_resource_leaves() {
             |w| {
                 w.active().leased(None);
             },
-            |w| w.op(RetireAgent { agent: w.a() }),
+            |w| w.op(RetireAgent::new(w.a())),
             Effects(&["agent-retired", "resource-releasing", "lease-broken"]),
         ),
         case(

@@ -765,7 +765,7 @@ impl Checker {
     fn reference(o: &Outcome, id: ResourceId) -> Option<ResourceRef> {
         match &o.command.key {
             Key::Agent(agent) => Some(ResourceRef::new(agent.clone(), id)),
-            Key::Pool(_) => None,
+            Key::Pool(_) | Key::Placement(_) => None,
         }
     }
 
@@ -1012,7 +1012,7 @@ impl Checker {
         let now = o.decided_at;
         let agent_key = match &o.command.key {
             Key::Agent(agent) => Some(agent.clone()),
-            Key::Pool(_) => None,
+            Key::Pool(_) | Key::Placement(_) => None,
         };
         for (position, effect) in o.positioned_effects() {
             let at = |id: &ResourceId| agent_key.as_ref().map(|a| ResourceRef::new(a.clone(), *id));
@@ -2248,7 +2248,7 @@ impl Sim {
         for (position, effect) in o.positioned_effects() {
             let agent = match &o.command.key {
                 Key::Agent(a) => Some(a.clone()),
-                Key::Pool(_) => None,
+                Key::Pool(_) | Key::Placement(_) => None,
             };
             match (effect, &o.command.key) {
                 (Effect::AgentRegistered { .. }, Key::Agent(a)) => {
@@ -2607,7 +2607,7 @@ impl Sim {
             }
             Act::Retire { agent } => {
                 let agent = self.agent(*agent);
-                one(self, op, RetireAgent { agent }.into())
+                one(self, op, RetireAgent::new(agent).into())
             }
             Act::ConfirmLoss { agent } => {
                 let agent = self.agent(*agent);

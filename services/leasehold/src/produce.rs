@@ -642,7 +642,7 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
         }
         ProduceCmd::AgentRetire(args) => {
             let what = format!("agent retire {}", args.name);
-            let body = RetireAgent { agent: args.name };
+            let body = RetireAgent::new(args.name);
             simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
         ProduceCmd::AgentUnretire(args) => {

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use views::{
     AgentView, BreakerView, ClaimView, CordonView, DestroyBlockedView, DriverView, HolderView, LeaseBrief, LeaseView,
-    PolicyView, PoolView, QuarantineView, ResourceView, WaitingOn,
+    PlacementView, PolicyView, PoolView, QuarantineView, ResourceView, WaitingOn,
 };
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -46,6 +46,8 @@ const LEASES_BY_RESOURCE: TableDefinition<(&str, &str), ()> = TableDefinition::n
 const AGENTS: TableDefinition<&str, &str> = TableDefinition::new("agents");
 const POOLS: TableDefinition<&str, &str> = TableDefinition::new("pools");
 const HOLDERS: TableDefinition<(&str, &str), &str> = TableDefinition::new("holders");
+/// Placements by resource id, while their partition keeps them.
+const PLACEMENTS: TableDefinition<&str, &str> = TableDefinition::new("placements");
 /// partition -> its [`PolicyView`], once its settings were changed (a partition without a row follows the defaults).
 const POLICIES: TableDefinition<u32, &str> = TableDefinition::new("policies");
 /// (command id, command sequence, part) -> (outcome sequence, the outcome in JSON). The command sequence is in the
@@ -57,7 +59,7 @@ const COUNTS: TableDefinition<(&str, &str), u64> = TableDefinition::new("counts"
 
 /// The layout of the read models. A projection of another layout (made by another build) is dropped when opened
 /// and folded again from sequence 1: the log is the truth, the projection a cache of it.
-pub const PROJECTION_VERSION: u64 = 4;
+pub const PROJECTION_VERSION: u64 = 5;
 /// The outcomes table of layout 1, keyed without the command sequence: dropped with the rest.
 const OUTCOMES_V1: TableDefinition<(&str, u32), (u64, &str)> = TableDefinition::new("outcomes");
 
@@ -370,7 +372,7 @@ impl Projector {
 
 /// Deletes every read model and sets the applied sequence to 0 (the partition count and the layout stay).
 fn drop_tables(txn: &redb::WriteTransaction) -> Result<(), Error> {
-    for table in [RESOURCES, LEASES, AGENTS, POOLS] {
+    for table in [RESOURCES, LEASES, AGENTS, POOLS, PLACEMENTS] {
         txn.delete_table(table).map_err(storage)?;
     }
     for table in [RESOURCES_BY_AGENT, RESOURCES_BY_STATE, LEASES_BY_RESOURCE] {
@@ -396,6 +398,7 @@ fn create_tables(txn: &redb::WriteTransaction) -> Result<(), Error> {
     txn.open_table(LEASES_BY_RESOURCE).map_err(storage)?;
     txn.open_table(AGENTS).map_err(storage)?;
     txn.open_table(POOLS).map_err(storage)?;
+    txn.open_table(PLACEMENTS).map_err(storage)?;
     txn.open_table(HOLDERS).map_err(storage)?;
     txn.open_table(POLICIES).map_err(storage)?;
     txn.open_table(OUTCOMES).map_err(storage)?;
@@ -414,6 +417,7 @@ struct Tables<'t> {
     agents: redb::Table<'t, &'static str, &'static str>,
     pools: redb::Table<'t, &'static str, &'static str>,
     holders: redb::Table<'t, (&'static str, &'static str), &'static str>,
+    placements: redb::Table<'t, &'static str, &'static str>,
     policies: redb::Table<'t, u32, &'static str>,
     outcomes: redb::Table<'t, (&'static str, u64, u32), (u64, &'static str)>,
     counts: redb::Table<'t, (&'static str, &'static str), u64>,
@@ -463,6 +467,7 @@ impl<'t> Tables<'t> {
             agents: txn.open_table(AGENTS).map_err(storage)?,
             pools: txn.open_table(POOLS).map_err(storage)?,
             holders: txn.open_table(HOLDERS).map_err(storage)?,
+            placements: txn.open_table(PLACEMENTS).map_err(storage)?,
             policies: txn.open_table(POLICIES).map_err(storage)?,
             outcomes: txn.open_table(OUTCOMES).map_err(storage)?,
             counts: txn.open_table(COUNTS).map_err(storage)?,
@@ -544,6 +549,15 @@ impl<'t> Tables<'t> {
                     }
                 }
             }
+            Key::Placement(id) => match state.placement(*id) {
+                Some(placement) => {
+                    let view = to_json(&PlacementView::of(placement, seq))?;
+                    self.placements.insert(id.to_string().as_str(), view.as_str()).map_err(storage)?;
+                }
+                None => {
+                    self.placements.remove(id.to_string().as_str()).map_err(storage)?;
+                }
+            },
             Key::Pool(name) if state.pool(name).is_none() => {
                 // Deleted (only ever empty: it has no holders to remove), or never defined.
                 self.pools.remove(name.as_str()).map_err(storage)?;
@@ -760,6 +774,18 @@ impl Reader {
         self.all(POOLS)
     }
 
+    /// The placement of resource `id`, while its partition keeps it (until the horizon after it ends).
+    pub fn placement(&self, id: &str) -> Result<Option<PlacementView>, Error> {
+        let read = self.db.begin_read().map_err(storage)?;
+        let table = read.open_table(PLACEMENTS).map_err(storage)?;
+        table.get(id).map_err(storage)?.map(|v| from_json(v.value())).transpose()
+    }
+
+    /// Every placement kept, open or ended, in resource id order (the time they were asked for).
+    pub fn placements(&self) -> Result<Vec<PlacementView>, Error> {
+        self.all(PLACEMENTS)
+    }
+
     /// The policy of every partition, in partition order: recorded ones as last changed, the others the defaults.
     pub fn policies(&self) -> Result<Vec<PolicyView>, Error> {
         let read = self.db.begin_read().map_err(storage)?;
@@ -866,6 +892,7 @@ fn digests_of(read: &redb::ReadTransaction) -> Result<BTreeMap<&'static str, Str
     out.insert("leases", digest(read, LEASES)?);
     out.insert("leases_by_resource", digest(read, LEASES_BY_RESOURCE)?);
     out.insert("outcomes", digest(read, OUTCOMES)?);
+    out.insert("placements", digest(read, PLACEMENTS)?);
     out.insert("pools", digest(read, POOLS)?);
     out.insert("policies", digest(read, POLICIES)?);
     out.insert("resources", digest(read, RESOURCES)?);

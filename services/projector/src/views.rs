@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 
 use leasehold_domain::PartitionState;
-use leasehold_domain::state::{Agent, ClaimSlot, Holding, Lease, LeaseState, Pool, Resource, ResourceState};
+use leasehold_domain::state::{
+    Agent, ClaimSlot, Holding, Lease, LeaseState, Placement, PlacementState, Pool, Resource, ResourceState,
+};
 use leasehold_schemas::Outcome;
 use leasehold_schemas::ids::{ResourceId, Timestamp};
 use leasehold_schemas::outcome::{Effect, GarbageCause};
@@ -373,6 +375,70 @@ pub struct PoolView {
     pub as_of: u64,
 }
 
+/// A placement: an allocation that named no agent, and where it went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementView {
+    pub resource: String,
+    pub kind: String,
+    pub select: BTreeMap<String, String>,
+    pub strategy: String,
+    /// `seeking`, `waiting`, `placed`, `failed`, `cancelled`.
+    pub state: String,
+    /// Where it was placed (`placed`): the agent, and the resource's reference there.
+    pub agent: Option<String>,
+    pub reference: Option<String>,
+    /// The agent's use of the kind with this resource, and its capacity for the kind (`placed`).
+    pub used: Option<u32>,
+    pub capacity: Option<u32>,
+    /// What it waits on (`waiting`), why it failed (`failed`), or who cancelled it and why (`cancelled`).
+    pub why: Option<String>,
+    /// When it was asked for, when its state began, and how long it may wait for room (unix ms).
+    pub asked_at: u64,
+    pub since: u64,
+    pub until: Option<u64>,
+    pub as_of: u64,
+}
+
+impl PlacementView {
+    pub fn of(placement: &Placement, as_of: u64) -> Self {
+        let request = &placement.request;
+        let (state, agent, used, capacity, why, since) = match &placement.state {
+            PlacementState::Seeking => ("seeking", None, None, None, None, placement.at),
+            PlacementState::Waiting { why, since } => ("waiting", None, None, None, Some(why.clone()), *since),
+            PlacementState::Bound { agent, used, capacity, at, .. } => {
+                ("placed", Some(agent.to_string()), Some(*used), Some(*capacity), None, *at)
+            }
+            PlacementState::Failed { why, at } => ("failed", None, None, None, Some(why.clone()), *at),
+            PlacementState::Cancelled { by, reason, at } => {
+                let why = match reason {
+                    Some(reason) => format!("by {by}: {reason}"),
+                    None => format!("by {by}"),
+                };
+                ("cancelled", None, None, None, Some(why), *at)
+            }
+        };
+        PlacementView {
+            resource: request.resource.to_string(),
+            kind: request.kind.clone(),
+            select: request.select.clone(),
+            strategy: match request.strategy {
+                leasehold_schemas::command::PlacementStrategy::Spread => "spread".to_owned(),
+                leasehold_schemas::command::PlacementStrategy::Pack => "pack".to_owned(),
+            },
+            state: state.to_owned(),
+            reference: agent.as_ref().map(|a| format!("{a}.{}", request.resource)),
+            agent,
+            used,
+            capacity,
+            why,
+            asked_at: placement.at.0,
+            since: since.0,
+            until: placement.until.map(|t| t.0),
+            as_of,
+        }
+    }
+}
+
 /// Who holds one identifier of a pool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HolderView {
@@ -519,7 +585,14 @@ impl AgentView {
             }),
             labels: agent.labels.clone(),
             capacity: agent.capacity.clone(),
-            used: agent.by_kind.iter().map(|(kind, n)| (kind.to_string(), *n)).collect(),
+            // With the room held for placements: what a placement or an allocation is measured against.
+            used: agent
+                .by_kind
+                .keys()
+                .map(|kind| &**kind)
+                .chain(agent.reservations.values().map(|r| &*r.kind))
+                .map(|kind| (kind.to_owned(), agent.used(kind)))
+                .collect(),
             as_of,
         }
     }

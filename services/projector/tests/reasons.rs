@@ -201,7 +201,7 @@ fn terminal_states_keep_their_reason_and_a_quarantine_is_followed_after_the_reco
     let agent = &projector.reader().agents().expect("agents")[0];
     assert!(!agent.driver.available);
     assert_eq!(agent.driver.detail.as_deref(), Some("the root /srv/w1 no longer names agent w1"));
-    accepted(d.submit("op:alice", RetireAgent { agent: w1.name.clone() }));
+    accepted(d.submit("op:alice", RetireAgent::new(w1.name.clone())));
     let mut w1 = AgentSide::register(&mut d, "w1", 2);
     feed(&mut projector, d.outcomes());
     let agent = &projector.reader().agents().expect("agents")[0];

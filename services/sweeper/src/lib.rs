@@ -245,7 +245,7 @@ impl View {
         self.chain.insert(stored.partition, stored.seq);
         let agent = match &outcome.command.key {
             leasehold_schemas::ids::Key::Agent(agent) => Some(agent.clone()),
-            leasehold_schemas::ids::Key::Pool(_) => None,
+            leasehold_schemas::ids::Key::Pool(_) | leasehold_schemas::ids::Key::Placement(_) => None,
         };
         for (position, effect) in outcome.positioned_effects() {
             match effect {

@@ -7,6 +7,8 @@
 //! applied twice. Cross-partition work names its source (partition, position): the target ignores anything not newer
 //! than what it last heard from there.
 
+mod placement;
+
 use std::collections::BTreeMap;
 
 use leasehold_domain::PartitionState;
@@ -58,6 +60,7 @@ pub fn plan(states: &States, answers: &BTreeMap<ResourceRef, Cascade>) -> Vec<Pl
             parent_work(states, state, resource, answers, &mut out);
         }
     }
+    placement::placement_work(states, &mut out);
     out
 }
 

@@ -113,7 +113,7 @@ async fn a_decision_in_parts_is_finished_before_the_next_command_of_its_batch() 
         let resource = producer.resource();
         producer.publish("ci", allocate(&agent, resource)).await;
     }
-    producer.publish("ops", RetireAgent { agent: agent.clone() }).await;
+    producer.publish("ops", RetireAgent::new(agent.clone())).await;
     let other = AgentName::new("w1").unwrap();
     producer.publish("w1", register(&other)).await;
     let config = WorkerConfig {

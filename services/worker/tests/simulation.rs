@@ -332,7 +332,7 @@ async fn produce(log: Embedded, mut work: Workload, n: usize) -> Workload {
             // after it wait for every part.
             let at = Workload::now();
             let agent = work.agents[2].0.clone();
-            let envelope = work.envelope("ops", RetireAgent { agent }, at);
+            let envelope = work.envelope("ops", RetireAgent::new(agent), at);
             publish(&log, &envelope, &envelope.command_id.to_string()).await;
         }
         tokio::time::sleep(Duration::from_millis(work.rng.below(400))).await;
@@ -371,7 +371,7 @@ async fn produce(log: Embedded, mut work: Workload, n: usize) -> Workload {
     // The last act: one agent retires, and the release of everything it holds is decided in parts.
     let at = Workload::now();
     let agent = work.agents[0].0.clone();
-    let envelope = work.envelope("ops", RetireAgent { agent }, at);
+    let envelope = work.envelope("ops", RetireAgent::new(agent), at);
     publish(&log, &envelope, &envelope.command_id.to_string()).await;
     work
 }
@@ -380,6 +380,7 @@ fn key_agent(envelope: &Envelope) -> AgentName {
     match envelope.body.key() {
         leasehold_schemas::Key::Agent(agent) => agent,
         leasehold_schemas::Key::Pool(_) => unreachable!("the workload has no pools"),
+        leasehold_schemas::Key::Placement(_) => unreachable!("the workload places nothing"),
     }
 }
 

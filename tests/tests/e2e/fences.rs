@@ -423,6 +423,7 @@ fn key_agent(envelope: &Envelope) -> AgentName {
     match envelope.body.key() {
         leasehold_schemas::Key::Agent(agent) => agent,
         leasehold_schemas::Key::Pool(pool) => panic!("the workload has no pools, but {pool} came up"),
+        leasehold_schemas::Key::Placement(id) => panic!("the workload places nothing, but {id} came up"),
     }
 }
 
@@ -549,7 +550,7 @@ async fn two_writers<L: Log>(log: L, backend: &str, seed: u64) -> String {
     }
     // Last, a retirement: everything the first agent holds is released, in one part per resource.
     let agent = work.agents[0].name.clone();
-    let retire = work.envelope("ops", RetireAgent { agent });
+    let retire = work.envelope("ops", RetireAgent::new(agent));
     work.publish(&log, retire).await;
 
     let (expected, expected_state) = reference(&log, work.last_seq()).await;

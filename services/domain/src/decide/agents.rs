@@ -11,6 +11,7 @@ use leasehold_schemas::outcome::{BreakerClear, Effect, ResyncReason};
 use leasehold_schemas::settings::PartitionSettings;
 
 use super::{Decider, Verdict, check_text, cordon_text, reject};
+use leasehold_schemas::command::{DrainAgent, DrainRelease};
 
 /// At most this many labels, and kinds with a capacity, per agent.
 const MAX_DECLARED: usize = 32;
@@ -274,4 +275,14 @@ fn describe_policy(policy: &leasehold_schemas::settings::ClusterPolicy) -> Strin
         a.max_loss_percent,
         a.loss_window
     )
+}
+
+impl Decider<'_> {
+    pub(super) fn drain_agent(&mut self, command: &DrainAgent) -> Verdict {
+        reject(RejectionKind::InvalidState, format!("agent {}: drain is being built", command.agent))
+    }
+
+    pub(super) fn drain_release(&mut self, command: &DrainRelease) -> Verdict {
+        reject(RejectionKind::InvalidState, format!("agent {}: drain is being built", command.agent))
+    }
 }

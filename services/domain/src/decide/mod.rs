@@ -10,6 +10,7 @@
 mod agents;
 mod garbage;
 mod leases;
+mod placement;
 mod pools;
 mod reports;
 
@@ -28,7 +29,7 @@ use leasehold_schemas::{CommandClass, Envelope, Outcome, Rejection, RejectionKin
 use crate::state::{Agent, ClaimSlot, LeaseState, PartitionState, Resource, ResourceState};
 
 /// The version of these rules. Outcomes carry it; re-deciding history is checked within one version.
-pub const DECIDER_VERSION: u32 = 3;
+pub const DECIDER_VERSION: u32 = 4;
 /// How far ahead of the log's time an id may be stamped (UUIDv7 ids carry their issuer's clock): further ahead, the
 /// issuer's clock is wrong, and the id is refused ("fix the issuer's clock"). An id from the future would be
 /// remembered, asked about and waited for until its own time plus the horizon; NTP keeps clocks within a second.
@@ -508,6 +509,15 @@ impl<'s> Decider<'s> {
             Command::GarbageReport(c) => self.garbage_report(c),
             Command::ReportDestroyed(c) => self.report_destroyed(c),
             Command::DriverStatus(c) => self.driver_status(c),
+            Command::Place(c) => self.place(c),
+            Command::CancelPlacement(c) => self.cancel_placement(c),
+            Command::Reserve(c) => self.reserve(c),
+            Command::BindPlacement(c) => self.bind_placement(c),
+            Command::CommitPlacement(c) => self.commit_placement(c),
+            Command::CancelReservation(c) => self.cancel_reservation(c),
+            Command::Unplaceable(c) => self.unplaceable(c),
+            Command::DrainAgent(c) => self.drain_agent(c),
+            Command::DrainRelease(c) => self.drain_release(c),
         }
     }
 

@@ -1,6 +1,6 @@
 //! Resources: allocation, release, pause, update, suspicion, timeouts, parent cascades and claim binding.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use leasehold_schemas::command::{
     Adopt, Allocate, BindClaim, Cascade, CreateTimeout, ExpirePause, ParentState, Pause, Release,
@@ -52,6 +52,34 @@ fn check_attributes<'a>(pairs: impl IntoIterator<Item = (&'a String, &'a String)
 fn check_capacity(capacity: u32) -> Verdict {
     if capacity > MAX_CAPACITY {
         return reject(RejectionKind::Invalid, format!("capacity {capacity} is over the limit of {MAX_CAPACITY}"));
+    }
+    Ok(())
+}
+
+/// What an allocation or a placement asks for, checked on its own: the kind, capacity, attributes and pools.
+pub(super) fn check_request(
+    kind: &str,
+    capacity: u32,
+    attributes: &BTreeMap<String, String>,
+    pools: &[leasehold_schemas::PoolName],
+) -> Verdict {
+    if !is_kind(kind) {
+        return reject(RejectionKind::Invalid, format!("kind {} must match [a-z0-9][a-z0-9_.-]{{0,62}}", echo(kind)));
+    }
+    check_capacity(capacity)?;
+    if attributes.len() > MAX_ATTRIBUTES {
+        return reject(RejectionKind::Invalid, format!("{} attributes; at most {MAX_ATTRIBUTES}", attributes.len()));
+    }
+    check_attributes(attributes)?;
+    if pools.len() > MAX_POOLS_PER_RESOURCE {
+        return reject(
+            RejectionKind::Invalid,
+            format!("{} pools; a resource claims from at most {MAX_POOLS_PER_RESOURCE}", pools.len()),
+        );
+    }
+    let distinct: BTreeSet<_> = pools.iter().collect();
+    if distinct.len() != pools.len() {
+        return reject(RejectionKind::Invalid, "a pool is named twice; a resource holds one claim per pool");
     }
     Ok(())
 }
@@ -117,8 +145,17 @@ impl<'s> Decider<'s> {
         self.check_fresh_id("resource id", &id, id.time(), RejectionKind::Invalid)?;
         // After the id's checks: an allocation sent again under another command id is answered "already exists",
         // not "full" (it is the one that fills the place).
+        if let Some(reservation) = agent.reservations.get(&id) {
+            return reject(
+                RejectionKind::AlreadyExists,
+                format!(
+                    "resource id {id} is reserved on agent {} for its placement (at {}); choose a fresh UUIDv7",
+                    agent.name, reservation.token
+                ),
+            );
+        }
         if let Some(limit) = agent.capacity.get(command.kind.as_str()) {
-            let used = agent.by_kind.get(command.kind.as_str()).copied().unwrap_or(0);
+            let used = agent.used(command.kind.as_str());
             if *limit == 0 {
                 return reject(
                     RejectionKind::InvalidState,
@@ -146,30 +183,14 @@ impl<'s> Decider<'s> {
         {
             return reject(RejectionKind::Invalid, "a wait of 0 gives up at once; give a longer one, or none");
         }
-        if !is_kind(&command.kind) {
-            return reject(
-                RejectionKind::Invalid,
-                format!("kind {} must match [a-z0-9][a-z0-9_.-]{{0,62}}", echo(&command.kind)),
-            );
-        }
-        check_capacity(command.capacity)?;
-        if command.attributes.len() > MAX_ATTRIBUTES {
-            return reject(
-                RejectionKind::Invalid,
-                format!("{} attributes; at most {MAX_ATTRIBUTES}", command.attributes.len()),
-            );
-        }
-        check_attributes(&command.attributes)?;
-        if command.pools.len() > MAX_POOLS_PER_RESOURCE {
-            return reject(
-                RejectionKind::Invalid,
-                format!("{} pools; a resource claims from at most {MAX_POOLS_PER_RESOURCE}", command.pools.len()),
-            );
-        }
-        let distinct: BTreeSet<_> = command.pools.iter().collect();
-        if distinct.len() != command.pools.len() {
-            return reject(RejectionKind::Invalid, "a pool is named twice; a resource holds one claim per pool");
-        }
+        check_request(&command.kind, command.capacity, &command.attributes, &command.pools)?;
+        self.allocation_effects(command)
+    }
+
+    /// The effects of an allocation that passed its checks: the resource, its claims, its create order. Refused
+    /// only for its parent (unknown here, or gone).
+    pub(super) fn allocation_effects(&mut self, command: &Allocate) -> Verdict {
+        let id = command.resource;
         let mut suspect_parent = None;
         if let Some(parent) = &command.parent {
             if parent.resource == id {

@@ -1,0 +1,239 @@
+//! Placements (DESIGN section 13): pick an agent, carry its reservation back, commit the one the placement bound,
+//! give back any other, and say why nothing fits.
+//!
+//! Level-triggered like the rest of the plan: from the states alone, whatever was sent before. The choice of agent
+//! is this view's; the agent's partition decides whether it really has room, at once, so a view that is behind costs
+//! a refused reservation, never an agent past its capacity.
+
+use std::collections::BTreeMap;
+
+use leasehold_domain::PartitionState;
+use leasehold_domain::state::{Agent, Placement, PlacementState, Reservation};
+use leasehold_schemas::command::{
+    BindPlacement, CancelReservation, CommitPlacement, PlacementStrategy, Reserve, Unplaceable,
+};
+use leasehold_schemas::ids::{Key, ResourceId, Source};
+use leasehold_schemas::subjects::partition_of_key;
+
+use super::{Planned, States};
+
+/// The reservations every agent holds, by the resource id of their placement.
+type Reservations<'a> = BTreeMap<ResourceId, Vec<(&'a Agent, &'a Reservation, u32)>>;
+
+fn reservations(states: &States) -> Reservations<'_> {
+    let mut by_id: Reservations<'_> = BTreeMap::new();
+    for state in states.values() {
+        for agent in state.agents() {
+            for (id, reservation) in &agent.reservations {
+                by_id.entry(*id).or_default().push((agent, reservation, state.partition()));
+            }
+        }
+    }
+    by_id
+}
+
+/// Everything placements ask for now or later.
+pub(super) fn placement_work(states: &States, out: &mut Vec<Planned>) {
+    let Some(partitions) = states.values().next().map(PartitionState::partitions) else { return };
+    let reservations = reservations(states);
+    for state in states.values() {
+        for placement in state.placements().filter(|p| p.is_open()) {
+            let held = reservations.get(&placement.id()).map(Vec::as_slice).unwrap_or_default();
+            seek(states, state, placement, held, out);
+        }
+    }
+    for (id, held) in &reservations {
+        let home = partition_of_key(&Key::Placement(*id), partitions);
+        let Some(placement_home) = states.get(&home) else { continue };
+        for (agent, reservation, partition) in held {
+            settle(placement_home, *id, agent, reservation, *partition, out);
+        }
+    }
+}
+
+/// An open placement: bind a reservation it has, or reserve room on the best agent, or say why none fits.
+fn seek(
+    states: &States,
+    state: &PartitionState,
+    placement: &Placement,
+    held: &[(&Agent, &Reservation, u32)],
+    out: &mut Vec<Planned>,
+) {
+    let id = placement.id();
+    let own = Source { partition: state.partition(), position: placement.wanted_at };
+    // Carried back by `settle`; nothing more to ask while one of this placement's reservations is held.
+    if held.iter().any(|(_, reservation, _)| reservation.source == own) {
+        return;
+    }
+    let request = &placement.request;
+    let fit = Fit::of(states, placement);
+    match fit.best(request.strategy) {
+        Some(agent) => out.push(Planned::now(
+            format!("reserve {id} {} {}", agent.name, placement.wanted_at),
+            Reserve {
+                agent: agent.name.clone(),
+                resource: id,
+                kind: request.kind.clone(),
+                select: request.select.clone(),
+                source: own,
+            },
+        )),
+        None => {
+            let why = fit.why(placement);
+            let waits_so = matches!(&placement.state, PlacementState::Waiting { why: w, .. } if *w == why);
+            if !waits_so {
+                out.push(Planned::now(
+                    format!("unplaceable {id} {why}"),
+                    Unplaceable { resource: id, why: why.clone() },
+                ));
+            }
+        }
+    }
+    if let Some(until) = placement.until {
+        let why = match fit.best(request.strategy) {
+            Some(_) => "no agent took it in time".to_owned(),
+            None => fit.why(placement),
+        };
+        out.push(Planned::at(format!("unplaceable {id} at {until}"), until, Unplaceable { resource: id, why }));
+    }
+}
+
+/// One reservation: carry it to its placement, commit it once bound, or give it back.
+fn settle(
+    placement_home: &PartitionState,
+    id: ResourceId,
+    agent: &Agent,
+    reservation: &Reservation,
+    partition: u32,
+    out: &mut Vec<Planned>,
+) {
+    let token = reservation.token;
+    let as_far_as_seen = Source { partition: placement_home.partition(), position: placement_home.last_position() };
+    let cancel = || {
+        Planned::now(
+            format!("cancel-reservation {id} {} {token}", agent.name),
+            CancelReservation { agent: agent.name.clone(), resource: id, token, source: as_far_as_seen },
+        )
+    };
+    let Some(placement) = placement_home.placement(id) else {
+        // Forgotten after it ended, or not seen yet by this view: only a view past the reservation's source knows.
+        if as_far_as_seen.position > reservation.source.position {
+            out.push(cancel());
+        }
+        return;
+    };
+    if reservation.source != (Source { partition: placement_home.partition(), position: placement.wanted_at }) {
+        out.push(cancel());
+        return;
+    }
+    match &placement.state {
+        PlacementState::Seeking | PlacementState::Waiting { .. } => {
+            out.push(Planned::now(
+                format!("bind-placement {id} {} {token}", agent.name),
+                BindPlacement {
+                    resource: id,
+                    agent: agent.name.clone(),
+                    token,
+                    used: reservation.used,
+                    capacity: reservation.capacity,
+                    source: Source { partition, position: token },
+                },
+            ));
+        }
+        PlacementState::Bound { agent: bound, token: bound_token, .. }
+            if *bound == agent.name && *bound_token == token =>
+        {
+            out.push(Planned::now(
+                format!("commit-placement {id} {} {token}", agent.name),
+                CommitPlacement {
+                    allocation: placement.request.allocation_on(agent.name.clone()),
+                    token,
+                    source: Source { partition: placement_home.partition(), position: placement.wanted_at },
+                },
+            ));
+        }
+        PlacementState::Bound { .. } | PlacementState::Failed { .. } | PlacementState::Cancelled { .. } => {
+            out.push(cancel());
+        }
+    }
+}
+
+/// The agents a placement could go to, and what keeps the others out.
+struct Fit<'a> {
+    /// Agents with the labels, that take the kind, are schedulable and have room: (agent, used, capacity).
+    candidates: Vec<(&'a Agent, u32, u32)>,
+    labelled: usize,
+    taking: usize,
+    full: usize,
+    unschedulable: BTreeMap<String, usize>,
+}
+
+impl<'a> Fit<'a> {
+    fn of(states: &'a States, placement: &Placement) -> Self {
+        let request = &placement.request;
+        let mut fit = Fit { candidates: Vec::new(), labelled: 0, taking: 0, full: 0, unschedulable: BTreeMap::new() };
+        for state in states.values() {
+            for agent in state.agents().filter(|a| a.matches(&request.select)) {
+                fit.labelled += 1;
+                let capacity = agent.capacity.get(request.kind.as_str()).copied().unwrap_or(0);
+                if capacity == 0 {
+                    continue;
+                }
+                fit.taking += 1;
+                if let Some(why) = agent.unschedulable() {
+                    // "cordoned (by ...)" counts as "cordoned".
+                    let word = why.split([' ', '(']).next().unwrap_or("unschedulable").to_owned();
+                    *fit.unschedulable.entry(word).or_default() += 1;
+                    continue;
+                }
+                let used = agent.used(&request.kind);
+                if used >= capacity {
+                    fit.full += 1;
+                    continue;
+                }
+                // The id taken on this agent already (an allocation that named it): not a candidate.
+                if state.resource(request.resource).is_some() {
+                    continue;
+                }
+                fit.candidates.push((agent, used, capacity));
+            }
+        }
+        fit
+    }
+
+    /// Spread: the fewest of the kind; pack: the most, under capacity. Ties go to the name.
+    fn best(&self, strategy: PlacementStrategy) -> Option<&'a Agent> {
+        let by_name = |a: &&(&Agent, u32, u32)| a.0.name.clone();
+        let chosen = match strategy {
+            PlacementStrategy::Spread => self.candidates.iter().min_by_key(|c| (c.1, by_name(c))),
+            PlacementStrategy::Pack => self.candidates.iter().min_by_key(|c| (std::cmp::Reverse(c.1), by_name(c))),
+        };
+        chosen.map(|c| c.0)
+    }
+
+    /// What is missing, in a few words: "zone=a: no agent has these labels", "zone=a: 3 agents full".
+    fn why(&self, placement: &Placement) -> String {
+        let request = &placement.request;
+        let labels: Vec<String> = request.select.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let scope = if labels.is_empty() { "any agent".to_owned() } else { labels.join(",") };
+        let plural = |n: usize, what: &str| if n == 1 { format!("1 {what}") } else { format!("{n} {what}s") };
+        if self.labelled == 0 {
+            let none = if labels.is_empty() { "no agent has registered" } else { "no agent has these labels" };
+            return format!("{scope}: {none}");
+        }
+        if self.taking == 0 {
+            return format!("{scope}: no agent takes {} (none declared a capacity for it)", request.kind);
+        }
+        let mut parts = Vec::new();
+        if self.full > 0 {
+            parts.push(format!("{} full", plural(self.full, "agent")));
+        }
+        for (word, n) in &self.unschedulable {
+            parts.push(format!("{} {word}", plural(*n, "agent")));
+        }
+        if parts.is_empty() {
+            return format!("{scope}: the only agents that fit already hold resource id {}", request.resource);
+        }
+        format!("{scope}: {}", parts.join(", "))
+    }
+}
