@@ -1,0 +1,466 @@
+//! Placement across partitions, against the real decider and the real plan, without a log (DESIGN section 13):
+//! where a request goes (labels, capacity, spread or pack, cordon), what it says when nothing fits, how it waits for
+//! room, and — under racing placers and a confused sweeper that sends what stale views planned, twice, in any order
+//! — that no agent ever holds more than its capacity and no request ever makes two resources.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use leasehold_domain::state::PlacementState;
+use leasehold_domain::{Ctx, Decided, PartitionState, apply, continue_work, decide};
+use leasehold_schemas::command::{
+    CancelPlacement, CordonAgent, Place, PlacementStrategy, Register, Release, SyncReport, UncordonAgent,
+};
+use leasehold_schemas::ids::{Key, Millis, Timestamp};
+use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
+use leasehold_schemas::{AgentName, Command, CommandId, Envelope, Issuer, Outcome, ResourceId, Uuid};
+use leasehold_sweeper::plan::{self, Planned, States};
+use proptest::prelude::*;
+
+const PARTITIONS: u32 = 4;
+
+struct World {
+    states: States,
+    cmd_seq: u64,
+    now: Timestamp,
+    obs: BTreeMap<AgentName, u64>,
+    outcomes: Vec<Outcome>,
+}
+
+impl World {
+    fn new() -> World {
+        World {
+            states: (0..PARTITIONS).map(|p| (p, PartitionState::new(p, PARTITIONS))).collect(),
+            cmd_seq: 0,
+            now: Timestamp(
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+            ),
+            obs: BTreeMap::new(),
+            outcomes: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, issuer: &str, body: impl Into<Command>) -> Option<Outcome> {
+        let body = body.into();
+        let partition = partition_of_key(&body.key(), PARTITIONS);
+        let envelope = Envelope::new(CommandId::generate(), Issuer::new(issuer).unwrap(), self.now, body);
+        self.cmd_seq += 1;
+        let ctx = Ctx { cmd_seq: self.cmd_seq, log_time: self.now };
+        let first = match decide(&self.states[&partition], &ctx, &envelope).unwrap() {
+            Decided::Append(outcome) => outcome,
+            Decided::AlreadyDecided { .. } | Decided::Unchanged => return None,
+        };
+        let mut next = Some(first.clone());
+        while let Some(outcome) = next {
+            let state = self.states.get_mut(&partition).unwrap();
+            apply(state, &outcome).unwrap();
+            next = state.pending().is_some().then(|| continue_work(state).unwrap());
+            self.outcomes.push(outcome);
+        }
+        Some(first)
+    }
+
+    fn plan(&self) -> Vec<Planned> {
+        plan::plan(&self.states, &BTreeMap::new())
+    }
+
+    fn due(&self) -> Vec<Planned> {
+        self.plan().into_iter().filter(|p| p.due.is_none_or(|at| at <= self.now)).collect()
+    }
+
+    /// Sends every request due now (twice, as two sweepers would) until none is due.
+    fn settle(&mut self) {
+        for _ in 0..100 {
+            let due = self.due();
+            if due.is_empty() {
+                return;
+            }
+            for item in due {
+                self.send("sweeper:a", item.command.clone());
+                self.send("sweeper:b", item.command);
+            }
+        }
+        panic!("the plan never settles: {:#?}", self.plan());
+    }
+
+    fn advance(&mut self, by: Millis) {
+        self.now = self.now.saturating_add(by);
+    }
+
+    fn register(&mut self, name: &str, labels: &[(&str, &str)], capacity: &[(&str, u32)]) -> AgentName {
+        let agent = AgentName::new(name).unwrap();
+        let body = Register {
+            agent: agent.clone(),
+            incarnation: Uuid::from_u128(u128::from(self.cmd_seq) + 1),
+            wiped: false,
+            settings: None,
+            labels: labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            capacity: capacity.iter().map(|(k, n)| ((*k).to_owned(), *n)).collect(),
+        };
+        self.send(name, body).expect("a registration is appended");
+        self.obs.insert(agent.clone(), 0);
+        agent
+    }
+
+    fn place(&mut self, select: &[(&str, &str)], strategy: PlacementStrategy, wait: Option<Millis>) -> ResourceId {
+        let id = ResourceId::generate();
+        self.send("producer", place(id, select, strategy, wait));
+        id
+    }
+
+    fn placement(&self, id: ResourceId) -> &PlacementState {
+        let home = partition_of_key(&Key::Placement(id), PARTITIONS);
+        &self.states[&home].placement(id).expect("the placement is kept").state
+    }
+
+    /// The agents that hold a resource of this id, from pending to any end.
+    fn holders(&self, id: ResourceId) -> Vec<AgentName> {
+        self.states.values().filter_map(|s| s.resource(id)).map(|r| r.agent.clone()).collect()
+    }
+
+    fn release(&mut self, agent: &AgentName, resource: ResourceId) {
+        self.send("producer", Release { agent: agent.clone(), resource, reason: None });
+    }
+
+    /// The agent confirms the destroy: its resource ends and gives its place back.
+    fn destroyed(&mut self, agent: &AgentName, resource: ResourceId) {
+        let state = &self.states[&partition_of_agent(agent, PARTITIONS)];
+        let epoch = state.agent(agent).unwrap().epoch;
+        let watermark = state.last_position();
+        let n = self.obs.get_mut(agent).unwrap();
+        *n += 1;
+        let mut report = SyncReport::new(agent.clone(), epoch, *n, watermark);
+        report.destroyed = vec![resource];
+        let (count, digest) = leasehold_domain::expected_listing(state, &report).expect("the report is judged");
+        report.count = count;
+        report.digest = digest;
+        self.send(agent.as_str(), report);
+    }
+
+    fn used(&self, agent: &AgentName, kind: &str) -> u32 {
+        self.states[&partition_of_agent(agent, PARTITIONS)].agent(agent).unwrap().used(kind)
+    }
+}
+
+fn place(id: ResourceId, select: &[(&str, &str)], strategy: PlacementStrategy, wait: Option<Millis>) -> Place {
+    Place {
+        resource: id,
+        kind: "container".to_owned(),
+        capacity: 1,
+        attributes: BTreeMap::new(),
+        parent: None,
+        pools: Vec::new(),
+        wait,
+        select: select.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+        strategy,
+    }
+}
+
+fn bound_to(state: &PlacementState) -> Option<&AgentName> {
+    match state {
+        PlacementState::Bound { agent, .. } => Some(agent),
+        _ => None,
+    }
+}
+
+#[test]
+fn spread_fills_the_emptiest_agent_with_the_labels_and_pack_the_fullest_under_capacity() {
+    let mut w = World::new();
+    let a = w.register("wa", &[("zone", "a")], &[("container", 3)]);
+    let b = w.register("wb", &[("zone", "a")], &[("container", 3)]);
+    let east = w.register("we", &[("zone", "east")], &[("container", 9)]);
+    let mut on = Vec::new();
+    for _ in 0..4 {
+        let id = w.place(&[("zone", "a")], PlacementStrategy::Spread, None);
+        w.settle();
+        let agent = bound_to(w.placement(id)).expect("placed").clone();
+        assert_eq!(w.holders(id), [agent.clone()], "the resource is made where the placement went, once");
+        on.push(agent);
+    }
+    // Spread alternates (ties go to the name); the zone=east agent is never chosen.
+    assert_eq!(on, [a.clone(), b.clone(), a.clone(), b.clone()]);
+    assert_eq!((w.used(&a, "container"), w.used(&b, "container"), w.used(&east, "container")), (2, 2, 0));
+    // Pack goes to the fullest that still has room: a (2 of 3), then a again is full, so b.
+    let first = w.place(&[("zone", "a")], PlacementStrategy::Pack, None);
+    w.settle();
+    let second = w.place(&[("zone", "a")], PlacementStrategy::Pack, None);
+    w.settle();
+    assert_eq!(bound_to(w.placement(first)), Some(&a));
+    assert_eq!(bound_to(w.placement(second)), Some(&b));
+    // The outcome says where and why: the agent's use of the kind with it, of its capacity.
+    let words = w
+        .outcomes
+        .iter()
+        .flat_map(|o| o.effects())
+        .filter_map(|e| match e {
+            Effect::PlacementBound { resource, agent, used, capacity, .. } if *resource == second => {
+                Some((agent.clone(), *used, *capacity))
+            }
+            _ => None,
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(words, [(b.clone(), 3, 3)]);
+    // All of zone=a is full now: a request without a wait is refused, naming what is missing.
+    let refused = w.place(&[("zone", "a")], PlacementStrategy::Spread, None);
+    w.settle();
+    assert_eq!(
+        w.placement(refused),
+        &PlacementState::Failed {
+            why: "zone=a: 2 agents full".to_owned(),
+            at: match w.placement(refused) {
+                PlacementState::Failed { at, .. } => *at,
+                other => panic!("{other:?}"),
+            }
+        }
+    );
+    assert!(w.holders(refused).is_empty());
+}
+
+#[test]
+fn nothing_fits_names_what_is_missing_and_a_cordoned_agent_takes_no_placement() {
+    let mut w = World::new();
+    let why = |w: &mut World, select: &[(&str, &str)]| {
+        let id = w.place(select, PlacementStrategy::Spread, None);
+        w.settle();
+        match w.placement(id) {
+            PlacementState::Failed { why, .. } => why.clone(),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    };
+    assert_eq!(why(&mut w, &[]), "any agent: no agent has registered");
+    let w1 = w.register("w1", &[("zone", "a")], &[]);
+    assert_eq!(why(&mut w, &[("zone", "b")]), "zone=b: no agent has these labels");
+    assert_eq!(why(&mut w, &[("zone", "a")]), "zone=a: no agent takes container (none declared a capacity for it)");
+    w.register("w1", &[("zone", "a")], &[("container", 5)]);
+    w.send("op:alice", CordonAgent { agent: w1.clone(), reason: Some("kernel upgrade".to_owned()) });
+    assert_eq!(why(&mut w, &[("zone", "a")]), "zone=a: 1 agent cordoned");
+    w.send("op:alice", UncordonAgent { agent: w1.clone() });
+    let id = w.place(&[("zone", "a")], PlacementStrategy::Spread, None);
+    w.settle();
+    assert_eq!(bound_to(w.placement(id)), Some(&w1));
+}
+
+#[test]
+fn a_request_that_may_wait_waits_for_room_on_record_and_is_placed_when_a_resource_ends() {
+    let mut w = World::new();
+    let w1 = w.register("w1", &[], &[("container", 1)]);
+    let first = w.place(&[], PlacementStrategy::Spread, None);
+    w.settle();
+    assert_eq!(bound_to(w.placement(first)), Some(&w1));
+    let waiting = w.place(&[], PlacementStrategy::Spread, Some(Millis::from_mins(5)));
+    w.settle();
+    assert!(
+        matches!(w.placement(waiting), PlacementState::Waiting { why, .. } if why == "any agent: 1 agent full"),
+        "{:?}",
+        w.placement(waiting)
+    );
+    // The first resource leaves: released, then confirmed destroyed; the waiting one takes its place.
+    w.release(&w1, first);
+    w.settle();
+    assert!(matches!(w.placement(waiting), PlacementState::Waiting { .. }), "releasing still counts");
+    w.destroyed(&w1, first);
+    w.settle();
+    assert_eq!(bound_to(w.placement(waiting)), Some(&w1));
+    assert_eq!(w.holders(waiting), [w1.clone()]);
+    // One that waits past its wait is refused, saying how long it waited and why.
+    let late = w.place(&[], PlacementStrategy::Spread, Some(Millis::from_secs(30)));
+    w.settle();
+    w.advance(Millis::from_secs(31));
+    w.settle();
+    assert!(
+        matches!(w.placement(late), PlacementState::Failed { why, .. } if why == "no room within 30s: any agent: 1 agent full"),
+        "{:?}",
+        w.placement(late)
+    );
+    // A waiting request can be cancelled; a placed one cannot (release its resource instead).
+    let cancelled = w.place(&[], PlacementStrategy::Spread, Some(Millis::from_mins(5)));
+    w.settle();
+    w.send("op:alice", CancelPlacement { resource: cancelled, reason: None });
+    w.settle();
+    assert!(matches!(w.placement(cancelled), PlacementState::Cancelled { .. }));
+    let refusal = w.send("op:alice", CancelPlacement { resource: waiting, reason: None }).unwrap();
+    assert!(refusal.rejection().unwrap().message.contains("already placed on w1"), "{refusal:?}");
+    assert_eq!(w.used(&w1, "container"), 1);
+}
+
+#[test]
+fn a_request_sent_again_makes_nothing_more_and_says_where_it_went() {
+    let mut w = World::new();
+    let w1 = w.register("w1", &[], &[("container", 4)]);
+    let id = ResourceId::generate();
+    let request = place(id, &[], PlacementStrategy::Spread, None);
+    w.send("producer", request.clone());
+    w.settle();
+    // Under another command id (a retry after the dedupe window): answered, not decided again.
+    let again = w.send("producer", request.clone()).unwrap();
+    let rejection = again.rejection().expect("answered already-done");
+    assert!(rejection.message.contains("placed on w1 (1 of 4 container)"), "{}", rejection.message);
+    w.settle();
+    assert_eq!(w.holders(id), [w1.clone()]);
+    assert_eq!(w.used(&w1, "container"), 1);
+    // The same id with another request is refused.
+    let other = w.send("producer", place(id, &[("zone", "b")], PlacementStrategy::Pack, None)).unwrap();
+    assert!(other.rejection().unwrap().message.contains("a different placement"), "{other:?}");
+}
+
+// --- racing placers and a confused sweeper ----------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// A producer asks for a placement (with or without a wait).
+    Place { pack: bool, wait: bool },
+    /// The sweeper runs a plan from the view `back` steps ago and sends the due requests in a shuffled order,
+    /// some of them twice.
+    Sweep { back: usize, order: u64, twice: bool },
+    /// An operator releases the `n`-th live resource, and its agent confirms the destroy.
+    Release { n: usize, confirm: bool },
+    /// An operator cordons or uncordons an agent.
+    Cordon { agent: usize, on: bool },
+    /// Log time passes.
+    Tick { secs: u64 },
+    /// The sweeper sends again requests some view planned long ago (a retry after the dedupe window, a sweeper
+    /// restarted from an old state).
+    Replay { pick: u64, n: usize },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (any::<bool>(), any::<bool>()).prop_map(|(pack, wait)| Step::Place { pack, wait }),
+        5 => (0usize..6, any::<u64>(), any::<bool>()).prop_map(|(back, order, twice)| Step::Sweep { back, order, twice }),
+        2 => (0usize..8, any::<bool>()).prop_map(|(n, confirm)| Step::Release { n, confirm }),
+        1 => (0usize..3, any::<bool>()).prop_map(|(agent, on)| Step::Cordon { agent, on }),
+        1 => (1u64..40).prop_map(|secs| Step::Tick { secs }),
+        2 => (any::<u64>(), 1usize..6).prop_map(|(pick, n)| Step::Replay { pick, n }),
+    ]
+}
+
+/// No agent past its capacity, counting reservations; no request with resources on two agents, or on an agent
+/// other than the one its placement bound.
+fn check(w: &World, agents: &[AgentName], ids: &BTreeSet<ResourceId>) {
+    for agent in agents {
+        let state = &w.states[&partition_of_agent(agent, PARTITIONS)];
+        let record = state.agent(agent).unwrap();
+        let capacity = record.capacity.get("container").copied().unwrap_or(0);
+        assert!(record.used("container") <= capacity, "{agent} holds {} of {capacity}", record.used("container"));
+        let live = state
+            .resources()
+            .filter(|r| r.agent == *agent && !r.state.is_terminal())
+            .count() as u32;
+        assert!(live <= capacity, "{agent} has {live} live resources, over {capacity}");
+    }
+    for id in ids {
+        let holders = w.holders(*id);
+        assert!(holders.len() <= 1, "request {id} made resources on {holders:?}");
+        let home = partition_of_key(&Key::Placement(*id), PARTITIONS);
+        if let (Some(holder), Some(placement)) = (holders.first(), w.states[&home].placement(*id)) {
+            assert_eq!(bound_to(&placement.state), Some(holder), "{id} was made where its placement did not bind");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn racing_placers_and_a_confused_sweeper_never_exceed_capacity_nor_make_two_resources(
+        steps in proptest::collection::vec(step(), 1..80)
+    ) {
+        let mut w = World::new();
+        let agents = vec![
+            w.register("w1", &[("zone", "a")], &[("container", 2)]),
+            w.register("w2", &[("zone", "a")], &[("container", 1)]),
+            w.register("w3", &[("zone", "a")], &[("container", 2)]),
+        ];
+        let mut views: Vec<States> = vec![w.states.clone()];
+        let mut ids = BTreeSet::new();
+        let mut planned: Vec<Command> = Vec::new();
+        for step in steps {
+            match step {
+                Step::Place { pack, wait } => {
+                    let strategy = if pack { PlacementStrategy::Pack } else { PlacementStrategy::Spread };
+                    let wait = wait.then_some(Millis::from_secs(60));
+                    ids.insert(w.place(&[("zone", "a")], strategy, wait));
+                }
+                Step::Sweep { back, order, twice } => {
+                    let view = &views[views.len().saturating_sub(1 + back)];
+                    let mut due: Vec<Planned> = plan::plan(view, &BTreeMap::new())
+                        .into_iter()
+                        .filter(|p| p.due.is_none_or(|at| at <= w.now))
+                        .collect();
+                    // A seeded shuffle: the order the requests reach their partitions.
+                    let mut seed = order | 1;
+                    for i in (1..due.len()).rev() {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        due.swap(i, (seed % (i as u64 + 1)) as usize);
+                    }
+                    for item in due {
+                        planned.push(item.command.clone());
+                        w.send("sweeper:confused", item.command.clone());
+                        if twice {
+                            w.send("sweeper:twin", item.command);
+                        }
+                    }
+                }
+                Step::Release { n, confirm } => {
+                    let live: Vec<(AgentName, ResourceId)> = w
+                        .states
+                        .values()
+                        .flat_map(|s| s.resources())
+                        .filter(|r| !r.state.is_terminal())
+                        .map(|r| (r.agent.clone(), r.id))
+                        .collect();
+                    if let Some((agent, id)) = live.get(n % live.len().max(1)).cloned() {
+                        w.release(&agent, id);
+                        if confirm {
+                            w.destroyed(&agent, id);
+                        }
+                    }
+                }
+                Step::Cordon { agent, on } => {
+                    let name = agents[agent].clone();
+                    if on {
+                        w.send("op:alice", CordonAgent { agent: name, reason: None });
+                    } else {
+                        w.send("op:alice", UncordonAgent { agent: name });
+                    }
+                }
+                Step::Tick { secs } => w.advance(Millis::from_secs(secs)),
+                Step::Replay { pick, n } => {
+                    for k in 0..n as u64 {
+                        if planned.is_empty() {
+                            break;
+                        }
+                        let old = planned[(pick.wrapping_mul(k + 1) % planned.len() as u64) as usize].clone();
+                        w.send("sweeper:replay", old);
+                    }
+                }
+            }
+            check(&w, &agents, &ids);
+            views.push(w.states.clone());
+            if views.len() > 8 {
+                views.remove(0);
+            }
+        }
+        // An honest sweeper finishes the work: every request ends placed, refused or waiting, and still nothing
+        // is over capacity or made twice; no reservation is left but those of requests still seeking.
+        for agent in &agents {
+            w.send("op:alice", UncordonAgent { agent: agent.clone() });
+        }
+        w.advance(Millis::from_secs(120));
+        w.settle();
+        check(&w, &agents, &ids);
+        for id in &ids {
+            let state = w.placement(*id);
+            prop_assert!(
+                !matches!(state, PlacementState::Seeking | PlacementState::Waiting { .. }),
+                "{id} still {state:?} after its wait"
+            );
+        }
+        for agent in &agents {
+            let record = w.states[&partition_of_agent(agent, PARTITIONS)].agent(agent).unwrap();
+            prop_assert!(record.reservations.is_empty(), "{agent} still holds room: {:?}", record.reservations);
+        }
+    }
+}
