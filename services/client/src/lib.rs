@@ -34,4 +34,4 @@ pub use gateway::{
     BatchItem, BatchRefusal, CommandStatus, Cursor, DEFAULT_SERVER, DeadLetterInfo, Feed, Follower, Gateway,
     RejectionInfo, SeqOutcome, TOKEN_ENV, bearer_token,
 };
-pub use produce::{LeaseRecord, LeaseRef, Producer, Transport, submit_to_log};
+pub use produce::{LeaseRecord, LeaseRef, PlacementRecord, Producer, Transport, submit_to_log};

@@ -10,7 +10,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use leasehold_log::jetstream::{JetStream, JetStreamConfig};
 use leasehold_log::{Log, OutcomeFilter};
-use leasehold_schemas::command::{Acquire, Allocate};
+use leasehold_schemas::command::{Acquire, Allocate, Place};
 use leasehold_schemas::{
     AgentName, Command, CommandId, Effect, Envelope, IdError, Issuer, Key, LeaseId, Position, ResourceId, ResourceRef,
     Timestamp,
@@ -460,6 +460,131 @@ impl LeaseRecord {
     }
 }
 
+/// Where a placement (an allocation that named no agent) went, as its outcomes say: the same fields as the
+/// gateway's placement records (`GET /v1/placements/<id>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlacementRecord {
+    pub resource: String,
+    /// `seeking`, `waiting`, `placed`, `failed`, `cancelled`.
+    pub state: String,
+    /// Where it was placed: the agent and the resource's reference there.
+    pub agent: Option<String>,
+    pub reference: Option<String>,
+    /// The agent's use of the kind with this resource, and its capacity for the kind.
+    pub used: Option<u32>,
+    pub capacity: Option<u32>,
+    /// What it waits on (`waiting`), or why it was not placed (`failed`).
+    pub why: Option<String>,
+}
+
+impl PlacementRecord {
+    /// A placement just asked for.
+    pub fn new(resource: ResourceId) -> Self {
+        PlacementRecord {
+            resource: resource.to_string(),
+            state: "seeking".to_owned(),
+            agent: None,
+            reference: None,
+            used: None,
+            capacity: None,
+            why: None,
+        }
+    }
+
+    /// True once it will not change any more: placed, refused or cancelled.
+    pub fn ended(&self) -> bool {
+        matches!(self.state.as_str(), "placed" | "failed" | "cancelled")
+    }
+
+    /// Applies an effect of the placement's outcomes; true if it changed the record.
+    pub fn apply(&mut self, effect: &Effect) -> bool {
+        let mine = |resource: &ResourceId| resource.to_string() == self.resource;
+        match effect {
+            Effect::PlacementWaiting { resource, why } if mine(resource) => {
+                self.state = "waiting".to_owned();
+                self.why = Some(why.clone());
+            }
+            Effect::PlacementBound { resource, agent, used, capacity, .. } if mine(resource) => {
+                self.state = "placed".to_owned();
+                self.reference = Some(format!("{agent}.{resource}"));
+                self.agent = Some(agent.to_string());
+                self.used = Some(*used);
+                self.capacity = Some(*capacity);
+                self.why = None;
+            }
+            Effect::PlacementFailed { resource, why } if mine(resource) => {
+                self.state = "failed".to_owned();
+                self.why = Some(why.clone());
+            }
+            Effect::PlacementCancelled { resource, by, reason } if mine(resource) => {
+                self.state = "cancelled".to_owned();
+                self.why = Some(match reason {
+                    Some(reason) => format!("by {by}: {reason}"),
+                    None => format!("by {by}"),
+                });
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// "placed on w3: 12 of 50 container; zone=a", "waiting for room: ...", "not placed: ...".
+    pub fn describe(&self, request: &Place) -> String {
+        let labels: Vec<String> = request.select.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let labels = if labels.is_empty() { String::new() } else { format!("; {}", labels.join(",")) };
+        match self.state.as_str() {
+            "placed" => format!(
+                "placed on {}: {} of {} {}{labels}",
+                self.agent.as_deref().unwrap_or("?"),
+                self.used.unwrap_or(0),
+                self.capacity.unwrap_or(0),
+                request.kind
+            ),
+            "waiting" => format!("waiting for room: {}", self.why.as_deref().unwrap_or("")),
+            "failed" => format!("not placed: {}", self.why.as_deref().unwrap_or("")),
+            "cancelled" => format!("cancelled {}", self.why.as_deref().unwrap_or("")),
+            _ => "seeking an agent".to_owned(),
+        }
+    }
+
+    /// Follows the placement's outcomes from sequence `from` until it ends, or `deadline` passes (then it is
+    /// returned as it is: seeking or waiting, which it goes on doing in the log). `on_wait` is told each new reason
+    /// it waits for.
+    pub async fn follow(
+        &mut self,
+        transport: &Transport,
+        resource: ResourceId,
+        from: u64,
+        deadline: tokio::time::Instant,
+        mut on_wait: impl FnMut(&PlacementRecord),
+    ) -> Result<(), Error> {
+        if self.ended() {
+            return Ok(());
+        }
+        let mut events = transport.follow(&Key::Placement(resource), from).await?;
+        loop {
+            let event = match tokio::time::timeout_at(deadline, events.next()).await {
+                Ok(Some(event)) => event?,
+                Ok(None) => {
+                    return Err(Error::transport(format!(
+                        "the outcome stream ended while the placement of {resource} was {}",
+                        self.state
+                    )));
+                }
+                Err(_) => return Ok(()),
+            };
+            for effect in event.outcome.effects() {
+                if self.apply(effect) {
+                    if self.ended() {
+                        return Ok(());
+                    }
+                    on_wait(self);
+                }
+            }
+        }
+    }
+}
+
 /// A producer: who sends (its issuer), where its commands go, and how long it waits for an outcome. Each call sends
 /// one command and waits until it is decided: the answer is the accepted outcome, or an [`Error`] that says what
 /// became of it. A command whose outcome is unknown ([`Error::OutcomeUnknown`]) is sent again safely with
@@ -518,6 +643,34 @@ impl Producer {
         let status = self.command(body).await?;
         check_allocated(&status.command_id, &reference, &status.outcomes)?;
         Ok(reference)
+    }
+
+    /// Places a resource on whichever agent fits (an allocation that names no agent) and waits until the placement
+    /// ends or `wait` (beyond this producer's timeout) passes: placed (the record holds its reference), refused, or
+    /// still waiting. A request sent again is answered with where it went.
+    pub async fn place(&self, body: Place) -> Result<PlacementRecord, Error> {
+        let envelope = self.envelope(body.clone());
+        let sent = self.transport.submit(&envelope, self.timeout).await;
+        let status = settle(sent, &envelope, self.timeout)?;
+        let mut record = PlacementRecord::new(body.resource);
+        let already = status.rejection.as_ref().is_some_and(|r| r.kind == "already-done");
+        let from = if already {
+            // Asked for before: its history says where it went.
+            0
+        } else {
+            let outcomes = outcomes(status, &format!("place {}", body.resource))?;
+            for effect in outcomes.iter().flat_map(|o| o.outcome.effects()) {
+                record.apply(effect);
+            }
+            outcomes.iter().map(|o| o.seq).max().unwrap_or(0)
+        };
+        let wait = body.wait.map(|w| Duration::from_millis(w.0)).unwrap_or_default();
+        let deadline = tokio::time::Instant::now() + self.timeout + wait;
+        record.follow(&self.transport, body.resource, from, deadline, |_| {}).await?;
+        if record.state == "failed" {
+            return Err(Error::refused(record.describe(&body)));
+        }
+        Ok(record)
     }
 
     /// Asks for a lease and waits until the acquisition is decided: the lease, `active` (granted, with its token) or

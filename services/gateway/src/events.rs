@@ -19,7 +19,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use leasehold_log::{Log, OutcomeFilter, StoredOutcome};
 use leasehold_schemas::codec;
-use leasehold_schemas::ids::{AgentName, Key, PoolName};
+use leasehold_schemas::ids::Key;
 use leasehold_schemas::subjects::partition_of_key;
 use serde::Deserialize;
 
@@ -35,11 +35,9 @@ pub(crate) struct EventsQuery {
 }
 
 /// The key of a query: `w1` is an agent, `@ips` a pool.
+/// An agent (`w1`), a pool (`@ips`) or a placement (`~<resource id>`).
 fn parse_key(text: &str) -> Result<Key, String> {
-    match text.strip_prefix('@') {
-        Some(pool) => PoolName::new(pool).map(Key::Pool).map_err(|e| e.to_string()),
-        None => AgentName::new(text).map(Key::Agent).map_err(|e| e.to_string()),
-    }
+    text.parse::<Key>().map_err(|e| e.to_string())
 }
 
 pub(crate) async fn events<L: Log>(

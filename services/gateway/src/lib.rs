@@ -192,6 +192,8 @@ pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
         .route("/v1/pools", get(queries::pools::<L>))
         .route("/v1/policy", get(queries::policy::<L>))
         .route("/v1/pools/{name}", get(queries::pool_holders::<L>))
+        .route("/v1/placements", get(queries::placements::<L>))
+        .route("/v1/placements/{id}", get(queries::placement::<L>))
         .route("/v1/dlq", get(queries::dead_letters::<L>))
         .route("/v1/events", get(events::events::<L>))
         .route("/v1/export", get(export::export::<L>))

@@ -172,6 +172,31 @@ pub(crate) async fn pool_holders<L: Log>(
     }
 }
 
+/// Every placement the partitions keep (open ones, and ended ones until the outcome horizon), by resource id.
+pub(crate) async fn placements<L: Log>(State(api): State<Arc<Api<L>>>) -> Response {
+    all(api.reader.placements())
+}
+
+/// One placement: where it went, or what it waits on, or why it was refused.
+pub(crate) async fn placement<L: Log>(
+    State(api): State<Arc<Api<L>>>,
+    id: Result<Path<String>, PathRejection>,
+) -> Response {
+    let id = match path_param(id) {
+        Ok(id) => id,
+        Err(response) => return response,
+    };
+    let id = match id.strip_prefix('~').unwrap_or(&id).parse::<leasehold_schemas::ResourceId>() {
+        Ok(id) => id.to_string(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("{id:?} is not a resource id: {e}")),
+    };
+    match api.reader.placement(&id) {
+        Ok(Some(view)) => Json(view).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, format!("no placement of {id} is known")),
+        Err(e) => unavailable("the projection cannot be read", e),
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct DeadQuery {

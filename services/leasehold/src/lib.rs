@@ -133,11 +133,12 @@ enum Cmd {
     #[command(subcommand)]
     Policy(policy::PolicyCmd),
 
-    /// Show one resource.
+    /// Show one resource: `<agent>.<id>`, or the id alone for one allocated without --agent (where its placement
+    /// went, or what it waits on).
     Get {
-        /// The resource, `<agent>.<id>`.
+        /// The resource, `<agent>.<id>`, or a placed resource's id.
         #[arg(value_name = "REF")]
-        resource: leasehold_schemas::ResourceRef,
+        resource: query::GetTarget,
     },
     /// List resources.
     Ls(query::LsArgs),
@@ -280,7 +281,12 @@ fn run() -> anyhow::Result<()> {
             output::errors_as(cli.global.output);
             client_runtime()?.block_on(policy::run(cmd, &cli.global))?
         }
-        Cmd::Get { resource } => query_cmd(query::QueryCmd::Get(resource), &cli.global)?,
+        Cmd::Get { resource: query::GetTarget::Resource(resource) } => {
+            query_cmd(query::QueryCmd::Get(resource), &cli.global)?
+        }
+        Cmd::Get { resource: query::GetTarget::Placement(id) } => {
+            query_cmd(query::QueryCmd::Placement(id), &cli.global)?
+        }
         Cmd::Ls(args) => query_cmd(query::QueryCmd::Ls(args), &cli.global)?,
         Cmd::Leases { resource } => query_cmd(query::QueryCmd::Leases(resource), &cli.global)?,
         Cmd::Agents => query_cmd(query::QueryCmd::Agents, &cli.global)?,

@@ -9,8 +9,9 @@ use std::time::{Duration, SystemTime};
 use anyhow::{anyhow, bail};
 pub(crate) use leasehold_client::produce::{LeaseRecord, LeaseRef, Transport, submit_to_log};
 use leasehold_schemas::command::{
-    Acquire, Allocate, ConfirmLoss, CordonAgent, DefinePool, DeletePool, Pause, Release, ReleaseLease, Renew,
-    ReportFailureByOperator, RetireAgent, UncordonAgent, Unpause, UnretireAgent, Update, UpdatePool,
+    Acquire, Allocate, ConfirmLoss, CordonAgent, DefinePool, DeletePool, Pause, Place, PlacementStrategy, Release,
+    ReleaseLease, Renew, ReportFailureByOperator, RetireAgent, UncordonAgent, Unpause, UnretireAgent, Update,
+    UpdatePool,
 };
 use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::{
@@ -54,9 +55,20 @@ pub(crate) struct AllocateArgs {
     /// allocation whose outcome is unknown again.
     #[arg(long, value_name = "UUID")]
     pub(crate) id: Option<ResourceId>,
-    /// The agent that will hold the resource.
+    /// The agent that will hold the resource. Without it, the resource is placed: on a live, schedulable agent
+    /// that carries the --select labels and has room for the kind (its declared capacity), chosen by --spread
+    /// (the default: fewest of the kind) or --pack (most, under capacity).
     #[arg(long)]
-    pub(crate) agent: AgentName,
+    pub(crate) agent: Option<AgentName>,
+    /// Without --agent: a label the chosen agent must carry, `name=value` (repeatable; all must match).
+    #[arg(long = "select", value_name = "NAME=VALUE", value_parser = parse_attr, conflicts_with = "agent")]
+    pub(crate) select: Vec<(String, String)>,
+    /// Without --agent: choose the agent with the most resources of the kind that still has room.
+    #[arg(long, conflicts_with_all = ["agent", "spread"])]
+    pub(crate) pack: bool,
+    /// Without --agent: choose the agent with the fewest resources of the kind (the default).
+    #[arg(long, conflicts_with = "agent")]
+    pub(crate) spread: bool,
     /// What the agent's driver makes: `container`, `volume`, `dir`...
     #[arg(long)]
     pub(crate) kind: String,
@@ -74,7 +86,8 @@ pub(crate) struct AllocateArgs {
     pub(crate) attrs: Vec<(String, String)>,
     /// With --pool: give the allocation up (released, cause `wait-timeout`) if its pools have not granted an
     /// identifier within this long (`30s`, `10min`); default: it waits until released. The create timeout counts
-    /// only from the create order, once every identifier is bound.
+    /// only from the create order, once every identifier is bound. Without --agent: how long the request may wait
+    /// for room on record (default: none; no agent with room is a refusal), and then for its pools.
     #[arg(long, value_parser = parse_millis, value_name = "DURATION")]
     pub(crate) wait: Option<Millis>,
     #[command(flatten)]
@@ -510,18 +523,102 @@ fn allocated_resource(reference: &ResourceRef, outcomes: &[SeqOutcome]) -> serde
     record
 }
 
+/// `allocate` without `--agent`: a placement. Prints the reference once placed (and, on stderr, where and why);
+/// with `--wait`, says once on stderr what it waits for each time that changes.
+async fn place(args: AllocateArgs, issuer: &Issuer, global: &GlobalArgs) -> anyhow::Result<()> {
+    let format = global.output;
+    let transport = transport(global, &args.produce.nats).await?;
+    let resource = args.id.unwrap_or_else(ResourceId::generate);
+    output::know("id", resource);
+    let body = Place {
+        resource,
+        kind: args.kind,
+        capacity: args.capacity,
+        attributes: attributes(&args.attrs)?,
+        parent: args.parent,
+        pools: args.pools,
+        wait: args.wait,
+        select: attributes(&args.select)?,
+        strategy: if args.pack { PlacementStrategy::Pack } else { PlacementStrategy::Spread },
+    };
+    let envelope = envelope(issuer, args.produce.command_id, body.clone());
+    let sent = transport.submit(&envelope, args.produce.timeout).await;
+    let status = settle(sent, &envelope, args.produce.timeout, format, Some(("id", resource.to_string())))?;
+    let mut record = leasehold_client::PlacementRecord::new(resource);
+    // Asked for before (a retry under another command id): its history says where it went.
+    let asked_before = status.rejection.as_ref().is_some_and(|r| r.kind == "already-done");
+    let from = if asked_before {
+        0
+    } else {
+        let outcomes = accepted(status, format, &format!("place {resource}"))?;
+        for effect in outcomes.iter().flat_map(|o| o.outcome.effects()) {
+            record.apply(effect);
+        }
+        outcomes.iter().map(|o| o.seq).max().unwrap_or(0)
+    };
+    let wait = body.wait.map(|w| Duration::from_millis(w.0)).unwrap_or_default();
+    let deadline = tokio::time::Instant::now() + args.produce.timeout + wait;
+    record
+        .follow(&transport, resource, from, deadline, |record| {
+            if record.state == "waiting" {
+                eprintln!("{}", leasehold_schemas::text::shown(&record.describe(&body)));
+            }
+        })
+        .await?;
+    let words = record.describe(&body);
+    match (record.state.as_str(), format) {
+        ("placed", OutputFormat::Table) => {
+            let reference = record.reference.clone().unwrap_or_default();
+            output::emit(&format!("{reference}\n"));
+            eprintln!("{}", leasehold_schemas::text::shown(&words));
+        }
+        ("placed", OutputFormat::Json) => {
+            let reference = record.reference.clone().unwrap_or_default();
+            let resource_record = match &transport {
+                Transport::Gateway(gateway) => {
+                    gateway.get::<serde_json::Value>(&["v1", "resources", &reference], &[]).await?
+                }
+                Transport::Nats(_) => None,
+            };
+            let value = serde_json::json!({ "placement": record, "said": words, "resource": resource_record });
+            output::emit(&output::json(&value)?);
+        }
+        ("failed" | "cancelled", _) => {
+            if format == OutputFormat::Json {
+                output::emit(&output::json(&serde_json::json!({ "placement": record, "said": words }))?);
+            }
+            bail!("allocate {resource}: {words}");
+        }
+        _ => {
+            if format == OutputFormat::Json {
+                output::emit(&output::json(&serde_json::json!({ "placement": record, "said": words }))?);
+            }
+            let again = format!("leasehold get {resource}");
+            return Err(StillWaiting(format!(
+                "the placement of {resource} is still {} after {}: {words}; it goes on in the log (see `{again}`)",
+                record.state,
+                humantime::format_duration(args.produce.timeout + wait)
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// Runs one producer command.
 pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Result<()> {
     let issuer = issuer(global.issuer.as_deref())?;
     let format = global.output;
     match command {
+        ProduceCmd::Allocate(args) if args.agent.is_none() => place(args, &issuer, global).await?,
         ProduceCmd::Allocate(args) => {
             let transport = transport(global, &args.produce.nats).await?;
             let resource = args.id.unwrap_or_else(ResourceId::generate);
-            let reference = ResourceRef::new(args.agent.clone(), resource);
+            let agent = args.agent.clone().expect("the placement's arm takes allocations without an agent");
+            let reference = ResourceRef::new(agent.clone(), resource);
             output::know("ref", &reference);
             let body = Allocate {
-                agent: args.agent.clone(),
+                agent,
                 resource,
                 kind: args.kind,
                 capacity: args.capacity,

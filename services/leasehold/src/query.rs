@@ -48,10 +48,32 @@ pub(crate) struct DlqLsArgs {
     pub(crate) limit: Option<usize>,
 }
 
+/// What `get` shows: a resource by its reference, or one allocated without an agent by its id alone (`~` before
+/// it is accepted too, as the placement's key is written).
+#[derive(Debug, Clone)]
+pub(crate) enum GetTarget {
+    Resource(ResourceRef),
+    Placement(leasehold_schemas::ResourceId),
+}
+
+impl std::str::FromStr for GetTarget {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Ok(reference) = s.parse::<ResourceRef>() {
+            return Ok(GetTarget::Resource(reference));
+        }
+        match s.strip_prefix('~').unwrap_or(s).parse::<leasehold_schemas::ResourceId>() {
+            Ok(id) => Ok(GetTarget::Placement(id)),
+            Err(_) => Err(format!("{s:?} is neither a resource reference (<agent>.<id>) nor a resource id")),
+        }
+    }
+}
+
 /// The query commands, as `lib.rs` dispatches them.
 #[derive(Debug)]
 pub(crate) enum QueryCmd {
     Get(ResourceRef),
+    Placement(leasehold_schemas::ResourceId),
     Ls(LsArgs),
     Leases(Option<ResourceRef>),
     Agents,
@@ -71,6 +93,26 @@ pub(crate) async fn run(command: QueryCmd, global: &GlobalArgs) -> anyhow::Resul
                 bail!("no resource {reference} is known (the gateway at {} answered 404)", global.server);
             };
             print(format, &record, resource_fields)?;
+        }
+        QueryCmd::Placement(id) => {
+            output::know("id", id);
+            let Some(placement) = gateway.get::<Value>(&["v1", "placements", &id.to_string()], &[]).await? else {
+                bail!(
+                    "no placement of {id} is known (the gateway at {} answered 404); a resource allocated with --agent \
+                     is shown by its reference, <agent>.<id>",
+                    global.server
+                );
+            };
+            let placed = placement.get("reference").and_then(Value::as_str).map(str::to_owned);
+            let record = match &placed {
+                Some(reference) => gateway.get::<Value>(&["v1", "resources", reference], &[]).await?,
+                None => None,
+            };
+            match (record, format) {
+                (Some(record), _) => print(format, &record, resource_fields)?,
+                (None, OutputFormat::Json) => output::emit(&output::json(&placement)?),
+                (None, OutputFormat::Table) => output::emit(&placement_fields(&placement)),
+            }
         }
         QueryCmd::Ls(args) => {
             let query: Vec<(&str, String)> = [("agent", args.agent), ("state", args.state), ("kind", args.kind)]
@@ -186,6 +228,37 @@ fn resource_fields(record: &Value) -> String {
 
 /// Why a resource is in its state, in words where the record says it in a known shape: a release's cause, and the
 /// reason every terminal state keeps; anything else as the record has it.
+/// A placement not (or not yet) made into a resource, field by field.
+fn placement_fields(placement: &Value) -> String {
+    let text = |name: &str| placement.get(name).and_then(Value::as_str).unwrap_or("").to_owned();
+    let ms = |name: &str| placement.get(name).and_then(Value::as_u64);
+    let state = text("state");
+    let why = text("why");
+    let since =
+        ms("since").map(|t| format!("since {} ({})", output::time(Some(t)), output::ago(t))).unwrap_or_default();
+    let waiting_on = match state.as_str() {
+        "waiting" => format!("placement waiting for room ({why}) {since}"),
+        "seeking" => format!("placement seeking an agent {since}"),
+        _ => String::new(),
+    };
+    let select: Vec<String> = placement
+        .get("select")
+        .and_then(Value::as_object)
+        .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect())
+        .unwrap_or_default();
+    output::fields(&[
+        ("id", text("resource")),
+        ("kind", text("kind")),
+        ("state", format!("placement {state}")),
+        ("select", none_if_empty(select.join(","))),
+        ("strategy", text("strategy")),
+        ("why", none_if_empty(if state == "waiting" { String::new() } else { why.clone() })),
+        ("waiting_on", none_if_empty(waiting_on)),
+        ("asked_at", output::time(ms("asked_at"))),
+        ("wait_until", output::time(ms("until"))),
+    ])
+}
+
 fn detail_text(record: &Value) -> String {
     let detail = &record["detail"];
     match (record["state"].as_str(), detail) {

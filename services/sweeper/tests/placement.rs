@@ -342,10 +342,7 @@ fn check(w: &World, agents: &[AgentName], ids: &BTreeSet<ResourceId>) {
         let record = state.agent(agent).unwrap();
         let capacity = record.capacity.get("container").copied().unwrap_or(0);
         assert!(record.used("container") <= capacity, "{agent} holds {} of {capacity}", record.used("container"));
-        let live = state
-            .resources()
-            .filter(|r| r.agent == *agent && !r.state.is_terminal())
-            .count() as u32;
+        let live = state.resources().filter(|r| r.agent == *agent && !r.state.is_terminal()).count() as u32;
         assert!(live <= capacity, "{agent} has {live} live resources, over {capacity}");
     }
     for id in ids {

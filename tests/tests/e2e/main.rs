@@ -12,6 +12,7 @@ mod fences;
 mod front_door;
 mod health;
 mod nats;
+mod placement;
 mod pools;
 mod publish;
 mod python_producer;
