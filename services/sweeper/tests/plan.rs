@@ -318,6 +318,20 @@ fn a_drain_is_planned_as_each_resource_falls_due() {
     let (idle, leased) = (world.allocate(&a, &[]), world.allocate(&a, &[]));
     world.created(&a, idle);
     world.created(&a, leased);
+    // A child of the idle one on another agent, in another partition: it follows its parent out.
+    let other = (2..200)
+        .map(|n| format!("w{n}"))
+        .find(|n| {
+            partition_of_agent(&AgentName::new(n.as_str()).unwrap(), PARTITIONS) != partition_of_agent(&a, PARTITIONS)
+        })
+        .unwrap();
+    let b = world.register(&other);
+    let child = ResourceId::generate();
+    let mut body = Allocate::new(b.clone(), child, "container", 1);
+    body.parent = Some(ResourceRef::new(a.clone(), idle));
+    world.send("producer", body);
+    world.settle();
+    world.created(&b, child);
     let lease = Acquire {
         agent: a.clone(),
         resource: leased,
@@ -353,6 +367,7 @@ fn a_drain_is_planned_as_each_resource_falls_due() {
     world.advance(grace);
     world.settle();
     assert_eq!((releasing(&world, idle), releasing(&world, leased)), ("releasing", "active"));
+    assert_eq!(world.state_of(&b).resource(child).unwrap().state.name(), "releasing", "the child followed its parent");
     world.advance(Millis(deadline.0 - grace.0));
     world.settle();
     assert_eq!(releasing(&world, leased), "releasing");
