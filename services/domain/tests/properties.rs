@@ -2618,7 +2618,7 @@ impl Sim {
             }
             Act::Retire { agent } => {
                 let agent = self.agent(*agent);
-                let only_if_unleased = self.clock.0 % 2 == 0;
+                let only_if_unleased = self.clock.0.is_multiple_of(2);
                 one(self, op, RetireAgent { agent, only_if_unleased }.into())
             }
             Act::Drain { agent, deadline_s, grace_s } => {
