@@ -8,7 +8,7 @@ use leasehold_schemas::outcome::{Decision, Effect, UnpauseCause};
 use leasehold_schemas::subjects::partition_of_agent;
 
 use crate::state::{
-    Agent, Breaker, ClaimSlot, Cordon, Forget, Holding, Lease, LeaseState, Liveness, ParentLink, PartitionState,
+    Agent, Breaker, ClaimSlot, Cordon, Drain, Forget, Holding, Lease, LeaseState, Liveness, ParentLink, PartitionState,
     PauseInfo, PendingClock, PendingDecision, Placement, PlacementState, Pool, Reservation, Resource, ResourceState,
 };
 
@@ -279,6 +279,9 @@ fn end_lease(state: &mut PartitionState, lease_id: leasehold_schemas::LeaseId, n
     let resource_id = lease.resource;
     if let Some(resource) = state.resources.get_mut(&resource_id) {
         resource.live_leases.retain(|_, id| *id != lease_id);
+        if resource.live_leases.is_empty() {
+            resource.idle_since = now;
+        }
     }
     // Kept until neither its id nor its last renew's id could be decided again.
     let renewed = lease.last_renew.map(|(id, _)| id.time()).unwrap_or_default();
@@ -326,6 +329,7 @@ fn apply_effect(
                 garbage_orders: Default::default(),
                 left_by_position: Default::default(),
                 cordon: None,
+                drain: None,
                 labels: Default::default(),
                 capacity: Default::default(),
                 by_kind: Default::default(),
@@ -433,6 +437,7 @@ fn apply_effect(
                     native_id: None,
                     claims: Default::default(),
                     live_leases: Default::default(),
+                    idle_since: now,
                     terminal_at: None,
                 },
             );
@@ -745,8 +750,10 @@ fn apply_effect(
             }
         }
         Effect::AgentUncordoned { .. } => {
+            // Uncordon ends a drain too: what it released stays released.
             if let Some(agent) = agent_of(state, key) {
                 agent.cordon = None;
+                agent.drain = None;
             }
         }
         Effect::AgentDeclared { labels, capacity } => {
@@ -816,7 +823,14 @@ fn apply_effect(
                 agent.reservations.remove(resource);
             }
         }
-        Effect::AgentDraining { .. } => {}
+        Effect::AgentDraining { by, reason, deadline, grace } => {
+            if let Some(agent) = agent_of(state, key) {
+                // A drain asked for again with other settings keeps its start: what was idle stays idle as long.
+                let since = agent.drain.as_ref().map_or(now, |d| d.since);
+                agent.drain =
+                    Some(Drain { by: by.clone(), reason: reason.clone(), since, deadline: *deadline, grace: *grace });
+            }
+        }
     }
 }
 

@@ -64,3 +64,46 @@ pub fn pause_due(resource: &Resource) -> Option<Timestamp> {
         _ => None,
     }
 }
+
+/// When a resource of a draining agent is released: once it has held no lease for the drain's grace, counted from
+/// the later of the drain's start and the end of its last lease (`idle`; `None` while it holds a live lease, waiting
+/// or active), and in any case at the drain's deadline, if it has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainDue {
+    pub idle: Option<Timestamp>,
+    pub deadline: Option<Timestamp>,
+}
+
+impl DrainDue {
+    /// The earliest time it is released; `None` while it holds a lease and the drain has no deadline.
+    pub fn at(&self) -> Option<Timestamp> {
+        match (self.idle, self.deadline) {
+            (Some(idle), Some(deadline)) => Some(idle.min(deadline)),
+            (idle, deadline) => idle.or(deadline),
+        }
+    }
+
+    /// At `now`: released as idle past the grace (`Some(false)`), at the deadline (`Some(true)`), or not yet
+    /// (`None`). Idle past the grace is said first when both hold.
+    pub fn by_deadline(&self, now: Timestamp) -> Option<bool> {
+        if self.idle.is_some_and(|at| at <= now) {
+            Some(false)
+        } else if self.deadline.is_some_and(|at| at <= now) {
+            Some(true)
+        } else {
+            None
+        }
+    }
+}
+
+/// When `resource` is released by its agent's drain; `None` when the agent does not drain or the resource has left
+/// (releasing or terminal). A pending resource holding no lease is idle too.
+pub fn drain_due(state: &PartitionState, resource: &Resource) -> Option<DrainDue> {
+    let drain = state.agent(&resource.agent)?.drain.as_ref()?;
+    if resource.state.has_left() {
+        return None;
+    }
+    let idle =
+        resource.live_leases.is_empty().then(|| drain.since.max(resource.idle_since).saturating_add(drain.grace));
+    Some(DrainDue { idle, deadline: drain.deadline })
+}

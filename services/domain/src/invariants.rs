@@ -60,6 +60,9 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
         {
             return Err(format!("agent {}'s held view does not match its resources", agent.name));
         }
+        if agent.drain.is_some() && agent.cordon.is_none() {
+            return Err(format!("agent {} drains without being cordoned", agent.name));
+        }
         for id in agent.quarantined.keys() {
             if !agent.lost_id_known(state, *id) {
                 return Err(format!("agent {} quarantines {id}, which is not a lost resource of it", agent.name));

@@ -351,6 +351,9 @@ pub struct Agent {
     pub left_by_position: BTreeMap<Position, ResourceId>,
     /// `Some` while an operator has cordoned it: no new allocations on it; what it holds goes on.
     pub cordon: Option<Cordon>,
+    /// `Some` while it drains (it is cordoned too): its resources are released as they fall idle, the rest at the
+    /// deadline. Ended by `uncordon`, with the cordon.
+    pub drain: Option<Drain>,
     /// What it declared at its last registration that declared anything (`agent-declared`): labels for placement,
     /// and how many resources of each kind it takes.
     pub labels: BTreeMap<String, String>,
@@ -378,6 +381,10 @@ impl Agent {
             (Liveness::Live, false, false) => {
                 if let Some(why) = &self.driver_unavailable {
                     return Some(format!("driver is unavailable ({why})"));
+                }
+                if let Some(drain) = &self.drain {
+                    let reason = drain.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+                    return Some(format!("draining (by {} since {}{reason})", drain.by, drain.since));
                 }
                 if let Some(cordon) = &self.cordon {
                     let reason = cordon.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
@@ -465,6 +472,18 @@ pub struct Cordon {
     pub by: leasehold_schemas::Issuer,
     pub reason: Option<String>,
     pub since: Timestamp,
+}
+
+/// An agent's drain: who asked for it, why, since when, and how its resources are released — each once it has held no
+/// lease for `grace` (counted from the later of `since` and the resource's `idle_since`), and all at `deadline`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drain {
+    pub by: leasehold_schemas::Issuer,
+    pub reason: Option<String>,
+    /// When the drain began. A drain asked for again with other settings keeps it.
+    pub since: Timestamp,
+    pub deadline: Option<Timestamp>,
+    pub grace: Millis,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -661,6 +680,9 @@ pub struct Resource {
     pub claims: BTreeMap<PoolName, ClaimSlot>,
     /// Live (waiting or active) leases, by the position of their request: first come, first granted.
     pub live_leases: BTreeMap<Position, LeaseId>,
+    /// While it holds no live lease: since when (its allocation, or the end of its last live lease). What a drain's
+    /// grace counts from; meaningless while it holds one.
+    pub idle_since: Timestamp,
     pub terminal_at: Option<Timestamp>,
 }
 

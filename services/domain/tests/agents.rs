@@ -1416,3 +1416,308 @@ fn a_declared_capacity_bounds_allocations_of_its_kind() {
     accepted(&allocate(&mut w));
     settle(&w);
 }
+
+// --- drain --------------------------------------------------------------------------------------------------------
+
+const GRACE: Millis = Millis::from_secs(60);
+
+fn drain_cmd(w: &World, deadline: Option<Millis>, grace: Option<Millis>) -> DrainAgent {
+    DrainAgent { agent: w.a(), deadline, grace, reason: Some("kernel upgrade".into()) }
+}
+
+fn drain(w: &mut World, deadline: Option<Millis>) -> Outcome {
+    let cmd = drain_cmd(w, deadline, Some(GRACE));
+    w.op(cmd)
+}
+
+fn drain_release(w: &mut World) -> Outcome {
+    let (agent, resource) = (w.a(), w.r());
+    w.sys(DrainRelease { agent, resource })
+}
+
+/// The release cause of `resource`, while it is releasing.
+fn release_cause(w: &World, resource: ResourceId) -> leasehold_schemas::outcome::ReleaseCause {
+    match &w.state().resource(resource).expect("in state").state {
+        leasehold_domain::state::ResourceState::Releasing { cause } => (**cause).clone(),
+        other => panic!("{resource} is {}, not releasing", other.name()),
+    }
+}
+
+/// `op.drain-agent` cordons the agent first (unless it is cordoned already), then records the drain; the same drain
+/// again is already done, other settings replace it; an agent that is unknown, gone or retired is not drained.
+#[test]
+fn drain_agent_table() {
+    check(vec![
+        case(
+            "a drain cordons the agent, then drains it",
+            |w| {
+                w.active();
+            },
+            |w| drain(w, Some(Millis::from_hours(2))),
+            Effects(&["agent-cordoned", "agent-draining"]),
+        ),
+        case(
+            "a cordoned agent is only drained",
+            |w| {
+                w.active();
+                let agent = w.a();
+                accepted(&w.op(CordonAgent { agent, reason: None }));
+            },
+            |w| drain(w, None),
+            Effects(&["agent-draining"]),
+        ),
+        case(
+            "the same drain again is already done",
+            |w| {
+                w.active();
+                accepted(&drain(w, None));
+                w.advance(secs(5));
+            },
+            |w| drain(w, None),
+            Rejected(AlreadyDone, &["agent w1 is already draining (by op:alice since", "grace 1min: kernel upgrade"]),
+        ),
+        case(
+            "a drain with another grace replaces the first",
+            |w| {
+                w.active();
+                accepted(&drain(w, None));
+            },
+            |w| {
+                let cmd = drain_cmd(w, None, Some(secs(1)));
+                w.op(cmd)
+            },
+            Effects(&["agent-draining"]),
+        ),
+        case("an unknown agent", |_| {}, |w| drain(w, None), Rejected(Unknown, &["agent w1 has never registered"])),
+        case(
+            "a gone agent has nothing to drain",
+            |w| {
+                w.active();
+                gone(w);
+            },
+            |w| drain(w, None),
+            Rejected(InvalidState, &["agent w1 is gone", "agent cordon"]),
+        ),
+        case(
+            "a retired agent has nothing to drain",
+            |w| {
+                w.active();
+                accepted(&retire(w));
+            },
+            |w| drain(w, None),
+            Rejected(InvalidState, &["agent w1 is retired"]),
+        ),
+    ]);
+}
+
+/// `sys.drain-release` releases a draining agent's resource once it has held no lease for the grace (counted from
+/// the drain's start or the end of its last lease, whichever is later), and at the deadline whatever it holds;
+/// asked early it is refused `not-yet-due` and says when.
+#[test]
+fn drain_release_table() {
+    check(vec![
+        case(
+            "an idle resource before the grace is not yet due",
+            |w| {
+                w.active();
+                accepted(&drain(w, None));
+                w.advance(secs(59));
+            },
+            drain_release,
+            Rejected(NotYetDue, &["has held no lease since", "is released at", "grace is 1min", "never by itself"]),
+        ),
+        case(
+            "an idle resource past the grace is released",
+            |w| {
+                w.active();
+                accepted(&drain(w, None));
+                w.advance(GRACE);
+            },
+            drain_release,
+            Effects(&["resource-releasing"]),
+        ),
+        case(
+            "a pending resource is idle too",
+            |w| {
+                w.registered().pending();
+                accepted(&drain(w, None));
+                w.advance(GRACE);
+            },
+            drain_release,
+            Effects(&["resource-releasing"]),
+        ),
+        case(
+            "a leased resource waits for the deadline",
+            |w| {
+                w.active().leased(None);
+                accepted(&drain(w, Some(secs(600))));
+                w.advance(secs(599));
+            },
+            drain_release,
+            Rejected(NotYetDue, &["holds lease w1.", "(holder \"build-42\")", "at the drain's deadline"]),
+        ),
+        case(
+            "at the deadline a leased resource is released and its lease broken",
+            |w| {
+                w.active().leased(None);
+                accepted(&drain(w, Some(secs(600))));
+                w.advance(secs(600));
+            },
+            drain_release,
+            Effects(&["resource-releasing", "lease-broken"]),
+        ),
+        case(
+            "a resource already releasing",
+            |w| {
+                w.active();
+                accepted(&drain(w, None));
+                accepted(&w.release());
+                w.advance(GRACE);
+            },
+            drain_release,
+            Rejected(AlreadyDone, &["is already releasing"]),
+        ),
+        case(
+            "an agent that does not drain",
+            |w| {
+                w.active();
+                w.advance(GRACE);
+            },
+            drain_release,
+            Rejected(NothingToDo, &["agent w1 is not draining"]),
+        ),
+    ]);
+}
+
+/// The grace counts from the end of a resource's last lease; the release names who asked for the drain and whether
+/// the deadline came; uncordon ends the drain (what it released stays released) and a new drain starts again.
+#[test]
+fn a_drain_releases_idle_resources_after_the_grace_and_the_rest_at_the_deadline() {
+    let mut w = World::new();
+    w.active();
+    let idle = w.r();
+    w.pending();
+    let a = w.a();
+    accepted(&w.report_created(&a, w.r()));
+    w.leased(None);
+    let leased = w.r();
+    let lease = w.l();
+    let token = w.token();
+    accepted(&drain(&mut w, Some(secs(600))));
+    let held = agent(&w).drain.clone().expect("draining");
+    assert_eq!(
+        (held.grace, held.deadline, held.since),
+        (GRACE, Some(held.since.saturating_add(secs(600))), w.state().now())
+    );
+    assert!(agent(&w).cordon.is_some());
+    assert!(agent(&w).unschedulable().is_some_and(|why| why.starts_with("draining (by op:alice since")));
+    refused(&mut w, allocate, InvalidState, &["agent w1 is draining"]);
+    // The idle one goes after the grace; the leased one's lease ends half-way through, and its grace counts from then.
+    w.advance(secs(30));
+    accepted(&w.op(ReleaseLease { agent: a.clone(), lease, token: Some(token) }));
+    assert_eq!(w.state().resource(leased).unwrap().idle_since, w.state().now());
+    w.advance(secs(30));
+    let release = |w: &mut World, resource| w.sys(DrainRelease { agent: a.clone(), resource });
+    assert_eq!(effect_names(&release(&mut w, idle)), ["resource-releasing"]);
+    assert_eq!(
+        release_cause(&w, idle),
+        leasehold_schemas::outcome::ReleaseCause::Drained {
+            by: leasehold_schemas::Issuer::new(OP).unwrap(),
+            deadline: false
+        }
+    );
+    refused(&mut w, |w| release(w, leased), NotYetDue, &["has held no lease since"]);
+    // Leased again: it waits for the deadline, and then goes whatever it holds.
+    w.last_resource = Some(leased);
+    w.leased(None);
+    w.advance(secs(540));
+    assert_eq!(effect_names(&release(&mut w, leased)), ["resource-releasing", "lease-broken"]);
+    assert!(matches!(
+        release_cause(&w, leased),
+        leasehold_schemas::outcome::ReleaseCause::Drained { deadline: true, .. }
+    ));
+    settle(&w);
+
+    // Uncordon ends the drain: a later resource is not released; what was released stays released.
+    let o = w.op(UncordonAgent { agent: a.clone() });
+    assert_eq!(effect_names(&o), ["agent-uncordoned"]);
+    assert!(agent(&w).drain.is_none() && agent(&w).cordon.is_none());
+    assert_eq!(state_name(&w, idle), "releasing");
+    w.pending();
+    let later = w.r();
+    w.advance(GRACE);
+    refused(&mut w, |w| release(w, later), NothingToDo, &["not draining"]);
+    // A drain again starts from now: the grace counts from it, not from the resource's allocation.
+    w.advance(GRACE);
+    accepted(&drain(&mut w, None));
+    w.advance(secs(59));
+    refused(&mut w, |w| release(w, later), NotYetDue, &["is released at"]);
+    w.advance(secs(1));
+    assert_eq!(effect_names(&release(&mut w, later)), ["resource-releasing"]);
+    settle(&w);
+}
+
+/// A drain asked for again with a shorter grace keeps its start: a resource idle since then goes at once. Without a
+/// grace, the default one (5 min) is recorded.
+#[test]
+fn a_drain_asked_again_keeps_its_start() {
+    let mut w = World::new();
+    w.active();
+    let a = w.a();
+    let o = w.op(DrainAgent { agent: a.clone(), deadline: None, grace: None, reason: None });
+    assert!(
+        matches!(o.effects()[1], Effect::AgentDraining { grace, deadline: None, .. } if grace == leasehold_domain::DEFAULT_DRAIN_GRACE)
+    );
+    let since = agent(&w).drain.as_ref().unwrap().since;
+    w.advance(secs(120));
+    refused(&mut w, drain_release, NotYetDue, &["grace is 5min"]);
+    accepted(&w.op(DrainAgent { agent: a.clone(), deadline: None, grace: Some(secs(60)), reason: None }));
+    assert_eq!(agent(&w).drain.as_ref().unwrap().since, since);
+    assert_eq!(effect_names(&drain_release(&mut w)), ["resource-releasing"]);
+    settle(&w);
+}
+
+/// `op.retire-agent` with `only_if_unleased` (the command line without `--yes`) is refused, changing nothing, while a
+/// resource of the agent holds a live lease, naming a few; without one it retires as ever.
+#[test]
+fn a_retirement_that_must_not_break_leases() {
+    let only_if_unleased = |w: &mut World| {
+        let agent = w.a();
+        w.op(RetireAgent { agent, only_if_unleased: true })
+    };
+    check(vec![
+        case(
+            "refused while a resource holds a lease",
+            |w| {
+                w.active().leased(None);
+            },
+            only_if_unleased,
+            Rejected(
+                InvalidState,
+                &["agent w1 not retired: w1.", "holds lease w1.", "(holder \"build-42\", active)", "retire with --yes"],
+            ),
+        ),
+        case(
+            "a few are named, and how many more",
+            |w| {
+                w.registered();
+                for _ in 0..5 {
+                    w.pending();
+                    let (a, r) = (w.a(), w.r());
+                    accepted(&w.report_created(&a, r));
+                    w.leased(None);
+                }
+            },
+            only_if_unleased,
+            Rejected(InvalidState, &["and 2 more; retire with --yes"]),
+        ),
+        case(
+            "accepted without leases",
+            |w| {
+                w.active();
+            },
+            only_if_unleased,
+            Effects(&["agent-retired", "resource-releasing"]),
+        ),
+    ]);
+}

@@ -288,6 +288,14 @@ enum Act {
     Retire {
         agent: u8,
     },
+    Drain {
+        agent: u8,
+        deadline_s: Option<u16>,
+        grace_s: Option<u16>,
+    },
+    Uncordon {
+        agent: u8,
+    },
     ConfirmLoss {
         agent: u8,
     },
@@ -434,6 +442,9 @@ fn act(heavy: bool) -> impl Strategy<Value = Act> {
             .prop_map(|(res, capacity, set)| Act::Update { res, capacity, set }),
         4 => sel().prop_map(|res| Act::OpFailure { res }),
         1 => agent().prop_map(|agent| Act::Retire { agent }),
+        1 => (agent(), secs_opt(0.5), secs_opt(0.7))
+            .prop_map(|(agent, deadline_s, grace_s)| Act::Drain { agent, deadline_s, grace_s }),
+        1 => agent().prop_map(|agent| Act::Uncordon { agent }),
         2 => agent().prop_map(|agent| Act::ConfirmLoss { agent }),
         1 => (0u8..3).prop_map(|which| Act::DefinePool { which }),
         3 => (sel(), 0u8..4).prop_map(|(partition, which)| Act::Horizon { partition, which }),
@@ -451,7 +462,7 @@ fn act(heavy: bool) -> impl Strategy<Value = Act> {
         3 => (0u8..13, any::<u8>(), prop::bool::weighted(0.3), sel())
             .prop_map(|(what, size, multibyte, res)| Act::Big { what, size, multibyte, res }),
         48 => (sel(), prop::bool::weighted(0.3)).prop_map(|(pick, keep)| Act::FollowUp { pick, keep }),
-        22 => (0u8..9, sel()).prop_map(|(kind, pick)| Act::Timer { kind, pick }),
+        22 => (0u8..10, sel()).prop_map(|(kind, pick)| Act::Timer { kind, pick }),
         // Busy on purpose: made-up claims once hid a double holding (a bind of a grant that answered an earlier
         // claim of the same holder), and a grant sent back once came back bound.
         30 => (0u8..6, sel(), sel()).prop_map(|(kind, a, b)| Act::Junk { kind, a, b }),
@@ -2607,7 +2618,17 @@ impl Sim {
             }
             Act::Retire { agent } => {
                 let agent = self.agent(*agent);
-                one(self, op, RetireAgent::new(agent).into())
+                let only_if_unleased = self.clock.0.is_multiple_of(2);
+                one(self, op, RetireAgent { agent, only_if_unleased }.into())
+            }
+            Act::Drain { agent, deadline_s, grace_s } => {
+                let agent = self.agent(*agent);
+                let (deadline, grace) = (deadline_s.map(|s| secs(u64::from(s))), grace_s.map(|s| secs(u64::from(s))));
+                one(self, op, DrainAgent { agent, deadline, grace, reason: Some("upgrade".into()) }.into())
+            }
+            Act::Uncordon { agent } => {
+                let agent = self.agent(*agent);
+                one(self, op, UncordonAgent { agent }.into())
             }
             Act::ConfirmLoss { agent } => {
                 let agent = self.agent(*agent);
@@ -2994,10 +3015,15 @@ impl Sim {
                 .filter(|r| matches!(r.state, ResourceState::Suspect { .. }))
                 .map(|r| RequestHealthCheck { agent: r.agent.clone(), resource: r.id }.into())
                 .collect(),
-            _ => pools
+            8 => pools
                 .iter()
                 .filter(|p| !p.waiters.is_empty())
                 .map(|p| TickPool { pool: p.name.clone() }.into())
+                .collect(),
+            _ => resources
+                .iter()
+                .filter(|r| !r.state.has_left() && agents.iter().any(|a| a.name == r.agent && a.drain.is_some()))
+                .map(|r| DrainRelease { agent: r.agent.clone(), resource: r.id }.into())
                 .collect(),
         };
         if candidates.is_empty() {
@@ -3013,12 +3039,13 @@ impl Sim {
                         }
                     })
                     .collect(),
-                2 | 3 | 6 | 7 => resources
+                2 | 3 | 6 | 7 | 9 => resources
                     .iter()
                     .map(|r| match kind {
                         2 => CreateTimeout { agent: r.agent.clone(), resource: r.id }.into(),
                         3 => ExpirePause { agent: r.agent.clone(), resource: r.id }.into(),
                         6 => Orphan { agent: r.agent.clone(), resource: r.id }.into(),
+                        9 => DrainRelease { agent: r.agent.clone(), resource: r.id }.into(),
                         _ => RequestHealthCheck { agent: r.agent.clone(), resource: r.id }.into(),
                     })
                     .collect(),

@@ -249,8 +249,12 @@ pub(crate) enum AgentCmd {
     Run(AgentRunArgs),
     /// Print the NATS user of an agent: it may publish only its own commands and read only its own outcomes.
     Credentials(crate::credentials::CredentialsArgs),
-    /// Take an agent out of service: nothing new is placed on it, and everything it holds is released.
-    Retire(crate::produce::AgentNameArgs),
+    /// Take an agent out of service: nothing new is placed on it, and everything it holds is released (refused
+    /// while a resource holds a lease, unless --yes; --dry-run shows what it would release).
+    Retire(crate::produce::RetireArgs),
+    /// Cordon an agent and release what it holds as it falls idle: each resource once it has held no lease for the
+    /// grace, and whatever is left at the deadline (`agent uncordon` ends the drain).
+    Drain(crate::produce::DrainArgs),
     /// Confirm that a suspect agent (its loss breaker tripped; see `leasehold agents`) really lost what it reported
     /// missing: the losses are marked after a full resync.
     ConfirmLoss(crate::produce::AgentNameArgs),
@@ -267,13 +271,14 @@ pub(crate) fn run(cmd: AgentCmd) -> anyhow::Result<()> {
         AgentCmd::Run(args) => args,
         AgentCmd::Credentials(args) => return crate::credentials::agent(args),
         AgentCmd::Retire(_)
+        | AgentCmd::Drain(_)
         | AgentCmd::ConfirmLoss(_)
         | AgentCmd::Unretire(_)
         | AgentCmd::Cordon(_)
         | AgentCmd::Uncordon(_) => {
             anyhow::bail!(
-                "only `agent run` runs a process; retire, unretire, cordon, uncordon and confirm-loss are sent as \
-                 commands"
+                "only `agent run` runs a process; retire, unretire, cordon, drain, uncordon and confirm-loss are sent \
+                 as commands"
             )
         }
     };

@@ -249,6 +249,7 @@ fn run() -> anyhow::Result<()> {
             produce_cmd(produce::ProduceCmd::AgentUnretire(args), &cli.global)?
         }
         Cmd::Agent(agents::AgentCmd::Cordon(args)) => produce_cmd(produce::ProduceCmd::AgentCordon(args), &cli.global)?,
+        Cmd::Agent(agents::AgentCmd::Drain(args)) => produce_cmd(produce::ProduceCmd::AgentDrain(args), &cli.global)?,
         Cmd::Agent(agents::AgentCmd::Uncordon(args)) => {
             produce_cmd(produce::ProduceCmd::AgentUncordon(args), &cli.global)?
         }

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 use anyhow::{anyhow, bail};
 pub(crate) use leasehold_client::produce::{LeaseRecord, LeaseRef, Transport, submit_to_log};
 use leasehold_schemas::command::{
-    Acquire, Allocate, ConfirmLoss, CordonAgent, DefinePool, DeletePool, Pause, Place, PlacementStrategy, Release,
-    ReleaseLease, Renew, ReportFailureByOperator, RetireAgent, UncordonAgent, Unpause, UnretireAgent, Update,
+    Acquire, Allocate, ConfirmLoss, CordonAgent, DefinePool, DeletePool, DrainAgent, Pause, Place, PlacementStrategy,
+    Release, ReleaseLease, Renew, ReportFailureByOperator, RetireAgent, UncordonAgent, Unpause, UnretireAgent, Update,
     UpdatePool,
 };
 use leasehold_schemas::pool::PoolKind;
@@ -277,6 +277,44 @@ pub(crate) struct CordonArgs {
     /// Why, for whoever looks at the agent later (`leasehold agents` shows it).
     #[arg(long)]
     pub(crate) reason: Option<String>,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold agent drain`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct DrainArgs {
+    /// The agent's name.
+    pub(crate) name: AgentName,
+    /// Release whatever is left this long after the drain is decided (`2h`), leases or not (they are broken);
+    /// default: no deadline, a resource holding a lease stays until its leases end. Counted from each decision: a
+    /// drain sent again with --deadline moves it.
+    #[arg(long, value_parser = parse_millis, value_name = "DURATION")]
+    pub(crate) deadline: Option<Millis>,
+    /// How long a resource must have held no lease before it is released (`10m`), counted from the drain's start or
+    /// the end of its last lease, whichever is later; default: 5min.
+    #[arg(long, value_parser = parse_millis, value_name = "DURATION")]
+    pub(crate) grace: Option<Millis>,
+    /// Why, for whoever looks at the agent later (`leasehold agents` shows it).
+    #[arg(long)]
+    pub(crate) reason: Option<String>,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold agent retire`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct RetireArgs {
+    /// The agent's name.
+    pub(crate) name: AgentName,
+    /// Print what a retirement would release, as the gateway's read models have it, marking what holds a lease;
+    /// send nothing.
+    #[arg(long, conflicts_with = "yes")]
+    pub(crate) dry_run: bool,
+    /// Release resources that hold a lease too (the leases are broken). Without it the retirement is refused,
+    /// changing nothing, if any resource of the agent holds a lease when the log decides it.
+    #[arg(long)]
+    pub(crate) yes: bool,
     #[command(flatten)]
     pub(crate) produce: ProduceArgs,
 }
@@ -737,9 +775,17 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
             let body = DeletePool { pool: args.name };
             simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
+        ProduceCmd::AgentRetire(args) if args.dry_run => retire_dry_run(&args, global).await?,
         ProduceCmd::AgentRetire(args) => {
             let what = format!("agent retire {}", args.name);
-            let body = RetireAgent::new(args.name);
+            // The condition the operator accepted travels in the command: the partition refuses it, changing
+            // nothing, if a resource holds a lease when it decides, whatever a read model said before.
+            let body = RetireAgent { agent: args.name, only_if_unleased: !args.yes };
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
+        }
+        ProduceCmd::AgentDrain(args) => {
+            let what = format!("agent drain {}", args.name);
+            let body = DrainAgent { agent: args.name, deadline: args.deadline, grace: args.grace, reason: args.reason };
             simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
         ProduceCmd::AgentUnretire(args) => {
@@ -764,6 +810,75 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
         }
     }
     Ok(())
+}
+
+/// `agent retire NAME --dry-run`: what a retirement would release (the agent's resources not yet released, as the
+/// gateway's read models have them), marking those holding a lease; nothing is sent.
+async fn retire_dry_run(args: &RetireArgs, global: &GlobalArgs) -> anyhow::Result<()> {
+    if args.produce.nats.nats.is_some() {
+        bail!("agent retire --dry-run reads the gateway's read models; it takes no --nats");
+    }
+    let gateway = crate::client::gateway(global)?;
+    let agents = gateway.get::<Vec<serde_json::Value>>(&["v1", "agents"], &[]).await?.unwrap_or_default();
+    let Some(agent) = agents.iter().find(|a| a["name"] == args.name.as_str()) else {
+        bail!("agent {} is not known to the gateway at {}", args.name, global.server);
+    };
+    let query = [("agent", args.name.to_string())];
+    let records = gateway.get::<Vec<serde_json::Value>>(&["v1", "resources"], &query).await?.unwrap_or_default();
+    let live =
+        |r: &&serde_json::Value| matches!(r["state"].as_str(), Some("pending" | "active" | "paused" | "suspect"));
+    let would_release: Vec<&serde_json::Value> = records.iter().filter(live).collect();
+    let leased: Vec<&serde_json::Value> =
+        would_release.iter().copied().filter(|r| r["leases"].as_array().is_some_and(|l| !l.is_empty())).collect();
+    let retired = agent["retired"].as_bool() == Some(true);
+    match global.output {
+        OutputFormat::Json => output::emit(&output::json(&serde_json::json!({
+            "agent": args.name.as_str(),
+            "dry_run": true,
+            "retired": retired,
+            "would_release": would_release,
+            "leased": leased.iter().map(|r| r["ref"].clone()).collect::<Vec<_>>(),
+            "as_of": agent["as_of"],
+        }))?),
+        OutputFormat::Table => output::emit(&dry_run_text(&args.name, retired, &would_release, leased.len())),
+    }
+    Ok(())
+}
+
+/// The table of `agent retire --dry-run` and a line that says what the retirement would do.
+fn dry_run_text(agent: &AgentName, retired: bool, would_release: &[&serde_json::Value], n_leased: usize) -> String {
+    use output::cell;
+    let mut text = String::new();
+    if !would_release.is_empty() {
+        let mut table = output::Table::new(&["REF", "KIND", "STATE", "LEASES"]);
+        for record in would_release {
+            let leases = record["leases"].as_array().map_or_else(Vec::new, |leases| {
+                leases
+                    .iter()
+                    .map(|l| format!("{} (holder {}, {})", cell(&l["id"]), cell(&l["holder"]), cell(&l["state"])))
+                    .collect()
+            });
+            let leases = if leases.is_empty() { "-".to_owned() } else { format!("LEASED: {}", leases.join(", ")) };
+            table.row(vec![cell(&record["ref"]), cell(&record["kind"]), cell(&record["state"]), leases]);
+        }
+        text.push_str(&table.render());
+    }
+    let n = would_release.len();
+    let resources = if n == 1 { "resource" } else { "resources" };
+    let line = if retired {
+        format!("agent {agent} is retired already: what it held is being released; nothing sent")
+    } else if n_leased == 0 {
+        format!("agent retire {agent} would release {n} {resources}, none holding a lease; nothing sent")
+    } else {
+        format!(
+            "agent retire {agent} would release {n} {resources}, {n_leased} holding a lease; nothing sent. `leasehold \
+             agent retire {agent}` is refused while one holds a lease: add --yes to release them anyway (their leases \
+             are broken)"
+        )
+    };
+    text.push_str(&line);
+    text.push('\n');
+    text
 }
 
 /// A producer command that prints its outcome: the command status in JSON, the effects in a table.
@@ -961,7 +1076,8 @@ pub(crate) enum ProduceCmd {
     PoolDefine(PoolDefineArgs),
     PoolUpdate(PoolDefineArgs),
     PoolDelete(PoolDeleteArgs),
-    AgentRetire(AgentNameArgs),
+    AgentRetire(RetireArgs),
+    AgentDrain(DrainArgs),
     AgentUnretire(AgentNameArgs),
     AgentCordon(CordonArgs),
     AgentUncordon(AgentNameArgs),

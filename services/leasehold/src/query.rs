@@ -299,6 +299,11 @@ fn cause_text(cause: &Value) -> String {
         "parent-absent" => format!("its parent {} was never known", cell(&fields["parent"])),
         "create-timeout" => "its create timed out".to_owned(),
         "agent-retired" => "its agent was retired".to_owned(),
+        "drained" => {
+            let when =
+                if fields["deadline"].as_bool() == Some(true) { "at its deadline" } else { "idle past its grace" };
+            format!("a drain asked for by {}, {when}", cell(&fields["by"]))
+        }
         "wait-timeout" => format!("waiting {} for its pools", output::duration(fields["waited"].as_u64())),
         _ => cell(cause),
     }
@@ -438,7 +443,12 @@ fn agents_table(records: &Vec<Value>) -> String {
             (status, Some(true)) if status != "retired" => format!("{status} (retired)"),
             (status, _) => status,
         };
-        let status = if a["cordon"].is_object() { format!("{status}, cordoned") } else { status };
+        let status = match (a["drain"]["left"].as_u64(), a["cordon"].is_object()) {
+            (Some(0), _) => format!("{status}, drained"),
+            (Some(_), _) => format!("{status}, draining"),
+            (None, true) => format!("{status}, cordoned"),
+            (None, false) => status,
+        };
         let driver = match a["driver"]["available"].as_bool() {
             Some(true) => "ok",
             Some(false) => "unavailable",
@@ -477,8 +487,12 @@ fn capacity_text(agent: &Value) -> String {
         .join(", ")
 }
 
-/// Who cordoned an agent, since when, and why (`-` while it is not cordoned).
+/// Who cordoned an agent, since when, and why (`-` while it is not cordoned); for a drain, how it goes too.
 fn cordon_text(agent: &Value) -> String {
+    let drain = &agent["drain"];
+    if drain.is_object() {
+        return drain_text(drain);
+    }
     let cordon = &agent["cordon"];
     if !cordon.is_object() {
         return "-".to_owned();
@@ -488,6 +502,24 @@ fn cordon_text(agent: &Value) -> String {
         reason => format!(": {}", cell(reason)),
     };
     format!("cordoned by {} since {}{why}", cell(&cordon["by"]), output::time(cordon["since"].as_u64()))
+}
+
+/// A drain: how many resources are left, its deadline and grace, who asked, since when, and why.
+fn drain_text(drain: &Value) -> String {
+    let why = match &drain["reason"] {
+        Value::Null => String::new(),
+        reason => format!(": {}", cell(reason)),
+    };
+    let deadline = match drain["deadline"].as_u64() {
+        Some(at) => format!("deadline {}", output::time(Some(at))),
+        None => "no deadline".to_owned(),
+    };
+    let grace = output::duration(drain["grace_ms"].as_u64());
+    let state = match drain["left"].as_u64() {
+        Some(0) => "drained".to_owned(),
+        left => format!("draining ({} left; {deadline}; grace {grace})", output::opt(left)),
+    };
+    format!("{state} by {} since {}{why}", cell(&drain["by"]), output::time(drain["since"].as_u64()))
 }
 
 /// Why an agent's driver cannot list its machine's resources, as the agent recorded it (`-` while it can).
@@ -698,6 +730,35 @@ mod tests {
             row.ends_with("cordoned by op:alice since 2026-01-01T00:00:00.000Z: kernel \\x1b[31mupgrade"),
             "the reason is shown escaped: {table}"
         );
+    }
+
+    #[test]
+    fn a_draining_agent_says_how_many_are_left_its_deadline_and_who_asked() {
+        let draining = |left: u64| {
+            vec![serde_json::json!({"name": "w1", "status": "live", "epoch": 3, "last_seen": 1767225601000u64,
+            "resources": 2, "held": 2, "retired": false, "quarantined": 0, "driver": {"available": true, "detail": null},
+            "cordon": {"by": "op:alice", "reason": "kernel upgrade", "since": 1767225600000u64},
+            "drain": {"by": "op:alice", "reason": "kernel upgrade", "since": 1767225600000u64,
+                "deadline": 1767232800000u64, "grace_ms": 300000, "left": left}})]
+        };
+        let table = agents_table(&draining(3));
+        let row = table.lines().nth(1).expect("a row");
+        assert!(row.starts_with("w1    live, draining  3 "), "{table}");
+        assert!(
+            row.ends_with(
+                "draining (3 left; deadline 2026-01-01T02:00:00.000Z; grace 5min) by op:alice since \
+                 2026-01-01T00:00:00.000Z: kernel upgrade"
+            ),
+            "{table}"
+        );
+        let table = agents_table(&draining(0));
+        let row = table.lines().nth(1).expect("a row");
+        assert!(row.starts_with("w1    live, drained  3 "), "{table}");
+        assert!(row.ends_with("drained by op:alice since 2026-01-01T00:00:00.000Z: kernel upgrade"), "{table}");
+        let cause = serde_json::json!({"drained": {"by": "op:alice", "deadline": true}});
+        assert_eq!(cause_text(&cause), "a drain asked for by op:alice, at its deadline");
+        let cause = serde_json::json!({"drained": {"by": "op:alice", "deadline": false}});
+        assert_eq!(cause_text(&cause), "a drain asked for by op:alice, idle past its grace");
     }
 
     #[test]

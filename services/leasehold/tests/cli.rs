@@ -984,7 +984,37 @@ fn retirement_is_sticky_until_unretired_on_record_and_gc_is_policy() {
         let allocated = server.json(&["allocate", "--agent", "w1", "--kind", "dir"]);
         let reference = str_of(&allocated, "ref").to_owned();
         server.wait_for(&["get", &reference], "the resource created", |r| r["state"] == "active");
-        let retired = server.json(&["agent", "retire", "w1", "--issuer", "op:carol"]);
+        // A lease on it: the dry run marks it, and a retirement without --yes is refused on record, changing nothing.
+        let lease = server.json(&["acquire", &reference, "--holder", "build-9"]);
+        let lease = str_of(&lease, "id").to_owned();
+        let dry = server.run(&["agent", "retire", "w1", "--dry-run"]);
+        assert!(dry.status.success(), "{}", text_of(&dry));
+        let table = text(&dry.stdout);
+        assert!(table.starts_with("REF ") && table.contains(&reference), "{table}");
+        assert!(table.contains(&format!("LEASED: {lease} (holder build-9, active)")), "{table}");
+        assert!(
+            table.ends_with(
+                "agent retire w1 would release 1 resource, 1 holding a lease; nothing sent. `leasehold agent retire \
+                 w1` is refused while one holds a lease: add --yes to release them anyway (their leases are broken)\n"
+            ),
+            "{table}"
+        );
+        let dry = server.json(&["agent", "retire", "w1", "--dry-run"]);
+        assert_eq!(
+            (dry["would_release"][0]["ref"].as_str(), dry["leased"][0].as_str()),
+            (Some(&*reference), Some(&*reference))
+        );
+        assert_eq!(dry["would_release"].as_array().map(Vec::len), Some(1), "{dry:#}");
+        let refused = server.fails(&["agent", "retire", "w1"]);
+        assert!(
+            refused.contains("rejected (invalid-state)")
+                && refused.contains(&format!("{reference} holds lease {lease} (holder \"build-9\", active)"))
+                && refused.contains("retire with --yes"),
+            "{refused}"
+        );
+        assert_eq!(server.json(&["agents"])[0]["retired"], false, "nothing changed");
+        assert_eq!(server.json(&["get", &reference])["state"], "active", "nothing changed");
+        let retired = server.json(&["agent", "retire", "w1", "--yes", "--issuer", "op:carol"]);
         assert_eq!(retired["status"], "accepted", "{retired:#}");
         let got = server.wait_for(&["get", &reference], "the resource destroyed", |r| r["state"] == "destroyed");
         assert_eq!(got["detail"]["release"], serde_json::json!({"agent-retired": {}}), "{got:#}");

@@ -32,8 +32,8 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 pub use views::{
-    AgentView, BreakerView, ClaimView, CordonView, DestroyBlockedView, DriverView, HolderView, LeaseBrief, LeaseView,
-    PlacementView, PolicyView, PoolView, QuarantineView, ResourceView, WaitingOn,
+    AgentView, BreakerView, ClaimView, CordonView, DestroyBlockedView, DrainView, DriverView, HolderView, LeaseBrief,
+    LeaseView, PlacementView, PolicyView, PoolView, QuarantineView, ResourceView, WaitingOn,
 };
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");

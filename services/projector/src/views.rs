@@ -59,6 +59,10 @@ pub struct ResourceView {
     /// gateway's `GET /v1/resources/{ref}`), from the record and its agent's as they are then: never stored.
     #[serde(default)]
     pub waiting_on: Option<WaitingOn>,
+    /// While it is live and holds no lease: since when (its allocation, or the end of its last lease), log time in
+    /// unix ms. What a drain's grace counts from.
+    #[serde(default)]
+    pub idle_since: Option<u64>,
     /// The outcome sequence that allocated it.
     pub created_seq: u64,
     /// Log time of the outcome this record is as of (unix ms).
@@ -139,6 +143,17 @@ impl WaitingOn {
     /// What `resource` waits on, with `agent` (its agent's record, if any) as it is now: `None` for a state that waits
     /// on nothing (active, or ended).
     pub fn of(resource: &ResourceView, agent: Option<&AgentView>) -> Option<WaitingOn> {
+        let waiting = WaitingOn::of_state(resource, agent);
+        let Some(drained) = drain_clause(resource, agent) else {
+            return waiting;
+        };
+        Some(match waiting {
+            Some(WaitingOn { on, since }) => WaitingOn { on: format!("{on}; {drained}"), since },
+            None => WaitingOn { on: drained, since: agent.and_then(|a| a.drain.as_ref()).map(|d| d.since) },
+        })
+    }
+
+    fn of_state(resource: &ResourceView, agent: Option<&AgentView>) -> Option<WaitingOn> {
         let name = &resource.agent;
         let on = match resource.state.as_str() {
             "pending" => {
@@ -173,6 +188,29 @@ impl WaitingOn {
         };
         Some(WaitingOn { on, since: resource.state_since })
     }
+}
+
+/// When a live resource of a draining agent is released, as its record and its agent's say now.
+fn drain_clause(resource: &ResourceView, agent: Option<&AgentView>) -> Option<String> {
+    let drain = agent?.drain.as_ref()?;
+    if !matches!(resource.state.as_str(), "pending" | "active" | "paused" | "suspect") {
+        return None;
+    }
+    let grace = leasehold_schemas::Millis(drain.grace_ms);
+    let idle_due = resource
+        .leases
+        .is_empty()
+        .then(|| Timestamp(resource.idle_since.unwrap_or(drain.since).max(drain.since)).saturating_add(grace));
+    let deadline = drain.deadline.map(Timestamp);
+    let when = match (idle_due, deadline) {
+        (Some(idle), Some(deadline)) if deadline < idle => format!("released at the drain's deadline {deadline}"),
+        (Some(idle), _) => format!("released at {idle}, once it has held no lease for {grace}"),
+        (None, Some(deadline)) => format!(
+            "released once its leases end and it has held none for {grace}, or at the drain's deadline {deadline}"
+        ),
+        (None, None) => format!("released once its leases end and it has held none for {grace}"),
+    };
+    Some(format!("its agent {} drains: {when}", resource.agent))
 }
 
 /// What the agent's record says of it, for a resource that waits on it: when it was last heard from and how it is,
@@ -289,6 +327,9 @@ pub struct AgentView {
     /// While an operator has it cordoned (no new allocations): who, why and since when.
     #[serde(default)]
     pub cordon: Option<CordonView>,
+    /// While it drains (it is cordoned too): who asked, why, since when, how, and how many resources are left.
+    #[serde(default)]
+    pub drain: Option<DrainView>,
     /// What it declared at registration: labels for placement, and how many resources of each kind it takes.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
@@ -306,6 +347,19 @@ pub struct CordonView {
     pub by: String,
     pub reason: Option<String>,
     pub since: u64,
+}
+
+/// An agent's drain: its resources are released once each has held no lease for `grace_ms` (counted from the later
+/// of `since` and the resource's `idle_since`), and whatever is left at `deadline`. Log times in unix ms.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainView {
+    pub by: String,
+    pub reason: Option<String>,
+    pub since: u64,
+    pub deadline: Option<u64>,
+    pub grace_ms: u64,
+    /// Its resources not released yet (pending, active, paused or suspect): 0 once it is drained.
+    pub left: u64,
 }
 
 /// An agent's driver as the agent last recorded it (`agent-driver-unavailable`, `agent-driver-available`).
@@ -522,6 +576,8 @@ impl ResourceView {
             destroy_blocked: None,
             state_since: None,
             waiting_on: None,
+            idle_since: (!resource.state.has_left() && resource.live_leases.is_empty())
+                .then_some(resource.idle_since.0),
             created_seq,
             updated_at,
             as_of,
@@ -582,6 +638,16 @@ impl AgentView {
                 by: c.by.to_string(),
                 reason: c.reason.clone(),
                 since: c.since.0,
+            }),
+            drain: agent.drain.as_ref().map(|d| DrainView {
+                by: d.by.to_string(),
+                reason: d.reason.clone(),
+                since: d.since.0,
+                deadline: d.deadline.map(|t| t.0),
+                grace_ms: d.grace.0,
+                // Counted from pending to releasing, less those releasing: no pass over its resources.
+                left: (agent.by_kind.values().map(|n| u64::from(*n)).sum::<u64>())
+                    .saturating_sub(agent.releasing.len() as u64),
             }),
             labels: agent.labels.clone(),
             capacity: agent.capacity.clone(),
@@ -718,5 +784,56 @@ mod tests {
             Some(WaitingOn { on: "new leases wait: its parent w2.p is suspect".to_owned(), since: None })
         );
         assert_eq!(on(&resource("destroyed", serde_json::json!([]), flagged), Some(&live)), None);
+    }
+
+    /// A live resource of a draining agent says when the drain releases it: after the grace from the later of the
+    /// drain's start and the end of its last lease, or at the deadline when that comes first; a leased one, once its
+    /// leases end.
+    #[test]
+    fn a_resource_of_a_draining_agent_says_when_it_is_released() {
+        let on = |r: &ResourceView, a: &AgentView| WaitingOn::of(r, Some(a)).map(|w| w.on);
+        let mut draining = agent("live", None);
+        let since = 1767225600000u64;
+        draining.drain = Some(DrainView {
+            by: "op:alice".into(),
+            reason: None,
+            since,
+            deadline: Some(since + 3_600_000),
+            grace_ms: 600_000,
+            left: 2,
+        });
+        let idle = resource("active", serde_json::json!([]), serde_json::json!({"idle_since": since + 60_000}));
+        assert_eq!(
+            WaitingOn::of(&idle, Some(&draining)),
+            Some(WaitingOn {
+                on: "its agent w1 drains: released at 2026-01-01T00:11:00.000Z, once it has held no lease for 10min"
+                    .to_owned(),
+                since: Some(since)
+            })
+        );
+        let leased = resource(
+            "active",
+            serde_json::json!([]),
+            serde_json::json!({"leases": [{"id": "w1.l", "holder": "ci", "state": "active"}]}),
+        );
+        assert_eq!(
+            on(&leased, &draining).as_deref(),
+            Some(
+                "its agent w1 drains: released once its leases end and it has held none for 10min, or at the \
+                 drain's deadline 2026-01-01T01:00:00.000Z"
+            )
+        );
+        let late = resource("paused", serde_json::json!([]), serde_json::json!({"idle_since": since + 3_500_000}));
+        assert_eq!(
+            on(&late, &draining).as_deref(),
+            Some(
+                "paused: waiting for an unpause; its agent w1 drains: released at the drain's deadline 2026-01-01T01:00:00.000Z"
+            )
+        );
+        assert_eq!(
+            on(&resource("releasing", serde_json::json!([]), serde_json::json!({})), &draining)
+                .map(|o| o.contains("drains")),
+            Some(false)
+        );
     }
 }

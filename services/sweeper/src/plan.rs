@@ -15,8 +15,8 @@ use leasehold_domain::PartitionState;
 use leasehold_domain::due;
 use leasehold_domain::state::{ClaimSlot, Holding, LeaseState, Liveness, Pool, Resource, ResourceState};
 use leasehold_schemas::command::{
-    Adopt, BindClaim, Cascade, Claim, Command, CreateTimeout, ExpireLease, ExpirePause, Free, MarkGone, MarkStalled,
-    Orphan, ParentState, RequestHealthCheck, TickPool, WaitTimeout,
+    Adopt, BindClaim, Cascade, Claim, Command, CreateTimeout, DrainRelease, ExpireLease, ExpirePause, Free, MarkGone,
+    MarkStalled, Orphan, ParentState, RequestHealthCheck, TickPool, WaitTimeout,
 };
 use leasehold_schemas::ids::{Key, PoolName, Position, ResourceRef, Source, Timestamp};
 use leasehold_schemas::pool::PoolKind;
@@ -52,6 +52,7 @@ pub fn plan(states: &States, answers: &BTreeMap<ResourceRef, Cascade>) -> Vec<Pl
     let mut out = Vec::new();
     for state in states.values() {
         time_driven(state, &mut out);
+        drains(state, &mut out);
         for pool in state.pools() {
             pool_work(states, state.partition(), pool, &mut out);
         }
@@ -118,6 +119,23 @@ fn time_driven(state: &PartitionState, out: &mut Vec<Planned>) {
                 }
             }
             Liveness::Gone => {}
+        }
+    }
+}
+
+/// Each live resource of a draining agent, at the time it falls due: once it has held no lease for the drain's grace,
+/// or at the deadline. One that holds a lease is planned only for the deadline (a lease that ends changes its due
+/// time, and the plan with it); the key names the time, so planning again asks for the same thing.
+fn drains(state: &PartitionState, out: &mut Vec<Planned>) {
+    for agent in state.agents().filter(|a| a.drain.is_some()) {
+        for resource in state.resources_of(agent) {
+            let Some(at) = due::drain_due(state, resource).and_then(|due| due.at()) else { continue };
+            let (name, id) = (agent.name.clone(), resource.id);
+            out.push(Planned::at(
+                format!("drain-release {name}.{id} {at}"),
+                at,
+                DrainRelease { agent: name, resource: id },
+            ));
         }
     }
 }

@@ -8,12 +8,14 @@ use std::collections::BTreeMap;
 
 use leasehold_domain::state::{ClaimSlot, Holding};
 use leasehold_domain::{Ctx, Decided, PartitionState, apply, continue_work, decide};
-use leasehold_schemas::command::{Allocate, Cascade, DefinePool, Register, Release, ReportCreated, SyncReport};
+use leasehold_schemas::command::{
+    Acquire, Allocate, Cascade, DefinePool, DrainAgent, Register, Release, ReportCreated, SyncReport,
+};
 use leasehold_schemas::ids::{Key, Millis, PoolName, ResourceRef, Timestamp};
-use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::outcome::{Effect, ReleaseCause};
 use leasehold_schemas::pool::{PoolKind, PoolValue};
 use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
-use leasehold_schemas::{AgentName, Command, CommandId, Envelope, Issuer, Outcome, ResourceId, Uuid};
+use leasehold_schemas::{AgentName, Command, CommandId, Envelope, Issuer, LeaseId, Outcome, ResourceId, Uuid};
 use leasehold_sweeper::plan::{self, Planned, States};
 
 const PARTITIONS: u32 = 4;
@@ -305,4 +307,77 @@ fn request_ids_are_shared_within_a_window_and_new_after_it() {
     // A long retry does not widen the window: the id is never much older than its send.
     let long = leasehold_sweeper::request_id("expire-lease w1.x 123", at, std::time::Duration::from_secs(300));
     assert_eq!(long, same);
+}
+
+/// A drain is planned resource by resource: an idle one at the end of the grace, a leased one only at the deadline;
+/// planned again, the same requests; two sweepers release each once.
+#[test]
+fn a_drain_is_planned_as_each_resource_falls_due() {
+    let mut world = World::new();
+    let a = world.register("w1");
+    let (idle, leased) = (world.allocate(&a, &[]), world.allocate(&a, &[]));
+    world.created(&a, idle);
+    world.created(&a, leased);
+    // A child of the idle one on another agent, in another partition: it follows its parent out.
+    let other = (2..200)
+        .map(|n| format!("w{n}"))
+        .find(|n| {
+            partition_of_agent(&AgentName::new(n.as_str()).unwrap(), PARTITIONS) != partition_of_agent(&a, PARTITIONS)
+        })
+        .unwrap();
+    let b = world.register(&other);
+    let child = ResourceId::generate();
+    let mut body = Allocate::new(b.clone(), child, "container", 1);
+    body.parent = Some(ResourceRef::new(a.clone(), idle));
+    world.send("producer", body);
+    world.settle();
+    world.created(&b, child);
+    let lease = Acquire {
+        agent: a.clone(),
+        resource: leased,
+        lease: LeaseId::generate(),
+        holder: "build-7".into(),
+        ttl: None,
+        wait_timeout: None,
+    };
+    world.send("producer", lease);
+    world.settle();
+    let (grace, deadline) = (Millis::from_secs(60), Millis::from_secs(600));
+    let drain = DrainAgent { agent: a.clone(), deadline: Some(deadline), grace: Some(grace), reason: None };
+    world.send("op:alice", drain);
+    let drains = |world: &World| -> Vec<Planned> {
+        world.plan().into_iter().filter(|p| p.command.type_name() == "sys.drain-release").collect()
+    };
+    let planned = drains(&world);
+    let started = world.now;
+    let release = |resource| Command::from(leasehold_schemas::command::DrainRelease { agent: a.clone(), resource });
+    let mut expected = vec![
+        (release(idle), Some(started.saturating_add(grace))),
+        (release(leased), Some(started.saturating_add(deadline))),
+    ];
+    expected.sort_by_key(|(command, _)| format!("{command:?}"));
+    let mut got: Vec<_> = planned.iter().map(|p| (p.command.clone(), p.due)).collect();
+    got.sort_by_key(|(command, _)| format!("{command:?}"));
+    assert_eq!(got, expected, "the idle one at the end of the grace, the leased one at the deadline");
+    assert_eq!(drains(&world), planned, "planned again, the same requests");
+
+    world.settle();
+    let releasing = |world: &World, id| world.state_of(&a).resource(id).unwrap().state.name();
+    assert_eq!((releasing(&world, idle), releasing(&world, leased)), ("active", "active"), "nothing is due yet");
+    world.advance(grace);
+    world.settle();
+    assert_eq!((releasing(&world, idle), releasing(&world, leased)), ("releasing", "active"));
+    assert_eq!(world.state_of(&b).resource(child).unwrap().state.name(), "releasing", "the child followed its parent");
+    world.advance(Millis(deadline.0 - grace.0));
+    world.settle();
+    assert_eq!(releasing(&world, leased), "releasing");
+    let drained: Vec<bool> = world
+        .effects()
+        .filter_map(|e| match e {
+            Effect::ResourceReleasing { cause: ReleaseCause::Drained { deadline, .. }, .. } => Some(*deadline),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(drained, [false, true], "each released once, though two sweepers asked");
+    assert!(drains(&world).is_empty(), "{:#?}", drains(&world));
 }

@@ -8,6 +8,7 @@
 //! - An agent whose process dies for good turns `stalled` (no new placements), then `gone`; its resources turn
 //!   `orphaned` and their claims come back to the pool.
 //! - A cordoned agent takes no new allocations and keeps what it holds, until it is uncordoned.
+//! - A drained agent's idle resource is released after the grace, its leased one at the deadline.
 
 use std::path::Path;
 
@@ -304,6 +305,77 @@ async fn a_declared_capacity_refuses_allocations_past_it_until_a_place_frees() {
     wait_resource(&api, &first, |r| r.state == "destroyed", &[&serve, &a1]).await;
     let ran = run_in(cli(&["allocate", "--agent", "a1", "--kind", "volume"])).await;
     assert_eq!(ran.code, Some(0), "a place freed: {ran:?}");
+    serve.assert_no_panic();
+    a1.stop_cleanly().await;
+    serve.stop_cleanly().await;
+}
+
+/// `agent drain` through the command line, over a real nats-server: of an agent's two resources, the idle one is
+/// released once the grace has passed (cause `drained`, not at the deadline) and the leased one, which says in
+/// `waiting_on` when it goes, at the deadline with its lease broken; `agents` shows the drain, then `drained`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_agent_releases_idle_resources_after_the_grace_and_the_rest_at_the_deadline() {
+    let Some(run) = NatsRun::start("drain", PARTITIONS) else { return };
+    let mut serve = run.serve("serve", &FAST_SWEEPER);
+    let server = serve.ready().await;
+    let api = Api::new(server.clone());
+    let mut a1 = run.agent("a1", &[]);
+    wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &a1]).await;
+    let a1_name = agent_name("a1");
+    let (idle, leased) = (ResourceId::generate(), ResourceId::generate());
+    for id in [idle, leased] {
+        api.accepted(&allocate(&a1_name, id), &[&serve]).await;
+    }
+    let (idle, leased) = (format!("a1.{idle}"), format!("a1.{leased}"));
+    for reference in [&idle, &leased] {
+        wait_resource(&api, reference, |r| r.state == "active", &[&serve, &a1]).await;
+    }
+    let lease = LeaseId::generate();
+    api.accepted(&acquire(&a1_name, leased.split_once('.').unwrap().1.parse().unwrap(), lease), &[&serve]).await;
+    let cli = |args: &[&str]| {
+        let mut all = vec!["--server".to_owned(), server.clone()];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        all
+    };
+    let dir = run.path().to_owned();
+    let run_in = |args: Vec<String>| {
+        let dir = dir.clone();
+        async move { run_cli(&dir, &args.iter().map(String::as_str).collect::<Vec<_>>(), &[]).await }
+    };
+
+    let drain = ["agent", "drain", "a1", "--deadline", "6s", "--grace", "1s", "--reason", "kernel upgrade"];
+    let ran = run_in(cli(&drain)).await;
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    assert!(ran.stdout.contains("agent-cordoned") && ran.stdout.contains("agent-draining"), "{}", ran.stdout);
+    let view = wait_resource(&api, &leased, |r| r.waiting_on.is_some(), &[&serve]).await;
+    let waiting = view.waiting_on.expect("a leased resource of a draining agent says when it goes").on;
+    assert!(
+        waiting.starts_with(
+            "its agent a1 drains: released once its leases end and it has held none for 1s, or at \
+             the drain's deadline "
+        ),
+        "{waiting}"
+    );
+    let ran = run_in(cli(&["agents"])).await;
+    assert!(ran.stdout.contains("live, draining") && ran.stdout.contains(" left; deadline "), "{}", ran.stdout);
+    assert!(ran.stdout.contains("grace 1s) by ") && ran.stdout.contains(": kernel upgrade"), "{}", ran.stdout);
+
+    let cause =
+        |view: &leasehold_projector::ResourceView| view.detail.as_ref().map(|d| d["release"]["drained"].clone());
+    let view = wait_resource(&api, &idle, |r| r.state == "destroyed", &[&serve, &a1]).await;
+    assert_eq!(
+        cause(&view).map(|c| c["deadline"].clone()),
+        Some(serde_json::json!(false)),
+        "idle past the grace: {view:?}"
+    );
+    let view = wait_resource(&api, &leased, |r| r.state == "destroyed", &[&serve, &a1]).await;
+    assert_eq!(cause(&view).map(|c| c["deadline"].clone()), Some(serde_json::json!(true)), "at the deadline: {view:?}");
+    let lease = api.get(&format!("/v1/leases/a1.{lease}")).await.expect("the lease");
+    assert_eq!(lease["state"], "broken", "{lease:#}");
+    let agent = wait_agent(&api, "a1", |a| a.drain.as_ref().is_some_and(|d| d.left == 0), &[&serve, &a1]).await;
+    assert_eq!(agent.drain.map(|d| d.reason), Some(Some("kernel upgrade".to_owned())));
+    let ran = run_in(cli(&["agents"])).await;
+    assert!(ran.stdout.contains("live, drained") && ran.stdout.contains("drained by "), "{}", ran.stdout);
     serve.assert_no_panic();
     a1.stop_cleanly().await;
     serve.stop_cleanly().await;

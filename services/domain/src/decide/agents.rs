@@ -7,10 +7,10 @@ use leasehold_schemas::command::{
     UncordonAgent, UnretireAgent,
 };
 use leasehold_schemas::ids::Millis;
-use leasehold_schemas::outcome::{BreakerClear, Effect, ResyncReason};
+use leasehold_schemas::outcome::{BreakReason, BreakerClear, Effect, ReleaseCause, ResyncReason};
 use leasehold_schemas::settings::PartitionSettings;
 
-use super::{Decider, Verdict, check_text, cordon_text, reject};
+use super::{Decider, Verdict, check_text, cordon_text, drain_text, echo, reject};
 use leasehold_schemas::command::{DrainAgent, DrainRelease};
 
 /// At most this many labels, and kinds with a capacity, per agent.
@@ -49,7 +49,7 @@ fn check_declaration(command: &Register) -> Verdict {
     Ok(())
 }
 use crate::due::{coalesce_interval, gone_due, stall_due};
-use crate::state::Liveness;
+use crate::state::{Agent, Liveness};
 
 impl<'s> Decider<'s> {
     pub(super) fn register(&mut self, command: &Register) -> Verdict {
@@ -157,6 +157,9 @@ impl<'s> Decider<'s> {
         let agent = self.agent(&command.agent)?;
         if agent.retired {
             return reject(RejectionKind::AlreadyDone, format!("agent {} is already retired", agent.name));
+        }
+        if command.only_if_unleased {
+            self.check_unleased(agent)?;
         }
         self.out.push(Effect::AgentRetired { by: self.issuer.clone() });
         self.release_rest(agent);
@@ -277,12 +280,132 @@ fn describe_policy(policy: &leasehold_schemas::settings::ClusterPolicy) -> Strin
     )
 }
 
-impl Decider<'_> {
+/// At most this many leased resources are named in a retirement refused for its leases.
+const LEASED_NAMED: usize = 3;
+
+impl<'s> Decider<'s> {
+    /// Cordons the agent (unless it is already) and records the drain: the sweeper then asks for each resource's
+    /// release as it falls due (`sys.drain-release`). A drain asked for again with other settings replaces them and
+    /// keeps its start; with the same ones (a deadline counts from each decision) it is already done.
     pub(super) fn drain_agent(&mut self, command: &DrainAgent) -> Verdict {
-        reject(RejectionKind::InvalidState, format!("agent {}: drain is being built", command.agent))
+        let agent = self.agent(&command.agent)?;
+        if let Some(reason) = &command.reason {
+            check_text("reason", reason)?;
+        }
+        if agent.liveness == Liveness::Gone {
+            return reject(
+                RejectionKind::InvalidState,
+                format!(
+                    "agent {} is gone: what it held is orphaned, so there is nothing to drain (`agent cordon` keeps \
+                     new allocations off it)",
+                    agent.name
+                ),
+            );
+        }
+        if agent.retired {
+            return reject(
+                RejectionKind::InvalidState,
+                format!(
+                    "agent {} is retired: everything it holds is released already; there is nothing to drain",
+                    agent.name
+                ),
+            );
+        }
+        let grace = command.grace.unwrap_or(super::DEFAULT_DRAIN_GRACE);
+        let deadline = command.deadline.map(|d| self.now.saturating_add(d));
+        // A drain asked for again without a reason keeps the reason it had.
+        let reason = command.reason.clone().or_else(|| agent.drain.as_ref().and_then(|d| d.reason.clone()));
+        if let Some(drain) = &agent.drain
+            && drain.grace == grace
+            && drain.deadline == deadline
+            && drain.reason == reason
+        {
+            return reject(
+                RejectionKind::AlreadyDone,
+                format!("agent {} is already draining ({})", agent.name, drain_text(drain)),
+            );
+        }
+        if agent.cordon.is_none() {
+            self.out.push(Effect::AgentCordoned { by: self.issuer.clone(), reason: reason.clone() });
+        }
+        self.out.push(Effect::AgentDraining { by: self.issuer.clone(), reason, deadline, grace });
+        Ok(())
     }
 
+    /// Releases one resource of a draining agent once it is due: idle past the drain's grace, or the deadline came.
     pub(super) fn drain_release(&mut self, command: &DrainRelease) -> Verdict {
-        reject(RejectionKind::InvalidState, format!("agent {}: drain is being built", command.agent))
+        let agent = self.agent(&command.agent)?;
+        let resource = self.resource(&command.agent, command.resource)?;
+        let Some(drain) = &agent.drain else {
+            return reject(RejectionKind::NothingToDo, format!("agent {} is not draining", agent.name));
+        };
+        let reference = resource.reference();
+        let Some(due) = crate::due::drain_due(self.state, resource) else {
+            return reject(
+                RejectionKind::AlreadyDone,
+                format!("resource {reference} is already {}", resource.state.name()),
+            );
+        };
+        if let Some(deadline) = due.by_deadline(self.now) {
+            let cause = ReleaseCause::Drained { by: drain.by.clone(), deadline };
+            self.order_release(resource, cause, BreakReason::ResourceLeft);
+            return Ok(());
+        }
+        let at_deadline = match drain.deadline {
+            Some(at) => format!("at the drain's deadline {at}"),
+            None => "never by itself (the drain has no deadline)".to_owned(),
+        };
+        let why = match (due.idle, self.state.live_leases_of(resource).next()) {
+            (Some(idle), _) => format!(
+                "has held no lease since {}; it is released at {idle} (the drain's grace is {}), or {at_deadline}",
+                drain.since.max(resource.idle_since),
+                drain.grace
+            ),
+            (None, Some(lease)) => format!(
+                "holds lease {}.{} (holder {}); it is released once it has held none for {}, or {at_deadline}",
+                lease.agent,
+                lease.id,
+                echo(&lease.holder),
+                drain.grace
+            ),
+            (None, None) => format!("holds a lease; it is released {at_deadline}"),
+        };
+        reject(RejectionKind::NotYetDue, format!("resource {reference} {why}"))
+    }
+
+    /// For a retirement that must not break leases: refused, naming a few resources that hold one.
+    pub(super) fn check_unleased(&self, agent: &'s Agent) -> Verdict {
+        let mut leased = self
+            .state
+            .resources_of(agent)
+            .filter(|r| !r.state.has_left())
+            .filter_map(|r| self.state.live_leases_of(r).next().map(|lease| (r, lease)));
+        let named: Vec<String> = leased
+            .by_ref()
+            .take(LEASED_NAMED)
+            .map(|(resource, lease)| {
+                format!(
+                    "{} holds lease {}.{} (holder {}, {})",
+                    resource.reference(),
+                    lease.agent,
+                    lease.id,
+                    echo(&lease.holder),
+                    lease.state.name()
+                )
+            })
+            .collect();
+        if named.is_empty() {
+            return Ok(());
+        }
+        let more = leased.count();
+        let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+        reject(
+            RejectionKind::InvalidState,
+            format!(
+                "agent {} not retired: {}{more}; retire with --yes to release them anyway (their leases are broken)",
+                agent.name,
+                named.join(", ")
+            ),
+        )
     }
 }

@@ -34,6 +34,10 @@ pub const DECIDER_VERSION: u32 = 4;
 /// issuer's clock is wrong, and the id is refused ("fix the issuer's clock"). An id from the future would be
 /// remembered, asked about and waited for until its own time plus the horizon; NTP keeps clocks within a second.
 pub const MAX_ID_AHEAD: leasehold_schemas::Millis = leasehold_schemas::Millis::from_mins(5);
+/// How long a resource of a draining agent must have held no lease before it is released, when the drain names no
+/// grace (`op.drain-agent` `grace: null`): long enough for a holder that releases and acquires again (the next step
+/// of a build) to keep it.
+pub const DEFAULT_DRAIN_GRACE: leasehold_schemas::Millis = leasehold_schemas::Millis::from_mins(5);
 /// The most leases one resource can take (bounds the effects of one resource leaving).
 pub const MAX_CAPACITY: u32 = 1024;
 /// The most pools one resource claims from.
@@ -684,6 +688,13 @@ impl<'s> Decider<'s> {
 fn cordon_text(cordon: &crate::state::Cordon) -> String {
     let why = cordon.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
     format!("by {} since {}{why}", cordon.by, cordon.since)
+}
+
+/// A drain in words: who asked, since when, its grace and deadline, and why.
+fn drain_text(drain: &crate::state::Drain) -> String {
+    let deadline = drain.deadline.map(|at| format!(", deadline {at}")).unwrap_or_default();
+    let why = drain.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+    format!("by {} since {}, grace {}{deadline}{why}", drain.by, drain.since, drain.grace)
 }
 
 fn check_text(what: &str, text: &str) -> Verdict {

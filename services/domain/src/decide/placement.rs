@@ -9,6 +9,7 @@
 //!    of and no other (`placement-bound`).
 //! 4. The sweeper sends `sys.commit-placement` to the bound agent, which turns the reservation into the resource;
 //!    any other reservation of the same placement is given back (`sys.cancel-reservation`).
+//!
 //! Only a commit makes the resource, and a commit exists only for the one binding, so a request makes at most one
 //! resource whatever is retried, reordered or crashes. No agent fits: `sys.unplaceable` records what is missing,
 //! and the placement waits (`--wait`) or is refused.

@@ -172,6 +172,12 @@ impl<'s> Decider<'s> {
                 );
             }
         }
+        if let Some(drain) = &agent.drain {
+            return reject(
+                RejectionKind::InvalidState,
+                format!("agent {} is draining ({}); no new allocations on it", agent.name, super::drain_text(drain)),
+            );
+        }
         if let Some(cordon) = &agent.cordon {
             return reject(
                 RejectionKind::InvalidState,
