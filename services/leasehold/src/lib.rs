@@ -19,6 +19,7 @@ mod query;
 mod ready;
 mod serve;
 mod stop;
+mod words;
 
 #[derive(Debug, Parser)]
 #[command(

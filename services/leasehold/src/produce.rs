@@ -21,7 +21,7 @@ use leasehold_schemas::{
 use crate::GlobalArgs;
 use crate::client::{CommandStatus, Error, SeqOutcome};
 use crate::nats_args::NatsArgs;
-use crate::output::{self, OutputFormat};
+use crate::output::{self, Clock, OutputFormat};
 
 /// What every producer command takes besides its own arguments. The NATS flags are `serve`'s, told what they mean
 /// here; the replica count is the log's own (read with its partition count), so a producer does not show it.
@@ -465,15 +465,15 @@ fn settle(
 }
 
 /// A lease as `acquire` prints it in a table.
-fn lease_table(record: &LeaseRecord) -> String {
+fn lease_table(record: &LeaseRecord, clock: &Clock) -> String {
     output::fields(&[
         ("id", record.id.clone()),
         ("state", record.state.clone()),
         ("token", output::opt(record.token)),
         ("resource", record.resource.clone()),
         ("holder", record.holder.clone()),
-        ("expires_at", output::time(record.expires_at)),
-        ("wait_until", output::time(record.wait_until)),
+        ("expires_at", clock.when(record.expires_at)),
+        ("wait_until", clock.when(record.wait_until)),
     ])
 }
 
@@ -537,7 +537,11 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
             let outcomes = accepted(status, format, &format!("allocate {reference}"))?;
             leasehold_client::produce::check_allocated(&command_id, &reference, &outcomes)?;
             match format {
-                OutputFormat::Table => output::emit(&format!("{reference}\n")),
+                OutputFormat::Table => {
+                    output::emit(&format!("{reference}\n"));
+                    let words = crate::words::accepted(&format!("allocate {reference}"), &outcomes, &Clock::system());
+                    eprint!("{}", leasehold_schemas::text::escape_for_display(&words));
+                }
                 OutputFormat::Json => {
                     let record = match &transport {
                         Transport::Gateway(gateway) => {
@@ -669,17 +673,39 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
     Ok(())
 }
 
-/// A producer command that prints its outcome: the command status in JSON, the effects in a table.
+/// A producer command that prints its outcome: the command status in JSON, what changed in words in a table. A
+/// rejection that says the state asked for already holds (a second release) is not a failure: it says so (json: the
+/// status, as it is) and exits 0.
 pub(crate) async fn simple(
     global: &GlobalArgs,
     produce: &ProduceArgs,
     envelope: Envelope,
     what: &str,
 ) -> anyhow::Result<()> {
-    let status = accepted_quietly(global, produce, &envelope, what).await?;
+    let transport = transport(global, &produce.nats).await?;
+    let sent = transport.submit(&envelope, produce.timeout).await;
+    let status = settle(sent, &envelope, produce.timeout, global.output, None)?;
+    let holds = status
+        .rejection
+        .as_ref()
+        .filter(|_| status.status == "rejected")
+        .and_then(|rejection| crate::words::end_state_holds(envelope.type_name(), rejection));
+    if let Some(holds) = holds {
+        match global.output {
+            OutputFormat::Json => output::emit(&output::json(&status)?),
+            OutputFormat::Table => output::emit(&format!("{}: {}\n", leasehold_schemas::text::shown(what), holds)),
+        }
+        return Ok(());
+    }
+    let kept = status.clone();
+    accepted(status, global.output, what)?;
     match global.output {
-        OutputFormat::Json => output::emit(&output::json(&status)?),
-        OutputFormat::Table => output::emit(&accepted_text(what, &envelope, &status.outcomes)),
+        OutputFormat::Json => output::emit(&output::json(&kept)?),
+        OutputFormat::Table => {
+            let text = crate::words::accepted(what, &kept.outcomes, &Clock::system());
+            output::emit(&leasehold_schemas::text::escape_for_display(text.trim_end()));
+            output::emit("\n");
+        }
     }
     Ok(())
 }
@@ -698,17 +724,6 @@ pub(crate) async fn accepted_quietly(
     let kept = status.clone();
     accepted(status, global.output, what)?;
     Ok(kept)
-}
-
-/// `<what>: accepted` and one line per effect, with its position.
-fn accepted_text(what: &str, envelope: &Envelope, outcomes: &[SeqOutcome]) -> String {
-    let mut text = format!("{}: accepted [command {}]\n", leasehold_schemas::text::shown(what), envelope.command_id);
-    for SeqOutcome { outcome, .. } in outcomes {
-        for (position, effect) in outcome.positioned_effects() {
-            text.push_str(&format!("  {}  {}\n", position.0, output::shown_effect(effect)));
-        }
-    }
-    text
 }
 
 async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> anyhow::Result<()> {
@@ -733,7 +748,7 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
     let (mut record, last_seq) = LeaseRecord::acquired(&body, &command_id, &outcomes)?;
     if args.block && record.state == "waiting" {
         if global.output == OutputFormat::Table {
-            output::emit(&lease_table(&record));
+            output::emit(&lease_table(&record, &Clock::system()));
         }
         // The timeout counts from here: the acquisition itself is decided.
         let deadline = tokio::time::Instant::now() + args.produce.timeout;
@@ -746,11 +761,15 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
                 output::emit(&output::json(&value)?);
             }
             let again = wait_again(&args, global, &command_id, lease);
-            return Err(StillWaiting(still_waiting(&record, args.produce.timeout, &again)).into());
+            return Err(StillWaiting(still_waiting(&record, args.produce.timeout, &again, &Clock::system())).into());
         }
     }
     match global.output {
-        OutputFormat::Table => output::emit(&lease_table(&record)),
+        OutputFormat::Table => {
+            let clock = Clock::system();
+            eprint!("{}", leasehold_schemas::text::escape_for_display(&crate::words::accepted(&what, &outcomes, &clock)));
+            output::emit(&lease_table(&record, &clock));
+        }
         OutputFormat::Json => output::emit(&output::json(&record)?),
     }
     if args.block && record.state != "active" {
@@ -760,9 +779,9 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
 }
 
 /// What `acquire --block` says when it gives up on a lease that still waits; `again` is the command that waits on.
-fn still_waiting(record: &LeaseRecord, waited: Duration, again: &str) -> String {
+fn still_waiting(record: &LeaseRecord, waited: Duration, again: &str, clock: &Clock) -> String {
     let ends = match record.wait_until {
-        Some(until) => format!("its wait ends by itself at {}", output::time(Some(until))),
+        Some(until) => format!("its wait ends by itself at {}", clock.when(Some(until))),
         None => "it has no wait timeout: it waits as long as the resource is pending".to_owned(),
     };
     format!(
@@ -1224,6 +1243,7 @@ mod tests {
 
     #[test]
     fn giving_up_on_a_waiting_lease_says_when_its_wait_ends() {
+        let clock = Clock::fixed(1_767_225_602_000 - 60_000, crate::output::Zone::utc());
         let mut record = LeaseRecord {
             id: LEASE.into(),
             resource: REF.into(),
@@ -1233,15 +1253,15 @@ mod tests {
             expires_at: None,
             wait_until: Some(1_767_225_601_000),
         };
-        let text = still_waiting(&record, Duration::from_secs(5), "leasehold acquire ...");
+        let text = still_waiting(&record, Duration::from_secs(5), "leasehold acquire ...", &clock);
         assert!(
             text.starts_with(&format!(
-                "still waiting after 5s: lease {LEASE} is waiting; its wait ends by itself at 2026-01-01T00:00:01.000Z"
+                "still waiting after 5s: lease {LEASE} is waiting; its wait ends by itself at 2026-01-01T00:00:01Z (in 59 s)"
             )),
             "{text}"
         );
         assert!(text.contains(&format!("`leasehold release-lease {LEASE}`")), "{text}");
         record.wait_until = None;
-        assert!(still_waiting(&record, Duration::from_secs(5), "again").contains("it has no wait timeout"));
+        assert!(still_waiting(&record, Duration::from_secs(5), "again", &clock).contains("it has no wait timeout"));
     }
 }

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::GlobalArgs;
 use crate::client::{CommandStatus, Follower, Gateway};
-use crate::output::{self, OutputFormat, Table, cell};
+use crate::output::{self, Clock, OutputFormat, Table, cell};
 
 /// `leasehold ls`
 #[derive(Debug, Clone, clap::Args)]
@@ -64,13 +64,14 @@ pub(crate) enum QueryCmd {
 pub(crate) async fn run(command: QueryCmd, global: &GlobalArgs) -> anyhow::Result<()> {
     let gateway = crate::client::gateway(global)?;
     let format = global.output;
+    let clock = Clock::system();
     match command {
         QueryCmd::Get(reference) => {
             output::know("ref", &reference);
             let Some(record) = gateway.get::<Value>(&["v1", "resources", &reference.to_string()], &[]).await? else {
                 bail!("no resource {reference} is known (the gateway at {} answered 404)", global.server);
             };
-            print(format, &record, resource_fields)?;
+            print(format, &record, |r| resource_fields(r, &clock))?;
         }
         QueryCmd::Ls(args) => {
             let query: Vec<(&str, String)> = [("agent", args.agent), ("state", args.state), ("kind", args.kind)]
@@ -78,16 +79,16 @@ pub(crate) async fn run(command: QueryCmd, global: &GlobalArgs) -> anyhow::Resul
                 .filter_map(|(name, value)| Some((name, value?)))
                 .collect();
             let records = list(&gateway, &["v1", "resources"], &query).await?;
-            print(format, &records, resources_table)?;
+            print(format, &records, |r| resources_table(r, &clock))?;
         }
         QueryCmd::Leases(resource) => {
             let query: Vec<(&str, String)> = resource.iter().map(|r| ("resource", r.to_string())).collect();
             let records = list(&gateway, &["v1", "leases"], &query).await?;
-            print(format, &records, leases_table)?;
+            print(format, &records, |r| leases_table(r, &clock))?;
         }
         QueryCmd::Agents => {
             let records = list(&gateway, &["v1", "agents"], &[]).await?;
-            print(format, &records, agents_table)?;
+            print(format, &records, |r| agents_table(r, &clock))?;
         }
         QueryCmd::Pools => {
             let records = list(&gateway, &["v1", "pools"], &[]).await?;
@@ -109,7 +110,7 @@ pub(crate) async fn run(command: QueryCmd, global: &GlobalArgs) -> anyhow::Resul
             };
             match format {
                 OutputFormat::Json => output::emit(&output::json(&status)?),
-                OutputFormat::Table => output::emit(&command_text(&status)),
+                OutputFormat::Table => output::emit(&command_text(&status, &clock)),
             }
         }
         QueryCmd::Watch(args) => watch(&gateway, args, format).await?,
@@ -122,7 +123,7 @@ async fn list(gateway: &Gateway, segments: &[&str], query: &[(&str, String)]) ->
     gateway.get::<Vec<Value>>(segments, query).await?.with_context(|| format!("/{} is not there", segments.join("/")))
 }
 
-fn print<T: serde::Serialize>(format: OutputFormat, value: &T, table: fn(&T) -> String) -> anyhow::Result<()> {
+fn print<T: serde::Serialize>(format: OutputFormat, value: &T, table: impl Fn(&T) -> String) -> anyhow::Result<()> {
     match format {
         OutputFormat::Json => output::emit(&output::json(value)?),
         OutputFormat::Table => output::emit(&table(value)),
@@ -130,7 +131,7 @@ fn print<T: serde::Serialize>(format: OutputFormat, value: &T, table: fn(&T) -> 
     Ok(())
 }
 
-fn resource_fields(record: &Value) -> String {
+pub(crate) fn resource_fields(record: &Value, clock: &Clock) -> String {
     let attrs = match &record["attrs"] {
         Value::Object(map) => map.iter().map(|(k, v)| format!("{k}={}", cell(v))).collect::<Vec<_>>().join(" "),
         other => cell(other),
@@ -154,21 +155,21 @@ fn resource_fields(record: &Value) -> String {
         ("ref", cell(&record["ref"])),
         ("kind", cell(&record["kind"])),
         ("state", cell(&record["state"])),
-        ("detail", detail_text(record)),
+        ("detail", detail_text(record, clock)),
     ];
     // Only a lost resource's handle is ever quarantined: the line is left out otherwise.
     if !record["quarantined"].is_null() {
-        rows.push(("quarantined", quarantine_text(record)));
+        rows.push(("quarantined", quarantine_text(record, clock)));
     }
     // What a waiting state waits on, and for how long.
     if let Some(waiting) = record.get("waiting_on").filter(|w| w.is_object()) {
         let since =
-            waiting["since"].as_u64().map(|ms| format!(" (since {}, {})", output::time(Some(ms)), output::ago(ms)));
+            waiting["since"].as_u64().map(|ms| format!(" (since {})", clock.when(Some(ms))));
         rows.push(("waiting_on", format!("{}{}", cell(&waiting["on"]), since.unwrap_or_default())));
     }
     // Only while a destroy waits for something else to let go of the resource.
     if let Some(blocked) = record.get("destroy_blocked").filter(|b| !b.is_null()) {
-        let since = blocked["at"].as_u64().map(|ms| format!(" (since {})", crate::output::time(Some(ms))));
+        let since = blocked["at"].as_u64().map(|ms| format!(" (since {})", clock.when(Some(ms))));
         rows.push(("destroy_blocked", format!("{}{}", cell(&blocked["detail"]), since.unwrap_or_default())));
     }
     rows.extend([
@@ -179,14 +180,14 @@ fn resource_fields(record: &Value) -> String {
         ("claims", none_if_empty(claims)),
         ("leases", none_if_empty(leases)),
         ("created_seq", cell(&record["created_seq"])),
-        ("updated_at", output::time(record["updated_at"].as_u64())),
+        ("updated_at", clock.when(record["updated_at"].as_u64())),
     ]);
     output::fields(&rows)
 }
 
 /// Why a resource is in its state, in words where the record says it in a known shape: a release's cause, and the
 /// reason every terminal state keeps; anything else as the record has it.
-fn detail_text(record: &Value) -> String {
+fn detail_text(record: &Value, clock: &Clock) -> String {
     let detail = &record["detail"];
     match (record["state"].as_str(), detail) {
         (Some("releasing"), Value::Object(_)) => format!("released: {}", cause_text(detail)),
@@ -204,7 +205,16 @@ fn detail_text(record: &Value) -> String {
             cell(&detail["observation"]["epoch"])
         ),
         (Some("orphaned"), Value::Object(_)) if detail["freed_because"].is_string() => {
-            format!("freed because {}", cell(&detail["freed_because"]))
+            // The record says when in UTC, for programs; people read it in their zone.
+            let because = cell(&detail["freed_because"]);
+            let because = match detail["agent_gone_at"].as_u64() {
+                Some(at) => match because.strip_suffix(&leasehold_schemas::Timestamp(at).to_string()) {
+                    Some(head) => format!("{head}{}", clock.when(Some(at))),
+                    None => because,
+                },
+                None => because,
+            };
+            format!("freed because {because}")
         }
         _ => cell(detail),
     }
@@ -232,14 +242,14 @@ fn cause_text(cause: &Value) -> String {
 }
 
 /// A lost resource's handle found on its machine again: quarantined until a release orders it destroyed.
-fn quarantine_text(record: &Value) -> String {
+fn quarantine_text(record: &Value, clock: &Clock) -> String {
     let q = &record["quarantined"];
     if !q.is_object() {
         return "-".to_owned();
     }
     let found = format!(
         "its handle reappeared at {} (position {})",
-        output::time(q["found_at"].as_u64()),
+        clock.when(q["found_at"].as_u64()),
         cell(&q["position"])
     );
     match (&q["destroy_ordered"], q["destroyed_at"].as_u64()) {
@@ -254,7 +264,7 @@ fn quarantine_text(record: &Value) -> String {
             "{found}; ordered destroyed at position {} by {}, destroyed at {}",
             cell(ordered),
             cell(&q["released_by"]),
-            output::time(Some(at))
+            clock.when(Some(at))
         ),
     }
 }
@@ -285,13 +295,13 @@ fn claim_text(claim: &Value) -> String {
 }
 
 /// Why an agent is suspect: its breaker, from its record (`-` when it holds no breaker).
-fn breaker_text(agent: &Value) -> String {
+fn breaker_text(agent: &Value, clock: &Clock) -> String {
     match &agent["breaker"] {
         Value::Object(_) => format!(
             "breaker: a report would lose {} of {} live, tripped {}; confirm with `leasehold agent confirm-loss {}`",
             cell(&agent["breaker"]["would_lose"]),
             cell(&agent["breaker"]["live"]),
-            output::time(agent["breaker"]["tripped_at"].as_u64()),
+            clock.when(agent["breaker"]["tripped_at"].as_u64()),
             cell(&agent["name"])
         ),
         _ => "-".to_owned(),
@@ -309,7 +319,7 @@ fn count(value: &Value) -> String {
     }
 }
 
-fn resources_table(records: &Vec<Value>) -> String {
+pub(crate) fn resources_table(records: &Vec<Value>, clock: &Clock) -> String {
     let mut table = Table::new(&["REF", "KIND", "STATE", "CAPACITY", "LEASES", "CLAIMS", "UPDATED"]);
     for r in records {
         let claims = match &r["claims"] {
@@ -325,13 +335,13 @@ fn resources_table(records: &Vec<Value>) -> String {
             cell(&r["capacity"]),
             count(&r["leases"]),
             none_if_empty(claims),
-            output::time(r["updated_at"].as_u64()),
+            clock.ago(r["updated_at"].as_u64()),
         ]);
     }
     table.render()
 }
 
-fn leases_table(records: &Vec<Value>) -> String {
+pub(crate) fn leases_table(records: &Vec<Value>, clock: &Clock) -> String {
     let mut table = Table::new(&["ID", "RESOURCE", "HOLDER", "STATE", "TOKEN", "EXPIRES"]);
     for l in records {
         table.row(vec![
@@ -340,13 +350,13 @@ fn leases_table(records: &Vec<Value>) -> String {
             cell(&l["holder"]),
             cell(&l["state"]),
             cell(&l["token"]),
-            output::time(l["expires_at"].as_u64()),
+            clock.ago(l["expires_at"].as_u64()),
         ]);
     }
     table.render()
 }
 
-fn agents_table(records: &Vec<Value>) -> String {
+pub(crate) fn agents_table(records: &Vec<Value>, clock: &Clock) -> String {
     let mut table = Table::new(&[
         "NAME",
         "STATUS",
@@ -372,12 +382,12 @@ fn agents_table(records: &Vec<Value>) -> String {
             None => "-",
         };
         let why: Vec<String> =
-            [cordon_text(a), driver_text(a), breaker_text(a)].into_iter().filter(|w| w != "-").collect();
+            [cordon_text(a, clock), driver_text(a), breaker_text(a, clock)].into_iter().filter(|w| w != "-").collect();
         table.row(vec![
             cell(&a["name"]),
             status,
             cell(&a["epoch"]),
-            output::time(a["last_seen"].as_u64()),
+            clock.ago(a["last_seen"].as_u64()),
             cell(&a["resources"]),
             cell(&a["held"]),
             capacity_text(a),
@@ -405,7 +415,7 @@ fn capacity_text(agent: &Value) -> String {
 }
 
 /// Who cordoned an agent, since when, and why (`-` while it is not cordoned).
-fn cordon_text(agent: &Value) -> String {
+fn cordon_text(agent: &Value, clock: &Clock) -> String {
     let cordon = &agent["cordon"];
     if !cordon.is_object() {
         return "-".to_owned();
@@ -414,7 +424,7 @@ fn cordon_text(agent: &Value) -> String {
         Value::Null => String::new(),
         reason => format!(": {}", cell(reason)),
     };
-    format!("cordoned by {} since {}{why}", cell(&cordon["by"]), output::time(cordon["since"].as_u64()))
+    format!("cordoned by {} since {}{why}", cell(&cordon["by"]), clock.when(cordon["since"].as_u64()))
 }
 
 /// Why an agent's driver cannot list its machine's resources, as the agent recorded it (`-` while it can).
@@ -444,7 +454,7 @@ fn pool_kind(kind: &Value) -> String {
     }
 }
 
-fn pools_table(records: &Vec<Value>) -> String {
+pub(crate) fn pools_table(records: &Vec<Value>) -> String {
     let mut table = Table::new(&["NAME", "KIND", "COOLDOWN", "HELD", "WAITING", "COOLING"]);
     for p in records {
         table.row(vec![
@@ -489,7 +499,7 @@ fn letter_id(letter: &Value) -> String {
     }
 }
 
-fn command_text(status: &CommandStatus) -> String {
+fn command_text(status: &CommandStatus, clock: &Clock) -> String {
     let mut fields = vec![
         ("command", status.command_id.clone()),
         ("status", status.status.clone()),
@@ -516,7 +526,7 @@ fn command_text(status: &CommandStatus) -> String {
     }
     let mut text = output::fields(&fields);
     for outcome in &status.outcomes {
-        text.push_str(&output::outcome_line(outcome.seq, &outcome.outcome));
+        text.push_str(&output::outcome_line(outcome.seq, &outcome.outcome, clock));
         text.push('\n');
     }
     text
@@ -530,13 +540,16 @@ async fn watch(gateway: &Gateway, args: WatchArgs, format: OutputFormat) -> anyh
     let mut follower = Follower::new(gateway.clone(), key, args.from);
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
+    let clock = Clock::system();
     loop {
         let event = tokio::select! {
             _ = &mut interrupted => return Ok(()),
             event = follower.next() => event?,
         };
         match format {
-            OutputFormat::Table => output::emit(&format!("{}\n", output::outcome_line(event.seq, &event.outcome))),
+            OutputFormat::Table => {
+                output::emit(&format!("{}\n", output::outcome_line(event.seq, &event.outcome, &clock)));
+            }
             OutputFormat::Json => output::emit(&format!("{}\n", serde_json::to_string(&event)?)),
         }
     }
@@ -545,6 +558,11 @@ async fn watch(gateway: &Gateway, args: WatchArgs, format: OutputFormat) -> anyh
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A minute after the records' times (2026-01-01T00:00:01Z), in UTC.
+    fn clock() -> Clock {
+        Clock::fixed(1_767_225_661_000, crate::output::Zone::utc())
+    }
 
     #[test]
     fn a_resource_reads_field_by_field() {
@@ -555,12 +573,12 @@ mod tests {
             "leases": [{"id": "w1.019b76da-9860-7333-b333-333333333333", "holder": "build-1", "state": "active"}],
             "created_seq": 40, "updated_at": 1767225601000u64, "parent": null, "detail": null, "native_id": "d41d"
         });
-        let text = resource_fields(&record);
+        let text = resource_fields(&record, &clock());
         assert!(text.contains("ref          w1.019b76da-9478-7111-9111-111111111111\n"), "{text}");
         assert!(text.contains("attrs        image=alpine team=ci\n"), "{text}");
         assert!(text.contains("claims       ips=10.20.0.7 (bound, token 55)\n"), "{text}");
         assert!(text.contains("leases       w1.019b76da-9860-7333-b333-333333333333 (active, build-1)\n"), "{text}");
-        assert!(text.contains("updated_at   2026-01-01T00:00:01.000Z\n"), "{text}");
+        assert!(text.contains("updated_at   2026-01-01T00:00:01Z (60 s ago)\n"), "{text}");
         assert!(text.contains("parent       -\n"), "{text}");
     }
 
@@ -578,7 +596,7 @@ mod tests {
         let leases = vec![serde_json::json!({"id": "w1.l", "resource": "w1.r", "holder": "h", "state": "waiting",
             "token": null, "expires_at": null, "wait_until": null})];
         assert_eq!(
-            leases_table(&leases),
+            leases_table(&leases, &clock()),
             "ID    RESOURCE  HOLDER  STATE    TOKEN  EXPIRES\nw1.l  w1.r      h       waiting  -      -\n"
         );
         let agents =
@@ -586,11 +604,11 @@ mod tests {
             "resources": 2, "held": 1, "retired": false, "driver": {"available": true, "detail": null},
             "quarantined": 0})];
         assert!(
-            agents_table(&agents).ends_with(
-                "w1    live    3      2026-01-01T00:00:01.000Z  2          1     -         ok      0            -\n"
+            agents_table(&agents, &clock()).ends_with(
+                "w1    live    3      60 s ago   2          1     -         ok      0            -\n"
             ),
             "{}",
-            agents_table(&agents)
+            agents_table(&agents, &clock())
         );
     }
 
@@ -600,7 +618,7 @@ mod tests {
             vec![serde_json::json!({"name": "w1", "status": "gone", "epoch": 3, "last_seen": 1767225601000u64,
             "resources": 2, "held": 0, "retired": true, "quarantined": 2,
             "driver": {"available": false, "detail": "the root /srv/w1 is not mounted"}})];
-        let table = agents_table(&agents);
+        let table = agents_table(&agents, &clock());
         let row = table.lines().nth(1).expect("a row");
         assert!(row.starts_with("w1    gone (retired)  3 "), "{table}");
         assert!(row.contains(" unavailable  2 "), "{table}");
@@ -614,15 +632,15 @@ mod tests {
             "resources": 2, "held": 2, "retired": false, "quarantined": 0, "driver": {"available": true, "detail": null},
             "cordon": {"by": "op:alice", "reason": "kernel \u{1b}[31mupgrade", "since": 1767225600000u64}}),
         ];
-        let table = agents_table(&agents);
+        let table = agents_table(&agents, &clock());
         let row = table.lines().nth(1).expect("a row");
         assert!(row.starts_with("w1    live, cordoned  3 "), "{table}");
         let declared = vec![serde_json::json!({"name": "w1", "status": "live", "epoch": 3, "last_seen": 1u64,
             "resources": 13, "held": 12, "capacity": {"container": 50, "volume": 200}, "used": {"container": 12},
             "driver": {"available": true, "detail": null}, "quarantined": 0})];
-        assert!(agents_table(&declared).contains("  container 12/50, volume 0/200  "), "{}", agents_table(&declared));
+        assert!(agents_table(&declared, &clock()).contains("  container 12/50, volume 0/200  "), "{}", agents_table(&declared, &clock()));
         assert!(
-            row.ends_with("cordoned by op:alice since 2026-01-01T00:00:00.000Z: kernel \\x1b[31mupgrade"),
+            row.ends_with("cordoned by op:alice since 2026-01-01T00:00:00Z (61 s ago): kernel \\x1b[31mupgrade"),
             "the reason is shown escaped: {table}"
         );
     }
@@ -634,24 +652,24 @@ mod tests {
             "destroyed",
             serde_json::json!({"release": {"released": {"by": "op:alice", "reason": "done"}}, "confirmed_by": "w1"}),
         );
-        assert_eq!(detail_text(&destroyed), "destroyed, as its agent w1 confirmed, after a release by op:alice (done)");
+        assert_eq!(detail_text(&destroyed, &clock()), "destroyed, as its agent w1 confirmed, after a release by op:alice (done)");
         let retired = record("destroyed", serde_json::json!({"release": {"agent-retired": {}}, "confirmed_by": "w1"}));
-        assert_eq!(detail_text(&retired), "destroyed, as its agent w1 confirmed, after its agent was retired");
+        assert_eq!(detail_text(&retired, &clock()), "destroyed, as its agent w1 confirmed, after its agent was retired");
         let lost = record("lost", serde_json::json!({"found_missing_by": "w1", "observation": {"epoch": 3, "obs": 7}}));
-        assert_eq!(detail_text(&lost), "found missing by its agent w1 (observation 7 of epoch 3)");
+        assert_eq!(detail_text(&lost, &clock()), "found missing by its agent w1 (observation 7 of epoch 3)");
         let orphaned = record(
             "orphaned",
             serde_json::json!({"agent_gone_at": 1767225601000u64,
-                "freed_because": "its holder's agent w1 was declared gone at 2026-01-01T00:00:01.000Z"}),
+                "freed_because": "its holder's agent w1 was declared gone at 2026-01-01T00:00:01Z (60 s ago)"}),
         );
         assert_eq!(
-            detail_text(&orphaned),
-            "freed because its holder's agent w1 was declared gone at 2026-01-01T00:00:01.000Z"
+            detail_text(&orphaned, &clock()),
+            "freed because its holder's agent w1 was declared gone at 2026-01-01T00:00:01Z (60 s ago)"
         );
-        assert_eq!(detail_text(&record("failed", "no space left".into())), "no space left");
+        assert_eq!(detail_text(&record("failed", "no space left".into()), &clock()), "no space left");
         let releasing = record("releasing", serde_json::json!({"create-timeout": {}}));
-        assert_eq!(detail_text(&releasing), "released: its create timed out");
-        assert_eq!(detail_text(&record("active", Value::Null)), "-");
+        assert_eq!(detail_text(&releasing, &clock()), "released: its create timed out");
+        assert_eq!(detail_text(&record("active", Value::Null), &clock()), "-");
     }
 
     #[test]
@@ -661,21 +679,21 @@ mod tests {
             "quarantined": {"position": 40, "found_at": 1767225601000u64, "destroy_ordered": null,
                 "released_by": null, "reason": null, "destroyed_at": null}});
         assert_eq!(
-            quarantine_text(&record),
-            "its handle reappeared at 2026-01-01T00:00:01.000Z (position 40); the agent leaves it alone until \
+            quarantine_text(&record, &clock()),
+            "its handle reappeared at 2026-01-01T00:00:01Z (60 s ago) (position 40); the agent leaves it alone until \
              `leasehold release w1.r` orders it destroyed"
         );
-        assert!(resources_table(&vec![record.clone()]).contains(" lost (quarantined) "));
+        assert!(resources_table(&vec![record.clone()], &clock()).contains(" lost (quarantined) "));
         record["quarantined"]["destroy_ordered"] = 42.into();
         record["quarantined"]["released_by"] = "op:bob".into();
-        assert!(quarantine_text(&record).ends_with("; ordered destroyed at position 42 by op:bob"));
-        assert!(resources_table(&vec![record.clone()]).contains(" lost (quarantined, destroy ordered) "));
+        assert!(quarantine_text(&record, &clock()).ends_with("; ordered destroyed at position 42 by op:bob"));
+        assert!(resources_table(&vec![record.clone()], &clock()).contains(" lost (quarantined, destroy ordered) "));
         record["quarantined"]["destroyed_at"] = 1767225602000u64.into();
-        assert!(quarantine_text(&record).ends_with(", destroyed at 2026-01-01T00:00:02.000Z"));
-        assert!(resources_table(&vec![record.clone()]).contains(" lost "));
-        assert!(!resources_table(&vec![record.clone()]).contains("quarantined"));
+        assert!(quarantine_text(&record, &clock()).ends_with(", destroyed at 2026-01-01T00:00:02Z (59 s ago)"));
+        assert!(resources_table(&vec![record.clone()], &clock()).contains(" lost "));
+        assert!(!resources_table(&vec![record.clone()], &clock()).contains("quarantined"));
         record["quarantined"] = Value::Null;
-        assert_eq!(quarantine_text(&record), "-");
+        assert_eq!(quarantine_text(&record, &clock()), "-");
     }
 
     #[test]
@@ -705,16 +723,16 @@ mod tests {
             "dead_letter": {"reason": "unknown format", "source_seq": 8, "subject": "lh.cmd.2.op.w1._",
                 "id_verified": false}}))
         .unwrap();
-        let text = command_text(&status);
+        let text = command_text(&status, &clock());
         assert!(text.contains("status       dead-lettered\n"), "{text}");
         assert!(text.contains("dead_letter  unknown format (command seq 8, lh.cmd.2.op.w1._)\n"), "{text}");
         assert!(text.contains("id           unverified: "), "{text}");
         let mut verified = status.clone();
         verified.dead_letter.as_mut().unwrap().id_verified = Some(true);
-        assert!(!command_text(&verified).contains("unverified"));
+        assert!(!command_text(&verified, &clock()).contains("unverified"));
         // A gateway from before the mark says nothing of it.
         verified.dead_letter.as_mut().unwrap().id_verified = None;
-        assert!(!command_text(&verified).contains("unverified"));
+        assert!(!command_text(&verified, &clock()).contains("unverified"));
     }
 
     #[test]
@@ -722,8 +740,8 @@ mod tests {
         let agent = serde_json::json!({"name": "w1", "status": "suspect", "breaker":
             {"would_lose": 12, "live": 20, "tripped_at": 1767225601000u64}});
         assert_eq!(
-            breaker_text(&agent),
-            "breaker: a report would lose 12 of 20 live, tripped 2026-01-01T00:00:01.000Z; confirm with \
+            breaker_text(&agent, &clock()),
+            "breaker: a report would lose 12 of 20 live, tripped 2026-01-01T00:00:01Z (60 s ago); confirm with \
              `leasehold agent confirm-loss w1`"
         );
         let claim = serde_json::json!({"pool": "ips", "id": null, "status": "wanted", "token": null});
