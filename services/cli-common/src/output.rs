@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use leasehold_schemas::text::{escape_for_display, json_for_display, shown};
 use leasehold_schemas::Outcome;
+use leasehold_schemas::text::{escape_for_display, json_for_display, shown};
 use serde::Serialize;
 use unicode_width::UnicodeWidthStr;
 

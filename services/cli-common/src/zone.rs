@@ -104,12 +104,7 @@ impl Zone {
             let abs = offset.unsigned_abs();
             format!("{sign}{:02}:{:02}", abs / 3600, abs % 3600 / 60)
         };
-        format!(
-            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}{zone}",
-            of_day / 3600,
-            of_day % 3600 / 60,
-            of_day % 60
-        )
+        format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}{zone}", of_day / 3600, of_day % 3600 / 60, of_day % 60)
     }
 
     /// The local time of day of unix ms `ms`: `14:05`.
@@ -135,9 +130,8 @@ impl Header {
         if bytes.get(..4)? != b"TZif" {
             return None;
         }
-        let count = |at: usize| -> Option<usize> {
-            Some(u32::from_be_bytes(bytes.get(at..at + 4)?.try_into().ok()?) as usize)
-        };
+        let count =
+            |at: usize| -> Option<usize> { Some(u32::from_be_bytes(bytes.get(at..at + 4)?.try_into().ok()?) as usize) };
         Some(Header {
             version: match *bytes.get(4)? {
                 0 => 0,
@@ -167,9 +161,8 @@ impl Header {
         let times = body.get(..self.timecnt * time_size)?;
         let indices = body.get(self.timecnt * time_size..self.timecnt * (time_size + 1))?;
         let types = body.get(self.timecnt * (time_size + 1)..self.timecnt * (time_size + 1) + self.typecnt * 6)?;
-        let offset_of = |idx: usize| -> Option<i32> {
-            Some(i32::from_be_bytes(types.get(idx * 6..idx * 6 + 4)?.try_into().ok()?))
-        };
+        let offset_of =
+            |idx: usize| -> Option<i32> { Some(i32::from_be_bytes(types.get(idx * 6..idx * 6 + 4)?.try_into().ok()?)) };
         let mut transitions = Vec::with_capacity(self.timecnt);
         for (n, idx) in indices.iter().enumerate() {
             let raw = times.get(n * time_size..(n + 1) * time_size)?;
@@ -218,10 +211,14 @@ impl Rule {
             return Some(Rule { std_offset, dst: None });
         }
         skip_name(&mut rest)?;
-        let dst_offset = if rest.starts_with(',') || rest.is_empty() { std_offset + 3600 } else { -parse_hms(&mut rest)? };
+        let dst_offset =
+            if rest.starts_with(',') || rest.is_empty() { std_offset + 3600 } else { -parse_hms(&mut rest)? };
         let rest = rest.strip_prefix(',')?;
         let (start, end) = rest.split_once(',')?;
-        Some(Rule { std_offset, dst: Some(Dst { offset: dst_offset, start: parse_when(start)?, end: parse_when(end)? }) })
+        Some(Rule {
+            std_offset,
+            dst: Some(Dst { offset: dst_offset, start: parse_when(start)?, end: parse_when(end)? }),
+        })
     }
 
     fn offset_at(&self, secs: i64) -> i32 {
@@ -300,7 +297,8 @@ fn day_of(date: Date, year: i64) -> i64 {
             // 1970-01-01 was a Thursday (4).
             let first_weekday = (first + 4).rem_euclid(7);
             let mut day = first + (i64::from(weekday) - first_weekday).rem_euclid(7) + 7 * (i64::from(week) - 1);
-            let next_month = if month == 12 { days_from_civil(year + 1, 1, 1) } else { days_from_civil(year, month + 1, 1) };
+            let next_month =
+                if month == 12 { days_from_civil(year + 1, 1, 1) } else { days_from_civil(year, month + 1, 1) };
             while day >= next_month {
                 day -= 7;
             }

@@ -767,7 +767,10 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
     match global.output {
         OutputFormat::Table => {
             let clock = Clock::system();
-            eprint!("{}", leasehold_schemas::text::escape_for_display(&crate::words::accepted(&what, &outcomes, &clock)));
+            eprint!(
+                "{}",
+                leasehold_schemas::text::escape_for_display(&crate::words::accepted(&what, &outcomes, &clock))
+            );
             output::emit(&lease_table(&record, &clock));
         }
         OutputFormat::Json => output::emit(&output::json(&record)?),

@@ -163,8 +163,7 @@ pub(crate) fn resource_fields(record: &Value, clock: &Clock) -> String {
     }
     // What a waiting state waits on, and for how long.
     if let Some(waiting) = record.get("waiting_on").filter(|w| w.is_object()) {
-        let since =
-            waiting["since"].as_u64().map(|ms| format!(" (since {})", clock.when(Some(ms))));
+        let since = waiting["since"].as_u64().map(|ms| format!(" (since {})", clock.when(Some(ms))));
         rows.push(("waiting_on", format!("{}{}", cell(&waiting["on"]), since.unwrap_or_default())));
     }
     // Only while a destroy waits for something else to let go of the resource.
@@ -247,11 +246,8 @@ fn quarantine_text(record: &Value, clock: &Clock) -> String {
     if !q.is_object() {
         return "-".to_owned();
     }
-    let found = format!(
-        "its handle reappeared at {} (position {})",
-        clock.when(q["found_at"].as_u64()),
-        cell(&q["position"])
-    );
+    let found =
+        format!("its handle reappeared at {} (position {})", clock.when(q["found_at"].as_u64()), cell(&q["position"]));
     match (&q["destroy_ordered"], q["destroyed_at"].as_u64()) {
         (Value::Null, _) => format!(
             "{found}; the agent leaves it alone until `leasehold release {}` orders it destroyed",
@@ -604,9 +600,8 @@ mod tests {
             "resources": 2, "held": 1, "retired": false, "driver": {"available": true, "detail": null},
             "quarantined": 0})];
         assert!(
-            agents_table(&agents, &clock()).ends_with(
-                "w1    live    3      60 s ago   2          1     -         ok      0            -\n"
-            ),
+            agents_table(&agents, &clock())
+                .ends_with("w1    live    3      60 s ago   2          1     -         ok      0            -\n"),
             "{}",
             agents_table(&agents, &clock())
         );
@@ -638,7 +633,11 @@ mod tests {
         let declared = vec![serde_json::json!({"name": "w1", "status": "live", "epoch": 3, "last_seen": 1u64,
             "resources": 13, "held": 12, "capacity": {"container": 50, "volume": 200}, "used": {"container": 12},
             "driver": {"available": true, "detail": null}, "quarantined": 0})];
-        assert!(agents_table(&declared, &clock()).contains("  container 12/50, volume 0/200  "), "{}", agents_table(&declared, &clock()));
+        assert!(
+            agents_table(&declared, &clock()).contains("  container 12/50, volume 0/200  "),
+            "{}",
+            agents_table(&declared, &clock())
+        );
         assert!(
             row.ends_with("cordoned by op:alice since 2026-01-01T00:00:00Z (61 s ago): kernel \\x1b[31mupgrade"),
             "the reason is shown escaped: {table}"
@@ -652,9 +651,15 @@ mod tests {
             "destroyed",
             serde_json::json!({"release": {"released": {"by": "op:alice", "reason": "done"}}, "confirmed_by": "w1"}),
         );
-        assert_eq!(detail_text(&destroyed, &clock()), "destroyed, as its agent w1 confirmed, after a release by op:alice (done)");
+        assert_eq!(
+            detail_text(&destroyed, &clock()),
+            "destroyed, as its agent w1 confirmed, after a release by op:alice (done)"
+        );
         let retired = record("destroyed", serde_json::json!({"release": {"agent-retired": {}}, "confirmed_by": "w1"}));
-        assert_eq!(detail_text(&retired, &clock()), "destroyed, as its agent w1 confirmed, after its agent was retired");
+        assert_eq!(
+            detail_text(&retired, &clock()),
+            "destroyed, as its agent w1 confirmed, after its agent was retired"
+        );
         let lost = record("lost", serde_json::json!({"found_missing_by": "w1", "observation": {"epoch": 3, "obs": 7}}));
         assert_eq!(detail_text(&lost, &clock()), "found missing by its agent w1 (observation 7 of epoch 3)");
         let orphaned = record(

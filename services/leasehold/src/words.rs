@@ -3,8 +3,8 @@
 //! (a second `release`: "already released"), so that the command line exits 0 for them. The effects themselves are
 //! for `--output json`.
 
-use leasehold_cli_common::timeline;
 use crate::client::{RejectionInfo, SeqOutcome};
+use leasehold_cli_common::timeline;
 use leasehold_schemas::outcome::{BreakerClear, ReleaseCause};
 use leasehold_schemas::{AgentName, Effect, Key, Outcome};
 
@@ -267,7 +267,10 @@ mod tests {
             "lease w1.019b76da-9860-7333-b333-333333333333 granted to build-42 on \
              w1.019b76da-9478-7111-9111-111111111111 until 00:05 (in 5 min) (token 57)\n"
         );
-        assert_eq!(accepted("release w1.x", &[outcome("w1", serde_json::json!([]))], &clock), "release w1.x: accepted; nothing changed\n");
+        assert_eq!(
+            accepted("release w1.x", &[outcome("w1", serde_json::json!([]))], &clock),
+            "release w1.x: accepted; nothing changed\n"
+        );
         let many: Vec<serde_json::Value> = (0..9)
             .map(|n| {
                 serde_json::json!({"resource-releasing": {"resource": format!("019b76da-9478-7111-9111-11111111111{n}"),
