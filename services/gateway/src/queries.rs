@@ -85,7 +85,10 @@ impl ListQuery {
         let mut query = ListQuery::default();
         for (name, value) in &pairs {
             if !allowed.contains(&name.as_str()) {
-                return Err(bad(format!("unknown parameter {name:?}; this list takes {}", allowed.join(", "))));
+                return Err(bad(format!(
+                    "unknown parameter \"{name}\"; this list takes {}",
+                    allowed.join(", ")
+                )));
             }
             let once = |slot: &mut Option<String>| {
                 if slot.replace(value.clone()).is_some() {
@@ -102,17 +105,17 @@ impl ListQuery {
                 "after" => once(&mut query.after)?,
                 "attr" => match value.split_once('=') {
                     Some((key, attr)) if !key.is_empty() => query.attrs.push((key.to_owned(), attr.to_owned())),
-                    _ => return Err(bad(format!("attr {value:?} is not name=value"))),
+                    _ => return Err(bad(format!("attr \"{value}\" is not name=value"))),
                 },
                 "all" => {
                     query.all = match value.as_str() {
                         "true" | "1" | "" => true,
                         "false" | "0" => false,
-                        other => return Err(bad(format!("all {other:?} is not true or false"))),
+                        other => return Err(bad(format!("all \"{other}\" is not true or false"))),
                     }
                 }
                 "limit" => match value.parse::<usize>() {
-                    Ok(0) | Err(_) => return Err(bad(format!("limit {value:?} is not a positive number"))),
+                    Ok(0) | Err(_) => return Err(bad(format!("limit \"{value}\" is not a positive number"))),
                     Ok(limit) => query.limit = Some(limit.min(MAX_PAGE)),
                 },
                 _ => unreachable!("only allowed names get here"),
