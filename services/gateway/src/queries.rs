@@ -85,10 +85,7 @@ impl ListQuery {
         let mut query = ListQuery::default();
         for (name, value) in &pairs {
             if !allowed.contains(&name.as_str()) {
-                return Err(bad(format!(
-                    "unknown parameter \"{name}\"; this list takes {}",
-                    allowed.join(", ")
-                )));
+                return Err(bad(format!("unknown parameter \"{name}\"; this list takes {}", allowed.join(", "))));
             }
             let once = |slot: &mut Option<String>| {
                 if slot.replace(value.clone()).is_some() {

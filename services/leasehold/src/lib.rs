@@ -143,11 +143,7 @@ enum Cmd {
     /// List resources.
     Ls(query::LsArgs),
     /// List leases: of one resource, or all of them.
-    Leases {
-        /// The resource, `<agent>.<id>`; default: every lease.
-        #[arg(value_name = "REF")]
-        resource: Option<leasehold_schemas::ResourceRef>,
-    },
+    Leases(query::LeasesArgs),
     /// List the agents.
     Agents,
     /// Show what became of a command: its status and outcome.
@@ -283,7 +279,7 @@ fn run() -> anyhow::Result<()> {
         }
         Cmd::Get { resource } => query_cmd(query::QueryCmd::Get(resource), &cli.global)?,
         Cmd::Ls(args) => query_cmd(query::QueryCmd::Ls(args), &cli.global)?,
-        Cmd::Leases { resource } => query_cmd(query::QueryCmd::Leases(resource), &cli.global)?,
+        Cmd::Leases(args) => query_cmd(query::QueryCmd::Leases(args), &cli.global)?,
         Cmd::Agents => query_cmd(query::QueryCmd::Agents, &cli.global)?,
         Cmd::Command { id } => query_cmd(query::QueryCmd::Command(id), &cli.global)?,
         Cmd::Watch(args) => query_cmd(query::QueryCmd::Watch(args), &cli.global)?,

@@ -1031,8 +1031,23 @@ mod tests {
         };
         assert_eq!((args.key.map(|k| k.token()), args.from), (Some("@ips".to_owned()), Some(5)));
         assert!(parse(&["watch", "--key", "@"]).is_err());
-        let crate::Cmd::Leases { resource } = parse(&["leases"]).unwrap().command else { panic!() };
-        assert!(resource.is_none());
+        let crate::Cmd::Leases(args) = parse(&["leases"]).unwrap().command else { panic!() };
+        assert!(args.resource.is_none() && !args.list.all && args.list.limit.is_none());
+        let argv = ["ls", "--attr", "team=ci", "--attr", "zone=a", "--holder", "b-1", "--all", "--limit", "5"];
+        let crate::Cmd::Ls(args) = parse(&argv).unwrap().command else { panic!() };
+        assert_eq!(
+            args.list.query(),
+            vec![
+                ("attr", "team=ci".to_owned()),
+                ("attr", "zone=a".to_owned()),
+                ("holder", "b-1".to_owned()),
+                ("all", "true".to_owned()),
+                ("limit", "5".to_owned())
+            ]
+        );
+        assert!(parse(&["leases", REF, "--limit", "0"]).is_err(), "a page holds at least one");
+        assert!(parse(&["ls", "--watch", "--after", REF]).is_err(), "--watch draws the whole list");
+        assert!(parse(&["leases", "--watch", "--holder", "h"]).is_ok());
         assert!(parse(&["command", "not-an-id"]).is_err());
         assert!(parse(&["ls", "--agent", "w1", "--state", "active", "--kind", "dir"]).is_ok());
         assert!(parse(&["dlq", "ls", "--from", "3", "--limit", "10"]).is_ok());

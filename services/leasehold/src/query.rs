@@ -22,6 +22,58 @@ pub(crate) struct LsArgs {
     /// Only resources of this kind.
     #[arg(long)]
     pub(crate) kind: Option<String>,
+    #[command(flatten)]
+    pub(crate) list: ListArgs,
+}
+
+/// `leasehold leases`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct LeasesArgs {
+    /// The resource, `<agent>.<id>`; default: every lease.
+    #[arg(value_name = "REF")]
+    pub(crate) resource: Option<ResourceRef>,
+    #[command(flatten)]
+    pub(crate) list: ListArgs,
+}
+
+/// What `ls` and `leases` share: filters the gateway applies, paging, and `--watch`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ListArgs {
+    /// Only records with this attribute (`leases`: whose resource has it), `name=value` (repeatable: all must match).
+    #[arg(long = "attr", value_name = "NAME=VALUE", value_parser = crate::produce::parse_attr)]
+    pub(crate) attrs: Vec<(String, String)>,
+    /// Only leases of this holder (`ls`: resources with a live lease of this holder).
+    #[arg(long)]
+    pub(crate) holder: Option<String>,
+    /// Also the records that ended (destroyed, failed, lost, orphaned resources; released, expired... leases) more
+    /// than an hour ago, which are left out otherwise.
+    #[arg(long)]
+    pub(crate) all: bool,
+    /// At most this many, in reference order; when there are more, stderr says how to ask for the next ones.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) limit: Option<u32>,
+    /// Only the records after this reference (the next page: what `--limit` said).
+    #[arg(long, value_name = "REF")]
+    pub(crate) after: Option<String>,
+    /// Draw the table again whenever the gateway's event feed reports an outcome (at most a few times a second),
+    /// until Ctrl-C.
+    #[arg(long, conflicts_with = "after")]
+    pub(crate) watch: bool,
+}
+
+impl ListArgs {
+    /// The query parameters of the gateway's list.
+    pub(crate) fn query(&self) -> Vec<(&'static str, String)> {
+        let mut query: Vec<(&'static str, String)> =
+            self.attrs.iter().map(|(name, value)| ("attr", format!("{name}={value}"))).collect();
+        query.extend(self.holder.clone().map(|h| ("holder", h)));
+        if self.all {
+            query.push(("all", "true".to_owned()));
+        }
+        query.extend(self.limit.map(|l| ("limit", l.to_string())));
+        query.extend(self.after.clone().map(|a| ("after", a)));
+        query
+    }
 }
 
 /// `leasehold watch`
@@ -53,7 +105,7 @@ pub(crate) struct DlqLsArgs {
 pub(crate) enum QueryCmd {
     Get(ResourceRef),
     Ls(LsArgs),
-    Leases(Option<ResourceRef>),
+    Leases(LeasesArgs),
     Agents,
     Pools,
     Command(CommandId),
@@ -74,17 +126,19 @@ pub(crate) async fn run(command: QueryCmd, global: &GlobalArgs) -> anyhow::Resul
             print(format, &record, |r| resource_fields(r, &clock))?;
         }
         QueryCmd::Ls(args) => {
-            let query: Vec<(&str, String)> = [("agent", args.agent), ("state", args.state), ("kind", args.kind)]
+            let mut query: Vec<(&str, String)> = [("agent", args.agent), ("state", args.state), ("kind", args.kind)]
                 .into_iter()
                 .filter_map(|(name, value)| Some((name, value?)))
                 .collect();
-            let records = list(&gateway, &["v1", "resources"], &query).await?;
-            print(format, &records, |r| resources_table(r, &clock))?;
+            query.extend(args.list.query());
+            let segments = ["v1", "resources"];
+            listing(&gateway, &segments, &query, &args.list, format, &|r, c| resources_table(r, c)).await?;
         }
-        QueryCmd::Leases(resource) => {
-            let query: Vec<(&str, String)> = resource.iter().map(|r| ("resource", r.to_string())).collect();
-            let records = list(&gateway, &["v1", "leases"], &query).await?;
-            print(format, &records, |r| leases_table(r, &clock))?;
+        QueryCmd::Leases(args) => {
+            let mut query: Vec<(&str, String)> = args.resource.iter().map(|r| ("resource", r.to_string())).collect();
+            query.extend(args.list.query());
+            let segments = ["v1", "leases"];
+            listing(&gateway, &segments, &query, &args.list, format, &|r, c| leases_table(r, c)).await?;
         }
         QueryCmd::Agents => {
             let records = list(&gateway, &["v1", "agents"], &[]).await?;
@@ -121,6 +175,86 @@ pub(crate) async fn run(command: QueryCmd, global: &GlobalArgs) -> anyhow::Resul
 /// A list the gateway answers with an array.
 async fn list(gateway: &Gateway, segments: &[&str], query: &[(&str, String)]) -> anyhow::Result<Vec<Value>> {
     gateway.get::<Vec<Value>>(segments, query).await?.with_context(|| format!("/{} is not there", segments.join("/")))
+}
+
+/// A table the gateway answers in pages (`ls`, `leases`): one page (every record without `--limit`), with a note on
+/// stderr naming the next when there is one; with `--watch`, drawn again at each outcome of the event feed.
+async fn listing(
+    gateway: &Gateway,
+    segments: &[&str],
+    query: &[(&str, String)],
+    args: &ListArgs,
+    format: OutputFormat,
+    table: &dyn Fn(&Vec<Value>, &Clock) -> String,
+) -> anyhow::Result<()> {
+    if args.watch {
+        return watch_list(gateway, segments, query, format, table).await;
+    }
+    let (records, next) = gateway
+        .get_page::<Vec<Value>>(segments, query)
+        .await?
+        .with_context(|| format!("/{} is not there", segments.join("/")))?;
+    print(format, &records, |r| table(r, &Clock::system()))?;
+    if let Some(next) = next {
+        eprintln!(
+            "{} shown; there may be more: the next ones with --after {}",
+            records.len(),
+            leasehold_schemas::text::shown(&next)
+        );
+    }
+    Ok(())
+}
+
+/// How often at most `--watch` draws its table again.
+const REDRAW_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Draws the list, then again whenever the event feed reports outcomes (those that land within [`REDRAW_EVERY`] of a
+/// drawing make one more drawing), until Ctrl-C. On a terminal each drawing replaces the last; otherwise each is
+/// printed after the last (json: one array a line).
+async fn watch_list(
+    gateway: &Gateway,
+    segments: &[&str],
+    query: &[(&str, String)],
+    format: OutputFormat,
+    table: &dyn Fn(&Vec<Value>, &Clock) -> String,
+) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    let terminal = std::io::stdout().is_terminal();
+    let mut clock = Clock::system();
+    let draw = async |clock: &Clock| -> anyhow::Result<()> {
+        let records = list(gateway, segments, query).await?;
+        match format {
+            OutputFormat::Json => output::emit(&format!("{}\n", serde_json::to_string(&records)?)),
+            OutputFormat::Table if terminal => output::emit(&format!("\x1b[H\x1b[2J{}", table(&records, clock))),
+            OutputFormat::Table => output::emit(&format!("{}\n", table(&records, clock))),
+        }
+        Ok(())
+    };
+    // The feed is followed from the first wait on: an outcome that lands between the first drawing and then shows at
+    // the next drawing.
+    let mut follower = Follower::new(gateway.clone(), None, None);
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
+    draw(&clock).await?;
+    let mut last = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = &mut interrupted => return Ok(()),
+            event = follower.next() => { event?; }
+        }
+        // Outcomes come in bursts: gather those of the next moment into one drawing.
+        let at = last + REDRAW_EVERY;
+        loop {
+            tokio::select! {
+                _ = &mut interrupted => return Ok(()),
+                () = tokio::time::sleep_until(at) => break,
+                event = follower.next() => { event?; }
+            }
+        }
+        clock.now = output::now_ms();
+        draw(&clock).await?;
+        last = tokio::time::Instant::now();
+    }
 }
 
 fn print<T: serde::Serialize>(format: OutputFormat, value: &T, table: impl Fn(&T) -> String) -> anyhow::Result<()> {
