@@ -56,9 +56,6 @@ pub(crate) async fn resource<L: Log>(
     found("resource", &reference, api.reader.resource(&parsed))
 }
 
-/// How long after it ended a terminal record (a destroyed resource, a released lease...) is still listed without
-/// `all=true`.
-const ENDED_SHOWN_MS: u64 = 3_600_000;
 /// The most records one page holds (`limit` above it is this).
 const MAX_PAGE: usize = 10_000;
 
@@ -122,13 +119,15 @@ impl ListQuery {
         Ok(query)
     }
 
-    /// Terminal records that ended before this log time are left out: an hour ago, unless `all` is given.
-    fn ended_before(&self) -> Option<u64> {
+    /// Terminal records that ended before this log time are left out: `shown_for` (an hour by default) before now
+    /// by this process's clock, unless `all` is given.
+    fn ended_before(&self, shown_for: std::time::Duration) -> Option<u64> {
         if self.all {
             return None;
         }
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-        Some(u64::try_from(now).unwrap_or(u64::MAX).saturating_sub(ENDED_SHOWN_MS))
+        let shown_for = u64::try_from(shown_for.as_millis()).unwrap_or(u64::MAX);
+        Some(u64::try_from(now).unwrap_or(u64::MAX).saturating_sub(shown_for))
     }
 
     /// A page as the answer: a JSON array, and when the page is full, `Link: <path?...&after=NEXT>; rel="next"` (the
@@ -201,7 +200,7 @@ pub(crate) async fn resources<L: Log>(
         kind: query.kind.clone(),
         attrs: query.attrs.clone(),
         holder: query.holder.clone(),
-        ended_before: query.ended_before(),
+        ended_before: query.ended_before(api.config.list_ended_for),
         after: query.after.clone(),
         limit: query.limit,
     };
@@ -232,7 +231,7 @@ pub(crate) async fn leases<L: Log>(
         resource,
         holder: query.holder.clone(),
         attrs: query.attrs.clone(),
-        ended_before: query.ended_before(),
+        ended_before: query.ended_before(api.config.list_ended_for),
         after: query.after.clone(),
         limit: query.limit,
     };

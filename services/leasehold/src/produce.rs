@@ -841,7 +841,7 @@ fn wait_again(args: &AcquireArgs, global: &GlobalArgs, command_id: &str, lease: 
 /// bidi character (see `leasehold_schemas::text`) is written in ANSI-C quotes instead (`$'x\e[31m'` as
 /// `$'x\x1b[31m'`; bash, zsh, ksh and POSIX.1-2024 shells read them): the same word, safe to show on a terminal
 /// and to paste.
-fn shell_word(text: &str) -> String {
+pub(crate) fn shell_word(text: &str) -> String {
     use std::fmt::Write as _;
     let plain = !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || "@%+=:,./_-".contains(c));
     if plain {
