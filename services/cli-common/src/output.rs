@@ -212,6 +212,52 @@ impl Clock {
     }
 }
 
+impl Clock {
+    /// `text` (a server's words, such as "w1 last heard from 2026-01-01T00:09:50.000Z") with every RFC 3339 time in
+    /// UTC in it (`...Z`, to the second or the millisecond) shown in this clock's zone.
+    pub fn localize(&self, text: &str) -> String {
+        let bytes = text.as_bytes();
+        let mut out = String::with_capacity(text.len());
+        let mut idx = 0;
+        while idx < bytes.len() {
+            if let Some((ms, len)) = utc_stamp_at(&bytes[idx..]) {
+                out.push_str(&self.zone.rfc3339(ms));
+                idx += len;
+            } else {
+                let c = text[idx..].chars().next().expect("a char at a char boundary");
+                out.push(c);
+                idx += c.len_utf8();
+            }
+        }
+        out
+    }
+}
+
+/// A time `YYYY-MM-DDTHH:MM:SS[.mmm]Z` at the start of `bytes`: its unix ms and its length.
+fn utc_stamp_at(bytes: &[u8]) -> Option<(u64, usize)> {
+    let digits = |range: std::ops::Range<usize>| -> Option<u64> {
+        let part = bytes.get(range)?;
+        part.iter().all(u8::is_ascii_digit).then(|| part.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
+    };
+    let punct = [(4, b'-'), (7, b'-'), (10, b'T'), (13, b':'), (16, b':')];
+    if !punct.iter().all(|(at, c)| bytes.get(*at) == Some(c)) {
+        return None;
+    }
+    let (year, month, day) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
+    let (hour, minute, second) = (digits(11..13)?, digits(14..16)?, digits(17..19)?);
+    let (millis, len) = match bytes.get(19) {
+        Some(b'Z') => (0, 20),
+        Some(b'.') if bytes.get(23) == Some(&b'Z') => (digits(20..23)?, 24),
+        _ => return None,
+    };
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
+        return None;
+    }
+    let days = crate::zone::days_from_civil(i64::try_from(year).ok()?, month as u32, day as u32);
+    let secs = u64::try_from(days).ok()? * 86_400 + hour * 3600 + minute * 60 + second;
+    Some((secs * 1000 + millis, len))
+}
+
 /// This machine's clock, in unix ms.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -325,6 +371,13 @@ mod tests {
         assert_eq!(clock.short(now + 300_000), "01:05 (in 5 min)");
         assert_eq!(clock.short(now + 3 * 86_400_000), "2026-01-04T01:00:00+01:00 (in 3 d 0 h)");
         assert_eq!((clock.time(None), clock.ago(None)), ("-".to_owned(), "-".to_owned()));
+        assert_eq!(
+            clock.localize(
+                "w1 last heard from 2026-01-01T00:09:50.000Z, gone at 2026-01-01T00:00:01Z; 2026-13-01T00:00:00Z"
+            ),
+            "w1 last heard from 2026-01-01T01:09:50+01:00, gone at 2026-01-01T01:00:01+01:00; 2026-13-01T00:00:00Z"
+        );
+        assert_eq!(clock.localize("漢字 no time"), "漢字 no time");
     }
 
     #[test]

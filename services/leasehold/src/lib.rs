@@ -12,6 +12,8 @@ mod client;
 mod credentials;
 mod demo;
 mod demo_docker;
+#[cfg(test)]
+mod golden;
 mod policy;
 mod produce;
 mod projection;

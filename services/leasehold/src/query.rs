@@ -302,7 +302,8 @@ pub(crate) fn resource_fields(record: &Value, clock: &Clock) -> String {
     }
     // Only while a destroy waits for something else to let go of the resource.
     if let Some(blocked) = record.get("destroy_blocked").filter(|b| !b.is_null()) {
-        let since = blocked["at"].as_u64().map(|ms| format!(" (since {})", clock.when(Some(ms))));
+        let since =
+            blocked["at"].as_u64().map(|ms| format!(" (since {}, {})", clock.time(Some(ms)), clock.ago(Some(ms))));
         rows.push(("destroy_blocked", format!("{}{}", cell(&blocked["detail"]), since.unwrap_or_default())));
     }
     rows.extend([
@@ -339,14 +340,7 @@ fn detail_text(record: &Value, clock: &Clock) -> String {
         ),
         (Some("orphaned"), Value::Object(_)) if detail["freed_because"].is_string() => {
             // The record says when in UTC, for programs; people read it in their zone.
-            let because = cell(&detail["freed_because"]);
-            let because = match detail["agent_gone_at"].as_u64() {
-                Some(at) => match because.strip_suffix(&leasehold_schemas::Timestamp(at).to_string()) {
-                    Some(head) => format!("{head}{}", clock.when(Some(at))),
-                    None => because,
-                },
-                None => because,
-            };
+            let because = clock.localize(&cell(&detail["freed_because"]));
             format!("freed because {because}")
         }
         _ => cell(detail),
