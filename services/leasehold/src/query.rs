@@ -297,8 +297,11 @@ pub(crate) fn resource_fields(record: &Value, clock: &Clock) -> String {
     }
     // What a waiting state waits on, and for how long.
     if let Some(waiting) = record.get("waiting_on").filter(|w| w.is_object()) {
-        let since = waiting["since"].as_u64().map(|ms| format!(" (since {})", clock.when(Some(ms))));
-        rows.push(("waiting_on", format!("{}{}", cell(&waiting["on"]), since.unwrap_or_default())));
+        let since =
+            waiting["since"].as_u64().map(|ms| format!(" (since {}, {})", clock.time(Some(ms)), clock.ago(Some(ms))));
+        // The gateway words it with UTC times; people read them in their zone.
+        let on = clock.localize(&cell(&waiting["on"]));
+        rows.push(("waiting_on", format!("{on}{}", since.unwrap_or_default())));
     }
     // Only while a destroy waits for something else to let go of the resource.
     if let Some(blocked) = record.get("destroy_blocked").filter(|b| !b.is_null()) {
