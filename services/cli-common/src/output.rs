@@ -271,10 +271,10 @@ fn relative(now: u64, ms: u64) -> String {
         5_400..172_800 => format!("{} h {} min", secs / 3600, secs % 3600 / 60),
         _ => format!("{} d {} h", secs / 86_400, secs % 86_400 / 3600),
     };
-    match (now.saturating_sub(ms) / 1000, ms.saturating_sub(now) / 1000) {
-        (0, 0) => "just now".to_owned(),
-        (0, ahead) => format!("in {}", span(ahead)),
-        (behind, _) => format!("{} ago", span(behind)),
+    match ms.saturating_sub(now) / 1000 {
+        0 if ms > now => "just now".to_owned(),
+        0 => format!("{} ago", span(now.saturating_sub(ms) / 1000)),
+        ahead => format!("in {}", span(ahead)),
     }
 }
 
@@ -356,8 +356,8 @@ mod tests {
     fn ages_read_in_a_few_words() {
         let now = 1_767_225_600_000;
         for (ago, said) in [
-            (0, "just now"),
-            (400, "just now"),
+            (0, "0 s ago"),
+            (400, "0 s ago"),
             (40_000, "40 s ago"),
             (12 * 60_000 + 10_000, "12 min ago"),
             (3 * 3_600_000 + 5 * 60_000, "3 h 5 min ago"),
@@ -366,6 +366,7 @@ mod tests {
             assert_eq!(relative(now, now - ago), said);
         }
         assert_eq!(relative(now, now + 5 * 60_000), "in 5 min");
+        assert_eq!(relative(now, now + 400), "just now");
         let clock = Clock::fixed(now, Zone::fixed(3600));
         assert_eq!(clock.when(Some(now - 720_000)), "2026-01-01T00:48:00+01:00 (12 min ago)");
         assert_eq!(clock.short(now + 300_000), "01:05 (in 5 min)");
