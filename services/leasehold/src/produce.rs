@@ -682,9 +682,7 @@ pub(crate) async fn simple(
     envelope: Envelope,
     what: &str,
 ) -> anyhow::Result<()> {
-    let transport = transport(global, &produce.nats).await?;
-    let sent = transport.submit(&envelope, produce.timeout).await;
-    let status = settle(sent, &envelope, produce.timeout, global.output, None)?;
+    let status = decided(global, produce, &envelope).await?;
     let holds = status
         .rejection
         .as_ref()
@@ -718,12 +716,22 @@ pub(crate) async fn accepted_quietly(
     envelope: &Envelope,
     what: &str,
 ) -> anyhow::Result<leasehold_client::CommandStatus> {
-    let transport = transport(global, &produce.nats).await?;
-    let sent = transport.submit(envelope, produce.timeout).await;
-    let status = settle(sent, envelope, produce.timeout, global.output, None)?;
+    let status = decided(global, produce, envelope).await?;
     let kept = status.clone();
     accepted(status, global.output, what)?;
     Ok(kept)
+}
+
+/// Sends `envelope` and waits until it is decided (or dead-lettered): its status, whatever the decision; an error
+/// when its outcome is not known (see [`settle`]) or it could not be sent.
+async fn decided(
+    global: &GlobalArgs,
+    produce: &ProduceArgs,
+    envelope: &Envelope,
+) -> anyhow::Result<leasehold_client::CommandStatus> {
+    let transport = transport(global, &produce.nats).await?;
+    let sent = transport.submit(envelope, produce.timeout).await;
+    settle(sent, envelope, produce.timeout, global.output, None)
 }
 
 async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> anyhow::Result<()> {

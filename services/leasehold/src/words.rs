@@ -156,7 +156,9 @@ fn timeline_cause(cause: &ReleaseCause) -> String {
 
 /// When a command of type `type_name` was rejected as `already-done` because the state it asks for already holds
 /// (a second release, an unpause of what is not paused), what to say instead of an error: the command line then exits
-/// 0. Any other rejection, and an `already-done` that is about something else, is `None`: it stays a rejection.
+/// 0. Any other rejection, and an `already-done` that is about something else, is `None`: it stays a rejection. So
+/// do a `pause` of a paused resource and a `cordon` of a cordoned agent: those states carry who, why and until when,
+/// and the one in force may not be the one asked for (the rejection names it).
 pub(crate) fn end_state_holds(type_name: &str, rejection: &RejectionInfo) -> Option<String> {
     if rejection.kind != "already-done" {
         return None;
@@ -167,12 +169,10 @@ pub(crate) fn end_state_holds(type_name: &str, rejection: &RejectionInfo) -> Opt
         // handle left has nothing to release.
         "op.release" if says(" is already ") || says(" is lost and no handle") => "already released",
         "op.release-lease" if says(" is already ") => "already ended",
-        "op.pause" if says(" is already paused") => "already paused",
         "op.unpause" if says(" is not paused") => "not paused",
         "op.report-failure" if says(" is already suspect") => "already suspect",
         "op.retire-agent" if says(" is already retired") => "already retired",
         "op.unretire-agent" if says(" is not retired") => "not retired",
-        "op.cordon-agent" if says(" is already cordoned") => "already cordoned",
         "op.uncordon-agent" if says(" is not cordoned") => "not cordoned",
         "op.define-pool" | "op.update-pool" if says(" is already defined so") => "already defined so",
         _ => return None,
@@ -195,11 +195,9 @@ mod tests {
             ("op.release", "resource w1.x is already releasing (destruction ordered at 40)"),
             ("op.release", "resource w1.x is lost and no handle of it is on its agent's machine"),
             ("op.release-lease", "lease l is already expired"),
-            ("op.pause", "resource w1.x is already paused"),
             ("op.unpause", "resource w1.x is not paused"),
             ("op.retire-agent", "agent w1 is already retired"),
             ("op.unretire-agent", "agent w1 is not retired"),
-            ("op.cordon-agent", "agent w1 is already cordoned (by op:a since ...)"),
             ("op.uncordon-agent", "agent w1 is not cordoned"),
             ("op.define-pool", "pool net1 is already defined so"),
             ("op.report-failure", "resource w1.x is already suspect; its health check is due"),
@@ -217,7 +215,10 @@ mod tests {
             ("op.unpause", rejection("invalid-state", "resource w1.x is releasing, not paused")),
             ("op.release", rejection("not-found", "no resource w1.x")),
             // Already-done, but not of what the command asks.
-            ("op.pause", rejection("already-done", "w1.x already holds 10.0.0.7 of pool net1 (claim token 5)")),
+            ("op.unpause", rejection("already-done", "w1.x already holds 10.0.0.7 of pool net1 (claim token 5)")),
+            // A state with who, why and until when: the one in force may not be the one asked for.
+            ("op.pause", rejection("already-done", "resource w1.x is already paused")),
+            ("op.cordon-agent", rejection("already-done", "agent w1 is already cordoned (by op:a since ...)")),
             ("op.acquire", rejection("already-done", "lease l is already active")),
             ("op.set-partition-settings", rejection("already-done", "the partition already has these settings")),
         ];
