@@ -2,7 +2,7 @@
 //! words, a command whose end state already holds (a second release, an unpause of what is not paused) exits 0 and
 //! says so, `ls` and `leases` filter by attribute and holder on the gateway and page through it by key (the HTTP API's
 //! `Link` header, the CLI's `--limit`/`--after`), a record that ended is hidden once `--list-ended-for` has passed
-//! unless `--all`; and a `publish` whose gateway goes away half-way prints one summary and the command that sends the
+//! unless `--all`, `ls --watch` draws the list again as outcomes land; and a `publish` whose gateway goes away half-way prints one summary and the command that sends the
 //! rest, which then stores each command once.
 
 use std::collections::BTreeMap;
@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{Api, agent_name, allocate, wait_agent, wait_resource};
 use crate::nats::NatsRun;
-use crate::support::{Ran, run_cli};
+use crate::support::{Proc, Ran, run_cli};
 
 /// `leasehold-e2e --server SERVER ARGS...` in `run`'s directory.
 async fn lh(run: &NatsRun, server: &str, args: &[&str]) -> Ran {
@@ -162,6 +162,25 @@ async fn producer_commands_say_what_changed_and_lists_filter_and_page_on_the_gat
     assert_eq!(refs(&json(&ran)), vec![r3.clone()], "{ran:?}");
     let ran = lh(&run, &server, &["--output", "json", "ls"]).await;
     assert_eq!(refs(&json(&ran)), vec![r1.clone(), r2.clone()], "{ran:?}");
+
+    // `ls --watch`: the list again whenever the event feed reports an outcome (json: one array a line).
+    let argv = ["--server", &server, "--output", "json", "ls", "--watch", "--attr", "team=ops"];
+    let mut watch = Proc::spawn(run.path(), "watch", &argv);
+    let drawn = |watch: &Proc, wanted: &dyn Fn(&Value) -> bool| {
+        watch.stdout().lines().any(|line| serde_json::from_str::<Value>(line).is_ok_and(|list| wanted(&list)))
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !drawn(&watch, &|list| list == &serde_json::json!([])) {
+        assert!(tokio::time::Instant::now() < deadline, "no first drawing: {}", watch.output());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ran = lh(&run, &server, &["allocate", "--agent", "w1", "--kind", "dir", "--attr", "team=ops"]).await;
+    let r4 = ran.stdout.trim().to_owned();
+    while !drawn(&watch, &|list| refs(list) == vec![r4.clone()] && list[0]["state"] == "active") {
+        assert!(tokio::time::Instant::now() < deadline, "{r4} not drawn active: {}", watch.output());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    watch.kill9();
 
     serve.stop_cleanly().await;
     serve.assert_no_panic();
