@@ -189,24 +189,26 @@ async fn producer_commands_say_what_changed_and_lists_filter_and_page_on_the_gat
 /// What the proxy counts: the start of a batch request.
 const BATCH_REQUEST: &[u8] = b"POST /v1/commands/batch ";
 
-/// A TCP proxy to `target` that passes the first batch request (and its answer) through and cuts everything at the
-/// start of the second: every connection is closed before that request reaches the gateway, and the proxy stops
-/// listening. The gateway "goes away" half-way through a publish.
-async fn cutting_proxy(target: String) -> String {
+/// A TCP proxy to `target` that passes the first batch request (and its answer) through and, at the start of the
+/// second, either cuts everything (`stall` false: every connection closed before that request reaches the gateway,
+/// and the proxy stops listening: the gateway "goes away" half-way through a publish) or holds it (`stall` true: the
+/// request never arrives and no answer comes, as from a gateway that hangs). `second` is cancelled then.
+async fn cutting_proxy(target: String, stall: bool) -> (String, CancellationToken) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
     let address = listener.local_addr().expect("its address").to_string();
+    let (cut, seen) = (CancellationToken::new(), Arc::new(AtomicUsize::new(0)));
+    let second = cut.clone();
     tokio::spawn(async move {
-        let (cut, seen) = (CancellationToken::new(), Arc::new(AtomicUsize::new(0)));
         loop {
             let (client, _) = tokio::select! {
-                () = cut.cancelled() => break,
+                () = cut.cancelled(), if !stall => break,
                 accepted = listener.accept() => accepted.expect("accept"),
             };
             let server = tokio::net::TcpStream::connect(&target).await.expect("connect to the gateway");
-            tokio::spawn(pipe(client, server, seen.clone(), cut.clone()));
+            tokio::spawn(pipe(client, server, seen.clone(), cut.clone(), stall));
         }
     });
-    address
+    (address, second)
 }
 
 async fn pipe(
@@ -214,6 +216,7 @@ async fn pipe(
     server: tokio::net::TcpStream,
     seen: Arc<AtomicUsize>,
     cut: CancellationToken,
+    stall: bool,
 ) {
     let (mut from_client, mut to_client) = client.into_split();
     let (mut from_server, mut to_server) = server.into_split();
@@ -235,6 +238,10 @@ async fn pipe(
             let found = found.count();
             if found > 0 && seen.fetch_add(found, Ordering::SeqCst) + found >= 2 {
                 cut.cancel();
+                if stall {
+                    // Hold the connection open, forwarding nothing, until the client goes.
+                    while from_client.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+                }
                 return;
             }
             if to_server.write_all(&buf[..n]).await.is_err() {
@@ -247,7 +254,7 @@ async fn pipe(
     tokio::select! {
         () = up => {}
         _ = down => {}
-        () = cut.cancelled() => {}
+        () = cut.cancelled(), if !stall => {}
     }
 }
 
@@ -256,7 +263,7 @@ async fn a_publish_cut_short_prints_one_summary_and_the_command_that_sends_the_r
     let Some(run) = NatsRun::start("publish-cut", 4) else { return };
     let mut serve = run.serve("serve", &[]);
     let server = serve.ready().await;
-    let proxy = cutting_proxy(server.trim_start_matches("http://").to_owned()).await;
+    let (proxy, _) = cutting_proxy(server.trim_start_matches("http://").to_owned(), false).await;
 
     // 2,500 commands: three batches (1,000, 1,000, 500); the second starts at line 1,002 of the file.
     let w1 = agent_name("w1");
@@ -302,6 +309,43 @@ async fn a_publish_cut_short_prints_one_summary_and_the_command_that_sends_the_r
     for envelope in &envelopes {
         assert_eq!(stored.get(&envelope.command_id.to_string()), Some(&1), "{}", envelope.command_id);
     }
+
+    serve.stop_cleanly().await;
+    serve.assert_no_panic();
+}
+
+/// Ctrl-C while a batch is on its way (the gateway, behind a proxy that holds the request, never answers): one
+/// summary that counts that batch as maybe stored, and the command that sends the rest from its first line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_interrupted_by_ctrl_c_counts_the_batch_in_flight_and_says_how_to_go_on() {
+    let Some(run) = NatsRun::start("publish-int", 4) else { return };
+    let mut serve = run.serve("serve", &[]);
+    let server = serve.ready().await;
+    let (proxy, second) = cutting_proxy(server.trim_start_matches("http://").to_owned(), true).await;
+    let w1 = agent_name("w1");
+    let file: String = (0..1500)
+        .map(|_| codec::command_to_json(&allocate(&w1, ResourceId::generate())).expect("JSON") + "\n")
+        .collect();
+    let path = run.path().join("allocations.ndjson");
+    std::fs::write(&path, &file).expect("write the file");
+    let path = path.display().to_string();
+
+    let proxy_url = format!("http://{proxy}");
+    let mut publish = Proc::spawn(run.path(), "publish", &["--server", &proxy_url, "publish", "--file", &path]);
+    tokio::time::timeout(Duration::from_secs(20), second.cancelled())
+        .await
+        .unwrap_or_else(|_| panic!("the second batch was not sent: {}", publish.output()));
+    publish.interrupt();
+    let (status, _) = publish.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(3), "{}", publish.output());
+    assert!(publish.stdout().is_empty(), "one summary, no line per command: {}", publish.output());
+    let said = publish.log();
+    assert!(
+        said.contains("publish stopped, interrupted (Ctrl-C): of 1500 command(s), 1500 sent: 1000 stored"),
+        "{said}"
+    );
+    assert!(said.contains("500 may not have been stored (the batch being sent when it stopped); 0 not sent"), "{said}");
+    assert!(said.contains(&format!("--server {proxy_url} publish --file {path} --from-line 1001")), "{said}");
 
     serve.stop_cleanly().await;
     serve.assert_no_panic();
