@@ -194,12 +194,15 @@ pub fn main() -> std::process::ExitCode {
             // Errors quote the gateway, the log and what producers wrote: each is shown escaped, but for those made
             // safe to show by their makers (the command `acquire --block` says to run again, to be pasted as it is).
             let made_safe = |error: &(dyn std::error::Error + 'static)| error.is::<produce::StillWaiting>();
+            // The log's times in them (a rejection's "cordoned since ...Z") read in this machine's zone; the JSON
+            // error keeps them as they are.
+            let clock = output::Clock::system();
             let mut chain = e.chain();
             if let Some(error) = chain.next() {
-                eprintln!("error: {}", output::show_error(error, made_safe(error)));
+                eprintln!("error: {}", clock.localize(&output::show_error(error, made_safe(error))));
             }
             for cause in chain {
-                eprintln!("  caused by: {}", output::show_error(cause, made_safe(cause)));
+                eprintln!("  caused by: {}", clock.localize(&output::show_error(cause, made_safe(cause))));
             }
             std::process::ExitCode::from(exit_status(&e))
         }

@@ -18,6 +18,8 @@ use leasehold_schemas::{
     ResourceRef, Timestamp,
 };
 
+use leasehold_schemas::text::shown;
+
 use crate::GlobalArgs;
 use crate::client::{CommandStatus, Error, SeqOutcome};
 use crate::nats_args::NatsArgs;
@@ -691,7 +693,10 @@ pub(crate) async fn simple(
     if let Some(holds) = holds {
         match global.output {
             OutputFormat::Json => output::emit(&output::json(&status)?),
-            OutputFormat::Table => output::emit(&format!("{}: {}\n", leasehold_schemas::text::shown(what), holds)),
+            OutputFormat::Table => {
+                let holds = Clock::system().localize(&holds);
+                output::emit(&format!("{}: {}\n", leasehold_schemas::text::shown(what), shown(&holds)));
+            }
         }
         return Ok(());
     }
