@@ -542,7 +542,7 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
                 OutputFormat::Table => {
                     output::emit(&format!("{reference}\n"));
                     let words = crate::words::accepted(&format!("allocate {reference}"), &outcomes, &Clock::system());
-                    eprint!("{}", leasehold_schemas::text::escape_for_display(&words));
+                    eprintln!("{}", leasehold_schemas::text::escape_for_display(&words));
                 }
                 OutputFormat::Json => {
                     let record = match &transport {
@@ -706,8 +706,7 @@ pub(crate) async fn simple(
         OutputFormat::Json => output::emit(&output::json(&kept)?),
         OutputFormat::Table => {
             let text = crate::words::accepted(what, &kept.outcomes, &Clock::system());
-            output::emit(&leasehold_schemas::text::escape_for_display(text.trim_end()));
-            output::emit("\n");
+            output::emit(&format!("{}\n", leasehold_schemas::text::escape_for_display(&text)));
         }
     }
     Ok(())
@@ -780,10 +779,8 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
     match global.output {
         OutputFormat::Table => {
             let clock = Clock::system();
-            eprint!(
-                "{}",
-                leasehold_schemas::text::escape_for_display(&crate::words::accepted(&what, &outcomes, &clock))
-            );
+            let words = crate::words::accepted(&what, &outcomes, &clock);
+            eprintln!("{}", leasehold_schemas::text::escape_for_display(&words));
             output::emit(&lease_table(&record, &clock));
         }
         OutputFormat::Json => output::emit(&output::json(&record)?),

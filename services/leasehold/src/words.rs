@@ -13,7 +13,8 @@ use crate::output::Clock;
 /// At most this many changes are named one by one; the rest are counted (`--output json` lists them all).
 const MAX_NAMED: usize = 6;
 
-/// One line saying what the outcomes of `what` (`release w1.…`) changed.
+/// One line (without its end) saying what the outcomes of `what` (`release w1.…`) changed: raw text, to be escaped
+/// where it is shown.
 pub(crate) fn accepted(what: &str, outcomes: &[SeqOutcome], clock: &Clock) -> String {
     let mut said = Vec::new();
     for SeqOutcome { outcome, .. } in outcomes {
@@ -24,14 +25,14 @@ pub(crate) fn accepted(what: &str, outcomes: &[SeqOutcome], clock: &Clock) -> St
         }
     }
     if said.is_empty() {
-        return format!("{what}: accepted; nothing changed\n");
+        return format!("{what}: accepted; nothing changed");
     }
     let n_said = said.len();
     if n_said > MAX_NAMED {
         said.truncate(MAX_NAMED - 1);
         said.push(format!("and {} more changes (`--output json` lists them)", n_said - (MAX_NAMED - 1)));
     }
-    format!("{}\n", said.join("; "))
+    said.join("; ")
 }
 
 /// The agent an outcome's command was keyed by (resources and leases are named `<agent>.<id>`), if any.
@@ -255,7 +256,7 @@ mod tests {
         assert_eq!(
             accepted("allocate", &[allocated], &clock),
             "allocated w1.019b76da-9478-7111-9111-111111111111: container, pending; waiting for an identifier of \
-             pool net1\n"
+             pool net1"
         );
         let granted = outcome(
             "w1",
@@ -266,11 +267,11 @@ mod tests {
         assert_eq!(
             accepted("acquire", &[granted], &clock),
             "lease w1.019b76da-9860-7333-b333-333333333333 granted to build-42 on \
-             w1.019b76da-9478-7111-9111-111111111111 until 00:05 (in 5 min) (token 57)\n"
+             w1.019b76da-9478-7111-9111-111111111111 until 00:05 (in 5 min) (token 57)"
         );
         assert_eq!(
             accepted("release w1.x", &[outcome("w1", serde_json::json!([]))], &clock),
-            "release w1.x: accepted; nothing changed\n"
+            "release w1.x: accepted; nothing changed"
         );
         let many: Vec<serde_json::Value> = (0..9)
             .map(|n| {
@@ -279,7 +280,7 @@ mod tests {
             })
             .collect();
         let text = accepted("agent retire w1", &[outcome("w1", many.into())], &clock);
-        assert!(text.ends_with("; and 4 more changes (`--output json` lists them)\n"), "{text}");
+        assert!(text.ends_with("; and 4 more changes (`--output json` lists them)"), "{text}");
         assert!(text.starts_with("w1.019b76da-9478-7111-9111-111111111110 releasing (its agent retired): w1 is asked"));
     }
 }

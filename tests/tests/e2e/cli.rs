@@ -59,10 +59,8 @@ async fn producer_commands_say_what_changed_and_lists_filter_and_page_on_the_gat
         let ran = lh(&run, &server, &["allocate", "--agent", "w1", "--kind", "dir", "--attr", &attr]).await;
         assert_eq!(ran.code, Some(0), "{ran:?}");
         let reference = ran.stdout.trim().to_owned();
-        assert!(
-            ran.stderr.contains(&format!("allocated {reference}: dir, pending; w1 is asked to create it")),
-            "{ran:?}"
-        );
+        let said = format!("allocated {reference}: dir, pending; w1 is asked to create it\n");
+        assert_eq!(ran.stderr, said, "{ran:?}");
         made.push(reference);
     }
     for reference in &made {
@@ -73,6 +71,7 @@ async fn producer_commands_say_what_changed_and_lists_filter_and_page_on_the_gat
     let ran = lh(&run, &server, &["acquire", r1, "--holder", "build-1", "--ttl", "10min"]).await;
     assert_eq!(ran.code, Some(0), "{ran:?}");
     assert!(ran.stderr.contains(&format!("granted to build-1 on {r1} until ")), "{ran:?}");
+    assert!(ran.stderr.ends_with(")\n") && ran.stderr.lines().count() == 1, "one line of words: {ran:?}");
     assert!(ran.stderr.contains("(in 10 min)") || ran.stderr.contains("(in 9 min)"), "{ran:?}");
     assert!(no_epoch_ms(&ran.stdout) && ran.stdout.contains("(in "), "times in words: {ran:?}");
 
