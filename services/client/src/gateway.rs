@@ -706,6 +706,22 @@ impl Follower {
         Follower { gateway, key, cursor: Cursor::new(from), stream: None }
     }
 
+    /// Connects now, unless it is connected: what lands from then on comes from [`Follower::next`] even if the caller
+    /// reads something else first (`ls --watch` draws its first table after this, so no outcome falls between the
+    /// two). A gateway that cannot be reached is left to `next`, which says so and connects again; a refusal is an
+    /// error.
+    pub async fn open(&mut self) -> Result<(), Error> {
+        if self.stream.is_none() {
+            let (from, last) = self.cursor.request();
+            match self.gateway.events_after(self.key.as_deref(), from, last).await {
+                Ok(stream) => self.stream = Some(stream),
+                Err(e @ Error::Refused { .. }) => return Err(e),
+                Err(_) => {}
+            }
+        }
+        Ok(())
+    }
+
     /// The next outcome. Cancel-safe: dropped while waiting, it loses nothing.
     pub async fn next(&mut self) -> Result<SeqOutcome, Error> {
         loop {

@@ -230,9 +230,9 @@ async fn watch_list(
         }
         Ok(())
     };
-    // The feed is followed from the first wait on: an outcome that lands between the first drawing and then shows at
-    // the next drawing.
+    // The feed is open before the first drawing: an outcome that lands while it is drawn makes the next one.
     let mut follower = Follower::new(gateway.clone(), None, None);
+    follower.open().await?;
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
     draw(&clock).await?;
