@@ -456,10 +456,15 @@ fn progress_rate(n: u64, elapsed: Duration) -> f64 {
 }
 
 /// Prints `value` as JSON, or the text `text` makes.
+/// Prints `value` as JSON, or its text for people with the log's times (UTC, exact, as the JSON keeps them) shown in
+/// this machine's zone.
 fn print(output: OutputFormat, value: &impl serde::Serialize, text: impl FnOnce() -> String) -> anyhow::Result<()> {
     match output {
         OutputFormat::Json => leasehold_cli_common::output::emit(&json(value)?),
-        OutputFormat::Table => leasehold_cli_common::output::emit(&text()),
+        OutputFormat::Table => {
+            let clock = leasehold_cli_common::output::Clock::system();
+            leasehold_cli_common::output::emit(&clock.localize(&text()));
+        }
     }
     Ok(())
 }

@@ -8,3 +8,4 @@ pub mod logs;
 pub mod nats_args;
 pub mod output;
 pub mod timeline;
+pub mod zone;

@@ -10,10 +10,12 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use leasehold_schemas::Outcome;
 use leasehold_schemas::text::{escape_for_display, json_for_display, shown};
-use leasehold_schemas::{Outcome, Timestamp};
 use serde::Serialize;
 use unicode_width::UnicodeWidthStr;
+
+pub use crate::zone::Zone;
 
 /// `--output`: what a command prints on stdout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -164,21 +166,115 @@ pub fn emit(text: &str) {
     }
 }
 
-/// How long ago log time `ms` (unix ms) was, by this machine's clock, in a few words: "40 s ago", "12 min ago",
-/// "3 h 5 min ago", "2 d 4 h ago" ("just now" for a time ahead of the clock).
-pub fn ago(ms: u64) -> String {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-    ago_from(now, ms)
+/// How times are shown to people: in a zone (this machine's), and against a "now" (this machine's clock) for "12 min
+/// ago" and "in 5 min". Renderers take one, so that a test renders with a fixed one (UTC, a fixed now) and a golden
+/// file does not depend on the machine it runs on. JSON output keeps unix milliseconds: this is for text only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Clock {
+    /// Unix ms.
+    pub now: u64,
+    pub zone: Zone,
 }
 
-fn ago_from(now: u64, ms: u64) -> String {
-    let secs = now.saturating_sub(ms) / 1000;
-    match secs {
+impl Clock {
+    /// This machine's clock and zone.
+    pub fn system() -> Clock {
+        Clock { now: now_ms(), zone: Zone::local() }
+    }
+
+    /// A fixed now (unix ms) in a fixed zone.
+    pub fn fixed(now: u64, zone: Zone) -> Clock {
+        Clock { now, zone }
+    }
+
+    /// Unix ms as RFC 3339 to the second in the zone (`2026-01-01T14:05:00+01:00`); `-` for none.
+    pub fn time(&self, ms: Option<u64>) -> String {
+        ms.map_or_else(|| "-".to_owned(), |ms| self.zone.rfc3339(ms))
+    }
+
+    /// How far from now, in a few words: "40 s ago", "12 min ago", "3 h 5 min ago", "in 5 min"; `-` for none.
+    pub fn ago(&self, ms: Option<u64>) -> String {
+        ms.map_or_else(|| "-".to_owned(), |ms| relative(self.now, ms))
+    }
+
+    /// Both: `2026-01-01T14:05:00+01:00 (12 min ago)`; `-` for none.
+    pub fn when(&self, ms: Option<u64>) -> String {
+        ms.map_or_else(|| "-".to_owned(), |ms| format!("{} ({})", self.zone.rfc3339(ms), relative(self.now, ms)))
+    }
+
+    /// The local time of day and how far from now: `14:05 (in 5 min)`; the whole date when it is not within a day.
+    pub fn short(&self, ms: u64) -> String {
+        if self.now.abs_diff(ms) < 20 * 3_600_000 {
+            format!("{} ({})", self.zone.clock(ms), relative(self.now, ms))
+        } else {
+            format!("{} ({})", self.zone.rfc3339(ms), relative(self.now, ms))
+        }
+    }
+}
+
+impl Clock {
+    /// `text` (a server's words, such as "w1 last heard from 2026-01-01T00:09:50.000Z") with every RFC 3339 time in
+    /// UTC in it (`...Z`, to the second or the millisecond) shown in this clock's zone.
+    pub fn localize(&self, text: &str) -> String {
+        let bytes = text.as_bytes();
+        let mut out = String::with_capacity(text.len());
+        let mut idx = 0;
+        while idx < bytes.len() {
+            if let Some((ms, len)) = utc_stamp_at(&bytes[idx..]) {
+                out.push_str(&self.zone.rfc3339(ms));
+                idx += len;
+            } else {
+                let c = text[idx..].chars().next().expect("a char at a char boundary");
+                out.push(c);
+                idx += c.len_utf8();
+            }
+        }
+        out
+    }
+}
+
+/// A time `YYYY-MM-DDTHH:MM:SS[.mmm]Z` at the start of `bytes`: its unix ms and its length.
+fn utc_stamp_at(bytes: &[u8]) -> Option<(u64, usize)> {
+    let digits = |range: std::ops::Range<usize>| -> Option<u64> {
+        let part = bytes.get(range)?;
+        part.iter().all(u8::is_ascii_digit).then(|| part.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
+    };
+    let punct = [(4, b'-'), (7, b'-'), (10, b'T'), (13, b':'), (16, b':')];
+    if !punct.iter().all(|(at, c)| bytes.get(*at) == Some(c)) {
+        return None;
+    }
+    let (year, month, day) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
+    let (hour, minute, second) = (digits(11..13)?, digits(14..16)?, digits(17..19)?);
+    let (millis, len) = match bytes.get(19) {
+        Some(b'Z') => (0, 20),
+        Some(b'.') if bytes.get(23) == Some(&b'Z') => (digits(20..23)?, 24),
+        _ => return None,
+    };
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
+        return None;
+    }
+    let days = crate::zone::days_from_civil(i64::try_from(year).ok()?, month as u32, day as u32);
+    let secs = u64::try_from(days).ok()? * 86_400 + hour * 3600 + minute * 60 + second;
+    Some((secs * 1000 + millis, len))
+}
+
+/// This machine's clock, in unix ms.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `ms` from `now` in a few words: past ("12 min ago", "just now") or future ("in 5 min").
+fn relative(now: u64, ms: u64) -> String {
+    let span = |secs: u64| match secs {
+        0..90 => format!("{secs} s"),
+        90..5_400 => format!("{} min", (secs + 30) / 60),
+        5_400..172_800 => format!("{} h {} min", secs / 3600, secs % 3600 / 60),
+        _ => format!("{} d {} h", secs / 86_400, secs % 86_400 / 3600),
+    };
+    match ms.saturating_sub(now) / 1000 {
         0 if ms > now => "just now".to_owned(),
-        0..90 => format!("{secs} s ago"),
-        90..5_400 => format!("{} min ago", (secs + 30) / 60),
-        5_400..172_800 => format!("{} h {} min ago", secs / 3600, secs % 3600 / 60),
-        _ => format!("{} d {} h ago", secs / 86_400, secs % 86_400 / 3600),
+        0 => format!("{} ago", span(now.saturating_sub(ms) / 1000)),
+        ahead => format!("in {}", span(ahead)),
     }
 }
 
@@ -187,11 +283,6 @@ pub fn json(value: &impl Serialize) -> anyhow::Result<String> {
     let mut text = serde_json::to_string_pretty(value)?;
     text.push('\n');
     Ok(text)
-}
-
-/// A log time (unix ms) as RFC 3339 in UTC; `-` for none.
-pub fn time(ms: Option<u64>) -> String {
-    ms.map_or_else(|| "-".to_owned(), |ms| Timestamp(ms).to_string())
 }
 
 /// A duration in ms as `5min`, `30s`, `1500ms`; `-` for none.
@@ -234,12 +325,12 @@ pub fn shown_effect(effect: &leasehold_schemas::Effect) -> String {
     json_for_display(&self::effect(effect)).into_owned()
 }
 
-/// One line for an outcome on the log: sequence, log time, key, command type, issuer, then what was decided; every
-/// piece escaped for display.
-pub fn outcome_line(seq: u64, outcome: &Outcome) -> String {
+/// One line for an outcome on the log: sequence, log time (in `clock`'s zone), key, command type, issuer, then what
+/// was decided; every piece escaped for display.
+pub fn outcome_line(seq: u64, outcome: &Outcome, clock: &Clock) -> String {
     let head = format!(
         "{seq}  {}  {}  {}  {}  {}",
-        outcome.log_time,
+        clock.time(Some(outcome.log_time.0)),
         outcome.command.key.token(),
         shown(&outcome.command.type_name),
         shown(&outcome.command.issuer),
@@ -266,14 +357,28 @@ mod tests {
         let now = 1_767_225_600_000;
         for (ago, said) in [
             (0, "0 s ago"),
+            (400, "0 s ago"),
             (40_000, "40 s ago"),
             (12 * 60_000 + 10_000, "12 min ago"),
             (3 * 3_600_000 + 5 * 60_000, "3 h 5 min ago"),
             (2 * 86_400_000 + 4 * 3_600_000, "2 d 4 h ago"),
         ] {
-            assert_eq!(ago_from(now, now - ago), said);
+            assert_eq!(relative(now, now - ago), said);
         }
-        assert_eq!(ago_from(now, now + 5_000), "just now");
+        assert_eq!(relative(now, now + 5 * 60_000), "in 5 min");
+        assert_eq!(relative(now, now + 400), "just now");
+        let clock = Clock::fixed(now, Zone::fixed(3600));
+        assert_eq!(clock.when(Some(now - 720_000)), "2026-01-01T00:48:00+01:00 (12 min ago)");
+        assert_eq!(clock.short(now + 300_000), "01:05 (in 5 min)");
+        assert_eq!(clock.short(now + 3 * 86_400_000), "2026-01-04T01:00:00+01:00 (in 3 d 0 h)");
+        assert_eq!((clock.time(None), clock.ago(None)), ("-".to_owned(), "-".to_owned()));
+        assert_eq!(
+            clock.localize(
+                "w1 last heard from 2026-01-01T00:09:50.000Z, gone at 2026-01-01T00:00:01Z; 2026-13-01T00:00:00Z"
+            ),
+            "w1 last heard from 2026-01-01T01:09:50+01:00, gone at 2026-01-01T01:00:01+01:00; 2026-13-01T00:00:00Z"
+        );
+        assert_eq!(clock.localize("漢字 no time"), "漢字 no time");
     }
 
     #[test]
@@ -344,12 +449,13 @@ mod tests {
                 "resource": "019b76da-9478-7111-9111-111111111111", "holder": "x\u{1b}[31mRED\rFAKE\u{202e}",
                 "ttl": null, "expires_at": null}}
         ]}}));
-        let line = outcome_line(7, &granted);
+        let clock = Clock::fixed(1_767_225_601_007, Zone::utc());
+        let line = outcome_line(7, &granted, &clock);
         assert!(!line.contains(leasehold_schemas::text::is_unsafe_for_display), "{line:?}");
         assert!(line.contains(r#""holder":"x\u001b[31mRED\rFAKE\u202e""#), "{line}");
         let rejected =
             outcome(serde_json::json!({"rejected": {"kind": "invalid-state", "message": "holder x\u{1b}[2J\n7 FAKE"}}));
-        let line = outcome_line(8, &rejected);
+        let line = outcome_line(8, &rejected, &clock);
         assert!(line.ends_with(r"rejected invalid-state: holder x\x1b[2J\n7 FAKE"), "{line}");
     }
 
@@ -365,8 +471,8 @@ mod tests {
 
     #[test]
     fn times_and_durations_read_like_the_log() {
-        assert_eq!(time(Some(1_767_225_601_000)), "2026-01-01T00:00:01.000Z");
-        assert_eq!(time(None), "-");
+        let clock = Clock::fixed(1_767_225_601_000, Zone::utc());
+        assert_eq!(clock.time(Some(1_767_225_601_000)), "2026-01-01T00:00:01Z");
         assert_eq!(duration(Some(300_000)), "5min");
     }
 

@@ -21,6 +21,41 @@ pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7420";
 /// How long a read may take before the command line gives up on the gateway.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The `after` of a `Link: <...?...&after=KEY>; rel="next"` header, percent-decoded.
+fn next_after(link: &str) -> Option<String> {
+    for part in link.split(',') {
+        let (target, params) = part.trim().split_once(';')?;
+        if !params.split(';').any(|p| matches!(p.trim(), "rel=\"next\"" | "rel=next")) {
+            continue;
+        }
+        let target = target.trim().strip_prefix('<')?.strip_suffix('>')?;
+        let (_, query) = target.split_once('?')?;
+        let value = query.split('&').find_map(|pair| pair.strip_prefix("after="))?;
+        let bytes = value.as_bytes();
+        let mut decoded = Vec::with_capacity(bytes.len());
+        let mut idx = 0;
+        while idx < bytes.len() {
+            match bytes[idx] {
+                b'%' if idx + 2 < bytes.len() => {
+                    let hex = std::str::from_utf8(&bytes[idx + 1..idx + 3]).ok()?;
+                    decoded.push(u8::from_str_radix(hex, 16).ok()?);
+                    idx += 3;
+                }
+                b'+' => {
+                    decoded.push(b' ');
+                    idx += 1;
+                }
+                byte => {
+                    decoded.push(byte);
+                    idx += 1;
+                }
+            }
+        }
+        return String::from_utf8(decoded).ok();
+    }
+    None
+}
+
 /// What the gateway (or, with `--nats`, the command line itself) knows of one command: `POST /v1/commands` and
 /// `GET /v1/commands/{id}` answer this.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -452,15 +487,32 @@ impl Gateway {
         segments: &[&str],
         query: &[(&str, String)],
     ) -> Result<Option<T>, Error> {
+        Ok(self.get_page(segments, query).await?.map(|(value, _)| value))
+    }
+
+    /// [`Gateway::get`] of a list the gateway answers in pages (`GET /v1/resources` and `/v1/leases` with `limit`):
+    /// the page, and the key to ask for the next one with (`after`) when the answer's `Link: <...>; rel="next"`
+    /// names one.
+    pub async fn get_page<T: DeserializeOwned>(
+        &self,
+        segments: &[&str],
+        query: &[(&str, String)],
+    ) -> Result<Option<(T, Option<String>)>, Error> {
         let url = self.url(segments, query);
         let response =
             self.http.get(url.clone()).timeout(READ_TIMEOUT).send().await.map_err(|e| self.unreachable(e))?;
         let code = response.status();
+        let next = response
+            .headers()
+            .get_all(reqwest::header::LINK)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .find_map(next_after);
         let text = response.text().await.map_err(|e| self.unreachable(e))?;
         match code {
             StatusCode::OK => serde_json::from_str(&text)
                 .map_err(|e| Error::decode(format!("the gateway's answer to GET {url} is unexpected"), e))
-                .map(Some),
+                .map(|value| Some((value, next))),
             StatusCode::NOT_FOUND => Ok(None),
             StatusCode::UNAUTHORIZED => Err(self.unauthorized(&text)),
             code if code.is_client_error() => {
@@ -654,6 +706,22 @@ impl Follower {
         Follower { gateway, key, cursor: Cursor::new(from), stream: None }
     }
 
+    /// Connects now, unless it is connected: what lands from then on comes from [`Follower::next`] even if the caller
+    /// reads something else first (`ls --watch` draws its first table after this, so no outcome falls between the
+    /// two). A gateway that cannot be reached is left to `next`, which says so and connects again; a refusal is an
+    /// error.
+    pub async fn open(&mut self) -> Result<(), Error> {
+        if self.stream.is_none() {
+            let (from, last) = self.cursor.request();
+            match self.gateway.events_after(self.key.as_deref(), from, last).await {
+                Ok(stream) => self.stream = Some(stream),
+                Err(e @ Error::Refused { .. }) => return Err(e),
+                Err(_) => {}
+            }
+        }
+        Ok(())
+    }
+
     /// The next outcome. Cancel-safe: dropped while waiting, it loses nothing.
     pub async fn next(&mut self) -> Result<SeqOutcome, Error> {
         loop {
@@ -810,6 +878,16 @@ mod tests {
     use leasehold_schemas::{Command, CommandId};
 
     use super::*;
+
+    #[test]
+    fn the_next_page_is_the_after_of_the_next_link() {
+        let link =
+            r#"</v1/resources?attr=team%3Dci&limit=2&after=w1.019b76da-9478-7111-9111-111111111111>; rel="next""#;
+        assert_eq!(next_after(link).as_deref(), Some("w1.019b76da-9478-7111-9111-111111111111"));
+        assert_eq!(next_after("</v1/leases?after=a%2Eb%20c>; rel=next").as_deref(), Some("a.b c"));
+        assert_eq!(next_after(r#"</v1/leases?after=x>; rel="prev""#), None);
+        assert_eq!(next_after("</v1/leases?limit=2>; rel=next"), None);
+    }
 
     fn event(event: &str, id: Option<&str>, data: &str) -> SseEvent {
         SseEvent { event: event.to_owned(), id: id.map(str::to_owned), data: data.to_owned() }

@@ -75,6 +75,9 @@ pub struct GatewayConfig {
     /// `/v1/commands/batch` answer 503 with `Retry-After` and publish nothing, so no command overtakes what the
     /// process stores first.
     pub ready: ReadyCheck,
+    /// How long after it ended a terminal record (a destroyed resource, a released lease...) is still listed by
+    /// `GET /v1/resources` and `/v1/leases` without `all=true`.
+    pub list_ended_for: Duration,
 }
 
 impl Default for GatewayConfig {
@@ -85,6 +88,7 @@ impl Default for GatewayConfig {
             tokens: None,
             ingest_batch: leasehold_log::MAX_APPEND_RECORDS,
             ready: ReadyCheck::ready(),
+            list_ended_for: Duration::from_secs(3600),
         }
     }
 }

@@ -8,7 +8,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use leasehold_log::Log;
-use leasehold_projector::ResourceQuery;
+use leasehold_projector::{LeaseQuery, Page, ResourceQuery};
 use leasehold_schemas::ids::{AgentName, LeaseId, PoolName, ResourceRef};
 use serde::{Deserialize, Serialize};
 
@@ -56,21 +56,130 @@ pub(crate) async fn resource<L: Log>(
     found("resource", &reference, api.reader.resource(&parsed))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct ResourcesQuery {
+/// The most records one page holds (`limit` above it is this).
+const MAX_PAGE: usize = 10_000;
+
+/// The query of a list (`GET /v1/resources`, `GET /v1/leases`): filters, `all`, and keyset paging (`after`, `limit`).
+/// `attr` may be given several times (`attr=team=ci&attr=zone=a`): every one must match.
+#[derive(Debug, Default)]
+struct ListQuery {
+    pairs: Vec<(String, String)>,
     agent: Option<String>,
     state: Option<String>,
     kind: Option<String>,
+    resource: Option<String>,
+    holder: Option<String>,
+    attrs: Vec<(String, String)>,
+    all: bool,
+    after: Option<String>,
+    limit: Option<usize>,
 }
 
+impl ListQuery {
+    /// Reads `pairs`, taking only the names in `allowed` (anything else is a 400, as an unknown field is elsewhere).
+    fn parse(pairs: Vec<(String, String)>, allowed: &[&str]) -> Result<ListQuery, Response> {
+        let bad = |message: String| error(StatusCode::BAD_REQUEST, format!("bad query: {message}"));
+        let mut query = ListQuery::default();
+        for (name, value) in &pairs {
+            if !allowed.contains(&name.as_str()) {
+                return Err(bad(format!("unknown parameter \"{name}\"; this list takes {}", allowed.join(", "))));
+            }
+            let once = |slot: &mut Option<String>| {
+                if slot.replace(value.clone()).is_some() {
+                    return Err(bad(format!("{name} is given twice")));
+                }
+                Ok(())
+            };
+            match name.as_str() {
+                "agent" => once(&mut query.agent)?,
+                "state" => once(&mut query.state)?,
+                "kind" => once(&mut query.kind)?,
+                "resource" => once(&mut query.resource)?,
+                "holder" => once(&mut query.holder)?,
+                "after" => once(&mut query.after)?,
+                "attr" => match value.split_once('=') {
+                    Some((key, attr)) if !key.is_empty() => query.attrs.push((key.to_owned(), attr.to_owned())),
+                    _ => return Err(bad(format!("attr \"{value}\" is not name=value"))),
+                },
+                "all" => {
+                    query.all = match value.as_str() {
+                        "true" | "1" | "" => true,
+                        "false" | "0" => false,
+                        other => return Err(bad(format!("all \"{other}\" is not true or false"))),
+                    }
+                }
+                "limit" => match value.parse::<usize>() {
+                    Ok(0) | Err(_) => return Err(bad(format!("limit \"{value}\" is not a positive number"))),
+                    Ok(limit) => query.limit = Some(limit.min(MAX_PAGE)),
+                },
+                _ => unreachable!("only allowed names get here"),
+            }
+        }
+        query.pairs = pairs;
+        Ok(query)
+    }
+
+    /// Terminal records that ended before this log time are left out: `shown_for` (an hour by default) before now
+    /// by this process's clock, unless `all` is given.
+    fn ended_before(&self, shown_for: std::time::Duration) -> Option<u64> {
+        if self.all {
+            return None;
+        }
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+        let shown_for = u64::try_from(shown_for.as_millis()).unwrap_or(u64::MAX);
+        Some(u64::try_from(now).unwrap_or(u64::MAX).saturating_sub(shown_for))
+    }
+
+    /// A page as the answer: a JSON array, and when the page is full, `Link: <path?...&after=NEXT>; rel="next"` (the
+    /// same query from the key after the last record).
+    fn answer<T: Serialize>(&self, path: &str, page: Result<Page<T>, leasehold_projector::Error>) -> Response {
+        let page = match page {
+            Ok(page) => page,
+            Err(e) => return unavailable("the projection cannot be read", e),
+        };
+        let mut response = Json(page.records).into_response();
+        if let Some(next) = page.next {
+            let mut query: Vec<String> = self
+                .pairs
+                .iter()
+                .filter(|(name, _)| name != "after")
+                .map(|(name, value)| format!("{}={}", encode(name), encode(value)))
+                .collect();
+            query.push(format!("after={}", encode(&next)));
+            let link = format!("<{path}?{}>; rel=\"next\"", query.join("&"));
+            if let Ok(value) = axum::http::HeaderValue::from_str(&link) {
+                response.headers_mut().insert(axum::http::header::LINK, value);
+            }
+        }
+        response
+    }
+}
+
+/// `text` percent-encoded for a query string (every byte but the unreserved ones of RFC 3986).
+fn encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// `GET /v1/resources?agent=&state=&kind=&attr=k=v&holder=&all=&after=&limit=`
 pub(crate) async fn resources<L: Log>(
     State(api): State<Arc<Api<L>>>,
-    query: Result<Query<ResourcesQuery>, QueryRejection>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Response {
-    let Query(query) = match query {
+    let Query(pairs) = match query {
         Ok(query) => query,
         Err(e) => return bad_query(e),
+    };
+    let query = match ListQuery::parse(pairs, &["agent", "state", "kind", "attr", "holder", "all", "after", "limit"]) {
+        Ok(query) => query,
+        Err(response) => return response,
     };
     if let Some(agent) = &query.agent
         && let Err(e) = AgentName::new(agent.as_str())
@@ -85,30 +194,48 @@ pub(crate) async fn resources<L: Log>(
             format!("bad query: state {state:?} is not one of {}", RESOURCE_STATES.join(", ")),
         );
     }
-    all(api.reader.resources(&ResourceQuery { agent: query.agent, state: query.state, kind: query.kind }))
+    let filters = ResourceQuery {
+        agent: query.agent.clone(),
+        state: query.state.clone(),
+        kind: query.kind.clone(),
+        attrs: query.attrs.clone(),
+        holder: query.holder.clone(),
+        ended_before: query.ended_before(api.config.list_ended_for),
+        after: query.after.clone(),
+        limit: query.limit,
+    };
+    query.answer("/v1/resources", api.reader.resources_page(&filters))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct LeasesQuery {
-    resource: Option<String>,
-}
-
+/// `GET /v1/leases?resource=&holder=&attr=k=v&all=&after=&limit=`
 pub(crate) async fn leases<L: Log>(
     State(api): State<Arc<Api<L>>>,
-    query: Result<Query<LeasesQuery>, QueryRejection>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Response {
-    let Query(query) = match query {
+    let Query(pairs) = match query {
         Ok(query) => query,
         Err(e) => return bad_query(e),
     };
-    match query.resource {
-        None => all(api.reader.leases()),
+    let query = match ListQuery::parse(pairs, &["resource", "holder", "attr", "all", "after", "limit"]) {
+        Ok(query) => query,
+        Err(response) => return response,
+    };
+    let resource = match &query.resource {
+        None => None,
         Some(reference) => match reference.parse::<ResourceRef>() {
-            Ok(parsed) => all(api.reader.leases_of(&parsed.to_string())),
-            Err(e) => error(StatusCode::BAD_REQUEST, format!("bad query: resource {reference:?}: {e}")),
+            Ok(parsed) => Some(parsed.to_string()),
+            Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad query: resource {reference:?}: {e}")),
         },
-    }
+    };
+    let filters = LeaseQuery {
+        resource,
+        holder: query.holder.clone(),
+        attrs: query.attrs.clone(),
+        ended_before: query.ended_before(api.config.list_ended_for),
+        after: query.after.clone(),
+        limit: query.limit,
+    };
+    query.answer("/v1/leases", api.reader.leases_page(&filters))
 }
 
 /// A lease by its reference, `<agent>.<lease id>`.

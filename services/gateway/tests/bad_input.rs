@@ -505,6 +505,23 @@ async fn bad_paths_and_queries_of_the_read_side() {
     let (status, answer) = gw.get("/v1/resources?state=active").await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(answer, json!([]));
+    for (query, says) in [
+        ("?attr=novalue", &["bad query", "attr", "novalue", "name=value"][..]),
+        ("?limit=0", &["bad query", "limit"]),
+        ("?limit=many", &["bad query", "limit", "many"]),
+        ("?all=maybe", &["bad query", "all", "maybe"]),
+        ("?holder=a&holder=b", &["bad query", "holder", "twice"]),
+        ("?resource=w1.x", &["bad query", "resource"]),
+    ] {
+        let (status, answer) = gw.get(&format!("/v1/resources{query}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {answer}");
+        assert_error_says(query, &answer, says);
+    }
+    let (status, answer) = gw.get("/v1/resources?attr=team=ci&attr=zone=a&holder=h&all=true&after=w1.x&limit=5").await;
+    assert_eq!((status, answer), (StatusCode::OK, json!([])), "every filter together");
+    let (status, answer) = gw.get("/v1/leases?state=active").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_error_says("a filter leases do not take", &answer, &["bad query", "state"]);
 
     let (status, answer) = gw.get("/v1/commands/not-a-uuid").await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");

@@ -32,6 +32,10 @@ pub(crate) struct PublishArgs {
     /// gateway with tokens records your token's principal instead).
     #[arg(long, value_name = "FILE")]
     pub(crate) file: PathBuf,
+    /// Send only the commands from this line of the file on (every line is still checked first): to send the rest of
+    /// a publish that was interrupted, as its summary says.
+    #[arg(long, value_name = "LINE", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) from_line: Option<u64>,
     #[command(flatten)]
     pub(crate) nats: NatsArgs,
 }
@@ -74,13 +78,180 @@ pub(crate) async fn run(args: PublishArgs, global: &GlobalArgs) -> anyhow::Resul
         Some(given) => Some(produce::issuer(Some(given))?),
         None => None,
     };
-    let lines = parse(&text, issuer.as_ref()).with_context(|| format!("{}: nothing was sent", args.file.display()))?;
-    let envelopes: Vec<Envelope> = lines.iter().map(|line| line.envelope.clone()).collect();
-    let answers = match produce::transport(global, &args.nats).await? {
-        Transport::Gateway(gateway) => gateway.submit_many(&envelopes).await?,
-        Transport::Nats(log) => publish_to_log(&log, &envelopes).await?,
-    };
+    let mut lines =
+        parse(&text, issuer.as_ref()).with_context(|| format!("{}: nothing was sent", args.file.display()))?;
+    if let Some(from) = args.from_line {
+        lines.retain(|line| line.number as u64 >= from);
+        if lines.is_empty() {
+            bail!("{}: no commands on line {from} or after it: nothing was sent", args.file.display());
+        }
+    }
+    let transport = produce::transport(global, &args.nats).await?;
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
+    let mut answers = Vec::with_capacity(lines.len());
+    // In batches the size of the gateway's, so that an interruption cuts between two (or in one: that one's commands
+    // may have been stored).
+    for chunk in lines.chunks(leasehold_schemas::api::MAX_BATCH_COMMANDS) {
+        let envelopes: Vec<Envelope> = chunk.iter().map(|line| line.envelope.clone()).collect();
+        let sent = tokio::select! {
+            _ = &mut interrupted => {
+                let stop = Stop { why: "interrupted (Ctrl-C)".to_owned(), in_flight: chunk.len() };
+                return interrupted_report(&lines, &answers, &stop, &args, global);
+            }
+            sent = send(&transport, &envelopes) => sent,
+        };
+        match sent {
+            Ok(items) => {
+                // Nothing of the batch answered: the gateway or the log went away. What comes after is not sent.
+                let lost = items.iter().all(|item| matches!(item, BatchItem::Refused(r) if r.status_code >= 500));
+                let why = match items.first() {
+                    Some(BatchItem::Refused(refusal)) if lost => Some(refusal.error.clone()),
+                    _ => None,
+                };
+                answers.extend(items);
+                if let Some(why) = why.filter(|_| answers.len() < lines.len()) {
+                    let stop = Stop { why: format!("no command of a batch was answered: {why}"), in_flight: 0 };
+                    return interrupted_report(&lines, &answers, &stop, &args, global);
+                }
+            }
+            // Before any answer: as before, nothing was sent.
+            Err(e) if answers.is_empty() => return Err(e),
+            // A later batch that could not be sent at all (no connection): it and the rest are not sent.
+            Err(e) => {
+                let stop = Stop { why: format!("the connection was lost: {e:#}"), in_flight: 0 };
+                return interrupted_report(&lines, &answers, &stop, &args, global);
+            }
+        }
+    }
     report(&lines, &answers, global.output)
+}
+
+/// Sends one batch of commands through `transport`.
+async fn send(transport: &Transport, envelopes: &[Envelope]) -> anyhow::Result<Vec<BatchItem>> {
+    match transport {
+        Transport::Gateway(gateway) => Ok(gateway.submit_many(envelopes).await?),
+        Transport::Nats(log) => publish_to_log(log, envelopes).await,
+    }
+}
+
+/// Why a publish stopped before it sent every command, and how many it was sending then (they may have been
+/// stored).
+#[derive(Debug)]
+struct Stop {
+    why: String,
+    in_flight: usize,
+}
+
+/// What `--output json` prints for a publish that stopped half-way.
+#[derive(Debug, Serialize)]
+struct Interrupted<'a> {
+    interrupted: &'a str,
+    commands: usize,
+    sent: usize,
+    stored: usize,
+    duplicates: usize,
+    refused: usize,
+    unknown: usize,
+    not_sent: usize,
+    resend_from_line: Option<usize>,
+    resend: Option<String>,
+    answers: Vec<Printed<'a>>,
+}
+
+/// A publish that stopped half-way (Ctrl-C, the connection lost): one summary — sent, stored, refused, may not be
+/// stored, not sent — and the command line that sends the rest (from the first command that may not have been stored:
+/// sending one stored already again is answered as a duplicate). Exit status 3.
+fn interrupted_report(
+    lines: &[Line],
+    answers: &[BatchItem],
+    stop: &Stop,
+    args: &PublishArgs,
+    global: &GlobalArgs,
+) -> anyhow::Result<()> {
+    let printed = printed(lines, answers);
+    let stored = printed.iter().filter(|p| p.status == "published").count();
+    let duplicates = printed.iter().filter(|p| p.duplicate).count();
+    let refused: Vec<usize> = printed.iter().filter(|p| p.status == "refused").map(|p| p.line).collect();
+    let unknown_answered: Vec<usize> = printed.iter().filter(|p| p.status == "unknown").map(|p| p.line).collect();
+    let n_unknown = unknown_answered.len() + stop.in_flight;
+    let sent = answers.len() + stop.in_flight;
+    let not_sent = lines.len() - sent;
+    // The first command not known to be stored or refused: every one before it was answered.
+    let resend_from = unknown_answered.first().copied().or_else(|| lines.get(answers.len()).map(|l| l.number));
+    let resend = resend_from.map(|line| resend_command(args, global, line));
+    let what = format!(
+        "publish stopped, {}: of {} command(s), {sent} sent: {stored} stored ({duplicates} of them duplicates of          commands stored before), {} refused{}, {n_unknown} may not have been stored{}; {not_sent} not sent",
+        stop.why,
+        lines.len(),
+        refused.len(),
+        if refused.is_empty() { String::new() } else { format!(" (line(s) {})", short_list(&refused)) },
+        if stop.in_flight > 0 { " (the batch being sent when it stopped)" } else { "" },
+    );
+    if global.output == OutputFormat::Json {
+        let value = Interrupted {
+            interrupted: &stop.why,
+            commands: lines.len(),
+            sent,
+            stored,
+            duplicates,
+            refused: refused.len(),
+            unknown: n_unknown,
+            not_sent,
+            resend_from_line: resend_from,
+            resend: resend.clone(),
+            answers: printed,
+        };
+        output::emit(&output::json(&value)?);
+    }
+    let next = match &resend {
+        Some(resend) => format!(
+            "\nsend the rest (a command stored already is answered as a duplicate, never stored twice):\n  {resend}"
+        ),
+        None => String::new(),
+    };
+    Err(SomeUnknown(format!("{}{next}", leasehold_schemas::text::shown(&what))).into())
+}
+
+/// The command line that sends the commands of `args.file` from line `line` on, as this one did.
+fn resend_command(args: &PublishArgs, global: &GlobalArgs, line: usize) -> String {
+    let mut words = vec!["leasehold".to_owned()];
+    if global.server != crate::client::DEFAULT_SERVER && args.nats.nats.is_none() {
+        words.extend(["--server".to_owned(), produce::shell_word(&global.server)]);
+    }
+    words.extend([
+        "publish".to_owned(),
+        "--file".to_owned(),
+        produce::shell_word(&args.file.display().to_string()),
+        "--from-line".to_owned(),
+        line.to_string(),
+    ]);
+    if let Some(url) = &args.nats.nats {
+        words.extend(["--nats".to_owned(), produce::shell_word(url)]);
+        if let Some(creds) = &args.nats.creds {
+            words.extend(["--creds".to_owned(), produce::shell_word(&creds.display().to_string())]);
+        }
+        if let Some(user) = &args.nats.user {
+            words.extend([
+                "--user".to_owned(),
+                produce::shell_word(user),
+                "--password".to_owned(),
+                "PASSWORD".to_owned(),
+            ]);
+        }
+    }
+    if let Some(issuer) = &global.issuer {
+        words.extend(["--issuer".to_owned(), produce::shell_word(issuer)]);
+    }
+    words.join(" ")
+}
+
+/// Line numbers, the first ten of them and how many more.
+fn short_list(numbers: &[usize]) -> String {
+    match numbers.len() {
+        0..=10 => list(numbers),
+        n => format!("{} and {} more", list(&numbers[..10]), n - 10),
+    }
 }
 
 /// The commands of `text`, one a line (blank lines and `#` comments skipped), each decoded as strictly as the gateway
@@ -178,8 +349,15 @@ async fn publish_to_log<L: Log>(log: &L, envelopes: &[Envelope]) -> anyhow::Resu
 /// Prints one line (table) or one JSON object (json, in one array) per command, in the file's order; then fails
 /// when any was refused (exit 1) or may not have been stored (exit 3), naming their lines.
 fn report(lines: &[Line], answers: &[BatchItem], format: OutputFormat) -> anyhow::Result<()> {
+    let printed = printed(lines, answers);
+    let refused: Vec<usize> = printed.iter().filter(|p| p.status == "refused").map(|p| p.line).collect();
+    let unknown: Vec<usize> = printed.iter().filter(|p| p.status == "unknown").map(|p| p.line).collect();
+    report_printed(lines, printed, &refused, &unknown, format)
+}
+
+/// What to print of each answered command, in the file's order.
+fn printed<'a>(lines: &[Line], answers: &'a [BatchItem]) -> Vec<Printed<'a>> {
     let mut printed = Vec::with_capacity(lines.len());
-    let (mut refused, mut unknown) = (Vec::new(), Vec::new());
     for (line, answer) in lines.iter().zip(answers) {
         printed.push(match answer {
             BatchItem::Published(status) => Printed {
@@ -193,8 +371,6 @@ fn report(lines: &[Line], answers: &[BatchItem], format: OutputFormat) -> anyhow
             },
             BatchItem::Refused(refusal) => {
                 let is_unknown = refusal.status_code >= 500;
-                let which = if is_unknown { &mut unknown } else { &mut refused };
-                which.push(line.number);
                 Printed {
                     line: line.number,
                     command_id: refusal.command_id.as_deref(),
@@ -207,6 +383,16 @@ fn report(lines: &[Line], answers: &[BatchItem], format: OutputFormat) -> anyhow
             }
         });
     }
+    printed
+}
+
+fn report_printed(
+    lines: &[Line],
+    printed: Vec<Printed<'_>>,
+    refused: &[usize],
+    unknown: &[usize],
+    format: OutputFormat,
+) -> anyhow::Result<()> {
     match format {
         OutputFormat::Json => output::emit(&output::json(&printed)?),
         OutputFormat::Table => {
@@ -241,14 +427,14 @@ fn report(lines: &[Line], answers: &[BatchItem], format: OutputFormat) -> anyhow
         unknown.len()
     );
     if !refused.is_empty() {
-        bail!("{} command(s) refused, on line(s) {}: nothing was stored for them", refused.len(), list(&refused));
+        bail!("{} command(s) refused, on line(s) {}: nothing was stored for them", refused.len(), list(refused));
     }
     if !unknown.is_empty() {
         return Err(SomeUnknown(format!(
             "{} command(s) may not have been stored, on line(s) {}: send the file again (a command stored already is \
              answered as a duplicate, never stored twice)",
             unknown.len(),
-            list(&unknown)
+            list(unknown)
         ))
         .into());
     }

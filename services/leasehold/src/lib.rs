@@ -12,6 +12,8 @@ mod client;
 mod credentials;
 mod demo;
 mod demo_docker;
+#[cfg(test)]
+mod golden;
 mod policy;
 mod produce;
 mod projection;
@@ -19,6 +21,7 @@ mod query;
 mod ready;
 mod serve;
 mod stop;
+mod words;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -143,11 +146,7 @@ enum Cmd {
     /// List resources.
     Ls(query::LsArgs),
     /// List leases: of one resource, or all of them.
-    Leases {
-        /// The resource, `<agent>.<id>`; default: every lease.
-        #[arg(value_name = "REF")]
-        resource: Option<leasehold_schemas::ResourceRef>,
-    },
+    Leases(query::LeasesArgs),
     /// List the agents.
     Agents,
     /// Show what became of a command: its status and outcome.
@@ -196,12 +195,15 @@ pub fn main() -> std::process::ExitCode {
             // Errors quote the gateway, the log and what producers wrote: each is shown escaped, but for those made
             // safe to show by their makers (the command `acquire --block` says to run again, to be pasted as it is).
             let made_safe = |error: &(dyn std::error::Error + 'static)| error.is::<produce::StillWaiting>();
+            // The log's times in them (a rejection's "cordoned since ...Z") read in this machine's zone; the JSON
+            // error keeps them as they are.
+            let clock = output::Clock::system();
             let mut chain = e.chain();
             if let Some(error) = chain.next() {
-                eprintln!("error: {}", output::show_error(error, made_safe(error)));
+                eprintln!("error: {}", clock.localize(&output::show_error(error, made_safe(error))));
             }
             for cause in chain {
-                eprintln!("  caused by: {}", output::show_error(cause, made_safe(cause)));
+                eprintln!("  caused by: {}", clock.localize(&output::show_error(cause, made_safe(cause))));
             }
             std::process::ExitCode::from(exit_status(&e))
         }
@@ -289,7 +291,7 @@ fn run() -> anyhow::Result<()> {
             query_cmd(query::QueryCmd::Placement(id), &cli.global)?
         }
         Cmd::Ls(args) => query_cmd(query::QueryCmd::Ls(args), &cli.global)?,
-        Cmd::Leases { resource } => query_cmd(query::QueryCmd::Leases(resource), &cli.global)?,
+        Cmd::Leases(args) => query_cmd(query::QueryCmd::Leases(args), &cli.global)?,
         Cmd::Agents => query_cmd(query::QueryCmd::Agents, &cli.global)?,
         Cmd::Command { id } => query_cmd(query::QueryCmd::Command(id), &cli.global)?,
         Cmd::Watch(args) => query_cmd(query::QueryCmd::Watch(args), &cli.global)?,

@@ -19,10 +19,12 @@ use leasehold_schemas::{
     ResourceRef, Timestamp,
 };
 
+use leasehold_schemas::text::shown;
+
 use crate::GlobalArgs;
 use crate::client::{CommandStatus, Error, SeqOutcome};
 use crate::nats_args::NatsArgs;
-use crate::output::{self, OutputFormat};
+use crate::output::{self, Clock, OutputFormat};
 
 /// What every producer command takes besides its own arguments. The NATS flags are `serve`'s, told what they mean
 /// here; the replica count is the log's own (read with its partition count), so a producer does not show it.
@@ -516,15 +518,15 @@ fn settle(
 }
 
 /// A lease as `acquire` prints it in a table.
-fn lease_table(record: &LeaseRecord) -> String {
+fn lease_table(record: &LeaseRecord, clock: &Clock) -> String {
     output::fields(&[
         ("id", record.id.clone()),
         ("state", record.state.clone()),
         ("token", output::opt(record.token)),
         ("resource", record.resource.clone()),
         ("holder", record.holder.clone()),
-        ("expires_at", output::time(record.expires_at)),
-        ("wait_until", output::time(record.wait_until)),
+        ("expires_at", clock.when(record.expires_at)),
+        ("wait_until", clock.when(record.wait_until)),
     ])
 }
 
@@ -672,7 +674,11 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
             let outcomes = accepted(status, format, &format!("allocate {reference}"))?;
             leasehold_client::produce::check_allocated(&command_id, &reference, &outcomes)?;
             match format {
-                OutputFormat::Table => output::emit(&format!("{reference}\n")),
+                OutputFormat::Table => {
+                    output::emit(&format!("{reference}\n"));
+                    let words = crate::words::accepted(&format!("allocate {reference}"), &outcomes, &Clock::system());
+                    eprintln!("{}", leasehold_schemas::text::escape_for_display(&words));
+                }
                 OutputFormat::Json => {
                     let record = match &transport {
                         Transport::Gateway(gateway) => {
@@ -881,17 +887,39 @@ fn dry_run_text(agent: &AgentName, retired: bool, would_release: &[&serde_json::
     text
 }
 
-/// A producer command that prints its outcome: the command status in JSON, the effects in a table.
+/// A producer command that prints its outcome: the command status in JSON, what changed in words in a table. A
+/// rejection that says the state asked for already holds (a second release) is not a failure: it says so (json: the
+/// status, as it is) and exits 0.
 pub(crate) async fn simple(
     global: &GlobalArgs,
     produce: &ProduceArgs,
     envelope: Envelope,
     what: &str,
 ) -> anyhow::Result<()> {
-    let status = accepted_quietly(global, produce, &envelope, what).await?;
+    let status = decided(global, produce, &envelope).await?;
+    let holds = status
+        .rejection
+        .as_ref()
+        .filter(|_| status.status == "rejected")
+        .and_then(|rejection| crate::words::end_state_holds(envelope.type_name(), rejection));
+    if let Some(holds) = holds {
+        match global.output {
+            OutputFormat::Json => output::emit(&output::json(&status)?),
+            OutputFormat::Table => {
+                let holds = Clock::system().localize(&holds);
+                output::emit(&format!("{}: {}\n", leasehold_schemas::text::shown(what), shown(&holds)));
+            }
+        }
+        return Ok(());
+    }
+    let kept = status.clone();
+    accepted(status, global.output, what)?;
     match global.output {
-        OutputFormat::Json => output::emit(&output::json(&status)?),
-        OutputFormat::Table => output::emit(&accepted_text(what, &envelope, &status.outcomes)),
+        OutputFormat::Json => output::emit(&output::json(&kept)?),
+        OutputFormat::Table => {
+            let text = crate::words::accepted(what, &kept.outcomes, &Clock::system());
+            output::emit(&format!("{}\n", leasehold_schemas::text::escape_for_display(&text)));
+        }
     }
     Ok(())
 }
@@ -904,23 +932,22 @@ pub(crate) async fn accepted_quietly(
     envelope: &Envelope,
     what: &str,
 ) -> anyhow::Result<leasehold_client::CommandStatus> {
-    let transport = transport(global, &produce.nats).await?;
-    let sent = transport.submit(envelope, produce.timeout).await;
-    let status = settle(sent, envelope, produce.timeout, global.output, None)?;
+    let status = decided(global, produce, envelope).await?;
     let kept = status.clone();
     accepted(status, global.output, what)?;
     Ok(kept)
 }
 
-/// `<what>: accepted` and one line per effect, with its position.
-fn accepted_text(what: &str, envelope: &Envelope, outcomes: &[SeqOutcome]) -> String {
-    let mut text = format!("{}: accepted [command {}]\n", leasehold_schemas::text::shown(what), envelope.command_id);
-    for SeqOutcome { outcome, .. } in outcomes {
-        for (position, effect) in outcome.positioned_effects() {
-            text.push_str(&format!("  {}  {}\n", position.0, output::shown_effect(effect)));
-        }
-    }
-    text
+/// Sends `envelope` and waits until it is decided (or dead-lettered): its status, whatever the decision; an error
+/// when its outcome is not known (see [`settle`]) or it could not be sent.
+async fn decided(
+    global: &GlobalArgs,
+    produce: &ProduceArgs,
+    envelope: &Envelope,
+) -> anyhow::Result<leasehold_client::CommandStatus> {
+    let transport = transport(global, &produce.nats).await?;
+    let sent = transport.submit(envelope, produce.timeout).await;
+    settle(sent, envelope, produce.timeout, global.output, None)
 }
 
 async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> anyhow::Result<()> {
@@ -945,7 +972,7 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
     let (mut record, last_seq) = LeaseRecord::acquired(&body, &command_id, &outcomes)?;
     if args.block && record.state == "waiting" {
         if global.output == OutputFormat::Table {
-            output::emit(&lease_table(&record));
+            output::emit(&lease_table(&record, &Clock::system()));
         }
         // The timeout counts from here: the acquisition itself is decided.
         let deadline = tokio::time::Instant::now() + args.produce.timeout;
@@ -958,11 +985,16 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
                 output::emit(&output::json(&value)?);
             }
             let again = wait_again(&args, global, &command_id, lease);
-            return Err(StillWaiting(still_waiting(&record, args.produce.timeout, &again)).into());
+            return Err(StillWaiting(still_waiting(&record, args.produce.timeout, &again, &Clock::system())).into());
         }
     }
     match global.output {
-        OutputFormat::Table => output::emit(&lease_table(&record)),
+        OutputFormat::Table => {
+            let clock = Clock::system();
+            let words = crate::words::accepted(&what, &outcomes, &clock);
+            eprintln!("{}", leasehold_schemas::text::escape_for_display(&words));
+            output::emit(&lease_table(&record, &clock));
+        }
         OutputFormat::Json => output::emit(&output::json(&record)?),
     }
     if args.block && record.state != "active" {
@@ -972,9 +1004,9 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
 }
 
 /// What `acquire --block` says when it gives up on a lease that still waits; `again` is the command that waits on.
-fn still_waiting(record: &LeaseRecord, waited: Duration, again: &str) -> String {
+fn still_waiting(record: &LeaseRecord, waited: Duration, again: &str, clock: &Clock) -> String {
     let ends = match record.wait_until {
-        Some(until) => format!("its wait ends by itself at {}", output::time(Some(until))),
+        Some(until) => format!("its wait ends by itself at {}", clock.when(Some(until))),
         None => "it has no wait timeout: it waits as long as the resource is pending".to_owned(),
     };
     format!(
@@ -1031,7 +1063,7 @@ fn wait_again(args: &AcquireArgs, global: &GlobalArgs, command_id: &str, lease: 
 /// bidi character (see `leasehold_schemas::text`) is written in ANSI-C quotes instead (`$'x\e[31m'` as
 /// `$'x\x1b[31m'`; bash, zsh, ksh and POSIX.1-2024 shells read them): the same word, safe to show on a terminal
 /// and to paste.
-fn shell_word(text: &str) -> String {
+pub(crate) fn shell_word(text: &str) -> String {
     use std::fmt::Write as _;
     let plain = !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || "@%+=:,./_-".contains(c));
     if plain {
@@ -1222,8 +1254,23 @@ mod tests {
         };
         assert_eq!((args.key.map(|k| k.token()), args.from), (Some("@ips".to_owned()), Some(5)));
         assert!(parse(&["watch", "--key", "@"]).is_err());
-        let crate::Cmd::Leases { resource } = parse(&["leases"]).unwrap().command else { panic!() };
-        assert!(resource.is_none());
+        let crate::Cmd::Leases(args) = parse(&["leases"]).unwrap().command else { panic!() };
+        assert!(args.resource.is_none() && !args.list.all && args.list.limit.is_none());
+        let argv = ["ls", "--attr", "team=ci", "--attr", "zone=a", "--holder", "b-1", "--all", "--limit", "5"];
+        let crate::Cmd::Ls(args) = parse(&argv).unwrap().command else { panic!() };
+        assert_eq!(
+            args.list.query(),
+            vec![
+                ("attr", "team=ci".to_owned()),
+                ("attr", "zone=a".to_owned()),
+                ("holder", "b-1".to_owned()),
+                ("all", "true".to_owned()),
+                ("limit", "5".to_owned())
+            ]
+        );
+        assert!(parse(&["leases", REF, "--limit", "0"]).is_err(), "a page holds at least one");
+        assert!(parse(&["ls", "--watch", "--after", REF]).is_err(), "--watch draws the whole list");
+        assert!(parse(&["leases", "--watch", "--holder", "h"]).is_ok());
         assert!(parse(&["command", "not-an-id"]).is_err());
         assert!(parse(&["ls", "--agent", "w1", "--state", "active", "--kind", "dir"]).is_ok());
         assert!(parse(&["dlq", "ls", "--from", "3", "--limit", "10"]).is_ok());
@@ -1437,6 +1484,7 @@ mod tests {
 
     #[test]
     fn giving_up_on_a_waiting_lease_says_when_its_wait_ends() {
+        let clock = Clock::fixed(1_767_225_602_000 - 60_000, crate::output::Zone::utc());
         let mut record = LeaseRecord {
             id: LEASE.into(),
             resource: REF.into(),
@@ -1446,15 +1494,15 @@ mod tests {
             expires_at: None,
             wait_until: Some(1_767_225_601_000),
         };
-        let text = still_waiting(&record, Duration::from_secs(5), "leasehold acquire ...");
+        let text = still_waiting(&record, Duration::from_secs(5), "leasehold acquire ...", &clock);
         assert!(
             text.starts_with(&format!(
-                "still waiting after 5s: lease {LEASE} is waiting; its wait ends by itself at 2026-01-01T00:00:01.000Z"
+                "still waiting after 5s: lease {LEASE} is waiting; its wait ends by itself at 2026-01-01T00:00:01Z (in 59 s)"
             )),
             "{text}"
         );
         assert!(text.contains(&format!("`leasehold release-lease {LEASE}`")), "{text}");
         record.wait_until = None;
-        assert!(still_waiting(&record, Duration::from_secs(5), "again").contains("it has no wait timeout"));
+        assert!(still_waiting(&record, Duration::from_secs(5), "again", &clock).contains("it has no wait timeout"));
     }
 }

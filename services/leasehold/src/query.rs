@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::GlobalArgs;
 use crate::client::{CommandStatus, Follower, Gateway};
-use crate::output::{self, OutputFormat, Table, cell};
+use crate::output::{self, Clock, OutputFormat, Table, cell};
 
 /// `leasehold ls`
 #[derive(Debug, Clone, clap::Args)]
@@ -22,6 +22,58 @@ pub(crate) struct LsArgs {
     /// Only resources of this kind.
     #[arg(long)]
     pub(crate) kind: Option<String>,
+    #[command(flatten)]
+    pub(crate) list: ListArgs,
+}
+
+/// `leasehold leases`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct LeasesArgs {
+    /// The resource, `<agent>.<id>`; default: every lease.
+    #[arg(value_name = "REF")]
+    pub(crate) resource: Option<ResourceRef>,
+    #[command(flatten)]
+    pub(crate) list: ListArgs,
+}
+
+/// What `ls` and `leases` share: filters the gateway applies, paging, and `--watch`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ListArgs {
+    /// Only records with this attribute (`leases`: whose resource has it), `name=value` (repeatable: all must match).
+    #[arg(long = "attr", value_name = "NAME=VALUE", value_parser = crate::produce::parse_attr)]
+    pub(crate) attrs: Vec<(String, String)>,
+    /// Only leases of this holder (`ls`: resources with a live lease of this holder).
+    #[arg(long)]
+    pub(crate) holder: Option<String>,
+    /// Also the records that ended (destroyed, failed, lost, orphaned resources; released, expired... leases) more
+    /// than an hour ago, which are left out otherwise.
+    #[arg(long)]
+    pub(crate) all: bool,
+    /// At most this many, in reference order; when there are more, stderr says how to ask for the next ones.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) limit: Option<u32>,
+    /// Only the records after this reference (the next page: what `--limit` said).
+    #[arg(long, value_name = "REF")]
+    pub(crate) after: Option<String>,
+    /// Draw the table again whenever the gateway's event feed reports an outcome (at most a few times a second),
+    /// until Ctrl-C.
+    #[arg(long, conflicts_with = "after")]
+    pub(crate) watch: bool,
+}
+
+impl ListArgs {
+    /// The query parameters of the gateway's list.
+    pub(crate) fn query(&self) -> Vec<(&'static str, String)> {
+        let mut query: Vec<(&'static str, String)> =
+            self.attrs.iter().map(|(name, value)| ("attr", format!("{name}={value}"))).collect();
+        query.extend(self.holder.clone().map(|h| ("holder", h)));
+        if self.all {
+            query.push(("all", "true".to_owned()));
+        }
+        query.extend(self.limit.map(|l| ("limit", l.to_string())));
+        query.extend(self.after.clone().map(|a| ("after", a)));
+        query
+    }
 }
 
 /// `leasehold watch`
@@ -75,7 +127,7 @@ pub(crate) enum QueryCmd {
     Get(ResourceRef),
     Placement(leasehold_schemas::ResourceId),
     Ls(LsArgs),
-    Leases(Option<ResourceRef>),
+    Leases(LeasesArgs),
     Agents,
     Pools,
     Command(CommandId),
@@ -86,13 +138,14 @@ pub(crate) enum QueryCmd {
 pub(crate) async fn run(command: QueryCmd, global: &GlobalArgs) -> anyhow::Result<()> {
     let gateway = crate::client::gateway(global)?;
     let format = global.output;
+    let clock = Clock::system();
     match command {
         QueryCmd::Get(reference) => {
             output::know("ref", &reference);
             let Some(record) = gateway.get::<Value>(&["v1", "resources", &reference.to_string()], &[]).await? else {
                 bail!("no resource {reference} is known (the gateway at {} answered 404)", global.server);
             };
-            print(format, &record, resource_fields)?;
+            print(format, &record, |r| resource_fields(r, &clock))?;
         }
         QueryCmd::Placement(id) => {
             output::know("id", id);
@@ -109,27 +162,29 @@ pub(crate) async fn run(command: QueryCmd, global: &GlobalArgs) -> anyhow::Resul
                 None => None,
             };
             match (record, format) {
-                (Some(record), _) => print(format, &record, resource_fields)?,
+                (Some(record), _) => print(format, &record, |r| resource_fields(r, &clock))?,
                 (None, OutputFormat::Json) => output::emit(&output::json(&placement)?),
-                (None, OutputFormat::Table) => output::emit(&placement_fields(&placement)),
+                (None, OutputFormat::Table) => output::emit(&placement_fields(&placement, &clock)),
             }
         }
         QueryCmd::Ls(args) => {
-            let query: Vec<(&str, String)> = [("agent", args.agent), ("state", args.state), ("kind", args.kind)]
+            let mut query: Vec<(&str, String)> = [("agent", args.agent), ("state", args.state), ("kind", args.kind)]
                 .into_iter()
                 .filter_map(|(name, value)| Some((name, value?)))
                 .collect();
-            let records = list(&gateway, &["v1", "resources"], &query).await?;
-            print(format, &records, resources_table)?;
+            query.extend(args.list.query());
+            let segments = ["v1", "resources"];
+            listing(&gateway, &segments, &query, &args.list, format, &|r, c| resources_table(r, c)).await?;
         }
-        QueryCmd::Leases(resource) => {
-            let query: Vec<(&str, String)> = resource.iter().map(|r| ("resource", r.to_string())).collect();
-            let records = list(&gateway, &["v1", "leases"], &query).await?;
-            print(format, &records, leases_table)?;
+        QueryCmd::Leases(args) => {
+            let mut query: Vec<(&str, String)> = args.resource.iter().map(|r| ("resource", r.to_string())).collect();
+            query.extend(args.list.query());
+            let segments = ["v1", "leases"];
+            listing(&gateway, &segments, &query, &args.list, format, &|r, c| leases_table(r, c)).await?;
         }
         QueryCmd::Agents => {
             let records = list(&gateway, &["v1", "agents"], &[]).await?;
-            print(format, &records, agents_table)?;
+            print(format, &records, |r| agents_table(r, &clock))?;
         }
         QueryCmd::Pools => {
             let records = list(&gateway, &["v1", "pools"], &[]).await?;
@@ -151,7 +206,7 @@ pub(crate) async fn run(command: QueryCmd, global: &GlobalArgs) -> anyhow::Resul
             };
             match format {
                 OutputFormat::Json => output::emit(&output::json(&status)?),
-                OutputFormat::Table => output::emit(&command_text(&status)),
+                OutputFormat::Table => output::emit(&command_text(&status, &clock)),
             }
         }
         QueryCmd::Watch(args) => watch(&gateway, args, format).await?,
@@ -164,7 +219,87 @@ async fn list(gateway: &Gateway, segments: &[&str], query: &[(&str, String)]) ->
     gateway.get::<Vec<Value>>(segments, query).await?.with_context(|| format!("/{} is not there", segments.join("/")))
 }
 
-fn print<T: serde::Serialize>(format: OutputFormat, value: &T, table: fn(&T) -> String) -> anyhow::Result<()> {
+/// A table the gateway answers in pages (`ls`, `leases`): one page (every record without `--limit`), with a note on
+/// stderr naming the next when there is one; with `--watch`, drawn again at each outcome of the event feed.
+async fn listing(
+    gateway: &Gateway,
+    segments: &[&str],
+    query: &[(&str, String)],
+    args: &ListArgs,
+    format: OutputFormat,
+    table: &dyn Fn(&Vec<Value>, &Clock) -> String,
+) -> anyhow::Result<()> {
+    if args.watch {
+        return watch_list(gateway, segments, query, format, table).await;
+    }
+    let (records, next) = gateway
+        .get_page::<Vec<Value>>(segments, query)
+        .await?
+        .with_context(|| format!("/{} is not there", segments.join("/")))?;
+    print(format, &records, |r| table(r, &Clock::system()))?;
+    if let Some(next) = next {
+        eprintln!(
+            "{} shown; there may be more: the next ones with --after {}",
+            records.len(),
+            leasehold_schemas::text::shown(&next)
+        );
+    }
+    Ok(())
+}
+
+/// How often at most `--watch` draws its table again.
+const REDRAW_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Draws the list, then again whenever the event feed reports outcomes (those that land within [`REDRAW_EVERY`] of a
+/// drawing make one more drawing), until Ctrl-C. On a terminal each drawing replaces the last; otherwise each is
+/// printed after the last (json: one array a line).
+async fn watch_list(
+    gateway: &Gateway,
+    segments: &[&str],
+    query: &[(&str, String)],
+    format: OutputFormat,
+    table: &dyn Fn(&Vec<Value>, &Clock) -> String,
+) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    let terminal = std::io::stdout().is_terminal();
+    let mut clock = Clock::system();
+    let draw = async |clock: &Clock| -> anyhow::Result<()> {
+        let records = list(gateway, segments, query).await?;
+        match format {
+            OutputFormat::Json => output::emit(&format!("{}\n", serde_json::to_string(&records)?)),
+            OutputFormat::Table if terminal => output::emit(&format!("\x1b[H\x1b[2J{}", table(&records, clock))),
+            OutputFormat::Table => output::emit(&format!("{}\n", table(&records, clock))),
+        }
+        Ok(())
+    };
+    // The feed is open before the first drawing: an outcome that lands while it is drawn makes the next one.
+    let mut follower = Follower::new(gateway.clone(), None, None);
+    follower.open().await?;
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
+    draw(&clock).await?;
+    let mut last = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = &mut interrupted => return Ok(()),
+            event = follower.next() => { event?; }
+        }
+        // Outcomes come in bursts: gather those of the next moment into one drawing.
+        let at = last + REDRAW_EVERY;
+        loop {
+            tokio::select! {
+                _ = &mut interrupted => return Ok(()),
+                () = tokio::time::sleep_until(at) => break,
+                event = follower.next() => { event?; }
+            }
+        }
+        clock.now = output::now_ms();
+        draw(&clock).await?;
+        last = tokio::time::Instant::now();
+    }
+}
+
+fn print<T: serde::Serialize>(format: OutputFormat, value: &T, table: impl Fn(&T) -> String) -> anyhow::Result<()> {
     match format {
         OutputFormat::Json => output::emit(&output::json(value)?),
         OutputFormat::Table => output::emit(&table(value)),
@@ -172,7 +307,7 @@ fn print<T: serde::Serialize>(format: OutputFormat, value: &T, table: fn(&T) -> 
     Ok(())
 }
 
-fn resource_fields(record: &Value) -> String {
+pub(crate) fn resource_fields(record: &Value, clock: &Clock) -> String {
     let attrs = match &record["attrs"] {
         Value::Object(map) => map.iter().map(|(k, v)| format!("{k}={}", cell(v))).collect::<Vec<_>>().join(" "),
         other => cell(other),
@@ -196,21 +331,24 @@ fn resource_fields(record: &Value) -> String {
         ("ref", cell(&record["ref"])),
         ("kind", cell(&record["kind"])),
         ("state", cell(&record["state"])),
-        ("detail", detail_text(record)),
+        ("detail", detail_text(record, clock)),
     ];
     // Only a lost resource's handle is ever quarantined: the line is left out otherwise.
     if !record["quarantined"].is_null() {
-        rows.push(("quarantined", quarantine_text(record)));
+        rows.push(("quarantined", quarantine_text(record, clock)));
     }
     // What a waiting state waits on, and for how long.
     if let Some(waiting) = record.get("waiting_on").filter(|w| w.is_object()) {
         let since =
-            waiting["since"].as_u64().map(|ms| format!(" (since {}, {})", output::time(Some(ms)), output::ago(ms)));
-        rows.push(("waiting_on", format!("{}{}", cell(&waiting["on"]), since.unwrap_or_default())));
+            waiting["since"].as_u64().map(|ms| format!(" (since {}, {})", clock.time(Some(ms)), clock.ago(Some(ms))));
+        // The gateway words it with UTC times; people read them in their zone.
+        let on = clock.localize(&cell(&waiting["on"]));
+        rows.push(("waiting_on", format!("{on}{}", since.unwrap_or_default())));
     }
     // Only while a destroy waits for something else to let go of the resource.
     if let Some(blocked) = record.get("destroy_blocked").filter(|b| !b.is_null()) {
-        let since = blocked["at"].as_u64().map(|ms| format!(" (since {})", crate::output::time(Some(ms))));
+        let since =
+            blocked["at"].as_u64().map(|ms| format!(" (since {}, {})", clock.time(Some(ms)), clock.ago(Some(ms))));
         rows.push(("destroy_blocked", format!("{}{}", cell(&blocked["detail"]), since.unwrap_or_default())));
     }
     rows.extend([
@@ -221,7 +359,7 @@ fn resource_fields(record: &Value) -> String {
         ("claims", none_if_empty(claims)),
         ("leases", none_if_empty(leases)),
         ("created_seq", cell(&record["created_seq"])),
-        ("updated_at", output::time(record["updated_at"].as_u64())),
+        ("updated_at", clock.when(record["updated_at"].as_u64())),
     ]);
     output::fields(&rows)
 }
@@ -229,13 +367,12 @@ fn resource_fields(record: &Value) -> String {
 /// Why a resource is in its state, in words where the record says it in a known shape: a release's cause, and the
 /// reason every terminal state keeps; anything else as the record has it.
 /// A placement not (or not yet) made into a resource, field by field.
-fn placement_fields(placement: &Value) -> String {
+fn placement_fields(placement: &Value, clock: &Clock) -> String {
     let text = |name: &str| placement.get(name).and_then(Value::as_str).unwrap_or("").to_owned();
     let ms = |name: &str| placement.get(name).and_then(Value::as_u64);
     let state = text("state");
     let why = text("why");
-    let since =
-        ms("since").map(|t| format!("since {} ({})", output::time(Some(t)), output::ago(t))).unwrap_or_default();
+    let since = ms("since").map(|t| format!("since {}", clock.when(Some(t)))).unwrap_or_default();
     let waiting_on = match state.as_str() {
         "waiting" => format!("placement waiting for room ({why}) {since}"),
         "seeking" => format!("placement seeking an agent {since}"),
@@ -254,12 +391,12 @@ fn placement_fields(placement: &Value) -> String {
         ("strategy", text("strategy")),
         ("why", none_if_empty(if state == "waiting" { String::new() } else { why.clone() })),
         ("waiting_on", none_if_empty(waiting_on)),
-        ("asked_at", output::time(ms("asked_at"))),
-        ("wait_until", output::time(ms("until"))),
+        ("asked_at", clock.when(ms("asked_at"))),
+        ("wait_until", clock.when(ms("until"))),
     ])
 }
 
-fn detail_text(record: &Value) -> String {
+fn detail_text(record: &Value, clock: &Clock) -> String {
     let detail = &record["detail"];
     match (record["state"].as_str(), detail) {
         (Some("releasing"), Value::Object(_)) => format!("released: {}", cause_text(detail)),
@@ -277,7 +414,9 @@ fn detail_text(record: &Value) -> String {
             cell(&detail["observation"]["epoch"])
         ),
         (Some("orphaned"), Value::Object(_)) if detail["freed_because"].is_string() => {
-            format!("freed because {}", cell(&detail["freed_because"]))
+            // The record says when in UTC, for programs; people read it in their zone.
+            let because = clock.localize(&cell(&detail["freed_because"]));
+            format!("freed because {because}")
         }
         _ => cell(detail),
     }
@@ -310,16 +449,13 @@ fn cause_text(cause: &Value) -> String {
 }
 
 /// A lost resource's handle found on its machine again: quarantined until a release orders it destroyed.
-fn quarantine_text(record: &Value) -> String {
+fn quarantine_text(record: &Value, clock: &Clock) -> String {
     let q = &record["quarantined"];
     if !q.is_object() {
         return "-".to_owned();
     }
-    let found = format!(
-        "its handle reappeared at {} (position {})",
-        output::time(q["found_at"].as_u64()),
-        cell(&q["position"])
-    );
+    let found =
+        format!("its handle reappeared at {} (position {})", clock.when(q["found_at"].as_u64()), cell(&q["position"]));
     match (&q["destroy_ordered"], q["destroyed_at"].as_u64()) {
         (Value::Null, _) => format!(
             "{found}; the agent leaves it alone until `leasehold release {}` orders it destroyed",
@@ -332,7 +468,7 @@ fn quarantine_text(record: &Value) -> String {
             "{found}; ordered destroyed at position {} by {}, destroyed at {}",
             cell(ordered),
             cell(&q["released_by"]),
-            output::time(Some(at))
+            clock.when(Some(at))
         ),
     }
 }
@@ -363,13 +499,13 @@ fn claim_text(claim: &Value) -> String {
 }
 
 /// Why an agent is suspect: its breaker, from its record (`-` when it holds no breaker).
-fn breaker_text(agent: &Value) -> String {
+fn breaker_text(agent: &Value, clock: &Clock) -> String {
     match &agent["breaker"] {
         Value::Object(_) => format!(
             "breaker: a report would lose {} of {} live, tripped {}; confirm with `leasehold agent confirm-loss {}`",
             cell(&agent["breaker"]["would_lose"]),
             cell(&agent["breaker"]["live"]),
-            output::time(agent["breaker"]["tripped_at"].as_u64()),
+            clock.when(agent["breaker"]["tripped_at"].as_u64()),
             cell(&agent["name"])
         ),
         _ => "-".to_owned(),
@@ -387,7 +523,7 @@ fn count(value: &Value) -> String {
     }
 }
 
-fn resources_table(records: &Vec<Value>) -> String {
+pub(crate) fn resources_table(records: &Vec<Value>, clock: &Clock) -> String {
     let mut table = Table::new(&["REF", "KIND", "STATE", "CAPACITY", "LEASES", "CLAIMS", "UPDATED"]);
     for r in records {
         let claims = match &r["claims"] {
@@ -403,13 +539,13 @@ fn resources_table(records: &Vec<Value>) -> String {
             cell(&r["capacity"]),
             count(&r["leases"]),
             none_if_empty(claims),
-            output::time(r["updated_at"].as_u64()),
+            clock.ago(r["updated_at"].as_u64()),
         ]);
     }
     table.render()
 }
 
-fn leases_table(records: &Vec<Value>) -> String {
+pub(crate) fn leases_table(records: &Vec<Value>, clock: &Clock) -> String {
     let mut table = Table::new(&["ID", "RESOURCE", "HOLDER", "STATE", "TOKEN", "EXPIRES"]);
     for l in records {
         table.row(vec![
@@ -418,13 +554,13 @@ fn leases_table(records: &Vec<Value>) -> String {
             cell(&l["holder"]),
             cell(&l["state"]),
             cell(&l["token"]),
-            output::time(l["expires_at"].as_u64()),
+            clock.ago(l["expires_at"].as_u64()),
         ]);
     }
     table.render()
 }
 
-fn agents_table(records: &Vec<Value>) -> String {
+pub(crate) fn agents_table(records: &Vec<Value>, clock: &Clock) -> String {
     let mut table = Table::new(&[
         "NAME",
         "STATUS",
@@ -455,12 +591,12 @@ fn agents_table(records: &Vec<Value>) -> String {
             None => "-",
         };
         let why: Vec<String> =
-            [cordon_text(a), driver_text(a), breaker_text(a)].into_iter().filter(|w| w != "-").collect();
+            [cordon_text(a, clock), driver_text(a), breaker_text(a, clock)].into_iter().filter(|w| w != "-").collect();
         table.row(vec![
             cell(&a["name"]),
             status,
             cell(&a["epoch"]),
-            output::time(a["last_seen"].as_u64()),
+            clock.ago(a["last_seen"].as_u64()),
             cell(&a["resources"]),
             cell(&a["held"]),
             capacity_text(a),
@@ -488,10 +624,10 @@ fn capacity_text(agent: &Value) -> String {
 }
 
 /// Who cordoned an agent, since when, and why (`-` while it is not cordoned); for a drain, how it goes too.
-fn cordon_text(agent: &Value) -> String {
+fn cordon_text(agent: &Value, clock: &Clock) -> String {
     let drain = &agent["drain"];
     if drain.is_object() {
-        return drain_text(drain);
+        return drain_text(drain, clock);
     }
     let cordon = &agent["cordon"];
     if !cordon.is_object() {
@@ -501,17 +637,17 @@ fn cordon_text(agent: &Value) -> String {
         Value::Null => String::new(),
         reason => format!(": {}", cell(reason)),
     };
-    format!("cordoned by {} since {}{why}", cell(&cordon["by"]), output::time(cordon["since"].as_u64()))
+    format!("cordoned by {} since {}{why}", cell(&cordon["by"]), clock.when(cordon["since"].as_u64()))
 }
 
 /// A drain: how many resources are left, its deadline and grace, who asked, since when, and why.
-fn drain_text(drain: &Value) -> String {
+fn drain_text(drain: &Value, clock: &Clock) -> String {
     let why = match &drain["reason"] {
         Value::Null => String::new(),
         reason => format!(": {}", cell(reason)),
     };
     let deadline = match drain["deadline"].as_u64() {
-        Some(at) => format!("deadline {}", output::time(Some(at))),
+        Some(at) => format!("deadline {}", clock.when(Some(at))),
         None => "no deadline".to_owned(),
     };
     let grace = output::duration(drain["grace_ms"].as_u64());
@@ -519,7 +655,7 @@ fn drain_text(drain: &Value) -> String {
         Some(0) => "drained".to_owned(),
         left => format!("draining ({} left; {deadline}; grace {grace})", output::opt(left)),
     };
-    format!("{state} by {} since {}{why}", cell(&drain["by"]), output::time(drain["since"].as_u64()))
+    format!("{state} by {} since {}{why}", cell(&drain["by"]), clock.when(drain["since"].as_u64()))
 }
 
 /// Why an agent's driver cannot list its machine's resources, as the agent recorded it (`-` while it can).
@@ -549,7 +685,7 @@ fn pool_kind(kind: &Value) -> String {
     }
 }
 
-fn pools_table(records: &Vec<Value>) -> String {
+pub(crate) fn pools_table(records: &Vec<Value>) -> String {
     let mut table = Table::new(&["NAME", "KIND", "COOLDOWN", "HELD", "WAITING", "COOLING"]);
     for p in records {
         table.row(vec![
@@ -594,7 +730,7 @@ fn letter_id(letter: &Value) -> String {
     }
 }
 
-fn command_text(status: &CommandStatus) -> String {
+fn command_text(status: &CommandStatus, clock: &Clock) -> String {
     let mut fields = vec![
         ("command", status.command_id.clone()),
         ("status", status.status.clone()),
@@ -621,7 +757,7 @@ fn command_text(status: &CommandStatus) -> String {
     }
     let mut text = output::fields(&fields);
     for outcome in &status.outcomes {
-        text.push_str(&output::outcome_line(outcome.seq, &outcome.outcome));
+        text.push_str(&output::outcome_line(outcome.seq, &outcome.outcome, clock));
         text.push('\n');
     }
     text
@@ -635,13 +771,16 @@ async fn watch(gateway: &Gateway, args: WatchArgs, format: OutputFormat) -> anyh
     let mut follower = Follower::new(gateway.clone(), key, args.from);
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
+    let clock = Clock::system();
     loop {
         let event = tokio::select! {
             _ = &mut interrupted => return Ok(()),
             event = follower.next() => event?,
         };
         match format {
-            OutputFormat::Table => output::emit(&format!("{}\n", output::outcome_line(event.seq, &event.outcome))),
+            OutputFormat::Table => {
+                output::emit(&format!("{}\n", output::outcome_line(event.seq, &event.outcome, &clock)));
+            }
             OutputFormat::Json => output::emit(&format!("{}\n", serde_json::to_string(&event)?)),
         }
     }
@@ -650,6 +789,11 @@ async fn watch(gateway: &Gateway, args: WatchArgs, format: OutputFormat) -> anyh
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A minute after the records' times (2026-01-01T00:00:01Z), in UTC.
+    fn clock() -> Clock {
+        Clock::fixed(1_767_225_661_000, crate::output::Zone::utc())
+    }
 
     #[test]
     fn a_resource_reads_field_by_field() {
@@ -660,12 +804,12 @@ mod tests {
             "leases": [{"id": "w1.019b76da-9860-7333-b333-333333333333", "holder": "build-1", "state": "active"}],
             "created_seq": 40, "updated_at": 1767225601000u64, "parent": null, "detail": null, "native_id": "d41d"
         });
-        let text = resource_fields(&record);
+        let text = resource_fields(&record, &clock());
         assert!(text.contains("ref          w1.019b76da-9478-7111-9111-111111111111\n"), "{text}");
         assert!(text.contains("attrs        image=alpine team=ci\n"), "{text}");
         assert!(text.contains("claims       ips=10.20.0.7 (bound, token 55)\n"), "{text}");
         assert!(text.contains("leases       w1.019b76da-9860-7333-b333-333333333333 (active, build-1)\n"), "{text}");
-        assert!(text.contains("updated_at   2026-01-01T00:00:01.000Z\n"), "{text}");
+        assert!(text.contains("updated_at   2026-01-01T00:00:01Z (60 s ago)\n"), "{text}");
         assert!(text.contains("parent       -\n"), "{text}");
     }
 
@@ -683,7 +827,7 @@ mod tests {
         let leases = vec![serde_json::json!({"id": "w1.l", "resource": "w1.r", "holder": "h", "state": "waiting",
             "token": null, "expires_at": null, "wait_until": null})];
         assert_eq!(
-            leases_table(&leases),
+            leases_table(&leases, &clock()),
             "ID    RESOURCE  HOLDER  STATE    TOKEN  EXPIRES\nw1.l  w1.r      h       waiting  -      -\n"
         );
         let agents =
@@ -691,11 +835,10 @@ mod tests {
             "resources": 2, "held": 1, "retired": false, "driver": {"available": true, "detail": null},
             "quarantined": 0})];
         assert!(
-            agents_table(&agents).ends_with(
-                "w1    live    3      2026-01-01T00:00:01.000Z  2          1     -         ok      0            -\n"
-            ),
+            agents_table(&agents, &clock())
+                .ends_with("w1    live    3      60 s ago   2          1     -         ok      0            -\n"),
             "{}",
-            agents_table(&agents)
+            agents_table(&agents, &clock())
         );
     }
 
@@ -705,7 +848,7 @@ mod tests {
             vec![serde_json::json!({"name": "w1", "status": "gone", "epoch": 3, "last_seen": 1767225601000u64,
             "resources": 2, "held": 0, "retired": true, "quarantined": 2,
             "driver": {"available": false, "detail": "the root /srv/w1 is not mounted"}})];
-        let table = agents_table(&agents);
+        let table = agents_table(&agents, &clock());
         let row = table.lines().nth(1).expect("a row");
         assert!(row.starts_with("w1    gone (retired)  3 "), "{table}");
         assert!(row.contains(" unavailable  2 "), "{table}");
@@ -719,15 +862,19 @@ mod tests {
             "resources": 2, "held": 2, "retired": false, "quarantined": 0, "driver": {"available": true, "detail": null},
             "cordon": {"by": "op:alice", "reason": "kernel \u{1b}[31mupgrade", "since": 1767225600000u64}}),
         ];
-        let table = agents_table(&agents);
+        let table = agents_table(&agents, &clock());
         let row = table.lines().nth(1).expect("a row");
         assert!(row.starts_with("w1    live, cordoned  3 "), "{table}");
         let declared = vec![serde_json::json!({"name": "w1", "status": "live", "epoch": 3, "last_seen": 1u64,
             "resources": 13, "held": 12, "capacity": {"container": 50, "volume": 200}, "used": {"container": 12},
             "driver": {"available": true, "detail": null}, "quarantined": 0})];
-        assert!(agents_table(&declared).contains("  container 12/50, volume 0/200  "), "{}", agents_table(&declared));
         assert!(
-            row.ends_with("cordoned by op:alice since 2026-01-01T00:00:00.000Z: kernel \\x1b[31mupgrade"),
+            agents_table(&declared, &clock()).contains("  container 12/50, volume 0/200  "),
+            "{}",
+            agents_table(&declared, &clock())
+        );
+        assert!(
+            row.ends_with("cordoned by op:alice since 2026-01-01T00:00:00Z (61 s ago): kernel \\x1b[31mupgrade"),
             "the reason is shown escaped: {table}"
         );
     }
@@ -741,20 +888,20 @@ mod tests {
             "drain": {"by": "op:alice", "reason": "kernel upgrade", "since": 1767225600000u64,
                 "deadline": 1767232800000u64, "grace_ms": 300000, "left": left}})]
         };
-        let table = agents_table(&draining(3));
+        let table = agents_table(&draining(3), &clock());
         let row = table.lines().nth(1).expect("a row");
         assert!(row.starts_with("w1    live, draining  3 "), "{table}");
         assert!(
             row.ends_with(
-                "draining (3 left; deadline 2026-01-01T02:00:00.000Z; grace 5min) by op:alice since \
-                 2026-01-01T00:00:00.000Z: kernel upgrade"
+                "draining (3 left; deadline 2026-01-01T02:00:00Z (in 1 h 58 min); grace 5min) by op:alice since \
+                 2026-01-01T00:00:00Z (61 s ago): kernel upgrade"
             ),
             "{table}"
         );
-        let table = agents_table(&draining(0));
+        let table = agents_table(&draining(0), &clock());
         let row = table.lines().nth(1).expect("a row");
         assert!(row.starts_with("w1    live, drained  3 "), "{table}");
-        assert!(row.ends_with("drained by op:alice since 2026-01-01T00:00:00.000Z: kernel upgrade"), "{table}");
+        assert!(row.ends_with("drained by op:alice since 2026-01-01T00:00:00Z (61 s ago): kernel upgrade"), "{table}");
         let cause = serde_json::json!({"drained": {"by": "op:alice", "deadline": true}});
         assert_eq!(cause_text(&cause), "a drain asked for by op:alice, at its deadline");
         let cause = serde_json::json!({"drained": {"by": "op:alice", "deadline": false}});
@@ -768,24 +915,30 @@ mod tests {
             "destroyed",
             serde_json::json!({"release": {"released": {"by": "op:alice", "reason": "done"}}, "confirmed_by": "w1"}),
         );
-        assert_eq!(detail_text(&destroyed), "destroyed, as its agent w1 confirmed, after a release by op:alice (done)");
+        assert_eq!(
+            detail_text(&destroyed, &clock()),
+            "destroyed, as its agent w1 confirmed, after a release by op:alice (done)"
+        );
         let retired = record("destroyed", serde_json::json!({"release": {"agent-retired": {}}, "confirmed_by": "w1"}));
-        assert_eq!(detail_text(&retired), "destroyed, as its agent w1 confirmed, after its agent was retired");
+        assert_eq!(
+            detail_text(&retired, &clock()),
+            "destroyed, as its agent w1 confirmed, after its agent was retired"
+        );
         let lost = record("lost", serde_json::json!({"found_missing_by": "w1", "observation": {"epoch": 3, "obs": 7}}));
-        assert_eq!(detail_text(&lost), "found missing by its agent w1 (observation 7 of epoch 3)");
+        assert_eq!(detail_text(&lost, &clock()), "found missing by its agent w1 (observation 7 of epoch 3)");
         let orphaned = record(
             "orphaned",
             serde_json::json!({"agent_gone_at": 1767225601000u64,
-                "freed_because": "its holder's agent w1 was declared gone at 2026-01-01T00:00:01.000Z"}),
+                "freed_because": "its holder's agent w1 was declared gone at 2026-01-01T00:00:01Z (60 s ago)"}),
         );
         assert_eq!(
-            detail_text(&orphaned),
-            "freed because its holder's agent w1 was declared gone at 2026-01-01T00:00:01.000Z"
+            detail_text(&orphaned, &clock()),
+            "freed because its holder's agent w1 was declared gone at 2026-01-01T00:00:01Z (60 s ago)"
         );
-        assert_eq!(detail_text(&record("failed", "no space left".into())), "no space left");
+        assert_eq!(detail_text(&record("failed", "no space left".into()), &clock()), "no space left");
         let releasing = record("releasing", serde_json::json!({"create-timeout": {}}));
-        assert_eq!(detail_text(&releasing), "released: its create timed out");
-        assert_eq!(detail_text(&record("active", Value::Null)), "-");
+        assert_eq!(detail_text(&releasing, &clock()), "released: its create timed out");
+        assert_eq!(detail_text(&record("active", Value::Null), &clock()), "-");
     }
 
     #[test]
@@ -795,21 +948,21 @@ mod tests {
             "quarantined": {"position": 40, "found_at": 1767225601000u64, "destroy_ordered": null,
                 "released_by": null, "reason": null, "destroyed_at": null}});
         assert_eq!(
-            quarantine_text(&record),
-            "its handle reappeared at 2026-01-01T00:00:01.000Z (position 40); the agent leaves it alone until \
+            quarantine_text(&record, &clock()),
+            "its handle reappeared at 2026-01-01T00:00:01Z (60 s ago) (position 40); the agent leaves it alone until \
              `leasehold release w1.r` orders it destroyed"
         );
-        assert!(resources_table(&vec![record.clone()]).contains(" lost (quarantined) "));
+        assert!(resources_table(&vec![record.clone()], &clock()).contains(" lost (quarantined) "));
         record["quarantined"]["destroy_ordered"] = 42.into();
         record["quarantined"]["released_by"] = "op:bob".into();
-        assert!(quarantine_text(&record).ends_with("; ordered destroyed at position 42 by op:bob"));
-        assert!(resources_table(&vec![record.clone()]).contains(" lost (quarantined, destroy ordered) "));
+        assert!(quarantine_text(&record, &clock()).ends_with("; ordered destroyed at position 42 by op:bob"));
+        assert!(resources_table(&vec![record.clone()], &clock()).contains(" lost (quarantined, destroy ordered) "));
         record["quarantined"]["destroyed_at"] = 1767225602000u64.into();
-        assert!(quarantine_text(&record).ends_with(", destroyed at 2026-01-01T00:00:02.000Z"));
-        assert!(resources_table(&vec![record.clone()]).contains(" lost "));
-        assert!(!resources_table(&vec![record.clone()]).contains("quarantined"));
+        assert!(quarantine_text(&record, &clock()).ends_with(", destroyed at 2026-01-01T00:00:02Z (59 s ago)"));
+        assert!(resources_table(&vec![record.clone()], &clock()).contains(" lost "));
+        assert!(!resources_table(&vec![record.clone()], &clock()).contains("quarantined"));
         record["quarantined"] = Value::Null;
-        assert_eq!(quarantine_text(&record), "-");
+        assert_eq!(quarantine_text(&record, &clock()), "-");
     }
 
     #[test]
@@ -839,16 +992,16 @@ mod tests {
             "dead_letter": {"reason": "unknown format", "source_seq": 8, "subject": "lh.cmd.2.op.w1._",
                 "id_verified": false}}))
         .unwrap();
-        let text = command_text(&status);
+        let text = command_text(&status, &clock());
         assert!(text.contains("status       dead-lettered\n"), "{text}");
         assert!(text.contains("dead_letter  unknown format (command seq 8, lh.cmd.2.op.w1._)\n"), "{text}");
         assert!(text.contains("id           unverified: "), "{text}");
         let mut verified = status.clone();
         verified.dead_letter.as_mut().unwrap().id_verified = Some(true);
-        assert!(!command_text(&verified).contains("unverified"));
+        assert!(!command_text(&verified, &clock()).contains("unverified"));
         // A gateway from before the mark says nothing of it.
         verified.dead_letter.as_mut().unwrap().id_verified = None;
-        assert!(!command_text(&verified).contains("unverified"));
+        assert!(!command_text(&verified, &clock()).contains("unverified"));
     }
 
     #[test]
@@ -856,8 +1009,8 @@ mod tests {
         let agent = serde_json::json!({"name": "w1", "status": "suspect", "breaker":
             {"would_lose": 12, "live": 20, "tripped_at": 1767225601000u64}});
         assert_eq!(
-            breaker_text(&agent),
-            "breaker: a report would lose 12 of 20 live, tripped 2026-01-01T00:00:01.000Z; confirm with \
+            breaker_text(&agent, &clock()),
+            "breaker: a report would lose 12 of 20 live, tripped 2026-01-01T00:00:01Z (60 s ago); confirm with \
              `leasehold agent confirm-loss w1`"
         );
         let claim = serde_json::json!({"pool": "ips", "id": null, "status": "wanted", "token": null});

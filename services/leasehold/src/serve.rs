@@ -101,6 +101,10 @@ pub(crate) struct ServeArgs {
     /// Batched ingest: the most commands of concurrent HTTP requests the gateway publishes at once (1: each alone).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u16).range(1..=1000))]
     ingest_batch: u16,
+    /// How long after it ended a terminal record (a destroyed resource, a released lease...) is still listed by `ls`
+    /// and `leases` (`GET /v1/resources`, `/v1/leases`) without `--all` (`all=true`).
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    list_ended_for: Duration,
     /// How often the sweeper looks for work that falls due with time alone (deadlines); work that an outcome
     /// announces (a freed address, a grant to carry) is asked for as soon as the outcome arrives.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
@@ -383,6 +387,7 @@ async fn serve<L: Log>(
                 tokens,
                 ingest_batch: usize::from(args.ingest_batch),
                 ready: ReadyCheck::new(move || waits.waiting_on()),
+                list_ended_for: args.list_ended_for,
                 ..Default::default()
             };
             let api = leasehold_gateway::Api::new(log.clone(), projector, config, shutdown.clone());

@@ -632,12 +632,76 @@ impl std::fmt::Debug for Reader {
     }
 }
 
-/// Filters of [`Reader::resources`].
+/// Filters of [`Reader::resources`], and a page of them: records come in reference order, after `after`.
 #[derive(Debug, Clone, Default)]
 pub struct ResourceQuery {
     pub agent: Option<String>,
     pub state: Option<String>,
     pub kind: Option<String>,
+    /// Every `(name, value)` must be one of its attributes.
+    pub attrs: Vec<(String, String)>,
+    /// Only resources with a live lease (waiting or active) of this holder.
+    pub holder: Option<String>,
+    /// Leave out records that ended (a terminal state) before this log time, unix ms.
+    pub ended_before: Option<u64>,
+    /// Only references after this one (keyset paging: the `next` of the page before).
+    pub after: Option<String>,
+    /// At most this many records.
+    pub limit: Option<usize>,
+}
+
+/// Filters of [`Reader::leases_page`], and a page of them: leases in reference order, after `after`.
+#[derive(Debug, Clone, Default)]
+pub struct LeaseQuery {
+    /// Only the leases of this resource, `<agent>.<id>`.
+    pub resource: Option<String>,
+    pub holder: Option<String>,
+    /// Every `(name, value)` must be an attribute of the lease's resource.
+    pub attrs: Vec<(String, String)>,
+    /// Leave out leases that ended before this log time, unix ms.
+    pub ended_before: Option<u64>,
+    pub after: Option<String>,
+    pub limit: Option<usize>,
+}
+
+/// One page of records, and the key to ask for the next one with (`after`): set when the page is full, so the page
+/// after it may be empty.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page<T> {
+    pub records: Vec<T>,
+    pub next: Option<String>,
+}
+
+/// Whether a record that ended at `terminal_at` is left out for having ended before `ended_before`.
+fn ended_long_ago(terminal_at: Option<u64>, ended_before: Option<u64>) -> bool {
+    matches!((terminal_at, ended_before), (Some(at), Some(before)) if at < before)
+}
+
+fn has_attrs(attributes: &BTreeMap<String, String>, wanted: &[(String, String)]) -> bool {
+    wanted.iter().all(|(name, value)| attributes.get(name) == Some(value))
+}
+
+/// Walks keys from `after` (exclusive) in order, keeps what `keep` takes, and stops at `limit` records.
+fn page_of<T>(
+    keys: impl Iterator<Item = Result<String, Error>>,
+    limit: Option<usize>,
+    mut load: impl FnMut(&str) -> Result<Option<T>, Error>,
+) -> Result<Page<T>, Error> {
+    let limit = limit.unwrap_or(usize::MAX);
+    let mut records = Vec::new();
+    if limit == 0 {
+        return Ok(Page { records, next: None });
+    }
+    for key in keys {
+        let key = key?;
+        if let Some(record) = load(&key)? {
+            records.push(record);
+            if records.len() == limit {
+                return Ok(Page { records, next: Some(key) });
+            }
+        }
+    }
+    Ok(Page { records, next: None })
 }
 
 impl Reader {
@@ -665,58 +729,61 @@ impl Reader {
         Ok(Some(view))
     }
 
+    /// The resources `query` asks for, every one of them (no limit: a page of `limit` with [`Reader::resources_page`]).
     pub fn resources(&self, query: &ResourceQuery) -> Result<Vec<ResourceView>, Error> {
+        Ok(self.resources_page(query)?.records)
+    }
+
+    /// A page of the resources `query` asks for, in reference order after `query.after`. It reads from that key on in
+    /// the table (or in the index of the agent or state asked for), so a page costs what it reads, not the table.
+    pub fn resources_page(&self, query: &ResourceQuery) -> Result<Page<ResourceView>, Error> {
+        use std::ops::Bound;
         let read = self.db.begin_read().map_err(storage)?;
         let table = read.open_table(RESOURCES).map_err(storage)?;
-        let refs: Vec<String> = match (&query.agent, &query.state) {
-            (Some(agent), _) => {
-                let index = read.open_table(RESOURCES_BY_AGENT).map_err(storage)?;
-                let range = index.range((agent.as_str(), "")..).map_err(storage)?;
-                range
-                    .map(|e| {
-                        e.map(|(k, _)| {
-                            let (a, r) = k.value();
-                            (a.to_owned(), r.to_owned())
-                        })
-                    })
-                    .take_while(|e| e.as_ref().map_or(true, |(a, _)| a == agent))
-                    .map(|e| e.map(|(_, r)| r))
-                    .collect::<Result<_, _>>()
-                    .map_err(storage)?
-            }
-            (None, Some(state)) => {
-                let index = read.open_table(RESOURCES_BY_STATE).map_err(storage)?;
-                let range = index.range((state.as_str(), "")..).map_err(storage)?;
-                range
-                    .map(|e| {
-                        e.map(|(k, _)| {
-                            let (s, r) = k.value();
-                            (s.to_owned(), r.to_owned())
-                        })
-                    })
-                    .take_while(|e| e.as_ref().map_or(true, |(s, _)| s == state))
-                    .map(|e| e.map(|(_, r)| r))
-                    .collect::<Result<_, _>>()
-                    .map_err(storage)?
-            }
-            (None, None) => table
-                .iter()
-                .map_err(storage)?
-                .map(|e| e.map(|(k, _)| k.value().to_owned()))
-                .collect::<Result<_, _>>()
-                .map_err(storage)?,
+        let after = query.after.as_deref();
+        let keep = |view: &ResourceView| {
+            query.state.as_ref().is_none_or(|s| *s == view.state)
+                && query.kind.as_ref().is_none_or(|k| *k == view.kind)
+                && query.agent.as_ref().is_none_or(|a| *a == view.agent)
+                && has_attrs(&view.attributes, &query.attrs)
+                && query.holder.as_ref().is_none_or(|h| view.leases.iter().any(|l| l.holder == *h))
+                && !ended_long_ago(view.terminal_at, query.ended_before)
         };
-        let mut out = Vec::new();
-        for reference in refs {
-            let Some(view) = table.get(reference.as_str()).map_err(storage)? else { continue };
-            let view: ResourceView = from_json(view.value())?;
-            let keep = query.state.as_ref().is_none_or(|s| *s == view.state)
-                && query.kind.as_ref().is_none_or(|k| *k == view.kind);
-            if keep {
-                out.push(view);
+        let load = |reference: &str| -> Result<Option<ResourceView>, Error> {
+            let Some(json) = table.get(reference).map_err(storage)? else { return Ok(None) };
+            let view: ResourceView = from_json(json.value())?;
+            Ok(keep(&view).then_some(view))
+        };
+        // An index of (agent or state, reference), read from (value, after).
+        let indexed = |def: TableDefinition<(&str, &str), ()>, value: &str| -> Result<Page<ResourceView>, Error> {
+            let index = read.open_table(def).map_err(storage)?;
+            let start = match after {
+                Some(after) => Bound::Excluded((value, after)),
+                None => Bound::Included((value, "")),
+            };
+            let range = index.range::<(&str, &str)>((start, Bound::Unbounded)).map_err(storage)?;
+            let keys = range
+                .map(|e| {
+                    e.map(|(k, _)| {
+                        let (v, r) = k.value();
+                        (v.to_owned(), r.to_owned())
+                    })
+                    .map_err(storage)
+                })
+                .take_while(|e| e.as_ref().map_or(true, |(v, _)| v == value))
+                .map(|e| e.map(|(_, r)| r));
+            page_of(keys, query.limit, load)
+        };
+        match (&query.agent, &query.state) {
+            (Some(agent), _) => indexed(RESOURCES_BY_AGENT, agent),
+            (None, Some(state)) => indexed(RESOURCES_BY_STATE, state),
+            (None, None) => {
+                let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+                let range = table.range::<&str>((start, Bound::Unbounded)).map_err(storage)?;
+                let keys = range.map(|e| e.map(|(k, _)| k.value().to_owned()).map_err(storage));
+                page_of(keys, query.limit, load)
             }
         }
-        Ok(out)
     }
 
     /// A lease by its reference, `<agent>.<lease id>`.
@@ -748,6 +815,56 @@ impl Reader {
     /// Every lease, live or ended, by reference.
     pub fn leases(&self) -> Result<Vec<LeaseView>, Error> {
         self.all(LEASES)
+    }
+
+    /// A page of the leases `query` asks for, in reference order after `query.after`, read from that key on (in
+    /// the index of the resource asked for, or in the table).
+    pub fn leases_page(&self, query: &LeaseQuery) -> Result<Page<LeaseView>, Error> {
+        use std::ops::Bound;
+        let read = self.db.begin_read().map_err(storage)?;
+        let table = read.open_table(LEASES).map_err(storage)?;
+        let resources = read.open_table(RESOURCES).map_err(storage)?;
+        let after = query.after.as_deref();
+        let load = |id: &str| -> Result<Option<LeaseView>, Error> {
+            let Some(json) = table.get(id).map_err(storage)? else { return Ok(None) };
+            let view: LeaseView = from_json(json.value())?;
+            let mut keep = query.holder.as_ref().is_none_or(|h| *h == view.holder)
+                && query.resource.as_ref().is_none_or(|r| *r == view.resource)
+                && !ended_long_ago(view.terminal_at, query.ended_before);
+            if keep && !query.attrs.is_empty() {
+                let resource = resources.get(view.resource.as_str()).map_err(storage)?;
+                let resource = resource.map(|json| from_json::<ResourceView>(json.value())).transpose()?;
+                keep = resource.is_some_and(|r| has_attrs(&r.attributes, &query.attrs));
+            }
+            Ok(keep.then_some(view))
+        };
+        match &query.resource {
+            Some(resource) => {
+                let index = read.open_table(LEASES_BY_RESOURCE).map_err(storage)?;
+                let start = match after {
+                    Some(after) => Bound::Excluded((resource.as_str(), after)),
+                    None => Bound::Included((resource.as_str(), "")),
+                };
+                let range = index.range::<(&str, &str)>((start, Bound::Unbounded)).map_err(storage)?;
+                let keys = range
+                    .map(|e| {
+                        e.map(|(k, _)| {
+                            let (r, l) = k.value();
+                            (r.to_owned(), l.to_owned())
+                        })
+                        .map_err(storage)
+                    })
+                    .take_while(|e| e.as_ref().map_or(true, |(r, _)| r == resource))
+                    .map(|e| e.map(|(_, l)| l));
+                page_of(keys, query.limit, load)
+            }
+            None => {
+                let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+                let range = table.range::<&str>((start, Bound::Unbounded)).map_err(storage)?;
+                let keys = range.map(|e| e.map(|(k, _)| k.value().to_owned()).map_err(storage));
+                page_of(keys, query.limit, load)
+            }
+        }
     }
 
     pub fn agents(&self) -> Result<Vec<AgentView>, Error> {

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use leasehold_log::embedded::{Embedded, EmbeddedOwner};
 use leasehold_log::intercept::{Intercept, Intercepted};
 use leasehold_log::{Error as LogError, Log, OutcomeFilter, StoredOutcome};
-use leasehold_projector::{Error, Projector, Reader, ResourceQuery, ResourceView};
+use leasehold_projector::{Error, LeaseQuery, Projector, Reader, ResourceQuery, ResourceView};
 use leasehold_schemas::command::{Acquire, Allocate, Claim, DefinePool, Register, Release, ReportCreated};
 use leasehold_schemas::ids::{
     AgentName, CommandId, Issuer, LeaseId, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp,
@@ -202,6 +202,42 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
     let of_agent = reader.resources(&ResourceQuery { agent: Some("w1".into()), ..Default::default() }).unwrap();
     assert_eq!(of_agent.len(), 4);
     assert!(reader.resources(&ResourceQuery { agent: Some("w2".into()), ..Default::default() }).unwrap().is_empty());
+    // Pages come in reference order, each from the key after the last one, in the table and in an index.
+    for agent in [None, Some("w1".to_owned())] {
+        let every: Vec<String> = reader
+            .resources(&ResourceQuery { agent: agent.clone(), ..Default::default() })
+            .unwrap()
+            .into_iter()
+            .map(|v| v.reference)
+            .collect();
+        assert!(every.windows(2).all(|w| w[0] < w[1]), "{every:?}");
+        let (mut paged, mut after, mut pages) = (Vec::new(), None, 0);
+        loop {
+            let query =
+                ResourceQuery { agent: agent.clone(), after: after.clone(), limit: Some(3), ..Default::default() };
+            let page = reader.resources_page(&query).unwrap();
+            assert!(page.records.len() <= 3);
+            paged.extend(page.records.into_iter().map(|v| v.reference));
+            pages += 1;
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(paged, every, "pages of 3 give every resource once, in order");
+        assert_eq!(pages, every.len() / 3 + 1);
+    }
+    let held = reader.resources(&ResourceQuery { holder: Some("build-7".into()), ..Default::default() }).unwrap();
+    assert_eq!(held.iter().map(|v| v.id.clone()).collect::<Vec<_>>(), vec![ids[1].to_string()]);
+    assert!(
+        reader.resources(&ResourceQuery { holder: Some("nobody".into()), ..Default::default() }).unwrap().is_empty()
+    );
+    let leases_of_holder =
+        reader.leases_page(&LeaseQuery { holder: Some("build-7".into()), ..Default::default() }).unwrap();
+    assert_eq!((leases_of_holder.records.len(), leases_of_holder.next), (1, None));
+    let attrs = vec![("no-such".to_owned(), "attr".to_owned())];
+    assert!(reader.resources(&ResourceQuery { attrs: attrs.clone(), ..Default::default() }).unwrap().is_empty());
+    assert!(reader.leases_page(&LeaseQuery { attrs, ..Default::default() }).unwrap().records.is_empty());
     let agents = reader.agents().unwrap();
     assert_eq!((agents[0].name.as_str(), agents[0].status.as_str(), agents[0].held), ("w1", "live", 2));
     let pools = reader.pools().unwrap();

@@ -5,6 +5,7 @@ mod agents;
 mod api;
 mod auth;
 mod authz;
+mod cli;
 mod crash;
 mod dead_letters;
 mod docker;

@@ -172,6 +172,11 @@ impl Proc {
         self.signal("-CONT");
     }
 
+    /// SIGINT, by its pid: what Ctrl-C sends.
+    pub(crate) fn interrupt(&self) {
+        self.signal("-INT");
+    }
+
     fn signal(&self, signal: &str) {
         let pid = self.child.id().to_string();
         let sent = Command::new("kill").args([signal, &pid]).stdin(Stdio::null()).status().expect("run kill");
