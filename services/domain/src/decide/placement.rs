@@ -326,6 +326,15 @@ impl<'s> Decider<'s> {
                 );
             }
         }
+        if let Some(existing) = self.state.resources.get(&id) {
+            return reject(
+                RejectionKind::AlreadyExists,
+                format!(
+                    "resource id {id} is already {} here; the room held for it is given back",
+                    existing.reference()
+                ),
+            );
+        }
         self.out.push(Effect::ReservationEnded { resource: id, token: command.token, committed: true });
         // A parent here that left between the reservation and now: the resource is made, as the placement says,
         // and released at once for that reason (as a cascade would release it).

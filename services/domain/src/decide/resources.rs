@@ -145,12 +145,15 @@ impl<'s> Decider<'s> {
         self.check_fresh_id("resource id", &id, id.time(), RejectionKind::Invalid)?;
         // After the id's checks: an allocation sent again under another command id is answered "already exists",
         // not "full" (it is the one that fills the place).
-        if let Some(reservation) = agent.reservations.get(&id) {
+        // Held for a placement on any agent of this partition: its commit would make a resource of that id.
+        if let Some((holder, reservation)) =
+            self.state.agents.values().find_map(|a| a.reservations.get(&id).map(|r| (&a.name, r)))
+        {
             return reject(
                 RejectionKind::AlreadyExists,
                 format!(
-                    "resource id {id} is reserved on agent {} for its placement (at {}); choose a fresh UUIDv7",
-                    agent.name, reservation.token
+                    "resource id {id} is reserved on agent {holder} for its placement (at {}); choose a fresh UUIDv7",
+                    reservation.token
                 ),
             );
         }

@@ -127,6 +127,11 @@ fn settle(
         return;
     }
     match &placement.state {
+        // Room held on an agent that since stopped taking new work (cordoned, draining, retired, gone): given back,
+        // and the placement looks again.
+        PlacementState::Seeking | PlacementState::Waiting { .. } if agent.unschedulable().is_some() => {
+            out.push(cancel());
+        }
         PlacementState::Seeking | PlacementState::Waiting { .. } => {
             out.push(Planned::now(
                 format!("bind-placement {id} {} {token}", agent.name),
