@@ -346,7 +346,7 @@ async fn a_drained_agent_releases_idle_resources_after_the_grace_and_the_rest_at
     let drain = ["agent", "drain", "a1", "--deadline", "6s", "--grace", "1s", "--reason", "kernel upgrade"];
     let ran = run_in(cli(&drain)).await;
     assert_eq!(ran.code, Some(0), "{ran:?}");
-    assert!(ran.stdout.contains("agent-cordoned") && ran.stdout.contains("agent-draining"), "{}", ran.stdout);
+    assert!(ran.stdout.contains("agent a1 cordoned") && ran.stdout.contains("agent a1 drains"), "{}", ran.stdout);
     let view = wait_resource(&api, &leased, |r| r.waiting_on.is_some(), &[&serve]).await;
     let waiting = view.waiting_on.expect("a leased resource of a draining agent says when it goes").on;
     assert!(
