@@ -347,6 +347,21 @@ pub struct Register {
     pub capacity: BTreeMap<String, u32>,
 }
 
+impl Register {
+    /// A registration of `agent` by the process `incarnation`: not wiped, following its partition's policy,
+    /// declaring no labels and no capacity.
+    pub fn new(agent: AgentName, incarnation: Uuid) -> Self {
+        Register {
+            agent,
+            incarnation,
+            wiped: false,
+            settings: None,
+            labels: BTreeMap::new(),
+            capacity: BTreeMap::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Heartbeat {
