@@ -243,19 +243,13 @@ fn utc_stamp_at(bytes: &[u8]) -> Option<(u64, usize)> {
     if !punct.iter().all(|(at, c)| bytes.get(*at) == Some(c)) {
         return None;
     }
-    let (year, month, day) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
-    let (hour, minute, second) = (digits(11..13)?, digits(14..16)?, digits(17..19)?);
-    let (millis, len) = match bytes.get(19) {
-        Some(b'Z') => (0, 20),
-        Some(b'.') if bytes.get(23) == Some(&b'Z') => (digits(20..23)?, 24),
+    let len = match bytes.get(19) {
+        Some(b'Z') => 20,
+        Some(b'.') if bytes.get(23) == Some(&b'Z') && digits(20..23).is_some() => 24,
         _ => return None,
     };
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
-        return None;
-    }
-    let days = crate::zone::days_from_civil(i64::try_from(year).ok()?, month as u32, day as u32);
-    let secs = u64::try_from(days).ok()? * 86_400 + hour * 3600 + minute * 60 + second;
-    Some((secs * 1000 + millis, len))
+    let ms = crate::zone::parse_utc(std::str::from_utf8(&bytes[..len]).ok()?)?;
+    Some((ms, len))
 }
 
 /// This machine's clock, in unix ms.
