@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
 
 use leasehold_schemas::Uuid;
 use leasehold_schemas::command::HandleDigest;
@@ -372,33 +373,97 @@ impl Agent {
     }
 
     /// Why it takes no new allocation or placement now, if it takes none.
-    pub fn unschedulable(&self) -> Option<String> {
-        let why = match (self.liveness, self.retired, self.breaker.is_some()) {
-            (Liveness::Gone, _, _) => "gone",
-            (_, true, _) => "retired",
-            (Liveness::Stalled, _, _) => "stalled (no recent heartbeat)",
-            (_, _, true) => "suspect (its circuit breaker tripped)",
+    pub fn unschedulable(&self) -> Option<Unschedulable<'_>> {
+        Some(match (self.liveness, self.retired, self.breaker.is_some()) {
+            (Liveness::Gone, _, _) => Unschedulable::Gone,
+            (_, true, _) => Unschedulable::Retired,
+            (Liveness::Stalled, _, _) => Unschedulable::Stalled,
+            (_, _, true) => Unschedulable::Suspect,
             (Liveness::Live, false, false) => {
                 if let Some(why) = &self.driver_unavailable {
-                    return Some(format!("driver is unavailable ({why})"));
+                    Unschedulable::DriverUnavailable(why)
+                } else if let Some(drain) = &self.drain {
+                    Unschedulable::Draining(drain)
+                } else {
+                    Unschedulable::Cordoned(self.cordon.as_ref()?)
                 }
-                if let Some(drain) = &self.drain {
-                    let reason = drain.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
-                    return Some(format!("draining (by {} since {}{reason})", drain.by, drain.since));
-                }
-                if let Some(cordon) = &self.cordon {
-                    let reason = cordon.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
-                    return Some(format!("cordoned (by {} since {}{reason})", cordon.by, cordon.since));
-                }
-                return None;
             }
-        };
-        Some(why.to_owned())
+        })
     }
 
     /// True when every label of `select` is one of its labels, with the same value.
     pub fn matches(&self, select: &BTreeMap<String, String>) -> bool {
         select.iter().all(|(key, value)| self.labels.get(key) == Some(value))
+    }
+}
+
+/// Why an agent takes no new allocation or placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unschedulable<'a> {
+    Gone,
+    Retired,
+    Stalled,
+    Suspect,
+    DriverUnavailable(&'a str),
+    Draining(&'a Drain),
+    Cordoned(&'a Cordon),
+}
+
+impl Unschedulable<'_> {
+    /// One word for counting agents by it: `gone`, `retired`, `stalled`, `suspect`, `driver-unavailable`,
+    /// `draining`, `cordoned`.
+    pub fn word(&self) -> &'static str {
+        match self {
+            Unschedulable::Gone => "gone",
+            Unschedulable::Retired => "retired",
+            Unschedulable::Stalled => "stalled",
+            Unschedulable::Suspect => "suspect",
+            Unschedulable::DriverUnavailable(_) => "driver-unavailable",
+            Unschedulable::Draining(_) => "draining",
+            Unschedulable::Cordoned(_) => "cordoned",
+        }
+    }
+}
+
+/// What follows "agent w1 is": "stalled (no recent heartbeat)", "cordoned (by op:alice since T: kernel)".
+impl fmt::Display for Unschedulable<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unschedulable::Gone => f.write_str("gone"),
+            Unschedulable::Retired => f.write_str("retired"),
+            Unschedulable::Stalled => f.write_str("stalled (no recent heartbeat)"),
+            Unschedulable::Suspect => f.write_str("suspect (its circuit breaker tripped)"),
+            Unschedulable::DriverUnavailable(why) => {
+                write!(f, "unable to list its machine: its driver is unavailable ({why})")
+            }
+            Unschedulable::Draining(drain) => write!(f, "draining ({drain})"),
+            Unschedulable::Cordoned(cordon) => write!(f, "cordoned ({cordon})"),
+        }
+    }
+}
+
+/// "by op:alice since T: kernel upgrade".
+impl fmt::Display for Cordon {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "by {} since {}", self.by, self.since)?;
+        match &self.reason {
+            Some(reason) => write!(f, ": {reason}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// "by op:alice since T, grace 5min, deadline T: kernel upgrade".
+impl fmt::Display for Drain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "by {} since {}, grace {}", self.by, self.since, self.grace)?;
+        if let Some(deadline) = self.deadline {
+            write!(f, ", deadline {deadline}")?;
+        }
+        match &self.reason {
+            Some(reason) => write!(f, ": {reason}"),
+            None => Ok(()),
+        }
     }
 }
 

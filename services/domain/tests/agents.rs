@@ -1610,7 +1610,7 @@ fn a_drain_releases_idle_resources_after_the_grace_and_the_rest_at_the_deadline(
         (GRACE, Some(held.since.saturating_add(secs(600))), w.state().now())
     );
     assert!(agent(&w).cordon.is_some());
-    assert!(agent(&w).unschedulable().is_some_and(|why| why.starts_with("draining (by op:alice since")));
+    assert!(agent(&w).unschedulable().is_some_and(|why| why.to_string().starts_with("draining (by op:alice since")));
     refused(&mut w, allocate, InvalidState, &["agent w1 is draining"]);
     // The idle one goes after the grace; the leased one's lease ends half-way through, and its grace counts from then.
     w.advance(secs(30));

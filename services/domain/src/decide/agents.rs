@@ -10,7 +10,7 @@ use leasehold_schemas::ids::Millis;
 use leasehold_schemas::outcome::{BreakReason, BreakerClear, Effect, ReleaseCause, ResyncReason};
 use leasehold_schemas::settings::PartitionSettings;
 
-use super::{Decider, Verdict, check_text, cordon_text, drain_text, echo, reject};
+use super::{Decider, Verdict, check_text, echo, reject};
 use leasehold_schemas::command::{DrainAgent, DrainRelease};
 
 /// At most this many labels, and kinds with a capacity, per agent.
@@ -183,7 +183,7 @@ impl<'s> Decider<'s> {
         if let Some(cordon) = &agent.cordon {
             return reject(
                 RejectionKind::AlreadyDone,
-                format!("agent {} is already cordoned ({})", agent.name, cordon_text(cordon)),
+                format!("agent {} is already cordoned ({})", agent.name, cordon),
             );
         }
         self.out.push(Effect::AgentCordoned { by: self.issuer.clone(), reason: command.reason.clone() });
@@ -320,10 +320,7 @@ impl<'s> Decider<'s> {
             && drain.deadline == deadline
             && drain.reason == reason
         {
-            return reject(
-                RejectionKind::AlreadyDone,
-                format!("agent {} is already draining ({})", agent.name, drain_text(drain)),
-            );
+            return reject(RejectionKind::AlreadyDone, format!("agent {} is already draining ({})", agent.name, drain));
         }
         if agent.cordon.is_none() {
             self.out.push(Effect::AgentCordoned { by: self.issuer.clone(), reason: reason.clone() });

@@ -684,19 +684,6 @@ impl<'s> Decider<'s> {
 }
 
 /// Checks free text from a command (its length only: it is never echoed).
-/// Who cordoned an agent, since when, and why: for refusals that name the cordon.
-fn cordon_text(cordon: &crate::state::Cordon) -> String {
-    let why = cordon.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
-    format!("by {} since {}{why}", cordon.by, cordon.since)
-}
-
-/// A drain in words: who asked, since when, its grace and deadline, and why.
-fn drain_text(drain: &crate::state::Drain) -> String {
-    let deadline = drain.deadline.map(|at| format!(", deadline {at}")).unwrap_or_default();
-    let why = drain.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
-    format!("by {} since {}, grace {}{deadline}{why}", drain.by, drain.since, drain.grace)
-}
-
 fn check_text(what: &str, text: &str) -> Verdict {
     if text.len() > MAX_TEXT_BYTES {
         return reject(

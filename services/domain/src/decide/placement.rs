@@ -66,9 +66,10 @@ impl<'s> Decider<'s> {
             }
             return reject(
                 RejectionKind::AlreadyExists,
-                format!("a different placement of resource {id} exists ({}); choose a fresh UUIDv7", {
+                format!(
+                    "a different placement of resource {id} exists ({}); choose a fresh UUIDv7",
                     placement_text(existing)
-                }),
+                ),
             );
         }
         self.check_fresh_id("resource id", &id, id.time(), RejectionKind::Invalid)?;
@@ -209,9 +210,10 @@ impl<'s> Decider<'s> {
         if command.source.partition != home {
             return reject(
                 RejectionKind::Invalid,
-                format!("the placement of {id} lives in partition {home}; a reservation cannot come from {}", {
+                format!(
+                    "the placement of {id} lives in partition {home}; a reservation cannot come from {}",
                     command.source
-                }),
+                ),
             );
         }
         let agent = self.agent(&command.agent)?;
@@ -236,7 +238,7 @@ impl<'s> Decider<'s> {
         if let Some(why) = agent.unschedulable() {
             return reject(
                 RejectionKind::InvalidState,
-                format!("agent {} is {why}; no new placements on it", { &agent.name }),
+                format!("agent {} is {why}; no new placements on it", &agent.name),
             );
         }
         if !agent.matches(&command.select) {
@@ -282,9 +284,10 @@ impl<'s> Decider<'s> {
         if command.source.partition != home {
             return reject(
                 RejectionKind::Invalid,
-                format!("the placement of {id} lives in partition {home}; a commit cannot come from {}", {
+                format!(
+                    "the placement of {id} lives in partition {home}; a commit cannot come from {}",
                     command.source
-                }),
+                ),
             );
         }
         let agent = self.agent(&allocation.agent)?;
@@ -315,9 +318,11 @@ impl<'s> Decider<'s> {
                 if let Some(existing) = self.state.resources.get(&id).filter(|r| r.agent == agent.name) {
                     return reject(
                         RejectionKind::AlreadyDone,
-                        format!("resource {} was already made by its placement ({})", existing.reference(), {
+                        format!(
+                            "resource {} was already made by its placement ({})",
+                            existing.reference(),
                             existing.state.name()
-                        }),
+                        ),
                     );
                 }
                 return reject(
@@ -362,9 +367,10 @@ impl<'s> Decider<'s> {
         if command.source.partition != home {
             return reject(
                 RejectionKind::Invalid,
-                format!("the placement of {id} lives in partition {home}; a cancel cannot come from {}", {
+                format!(
+                    "the placement of {id} lives in partition {home}; a cancel cannot come from {}",
                     command.source
-                }),
+                ),
             );
         }
         let agent = self.agent(&command.agent)?;
@@ -375,9 +381,10 @@ impl<'s> Decider<'s> {
             }
             Some(reservation) => reject(
                 RejectionKind::TokenMismatch,
-                format!("agent {} holds room for {id} with token {}, not {}", agent.name, reservation.token, {
-                    command.token
-                }),
+                format!(
+                    "agent {} holds room for {id} with token {}, not {}",
+                    agent.name, reservation.token, command.token
+                ),
             ),
             None => reject(
                 RejectionKind::AlreadyDone,

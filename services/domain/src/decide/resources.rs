@@ -15,7 +15,7 @@ use super::{
     Decider, MAX_ATTRIBUTE_KEY_BYTES, MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES, MAX_CAPACITY, MAX_POOLS_PER_RESOURCE,
     Verdict, check_text, echo, reject,
 };
-use crate::state::{ClaimSlot, Liveness, PendingClock, Resource, ResourceState};
+use crate::state::{ClaimSlot, PendingClock, Resource, ResourceState, Unschedulable};
 
 /// `[a-z0-9][a-z0-9_.-]{0,62}`.
 pub(super) fn is_kind(kind: &str) -> bool {
@@ -97,23 +97,13 @@ fn describe_state(resource: &Resource) -> String {
 impl<'s> Decider<'s> {
     pub(super) fn allocate(&mut self, command: &Allocate) -> Verdict {
         let agent = self.agent(&command.agent)?;
-        let refusal = match (agent.liveness, agent.retired, agent.breaker.is_some()) {
-            (Liveness::Gone, _, _) => Some("gone"),
-            (_, true, _) => Some("retired"),
-            (Liveness::Stalled, _, _) => Some("stalled (no recent heartbeat)"),
-            (_, _, true) => Some("suspect (its circuit breaker tripped)"),
-            (Liveness::Live, false, false) => None,
-        };
-        if let Some(why) = refusal {
+        // A drain or a cordon is named after the id's checks, so that an allocation sent again is answered for its id.
+        let held_back =
+            agent.unschedulable().filter(|why| matches!(why, Unschedulable::Draining(_) | Unschedulable::Cordoned(_)));
+        if let Some(why) = agent.unschedulable().filter(|why| held_back != Some(*why)) {
             return reject(
                 RejectionKind::InvalidState,
                 format!("agent {} is {why}; no new placements on it", agent.name),
-            );
-        }
-        if let Some(why) = &agent.driver_unavailable {
-            return reject(
-                RejectionKind::InvalidState,
-                format!("agent {}'s driver is unavailable ({why}); no new placements on it", agent.name),
             );
         }
         let id = command.resource;
@@ -175,16 +165,10 @@ impl<'s> Decider<'s> {
                 );
             }
         }
-        if let Some(drain) = &agent.drain {
+        if let Some(why) = held_back {
             return reject(
                 RejectionKind::InvalidState,
-                format!("agent {} is draining ({}); no new allocations on it", agent.name, super::drain_text(drain)),
-            );
-        }
-        if let Some(cordon) = &agent.cordon {
-            return reject(
-                RejectionKind::InvalidState,
-                format!("agent {} is cordoned ({}); no new allocations on it", agent.name, super::cordon_text(cordon)),
+                format!("agent {} is {why}; no new allocations on it", agent.name),
             );
         }
         if let Some(wait) = command.wait

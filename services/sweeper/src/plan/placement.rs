@@ -67,33 +67,33 @@ fn seek(
     }
     let request = &placement.request;
     let fit = Fit::of(states, placement);
-    match fit.best(request.strategy) {
-        Some(agent) => out.push(Planned::now(
-            format!("reserve {id} {} {}", agent.name, placement.wanted_at),
-            Reserve {
-                agent: agent.name.clone(),
-                resource: id,
-                kind: request.kind.clone(),
-                select: request.select.clone(),
-                source: own,
-            },
-        )),
+    // Why the request cannot be placed now, if it cannot; what its deadline says when it comes.
+    let why = match fit.best(request.strategy) {
+        Some(agent) => {
+            out.push(Planned::now(
+                format!("reserve {id} {} {}", agent.name, placement.wanted_at),
+                Reserve {
+                    agent: agent.name.clone(),
+                    resource: id,
+                    kind: request.kind.clone(),
+                    select: request.select.clone(),
+                    source: own,
+                },
+            ));
+            "no agent took it in time".to_owned()
+        }
         None => {
             let why = fit.why(placement);
-            let waits_so = matches!(&placement.state, PlacementState::Waiting { why: w, .. } if *w == why);
-            if !waits_so {
+            if !matches!(&placement.state, PlacementState::Waiting { why: w, .. } if *w == why) {
                 out.push(Planned::now(
                     format!("unplaceable {id} {why}"),
                     Unplaceable { resource: id, why: why.clone() },
                 ));
             }
+            why
         }
-    }
+    };
     if let Some(until) = placement.until {
-        let why = match fit.best(request.strategy) {
-            Some(_) => "no agent took it in time".to_owned(),
-            None => fit.why(placement),
-        };
         out.push(Planned::at(format!("unplaceable {id} at {until}"), until, Unplaceable { resource: id, why }));
     }
 }
@@ -170,7 +170,7 @@ struct Fit<'a> {
     labelled: usize,
     taking: usize,
     full: usize,
-    unschedulable: BTreeMap<String, usize>,
+    unschedulable: BTreeMap<&'static str, usize>,
 }
 
 impl<'a> Fit<'a> {
@@ -186,9 +186,7 @@ impl<'a> Fit<'a> {
                 }
                 fit.taking += 1;
                 if let Some(why) = agent.unschedulable() {
-                    // "cordoned (by ...)" counts as "cordoned".
-                    let word = why.split([' ', '(']).next().unwrap_or("unschedulable").to_owned();
-                    *fit.unschedulable.entry(word).or_default() += 1;
+                    *fit.unschedulable.entry(why.word()).or_default() += 1;
                     continue;
                 }
                 let used = agent.used(&request.kind);
