@@ -491,6 +491,25 @@ impl PlacementRecord {
         }
     }
 
+    /// The placement as the answer to its request says, and the outcome sequence to follow it from. A request asked
+    /// for before (answered `already-done`, a retry under another command id) is followed from the start of its
+    /// history; any other answer goes through `accepted`, which gives its outcomes or the error.
+    pub fn answered<E>(
+        resource: ResourceId,
+        status: CommandStatus,
+        accepted: impl FnOnce(CommandStatus) -> Result<Vec<SeqOutcome>, E>,
+    ) -> Result<(Self, u64), E> {
+        let mut record = PlacementRecord::new(resource);
+        if status.rejection.as_ref().is_some_and(|r| r.kind == "already-done") {
+            return Ok((record, 0));
+        }
+        let outcomes = accepted(status)?;
+        for effect in outcomes.iter().flat_map(|o| o.outcome.effects()) {
+            record.apply(effect);
+        }
+        Ok((record, outcomes.iter().map(|o| o.seq).max().unwrap_or(0)))
+    }
+
     /// True once it will not change any more: placed, refused or cancelled.
     pub fn ended(&self) -> bool {
         matches!(self.state.as_str(), "placed" | "failed" | "cancelled")
@@ -652,18 +671,8 @@ impl Producer {
         let envelope = self.envelope(body.clone());
         let sent = self.transport.submit(&envelope, self.timeout).await;
         let status = settle(sent, &envelope, self.timeout)?;
-        let mut record = PlacementRecord::new(body.resource);
-        let already = status.rejection.as_ref().is_some_and(|r| r.kind == "already-done");
-        let from = if already {
-            // Asked for before: its history says where it went.
-            0
-        } else {
-            let outcomes = outcomes(status, &format!("place {}", body.resource))?;
-            for effect in outcomes.iter().flat_map(|o| o.outcome.effects()) {
-                record.apply(effect);
-            }
-            outcomes.iter().map(|o| o.seq).max().unwrap_or(0)
-        };
+        let what = format!("place {}", body.resource);
+        let (mut record, from) = PlacementRecord::answered(body.resource, status, |s| outcomes(s, &what))?;
         let wait = body.wait.map(|w| Duration::from_millis(w.0)).unwrap_or_default();
         let deadline = tokio::time::Instant::now() + self.timeout + wait;
         record.follow(&self.transport, body.resource, from, deadline, |_| {}).await?;

@@ -584,18 +584,9 @@ async fn place(args: AllocateArgs, issuer: &Issuer, global: &GlobalArgs) -> anyh
     let envelope = envelope(issuer, args.produce.command_id, body.clone());
     let sent = transport.submit(&envelope, args.produce.timeout).await;
     let status = settle(sent, &envelope, args.produce.timeout, format, Some(("id", resource.to_string())))?;
-    let mut record = leasehold_client::PlacementRecord::new(resource);
-    // Asked for before (a retry under another command id): its history says where it went.
-    let asked_before = status.rejection.as_ref().is_some_and(|r| r.kind == "already-done");
-    let from = if asked_before {
-        0
-    } else {
-        let outcomes = accepted(status, format, &format!("place {resource}"))?;
-        for effect in outcomes.iter().flat_map(|o| o.outcome.effects()) {
-            record.apply(effect);
-        }
-        outcomes.iter().map(|o| o.seq).max().unwrap_or(0)
-    };
+    let what = format!("place {resource}");
+    let (mut record, from) =
+        leasehold_client::PlacementRecord::answered(resource, status, |status| accepted(status, format, &what))?;
     let wait = body.wait.map(|w| Duration::from_millis(w.0)).unwrap_or_default();
     let deadline = tokio::time::Instant::now() + args.produce.timeout + wait;
     record
