@@ -47,6 +47,11 @@ fn asked(w: &mut World, wait: Option<Millis>) -> Source {
     Source { partition: 0, position: first_position(&outcome) }
 }
 
+/// The last placement's `placement-wanted`, as a source.
+fn wanted(w: &World) -> Source {
+    Source { partition: 0, position: w.state().placement(w.r()).expect("the placement").wanted_at }
+}
+
 fn first_position(outcome: &leasehold_schemas::Outcome) -> Position {
     outcome.positioned_effects().next().expect("an effect").0
 }
@@ -128,10 +133,7 @@ fn placement_rows() {
                 declared(w, 2);
                 asked(w, None);
             },
-            |w| {
-                let source = Source { partition: 0, position: w.state().placement(w.r()).unwrap().wanted_at };
-                w.sys(reserve(w, source))
-            },
+            |w| w.sys(reserve(w, wanted(w))),
             Effects(&["capacity-reserved"]),
         ),
         case(
@@ -141,10 +143,7 @@ fn placement_rows() {
                 reserved(w);
                 asked(w, None);
             },
-            |w| {
-                let source = Source { partition: 0, position: w.state().placement(w.r()).unwrap().wanted_at };
-                w.sys(reserve(w, source))
-            },
+            |w| w.sys(reserve(w, wanted(w))),
             Rejected(InvalidState, &["agent w1 is full for container: 1 of 1"]),
         ),
         case(
@@ -154,8 +153,7 @@ fn placement_rows() {
                 asked(w, None);
             },
             |w| {
-                let source = Source { partition: 0, position: w.state().placement(w.r()).unwrap().wanted_at };
-                let mut body = reserve(w, source);
+                let mut body = reserve(w, wanted(w));
                 body.select = [("zone".to_owned(), "b".to_owned())].into();
                 w.sys(body)
             },
@@ -168,10 +166,7 @@ fn placement_rows() {
                 accepted(&w.op(CordonAgent { agent: w.a(), reason: Some("kernel".into()) }));
                 asked(w, None);
             },
-            |w| {
-                let source = Source { partition: 0, position: w.state().placement(w.r()).unwrap().wanted_at };
-                w.sys(reserve(w, source))
-            },
+            |w| w.sys(reserve(w, wanted(w))),
             Rejected(InvalidState, &["agent w1 is cordoned (by", "no new placements on it"]),
         ),
         case(
@@ -181,8 +176,7 @@ fn placement_rows() {
                 asked(w, None);
             },
             |w| {
-                let source = Source { partition: 0, position: w.state().placement(w.r()).unwrap().wanted_at };
-                let mut body = reserve(w, source);
+                let mut body = reserve(w, wanted(w));
                 body.kind = "volume".to_owned();
                 w.sys(body)
             },

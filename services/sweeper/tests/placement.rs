@@ -6,102 +6,19 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use leasehold_domain::state::PlacementState;
-use leasehold_domain::{Ctx, Decided, PartitionState, apply, continue_work, decide};
-use leasehold_schemas::command::{
-    CancelPlacement, CordonAgent, Place, PlacementStrategy, Register, Release, SyncReport, UncordonAgent,
-};
-use leasehold_schemas::ids::{Key, Millis, Timestamp};
+use leasehold_schemas::command::{CancelPlacement, CordonAgent, Place, PlacementStrategy, Release, UncordonAgent};
+use leasehold_schemas::ids::{Key, Millis};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
-use leasehold_schemas::{AgentName, Command, CommandId, Envelope, Issuer, Outcome, ResourceId, Uuid};
+use leasehold_schemas::{AgentName, Command, ResourceId};
 use leasehold_sweeper::plan::{self, Planned, States};
 use proptest::prelude::*;
 
-const PARTITIONS: u32 = 4;
+mod support;
 
-struct World {
-    states: States,
-    cmd_seq: u64,
-    now: Timestamp,
-    obs: BTreeMap<AgentName, u64>,
-    outcomes: Vec<Outcome>,
-}
+use support::{PARTITIONS, World};
 
 impl World {
-    fn new() -> World {
-        World {
-            states: (0..PARTITIONS).map(|p| (p, PartitionState::new(p, PARTITIONS))).collect(),
-            cmd_seq: 0,
-            now: Timestamp(
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
-            ),
-            obs: BTreeMap::new(),
-            outcomes: Vec::new(),
-        }
-    }
-
-    fn send(&mut self, issuer: &str, body: impl Into<Command>) -> Option<Outcome> {
-        let body = body.into();
-        let partition = partition_of_key(&body.key(), PARTITIONS);
-        let envelope = Envelope::new(CommandId::generate(), Issuer::new(issuer).unwrap(), self.now, body);
-        self.cmd_seq += 1;
-        let ctx = Ctx { cmd_seq: self.cmd_seq, log_time: self.now };
-        let first = match decide(&self.states[&partition], &ctx, &envelope).unwrap() {
-            Decided::Append(outcome) => outcome,
-            Decided::AlreadyDecided { .. } | Decided::Unchanged => return None,
-        };
-        let mut next = Some(first.clone());
-        while let Some(outcome) = next {
-            let state = self.states.get_mut(&partition).unwrap();
-            apply(state, &outcome).unwrap();
-            next = state.pending().is_some().then(|| continue_work(state).unwrap());
-            self.outcomes.push(outcome);
-        }
-        Some(first)
-    }
-
-    fn plan(&self) -> Vec<Planned> {
-        plan::plan(&self.states, &BTreeMap::new())
-    }
-
-    fn due(&self) -> Vec<Planned> {
-        self.plan().into_iter().filter(|p| p.due.is_none_or(|at| at <= self.now)).collect()
-    }
-
-    /// Sends every request due now (twice, as two sweepers would) until none is due.
-    fn settle(&mut self) {
-        for _ in 0..100 {
-            let due = self.due();
-            if due.is_empty() {
-                return;
-            }
-            for item in due {
-                self.send("sweeper:a", item.command.clone());
-                self.send("sweeper:b", item.command);
-            }
-        }
-        panic!("the plan never settles: {:#?}", self.plan());
-    }
-
-    fn advance(&mut self, by: Millis) {
-        self.now = self.now.saturating_add(by);
-    }
-
-    fn register(&mut self, name: &str, labels: &[(&str, &str)], capacity: &[(&str, u32)]) -> AgentName {
-        let agent = AgentName::new(name).unwrap();
-        let body = Register {
-            agent: agent.clone(),
-            incarnation: Uuid::from_u128(u128::from(self.cmd_seq) + 1),
-            wiped: false,
-            settings: None,
-            labels: labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
-            capacity: capacity.iter().map(|(k, n)| ((*k).to_owned(), *n)).collect(),
-        };
-        self.send(name, body).expect("a registration is appended");
-        self.obs.insert(agent.clone(), 0);
-        agent
-    }
-
     fn place(&mut self, select: &[(&str, &str)], strategy: PlacementStrategy, wait: Option<Millis>) -> ResourceId {
         let id = ResourceId::generate();
         self.send("producer", place(id, select, strategy, wait));
@@ -120,21 +37,6 @@ impl World {
 
     fn release(&mut self, agent: &AgentName, resource: ResourceId) {
         self.send("producer", Release { agent: agent.clone(), resource, reason: None });
-    }
-
-    /// The agent confirms the destroy: its resource ends and gives its place back.
-    fn destroyed(&mut self, agent: &AgentName, resource: ResourceId) {
-        let state = &self.states[&partition_of_agent(agent, PARTITIONS)];
-        let epoch = state.agent(agent).unwrap().epoch;
-        let watermark = state.last_position();
-        let n = self.obs.get_mut(agent).unwrap();
-        *n += 1;
-        let mut report = SyncReport::new(agent.clone(), epoch, *n, watermark);
-        report.destroyed = vec![resource];
-        let (count, digest) = leasehold_domain::expected_listing(state, &report).expect("the report is judged");
-        report.count = count;
-        report.digest = digest;
-        self.send(agent.as_str(), report);
     }
 
     fn used(&self, agent: &AgentName, kind: &str) -> u32 {
@@ -166,9 +68,9 @@ fn bound_to(state: &PlacementState) -> Option<&AgentName> {
 #[test]
 fn spread_fills_the_emptiest_agent_with_the_labels_and_pack_the_fullest_under_capacity() {
     let mut w = World::new();
-    let a = w.register("wa", &[("zone", "a")], &[("container", 3)]);
-    let b = w.register("wb", &[("zone", "a")], &[("container", 3)]);
-    let east = w.register("we", &[("zone", "east")], &[("container", 9)]);
+    let a = w.register_declaring("wa", &[("zone", "a")], &[("container", 3)]);
+    let b = w.register_declaring("wb", &[("zone", "a")], &[("container", 3)]);
+    let east = w.register_declaring("we", &[("zone", "east")], &[("container", 9)]);
     let mut on = Vec::new();
     for _ in 0..4 {
         let id = w.place(&[("zone", "a")], PlacementStrategy::Spread, None);
@@ -228,10 +130,10 @@ fn nothing_fits_names_what_is_missing_and_a_cordoned_agent_takes_no_placement() 
         }
     };
     assert_eq!(why(&mut w, &[]), "any agent: no agent has registered");
-    let w1 = w.register("w1", &[("zone", "a")], &[]);
+    let w1 = w.register_declaring("w1", &[("zone", "a")], &[]);
     assert_eq!(why(&mut w, &[("zone", "b")]), "zone=b: no agent has these labels");
     assert_eq!(why(&mut w, &[("zone", "a")]), "zone=a: no agent takes container (none declared a capacity for it)");
-    w.register("w1", &[("zone", "a")], &[("container", 5)]);
+    w.register_declaring("w1", &[("zone", "a")], &[("container", 5)]);
     w.send("op:alice", CordonAgent { agent: w1.clone(), reason: Some("kernel upgrade".to_owned()) });
     assert_eq!(why(&mut w, &[("zone", "a")]), "zone=a: 1 agent cordoned");
     w.send("op:alice", UncordonAgent { agent: w1.clone() });
@@ -243,7 +145,7 @@ fn nothing_fits_names_what_is_missing_and_a_cordoned_agent_takes_no_placement() 
 #[test]
 fn a_request_that_may_wait_waits_for_room_on_record_and_is_placed_when_a_resource_ends() {
     let mut w = World::new();
-    let w1 = w.register("w1", &[], &[("container", 1)]);
+    let w1 = w.register_declaring("w1", &[], &[("container", 1)]);
     let first = w.place(&[], PlacementStrategy::Spread, None);
     w.settle();
     assert_eq!(bound_to(w.placement(first)), Some(&w1));
@@ -286,7 +188,7 @@ fn a_request_that_may_wait_waits_for_room_on_record_and_is_placed_when_a_resourc
 #[test]
 fn a_request_sent_again_makes_nothing_more_and_says_where_it_went() {
     let mut w = World::new();
-    let w1 = w.register("w1", &[], &[("container", 4)]);
+    let w1 = w.register_declaring("w1", &[], &[("container", 4)]);
     let id = ResourceId::generate();
     let request = place(id, &[], PlacementStrategy::Spread, None);
     w.send("producer", request.clone());
@@ -364,9 +266,9 @@ proptest! {
     ) {
         let mut w = World::new();
         let agents = vec![
-            w.register("w1", &[("zone", "a")], &[("container", 2)]),
-            w.register("w2", &[("zone", "a")], &[("container", 1)]),
-            w.register("w3", &[("zone", "a")], &[("container", 2)]),
+            w.register_declaring("w1", &[("zone", "a")], &[("container", 2)]),
+            w.register_declaring("w2", &[("zone", "a")], &[("container", 1)]),
+            w.register_declaring("w3", &[("zone", "a")], &[("container", 2)]),
         ];
         let mut views: Vec<States> = vec![w.states.clone()];
         let mut ids = BTreeSet::new();

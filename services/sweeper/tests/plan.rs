@@ -7,133 +7,21 @@
 use std::collections::BTreeMap;
 
 use leasehold_domain::state::{ClaimSlot, Holding};
-use leasehold_domain::{Ctx, Decided, PartitionState, apply, continue_work, decide};
-use leasehold_schemas::command::{
-    Acquire, Allocate, Cascade, DefinePool, DrainAgent, Register, Release, ReportCreated, SyncReport,
-};
+use leasehold_schemas::command::{Acquire, Allocate, DefinePool, DrainAgent, Release, ReportCreated};
 use leasehold_schemas::ids::{Key, Millis, PoolName, ResourceRef, Timestamp};
 use leasehold_schemas::outcome::{Effect, ReleaseCause};
 use leasehold_schemas::pool::{PoolKind, PoolValue};
 use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
-use leasehold_schemas::{AgentName, Command, CommandId, Envelope, Issuer, LeaseId, Outcome, ResourceId, Uuid};
-use leasehold_sweeper::plan::{self, Planned, States};
+use leasehold_schemas::{AgentName, Command, LeaseId, ResourceId};
+use leasehold_sweeper::plan::Planned;
 
-const PARTITIONS: u32 = 4;
+mod support;
+
+use support::{PARTITIONS, World};
+
 const T0: u64 = 1_800_000_000_000;
 
-/// Every partition of a small cluster, decided in memory.
-struct World {
-    states: States,
-    cmd_seq: u64,
-    now: Timestamp,
-    obs: BTreeMap<AgentName, u64>,
-    answers: BTreeMap<ResourceRef, Cascade>,
-    /// Every outcome so far, in the order decided.
-    outcomes: Vec<Outcome>,
-}
-
 impl World {
-    fn new() -> World {
-        let states = (0..PARTITIONS).map(|p| (p, PartitionState::new(p, PARTITIONS))).collect();
-        World {
-            states,
-            cmd_seq: 0,
-            // The ids the test makes are stamped with this machine's clock: the log's starts there too.
-            now: Timestamp(
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
-            ),
-            obs: BTreeMap::new(),
-            answers: BTreeMap::new(),
-            outcomes: Vec::new(),
-        }
-    }
-
-    /// Decides `body` from `issuer` in its partition now, with every part of a long decision; returns the outcome's
-    /// first part (or `None` when nothing was appended).
-    fn send(&mut self, issuer: &str, body: impl Into<Command>) -> Option<Outcome> {
-        let body = body.into();
-        let partition = partition_of_key(&body.key(), PARTITIONS);
-        let envelope = Envelope::new(CommandId::generate(), Issuer::new(issuer).unwrap(), self.now, body);
-        self.cmd_seq += 1;
-        let ctx = Ctx { cmd_seq: self.cmd_seq, log_time: self.now };
-        let first = match decide(&self.states[&partition], &ctx, &envelope).unwrap() {
-            Decided::Append(outcome) => outcome,
-            Decided::AlreadyDecided { .. } | Decided::Unchanged => return None,
-        };
-        let mut next = Some(first.clone());
-        while let Some(outcome) = next {
-            let state = self.states.get_mut(&partition).unwrap();
-            apply(state, &outcome).unwrap();
-            next = state.pending().is_some().then(|| continue_work(state).unwrap());
-            self.note(partition, &outcome);
-            self.outcomes.push(outcome);
-        }
-        Some(first)
-    }
-
-    /// What the sweeper's view keeps beside the states: adoption answers seen go by.
-    fn note(&mut self, partition: u32, outcome: &Outcome) {
-        let Key::Agent(agent) = &outcome.command.key else { return };
-        for (position, effect) in outcome.positioned_effects() {
-            if let Effect::ChildAdopted { parent, child, child_source, parent_state } = effect {
-                let parent = ResourceRef::new(agent.clone(), *parent);
-                let answer = plan::adoption_answer(partition, position, &parent, child, *child_source, *parent_state);
-                self.answers.insert(child.clone(), answer);
-            }
-        }
-    }
-
-    fn plan(&self) -> Vec<Planned> {
-        plan::plan(&self.states, &self.answers)
-    }
-
-    /// Sends every request due now, each twice (two sweepers), until none is due; returns how many were sent.
-    fn settle(&mut self) -> usize {
-        let mut sent = 0;
-        for _ in 0..100 {
-            let due: Vec<Planned> = self.plan().into_iter().filter(|p| p.due.is_none_or(|at| at <= self.now)).collect();
-            if due.is_empty() {
-                return sent;
-            }
-            for item in due {
-                self.send("sweeper:a", item.command.clone());
-                self.send("sweeper:b", item.command);
-                sent += 1;
-            }
-        }
-        panic!("the plan never settles: {:#?}", self.plan());
-    }
-
-    fn advance(&mut self, by: Millis) {
-        self.now = self.now.saturating_add(by);
-    }
-
-    fn state_of(&self, agent: &AgentName) -> &PartitionState {
-        &self.states[&partition_of_agent(agent, PARTITIONS)]
-    }
-
-    fn register(&mut self, name: &str) -> AgentName {
-        let agent = AgentName::new(name).unwrap();
-        let incarnation = Uuid::from_u128(u128::from(self.cmd_seq) + 1);
-        let body = Register {
-            agent: agent.clone(),
-            incarnation,
-            wiped: false,
-            settings: None,
-            labels: Default::default(),
-            capacity: Default::default(),
-        };
-        self.send(name, body).expect("a registration is appended");
-        self.obs.insert(agent.clone(), 0);
-        agent
-    }
-
-    fn next_obs(&mut self, agent: &AgentName) -> u64 {
-        let n = self.obs.get_mut(agent).unwrap();
-        *n += 1;
-        *n
-    }
-
     fn allocate(&mut self, agent: &AgentName, pools: &[&PoolName]) -> ResourceId {
         let id = ResourceId::generate();
         let mut body = Allocate::new(agent.clone(), id, "container", 1);
@@ -150,27 +38,8 @@ impl World {
         self.send(agent.as_str(), body);
     }
 
-    /// The agent destroyed it: a sync report says so (its count and digest what the writer expects).
-    fn destroyed(&mut self, agent: &AgentName, resource: ResourceId) {
-        let state = self.state_of(agent);
-        let epoch = state.agent(agent).unwrap().epoch;
-        let watermark = state.last_position();
-        let obs = self.next_obs(agent);
-        let mut report = SyncReport::new(agent.clone(), epoch, obs, watermark);
-        report.destroyed = vec![resource];
-        let (count, digest) =
-            leasehold_domain::expected_listing(self.state_of(agent), &report).expect("the report is judged");
-        report.count = count;
-        report.digest = digest;
-        self.send(agent.as_str(), report);
-    }
-
     fn claim_of(&self, agent: &AgentName, resource: ResourceId, pool: &PoolName) -> Option<ClaimSlot> {
         self.state_of(agent).resource(resource).and_then(|r| r.claims.get(pool).cloned())
-    }
-
-    fn effects(&self) -> impl Iterator<Item = &Effect> {
-        self.outcomes.iter().flat_map(|o| o.effects())
     }
 }
 
