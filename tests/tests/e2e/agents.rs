@@ -22,7 +22,7 @@ use leasehold_schemas::{LeaseId, ResourceId};
 
 use crate::api::{Api, acquire, agent_name, allocate, allocate_in_pool, command, wait_agent, wait_pool, wait_resource};
 use crate::nats::{FAST_SWEEPER, NatsRun, outcomes};
-use crate::support::{Proc, run_cli};
+use crate::support::{Proc, run_cli, run_cli_on};
 
 const PARTITIONS: u32 = 8;
 /// More than the breaker lets go at once (at least 5, and more than half of the agent's resources).
@@ -194,22 +194,11 @@ async fn a_cordoned_agent_keeps_what_it_holds_and_takes_nothing_new_until_uncord
     let mut a1 = run.agent("a1", &[]);
     wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &a1]).await;
     let held = allocate_active(&api, &[&serve, &a1]).await;
-    let cli = |args: &[&str]| {
-        let mut all = vec!["--server", server.as_str()];
-        all.extend_from_slice(args);
-        all.into_iter().map(str::to_owned).collect::<Vec<_>>()
-    };
-    let run_in = |args: Vec<String>| {
-        let dir = run.path().to_owned();
-        async move {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            run_cli(&dir, &args, &[]).await
-        }
-    };
+    let cli = |args: &[&str]| run_cli_on(run.path(), &server, args);
 
-    let ran = run_in(cli(&["agent", "cordon", "a1", "--reason", "kernel upgrade"])).await;
+    let ran = cli(&["agent", "cordon", "a1", "--reason", "kernel upgrade"]).await;
     assert_eq!(ran.code, Some(0), "{ran:?}");
-    let ran = run_in(cli(&["allocate", "--agent", "a1", "--kind", "volume"])).await;
+    let ran = cli(&["allocate", "--agent", "a1", "--kind", "volume"]).await;
     assert_eq!(ran.code, Some(1), "an allocation on a cordoned agent is refused: {ran:?}");
     assert!(ran.stderr.contains("is cordoned (by") && ran.stderr.contains("kernel upgrade"), "{ran:?}");
     let lease = acquire(&agent_name("a1"), held[0], LeaseId::generate());
@@ -218,13 +207,13 @@ async fn a_cordoned_agent_keeps_what_it_holds_and_takes_nothing_new_until_uncord
     let ran = run_cli(run.path(), &["agents"], &[("LEASEHOLD_SERVER", server.as_str())]).await;
     assert_eq!(ran.code, Some(0), "{ran:?}");
     assert!(ran.stdout.contains("live, cordoned") && ran.stdout.contains(": kernel upgrade"), "{}", ran.stdout);
-    let ran = run_in(cli(&["agent", "cordon", "a1"])).await;
+    let ran = cli(&["agent", "cordon", "a1"]).await;
     assert_eq!(ran.code, Some(1), "a second cordon is refused, naming the first: {ran:?}");
     assert!(ran.stderr.contains("already cordoned"), "{ran:?}");
 
-    let ran = run_in(cli(&["agent", "uncordon", "a1"])).await;
+    let ran = cli(&["agent", "uncordon", "a1"]).await;
     assert_eq!(ran.code, Some(0), "{ran:?}");
-    let ran = run_in(cli(&["allocate", "--agent", "a1", "--kind", "volume"])).await;
+    let ran = cli(&["allocate", "--agent", "a1", "--kind", "volume"]).await;
     assert_eq!(ran.code, Some(0), "allocations go through again: {ran:?}");
     serve.assert_no_panic();
     a1.stop_cleanly().await;
@@ -280,30 +269,21 @@ async fn a_declared_capacity_refuses_allocations_past_it_until_a_place_frees() {
     let agent =
         wait_agent(&api, "a1", |a| a.status == "live" && a.capacity.get("volume") == Some(&1), &[&serve, &a1]).await;
     assert_eq!(agent.labels.get("zone").map(String::as_str), Some("a"));
-    let cli = |args: &[&str]| {
-        let mut all = vec!["--server".to_owned(), server.clone()];
-        all.extend(args.iter().map(|a| (*a).to_owned()));
-        all
-    };
-    let dir = run.path().to_owned();
-    let run_in = |args: Vec<String>| {
-        let dir = dir.clone();
-        async move { run_cli(&dir, &args.iter().map(String::as_str).collect::<Vec<_>>(), &[]).await }
-    };
-    let ran = run_in(cli(&["allocate", "--agent", "a1", "--kind", "volume"])).await;
+    let cli = |args: &[&str]| run_cli_on(run.path(), &server, args);
+    let ran = cli(&["allocate", "--agent", "a1", "--kind", "volume"]).await;
     assert_eq!(ran.code, Some(0), "{ran:?}");
     let first = ran.stdout.trim().to_owned();
     wait_resource(&api, &first, |r| r.state == "active", &[&serve, &a1]).await;
-    let ran = run_in(cli(&["allocate", "--agent", "a1", "--kind", "volume"])).await;
+    let ran = cli(&["allocate", "--agent", "a1", "--kind", "volume"]).await;
     assert_eq!(ran.code, Some(1), "{ran:?}");
     assert!(ran.stderr.contains("is full for volume: 1 of 1"), "{ran:?}");
-    let ran = run_in(cli(&["agents"])).await;
+    let ran = cli(&["agents"]).await;
     assert!(ran.stdout.contains("volume 1/1"), "{}", ran.stdout);
 
-    let ran = run_in(cli(&["release", &first])).await;
+    let ran = cli(&["release", &first]).await;
     assert_eq!(ran.code, Some(0), "{ran:?}");
     wait_resource(&api, &first, |r| r.state == "destroyed", &[&serve, &a1]).await;
-    let ran = run_in(cli(&["allocate", "--agent", "a1", "--kind", "volume"])).await;
+    let ran = cli(&["allocate", "--agent", "a1", "--kind", "volume"]).await;
     assert_eq!(ran.code, Some(0), "a place freed: {ran:?}");
     serve.assert_no_panic();
     a1.stop_cleanly().await;
@@ -332,19 +312,10 @@ async fn a_drained_agent_releases_idle_resources_after_the_grace_and_the_rest_at
     }
     let lease = LeaseId::generate();
     api.accepted(&acquire(&a1_name, leased.split_once('.').unwrap().1.parse().unwrap(), lease), &[&serve]).await;
-    let cli = |args: &[&str]| {
-        let mut all = vec!["--server".to_owned(), server.clone()];
-        all.extend(args.iter().map(|a| (*a).to_owned()));
-        all
-    };
-    let dir = run.path().to_owned();
-    let run_in = |args: Vec<String>| {
-        let dir = dir.clone();
-        async move { run_cli(&dir, &args.iter().map(String::as_str).collect::<Vec<_>>(), &[]).await }
-    };
+    let cli = |args: &[&str]| run_cli_on(run.path(), &server, args);
 
     let drain = ["agent", "drain", "a1", "--deadline", "6s", "--grace", "1s", "--reason", "kernel upgrade"];
-    let ran = run_in(cli(&drain)).await;
+    let ran = cli(&drain).await;
     assert_eq!(ran.code, Some(0), "{ran:?}");
     assert!(ran.stdout.contains("agent a1 cordoned") && ran.stdout.contains("agent a1 drains"), "{}", ran.stdout);
     let view = wait_resource(&api, &leased, |r| r.waiting_on.is_some(), &[&serve]).await;
@@ -356,7 +327,7 @@ async fn a_drained_agent_releases_idle_resources_after_the_grace_and_the_rest_at
         ),
         "{waiting}"
     );
-    let ran = run_in(cli(&["agents"])).await;
+    let ran = cli(&["agents"]).await;
     assert!(ran.stdout.contains("live, draining") && ran.stdout.contains(" left; deadline "), "{}", ran.stdout);
     assert!(ran.stdout.contains("grace 1s) by ") && ran.stdout.contains(": kernel upgrade"), "{}", ran.stdout);
 
@@ -374,7 +345,7 @@ async fn a_drained_agent_releases_idle_resources_after_the_grace_and_the_rest_at
     assert_eq!(lease["state"], "broken", "{lease:#}");
     let agent = wait_agent(&api, "a1", |a| a.drain.as_ref().is_some_and(|d| d.left == 0), &[&serve, &a1]).await;
     assert_eq!(agent.drain.map(|d| d.reason), Some(Some("kernel upgrade".to_owned())));
-    let ran = run_in(cli(&["agents"])).await;
+    let ran = cli(&["agents"]).await;
     assert!(ran.stdout.contains("live, drained") && ran.stdout.contains("drained by "), "{}", ran.stdout);
     serve.assert_no_panic();
     a1.stop_cleanly().await;

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::api::{Api, wait_agent, wait_resource};
 use crate::nats::{FAST_SWEEPER, NatsRun};
-use crate::support::{Proc, Ran, run_cli};
+use crate::support::{Proc, Ran, run_cli, run_cli_on};
 
 const PARTITIONS: u32 = 8;
 const STEP: Duration = Duration::from_secs(30);
@@ -48,13 +48,7 @@ async fn an_allocation_without_an_agent_is_placed_once_where_labels_and_room_fit
     let mut b1 = run.agent("b1", &["--capacity", "volume=1", "--label", "zone=b"]);
     wait_agent(&api, "a1", |a| a.status == "live" && a.capacity.get("volume") == Some(&1), &[&serve, &a1]).await;
     wait_agent(&api, "b1", |a| a.status == "live" && a.capacity.get("volume") == Some(&1), &[&serve, &b1]).await;
-    let dir = run.path().to_owned();
-    let cli = |args: &[&str]| {
-        let mut all = vec!["--server".to_owned(), server.clone()];
-        all.extend(args.iter().map(|a| (*a).to_owned()));
-        let dir = dir.clone();
-        async move { run_cli(&dir, &all.iter().map(String::as_str).collect::<Vec<_>>(), &[]).await }
-    };
+    let cli = |args: &[&str]| run_cli_on(run.path(), &server, args);
 
     // Placed where the label and the room are; the outcome says where and why.
     let ran = cli(&["allocate", "--kind", "volume", "--select", "zone=a"]).await;

@@ -248,6 +248,14 @@ pub(crate) async fn run_cli(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> 
     run_bin(env!("CARGO_BIN_EXE_leasehold-e2e"), dir, args, env, STEP).await
 }
 
+/// Runs `leasehold-e2e --server SERVER ARGS` in `dir` as [`run_cli`] does, as a future that owns what it needs (so it
+/// may be spawned while the test goes on).
+pub(crate) fn run_cli_on(dir: &Path, server: &str, args: &[&str]) -> impl Future<Output = Ran> + Send + use<> {
+    let dir = dir.to_owned();
+    let args: Vec<String> = ["--server", server].iter().chain(args).map(|a| (*a).to_owned()).collect();
+    async move { run_cli(&dir, &args.iter().map(String::as_str).collect::<Vec<_>>(), &[]).await }
+}
+
 /// Runs `leasehold-replay-e2e ARGS` (the audit tool) in `dir` to its end, at most `limit`.
 pub(crate) async fn run_replay(dir: &Path, args: &[&str], limit: Duration) -> Ran {
     run_bin(env!("CARGO_BIN_EXE_leasehold-replay-e2e"), dir, args, &[], limit).await
