@@ -328,14 +328,7 @@ impl Generator {
         let agent = self.agents[a].name.clone();
         let Some(epoch) = self.agents[a].epoch else {
             let incarnation = Uuid::from_u128(u128::from(self.n_ids) + 1);
-            let body = Register {
-                agent: agent.clone(),
-                incarnation,
-                wiped: false,
-                settings: None,
-                labels: Default::default(),
-                capacity: Default::default(),
-            };
+            let body = Register::new(agent.clone(), incarnation);
             let envelope = Envelope::new(command_id, issuer(agent.as_str())?, now, body);
             return Ok((partition, envelope, now, Origin::Register(a)));
         };

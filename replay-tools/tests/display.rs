@@ -42,17 +42,7 @@ async fn history_and_state_show_what_producers_wrote_escaped() {
     let mut log = DriverLog { driver: Driver::new(0, 1, Timestamp(1_790_000_000_000)), entries: Vec::new(), prev: 0 };
     let agent = AgentName::new("w1").expect("a name");
     let incarnation = leasehold_schemas::Uuid::from_u128(1);
-    log.submit(
-        "w1",
-        Register {
-            agent: agent.clone(),
-            incarnation,
-            wiped: false,
-            settings: None,
-            labels: Default::default(),
-            capacity: Default::default(),
-        },
-    );
+    log.submit("w1", Register::new(agent.clone(), incarnation));
     let epoch = log.driver.state().agent(&agent).expect("registered").epoch;
     let resource: ResourceId = log.driver.new_resource_id();
     let attributes = [("note".to_owned(), EVIL.to_owned())].into();

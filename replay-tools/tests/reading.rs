@@ -42,17 +42,7 @@ async fn a_decision_in_parts_is_re_decided_and_state_at_its_first_part_reads_to_
     let mut log = DriverLog { driver: Driver::new(0, 1, Timestamp(1_790_000_000_000)), entries: Vec::new(), prev: 0 };
     let agent = AgentName::new("w1").expect("a name");
     let incarnation = leasehold_schemas::Uuid::from_u128(1);
-    log.submit(
-        "w1",
-        Register {
-            agent: agent.clone(),
-            incarnation,
-            wiped: false,
-            settings: None,
-            labels: Default::default(),
-            capacity: Default::default(),
-        },
-    );
+    log.submit("w1", Register::new(agent.clone(), incarnation));
     let epoch = log.driver.state().agent(&agent).expect("registered").epoch;
     let mut made = Vec::new();
     for _ in 0..40 {
@@ -251,17 +241,7 @@ async fn history_of_a_pool_lists_only_commands_that_name_it_as_a_pool() {
     let mut log = DriverLog { driver: Driver::new(0, 1, Timestamp(1_790_000_000_000)), entries: Vec::new(), prev: 0 };
     let agent = AgentName::new("w1").expect("a name");
     let incarnation = leasehold_schemas::Uuid::from_u128(1);
-    log.submit(
-        "w1",
-        Register {
-            agent: agent.clone(),
-            incarnation,
-            wiped: false,
-            settings: None,
-            labels: Default::default(),
-            capacity: Default::default(),
-        },
-    );
+    log.submit("w1", Register::new(agent.clone(), incarnation));
     let resource = log.driver.new_resource_id();
     // No pool at all: a resource of kind "gpu", claiming nothing.
     let allocate = Allocate {

@@ -144,17 +144,7 @@ impl Story {
         };
         log.submit("op:alice", DefinePool { pool: pool.clone(), kind: subnet, cooldown: None });
         let incarnation = leasehold_schemas::Uuid::from_u128(1);
-        log.submit(
-            "worker-b",
-            Register {
-                agent: agent.clone(),
-                incarnation,
-                wiped: false,
-                settings: None,
-                labels: Default::default(),
-                capacity: Default::default(),
-            },
-        );
+        log.submit("worker-b", Register::new(agent.clone(), incarnation));
         let epoch = log.agent_partition(&agent).state().agent(&agent).expect("registered").epoch;
         let resource = log.partitions[0].new_resource_id();
         let mut allocate = Allocate::new(agent.clone(), resource, "container", 2);

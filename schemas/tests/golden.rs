@@ -285,18 +285,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                 gc: None,
             },
         ),
-        envelope(
-            14,
-            "w1",
-            Register {
-                agent: a(),
-                incarnation: incarnation(),
-                wiped: false,
-                settings: Some(agent_settings()),
-                labels: Default::default(),
-                capacity: Default::default(),
-            },
-        ),
+        envelope(14, "w1", Register { settings: Some(agent_settings()), ..Register::new(a(), incarnation()) }),
         envelope(15, "w1", Heartbeat { agent: a(), epoch: Position(3) }),
         envelope(
             16,
@@ -533,21 +522,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                 },
             ),
         ),
-        (
-            "defaults",
-            envelope(
-                50,
-                "w1",
-                Register {
-                    agent: a(),
-                    incarnation: incarnation(),
-                    wiped: true,
-                    settings: None,
-                    labels: Default::default(),
-                    capacity: Default::default(),
-                },
-            ),
-        ),
+        ("defaults", envelope(50, "w1", Register { wiped: true, ..Register::new(a(), incarnation()) })),
         (
             "minimal",
             envelope(

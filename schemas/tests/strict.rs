@@ -160,15 +160,10 @@ fn body(type_name: &str, full: bool) -> Command {
             gc: some_if(full, leasehold_schemas::settings::GcMode::DryRun),
         }
         .into(),
-        "agent.register" => Register {
-            agent: agent(),
-            incarnation: any_uuid(1),
-            wiped: full,
-            settings: full.then(AgentSettings::default),
-            labels: Default::default(),
-            capacity: Default::default(),
+        "agent.register" => {
+            Register { wiped: full, settings: full.then(AgentSettings::default), ..Register::new(agent(), any_uuid(1)) }
+                .into()
         }
-        .into(),
         "agent.heartbeat" => Heartbeat { agent: agent(), epoch: Position(4) }.into(),
         "agent.report-created" => ReportCreated {
             agent: agent(),

@@ -613,14 +613,8 @@ mod tests {
             }
             folded = partition.outcomes().len();
         };
-        let register = Register {
-            agent: w1.clone(),
-            incarnation: Uuid::from_u128(1),
-            wiped: false,
-            settings: Some(AgentSettings::default()),
-            labels: Default::default(),
-            capacity: Default::default(),
-        };
+        let register =
+            Register { settings: Some(AgentSettings::default()), ..Register::new(w1.clone(), Uuid::from_u128(1)) };
         let epoch = partition.submit("w1", register).positioned_effects().next().unwrap().0;
         let ids: Vec<ResourceId> = (0..5).map(|_| partition.new_resource_id()).collect();
         for id in &ids[..4] {
@@ -695,14 +689,7 @@ mod tests {
             let w1 = leasehold_schemas::AgentName::new("w1").unwrap();
             let mut partition =
                 leasehold_domain::driver::Driver::new(0, 1, leasehold_schemas::Timestamp(1_800_000_000_000));
-            let register = Register {
-                agent: w1.clone(),
-                incarnation: Uuid::from_u128(1),
-                wiped: false,
-                settings: None,
-                labels: Default::default(),
-                capacity: Default::default(),
-            };
+            let register = Register::new(w1.clone(), Uuid::from_u128(1));
             let epoch = partition.submit("w1", register).positioned_effects().next().unwrap().0;
             Lagging { w1, partition, model: Model::default(), folded: 0, epoch, obs: 0 }
         }

@@ -50,14 +50,8 @@ fn main() {
     let _profiler = dhat::Profiler::builder().testing().build();
     let agent = AgentName::new("w1").unwrap();
     let mut w = Writer { state: PartitionState::new(0, 1), seq: 0, clock: T0 };
-    let register = Register {
-        agent: agent.clone(),
-        incarnation: Uuid::from_u128(1),
-        wiped: false,
-        settings: Some(AgentSettings::default()),
-        labels: Default::default(),
-        capacity: Default::default(),
-    };
+    let register =
+        Register { settings: Some(AgentSettings::default()), ..Register::new(agent.clone(), Uuid::from_u128(1)) };
     w.submit("w1", register);
     let base = dhat::HeapStats::get().curr_bytes;
     let started = std::time::Instant::now();

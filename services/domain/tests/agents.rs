@@ -1253,17 +1253,7 @@ fn regressions_found_in_review() {
                 w.registered();
                 let a = w.a();
                 let incarnation = leasehold_schemas::Uuid::from_u128(77);
-                let mut e = w.d.envelope(
-                    "w1",
-                    Register {
-                        agent: a.clone(),
-                        incarnation,
-                        wiped: false,
-                        settings: None,
-                        labels: Default::default(),
-                        capacity: Default::default(),
-                    },
-                );
+                let mut e = w.d.envelope("w1", Register::new(a.clone(), incarnation));
                 e.issued_at = Timestamp(e.issued_at.0 + Millis::from_hours(1).0);
                 let first = w.d.submit_envelope(&e);
                 accepted(&first);

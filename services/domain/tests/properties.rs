@@ -1807,12 +1807,8 @@ impl Sim {
         for (i, agent) in self.agents.clone().into_iter().enumerate() {
             self.n_incarnations += 1;
             let body = Register {
-                agent: agent.clone(),
-                incarnation: Uuid::from_u128(self.n_incarnations),
-                wiped: false,
                 settings: agent_settings(scenario.settings[i]),
-                labels: Default::default(),
-                capacity: Default::default(),
+                ..Register::new(agent.clone(), Uuid::from_u128(self.n_incarnations))
             };
             let envelope = self.envelope(agent.as_str(), 0, body.into());
             self.submit(envelope, &calm)?;
@@ -2500,12 +2496,9 @@ impl Sim {
                 let agent = self.agent(*agent);
                 self.n_incarnations += 1;
                 let body = Register {
-                    agent: agent.clone(),
-                    incarnation: Uuid::from_u128(self.n_incarnations),
                     wiped: *wiped,
                     settings: agent_settings(*settings),
-                    labels: Default::default(),
-                    capacity: Default::default(),
+                    ..Register::new(agent.clone(), Uuid::from_u128(self.n_incarnations))
                 };
                 let issuer = self.agent_issuer(&agent, step.who);
                 one(self, &issuer, body.into())

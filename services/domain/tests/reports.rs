@@ -1617,14 +1617,7 @@ fn a_wiped_agent_reporting_thousands_of_handles_missing_loses_them_in_bounded_pa
     let a = crashing.a();
     let register_again = crashing.d.envelope(
         a.as_str(),
-        Register {
-            agent: a.clone(),
-            incarnation: Uuid::from_u128(77),
-            wiped: false,
-            settings: Some(AgentSettings::default()),
-            labels: Default::default(),
-            capacity: Default::default(),
-        },
+        Register { settings: Some(AgentSettings::default()), ..Register::new(a.clone(), Uuid::from_u128(77)) },
     );
     let crash_parts = crash_between_parts(&mut crashing, first, &register_again);
     assert_eq!(crash_parts, parts);

@@ -92,14 +92,7 @@ async fn metrics_show_quarantined_handles_and_whether_each_driver_is_up() {
     let (w1, w2) = (AgentName::new("w1").expect("a name"), AgentName::new("w2").expect("a name"));
     let mut epochs = Vec::new();
     for agent in [&w1, &w2] {
-        let register = Register {
-            agent: agent.clone(),
-            incarnation: Uuid::now_v7(),
-            wiped: false,
-            settings: None,
-            labels: Default::default(),
-            capacity: Default::default(),
-        };
+        let register = Register::new(agent.clone(), Uuid::now_v7());
         epochs.push(position_of(&accepted(d.submit(agent.as_str(), register)), "agent-registered"));
     }
     let w1_epoch = epochs[0];

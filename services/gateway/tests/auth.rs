@@ -45,14 +45,7 @@ impl Gateway {
     /// Agent w1 registers (an agent command: published straight to the log, as the agent does on NATS), so that
     /// allocations on it are accepted; answers once the gateway lists it.
     async fn register_w1(&self, authorization: Option<&str>) {
-        let body = Register {
-            agent: AgentName::new("w1").expect("an agent name"),
-            incarnation: Uuid::now_v7(),
-            wiped: false,
-            settings: None,
-            labels: Default::default(),
-            capacity: Default::default(),
-        };
+        let body = Register::new(AgentName::new("w1").expect("an agent name"), Uuid::now_v7());
         let register = Envelope::new(CommandId::generate(), Issuer::new("w1").expect("an issuer"), now(), body);
         let json = codec::command_to_json(&register).expect("encode");
         let subject = ingress_subject_of(&register.body);

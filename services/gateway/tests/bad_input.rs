@@ -353,14 +353,7 @@ async fn content_types_classes_and_query_strings_are_checked_before_anything_is_
     .await;
     let register = envelope(
         "w1",
-        Register {
-            agent: agent("w1"),
-            incarnation: Uuid::from_u128(7),
-            wiped: false,
-            settings: Some(AgentSettings::default()),
-            labels: Default::default(),
-            capacity: Default::default(),
-        },
+        Register { settings: Some(AgentSettings::default()), ..Register::new(agent("w1"), Uuid::from_u128(7)) },
     );
     gw.refused(
         "an agent registration",
@@ -607,14 +600,7 @@ async fn a_valid_command_is_decided_and_a_retry_gets_the_same_outcome() {
     // The agent registers (an agent command: published straight to the log, as the agent does on NATS).
     let register = envelope(
         "w1",
-        Register {
-            agent: agent("w1"),
-            incarnation: Uuid::from_u128(0x5eed),
-            wiped: false,
-            settings: Some(AgentSettings::default()),
-            labels: Default::default(),
-            capacity: Default::default(),
-        },
+        Register { settings: Some(AgentSettings::default()), ..Register::new(agent("w1"), Uuid::from_u128(0x5eed)) },
     );
     gw.publish_raw(&ingress_subject_of(&register.body), &register).await;
     let registered = gw.wait_for_command(&register.command_id.to_string(), |a| a["status"] == "accepted").await;
@@ -766,14 +752,7 @@ async fn a_command_id_reused_for_another_command_is_refused() {
     for name in ["w1", "w2"] {
         let register = envelope(
             name,
-            Register {
-                agent: agent(name),
-                incarnation: Uuid::now_v7(),
-                wiped: false,
-                settings: Some(AgentSettings::default()),
-                labels: Default::default(),
-                capacity: Default::default(),
-            },
+            Register { settings: Some(AgentSettings::default()), ..Register::new(agent(name), Uuid::now_v7()) },
         );
         gw.publish_raw(&ingress_subject_of(&register.body), &register).await;
         gw.wait_for_command(&register.command_id.to_string(), |a| a["status"] == "accepted").await;

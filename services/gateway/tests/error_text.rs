@@ -135,12 +135,8 @@ async fn answers_that_carry_data_keep_it_exact() {
     let register = envelope(
         "w1",
         Register {
-            agent: AgentName::new("w1").expect("a name"),
-            incarnation: Uuid::now_v7(),
-            wiped: false,
             settings: Some(AgentSettings::default()),
-            labels: Default::default(),
-            capacity: Default::default(),
+            ..Register::new(AgentName::new("w1").expect("a name"), Uuid::now_v7())
         },
     );
     let json = codec::command_to_json(&register).expect("JSON");

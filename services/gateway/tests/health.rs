@@ -138,12 +138,8 @@ async fn metrics_count_decisions_dead_letters_and_resources_by_state() {
         Envelope::new(CommandId::generate(), Issuer::new(issuer).expect("an issuer"), now, body)
     };
     let register = Register {
-        agent: w1.clone(),
-        incarnation: leasehold_schemas::Uuid::now_v7(),
-        wiped: false,
         settings: Some(AgentSettings::default()),
-        labels: Default::default(),
-        capacity: Default::default(),
+        ..Register::new(w1.clone(), leasehold_schemas::Uuid::now_v7())
     };
     let register = envelope("w1", register.into());
     let payload = codec::encode_command(&register).expect("encode");

@@ -418,14 +418,8 @@ fn agents(partitions: u32) -> Vec<AgentName> {
 
 fn registration(agent: &AgentName, ids: &mut Ids) -> Envelope {
     let at = now();
-    let body = Register {
-        agent: agent.clone(),
-        incarnation: Uuid::from_u128(7),
-        wiped: false,
-        settings: Some(AgentSettings::default()),
-        labels: Default::default(),
-        capacity: Default::default(),
-    };
+    let body =
+        Register { settings: Some(AgentSettings::default()), ..Register::new(agent.clone(), Uuid::from_u128(7)) };
     Envelope::new(CommandId::from_parts(at.0, ids.next()), Issuer::new(agent.as_str()).expect("valid"), at, body)
 }
 
@@ -703,14 +697,7 @@ where
     let agent = AgentName::new("takeover").expect("valid");
     let registered = driver.submit(
         "takeover",
-        Register {
-            agent: agent.clone(),
-            incarnation: Uuid::from_u128(9),
-            wiped: false,
-            settings: Some(AgentSettings::default()),
-            labels: Default::default(),
-            capacity: Default::default(),
-        },
+        Register { settings: Some(AgentSettings::default()), ..Register::new(agent.clone(), Uuid::from_u128(9)) },
     );
     let epoch = registered
         .positioned_effects()

@@ -97,14 +97,7 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
     let registered = client
         .submit(
             "w1",
-            Register {
-                agent: w1.clone(),
-                incarnation: Uuid::from_u128(1),
-                wiped: false,
-                settings: Some(AgentSettings::default()),
-                labels: Default::default(),
-                capacity: Default::default(),
-            },
+            Register { settings: Some(AgentSettings::default()), ..Register::new(w1.clone(), Uuid::from_u128(1)) },
         )
         .await;
     let epoch = position_of(&registered, |e| matches!(e, Effect::AgentRegistered { .. }));
@@ -331,17 +324,8 @@ fn stored(seq: u64, prev_seq: u64, payload: Bytes) -> StoredOutcome {
 async fn a_broken_chain_or_an_undecodable_outcome_stops_the_projector() {
     let mut driver = leasehold_domain::driver::Driver::new(0, 1, Timestamp(1_800_000_000_000));
     let w1 = AgentName::new("w1").unwrap();
-    let outcome = driver.submit(
-        "w1",
-        Register {
-            agent: w1,
-            incarnation: Uuid::from_u128(1),
-            wiped: false,
-            settings: Some(AgentSettings::default()),
-            labels: Default::default(),
-            capacity: Default::default(),
-        },
-    );
+    let outcome = driver
+        .submit("w1", Register { settings: Some(AgentSettings::default()), ..Register::new(w1, Uuid::from_u128(1)) });
     let payload = Bytes::from(codec::encode_outcome(&outcome).unwrap());
     let mut projector = Projector::in_memory(1).unwrap();
     let broken = projector.apply_batch(&[stored(1, 5, payload.clone())]).unwrap_err();
@@ -417,17 +401,7 @@ fn the_policy_and_what_follows_it_are_read_as_recorded() {
 
     let mut driver = leasehold_domain::driver::Driver::new(0, 1, Timestamp(1_800_000_000_000));
     let w1 = AgentName::new("w1").unwrap();
-    driver.submit(
-        "w1",
-        Register {
-            agent: w1,
-            incarnation: Uuid::from_u128(1),
-            wiped: false,
-            settings: None,
-            labels: Default::default(),
-            capacity: Default::default(),
-        },
-    );
+    driver.submit("w1", Register::new(w1, Uuid::from_u128(1)));
     let mut projector = Projector::in_memory(1).unwrap();
     feed(&mut projector, driver.outcomes());
     let reader = projector.reader();

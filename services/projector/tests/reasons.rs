@@ -60,14 +60,7 @@ struct AgentSide {
 impl AgentSide {
     fn register(d: &mut Driver, name: &str, incarnation: u128) -> AgentSide {
         let name = AgentName::new(name).expect("a name");
-        let register = Register {
-            agent: name.clone(),
-            incarnation: Uuid::from_u128(incarnation),
-            wiped: false,
-            settings: None,
-            labels: Default::default(),
-            capacity: Default::default(),
-        };
+        let register = Register::new(name.clone(), Uuid::from_u128(incarnation));
         let outcome = accepted(d.submit(name.as_str(), register));
         AgentSide { name, epoch: position_of(&outcome, "agent-registered"), obs: 0 }
     }

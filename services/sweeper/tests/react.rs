@@ -98,14 +98,7 @@ fn now() -> leasehold_schemas::ids::Timestamp {
 
 /// Registers `agent`; answers its epoch.
 async fn register(cluster: &mut Cluster, agent: &AgentName) -> Position {
-    let body = Register {
-        agent: agent.clone(),
-        incarnation: Uuid::from_u128(1),
-        wiped: false,
-        settings: None,
-        labels: Default::default(),
-        capacity: Default::default(),
-    };
+    let body = Register::new(agent.clone(), Uuid::from_u128(1));
     cluster.send(agent.as_str(), body).await;
     cluster.until("registration", PATIENCE, |p, e| matches!(e, Effect::AgentRegistered { .. }).then_some(p)).await
 }

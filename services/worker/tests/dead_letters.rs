@@ -17,14 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 fn register(n: u8) -> Envelope {
     let agent = AgentName::new(format!("w{n}")).unwrap();
-    let body = Register {
-        agent: agent.clone(),
-        incarnation: Uuid::from_u128(7),
-        wiped: false,
-        settings: Some(AgentSettings::default()),
-        labels: Default::default(),
-        capacity: Default::default(),
-    };
+    let body =
+        Register { settings: Some(AgentSettings::default()), ..Register::new(agent.clone(), Uuid::from_u128(7)) };
     Envelope::new(
         CommandId::from_parts(1_800_000_000_000, [n; 10]),
         Issuer::new(agent.as_str()).unwrap(),

@@ -68,14 +68,7 @@ fn allocate(agent: &AgentName, resource: ResourceId) -> Allocate {
 }
 
 fn register(agent: &AgentName) -> Register {
-    Register {
-        agent: agent.clone(),
-        incarnation: Uuid::from_u128(7),
-        wiped: false,
-        settings: Some(AgentSettings::default()),
-        labels: Default::default(),
-        capacity: Default::default(),
-    }
+    Register { settings: Some(AgentSettings::default()), ..Register::new(agent.clone(), Uuid::from_u128(7)) }
 }
 
 /// Waits (bounded: 20 s) until the log holds `n` first parts of outcomes.

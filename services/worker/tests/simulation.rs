@@ -434,12 +434,8 @@ async fn register(log: &Embedded, rng: &mut Rng) -> Vec<(AgentName, Position)> {
         let p = partition_of_agent(&agent, PARTITIONS);
         let at = Workload::now();
         let body = Register {
-            agent: agent.clone(),
-            incarnation: Uuid::from_u128(u128::from(rng.next_u64()) | 1 << 100),
-            wiped: false,
             settings: Some(AgentSettings::default()),
-            labels: Default::default(),
-            capacity: Default::default(),
+            ..Register::new(agent.clone(), Uuid::from_u128(u128::from(rng.next_u64()) | 1 << 100))
         };
         let envelope = Envelope::new(
             CommandId::from_parts(at.0, [9, i as u8, 0, 0, 0, 0, 0, 0, 0, 0]),

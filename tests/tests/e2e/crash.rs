@@ -382,12 +382,8 @@ fn commands(count: usize) -> Vec<Prepared> {
     let mut out = Vec::with_capacity(count);
     for (n, agent) in agents.iter().enumerate() {
         let body = Register {
-            agent: agent.clone(),
-            incarnation: Uuid::from_u128(n as u128 + 1),
-            wiped: false,
             settings: Some(AgentSettings::default()),
-            labels: Default::default(),
-            capacity: Default::default(),
+            ..Register::new(agent.clone(), Uuid::from_u128(n as u128 + 1))
         };
         out.push(prepare(&envelope(n, agent.as_str(), body.into())));
     }

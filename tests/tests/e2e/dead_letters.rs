@@ -75,12 +75,8 @@ fn names_beside_target(n: usize) -> Vec<String> {
 fn register(agent: &str, n: u8) -> Envelope {
     let agent = AgentName::new(agent).expect("an agent name");
     let body = Register {
-        agent: agent.clone(),
-        incarnation: Uuid::from_u128(0x0001_ea5e_0000 + u128::from(n)),
-        wiped: false,
         settings: Some(AgentSettings::default()),
-        labels: Default::default(),
-        capacity: Default::default(),
+        ..Register::new(agent.clone(), Uuid::from_u128(0x0001_ea5e_0000 + u128::from(n)))
     };
     let at = now_ms();
     Envelope::new(

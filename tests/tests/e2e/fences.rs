@@ -355,12 +355,8 @@ impl Workload {
     async fn register<L: Log>(&mut self, log: &L) {
         let agent = self.names.remove(0);
         let body = Register {
-            agent: agent.clone(),
-            incarnation: Uuid::from_u128(u128::from(self.rng.next_u64()) | 1 << 100),
-            wiped: false,
             settings: Some(AgentSettings::default()),
-            labels: Default::default(),
-            capacity: Default::default(),
+            ..Register::new(agent.clone(), Uuid::from_u128(u128::from(self.rng.next_u64()) | 1 << 100))
         };
         let envelope = self.envelope(agent.as_str(), body);
         self.agents.push(Agent { name: agent, epoch: None, obs: 0 });
