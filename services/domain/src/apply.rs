@@ -809,7 +809,6 @@ fn apply_effect(
                     kind: kind.as_str().into(),
                     token: position,
                     source: *source,
-                    at: now,
                     used: *used,
                     capacity: *capacity,
                 };

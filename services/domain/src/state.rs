@@ -476,7 +476,6 @@ pub struct Reservation {
     pub token: Position,
     /// The placement's `placement-wanted`.
     pub source: leasehold_schemas::Source,
-    pub at: Timestamp,
     /// The agent's use of the kind with this reservation, and its capacity for the kind, when it was made.
     pub used: u32,
     pub capacity: u32,
