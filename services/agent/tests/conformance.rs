@@ -368,6 +368,9 @@ mod dir {
 // ---------------------------------------------------------------------------------------------------------------
 // The docker driver: the real daemon, through a relay socket the test can cut.
 
+#[path = "support/docker_cli.rs"]
+mod docker_cli;
+
 mod docker {
     use std::collections::BTreeMap;
     use std::path::{Path, PathBuf};
@@ -384,44 +387,13 @@ mod docker {
 
     use super::*;
 
+    use crate::docker_cli::{daemon_answers, docker, must};
+
     /// The label on everything a test makes (the driver's objects through `with_labels`, the foreign ones by hand):
     /// `PID-N`, so a later run removes what a run that died left, and only that.
     const RUN_LABEL: &str = "lh-conformance-run";
     /// How long one `docker` command or one awaited state may take.
     const STEP: Duration = Duration::from_secs(30);
-
-    /// Runs `docker ARGS`: its stdout, or the failure with its stderr.
-    async fn docker(args: &[&str]) -> Result<String, String> {
-        let run = tokio::process::Command::new("docker").args(args).stdin(Stdio::null()).kill_on_drop(true).output();
-        let output = tokio::time::timeout(STEP, run)
-            .await
-            .map_err(|_| format!("docker {args:?} did not end in {STEP:?}"))?
-            .map_err(|e| format!("cannot run docker {args:?}: {e}"))?;
-        if output.status.success() {
-            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-        } else {
-            Err(format!("docker {args:?}: {}: {}", output.status, String::from_utf8_lossy(&output.stderr).trim()))
-        }
-    }
-
-    /// `docker ARGS`, which must succeed.
-    async fn must(args: &[&str]) -> String {
-        docker(args).await.unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    /// Whether the daemon answers; under `CI=true` it must.
-    async fn daemon_answers() -> bool {
-        match docker(&["version", "--format", "{{.Server.Version}}"]).await {
-            Ok(_) => true,
-            Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-                panic!("the docker daemon does not answer, and CI=true: start it ({e})")
-            }
-            Err(e) => {
-                eprintln!("notice: the docker daemon does not answer ({e}); skipping a docker conformance case");
-                false
-            }
-        }
-    }
 
     /// Removes what earlier runs of this suite left behind (their process is gone), once per process.
     async fn remove_leftovers() {
@@ -550,7 +522,7 @@ mod docker {
         type Driver = DockerDriver;
 
         async fn start() -> Option<DockerHarness> {
-            if !daemon_answers().await {
+            if !daemon_answers("a docker conformance case").await {
                 return None;
             }
             remove_leftovers().await;

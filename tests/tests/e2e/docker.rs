@@ -48,37 +48,9 @@ const CMD: &str = r#"["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"]"#;
 /// died left behind.
 const PREFIX: &str = "lhe2e";
 
-/// Runs `docker ARGS`: its stdout, or the failure with its stderr.
-async fn docker(args: &[&str]) -> Result<String, String> {
-    let run = tokio::process::Command::new("docker").args(args).stdin(Stdio::null()).kill_on_drop(true).output();
-    let output = tokio::time::timeout(STEP, run)
-        .await
-        .map_err(|_| format!("docker {args:?} did not end in {STEP:?}"))?
-        .map_err(|e| format!("cannot run docker {args:?}: {e}"))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(format!("docker {args:?}: {}: {}", output.status, String::from_utf8_lossy(&output.stderr).trim()))
-    }
-}
-
-async fn must(args: &[&str]) -> String {
-    docker(args).await.unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Whether the daemon answers; under `CI=true` it must.
-async fn daemon_answers() -> bool {
-    match docker(&["version", "--format", "{{.Server.Version}}"]).await {
-        Ok(_) => true,
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("the docker daemon does not answer, and CI=true: start it ({e})")
-        }
-        Err(e) => {
-            eprintln!("notice: the docker daemon does not answer ({e}); skipping a docker scenario");
-            false
-        }
-    }
-}
+#[path = "../../../services/agent/tests/support/docker_cli.rs"]
+mod docker_cli;
+use docker_cli::{daemon_answers, docker, must};
 
 /// The pid in a name `lhe2e-PID-N`, if it is one of ours.
 fn pid_of(name: &str) -> Option<u32> {
@@ -134,7 +106,7 @@ impl Scenario {
     /// `None` (with a notice) when nats-server is missing or the daemon does not answer outside CI.
     async fn start(prefix: &str) -> Option<Scenario> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
-        if !daemon_answers().await {
+        if !daemon_answers("a docker scenario").await {
             return None;
         }
         let run = NatsRun::start(prefix, PARTITIONS)?;
