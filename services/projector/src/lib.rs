@@ -683,18 +683,17 @@ fn has_attrs(attributes: &BTreeMap<String, String>, wanted: &[(String, String)])
 
 /// Walks keys from `after` (exclusive) in order, keeps what `keep` takes, and stops at `limit` records.
 fn page_of<T>(
-    keys: impl Iterator<Item = Result<String, Error>>,
+    items: impl Iterator<Item = Result<(String, Option<T>), Error>>,
     limit: Option<usize>,
-    mut load: impl FnMut(&str) -> Result<Option<T>, Error>,
 ) -> Result<Page<T>, Error> {
     let limit = limit.unwrap_or(usize::MAX);
     let mut records = Vec::new();
     if limit == 0 {
         return Ok(Page { records, next: None });
     }
-    for key in keys {
-        let key = key?;
-        if let Some(record) = load(&key)? {
+    for item in items {
+        let (key, record) = item?;
+        if let Some(record) = record {
             records.push(record);
             if records.len() == limit {
                 return Ok(Page { records, next: Some(key) });
@@ -749,10 +748,17 @@ impl Reader {
                 && query.holder.as_ref().is_none_or(|h| view.leases.iter().any(|l| l.holder == *h))
                 && !ended_long_ago(view.terminal_at, query.ended_before)
         };
-        let load = |reference: &str| -> Result<Option<ResourceView>, Error> {
-            let Some(json) = table.get(reference).map_err(storage)? else { return Ok(None) };
-            let view: ResourceView = from_json(json.value())?;
+        // A record, if the query keeps it.
+        let kept = |json: &str| -> Result<Option<ResourceView>, Error> {
+            let view: ResourceView = from_json(json)?;
             Ok(keep(&view).then_some(view))
+        };
+        let load = |reference: String| -> Result<(String, Option<ResourceView>), Error> {
+            let record = match table.get(reference.as_str()).map_err(storage)? {
+                Some(json) => kept(json.value())?,
+                None => None,
+            };
+            Ok((reference, record))
         };
         // An index of (agent or state, reference), read from (value, after).
         let indexed = |def: TableDefinition<(&str, &str), ()>, value: &str| -> Result<Page<ResourceView>, Error> {
@@ -771,17 +777,21 @@ impl Reader {
                     .map_err(storage)
                 })
                 .take_while(|e| e.as_ref().map_or(true, |(v, _)| v == value))
-                .map(|e| e.map(|(_, r)| r));
-            page_of(keys, query.limit, load)
+                .map(|e| e.and_then(|(_, r)| load(r)));
+            page_of(keys, query.limit)
         };
         match (&query.agent, &query.state) {
             (Some(agent), _) => indexed(RESOURCES_BY_AGENT, agent),
             (None, Some(state)) => indexed(RESOURCES_BY_STATE, state),
             (None, None) => {
                 let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+                // Each record as the scan reads it, not looked up again by its key.
                 let range = table.range::<&str>((start, Bound::Unbounded)).map_err(storage)?;
-                let keys = range.map(|e| e.map(|(k, _)| k.value().to_owned()).map_err(storage));
-                page_of(keys, query.limit, load)
+                let records = range.map(|e| {
+                    let (key, json) = e.map_err(storage)?;
+                    Ok((key.value().to_owned(), kept(json.value())?))
+                });
+                page_of(records, query.limit)
             }
         }
     }
@@ -825,9 +835,9 @@ impl Reader {
         let table = read.open_table(LEASES).map_err(storage)?;
         let resources = read.open_table(RESOURCES).map_err(storage)?;
         let after = query.after.as_deref();
-        let load = |id: &str| -> Result<Option<LeaseView>, Error> {
-            let Some(json) = table.get(id).map_err(storage)? else { return Ok(None) };
-            let view: LeaseView = from_json(json.value())?;
+        // A record, if the query keeps it.
+        let kept = |json: &str| -> Result<Option<LeaseView>, Error> {
+            let view: LeaseView = from_json(json)?;
             let mut keep = query.holder.as_ref().is_none_or(|h| *h == view.holder)
                 && query.resource.as_ref().is_none_or(|r| *r == view.resource)
                 && !ended_long_ago(view.terminal_at, query.ended_before);
@@ -837,6 +847,13 @@ impl Reader {
                 keep = resource.is_some_and(|r| has_attrs(&r.attributes, &query.attrs));
             }
             Ok(keep.then_some(view))
+        };
+        let load = |id: String| -> Result<(String, Option<LeaseView>), Error> {
+            let record = match table.get(id.as_str()).map_err(storage)? {
+                Some(json) => kept(json.value())?,
+                None => None,
+            };
+            Ok((id, record))
         };
         match &query.resource {
             Some(resource) => {
@@ -855,14 +872,17 @@ impl Reader {
                         .map_err(storage)
                     })
                     .take_while(|e| e.as_ref().map_or(true, |(r, _)| r == resource))
-                    .map(|e| e.map(|(_, l)| l));
-                page_of(keys, query.limit, load)
+                    .map(|e| e.and_then(|(_, l)| load(l)));
+                page_of(keys, query.limit)
             }
             None => {
                 let start = after.map_or(Bound::Unbounded, Bound::Excluded);
                 let range = table.range::<&str>((start, Bound::Unbounded)).map_err(storage)?;
-                let keys = range.map(|e| e.map(|(k, _)| k.value().to_owned()).map_err(storage));
-                page_of(keys, query.limit, load)
+                let records = range.map(|e| {
+                    let (key, json) = e.map_err(storage)?;
+                    Ok((key.value().to_owned(), kept(json.value())?))
+                });
+                page_of(records, query.limit)
             }
         }
     }
