@@ -98,9 +98,11 @@ impl<'s> Decider<'s> {
     pub(super) fn allocate(&mut self, command: &Allocate) -> Verdict {
         let agent = self.agent(&command.agent)?;
         // A drain or a cordon is named after the id's checks, so that an allocation sent again is answered for its id.
-        let held_back =
-            agent.unschedulable().filter(|why| matches!(why, Unschedulable::Draining(_) | Unschedulable::Cordoned(_)));
-        if let Some(why) = agent.unschedulable().filter(|why| held_back != Some(*why)) {
+        let (held_back, refused) = match agent.unschedulable() {
+            Some(why @ (Unschedulable::Draining(_) | Unschedulable::Cordoned(_))) => (Some(why), None),
+            why => (None, why),
+        };
+        if let Some(why) = refused {
             return reject(
                 RejectionKind::InvalidState,
                 format!("agent {} is {why}; no new placements on it", agent.name),
