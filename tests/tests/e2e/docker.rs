@@ -221,6 +221,36 @@ impl Scenario {
     }
 
     /// The log's effects, with the sequence and log time (unix ms) of their outcome.
+    /// The log says `c1` ended (`ended`, named `what`), then its address was freed, then granted to `c2` no sooner
+    /// than the cool-down after the free.
+    async fn handed_on(
+        &self,
+        c1: ResourceId,
+        c2: ResourceId,
+        what: &str,
+        ended: impl Fn(&Effect) -> bool,
+        agent: &Proc,
+    ) {
+        let effects = self.effects().await;
+        let find = |matches: &dyn Fn(&Effect) -> bool| {
+            effects.iter().find(|(_, _, e)| matches(e)).map(|(seq, at, _)| (*seq, *at))
+        };
+        let ended = find(&ended);
+        let freed = find(&|e| matches!(e, Effect::ClaimFreed { holder, .. } if holder.resource == c1));
+        let granted = find(&|e| matches!(e, Effect::ClaimGranted { holder, .. } if holder.resource == c2));
+        let (Some(ended), Some(freed), Some(granted)) = (ended, freed, granted) else {
+            panic!(
+                "{what}, freed, granted: {ended:?} {freed:?} {granted:?}\n{}",
+                logs([&self.serve, agent].into_iter())
+            );
+        };
+        assert!(ended.0 <= freed.0 && freed.0 < granted.0, "{what} {ended:?}, freed {freed:?}, granted {granted:?}");
+        assert!(
+            granted.1 - freed.1 >= COOLDOWN.as_millis() as u64,
+            "granted within the cool-down: {freed:?} {granted:?}"
+        );
+    }
+
     async fn effects(&self) -> Vec<(u64, u64, Effect)> {
         let log = self.run.log().await;
         outcomes(&log, &OutcomeFilter::All)
@@ -321,17 +351,8 @@ async fn a_container_removed_behind_leaseholds_back_is_lost_and_its_address_come
     assert_eq!(bound_address(&view).as_deref(), Some(address.as_str()), "c2 got the lost container's address");
     assert_eq!(s.address_on_network(c2).await.as_deref(), Some(address.as_str()));
 
-    let effects = s.effects().await;
-    let lost = effects.iter().find(|(_, _, e)| matches!(e, Effect::ResourceLost { resource, .. } if *resource == c1));
-    let freed =
-        effects.iter().find(|(_, _, e)| matches!(e, Effect::ClaimFreed { holder, .. } if holder.resource == c1));
-    let granted =
-        effects.iter().find(|(_, _, e)| matches!(e, Effect::ClaimGranted { holder, .. } if holder.resource == c2));
-    let (Some(lost), Some(freed), Some(granted)) = (lost, freed, granted) else {
-        panic!("lost, freed, granted: {lost:?} {freed:?} {granted:?}\n{}", logs([&s.serve, &agent].into_iter()));
-    };
-    assert!(lost.0 <= freed.0 && freed.0 < granted.0, "lost {lost:?}, freed {freed:?}, granted {granted:?}");
-    assert!(granted.1 - freed.1 >= COOLDOWN.as_millis() as u64, "granted within the cool-down: {freed:?} {granted:?}");
+    let ended = |e: &Effect| matches!(e, Effect::ResourceLost { resource, .. } if *resource == c1);
+    s.handed_on(c1, c2, "lost", ended, &agent).await;
 
     s.serve.assert_no_panic();
     agent.stop_cleanly().await;
@@ -413,17 +434,8 @@ async fn a_released_containers_address_is_not_granted_again_while_the_container_
     assert_eq!(bound_address(&view).as_deref(), Some(address.as_str()));
     assert_eq!(s.address_on_network(c2).await.as_deref(), Some(address.as_str()));
     assert_eq!(s.containers().await, vec![(format!("lh-{c2}"), "running".to_owned())], "c1 is gone");
-    let effects = s.effects().await;
-    let find =
-        |matches: &dyn Fn(&Effect) -> bool| effects.iter().find(|(_, _, e)| matches(e)).map(|(seq, at, _)| (*seq, *at));
-    let destroyed = find(&|e| matches!(e, Effect::ResourceDestroyed { resource, .. } if *resource == c1));
-    let freed = find(&|e| matches!(e, Effect::ClaimFreed { holder, .. } if holder.resource == c1));
-    let granted = find(&|e| matches!(e, Effect::ClaimGranted { holder, .. } if holder.resource == c2));
-    let (Some(destroyed), Some(freed), Some(granted)) = (destroyed, freed, granted) else {
-        panic!("destroyed, freed, granted: {destroyed:?} {freed:?} {granted:?}");
-    };
-    assert!(destroyed.0 <= freed.0 && freed.0 < granted.0, "{destroyed:?} {freed:?} {granted:?}");
-    assert!(granted.1 - freed.1 >= COOLDOWN.as_millis() as u64, "granted within the cool-down: {freed:?} {granted:?}");
+    let ended = |e: &Effect| matches!(e, Effect::ResourceDestroyed { resource, .. } if *resource == c1);
+    s.handed_on(c1, c2, "destroyed", ended, &agent).await;
 
     s.serve.assert_no_panic();
     agent.stop_cleanly().await;
