@@ -682,6 +682,28 @@ fn has_attrs(attributes: &BTreeMap<String, String>, wanted: &[(String, String)])
 }
 
 /// Walks keys from `after` (exclusive) in order, keeps what `keep` takes, and stops at `limit` records.
+/// The second parts of the keys `(value, _)` of `index`, in order, after `(value, after)` (from the first without
+/// `after`).
+fn keys_after<'a>(
+    index: &'a redb::ReadOnlyTable<(&'static str, &'static str), ()>,
+    value: &'a str,
+    after: Option<&'a str>,
+) -> Result<impl Iterator<Item = Result<String, Error>> + 'a, Error> {
+    use std::ops::Bound;
+    let start = match after {
+        Some(after) => Bound::Excluded((value, after)),
+        None => Bound::Included((value, "")),
+    };
+    let range = index.range::<(&str, &str)>((start, Bound::Unbounded)).map_err(storage)?;
+    Ok(range.map_while(move |entry| match entry {
+        Ok((key, _)) => {
+            let (v, second) = key.value();
+            (v == value).then(|| Ok(second.to_owned()))
+        }
+        Err(e) => Some(Err(storage(e))),
+    }))
+}
+
 fn page_of<T>(
     items: impl Iterator<Item = Result<(String, Option<T>), Error>>,
     limit: Option<usize>,
@@ -763,22 +785,7 @@ impl Reader {
         // An index of (agent or state, reference), read from (value, after).
         let indexed = |def: TableDefinition<(&str, &str), ()>, value: &str| -> Result<Page<ResourceView>, Error> {
             let index = read.open_table(def).map_err(storage)?;
-            let start = match after {
-                Some(after) => Bound::Excluded((value, after)),
-                None => Bound::Included((value, "")),
-            };
-            let range = index.range::<(&str, &str)>((start, Bound::Unbounded)).map_err(storage)?;
-            let keys = range
-                .map(|e| {
-                    e.map(|(k, _)| {
-                        let (v, r) = k.value();
-                        (v.to_owned(), r.to_owned())
-                    })
-                    .map_err(storage)
-                })
-                .take_while(|e| e.as_ref().map_or(true, |(v, _)| v == value))
-                .map(|e| e.and_then(|(_, r)| load(r)));
-            page_of(keys, query.limit)
+            page_of(keys_after(&index, value, after)?.map(|key| key.and_then(load)), query.limit)
         };
         match (&query.agent, &query.state) {
             (Some(agent), _) => indexed(RESOURCES_BY_AGENT, agent),
@@ -858,22 +865,7 @@ impl Reader {
         match &query.resource {
             Some(resource) => {
                 let index = read.open_table(LEASES_BY_RESOURCE).map_err(storage)?;
-                let start = match after {
-                    Some(after) => Bound::Excluded((resource.as_str(), after)),
-                    None => Bound::Included((resource.as_str(), "")),
-                };
-                let range = index.range::<(&str, &str)>((start, Bound::Unbounded)).map_err(storage)?;
-                let keys = range
-                    .map(|e| {
-                        e.map(|(k, _)| {
-                            let (r, l) = k.value();
-                            (r.to_owned(), l.to_owned())
-                        })
-                        .map_err(storage)
-                    })
-                    .take_while(|e| e.as_ref().map_or(true, |(r, _)| r == resource))
-                    .map(|e| e.and_then(|(_, l)| load(l)));
-                page_of(keys, query.limit)
+                page_of(keys_after(&index, resource, after)?.map(|key| key.and_then(load)), query.limit)
             }
             None => {
                 let start = after.map_or(Bound::Unbounded, Bound::Excluded);

@@ -50,9 +50,17 @@ impl<'s> Decider<'s> {
             .ok_or_else(|| Rejection::new(RejectionKind::Unknown, format!("no placement of resource {id} is known")))
     }
 
-    /// The partition of the placement of `id`.
-    fn placement_home(&self, id: ResourceId) -> u32 {
-        partition_of_key(&Key::Placement(id), self.state.partitions)
+    /// Refuses a `source` outside the partition of the placement of `id`: `what` (a reservation, a commit, a cancel)
+    /// answers that placement, so it comes from there.
+    fn check_from_placement(&self, id: ResourceId, source: Source, what: &str) -> Verdict {
+        let home = partition_of_key(&Key::Placement(id), self.state.partitions);
+        if source.partition != home {
+            return reject(
+                RejectionKind::Invalid,
+                format!("the placement of {id} lives in partition {home}; {what} cannot come from {source}"),
+            );
+        }
+        Ok(())
     }
 
     pub(super) fn place(&mut self, command: &Place) -> Verdict {
@@ -206,16 +214,7 @@ impl<'s> Decider<'s> {
 
     pub(super) fn reserve(&mut self, command: &Reserve) -> Verdict {
         let id = command.resource;
-        let home = self.placement_home(id);
-        if command.source.partition != home {
-            return reject(
-                RejectionKind::Invalid,
-                format!(
-                    "the placement of {id} lives in partition {home}; a reservation cannot come from {}",
-                    command.source
-                ),
-            );
-        }
+        self.check_from_placement(id, command.source, "a reservation")?;
         let agent = self.agent(&command.agent)?;
         if let Some(reservation) = agent.reservations.get(&id) {
             return reject(
@@ -280,16 +279,7 @@ impl<'s> Decider<'s> {
     pub(super) fn commit_placement(&mut self, command: &CommitPlacement) -> Verdict {
         let allocation = &command.allocation;
         let id = allocation.resource;
-        let home = self.placement_home(id);
-        if command.source.partition != home {
-            return reject(
-                RejectionKind::Invalid,
-                format!(
-                    "the placement of {id} lives in partition {home}; a commit cannot come from {}",
-                    command.source
-                ),
-            );
-        }
+        self.check_from_placement(id, command.source, "a commit")?;
         let agent = self.agent(&allocation.agent)?;
         match agent.reservations.get(&id) {
             Some(reservation) if reservation.token == command.token => {
@@ -363,16 +353,7 @@ impl<'s> Decider<'s> {
 
     pub(super) fn cancel_reservation(&mut self, command: &CancelReservation) -> Verdict {
         let id = command.resource;
-        let home = self.placement_home(id);
-        if command.source.partition != home {
-            return reject(
-                RejectionKind::Invalid,
-                format!(
-                    "the placement of {id} lives in partition {home}; a cancel cannot come from {}",
-                    command.source
-                ),
-            );
-        }
+        self.check_from_placement(id, command.source, "a cancel")?;
         let agent = self.agent(&command.agent)?;
         match agent.reservations.get(&id) {
             Some(reservation) if reservation.token == command.token => {
