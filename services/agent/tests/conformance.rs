@@ -374,7 +374,6 @@ mod docker_cli;
 mod docker {
     use std::collections::BTreeMap;
     use std::path::{Path, PathBuf};
-    use std::process::Stdio;
     use std::sync::Mutex;
     use std::time::Duration;
 
@@ -387,7 +386,7 @@ mod docker {
 
     use super::*;
 
-    use crate::docker_cli::{daemon_answers, docker, must};
+    use crate::docker_cli::{self, daemon_answers, docker, must};
 
     /// The label on everything a test makes (the driver's objects through `with_labels`, the foreign ones by hand):
     /// `PID-N`, so a later run removes what a run that died left, and only that.
@@ -648,26 +647,7 @@ mod docker {
     impl Drop for DockerHarness {
         /// Removes every container and volume the case made, by its test run's label.
         fn drop(&mut self) {
-            let filter = format!("label={}", self.run_label());
-            let docker = |args: &[&str]| {
-                std::process::Command::new("docker").args(args).stdin(Stdio::null()).output().map(|o| {
-                    String::from_utf8_lossy(&o.stdout).split_whitespace().map(str::to_owned).collect::<Vec<_>>()
-                })
-            };
-            if let Ok(containers) = docker(&["ps", "-aq", "--filter", &filter])
-                && !containers.is_empty()
-            {
-                let mut args = vec!["rm", "-f", "-v"];
-                args.extend(containers.iter().map(String::as_str));
-                let _ = docker(&args);
-            }
-            if let Ok(volumes) = docker(&["volume", "ls", "-q", "--filter", &filter])
-                && !volumes.is_empty()
-            {
-                let mut args = vec!["volume", "rm", "-f"];
-                args.extend(volumes.iter().map(String::as_str));
-                let _ = docker(&args);
-            }
+            docker_cli::remove_matching(&format!("label={}", self.run_label()));
             let _ = &self.tmp;
         }
     }

@@ -34,7 +34,7 @@ use leasehold_schemas::outcome::{Effect, GarbageCause};
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::api::{Api, POLL, STEP, agent_name, release, wait_agent, wait_resource};
+use crate::api::{Api, POLL, STEP, agent_name, release, wait_agent, wait_pool, wait_resource};
 use crate::nats::{FAST_SWEEPER, NatsRun, outcomes, publish};
 use crate::support::{Proc, Ran, logs, run_cli};
 
@@ -267,28 +267,9 @@ impl Scenario {
 impl Drop for Scenario {
     /// Removes the agent's containers and volumes and the scenario's network.
     fn drop(&mut self) {
-        let docker =
-            |args: &[&str]| {
-                std::process::Command::new("docker").args(args).stdin(Stdio::null()).output().map(|o| {
-                    String::from_utf8_lossy(&o.stdout).split_whitespace().map(str::to_owned).collect::<Vec<_>>()
-                })
-            };
-        let filter = format!("label={LABEL_AGENT}={}", self.agent);
-        if let Ok(containers) = docker(&["ps", "-aq", "--filter", &filter])
-            && !containers.is_empty()
-        {
-            let mut args = vec!["rm", "-f", "-v"];
-            args.extend(containers.iter().map(String::as_str));
-            let _ = docker(&args);
-        }
-        if let Ok(volumes) = docker(&["volume", "ls", "-q", "--filter", &filter])
-            && !volumes.is_empty()
-        {
-            let mut args = vec!["volume", "rm", "-f"];
-            args.extend(volumes.iter().map(String::as_str));
-            let _ = docker(&args);
-        }
-        let _ = docker(&["network", "rm", &self.network]);
+        docker_cli::remove_matching(&format!("label={LABEL_AGENT}={}", self.agent));
+        let _ =
+            std::process::Command::new("docker").args(["network", "rm", &self.network]).stdin(Stdio::null()).output();
     }
 }
 
@@ -418,6 +399,8 @@ async fn a_released_containers_address_is_not_granted_again_while_the_container_
     s.api.accepted(&release(&agent_name(&s.agent), c1), &[&s.serve]).await;
     s.allocate(c2, &s.image, true).await;
     s.wait_resource(c1, |r| r.state == "releasing", &agent).await;
+    // c2's claim queued at the pool (the sweeper carries it there): a tick before it would find nobody waiting.
+    wait_pool(&s.api, "net1", |pool| pool["waiting"].as_u64() == Some(1), &[&s.serve]).await;
     let answer = s.pool_tick_answer().await;
     let message = answer["rejection"]["message"].as_str().unwrap_or_default();
     assert!(

@@ -39,3 +39,26 @@ pub(crate) async fn daemon_answers(what: &str) -> bool {
         }
     }
 }
+
+/// Removes every container and volume `filter` (`label=...`) matches, with their volumes, blocking: for a `Drop`,
+/// where nothing can be awaited. What fails is left for the next run's sweep of leftovers.
+pub(crate) fn remove_matching(filter: &str) {
+    let docker = |args: &[&str]| {
+        std::process::Command::new("docker")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+    };
+    let containers: (&[&str], &[&str]) = (&["ps", "-aq", "--filter", filter], &["rm", "-f", "-v"]);
+    let volumes: (&[&str], &[&str]) = (&["volume", "ls", "-q", "--filter", filter], &["volume", "rm", "-f"]);
+    for (listing, remove) in [containers, volumes] {
+        if let Ok(found) = docker(listing)
+            && !found.is_empty()
+        {
+            let mut args = remove.to_vec();
+            args.extend(found.iter().map(String::as_str));
+            let _ = docker(&args);
+        }
+    }
+}
