@@ -333,7 +333,9 @@ async fn unknown_handles_wait_out_the_creation_grace_left_ones_do_not() {
     let gone = system.allocate(&w1).await;
     system.activated(&w1, gone).await;
     system.release(&w1, gone).await;
-    system.destroyed(&w1, gone).await;
+    let destroyed_at = system.destroyed(&w1, gone).await;
+    // The agent knows it destroyed (else the handle below would still be its own resource, releasing, not garbage).
+    within("the agent to fold the destroy", agent.control.wait_for(|s| s.watermark >= destroyed_at)).await;
     // Its handle comes back (a slow create, a restore), and a stranger appears.
     std::fs::create_dir(dir_of(&root, gone)).unwrap();
     let stranger = ResourceId::generate();
