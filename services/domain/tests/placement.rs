@@ -227,6 +227,20 @@ fn placement_rows() {
             Effects(&["reservation-ended", "resource-allocated", "create-ordered"]),
         ),
         case(
+            "a commit on an agent retired since it bound the room makes the resource and releases it at once",
+            |w| {
+                declared(w, 2);
+                let token = reserved(w);
+                accepted(&w.sys(bind(w, token)));
+                accepted(&w.op(RetireAgent::new(w.a())));
+            },
+            |w| {
+                let token = w.state().agent(&w.a()).unwrap().reservations[&w.r()].token;
+                w.sys(commit(w, token))
+            },
+            Effects(&["reservation-ended", "resource-allocated", "resource-releasing"]),
+        ),
+        case(
             "a commit with another token makes nothing",
             |w| {
                 declared(w, 2);

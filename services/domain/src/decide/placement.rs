@@ -24,7 +24,7 @@ use leasehold_schemas::{Rejection, RejectionKind};
 
 use super::resources::check_request;
 use super::{Decider, Verdict, check_text, echo, reject};
-use crate::state::{Placement, PlacementState};
+use crate::state::{Liveness, Placement, PlacementState};
 
 /// At most this many labels in a placement's selector.
 const MAX_SELECT: usize = 16;
@@ -325,18 +325,34 @@ impl<'s> Decider<'s> {
             return reject(
                 RejectionKind::AlreadyExists,
                 format!(
-                    "resource id {id} is already {} here; the room held for it is given back",
+                    "resource id {id} is already {} here; no resource is made for this placement",
                     existing.reference()
                 ),
             );
         }
         self.out.push(Effect::ReservationEnded { resource: id, token: command.token, committed: true });
-        // A parent here that left between the reservation and now: the resource is made, as the placement says,
-        // and released at once for that reason (as a cascade would release it).
-        if let Some(parent) = &allocation.parent
-            && partition_of_agent(&parent.agent, self.state.partitions) == self.state.partition
-            && self.state.resources.get(&parent.resource).is_none_or(|p| p.agent != parent.agent || p.state.has_left())
-        {
+        // The placement bound this room and said where: the resource is made here whatever happened since. One that
+        // can no longer live here ends at once, for that reason: its agent went (orphaned), was retired (released),
+        // or a parent here left (released, as a cascade would release it).
+        let parent_left = allocation.parent.as_ref().filter(|parent| {
+            partition_of_agent(&parent.agent, self.state.partitions) == self.state.partition
+                && self
+                    .state
+                    .resources
+                    .get(&parent.resource)
+                    .is_none_or(|p| p.agent != parent.agent || p.state.has_left())
+        });
+        let ends_at_birth = if agent.liveness == Liveness::Gone {
+            Some(Effect::ResourceOrphaned { resource: id })
+        } else if agent.retired {
+            Some(Effect::ResourceReleasing { resource: id, cause: ReleaseCause::AgentRetired {} })
+        } else {
+            parent_left.map(|parent| Effect::ResourceReleasing {
+                resource: id,
+                cause: ReleaseCause::ParentLeft { parent: parent.clone() },
+            })
+        };
+        if let Some(end) = ends_at_birth {
             self.out.push(Effect::ResourceAllocated {
                 resource: id,
                 kind: allocation.kind.clone(),
@@ -344,8 +360,7 @@ impl<'s> Decider<'s> {
                 attributes: allocation.attributes.clone(),
                 parent: allocation.parent.clone(),
             });
-            let cause = ReleaseCause::ParentLeft { parent: parent.clone() };
-            self.out.push(Effect::ResourceReleasing { resource: id, cause });
+            self.out.push(end);
             return Ok(());
         }
         self.allocation_effects(allocation)
