@@ -727,6 +727,18 @@ pub struct CancelReservation {
     pub source: Source,
 }
 
+/// To a placement: the reservation it bound (`token` of `agent`) has ended on the agent, made into the resource by
+/// its commit: the placement's work is done, and it is forgotten a horizon later, not before (schema version 5).
+/// `source`: the agent's partition as far as the sender saw it, past `token`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClosePlacement {
+    pub resource: ResourceId,
+    pub agent: AgentName,
+    pub token: Position,
+    pub source: Source,
+}
+
 /// To a placement: no agent fits now, and why ("no agent with zone=a", "all 4 full"). A placement that may wait
 /// records that it waits and on what; one that may not, or whose wait has passed, is refused (schema version 4).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -879,6 +891,7 @@ commands! {
     CancelReservation(CancelReservation) = Sys "sys.cancel-reservation",
     Unplaceable(Unplaceable) = Sys "sys.unplaceable",
     DrainRelease(DrainRelease) = Sys "sys.drain-release",
+    ClosePlacement(ClosePlacement) = Sys "sys.close-placement",
 }
 
 /// The last subject token of a command: the resource or lease it is about, or `_`.
@@ -956,6 +969,7 @@ impl Command {
             Command::CancelReservation(c) => agent(&c.agent),
             Command::Unplaceable(c) => Key::Placement(c.resource),
             Command::DrainRelease(c) => agent(&c.agent),
+            Command::ClosePlacement(c) => Key::Placement(c.resource),
         }
     }
 
@@ -995,6 +1009,7 @@ impl Command {
             Command::CancelReservation(c) => Resource(c.resource),
             Command::Unplaceable(c) => Resource(c.resource),
             Command::DrainRelease(c) => Resource(c.resource),
+            Command::ClosePlacement(c) => Resource(c.resource),
             Command::DrainAgent(_)
             | Command::RetireAgent(_)
             | Command::UnretireAgent(_)
@@ -1078,10 +1093,13 @@ pub(crate) mod legacy {
 
     /// The oldest schema version that expresses `command`: a command is written in it, so a leasehold that does not
     /// know a later version still reads everything that does not need one (agents and producers can be upgraded
-    /// before the workers). 4 for the commands added in version 4 (placement and drain) and a retirement with a
+    /// before the workers). 5 for `sys.close-placement`, 4 for the commands added in version 4 (placement and drain) and a retirement with a
     /// condition, 3 for bodies that use a field or variant added in version 3, 2 for the commands added in version 2
     /// and for bodies that use a field or variant added then; 1 otherwise.
     pub(crate) fn oldest_version(command: &Command) -> u16 {
+        if matches!(command, Command::ClosePlacement(_)) {
+            return 5;
+        }
         let needs_four = match command {
             Command::Place(_)
             | Command::CancelPlacement(_)

@@ -62,7 +62,8 @@ impl<'e> Mentions<'e> {
             Effect::PlacementWaiting { resource, .. }
             | Effect::PlacementBound { resource, .. }
             | Effect::PlacementFailed { resource, .. }
-            | Effect::PlacementCancelled { resource, .. } => m.elsewhere.push(*resource),
+            | Effect::PlacementCancelled { resource, .. }
+            | Effect::PlacementClosed { resource } => m.elsewhere.push(*resource),
             Effect::PlacementWanted { request, .. } => {
                 m.elsewhere.push(request.resource);
                 m.elsewhere.extend(request.parent.iter().map(|p| p.resource));

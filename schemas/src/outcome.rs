@@ -103,11 +103,14 @@ impl Outcome {
         }
     }
 
-    /// The oldest schema version that expresses this outcome: 4 when it is about a placement or holds an effect or
+    /// The oldest schema version that expresses this outcome: 5 when it holds `placement-closed`, 4 when it is about a placement or holds an effect or
     /// cause added in version 4, 3 when it holds an effect added in version 3, 2 when it holds an effect, a cause or
     /// a parent state added in version 2, else 1. An outcome is written in it, so a reader of an older version reads
     /// every outcome that needs nothing newer (see `codec::encode_outcome`).
     pub fn oldest_schema_version(&self) -> u16 {
+        if self.effects().iter().any(|e| matches!(e, Effect::PlacementClosed { .. })) {
+            return 5;
+        }
         let needs_four = |effect: &Effect| match effect {
             Effect::PlacementWanted { .. }
             | Effect::PlacementWaiting { .. }
@@ -688,6 +691,11 @@ pub enum Effect {
         deadline: Option<Timestamp>,
         grace: Millis,
     },
+    /// The reservation the placement bound has ended on its agent (the commit made the resource): the placement
+    /// is done and is forgotten a horizon from now (schema version 5).
+    PlacementClosed {
+        resource: ResourceId,
+    },
 }
 
 /// Why a garbage handle is destroyed.
@@ -780,6 +788,7 @@ impl Effect {
             Effect::CapacityReserved { .. } => "capacity-reserved",
             Effect::ReservationEnded { .. } => "reservation-ended",
             Effect::AgentDraining { .. } => "agent-draining",
+            Effect::PlacementClosed { .. } => "placement-closed",
         }
     }
 }

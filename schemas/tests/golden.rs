@@ -29,8 +29,8 @@ use leasehold_schemas::command::{
     UpdatePool, WaitTimeout,
 };
 use leasehold_schemas::command::{
-    BindPlacement, CancelPlacement, CancelReservation, CommitPlacement, DrainAgent, DrainRelease, Place,
-    PlacementStrategy, Reserve, Unplaceable,
+    BindPlacement, CancelPlacement, CancelReservation, ClosePlacement, CommitPlacement, DrainAgent, DrainRelease,
+    Place, PlacementStrategy, Reserve, Unplaceable,
 };
 use leasehold_schemas::command::{
     CordonAgent, DriverStatus, GarbageReport, ReportDestroyed, UncordonAgent, UnretireAgent,
@@ -483,6 +483,16 @@ fn command_samples() -> Vec<(String, Envelope)> {
         ),
         envelope(81, SWEEPER, Unplaceable { resource: r(), why: "zone=a: 4 agents full".into() }),
         envelope(82, SWEEPER, DrainRelease { agent: a(), resource: r() }),
+        envelope(
+            85,
+            SWEEPER,
+            ClosePlacement {
+                resource: r(),
+                agent: a(),
+                token: Position(120),
+                source: Source { partition: 5, position: Position(126) },
+            },
+        ),
     ];
     let mut samples: Vec<(String, Envelope)> =
         main.into_iter().map(|envelope| (envelope.type_name().to_owned(), envelope)).collect();
@@ -882,6 +892,7 @@ fn effect_samples() -> Vec<Effect> {
             deadline: Some(Timestamp(T0 + 7_200_000)),
             grace: Millis::from_mins(10),
         },
+        Effect::PlacementClosed { resource: r() },
     ]
 }
 
@@ -924,6 +935,7 @@ fn is_placement_effect(effect: &Effect) -> bool {
             | Effect::PlacementBound { .. }
             | Effect::PlacementFailed { .. }
             | Effect::PlacementCancelled { .. }
+            | Effect::PlacementClosed { .. }
     )
 }
 
@@ -1114,7 +1126,7 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
 // Exhaustive maps from each wire enum to an index: a variant added without a fixture fails to compile here, and a
 // new arm without a sample fails `samples_cover_every_variant`.
 
-const EFFECT_VARIANTS: usize = 70;
+const EFFECT_VARIANTS: usize = 71;
 
 fn effect_index(effect: &Effect) -> usize {
     match effect {
@@ -1188,6 +1200,7 @@ fn effect_index(effect: &Effect) -> usize {
         Effect::CapacityReserved { .. } => 67,
         Effect::ReservationEnded { .. } => 68,
         Effect::AgentDraining { .. } => 69,
+        Effect::PlacementClosed { .. } => 70,
     }
 }
 

@@ -17,8 +17,8 @@ use leasehold_schemas::command::{
     WaitTimeout,
 };
 use leasehold_schemas::command::{
-    BindPlacement, CancelPlacement, CancelReservation, CommitPlacement, DrainAgent, DrainRelease, Place,
-    PlacementStrategy, Reserve, Unplaceable,
+    BindPlacement, CancelPlacement, CancelReservation, ClosePlacement, CommitPlacement, DrainAgent, DrainRelease,
+    Place, PlacementStrategy, Reserve, Unplaceable,
 };
 use leasehold_schemas::command::{
     CordonAgent, DriverStatus, GarbageReport, ReportDestroyed, UncordonAgent, UnretireAgent,
@@ -304,6 +304,9 @@ fn body(type_name: &str, full: bool) -> Command {
         }
         "sys.unplaceable" => Unplaceable { resource: resource(), why: "zone=a: 4 agents full".to_owned() }.into(),
         "sys.drain-release" => DrainRelease { agent: agent(), resource: resource() }.into(),
+        "sys.close-placement" => {
+            ClosePlacement { resource: resource(), agent: agent(), token: Position(12), source: source() }.into()
+        }
         other => panic!("no sample for {other}: add one here"),
     }
 }

@@ -234,6 +234,9 @@ pub fn describe(effect: &Effect) -> String {
             short(resource),
             reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default()
         ),
+        Effect::PlacementClosed { resource } => {
+            format!("placement of {} done: its agent made the resource", short(resource))
+        }
         Effect::CapacityReserved { resource, kind, used, capacity, .. } => {
             format!("room held for the placement of {} ({used} of {capacity} {kind})", short(resource))
         }

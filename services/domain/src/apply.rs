@@ -793,8 +793,20 @@ fn apply_effect(
                 used: *used,
                 capacity: *capacity,
                 at: now,
+                closed: false,
             };
-            end_placement(state, *resource, next, now);
+            // Not forgotten yet: the placement is kept until its commit is on record (`placement-closed`).
+            if let Some(placement) = state.placements.get_mut(resource) {
+                placement.state = next;
+            }
+        }
+        Effect::PlacementClosed { resource } => {
+            if let Some(placement) = state.placements.get_mut(resource)
+                && let PlacementState::Bound { closed, .. } = &mut placement.state
+            {
+                *closed = true;
+                state.forget.insert((now.max(resource.time()), Forget::Placement(*resource)));
+            }
         }
         Effect::PlacementFailed { resource, why } => {
             end_placement(state, *resource, PlacementState::Failed { why: why.clone(), at: now }, now);
@@ -833,7 +845,7 @@ fn apply_effect(
     }
 }
 
-/// Ends a placement (bound, failed or cancelled): forgotten after the horizon, and until then its resource id
+/// Ends a placement (failed or cancelled): forgotten after the horizon, and until then its resource id
 /// answers a retry of the request.
 fn end_placement(state: &mut PartitionState, id: ResourceId, next: PlacementState, now: Timestamp) {
     if let Some(placement) = state.placements.get_mut(&id) {

@@ -512,12 +512,15 @@ pub enum PlacementState {
         why: String,
         since: Timestamp,
     },
+    /// Placed on `agent`'s reservation `token`. Kept until `closed` (its commit is on record in the agent's
+    /// partition), then forgotten a horizon later: a commit that is late, however late, still finds it.
     Bound {
         agent: AgentName,
         token: Position,
         used: u32,
         capacity: u32,
         at: Timestamp,
+        closed: bool,
     },
     Failed {
         why: String,

@@ -93,6 +93,20 @@ fn commit(w: &World, token: Position) -> CommitPlacement {
     }
 }
 
+/// The close of the last placement, bound to the reservation it holds or held, from a view at the log's end.
+fn close(w: &World) -> ClosePlacement {
+    let token = match &w.state().placement(w.r()).expect("the placement").state {
+        leasehold_domain::state::PlacementState::Bound { token, .. } => *token,
+        _ => w.state().agent(&w.a()).unwrap().reservations[&w.r()].token,
+    };
+    ClosePlacement {
+        resource: w.r(),
+        agent: w.a(),
+        token,
+        source: Source { partition: 0, position: w.state().last_position() },
+    }
+}
+
 #[test]
 fn placement_rows() {
     check(vec![
@@ -239,6 +253,56 @@ fn placement_rows() {
                 w.sys(commit(w, token))
             },
             Effects(&["reservation-ended", "resource-allocated", "resource-releasing"]),
+        ),
+        case(
+            "once the commit is on record, the placement is closed: forgotten a horizon later, not before",
+            |w| {
+                declared(w, 2);
+                let token = reserved(w);
+                accepted(&w.sys(bind(w, token)));
+                accepted(&w.sys(commit(w, token)));
+            },
+            |w| w.sys(close(w)),
+            Effects(&["placement-closed"]),
+        ),
+        case(
+            "closed twice: already done",
+            |w| {
+                declared(w, 2);
+                let token = reserved(w);
+                accepted(&w.sys(bind(w, token)));
+                accepted(&w.sys(commit(w, token)));
+                accepted(&w.sys(close(w)));
+            },
+            |w| w.sys(close(w)),
+            Rejected(AlreadyDone, &["already closed"]),
+        ),
+        case(
+            "a close from a view not past the reservation is refused",
+            |w| {
+                declared(w, 2);
+                let token = reserved(w);
+                accepted(&w.sys(bind(w, token)));
+            },
+            |w| {
+                let mut body = close(w);
+                body.source.position = body.token;
+                w.sys(body)
+            },
+            Rejected(Invalid, &["is not past it"]),
+        ),
+        case(
+            "a close of a reservation the placement did not bind is refused",
+            |w| {
+                declared(w, 2);
+                reserved(w);
+            },
+            |w| {
+                let mut body = close(w);
+                body.source.position = Position(body.token.0 + 1);
+                w.sys(body)
+            },
+            Rejected(InvalidState, &["seeking an agent", "is not the one it bound"]),
         ),
         case(
             "a commit with another token makes nothing",

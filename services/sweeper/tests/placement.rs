@@ -6,7 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use leasehold_domain::state::PlacementState;
-use leasehold_schemas::command::{CancelPlacement, CordonAgent, Place, PlacementStrategy, Release, UncordonAgent};
+use leasehold_schemas::command::{
+    CancelPlacement, CordonAgent, Place, PlacementStrategy, Release, SetPartitionSettings, UncordonAgent,
+};
 use leasehold_schemas::ids::{Key, Millis};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
@@ -205,6 +207,104 @@ fn a_request_sent_again_makes_nothing_more_and_says_where_it_went() {
     assert!(other.rejection().unwrap().message.contains("a different placement"), "{other:?}");
 }
 
+/// Sends every request due now except the commits (an agent's partition that is down, a sweeper that stops between
+/// the bind and the commit), until none other is due.
+fn settle_without_commits(w: &mut World) {
+    for _ in 0..100 {
+        let due: Vec<Planned> =
+            w.due().into_iter().filter(|p| !matches!(p.command, Command::CommitPlacement(_))).collect();
+        if due.is_empty() {
+            return;
+        }
+        for item in due {
+            w.send("sweeper:a", item.command);
+        }
+    }
+    panic!("the plan never settles");
+}
+
+#[test]
+fn a_commit_late_by_more_than_the_horizon_still_makes_the_resource_and_only_then_is_the_placement_forgotten() {
+    let mut w = World::new();
+    let w1 = w.register_declaring("w1", &[], &[("container", 2)]);
+    let id = ResourceId::generate();
+    let home = partition_of_key(&Key::Placement(id), PARTITIONS);
+    let horizon = Millis::from_mins(1);
+    let settings = |key: Key, partition: u32| SetPartitionSettings {
+        key,
+        partition,
+        outcome_horizon: Some(horizon),
+        policy: None,
+        if_no_policy: false,
+        gc: None,
+    };
+    w.send("op:alice", settings(Key::Placement(id), home)).expect("the horizon is set");
+    w.send("producer", place(id, &[], PlacementStrategy::Spread, None));
+    settle_without_commits(&mut w);
+    assert_eq!(bound_to(w.placement(id)), Some(&w1));
+    // Far past the horizon, and something decided in the placement's partition (which forgets what is old then).
+    w.advance(Millis::from_mins(10));
+    w.send("op:alice", settings(Key::Placement(id), home)).expect("decided in the placement's partition");
+    assert!(
+        matches!(w.placement(id), PlacementState::Bound { closed: false, .. }),
+        "a bound placement is kept until its commit is on record: {:?}",
+        w.placement(id)
+    );
+    w.settle();
+    assert_eq!(w.holders(id), std::slice::from_ref(&w1), "the late commit made the resource");
+    assert!(matches!(w.placement(id), PlacementState::Bound { closed: true, .. }), "{:?}", w.placement(id));
+    assert_eq!(w.used(&w1, "container"), 1, "the room became the resource, counted once");
+    // Closed: forgotten a horizon later, and nothing more is asked for it.
+    w.advance(Millis::from_mins(2));
+    w.send("op:alice", settings(Key::Placement(id), home)).expect("decided in the placement's partition");
+    assert!(w.states[&home].placement(id).is_none(), "forgotten a horizon after it closed");
+    assert!(w.due().iter().all(|p| !p.key.contains(&id.to_string())), "{:#?}", w.due());
+}
+
+#[test]
+fn room_held_on_an_agent_cordoned_since_is_kept_while_another_agent_is_sought() {
+    let mut w = World::new();
+    let w1 = w.register_declaring("w1", &[], &[("container", 2)]);
+    let id = ResourceId::generate();
+    w.send("producer", place(id, &[], PlacementStrategy::Spread, Some(Millis::from_mins(5))));
+    // The sweeper reserves on w1; before the reservation is carried back, w1 is cordoned.
+    for item in w.due() {
+        w.send("sweeper:a", item.command);
+    }
+    assert_eq!(w.state_of(&w1).agent(&w1).unwrap().reservations.len(), 1);
+    w.send("op:alice", CordonAgent { agent: w1.clone(), reason: None });
+    // Nothing binds it, nothing gives it back (a view behind could not tell it was not bound already): the
+    // placement waits, saying why, and keeps the room.
+    w.settle();
+    assert!(
+        matches!(w.placement(id), PlacementState::Waiting { why, .. } if why == "any agent: 1 agent cordoned"),
+        "{:?}",
+        w.placement(id)
+    );
+    assert_eq!(w.state_of(&w1).agent(&w1).unwrap().reservations.len(), 1);
+    // Another agent comes: the placement goes there, and the room on w1 is given back.
+    let w2 = w.register_declaring("w2", &[], &[("container", 2)]);
+    w.settle();
+    assert_eq!(bound_to(w.placement(id)), Some(&w2));
+    assert_eq!(w.holders(id), std::slice::from_ref(&w2));
+    assert!(w.state_of(&w1).agent(&w1).unwrap().reservations.is_empty(), "the room on w1 is given back");
+    // With no other agent, uncordoning binds the room held.
+    let other = ResourceId::generate();
+    w.send("op:alice", CordonAgent { agent: w2.clone(), reason: None });
+    w.send("op:alice", UncordonAgent { agent: w1.clone() });
+    w.send("producer", place(other, &[], PlacementStrategy::Spread, Some(Millis::from_mins(5))));
+    for item in w.due() {
+        w.send("sweeper:a", item.command);
+    }
+    w.send("op:alice", CordonAgent { agent: w1.clone(), reason: None });
+    w.settle();
+    assert!(matches!(w.placement(other), PlacementState::Waiting { .. }), "{:?}", w.placement(other));
+    w.send("op:alice", UncordonAgent { agent: w1.clone() });
+    w.settle();
+    assert_eq!(bound_to(w.placement(other)), Some(&w1));
+    assert_eq!(w.holders(other), std::slice::from_ref(&w1));
+}
+
 // --- racing placers and a confused sweeper ----------------------------------------------------------------------
 
 #[derive(Debug, Clone)]
@@ -360,6 +460,13 @@ proptest! {
         for agent in &agents {
             let record = w.states[&partition_of_agent(agent, PARTITIONS)].agent(agent).unwrap();
             prop_assert!(record.reservations.is_empty(), "{agent} still holds room: {:?}", record.reservations);
+        }
+        // Placed means made: every bound placement is closed, its resource made on the agent it bound.
+        for id in &ids {
+            if let PlacementState::Bound { agent, closed, .. } = w.placement(*id) {
+                prop_assert!(*closed, "{id} bound to {agent} but not closed");
+                prop_assert_eq!(w.holders(*id), vec![agent.clone()], "{} bound to {} but made elsewhere or not", id, agent);
+            }
         }
     }
 }

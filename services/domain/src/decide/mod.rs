@@ -29,7 +29,7 @@ use leasehold_schemas::{CommandClass, Envelope, Outcome, Rejection, RejectionKin
 use crate::state::{Agent, ClaimSlot, LeaseState, PartitionState, Resource, ResourceState};
 
 /// The version of these rules. Outcomes carry it; re-deciding history is checked within one version.
-pub const DECIDER_VERSION: u32 = 4;
+pub const DECIDER_VERSION: u32 = 5;
 /// How far ahead of the log's time an id may be stamped (UUIDv7 ids carry their issuer's clock): further ahead, the
 /// issuer's clock is wrong, and the id is refused ("fix the issuer's clock"). An id from the future would be
 /// remembered, asked about and waited for until its own time plus the horizon; NTP keeps clocks within a second.
@@ -522,6 +522,7 @@ impl<'s> Decider<'s> {
             Command::Unplaceable(c) => self.unplaceable(c),
             Command::DrainAgent(c) => self.drain_agent(c),
             Command::DrainRelease(c) => self.drain_release(c),
+            Command::ClosePlacement(c) => self.close_placement(c),
         }
     }
 

@@ -9,13 +9,16 @@
 //!    of and no other (`placement-bound`).
 //! 4. The sweeper sends `sys.commit-placement` to the bound agent, which turns the reservation into the resource;
 //!    any other reservation of the same placement is given back (`sys.cancel-reservation`).
+//! 5. Once the bound reservation has ended on the agent, the sweeper closes the placement
+//!    (`sys.close-placement`): only then is it forgotten, a horizon later. Until then a commit, however late, finds
+//!    it, and no reservation it bound is ever given back.
 //!
 //! Only a commit makes the resource, and a commit exists only for the one binding, so a request makes at most one
 //! resource whatever is retried, reordered or crashes. No agent fits: `sys.unplaceable` records what is missing,
 //! and the placement waits (`--wait`) or is refused.
 
 use leasehold_schemas::command::{
-    BindPlacement, CancelPlacement, CancelReservation, CommitPlacement, Place, Reserve, Unplaceable,
+    BindPlacement, CancelPlacement, CancelReservation, ClosePlacement, CommitPlacement, Place, Reserve, Unplaceable,
 };
 use leasehold_schemas::ids::{Key, ResourceId, Source};
 use leasehold_schemas::outcome::{Effect, ReleaseCause};
@@ -364,6 +367,44 @@ impl<'s> Decider<'s> {
             return Ok(());
         }
         self.allocation_effects(allocation)
+    }
+
+    pub(super) fn close_placement(&mut self, command: &ClosePlacement) -> Verdict {
+        let home = partition_of_agent(&command.agent, self.state.partitions);
+        if command.source.partition != home || command.source.position <= command.token {
+            return reject(
+                RejectionKind::Invalid,
+                format!(
+                    "the reservation {} of agent {} ends in partition {home}, after its token; {} is not past it",
+                    command.token, command.agent, command.source
+                ),
+            );
+        }
+        let placement = self.placement(command.resource)?;
+        match &placement.state {
+            PlacementState::Bound { agent, token, closed, .. }
+                if *agent == command.agent && *token == command.token =>
+            {
+                if *closed {
+                    return reject(
+                        RejectionKind::AlreadyDone,
+                        format!("the placement of {} is already closed", command.resource),
+                    );
+                }
+                self.out.push(Effect::PlacementClosed { resource: command.resource });
+                Ok(())
+            }
+            _ => reject(
+                RejectionKind::InvalidState,
+                format!(
+                    "the placement of {} is {}; the reservation of {} at {} is not the one it bound",
+                    command.resource,
+                    placement_text(placement),
+                    command.agent,
+                    command.token
+                ),
+            ),
+        }
     }
 
     pub(super) fn cancel_reservation(&mut self, command: &CancelReservation) -> Verdict {

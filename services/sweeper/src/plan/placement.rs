@@ -1,5 +1,5 @@
 //! Placements (DESIGN section 13): pick an agent, carry its reservation back, commit the one the placement bound,
-//! give back any other, and say why nothing fits.
+//! close the placement once that commit is on record, give back any other reservation, and say why nothing fits.
 //!
 //! Level-triggered like the rest of the plan: from the states alone, whatever was sent before. The choice of agent
 //! is this view's; the agent's partition decides whether it really has room, at once, so a view that is behind costs
@@ -10,10 +10,10 @@ use std::collections::BTreeMap;
 use leasehold_domain::PartitionState;
 use leasehold_domain::state::{Agent, Placement, PlacementState, Reservation};
 use leasehold_schemas::command::{
-    BindPlacement, CancelReservation, CommitPlacement, PlacementStrategy, Reserve, Unplaceable,
+    BindPlacement, CancelReservation, ClosePlacement, CommitPlacement, PlacementStrategy, Reserve, Unplaceable,
 };
 use leasehold_schemas::ids::{Key, ResourceId, Source};
-use leasehold_schemas::subjects::partition_of_key;
+use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
 
 use super::{Planned, States};
 
@@ -42,6 +42,11 @@ pub(super) fn placement_work(states: &States, out: &mut Vec<Planned>) {
             seek(states, state, placement, held, out);
         }
     }
+    for state in states.values() {
+        for placement in state.placements() {
+            close(states, placement, &reservations, out);
+        }
+    }
     for (id, held) in &reservations {
         let home = partition_of_key(&Key::Placement(*id), partitions);
         let Some(placement_home) = states.get(&home) else { continue };
@@ -61,8 +66,11 @@ fn seek(
 ) {
     let id = placement.id();
     let own = Source { partition: state.partition(), position: placement.wanted_at };
-    // Carried back by `settle`; nothing more to ask while one of this placement's reservations is held.
-    if held.iter().any(|(_, reservation, _)| reservation.source == own) {
+    // Carried back by `settle`; nothing more to ask while one of this placement's reservations is held on an agent
+    // that takes new work. Room held on one that stopped (cordoned, draining, retired, gone) is not bound while
+    // another agent may take the request, and not given back either: a view that is behind cannot tell that it was
+    // not bound already (only an ended placement, or one bound elsewhere, gives it back).
+    if held.iter().any(|(agent, reservation, _)| reservation.source == own && agent.unschedulable().is_none()) {
         return;
     }
     let request = &placement.request;
@@ -98,6 +106,30 @@ fn seek(
     }
 }
 
+/// A bound placement whose reservation has ended on its agent, as a view past the reservation's token sees: closed,
+/// so its partition may forget it a horizon later.
+fn close(states: &States, placement: &Placement, reservations: &Reservations<'_>, out: &mut Vec<Planned>) {
+    let PlacementState::Bound { agent, token, closed: false, .. } = &placement.state else { return };
+    let id = placement.id();
+    let Some(agent_home) = states.values().next().map(|s| partition_of_agent(agent, s.partitions())) else { return };
+    let Some(agent_state) = states.get(&agent_home) else { return };
+    let held = reservations.get(&id).is_some_and(|held| {
+        held.iter().any(|(holder, reservation, _)| holder.name == *agent && reservation.token == *token)
+    });
+    if held || agent_state.last_position() <= *token {
+        return;
+    }
+    out.push(Planned::now(
+        format!("close-placement {id} {agent} {token}"),
+        ClosePlacement {
+            resource: id,
+            agent: agent.clone(),
+            token: *token,
+            source: Source { partition: agent_home, position: agent_state.last_position() },
+        },
+    ));
+}
+
 /// One reservation: carry it to its placement, commit it once bound, or give it back.
 fn settle(
     placement_home: &PartitionState,
@@ -127,11 +159,9 @@ fn settle(
         return;
     }
     match &placement.state {
-        // Room held on an agent that since stopped taking new work (cordoned, draining, retired, gone): given back,
-        // and the placement looks again.
-        PlacementState::Seeking | PlacementState::Waiting { .. } if agent.unschedulable().is_some() => {
-            out.push(cancel());
-        }
+        // Room held on an agent that since stopped taking new work (cordoned, draining, retired, gone): kept, and
+        // the placement looks elsewhere (`seek`); bound if the agent takes work again first.
+        PlacementState::Seeking | PlacementState::Waiting { .. } if agent.unschedulable().is_some() => {}
         PlacementState::Seeking | PlacementState::Waiting { .. } => {
             out.push(Planned::now(
                 format!("bind-placement {id} {} {token}", agent.name),

@@ -47,8 +47,12 @@ impl World {
     pub(crate) fn send(&mut self, issuer: &str, body: impl Into<Command>) -> Option<Outcome> {
         let body = body.into();
         let partition = partition_of_key(&body.key(), PARTITIONS);
-        let envelope = Envelope::new(CommandId::generate(), Issuer::new(issuer).unwrap(), self.now, body);
         self.cmd_seq += 1;
+        // Stamped with the log's time, as a producer's clock would be: a test that moves time on sends fresh ids.
+        let mut entropy = [0u8; 10];
+        entropy[2..].copy_from_slice(&self.cmd_seq.to_be_bytes());
+        let id = CommandId::from_parts(self.now.0, entropy);
+        let envelope = Envelope::new(id, Issuer::new(issuer).unwrap(), self.now, body);
         let ctx = Ctx { cmd_seq: self.cmd_seq, log_time: self.now };
         let first = match decide(&self.states[&partition], &ctx, &envelope).unwrap() {
             Decided::Append(outcome) => outcome,
