@@ -218,6 +218,22 @@ pub struct Place {
 }
 
 impl Place {
+    /// A placement of `resource` on any agent that takes `kind`: `capacity` leases at once, spread, no labels, no
+    /// wait, no attributes, parent or pools.
+    pub fn new(resource: ResourceId, kind: impl Into<String>, capacity: u32) -> Self {
+        Place {
+            resource,
+            kind: kind.into(),
+            capacity,
+            attributes: BTreeMap::new(),
+            parent: None,
+            pools: Vec::new(),
+            wait: None,
+            select: BTreeMap::new(),
+            strategy: PlacementStrategy::Spread,
+        }
+    }
+
     /// The allocation this placement makes on `agent`.
     pub fn allocation_on(&self, agent: AgentName) -> Allocate {
         Allocate {

@@ -327,6 +327,22 @@ fn placement_rows() {
             Effects(&["reservation-ended"]),
         ),
         case(
+            "a capacity declared below what the agent holds is accepted, and nothing more lands until use is below",
+            |w| {
+                declared(w, 2);
+                for _ in 0..2 {
+                    let id = w.d.new_resource_id();
+                    accepted(&w.op(allocation(&w.a(), id)));
+                }
+                declared(w, 1);
+            },
+            |w| {
+                let id = w.d.new_resource_id();
+                w.op(allocation(&w.a(), id))
+            },
+            Rejected(InvalidState, &["agent w1 is full for container: 2 of 1"]),
+        ),
+        case(
             "an allocation of an id held for a placement is refused",
             |w| {
                 declared(w, 2);
