@@ -6,7 +6,8 @@
 //! other: it publishes tens of thousands of commands.
 //!
 //! `leasehold bench regrant` (how soon a released pool identifier goes to the holder waiting for it) is in
-//! `bench/regrant.rs`.
+//! `bench/regrant.rs`; `leasehold bench place` (how long a placement takes, in command round trips) in
+//! `bench/place.rs`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,6 +27,7 @@ use leasehold_schemas::{Effect, Envelope, Uuid, codec};
 use leasehold_worker::{WriterConfig, fold_partition};
 use tokio_util::sync::CancellationToken;
 
+mod place;
 mod regrant;
 
 #[derive(Debug, clap::Subcommand)]
@@ -35,6 +37,9 @@ pub(crate) enum BenchCmd {
     /// How soon a pool identifier freed by a release is bound to the holder waiting for it (p50/p99 of many rounds,
     /// cool-down subtracted), with the services of `serve` and one agent in this process.
     Regrant(regrant::RegrantArgs),
+    /// How long a placement takes (op.place to placement-bound, and to its resource allocated; p50/p99 of many
+    /// rounds) beside one command's round trip, with the services of `serve` and a few agents in this process.
+    Place(place::PlaceArgs),
     /// (Used by `throughput`.) Folds partition 0 of a one-partition log in a fresh process and prints the memory
     /// the fold took, per live resource, as JSON.
     #[command(hide = true)]
@@ -122,6 +127,7 @@ pub(crate) fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Throughput(args) => runtime.block_on(throughput(args)),
         BenchCmd::Memory(args) => runtime.block_on(memory(args)),
         BenchCmd::Regrant(args) => runtime.block_on(regrant::run(args)),
+        BenchCmd::Place(args) => runtime.block_on(place::run(args)),
     }
 }
 
