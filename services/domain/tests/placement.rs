@@ -197,6 +197,32 @@ fn placement_rows() {
             Rejected(InvalidState, &["agent w1 takes no \"volume\" (it declared no capacity for it)"]),
         ),
         case(
+            "an id recorded absent here (a child's adoption asked for it) is not placed here, saying so",
+            |w| {
+                declared(w, 2);
+                asked(w, None);
+                let child = leasehold_schemas::ids::ResourceRef::new(w.a(), w.d.new_resource_id());
+                let parent = leasehold_schemas::ids::ResourceRef::new(w.a(), w.r());
+                let source = Source { partition: 0, position: Position(1) };
+                accepted(&w.sys(Adopt { parent, child, source }));
+            },
+            |w| w.sys(reserve(w, wanted(w))),
+            Rejected(AlreadyExists, &["was recorded here as never allocated", "takes no placement of it"]),
+        ),
+        case(
+            "a child's adoption of a parent whose placement holds room here waits until the room is committed",
+            |w| {
+                declared(w, 2);
+                reserved(w);
+            },
+            |w| {
+                let child = leasehold_schemas::ids::ResourceRef::new(w.a(), w.d.new_resource_id());
+                let parent = leasehold_schemas::ids::ResourceRef::new(w.a(), w.r());
+                w.sys(Adopt { parent, child, source: Source { partition: 0, position: Position(1) } })
+            },
+            Rejected(NotYetDue, &["is not made yet: agent w1 holds room for its placement"]),
+        ),
+        case(
             "a reservation from outside the placement's partition is refused",
             |w| declared(w, 2),
             |w| {

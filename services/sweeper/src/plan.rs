@@ -259,6 +259,13 @@ fn parent_work(
     let reference = child.reference();
     let own_life = Source { partition: state.partition(), position: child.allocated_pos };
     if home != state.partition() && child.parent_seen().is_none() {
+        // A parent whose placement holds room in its partition may be made there yet: asked now, it would be
+        // refused `not-yet-due`; asked once the room is committed (or given back), it is answered for good.
+        let reserved = parent_home.resource(parent.resource).is_none()
+            && parent_home.agents().any(|agent| agent.reservations.contains_key(&parent.resource));
+        if reserved {
+            return;
+        }
         match answers.get(&reference).filter(|answer| answer.answers == Some(own_life)) {
             Some(answer) => {
                 out.push(Planned::now(format!("adopted {reference} {}", answer.source.position), answer.clone()))

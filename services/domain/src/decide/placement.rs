@@ -231,7 +231,17 @@ impl<'s> Decider<'s> {
                 format!("resource {} already exists ({})", existing.reference(), existing.state.name()),
             );
         }
-        if self.state.absent.contains(&id) || agent.lost_ids.contains(&id) || agent.garbage_order_of(id).is_some() {
+        if self.state.absent.contains(&id) {
+            return reject(
+                RejectionKind::AlreadyExists,
+                format!(
+                    "resource id {id} was recorded here as never allocated (a child's adoption asked for it as its \
+                     parent, and was answered \"absent\"); agent {} takes no placement of it",
+                    agent.name
+                ),
+            );
+        }
+        if agent.lost_ids.contains(&id) || agent.garbage_order_of(id).is_some() {
             return reject(
                 RejectionKind::AlreadyExists,
                 format!("resource id {id} was used on agent {} before; it takes no placement of it", agent.name),

@@ -571,6 +571,24 @@ impl<'s> Decider<'s> {
         let about = format_args!("child {}", command.child);
         self.check_from_home(&about, &command.child.agent, command.source, "its allocation")?;
         let known = self.state.resources.get(&command.parent.resource);
+        // Room held here for a placement of that id: its commit may make it yet, after the producer was told where
+        // it was placed. "Absent" now would release the child and record an id this partition is about to allocate.
+        if known.is_none()
+            && let Some((holder, reservation)) = self
+                .state
+                .agents
+                .values()
+                .find_map(|a| a.reservations.get(&command.parent.resource).map(|r| (&a.name, r)))
+        {
+            return reject(
+                RejectionKind::NotYetDue,
+                format!(
+                    "parent {} is not made yet: agent {holder} holds room for its placement (at {}); the adoption \
+                     is answered once that room is committed or given back",
+                    command.parent, reservation.token
+                ),
+            );
+        }
         let parent = known.filter(|r| r.agent == command.parent.agent);
         let parent_state = match parent {
             Some(parent) => parent.as_parent(),

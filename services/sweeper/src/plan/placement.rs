@@ -67,10 +67,11 @@ fn seek(
     let id = placement.id();
     let own = Source { partition: state.partition(), position: placement.wanted_at };
     // Carried back by `settle`; nothing more to ask while one of this placement's reservations is held on an agent
-    // that takes new work. Room held on one that stopped (cordoned, draining, retired, gone) is not bound while
-    // another agent may take the request, and not given back either: a view that is behind cannot tell that it was
-    // not bound already (only an ended placement, or one bound elsewhere, gives it back).
-    if held.iter().any(|(agent, reservation, _)| reservation.source == own && agent.unschedulable().is_none()) {
+    // that takes it. Room held on one that stopped taking work (cordoned, draining, retired, gone) or declared since
+    // that it has no room for it (other labels, less capacity) is not bound while another agent may take the
+    // request, and not given back either: a view that is behind cannot tell that it was not bound already (only an
+    // ended placement, or one bound elsewhere, gives it back).
+    if held.iter().any(|(agent, reservation, _)| reservation.source == own && takes(agent, reservation, placement)) {
         return;
     }
     let request = &placement.request;
@@ -159,9 +160,10 @@ fn settle(
         return;
     }
     match &placement.state {
-        // Room held on an agent that since stopped taking new work (cordoned, draining, retired, gone): kept, and
-        // the placement looks elsewhere (`seek`); bound if the agent takes work again first.
-        PlacementState::Seeking | PlacementState::Waiting { .. } if agent.unschedulable().is_some() => {}
+        // Room held on an agent that since stopped taking new work (cordoned, draining, retired, gone), or declared
+        // it has no room for it any more: kept, and the placement looks elsewhere (`seek`); bound if the agent takes
+        // it again first.
+        PlacementState::Seeking | PlacementState::Waiting { .. } if !takes(agent, reservation, placement) => {}
         PlacementState::Seeking | PlacementState::Waiting { .. } => {
             out.push(Planned::now(
                 format!("bind-placement {id} {} {token}", agent.name),
@@ -191,6 +193,21 @@ fn settle(
             out.push(cancel());
         }
     }
+}
+
+/// Whether `agent` takes the placement's room it holds now: it takes new work, carries the labels selected, and its
+/// resources of the kind with its reservations of the kind up to this one (the older ones first) are within the
+/// capacity it declares. An agent that registered again declaring other labels, or less room than it had reserved,
+/// does not take what it no longer has room for: the placement looks elsewhere, as from a cordoned agent.
+fn takes(agent: &Agent, reservation: &Reservation, placement: &Placement) -> bool {
+    if agent.unschedulable().is_some() || !agent.matches(&placement.request.select) {
+        return false;
+    }
+    let kind = &*reservation.kind;
+    let capacity = agent.capacity.get(kind).copied().unwrap_or(0);
+    let made = agent.by_kind.get(kind).copied().unwrap_or(0);
+    let before = agent.reservations.values().filter(|r| &*r.kind == kind && r.token <= reservation.token).count();
+    u64::from(made) + before as u64 <= u64::from(capacity)
 }
 
 /// The agents a placement could go to, and what keeps the others out.
@@ -224,8 +241,15 @@ impl<'a> Fit<'a> {
                     fit.full += 1;
                     continue;
                 }
-                // The id taken on this agent already (an allocation that named it): not a candidate.
-                if state.resource(request.resource).is_some() {
+                // The id taken in this agent's partition already (an allocation that named it), recorded absent there
+                // (a child's adoption asked for it), or used on this agent before: its reservation would be refused
+                // `already-exists`, so it is no candidate (asked again and again, it would keep the request seeking).
+                let id = request.resource;
+                if state.resource(id).is_some()
+                    || state.is_absent(id)
+                    || agent.lost_ids.contains(&id)
+                    || agent.garbage_order_of(id).is_some()
+                {
                     continue;
                 }
                 fit.candidates.push((agent, used, capacity));
@@ -265,7 +289,10 @@ impl<'a> Fit<'a> {
             parts.push(format!("{} {word}", plural(*n, "agent")));
         }
         if parts.is_empty() {
-            return format!("{scope}: the only agents that fit already hold resource id {}", request.resource);
+            return format!(
+                "{scope}: the only agents that fit cannot take resource id {} (it is, or was, used in their partitions)",
+                request.resource
+            );
         }
         format!("{scope}: {}", parts.join(", "))
     }
