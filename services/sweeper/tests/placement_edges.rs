@@ -575,3 +575,56 @@ mod wide {
         }
     }
 }
+
+/// An id whose record an agent's partition has forgotten (its horizon is shorter than the placement's) is not made a
+/// second time there: the reservation is refused like an allocation of it, and the planner does not ask for it.
+#[test]
+fn an_id_forgotten_by_the_agents_partition_is_not_placed_there_a_second_time() {
+    use leasehold_schemas::command::{Release, SetPartitionSettings};
+    let mut w = World::new();
+    let w1 = w.register_declaring("w1", &[], &[("container", 4)]);
+    let home = partition_of_agent(&w1, PARTITIONS);
+    let short = |w: &mut World| {
+        let body = SetPartitionSettings {
+            key: Key::Agent(w1.clone()),
+            partition: home,
+            outcome_horizon: Some(Millis::from_mins(1)),
+            policy: None,
+            if_no_policy: false,
+            gc: None,
+        };
+        w.send("op:alice", body).expect("decided in w1's partition");
+    };
+    short(&mut w);
+    // X lives on w1 and ends; w1's partition forgets it a minute later.
+    let id = ResourceId::generate();
+    w.send("producer", Allocate::new(w1.clone(), id, "container", 1));
+    w.send("producer", Release { agent: w1.clone(), resource: id, reason: None });
+    w.destroyed(&w1, id);
+    w.advance(Millis::from_mins(3));
+    short(&mut w);
+    assert!(w.state_of(&w1).resource(id).is_none(), "w1's partition forgot {id}");
+    // A placement of the same id (its own partition keeps a day) is accepted, and refused by w1: nothing is made.
+    w.send("producer", place(id, &[], None));
+    w.settle();
+    match placement(&w, id) {
+        PlacementState::Failed { why, .. } => assert!(why.contains("cannot take resource id"), "{why}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(holders(&w, id).is_empty(), "no second life of w1.{id}");
+    let refused = w.send(
+        "sweeper:confused",
+        leasehold_schemas::command::Reserve {
+            agent: w1.clone(),
+            resource: id,
+            kind: "container".to_owned(),
+            select: BTreeMap::new(),
+            source: leasehold_schemas::Source {
+                partition: partition_of_key(&Key::Placement(id), PARTITIONS),
+                position: leasehold_schemas::Position(1),
+            },
+        },
+    );
+    let message = refused.and_then(|o| o.rejection().map(|r| r.message.clone())).unwrap_or_default();
+    assert!(message.contains("no later than what this partition has forgotten"), "{message}");
+}

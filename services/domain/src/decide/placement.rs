@@ -247,6 +247,19 @@ impl<'s> Decider<'s> {
                 format!("resource id {id} was used on agent {} before; it takes no placement of it", agent.name),
             );
         }
+        // A record of that id may have been here and been forgotten (this partition's horizon can be shorter than
+        // the placement's): as an allocation of it would be, it is refused rather than made a second time.
+        if id.time() <= self.state.forgotten_up_to {
+            return reject(
+                RejectionKind::AlreadyExists,
+                format!(
+                    "resource id {id} was made at {}, no later than what this partition has forgotten (up to {}): it                      may have been used here before; agent {} takes no placement of it",
+                    id.time(),
+                    self.state.forgotten_up_to,
+                    agent.name
+                ),
+            );
+        }
         if let Some(why) = agent.unschedulable() {
             return reject(
                 RejectionKind::InvalidState,
