@@ -127,6 +127,52 @@ pub(crate) fn spawn_all<L: Log>(
     }
 }
 
+/// `w1:zone=a`: a label of one of `serve`'s agents.
+pub(crate) fn parse_agent_label(text: &str) -> Result<(String, (String, String)), String> {
+    let (name, label) = text.split_once(':').ok_or_else(|| format!("{text:?} is not NAME:LABEL=VALUE"))?;
+    Ok((name.to_owned(), crate::produce::parse_attr(label)?))
+}
+
+/// `w1:volume=10,container=4`: the capacity of one of `serve`'s agents.
+pub(crate) fn parse_agent_capacity(text: &str) -> Result<(String, Vec<(String, u32)>), String> {
+    let (name, capacity) = text.split_once(':').ok_or_else(|| format!("{text:?} is not NAME:KIND=N[,KIND=N...]"))?;
+    Ok((name.to_owned(), parse_capacity(capacity)?))
+}
+
+/// Refuses a `--agent-label` or `--agent-capacity` of an agent this process does not run.
+pub(crate) fn check_declared(
+    agents: &[(AgentName, AnyDriver)],
+    labels: &[(String, (String, String))],
+    capacity: &[(String, Vec<(String, u32)>)],
+) -> anyhow::Result<()> {
+    let named =
+        labels.iter().map(|(n, _)| ("--agent-label", n)).chain(capacity.iter().map(|(n, _)| ("--agent-capacity", n)));
+    for (flag, name) in named {
+        anyhow::ensure!(
+            agents.iter().any(|(agent, _)| agent.as_str() == name),
+            "{flag} {name}:...: this process runs no agent {name:?} (give it with --agent {name}=DRIVER)"
+        );
+    }
+    Ok(())
+}
+
+/// Gives each of `serve`'s agents the labels and capacity its flags declare.
+pub(crate) fn declare(
+    agents: &mut [(AnyDriver, AgentConfig)],
+    labels: &[(String, (String, String))],
+    capacity: &[(String, Vec<(String, u32)>)],
+) {
+    for (_, config) in agents {
+        let mine = |name: &String| name == config.name.as_str();
+        let own_labels: Vec<(String, String)> =
+            labels.iter().filter(|(n, _)| mine(n)).map(|(_, label)| label.clone()).collect();
+        let own_capacity: Vec<(String, u32)> =
+            capacity.iter().filter(|(n, _)| mine(n)).flat_map(|(_, c)| c.iter().cloned()).collect();
+        config.labels.extend(own_labels);
+        config.capacity.extend(own_capacity);
+    }
+}
+
 /// `container=50,volume=200`: a capacity per kind.
 fn parse_capacity(text: &str) -> Result<Vec<(String, u32)>, String> {
     text.split(',')
@@ -365,6 +411,29 @@ pub(crate) fn run(cmd: AgentCmd) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn serves_agents_take_labels_and_capacity_by_name() {
+        let agents = parse_all(&["a1=dir:/tmp/lh-a1".to_owned(), "b1=dir:/tmp/lh-b1".to_owned()], None).unwrap();
+        let labels = vec![parse_agent_label("a1:zone=a").unwrap(), parse_agent_label("b1:zone=b").unwrap()];
+        let capacity = vec![parse_agent_capacity("a1:volume=2,container=1").unwrap()];
+        check_declared(&agents, &labels, &capacity).unwrap();
+        let mut configured = configure(
+            agents.clone(),
+            Duration::from_secs(5),
+            &GcArgs { gc: leasehold_schemas::settings::GcMode::Destroy, gc_grace: Duration::from_secs(300) },
+            Duration::from_secs(10),
+        );
+        declare(&mut configured, &labels, &capacity);
+        let a1 = &configured[0].1;
+        assert_eq!(a1.labels, [("zone".to_owned(), "a".to_owned())].into());
+        assert_eq!(a1.capacity, [("volume".to_owned(), 2), ("container".to_owned(), 1)].into());
+        assert!(configured[1].1.capacity.is_empty(), "b1 declared no capacity");
+        let err = check_declared(&agents, &[parse_agent_label("c1:zone=c").unwrap()], &[]).unwrap_err().to_string();
+        assert!(err.contains("--agent-label c1:...: this process runs no agent \"c1\""), "{err}");
+        assert!(parse_agent_capacity("a1:volume").unwrap_err().contains("is not KIND=N"));
+        assert!(parse_agent_label("zone=a").unwrap_err().contains("is not NAME:LABEL=VALUE"));
+    }
 
     #[test]
     fn an_env_file_directory_goes_to_docker_agents_only() {

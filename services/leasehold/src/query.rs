@@ -364,8 +364,6 @@ pub(crate) fn resource_fields(record: &Value, clock: &Clock) -> String {
     output::fields(&rows)
 }
 
-/// Why a resource is in its state, in words where the record says it in a known shape: a release's cause, and the
-/// reason every terminal state keeps; anything else as the record has it.
 /// A placement not (or not yet) made into a resource, field by field.
 fn placement_fields(placement: &Value, clock: &Clock) -> String {
     let text = |name: &str| placement.get(name).and_then(Value::as_str).unwrap_or("").to_owned();
@@ -383,10 +381,20 @@ fn placement_fields(placement: &Value, clock: &Clock) -> String {
         .and_then(Value::as_object)
         .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect())
         .unwrap_or_default();
+    // Placed: where, and how full the agent was with it (the resource itself shows once its agent's partition has
+    // made it and the projection has it).
+    let placed_on = match (placement.get("reference").and_then(Value::as_str), ms("used"), ms("capacity")) {
+        (Some(reference), Some(used), Some(capacity)) => {
+            format!("{reference} ({used} of {capacity} {})", text("kind"))
+        }
+        (Some(reference), _, _) => reference.to_owned(),
+        _ => String::new(),
+    };
     output::fields(&[
         ("id", text("resource")),
         ("kind", text("kind")),
         ("state", format!("placement {state}")),
+        ("placed_on", none_if_empty(placed_on)),
         ("select", none_if_empty(select.join(","))),
         ("strategy", text("strategy")),
         ("why", none_if_empty(if state == "waiting" { String::new() } else { why.clone() })),
@@ -396,6 +404,8 @@ fn placement_fields(placement: &Value, clock: &Clock) -> String {
     ])
 }
 
+/// Why a resource is in its state, in words where the record says it in a known shape: a release's cause, and the
+/// reason every terminal state keeps; anything else as the record has it.
 fn detail_text(record: &Value, clock: &Clock) -> String {
     let detail = &record["detail"];
     match (record["state"].as_str(), detail) {
@@ -811,6 +821,53 @@ mod tests {
         assert!(text.contains("leases       w1.019b76da-9860-7333-b333-333333333333 (active, build-1)\n"), "{text}");
         assert!(text.contains("updated_at   2026-01-01T00:00:01Z (60 s ago)\n"), "{text}");
         assert!(text.contains("parent       -\n"), "{text}");
+    }
+
+    #[test]
+    fn a_placement_says_where_it_went_or_what_it_waits_on() {
+        let placed = serde_json::json!({
+            "resource": "019b76da-9478-7111-9111-111111111111", "kind": "volume", "select": {"zone": "a"},
+            "strategy": "spread", "state": "placed", "agent": "a1",
+            "reference": "a1.019b76da-9478-7111-9111-111111111111", "used": 3, "capacity": 10, "why": null,
+            "asked_at": 1767225601000u64, "since": 1767225601000u64, "until": null, "as_of": 9
+        });
+        let text = placement_fields(&placed, &clock());
+        assert!(
+            text.contains(
+                "state       placement placed
+"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "placed_on   a1.019b76da-9478-7111-9111-111111111111 (3 of 10 volume)
+"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "waiting_on  -
+"
+            ),
+            "{text}"
+        );
+        let mut waiting = placed.clone();
+        waiting["state"] = "waiting".into();
+        waiting["why"] = "zone=a: 2 agents full".into();
+        for field in ["agent", "reference", "used", "capacity"] {
+            waiting[field] = serde_json::Value::Null;
+        }
+        let text = placement_fields(&waiting, &clock());
+        assert!(
+            text.contains(
+                "placed_on   -
+"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("waiting_on  placement waiting for room (zone=a: 2 agents full) since"), "{text}");
     }
 
     #[test]

@@ -66,6 +66,14 @@ pub(crate) struct ServeArgs {
     /// PATH) or docker:[ENDPOINT] (containers and volumes on a Docker daemon). Repeatable. On one machine this is how agents run, since the embedded log is one process's.
     #[arg(long = "agent", value_name = "NAME=DRIVER")]
     agents: Vec<String>,
+    /// A label of one of this process's agents, for placement to select it by (`--agent-label w1:zone=a`;
+    /// repeatable), as `agent run --label` declares it.
+    #[arg(long = "agent-label", value_name = "NAME:LABEL=VALUE", value_parser = crate::agents::parse_agent_label)]
+    agent_labels: Vec<(String, (String, String))>,
+    /// How many resources of a kind one of this process's agents takes (`--agent-capacity w1:volume=10,container=4`;
+    /// repeatable), as `agent run --capacity` declares it. A kind not named is not limited, and takes no placement.
+    #[arg(long = "agent-capacity", value_name = "NAME:KIND=N[,KIND=N...]", value_parser = crate::agents::parse_agent_capacity)]
+    agent_capacity: Vec<(String, Vec<(String, u32)>)>,
     /// For this process's docker agents: the directory whose files a container's `env-file` attribute may name (a
     /// path relative to it; nothing outside it is read). Without it they read no env files.
     #[arg(long, value_name = "DIR")]
@@ -293,7 +301,9 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
         ),
         None => None,
     };
-    Ok(Checked { agents: crate::agents::parse_all(&args.agents, args.env_file_dir.as_deref())?, tokens })
+    let agents = crate::agents::parse_all(&args.agents, args.env_file_dir.as_deref())?;
+    crate::agents::check_declared(&agents, &args.agent_labels, &args.agent_capacity)?;
+    Ok(Checked { agents, tokens })
 }
 
 /// The token file, refused (naming the line) when malformed; a file others can read is taken with a warning, since
@@ -349,7 +359,8 @@ async fn serve<L: Log>(
         }
         _ => None,
     };
-    let agents = crate::agents::configure(agents, args.sync_interval, &args.gc, args.stop.shutdown_grace);
+    let mut agents = crate::agents::configure(agents, args.sync_interval, &args.gc, args.stop.shutdown_grace);
+    crate::agents::declare(&mut agents, &args.agent_labels, &args.agent_capacity);
     let mut readiness = Readiness::default();
     if let Some(metrics) = worker_metrics.clone() {
         readiness.add("worker", ReadyCheck::new(move || metrics.waiting_on()));
