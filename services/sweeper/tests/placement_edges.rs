@@ -596,8 +596,11 @@ fn an_id_forgotten_by_the_agents_partition_is_not_placed_there_a_second_time() {
         w.send("op:alice", body).expect("decided in w1's partition");
     };
     short(&mut w);
-    // X lives on w1 and ends; w1's partition forgets it a minute later.
-    let id = ResourceId::generate();
+    // X lives on w1 and ends; w1's partition forgets it a minute later. Its placement is decided in another
+    // partition, which keeps a day (in w1's, the placement itself would be refused as too old).
+    let id = std::iter::repeat_with(ResourceId::generate)
+        .find(|id| partition_of_key(&Key::Placement(*id), PARTITIONS) != home)
+        .expect("an id placed outside w1's partition");
     w.send("producer", Allocate::new(w1.clone(), id, "container", 1));
     w.send("producer", Release { agent: w1.clone(), resource: id, reason: None });
     w.destroyed(&w1, id);
