@@ -142,7 +142,15 @@ impl Story {
             prefix_len: 29,
             exclude: vec!["10.0.0.1".parse().unwrap()],
         };
-        log.submit("op:alice", DefinePool { pool: pool.clone(), kind: subnet, cooldown: None });
+        log.submit(
+            "op:alice",
+            DefinePool {
+                pool: pool.clone(),
+                kind: subnet,
+                cooldown: None,
+                orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+            },
+        );
         let incarnation = leasehold_schemas::Uuid::from_u128(1);
         log.submit("worker-b", Register::new(agent.clone(), incarnation));
         let epoch = log.agent_partition(&agent).state().agent(&agent).expect("registered").epoch;
@@ -163,6 +171,7 @@ impl Story {
             source: grant,
             wanted,
             definition: None,
+            orphans: leasehold_schemas::pool::OrphanPolicy::Release,
         };
         log.submit("sweeper-1", bind);
         let mut story = Story { log, agent, pool, resource, epoch, obs: 0, token: grant.position };
@@ -197,7 +206,13 @@ impl Story {
     /// The sweeper frees the claim the holder's partition let go in `outcomes`.
     fn free(&mut self, outcomes: &[Outcome]) {
         let (source, _) = effect_at(outcomes, "claim-releasable");
-        let free = Free { pool: self.pool.clone(), holder: self.holder(), token: Some(self.token), source };
+        let free = Free {
+            pool: self.pool.clone(),
+            holder: self.holder(),
+            token: Some(self.token),
+            source,
+            cause: leasehold_schemas::outcome::FreeCause::Released {},
+        };
         let freed = self.log.submit("sweeper-1", free);
         effect_at(&freed, "claim-freed");
     }

@@ -758,13 +758,18 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
         ProduceCmd::PoolDefine(args) => {
             let kind = pool_kind(&args)?;
             let what = format!("pool define {}", args.name);
-            let body = DefinePool { pool: args.name, kind, cooldown: args.cooldown };
+            let body = DefinePool {
+                pool: args.name,
+                kind,
+                cooldown: args.cooldown,
+                orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+            };
             simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
         ProduceCmd::PoolUpdate(args) => {
             let kind = pool_kind(&args)?;
             let what = format!("pool update {}", args.name);
-            let body = UpdatePool { pool: args.name, kind, cooldown: args.cooldown };
+            let body = UpdatePool { pool: args.name, kind, cooldown: args.cooldown, orphans: None };
             simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
         ProduceCmd::PoolDelete(args) => {

@@ -43,7 +43,12 @@ async fn an_address_comes_back_only_after_its_holder_is_destroyed_and_its_cool_d
 
     let pool = PoolName::new("net").expect("a pool name");
     let kind = PoolKind::Ipv4 { network: "10.9.0.0".parse().expect("an address"), prefix_len: 30, exclude: vec![] };
-    let define = DefinePool { pool: pool.clone(), kind, cooldown: Some(Millis(COOLDOWN.as_millis() as u64)) };
+    let define = DefinePool {
+        pool: pool.clone(),
+        kind,
+        cooldown: Some(Millis(COOLDOWN.as_millis() as u64)),
+        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+    };
     api.accepted(&command(define), &[&serve]).await;
 
     // Two containers take both addresses.
