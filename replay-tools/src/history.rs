@@ -268,6 +268,7 @@ fn resource_state(state: &PartitionState, id: ResourceId) -> serde_json::Value {
             let text = match slot {
                 ClaimSlot::Wanted { .. } => "wanted".to_owned(),
                 ClaimSlot::Bound { value, .. } => format!("bound {value}"),
+                ClaimSlot::HeldForOrphan { value, .. } => format!("held for the orphan {value}"),
                 ClaimSlot::Returned { .. } => "returned".to_owned(),
             };
             (pool.to_string(), json!(text))
@@ -323,6 +324,7 @@ fn pool_state(state: &PartitionState, pool: &PoolName, step: &Step) -> serde_jso
                 let text = match slot {
                     ClaimSlot::Wanted { .. } => "wanted".to_owned(),
                     ClaimSlot::Bound { value, .. } => format!("bound {value}"),
+                    ClaimSlot::HeldForOrphan { value, .. } => format!("held for the orphan {value}"),
                     ClaimSlot::Returned { .. } => "returned".to_owned(),
                 };
                 claims.insert(resource.reference().to_string(), json!(text));

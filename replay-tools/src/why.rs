@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 
-use leasehold_schemas::outcome::{Effect, ReleaseCause};
+use leasehold_schemas::outcome::{Effect, FreeCause, ReleaseCause};
 use leasehold_schemas::pool::PoolValue;
 use leasehold_schemas::{AgentName, Key, PoolName, ResourceId, Timestamp};
 use serde::Serialize;
@@ -100,6 +100,9 @@ pub struct Holding {
     pub releasing: Option<Event>,
     /// The holder's end: destroyed, lost, orphaned or failed.
     pub ended: Option<Event>,
+    /// An orphan kept it (its pool holds an orphan's identifiers) until its agent confirmed the destroy or an
+    /// operator freed it.
+    pub held: Option<Event>,
     /// The holder's partition let the claim go (with a terminal state), or returned a grant it could not keep.
     pub let_go: Option<Event>,
     pub freed: Option<Event>,
@@ -126,6 +129,7 @@ impl Holding {
             bound: None,
             releasing: None,
             ended: None,
+            held: None,
             let_go: None,
             freed: None,
             freed_because: None,
@@ -186,6 +190,8 @@ struct Tracker {
     open: HashMap<ResourceId, Vec<usize>>,
     /// The allocation of each resource that wanted a claim of a matching pool, until its holding opens.
     allocations: HashMap<ResourceId, Event>,
+    /// The holding the last `claim-freed` closed, by holder: a `claim-freed-because` right after it says why.
+    last_freed: Option<(ResourceId, usize)>,
 }
 
 fn event(step: &Step, detail: String) -> Event {
@@ -239,6 +245,8 @@ impl Tracker {
         };
         let pool_matches = |pool: &PoolName| query.pool.as_ref().is_none_or(|q| q == pool);
         let at = step.outcome.decided_at;
+        // A `claim-freed-because` follows its `claim-freed` in the same outcome.
+        self.last_freed = None;
         for effect in step.outcome.effects() {
             match effect {
                 Effect::AgentGone { last_seen } => {
@@ -261,6 +269,7 @@ impl Tracker {
                         bound: None,
                         releasing: None,
                         ended: None,
+                        held: None,
                         let_go: None,
                         freed: None,
                         freed_because: None,
@@ -305,6 +314,38 @@ impl Tracker {
                         h.let_go.get_or_insert_with(|| event(step, "the claim may go back to its pool".to_owned()));
                     });
                 }
+                Effect::ClaimHeldForOrphan { resource, pool, value, .. }
+                    if *value == query.value && pool_matches(pool) =>
+                {
+                    self.each_open(*resource, Some(pool), |h| {
+                        h.held.get_or_insert_with(|| {
+                            let detail = "held for the orphan: its pool holds an orphan's identifiers until its agent \
+                                          confirms the destroy or an operator frees it";
+                            event(step, detail.to_owned())
+                        });
+                    });
+                }
+                Effect::ClaimReleaseCause { resource, pool, cause } if pool_matches(pool) => {
+                    let agent = match &step.outcome.command.key {
+                        Key::Agent(agent) => Some(agent.as_str()),
+                        Key::Pool(_) | Key::Placement(_) => None,
+                    };
+                    let words = leasehold_cli_common::timeline::free_cause(cause, agent);
+                    self.each_open(*resource, Some(pool), |h| h.reason = Some(words.clone()));
+                }
+                Effect::ClaimFreedBecause { holder, cause } => {
+                    if let Some((resource, idx)) = self.last_freed.take()
+                        && resource == holder.resource
+                    {
+                        // An orphan released at orphaning: the holder's end says more (when its agent was
+                        // declared gone, last seen when). The others say who let it go, as the pool recorded it.
+                        let holding = &mut self.holdings[idx];
+                        if !(matches!(cause, FreeCause::Orphaned {}) && holding.freed_because.is_some()) {
+                            let agent = Some(holder.agent.as_str());
+                            holding.freed_because = Some(leasehold_cli_common::timeline::free_cause(cause, agent));
+                        }
+                    }
+                }
                 Effect::GrantReturned { resource, pool, value, .. } if *value == query.value && pool_matches(pool) => {
                     self.each_open(*resource, Some(pool), |h| {
                         h.let_go.get_or_insert_with(|| {
@@ -324,6 +365,7 @@ impl Tracker {
                             let holding = &mut self.holdings[idx];
                             holding.freed = Some(event(step, format!("{value} freed")));
                             holding.freed_because = holding.reason.clone();
+                            self.last_freed = Some((holder.resource, idx));
                         }
                         if open.is_empty() {
                             self.open.remove(&holder.resource);
@@ -463,6 +505,7 @@ fn holding(out: &mut String, h: &Holding) {
         ("bound", &h.bound),
         ("releasing", &h.releasing),
         ("ended", &h.ended),
+        ("held", &h.held),
         ("let go", &h.let_go),
         ("freed", &h.freed),
     ];

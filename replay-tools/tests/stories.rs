@@ -10,8 +10,8 @@ use leasehold_log::{CommandRecord, StoredOutcome};
 use leasehold_replay::history::{self, Row, Target};
 use leasehold_replay::why::{self, Query};
 use leasehold_schemas::command::{
-    Acquire, Allocate, BindClaim, Claim, DefinePool, ExpireLease, Free, MarkGone, MarkStalled, Register, Release,
-    ReleaseLease, ReportCreated, SyncReport,
+    Acquire, Allocate, BindClaim, Claim, DefinePool, ExpireLease, Free, FreeOrphan, GarbageReport, MarkGone,
+    MarkStalled, Register, Release, ReleaseLease, ReportCreated, ReportDestroyed, SyncReport,
 };
 use leasehold_schemas::ids::{Key, Millis, Position, ResourceRef, Source, Timestamp};
 use leasehold_schemas::outcome::Effect;
@@ -132,6 +132,11 @@ struct Story {
 
 impl Story {
     fn begin() -> Story {
+        Story::begin_with(leasehold_schemas::pool::OrphanPolicy::Release)
+    }
+
+    /// The story with a pool whose orphan policy is `orphans`.
+    fn begin_with(orphans: leasehold_schemas::pool::OrphanPolicy) -> Story {
         let agent = AgentName::new("worker-b").expect("a name");
         let pool = PoolName::new("overlay").expect("a name");
         assert_eq!(partition_of_key(&Key::Agent(agent.clone()), 2), 0);
@@ -142,7 +147,7 @@ impl Story {
             prefix_len: 29,
             exclude: vec!["10.0.0.1".parse().unwrap()],
         };
-        log.submit("op:alice", DefinePool { pool: pool.clone(), kind: subnet, cooldown: None });
+        log.submit("op:alice", DefinePool { pool: pool.clone(), kind: subnet, cooldown: None, orphans });
         let incarnation = leasehold_schemas::Uuid::from_u128(1);
         log.submit("worker-b", Register::new(agent.clone(), incarnation));
         let epoch = log.agent_partition(&agent).state().agent(&agent).expect("registered").epoch;
@@ -163,6 +168,7 @@ impl Story {
             source: grant,
             wanted,
             definition: None,
+            orphans,
         };
         log.submit("sweeper-1", bind);
         let mut story = Story { log, agent, pool, resource, epoch, obs: 0, token: grant.position };
@@ -194,10 +200,16 @@ impl Story {
         (lease, self.log.submit("op:alice", acquire))
     }
 
-    /// The sweeper frees the claim the holder's partition let go in `outcomes`.
+    /// The sweeper frees the claim the holder's partition let go in `outcomes`, with the cause that partition
+    /// recorded.
     fn free(&mut self, outcomes: &[Outcome]) {
         let (source, _) = effect_at(outcomes, "claim-releasable");
-        let free = Free { pool: self.pool.clone(), holder: self.holder(), token: Some(self.token), source };
+        let state = self.log.agent_partition(&self.agent).state();
+        let slot = state.resource(self.resource).and_then(|r| r.claims.get(&self.pool)).cloned();
+        let Some(leasehold_domain::state::ClaimSlot::Returned { cause, .. }) = slot else {
+            panic!("the claim was let go: {slot:?}")
+        };
+        let free = Free { pool: self.pool.clone(), holder: self.holder(), token: Some(self.token), source, cause };
         let freed = self.log.submit("sweeper-1", free);
         effect_at(&freed, "claim-freed");
     }
@@ -367,4 +379,82 @@ async fn why_names_a_holder_found_lost() {
     let because = holding.freed_because.as_deref().expect("a reason");
     let expected = format!("its holder was lost: its agent worker-b found it missing at {}", lost[0].decided_at);
     assert_eq!(because, expected);
+}
+
+/// The story's agent declared gone: the orphan keeps the address its holding pool granted.
+fn orphaned_holding(story: &mut Story) {
+    story.log.advance(Millis::from_hours(25));
+    story.log.submit("sweeper-1", MarkStalled { agent: story.agent.clone() });
+    let gone = story.log.submit("sweeper-1", MarkGone { agent: story.agent.clone() });
+    effect_at(&gone, "claim-held-for-orphan");
+}
+
+#[tokio::test]
+async fn why_says_an_orphans_address_was_held_until_an_operator_freed_it() {
+    let mut story = Story::begin_with(leasehold_schemas::pool::OrphanPolicy::Hold);
+    orphaned_holding(&mut story);
+    let query = Query { pool: None, value: PoolValue::Ipv4("10.0.0.2".parse().unwrap()) };
+    let answer = why::why(2, story.log.entries(), &query, None, |_| {}).await.expect("folds");
+    let [holding] = answer.holdings.as_slice() else { panic!("one holding: {answer:?}") };
+    assert!(holding.held.is_some() && holding.freed.is_none(), "held, not freed: {holding:?}");
+    assert!(why::render(&answer).contains("still held"), "{}", why::render(&answer));
+
+    let body = FreeOrphan {
+        agent: story.agent.clone(),
+        resource: story.resource,
+        pool: None,
+        reason: "machine scrapped".into(),
+    };
+    let freed = story.log.submit("op:alice", body);
+    story.free(&freed);
+    let answer = why::why(2, story.log.entries(), &query, None, |_| {}).await.expect("folds");
+    let [holding] = answer.holdings.as_slice() else { panic!("one holding: {answer:?}") };
+    assert_eq!(
+        holding.freed_because.as_deref(),
+        Some("orphan of gone agent worker-b, freed by op:alice: machine scrapped")
+    );
+    let text = why::render(&answer);
+    assert!(text.contains("  held "), "the held step is shown: {text}");
+    assert!(
+        text.contains("freed because orphan of gone agent worker-b, freed by op:alice: machine scrapped"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn why_says_an_orphans_address_was_freed_once_its_agent_confirmed_the_destroy() {
+    let mut story = Story::begin_with(leasehold_schemas::pool::OrphanPolicy::Hold);
+    orphaned_holding(&mut story);
+    // The agent comes back, reports the orphan's handle, is ordered to destroy it and says it did.
+    story.log.submit("worker-b", Register::new(story.agent.clone(), leasehold_schemas::Uuid::from_u128(2)));
+    let epoch = story.log.agent_partition(&story.agent).state().agent(&story.agent).expect("registered").epoch;
+    story.epoch = epoch;
+    story.obs = 0;
+    let watermark = story.log.partitions[0].state().last_position();
+    let garbage = GarbageReport {
+        agent: story.agent.clone(),
+        epoch,
+        obs: story.next_obs(),
+        watermark,
+        handles: vec![story.resource],
+        dry_run: false,
+    };
+    let ordered = story.log.submit("worker-b", garbage);
+    let (order, _) = effect_at(&ordered, "garbage-destroy-ordered");
+    let destroyed = ReportDestroyed {
+        agent: story.agent.clone(),
+        epoch,
+        obs: story.next_obs(),
+        resource: story.resource,
+        ordered: order.position,
+    };
+    let confirmed = story.log.submit("worker-b", destroyed);
+    story.free(&confirmed);
+
+    let query = Query { pool: None, value: PoolValue::Ipv4("10.0.0.2".parse().unwrap()) };
+    let answer = why::why(2, story.log.entries(), &query, None, |_| {}).await.expect("folds");
+    let [holding] = answer.holdings.as_slice() else { panic!("one holding: {answer:?}") };
+    let expected =
+        format!("orphan of gone agent worker-b, destroy confirmed by worker-b at {}", confirmed[0].decided_at);
+    assert_eq!(holding.freed_because.as_deref(), Some(expected.as_str()));
 }

@@ -15,7 +15,8 @@ use uuid::Uuid;
 
 use crate::envelope::CommandClass;
 use crate::ids::{AgentName, Key, LeaseId, Millis, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp};
-use crate::pool::{PoolKind, PoolValue};
+use crate::outcome::FreeCause;
+use crate::pool::{OrphanPolicy, PoolKind, PoolValue};
 use crate::settings::{AgentSettings, ClusterPolicy, GcMode};
 
 /// At most this many handles may be named in one report or one resync chunk (about 140 KiB of ids), so that an
@@ -296,6 +297,10 @@ pub struct DefinePool {
     /// A freed identifier is handed out again only after this long; `None`: the partition policy's
     /// `claim_cooldown` at the time of the definition (60 s while no policy is recorded).
     pub cooldown: Option<Millis>,
+    /// What an orphaned holder's identifier does: `release` (freed at orphaning, as before) or `hold` (held until
+    /// its agent confirms the destroy, or an operator frees it with `op.free-orphan`). Added in schema version 5.
+    #[serde(default, deserialize_with = "crate::codec::unit_variant")]
+    pub orphans: OrphanPolicy,
 }
 
 /// Change a pool's definition: grow it (IPv4: the same network address with a shorter prefix; slots: more of them;
@@ -308,6 +313,10 @@ pub struct UpdatePool {
     pub kind: PoolKind,
     /// `None`: keep the pool's cool-down.
     pub cooldown: Option<Millis>,
+    /// `None`: keep the pool's orphan policy. A new policy reaches holders with the grants carried after it (schema
+    /// version 5).
+    #[serde(default, deserialize_with = "crate::codec::unit_variant_option")]
+    pub orphans: Option<OrphanPolicy>,
 }
 
 /// Remove a pool nobody holds or waits for.
@@ -636,6 +645,10 @@ pub struct BindClaim {
     pub wanted: Source,
     #[serde(default)]
     pub definition: Option<PoolKind>,
+    /// The pool's orphan policy when the grant was carried (schema version 5): with `hold`, the holder's partition
+    /// keeps the identifier held if the holder is orphaned, instead of sending it back.
+    #[serde(default, deserialize_with = "crate::codec::unit_variant")]
+    pub orphans: OrphanPolicy,
 }
 
 /// To a pool: give back the claim of `holder` with `token` (`None`: withdraw a holder still waiting).
@@ -646,6 +659,23 @@ pub struct Free {
     pub holder: ResourceRef,
     pub token: Option<Position>,
     pub source: Source,
+    /// Why the holder let the identifier go, as its partition recorded it (schema version 5; `released` before).
+    #[serde(default)]
+    pub cause: FreeCause,
+}
+
+/// An operator frees what an orphan still holds of pools that hold an orphan's identifiers (schema version 5): the
+/// orphan's machine is known to be gone, or its agent will not come back to confirm the destroy. `pool` `None`: every
+/// identifier it holds. The cause travels with the free, and `why` says who freed it and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FreeOrphan {
+    pub agent: AgentName,
+    pub resource: ResourceId,
+    #[serde(default)]
+    pub pool: Option<PoolName>,
+    /// Why, on record (required: an address handed out again while its machine may still use it is worth a word).
+    pub reason: String,
 }
 
 /// To a pool: serve waiters with identifiers whose cool-down has passed.
@@ -908,6 +938,7 @@ commands! {
     Unplaceable(Unplaceable) = Sys "sys.unplaceable",
     DrainRelease(DrainRelease) = Sys "sys.drain-release",
     ClosePlacement(ClosePlacement) = Sys "sys.close-placement",
+    FreeOrphan(FreeOrphan) = Op "op.free-orphan",
 }
 
 /// The last subject token of a command: the resource or lease it is about, or `_`.
@@ -986,6 +1017,7 @@ impl Command {
             Command::Unplaceable(c) => Key::Placement(c.resource),
             Command::DrainRelease(c) => agent(&c.agent),
             Command::ClosePlacement(c) => Key::Placement(c.resource),
+            Command::FreeOrphan(c) => agent(&c.agent),
         }
     }
 
@@ -1026,6 +1058,7 @@ impl Command {
             Command::Unplaceable(c) => Resource(c.resource),
             Command::DrainRelease(c) => Resource(c.resource),
             Command::ClosePlacement(c) => Resource(c.resource),
+            Command::FreeOrphan(c) => Resource(c.resource),
             Command::DrainAgent(_)
             | Command::RetireAgent(_)
             | Command::UnretireAgent(_)
@@ -1096,6 +1129,43 @@ pub(crate) mod legacy {
         agent: AgentName,
     }
 
+    /// Versions 1 to 4 of `op.define-pool`: no `orphans`.
+    #[derive(Serialize, Deserialize)]
+    struct DefinePoolV1 {
+        pool: PoolName,
+        kind: PoolKind,
+        cooldown: Option<Millis>,
+    }
+
+    /// Versions 1 to 4 of `op.update-pool`: no `orphans`.
+    #[derive(Serialize, Deserialize)]
+    struct UpdatePoolV1 {
+        pool: PoolName,
+        kind: PoolKind,
+        cooldown: Option<Millis>,
+    }
+
+    /// Versions 1 to 4 of `sys.free`: no `cause`.
+    #[derive(Serialize, Deserialize)]
+    struct FreeV1 {
+        pool: PoolName,
+        holder: ResourceRef,
+        token: Option<Position>,
+        source: Source,
+    }
+
+    /// Versions 3 and 4 of `sys.bind-claim`: no `orphans`.
+    #[derive(Serialize, Deserialize)]
+    struct BindClaimV3 {
+        holder: ResourceRef,
+        pool: PoolName,
+        value: PoolValue,
+        token: Position,
+        source: Source,
+        wanted: Source,
+        definition: Option<PoolKind>,
+    }
+
     /// Versions 1 and 2 of `sys.bind-claim`: no `definition`.
     #[derive(Serialize, Deserialize)]
     struct BindClaimV1 {
@@ -1109,11 +1179,20 @@ pub(crate) mod legacy {
 
     /// The oldest schema version that expresses `command`: a command is written in it, so a leasehold that does not
     /// know a later version still reads everything that does not need one (agents and producers can be upgraded
-    /// before the workers). 5 for `sys.close-placement`, 4 for the commands added in version 4 (placement and drain) and a retirement with a
+    /// before the workers). 5 for `sys.close-placement`, `op.free-orphan` and bodies that use a field added in version
+    /// 5 (a pool's orphan policy, a free's cause), 4 for the commands added in version 4 (placement and drain) and a retirement with a
     /// condition, 3 for bodies that use a field or variant added in version 3, 2 for the commands added in version 2
     /// and for bodies that use a field or variant added then; 1 otherwise.
     pub(crate) fn oldest_version(command: &Command) -> u16 {
-        if matches!(command, Command::ClosePlacement(_)) {
+        let needs_five = match command {
+            Command::ClosePlacement(_) | Command::FreeOrphan(_) => true,
+            Command::DefinePool(c) => c.orphans != OrphanPolicy::Release,
+            Command::UpdatePool(c) => c.orphans.is_some(),
+            Command::BindClaim(c) => c.orphans != OrphanPolicy::Release,
+            Command::Free(c) => c.cause != FreeCause::Released {},
+            _ => false,
+        };
+        if needs_five {
             return 5;
         }
         let needs_four = match command {
@@ -1172,6 +1251,30 @@ pub(crate) mod legacy {
             ));
         }
         match (version, command) {
+            (1..=4, Command::DefinePool(c)) => crate::codec::encode_into(
+                &DefinePoolV1 { pool: c.pool.clone(), kind: c.kind.clone(), cooldown: c.cooldown },
+                out,
+            ),
+            (1..=4, Command::UpdatePool(c)) => crate::codec::encode_into(
+                &UpdatePoolV1 { pool: c.pool.clone(), kind: c.kind.clone(), cooldown: c.cooldown },
+                out,
+            ),
+            (1..=4, Command::Free(c)) => crate::codec::encode_into(
+                &FreeV1 { pool: c.pool.clone(), holder: c.holder.clone(), token: c.token, source: c.source },
+                out,
+            ),
+            (3 | 4, Command::BindClaim(c)) => {
+                let v3 = BindClaimV3 {
+                    holder: c.holder.clone(),
+                    pool: c.pool.clone(),
+                    value: c.value,
+                    token: c.token,
+                    source: c.source,
+                    wanted: c.wanted,
+                    definition: c.definition.clone(),
+                };
+                crate::codec::encode_into(&v3, out)
+            }
             (1..=3, Command::RetireAgent(c)) => {
                 crate::codec::encode_into(&RetireAgentV1 { agent: c.agent.clone() }, out)
             }
@@ -1228,6 +1331,60 @@ pub(crate) mod legacy {
         type_name: &str,
         bytes: &[u8],
     ) -> Option<Result<(Command, usize), crate::codec::CodecError>> {
+        if version >= 5 {
+            return None;
+        }
+        match type_name {
+            "op.define-pool" => {
+                let decoded = crate::codec::decode_from::<DefinePoolV1>(bytes).map(|(v1, read)| {
+                    let body = DefinePool {
+                        pool: v1.pool,
+                        kind: v1.kind,
+                        cooldown: v1.cooldown,
+                        orphans: OrphanPolicy::Release,
+                    };
+                    (Command::DefinePool(body), read)
+                });
+                return Some(decoded);
+            }
+            "op.update-pool" => {
+                let decoded = crate::codec::decode_from::<UpdatePoolV1>(bytes).map(|(v1, read)| {
+                    let body = UpdatePool { pool: v1.pool, kind: v1.kind, cooldown: v1.cooldown, orphans: None };
+                    (Command::UpdatePool(body), read)
+                });
+                return Some(decoded);
+            }
+            "sys.free" => {
+                let decoded = crate::codec::decode_from::<FreeV1>(bytes).map(|(v1, read)| {
+                    let body = Free {
+                        pool: v1.pool,
+                        holder: v1.holder,
+                        token: v1.token,
+                        source: v1.source,
+                        cause: FreeCause::Released {},
+                    };
+                    (Command::Free(body), read)
+                });
+                return Some(decoded);
+            }
+            "sys.bind-claim" if version >= 3 => {
+                let decoded = crate::codec::decode_from::<BindClaimV3>(bytes).map(|(v3, read)| {
+                    let body = BindClaim {
+                        holder: v3.holder,
+                        pool: v3.pool,
+                        value: v3.value,
+                        token: v3.token,
+                        source: v3.source,
+                        wanted: v3.wanted,
+                        definition: v3.definition,
+                        orphans: OrphanPolicy::Release,
+                    };
+                    (Command::BindClaim(body), read)
+                });
+                return Some(decoded);
+            }
+            _ => {}
+        }
         if version >= 4 {
             return None;
         }
@@ -1263,6 +1420,7 @@ pub(crate) mod legacy {
                     source: v1.source,
                     wanted: v1.wanted,
                     definition: None,
+                    orphans: OrphanPolicy::Release,
                 };
                 (Command::BindClaim(body), read)
             });

@@ -35,7 +35,10 @@ impl<'e> Mentions<'e> {
             Effect::ClaimBound { resource, pool, .. }
             | Effect::ClaimPoolDefinition { resource, pool, .. }
             | Effect::ClaimReleasable { resource, pool, .. }
-            | Effect::GrantReturned { resource, pool, .. } => {
+            | Effect::GrantReturned { resource, pool, .. }
+            | Effect::ClaimOrphanPolicy { resource, pool, .. }
+            | Effect::ClaimHeldForOrphan { resource, pool, .. }
+            | Effect::ClaimReleaseCause { resource, pool, .. } => {
                 m.resources.push(*resource);
                 m.pools.push(pool);
             }
@@ -93,7 +96,9 @@ impl<'e> Mentions<'e> {
                 m.elsewhere.push(holder.resource);
                 m.pool_values.push(*value);
             }
-            Effect::ClaimQueued { holder, .. } | Effect::ClaimWithdrawn { holder } => m.elsewhere.push(holder.resource),
+            Effect::ClaimQueued { holder, .. }
+            | Effect::ClaimWithdrawn { holder }
+            | Effect::ClaimFreedBecause { holder, .. } => m.elsewhere.push(holder.resource),
             Effect::AgentRegistered { .. }
             | Effect::AgentSeen { .. }
             | Effect::AgentStalled { .. }
@@ -108,6 +113,7 @@ impl<'e> Mentions<'e> {
             | Effect::PoolDefined { .. }
             | Effect::PoolUpdated { .. }
             | Effect::PoolDeleted {}
+            | Effect::PoolOrphanPolicy { .. }
             | Effect::PartitionSettingsChanged { .. }
             | Effect::DecisionContinues { .. }
             | Effect::AgentDriverUnavailable { .. }

@@ -19,7 +19,7 @@ use crate::ids::{
     AgentName, CommandId, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source,
     Timestamp,
 };
-use crate::pool::{PoolKind, PoolValue};
+use crate::pool::{OrphanPolicy, PoolKind, PoolValue};
 use crate::settings::{AgentSettings, GcMode, PartitionSettings};
 
 /// The one message a writer appends for one command.
@@ -103,12 +103,24 @@ impl Outcome {
         }
     }
 
-    /// The oldest schema version that expresses this outcome: 5 when it holds `placement-closed`, 4 when it is about a placement or holds an effect or
+    /// The oldest schema version that expresses this outcome: 5 when it holds `placement-closed` or an effect about
+    /// an orphan's identifiers (pool orphan policies, held claims, free causes), 4 when it is about a placement or holds an effect or
     /// cause added in version 4, 3 when it holds an effect added in version 3, 2 when it holds an effect, a cause or
     /// a parent state added in version 2, else 1. An outcome is written in it, so a reader of an older version reads
     /// every outcome that needs nothing newer (see `codec::encode_outcome`).
     pub fn oldest_schema_version(&self) -> u16 {
-        if self.effects().iter().any(|e| matches!(e, Effect::PlacementClosed { .. })) {
+        let needs_five = |effect: &Effect| {
+            matches!(
+                effect,
+                Effect::PlacementClosed { .. }
+                    | Effect::PoolOrphanPolicy { .. }
+                    | Effect::ClaimOrphanPolicy { .. }
+                    | Effect::ClaimHeldForOrphan { .. }
+                    | Effect::ClaimReleaseCause { .. }
+                    | Effect::ClaimFreedBecause { .. }
+            )
+        };
+        if self.effects().iter().any(needs_five) {
             return 5;
         }
         let needs_four = |effect: &Effect| match effect {
@@ -275,6 +287,29 @@ pub enum ReleaseCause {
         by: Issuer,
         deadline: bool,
     },
+}
+
+/// Why a holder let its pool identifier go (schema version 5): recorded where it is let go (`claim-release-cause`,
+/// in the holder's partition), carried by `sys.free`, and recorded with the free (`claim-freed-because`, in the
+/// pool's).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FreeCause {
+    /// The holder ended otherwise (destroyed, lost, failed, or a grant it could not keep): what every free meant
+    /// before version 5.
+    Released {},
+    /// The holder was orphaned (its agent declared gone) and its pool releases an orphan's identifiers.
+    Orphaned {},
+    /// The orphan's agent came back and confirmed it destroyed the orphan's handle, at `at` (a pool that holds).
+    OrphanDestroyed { at: Timestamp },
+    /// An operator freed the orphan's identifier on record (`op.free-orphan`), a pool that holds.
+    OrphanFreed { by: Issuer, reason: String },
+}
+
+impl Default for FreeCause {
+    fn default() -> Self {
+        FreeCause::Released {}
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -696,6 +731,39 @@ pub enum Effect {
     PlacementClosed {
         resource: ResourceId,
     },
+    // Added in schema version 5: pools that hold an orphan's identifiers.
+    /// Right after `pool-defined` or alone (an update): the pool's orphan policy from now on, when it is not the
+    /// default or changes.
+    PoolOrphanPolicy {
+        orphans: OrphanPolicy,
+    },
+    /// Right after `claim-bound`: the grant came from a pool that holds an orphan's identifiers, so the claim is kept
+    /// if the resource is orphaned.
+    ClaimOrphanPolicy {
+        resource: ResourceId,
+        pool: PoolName,
+        orphans: OrphanPolicy,
+    },
+    /// The resource was orphaned and its claim is held, not sent back: until its agent confirms the destroy of its
+    /// handle (`garbage-destroyed`) or an operator frees it (`op.free-orphan`).
+    ClaimHeldForOrphan {
+        resource: ResourceId,
+        pool: PoolName,
+        value: PoolValue,
+        token: Position,
+    },
+    /// Right after `claim-releasable`, when the cause is not the plain one the terminal state says: why the claim
+    /// goes back (an orphan's destroy confirmed, an operator's free).
+    ClaimReleaseCause {
+        resource: ResourceId,
+        pool: PoolName,
+        cause: FreeCause,
+    },
+    /// Right after `claim-freed`, when the free carried a cause other than `released`: why the holder let it go.
+    ClaimFreedBecause {
+        holder: ResourceRef,
+        cause: FreeCause,
+    },
 }
 
 /// Why a garbage handle is destroyed.
@@ -789,6 +857,11 @@ impl Effect {
             Effect::ReservationEnded { .. } => "reservation-ended",
             Effect::AgentDraining { .. } => "agent-draining",
             Effect::PlacementClosed { .. } => "placement-closed",
+            Effect::PoolOrphanPolicy { .. } => "pool-orphan-policy",
+            Effect::ClaimOrphanPolicy { .. } => "claim-orphan-policy",
+            Effect::ClaimHeldForOrphan { .. } => "claim-held-for-orphan",
+            Effect::ClaimReleaseCause { .. } => "claim-release-cause",
+            Effect::ClaimFreedBecause { .. } => "claim-freed-because",
         }
     }
 }

@@ -177,6 +177,47 @@ impl PoolKind {
     }
 }
 
+/// What a pool does with the identifier of a holder that was orphaned (its agent declared gone), schema version 5.
+/// The policy travels with each grant (`sys.bind-claim` `orphans`), so the holder's partition decides at orphaning
+/// without asking the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OrphanPolicy {
+    /// Freed at orphaning, as before version 5: an agent gone means its machine is gone.
+    #[default]
+    Release,
+    /// Held until the orphan's agent returns and confirms the destroy, or an operator frees it on record
+    /// (`op.free-orphan`): a machine cut off from the log may still use the identifier.
+    Hold,
+}
+
+impl OrphanPolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            OrphanPolicy::Release => "release",
+            OrphanPolicy::Hold => "hold",
+        }
+    }
+}
+
+impl fmt::Display for OrphanPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for OrphanPolicy {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "release" => Ok(OrphanPolicy::Release),
+            "hold" => Ok(OrphanPolicy::Hold),
+            other => Err(format!("{other:?} is not an orphan policy: `release` (the default) or `hold`")),
+        }
+    }
+}
+
 /// One identifier of a pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

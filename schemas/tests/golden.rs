@@ -21,6 +21,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use leasehold_schemas::codec::{self, CodecErrorKind};
+use leasehold_schemas::command::FreeOrphan;
 use leasehold_schemas::command::{
     Acquire, Adopt, Allocate, BindClaim, Cascade, Claim, Command, ConfirmLoss, CreateTimeout, DefinePool, DeletePool,
     ExpireLease, ExpirePause, FailureKind, Free, HandleDigest, HealthResult, Heartbeat, MarkGone, MarkStalled, Orphan,
@@ -39,10 +40,12 @@ use leasehold_schemas::ids::{
     AgentName, CommandId, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source,
     Timestamp,
 };
+use leasehold_schemas::outcome::FreeCause;
 use leasehold_schemas::outcome::{
     BreakReason, BreakerClear, CommandSummary, Decision, Effect, GarbageCause, Outcome, Rejection, RejectionKind,
     ReleaseCause, ResyncReason, SuspectCause, UnpauseCause, Work,
 };
+use leasehold_schemas::pool::OrphanPolicy;
 use leasehold_schemas::pool::{PoolKind, PoolValue};
 use leasehold_schemas::settings::{AgentSettings, ClusterPolicy, GcMode, PartitionSettings};
 use leasehold_schemas::subjects::{ingress_subject_of, partition_of, partition_of_key};
@@ -261,6 +264,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                 pool: pool(),
                 kind: PoolKind::Ipv4 { network: ip(0), prefix_len: 24, exclude: vec![ip(1)] },
                 cooldown: Some(Millis::from_mins(2)),
+                orphans: leasehold_schemas::pool::OrphanPolicy::Release,
             },
         ),
         envelope(
@@ -270,6 +274,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                 pool: pool(),
                 kind: PoolKind::Ipv4 { network: ip(0), prefix_len: 23, exclude: vec![ip(1), ip(2)] },
                 cooldown: Some(Millis::from_secs(30)),
+                orphans: None,
             },
         ),
         envelope(36, OP_ISSUER, DeletePool { pool: pool() }),
@@ -357,6 +362,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                     source: source(),
                     wanted: Source { partition: 5, position: Position(12) },
                     definition: None,
+                    orphans: leasehold_schemas::pool::OrphanPolicy::Release,
                 },
             ),
             29,
@@ -365,7 +371,13 @@ fn command_samples() -> Vec<(String, Envelope)> {
             envelope(
                 31,
                 SWEEPER,
-                Free { pool: pool(), holder: resource_ref(), token: Some(Position(55)), source: source() },
+                Free {
+                    pool: pool(),
+                    holder: resource_ref(),
+                    token: Some(Position(55)),
+                    source: source(),
+                    cause: leasehold_schemas::outcome::FreeCause::Released {},
+                },
             ),
             5,
         ),
@@ -493,6 +505,16 @@ fn command_samples() -> Vec<(String, Envelope)> {
                 source: Source { partition: 5, position: Position(126) },
             },
         ),
+        envelope(
+            86,
+            OP_ISSUER,
+            FreeOrphan {
+                agent: a(),
+                resource: r(),
+                pool: Some(pool()),
+                reason: "machine scrapped; its disks wiped".into(),
+            },
+        ),
     ];
     let mut samples: Vec<(String, Envelope)> =
         main.into_iter().map(|envelope| (envelope.type_name().to_owned(), envelope)).collect();
@@ -552,7 +574,16 @@ fn command_samples() -> Vec<(String, Envelope)> {
         ),
         (
             "slots",
-            envelope(42, OP_ISSUER, DefinePool { pool: pool(), kind: PoolKind::Slots { count: 16 }, cooldown: None }),
+            envelope(
+                42,
+                OP_ISSUER,
+                DefinePool {
+                    pool: pool(),
+                    kind: PoolKind::Slots { count: 16 },
+                    cooldown: None,
+                    orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+                },
+            ),
         ),
         (
             "ports",
@@ -563,6 +594,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                     pool: pool(),
                     kind: PoolKind::Ports { first: 30_000, last: 30_099, exclude: vec![30_080] },
                     cooldown: Some(Millis(0)),
+                    orphans: leasehold_schemas::pool::OrphanPolicy::Release,
                 },
             ),
         ),
@@ -707,7 +739,104 @@ fn command_samples() -> Vec<(String, Envelope)> {
                     source: source(),
                     wanted: Source { partition: 5, position: Position(12) },
                     definition: Some(PoolKind::Ipv4 { network: ip(0), prefix_len: 29, exclude: vec![ip(1)] }),
+                    orphans: leasehold_schemas::pool::OrphanPolicy::Release,
                 },
+            ),
+        ),
+        (
+            "hold",
+            envelope(
+                87,
+                OP_ISSUER,
+                DefinePool {
+                    pool: pool(),
+                    kind: PoolKind::Ipv4 { network: ip(0), prefix_len: 24, exclude: vec![ip(1)] },
+                    cooldown: None,
+                    orphans: OrphanPolicy::Hold,
+                },
+            ),
+        ),
+        (
+            "orphans",
+            envelope(
+                88,
+                OP_ISSUER,
+                UpdatePool {
+                    pool: pool(),
+                    kind: PoolKind::Ipv4 { network: ip(0), prefix_len: 24, exclude: vec![ip(1)] },
+                    cooldown: None,
+                    orphans: Some(OrphanPolicy::Release),
+                },
+            ),
+        ),
+        (
+            "hold",
+            envelope(
+                89,
+                SWEEPER,
+                BindClaim {
+                    holder: resource_ref(),
+                    pool: pool(),
+                    value: PoolValue::Ipv4(ip(7)),
+                    token: Position(55),
+                    source: source(),
+                    wanted: Source { partition: 5, position: Position(12) },
+                    definition: Some(PoolKind::Ipv4 { network: ip(0), prefix_len: 29, exclude: vec![ip(1)] }),
+                    orphans: OrphanPolicy::Hold,
+                },
+            ),
+        ),
+        (
+            "orphaned",
+            envelope(
+                90,
+                SWEEPER,
+                Free {
+                    pool: pool(),
+                    holder: resource_ref(),
+                    token: Some(Position(55)),
+                    source: source(),
+                    cause: FreeCause::Orphaned {},
+                },
+            ),
+        ),
+        (
+            "orphan-destroyed",
+            envelope(
+                91,
+                SWEEPER,
+                Free {
+                    pool: pool(),
+                    holder: resource_ref(),
+                    token: Some(Position(55)),
+                    source: source(),
+                    cause: FreeCause::OrphanDestroyed { at: Timestamp(T0 + 86_400_000) },
+                },
+            ),
+        ),
+        (
+            "orphan-freed",
+            envelope(
+                92,
+                SWEEPER,
+                Free {
+                    pool: pool(),
+                    holder: resource_ref(),
+                    token: Some(Position(55)),
+                    source: source(),
+                    cause: FreeCause::OrphanFreed {
+                        by: issuer(OP_ISSUER),
+                        reason: "machine scrapped; its disks wiped".into(),
+                    },
+                },
+            ),
+        ),
+        (
+            "all-pools",
+            envelope(
+                93,
+                OP_ISSUER,
+                FreeOrphan { agent: a(), resource: r(), pool: None, reason: "rack 4 decommissioned".into() },
             ),
         ),
         (
@@ -893,6 +1022,18 @@ fn effect_samples() -> Vec<Effect> {
             grace: Millis::from_mins(10),
         },
         Effect::PlacementClosed { resource: r() },
+        Effect::PoolOrphanPolicy { orphans: OrphanPolicy::Hold },
+        Effect::ClaimOrphanPolicy { resource: r(), pool: pool(), orphans: OrphanPolicy::Hold },
+        Effect::ClaimHeldForOrphan { resource: r(), pool: pool(), value: PoolValue::Ipv4(ip(7)), token: Position(55) },
+        Effect::ClaimReleaseCause {
+            resource: r(),
+            pool: pool(),
+            cause: FreeCause::OrphanDestroyed { at: Timestamp(T0 + 86_400_000) },
+        },
+        Effect::ClaimFreedBecause {
+            holder: resource_ref(),
+            cause: FreeCause::OrphanFreed { by: issuer(OP_ISSUER), reason: "machine scrapped".into() },
+        },
     ]
 }
 
@@ -949,6 +1090,8 @@ fn is_pool_effect(effect: &Effect) -> bool {
             | Effect::ClaimQueued { .. }
             | Effect::ClaimFreed { .. }
             | Effect::ClaimWithdrawn { .. }
+            | Effect::PoolOrphanPolicy { .. }
+            | Effect::ClaimFreedBecause { .. }
     )
 }
 
@@ -1126,7 +1269,7 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
 // Exhaustive maps from each wire enum to an index: a variant added without a fixture fails to compile here, and a
 // new arm without a sample fails `samples_cover_every_variant`.
 
-const EFFECT_VARIANTS: usize = 71;
+const EFFECT_VARIANTS: usize = 76;
 
 fn effect_index(effect: &Effect) -> usize {
     match effect {
@@ -1201,6 +1344,11 @@ fn effect_index(effect: &Effect) -> usize {
         Effect::ReservationEnded { .. } => 68,
         Effect::AgentDraining { .. } => 69,
         Effect::PlacementClosed { .. } => 70,
+        Effect::PoolOrphanPolicy { .. } => 71,
+        Effect::ClaimOrphanPolicy { .. } => 72,
+        Effect::ClaimHeldForOrphan { .. } => 73,
+        Effect::ClaimReleaseCause { .. } => 74,
+        Effect::ClaimFreedBecause { .. } => 75,
     }
 }
 
@@ -1314,6 +1462,24 @@ impl Seen {
         self.mark("GcMode", index);
     }
 
+    fn orphans(&mut self, policy: OrphanPolicy) {
+        let index = match policy {
+            OrphanPolicy::Release => 0,
+            OrphanPolicy::Hold => 1,
+        };
+        self.mark("OrphanPolicy", index);
+    }
+
+    fn free_cause(&mut self, cause: &FreeCause) {
+        let index = match cause {
+            FreeCause::Released {} => 0,
+            FreeCause::Orphaned {} => 1,
+            FreeCause::OrphanDestroyed { .. } => 2,
+            FreeCause::OrphanFreed { .. } => 3,
+        };
+        self.mark("FreeCause", index);
+    }
+
     fn option<T>(&mut self, what: &'static str, value: &Option<T>) {
         self.mark(what, usize::from(value.is_some()));
     }
@@ -1324,9 +1490,20 @@ impl Seen {
         self.option("Option (correlation id)", &envelope.correlation_id);
         self.option("Option (causation id)", &envelope.causation_id);
         match &envelope.body {
-            Command::DefinePool(c) => self.pool_kind(&c.kind),
-            Command::UpdatePool(c) => self.pool_kind(&c.kind),
-            Command::BindClaim(c) => self.pool_value(&c.value),
+            Command::DefinePool(c) => {
+                self.pool_kind(&c.kind);
+                self.orphans(c.orphans);
+            }
+            Command::UpdatePool(c) => {
+                self.pool_kind(&c.kind);
+                self.option("Option (orphan policy)", &c.orphans);
+            }
+            Command::BindClaim(c) => {
+                self.pool_value(&c.value);
+                self.orphans(c.orphans);
+            }
+            Command::Free(c) => self.free_cause(&c.cause),
+            Command::FreeOrphan(c) => self.option("Option (pool to free)", &c.pool),
             Command::ReportFailure(c) => {
                 let index = match c.failure {
                     FailureKind::CreateFailed => 0,
@@ -1442,6 +1619,9 @@ impl Seen {
                 self.mark("GarbageCause", index);
             }
             Effect::GcModeChanged { mode } => self.gc_mode(*mode),
+            Effect::PoolOrphanPolicy { orphans } | Effect::ClaimOrphanPolicy { orphans, .. } => self.orphans(*orphans),
+            Effect::ClaimHeldForOrphan { value, .. } => self.pool_value(value),
+            Effect::ClaimReleaseCause { cause, .. } | Effect::ClaimFreedBecause { cause, .. } => self.free_cause(cause),
             _ => {}
         }
     }
@@ -1455,6 +1635,7 @@ const VARIANT_COUNTS: &[(&str, usize)] = &[
     ("Decision", 2),
     ("Effect", EFFECT_VARIANTS),
     ("FailureKind", 3),
+    ("FreeCause", 4),
     ("GarbageCause", 5),
     ("GcMode", 2),
     ("Key", 3),
@@ -1462,6 +1643,9 @@ const VARIANT_COUNTS: &[(&str, usize)] = &[
     ("Option (causation id)", 2),
     ("Option (claim value)", 2),
     ("Option (correlation id)", 2),
+    ("Option (orphan policy)", 2),
+    ("Option (pool to free)", 2),
+    ("OrphanPolicy", 2),
     ("ParentState", 4),
     ("PlacementStrategy", 2),
     ("PoolKind", 3),

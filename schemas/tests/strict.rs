@@ -138,6 +138,7 @@ fn body(type_name: &str, full: bool) -> Command {
             pool: pool(),
             kind: PoolKind::Slots { count: 32 },
             cooldown: some_if(full, Millis::from_secs(5)),
+            orphans: some_if(full, leasehold_schemas::pool::OrphanPolicy::Hold),
         }
         .into(),
         "op.delete-pool" => leasehold_schemas::command::DeletePool { pool: pool() }.into(),
@@ -149,6 +150,7 @@ fn body(type_name: &str, full: bool) -> Command {
                 exclude: vec![Ipv4Addr::new(10, 20, 0, 1)],
             },
             cooldown: some_if(full, Millis::from_secs(60)),
+            orphans: if full { leasehold_schemas::pool::OrphanPolicy::Hold } else { Default::default() },
         }
         .into(),
         "op.set-partition-settings" => SetPartitionSettings {
@@ -230,9 +232,24 @@ fn body(type_name: &str, full: bool) -> Command {
             source: source(),
             wanted: Source { partition: 5, position: Position(2) },
             definition: None,
+            orphans: if full { leasehold_schemas::pool::OrphanPolicy::Hold } else { Default::default() },
         }
         .into(),
-        "sys.free" => Free { pool: pool(), holder, token: some_if(full, Position(41)), source: source() }.into(),
+        "sys.free" => Free {
+            pool: pool(),
+            holder,
+            token: some_if(full, Position(41)),
+            source: source(),
+            cause: if full {
+                leasehold_schemas::outcome::FreeCause::OrphanFreed {
+                    by: Issuer::new("op:alice@example").unwrap(),
+                    reason: "machine scrapped".to_owned(),
+                }
+            } else {
+                Default::default()
+            },
+        }
+        .into(),
         "sys.tick-pool" => TickPool { pool: pool() }.into(),
         "sys.cascade" => Cascade {
             child: holder,
@@ -307,6 +324,13 @@ fn body(type_name: &str, full: bool) -> Command {
         "sys.close-placement" => {
             ClosePlacement { resource: resource(), agent: agent(), token: Position(12), source: source() }.into()
         }
+        "op.free-orphan" => leasehold_schemas::command::FreeOrphan {
+            agent: agent(),
+            resource: resource(),
+            pool: some_if(full, pool()),
+            reason: "machine scrapped".to_owned(),
+        }
+        .into(),
         other => panic!("no sample for {other}: add one here"),
     }
 }

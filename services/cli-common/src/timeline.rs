@@ -1,7 +1,7 @@
 //! Outcomes in plain words, one line per effect: the timeline `leasehold demo` prints.
 
 use leasehold_schemas::ids::ObsStamp;
-use leasehold_schemas::outcome::{BreakerClear, Effect, GarbageCause, ReleaseCause, ResyncReason, Work};
+use leasehold_schemas::outcome::{BreakerClear, Effect, FreeCause, GarbageCause, ReleaseCause, ResyncReason, Work};
 use leasehold_schemas::text::escape_for_display;
 use leasehold_schemas::{Decision, Outcome};
 
@@ -28,6 +28,19 @@ pub fn lines(outcome: &Outcome, at_secs: f64) -> Vec<String> {
 pub fn short(id: impl ToString) -> String {
     let text = id.to_string();
     format!("…{}", &text[text.len() - 8..])
+}
+
+/// Why a holder let its pool identifier go, in plain words; `agent` is the holder's agent, when known.
+pub fn free_cause(cause: &FreeCause, agent: Option<&str>) -> String {
+    let agent = agent.map(|a| format!(" {a}")).unwrap_or_default();
+    match cause {
+        FreeCause::Released {} => "its holder ended".to_owned(),
+        FreeCause::Orphaned {} => format!("orphan of gone agent{agent}, released at orphaning (the pool's policy)"),
+        FreeCause::OrphanDestroyed { at } => {
+            format!("orphan of gone agent{agent}, destroy confirmed by{agent} at {at}")
+        }
+        FreeCause::OrphanFreed { by, reason } => format!("orphan of gone agent{agent}, freed by {by}: {reason}"),
+    }
 }
 
 /// Why a garbage handle goes, in plain words.
@@ -259,6 +272,29 @@ pub fn describe(effect: &Effect) -> String {
         }
         Effect::DestroyBlocked { resource, detail } => {
             format!("the destroy of {} cannot finish yet: {detail}; the agent tries again", short(resource))
+        }
+        Effect::PoolOrphanPolicy { orphans } => match orphans {
+            leasehold_schemas::pool::OrphanPolicy::Release => {
+                "an orphan's identifiers are released at orphaning".to_owned()
+            }
+            leasehold_schemas::pool::OrphanPolicy::Hold => {
+                "an orphan's identifiers are held until its agent confirms the destroy or an operator frees them"
+                    .to_owned()
+            }
+        },
+        Effect::ClaimOrphanPolicy { resource, pool, orphans } => {
+            format!("{}'s claim on pool {pool} follows the orphan policy `{orphans}`", short(resource))
+        }
+        Effect::ClaimHeldForOrphan { resource, pool, value, .. } => format!(
+            "{value} of pool {pool} stays HELD for orphan {}: until its agent confirms the destroy or an operator \
+             frees it",
+            short(resource)
+        ),
+        Effect::ClaimReleaseCause { resource, pool, cause } => {
+            format!("{}'s claim on pool {pool} goes back because: {}", short(resource), free_cause(cause, None))
+        }
+        Effect::ClaimFreedBecause { holder, cause } => {
+            format!("freed because: {}", free_cause(cause, Some(holder.agent.as_str())))
         }
     }
 }

@@ -4,7 +4,7 @@ use std::fmt;
 
 use leasehold_schemas::Outcome;
 use leasehold_schemas::ids::{Position, ResourceId, ResourceRef, Timestamp};
-use leasehold_schemas::outcome::{Decision, Effect, UnpauseCause};
+use leasehold_schemas::outcome::{Decision, Effect, FreeCause, UnpauseCause};
 use leasehold_schemas::subjects::partition_of_agent;
 
 use crate::state::{
@@ -145,6 +145,9 @@ fn forget_old(state: &mut PartitionState) {
         match item {
             // A resource or lease id names one record for ever (ids are never allocated twice), and its entry is made
             // when the record ends.
+            // An orphan that holds a pool's identifier is kept until it lets go of it (then its entry is made
+            // again): forgotten, its grant would look unknown here and be sent back, freeing what it holds.
+            Forget::Resource(id, _) if state.resources.get(&id).is_some_and(|r| r.holds_for_orphan()) => {}
             Forget::Resource(id, left_at) => {
                 if let Some(resource) = state.resources.remove(&id) {
                     let reference = resource.reference();
@@ -453,7 +456,8 @@ fn apply_effect(
         }
         Effect::ClaimBound { resource, pool, value, token } => {
             if let Some(r) = state.resources.get_mut(resource) {
-                r.claims.insert(pool.clone(), ClaimSlot::Bound { value: *value, token: *token });
+                let orphans = leasehold_schemas::pool::OrphanPolicy::Release;
+                r.claims.insert(pool.clone(), ClaimSlot::Bound { value: *value, token: *token, orphans });
             }
         }
         Effect::CreateOrdered { resource } => {
@@ -572,12 +576,55 @@ fn apply_effect(
             set_resource_state(state, *resource, ResourceState::Failed { detail: detail.clone() }, position, now);
         }
         Effect::ClaimReleasable { resource, pool, token, .. } => {
+            let mut last_held_of = None;
             if let Some(r) = state.resources.get_mut(resource)
                 && let Some(slot) = r.claims.get_mut(pool)
             {
-                *slot = ClaimSlot::Returned { token: *token };
+                let was_held = matches!(slot, ClaimSlot::HeldForOrphan { .. });
+                // The plain cause is what the terminal state says; `claim-release-cause` right after says otherwise.
+                let cause = match r.state {
+                    ResourceState::Orphaned { .. } => FreeCause::Orphaned {},
+                    _ => FreeCause::Released {},
+                };
+                *slot = ClaimSlot::Returned { token: *token, cause };
+                if was_held && !r.holds_for_orphan() {
+                    last_held_of = Some(r.agent.clone());
+                }
+            }
+            // Kept past the horizon while it held (see `forget_old`): forgotten a horizon from now.
+            let left_at = last_held_of.as_ref().and_then(|agent| state.agents.get(agent)).and_then(|agent| {
+                agent.left_by_position.iter().find(|(_, left)| **left == *resource).map(|(at, _)| *at)
+            });
+            if let Some(left_at) = left_at {
+                state.forget.insert((now.max(resource.time()), Forget::Resource(*resource, left_at)));
             }
         }
+        Effect::ClaimReleaseCause { resource, pool, cause } => {
+            if let Some(r) = state.resources.get_mut(resource)
+                && let Some(ClaimSlot::Returned { cause: recorded, .. }) = r.claims.get_mut(pool)
+            {
+                *recorded = cause.clone();
+            }
+        }
+        Effect::ClaimOrphanPolicy { resource, pool, orphans: policy } => {
+            if let Some(r) = state.resources.get_mut(resource)
+                && let Some(ClaimSlot::Bound { orphans, .. }) = r.claims.get_mut(pool)
+            {
+                *orphans = *policy;
+            }
+        }
+        Effect::ClaimHeldForOrphan { resource, pool, value, token } => {
+            if let Some(r) = state.resources.get_mut(resource) {
+                r.claims.insert(pool.clone(), ClaimSlot::HeldForOrphan { value: *value, token: *token });
+            }
+        }
+        Effect::PoolOrphanPolicy { orphans } => {
+            if let Some(pool) = pool_of(state, key) {
+                pool.orphans = *orphans;
+            }
+        }
+        // The pool's record of why: for audit (`why --ip`); the pool's state is the same whatever the cause.
+        Effect::ClaimFreedBecause { .. } => {}
         Effect::GrantReturned { resource, pool, token, .. } => {
             let leasehold_schemas::Key::Agent(agent) = key else {
                 return;
@@ -636,6 +683,7 @@ fn apply_effect(
                     name: name.clone(),
                     kind: kind.clone(),
                     cooldown: *cooldown,
+                    orphans: leasehold_schemas::pool::OrphanPolicy::Release,
                     next_fresh: 0,
                     recovered: Default::default(),
                     cooling: Default::default(),

@@ -24,9 +24,21 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
             return Err(format!("resource {name} is {} with live leases", resource.state.name()));
         }
         if resource.state.is_terminal()
-            && resource.claims.values().any(|slot| !matches!(slot, ClaimSlot::Returned { .. }))
+            && resource.claims.values().any(|slot| match slot {
+                ClaimSlot::Returned { .. } => false,
+                // Only an orphan keeps a claim, of a pool that holds an orphan's identifiers.
+                ClaimSlot::HeldForOrphan { .. } => {
+                    !matches!(resource.state, crate::state::ResourceState::Orphaned { .. })
+                }
+                ClaimSlot::Wanted { .. } | ClaimSlot::Bound { .. } => true,
+            })
         {
             return Err(format!("resource {name} is {} and still holds a claim", resource.state.name()));
+        }
+        if !resource.state.is_terminal()
+            && resource.claims.values().any(|slot| matches!(slot, ClaimSlot::HeldForOrphan { .. }))
+        {
+            return Err(format!("resource {name} is {} and holds a claim as an orphan", resource.state.name()));
         }
         if live.iter().any(|lease| lease.resource != resource.id || !lease.state.is_live()) {
             return Err(format!("resource {name} lists a lease that is not its own live lease"));
@@ -37,11 +49,14 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
         }
     }
     let mut bound: BTreeMap<(&leasehold_schemas::PoolName, PoolValue), ResourceId> = BTreeMap::new();
-    for resource in state.resources().filter(|r| !r.state.is_terminal()) {
+    for resource in state.resources() {
         for (pool, slot) in &resource.claims {
-            if let ClaimSlot::Bound { value, .. } = slot
-                && let Some(other) = bound.insert((pool, *value), resource.id)
-            {
+            let value = match slot {
+                ClaimSlot::Bound { value, .. } if !resource.state.is_terminal() => value,
+                ClaimSlot::HeldForOrphan { value, .. } => value,
+                _ => continue,
+            };
+            if let Some(other) = bound.insert((pool, *value), resource.id) {
                 return Err(format!("{value} of pool {pool} is bound to both {other} and {}", resource.id));
             }
         }

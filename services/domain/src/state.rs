@@ -12,8 +12,8 @@ use leasehold_schemas::command::HandleDigest;
 use leasehold_schemas::ids::{
     AgentName, CommandId, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp,
 };
-use leasehold_schemas::outcome::{BreakReason, CommandSummary, ReleaseCause, SuspectCause, Work};
-use leasehold_schemas::pool::{PoolKind, PoolValue};
+use leasehold_schemas::outcome::{BreakReason, CommandSummary, FreeCause, ReleaseCause, SuspectCause, Work};
+use leasehold_schemas::pool::{OrphanPolicy, PoolKind, PoolValue};
 use leasehold_schemas::settings::{AgentSettings, ClusterPolicy, GcMode, PartitionSettings};
 
 /// Everything one partition's writer knows.
@@ -696,17 +696,21 @@ pub struct PauseInfo {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ClaimSlot {
     /// Asked for by the `ClaimWanted` at `wanted_at`; not bound yet.
-    Wanted {
-        wanted_at: Position,
-    },
+    Wanted { wanted_at: Position },
     Bound {
         value: PoolValue,
         token: Position,
+        /// The pool's orphan policy as the grant carried it (`claim-orphan-policy`): with `hold`, an orphaned
+        /// resource keeps the claim.
+        orphans: OrphanPolicy,
     },
-    /// Given back (`ClaimReleasable`), with the token it had if it was bound.
-    Returned {
-        token: Option<Position>,
-    },
+    /// Given back (`ClaimReleasable`), with the token it had if it was bound, and why (`claim-release-cause`, or
+    /// what its terminal state says).
+    Returned { token: Option<Position>, cause: FreeCause },
+    /// Kept by an orphaned resource of a pool that holds an orphan's identifiers (`claim-held-for-orphan`): until its
+    /// agent confirms the destroy of its handle, or an operator frees it (`op.free-orphan`). The resource is kept in
+    /// state meanwhile, whatever the horizon.
+    HeldForOrphan { value: PoolValue, token: Position },
 }
 
 /// A resource's parent, and what the resource knows of it.
@@ -761,6 +765,11 @@ impl Resource {
     /// The position from which the agent could know it should create the resource.
     pub fn creation_position(&self) -> Position {
         self.create_ordered.unwrap_or(self.allocated_pos)
+    }
+
+    /// True while an orphan keeps an identifier of a pool that holds them.
+    pub fn holds_for_orphan(&self) -> bool {
+        self.claims.values().any(|slot| matches!(slot, ClaimSlot::HeldForOrphan { .. }))
     }
 
     pub fn all_claims_bound(&self) -> bool {
@@ -853,6 +862,8 @@ pub struct Pool {
     pub name: PoolName,
     pub kind: PoolKind,
     pub cooldown: Millis,
+    /// What an orphaned holder's identifier does (`pool-orphan-policy`); carried to holders with each grant.
+    pub orphans: OrphanPolicy,
     /// Index of the next identifier never handed out (identifiers never used come first). Identifiers are never
     /// materialised: a /16 is this index, not 65,536 entries.
     pub next_fresh: u64,

@@ -1027,6 +1027,7 @@ fn commands_for_another_partition_are_refused() {
                 pool: pool.clone(),
                 kind: leasehold_schemas::pool::PoolKind::Slots { count: 4 },
                 cooldown: None,
+                orphans: leasehold_schemas::pool::OrphanPolicy::Release,
             })
         },
         WrongPartition,

@@ -139,7 +139,12 @@ fn a_policy_that_makes_no_sense_is_refused_and_a_horizon_change_keeps_the_policy
 fn a_pool_defined_without_a_cooldown_takes_the_policys() {
     let mut w = World::new();
     accepted(&set_policy(&mut w, Some(policy(secs(9), secs(60))), false));
-    let defined = w.op(DefinePool { pool: pool_name("ips"), kind: PoolKind::Slots { count: 4 }, cooldown: None });
+    let defined = w.op(DefinePool {
+        pool: pool_name("ips"),
+        kind: PoolKind::Slots { count: 4 },
+        cooldown: None,
+        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+    });
     assert_eq!(accepted(&defined), [Effect::PoolDefined { kind: PoolKind::Slots { count: 4 }, cooldown: secs(5) }]);
 }
 

@@ -25,11 +25,16 @@ fn subnet(prefix_len: u8, exclude: Vec<Ipv4Addr>) -> PoolKind {
 }
 
 fn define(w: &mut World, kind: PoolKind) {
-    accepted(&w.op(DefinePool { pool: pool_name("ips"), kind, cooldown: Some(COOL) }));
+    accepted(&w.op(DefinePool {
+        pool: pool_name("ips"),
+        kind,
+        cooldown: Some(COOL),
+        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+    }));
 }
 
 fn update(w: &mut World, kind: PoolKind) -> Outcome {
-    w.op(UpdatePool { pool: pool_name("ips"), kind, cooldown: None })
+    w.op(UpdatePool { pool: pool_name("ips"), kind, cooldown: None, orphans: None })
 }
 
 fn claim(w: &mut World, n: u8) -> Outcome {
@@ -52,7 +57,13 @@ fn free(w: &mut World, n: u8) -> Outcome {
         _ => None,
     };
     let source = Source { partition: 0, position: Position(2000 + u64::from(n)) };
-    w.sys(Free { pool: pool_name("ips"), holder: holder(n), token, source })
+    w.sys(Free {
+        pool: pool_name("ips"),
+        holder: holder(n),
+        token,
+        source,
+        cause: leasehold_schemas::outcome::FreeCause::Released {},
+    })
 }
 
 fn granted_values(outcome: &Outcome) -> Vec<PoolValue> {
@@ -146,7 +157,8 @@ fn shrinking_moving_or_changing_the_kind_is_refused() {
     let mut w = World::new();
     define(&mut w, PoolKind::Slots { count: 8 });
     refused(&mut w, |w| update(w, PoolKind::Slots { count: 8 }), AlreadyDone, &["already defined so"]);
-    let other = UpdatePool { pool: pool_name("other"), kind: PoolKind::Slots { count: 9 }, cooldown: None };
+    let other =
+        UpdatePool { pool: pool_name("other"), kind: PoolKind::Slots { count: 9 }, cooldown: None, orphans: None };
     refused(&mut w, |w| w.op(other.clone()), Unknown, &["pool other is not defined"]);
 }
 
@@ -218,7 +230,7 @@ proptest! {
     fn nothing_is_handed_out_twice_excluded_or_lost(steps in prop::collection::vec(step(), 1..40)) {
         let mut w = World::new();
         let mut kind = ports(FIRST + 3, 0);
-        accepted(&w.op(DefinePool { pool: pool_name("ips"), kind: kind.clone(), cooldown: Some(COOL) }));
+        accepted(&w.op(DefinePool { pool: pool_name("ips"), kind: kind.clone(), cooldown: Some(COOL), orphans: leasehold_schemas::pool::OrphanPolicy::Release }));
         let mut n_holders = 0u8;
         for step in &steps {
             match step {

@@ -28,7 +28,7 @@ fn slot(n: u32) -> PoolValue {
 }
 
 fn define(w: &mut World, name: &str, kind: PoolKind, cooldown: Option<Millis>) -> Outcome {
-    w.op(DefinePool { pool: pool_name(name), kind, cooldown })
+    w.op(DefinePool { pool: pool_name(name), kind, cooldown, orphans: leasehold_schemas::pool::OrphanPolicy::Release })
 }
 
 /// A slot pool `slots` of `count` slots with the cool-down `COOL`.
@@ -47,7 +47,13 @@ fn claim(w: &mut World, pool: &str, n: u8) -> Outcome {
 /// A free of holder `n`'s claim, from its `claim-releasable` (later than its `claim-wanted`).
 fn free(w: &mut World, pool: &str, n: u8, token: Option<Position>) -> Outcome {
     let source = Source { partition: 0, position: Position(2000 + u64::from(n)) };
-    w.sys(Free { pool: pool_name(pool), holder: holder(n), token, source })
+    w.sys(Free {
+        pool: pool_name(pool),
+        holder: holder(n),
+        token,
+        source,
+        cause: leasehold_schemas::outcome::FreeCause::Released {},
+    })
 }
 
 /// A command that arrives in another class than its own (published on the wrong ingress subject).
@@ -223,7 +229,12 @@ fn define_pool() {
             "a pool definition sent as a sys command",
             |_| {},
             |w| {
-                let body = DefinePool { pool: pool_name("slots"), kind: PoolKind::Slots { count: 1 }, cooldown: None };
+                let body = DefinePool {
+                    pool: pool_name("slots"),
+                    kind: PoolKind::Slots { count: 1 },
+                    cooldown: None,
+                    orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+                };
                 as_class(w, SWEEPER, body, CommandClass::Sys)
             },
             Rejected(NotPermitted, &["op.define-pool is a op command", "class sys"]),
@@ -496,7 +507,15 @@ fn free_must_match_holder_and_token() {
                 claimed(w, "slots", 1);
                 queued(w, "slots", 2);
             },
-            |w| w.sys(Free { pool: pool_name("slots"), holder: holder(2), token: None, source: source(1) }),
+            |w| {
+                w.sys(Free {
+                    pool: pool_name("slots"),
+                    holder: holder(2),
+                    token: None,
+                    source: source(1),
+                    cause: leasehold_schemas::outcome::FreeCause::Released {},
+                })
+            },
             Rejected(StaleSource, &["is older than the claim"]),
         ),
         case(

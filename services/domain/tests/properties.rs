@@ -1543,7 +1543,7 @@ impl Checker {
         for state in states {
             for resource in state.resources().filter(|r| !r.state.is_terminal()) {
                 for (pool, slot) in &resource.claims {
-                    let ClaimSlot::Bound { value, token } = slot else { continue };
+                    let ClaimSlot::Bound { value, token, .. } = slot else { continue };
                     if let Some(other) = bound.insert((pool.clone(), *value), resource.reference()) {
                         return violation(
                             1,
@@ -1799,8 +1799,12 @@ impl Sim {
     fn run(&mut self, scenario: &Scenario) -> Result<(), String> {
         let calm = Between { offers: 0, crashes: 0 };
         for (i, spec) in scenario.pools.iter().enumerate() {
-            let body =
-                DefinePool { pool: self.pools[i].clone(), kind: spec.kind(), cooldown: Some(secs(spec.cooldown_s)) };
+            let body = DefinePool {
+                pool: self.pools[i].clone(),
+                kind: spec.kind(),
+                cooldown: Some(secs(spec.cooldown_s)),
+                orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+            };
             let envelope = self.envelope(OPS[0], 0, body.into());
             self.submit(envelope, &calm)?;
         }
@@ -1881,13 +1885,14 @@ impl Sim {
                                     holder: holder.clone(),
                                     token: Some(*token),
                                     source,
+                                    cause: leasehold_schemas::outcome::FreeCause::Released {},
                                 };
                                 // Given back already (its own claim of a terminal resource, or a grant sent back): the
                                 // free was lost, send it. Anything else goes to the holder's partition again, which
                                 // binds it or sends it back (and remembers that): a pool never frees a grant on its own
                                 // view that the holder does not exist, which may be a holder not allocated yet.
                                 let given_back = resource.is_some_and(|r| {
-                                    matches!(r.claims.get(&pool.name), Some(ClaimSlot::Returned { token: Some(t) }) if t == token)
+                                    matches!(r.claims.get(&pool.name), Some(ClaimSlot::Returned { token: Some(t), .. }) if t == token)
                                 });
                                 if given_back || home.grant_returned(holder, &pool.name, *token) {
                                     messages.push(free.into());
@@ -1902,14 +1907,21 @@ impl Sim {
                                         wanted: *wanted,
                                         definition: matches!(pool.kind, PoolKind::Ipv4 { .. })
                                             .then(|| pool.kind.clone()),
+                                        orphans: pool.orphans,
                                     };
                                     messages.push(bind.into());
                                 }
                             }
                             Holding::Waiting { .. } if live.is_none() => {
                                 messages.push(
-                                    Free { pool: pool.name.clone(), holder: holder.clone(), token: None, source }
-                                        .into(),
+                                    Free {
+                                        pool: pool.name.clone(),
+                                        holder: holder.clone(),
+                                        token: None,
+                                        source,
+                                        cause: leasehold_schemas::outcome::FreeCause::Released {},
+                                    }
+                                    .into(),
                                 );
                             }
                             Holding::Waiting { .. } => {}
@@ -2288,6 +2300,7 @@ impl Sim {
                         source: source(position),
                         wanted: *wanted,
                         definition: None,
+                        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
                     };
                     self.grants.push(bind.clone());
                     self.bag.push_back(bind.into());
@@ -2298,6 +2311,7 @@ impl Sim {
                         holder: ResourceRef::new(a.clone(), *resource),
                         token: *token,
                         source: source(position),
+                        cause: leasehold_schemas::outcome::FreeCause::Released {},
                     }
                     .into(),
                 ),
@@ -2307,6 +2321,7 @@ impl Sim {
                         holder: ResourceRef::new(a.clone(), *resource),
                         token: Some(*token),
                         source: source(position),
+                        cause: leasehold_schemas::outcome::FreeCause::Released {},
                     }
                     .into(),
                 ),
@@ -2633,13 +2648,24 @@ impl Sim {
                 let body = match which {
                     0 => {
                         let Some(existing) = home.pool(&first) else { return vec![] };
-                        DefinePool { pool: first, kind: existing.kind.clone(), cooldown: Some(existing.cooldown) }
+                        DefinePool {
+                            pool: first,
+                            kind: existing.kind.clone(),
+                            cooldown: Some(existing.cooldown),
+                            orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+                        }
                     }
-                    1 => DefinePool { pool: first, kind: PoolKind::Slots { count: 7 }, cooldown: None },
+                    1 => DefinePool {
+                        pool: first,
+                        kind: PoolKind::Slots { count: 7 },
+                        cooldown: None,
+                        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+                    },
                     _ => DefinePool {
                         pool: pool_name(GHOST_POOL),
                         kind: PoolKind::Slots { count: 2 },
                         cooldown: Some(secs(10)),
+                        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
                     },
                 };
                 one(self, op, body.into())
@@ -2951,7 +2977,13 @@ impl Sim {
                 let n = (bytes / 4).min(240_000);
                 let exclude = (0..n as u32).map(|i| Ipv4Addr::from(0x0a00_0001 + i)).collect();
                 let kind = PoolKind::Ipv4 { network: Ipv4Addr::new(10, 0, 0, 0), prefix_len: 8, exclude };
-                DefinePool { pool: pool_name("wide"), kind, cooldown: None }.into()
+                DefinePool {
+                    pool: pool_name("wide"),
+                    kind,
+                    cooldown: None,
+                    orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+                }
+                .into()
             }
             _ => {
                 let n = bytes.min(65_534);
@@ -2960,6 +2992,7 @@ impl Sim {
                     pool: pool_name("ports"),
                     kind: PoolKind::Ports { first: 1, last: 65535, exclude },
                     cooldown: None,
+                    orphans: leasehold_schemas::pool::OrphanPolicy::Release,
                 }
                 .into()
             }
@@ -3068,7 +3101,16 @@ impl Sim {
             1 => {
                 let (agent, id) = self.pick_resource(a);
                 let token = Some(Position(u64::MAX - u64::from(a)));
-                Some(Free { pool, holder: ResourceRef::new(agent, id), token, source }.into())
+                Some(
+                    Free {
+                        pool,
+                        holder: ResourceRef::new(agent, id),
+                        token,
+                        source,
+                        cause: leasehold_schemas::outcome::FreeCause::Released {},
+                    }
+                    .into(),
+                )
             }
             2 => {
                 let children: Vec<(ResourceRef, ResourceRef, Position)> = self

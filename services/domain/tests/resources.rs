@@ -427,7 +427,16 @@ fn grant_of(w: &World, pool: &str) -> (PoolValue, Position) {
 fn bind(w: &mut World, pool: &str, value: PoolValue, token: Position) -> Outcome {
     let holder = w.rref();
     let wanted = wanted_of(w, pool, token);
-    w.sys(BindClaim { holder, pool: pool_name(pool), value, token, source: src(token.0), wanted, definition: None })
+    w.sys(BindClaim {
+        holder,
+        pool: pool_name(pool),
+        value,
+        token,
+        source: src(token.0),
+        wanted,
+        definition: None,
+        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+    })
 }
 
 /// The claim-wanted a bind answers: the one the pool granted with `token`, else the resource's own wanted claim
@@ -2089,6 +2098,7 @@ fn claim_binding() {
                     source: src(token.0),
                     wanted,
                     definition: None,
+                    orphans: leasehold_schemas::pool::OrphanPolicy::Release,
                 })
             },
             Effects(&["grant-returned"]),

@@ -89,6 +89,7 @@ fn a_made_up_claim_cannot_make_the_real_claim_stale() {
         holder: holder.clone(),
         token: Some(token),
         source: w.source_of(&back, "grant-returned"),
+        cause: leasehold_schemas::outcome::FreeCause::Released {},
     };
     let elsewhere = Free { source: Source { partition: 5, ..free.source }, ..free.clone() };
     refused(&mut w, |w| w.sys(elsewhere), Invalid, &["a free about it cannot come from partition 5"]);
@@ -371,7 +372,13 @@ fn a_claim_ended_twice_with_the_same_source_keeps_its_newer_record() {
         (Source { partition: 0, position: Position(7) }, Source { partition: 0, position: Position(9) });
     let free = |w: &mut World, token: Position| {
         let source = Source { partition: 0, position: Position(100) };
-        accepted(&w.sys(Free { pool: pool_name("ips"), holder: holder.clone(), token: Some(token), source }));
+        accepted(&w.sys(Free {
+            pool: pool_name("ips"),
+            holder: holder.clone(),
+            token: Some(token),
+            source,
+            cause: leasehold_schemas::outcome::FreeCause::Released {},
+        }));
     };
     let grant = w.granted_claim(&pool, &holder, first);
     free(&mut w, grant.token);

@@ -48,6 +48,7 @@ fn binds_for(granted: &Outcome) -> Vec<BindClaim> {
                 source: Source { partition: granted.partition, position },
                 wanted: *wanted,
                 definition: None,
+                orphans: leasehold_schemas::pool::OrphanPolicy::Release,
             }),
             _ => None,
         })
@@ -65,12 +66,14 @@ fn frees_for(releasable: &Outcome) -> Vec<Free> {
                 holder: ResourceRef::new(agent.clone(), *resource),
                 token: *token,
                 source: Source { partition: releasable.partition, position },
+                cause: leasehold_schemas::outcome::FreeCause::Released {},
             }),
             Effect::GrantReturned { resource, pool, token, .. } => Some(Free {
                 pool: pool.clone(),
                 holder: ResourceRef::new(agent.clone(), *resource),
                 token: Some(*token),
                 source: Source { partition: releasable.partition, position },
+                cause: leasehold_schemas::outcome::FreeCause::Released {},
             }),
             _ => None,
         })
@@ -249,7 +252,15 @@ fn release_racing_a_slow_create_keeps_the_ip_until_confirmed() {
     let (mut agents, mut pools) = two_partitions();
     let agent = agents.a();
     let subnet = PoolKind::Ipv4 { network: ip(0), prefix_len: 29, exclude: vec![ip(1)] };
-    step(&pools.op(DefinePool { pool: pool_name("overlay"), kind: subnet, cooldown: None }), &["pool-defined"]);
+    step(
+        &pools.op(DefinePool {
+            pool: pool_name("overlay"),
+            kind: subnet,
+            cooldown: None,
+            orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+        }),
+        &["pool-defined"],
+    );
     agents.registered();
 
     // Allocate with an IP; the sweeper claims it in the pool's partition and carries the grant back.
@@ -449,7 +460,12 @@ fn swarmkit_ip_is_not_reused_before_the_old_container_is_gone_and_cooled() {
     let cooldown = Millis::from_secs(60);
     // A /30 with the gateway excluded: exactly one address, 10.0.0.2.
     let subnet = PoolKind::Ipv4 { network: ip(0), prefix_len: 30, exclude: vec![ip(1)] };
-    let define = DefinePool { pool: pool_name("overlay"), kind: subnet, cooldown: Some(cooldown) };
+    let define = DefinePool {
+        pool: pool_name("overlay"),
+        kind: subnet,
+        cooldown: Some(cooldown),
+        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+    };
     step(&pools.op(define), &["pool-defined"]);
     agents.registered();
     let address = PoolValue::Ipv4(ip(2));
@@ -669,7 +685,14 @@ fn arvados_slot_zero_and_stale_slot() {
     assert_eq!(granted_value(&granted), PoolValue::Slot(0));
     let bind = only(binds_for(&granted));
     step(&w.sys(bind.clone()), &["claim-bound", "create-ordered"]);
-    assert_eq!(claim_of(&w, job, "slots"), ClaimSlot::Bound { value: PoolValue::Slot(0), token: bind.token });
+    assert_eq!(
+        claim_of(&w, job, "slots"),
+        ClaimSlot::Bound {
+            value: PoolValue::Slot(0),
+            token: bind.token,
+            orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+        }
+    );
     step(&w.report_created(&node, job), &["observation-accepted", "resource-activated"]);
     let job_ref = ResourceRef::new(node.clone(), job);
 
@@ -738,7 +761,12 @@ fn claim_of_a_holder_gone_terminal_before_the_bind_goes_straight_back() {
     let (mut agents, mut pools) = two_partitions();
     let agent = agents.a();
     let subnet = PoolKind::Ipv4 { network: ip(0), prefix_len: 29, exclude: vec![] };
-    let define = DefinePool { pool: pool_name("overlay"), kind: subnet, cooldown: None };
+    let define = DefinePool {
+        pool: pool_name("overlay"),
+        kind: subnet,
+        cooldown: None,
+        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+    };
     step(&pools.op(define), &["pool-defined"]);
     step(&agents.register_with(&agent, settings(|_| {}), false), &["agent-registered"]);
 

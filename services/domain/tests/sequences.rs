@@ -217,11 +217,13 @@ fn seq3_commands_under_the_limit_give_outcomes_under_the_cap() {
         pool: pool_name("big"),
         kind: PoolKind::Ipv4 { network: std::net::Ipv4Addr::new(10, 0, 0, 0), prefix_len: 8, exclude },
         cooldown: None,
+        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
     };
     let ports = DefinePool {
         pool: pool_name("ports"),
         kind: PoolKind::Ports { first: 1, last: 65535, exclude: (2..=65535).collect() },
         cooldown: None,
+        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
     };
     let cases: Vec<(&str, leasehold_schemas::Command, &str)> = vec![
         ("allocate with a 900 KB kind", allocate.into(), "bytes)"),
@@ -267,7 +269,13 @@ fn seq4_a_grant_sent_back_is_never_bound_later() {
     let alloc = w.op(Allocate { capacity: 1, pools: vec![pool.clone()], ..allocation(&agent, h) });
     assert_eq!(effect_names(&alloc), ["resource-allocated", "claim-wanted"]);
     assert_eq!(w.source_of(&alloc, "claim-wanted"), future_wanted, "the made-up claim named it exactly");
-    let freed = w.sys(Free { pool: pool.clone(), holder: holder.clone(), token: Some(token), source: future_wanted });
+    let freed = w.sys(Free {
+        pool: pool.clone(),
+        holder: holder.clone(),
+        token: Some(token),
+        source: future_wanted,
+        cause: leasehold_schemas::outcome::FreeCause::Released {},
+    });
     assert_eq!(effect_names(&freed), ["claim-freed"]);
     // Another holder gets the slot and binds it.
     w.pending_with(|c| c.pools = vec![pool_name("ips")]);
@@ -299,11 +307,23 @@ fn seq5_a_forget_entry_erases_only_its_own_record() {
     let holder = ResourceRef::new(w.a(), w.d.new_resource_id());
     let stray = Source { partition: 0, position: Position(2) };
     let (_, t1) = grant_of(&w.sys(Claim { pool: pool.clone(), holder: holder.clone(), source: stray }));
-    accepted(&w.sys(Free { pool: pool.clone(), holder: holder.clone(), token: Some(t1), source: stray }));
+    accepted(&w.sys(Free {
+        pool: pool.clone(),
+        holder: holder.clone(),
+        token: Some(t1),
+        source: stray,
+        cause: leasehold_schemas::outcome::FreeCause::Released {},
+    }));
     w.advance(Millis::from_hours(20));
     let own = Source { partition: 0, position: Position(50) };
     let (_, t2) = grant_of(&w.sys(Claim { pool: pool.clone(), holder: holder.clone(), source: own }));
-    accepted(&w.sys(Free { pool: pool.clone(), holder: holder.clone(), token: Some(t2), source: own }));
+    accepted(&w.sys(Free {
+        pool: pool.clone(),
+        holder: holder.clone(),
+        token: Some(t2),
+        source: own,
+        cause: leasehold_schemas::outcome::FreeCause::Released {},
+    }));
     w.advance(Millis(Millis::from_hours(4).0 + 1));
     accepted(&w.define_slots("other", 1, Millis(0)));
     let released = &w.state().pool(&pool).unwrap().released;
@@ -568,8 +588,13 @@ fn seq9_a_bind_for_a_pool_never_claimed_goes_back_and_is_freed() {
     let token = bind.token;
     let back = w.sys(bind);
     assert_eq!(effect_names(&back), ["grant-returned"]);
-    let freed =
-        w.sys(Free { pool: pool.clone(), holder, token: Some(token), source: w.source_of(&back, "grant-returned") });
+    let freed = w.sys(Free {
+        pool: pool.clone(),
+        holder,
+        token: Some(token),
+        source: w.source_of(&back, "grant-returned"),
+        cause: leasehold_schemas::outcome::FreeCause::Released {},
+    });
     assert_eq!(effect_names(&freed), ["claim-freed"]);
     assert!(w.state().pool(&pool).unwrap().held.is_empty(), "the identifier is free again");
     settle(&w);

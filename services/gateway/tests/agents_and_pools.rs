@@ -143,8 +143,12 @@ async fn pools_count_as_cooling_what_has_not_cooled_down_by_the_gateways_clock()
     let now = wall_clock();
     let mut d = Driver::new(0, 1, Timestamp(now.0 - Millis::from_mins(150).0));
     let pool = PoolName::new("ips").expect("a name");
-    let define =
-        DefinePool { pool: pool.clone(), kind: PoolKind::Slots { count: 4 }, cooldown: Some(Millis::from_hours(2)) };
+    let define = DefinePool {
+        pool: pool.clone(),
+        kind: PoolKind::Slots { count: 4 },
+        cooldown: Some(Millis::from_hours(2)),
+        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+    };
     accepted(d.submit("op:alice", define));
     let agent = AgentName::new("w1").expect("a name");
     for n in 1..=2 {
@@ -156,7 +160,16 @@ async fn pools_count_as_cooling_what_has_not_cooled_down_by_the_gateways_clock()
         let source = Source { partition: 0, position: Position(n) };
         let granted = accepted(d.submit("sweeper-1", Claim { pool: pool.clone(), holder: holder.clone(), source }));
         let token = position_of(&granted, "claim-granted");
-        accepted(d.submit("sweeper-1", Free { pool: pool.clone(), holder, token: Some(token), source }));
+        accepted(d.submit(
+            "sweeper-1",
+            Free {
+                pool: pool.clone(),
+                holder,
+                token: Some(token),
+                source,
+                cause: leasehold_schemas::outcome::FreeCause::Released {},
+            },
+        ));
     }
     let mut projector = Projector::in_memory(1).expect("a projection");
     feed(&mut projector, d.outcomes());

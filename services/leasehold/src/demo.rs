@@ -449,7 +449,11 @@ impl<'o> Demo<'o> {
         let pool = PoolName::new("net").expect("a valid pool name");
         let kind = PoolKind::Ipv4 { network: std::net::Ipv4Addr::new(10, 0, 0, 0), prefix_len: 30, exclude: vec![] };
         let cooldown = Some(Millis(POOL_COOLDOWN.as_millis() as u64));
-        self.submit("op:netops", DefinePool { pool: pool.clone(), kind, cooldown }).await?;
+        self.submit(
+            "op:netops",
+            DefinePool { pool: pool.clone(), kind, cooldown, orphans: leasehold_schemas::pool::OrphanPolicy::Release },
+        )
+        .await?;
         self.print_through(self.latest().await?).await?;
 
         self.chapter("two containers on w2 take both addresses; a third waits for one")?;

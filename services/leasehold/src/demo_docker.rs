@@ -207,7 +207,11 @@ impl Demo<'_> {
         ))?;
         let kind = PoolKind::Ipv4 { network: stage.subnet, prefix_len: 29, exclude: vec![gateway] };
         let cooldown = Some(Millis(COOLDOWN.as_millis() as u64));
-        self.submit("op:netops", DefinePool { pool: pool.clone(), kind, cooldown }).await?;
+        self.submit(
+            "op:netops",
+            DefinePool { pool: pool.clone(), kind, cooldown, orphans: leasehold_schemas::pool::OrphanPolicy::Release },
+        )
+        .await?;
         self.print_through(self.latest().await?).await?;
 
         self.chapter(&format!(

@@ -80,8 +80,8 @@ fn agents() -> Vec<Value> {
 fn pools() -> Vec<Value> {
     vec![
         json!({"name": "net1", "kind": {"ipv4": {"network": "10.88.0.0", "prefix_len": 24, "exclude": ["10.88.0.1"]}},
-            "cooldown_ms": 2000, "held": 1, "waiting": 0, "cooling": 1}),
-        json!({"name": "gpus", "kind": {"slots": {"count": 4}}, "cooldown_ms": 0, "held": 0, "waiting": 2,
+            "cooldown_ms": 2000, "orphans": "hold", "held": 1, "waiting": 0, "cooling": 1}),
+        json!({"name": "gpus", "kind": {"slots": {"count": 4}}, "cooldown_ms": 0, "orphans": "release", "held": 0, "waiting": 2,
             "cooling": 0}),
     ]
 }

@@ -173,6 +173,9 @@ enum PoolCmd {
     Update(produce::PoolDefineArgs),
     /// Delete a pool nobody holds or waits for.
     Delete(produce::PoolDeleteArgs),
+    /// Free what an orphan holds of pools defined with `--orphans hold`, on record with --reason: its agent was
+    /// declared gone and will not come back to confirm the destroy (its machine is known to be gone).
+    FreeOrphan(produce::PoolFreeOrphanArgs),
     /// List the pools.
     Ls,
 }
@@ -279,6 +282,7 @@ fn run() -> anyhow::Result<()> {
         Cmd::Pool(PoolCmd::Define(args)) => produce_cmd(produce::ProduceCmd::PoolDefine(args), &cli.global)?,
         Cmd::Pool(PoolCmd::Update(args)) => produce_cmd(produce::ProduceCmd::PoolUpdate(args), &cli.global)?,
         Cmd::Pool(PoolCmd::Delete(args)) => produce_cmd(produce::ProduceCmd::PoolDelete(args), &cli.global)?,
+        Cmd::Pool(PoolCmd::FreeOrphan(args)) => produce_cmd(produce::ProduceCmd::PoolFreeOrphan(args), &cli.global)?,
         Cmd::Pool(PoolCmd::Ls) => query_cmd(query::QueryCmd::Pools, &cli.global)?,
         Cmd::Policy(cmd) => {
             output::errors_as(cli.global.output);

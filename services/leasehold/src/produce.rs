@@ -9,9 +9,9 @@ use std::time::{Duration, SystemTime};
 use anyhow::{anyhow, bail};
 pub(crate) use leasehold_client::produce::{LeaseRecord, LeaseRef, Transport, submit_to_log};
 use leasehold_schemas::command::{
-    Acquire, Allocate, ConfirmLoss, CordonAgent, DefinePool, DeletePool, DrainAgent, Pause, Place, PlacementStrategy,
-    Release, ReleaseLease, Renew, ReportFailureByOperator, RetireAgent, UncordonAgent, Unpause, UnretireAgent, Update,
-    UpdatePool,
+    Acquire, Allocate, ConfirmLoss, CordonAgent, DefinePool, DeletePool, DrainAgent, FreeOrphan, Pause, Place,
+    PlacementStrategy, Release, ReleaseLease, Renew, ReportFailureByOperator, RetireAgent, UncordonAgent, Unpause,
+    UnretireAgent, Update, UpdatePool,
 };
 use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::{
@@ -249,6 +249,29 @@ pub(crate) struct PoolDefineArgs {
     /// defined; `pool update` keeps the pool's).
     #[arg(long, value_parser = parse_millis)]
     pub(crate) cooldown: Option<Millis>,
+    /// What an orphan's identifier does (a holder whose agent was declared gone): `release` (default: it goes
+    /// back to the pool at once; an agent gone means its machine is gone) or `hold` (it stays held until the agent
+    /// comes back and confirms the destroy, or `pool free-orphan` frees it: a cut-off machine may still use it).
+    /// `pool update` keeps the pool's when not given.
+    #[arg(long, value_name = "release|hold")]
+    pub(crate) orphans: Option<leasehold_schemas::pool::OrphanPolicy>,
+    #[command(flatten)]
+    pub(crate) produce: ProduceArgs,
+}
+
+/// `leasehold pool free-orphan`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct PoolFreeOrphanArgs {
+    /// The orphan, `<agent>.<id>`: a resource orphaned while it held an identifier of a pool defined with
+    /// `--orphans hold`.
+    #[arg(value_name = "REF")]
+    pub(crate) resource: ResourceRef,
+    /// Only its identifier of this pool (default: every one it holds).
+    #[arg(long, value_name = "POOL")]
+    pub(crate) pool: Option<PoolName>,
+    /// Why it may be handed out again (on record: `why --ip` shows it), e.g. "machine scrapped".
+    #[arg(long)]
+    pub(crate) reason: String,
     #[command(flatten)]
     pub(crate) produce: ProduceArgs,
 }
@@ -758,13 +781,28 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
         ProduceCmd::PoolDefine(args) => {
             let kind = pool_kind(&args)?;
             let what = format!("pool define {}", args.name);
-            let body = DefinePool { pool: args.name, kind, cooldown: args.cooldown };
+            let body = DefinePool {
+                pool: args.name,
+                kind,
+                cooldown: args.cooldown,
+                orphans: args.orphans.unwrap_or_default(),
+            };
             simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
         ProduceCmd::PoolUpdate(args) => {
             let kind = pool_kind(&args)?;
             let what = format!("pool update {}", args.name);
-            let body = UpdatePool { pool: args.name, kind, cooldown: args.cooldown };
+            let body = UpdatePool { pool: args.name, kind, cooldown: args.cooldown, orphans: args.orphans };
+            simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
+        }
+        ProduceCmd::PoolFreeOrphan(args) => {
+            let what = format!("pool free-orphan {}", args.resource);
+            let body = FreeOrphan {
+                agent: args.resource.agent,
+                resource: args.resource.resource,
+                pool: args.pool,
+                reason: args.reason,
+            };
             simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
         ProduceCmd::PoolDelete(args) => {
@@ -1099,6 +1137,7 @@ pub(crate) enum ProduceCmd {
     PoolDefine(PoolDefineArgs),
     PoolUpdate(PoolDefineArgs),
     PoolDelete(PoolDeleteArgs),
+    PoolFreeOrphan(PoolFreeOrphanArgs),
     AgentRetire(RetireArgs),
     AgentDrain(DrainArgs),
     AgentUnretire(AgentNameArgs),

@@ -696,12 +696,14 @@ fn pool_kind(kind: &Value) -> String {
 }
 
 pub(crate) fn pools_table(records: &Vec<Value>) -> String {
-    let mut table = Table::new(&["NAME", "KIND", "COOLDOWN", "HELD", "WAITING", "COOLING"]);
+    let mut table = Table::new(&["NAME", "KIND", "COOLDOWN", "ORPHANS", "HELD", "WAITING", "COOLING"]);
     for p in records {
         table.row(vec![
             cell(&p["name"]),
             pool_kind(&p["kind"]),
             output::duration(p["cooldown_ms"].as_u64()),
+            // What an orphan's identifier does: `release` (at once) or `hold` (until confirmed or freed).
+            p["orphans"].as_str().unwrap_or("release").to_owned(),
             cell(&p["held"]),
             cell(&p["waiting"]),
             cell(&p["cooling"]),

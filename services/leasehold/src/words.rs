@@ -187,6 +187,7 @@ pub(crate) fn end_state_holds(type_name: &str, rejection: &RejectionInfo) -> Opt
         "op.unretire-agent" if says(" is not retired") => "not retired",
         "op.uncordon-agent" if says(" is not cordoned") => "not cordoned",
         "op.define-pool" | "op.update-pool" if says(" is already defined so") => "already defined so",
+        "op.free-orphan" if says(" holds no identifier") => "nothing held",
         _ => return None,
     };
     Some(format!("{words}: {}", rejection.message))

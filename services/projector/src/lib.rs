@@ -59,7 +59,7 @@ const COUNTS: TableDefinition<(&str, &str), u64> = TableDefinition::new("counts"
 
 /// The layout of the read models. A projection of another layout (made by another build) is dropped when opened
 /// and folded again from sequence 1: the log is the truth, the projection a cache of it.
-pub const PROJECTION_VERSION: u64 = 5;
+pub const PROJECTION_VERSION: u64 = 6;
 /// The outcomes table of layout 1, keyed without the command sequence: dropped with the rest.
 const OUTCOMES_V1: TableDefinition<(&str, u32), (u64, &str)> = TableDefinition::new("outcomes");
 

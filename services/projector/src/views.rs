@@ -12,7 +12,7 @@ use leasehold_domain::state::{
 };
 use leasehold_schemas::Outcome;
 use leasehold_schemas::ids::{ResourceId, Timestamp};
-use leasehold_schemas::outcome::{Effect, GarbageCause};
+use leasehold_schemas::outcome::{Effect, FreeCause, GarbageCause};
 use leasehold_schemas::settings::{ClusterPolicy, GcMode};
 use serde::{Deserialize, Serialize};
 
@@ -272,7 +272,9 @@ pub struct LeaseBrief {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimView {
     pub pool: String,
-    /// `wanted` (waiting for the pool to grant an identifier), `bound` or `returned`.
+    /// `wanted` (waiting for the pool to grant an identifier), `bound`, `held-for-orphan` (an orphan keeps it: its
+    /// pool holds an orphan's identifiers until its agent confirms the destroy or an operator frees it) or
+    /// `returned`.
     pub status: String,
     /// The identifier held (an address, a slot), once bound.
     pub id: Option<String>,
@@ -417,6 +419,8 @@ pub struct PoolView {
     pub name: String,
     pub kind: serde_json::Value,
     pub cooldown_ms: u64,
+    /// What an orphaned holder's identifier does: `release` (freed at orphaning) or `hold`.
+    pub orphans: String,
     pub held: u64,
     pub waiting: u64,
     /// Freed identifiers whose cool-down has not ended: as of `updated_at` in the projection; the gateway answers
@@ -527,9 +531,31 @@ impl ResourceView {
             })),
             ResourceState::Orphaned { gone_at } => {
                 let agent = &resource.agent;
-                let freed_because = match gone_at {
+                let gone = match gone_at {
                     Some(at) => format!("its holder's agent {agent} was declared gone at {at}"),
                     None => format!("its holder's agent {agent} was declared gone"),
+                };
+                // A pool that holds an orphan's identifiers keeps them until the destroy is confirmed or an
+                // operator frees them: then the claim says why.
+                let freed_because = if resource.holds_for_orphan() {
+                    format!(
+                        "not freed yet: held for the orphan until {agent} confirms the destroy or an operator frees \
+                         it ({gone})"
+                    )
+                } else {
+                    let returned = resource.claims.values().find_map(|slot| match slot {
+                        ClaimSlot::Returned { cause, .. } => Some(cause),
+                        _ => None,
+                    });
+                    match returned {
+                        Some(FreeCause::Released {} | FreeCause::Orphaned {}) | None => gone,
+                        Some(FreeCause::OrphanDestroyed { at }) => {
+                            format!("{gone}; held for the orphan until {agent} confirmed the destroy at {at}")
+                        }
+                        Some(FreeCause::OrphanFreed { by, reason }) => {
+                            format!("{gone}; held for the orphan until {by} freed it: {reason}")
+                        }
+                    }
                 };
                 Some(serde_json::json!({ "agent_gone_at": gone_at.map(|t| t.0), "freed_because": freed_because }))
             }
@@ -542,8 +568,11 @@ impl ResourceView {
             .map(|(pool, slot)| {
                 let (status, value, token) = match slot {
                     ClaimSlot::Wanted { .. } => ("wanted", None, None),
-                    ClaimSlot::Bound { value, token } => ("bound", Some(value.to_string()), Some(token.0)),
-                    ClaimSlot::Returned { token } => ("returned", None, token.map(|t| t.0)),
+                    ClaimSlot::Bound { value, token, .. } => ("bound", Some(value.to_string()), Some(token.0)),
+                    ClaimSlot::HeldForOrphan { value, token } => {
+                        ("held-for-orphan", Some(value.to_string()), Some(token.0))
+                    }
+                    ClaimSlot::Returned { token, .. } => ("returned", None, token.map(|t| t.0)),
                 };
                 ClaimView { pool: pool.to_string(), status: status.to_owned(), id: value, token }
             })
@@ -679,6 +708,7 @@ impl PoolView {
             name: pool.name.to_string(),
             kind: json(&pool.kind),
             cooldown_ms: pool.cooldown.0,
+            orphans: pool.orphans.to_string(),
             held: pool.held.len() as u64,
             waiting: pool.waiters.len() as u64,
             cooling: cooling_until.len() as u64,

@@ -92,7 +92,17 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
     let mut client = Client { log: log.clone(), reader: reader.clone(), n: 0 };
 
     let pool = PoolName::new("ips").unwrap();
-    client.submit("ops", DefinePool { pool: pool.clone(), kind: PoolKind::Slots { count: 4 }, cooldown: None }).await;
+    client
+        .submit(
+            "ops",
+            DefinePool {
+                pool: pool.clone(),
+                kind: PoolKind::Slots { count: 4 },
+                cooldown: None,
+                orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+            },
+        )
+        .await;
     let w1 = AgentName::new("w1").unwrap();
     let registered = client
         .submit(
@@ -428,7 +438,12 @@ fn the_policy_and_what_follows_it_are_read_as_recorded() {
     assert!(driver.submit("ops", body).rejection().is_none());
     driver.submit(
         "ops",
-        DefinePool { pool: PoolName::new("ips").unwrap(), kind: PoolKind::Slots { count: 2 }, cooldown: None },
+        DefinePool {
+            pool: PoolName::new("ips").unwrap(),
+            kind: PoolKind::Slots { count: 2 },
+            cooldown: None,
+            orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+        },
     );
     feed(&mut projector, driver.outcomes());
     let policies = reader.policies().unwrap();

@@ -290,8 +290,12 @@ fn a_pool_counts_as_cooling_only_what_has_not_cooled_down() {
     let mut d = Driver::new(0, 1, T0);
     let mut projector = Projector::in_memory(1).expect("a projection");
     let pool = PoolName::new("ips").expect("a name");
-    let define =
-        DefinePool { pool: pool.clone(), kind: PoolKind::Slots { count: 4 }, cooldown: Some(Millis::from_hours(2)) };
+    let define = DefinePool {
+        pool: pool.clone(),
+        kind: PoolKind::Slots { count: 4 },
+        cooldown: Some(Millis::from_hours(2)),
+        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+    };
     accepted(d.submit("op:alice", define));
     let agent = AgentName::new("w1").expect("a name");
     let mut n = 0;
@@ -301,7 +305,16 @@ fn a_pool_counts_as_cooling_only_what_has_not_cooled_down() {
         let source = Source { partition: 0, position: Position(n) };
         let granted = accepted(d.submit("sweeper-1", Claim { pool: pool.clone(), holder: holder.clone(), source }));
         let token = position_of(&granted, "claim-granted");
-        accepted(d.submit("sweeper-1", Free { pool: pool.clone(), holder, token: Some(token), source }))
+        accepted(d.submit(
+            "sweeper-1",
+            Free {
+                pool: pool.clone(),
+                holder,
+                token: Some(token),
+                source,
+                cause: leasehold_schemas::outcome::FreeCause::Released {},
+            },
+        ))
     };
     hold_and_free(&mut d);
     d.advance(Millis::from_mins(90));

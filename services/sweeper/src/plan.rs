@@ -19,6 +19,7 @@ use leasehold_schemas::command::{
     MarkStalled, Orphan, ParentState, RequestHealthCheck, TickPool, WaitTimeout,
 };
 use leasehold_schemas::ids::{Key, PoolName, Position, ResourceRef, Source, Timestamp};
+use leasehold_schemas::outcome::FreeCause;
 use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
 
@@ -166,14 +167,23 @@ fn pool_work(states: &States, partition: u32, pool: &Pool, out: &mut Vec<Planned
         match holding {
             Holding::Granted { value, token, source } => {
                 let slot = here.and_then(|r| r.claims.get(name));
-                let free = Free { pool: name.clone(), holder: holder.clone(), token: Some(*token), source: from_home };
+                let free = |cause: FreeCause| Free {
+                    pool: name.clone(),
+                    holder: holder.clone(),
+                    token: Some(*token),
+                    source: from_home,
+                    cause,
+                };
                 match slot {
                     Some(ClaimSlot::Bound { token: bound, .. }) if bound == token => {}
-                    Some(ClaimSlot::Returned { token: Some(returned) }) if returned == token => {
-                        out.push(Planned::now(format!("free {name} {holder} {token}"), free));
+                    // An orphan keeps it (its pool holds an orphan's identifiers): nothing to carry until it lets go.
+                    Some(ClaimSlot::HeldForOrphan { token: held, .. }) if held == token => {}
+                    // Why it was let go travels with the free, for the pool's record.
+                    Some(ClaimSlot::Returned { token: Some(returned), cause }) if returned == token => {
+                        out.push(Planned::now(format!("free {name} {holder} {token}"), free(cause.clone())));
                     }
                     _ if home.grant_returned(holder, name, *token) => {
-                        out.push(Planned::now(format!("free {name} {holder} {token}"), free));
+                        out.push(Planned::now(format!("free {name} {holder} {token}"), free(FreeCause::Released {})));
                     }
                     // Wanted by this very claim, or anything else: the holder's partition binds it or sends it
                     // back (a grant it cannot keep), by its own state, not this view of it.
@@ -188,13 +198,17 @@ fn pool_work(states: &States, partition: u32, pool: &Pool, out: &mut Vec<Planned
                             wanted: *source,
                             // An address is of a network: the agent needs the subnet to put it on one.
                             definition: matches!(pool.kind, PoolKind::Ipv4 { .. }).then(|| pool.kind.clone()),
+                            // What the holder's partition does with it if the holder is orphaned.
+                            orphans: pool.orphans,
                         },
                     )),
                 }
             }
             Holding::Waiting { source, .. } => {
                 let gave_up = match here {
-                    Some(resource) => matches!(resource.claims.get(name), Some(ClaimSlot::Returned { token: None })),
+                    Some(resource) => {
+                        matches!(resource.claims.get(name), Some(ClaimSlot::Returned { token: None, .. }))
+                    }
                     // Unknown to the holder's partition as far as this view goes: withdraw it with a source as new
                     // as the view. If the view is behind the claim, the pool refuses it as stale.
                     None => true,
@@ -202,7 +216,13 @@ fn pool_work(states: &States, partition: u32, pool: &Pool, out: &mut Vec<Planned
                 if gave_up && from_home.position > source.position {
                     out.push(Planned::now(
                         format!("withdraw {name} {holder} {}", source.position),
-                        Free { pool: name.clone(), holder: holder.clone(), token: None, source: from_home },
+                        Free {
+                            pool: name.clone(),
+                            holder: holder.clone(),
+                            token: None,
+                            source: from_home,
+                            cause: FreeCause::Released {},
+                        },
                     ));
                 }
             }

@@ -417,7 +417,15 @@ fn an_idle_day_appends_no_more_than_heartbeats_and_changed_reports_need() {
     let a = world.register(&a, None);
     let b = world.register(&b, Some(Millis::from_secs(90)));
     let p = world.register(&p, Some(Millis::from_secs(180)));
-    world.send("op:netops", DefinePool { pool: pool.clone(), kind: PoolKind::Slots { count: 1 }, cooldown: None });
+    world.send(
+        "op:netops",
+        DefinePool {
+            pool: pool.clone(),
+            kind: PoolKind::Slots { count: 1 },
+            cooldown: None,
+            orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+        },
+    );
 
     // The setup: every state, settled (claims carried, creates reported, reports sent) for two minutes.
     let holder = world.allocate(&a, &[&pool], None);

@@ -70,7 +70,15 @@ fn an_address_is_carried_across_partitions_waits_first_in_first_out_and_cools_do
     let (a, b) = names(&pool);
     let (a, b) = (world.register(&a), world.register(&b));
     let kind = PoolKind::Ipv4 { network: "10.0.0.0".parse().unwrap(), prefix_len: 30, exclude: vec![] };
-    world.send("netops", DefinePool { pool: pool.clone(), kind, cooldown: Some(Millis::from_secs(60)) });
+    world.send(
+        "netops",
+        DefinePool {
+            pool: pool.clone(),
+            kind,
+            cooldown: Some(Millis::from_secs(60)),
+            orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+        },
+    );
 
     // Two holders on two agents take both addresses; two more wait, in the order they asked.
     let first = world.allocate(&a, &[&pool]);
@@ -126,7 +134,15 @@ fn a_holder_that_leaves_while_waiting_leaves_the_queue() {
     let pool = PoolName::new("slots").unwrap();
     let (a, _) = names(&pool);
     let a = world.register(&a);
-    world.send("ops", DefinePool { pool: pool.clone(), kind: PoolKind::Slots { count: 1 }, cooldown: None });
+    world.send(
+        "ops",
+        DefinePool {
+            pool: pool.clone(),
+            kind: PoolKind::Slots { count: 1 },
+            cooldown: None,
+            orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+        },
+    );
     let holder = world.allocate(&a, &[&pool]);
     world.settle();
     let waiter = world.allocate(&a, &[&pool]);
@@ -148,7 +164,15 @@ fn a_slash_16_pool_is_never_materialised() {
     let (a, _) = names(&pool);
     let a = world.register(&a);
     let kind = PoolKind::Ipv4 { network: "10.1.0.0".parse().unwrap(), prefix_len: 16, exclude: vec![] };
-    world.send("netops", DefinePool { pool: pool.clone(), kind, cooldown: None });
+    world.send(
+        "netops",
+        DefinePool {
+            pool: pool.clone(),
+            kind,
+            cooldown: None,
+            orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+        },
+    );
     let holders: Vec<ResourceId> = (0..3).map(|_| world.allocate(&a, &[&pool])).collect();
     world.settle();
     for id in &holders {

@@ -112,7 +112,17 @@ async fn a_destroyed_holders_address_is_freed_without_waiting_for_the_tick() {
     let pool = PoolName::new("net").unwrap();
     let epoch = register(&mut cluster, &agent).await;
     let kind = PoolKind::Slots { count: 1 };
-    cluster.send("ops", DefinePool { pool: pool.clone(), kind, cooldown: Some(Millis::from_secs(1)) }).await;
+    cluster
+        .send(
+            "ops",
+            DefinePool {
+                pool: pool.clone(),
+                kind,
+                cooldown: Some(Millis::from_secs(1)),
+                orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+            },
+        )
+        .await;
     let resource = ResourceId::generate();
     let mut allocate = leasehold_schemas::command::Allocate::new(agent.clone(), resource, "container", 1);
     allocate.pools = vec![pool.clone()];

@@ -155,7 +155,12 @@ async fn an_agent_that_dies_turns_stalled_then_gone_and_its_claims_come_back() {
     wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &a1]).await;
     let name = agent_name("a1");
     let pool = PoolName::new("slots").expect("a pool name");
-    let define = DefinePool { pool: pool.clone(), kind: PoolKind::Slots { count: 4 }, cooldown: Some(Millis(0)) };
+    let define = DefinePool {
+        pool: pool.clone(),
+        kind: PoolKind::Slots { count: 4 },
+        cooldown: Some(Millis(0)),
+        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+    };
     api.accepted(&command(define), &[&serve]).await;
     let mut resources = Vec::new();
     for _ in 0..2 {

@@ -15,7 +15,7 @@ use leasehold_log::OutcomeFilter;
 use leasehold_projector::ResourceView;
 use leasehold_schemas::command::{DefinePool, TickPool};
 use leasehold_schemas::ids::{Millis, PoolName};
-use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::outcome::{Effect, FreeCause};
 use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::{CommandId, ResourceId};
 use serde_json::Value;
@@ -25,7 +25,7 @@ use crate::api::{
     Api, POLL, STEP, agent_name, allocate_in_pool, command, release, wait_agent, wait_pool, wait_resource,
 };
 use crate::nats::{FAST_SWEEPER, NatsRun, outcomes, publish};
-use crate::support::{Proc, logs};
+use crate::support::{Proc, logs, run_cli_on, run_replay};
 
 const PARTITIONS: u32 = 8;
 const COOLDOWN: Duration = Duration::from_secs(2);
@@ -43,7 +43,12 @@ async fn an_address_comes_back_only_after_its_holder_is_destroyed_and_its_cool_d
 
     let pool = PoolName::new("net").expect("a pool name");
     let kind = PoolKind::Ipv4 { network: "10.9.0.0".parse().expect("an address"), prefix_len: 30, exclude: vec![] };
-    let define = DefinePool { pool: pool.clone(), kind, cooldown: Some(Millis(COOLDOWN.as_millis() as u64)) };
+    let define = DefinePool {
+        pool: pool.clone(),
+        kind,
+        cooldown: Some(Millis(COOLDOWN.as_millis() as u64)),
+        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+    };
     api.accepted(&command(define), &[&serve]).await;
 
     // Two containers take both addresses.
@@ -132,7 +137,7 @@ async fn an_address_comes_back_only_after_its_holder_is_destroyed_and_its_cool_d
     serve.stop_cleanly().await;
 }
 
-/// The address a container's claim is bound to.
+/// The identifier (an address, a slot) a resource's claim is bound to.
 fn bound_address(view: &ResourceView) -> Option<String> {
     view.claims.iter().find(|c| c.status == "bound").and_then(|c| c.id.clone())
 }
@@ -149,4 +154,113 @@ async fn wait_decided(api: &Api, id: CommandId, processes: &[&Proc]) -> Value {
         assert!(Instant::now() < deadline, "command {id} not decided in {STEP:?}\n{}", logs(processes.iter().copied()));
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// The identifier an orphan keeps (a pool defined with `--orphans hold`).
+fn held_for_orphan(view: &ResourceView) -> Option<String> {
+    view.claims.iter().find(|c| c.status == "held-for-orphan").and_then(|c| c.id.clone())
+}
+
+/// Pools that hold an orphan's identifiers (issue 19, item 3), over a real nats-server with two agent processes and
+/// the command line: `pool define --orphans hold`; a1's process dies for good and a1 is declared gone (a short
+/// policy); its two containers are orphaned and keep their slots while a2's allocations wait (the pool's own answer
+/// to a tick says it has nothing free). An operator frees one with `pool free-orphan ... --reason`, on record: it goes
+/// to a waiter. a1's process comes back on the same machine, reports the other orphan's handle, destroys it as
+/// ordered and says so: that slot goes to the other waiter. The pool's record says why each was freed, and
+/// `leasehold-replay why --slot` says it in words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphans_slot_stays_held_until_an_operator_frees_it_or_its_agent_confirms_the_destroy() {
+    let Some(run) = NatsRun::start("orphans", PARTITIONS) else { return };
+    let mut extra = vec!["--stall-after", "3s", "--orphan-after", "5s"];
+    extra.extend(FAST_SWEEPER);
+    let mut serve = run.serve("serve", &extra);
+    let server = serve.ready().await;
+    let api = Api::new(server.clone());
+    let mut a1 = run.agent("a1", &[]);
+    let mut a2 = run.agent("a2", &[]);
+    wait_agent(&api, "a1", |a| a.status == "live", &[&serve, &a1]).await;
+    wait_agent(&api, "a2", |a| a.status == "live", &[&serve, &a2]).await;
+    let log = run.log().await;
+    let cli = |args: &[&str]| run_cli_on(run.path(), &server, args);
+
+    let ran = cli(&["pool", "define", "net", "--slots", "2", "--cooldown", "0s", "--orphans", "hold"]).await;
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let ran = cli(&["pool", "ls"]).await;
+    assert!(ran.stdout.lines().any(|l| l.starts_with("net ") && l.contains(" hold ")), "{}", ran.stdout);
+    let pool = PoolName::new("net").expect("a pool name");
+    let (a1_name, a2_name) = (agent_name("a1"), agent_name("a2"));
+    let (freed_by_operator, confirmed) = (ResourceId::generate(), ResourceId::generate());
+    for id in [freed_by_operator, confirmed] {
+        api.accepted(&allocate_in_pool(&a1_name, id, &pool), &[&serve]).await;
+        wait_resource(&api, &format!("a1.{id}"), |r| r.state == "active", &[&serve, &a1]).await;
+    }
+    let (first_waiter, second_waiter) = (ResourceId::generate(), ResourceId::generate());
+    api.accepted(&allocate_in_pool(&a2_name, first_waiter, &pool), &[&serve]).await;
+    wait_pool(&api, "net", |p| p["waiting"] == 1 && p["held"] == 2, &[&serve]).await;
+
+    // a1's machine dies: gone, its containers orphaned, their slots kept.
+    a1.kill9();
+    wait_agent(&api, "a1", |a| a.status == "gone", &[&serve]).await;
+    let mut slots = Vec::new();
+    for id in [freed_by_operator, confirmed] {
+        let view = wait_resource(&api, &format!("a1.{id}"), |r| r.state == "orphaned", &[&serve]).await;
+        let slot = held_for_orphan(&view).unwrap_or_else(|| panic!("the orphan keeps its slot: {view:?}"));
+        let detail = view.detail.as_ref().map(|d| d["freed_because"].to_string()).unwrap_or_default();
+        assert!(detail.contains("not freed yet: held for the orphan"), "{detail}");
+        slots.push(slot);
+    }
+    // The pool's own answer: nothing free or cooling while the orphans hold both.
+    let tick = publish(&log, "e2e-sweeper", TickPool { pool: pool.clone() }).await;
+    let answer = wait_decided(&api, tick, &[&serve]).await;
+    let message = answer["rejection"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no identifier free or cooling"), "the orphans hold both slots: {answer:#}");
+    let waiting = api.resource(&format!("a2.{first_waiter}")).await.expect("the waiter");
+    assert_eq!(waiting.state, "pending", "{waiting:?}");
+
+    // An operator frees one, on record: it goes to the waiter.
+    let orphan = format!("a1.{freed_by_operator}");
+    let ran = cli(&["pool", "free-orphan", &orphan]).await;
+    assert_ne!(ran.code, Some(0), "a reason is required: {ran:?}");
+    let ran = cli(&["pool", "free-orphan", &orphan, "--reason", "a1 scrapped"]).await;
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let view = wait_resource(&api, &format!("a2.{first_waiter}"), |r| r.state == "active", &[&serve, &a2]).await;
+    assert_eq!(bound_address(&view), Some(slots[0].clone()), "the waiter got the freed orphan's slot");
+    let ran = cli(&["pool", "free-orphan", &orphan, "--reason", "again"]).await;
+    assert_eq!(ran.code, Some(0), "freeing what went back already holds: {ran:?}");
+
+    // a1's process comes back on the same machine: it reports the other orphan's handle, destroys it as ordered
+    // and says so; only then does that slot go to the next waiter.
+    api.accepted(&allocate_in_pool(&a2_name, second_waiter, &pool), &[&serve]).await;
+    wait_pool(&api, "net", |p| p["waiting"] == 1, &[&serve]).await;
+    let mut a1 = run.agent("a1", &[]);
+    let view = wait_resource(&api, &format!("a2.{second_waiter}"), |r| r.state == "active", &[&serve, &a1, &a2]).await;
+    assert_eq!(bound_address(&view), Some(slots[1].clone()), "the second waiter got the confirmed orphan's slot");
+
+    // The pool's record says why each was freed, after the holder's partition let it go.
+    let mut causes = Vec::new();
+    for (_, outcome) in outcomes(&log, &OutcomeFilter::All).await {
+        for effect in outcome.effects() {
+            if let Effect::ClaimFreedBecause { holder, cause } = effect {
+                causes.push((holder.resource, cause.clone()));
+            }
+        }
+    }
+    match causes.as_slice() {
+        [(a, FreeCause::OrphanFreed { by, reason }), (b, FreeCause::OrphanDestroyed { .. })] => {
+            assert_eq!((*a, *b), (freed_by_operator, confirmed));
+            assert_eq!(reason, "a1 scrapped");
+            assert!(by.as_str().starts_with("cli"), "the operator's name: {by}");
+        }
+        other => panic!("the frees' causes: {other:?}\n{}", logs([&serve, &a1].into_iter())),
+    }
+    // And in words, from the log.
+    let slot = format!("net:{}", slots[1].trim_start_matches("slot "));
+    let ran = run_replay(run.path(), &["--server", &server, "why", "--slot", &slot], STEP).await;
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    assert!(ran.stdout.contains("freed because orphan of gone agent a1, destroy confirmed by a1 at"), "{}", ran.stdout);
+
+    serve.assert_no_panic();
+    a1.stop_cleanly().await;
+    a2.stop_cleanly().await;
+    serve.stop_cleanly().await;
 }

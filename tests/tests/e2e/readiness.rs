@@ -85,6 +85,7 @@ async fn a_gateway_takes_no_command_before_the_policy_is_stored() {
         pool: PoolName::new("net").expect("a pool name"),
         kind: PoolKind::Slots { count: 2 },
         cooldown: None,
+        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
     });
     let json = leasehold_schemas::codec::command_to_json(&define).expect("JSON");
     for (path, body) in [("/v1/commands?wait=true", json.clone()), ("/v1/commands/batch", format!("[{json}]"))] {

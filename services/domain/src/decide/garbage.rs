@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 
 use leasehold_schemas::command::{DriverStatus, GarbageReport, MAX_REPORT_HANDLES, ReportDestroyed};
 use leasehold_schemas::ids::ResourceId;
-use leasehold_schemas::outcome::{Effect, GarbageCause};
+use leasehold_schemas::outcome::{Effect, FreeCause, GarbageCause};
 use leasehold_schemas::settings::GcMode;
 use leasehold_schemas::{RejectionKind, codec};
 
@@ -104,6 +104,11 @@ impl<'s> Decider<'s> {
             }
             self.out.push(Effect::ObservationAccepted { stamp, watermark: None });
             self.out.push(Effect::GarbageDestroyed { handle, stamp });
+            // The orphan's agent is back and destroyed its handle: what the orphan held of pools that hold an
+            // orphan's identifiers goes back now, saying so.
+            if let Some(orphan) = self.state.resources.get(&handle).filter(|r| r.agent == agent.name) {
+                self.free_held(orphan, None, &FreeCause::OrphanDestroyed { at: self.now });
+            }
             return Ok(());
         }
         let resource = self.resource(&command.agent, handle)?;

@@ -22,7 +22,7 @@ use std::fmt;
 use leasehold_schemas::codec;
 use leasehold_schemas::command::Command;
 use leasehold_schemas::ids::{AgentName, CommandId, Issuer, Key, ObsStamp, Position, ResourceId, Source, Timestamp};
-use leasehold_schemas::outcome::{BreakReason, CommandSummary, Decision, Effect, ReleaseCause, Work};
+use leasehold_schemas::outcome::{BreakReason, CommandSummary, Decision, Effect, FreeCause, ReleaseCause, Work};
 use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
 use leasehold_schemas::{CommandClass, Envelope, Outcome, Rejection, RejectionKind};
 
@@ -523,6 +523,7 @@ impl<'s> Decider<'s> {
             Command::DrainAgent(c) => self.drain_agent(c),
             Command::DrainRelease(c) => self.drain_release(c),
             Command::ClosePlacement(c) => self.close_placement(c),
+            Command::FreeOrphan(c) => self.free_orphan(c),
         }
     }
 
@@ -576,8 +577,8 @@ impl<'s> Decider<'s> {
         for (pool, slot) in &resource.claims {
             let (value, token) = match slot {
                 ClaimSlot::Wanted { .. } => (None, None),
-                ClaimSlot::Bound { value, token } => (Some(*value), Some(*token)),
-                ClaimSlot::Returned { .. } => continue,
+                ClaimSlot::Bound { value, token, .. } => (Some(*value), Some(*token)),
+                ClaimSlot::Returned { .. } | ClaimSlot::HeldForOrphan { .. } => continue,
             };
             self.out.push(Effect::ClaimReleasable { resource: resource.id, pool: pool.clone(), value, token });
         }
@@ -633,9 +634,50 @@ impl<'s> Decider<'s> {
         }
     }
 
-    /// Orphans one resource of a gone agent.
+    /// Orphans one resource of a gone agent. A claim granted by a pool that holds an orphan's identifiers is kept
+    /// (`claim-held-for-orphan`): its machine may be cut off rather than dead, and still use it. The others go back.
     fn orphan_unit(&mut self, resource: &Resource) {
-        self.leave_for_good(resource, Effect::ResourceOrphaned { resource: resource.id });
+        self.out.push(Effect::ResourceOrphaned { resource: resource.id });
+        self.break_leases(resource, BreakReason::ResourceLeft);
+        for (pool, slot) in &resource.claims {
+            let (value, token) = match slot {
+                ClaimSlot::Bound { value, token, orphans: leasehold_schemas::pool::OrphanPolicy::Hold } => {
+                    let (value, token) = (*value, *token);
+                    self.out.push(Effect::ClaimHeldForOrphan {
+                        resource: resource.id,
+                        pool: pool.clone(),
+                        value,
+                        token,
+                    });
+                    continue;
+                }
+                ClaimSlot::Wanted { .. } => (None, None),
+                ClaimSlot::Bound { value, token, .. } => (Some(*value), Some(*token)),
+                ClaimSlot::Returned { .. } | ClaimSlot::HeldForOrphan { .. } => continue,
+            };
+            self.out.push(Effect::ClaimReleasable { resource: resource.id, pool: pool.clone(), value, token });
+        }
+    }
+
+    /// Lets an orphan's held claims go back to their pools (of `pool` only, if named), with `cause`.
+    fn free_held(&mut self, resource: &Resource, pool: Option<&leasehold_schemas::PoolName>, cause: &FreeCause) {
+        for (name, slot) in &resource.claims {
+            let ClaimSlot::HeldForOrphan { value, token } = slot else { continue };
+            if pool.is_some_and(|p| p != name) {
+                continue;
+            }
+            self.out.push(Effect::ClaimReleasable {
+                resource: resource.id,
+                pool: name.clone(),
+                value: Some(*value),
+                token: Some(*token),
+            });
+            self.out.push(Effect::ClaimReleaseCause {
+                resource: resource.id,
+                pool: name.clone(),
+                cause: cause.clone(),
+            });
+        }
     }
 
     /// Stops a part that grew past its budget: the next part of the outcome does `work`.

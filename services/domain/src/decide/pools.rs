@@ -9,8 +9,8 @@ use std::collections::BTreeSet;
 
 use leasehold_schemas::command::{Claim, DefinePool, DeletePool, Free, TickPool, UpdatePool};
 use leasehold_schemas::ids::{Millis, PoolName, ResourceRef, Timestamp};
-use leasehold_schemas::outcome::Effect;
-use leasehold_schemas::pool::{PoolKind, PoolValue};
+use leasehold_schemas::outcome::{Effect, FreeCause};
+use leasehold_schemas::pool::{OrphanPolicy, PoolKind, PoolValue};
 use leasehold_schemas::{Rejection, RejectionKind};
 
 use super::{Decider, MAX_POOL_EXCLUSIONS, Verdict, reject};
@@ -148,7 +148,10 @@ impl<'s> Decider<'s> {
         // A pool defined without a cool-down takes the policy's now; `update-pool` changes it later.
         let cooldown = command.cooldown.unwrap_or(self.state.policy().claim_cooldown);
         if let Some(existing) = self.state.pools.get(&command.pool) {
-            if existing.kind.canonical() == command.kind.canonical() && existing.cooldown == cooldown {
+            if existing.kind.canonical() == command.kind.canonical()
+                && existing.cooldown == cooldown
+                && existing.orphans == command.orphans
+            {
                 return reject(RejectionKind::AlreadyDone, format!("pool {} is already defined so", command.pool));
             }
             return reject(
@@ -157,6 +160,9 @@ impl<'s> Decider<'s> {
             );
         }
         self.out.push(Effect::PoolDefined { kind: command.kind.clone(), cooldown });
+        if command.orphans != OrphanPolicy::Release {
+            self.out.push(Effect::PoolOrphanPolicy { orphans: command.orphans });
+        }
         Ok(())
     }
 
@@ -169,8 +175,17 @@ impl<'s> Decider<'s> {
             return reject(RejectionKind::Invalid, format!("pool {}: {problem}", pool.name));
         }
         let cooldown = command.cooldown.unwrap_or(pool.cooldown);
-        if pool.kind.canonical() == command.kind.canonical() && cooldown == pool.cooldown {
+        let orphans = command.orphans.unwrap_or(pool.orphans);
+        let same_kind = pool.kind.canonical() == command.kind.canonical() && cooldown == pool.cooldown;
+        if same_kind && orphans == pool.orphans {
             return reject(RejectionKind::AlreadyDone, format!("pool {} is already defined so", pool.name));
+        }
+        if orphans != pool.orphans {
+            // Holders bound before keep the policy their grant carried: it is theirs, on their partition's record.
+            self.out.push(Effect::PoolOrphanPolicy { orphans });
+        }
+        if same_kind {
+            return Ok(());
         }
         let recovered = recovered_by(pool, &command.kind);
         self.out.push(Effect::PoolUpdated { kind: command.kind.clone(), cooldown, recovered: recovered.clone() });
@@ -259,6 +274,9 @@ impl<'s> Decider<'s> {
         match (pool.holders.get(holder), command.token) {
             (Some(Holding::Granted { value, token, .. }), Some(given)) if *token == given => {
                 self.out.push(Effect::ClaimFreed { holder: holder.clone(), value: *value, token: given });
+                if command.cause != (FreeCause::Released {}) {
+                    self.out.push(Effect::ClaimFreedBecause { holder: holder.clone(), cause: command.cause.clone() });
+                }
                 freed = Some(*value);
             }
             (Some(Holding::Granted { token, .. }), given) => {

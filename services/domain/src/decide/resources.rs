@@ -1,13 +1,16 @@
-//! Resources: allocation, release, pause, update, suspicion, timeouts, parent cascades and claim binding.
+//! Resources: allocation, release, pause, update, suspicion, timeouts, parent cascades, claim binding, and an
+//! operator's free of what an orphan holds.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use leasehold_schemas::command::{
-    Adopt, Allocate, BindClaim, Cascade, CreateTimeout, ExpirePause, ParentState, Pause, Release,
+    Adopt, Allocate, BindClaim, Cascade, CreateTimeout, ExpirePause, FreeOrphan, ParentState, Pause, Release,
     ReportFailureByOperator, RequestHealthCheck, Unpause, Update,
 };
-use leasehold_schemas::outcome::{BreakReason, Effect, GarbageCause, ReleaseCause, SuspectCause, UnpauseCause};
-use leasehold_schemas::pool::PoolKind;
+use leasehold_schemas::outcome::{
+    BreakReason, Effect, FreeCause, GarbageCause, ReleaseCause, SuspectCause, UnpauseCause,
+};
+use leasehold_schemas::pool::{OrphanPolicy, PoolKind};
 use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
 use leasehold_schemas::{Key, RejectionKind, ResourceRef, Source};
 
@@ -644,7 +647,7 @@ impl<'s> Decider<'s> {
             return Ok(());
         };
         match resource.claims.get(&command.pool) {
-            Some(ClaimSlot::Bound { token, value }) if *token == command.token => reject(
+            Some(ClaimSlot::Bound { token, value, .. }) if *token == command.token => reject(
                 RejectionKind::AlreadyDone,
                 format!(
                     "the claim of resource {} on pool {} is already bound to {value}",
@@ -655,7 +658,7 @@ impl<'s> Decider<'s> {
             // The same identifier with another token: the resource uses it, so it is not sent back (which would free
             // it at the pool); the grant the pool really holds is carried again when the resource leaves, and goes
             // back then.
-            Some(ClaimSlot::Bound { token, value }) if *value == command.value => reject(
+            Some(ClaimSlot::Bound { token, value, .. }) if *value == command.value => reject(
                 RejectionKind::AlreadyDone,
                 format!(
                     "resource {} holds {value} of pool {} with token {token}; a grant of the same identifier with \
@@ -665,7 +668,19 @@ impl<'s> Decider<'s> {
                     command.token
                 ),
             ),
-            Some(ClaimSlot::Returned { token: Some(token) }) if *token == command.token => reject(
+            // An orphan keeps what its pool holds for it: the same grant, or the same identifier, is not sent back.
+            Some(ClaimSlot::HeldForOrphan { token, value }) if *token == command.token || *value == command.value => {
+                reject(
+                    RejectionKind::AlreadyDone,
+                    format!(
+                        "orphan {} holds {value} of pool {} (claim token {token}) until its agent confirms the \
+                         destroy or an operator frees it",
+                        resource.reference(),
+                        command.pool
+                    ),
+                )
+            }
+            Some(ClaimSlot::Returned { token: Some(token), .. }) if *token == command.token => reject(
                 RejectionKind::AlreadyDone,
                 format!(
                     "the claim of resource {} on pool {} with token {token} was already given back",
@@ -689,6 +704,13 @@ impl<'s> Decider<'s> {
                         definition: definition.clone(),
                     });
                 }
+                if command.orphans != OrphanPolicy::Release {
+                    self.out.push(Effect::ClaimOrphanPolicy {
+                        resource: resource.id,
+                        pool: command.pool.clone(),
+                        orphans: command.orphans,
+                    });
+                }
                 let others_bound = resource
                     .claims
                     .iter()
@@ -701,10 +723,58 @@ impl<'s> Decider<'s> {
             // Not this resource's to keep: it never claimed from this pool, it holds another grant, it went
             // terminal before the grant arrived, or the grant answers some other claim (an earlier life of the id, a
             // confused sweeper). The claim, if any, stays as it is; the grant goes straight back.
-            None | Some(ClaimSlot::Bound { .. } | ClaimSlot::Returned { .. } | ClaimSlot::Wanted { .. }) => {
+            None
+            | Some(
+                ClaimSlot::Bound { .. }
+                | ClaimSlot::Returned { .. }
+                | ClaimSlot::Wanted { .. }
+                | ClaimSlot::HeldForOrphan { .. },
+            ) => {
                 self.out.push(send_back);
                 Ok(())
             }
         }
+    }
+
+    /// An operator frees what an orphan holds of pools that hold an orphan's identifiers, on record: the identifiers
+    /// go back to their pools with the operator's name and reason.
+    pub(super) fn free_orphan(&mut self, command: &FreeOrphan) -> Verdict {
+        check_text("reason", &command.reason)?;
+        if command.reason.trim().is_empty() {
+            return reject(
+                RejectionKind::Invalid,
+                "freeing an orphan's identifiers needs a reason (it is on record, and `why` shows it)",
+            );
+        }
+        let resource = self.resource(&command.agent, command.resource)?;
+        let reference = resource.reference();
+        if !matches!(resource.state, ResourceState::Orphaned { .. }) {
+            return reject(
+                RejectionKind::InvalidState,
+                format!(
+                    "resource {reference} is {}, not orphaned: only an orphan's held identifiers are freed so (release \
+                     a live resource instead)",
+                    resource.state.name()
+                ),
+            );
+        }
+        if let Some(pool) = &command.pool
+            && !resource.claims.contains_key(pool)
+        {
+            return reject(RejectionKind::Unknown, format!("orphan {reference} never claimed from pool {pool}"));
+        }
+        let held = resource.claims.iter().any(|(name, slot)| {
+            matches!(slot, ClaimSlot::HeldForOrphan { .. }) && command.pool.as_ref().is_none_or(|p| p == name)
+        });
+        if !held {
+            let of = command.pool.as_ref().map(|p| format!(" of pool {p}")).unwrap_or_default();
+            return reject(
+                RejectionKind::AlreadyDone,
+                format!("orphan {reference} holds no identifier{of}: what it held went back already"),
+            );
+        }
+        let cause = FreeCause::OrphanFreed { by: self.issuer.clone(), reason: command.reason.clone() };
+        self.free_held(resource, command.pool.as_ref(), &cause);
+        Ok(())
     }
 }

@@ -283,6 +283,7 @@ impl World {
             source: Source { partition: self.state().partition(), position: Position(1) },
             wanted: self.wanted_by("ips"),
             definition: None,
+            orphans: leasehold_schemas::pool::OrphanPolicy::Release,
         };
         assert_eq!(effect_names(&self.sys(bind)), ["claim-bound", "create-ordered"]);
         self
@@ -396,6 +397,7 @@ impl World {
             source: grant,
             wanted: source,
             definition,
+            orphans: leasehold_schemas::pool::OrphanPolicy::Release,
         }
     }
 
@@ -413,6 +415,7 @@ impl World {
             pool: pool_name(name),
             kind: leasehold_schemas::pool::PoolKind::Slots { count },
             cooldown: Some(cooldown),
+            orphans: leasehold_schemas::pool::OrphanPolicy::Release,
         })
     }
 

@@ -259,7 +259,13 @@ impl<L: Log> Rounds<'_, L> {
         .await?;
         let cooldown = Millis(args.cooldown.as_millis() as u64);
         let kind = PoolKind::Slots { count: args.slots };
-        self.publish(DefinePool { pool: self.pool.clone(), kind, cooldown: Some(cooldown) }).await?;
+        self.publish(DefinePool {
+            pool: self.pool.clone(),
+            kind,
+            cooldown: Some(cooldown),
+            orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+        })
+        .await?;
         eprintln!("filling a pool of {} slots...", args.slots);
         let mut holders = VecDeque::new();
         for _ in 0..args.slots {
