@@ -103,12 +103,22 @@ impl Outcome {
         }
     }
 
-    /// The oldest schema version that expresses this outcome: 5 when it holds `placement-closed`, 4 when it is about a placement or holds an effect or
+    /// The oldest schema version that expresses this outcome: 5 when it holds `placement-closed`, `lease-queued`,
+    /// `resource-max-lease-changed` or `priority-caps-changed`, 4 when it is about a placement or holds an effect or
     /// cause added in version 4, 3 when it holds an effect added in version 3, 2 when it holds an effect, a cause or
     /// a parent state added in version 2, else 1. An outcome is written in it, so a reader of an older version reads
     /// every outcome that needs nothing newer (see `codec::encode_outcome`).
     pub fn oldest_schema_version(&self) -> u16 {
-        if self.effects().iter().any(|e| matches!(e, Effect::PlacementClosed { .. })) {
+        let needs_five = |effect: &Effect| {
+            matches!(
+                effect,
+                Effect::PlacementClosed { .. }
+                    | Effect::LeaseQueued { .. }
+                    | Effect::ResourceMaxLeaseChanged { .. }
+                    | Effect::PriorityCapsChanged { .. }
+            )
+        };
+        if self.effects().iter().any(needs_five) {
             return 5;
         }
         let needs_four = |effect: &Effect| match effect {
@@ -696,6 +706,27 @@ pub enum Effect {
     PlacementClosed {
         resource: ResourceId,
     },
+    /// A lease queued behind others on a busy resource (or behind the leases a pending resource will take): granted
+    /// in order of effective priority (`priority` plus one per `AGING_STEP` waited), then arrival, when room
+    /// allows; fails at `wait_until` (schema version 5).
+    LeaseQueued {
+        lease: LeaseId,
+        resource: ResourceId,
+        holder: String,
+        ttl: Option<Millis>,
+        wait_until: Option<Timestamp>,
+        priority: u8,
+    },
+    /// The longest a lease of the resource may be held while others wait changed (`None`: no limit) (schema
+    /// version 5).
+    ResourceMaxLeaseChanged {
+        resource: ResourceId,
+        max_lease: Option<Millis>,
+    },
+    /// The partition's lease priority caps, by issuer prefix, were replaced (schema version 5).
+    PriorityCapsChanged {
+        max_priority: BTreeMap<String, u8>,
+    },
 }
 
 /// Why a garbage handle is destroyed.
@@ -789,6 +820,9 @@ impl Effect {
             Effect::ReservationEnded { .. } => "reservation-ended",
             Effect::AgentDraining { .. } => "agent-draining",
             Effect::PlacementClosed { .. } => "placement-closed",
+            Effect::LeaseQueued { .. } => "lease-queued",
+            Effect::ResourceMaxLeaseChanged { .. } => "resource-max-lease-changed",
+            Effect::PriorityCapsChanged { .. } => "priority-caps-changed",
         }
     }
 }

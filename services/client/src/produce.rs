@@ -414,7 +414,9 @@ impl LeaseRecord {
             self.wait_until = wait_until;
         };
         match effect {
-            Effect::LeaseWaiting { lease: id, wait_until, .. } if *id == lease => {
+            Effect::LeaseWaiting { lease: id, wait_until, .. } | Effect::LeaseQueued { lease: id, wait_until, .. }
+                if *id == lease =>
+            {
                 set("waiting", None, None, wait_until.map(|t| t.0))
             }
             Effect::LeaseGranted { lease: id, expires_at, .. } if *id == lease => {
@@ -761,6 +763,7 @@ mod tests {
             holder: "build-1".into(),
             ttl: None,
             wait_timeout: None,
+            priority: 0,
         };
         let granted = |lease: LeaseId| -> SeqOutcome {
             let outcome: Outcome = serde_json::from_value(serde_json::json!({

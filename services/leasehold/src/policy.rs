@@ -191,6 +191,7 @@ async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -
             policy,
             if_no_policy: false,
             gc,
+            max_priority: None,
         };
         let envelope = crate::produce::envelope(&issuer, None, body);
         let sent = crate::produce::accepted_quietly(global, &args.produce, &envelope, &what).await;
@@ -339,6 +340,7 @@ pub(crate) async fn seed_from_flags<L: Log>(
                     policy: Some(wanted.clone()),
                     if_no_policy: true,
                     gc: None,
+                    max_priority: None,
                 };
                 to_publish.push((partition, crate::produce::envelope(issuer, None, body)));
             }

@@ -743,6 +743,7 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
                 set: attributes(&args.attrs)?,
                 remove: args.remove_attrs,
                 capacity: args.capacity,
+                max_lease: None,
             };
             simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
@@ -953,6 +954,7 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
         holder: args.holder.clone(),
         ttl: args.ttl,
         wait_timeout: args.wait_timeout,
+        priority: 0,
     };
     let what = format!("acquire {}", args.resource);
     let envelope = envelope(issuer, args.produce.command_id, body.clone());

@@ -208,6 +208,7 @@ fn a_drain_is_planned_as_each_resource_falls_due() {
         holder: "build-7".into(),
         ttl: None,
         wait_timeout: None,
+        priority: 0,
     };
     world.send("producer", lease);
     world.settle();
