@@ -441,6 +441,23 @@ impl LeaseRecord {
         from: u64,
         deadline: tokio::time::Instant,
     ) -> Result<bool, Error> {
+        self.wait_with(transport, lease, from, deadline, || async {}).await
+    }
+
+    /// [`LeaseRecord::wait`], calling `between` after each outcome that leaves the lease waiting (`acquire --block`
+    /// looks at the queue then).
+    pub async fn wait_with<F, Fut>(
+        &mut self,
+        transport: &Transport,
+        lease: &LeaseRef,
+        from: u64,
+        deadline: tokio::time::Instant,
+        mut between: F,
+    ) -> Result<bool, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         if self.state != "waiting" {
             return Ok(true);
         }
@@ -457,6 +474,9 @@ impl LeaseRecord {
                 if self.apply(lease.lease, position, effect) && self.state != "waiting" {
                     return Ok(true);
                 }
+            }
+            if tokio::time::timeout_at(deadline, between()).await.is_err() {
+                return Ok(false);
             }
         }
     }
