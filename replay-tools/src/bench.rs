@@ -361,8 +361,15 @@ impl Generator {
                     self.agents[a].cycles[k].lease = Some((id, None));
                 }
                 let holder = format!("build-{}", self.n_ids);
-                let body =
-                    Acquire { agent, resource: the_resource()?, lease: id, holder, ttl: None, wait_timeout: None };
+                let body = Acquire {
+                    agent,
+                    resource: the_resource()?,
+                    lease: id,
+                    holder,
+                    ttl: None,
+                    wait_timeout: None,
+                    priority: 0,
+                };
                 (OPERATOR.to_owned(), body.into())
             }
             Step::ReportCreated => {
@@ -385,7 +392,8 @@ impl Generator {
             Step::Update => {
                 let mut set = BTreeMap::new();
                 set.insert("round".to_owned(), rounds.to_string());
-                let body = Update { agent, resource: the_resource()?, set, remove: vec![], capacity: None };
+                let body =
+                    Update { agent, resource: the_resource()?, set, remove: vec![], capacity: None, max_lease: None };
                 (OPERATOR.to_owned(), body.into())
             }
             Step::Release => {

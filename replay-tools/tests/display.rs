@@ -63,7 +63,15 @@ async fn history_and_state_show_what_producers_wrote_escaped() {
     let lease = log.driver.new_lease_id();
     log.submit(
         "op:ci",
-        Acquire { agent: agent.clone(), resource, lease, holder: EVIL.into(), ttl: None, wait_timeout: None },
+        Acquire {
+            agent: agent.clone(),
+            resource,
+            lease,
+            holder: EVIL.into(),
+            ttl: None,
+            wait_timeout: None,
+            priority: 0,
+        },
     );
     let after_acquire = log.prev;
     log.submit("op:ci", Release { agent: agent.clone(), resource, reason: Some(EVIL.into()) });

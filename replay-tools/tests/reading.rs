@@ -67,6 +67,7 @@ async fn a_decision_in_parts_is_re_decided_and_state_at_its_first_part_reads_to_
                 holder: "h".repeat(128),
                 ttl: None,
                 wait_timeout: None,
+                priority: 0,
             };
             log.submit("op:ci", acquire);
         }

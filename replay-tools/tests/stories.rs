@@ -196,6 +196,7 @@ impl Story {
             holder: "build-42".into(),
             ttl,
             wait_timeout: None,
+            priority: 0,
         };
         (lease, self.log.submit("op:alice", acquire))
     }

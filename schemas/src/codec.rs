@@ -260,6 +260,19 @@ where
     deserializer.deserialize_map(UniqueKeys(std::marker::PhantomData))
 }
 
+/// [`unique_keys`] for an optional map: `None`, or a map without repeated keys.
+pub(crate) fn unique_keys_option<'de, D, K, V>(deserializer: D) -> Result<Option<BTreeMap<K, V>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    K: Deserialize<'de> + Ord + fmt::Debug,
+    V: Deserialize<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(bound(deserialize = "K: Deserialize<'de> + Ord + fmt::Debug, V: Deserialize<'de>"))]
+    struct Unique<K, V>(#[serde(deserialize_with = "unique_keys")] BTreeMap<K, V>);
+    Ok(Option::<Unique<K, V>>::deserialize(deserializer)?.map(|unique| unique.0))
+}
+
 /// Decodes a whole value: every byte must be used.
 fn decode_exact<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
     let (value, read) = decode_from::<T>(bytes)?;

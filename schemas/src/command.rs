@@ -78,8 +78,15 @@ pub struct Acquire {
     pub holder: String,
     /// The lease expires this long after its grant or its last renewal; `None`: held until released.
     pub ttl: Option<Millis>,
-    /// A waiting lease fails after this long; `None`: it waits as long as the resource is `pending`.
+    /// A waiting lease fails after this long; `None`: it waits as long as the resource is `pending`. On an `active`
+    /// resource at capacity, a lease queues only when this is given (without it, the acquire is refused
+    /// `at-capacity`).
     pub wait_timeout: Option<Millis>,
+    /// Its place in the queue of a busy resource: higher first, then first come (and a waiter's priority rises
+    /// with its wait). At most the cap the cluster policy gives its issuer (0 for an issuer it names no cap for).
+    /// 0 when absent; a priority above 0 needs schema version 5.
+    #[serde(default)]
+    pub priority: u8,
 }
 
 /// Extend an active lease; `ttl` `None` keeps the lease's own.
@@ -139,6 +146,11 @@ pub struct Update {
     #[serde(default)]
     pub remove: Vec<String>,
     pub capacity: Option<u32>,
+    /// The longest a lease may be held while others wait (from its grant): a renew that would hold it longer is
+    /// refused while the queue is not empty. `Some(0)` removes the limit; `None` keeps the resource's. Added in
+    /// schema version 5.
+    #[serde(default)]
+    pub max_lease: Option<Millis>,
 }
 
 /// An operator (or a lease holder) saw the resource fail: it turns `suspect` and a health check is due.
@@ -345,6 +357,11 @@ pub struct SetPartitionSettings {
     /// `dry-run` (recorded, never ordered). `None` keeps the partition's. Added in schema version 2.
     #[serde(default, deserialize_with = "crate::codec::unit_variant_option")]
     pub gc: Option<GcMode>,
+    /// The highest lease priority each issuer may ask for, by issuer prefix (the longest prefix that matches an
+    /// issuer names its cap; an issuer no prefix matches may ask for 0 only). `Some` replaces the partition's whole
+    /// map; `None` keeps it. Added in schema version 5.
+    #[serde(default, deserialize_with = "crate::codec::unique_keys_option")]
+    pub max_priority: Option<BTreeMap<String, u8>>,
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1114,6 +1131,38 @@ pub(crate) mod legacy {
         if_no_policy: bool,
     }
 
+    /// Versions 2 to 4 of `op.set-partition-settings`: no `max_priority`.
+    #[derive(Serialize, Deserialize)]
+    struct SetPartitionSettingsV2 {
+        key: Key,
+        partition: u32,
+        outcome_horizon: Option<Millis>,
+        policy: Option<ClusterPolicy>,
+        if_no_policy: bool,
+        gc: Option<GcMode>,
+    }
+
+    /// Versions 1 to 4 of `op.acquire`: no `priority`.
+    #[derive(Serialize, Deserialize)]
+    struct AcquireV1 {
+        agent: AgentName,
+        resource: ResourceId,
+        lease: LeaseId,
+        holder: String,
+        ttl: Option<Millis>,
+        wait_timeout: Option<Millis>,
+    }
+
+    /// Versions 1 to 4 of `op.update`: no `max_lease`.
+    #[derive(Serialize, Deserialize)]
+    struct UpdateV1 {
+        agent: AgentName,
+        resource: ResourceId,
+        set: BTreeMap<String, String>,
+        remove: Vec<String>,
+        capacity: Option<u32>,
+    }
+
     /// Versions 1 and 2 of `agent.register`: no `labels`, no `capacity`.
     #[derive(Serialize, Deserialize)]
     struct RegisterV1 {
@@ -1180,7 +1229,8 @@ pub(crate) mod legacy {
     /// The oldest schema version that expresses `command`: a command is written in it, so a leasehold that does not
     /// know a later version still reads everything that does not need one (agents and producers can be upgraded
     /// before the workers). 5 for `sys.close-placement`, `op.free-orphan` and bodies that use a field added in version
-    /// 5 (a pool's orphan policy, a free's cause), 4 for the commands added in version 4 (placement and drain) and a retirement with a
+    /// 5 (a pool's orphan policy, a free's cause, an acquire's priority, an update's `max_lease`, settings'
+    /// `max_priority`), 4 for the commands added in version 4 (placement and drain) and a retirement with a
     /// condition, 3 for bodies that use a field or variant added in version 3, 2 for the commands added in version 2
     /// and for bodies that use a field or variant added then; 1 otherwise.
     pub(crate) fn oldest_version(command: &Command) -> u16 {
@@ -1190,6 +1240,9 @@ pub(crate) mod legacy {
             Command::UpdatePool(c) => c.orphans.is_some(),
             Command::BindClaim(c) => c.orphans != OrphanPolicy::Release,
             Command::Free(c) => c.cause != FreeCause::Released {},
+            Command::Acquire(c) => c.priority != 0,
+            Command::Update(c) => c.max_lease.is_some(),
+            Command::SetPartitionSettings(c) => c.max_priority.is_some(),
             _ => false,
         };
         if needs_five {
@@ -1274,6 +1327,38 @@ pub(crate) mod legacy {
                     definition: c.definition.clone(),
                 };
                 crate::codec::encode_into(&v3, out)
+            }
+            (1..=4, Command::Acquire(c)) => {
+                let v1 = AcquireV1 {
+                    agent: c.agent.clone(),
+                    resource: c.resource,
+                    lease: c.lease,
+                    holder: c.holder.clone(),
+                    ttl: c.ttl,
+                    wait_timeout: c.wait_timeout,
+                };
+                crate::codec::encode_into(&v1, out)
+            }
+            (1..=4, Command::Update(c)) => {
+                let v1 = UpdateV1 {
+                    agent: c.agent.clone(),
+                    resource: c.resource,
+                    set: c.set.clone(),
+                    remove: c.remove.clone(),
+                    capacity: c.capacity,
+                };
+                crate::codec::encode_into(&v1, out)
+            }
+            (2..=4, Command::SetPartitionSettings(c)) => {
+                let v2 = SetPartitionSettingsV2 {
+                    key: c.key.clone(),
+                    partition: c.partition,
+                    outcome_horizon: c.outcome_horizon,
+                    policy: c.policy.clone(),
+                    if_no_policy: c.if_no_policy,
+                    gc: c.gc,
+                };
+                crate::codec::encode_into(&v2, out)
             }
             (1..=3, Command::RetireAgent(c)) => {
                 crate::codec::encode_into(&RetireAgentV1 { agent: c.agent.clone() }, out)
@@ -1383,6 +1468,50 @@ pub(crate) mod legacy {
                 });
                 return Some(decoded);
             }
+            "op.acquire" => {
+                let decoded = crate::codec::decode_from::<AcquireV1>(bytes).map(|(v1, read)| {
+                    let body = Acquire {
+                        agent: v1.agent,
+                        resource: v1.resource,
+                        lease: v1.lease,
+                        holder: v1.holder,
+                        ttl: v1.ttl,
+                        wait_timeout: v1.wait_timeout,
+                        priority: 0,
+                    };
+                    (Command::Acquire(body), read)
+                });
+                return Some(decoded);
+            }
+            "op.update" => {
+                let decoded = crate::codec::decode_from::<UpdateV1>(bytes).map(|(v1, read)| {
+                    let body = Update {
+                        agent: v1.agent,
+                        resource: v1.resource,
+                        set: v1.set,
+                        remove: v1.remove,
+                        capacity: v1.capacity,
+                        max_lease: None,
+                    };
+                    (Command::Update(body), read)
+                });
+                return Some(decoded);
+            }
+            "op.set-partition-settings" if version >= 2 => {
+                let decoded = crate::codec::decode_from::<SetPartitionSettingsV2>(bytes).map(|(v2, read)| {
+                    let body = SetPartitionSettings {
+                        key: v2.key,
+                        partition: v2.partition,
+                        outcome_horizon: v2.outcome_horizon,
+                        policy: v2.policy,
+                        if_no_policy: v2.if_no_policy,
+                        gc: v2.gc,
+                        max_priority: None,
+                    };
+                    (Command::SetPartitionSettings(body), read)
+                });
+                return Some(decoded);
+            }
             _ => {}
         }
         if version >= 4 {
@@ -1452,6 +1581,7 @@ pub(crate) mod legacy {
                         policy: v1.policy,
                         if_no_policy: v1.if_no_policy,
                         gc: None,
+                        max_priority: None,
                     };
                     (Command::SetPartitionSettings(body), read)
                 })

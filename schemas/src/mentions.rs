@@ -60,7 +60,8 @@ impl<'e> Mentions<'e> {
             | Effect::AllocationWaitsUntil { resource, .. }
             | Effect::DestroyBlocked { resource, .. }
             | Effect::CapacityReserved { resource, .. }
-            | Effect::ReservationEnded { resource, .. } => m.resources.push(*resource),
+            | Effect::ReservationEnded { resource, .. }
+            | Effect::ResourceMaxLeaseChanged { resource, .. } => m.resources.push(*resource),
             // A placement's partition is not its resource's: the resource is made on the agent it binds.
             Effect::PlacementWaiting { resource, .. }
             | Effect::PlacementBound { resource, .. }
@@ -83,7 +84,9 @@ impl<'e> Mentions<'e> {
                 m.resources.push(*parent);
                 m.elsewhere.push(child.resource);
             }
-            Effect::LeaseWaiting { lease, resource, .. } | Effect::LeaseGranted { lease, resource, .. } => {
+            Effect::LeaseWaiting { lease, resource, .. }
+            | Effect::LeaseGranted { lease, resource, .. }
+            | Effect::LeaseQueued { lease, resource, .. } => {
                 m.leases.push(*lease);
                 m.resources.push(*resource);
             }
@@ -123,7 +126,8 @@ impl<'e> Mentions<'e> {
             | Effect::AgentUncordoned { .. }
             | Effect::AgentDeclared { .. }
             | Effect::AgentDraining { .. }
-            | Effect::GcModeChanged { .. } => {}
+            | Effect::GcModeChanged { .. }
+            | Effect::PriorityCapsChanged { .. } => {}
         }
         m
     }

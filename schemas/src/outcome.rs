@@ -103,8 +103,9 @@ impl Outcome {
         }
     }
 
-    /// The oldest schema version that expresses this outcome: 5 when it holds `placement-closed` or an effect about
-    /// an orphan's identifiers (pool orphan policies, held claims, free causes), 4 when it is about a placement or holds an effect or
+    /// The oldest schema version that expresses this outcome: 5 when it holds `placement-closed`, an effect about an
+    /// orphan's identifiers (pool orphan policies, held claims, free causes), `lease-queued`,
+    /// `resource-max-lease-changed` or `priority-caps-changed`, 4 when it is about a placement or holds an effect or
     /// cause added in version 4, 3 when it holds an effect added in version 3, 2 when it holds an effect, a cause or
     /// a parent state added in version 2, else 1. An outcome is written in it, so a reader of an older version reads
     /// every outcome that needs nothing newer (see `codec::encode_outcome`).
@@ -118,6 +119,9 @@ impl Outcome {
                     | Effect::ClaimHeldForOrphan { .. }
                     | Effect::ClaimReleaseCause { .. }
                     | Effect::ClaimFreedBecause { .. }
+                    | Effect::LeaseQueued { .. }
+                    | Effect::ResourceMaxLeaseChanged { .. }
+                    | Effect::PriorityCapsChanged { .. }
             )
         };
         if self.effects().iter().any(needs_five) {
@@ -764,6 +768,27 @@ pub enum Effect {
         holder: ResourceRef,
         cause: FreeCause,
     },
+    /// A lease queued behind others on a busy resource (or behind the leases a pending resource will take): granted
+    /// in order of effective priority (`priority` plus one per `AGING_STEP` waited), then arrival, when room
+    /// allows; fails at `wait_until` (schema version 5).
+    LeaseQueued {
+        lease: LeaseId,
+        resource: ResourceId,
+        holder: String,
+        ttl: Option<Millis>,
+        wait_until: Option<Timestamp>,
+        priority: u8,
+    },
+    /// The longest a lease of the resource may be held while others wait changed (`None`: no limit) (schema
+    /// version 5).
+    ResourceMaxLeaseChanged {
+        resource: ResourceId,
+        max_lease: Option<Millis>,
+    },
+    /// The partition's lease priority caps, by issuer prefix, were replaced (schema version 5).
+    PriorityCapsChanged {
+        max_priority: BTreeMap<String, u8>,
+    },
 }
 
 /// Why a garbage handle is destroyed.
@@ -862,6 +887,9 @@ impl Effect {
             Effect::ClaimHeldForOrphan { .. } => "claim-held-for-orphan",
             Effect::ClaimReleaseCause { .. } => "claim-release-cause",
             Effect::ClaimFreedBecause { .. } => "claim-freed-because",
+            Effect::LeaseQueued { .. } => "lease-queued",
+            Effect::ResourceMaxLeaseChanged { .. } => "resource-max-lease-changed",
+            Effect::PriorityCapsChanged { .. } => "priority-caps-changed",
         }
     }
 }

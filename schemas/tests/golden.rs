@@ -219,6 +219,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                 holder: "build-1234".into(),
                 ttl: Some(Millis::from_mins(5)),
                 wait_timeout: Some(Millis::from_secs(60)),
+                priority: 0,
             },
         )),
         envelope(3, OP_ISSUER, Renew { agent: a(), lease: lease(), token: Position(17), ttl: None }),
@@ -248,6 +249,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                 set: BTreeMap::from([("team".to_owned(), "infra".to_owned())]),
                 remove: vec!["image".into()],
                 capacity: Some(4),
+                max_lease: None,
             },
         ),
         envelope(
@@ -288,6 +290,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                 policy: partition_settings_with_policy().policy,
                 if_no_policy: true,
                 gc: None,
+                max_priority: None,
             },
         ),
         envelope(14, "w1", Register { settings: Some(agent_settings()), ..Register::new(a(), incarnation()) }),
@@ -610,6 +613,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                     policy: None,
                     if_no_policy: false,
                     gc: None,
+                    max_priority: None,
                 },
             ),
         ),
@@ -671,6 +675,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                     policy: None,
                     if_no_policy: false,
                     gc: Some(GcMode::DryRun),
+                    max_priority: None,
                 },
             ),
         ),
@@ -850,6 +855,54 @@ fn command_samples() -> Vec<(String, Envelope)> {
                     parent_state: ParentState::Healthy,
                     source: source(),
                     answers: Some(Source { partition: 3, position: Position(17) }),
+                },
+            ),
+        ),
+        // Schema version 5: leases that queue.
+        (
+            "priority",
+            envelope(
+                94,
+                "ci:build-7",
+                Acquire {
+                    agent: a(),
+                    resource: r(),
+                    lease: LeaseId::from_parts(T0 - 3_000, [0x34; 10]),
+                    holder: "release-build".into(),
+                    ttl: Some(Millis::from_mins(10)),
+                    wait_timeout: Some(Millis::from_mins(15)),
+                    priority: 5,
+                },
+            ),
+        ),
+        (
+            "max-lease",
+            envelope(
+                95,
+                OP_ISSUER,
+                Update {
+                    agent: a(),
+                    resource: r(),
+                    set: BTreeMap::new(),
+                    remove: vec![],
+                    capacity: None,
+                    max_lease: Some(Millis::from_hours(2)),
+                },
+            ),
+        ),
+        (
+            "max-priority",
+            envelope(
+                96,
+                OP_ISSUER,
+                SetPartitionSettings {
+                    key: Key::Agent(a()),
+                    partition: partition_of_key(&Key::Agent(a()), 8),
+                    outcome_horizon: None,
+                    policy: None,
+                    if_no_policy: false,
+                    gc: None,
+                    max_priority: Some(BTreeMap::from([("ci:".to_owned(), 5), ("op:".to_owned(), 9)])),
                 },
             ),
         ),
@@ -1034,6 +1087,16 @@ fn effect_samples() -> Vec<Effect> {
             holder: resource_ref(),
             cause: FreeCause::OrphanFreed { by: issuer(OP_ISSUER), reason: "machine scrapped".into() },
         },
+        Effect::LeaseQueued {
+            lease: lease(),
+            resource: r(),
+            holder: "release-build".into(),
+            ttl: Some(Millis::from_mins(10)),
+            wait_until: Some(Timestamp(T0 + 900_000)),
+            priority: 5,
+        },
+        Effect::ResourceMaxLeaseChanged { resource: r(), max_lease: Some(Millis::from_hours(2)) },
+        Effect::PriorityCapsChanged { max_priority: BTreeMap::from([("ci:".to_owned(), 5), ("op:".to_owned(), 9)]) },
     ]
 }
 
@@ -1269,7 +1332,7 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
 // Exhaustive maps from each wire enum to an index: a variant added without a fixture fails to compile here, and a
 // new arm without a sample fails `samples_cover_every_variant`.
 
-const EFFECT_VARIANTS: usize = 76;
+const EFFECT_VARIANTS: usize = 79;
 
 fn effect_index(effect: &Effect) -> usize {
     match effect {
@@ -1349,6 +1412,9 @@ fn effect_index(effect: &Effect) -> usize {
         Effect::ClaimHeldForOrphan { .. } => 73,
         Effect::ClaimReleaseCause { .. } => 74,
         Effect::ClaimFreedBecause { .. } => 75,
+        Effect::LeaseQueued { .. } => 76,
+        Effect::ResourceMaxLeaseChanged { .. } => 77,
+        Effect::PriorityCapsChanged { .. } => 78,
     }
 }
 

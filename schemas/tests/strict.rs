@@ -104,6 +104,7 @@ fn body(type_name: &str, full: bool) -> Command {
             holder: "build-7".to_owned(),
             ttl: some_if(full, Millis::from_mins(5)),
             wait_timeout: some_if(full, Millis::from_secs(30)),
+            priority: if full { 3 } else { 0 },
         }
         .into(),
         "op.renew" => {
@@ -127,6 +128,7 @@ fn body(type_name: &str, full: bool) -> Command {
             set: attributes,
             remove: if full { vec!["old".to_owned()] } else { vec![] },
             capacity: some_if(full, 4),
+            max_lease: some_if(full, Millis::from_mins(30)),
         }
         .into(),
         "op.report-failure" => {
@@ -160,6 +162,7 @@ fn body(type_name: &str, full: bool) -> Command {
             policy: full.then(leasehold_schemas::settings::ClusterPolicy::default),
             if_no_policy: full,
             gc: some_if(full, leasehold_schemas::settings::GcMode::DryRun),
+            max_priority: full.then(|| BTreeMap::from([("ci:".to_owned(), 4)])),
         }
         .into(),
         "agent.register" => {

@@ -65,7 +65,7 @@ impl Tracked {
 /// Whether `effect` on an agent's subject says something the agent's next sync report answers: anything but the
 /// writer's notes on the agent's own observations and heartbeats (`observation-accepted`, `resource-seen`,
 /// `agent-seen`), lease effects, and what changes nothing in the assignment set a report counts (garbage, quarantine,
-/// the driver's status, unretirement, a wait's deadline). An agent whose subject got nothing material since its last
+/// the driver's status, unretirement, a wait's deadline, a lease limit, priority caps). An agent whose subject got nothing material since its last
 /// quiet report, and whose holdings are the same, sends none (the log does not grow with idle agents).
 pub fn is_material(effect: &Effect) -> bool {
     !matches!(
@@ -92,6 +92,9 @@ pub fn is_material(effect: &Effect) -> bool {
             | Effect::LeaseReleased { .. }
             | Effect::LeaseExpired { .. }
             | Effect::LeaseFailed { .. }
+            | Effect::LeaseQueued { .. }
+            | Effect::ResourceMaxLeaseChanged { .. }
+            | Effect::PriorityCapsChanged { .. }
     )
 }
 

@@ -250,6 +250,20 @@ pub fn describe(effect: &Effect) -> String {
         Effect::PlacementClosed { resource } => {
             format!("placement of {} done: its agent made the resource", short(resource))
         }
+        Effect::LeaseQueued { lease, resource, holder, priority, .. } => {
+            format!("lease {} for {holder} queues on busy {} (priority {priority})", short(lease), short(resource))
+        }
+        Effect::ResourceMaxLeaseChanged { resource, max_lease: Some(max) } => {
+            format!("{}: a lease may be held at most {max} while others wait", short(resource))
+        }
+        Effect::ResourceMaxLeaseChanged { resource, max_lease: None } => {
+            format!("{}: no limit on how long a lease is held", short(resource))
+        }
+        Effect::PriorityCapsChanged { max_priority } => {
+            let caps: Vec<String> = max_priority.iter().map(|(prefix, cap)| format!("{prefix}*={cap}")).collect();
+            let caps = if caps.is_empty() { "none (every issuer: 0)".to_owned() } else { caps.join(", ") };
+            format!("lease priority caps: {caps}")
+        }
         Effect::CapacityReserved { resource, kind, used, capacity, .. } => {
             format!("room held for the placement of {} ({used} of {capacity} {kind})", short(resource))
         }

@@ -414,7 +414,9 @@ impl LeaseRecord {
             self.wait_until = wait_until;
         };
         match effect {
-            Effect::LeaseWaiting { lease: id, wait_until, .. } if *id == lease => {
+            Effect::LeaseWaiting { lease: id, wait_until, .. } | Effect::LeaseQueued { lease: id, wait_until, .. }
+                if *id == lease =>
+            {
                 set("waiting", None, None, wait_until.map(|t| t.0))
             }
             Effect::LeaseGranted { lease: id, expires_at, .. } if *id == lease => {
@@ -439,6 +441,23 @@ impl LeaseRecord {
         from: u64,
         deadline: tokio::time::Instant,
     ) -> Result<bool, Error> {
+        self.wait_with(transport, lease, from, deadline, || async {}).await
+    }
+
+    /// [`LeaseRecord::wait`], calling `between` after each outcome that leaves the lease waiting (`acquire --block`
+    /// looks at the queue then).
+    pub async fn wait_with<F, Fut>(
+        &mut self,
+        transport: &Transport,
+        lease: &LeaseRef,
+        from: u64,
+        deadline: tokio::time::Instant,
+        mut between: F,
+    ) -> Result<bool, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         if self.state != "waiting" {
             return Ok(true);
         }
@@ -455,6 +474,9 @@ impl LeaseRecord {
                 if self.apply(lease.lease, position, effect) && self.state != "waiting" {
                     return Ok(true);
                 }
+            }
+            if tokio::time::timeout_at(deadline, between()).await.is_err() {
+                return Ok(false);
             }
         }
     }
@@ -761,6 +783,7 @@ mod tests {
             holder: "build-1".into(),
             ttl: None,
             wait_timeout: None,
+            priority: 0,
         };
         let granted = |lease: LeaseId| -> SeqOutcome {
             let outcome: Outcome = serde_json::from_value(serde_json::json!({

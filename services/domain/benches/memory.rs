@@ -110,6 +110,7 @@ fn renewals(w: &mut Writer) {
             holder: "build".into(),
             ttl: Some(Millis::from_mins(5)),
             wait_timeout: None,
+            priority: 0,
         };
         w.submit("op:scheduler", acquire);
         let token = w.state.lease(lease).map(|l| match l.state {

@@ -440,6 +440,7 @@ fn apply_effect(
                     native_id: None,
                     claims: Default::default(),
                     live_leases: Default::default(),
+                    max_lease: None,
                     idle_since: now,
                     terminal_at: None,
                 },
@@ -643,22 +644,24 @@ fn apply_effect(
         }
         Effect::ChildAdopted { .. } => {}
         Effect::LeaseWaiting { lease, resource, holder, ttl, wait_until } => {
-            insert_lease(
-                state,
-                key,
-                *lease,
-                *resource,
-                holder,
-                *ttl,
-                LeaseState::Waiting { until: *wait_until },
-                position,
-            );
+            let new = NewLease { lease: *lease, resource: *resource, holder, ttl: *ttl, priority: 0 };
+            insert_lease(state, key, new, LeaseState::Waiting { until: *wait_until }, position, now);
+        }
+        Effect::LeaseQueued { lease, resource, holder, ttl, wait_until, priority } => {
+            let new = NewLease { lease: *lease, resource: *resource, holder, ttl: *ttl, priority: *priority };
+            insert_lease(state, key, new, LeaseState::Waiting { until: *wait_until }, position, now);
         }
         Effect::LeaseGranted { lease, resource, holder, ttl, expires_at } => {
             let granted = LeaseState::Active { token: position, expires_at: *expires_at };
             match state.leases.get_mut(lease) {
-                Some(existing) => existing.state = granted,
-                None => insert_lease(state, key, *lease, *resource, holder, *ttl, granted, position),
+                Some(existing) => {
+                    existing.state = granted;
+                    existing.granted_at = Some(now);
+                }
+                None => {
+                    let new = NewLease { lease: *lease, resource: *resource, holder, ttl: *ttl, priority: 0 };
+                    insert_lease(state, key, new, granted, position, now);
+                }
             }
         }
         Effect::LeaseRenewed { lease, ttl, expires_at } => {
@@ -848,6 +851,14 @@ fn apply_effect(
                 placement.state = next;
             }
         }
+        Effect::ResourceMaxLeaseChanged { resource, max_lease } => {
+            if let Some(r) = state.resources.get_mut(resource) {
+                r.max_lease = *max_lease;
+            }
+        }
+        Effect::PriorityCapsChanged { max_priority } => {
+            state.priority_caps = max_priority.clone();
+        }
         Effect::PlacementClosed { resource } => {
             if let Some(placement) = state.placements.get_mut(resource)
                 && let PlacementState::Bound { closed, .. } = &mut placement.state
@@ -916,35 +927,45 @@ fn end_claim(pool: &mut Pool, holder: &ResourceRef, position: Position) -> Optio
     Some(Forget::PoolHolder(pool.name.clone(), holder.clone(), position))
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What the effect that makes a lease says of it.
+struct NewLease<'e> {
+    lease: leasehold_schemas::LeaseId,
+    resource: ResourceId,
+    holder: &'e str,
+    ttl: Option<leasehold_schemas::Millis>,
+    priority: u8,
+}
+
 fn insert_lease(
     state: &mut PartitionState,
     key: &leasehold_schemas::Key,
-    lease: leasehold_schemas::LeaseId,
-    resource: ResourceId,
-    holder: &str,
-    ttl: Option<leasehold_schemas::Millis>,
+    new: NewLease<'_>,
     lease_state: LeaseState,
     position: Position,
+    now: Timestamp,
 ) {
     let leasehold_schemas::Key::Agent(agent) = key else {
         return;
     };
+    let granted_at = matches!(lease_state, LeaseState::Active { .. }).then_some(now);
     state.leases.insert(
-        lease,
+        new.lease,
         Lease {
-            id: lease,
-            resource,
+            id: new.lease,
+            resource: new.resource,
             agent: agent.clone(),
-            holder: holder.to_owned(),
-            ttl,
+            holder: new.holder.to_owned(),
+            ttl: new.ttl,
             state: lease_state,
             requested_pos: position,
+            priority: new.priority,
+            requested_at: now,
+            granted_at,
             terminal_at: None,
             last_renew: None,
         },
     );
-    if let Some(r) = state.resources.get_mut(&resource) {
-        r.live_leases.insert(position, lease);
+    if let Some(r) = state.resources.get_mut(&new.resource) {
+        r.live_leases.insert(position, new.lease);
     }
 }

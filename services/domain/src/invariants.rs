@@ -17,8 +17,21 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
         if live.len() != resource.live_leases.len() {
             return Err(format!("resource {name} lists a live lease that is not in state"));
         }
-        if live.len() as u64 > u64::from(resource.capacity) {
-            return Err(format!("resource {name} has {} live leases over capacity {}", live.len(), resource.capacity));
+        let n_active = live.iter().filter(|l| matches!(l.state, crate::state::LeaseState::Active { .. })).count();
+        let n_waiting = live.len() - n_active;
+        if n_active as u64 > u64::from(resource.capacity) {
+            return Err(format!("resource {name} has {n_active} active leases over capacity {}", resource.capacity));
+        }
+        if n_waiting > crate::MAX_QUEUED + resource.capacity as usize {
+            return Err(format!("resource {name} has {n_waiting} waiting leases, over the queue's bound"));
+        }
+        // The queue is served whenever room is made: an active resource that may grant has no room while any wait.
+        let serves = resource.state == crate::state::ResourceState::Active && resource.upstream_suspect().is_none();
+        if serves && n_waiting > 0 && (n_active as u64) < u64::from(resource.capacity) {
+            return Err(format!(
+                "resource {name} is active with {n_active} of {} leases held while {n_waiting} wait",
+                resource.capacity
+            ));
         }
         if resource.state.has_left() && !live.is_empty() {
             return Err(format!("resource {name} is {} with live leases", resource.state.name()));
@@ -43,7 +56,6 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
         if live.iter().any(|lease| lease.resource != resource.id || !lease.state.is_live()) {
             return Err(format!("resource {name} lists a lease that is not its own live lease"));
         }
-        let n_active = live.iter().filter(|l| matches!(l.state, crate::state::LeaseState::Active { .. })).count();
         if resource.state == crate::state::ResourceState::Pending && n_active > 0 {
             return Err(format!("pending resource {name} has an active lease"));
         }

@@ -38,6 +38,9 @@ pub struct PartitionState {
     pub(crate) absent: BTreeSet<ResourceId>,
     /// What agents of this partition do with garbage.
     pub(crate) gc_mode: GcMode,
+    /// The highest lease priority an issuer may ask for, by issuer prefix (`op.set-partition-settings`
+    /// `max_priority`); an issuer no prefix matches may ask for 0 only.
+    pub(crate) priority_caps: BTreeMap<String, u8>,
     pub(crate) recent: RecentCommands,
     /// A decision whose last part so far ends with `decision-continues`: its next part comes before anything else.
     pub(crate) pending: Option<PendingDecision>,
@@ -119,6 +122,7 @@ impl PartitionState {
             placements: BTreeMap::new(),
             absent: BTreeSet::new(),
             gc_mode: GcMode::Destroy,
+            priority_caps: BTreeMap::new(),
             recent: RecentCommands::default(),
             pending: None,
             returned_grants: BTreeSet::new(),
@@ -211,6 +215,25 @@ impl PartitionState {
 
     pub fn agent(&self, name: &AgentName) -> Option<&Agent> {
         self.agents.get(name)
+    }
+
+    /// The lease priority caps by issuer prefix.
+    pub fn priority_caps(&self) -> &BTreeMap<String, u8> {
+        &self.priority_caps
+    }
+
+    /// The highest lease priority `issuer` may ask for: the cap of the longest prefix that matches it, else 0.
+    pub fn priority_cap_of(&self, issuer: &str) -> (u8, Option<&str>) {
+        self.priority_caps
+            .iter()
+            .filter(|(prefix, _)| issuer.starts_with(prefix.as_str()))
+            .max_by_key(|(prefix, _)| prefix.len())
+            .map_or((0, None), |(prefix, cap)| (*cap, Some(prefix.as_str())))
+    }
+
+    /// The waiting leases of a resource in the order they would be granted now (see [`queue_order`]).
+    pub fn queue_of<'a>(&'a self, resource: &'a Resource) -> Vec<&'a Lease> {
+        queue_order(self.live_leases_of(resource).filter(|l| matches!(l.state, LeaseState::Waiting { .. })), self.now)
     }
 
     pub fn agents(&self) -> impl Iterator<Item = &Agent> {
@@ -751,6 +774,8 @@ pub struct Resource {
     pub claims: BTreeMap<PoolName, ClaimSlot>,
     /// Live (waiting or active) leases, by the position of their request: first come, first granted.
     pub live_leases: BTreeMap<Position, LeaseId>,
+    /// The longest a lease may be held (from its grant) while others wait: a renew past it is refused then.
+    pub max_lease: Option<Millis>,
     /// While it holds no live lease: since when (its allocation, or the end of its last live lease). What a drain's
     /// grace counts from; meaningless while it holds one.
     pub idle_since: Timestamp,
@@ -841,6 +866,12 @@ pub struct Lease {
     pub state: LeaseState,
     /// The position of its first effect (waiting or granted): its place in the queue.
     pub requested_pos: Position,
+    /// Its priority in the queue of a busy resource (0 unless it asked for more).
+    pub priority: u8,
+    /// The log time it started waiting (or was granted at once): what its aging counts from.
+    pub requested_at: Timestamp,
+    /// The log time of its grant.
+    pub granted_at: Option<Timestamp>,
     pub terminal_at: Option<Timestamp>,
     /// The last accepted renew: its command id and command sequence. A lease renewed every minute would otherwise
     /// keep 1,440 command ids a day in memory: a retry of the last renew is recognised here, and a renew with an
@@ -887,4 +918,23 @@ impl Pool {
     pub fn next_cooled_at(&self) -> Option<Timestamp> {
         self.cooling.keys().next().map(|(freed_at, _)| freed_at.saturating_add(self.cooldown))
     }
+}
+
+// -----------------------------------------------------------------------------------------------------------------
+// The queue of a busy resource
+
+/// How long a waiter waits for its effective priority to rise by one. A waiter of priority `p` ranks above every lease
+/// that arrives later once it has waited `(cap - p) * AGING_STEP`, `cap` being the highest priority anyone may ask.
+pub const AGING_STEP: Millis = Millis::from_secs(60);
+
+/// A waiter's rank at `now`: its priority plus one for each full [`AGING_STEP`] it has waited (on log time).
+pub fn effective_priority(lease: &Lease, now: Timestamp) -> u64 {
+    u64::from(lease.priority) + now.since(lease.requested_at).0 / AGING_STEP.0
+}
+
+/// Waiting leases in the order they are granted at `now`: highest effective priority first, then first come.
+pub fn queue_order<'a>(waiting: impl Iterator<Item = &'a Lease>, now: Timestamp) -> Vec<&'a Lease> {
+    let mut queue: Vec<&Lease> = waiting.collect();
+    queue.sort_by_key(|lease| (std::cmp::Reverse(effective_priority(lease, now)), lease.requested_pos));
+    queue
 }

@@ -127,6 +127,7 @@ fn partition_settings(w: &mut World, partition: u32, horizon: Millis) -> Outcome
         policy: None,
         if_no_policy: false,
         gc: None,
+        max_priority: None,
     })
 }
 

@@ -150,6 +150,7 @@ fn a_dry_run_records_and_orders_nothing() {
         policy: None,
         if_no_policy: false,
         gc: Some(GcMode::DryRun),
+        max_priority: None,
     };
     assert_eq!(effect_names(&w.op(settings.clone())), ["gc-mode-changed"]);
     assert_eq!(w.state().gc_mode(), GcMode::DryRun);

@@ -250,7 +250,7 @@ fn acquire_by_resource_state() {
                 let outcome = acquire(w, None, None);
                 naming(outcome, w.rref())
             },
-            Rejected(AtCapacity, &["is at capacity (2 of 2 leases held)"]),
+            Rejected(AtCapacity, &["is at capacity (2 of 2 leases held, 0 waiting)", "give a wait timeout to queue"]),
         ),
         case(
             "acquire on an active resource after a lease was released",
@@ -267,7 +267,14 @@ fn acquire_by_resource_state() {
             |w| {
                 w.active().leased(None).leased(None);
                 let (agent, resource) = (w.a(), w.r());
-                accepted(&w.op(Update { agent, resource, set: Default::default(), remove: vec![], capacity: Some(3) }));
+                accepted(&w.op(Update {
+                    agent,
+                    resource,
+                    set: Default::default(),
+                    remove: vec![],
+                    capacity: Some(3),
+                    max_lease: None,
+                }));
             },
             |w| acquire(w, None, None),
             Effects(&["lease-granted"]),
@@ -279,7 +286,7 @@ fn acquire_by_resource_state() {
                 accepted(&created(w));
             },
             |w| acquire(w, None, None),
-            Rejected(AtCapacity, &["(0 of 0 leases held)"]),
+            Rejected(AtCapacity, &["(0 of 0 leases held, 0 waiting)"]),
         ),
         case(
             "acquire on a paused resource",

@@ -21,6 +21,7 @@ fn fill_queue(w: &mut World, n: usize) {
             holder,
             ttl: Some(Millis(u64::MAX / 2)),
             wait_timeout: Some(Millis(u64::MAX / 2)),
+            priority: 0,
         };
         accepted(&w.op(cmd));
     }

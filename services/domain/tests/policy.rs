@@ -30,6 +30,7 @@ fn set_policy(w: &mut World, policy: Option<ClusterPolicy>, if_no_policy: bool) 
         policy,
         if_no_policy,
         gc: None,
+        max_priority: None,
     })
 }
 
@@ -128,6 +129,7 @@ fn a_policy_that_makes_no_sense_is_refused_and_a_horizon_change_keeps_the_policy
         policy: None,
         if_no_policy: false,
         gc: None,
+        max_priority: None,
     };
     accepted(&w.op(horizon));
     assert_eq!(w.state().settings().outcome_horizon, Millis::from_hours(48));

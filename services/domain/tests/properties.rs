@@ -15,7 +15,8 @@
 //!
 //! 1. no pool identifier is bound to two live resources, and every live binding is what its pool (in whatever
 //!    partition) holds;
-//! 2. live leases stay within capacity (a reference model folded from the outcomes, compared with state);
+//! 2. granted leases stay within capacity, and leases wait only on pending or active resources (a reference model
+//!    folded from the outcomes, compared with state; the fairness of the queue is `queue.rs`'s);
 //! 3. terminal resources and leases never change while they stay in state;
 //! 4. a resource's own claim goes back only with its terminal state, a grant goes straight back only from a bind and
 //!    never one the resource holds, and a pool frees only a claim given back with that token;
@@ -606,7 +607,10 @@ struct ResourceModel {
     terminal_at: Option<Timestamp>,
     capacity: u32,
     life: Life,
+    /// Granted leases (at most `capacity`).
     live: BTreeSet<LeaseId>,
+    /// Waiting leases: on a pending resource within capacity (`lease-waiting`), or queued (`lease-queued`).
+    waiting: BTreeSet<LeaseId>,
     /// Creation position: `create-ordered`, or the allocation until then.
     creation: Position,
     /// Whether its create was ordered (only then can an observation make it active).
@@ -1104,6 +1108,7 @@ impl Checker {
                         capacity: *capacity,
                         life: Life::Pending,
                         live: BTreeSet::new(),
+                        waiting: BTreeSet::new(),
                         creation: position,
                         create_ordered: false,
                         suspect_since: None,
@@ -1265,8 +1270,10 @@ impl Checker {
                         self.terminal(&reference, now);
                     }
                 }
-                Effect::LeaseWaiting { lease, resource, .. } | Effect::LeaseGranted { lease, resource, .. } => {
-                    let waiting = matches!(effect, Effect::LeaseWaiting { .. });
+                Effect::LeaseWaiting { lease, resource, .. }
+                | Effect::LeaseQueued { lease, resource, .. }
+                | Effect::LeaseGranted { lease, resource, .. } => {
+                    let granted = matches!(effect, Effect::LeaseGranted { .. });
                     let Some(reference) = at(resource) else { continue };
                     let Some(model) = self.resources.get_mut(&reference) else {
                         return violation(
@@ -1274,15 +1281,21 @@ impl Checker {
                             format!("{} at {position} on unknown resource {reference}", effect.name()),
                         );
                     };
-                    let grant_of_waiting = !waiting && model.live.contains(lease);
+                    let grant_of_waiting = granted && model.waiting.remove(lease);
                     if !grant_of_waiting && !self.leased.insert((partition, *lease)) {
                         return violation(11, format!("lease id {lease} used a second time ({})", effect.name()));
                     }
-                    if !waiting && model.flagged {
+                    if granted && model.flagged {
                         return violation(2, format!("{lease} granted on {reference}, flagged suspect-upstream"));
                     }
-                    let want = if waiting { Life::Pending } else { Life::Active };
-                    if model.life != want {
+                    // A lease waits on a pending resource (`lease-waiting` within its capacity), queues on a pending
+                    // or an active one, and is granted on an active one.
+                    let fits = match effect {
+                        Effect::LeaseWaiting { .. } => model.life == Life::Pending,
+                        Effect::LeaseQueued { .. } => matches!(model.life, Life::Pending | Life::Active),
+                        _ => model.life == Life::Active,
+                    };
+                    if !fits {
                         return violation(
                             2,
                             format!(
@@ -1292,7 +1305,19 @@ impl Checker {
                             ),
                         );
                     }
-                    model.live.insert(*lease);
+                    let waiting_over = matches!(effect, Effect::LeaseWaiting { .. })
+                        && model.live.len() + model.waiting.len() >= model.capacity as usize;
+                    if waiting_over {
+                        return violation(
+                            2,
+                            format!("{lease} waits (lease-waiting) on {reference} beyond its capacity"),
+                        );
+                    }
+                    if granted {
+                        model.live.insert(*lease);
+                    } else {
+                        model.waiting.insert(*lease);
+                    }
                     self.leases.insert((partition, *lease), reference.clone());
                     touched = Some(reference);
                 }
@@ -1304,6 +1329,7 @@ impl Checker {
                         && let Some(model) = self.resources.get_mut(reference)
                     {
                         model.live.remove(lease);
+                        model.waiting.remove(lease);
                     }
                     self.lease_ended.insert((partition, *lease), now);
                 }
@@ -1325,10 +1351,15 @@ impl Checker {
             }
         }
         for (reference, model) in &self.resources {
-            if matches!(model.life, Life::Releasing | Life::Terminal) && !model.live.is_empty() {
+            if matches!(model.life, Life::Releasing | Life::Terminal)
+                && !(model.live.is_empty() && model.waiting.is_empty())
+            {
                 return violation(
                     2,
-                    format!("resource {reference} is {:?} with live leases {:?}", model.life, model.live),
+                    format!(
+                        "resource {reference} is {:?} with live leases {:?} and waiting {:?}",
+                        model.life, model.live, model.waiting
+                    ),
                 );
             }
         }
@@ -1575,14 +1606,17 @@ impl Checker {
             let state = home(&Key::Agent(reference.agent.clone()));
             match state.resource(reference.resource).filter(|r| r.agent == reference.agent) {
                 Some(r) => {
-                    let live: BTreeSet<LeaseId> = r.live_leases.values().copied().collect();
-                    if live != model.live || r.capacity != model.capacity {
+                    let (live, waiting): (BTreeSet<LeaseId>, BTreeSet<LeaseId>) =
+                        r.live_leases.values().copied().partition(|id| {
+                            state.lease(*id).is_some_and(|l| matches!(l.state, LeaseState::Active { .. }))
+                        });
+                    if live != model.live || waiting != model.waiting || r.capacity != model.capacity {
                         return violation(
                             2,
                             format!(
-                                "resource {reference}: state has live leases {live:?} and capacity {}, the model {:?} \
-                                 and {}",
-                                r.capacity, model.live, model.capacity
+                                "resource {reference}: state has active leases {live:?}, waiting {waiting:?} and \
+                                 capacity {}, the model {:?}, {:?} and {}",
+                                r.capacity, model.live, model.waiting, model.capacity
                             ),
                         );
                     }
@@ -2576,6 +2610,7 @@ impl Sim {
                     holder: format!("job-{}", step.who % 4),
                     ttl: ttl_s.map(|s| secs(u64::from(s))),
                     wait_timeout: wait_s.map(|s| secs(u64::from(s))),
+                    priority: 0,
                 };
                 one(self, op, body.into())
             }
@@ -2617,7 +2652,7 @@ impl Sim {
                 } else {
                     (BTreeMap::new(), vec!["tier".to_owned()])
                 };
-                let body = Update { agent, resource, set, remove, capacity: capacity.map(u32::from) };
+                let body = Update { agent, resource, set, remove, capacity: capacity.map(u32::from), max_lease: None };
                 one(self, op, body.into())
             }
             Act::OpFailure { res } => {
@@ -2680,6 +2715,7 @@ impl Sim {
                     policy: None,
                     if_no_policy: false,
                     gc: None,
+                    max_priority: None,
                 };
                 one(self, op, body.into())
             }
@@ -2852,6 +2888,7 @@ impl Sim {
                             holder: format!("{}-{i}", "h".repeat(100)),
                             ttl: (i % 3 == 0).then_some(secs(600)),
                             wait_timeout: (i % 5 == 0).then_some(secs(300)),
+                            priority: 0,
                         };
                         self.envelope(op, 0, body.into())
                     })
@@ -2947,22 +2984,34 @@ impl Sim {
                 }
                 .into()
             }
-            2 => {
-                Update { agent, resource, set: [(text, "v".to_owned())].into(), remove: vec![], capacity: None }.into()
+            2 => Update {
+                agent,
+                resource,
+                set: [(text, "v".to_owned())].into(),
+                remove: vec![],
+                capacity: None,
+                max_lease: None,
             }
-            3 => {
-                Update { agent, resource, set: [("k".to_owned(), text)].into(), remove: vec![], capacity: None }.into()
+            .into(),
+            3 => Update {
+                agent,
+                resource,
+                set: [("k".to_owned(), text)].into(),
+                remove: vec![],
+                capacity: None,
+                max_lease: None,
             }
+            .into(),
             4 => {
                 let remove =
                     if bytes > 4096 { vec![text] } else { (0..bytes.max(1)).map(|i| format!("name-{i}")).collect() };
-                Update { agent, resource, set: Default::default(), remove, capacity: None }.into()
+                Update { agent, resource, set: Default::default(), remove, capacity: None, max_lease: None }.into()
             }
             5 => Pause { agent, resource, reason: Some(text), until: None }.into(),
             6 => Release { agent, resource, reason: Some(text) }.into(),
             7 => {
                 let lease = self.lease_id(generation_of(self.clock), res % N_LEASE_IDS);
-                Acquire { agent, resource, lease, holder: text, ttl: None, wait_timeout: None }.into()
+                Acquire { agent, resource, lease, holder: text, ttl: None, wait_timeout: None, priority: 0 }.into()
             }
             8 => {
                 let (epoch, obs) = self.stamp(&agent, Obs::Next);
@@ -3358,6 +3407,7 @@ fn state_stays_bounded_under_endless_heartbeats_and_reports() {
                 holder: "build".into(),
                 ttl: Some(Millis::from_mins(90)),
                 wait_timeout: None,
+                priority: 0,
             };
             let lease_id = acquire.lease;
             let outcome = w.op(acquire);

@@ -1466,6 +1466,7 @@ fn leased_resources(w: &mut World, n: usize, k: u32) -> Vec<ResourceId> {
                 holder: "b".into(),
                 ttl: None,
                 wait_timeout: None,
+                priority: 0,
             };
             assert_eq!(effect_names(&w.op(acquire)), ["lease-granted"]);
         }

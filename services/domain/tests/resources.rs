@@ -198,20 +198,28 @@ fn release_pause_update() {
                     set: [("disk".into(), "200G".into())].into(),
                     remove: vec![],
                     capacity: Some(4),
+                    max_lease: None,
                 })
             },
             Effects(&["resource-updated"]),
         ),
         case(
-            "update capacity below the live leases",
+            "update capacity below the active leases",
             |w| {
                 w.active().leased(None).leased(None);
             },
             |w| {
                 let (agent, resource) = (w.a(), w.r());
-                w.op(Update { agent, resource, set: Default::default(), remove: vec![], capacity: Some(1) })
+                w.op(Update {
+                    agent,
+                    resource,
+                    set: Default::default(),
+                    remove: vec![],
+                    capacity: Some(1),
+                    max_lease: None,
+                })
             },
-            Rejected(InvalidState, &["below the 2 live leases"]),
+            Rejected(InvalidState, &["below the 2 active leases"]),
         ),
     ]);
 }
@@ -281,7 +289,7 @@ fn update(w: &mut World, set: &[(&str, &str)], remove: &[&str], capacity: Option
     let (agent, resource) = (w.a(), w.r());
     let set = set.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let remove = remove.iter().map(|k| k.to_string()).collect();
-    w.op(Update { agent, resource, set, remove, capacity })
+    w.op(Update { agent, resource, set, remove, capacity, max_lease: None })
 }
 
 fn report_failure_op(w: &mut World) -> Outcome {

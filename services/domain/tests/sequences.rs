@@ -41,6 +41,7 @@ fn heavy_pending(w: &mut World, n: usize) -> Vec<ResourceId> {
                 holder: "h".repeat(leasehold_domain::MAX_HOLDER_BYTES),
                 ttl: None,
                 wait_timeout: None,
+                priority: 0,
             };
             assert_eq!(effect_names(&w.op(cmd)), ["lease-waiting"]);
         }
@@ -209,9 +210,16 @@ fn seq3_commands_under_the_limit_give_outcomes_under_the_cap() {
         set: [(huge.clone(), "v".to_owned())].into_iter().collect(),
         remove: vec![],
         capacity: None,
+        max_lease: None,
     };
-    let remove_name =
-        Update { agent: agent.clone(), resource, set: Default::default(), remove: vec![huge.clone()], capacity: None };
+    let remove_name = Update {
+        agent: agent.clone(),
+        resource,
+        set: Default::default(),
+        remove: vec![huge.clone()],
+        capacity: None,
+        max_lease: None,
+    };
     let exclude = (0..200_000u32).map(|i| std::net::Ipv4Addr::from(0x0a00_0000 + 2 + i)).collect();
     let pool = DefinePool {
         pool: pool_name("big"),
@@ -501,6 +509,7 @@ fn set_horizon(w: &mut World, horizon: Millis) {
         policy: None,
         if_no_policy: false,
         gc: None,
+        max_priority: None,
     };
     accepted(&w.op(body));
 }

@@ -423,7 +423,7 @@ async fn ids_stamped_far_ahead_of_the_gateways_clock_are_refused() {
 
     let acquire = |lease: LeaseId, resource: ResourceId| {
         let holder = "build-1".to_owned();
-        let body = Acquire { agent: agent("w1"), resource, lease, holder, ttl: None, wait_timeout: None };
+        let body = Acquire { agent: agent("w1"), resource, lease, holder, ttl: None, wait_timeout: None, priority: 0 };
         envelope("op:test", body)
     };
     let lease_ahead = acquire(LeaseId::from_parts(far, [4; 10]), ResourceId::generate());
@@ -670,6 +670,7 @@ async fn a_valid_command_is_decided_and_a_retry_gets_the_same_outcome() {
             holder: "build-1".to_owned(),
             ttl: None,
             wait_timeout: None,
+            priority: 0,
         },
     );
     let (status, answer) = gw.post(&format!("{POST}?wait=true&timeout=20s"), text(&acquire)).await;

@@ -338,6 +338,7 @@ impl<'o> Demo<'o> {
                     holder: "build-42".to_owned(),
                     ttl: Some(Millis::from_mins(30)),
                     wait_timeout: None,
+                    priority: 0,
                 },
             )
             .await?;

@@ -61,6 +61,16 @@ fn leases() -> Vec<Value> {
         json!({"id": "w1.019b76da-9860-7333-b333-444444444444", "resource": R2, "holder": "漢字ビルド",
             "state": "released", "token": null, "expires_at": null, "wait_until": null, "ttl_ms": null,
             "detail": null, "terminal_at": 1_767_226_000_000u64, "as_of": 48}),
+        // The queue behind L1: a priority-2 lease that asked a minute ago, and one of priority 0 that has waited
+        // three minutes (it ranks 3 now, so it comes first).
+        json!({"id": "w1.019b76da-9860-7333-b333-555555555555", "resource": R1, "holder": "release-7",
+            "state": "waiting", "token": null, "expires_at": null, "wait_until": 1_767_226_800_000u64,
+            "ttl_ms": null, "detail": null, "terminal_at": null, "priority": 2,
+            "requested_at": 1_767_226_140_000u64, "requested_pos": 61, "granted_at": null, "as_of": 61}),
+        json!({"id": "w1.019b76da-9860-7333-b333-666666666666", "resource": R1, "holder": "nightly",
+            "state": "waiting", "token": null, "expires_at": null, "wait_until": 1_767_227_000_000u64,
+            "ttl_ms": null, "detail": null, "terminal_at": null, "priority": 0,
+            "requested_at": 1_767_226_020_000u64, "requested_pos": 58, "granted_at": null, "as_of": 58}),
     ]
 }
 

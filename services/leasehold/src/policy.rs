@@ -7,6 +7,7 @@
 //! flags never flip it back and forth: the one that comes second warns about every difference instead. `serve` stores
 //! these commands before its gateway takes any (see `ready.rs`), and looks at their decisions afterwards.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -120,8 +121,40 @@ pub(crate) struct PolicySetArgs {
     /// on record, the default) or `dry-run` (recorded as `garbage-dry-run`, nothing ordered or destroyed).
     #[arg(long, value_name = "destroy|dry-run")]
     pub(crate) gc: Option<GcMode>,
+    /// The highest lease priority (`acquire --priority`) the issuers starting with PREFIX may ask for (`ci:=5`; a
+    /// whole issuer is a prefix too; the longest prefix that matches an issuer gives its cap; an issuer no prefix
+    /// matches may ask for 0 only); `PREFIX=none` removes the prefix's cap. Repeatable; the other prefixes keep
+    /// theirs.
+    #[arg(long = "max-priority", value_name = "PREFIX=N", value_parser = parse_max_priority)]
+    pub(crate) max_priority: Vec<(String, Option<u8>)>,
     #[command(flatten)]
     pub(crate) produce: ProduceArgs,
+}
+
+/// `ci:=5`, or `ci:=none`.
+pub(crate) fn parse_max_priority(text: &str) -> Result<(String, Option<u8>), String> {
+    let (prefix, cap) =
+        text.rsplit_once('=').ok_or_else(|| format!("{text:?} is not PREFIX=N (e.g. ci:=5) or PREFIX=none"))?;
+    if leasehold_schemas::Issuer::new(prefix).is_err() {
+        return Err(format!("{prefix:?} is not an issuer prefix (printable ASCII, no spaces, quotes or backslashes)"));
+    }
+    if cap == "none" {
+        return Ok((prefix.to_owned(), None));
+    }
+    let cap = cap.parse::<u8>().map_err(|_| format!("{cap:?} is not a priority from 0 to 255, nor `none`"))?;
+    Ok((prefix.to_owned(), Some(cap)))
+}
+
+/// `recorded` with the caps given set or removed.
+fn caps_with(recorded: &BTreeMap<String, u8>, given: &[(String, Option<u8>)]) -> BTreeMap<String, u8> {
+    let mut caps = recorded.clone();
+    for (prefix, cap) in given {
+        match cap {
+            Some(cap) => caps.insert(prefix.clone(), *cap),
+            None => caps.remove(prefix),
+        };
+    }
+    caps
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -145,10 +178,10 @@ pub(crate) async fn run(cmd: PolicyCmd, global: &GlobalArgs) -> anyhow::Result<(
 }
 
 async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -> anyhow::Result<()> {
-    if args.flags.is_empty() && args.gc.is_none() {
+    if args.flags.is_empty() && args.gc.is_none() && args.max_priority.is_empty() {
         return Err(BadCommandLine(
             "nothing to change: give at least one of --stall-after, --orphan-after, --create-timeout, \
-             --claim-cooldown, --max-loss, --loss-window, --gc"
+             --claim-cooldown, --max-loss, --loss-window, --gc, --max-priority"
                 .to_owned(),
         )
         .into());
@@ -175,11 +208,13 @@ async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -
         let what = format!("policy set: partition {}", view.partition);
         // Only what is given is sent: `--gc` alone leaves the policy (recorded or not) as it is.
         let unchanged = |p: &ClusterPolicy| view.recorded && *p == view.policy;
-        let in_force = (policy.clone(), args.gc.unwrap_or(view.gc));
+        let caps = caps_with(&view.max_priority, &args.max_priority);
+        let in_force = (policy.clone(), args.gc.unwrap_or(view.gc), caps.clone());
         let policy = Some(policy).filter(|p| !args.flags.is_empty() && !unchanged(p));
         let gc = args.gc.filter(|mode| *mode != view.gc);
+        let max_priority = Some(caps).filter(|caps| *caps != view.max_priority);
         now_in_force.get_or_insert(in_force);
-        if policy.is_none() && gc.is_none() {
+        if policy.is_none() && gc.is_none() && max_priority.is_none() {
             unchanged_in.push(view.partition);
             continue;
         }
@@ -191,6 +226,7 @@ async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -
             policy,
             if_no_policy: false,
             gc,
+            max_priority,
         };
         let envelope = crate::produce::envelope(&issuer, None, body);
         let sent = crate::produce::accepted_quietly(global, &args.produce, &envelope, &what).await;
@@ -220,8 +256,8 @@ async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -
         }
     };
     line.push('\n');
-    if let Some((policy, gc)) = now_in_force {
-        line.push_str(&fields(&policy, gc));
+    if let Some((policy, gc, caps)) = now_in_force {
+        line.push_str(&fields(&policy, gc, &caps));
     }
     output::emit(&line);
     Ok(())
@@ -233,16 +269,31 @@ fn show(views: &[PolicyView], format: OutputFormat) -> anyhow::Result<()> {
         return Ok(());
     }
     let Some(first) = views.first() else { bail!("the gateway knows of no partition") };
-    let agree = views.iter().all(|v| v.recorded == first.recorded && v.policy == first.policy && v.gc == first.gc);
+    let agree = views.iter().all(|v| {
+        v.recorded == first.recorded
+            && v.policy == first.policy
+            && v.gc == first.gc
+            && v.max_priority == first.max_priority
+    });
     if agree {
         let whose = match first.recorded {
             true => format!("the policy of all {} partitions", views.len()),
             false => format!("no policy recorded in any of the {} partitions: the defaults", views.len()),
         };
-        output::emit(&format!("{whose}\n{}", fields(&first.policy, first.gc)));
+        output::emit(&format!("{whose}\n{}", fields(&first.policy, first.gc, &first.max_priority)));
     } else {
-        let mut table =
-            Table::new(&["PARTITION", "RECORDED", "STALL", "ORPHAN", "CREATE", "COOLDOWN", "MAX-LOSS", "WINDOW", "GC"]);
+        let mut table = Table::new(&[
+            "PARTITION",
+            "RECORDED",
+            "STALL",
+            "ORPHAN",
+            "CREATE",
+            "COOLDOWN",
+            "MAX-LOSS",
+            "WINDOW",
+            "GC",
+            "MAX-PRIORITY",
+        ]);
         for view in views {
             let a = &view.policy.agent;
             table.row(vec![
@@ -255,6 +306,7 @@ fn show(views: &[PolicyView], format: OutputFormat) -> anyhow::Result<()> {
                 format!("{}/{}", a.max_loss_min, a.max_loss_percent),
                 a.loss_window.to_string(),
                 view.gc.to_string(),
+                caps_text(&view.max_priority),
             ]);
         }
         output::emit(&format!(
@@ -266,7 +318,15 @@ fn show(views: &[PolicyView], format: OutputFormat) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn fields(policy: &ClusterPolicy, gc: GcMode) -> String {
+/// Priority caps in one cell: `ci:=5, op:=9`, or `none (every issuer: 0)`.
+fn caps_text(caps: &BTreeMap<String, u8>) -> String {
+    if caps.is_empty() {
+        return "none (every issuer: 0)".to_owned();
+    }
+    caps.iter().map(|(prefix, cap)| format!("{prefix}={cap}")).collect::<Vec<_>>().join(", ")
+}
+
+fn fields(policy: &ClusterPolicy, gc: GcMode, caps: &BTreeMap<String, u8>) -> String {
     let a = &policy.agent;
     output::fields(&[
         ("stall-after", a.stall_after.to_string()),
@@ -276,6 +336,7 @@ fn fields(policy: &ClusterPolicy, gc: GcMode) -> String {
         ("max-loss", format!("{}/{}", a.max_loss_min, a.max_loss_percent)),
         ("loss-window", a.loss_window.to_string()),
         ("gc", gc.to_string()),
+        ("max-priority", caps_text(caps)),
     ])
 }
 
@@ -339,6 +400,7 @@ pub(crate) async fn seed_from_flags<L: Log>(
                     policy: Some(wanted.clone()),
                     if_no_policy: true,
                     gc: None,
+                    max_priority: None,
                 };
                 to_publish.push((partition, crate::produce::envelope(issuer, None, body)));
             }

@@ -108,10 +108,15 @@ pub(crate) struct AcquireArgs {
     /// The lease expires unless renewed within this long (`5min`); default: held until released.
     #[arg(long, value_parser = parse_millis)]
     pub(crate) ttl: Option<Millis>,
-    /// A lease waiting on a pending resource fails after this long; default: it waits while the resource is
-    /// pending.
+    /// A waiting lease fails after this long. On an active resource at capacity the lease queues only with it (and
+    /// is refused `at-capacity` without it); on a pending one it waits, by default while the resource is pending.
     #[arg(long, value_parser = parse_millis)]
     pub(crate) wait_timeout: Option<Millis>,
+    /// Its place in the queue of a busy resource: higher first (then first come; a waiter's priority rises by one
+    /// each minute it waits). At most the cap the cluster policy gives the issuer (`policy set --max-priority`;
+    /// 0 when none names it). Default 0.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) priority: u8,
     /// The lease's id (a UUIDv7, canonical form); default: a new one. Give it with --command-id to send an
     /// acquisition whose outcome is unknown again.
     #[arg(long, value_name = "UUID")]
@@ -210,6 +215,10 @@ pub(crate) struct UpdateArgs {
     /// An attribute to remove, by name (repeatable).
     #[arg(long = "remove-attr", value_name = "NAME")]
     pub(crate) remove_attrs: Vec<String>,
+    /// The longest a lease may be held (from its grant) while others wait for the resource (`2h`): a renew that
+    /// would hold it longer is refused while the queue is not empty. `0` removes the limit.
+    #[arg(long, value_name = "DURATION", value_parser = parse_millis)]
+    pub(crate) max_lease: Option<Millis>,
     #[command(flatten)]
     pub(crate) produce: ProduceArgs,
 }
@@ -756,8 +765,15 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
             simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
         ProduceCmd::Update(args) => {
-            if args.capacity.is_none() && args.attrs.is_empty() && args.remove_attrs.is_empty() {
-                bail!("update {}: nothing to change: give --capacity, --attr or --remove-attr", args.resource);
+            if args.capacity.is_none()
+                && args.attrs.is_empty()
+                && args.remove_attrs.is_empty()
+                && args.max_lease.is_none()
+            {
+                bail!(
+                    "update {}: nothing to change: give --capacity, --attr, --remove-attr or --max-lease",
+                    args.resource
+                );
             }
             let what = format!("update {}", args.resource);
             let body = Update {
@@ -766,6 +782,7 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
                 set: attributes(&args.attrs)?,
                 remove: args.remove_attrs,
                 capacity: args.capacity,
+                max_lease: args.max_lease,
             };
             simple(global, &args.produce, envelope(&issuer, args.produce.command_id, body), &what).await?;
         }
@@ -991,6 +1008,7 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
         holder: args.holder.clone(),
         ttl: args.ttl,
         wait_timeout: args.wait_timeout,
+        priority: args.priority,
     };
     let what = format!("acquire {}", args.resource);
     let envelope = envelope(issuer, args.produce.command_id, body.clone());
@@ -1005,7 +1023,10 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
         }
         // The timeout counts from here: the acquisition itself is decided.
         let deadline = tokio::time::Instant::now() + args.produce.timeout;
-        if !record.wait(&transport, &lease_ref, last_seq + 1, deadline).await? {
+        let queue = QueueWatch::new(global, &args, &lease_ref);
+        queue.show().await;
+        let waited = record.wait_with(&transport, &lease_ref, last_seq + 1, deadline, || queue.show()).await?;
+        if !waited {
             if global.output == OutputFormat::Json {
                 let mut value = serde_json::to_value(&record)?;
                 if let serde_json::Value::Object(map) = &mut value {
@@ -1030,6 +1051,50 @@ async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> any
         bail!("lease {lease_ref} was not granted: it is {}", record.state);
     }
     Ok(())
+}
+
+/// What `acquire --block` tells on stderr while its lease waits: its place in the resource's queue each time it
+/// changes, from the gateway's lease records (with `--nats` there is no read model to ask: it says so once).
+struct QueueWatch {
+    gateway: Option<crate::client::Gateway>,
+    resource: String,
+    lease: String,
+    last: std::sync::Mutex<Option<(usize, usize)>>,
+}
+
+impl QueueWatch {
+    fn new(global: &GlobalArgs, args: &AcquireArgs, lease: &LeaseRef) -> Self {
+        let gateway = match args.produce.nats.nats {
+            Some(_) => {
+                eprintln!("lease {lease} waits (its place in the queue is shown through a gateway, not with --nats)");
+                None
+            }
+            None => crate::client::Gateway::new(&global.server).ok(),
+        };
+        QueueWatch { gateway, resource: args.resource.to_string(), lease: lease.to_string(), last: Default::default() }
+    }
+
+    /// Prints the lease's place when it changed since the last time (nothing when the gateway does not answer: the
+    /// wait itself goes on).
+    async fn show(&self) {
+        let Some(gateway) = &self.gateway else { return };
+        let query = [("resource", self.resource.clone())];
+        let Ok(Some(leases)) = gateway.get::<Vec<leasehold_projector::LeaseView>>(&["v1", "leases"], &query).await
+        else {
+            return;
+        };
+        let places = leasehold_projector::queue_places(&leases, output::now_ms());
+        let Some(place) = places.get(&self.lease) else { return };
+        let now = (place.position, places.len());
+        let mut last = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *last != Some(now) {
+            *last = Some(now);
+            eprintln!(
+                "lease {} is {} of {} in the queue of {} (effective priority {})",
+                self.lease, place.position, now.1, self.resource, place.effective_priority
+            );
+        }
+    }
 }
 
 /// What `acquire --block` says when it gives up on a lease that still waits; `again` is the command that waits on.
@@ -1061,6 +1126,9 @@ fn wait_again(args: &AcquireArgs, global: &GlobalArgs, command_id: &str, lease: 
     }
     if let Some(wait) = args.wait_timeout {
         words.extend(["--wait-timeout".to_owned(), wait.to_string()]);
+    }
+    if args.priority != 0 {
+        words.extend(["--priority".to_owned(), args.priority.to_string()]);
     }
     words.extend([
         "--command-id".to_owned(),

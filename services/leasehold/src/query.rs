@@ -555,17 +555,48 @@ pub(crate) fn resources_table(records: &Vec<Value>, clock: &Clock) -> String {
     table.render()
 }
 
+#[allow(clippy::ptr_arg, reason = "the shape every table of `listing` has")]
 pub(crate) fn leases_table(records: &Vec<Value>, clock: &Clock) -> String {
-    let mut table = Table::new(&["ID", "RESOURCE", "HOLDER", "STATE", "TOKEN", "EXPIRES"]);
-    for l in records {
-        table.row(vec![
+    // The queue of each busy resource, as the writer would grant it now (the reader's clock stands in for the log's).
+    let views: Vec<leasehold_projector::LeaseView> =
+        records.iter().filter_map(|r| serde_json::from_value(r.clone()).ok()).collect();
+    let places = leasehold_projector::queue_places(&views, clock.now);
+    let mut headers = vec!["ID", "RESOURCE", "HOLDER", "STATE", "TOKEN", "EXPIRES"];
+    if !places.is_empty() {
+        headers.extend(["QUEUE", "PRIORITY", "WAITING SINCE", "WAIT UNTIL"]);
+    }
+    // Each resource's leases together: the active ones by token, then the queue in order, then the ended ones.
+    let mut rows: Vec<&Value> = records.iter().collect();
+    if !places.is_empty() {
+        let rank = |l: &Value| match (cell(&l["state"]).as_str(), places.get(&cell(&l["id"]))) {
+            ("active", _) => (0, l["token"].as_u64().unwrap_or(0)),
+            (_, Some(place)) => (1, place.position as u64),
+            _ => (2, 0),
+        };
+        rows.sort_by_key(|l| (cell(&l["resource"]), rank(l)));
+    }
+    let mut table = Table::new(&headers);
+    for l in rows {
+        let mut row = vec![
             cell(&l["id"]),
             cell(&l["resource"]),
             cell(&l["holder"]),
             cell(&l["state"]),
             cell(&l["token"]),
             clock.ago(l["expires_at"].as_u64()),
-        ]);
+        ];
+        if !places.is_empty() {
+            match places.get(&cell(&l["id"])) {
+                Some(place) => row.extend([
+                    place.position.to_string(),
+                    format!("{} (asked {})", place.effective_priority, cell(&l["priority"])),
+                    clock.ago(l["requested_at"].as_u64()),
+                    clock.ago(l["wait_until"].as_u64()),
+                ]),
+                None => row.extend(["-".to_owned(), "-".to_owned(), "-".to_owned(), "-".to_owned()]),
+            }
+        }
+        table.row(row);
     }
     table.render()
 }

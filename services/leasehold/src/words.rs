@@ -77,6 +77,16 @@ fn sentence(outcome: &Outcome, position: u64, effect: &Effect, clock: &Clock) ->
             name(resource),
             until(*wait_until, "as long as it is pending")
         ),
+        Effect::LeaseQueued { lease, resource, holder, wait_until, priority, .. } => format!(
+            "lease {} for {holder} queues on busy {} with priority {priority} {}",
+            name(lease),
+            name(resource),
+            until(*wait_until, "with no wait timeout")
+        ),
+        Effect::ResourceMaxLeaseChanged { resource, max_lease } => match max_lease {
+            Some(max) => format!("{}: a lease may be held at most {max} while others wait", name(resource)),
+            None => format!("{}: no limit on how long a lease is held", name(resource)),
+        },
         Effect::LeaseGranted { lease, resource, holder, expires_at, .. } => format!(
             "lease {} granted to {holder} on {} {} (token {position})",
             name(lease),

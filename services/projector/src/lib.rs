@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use views::{
     AgentView, BreakerView, ClaimView, CordonView, DestroyBlockedView, DrainView, DriverView, HolderView, LeaseBrief,
-    LeaseView, PlacementView, PolicyView, PoolView, QuarantineView, ResourceView, WaitingOn,
+    LeaseView, PlacementView, PolicyView, PoolView, QuarantineView, QueuePlace, ResourceView, WaitingOn, queue_places,
 };
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -486,7 +486,9 @@ impl<'t> Tables<'t> {
         let id = outcome.command.id.to_string();
         self.outcomes.insert((id.as_str(), outcome.cmd_seq, outcome.part), (seq, json.as_str())).map_err(storage)?;
         let settings_changed = |e: &Effect| matches!(e, Effect::PartitionSettingsChanged { .. });
-        if outcome.effects().iter().any(|e| matches!(e, Effect::GcModeChanged { .. }) || settings_changed(e)) {
+        let policy_changed =
+            |e: &Effect| matches!(e, Effect::GcModeChanged { .. } | Effect::PriorityCapsChanged { .. });
+        if outcome.effects().iter().any(|e| policy_changed(e) || settings_changed(e)) {
             self.policies.insert(state.partition(), to_json(&PolicyView::of(state, seq))?.as_str()).map_err(storage)?;
         }
         if outcome.effects().iter().any(settings_changed) {

@@ -63,6 +63,9 @@ pub struct ResourceView {
     /// unix ms. What a drain's grace counts from.
     #[serde(default)]
     pub idle_since: Option<u64>,
+    /// The longest a lease may be held (from its grant) while others wait, in ms; `null`: no limit.
+    #[serde(default)]
+    pub max_lease_ms: Option<u64>,
     /// The outcome sequence that allocated it.
     pub created_seq: u64,
     /// Log time of the outcome this record is as of (unix ms).
@@ -297,7 +300,46 @@ pub struct LeaseView {
     pub ttl_ms: Option<u64>,
     pub detail: Option<serde_json::Value>,
     pub terminal_at: Option<u64>,
+    /// Its priority in the queue of a busy resource (0 unless it asked for more).
+    #[serde(default)]
+    pub priority: u8,
+    /// The log time it asked (it waits from then; its effective priority ages from then).
+    #[serde(default)]
+    pub requested_at: u64,
+    /// The position of its first effect: among waiters of equal effective priority, the earlier goes first.
+    #[serde(default)]
+    pub requested_pos: u64,
+    #[serde(default)]
+    pub granted_at: Option<u64>,
     pub as_of: u64,
+}
+
+/// A waiting lease's place in its resource's queue, as `leases` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueuePlace {
+    /// 1 for the next to be granted.
+    pub position: usize,
+    /// Its priority plus one per `AGING_STEP` waited, at the `now` it was computed for.
+    pub effective_priority: u64,
+}
+
+/// The places in the queue of the waiting leases among `leases` (of one or more resources), by lease id, at `now`
+/// (ms): the order the writer grants them in if room is made at `now` (see `leasehold_domain::state::queue_order`).
+pub fn queue_places(leases: &[LeaseView], now: u64) -> BTreeMap<String, QueuePlace> {
+    let step = leasehold_domain::state::AGING_STEP.0;
+    let effective = |l: &LeaseView| u64::from(l.priority) + now.saturating_sub(l.requested_at) / step;
+    let mut by_resource: BTreeMap<&str, Vec<&LeaseView>> = BTreeMap::new();
+    for lease in leases.iter().filter(|l| l.state == "waiting") {
+        by_resource.entry(lease.resource.as_str()).or_default().push(lease);
+    }
+    let mut places = BTreeMap::new();
+    for (_, mut queue) in by_resource {
+        queue.sort_by_key(|l| (std::cmp::Reverse(effective(l)), l.requested_pos));
+        for (n, lease) in queue.into_iter().enumerate() {
+            places.insert(lease.id.clone(), QueuePlace { position: n + 1, effective_priority: effective(lease) });
+        }
+    }
+    places
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -396,6 +438,9 @@ pub struct PolicyView {
     /// What the partition's agents do with garbage: `destroy` (ordered on record) or `dry-run` (recorded only).
     #[serde(default)]
     pub gc: GcMode,
+    /// The highest lease priority each issuer prefix may ask for (an issuer no prefix matches: 0).
+    #[serde(default)]
+    pub max_priority: BTreeMap<String, u8>,
     pub as_of: u64,
 }
 
@@ -409,6 +454,7 @@ impl PolicyView {
             policy: state.policy().clone(),
             outcome_horizon_ms: state.settings().outcome_horizon.0,
             gc: state.gc_mode(),
+            max_priority: state.priority_caps().clone(),
             as_of,
         }
     }
@@ -607,6 +653,7 @@ impl ResourceView {
             waiting_on: None,
             idle_since: (!resource.state.has_left() && resource.live_leases.is_empty())
                 .then_some(resource.idle_since.0),
+            max_lease_ms: resource.max_lease.map(|max| max.0),
             created_seq,
             updated_at,
             as_of,
@@ -633,6 +680,10 @@ impl LeaseView {
             ttl_ms: lease.ttl.map(|t| t.0),
             detail,
             terminal_at: lease.terminal_at.map(|t| t.0),
+            priority: lease.priority,
+            requested_at: lease.requested_at.0,
+            requested_pos: lease.requested_pos.0,
+            granted_at: lease.granted_at.map(|t| t.0),
             as_of,
         }
     }

@@ -167,6 +167,7 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
                 holder: "build-7".into(),
                 ttl: None,
                 wait_timeout: None,
+                priority: 0,
             },
         )
         .await;
@@ -434,6 +435,7 @@ fn the_policy_and_what_follows_it_are_read_as_recorded() {
         policy: Some(policy.clone()),
         if_no_policy: false,
         gc: None,
+        max_priority: None,
     };
     assert!(driver.submit("ops", body).rejection().is_none());
     driver.submit(

@@ -217,6 +217,7 @@ fn terminal_states_keep_their_reason_and_a_quarantine_is_followed_after_the_reco
         policy: None,
         if_no_policy: false,
         gc: Some(GcMode::DryRun),
+        max_priority: None,
     };
     accepted(d.submit("op:alice", settings));
     feed(&mut projector, d.outcomes());
@@ -228,6 +229,7 @@ fn terminal_states_keep_their_reason_and_a_quarantine_is_followed_after_the_reco
         policy: None,
         if_no_policy: false,
         gc: Some(GcMode::Destroy),
+        max_priority: None,
     };
     accepted(d.submit("op:alice", settings));
 

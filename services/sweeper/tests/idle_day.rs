@@ -433,8 +433,15 @@ fn an_idle_day_appends_no_more_than_heartbeats_and_changed_reports_need() {
     let waiter = world.allocate(&a, &[&pool], None);
     let active = world.allocate(&a, &[], None);
     let lease = LeaseId::from_parts(world.now.0, world.entropy());
-    let acquire =
-        Acquire { agent: a.clone(), resource: active, lease, holder: "build-7".into(), ttl: None, wait_timeout: None };
+    let acquire = Acquire {
+        agent: a.clone(),
+        resource: active,
+        lease,
+        holder: "build-7".into(),
+        ttl: None,
+        wait_timeout: None,
+        priority: 0,
+    };
     world.send("op:ci", acquire);
     let paused = world.allocate(&a, &[], None);
     world.send("op:ops", Pause { agent: a.clone(), resource: paused, reason: Some("maintenance".into()), until: None });

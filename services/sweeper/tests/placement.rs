@@ -237,6 +237,7 @@ fn a_commit_late_by_more_than_the_horizon_still_makes_the_resource_and_only_then
         policy: None,
         if_no_policy: false,
         gc: None,
+        max_priority: None,
     };
     w.send("op:alice", settings(Key::Placement(id), home)).expect("the horizon is set");
     w.send("producer", place(id, &[], PlacementStrategy::Spread, None));

@@ -420,7 +420,7 @@ mod wide {
                 let partition = partition_of_key(&key, PARTITIONS);
                 w.send("op:alice", SetPartitionSettings {
                     key, partition, outcome_horizon: Some(Millis::from_mins(1)), policy: None,
-                    if_no_policy: false, gc: None,
+                    if_no_policy: false, gc: None, max_priority: None,
                 }).expect("the horizon is set");
             }
             let mut views: Vec<States> = vec![w.states.clone()];
@@ -592,6 +592,7 @@ fn an_id_forgotten_by_the_agents_partition_is_not_placed_there_a_second_time() {
             policy: None,
             if_no_policy: false,
             gc: None,
+            max_priority: None,
         };
         w.send("op:alice", body).expect("decided in w1's partition");
     };

@@ -232,6 +232,7 @@ fn a_drain_is_planned_as_each_resource_falls_due() {
         holder: "build-7".into(),
         ttl: None,
         wait_timeout: None,
+        priority: 0,
     };
     world.send("producer", lease);
     world.settle();
@@ -273,4 +274,55 @@ fn a_drain_is_planned_as_each_resource_falls_due() {
         .collect();
     assert_eq!(drained, [false, true], "each released once, though two sweepers asked");
     assert!(drains(&world).is_empty(), "{:#?}", drains(&world));
+}
+
+/// A lease queued behind the holder of a busy resource has its wait timeout planned as a pending resource's waiter
+/// does: at its `until`, and two sweepers fail it once; a second waiter whose wait is longer is granted when the
+/// holder gives its lease back.
+#[test]
+fn a_queued_waiter_times_out_by_the_sweeper() {
+    let mut world = World::new();
+    let a = world.register("w1");
+    let resource = world.allocate(&a, &[]);
+    world.created(&a, resource);
+    let acquire = |wait: Option<Millis>| Acquire {
+        agent: a.clone(),
+        resource,
+        lease: LeaseId::generate(),
+        holder: "build-7".into(),
+        ttl: None,
+        wait_timeout: wait,
+        priority: 0,
+    };
+    let holder = acquire(None);
+    let (short, long) = (acquire(Some(Millis::from_secs(30))), acquire(Some(Millis::from_mins(10))));
+    for body in [&holder, &short, &long] {
+        world.send("producer", body.clone());
+    }
+    world.settle();
+    let queued_at = world.now;
+    let timeouts = |world: &World| -> Vec<Planned> {
+        world.plan().into_iter().filter(|p| p.command.type_name() == "sys.wait-timeout").collect()
+    };
+    let due: Vec<_> = timeouts(&world).iter().map(|p| p.due).collect();
+    assert_eq!(
+        due,
+        [Some(queued_at.saturating_add(Millis::from_secs(30))), Some(queued_at.saturating_add(Millis::from_mins(10)))]
+    );
+    world.advance(Millis::from_secs(31));
+    world.settle();
+    let state_of = |world: &World, lease: LeaseId| world.state_of(&a).lease(lease).unwrap().state.name();
+    assert_eq!((state_of(&world, short.lease), state_of(&world, long.lease)), ("failed", "waiting"));
+    let failed = world.effects().filter(|e| matches!(e, Effect::LeaseFailed { .. })).count();
+    assert_eq!(failed, 1, "failed once, though two sweepers asked");
+    let token = match world.state_of(&a).lease(holder.lease).unwrap().state {
+        leasehold_domain::state::LeaseState::Active { token, .. } => token,
+        ref other => panic!("the holder's lease is {other:?}"),
+    };
+    let release =
+        leasehold_schemas::command::ReleaseLease { agent: a.clone(), lease: holder.lease, token: Some(token) };
+    world.send("producer", release);
+    world.settle();
+    assert_eq!(state_of(&world, long.lease), "active", "granted in the outcome of the release");
+    assert!(timeouts(&world).is_empty());
 }

@@ -174,6 +174,7 @@ async fn a_deadline_that_passes_in_silence_is_asked_for_at_the_tick() {
         holder: "build".to_owned(),
         ttl: Some(Millis::from_secs(1)),
         wait_timeout: None,
+        priority: 0,
     };
     cluster.send("ci", acquire).await;
     cluster.until("the grant", PATIENCE, |_, e| matches!(e, Effect::LeaseGranted { .. }).then_some(())).await;

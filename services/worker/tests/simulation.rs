@@ -309,7 +309,15 @@ impl Workload {
             (70..85, Some((owner, resource))) => {
                 let agent = self.agents[owner].0.clone();
                 let lease = LeaseId::from_parts(at.0, self.entropy());
-                let body = Acquire { agent, resource, lease, holder: "job".to_owned(), ttl: None, wait_timeout: None };
+                let body = Acquire {
+                    agent,
+                    resource,
+                    lease,
+                    holder: "job".to_owned(),
+                    ttl: None,
+                    wait_timeout: None,
+                    priority: 0,
+                };
                 self.envelope("ci", body, at)
             }
             (_, Some((owner, resource))) => {

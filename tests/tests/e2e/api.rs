@@ -55,6 +55,7 @@ pub(crate) fn acquire(agent: &AgentName, resource: ResourceId, lease: LeaseId) -
         holder: "e2e-build".into(),
         ttl: None,
         wait_timeout: None,
+        priority: 0,
     })
 }
 

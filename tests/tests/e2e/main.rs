@@ -17,6 +17,7 @@ mod placement;
 mod pools;
 mod publish;
 mod python_producer;
+mod queues;
 mod readiness;
 mod replay;
 mod stopping;

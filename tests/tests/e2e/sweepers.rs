@@ -67,6 +67,7 @@ async fn two_sweepers_expire_every_lease_exactly_once() {
             holder: "e2e".into(),
             ttl: Some(Millis(TTL.as_millis() as u64)),
             wait_timeout: None,
+            priority: 0,
         };
         publish(&log, "e2e", body)
     }))

@@ -252,7 +252,11 @@ impl<'s> Decider<'s> {
             policy: command.policy.clone().or_else(|| self.state.settings.policy.clone()),
         };
         let gc = command.gc.filter(|mode| *mode != self.state.gc_mode);
-        if settings == self.state.settings && gc.is_none() {
+        if let Some(caps) = &command.max_priority {
+            check_priority_caps(caps)?;
+        }
+        let caps = command.max_priority.as_ref().filter(|caps| **caps != self.state.priority_caps);
+        if settings == self.state.settings && gc.is_none() && caps.is_none() {
             return reject(RejectionKind::AlreadyDone, "the partition already has these settings");
         }
         if settings != self.state.settings {
@@ -261,8 +265,38 @@ impl<'s> Decider<'s> {
         if let Some(mode) = gc {
             self.out.push(Effect::GcModeChanged { mode });
         }
+        if let Some(caps) = caps {
+            self.out.push(Effect::PriorityCapsChanged { max_priority: caps.clone() });
+        }
         Ok(())
     }
+}
+
+/// The most issuer prefixes a partition keeps priority caps for.
+pub const MAX_PRIORITY_CAPS: usize = 64;
+
+/// Refuses priority caps with too many or malformed prefixes.
+fn check_priority_caps(caps: &std::collections::BTreeMap<String, u8>) -> Verdict {
+    if caps.len() > MAX_PRIORITY_CAPS {
+        return reject(
+            RejectionKind::Invalid,
+            format!("{} priority caps; at most {MAX_PRIORITY_CAPS} issuer prefixes", caps.len()),
+        );
+    }
+    for prefix in caps.keys() {
+        // A prefix is spelled as an issuer is (a whole issuer is a prefix too).
+        if leasehold_schemas::Issuer::new(prefix.as_str()).is_err() {
+            return reject(
+                RejectionKind::Invalid,
+                format!(
+                    "a priority cap's issuer prefix is 1 to 128 printable ASCII bytes without quotes, backslashes or \
+                     spaces; {} is not",
+                    super::echo(prefix)
+                ),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// A policy in one line, for messages.

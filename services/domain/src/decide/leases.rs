@@ -1,13 +1,14 @@
-//! Leases: acquire (granted or waiting), renew, release, expiry and wait timeouts. A grant's position is the
-//! lease token; renew and release of an active lease must present it.
+//! Leases: acquire (granted, waiting or queued), renew, release, expiry and wait timeouts. A grant's position is the
+//! lease token; renew and release of an active lease must present it. A lease that ends makes room, and the queue of
+//! its resource is served in the same decision (see `Decider::serve_queue`).
 
 use leasehold_schemas::command::{Acquire, ExpireLease, ReleaseLease, Renew, WaitTimeout};
 use leasehold_schemas::ids::{AgentName, LeaseId};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::{Rejection, RejectionKind};
 
-use super::{Decider, MAX_HOLDER_BYTES, Verdict, reject};
-use crate::state::{Lease, LeaseState, Liveness, ResourceState};
+use super::{Decider, MAX_HOLDER_BYTES, MAX_QUEUED, Verdict, reject};
+use crate::state::{Lease, LeaseState, Liveness, Resource, ResourceState};
 
 impl<'s> Decider<'s> {
     fn lease(&self, agent: &AgentName, id: LeaseId) -> Result<&'s Lease, Rejection> {
@@ -52,16 +53,12 @@ impl<'s> Decider<'s> {
                 format!("resource {name} is suspect-upstream (parent {parent} is suspect); acquire refused"),
             );
         }
-        let n_live = resource.live_leases.len() as u64;
+        self.check_priority(command.priority)?;
+        let (n_active, n_waiting) = count_leases(self.state.live_leases_of(resource));
         let capacity = u64::from(resource.capacity);
+        let n_live = n_active + n_waiting;
         match &resource.state {
-            ResourceState::Pending => {
-                if n_live >= capacity {
-                    return reject(
-                        RejectionKind::AtCapacity,
-                        format!("resource {name} is pending with {n_live} of {capacity} leases already waiting"),
-                    );
-                }
+            ResourceState::Pending if n_live < capacity && command.priority == 0 => {
                 self.out.push(Effect::LeaseWaiting {
                     lease: command.lease,
                     resource: resource.id,
@@ -71,13 +68,17 @@ impl<'s> Decider<'s> {
                 });
                 Ok(())
             }
-            ResourceState::Active => {
-                if n_live >= capacity {
-                    return reject(
-                        RejectionKind::AtCapacity,
-                        format!("resource {name} is at capacity ({n_live} of {capacity} leases held)"),
-                    );
-                }
+            ResourceState::Pending if n_live < capacity || command.wait_timeout.is_some() => {
+                self.queue(command, resource, n_waiting)
+            }
+            ResourceState::Pending => reject(
+                RejectionKind::AtCapacity,
+                format!(
+                    "resource {name} is pending with {n_live} of {capacity} leases already waiting; give a wait \
+                     timeout to queue"
+                ),
+            ),
+            ResourceState::Active if n_active < capacity && n_waiting == 0 => {
                 self.out.push(Effect::LeaseGranted {
                     lease: command.lease,
                     resource: resource.id,
@@ -87,10 +88,60 @@ impl<'s> Decider<'s> {
                 });
                 Ok(())
             }
+            ResourceState::Active if command.wait_timeout.is_some() => self.queue(command, resource, n_waiting),
+            ResourceState::Active => reject(
+                RejectionKind::AtCapacity,
+                format!(
+                    "resource {name} is at capacity ({n_active} of {capacity} leases held, {n_waiting} waiting); give \
+                     a wait timeout to queue"
+                ),
+            ),
             state => {
                 reject(RejectionKind::InvalidState, format!("resource {name} is {}; acquire refused", state.name()))
             }
         }
+    }
+
+    /// Refuses a priority above the cap the partition's policy gives the issuer.
+    fn check_priority(&self, priority: u8) -> Verdict {
+        let (cap, prefix) = self.state.priority_cap_of(self.issuer.as_str());
+        if priority <= cap {
+            return Ok(());
+        }
+        let named = match prefix {
+            Some(prefix) => format!("{cap} (the cap of issuers starting with {prefix:?})"),
+            None => "0 (no priority cap names it)".to_owned(),
+        };
+        reject(
+            RejectionKind::NotPermitted,
+            format!(
+                "priority {priority} is above what {} may ask for: {named}; ask for less, or have an operator raise \
+                 the cap (`leasehold policy set --max-priority`)",
+                self.issuer
+            ),
+        )
+    }
+
+    /// Records the lease waiting behind the others (`lease-queued`), unless the queue is full.
+    fn queue(&mut self, command: &Acquire, resource: &Resource, n_waiting: u64) -> Verdict {
+        if n_waiting >= MAX_QUEUED as u64 {
+            return reject(
+                RejectionKind::AtCapacity,
+                format!(
+                    "resource {} has {n_waiting} leases waiting, the most one resource queues; try again later",
+                    resource.reference()
+                ),
+            );
+        }
+        self.out.push(Effect::LeaseQueued {
+            lease: command.lease,
+            resource: resource.id,
+            holder: command.holder.clone(),
+            ttl: command.ttl,
+            wait_until: command.wait_timeout.map(|w| self.now.saturating_add(w)),
+            priority: command.priority,
+        });
+        Ok(())
     }
 
     pub(super) fn renew(&mut self, command: &Renew) -> Verdict {
@@ -139,6 +190,7 @@ impl<'s> Decider<'s> {
             return reject(RejectionKind::Invalid, "ttl must be longer than 0 when given");
         }
         let ttl = command.ttl.or(lease.ttl);
+        self.check_max_lease(lease, ttl.map(|ttl| self.now.saturating_add(ttl)))?;
         self.out.push(Effect::LeaseRenewed {
             lease: lease.id,
             ttl,
@@ -169,7 +221,43 @@ impl<'s> Decider<'s> {
             }
         }
         self.out.push(Effect::LeaseReleased { lease: lease.id });
+        self.serve_after(lease);
         Ok(())
+    }
+
+    /// Refuses a renew that would hold `lease` until `until` (`None`: until released) past its resource's
+    /// `max_lease` from its grant, while other leases wait for the resource.
+    fn check_max_lease(&self, lease: &Lease, until: Option<leasehold_schemas::Timestamp>) -> Verdict {
+        let Some(resource) = self.state.resources.get(&lease.resource) else {
+            return Ok(());
+        };
+        let (Some(max), Some(granted_at)) = (resource.max_lease, lease.granted_at) else {
+            return Ok(());
+        };
+        let (_, n_waiting) = count_leases(self.state.live_leases_of(resource));
+        let limit = granted_at.saturating_add(max);
+        if n_waiting == 0 || until.is_some_and(|until| until <= limit) {
+            return Ok(());
+        }
+        let until = until.map_or_else(|| "until released".to_owned(), |until| format!("until {until}"));
+        reject(
+            RejectionKind::InvalidState,
+            format!(
+                "lease {} would be held {until}, past {limit}: resource {} lets a lease be held at most {max} from \
+                 its grant ({granted_at}) while others wait ({n_waiting} waiting); release it and acquire again",
+                lease.id,
+                resource.reference()
+            ),
+        )
+    }
+
+    /// After an active lease ends, the queue of its resource is served (its room is free).
+    fn serve_after(&mut self, lease: &Lease) {
+        if let LeaseState::Active { .. } = lease.state
+            && let Some(resource) = self.state.resources.get(&lease.resource)
+        {
+            self.serve_if_active(resource, resource.capacity, Some(lease.id));
+        }
     }
 
     pub(super) fn expire_lease(&mut self, command: &ExpireLease) -> Verdict {
@@ -177,6 +265,7 @@ impl<'s> Decider<'s> {
         match (&lease.state, crate::due::lease_due(lease)) {
             (LeaseState::Active { .. }, Some(at)) if at <= self.now => {
                 self.out.push(Effect::LeaseExpired { lease: lease.id });
+                self.serve_after(lease);
                 Ok(())
             }
             (LeaseState::Active { .. }, Some(at)) => {
@@ -209,4 +298,13 @@ impl<'s> Decider<'s> {
             }
         }
     }
+}
+
+/// The active and the waiting leases among `live`.
+fn count_leases<'a>(live: impl Iterator<Item = &'a Lease>) -> (u64, u64) {
+    live.fold((0, 0), |(active, waiting), lease| match lease.state {
+        LeaseState::Active { .. } => (active + 1, waiting),
+        LeaseState::Waiting { .. } => (active, waiting + 1),
+        _ => (active, waiting),
+    })
 }

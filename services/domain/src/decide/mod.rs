@@ -8,6 +8,7 @@
 //! appends every part before it decides anything else, so nothing can come between the parts of a decision.
 
 mod agents;
+pub use agents::MAX_PRIORITY_CAPS;
 mod garbage;
 mod leases;
 mod placement;
@@ -17,16 +18,19 @@ mod reports;
 pub use reports::expected_listing;
 mod resources;
 
+use std::collections::BTreeSet;
 use std::fmt;
 
 use leasehold_schemas::codec;
 use leasehold_schemas::command::Command;
-use leasehold_schemas::ids::{AgentName, CommandId, Issuer, Key, ObsStamp, Position, ResourceId, Source, Timestamp};
+use leasehold_schemas::ids::{
+    AgentName, CommandId, Issuer, Key, LeaseId, ObsStamp, Position, ResourceId, Source, Timestamp,
+};
 use leasehold_schemas::outcome::{BreakReason, CommandSummary, Decision, Effect, FreeCause, ReleaseCause, Work};
 use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
 use leasehold_schemas::{CommandClass, Envelope, Outcome, Rejection, RejectionKind};
 
-use crate::state::{Agent, ClaimSlot, LeaseState, PartitionState, Resource, ResourceState};
+use crate::state::{Agent, ClaimSlot, Lease, LeaseState, PartitionState, Resource, ResourceState, queue_order};
 
 /// The version of these rules. Outcomes carry it; re-deciding history is checked within one version.
 pub const DECIDER_VERSION: u32 = 5;
@@ -40,6 +44,10 @@ pub const MAX_ID_AHEAD: leasehold_schemas::Millis = leasehold_schemas::Millis::f
 pub const DEFAULT_DRAIN_GRACE: leasehold_schemas::Millis = leasehold_schemas::Millis::from_mins(5);
 /// The most leases one resource can take (bounds the effects of one resource leaving).
 pub const MAX_CAPACITY: u32 = 1024;
+/// The most leases that may wait on one resource beyond its capacity (with the active ones, they bound the effects
+/// of one resource leaving, and of one decision serving its queue: at most `MAX_CAPACITY` grants and this many
+/// failures fit in `MAX_UNIT_BYTES`).
+pub const MAX_QUEUED: usize = 256;
 /// The most pools one resource claims from.
 pub const MAX_POOLS_PER_RESOURCE: usize = 8;
 pub const MAX_ATTRIBUTES: usize = 64;
@@ -612,30 +620,51 @@ impl<'s> Decider<'s> {
         }
     }
 
-    /// Grants the waiting leases of a resource that can take them now, first come first served; fails those whose
-    /// wait is over.
+    /// Grants the waiting leases of a resource that can take them now, in queue order, up to its capacity; fails
+    /// those whose wait is over.
     fn serve_waiting(&mut self, resource: &Resource) {
-        for lease in self.state.live_leases_of(resource) {
-            match lease.state {
-                LeaseState::Waiting { until: Some(until) } if until <= self.now => {
-                    self.out.push(Effect::LeaseFailed { lease: lease.id });
-                }
-                LeaseState::Waiting { .. } => {
-                    self.out.push(Effect::LeaseGranted {
-                        lease: lease.id,
-                        resource: resource.id,
-                        holder: lease.holder.clone(),
-                        ttl: lease.ttl,
-                        expires_at: lease.ttl.map(|ttl| self.now.saturating_add(ttl)),
-                    });
-                }
-                _ => {}
+        self.serve_queue(resource, resource.capacity, None);
+    }
+
+    /// Grants waiting leases in queue order (highest effective priority, then first come: [`queue_order`]) while
+    /// fewer than `capacity` leases would be active, `ending` (a lease this decision ends) not counted; fails the
+    /// waiters whose wait is over. A resource that is not `active`, or whose parent is suspect, is not served: its
+    /// waiters keep waiting.
+    fn serve_queue(&mut self, resource: &Resource, capacity: u32, ending: Option<LeaseId>) {
+        let live: Vec<&Lease> = self.state.live_leases_of(resource).filter(|lease| Some(lease.id) != ending).collect();
+        let over =
+            |lease: &Lease| matches!(lease.state, LeaseState::Waiting { until: Some(until) } if until <= self.now);
+        let n_active = live.iter().filter(|lease| matches!(lease.state, LeaseState::Active { .. })).count();
+        let waiting = live.iter().copied().filter(|lease| matches!(lease.state, LeaseState::Waiting { .. }));
+        let room = (capacity as usize).saturating_sub(n_active);
+        let chosen: BTreeSet<LeaseId> =
+            queue_order(waiting.filter(|lease| !over(lease)), self.now).into_iter().take(room).map(|l| l.id).collect();
+        // In arrival order, as the leases are listed: the choice is by queue order, the effects keep the list's.
+        for lease in live {
+            if over(lease) {
+                self.out.push(Effect::LeaseFailed { lease: lease.id });
+            } else if chosen.contains(&lease.id) {
+                self.out.push(Effect::LeaseGranted {
+                    lease: lease.id,
+                    resource: resource.id,
+                    holder: lease.holder.clone(),
+                    ttl: lease.ttl,
+                    expires_at: lease.ttl.map(|ttl| self.now.saturating_add(ttl)),
+                });
             }
         }
     }
 
     /// Orphans one resource of a gone agent. A claim granted by a pool that holds an orphan's identifiers is kept
     /// (`claim-held-for-orphan`): its machine may be cut off rather than dead, and still use it. The others go back.
+    /// After a lease of an `active` resource ends (or its capacity grows), the queue is served in the same decision.
+    fn serve_if_active(&mut self, resource: &Resource, capacity: u32, ending: Option<LeaseId>) {
+        if resource.state == ResourceState::Active && resource.upstream_suspect().is_none() {
+            self.serve_queue(resource, capacity, ending);
+        }
+    }
+
+    /// Orphans one resource of a gone agent.
     fn orphan_unit(&mut self, resource: &Resource) {
         self.out.push(Effect::ResourceOrphaned { resource: resource.id });
         self.break_leases(resource, BreakReason::ResourceLeft);

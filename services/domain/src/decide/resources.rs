@@ -18,7 +18,7 @@ use super::{
     Decider, MAX_ATTRIBUTE_KEY_BYTES, MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES, MAX_CAPACITY, MAX_POOLS_PER_RESOURCE,
     Verdict, check_text, echo, reject,
 };
-use crate::state::{ClaimSlot, PendingClock, Resource, ResourceState, Unschedulable};
+use crate::state::{ClaimSlot, LeaseState, PendingClock, Resource, ResourceState, Unschedulable};
 
 /// `[a-z0-9][a-z0-9_.-]{0,62}`.
 pub(super) fn is_kind(kind: &str) -> bool {
@@ -361,7 +361,8 @@ impl<'s> Decider<'s> {
                 ),
             );
         }
-        if command.set.is_empty() && command.remove.is_empty() && command.capacity.is_none() {
+        let changes_attributes = !command.set.is_empty() || !command.remove.is_empty() || command.capacity.is_some();
+        if !changes_attributes && command.max_lease.is_none() {
             return reject(RejectionKind::Invalid, "the update changes nothing");
         }
         check_attributes(&command.set)?;
@@ -384,23 +385,44 @@ impl<'s> Decider<'s> {
         }
         if let Some(capacity) = command.capacity {
             check_capacity(capacity)?;
-            let n_live = resource.live_leases.len();
-            if (capacity as usize) < n_live {
+            // Waiters do not count: they wait for room under the new capacity.
+            let n_active =
+                self.state.live_leases_of(resource).filter(|l| matches!(l.state, LeaseState::Active { .. })).count();
+            if (capacity as usize) < n_active {
                 return reject(
                     RejectionKind::InvalidState,
                     format!(
-                        "capacity {capacity} is below the {n_live} live leases of resource {}; release leases first",
+                        "capacity {capacity} is below the {n_active} active leases of resource {}; release leases \
+                         first",
                         resource.reference()
                     ),
                 );
             }
         }
-        self.out.push(Effect::ResourceUpdated {
-            resource: resource.id,
-            set: command.set.clone(),
-            remove: command.remove.clone(),
-            capacity: command.capacity,
-        });
+        // `Some(0)` removes the limit; the same limit again changes nothing.
+        let new_max_lease =
+            command.max_lease.map(|max| (max.0 > 0).then_some(max)).filter(|max| *max != resource.max_lease);
+        if !changes_attributes && new_max_lease.is_none() {
+            let limit = resource.max_lease.map_or_else(|| "no limit".to_owned(), |max| max.to_string());
+            return reject(
+                RejectionKind::AlreadyDone,
+                format!("resource {} already has this max lease time ({limit})", resource.reference()),
+            );
+        }
+        if changes_attributes {
+            self.out.push(Effect::ResourceUpdated {
+                resource: resource.id,
+                set: command.set.clone(),
+                remove: command.remove.clone(),
+                capacity: command.capacity,
+            });
+        }
+        if let Some(max_lease) = new_max_lease {
+            self.out.push(Effect::ResourceMaxLeaseChanged { resource: resource.id, max_lease });
+        }
+        if let Some(capacity) = command.capacity.filter(|capacity| *capacity > resource.capacity) {
+            self.serve_if_active(resource, capacity, None);
+        }
         Ok(())
     }
 

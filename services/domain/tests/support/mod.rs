@@ -191,7 +191,15 @@ impl World {
 
     pub fn acquire_cmd(&mut self, ttl: Option<Millis>, wait_timeout: Option<Millis>) -> Acquire {
         let lease = self.d.new_lease_id();
-        Acquire { agent: self.a(), resource: self.r(), lease, holder: "build-42".into(), ttl, wait_timeout }
+        Acquire {
+            agent: self.a(),
+            resource: self.r(),
+            lease,
+            holder: "build-42".into(),
+            ttl,
+            wait_timeout,
+            priority: 0,
+        }
     }
 
     /// Acquires a lease on `w.r()`; it becomes `w.l()` (and `w.token()` if granted).
