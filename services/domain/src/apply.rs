@@ -732,7 +732,9 @@ fn apply_effect(
                 pool.waiters.remove(queued_at);
             }
             pool.held.insert(*value, holder.clone());
-            pool.holders.insert(holder.clone(), Holding::Granted { value: *value, token: position, source: *source });
+            // The policy as the pool grants: what the grant carries to its holder, whatever the pool says later.
+            let orphans = pool.orphans;
+            pool.holders.insert(holder.clone(), Holding::Granted { value: *value, token: position, source: *source, orphans });
         }
         Effect::ClaimQueued { holder, source } => {
             let Some(pool) = pool_of(state, key) else {
