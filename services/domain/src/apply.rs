@@ -734,7 +734,8 @@ fn apply_effect(
             pool.held.insert(*value, holder.clone());
             // The policy as the pool grants: what the grant carries to its holder, whatever the pool says later.
             let orphans = pool.orphans;
-            pool.holders.insert(holder.clone(), Holding::Granted { value: *value, token: position, source: *source, orphans });
+            pool.holders
+                .insert(holder.clone(), Holding::Granted { value: *value, token: position, source: *source, orphans });
         }
         Effect::ClaimQueued { holder, source } => {
             let Some(pool) = pool_of(state, key) else {

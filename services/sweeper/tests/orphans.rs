@@ -438,8 +438,7 @@ fn a_holder_keeps_the_policy_of_its_grant_when_the_pool_changes_before_the_bind(
     let first = w.allocate(&w1);
     // The sweeper sends everything but the bind: the pool grants.
     for _ in 0..10 {
-        let due: Vec<Planned> =
-            w.due().into_iter().filter(|p| !matches!(p.command, Command::BindClaim(_))).collect();
+        let due: Vec<Planned> = w.due().into_iter().filter(|p| !matches!(p.command, Command::BindClaim(_))).collect();
         if due.is_empty() {
             break;
         }
