@@ -589,14 +589,21 @@ fn apply_effect(
                 };
                 *slot = ClaimSlot::Returned { token: *token, cause };
                 if was_held && !r.holds_for_orphan() {
-                    last_held_of = Some(r.agent.clone());
+                    last_held_of = Some((r.agent.clone(), r.terminal_at));
                 }
             }
-            // Kept past the horizon while it held (see `forget_old`): forgotten a horizon from now.
-            let left_at = last_held_of.as_ref().and_then(|agent| state.agents.get(agent)).and_then(|agent| {
-                agent.left_by_position.iter().find(|(_, left)| **left == *resource).map(|(at, _)| *at)
+            // Kept past the horizon while it held (see `forget_old`): forgotten a horizon from now, not by the entry
+            // its end made (a let-go just before that entry's horizon would be forgotten at once, and its returned
+            // grant, looking unknown, sent back and freed without its cause).
+            let left_at = last_held_of.as_ref().and_then(|(agent, ended)| {
+                let agent = state.agents.get(agent)?;
+                let at = agent.left_by_position.iter().find(|(_, left)| **left == *resource).map(|(at, _)| *at)?;
+                Some((at, *ended))
             });
-            if let Some(left_at) = left_at {
+            if let Some((left_at, ended)) = left_at {
+                if let Some(ended) = ended {
+                    state.forget.remove(&(ended.max(resource.time()), Forget::Resource(*resource, left_at)));
+                }
                 state.forget.insert((now.max(resource.time()), Forget::Resource(*resource, left_at)));
             }
         }
@@ -728,7 +735,10 @@ fn apply_effect(
                 pool.waiters.remove(queued_at);
             }
             pool.held.insert(*value, holder.clone());
-            pool.holders.insert(holder.clone(), Holding::Granted { value: *value, token: position, source: *source });
+            // The policy as the pool grants: what the grant carries to its holder, whatever the pool says later.
+            let orphans = pool.orphans;
+            pool.holders
+                .insert(holder.clone(), Holding::Granted { value: *value, token: position, source: *source, orphans });
         }
         Effect::ClaimQueued { holder, source } => {
             let Some(pool) = pool_of(state, key) else {

@@ -884,8 +884,18 @@ pub struct Lease {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Holding {
-    Waiting { queued_at: Position, source: Source },
-    Granted { value: PoolValue, token: Position, source: Source },
+    Waiting {
+        queued_at: Position,
+        source: Source,
+    },
+    /// `orphans`: the pool's orphan policy when it granted, which the grant carries to its holder (`sys.bind-claim`):
+    /// a holder keeps the policy of its grant, even if the pool's changes before the grant is carried.
+    Granted {
+        value: PoolValue,
+        token: Position,
+        source: Source,
+        orphans: OrphanPolicy,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

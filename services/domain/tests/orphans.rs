@@ -408,3 +408,61 @@ fn a_holding_orphan_outlives_the_horizon_until_it_lets_go() {
     assert!(w.state().resource(id).is_none(), "forgotten a horizon after it let go");
     settle(&w);
 }
+
+// --- red team (issue 19 item 3) -----------------------------------------------------------------------------------
+
+/// An orphan let go just before the horizon that counts from its orphaning: it must still be kept a horizon after it
+/// let go (the README: "forgotten a horizon after it lets go"), so the sweeper can carry the free with its cause.
+/// Forgotten right away, its returned grant looks unknown: the grant is sent back and freed as `released`, and the
+/// pool records no cause.
+#[test]
+fn an_orphan_let_go_near_the_horizon_is_kept_a_horizon_after_it_let_go() {
+    let mut w = World::new();
+    orphaned(&mut w, OrphanPolicy::Hold);
+    let id = w.r();
+    w.advance(Millis(Millis::from_hours(24).0 - 1_000));
+    accepted(&free_orphan(&mut w, None, REASON));
+    w.advance(secs(2));
+    accepted(&w.define_slots("later", 1, secs(1)));
+    assert!(w.state().resource(id).is_some(), "forgotten two seconds after it let go, not a horizon after");
+    match slot(&w) {
+        ClaimSlot::Returned { cause: FreeCause::OrphanFreed { by, reason }, .. } => {
+            assert_eq!((by.as_str(), reason.as_str()), ("op:alice", REASON));
+        }
+        other => panic!("the cause is kept for the sweeper to carry: {other:?}"),
+    }
+    settle(&w);
+    w.advance(Millis::from_hours(25));
+    accepted(&w.define_slots("last", 1, secs(1)));
+    assert!(w.state().resource(id).is_none(), "forgotten a horizon after it let go");
+    settle(&w);
+}
+
+/// A resource released (destroy ordered) whose agent is declared gone before it confirms the destroy: the orphan
+/// holds its identifier. The agent comes back and confirms the destroy it was ordered (it destroyed the handle while
+/// cut off, so it will never report the handle as garbage): that is its agent confirming the destroy, and what the
+/// orphan held goes back with that cause. Refused as "already orphaned", the identifier stays held until an
+/// operator frees it.
+#[test]
+fn a_releasing_orphans_confirmed_destroy_lets_go_of_what_it_holds() {
+    let mut w = World::new();
+    holding(&mut w, OrphanPolicy::Hold);
+    let released = w.release();
+    let ordered = released
+        .positioned_effects()
+        .find_map(|(p, e)| matches!(e, Effect::ResourceReleasing { .. }).then_some(p))
+        .expect("destroy ordered");
+    w.advance(GONE_AFTER);
+    accepted(&mark_gone(&mut w));
+    assert_eq!(state_name(&w, w.r()), "orphaned");
+    assert!(matches!(slot(&w), ClaimSlot::HeldForOrphan { .. }), "{:?}", slot(&w));
+    let agent = w.a();
+    accepted(&w.register_with(&agent, None, false));
+    let confirmed = destroyed(&mut w, ordered);
+    accepted(&confirmed);
+    match slot(&w) {
+        ClaimSlot::Returned { cause: FreeCause::OrphanDestroyed { .. }, .. } => {}
+        other => panic!("the agent confirmed the destroy: the identifier goes back, saying so: {other:?}"),
+    }
+    settle(&w);
+}

@@ -1907,7 +1907,7 @@ impl Sim {
                         let holder_p = partition_of_key(&Key::Agent(holder.agent.clone()), self.partitions);
                         let source = Source { partition: holder_p, position: home.last_position() };
                         match holding {
-                            Holding::Granted { value, token, source: wanted } => {
+                            Holding::Granted { value, token, source: wanted, .. } => {
                                 let holds = live.is_some_and(|r| {
                                     matches!(r.claims.get(&pool.name), Some(ClaimSlot::Bound { token: t, .. }) if t == token)
                                 });

@@ -165,7 +165,7 @@ fn pool_work(states: &States, partition: u32, pool: &Pool, out: &mut Vec<Planned
         // Anything newer than the claim: the holder's partition as far as this sweeper has seen it.
         let from_home = Source { partition: home.partition(), position: home.last_position() };
         match holding {
-            Holding::Granted { value, token, source } => {
+            Holding::Granted { value, token, source, orphans } => {
                 let slot = here.and_then(|r| r.claims.get(name));
                 let free = |cause: FreeCause| Free {
                     pool: name.clone(),
@@ -198,8 +198,9 @@ fn pool_work(states: &States, partition: u32, pool: &Pool, out: &mut Vec<Planned
                             wanted: *source,
                             // An address is of a network: the agent needs the subnet to put it on one.
                             definition: matches!(pool.kind, PoolKind::Ipv4 { .. }).then(|| pool.kind.clone()),
-                            // What the holder's partition does with it if the holder is orphaned.
-                            orphans: pool.orphans,
+                            // What the holder's partition does with it if the holder is orphaned: the pool's
+                            // policy when it granted (a later `update-pool` reaches holders granted after it).
+                            orphans: *orphans,
                         },
                     )),
                 }

@@ -423,3 +423,87 @@ proptest! {
         prop_assert_eq!(orphan_frees, orphans_let_go, "every orphan's identifier let go is freed with its cause");
     }
 }
+
+// --- red team (issue 19 item 3) -----------------------------------------------------------------------------------
+
+/// Granted while the pool holds an orphan's identifiers; the pool is updated to `release` before the sweeper carries
+/// the grant. "A new policy reaches holders granted after it (a holder keeps the policy of its grant)": this holder was
+/// granted before, so its orphan holds. The bind carried the pool's policy as the sweeper saw it when it planned,
+/// not as it was when the pool granted: the orphan's slot went to the waiter at orphaning.
+#[test]
+fn a_holder_keeps_the_policy_of_its_grant_when_the_pool_changes_before_the_bind() {
+    let mut w = World::new();
+    let (w1, w2) = (w.register_quick("w1"), w.register_quick("w2"));
+    w.define(1, OrphanPolicy::Hold);
+    let first = w.allocate(&w1);
+    // The sweeper sends everything but the bind: the pool grants.
+    for _ in 0..10 {
+        let due: Vec<Planned> = w.due().into_iter().filter(|p| !matches!(p.command, Command::BindClaim(_))).collect();
+        if due.is_empty() {
+            break;
+        }
+        for item in due {
+            w.send("sweeper:a", item.command);
+        }
+    }
+    let value = w.granted_to(first).expect("granted under hold");
+    let update = leasehold_schemas::command::UpdatePool {
+        pool: ips(),
+        kind: PoolKind::Slots { count: 1 },
+        cooldown: None,
+        orphans: Some(OrphanPolicy::Release),
+    };
+    w.send("op:alice", update).expect("updated");
+    w.settle();
+    let waiter = w.allocate(&w2);
+    for _ in 0..5 {
+        w.advance(Millis::from_secs(3));
+        w.heartbeat(&w2);
+        w.settle();
+    }
+    assert!(w.is_gone(&w1));
+    assert_eq!(w.held(), vec![(ResourceRef::new(w1.clone(), first), value)], "granted under hold: the orphan keeps it");
+    assert_eq!(w.granted_to(waiter), None, "nobody else gets what an orphan granted under hold holds");
+}
+
+/// Pools with the default policy work as before across an upgrade: the README's order upgrades sweepers before the
+/// workers, and a worker of schema version 4 dead-letters a command written in version 5. The free of a default
+/// pool's orphan carried no cause before this feature (version 1); now it carries `orphaned`, which needs version 5,
+/// so until every writer is upgraded an orphan's identifier of a default pool is never freed (and each sweep sends
+/// one more dead letter).
+#[test]
+fn a_default_pools_orphan_free_is_read_by_a_writer_of_version_4() {
+    let mut w = World::new();
+    let (w1, w2) = (w.register_quick("w1"), w.register_quick("w2"));
+    w.define(1, OrphanPolicy::Release);
+    let first = w.allocate(&w1);
+    w.settle();
+    let mut versions = Vec::new();
+    for _ in 0..5 {
+        w.advance(Millis::from_secs(3));
+        w.heartbeat(&w2);
+        for _ in 0..10 {
+            let due = w.due();
+            if due.is_empty() {
+                break;
+            }
+            for item in due {
+                if let Command::Free(free) = &item.command
+                    && free.holder.resource == first
+                {
+                    let envelope = leasehold_schemas::Envelope::new(
+                        leasehold_schemas::CommandId::from_parts(w.now.0, [1; 10]),
+                        leasehold_schemas::Issuer::new("sweeper:a").unwrap(),
+                        w.now,
+                        item.command.clone(),
+                    );
+                    versions.push(envelope.schema_version);
+                }
+                w.send("sweeper:a", item.command);
+            }
+        }
+    }
+    assert!(w.is_gone(&w1));
+    assert!(!versions.is_empty(), "the orphan's slot is freed");
+    assert!(versions.iter().all(|v| *v <= 4), "written in schema versions {versions:?}: an older writer refuses it");
+}

@@ -127,6 +127,16 @@ impl<'s> Decider<'s> {
                     command.ordered
                 ),
             ),
+            // Ordered destroyed, then orphaned before its agent said so (it destroyed the handle while cut off, so it
+            // never reports it as garbage): its agent is back and confirms the destroy it was ordered. What the orphan
+            // holds of pools that hold an orphan's identifiers goes back now, saying so.
+            ResourceState::Orphaned { .. }
+                if resource.destruction_ordered == Some(command.ordered) && resource.holds_for_orphan() =>
+            {
+                self.out.push(Effect::ObservationAccepted { stamp, watermark: None });
+                self.free_held(resource, None, &FreeCause::OrphanDestroyed { at: self.now });
+                Ok(())
+            }
             state if state.is_terminal() => reject(
                 RejectionKind::AlreadyDone,
                 format!("resource {} is already {}", resource.reference(), state.name()),
