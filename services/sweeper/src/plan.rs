@@ -178,9 +178,16 @@ fn pool_work(states: &States, partition: u32, pool: &Pool, out: &mut Vec<Planned
                     Some(ClaimSlot::Bound { token: bound, .. }) if bound == token => {}
                     // An orphan keeps it (its pool holds an orphan's identifiers): nothing to carry until it lets go.
                     Some(ClaimSlot::HeldForOrphan { token: held, .. }) if held == token => {}
-                    // Why it was let go travels with the free, for the pool's record.
+                    // Why an orphan's held identifier was let go travels with the free, for the pool's record. Any
+                    // other free says `released`: a default pool's orphan is freed as before schema version 5 (the
+                    // holder's end, `resource-orphaned`, already says why), so a writer of version 4 still reads it
+                    // during an upgrade; only a pool that holds orphans, which needs version 5 anyway, gets a cause.
                     Some(ClaimSlot::Returned { token: Some(returned), cause }) if returned == token => {
-                        out.push(Planned::now(format!("free {name} {holder} {token}"), free(cause.clone())));
+                        let cause = match cause {
+                            FreeCause::Orphaned {} => FreeCause::Released {},
+                            other => other.clone(),
+                        };
+                        out.push(Planned::now(format!("free {name} {holder} {token}"), free(cause)));
                     }
                     _ if home.grant_returned(holder, name, *token) => {
                         out.push(Planned::now(format!("free {name} {holder} {token}"), free(FreeCause::Released {})));
