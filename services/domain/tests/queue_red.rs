@@ -297,3 +297,28 @@ fn a_priority_on_a_pending_resource_with_room_is_not_refused_as_a_full_queue() {
     assert_eq!(effect_names(&w.op(cmd)), ["lease-waiting"]);
     settle(&w);
 }
+
+/// README (leases that queue): "Releasing or terminal: every waiter is broken with the holders in the decision that
+/// leaves (`lease-broken`, reason `resource-left`, as for a pending resource's waiters: the holder learns why)". A
+/// failed health check breaks the waiters with `health-check-failed`, as it does the holders: either the README or
+/// the reason is wrong (the waiter never held the resource that failed its check).
+#[test]
+fn a_failed_health_check_breaks_the_waiters_with_the_reason_the_readme_names() {
+    let mut w = World::new();
+    w.registered().pending_with(|c| c.capacity = 1);
+    let (agent, resource) = (w.a(), w.r());
+    accepted(&w.report_created(&agent, resource));
+    w.leased(None);
+    let waiter = w.acquire_cmd(None, Some(Millis::from_mins(10)));
+    let waiter_id = waiter.lease;
+    assert_eq!(effect_names(&w.op(waiter)), ["lease-queued"]);
+    let reference = w.rref();
+    accepted(&w.operator_failure(&reference, "slow disk"));
+    let outcome = w.health_of(resource, false, "probe failed");
+    let reason = outcome.effects().iter().find_map(|e| match e {
+        Effect::LeaseBroken { lease, reason } if *lease == waiter_id => Some(*reason),
+        _ => None,
+    });
+    assert_eq!(reason, Some(leasehold_schemas::outcome::BreakReason::ResourceLeft), "the waiter's break");
+    settle(&w);
+}
