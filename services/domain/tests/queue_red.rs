@@ -17,18 +17,45 @@ const CAP: u8 = 4;
 
 #[derive(Debug, Clone)]
 enum Step {
-    Ask { priority: u8, wait_min: Option<u8>, ttl_min: Option<u8> },
-    Release { nth: u8 },
-    ReleaseWaiter { nth: u8 },
-    Renew { nth: u8, ttl_min: u8 },
-    Advance { secs: u16 },
+    Ask {
+        priority: u8,
+        wait_min: Option<u8>,
+        ttl_min: Option<u8>,
+    },
+    Release {
+        nth: u8,
+    },
+    ReleaseWaiter {
+        nth: u8,
+    },
+    Renew {
+        nth: u8,
+        ttl_min: u8,
+    },
+    Advance {
+        secs: u16,
+    },
     Sweep,
-    Capacity { capacity: u8 },
-    MaxLease { min: u8 },
-    Pause { until_min: Option<u8> },
+    Capacity {
+        capacity: u8,
+    },
+    MaxLease {
+        min: u8,
+    },
+    Pause {
+        until_min: Option<u8>,
+    },
     Unpause,
     Suspect,
-    Health { healthy: bool },
+    Health {
+        healthy: bool,
+    },
+    /// The agent reports the pending resource created.
+    Activate,
+    /// An operator sets the caps (the issuer's `op:` cap).
+    Caps {
+        cap: u8,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -46,6 +73,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Unpause),
         1 => Just(Step::Suspect),
         1 => (prop::bool::weighted(0.9)).prop_map(|healthy| Step::Health { healthy }),
+        1 => Just(Step::Activate),
+        1 => (0..=CAP).prop_map(|cap| Step::Caps { cap }),
     ]
 }
 
@@ -101,11 +130,13 @@ fn check_order(before: &leasehold_domain::state::PartitionState, w: &World, outc
     Ok(())
 }
 
-fn run(steps: &[Step]) -> Result<(), TestCaseError> {
+fn run(steps: &[Step], pending: bool, capacity: u32) -> Result<(), TestCaseError> {
     let mut w = World::new();
-    w.registered().pending_with(|c| c.capacity = 1);
+    w.registered().pending_with(|c| c.capacity = capacity);
     let (agent, resource) = (w.a(), w.r());
-    accepted(&w.report_created(&agent, resource));
+    if !pending {
+        accepted(&w.report_created(&agent, resource));
+    }
     let key = Key::Agent(agent.clone());
     accepted(&w.op(SetPartitionSettings {
         key,
@@ -127,8 +158,9 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                     wait_min.map(|m| Millis::from_mins(u64::from(m))),
                 );
                 cmd.priority = *priority;
+                let cap = w.state().priority_cap_of(OP).0;
                 let o = w.op(cmd);
-                if *priority > CAP {
+                if *priority > cap {
                     prop_assert!(o.rejection().is_some(), "priority over the cap accepted");
                 }
                 outcomes.push((before, o));
@@ -210,6 +242,23 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                 outcomes.push((before, w.op(Pause { agent, resource, reason: None, until })));
             }
             Step::Unpause => outcomes.push((before, w.op(Unpause { agent, resource }))),
+            Step::Activate => {
+                if w.state().resource(resource).is_some_and(|r| r.state.name() == "pending") {
+                    outcomes.push((before, w.report_created(&agent, resource)));
+                }
+            }
+            Step::Caps { cap } => {
+                let o = w.op(SetPartitionSettings {
+                    key: Key::Agent(agent),
+                    partition: 0,
+                    outcome_horizon: None,
+                    policy: None,
+                    if_no_policy: false,
+                    gc: None,
+                    max_priority: Some([("op:".to_owned(), *cap)].into_iter().collect()),
+                });
+                outcomes.push((before, o));
+            }
             Step::Suspect => {
                 let r = w.rref();
                 outcomes.push((before, w.operator_failure(&r, "slow")));
@@ -245,8 +294,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
-    fn the_queue_keeps_its_promises_under_every_command(steps in prop::collection::vec(step(), 1..150)) {
-        run(&steps)?;
+    fn the_queue_keeps_its_promises_under_every_command(
+        steps in prop::collection::vec(step(), 1..150),
+        pending in any::<bool>(),
+        capacity in 1u32..4,
+    ) {
+        run(&steps, pending, capacity)?;
     }
 }
 
