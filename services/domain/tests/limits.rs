@@ -75,3 +75,36 @@ fn a_full_report_of_heavy_units_continues_and_every_outcome_fits() {
     leasehold_domain::invariants::check(state).unwrap();
     assert!(w.d.rebuild() == *w.state());
 }
+
+/// Red team (issue 19 item 1): a pending resource holds `MAX_CAPACITY` leases within its capacity and
+/// `MAX_QUEUED` more queued beyond it; when the queued ones' waits are over, its activation grants the first and
+/// fails the rest in one unit, which `MAX_QUEUED`'s doc says fits `MAX_UNIT_BYTES`.
+#[test]
+fn the_largest_unit_with_a_full_queue_fits_its_bound() {
+    let mut w = World::new();
+    w.registered().pending_with(|c| c.capacity = MAX_CAPACITY);
+    fill_queue(&mut w, MAX_CAPACITY as usize);
+    for _ in 0..leasehold_domain::MAX_QUEUED {
+        let lease = w.d.new_lease_id();
+        let cmd = Acquire {
+            agent: w.a(),
+            resource: w.r(),
+            lease,
+            holder: "h".repeat(MAX_HOLDER_BYTES),
+            ttl: Some(Millis(u64::MAX / 2)),
+            wait_timeout: Some(Millis::from_secs(1)),
+            priority: 0,
+        };
+        let outcome = w.op(cmd);
+        assert_eq!(effect_names(&outcome), ["lease-queued"], "{:?}", outcome.rejection());
+    }
+    w.advance(Millis::from_secs(2));
+    let (agent, resource) = (w.a(), w.r());
+    let outcome = w.report_created(&agent, resource);
+    let granted = outcome.effects().iter().filter(|e| matches!(e, Effect::LeaseGranted { .. })).count();
+    let failed = outcome.effects().iter().filter(|e| matches!(e, Effect::LeaseFailed { .. })).count();
+    assert_eq!((granted, failed), (MAX_CAPACITY as usize, leasehold_domain::MAX_QUEUED));
+    let effects_bytes: usize = outcome.effects().iter().map(codec::encoded_len).sum();
+    assert!(effects_bytes <= MAX_UNIT_BYTES, "{effects_bytes} bytes of effects in one unit");
+    codec::encode_outcome(&outcome).expect("fits the outcome cap");
+}

@@ -508,7 +508,7 @@ fn the_queue_is_bounded() {
     }
     let (_, outcome) = ask(&mut w, 0, Some(secs(60)));
     let message = rejected(&outcome, AtCapacity);
-    assert!(message.contains("256 leases waiting, the most one resource queues"), "{message}");
+    assert!(message.contains("256 leases waiting beyond its capacity, the most one resource queues"), "{message}");
     settle(&w);
 }
 

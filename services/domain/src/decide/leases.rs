@@ -68,8 +68,10 @@ impl<'s> Decider<'s> {
                 });
                 Ok(())
             }
+            // Only the leases beyond its capacity are its queue: those within it (`lease-waiting`, or queued by
+            // priority) are all granted at its activation.
             ResourceState::Pending if n_live < capacity || command.wait_timeout.is_some() => {
-                self.queue(command, resource, n_waiting)
+                self.queue(command, resource, n_live.saturating_sub(capacity))
             }
             ResourceState::Pending => reject(
                 RejectionKind::AtCapacity,
@@ -122,13 +124,15 @@ impl<'s> Decider<'s> {
         )
     }
 
-    /// Records the lease waiting behind the others (`lease-queued`), unless the queue is full.
-    fn queue(&mut self, command: &Acquire, resource: &Resource, n_waiting: u64) -> Verdict {
-        if n_waiting >= MAX_QUEUED as u64 {
+    /// Records the lease waiting behind the others (`lease-queued`), unless the queue (`n_beyond`: the leases
+    /// waiting beyond the resource's capacity) is full.
+    fn queue(&mut self, command: &Acquire, resource: &Resource, n_beyond: u64) -> Verdict {
+        if n_beyond >= MAX_QUEUED as u64 {
             return reject(
                 RejectionKind::AtCapacity,
                 format!(
-                    "resource {} has {n_waiting} leases waiting, the most one resource queues; try again later",
+                    "resource {} has {n_beyond} leases waiting beyond its capacity, the most one resource queues; \
+                     try again later",
                     resource.reference()
                 ),
             );
