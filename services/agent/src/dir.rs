@@ -404,7 +404,8 @@ mod tests {
                 }
             }
         };
-        let err = opened_once_free(w2.clone()).await.err().expect("refused").to_string();
+        let Err(err) = opened_once_free(w2.clone()).await else { panic!("w2 opened a root of w1") };
+        let err = err.to_string();
         assert!(err.contains("holds the resources of agent w1") && err.contains("not of w2"), "{err}");
         let again = opened_once_free(w1.clone()).await.expect("the same agent again, once the first process let go");
         assert_eq!(again.list().await.unwrap(), vec![], "the owner file is no handle");
