@@ -15,7 +15,7 @@ use leasehold_schemas::outcome::{Effect, FreeCause, GarbageCause};
 use leasehold_schemas::pool::{OrphanPolicy, PoolKind, PoolValue};
 use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::{AgentName, Command, PoolName, ResourceId, ResourceRef, Uuid};
-use leasehold_sweeper::plan::{self, Planned, States};
+use leasehold_sweeper::plan::{Planned, States};
 use proptest::prelude::*;
 
 mod support;
@@ -330,34 +330,9 @@ proptest! {
                 }
                 Step::Sweep { back, order, twice } => {
                     let view = &views[views.len().saturating_sub(1 + back)];
-                    let mut due: Vec<Planned> = plan::plan(view, &BTreeMap::new())
-                        .into_iter()
-                        .filter(|p| p.due.is_none_or(|at| at <= w.now))
-                        .collect();
-                    let mut seed = order | 1;
-                    for i in (1..due.len()).rev() {
-                        seed ^= seed << 13;
-                        seed ^= seed >> 7;
-                        seed ^= seed << 17;
-                        due.swap(i, (seed % (i as u64 + 1)) as usize);
-                    }
-                    for item in due {
-                        planned.push(item.command.clone());
-                        w.send("sweeper:confused", item.command.clone());
-                        if twice {
-                            w.send("sweeper:twin", item.command);
-                        }
-                    }
+                    planned.extend(w.sweep_confused(view, order, twice));
                 }
-                Step::Replay { pick, n } => {
-                    for k in 0..n as u64 {
-                        if planned.is_empty() {
-                            break;
-                        }
-                        let old = planned[(pick.wrapping_mul(k + 1) % planned.len() as u64) as usize].clone();
-                        w.send("sweeper:replay", old);
-                    }
-                }
+                Step::Replay { pick, n } => w.replay(&planned, pick, n),
                 Step::Time { secs, silent } => {
                     w.advance(Millis::from_secs(secs));
                     for (i, agent) in agents.iter().enumerate() {

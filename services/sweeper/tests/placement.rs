@@ -13,7 +13,7 @@ use leasehold_schemas::ids::{Key, Millis};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
 use leasehold_schemas::{AgentName, Command, ResourceId};
-use leasehold_sweeper::plan::{self, Planned, States};
+use leasehold_sweeper::plan::{Planned, States};
 use proptest::prelude::*;
 
 mod support;
@@ -383,25 +383,7 @@ proptest! {
                 }
                 Step::Sweep { back, order, twice } => {
                     let view = &views[views.len().saturating_sub(1 + back)];
-                    let mut due: Vec<Planned> = plan::plan(view, &BTreeMap::new())
-                        .into_iter()
-                        .filter(|p| p.due.is_none_or(|at| at <= w.now))
-                        .collect();
-                    // A seeded shuffle: the order the requests reach their partitions.
-                    let mut seed = order | 1;
-                    for i in (1..due.len()).rev() {
-                        seed ^= seed << 13;
-                        seed ^= seed >> 7;
-                        seed ^= seed << 17;
-                        due.swap(i, (seed % (i as u64 + 1)) as usize);
-                    }
-                    for item in due {
-                        planned.push(item.command.clone());
-                        w.send("sweeper:confused", item.command.clone());
-                        if twice {
-                            w.send("sweeper:twin", item.command);
-                        }
-                    }
+                    planned.extend(w.sweep_confused(view, order, twice));
                 }
                 Step::Release { n, confirm } => {
                     let live: Vec<(AgentName, ResourceId)> = w
@@ -427,15 +409,7 @@ proptest! {
                     }
                 }
                 Step::Tick { secs } => w.advance(Millis::from_secs(secs)),
-                Step::Replay { pick, n } => {
-                    for k in 0..n as u64 {
-                        if planned.is_empty() {
-                            break;
-                        }
-                        let old = planned[(pick.wrapping_mul(k + 1) % planned.len() as u64) as usize].clone();
-                        w.send("sweeper:replay", old);
-                    }
-                }
+                Step::Replay { pick, n } => w.replay(&planned, pick, n),
             }
             check(&w, &agents, &ids);
             views.push(w.states.clone());

@@ -260,7 +260,7 @@ fn room_reserved_on_an_agent_that_went_and_registered_again_is_still_held_and_bo
 // --- a wider confused world: retire, register again, the horizon passing, cancels, heartbeats ---------------------
 
 mod wide {
-    use std::collections::{BTreeMap, BTreeSet};
+    use std::collections::BTreeSet;
 
     use leasehold_domain::state::PlacementState;
     use leasehold_schemas::command::{
@@ -271,7 +271,7 @@ mod wide {
     use leasehold_schemas::outcome::Effect;
     use leasehold_schemas::subjects::partition_of_key;
     use leasehold_schemas::{AgentName, Command, ResourceId};
-    use leasehold_sweeper::plan::{self, Planned, States};
+    use leasehold_sweeper::plan::States;
     use proptest::prelude::*;
 
     use super::support::{PARTITIONS, World};
@@ -452,34 +452,9 @@ mod wide {
                     }
                     Step::Sweep { back, order, twice } => {
                         let view = &views[views.len().saturating_sub(1 + back)];
-                        let mut due: Vec<Planned> = plan::plan(view, &BTreeMap::new())
-                            .into_iter()
-                            .filter(|p| p.due.is_none_or(|at| at <= w.now))
-                            .collect();
-                        let mut seed = order | 1;
-                        for i in (1..due.len()).rev() {
-                            seed ^= seed << 13;
-                            seed ^= seed >> 7;
-                            seed ^= seed << 17;
-                            due.swap(i, (seed % (i as u64 + 1)) as usize);
-                        }
-                        for item in due {
-                            planned.push(item.command.clone());
-                            w.send("sweeper:confused", item.command.clone());
-                            if twice {
-                                w.send("sweeper:twin", item.command);
-                            }
-                        }
+                        planned.extend(w.sweep_confused(view, order, twice));
                     }
-                    Step::Replay { pick, n } => {
-                        for k in 0..n as u64 {
-                            if planned.is_empty() {
-                                break;
-                            }
-                            let old = planned[(pick.wrapping_mul(k + 1) % planned.len() as u64) as usize].clone();
-                            w.send("sweeper:replay", old);
-                        }
-                    }
+                    Step::Replay { pick, n } => w.replay(&planned, pick, n),
                     Step::Release { n, confirm } => {
                         let live: Vec<(AgentName, ResourceId)> = w
                             .states

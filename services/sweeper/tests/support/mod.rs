@@ -107,6 +107,42 @@ impl World {
         panic!("the plan never settles: {:#?}", self.plan());
     }
 
+    /// A confused sweeper: what `view` (a view of some steps ago) plans due now, sent in an order shuffled by `order`
+    /// (the order the requests reach their partitions), each twice when `twice` (a second sweeper); returns what it
+    /// sent, for [`World::replay`].
+    pub(crate) fn sweep_confused(&mut self, view: &States, order: u64, twice: bool) -> Vec<Command> {
+        let mut due: Vec<Planned> =
+            plan::plan(view, &BTreeMap::new()).into_iter().filter(|p| p.due.is_none_or(|at| at <= self.now)).collect();
+        let mut seed = order | 1;
+        for i in (1..due.len()).rev() {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            due.swap(i, (seed % (i as u64 + 1)) as usize);
+        }
+        let mut sent = Vec::with_capacity(due.len());
+        for item in due {
+            self.send("sweeper:confused", item.command.clone());
+            if twice {
+                self.send("sweeper:twin", item.command.clone());
+            }
+            sent.push(item.command);
+        }
+        sent
+    }
+
+    /// Requests planned long ago sent again (a retry after the dedupe window, a sweeper restarted from an old state):
+    /// `n` of `planned`, picked by `pick`.
+    pub(crate) fn replay(&mut self, planned: &[Command], pick: u64, n: usize) {
+        if planned.is_empty() {
+            return;
+        }
+        for k in 0..n as u64 {
+            let old = planned[(pick.wrapping_mul(k + 1) % planned.len() as u64) as usize].clone();
+            self.send("sweeper:replay", old);
+        }
+    }
+
     pub(crate) fn advance(&mut self, by: Millis) {
         self.now = self.now.saturating_add(by);
     }
