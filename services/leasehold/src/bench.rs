@@ -30,6 +30,66 @@ use tokio_util::sync::CancellationToken;
 mod place;
 mod regrant;
 
+/// A benchmark that measures on one log, whichever it is (`bench regrant`, `bench place`).
+pub(crate) trait OnLog {
+    type Figures;
+    /// `backend` names the log in the figures (`embedded`, `jetstream`, `jetstream-r3`).
+    async fn measure<L: Log>(&self, log: &L, backend: &str) -> anyhow::Result<Self::Figures>;
+}
+
+/// The empty log a benchmark named `name` runs on: a NATS server's (`nats`, with `replicas`; its streams are deleted
+/// after, however the rounds ended) or an embedded one in `data` (default: a new temporary directory).
+pub(crate) struct EmptyLog<'a> {
+    pub(crate) name: &'static str,
+    pub(crate) data: Option<&'a Path>,
+    pub(crate) nats: Option<&'a str>,
+    pub(crate) replicas: usize,
+    pub(crate) partitions: u32,
+}
+
+impl EmptyLog<'_> {
+    /// Runs `bench` on this log, refusing one that holds leasehold data (or, on NATS, has live workers).
+    pub(crate) async fn run<B: OnLog>(&self, bench: &B) -> anyhow::Result<B::Figures> {
+        let name = self.name;
+        match self.nats {
+            Some(url) => {
+                use leasehold_log::jetstream::{JetStream, JetStreamConfig};
+                let config = JetStreamConfig { replicas: self.replicas, ..JetStreamConfig::new(url, self.partitions) };
+                let log = JetStream::connect(config).await.with_context(|| format!("connecting to {url}"))?;
+                let live = log.workers("leasehold-bench", false).await?;
+                anyhow::ensure!(
+                    live.is_empty() && log.last_command_seq().await? == 0,
+                    "bench {name} needs a NATS server without leasehold data or workers ({} live): it deletes its \
+                     streams when it is done",
+                    live.len()
+                );
+                let backend =
+                    if self.replicas > 1 { format!("jetstream-r{}", self.replicas) } else { "jetstream".into() };
+                let measured = bench.measure(&log, &backend).await;
+                log.bench_reset().await?;
+                measured
+            }
+            None => {
+                let temp;
+                let dir = match self.data {
+                    Some(dir) => dir.to_owned(),
+                    None => {
+                        temp = tempfile::tempdir().context("a temporary directory")?;
+                        temp.path().to_owned()
+                    }
+                };
+                let log = Embedded::open(&dir.join("log"), self.partitions)
+                    .with_context(|| format!("opening the embedded log in {}", dir.display()))?;
+                anyhow::ensure!(
+                    log.last_command_seq().await? == 0,
+                    "bench {name} needs an empty log: point --data at a new directory"
+                );
+                bench.measure(&log, "embedded").await
+            }
+        }
+    }
+}
+
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum BenchCmd {
     /// Raw log rates beside leasehold's end-to-end rate, latency, fence fan-out cost and takeover time.

@@ -30,7 +30,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use leasehold_agent::{AgentConfig, AnyDriver, DirDriver};
-use leasehold_log::embedded::Embedded;
 use leasehold_log::{Log, OutcomeFilter};
 use leasehold_schemas::command::{Allocate, Place, PlacementStrategy};
 use leasehold_schemas::ids::{AgentName, CommandId, Issuer, Key, ResourceId};
@@ -131,45 +130,24 @@ pub(crate) async fn run(args: PlaceArgs) -> anyhow::Result<()> {
     if args.rounds == 0 || args.agents == 0 || args.concurrency == 0 {
         bail!("--rounds, --agents and --concurrency must be at least 1");
     }
-    let figures = match &args.nats {
-        Some(url) => {
-            use leasehold_log::jetstream::{JetStream, JetStreamConfig};
-            let config = JetStreamConfig { replicas: args.replicas, ..JetStreamConfig::new(url, args.partitions) };
-            let log = JetStream::connect(config).await.with_context(|| format!("connecting to {url}"))?;
-            let live = log.workers("leasehold-bench", false).await?;
-            anyhow::ensure!(
-                live.is_empty() && log.last_command_seq().await? == 0,
-                "bench place needs a NATS server without leasehold data or workers ({} live): it deletes its \
-                 streams when it is done",
-                live.len()
-            );
-            let backend = if args.replicas > 1 { format!("jetstream-r{}", args.replicas) } else { "jetstream".into() };
-            let measured = measure(&log, &args, &backend).await;
-            // The streams are removed however the rounds ended.
-            log.bench_reset().await?;
-            measured?
-        }
-        None => {
-            let temp;
-            let dir = match &args.data {
-                Some(dir) => dir.clone(),
-                None => {
-                    temp = tempfile::tempdir().context("a temporary directory")?;
-                    temp.path().to_owned()
-                }
-            };
-            let log = Embedded::open(&dir.join("log"), args.partitions)
-                .with_context(|| format!("opening the embedded log in {}", dir.display()))?;
-            anyhow::ensure!(
-                log.last_command_seq().await? == 0,
-                "bench place needs an empty log: point --data at a new directory"
-            );
-            measure(&log, &args, "embedded").await?
-        }
+    let on = super::EmptyLog {
+        name: "place",
+        data: args.data.as_deref(),
+        nats: args.nats.as_deref(),
+        replicas: args.replicas,
+        partitions: args.partitions,
     };
+    let figures = on.run(&args).await?;
     print_table(&figures);
     println!("{}", serde_json::to_string(&figures)?);
     Ok(())
+}
+
+impl super::OnLog for PlaceArgs {
+    type Figures = PlaceFigures;
+    async fn measure<L: Log>(&self, log: &L, backend: &str) -> anyhow::Result<PlaceFigures> {
+        measure(log, self, backend).await
+    }
 }
 
 /// The services of one `serve` process and `args.agents` agents, over `log`, and the rounds timed against them.
@@ -640,7 +618,8 @@ mod tests {
     /// exactly one resource, spread over the agents, in a handful of commands.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_few_rounds_of_the_placement_benchmark_run() {
-        let log = Embedded::in_memory(4, leasehold_log::embedded::system_clock()).expect("an in-memory log");
+        let log = leasehold_log::embedded::Embedded::in_memory(4, leasehold_log::embedded::system_clock())
+            .expect("an in-memory log");
         let args = PlaceArgs::smoke(6);
         let figures = tokio::time::timeout(Duration::from_secs(60), measure(&log, &args, "embedded"))
             .await
