@@ -282,6 +282,23 @@ impl PartitionState {
         self.absent.contains(&id)
     }
 
+    /// Why `agent` (of this partition) can take no placement of resource id `id`, if it cannot: the one rule the
+    /// partition decides a reservation by and the sweeper chooses candidates by.
+    pub fn id_taken(&self, agent: &Agent, id: ResourceId) -> Option<IdTaken<'_>> {
+        if let Some(existing) = self.resources.get(&id) {
+            return Some(IdTaken::Exists(existing));
+        }
+        if self.absent.contains(&id) {
+            return Some(IdTaken::Absent);
+        }
+        if agent.lost_ids.contains(&id) || agent.garbage_order_of(id).is_some() {
+            return Some(IdTaken::UsedBefore);
+        }
+        // A record of that id may have been here and been forgotten (this partition's horizon can be shorter than
+        // the placement's): as an allocation of it would be, it is refused rather than made a second time.
+        (id.time() <= self.forgotten_up_to).then_some(IdTaken::MaybeForgotten)
+    }
+
     /// The command sequence that decided a command id, while it is remembered (within the horizon).
     pub fn decided_at_seq(&self, id: CommandId) -> Option<u64> {
         self.recent.by_id.get(&id).copied()
@@ -554,6 +571,19 @@ pub enum PlacementState {
         reason: Option<String>,
         at: Timestamp,
     },
+}
+
+/// Why a partition takes no placement of a resource id (see [`PartitionState::id_taken`]).
+#[derive(Debug)]
+pub enum IdTaken<'a> {
+    /// A resource of that id is on record here.
+    Exists(&'a Resource),
+    /// A child's adoption asked for it as its parent, and was answered "absent": it is never allocated.
+    Absent,
+    /// It was this agent's, lost or a garbage handle.
+    UsedBefore,
+    /// It is no newer than what this partition has forgotten: it may have been used here before.
+    MaybeForgotten,
 }
 
 /// Who cordoned an agent, why and since when.

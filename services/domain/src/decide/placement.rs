@@ -27,7 +27,7 @@ use leasehold_schemas::{Rejection, RejectionKind};
 
 use super::resources::check_request;
 use super::{Decider, Verdict, check_text, echo, reject};
-use crate::state::{Liveness, Placement, PlacementState};
+use crate::state::{IdTaken, Liveness, Placement, PlacementState};
 
 /// At most this many labels in a placement's selector.
 const MAX_SELECT: usize = 16;
@@ -225,40 +225,28 @@ impl<'s> Decider<'s> {
                 format!("agent {} already holds room for {id} (at {})", agent.name, reservation.token),
             );
         }
-        if let Some(existing) = self.state.resources.get(&id) {
-            return reject(
-                RejectionKind::AlreadyExists,
-                format!("resource {} already exists ({})", existing.reference(), existing.state.name()),
-            );
-        }
-        if self.state.absent.contains(&id) {
-            return reject(
-                RejectionKind::AlreadyExists,
-                format!(
+        if let Some(taken) = self.state.id_taken(agent, id) {
+            let why = match taken {
+                IdTaken::Exists(existing) => {
+                    format!("resource {} already exists ({})", existing.reference(), existing.state.name())
+                }
+                IdTaken::Absent => format!(
                     "resource id {id} was recorded here as never allocated (a child's adoption asked for it as its \
                      parent, and was answered \"absent\"); agent {} takes no placement of it",
                     agent.name
                 ),
-            );
-        }
-        if agent.lost_ids.contains(&id) || agent.garbage_order_of(id).is_some() {
-            return reject(
-                RejectionKind::AlreadyExists,
-                format!("resource id {id} was used on agent {} before; it takes no placement of it", agent.name),
-            );
-        }
-        // A record of that id may have been here and been forgotten (this partition's horizon can be shorter than
-        // the placement's): as an allocation of it would be, it is refused rather than made a second time.
-        if id.time() <= self.state.forgotten_up_to {
-            return reject(
-                RejectionKind::AlreadyExists,
-                format!(
-                    "resource id {id} was made at {}, no later than what this partition has forgotten (up to {}): it                      may have been used here before; agent {} takes no placement of it",
+                IdTaken::UsedBefore => {
+                    format!("resource id {id} was used on agent {} before; it takes no placement of it", agent.name)
+                }
+                IdTaken::MaybeForgotten => format!(
+                    "resource id {id} was made at {}, no later than what this partition has forgotten (up to {}): it \
+                     may have been used here before; agent {} takes no placement of it",
                     id.time(),
                     self.state.forgotten_up_to,
                     agent.name
                 ),
-            );
+            };
+            return reject(RejectionKind::AlreadyExists, why);
         }
         if let Some(why) = agent.unschedulable() {
             return reject(

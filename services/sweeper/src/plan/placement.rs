@@ -241,17 +241,9 @@ impl<'a> Fit<'a> {
                     fit.full += 1;
                     continue;
                 }
-                // The id taken in this agent's partition already (an allocation that named it), recorded absent there
-                // (a child's adoption asked for it), no newer than what that partition has forgotten (its horizon is
-                // shorter, or the request waited that long), or used on this agent before: its reservation would be refused
-                // `already-exists`, so it is no candidate (asked again and again, it would keep the request seeking).
-                let id = request.resource;
-                if state.resource(id).is_some()
-                    || state.is_absent(id)
-                    || id.time() <= state.forgotten_up_to()
-                    || agent.lost_ids.contains(&id)
-                    || agent.garbage_order_of(id).is_some()
-                {
+                // The id taken in this agent's partition (see `PartitionState::id_taken`): its reservation would be
+                // refused, so it is no candidate (asked again and again, it would keep the request seeking).
+                if state.id_taken(agent, request.resource).is_some() {
                     continue;
                 }
                 fit.candidates.push((agent, used, capacity));
