@@ -282,6 +282,12 @@ impl PartitionState {
         self.absent.contains(&id)
     }
 
+    /// The agent of this partition that holds room for a placement of resource id `id`, and the room: its commit
+    /// would make a resource of that id here.
+    pub fn reserved(&self, id: ResourceId) -> Option<(&AgentName, &Reservation)> {
+        self.agents.values().find_map(|a| a.reservations.get(&id).map(|r| (&a.name, r)))
+    }
+
     /// Why `agent` (of this partition) can take no placement of resource id `id`, if it cannot: the one rule the
     /// partition decides a reservation by and the sweeper chooses candidates by.
     pub fn id_taken(&self, agent: &Agent, id: ResourceId) -> Option<IdTaken<'_>> {

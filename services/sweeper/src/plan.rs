@@ -289,8 +289,8 @@ fn parent_work(
     if home != state.partition() && child.parent_seen().is_none() {
         // A parent whose placement holds room in its partition may be made there yet: asked now, it would be
         // refused `not-yet-due`; asked once the room is committed (or given back), it is answered for good.
-        let reserved = parent_home.resource(parent.resource).is_none()
-            && parent_home.agents().any(|agent| agent.reservations.contains_key(&parent.resource));
+        let reserved =
+            parent_home.resource(parent.resource).is_none() && parent_home.reserved(parent.resource).is_some();
         if reserved {
             return;
         }

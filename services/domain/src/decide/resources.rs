@@ -141,9 +141,7 @@ impl<'s> Decider<'s> {
         // After the id's checks: an allocation sent again under another command id is answered "already exists",
         // not "full" (it is the one that fills the place).
         // Held for a placement on any agent of this partition: its commit would make a resource of that id.
-        if let Some((holder, reservation)) =
-            self.state.agents.values().find_map(|a| a.reservations.get(&id).map(|r| (&a.name, r)))
-        {
+        if let Some((holder, reservation)) = self.state.reserved(id) {
             return reject(
                 RejectionKind::AlreadyExists,
                 format!(
@@ -599,11 +597,7 @@ impl<'s> Decider<'s> {
         // Room held here for a placement of that id: its commit may make it yet, after the producer was told where
         // it was placed. "Absent" now would release the child and record an id this partition is about to allocate.
         if known.is_none()
-            && let Some((holder, reservation)) = self
-                .state
-                .agents
-                .values()
-                .find_map(|a| a.reservations.get(&command.parent.resource).map(|r| (&a.name, r)))
+            && let Some((holder, reservation)) = self.state.reserved(command.parent.resource)
         {
             return reject(
                 RejectionKind::NotYetDue,
