@@ -77,17 +77,30 @@ impl GcArgs {
     }
 }
 
-/// The agents `serve` runs, configured: their status can be asked (for `/readyz`) before they start.
+/// The labels (`--agent-label NAME:K=V`) and capacity (`--agent-capacity NAME:KIND=N`) `serve`'s flags declare
+/// for its agents, by agent name.
+pub(crate) struct Declared<'a> {
+    pub(crate) labels: &'a [(String, (String, String))],
+    pub(crate) capacity: &'a [(String, Vec<(String, u32)>)],
+}
+
+/// The agents `serve` runs, configured: their status can be asked (for `/readyz`) before they start; each declares
+/// what `declared` gives it.
 pub(crate) fn configure(
     agents: Vec<(AgentName, AnyDriver)>,
     sync_interval: Duration,
     gc: &GcArgs,
     process_grace: Duration,
+    declared: &Declared<'_>,
 ) -> Vec<(AnyDriver, AgentConfig)> {
     agents
         .into_iter()
         .map(|(name, driver)| {
-            let mut config = AgentConfig { sync_interval, ..AgentConfig::new(name) };
+            let mine = |agent: &String| agent == name.as_str();
+            let labels = declared.labels.iter().filter(|(n, _)| mine(n)).map(|(_, label)| label.clone()).collect();
+            let capacity =
+                declared.capacity.iter().filter(|(n, _)| mine(n)).flat_map(|(_, c)| c.iter().cloned()).collect();
+            let mut config = AgentConfig { sync_interval, labels, capacity, ..AgentConfig::new(name) };
             gc.apply(&mut config);
             config.shutdown_grace = drain_grace(&config, process_grace);
             (driver, config)
@@ -154,23 +167,6 @@ pub(crate) fn check_declared(
         );
     }
     Ok(())
-}
-
-/// Gives each of `serve`'s agents the labels and capacity its flags declare.
-pub(crate) fn declare(
-    agents: &mut [(AnyDriver, AgentConfig)],
-    labels: &[(String, (String, String))],
-    capacity: &[(String, Vec<(String, u32)>)],
-) {
-    for (_, config) in agents {
-        let mine = |name: &String| name == config.name.as_str();
-        let own_labels: Vec<(String, String)> =
-            labels.iter().filter(|(n, _)| mine(n)).map(|(_, label)| label.clone()).collect();
-        let own_capacity: Vec<(String, u32)> =
-            capacity.iter().filter(|(n, _)| mine(n)).flat_map(|(_, c)| c.iter().cloned()).collect();
-        config.labels.extend(own_labels);
-        config.capacity.extend(own_capacity);
-    }
 }
 
 /// `container=50,volume=200`: a capacity per kind.
@@ -418,13 +414,13 @@ mod tests {
         let labels = vec![parse_agent_label("a1:zone=a").unwrap(), parse_agent_label("b1:zone=b").unwrap()];
         let capacity = vec![parse_agent_capacity("a1:volume=2,container=1").unwrap()];
         check_declared(&agents, &labels, &capacity).unwrap();
-        let mut configured = configure(
+        let configured = configure(
             agents.clone(),
             Duration::from_secs(5),
             &GcArgs { gc: leasehold_schemas::settings::GcMode::Destroy, gc_grace: Duration::from_secs(300) },
             Duration::from_secs(10),
+            &Declared { labels: &labels, capacity: &capacity },
         );
-        declare(&mut configured, &labels, &capacity);
         let a1 = &configured[0].1;
         assert_eq!(a1.labels, [("zone".to_owned(), "a".to_owned())].into());
         assert_eq!(a1.capacity, [("volume".to_owned(), 2), ("container".to_owned(), 1)].into());

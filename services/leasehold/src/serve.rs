@@ -359,8 +359,8 @@ async fn serve<L: Log>(
         }
         _ => None,
     };
-    let mut agents = crate::agents::configure(agents, args.sync_interval, &args.gc, args.stop.shutdown_grace);
-    crate::agents::declare(&mut agents, &args.agent_labels, &args.agent_capacity);
+    let declared = crate::agents::Declared { labels: &args.agent_labels, capacity: &args.agent_capacity };
+    let agents = crate::agents::configure(agents, args.sync_interval, &args.gc, args.stop.shutdown_grace, &declared);
     let mut readiness = Readiness::default();
     if let Some(metrics) = worker_metrics.clone() {
         readiness.add("worker", ReadyCheck::new(move || metrics.waiting_on()));
