@@ -226,6 +226,9 @@ fn cause(cause: &ReleaseCause) -> String {
         ReleaseCause::Drained { by, deadline: true } => {
             format!("its agent was draining (asked by {by}) and the deadline came")
         }
+        ReleaseCause::OverQuota { quota, kind, max, held, holders } => {
+            leasehold_cli_common::timeline::over_quota(quota, kind, *max, *held, holders)
+        }
     }
 }
 

@@ -159,8 +159,19 @@ where
 /// The list fields of a JSON command: the only places a JSON array may stand, and only of plain values. serde
 /// would read any struct from an array of its fields in order (`"source": [5, 118]`), which no name checks: that is
 /// refused, so that every object of a command is read by its field names.
-const JSON_LISTS: &[&str] =
-    &["pools", "remove", "created", "missing", "destroyed", "in_flight", "held", "exclude", "handles"];
+const JSON_LISTS: &[&str] = &[
+    "pools",
+    "remove",
+    "created",
+    "missing",
+    "destroyed",
+    "in_flight",
+    "held",
+    "exclude",
+    "handles",
+    "principals",
+    "holders",
+];
 
 fn refuse_positional(value: &serde_json::Value, path: &str) -> Result<(), CodecError> {
     use serde_json::Value;

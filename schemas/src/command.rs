@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::envelope::CommandClass;
-use crate::ids::{AgentName, Key, LeaseId, Millis, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp};
+use crate::ids::{
+    AgentName, Issuer, Key, LeaseId, Millis, PoolName, Position, QuotaName, ResourceId, ResourceRef, Source, Timestamp,
+};
 use crate::outcome::FreeCause;
 use crate::pool::{OrphanPolicy, PoolKind, PoolValue};
 use crate::settings::{AgentSettings, ClusterPolicy, GcMode};
@@ -695,6 +697,47 @@ pub struct FreeOrphan {
     pub reason: String,
 }
 
+/// Set, change or remove a quota in one partition (schema version 6): the most resources of each kind in `max`
+/// that the issuers in `principals` may hold at once, counted across every partition by one `slots` pool per kind
+/// ([`quota_pool`]; defined by the operator's `quota set` before this is sent). An allocation by one of them of a
+/// kind in `max` claims a slot of that pool. `max` and `principals` both empty remove the quota. Sent to every
+/// partition; `partition` must name the one that decides it, `key` routes it there (`subjects::settings_key`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetQuota {
+    pub key: Key,
+    pub partition: u32,
+    pub quota: QuotaName,
+    #[serde(default)]
+    pub max: BTreeMap<String, u32>,
+    #[serde(default)]
+    pub principals: Vec<Issuer>,
+}
+
+/// The pool that counts `kind` for `quota`: `quota-<quota>-<kind>`, if that is a pool name (a kind with a dot, or
+/// a name over 63 bytes, has none: a quota refuses such a kind).
+pub fn quota_pool(quota: &QuotaName, kind: &str) -> Option<PoolName> {
+    PoolName::new(format!("quota-{quota}-{kind}")).ok()
+}
+
+/// To a holder (schema version 6): its claim on a quota's pool was queued there (the quota is full), and its
+/// allocation gave no `wait`, so it is refused rather than left waiting. `source`: the pool's `claim-queued`
+/// (its partition and position); `held` and `holders` (at most [`MAX_QUOTA_HOLDERS_NAMED`]): the pool's holders as
+/// the sender saw them, for the cause.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverQuota {
+    pub holder: ResourceRef,
+    pub pool: PoolName,
+    pub source: Source,
+    pub held: u32,
+    #[serde(default)]
+    pub holders: Vec<ResourceRef>,
+}
+
+/// How many holders a refusal over quota names.
+pub const MAX_QUOTA_HOLDERS_NAMED: usize = 5;
+
 /// To a pool: serve waiters with identifiers whose cool-down has passed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -777,6 +820,10 @@ pub struct CommitPlacement {
     pub allocation: Allocate,
     pub token: Position,
     pub source: Source,
+    /// The issuer of the `op.place` (schema version 6): its quota counts the resource. `None`: the placement's
+    /// issuer is under no quota (and a commit of an older version).
+    #[serde(default)]
+    pub principal: Option<Issuer>,
 }
 
 /// To an agent: a reservation its placement did not bind (it bound another, or ended): give the room back (schema
@@ -956,6 +1003,8 @@ commands! {
     DrainRelease(DrainRelease) = Sys "sys.drain-release",
     ClosePlacement(ClosePlacement) = Sys "sys.close-placement",
     FreeOrphan(FreeOrphan) = Op "op.free-orphan",
+    SetQuota(SetQuota) = Op "op.set-quota",
+    OverQuota(OverQuota) = Sys "sys.over-quota",
 }
 
 /// The last subject token of a command: the resource or lease it is about, or `_`.
@@ -1035,7 +1084,26 @@ impl Command {
             Command::DrainRelease(c) => agent(&c.agent),
             Command::ClosePlacement(c) => Key::Placement(c.resource),
             Command::FreeOrphan(c) => agent(&c.agent),
+            Command::SetQuota(c) => c.key.clone(),
+            Command::OverQuota(c) => agent(&c.holder.agent),
         }
+    }
+
+    /// True for what a producer bound to a principal may send (`op@<principal>` subjects): its own allocations,
+    /// placements and leases and what it does to resources (not a resource's `max_lease`). Pools, policy, quotas and agents are the operator's.
+    pub fn is_producer_request(&self) -> bool {
+        matches!(
+            self,
+            Command::Allocate(_)
+                | Command::Place(_)
+                | Command::CancelPlacement(_)
+                | Command::Acquire(_)
+                | Command::Renew(_)
+                | Command::ReleaseLease(_)
+                | Command::Release(_)
+                | Command::Pause(_)
+                | Command::Unpause(_)
+        ) || matches!(self, Command::Update(c) if c.max_lease.is_none())
     }
 
     /// The resource or lease this command is about, for its subject: a resource's command history is one filter.
@@ -1076,7 +1144,9 @@ impl Command {
             Command::DrainRelease(c) => Resource(c.resource),
             Command::ClosePlacement(c) => Resource(c.resource),
             Command::FreeOrphan(c) => Resource(c.resource),
+            Command::OverQuota(c) => Resource(c.holder.resource),
             Command::DrainAgent(_)
+            | Command::SetQuota(_)
             | Command::RetireAgent(_)
             | Command::UnretireAgent(_)
             | Command::CordonAgent(_)
@@ -1203,6 +1273,14 @@ pub(crate) mod legacy {
         source: Source,
     }
 
+    /// Versions 4 and 5 of `sys.commit-placement`: no `principal`.
+    #[derive(Serialize, Deserialize)]
+    struct CommitPlacementV4 {
+        allocation: Allocate,
+        token: Position,
+        source: Source,
+    }
+
     /// Versions 3 and 4 of `sys.bind-claim`: no `orphans`.
     #[derive(Serialize, Deserialize)]
     struct BindClaimV3 {
@@ -1228,12 +1306,21 @@ pub(crate) mod legacy {
 
     /// The oldest schema version that expresses `command`: a command is written in it, so a leasehold that does not
     /// know a later version still reads everything that does not need one (agents and producers can be upgraded
-    /// before the workers). 5 for `sys.close-placement`, `op.free-orphan` and bodies that use a field added in version
+    /// before the workers). 6 for `op.set-quota`, `sys.over-quota` and a commit that names its placement's
+    /// principal; 5 for `sys.close-placement`, `op.free-orphan` and bodies that use a field added in version
     /// 5 (a pool's orphan policy, a free's cause, an acquire's priority, an update's `max_lease`, settings'
     /// `max_priority`), 4 for the commands added in version 4 (placement and drain) and a retirement with a
     /// condition, 3 for bodies that use a field or variant added in version 3, 2 for the commands added in version 2
     /// and for bodies that use a field or variant added then; 1 otherwise.
     pub(crate) fn oldest_version(command: &Command) -> u16 {
+        let needs_six = match command {
+            Command::SetQuota(_) | Command::OverQuota(_) => true,
+            Command::CommitPlacement(c) => c.principal.is_some(),
+            _ => false,
+        };
+        if needs_six {
+            return 6;
+        }
         let needs_five = match command {
             Command::ClosePlacement(_) | Command::FreeOrphan(_) => true,
             Command::DefinePool(c) => c.orphans != OrphanPolicy::Release,
@@ -1304,6 +1391,10 @@ pub(crate) mod legacy {
             ));
         }
         match (version, command) {
+            (4 | 5, Command::CommitPlacement(c)) => crate::codec::encode_into(
+                &CommitPlacementV4 { allocation: c.allocation.clone(), token: c.token, source: c.source },
+                out,
+            ),
             (1..=4, Command::DefinePool(c)) => crate::codec::encode_into(
                 &DefinePoolV1 { pool: c.pool.clone(), kind: c.kind.clone(), cooldown: c.cooldown },
                 out,
@@ -1416,6 +1507,17 @@ pub(crate) mod legacy {
         type_name: &str,
         bytes: &[u8],
     ) -> Option<Result<(Command, usize), crate::codec::CodecError>> {
+        if version >= 6 {
+            return None;
+        }
+        if type_name == "sys.commit-placement" {
+            let decoded = crate::codec::decode_from::<CommitPlacementV4>(bytes).map(|(v4, read)| {
+                let body =
+                    CommitPlacement { allocation: v4.allocation, token: v4.token, source: v4.source, principal: None };
+                (Command::CommitPlacement(body), read)
+            });
+            return Some(decoded);
+        }
         if version >= 5 {
             return None;
         }

@@ -105,6 +105,13 @@ safe_name!(
     "pool name"
 );
 
+safe_name!(
+    /// A quota: limits, per resource kind, on what some principals may hold at once (schema version 6):
+    /// `[a-z0-9][a-z0-9_-]{0,62}`.
+    QuotaName,
+    "quota name"
+);
+
 /// Parses the one spelling of a UUID that leasehold accepts as text: 36 lower-case characters with hyphens, the
 /// way every id is printed and every subject spells it. Upper-case, braced, `urn:uuid:` and unhyphenated forms would
 /// name the same id with different text, and so a different subject or audit record: they are refused.

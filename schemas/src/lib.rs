@@ -38,4 +38,4 @@ pub use outcome::{Decision, Effect, Outcome, Rejection, RejectionKind};
 pub use uuid::Uuid;
 
 /// The schema version this build writes. Readers accept every version up to this one.
-pub const SCHEMA_VERSION: u16 = 5;
+pub const SCHEMA_VERSION: u16 = 6;

@@ -127,7 +127,9 @@ impl<'e> Mentions<'e> {
             | Effect::AgentDeclared { .. }
             | Effect::AgentDraining { .. }
             | Effect::GcModeChanged { .. }
-            | Effect::PriorityCapsChanged { .. } => {}
+            | Effect::PriorityCapsChanged { .. }
+            | Effect::QuotaSet { .. }
+            | Effect::QuotaRemoved { .. } => {}
         }
         m
     }

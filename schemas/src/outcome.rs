@@ -16,8 +16,8 @@ use uuid::Uuid;
 use crate::command::{Place, ResyncChunk, SyncReport};
 use crate::envelope::CommandClass;
 use crate::ids::{
-    AgentName, CommandId, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source,
-    Timestamp,
+    AgentName, CommandId, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position, QuotaName, ResourceId,
+    ResourceRef, Source, Timestamp,
 };
 use crate::pool::{OrphanPolicy, PoolKind, PoolValue};
 use crate::settings::{AgentSettings, GcMode, PartitionSettings};
@@ -103,13 +103,22 @@ impl Outcome {
         }
     }
 
-    /// The oldest schema version that expresses this outcome: 5 when it holds `placement-closed`, an effect about an
+    /// The oldest schema version that expresses this outcome: 6 when it holds a quota's effect or a release over
+    /// quota, 5 when it holds `placement-closed`, an effect about an
     /// orphan's identifiers (pool orphan policies, held claims, free causes), `lease-queued`,
     /// `resource-max-lease-changed` or `priority-caps-changed`, 4 when it is about a placement or holds an effect or
     /// cause added in version 4, 3 when it holds an effect added in version 3, 2 when it holds an effect, a cause or
     /// a parent state added in version 2, else 1. An outcome is written in it, so a reader of an older version reads
     /// every outcome that needs nothing newer (see `codec::encode_outcome`).
     pub fn oldest_schema_version(&self) -> u16 {
+        let needs_six = |effect: &Effect| match effect {
+            Effect::QuotaSet { .. } | Effect::QuotaRemoved { .. } => true,
+            Effect::ResourceReleasing { cause, .. } => matches!(cause, ReleaseCause::OverQuota { .. }),
+            _ => false,
+        };
+        if self.effects().iter().any(needs_six) {
+            return 6;
+        }
         let needs_five = |effect: &Effect| {
             matches!(
                 effect,
@@ -290,6 +299,15 @@ pub enum ReleaseCause {
     Drained {
         by: Issuer,
         deadline: bool,
+    },
+    /// Its principal's quota was full for its kind and its allocation gave no `wait` (schema version 6): `held` of
+    /// `max` were held, among them `holders`.
+    OverQuota {
+        quota: QuotaName,
+        kind: String,
+        max: u32,
+        held: u32,
+        holders: Vec<ResourceRef>,
     },
 }
 
@@ -789,6 +807,18 @@ pub enum Effect {
     PriorityCapsChanged {
         max_priority: BTreeMap<String, u8>,
     },
+    /// A quota was set or changed in this partition (schema version 6): allocations by `principals` of a kind in
+    /// `max` claim a slot of the quota's pool of that kind.
+    QuotaSet {
+        quota: QuotaName,
+        max: BTreeMap<String, u32>,
+        principals: Vec<Issuer>,
+    },
+    /// A quota was removed from this partition (schema version 6): what its principals hold keeps its slots until
+    /// it ends; new allocations claim none.
+    QuotaRemoved {
+        quota: QuotaName,
+    },
 }
 
 /// Why a garbage handle is destroyed.
@@ -890,6 +920,8 @@ impl Effect {
             Effect::LeaseQueued { .. } => "lease-queued",
             Effect::ResourceMaxLeaseChanged { .. } => "resource-max-lease-changed",
             Effect::PriorityCapsChanged { .. } => "priority-caps-changed",
+            Effect::QuotaSet { .. } => "quota-set",
+            Effect::QuotaRemoved { .. } => "quota-removed",
         }
     }
 }

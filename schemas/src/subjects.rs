@@ -6,7 +6,7 @@
 
 use crate::command::{Command, SubjectId};
 use crate::envelope::CommandClass;
-use crate::ids::{AgentName, Key};
+use crate::ids::{AgentName, Issuer, Key};
 
 const FNV_OFFSET: u32 = 0x811c_9dc5;
 
@@ -71,6 +71,46 @@ pub fn ingress_subject_of(command: &Command) -> String {
     ingress_subject(command.class(), &command.key(), command.subject_id())
 }
 
+/// The class token of an `op` command published by a producer bound to `principal` (schema version 6):
+/// `op@<principal>`. A NATS user made with `leasehold credentials producer NAME --principal P` may publish only on
+/// `lh.in.op@P.>`, and the writer takes a command stored there only if its issuer is `P` and it is a producer's
+/// request ([`Command::is_producer_request`]): the subject the server let the sender publish on is its identity, as
+/// an agent's is. `None` when `principal` cannot be a subject token (it holds `.`, `*` or `>`).
+pub fn bound_class_token(principal: &Issuer) -> Option<String> {
+    is_bindable(principal.as_str()).then(|| format!("{}@{principal}", CommandClass::Op.token()))
+}
+
+/// True when `principal` can be a subject token, and so be bound to a NATS user.
+pub fn is_bindable(principal: &str) -> bool {
+    !principal.is_empty() && !principal.contains(['.', '*', '>']) && principal.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// Where a producer bound to `principal` publishes `command` (`lh.in.op@<principal>.<key>.<id>`); `None` when the
+/// command is not an `op` command or the principal cannot be bound.
+pub fn bound_ingress_subject(command: &Command, principal: &Issuer) -> Option<String> {
+    if command.class() != CommandClass::Op {
+        return None;
+    }
+    let class = bound_class_token(principal)?;
+    Some(format!("lh.in.{class}.{}.{}", command.key().token(), command.subject_id()))
+}
+
+/// The tail of an ingress or stored subject after its prefix (`<class>.<key>.<id>`), or `None`.
+fn subject_tail(subject: &str) -> Option<&str> {
+    subject.strip_prefix("lh.in.").or_else(|| {
+        let rest = subject.strip_prefix("lh.cmd.")?;
+        let (partition, tail) = rest.split_once('.')?;
+        // One spelling: a u32 in decimal, without leading zeros.
+        partition.parse::<u32>().ok().filter(|p| p.to_string() == partition).map(|_| tail)
+    })
+}
+
+/// The principal an ingress or stored subject binds its command to (`op@<principal>`), if it names one.
+pub fn bound_principal(subject: &str) -> Option<&str> {
+    let class = subject_tail(subject)?.split('.').next()?;
+    class.strip_prefix("op@")
+}
+
 /// A subject that does not name the command it carries.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("subject {subject:?} does not fit the {type_name} command it carries: expected {expected:?}")]
@@ -86,13 +126,18 @@ pub struct SubjectMismatch {
 /// history stays one subject filter.
 pub fn check_subject(subject: &str, command: &Command) -> Result<(), SubjectMismatch> {
     let expected_tail = format!("{}.{}.{}", command.class().token(), command.key().token(), command.subject_id());
-    let tail = subject.strip_prefix("lh.in.").or_else(|| {
-        let rest = subject.strip_prefix("lh.cmd.")?;
-        let (partition, tail) = rest.split_once('.')?;
-        // One spelling: a u32 in decimal, without leading zeros.
-        partition.parse::<u32>().ok().filter(|p| p.to_string() == partition).map(|_| tail)
-    });
+    let tail = subject_tail(subject);
     if tail == Some(expected_tail.as_str()) {
+        return Ok(());
+    }
+    // An `op` command of a bound producer: `op@<principal>` in place of `op` (the principal is checked apart).
+    let bound = tail.and_then(|tail| {
+        let (class, rest) = tail.split_once('.')?;
+        let principal = class.strip_prefix("op@").filter(|p| is_bindable(p))?;
+        let unbound = format!("{}.{rest}", CommandClass::Op.token());
+        (command.class() == CommandClass::Op && unbound == expected_tail).then_some(principal)
+    });
+    if bound.is_some() {
         return Ok(());
     }
     Err(SubjectMismatch {
@@ -183,6 +228,32 @@ mod tests {
             let err = check_subject(wrong, &heartbeat).unwrap_err();
             assert!(err.to_string().contains("expected \"lh.in.agent.w1._\""), "{err}");
         }
+    }
+
+    #[test]
+    fn a_bound_producer_s_subject_names_its_principal() {
+        use crate::command::Release;
+        use crate::ids::ResourceId;
+        let id: ResourceId = "019b76da-9478-7111-9111-111111111111".parse().unwrap();
+        let release: Command = Release { agent: AgentName::new("w1").unwrap(), resource: id, reason: None }.into();
+        let principal = Issuer::new("ci:team-a").unwrap();
+        let subject = bound_ingress_subject(&release, &principal).unwrap();
+        assert_eq!(subject, format!("lh.in.op@ci:team-a.w1.{id}"));
+        assert!(check_subject(&subject, &release).is_ok());
+        assert!(check_subject(&format!("lh.cmd.3.op@ci:team-a.w1.{id}"), &release).is_ok());
+        assert_eq!(bound_principal(&subject), Some("ci:team-a"));
+        assert_eq!(bound_principal(&format!("lh.cmd.3.op@ci:team-a.w1.{id}")), Some("ci:team-a"));
+        assert_eq!(bound_principal(&format!("lh.in.op.w1.{id}")), None);
+        // Only `op` commands are bound, to a principal that can be a token, and the rest must still fit.
+        assert!(check_subject(&format!("lh.in.agent@ci:team-a.w1.{id}"), &release).is_err());
+        assert!(check_subject(&format!("lh.in.op@.w1.{id}"), &release).is_err());
+        assert!(check_subject(&format!("lh.in.op@ci:team-a.w2.{id}"), &release).is_err());
+        assert_eq!(bound_ingress_subject(&release, &Issuer::new("a.b").unwrap()), None);
+        use crate::command::Heartbeat;
+        use crate::ids::Position;
+        let heartbeat: Command = Heartbeat { agent: AgentName::new("w1").unwrap(), epoch: Position(1) }.into();
+        assert_eq!(bound_ingress_subject(&heartbeat, &principal), None);
+        assert!(check_subject("lh.in.op@ci:team-a.w1._", &heartbeat).is_err());
     }
 
     #[test]

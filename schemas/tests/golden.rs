@@ -21,7 +21,6 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use leasehold_schemas::codec::{self, CodecErrorKind};
-use leasehold_schemas::command::FreeOrphan;
 use leasehold_schemas::command::{
     Acquire, Adopt, Allocate, BindClaim, Cascade, Claim, Command, ConfirmLoss, CreateTimeout, DefinePool, DeletePool,
     ExpireLease, ExpirePause, FailureKind, Free, HandleDigest, HealthResult, Heartbeat, MarkGone, MarkStalled, Orphan,
@@ -36,6 +35,7 @@ use leasehold_schemas::command::{
 use leasehold_schemas::command::{
     CordonAgent, DriverStatus, GarbageReport, ReportDestroyed, UncordonAgent, UnretireAgent,
 };
+use leasehold_schemas::command::{FreeOrphan, OverQuota, SetQuota};
 use leasehold_schemas::ids::{
     AgentName, CommandId, Issuer, Key, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source,
     Timestamp,
@@ -72,6 +72,10 @@ fn issuer(text: &str) -> Issuer {
 }
 
 /// The resource most samples are about.
+fn quota() -> leasehold_schemas::ids::QuotaName {
+    leasehold_schemas::ids::QuotaName::new("team-a").unwrap()
+}
+
 fn resource() -> ResourceId {
     ResourceId::from_parts(T0 - 5_000, [0x11; 10])
 }
@@ -484,6 +488,7 @@ fn command_samples() -> Vec<(String, Envelope)> {
                 allocation: place_sample().allocation_on(a()),
                 token: Position(120),
                 source: Source { partition: 6, position: Position(90) },
+                principal: None,
             },
         ),
         envelope(
@@ -518,11 +523,60 @@ fn command_samples() -> Vec<(String, Envelope)> {
                 reason: "machine scrapped; its disks wiped".into(),
             },
         ),
+        envelope(
+            97,
+            OP_ISSUER,
+            SetQuota {
+                key: leasehold_schemas::subjects::settings_key(2, 8),
+                partition: 2,
+                quota: quota(),
+                max: BTreeMap::from([("container".to_owned(), 20), ("volume".to_owned(), 100)]),
+                principals: vec![issuer("ci:team-a"), issuer("ci:team-a-nightly")],
+            },
+        ),
+        envelope(
+            98,
+            SWEEPER,
+            OverQuota {
+                holder: resource_ref(),
+                pool: PoolName::new("quota-team-a-container").unwrap(),
+                source: Source { partition: 4, position: Position(140) },
+                held: 20,
+                holders: vec![ResourceRef::new(AgentName::new("w2").unwrap(), other_resource(5))],
+            },
+        ),
     ];
     let mut samples: Vec<(String, Envelope)> =
         main.into_iter().map(|envelope| (envelope.type_name().to_owned(), envelope)).collect();
 
     let variants = vec![
+        (
+            "principal",
+            envelope(
+                99,
+                SWEEPER,
+                CommitPlacement {
+                    allocation: place_sample().allocation_on(a()),
+                    token: Position(120),
+                    source: Source { partition: 6, position: Position(90) },
+                    principal: Some(issuer("ci:team-a")),
+                },
+            ),
+        ),
+        (
+            "remove",
+            envelope(
+                100,
+                OP_ISSUER,
+                SetQuota {
+                    key: leasehold_schemas::subjects::settings_key(2, 8),
+                    partition: 2,
+                    quota: quota(),
+                    max: BTreeMap::new(),
+                    principals: vec![],
+                },
+            ),
+        ),
         (
             "pack",
             envelope(
@@ -1097,6 +1151,12 @@ fn effect_samples() -> Vec<Effect> {
         },
         Effect::ResourceMaxLeaseChanged { resource: r(), max_lease: Some(Millis::from_hours(2)) },
         Effect::PriorityCapsChanged { max_priority: BTreeMap::from([("ci:".to_owned(), 5), ("op:".to_owned(), 9)]) },
+        Effect::QuotaSet {
+            quota: quota(),
+            max: BTreeMap::from([("container".to_owned(), 20), ("volume".to_owned(), 100)]),
+            principals: vec![issuer("ci:team-a"), issuer("ci:team-a-nightly")],
+        },
+        Effect::QuotaRemoved { quota: quota() },
     ]
 }
 
@@ -1244,6 +1304,16 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
             resource: resource(),
             cause: ReleaseCause::Drained { by: issuer(OP_ISSUER), deadline: true },
         },
+        Effect::ResourceReleasing {
+            resource: resource(),
+            cause: ReleaseCause::OverQuota {
+                quota: quota(),
+                kind: "container".into(),
+                max: 20,
+                held: 20,
+                holders: vec![ResourceRef::new(AgentName::new("w2").unwrap(), other_resource(5))],
+            },
+        },
         Effect::GarbageDestroyOrdered { handle: other_resource(5), cause: GarbageCause::Destroyed {} },
         Effect::GarbageDestroyOrdered { handle: other_resource(5), cause: GarbageCause::Failed {} },
         Effect::GarbageDestroyOrdered {
@@ -1332,7 +1402,7 @@ fn outcome_samples() -> Vec<(String, Outcome)> {
 // Exhaustive maps from each wire enum to an index: a variant added without a fixture fails to compile here, and a
 // new arm without a sample fails `samples_cover_every_variant`.
 
-const EFFECT_VARIANTS: usize = 79;
+const EFFECT_VARIANTS: usize = 81;
 
 fn effect_index(effect: &Effect) -> usize {
     match effect {
@@ -1415,6 +1485,8 @@ fn effect_index(effect: &Effect) -> usize {
         Effect::LeaseQueued { .. } => 76,
         Effect::ResourceMaxLeaseChanged { .. } => 77,
         Effect::PriorityCapsChanged { .. } => 78,
+        Effect::QuotaSet { .. } => 79,
+        Effect::QuotaRemoved { .. } => 80,
     }
 }
 
@@ -1570,6 +1642,7 @@ impl Seen {
             }
             Command::Free(c) => self.free_cause(&c.cause),
             Command::FreeOrphan(c) => self.option("Option (pool to free)", &c.pool),
+            Command::CommitPlacement(c) => self.option("Option (placement principal)", &c.principal),
             Command::ReportFailure(c) => {
                 let index = match c.failure {
                     FailureKind::CreateFailed => 0,
@@ -1651,6 +1724,7 @@ impl Seen {
                     ReleaseCause::ParentAbsent { .. } => 5,
                     ReleaseCause::WaitTimeout { .. } => 6,
                     ReleaseCause::Drained { .. } => 7,
+                    ReleaseCause::OverQuota { .. } => 8,
                 };
                 self.mark("ReleaseCause", index);
             }
@@ -1710,6 +1784,7 @@ const VARIANT_COUNTS: &[(&str, usize)] = &[
     ("Option (claim value)", 2),
     ("Option (correlation id)", 2),
     ("Option (orphan policy)", 2),
+    ("Option (placement principal)", 2),
     ("Option (pool to free)", 2),
     ("OrphanPolicy", 2),
     ("ParentState", 4),
@@ -1717,7 +1792,7 @@ const VARIANT_COUNTS: &[(&str, usize)] = &[
     ("PoolKind", 3),
     ("PoolValue", 3),
     ("RejectionKind", REJECTION_KINDS.len()),
-    ("ReleaseCause", 8),
+    ("ReleaseCause", 9),
     ("ResyncReason", 2),
     ("SuspectCause", 2),
     ("UnpauseCause", 2),

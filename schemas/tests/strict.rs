@@ -315,10 +315,13 @@ fn body(type_name: &str, full: bool) -> Command {
             source: source(),
         }
         .into(),
-        "sys.commit-placement" => {
-            CommitPlacement { allocation: place(full).allocation_on(agent()), token: Position(12), source: source() }
-                .into()
+        "sys.commit-placement" => CommitPlacement {
+            allocation: place(full).allocation_on(agent()),
+            token: Position(12),
+            source: source(),
+            principal: some_if(full, Issuer::new("ci:team-a").unwrap()),
         }
+        .into(),
         "sys.cancel-reservation" => {
             CancelReservation { agent: agent(), resource: resource(), token: Position(12), source: source() }.into()
         }
@@ -332,6 +335,22 @@ fn body(type_name: &str, full: bool) -> Command {
             resource: resource(),
             pool: some_if(full, pool()),
             reason: "machine scrapped".to_owned(),
+        }
+        .into(),
+        "op.set-quota" => leasehold_schemas::command::SetQuota {
+            key: leasehold_schemas::subjects::settings_key(0, 1),
+            partition: 0,
+            quota: leasehold_schemas::ids::QuotaName::new("team-a").unwrap(),
+            max: if full { BTreeMap::from([("container".to_owned(), 2)]) } else { BTreeMap::new() },
+            principals: if full { vec![Issuer::new("ci:team-a").unwrap()] } else { vec![] },
+        }
+        .into(),
+        "sys.over-quota" => leasehold_schemas::command::OverQuota {
+            holder: ResourceRef::new(agent(), resource()),
+            pool: PoolName::new("quota-team-a-container").unwrap(),
+            source: source(),
+            held: 2,
+            holders: if full { vec![ResourceRef::new(agent(), resource())] } else { vec![] },
         }
         .into(),
         other => panic!("no sample for {other}: add one here"),

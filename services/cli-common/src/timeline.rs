@@ -66,6 +66,27 @@ fn stamp(stamp: &ObsStamp) -> String {
     format!("observation {} of epoch {}", stamp.obs, stamp.epoch)
 }
 
+/// Why a resource was refused over its quota: the limit and what holds it.
+pub fn over_quota(
+    quota: &leasehold_schemas::ids::QuotaName,
+    kind: &str,
+    max: u32,
+    held: u32,
+    holders: &[leasehold_schemas::ids::ResourceRef],
+) -> String {
+    if max == 0 {
+        return format!("quota {quota} allows no {kind}");
+    }
+    let named: Vec<String> = holders.iter().map(ToString::to_string).collect();
+    let more = (held as usize).saturating_sub(named.len());
+    let held_by = match (named.is_empty(), more) {
+        (true, _) => String::new(),
+        (false, 0) => format!(": {}", named.join(", ")),
+        (false, more) => format!(": {} and {more} more", named.join(", ")),
+    };
+    format!("quota {quota} is full for {kind}, {held} of {max} held{held_by}; it gave no wait")
+}
+
 /// One line of plain words for an effect: raw text, to be escaped where it is shown.
 pub fn describe(effect: &Effect) -> String {
     match effect {
@@ -146,6 +167,9 @@ pub fn describe(effect: &Effect) -> String {
                 }
                 ReleaseCause::Drained { by, deadline: true } => {
                     format!("its agent drains (asked by {by}) and the drain's deadline came")
+                }
+                ReleaseCause::OverQuota { quota, kind, max, held, holders } => {
+                    over_quota(quota, kind, *max, *held, holders)
                 }
             };
             format!("{} releasing ({why}); the agent must destroy it; its claims stay held", short(resource))
@@ -259,6 +283,12 @@ pub fn describe(effect: &Effect) -> String {
         Effect::ResourceMaxLeaseChanged { resource, max_lease: None } => {
             format!("{}: no limit on how long a lease is held", short(resource))
         }
+        Effect::QuotaSet { quota, max, principals } => {
+            let max: Vec<String> = max.iter().map(|(kind, n)| format!("{kind}={n}")).collect();
+            let principals: Vec<&str> = principals.iter().map(|p| p.as_str()).collect();
+            format!("quota {quota} set: at most {} for {}", max.join(", "), principals.join(", "))
+        }
+        Effect::QuotaRemoved { quota } => format!("quota {quota} removed"),
         Effect::PriorityCapsChanged { max_priority } => {
             let caps: Vec<String> = max_priority.iter().map(|(prefix, cap)| format!("{prefix}*={cap}")).collect();
             let caps = if caps.is_empty() { "none (every issuer: 0)".to_owned() } else { caps.join(", ") };

@@ -9,7 +9,8 @@ use leasehold_schemas::subjects::partition_of_agent;
 
 use crate::state::{
     Agent, Breaker, ClaimSlot, Cordon, Drain, Forget, Holding, Lease, LeaseState, Liveness, ParentLink, PartitionState,
-    PauseInfo, PendingClock, PendingDecision, Placement, PlacementState, Pool, Reservation, Resource, ResourceState,
+    PauseInfo, PendingClock, PendingDecision, Placement, PlacementState, Pool, Quota, Reservation, Resource,
+    ResourceState,
 };
 
 /// An outcome that does not follow the state it is folded into: a log out of order, with a gap, or of another
@@ -90,7 +91,7 @@ pub fn apply(state: &mut PartitionState, outcome: &Outcome) -> Result<(), FoldEr
     let key = outcome.command.key.clone();
     let mut last = state.last_position();
     for (position, effect) in outcome.positioned_effects() {
-        apply_effect(state, &key, position, now, effect);
+        apply_effect(state, &key, &outcome.command.issuer, position, now, effect);
         last = position;
     }
     state.next_position = last.next();
@@ -294,6 +295,7 @@ fn end_lease(state: &mut PartitionState, lease_id: leasehold_schemas::LeaseId, n
 fn apply_effect(
     state: &mut PartitionState,
     key: &leasehold_schemas::Key,
+    issuer: &leasehold_schemas::ids::Issuer,
     position: Position,
     now: Timestamp,
     effect: &Effect,
@@ -831,6 +833,7 @@ fn apply_effect(
         Effect::PlacementWanted { request, until } => {
             let placement = Placement {
                 request: request.clone(),
+                issuer: issuer.clone(),
                 wanted_at: position,
                 at: now,
                 until: *until,
@@ -868,6 +871,12 @@ fn apply_effect(
         }
         Effect::PriorityCapsChanged { max_priority } => {
             state.priority_caps = max_priority.clone();
+        }
+        Effect::QuotaSet { quota, max, principals } => {
+            state.quotas.insert(quota.clone(), Quota { max: max.clone(), principals: principals.clone() });
+        }
+        Effect::QuotaRemoved { quota } => {
+            state.quotas.remove(quota);
         }
         Effect::PlacementClosed { resource } => {
             if let Some(placement) = state.placements.get_mut(resource)

@@ -8,9 +8,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
 use leasehold_schemas::Uuid;
-use leasehold_schemas::command::HandleDigest;
+use leasehold_schemas::command::{HandleDigest, quota_pool};
 use leasehold_schemas::ids::{
-    AgentName, CommandId, LeaseId, Millis, ObsStamp, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp,
+    AgentName, CommandId, Issuer, LeaseId, Millis, ObsStamp, PoolName, Position, QuotaName, ResourceId, ResourceRef,
+    Source, Timestamp,
 };
 use leasehold_schemas::outcome::{BreakReason, CommandSummary, FreeCause, ReleaseCause, SuspectCause, Work};
 use leasehold_schemas::pool::{OrphanPolicy, PoolKind, PoolValue};
@@ -41,6 +42,8 @@ pub struct PartitionState {
     /// The highest lease priority an issuer may ask for, by issuer prefix (`op.set-partition-settings`
     /// `max_priority`); an issuer no prefix matches may ask for 0 only.
     pub(crate) priority_caps: BTreeMap<String, u8>,
+    /// The quotas recorded in this partition (`op.set-quota`), by name.
+    pub(crate) quotas: BTreeMap<QuotaName, Quota>,
     pub(crate) recent: RecentCommands,
     /// A decision whose last part so far ends with `decision-continues`: its next part comes before anything else.
     pub(crate) pending: Option<PendingDecision>,
@@ -57,6 +60,13 @@ pub struct PartitionState {
     /// Bytes of effects after which decisions that can continue stop and continue in the next part. Not a decision
     /// setting: where parts split changes nothing in the effects. Tests make it small to split often.
     pub(crate) split_budget: usize,
+}
+
+/// A quota as this partition records it: the most resources of each kind its principals may hold at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quota {
+    pub max: BTreeMap<String, u32>,
+    pub principals: Vec<Issuer>,
 }
 
 /// Something to drop from state once the horizon has passed since its time. Each names the record it was made for:
@@ -123,6 +133,7 @@ impl PartitionState {
             absent: BTreeSet::new(),
             gc_mode: GcMode::Destroy,
             priority_caps: BTreeMap::new(),
+            quotas: BTreeMap::new(),
             recent: RecentCommands::default(),
             pending: None,
             returned_grants: BTreeSet::new(),
@@ -220,6 +231,25 @@ impl PartitionState {
     /// The lease priority caps by issuer prefix.
     pub fn priority_caps(&self) -> &BTreeMap<String, u8> {
         &self.priority_caps
+    }
+
+    /// The quotas recorded here, by name.
+    pub fn quotas(&self) -> &BTreeMap<QuotaName, Quota> {
+        &self.quotas
+    }
+
+    /// The quota whose principals name `issuer` (a principal is in one quota at most), with its name.
+    pub fn quota_of(&self, issuer: &Issuer) -> Option<(&QuotaName, &Quota)> {
+        self.quotas.iter().find(|(_, quota)| quota.principals.contains(issuer))
+    }
+
+    /// The quota and kind that `pool` counts, if it is one of the pools of a quota recorded here.
+    pub fn quota_counted_by(&self, pool: &PoolName) -> Option<(&QuotaName, &str, u32)> {
+        self.quotas.iter().find_map(|(name, quota)| {
+            quota.max.iter().find_map(|(kind, max)| {
+                (quota_pool(name, kind).as_ref() == Some(pool)).then_some((name, kind.as_str(), *max))
+            })
+        })
     }
 
     /// The highest lease priority `issuer` may ask for: the cap of the longest prefix that matches it, else 0.
@@ -531,6 +561,8 @@ pub struct Reservation {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
     pub request: leasehold_schemas::command::Place,
+    /// Who asked (the issuer of its `op.place`): the commit names it, so its quota counts the resource.
+    pub issuer: Issuer,
     /// The position of its `placement-wanted`: the source of its reservations.
     pub wanted_at: Position,
     pub at: Timestamp,

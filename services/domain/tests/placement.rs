@@ -90,6 +90,7 @@ fn commit(w: &World, token: Position) -> CommitPlacement {
         allocation: request(w, None).allocation_on(w.a()),
         token,
         source: Source { partition: 0, position: Position(1) },
+        principal: None,
     }
 }
 

@@ -127,7 +127,37 @@ fn an_excluded_identifier_stays_held_until_freed_and_is_never_handed_out_again()
 }
 
 #[test]
-fn shrinking_moving_or_changing_the_kind_is_refused() {
+fn fewer_slots_keep_their_holders_hand_out_nothing_above_the_count_and_come_back_when_it_grows() {
+    let mut w = World::new();
+    define(&mut w, PoolKind::Slots { count: 3 });
+    let slot = PoolValue::Slot;
+    assert_eq!([claimed(&mut w, 1), claimed(&mut w, 2), claimed(&mut w, 3)], [slot(0), slot(1), slot(2)]);
+    // Lowered to 1 (a quota lowered): holders keep slots 1 and 2; nothing is handed out until fewer than 1 is held.
+    assert_eq!(effect_names(&update(&mut w, PoolKind::Slots { count: 1 })), ["pool-updated"]);
+    assert_eq!(w.state().pool(&pool_name("ips")).unwrap().held.len(), 3);
+    assert_eq!(effect_names(&claim(&mut w, 4)), ["claim-queued"]);
+    assert_eq!(effect_names(&free(&mut w, 3)), ["claim-freed"], "slot 2 is freed and not handed out");
+    assert_eq!(effect_names(&free(&mut w, 2)), ["claim-freed"], "slot 1 neither");
+    w.advance(COOL);
+    let tick = w.sys(leasehold_schemas::command::TickPool { pool: pool_name("ips") });
+    assert!(tick.rejection().is_some(), "slot 0 is still held: nothing to serve the waiter with: {tick:?}");
+    assert_eq!(effect_names(&free(&mut w, 1)), ["claim-freed"]);
+    w.advance(COOL);
+    let served = w.sys(leasehold_schemas::command::TickPool { pool: pool_name("ips") });
+    assert_eq!(granted_values(&served), [slot(0)], "the waiter gets the one slot left");
+    // Grown back to 3: slots 1 and 2, handed out before and freed while above the count, are recovered.
+    let grown = update(&mut w, PoolKind::Slots { count: 3 });
+    assert_eq!(
+        grown.effects(),
+        [Effect::PoolUpdated { kind: PoolKind::Slots { count: 3 }, cooldown: COOL, recovered: vec![slot(1), slot(2)] }]
+    );
+    assert_eq!([claimed(&mut w, 5), claimed(&mut w, 6)], [slot(1), slot(2)]);
+    assert_eq!(effect_names(&claim(&mut w, 7)), ["claim-queued"]);
+    settle(&w);
+}
+
+#[test]
+fn shrinking_an_address_or_port_pool_moving_or_changing_the_kind_is_refused() {
     let cases = [
         (subnet(29, vec![]), subnet(30, vec![]), "would shrink it"),
         (
@@ -135,7 +165,6 @@ fn shrinking_moving_or_changing_the_kind_is_refused() {
             PoolKind::Ipv4 { network: Ipv4Addr::new(10, 0, 1, 0), prefix_len: 29, exclude: vec![] },
             "keeps its network address",
         ),
-        (PoolKind::Slots { count: 8 }, PoolKind::Slots { count: 4 }, "8 slots; 4 would shrink it"),
         (
             PoolKind::Ports { first: 100, last: 110, exclude: vec![] },
             PoolKind::Ports { first: 100, last: 105, exclude: vec![] },

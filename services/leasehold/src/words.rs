@@ -173,6 +173,9 @@ fn timeline_cause(cause: &ReleaseCause) -> String {
         ReleaseCause::Drained { by, deadline: true } => {
             format!("its agent drains (asked by {by}) and the deadline came")
         }
+        ReleaseCause::OverQuota { quota, kind, max, held, holders } => {
+            leasehold_cli_common::timeline::over_quota(quota, kind, *max, *held, holders)
+        }
     }
 }
 

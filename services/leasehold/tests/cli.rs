@@ -798,8 +798,9 @@ fn the_policy_is_seeded_once_and_changed_only_on_purpose() {
     // A pool defined without a cool-down takes the policy's; it grows, and goes once empty.
     assert!(first.run(&["pool", "define", "ips", "--slots", "2"]).status.success());
     first.wait_for(&["pool", "ls"], "pool ips", |pools| pools[0]["cooldown_ms"] == 5_000);
-    let shrink = first.run(&["pool", "update", "ips", "--slots", "1"]);
-    assert!(text(&shrink.stderr).contains("would shrink it"), "{}", text_of(&shrink));
+    // Slots may be fewer (a quota is lowered so); an address pool only grows.
+    assert!(first.run(&["pool", "update", "ips", "--slots", "1"]).status.success());
+    first.wait_for(&["pool", "ls"], "pool ips lowered", |pools| pools[0]["kind"]["slots"]["count"] == 1);
     assert!(first.run(&["pool", "update", "ips", "--slots", "4"]).status.success());
     first.wait_for(&["pool", "ls"], "pool ips grown", |pools| pools[0]["kind"]["slots"]["count"] == 4);
     assert!(first.run(&["pool", "delete", "ips"]).status.success());

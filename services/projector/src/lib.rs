@@ -33,7 +33,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use views::{
     AgentView, BreakerView, ClaimView, CordonView, DestroyBlockedView, DrainView, DriverView, HolderView, LeaseBrief,
-    LeaseView, PlacementView, PolicyView, PoolView, QuarantineView, QueuePlace, ResourceView, WaitingOn, queue_places,
+    LeaseView, PlacementView, PolicyView, PoolView, QuarantineView, QueuePlace, QuotaView, ResourceView, WaitingOn,
+    queue_places,
 };
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -59,7 +60,7 @@ const COUNTS: TableDefinition<(&str, &str), u64> = TableDefinition::new("counts"
 
 /// The layout of the read models. A projection of another layout (made by another build) is dropped when opened
 /// and folded again from sequence 1: the log is the truth, the projection a cache of it.
-pub const PROJECTION_VERSION: u64 = 6;
+pub const PROJECTION_VERSION: u64 = 7;
 /// The outcomes table of layout 1, keyed without the command sequence: dropped with the rest.
 const OUTCOMES_V1: TableDefinition<(&str, u32), (u64, &str)> = TableDefinition::new("outcomes");
 
@@ -486,8 +487,15 @@ impl<'t> Tables<'t> {
         let id = outcome.command.id.to_string();
         self.outcomes.insert((id.as_str(), outcome.cmd_seq, outcome.part), (seq, json.as_str())).map_err(storage)?;
         let settings_changed = |e: &Effect| matches!(e, Effect::PartitionSettingsChanged { .. });
-        let policy_changed =
-            |e: &Effect| matches!(e, Effect::GcModeChanged { .. } | Effect::PriorityCapsChanged { .. });
+        let policy_changed = |e: &Effect| {
+            matches!(
+                e,
+                Effect::GcModeChanged { .. }
+                    | Effect::PriorityCapsChanged { .. }
+                    | Effect::QuotaSet { .. }
+                    | Effect::QuotaRemoved { .. }
+            )
+        };
         if outcome.effects().iter().any(|e| policy_changed(e) || settings_changed(e)) {
             self.policies.insert(state.partition(), to_json(&PolicyView::of(state, seq))?.as_str()).map_err(storage)?;
         }

@@ -441,7 +441,17 @@ pub struct PolicyView {
     /// The highest lease priority each issuer prefix may ask for (an issuer no prefix matches: 0).
     #[serde(default)]
     pub max_priority: BTreeMap<String, u8>,
+    /// The quotas recorded in the partition, by name (`op.set-quota`): what each counts (`max` by kind, each
+    /// counted by the pool `quota-<name>-<kind>`) and for whom.
+    #[serde(default)]
+    pub quotas: BTreeMap<String, QuotaView>,
     pub as_of: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaView {
+    pub max: BTreeMap<String, u32>,
+    pub principals: Vec<String>,
 }
 
 impl PolicyView {
@@ -455,6 +465,14 @@ impl PolicyView {
             outcome_horizon_ms: state.settings().outcome_horizon.0,
             gc: state.gc_mode(),
             max_priority: state.priority_caps().clone(),
+            quotas: state
+                .quotas()
+                .iter()
+                .map(|(name, quota)| {
+                    let principals = quota.principals.iter().map(|p| p.as_str().to_owned()).collect();
+                    (name.to_string(), QuotaView { max: quota.max.clone(), principals })
+                })
+                .collect(),
             as_of,
         }
     }

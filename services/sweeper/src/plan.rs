@@ -13,10 +13,11 @@ use std::collections::BTreeMap;
 
 use leasehold_domain::PartitionState;
 use leasehold_domain::due;
-use leasehold_domain::state::{ClaimSlot, Holding, LeaseState, Liveness, Pool, Resource, ResourceState};
+use leasehold_domain::state::{ClaimSlot, Holding, LeaseState, Liveness, PendingClock, Pool, Resource, ResourceState};
 use leasehold_schemas::command::{
-    Adopt, BindClaim, Cascade, Claim, Command, CreateTimeout, DrainRelease, ExpireLease, ExpirePause, Free, MarkGone,
-    MarkStalled, Orphan, ParentState, RequestHealthCheck, TickPool, WaitTimeout,
+    Adopt, BindClaim, Cascade, Claim, Command, CreateTimeout, DrainRelease, ExpireLease, ExpirePause, Free,
+    MAX_QUOTA_HOLDERS_NAMED, MarkGone, MarkStalled, Orphan, OverQuota, ParentState, RequestHealthCheck, TickPool,
+    WaitTimeout,
 };
 use leasehold_schemas::ids::{Key, PoolName, Position, ResourceRef, Source, Timestamp};
 use leasehold_schemas::outcome::FreeCause;
@@ -212,7 +213,28 @@ fn pool_work(states: &States, partition: u32, pool: &Pool, out: &mut Vec<Planned
                     )),
                 }
             }
-            Holding::Waiting { source, .. } => {
+            Holding::Waiting { source, queued_at } => {
+                // Queued on a quota's pool by an allocation that gave no wait: refused rather than left waiting.
+                let no_wait = here.is_some_and(|r| {
+                    r.state == ResourceState::Pending
+                        && matches!(r.claims.get(name), Some(ClaimSlot::Wanted { wanted_at }) if *wanted_at == source.position)
+                        && !matches!(r.pending_clock, Some(PendingClock::WaitsUntil(_)))
+                });
+                if no_wait && home.quota_counted_by(name).is_some() {
+                    let mut holders: Vec<ResourceRef> = pool.held.values().cloned().collect();
+                    holders.sort();
+                    holders.truncate(MAX_QUOTA_HOLDERS_NAMED);
+                    out.push(Planned::now(
+                        format!("over-quota {name} {holder} {}", queued_at),
+                        OverQuota {
+                            holder: holder.clone(),
+                            pool: name.clone(),
+                            source: Source { partition, position: *queued_at },
+                            held: u32::try_from(pool.held.len()).unwrap_or(u32::MAX),
+                            holders,
+                        },
+                    ));
+                }
                 let gave_up = match here {
                     Some(resource) => {
                         matches!(resource.claims.get(name), Some(ClaimSlot::Returned { token: None, .. }))

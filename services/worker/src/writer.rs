@@ -34,7 +34,7 @@ use leasehold_domain::{
 };
 use leasehold_log::{Appended, CommandRecord, DeadLetter, Log, OutcomeFilter, OutcomeRecord, Owner, Snapshot};
 use leasehold_schemas::codec::{self, CodecErrorKind};
-use leasehold_schemas::subjects::{check_subject, partition_of_key};
+use leasehold_schemas::subjects::{bound_principal, check_subject, partition_of_key};
 use leasehold_schemas::{CommandId, Envelope, Outcome};
 use tokio_util::sync::CancellationToken;
 
@@ -627,6 +627,23 @@ pub fn admit(partition: u32, partitions: u32, command: &CommandRecord) -> Result
         format!("{what}: {e}")
     })?;
     check_subject(&command.subject, &envelope.body).map_err(|e| e.to_string())?;
+    if let Some(principal) = bound_principal(&command.subject) {
+        if envelope.issuer.as_str() != principal {
+            return Err(format!(
+                "published as principal {principal:?} (subject {}) but names issuer {:?}: a bound producer sends as \
+                 its principal only",
+                command.subject,
+                envelope.issuer.as_str()
+            ));
+        }
+        if !envelope.body.is_producer_request() {
+            return Err(format!(
+                "{} is the operator's; a producer bound to principal {principal:?} sends only allocations, \
+                 placements, leases and what it does to resources",
+                envelope.body.type_name()
+            ));
+        }
+    }
     let home = partition_of_key(&envelope.body.key(), partitions);
     let stored_in = command.subject.split('.').nth(2).and_then(|p| p.parse::<u32>().ok());
     if home != partition || stored_in != Some(partition) {

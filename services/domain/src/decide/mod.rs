@@ -13,6 +13,7 @@ mod garbage;
 mod leases;
 mod placement;
 mod pools;
+mod quotas;
 mod reports;
 
 pub use reports::expected_listing;
@@ -33,7 +34,7 @@ use leasehold_schemas::{CommandClass, Envelope, Outcome, Rejection, RejectionKin
 use crate::state::{Agent, ClaimSlot, Lease, LeaseState, PartitionState, Resource, ResourceState, queue_order};
 
 /// The version of these rules. Outcomes carry it; re-deciding history is checked within one version.
-pub const DECIDER_VERSION: u32 = 5;
+pub const DECIDER_VERSION: u32 = 6;
 /// How far ahead of the log's time an id may be stamped (UUIDv7 ids carry their issuer's clock): further ahead, the
 /// issuer's clock is wrong, and the id is refused ("fix the issuer's clock"). An id from the future would be
 /// remembered, asked about and waited for until its own time plus the horizon; NTP keeps clocks within a second.
@@ -532,6 +533,8 @@ impl<'s> Decider<'s> {
             Command::DrainRelease(c) => self.drain_release(c),
             Command::ClosePlacement(c) => self.close_placement(c),
             Command::FreeOrphan(c) => self.free_orphan(c),
+            Command::SetQuota(c) => self.set_quota(c),
+            Command::OverQuota(c) => self.over_quota(c),
         }
     }
 

@@ -25,6 +25,7 @@ use leasehold_schemas::outcome::{Effect, ReleaseCause};
 use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
 use leasehold_schemas::{Rejection, RejectionKind};
 
+use super::quotas::QuotaCharge;
 use super::resources::check_request;
 use super::{Decider, Verdict, check_text, echo, reject};
 use crate::state::{IdTaken, Liveness, Placement, PlacementState};
@@ -356,10 +357,13 @@ impl<'s> Decider<'s> {
                     .get(&parent.resource)
                     .is_none_or(|p| p.agent != parent.agent || p.state.has_left())
         });
+        let charge = self.quota_charge(command.principal.as_ref(), &allocation.kind);
         let ends_at_birth = if agent.liveness == Liveness::Gone {
             Some(Effect::ResourceOrphaned { resource: id })
         } else if agent.retired {
             Some(Effect::ResourceReleasing { resource: id, cause: ReleaseCause::AgentRetired {} })
+        } else if let QuotaCharge::Refused { quota, kind } = &charge {
+            Some(Effect::ResourceReleasing { resource: id, cause: QuotaCharge::refused_cause(quota, kind) })
         } else {
             parent_left.map(|parent| Effect::ResourceReleasing {
                 resource: id,
@@ -377,7 +381,7 @@ impl<'s> Decider<'s> {
             self.out.push(end);
             return Ok(());
         }
-        self.allocation_effects(allocation)
+        self.allocation_effects(allocation, charge)
     }
 
     pub(super) fn close_placement(&mut self, command: &ClosePlacement) -> Verdict {

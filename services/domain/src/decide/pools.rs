@@ -61,11 +61,9 @@ fn grows_from(old: &PoolKind, new: &PoolKind) -> Result<(), String> {
                 ));
             }
         }
-        (PoolKind::Slots { count }, PoolKind::Slots { count: new_count }) => {
-            if new_count < count {
-                return Err(format!("it has {count} slots; {new_count} would shrink it (pools only grow)"));
-            }
-        }
+        // Slots may be fewer: a quota is lowered so. A slot above the new count stays with its holder until freed,
+        // and is handed out again only if the count grows back over it.
+        (PoolKind::Slots { .. }, PoolKind::Slots { .. }) => {}
         (PoolKind::Ports { first, last, .. }, PoolKind::Ports { first: new_first, last: new_last, .. }) => {
             if new_first != first {
                 return Err(format!("it starts at port {first}; a pool keeps its first port ({new_first} differs)"));
@@ -105,8 +103,11 @@ fn unusable_indices(kind: &PoolKind) -> BTreeSet<u64> {
 /// Identifiers below `next_fresh` that `new` makes usable and that nobody holds: without them, they would never be
 /// handed out again (only indices from `next_fresh` on are fresh).
 fn recovered_by(pool: &Pool, new: &PoolKind) -> Vec<PoolValue> {
+    // Slots handed out before their pool was made smaller are beyond its size, below the fresh index.
+    let beyond = pool.kind.size()..pool.next_fresh;
     unusable_indices(&pool.kind)
         .into_iter()
+        .chain(beyond)
         .filter(|idx| *idx < pool.next_fresh)
         .filter_map(|idx| new.value_at(idx))
         .filter(|value| !pool.held.contains_key(value) && !pool.recovered.contains(value))

@@ -14,6 +14,7 @@ use leasehold_schemas::pool::{OrphanPolicy, PoolKind};
 use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
 use leasehold_schemas::{Key, RejectionKind, ResourceRef, Source};
 
+use super::quotas::QuotaCharge;
 use super::{
     Decider, MAX_ATTRIBUTE_KEY_BYTES, MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES, MAX_CAPACITY, MAX_POOLS_PER_RESOURCE,
     Verdict, check_text, echo, reject,
@@ -180,12 +181,16 @@ impl<'s> Decider<'s> {
             return reject(RejectionKind::Invalid, "a wait of 0 gives up at once; give a longer one, or none");
         }
         check_request(&command.kind, command.capacity, &command.attributes, &command.pools)?;
-        self.allocation_effects(command)
+        let charge = self.quota_charge(Some(self.issuer), &command.kind);
+        if let QuotaCharge::Refused { quota, kind } = &charge {
+            return Err(super::quotas::refusal(quota, kind, self.issuer));
+        }
+        self.allocation_effects(command, charge)
     }
 
-    /// The effects of an allocation that passed its checks: the resource, its claims, its create order. Refused
-    /// only for its parent (unknown here, or gone).
-    pub(super) fn allocation_effects(&mut self, command: &Allocate) -> Verdict {
+    /// The effects of an allocation that passed its checks: the resource, its claims (with a slot of its
+    /// principal's quota, `charge`), its create order. Refused only for its parent (unknown here, or gone).
+    pub(super) fn allocation_effects(&mut self, command: &Allocate, charge: QuotaCharge) -> Verdict {
         let id = command.resource;
         let mut suspect_parent = None;
         if let Some(parent) = &command.parent {
@@ -221,13 +226,18 @@ impl<'s> Decider<'s> {
         if let Some((parent, source)) = suspect_parent {
             self.out.push(Effect::UpstreamFlagged { resource: id, parent, suspect: true, source });
         }
-        for pool in &command.pools {
+        let quota_pool = match charge {
+            QuotaCharge::Claim(pool) if !command.pools.contains(&pool) => Some(pool),
+            _ => None,
+        };
+        for pool in command.pools.iter().chain(&quota_pool) {
             self.out.push(Effect::ClaimWanted { resource: id, pool: pool.clone() });
         }
-        if let Some(wait) = command.wait.filter(|_| !command.pools.is_empty()) {
+        let claims = !command.pools.is_empty() || quota_pool.is_some();
+        if let Some(wait) = command.wait.filter(|_| claims) {
             self.out.push(Effect::AllocationWaitsUntil { resource: id, until: self.now.saturating_add(wait) });
         }
-        if command.pools.is_empty() {
+        if !claims {
             self.out.push(Effect::CreateOrdered { resource: id });
         }
         Ok(())

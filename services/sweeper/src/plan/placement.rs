@@ -51,7 +51,10 @@ pub(super) fn placement_work(states: &States, out: &mut Vec<Planned>) {
         let home = partition_of_key(&Key::Placement(*id), partitions);
         let Some(placement_home) = states.get(&home) else { continue };
         for (agent, reservation, partition) in held {
-            settle(placement_home, *id, agent, reservation, *partition, out);
+            // The commit names its placement's issuer where quotas are in use (so it is written in schema version
+            // 6 only then): the agent's partition charges the issuer's quota, if any.
+            let quotas = states.get(partition).is_some_and(|s| !s.quotas().is_empty());
+            settle(placement_home, *id, agent, reservation, (*partition, quotas), out);
         }
     }
 }
@@ -137,7 +140,7 @@ fn settle(
     id: ResourceId,
     agent: &Agent,
     reservation: &Reservation,
-    partition: u32,
+    (partition, quotas): (u32, bool),
     out: &mut Vec<Planned>,
 ) {
     let token = reservation.token;
@@ -186,6 +189,7 @@ fn settle(
                     allocation: placement.request.allocation_on(agent.name.clone()),
                     token,
                     source: Source { partition: placement_home.partition(), position: placement.wanted_at },
+                    principal: quotas.then(|| placement.issuer.clone()),
                 },
             ));
         }
