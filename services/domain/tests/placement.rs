@@ -455,3 +455,66 @@ fn a_committed_reservation_becomes_the_resource_and_its_place_is_counted_once() 
     refused(&mut w, |w| w.sys(commit(w, token)), AlreadyDone, &["was already made by its placement"]);
     settle(&w);
 }
+
+/// A placement asked for by `ci:team-a` under a quota of `containers`, reserved and bound; returns the token.
+fn bound_for_team(w: &mut World, containers: u32) -> Position {
+    declared(w, 2);
+    let team = leasehold_schemas::Issuer::new("ci:team-a").unwrap();
+    accepted(&w.op(SetQuota {
+        key: leasehold_schemas::subjects::settings_key(0, 1),
+        partition: 0,
+        quota: leasehold_schemas::ids::QuotaName::new("team-a").unwrap(),
+        max: [("container".to_owned(), containers)].into(),
+        principals: vec![team.clone()],
+    }));
+    w.last_resource = Some(w.d.new_resource_id());
+    let outcome = w.d.submit(team.as_str(), request(w, None));
+    assert_eq!(w.state().placement(w.r()).expect("the placement").issuer, team, "the placement keeps who asked");
+    let source = Source { partition: 0, position: first_position(&outcome) };
+    let outcome = w.sys(reserve(w, source));
+    let token = first_position(&outcome);
+    accepted(&w.sys(bind(w, token)));
+    token
+}
+
+#[test]
+fn a_commit_charges_the_placement_s_principal_to_its_quota() {
+    fn team() -> Option<leasehold_schemas::Issuer> {
+        Some(leasehold_schemas::Issuer::new("ci:team-a").unwrap())
+    }
+    check(vec![
+        case(
+            "naming its principal: a slot of the quota is claimed before the create",
+            |w| {
+                bound_for_team(w, 2);
+            },
+            |w| {
+                let token = w.state().agent(&w.a()).unwrap().reservations[&w.r()].token;
+                w.sys(CommitPlacement { principal: team(), ..commit(w, token) })
+            },
+            Effects(&["reservation-ended", "resource-allocated", "claim-wanted"]),
+        ),
+        case(
+            "a quota of 0: made, as the placement said, and released at once over quota",
+            |w| {
+                bound_for_team(w, 0);
+            },
+            |w| {
+                let token = w.state().agent(&w.a()).unwrap().reservations[&w.r()].token;
+                w.sys(CommitPlacement { principal: team(), ..commit(w, token) })
+            },
+            Effects(&["reservation-ended", "resource-allocated", "resource-releasing"]),
+        ),
+        case(
+            "naming no principal (no quota in use when the sweeper planned it): no slot",
+            |w| {
+                bound_for_team(w, 2);
+            },
+            |w| {
+                let token = w.state().agent(&w.a()).unwrap().reservations[&w.r()].token;
+                w.sys(commit(w, token))
+            },
+            Effects(&["reservation-ended", "resource-allocated", "create-ordered"]),
+        ),
+    ]);
+}

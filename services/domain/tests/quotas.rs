@@ -1,0 +1,333 @@
+//! Table tests: quotas per principal (issue 19, item 2). A quota is recorded in each partition (`op.set-quota`); an
+//! allocation by one of its principals, of a kind it limits, claims a slot of the quota's counting pool
+//! (`quota-<name>-<kind>`) besides its own pools. Over the quota, one with a `wait` waits in the pool's queue, one
+//! without is released on `sys.over-quota`; a maximum of 0 refuses at once. (The pool's side, one grant per slot, is
+//! the pools' own protocol: see pools.rs, and services/sweeper/tests/quotas.rs for several partitions.)
+
+mod support;
+
+use Then::{Effects, Rejected};
+use leasehold_domain::state::ClaimSlot;
+use leasehold_schemas::RejectionKind::*;
+use leasehold_schemas::command::*;
+use leasehold_schemas::ids::{Position, QuotaName, ResourceRef, Source};
+use leasehold_schemas::outcome::{Effect, ReleaseCause};
+use leasehold_schemas::subjects::settings_key;
+use leasehold_schemas::{Issuer, Outcome};
+use support::*;
+
+const TEAM: &str = "ci:team-a";
+
+fn quota() -> QuotaName {
+    QuotaName::new("team-a").unwrap()
+}
+
+fn issuer(text: &str) -> Issuer {
+    Issuer::new(text).unwrap()
+}
+
+fn set(max: &[(&str, u32)], principals: &[&str]) -> SetQuota {
+    SetQuota {
+        key: settings_key(0, 1),
+        partition: 0,
+        quota: quota(),
+        max: max.iter().map(|(kind, n)| ((*kind).to_owned(), *n)).collect(),
+        principals: principals.iter().map(|p| issuer(p)).collect(),
+    }
+}
+
+fn team_quota(w: &mut World, containers: u32) {
+    accepted(&w.op(set(&[("container", containers)], &[TEAM])));
+}
+
+/// An allocation of a container on `w1` sent by `who`; it becomes `w.r()`.
+fn allocate_as(w: &mut World, who: &str, edit: impl FnOnce(&mut Allocate)) -> Outcome {
+    let agent = w.a();
+    let mut command = w.allocate_cmd(&agent);
+    edit(&mut command);
+    w.last_resource = Some(command.resource);
+    w.d.submit(who, command)
+}
+
+fn slot_pool() -> leasehold_schemas::ids::PoolName {
+    quota_pool(&quota(), "container").unwrap()
+}
+
+fn over_quota_of(w: &World) -> OverQuota {
+    OverQuota {
+        holder: w.rref(),
+        pool: slot_pool(),
+        source: Source { partition: 0, position: Position(7) },
+        held: 2,
+        holders: vec![ResourceRef::new(agent_name("w2"), w.r())],
+    }
+}
+
+#[test]
+fn setting_a_quota() {
+    check(vec![
+        case("a quota is recorded", |_| {}, |w| w.op(set(&[("container", 2)], &[TEAM])), Effects(&["quota-set"])),
+        case(
+            "the same again changes nothing",
+            |w| team_quota(w, 2),
+            |w| w.op(set(&[("container", 2)], &[TEAM])),
+            Rejected(AlreadyDone, &["already set so"]),
+        ),
+        case(
+            "changed: recorded again",
+            |w| team_quota(w, 2),
+            |w| w.op(set(&[("container", 3), ("volume", 9)], &[TEAM])),
+            Effects(&["quota-set"]),
+        ),
+        case(
+            "both lists empty remove it",
+            |w| team_quota(w, 2),
+            |w| w.op(set(&[], &[])),
+            Effects(&["quota-removed"]),
+        ),
+        case("removing one not recorded", |_| {}, |w| w.op(set(&[], &[])), Rejected(AlreadyDone, &["no quota team-a"])),
+        case(
+            "no principal",
+            |_| {},
+            |w| w.op(set(&[("container", 2)], &[])),
+            Rejected(Invalid, &["names no principal"]),
+        ),
+        case("no kind", |_| {}, |w| w.op(set(&[], &[TEAM])), Rejected(Invalid, &["limits no kind"])),
+        case(
+            "a kind with a dot has no pool name",
+            |_| {},
+            |w| w.op(set(&[("vm.large", 2)], &[TEAM])),
+            Rejected(Invalid, &["cannot count kind \"vm.large\"", "no dot"]),
+        ),
+        case(
+            "a principal named twice",
+            |_| {},
+            |w| w.op(set(&[("container", 2)], &[TEAM, TEAM])),
+            Rejected(Invalid, &["a principal twice"]),
+        ),
+        case(
+            "a principal is under one quota",
+            |w| team_quota(w, 2),
+            |w| {
+                let mut other = set(&[("container", 5)], &["ci:nightly", TEAM]);
+                other.quota = QuotaName::new("other").unwrap();
+                w.op(other)
+            },
+            Rejected(InvalidState, &["ci:team-a is already under quota team-a"]),
+        ),
+        case(
+            "two quotas whose pool names collide",
+            |w| {
+                let mut first = set(&[("c", 1)], &["ci:x"]);
+                first.quota = QuotaName::new("a-b").unwrap();
+                accepted(&w.op(first));
+            },
+            |w| {
+                let mut second = set(&[("b-c", 1)], &["ci:y"]);
+                second.quota = QuotaName::new("a").unwrap();
+                w.op(second)
+            },
+            Rejected(InvalidState, &["pool quota-a-b-c already counts kind c of quota a-b"]),
+        ),
+        case(
+            "routed to another partition",
+            |_| {},
+            |w| {
+                let mut wrong = set(&[("container", 2)], &[TEAM]);
+                wrong.partition = 3;
+                w.op(wrong)
+            },
+            Rejected(WrongPartition, &["reached partition 0"]),
+        ),
+    ]);
+}
+
+#[test]
+fn an_allocation_under_a_quota() {
+    check(vec![
+        case(
+            "by a principal: a slot of the quota's pool is claimed, nothing is created yet",
+            |w| {
+                w.registered();
+                team_quota(w, 2);
+            },
+            |w| allocate_as(w, TEAM, |_| {}),
+            Effects(&["resource-allocated", "claim-wanted"]),
+        ),
+        case(
+            "with its own pools too, and a wait",
+            |w| {
+                w.registered();
+                team_quota(w, 2);
+            },
+            |w| {
+                allocate_as(w, TEAM, |c| {
+                    c.pools = vec![pool_name("ips")];
+                    c.wait = Some(secs(60));
+                })
+            },
+            Effects(&["resource-allocated", "claim-wanted", "claim-wanted", "allocation-waits-until"]),
+        ),
+        case(
+            "by another issuer: no slot",
+            |w| {
+                w.registered();
+                team_quota(w, 2);
+            },
+            |w| allocate_as(w, "ci:team-b", |_| {}),
+            Effects(&["resource-allocated", "create-ordered"]),
+        ),
+        case(
+            "of a kind the quota does not limit: no slot",
+            |w| {
+                w.registered();
+                team_quota(w, 2);
+            },
+            |w| allocate_as(w, TEAM, |c| c.kind = "volume".into()),
+            Effects(&["resource-allocated", "create-ordered"]),
+        ),
+        case(
+            "a maximum of 0 refuses at once",
+            |w| {
+                w.registered();
+                team_quota(w, 0);
+            },
+            |w| allocate_as(w, TEAM, |_| {}),
+            Rejected(InvalidState, &["quota team-a of ci:team-a allows no container"]),
+        ),
+        case(
+            "after the quota is removed: no slot",
+            |w| {
+                w.registered();
+                team_quota(w, 2);
+                accepted(&w.op(set(&[], &[])));
+            },
+            |w| allocate_as(w, TEAM, |_| {}),
+            Effects(&["resource-allocated", "create-ordered"]),
+        ),
+    ]);
+}
+
+#[test]
+fn the_claimed_slot_is_of_the_quota_s_pool() {
+    let mut w = World::new();
+    w.registered();
+    team_quota(&mut w, 2);
+    accepted(&allocate_as(&mut w, TEAM, |_| {}));
+    let claims = &w.state().resource(w.r()).unwrap().claims;
+    assert!(matches!(claims.get(&slot_pool()), Some(ClaimSlot::Wanted { .. })), "{claims:?}");
+    assert_eq!(slot_pool().as_str(), "quota-team-a-container");
+    settle(&w);
+}
+
+#[test]
+fn over_quota_is_refused_without_a_wait() {
+    fn waiting(w: &mut World) {
+        w.registered();
+        team_quota(w, 2);
+        accepted(&allocate_as(w, TEAM, |_| {}));
+    }
+    check(vec![
+        case(
+            "without a wait: released, naming the quota and what holds it",
+            waiting,
+            |w| {
+                let command = over_quota_of(w);
+                w.sys(command)
+            },
+            Effects(&["resource-releasing"]),
+        ),
+        case(
+            "with a wait: it waits",
+            |w| {
+                w.registered();
+                team_quota(w, 2);
+                accepted(&allocate_as(w, TEAM, |c| c.wait = Some(secs(60))));
+            },
+            |w| {
+                let command = over_quota_of(w);
+                w.sys(command)
+            },
+            Rejected(NothingToDo, &["may wait for quota team-a until"]),
+        ),
+        case(
+            "from a partition that is not the pool's",
+            waiting,
+            |w| {
+                let mut command = over_quota_of(w);
+                command.source.partition = 1;
+                w.sys(command)
+            },
+            Rejected(Invalid, &["its queue cannot be reported from"]),
+        ),
+        case(
+            "a pool no quota here counts",
+            waiting,
+            |w| {
+                let mut command = over_quota_of(w);
+                command.pool = pool_name("ips");
+                w.sys(command)
+            },
+            Rejected(NothingToDo, &["counts no quota recorded here"]),
+        ),
+        case(
+            "granted meanwhile",
+            |w| {
+                waiting(w);
+                let bind = BindClaim {
+                    holder: w.rref(),
+                    pool: slot_pool(),
+                    value: leasehold_schemas::pool::PoolValue::Slot(0),
+                    token: Position(2),
+                    source: Source { partition: 0, position: Position(2) },
+                    wanted: w.wanted_by(slot_pool().as_str()),
+                    definition: None,
+                    orphans: leasehold_schemas::pool::OrphanPolicy::Hold,
+                };
+                accepted(&w.sys(bind));
+            },
+            |w| {
+                let command = over_quota_of(w);
+                w.sys(command)
+            },
+            Rejected(NothingToDo, &["does not wait for a slot of pool quota-team-a-container"]),
+        ),
+        case(
+            "released already",
+            |w| {
+                waiting(w);
+                accepted(&w.release());
+            },
+            |w| {
+                let command = over_quota_of(w);
+                w.sys(command)
+            },
+            Rejected(AlreadyDone, &["not waiting for quota team-a"]),
+        ),
+    ]);
+}
+
+#[test]
+fn the_release_over_quota_says_which_quota_how_full_and_who_holds_it() {
+    let mut w = World::new();
+    w.registered();
+    team_quota(&mut w, 2);
+    accepted(&allocate_as(&mut w, TEAM, |_| {}));
+    let command = over_quota_of(&w);
+    let outcome = w.sys(command);
+    let cause = accepted(&outcome).iter().find_map(|e| match e {
+        Effect::ResourceReleasing { cause, .. } => Some(cause.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        cause,
+        Some(ReleaseCause::OverQuota {
+            quota: quota(),
+            kind: "container".into(),
+            max: 2,
+            held: 2,
+            holders: vec![ResourceRef::new(agent_name("w2"), w.r())],
+        })
+    );
+    settle(&w);
+}
