@@ -79,12 +79,7 @@ fn setting_a_quota() {
             |w| w.op(set(&[("container", 3), ("volume", 9)], &[TEAM])),
             Effects(&["quota-set"]),
         ),
-        case(
-            "both lists empty remove it",
-            |w| team_quota(w, 2),
-            |w| w.op(set(&[], &[])),
-            Effects(&["quota-removed"]),
-        ),
+        case("both lists empty remove it", |w| team_quota(w, 2), |w| w.op(set(&[], &[])), Effects(&["quota-removed"])),
         case("removing one not recorded", |_| {}, |w| w.op(set(&[], &[])), Rejected(AlreadyDone, &["no quota team-a"])),
         case(
             "no principal",

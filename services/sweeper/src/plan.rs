@@ -258,7 +258,9 @@ fn pool_work(states: &States, partition: u32, pool: &Pool, out: &mut Vec<Planned
             }
         }
     }
+    // A slot pool lowered below what it holds serves nobody until a holder lets go: a free serves its waiters then.
     if !pool.waiters.is_empty()
+        && pool.room_as(&pool.kind, 0) > 0
         && let Some(at) = pool.next_cooled_at()
     {
         out.push(Planned::at(format!("tick {name} {at}"), at, TickPool { pool: name.clone() }));

@@ -19,7 +19,7 @@ use crate::state::{Holding, Pool};
 /// Identifiers a pool can hand out at `now`, in the order it hands them out: never-used ones first, then
 /// recovered ones, then freed ones whose cool-down has passed, least recently freed first.
 fn available(pool: &Pool, now: Timestamp) -> impl Iterator<Item = PoolValue> + '_ {
-    available_as(pool, &pool.kind, pool.cooldown, &[], now)
+    available_as(pool, &pool.kind, pool.cooldown, &[], now).take(pool.room_as(&pool.kind, 0))
 }
 
 /// What `pool` could hand out at `now` were it defined as `kind` with `cooldown` and had `extra` recovered: what an
@@ -190,7 +190,8 @@ impl<'s> Decider<'s> {
         }
         let recovered = recovered_by(pool, &command.kind);
         self.out.push(Effect::PoolUpdated { kind: command.kind.clone(), cooldown, recovered: recovered.clone() });
-        let mut values = available_as(pool, &command.kind, cooldown, &recovered, self.now);
+        let mut values =
+            available_as(pool, &command.kind, cooldown, &recovered, self.now).take(pool.room_as(&command.kind, 0));
         self.serve_waiters(pool, &mut values, None);
         Ok(())
     }
@@ -319,8 +320,11 @@ impl<'s> Decider<'s> {
         // recently freed) only if the pool has no cool-down. The holder that just left the queue is skipped.
         // An identifier excluded while it was held is never handed out again.
         let no_cooldown = pool.cooldown.0 == 0;
+        let leaving = usize::from(freed.is_some());
         let freed = freed.filter(|value| no_cooldown && pool.kind.contains(value));
-        let mut values = available(pool, self.now).chain(freed);
+        let mut values = available_as(pool, &pool.kind, pool.cooldown, &[], self.now)
+            .chain(freed)
+            .take(pool.room_as(&pool.kind, leaving));
         self.serve_waiters(pool, &mut values, Some(holder));
         Ok(())
     }
@@ -333,6 +337,18 @@ impl<'s> Decider<'s> {
         let mut values = available(pool, self.now);
         if self.serve_waiters(pool, &mut values, None) > 0 {
             return Ok(());
+        }
+        if pool.room_as(&pool.kind, 0) == 0 && pool.next_cooled_at().is_some() {
+            return reject(
+                RejectionKind::NothingToDo,
+                format!(
+                    "pool {} hands out nothing more until fewer than its {} are held ({} are); {} holders wait",
+                    pool.name,
+                    pool.kind.n_usable(),
+                    pool.held.len(),
+                    pool.waiters.len()
+                ),
+            );
         }
         match pool.next_cooled_at() {
             Some(at) => reject(
