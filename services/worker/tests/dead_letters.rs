@@ -141,3 +141,51 @@ async fn a_command_of_a_schema_rolling_out_stops_the_partition_instead() {
         }
     }
 }
+
+/// A producer bound to a principal publishes on `lh.in.op@<principal>...`, the only subjects its NATS user may use:
+/// the writer takes what it stores there only as that principal's own request. Another issuer, or an operator's
+/// command, is dead-lettered with the principal named; the same command on the plain `op` subject is taken.
+#[test]
+fn a_bound_producer_sends_only_as_its_principal_and_only_a_producer_s_requests() {
+    use leasehold_log::CommandRecord;
+    use leasehold_schemas::command::{Allocate, DefinePool};
+    use leasehold_schemas::ids::{PoolName, ResourceId};
+    use leasehold_schemas::pool::{OrphanPolicy, PoolKind};
+    use leasehold_schemas::subjects::bound_ingress_subject;
+
+    let team = Issuer::new("ci:team-a").unwrap();
+    let at = Timestamp(1_800_000_000_000);
+    let as_issuer = |issuer: &str, n: u8, body: leasehold_schemas::Command| {
+        Envelope::new(CommandId::from_parts(at.0, [n; 10]), Issuer::new(issuer).unwrap(), at, body)
+    };
+    let stored = |subject: String, envelope: &Envelope| CommandRecord {
+        seq: 1,
+        subject: subject.replace("lh.in.", "lh.cmd.0."),
+        time: at,
+        payload: codec::encode_command(envelope).unwrap().into(),
+    };
+    let allocate: leasehold_schemas::Command =
+        Allocate::new(AgentName::new("w1").unwrap(), ResourceId::from_parts(at.0, [1; 10]), "container", 1).into();
+    let bound = bound_ingress_subject(&allocate, &team).unwrap();
+    assert_eq!(bound, format!("lh.in.op@ci:team-a.w1.{}", allocate.subject_id()));
+
+    let own = as_issuer("ci:team-a", 1, allocate.clone());
+    assert_eq!(leasehold_worker::admit(0, 1, &stored(bound.clone(), &own)).unwrap(), own);
+
+    let other = as_issuer("ci:team-b", 2, allocate.clone());
+    let refused = leasehold_worker::admit(0, 1, &stored(bound.clone(), &other)).unwrap_err();
+    assert!(refused.contains("published as principal \"ci:team-a\"") && refused.contains("\"ci:team-b\""), "{refused}");
+    // Naming another issuer is what an unbound producer (an operator, the gateway) may do.
+    assert_eq!(leasehold_worker::admit(0, 1, &stored(ingress_subject_of(&allocate), &other)).unwrap(), other);
+
+    let define: leasehold_schemas::Command = DefinePool {
+        pool: PoolName::new("quota-team-a-container").unwrap(),
+        kind: PoolKind::Slots { count: 1000 },
+        cooldown: None,
+        orphans: OrphanPolicy::Release,
+    }
+    .into();
+    let raise = as_issuer("ci:team-a", 3, define.clone());
+    let refused = leasehold_worker::admit(0, 1, &stored(bound_ingress_subject(&define, &team).unwrap(), &raise));
+    assert!(refused.unwrap_err().contains("op.define-pool is the operator's"));
+}
