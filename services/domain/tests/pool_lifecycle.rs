@@ -314,3 +314,16 @@ proptest! {
         settle(&w);
     }
 }
+
+/// Red team (quotas): a slot pool lowered below a slot it has handed out is a state the decider means to reach (the
+/// holder keeps its slot until freed), so the invariants must hold there too, not only once the slot is freed.
+#[test]
+fn a_slot_pool_lowered_below_a_held_slot_keeps_its_invariants() {
+    let mut w = World::new();
+    define(&mut w, PoolKind::Slots { count: 3 });
+    let slot = PoolValue::Slot;
+    assert_eq!([claimed(&mut w, 1), claimed(&mut w, 2), claimed(&mut w, 3)], [slot(0), slot(1), slot(2)]);
+    assert_eq!(effect_names(&update(&mut w, PoolKind::Slots { count: 1 })), ["pool-updated"]);
+    // Slots 1 and 2 are held above the count: legal, and the invariants must say so.
+    settle(&w);
+}

@@ -326,3 +326,71 @@ fn the_release_over_quota_says_which_quota_how_full_and_who_holds_it() {
     );
     settle(&w);
 }
+
+// --- red team ---------------------------------------------------------------------------------------------------
+
+/// Red team: a principal under a quota sends, under its own name, what changes what counts it: its quota's pool
+/// raised, or the quota itself rewritten. The gateway forwards any `op` command of any token's principal, and a NATS
+/// producer with `lh.in.op.>` names any issuer, so only the decider sees both who asks and what counts them. Each must
+/// be refused (the operator's, not the principal's), or the quota binds nobody who can reach the gateway.
+#[test]
+fn a_principal_cannot_raise_or_remove_its_own_quota() {
+    fn counted(w: &mut World) {
+        w.registered();
+        accepted(&w.op(DefinePool {
+            pool: slot_pool(),
+            kind: leasehold_schemas::pool::PoolKind::Slots { count: 2 },
+            cooldown: Some(secs(0)),
+            orphans: leasehold_schemas::pool::OrphanPolicy::Hold,
+        }));
+        team_quota(w, 2);
+    }
+    let raise = |w: &mut World| {
+        w.d.submit(
+            TEAM,
+            UpdatePool {
+                pool: slot_pool(),
+                kind: leasehold_schemas::pool::PoolKind::Slots { count: 1000 },
+                cooldown: None,
+                orphans: None,
+            },
+        )
+    };
+    let rewrite = |w: &mut World| w.d.submit(TEAM, set(&[("container", 1000)], &[TEAM]));
+    let remove = |w: &mut World| w.d.submit(TEAM, set(&[], &[]));
+    let mut accepted_escapes = Vec::new();
+    for (what, when) in [
+        ("its quota's pool raised", &raise as &dyn Fn(&mut World) -> Outcome),
+        ("its quota raised", &rewrite),
+        ("its quota removed", &remove),
+    ] {
+        let mut w = World::new();
+        counted(&mut w);
+        let outcome = when(&mut w);
+        if outcome.rejection().is_none() {
+            accepted_escapes.push(format!("{what}: {:?}", outcome.effects()));
+        }
+    }
+    assert!(accepted_escapes.is_empty(), "accepted from {TEAM} itself: {accepted_escapes:#?}");
+}
+
+/// Red team: an allocation by someone under no quota (or under another) that names a quota's counting pool in its
+/// own `pools` takes one of that quota's slots: any producer can fill another team's quota and hold it, so its
+/// principals are refused over quota while they hold nothing. A quota's pool counts its principals only.
+#[test]
+fn an_outsider_cannot_take_a_slot_of_another_s_quota() {
+    let mut w = World::new();
+    w.registered();
+    team_quota(&mut w, 2);
+    let outcome = allocate_as(&mut w, "ci:team-b", |c| c.pools = vec![slot_pool()]);
+    let claims_it = outcome
+        .effects()
+        .iter()
+        .any(|e| matches!(e, Effect::ClaimWanted { pool, .. } if *pool == slot_pool()));
+    assert!(
+        !claims_it,
+        "ci:team-b, under no quota, claimed a slot of quota team-a's pool {}: {:?}",
+        slot_pool(),
+        outcome.effects()
+    );
+}

@@ -290,3 +290,53 @@ fn a_lowered_quota_charges_nothing_more_until_fewer_are_held() {
     assert!(!waits(&w), "served once fewer than the new maximum are held");
     assert_eq!(w.charged().len(), 1);
 }
+
+/// Red team: a placement's commit names its principal only if the sweeper's view of the agent's partition records a
+/// quota. A view taken before `op.set-quota` reached that partition plans a commit with no principal; decided after,
+/// in a partition that does record the quota, it makes the placement's resource with no slot, and the principal's
+/// next allocation takes the one slot there is: two of its resources at once under a maximum of 1.
+#[test]
+fn a_commit_planned_before_the_quota_reached_the_agent_s_partition_still_charges_the_principal() {
+    use leasehold_domain::state::PlacementState;
+    use leasehold_schemas::command::Place;
+    let mut w = World::new();
+    let agent = w.register_declaring("w1", &[], &[("container", 5)]);
+    let placed = ResourceId::generate();
+    w.send(PRINCIPALS[0], Place::new(placed, "container", 1)).expect("the placement is recorded");
+    let bound = |w: &World| {
+        w.states
+            .values()
+            .find_map(|s| s.placement(placed))
+            .is_some_and(|p| matches!(p.state, PlacementState::Bound { .. }))
+    };
+    // Reserve, then bind, from fresh views: stop once bound, before any commit is planned.
+    for _ in 0..4 {
+        if bound(&w) {
+            break;
+        }
+        let view = w.states.clone();
+        w.sweep_confused(&view, 1, false);
+    }
+    assert!(bound(&w), "the placement is bound");
+    assert!(w.states.values().all(|s| s.resource(placed).is_none()), "not committed yet");
+    let before_quota = w.states.clone();
+    w.set_quota(1, true);
+    // The sweeper's view is behind: it plans the commit as if no quota were in use.
+    w.sweep_confused(&before_quota, 1, false);
+    assert!(w.states.values().any(|s| s.resource(placed).is_some()), "committed");
+    let direct = w.allocate_as(PRINCIPALS[1], &agent, "container", true);
+    w.settle();
+    let created: Vec<ResourceId> = w
+        .effects()
+        .filter_map(|e| match e {
+            Effect::CreateOrdered { resource } if [placed, direct].contains(resource) => Some(*resource),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        created.len() <= 1,
+        "both the placement {placed} and the allocation {direct} of the quota's principals were ordered created \
+         under a maximum of 1 ({} slots bound)",
+        w.charged().len()
+    );
+}
