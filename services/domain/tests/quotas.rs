@@ -383,10 +383,8 @@ fn an_outsider_cannot_take_a_slot_of_another_s_quota() {
     w.registered();
     team_quota(&mut w, 2);
     let outcome = allocate_as(&mut w, "ci:team-b", |c| c.pools = vec![slot_pool()]);
-    let claims_it = outcome
-        .effects()
-        .iter()
-        .any(|e| matches!(e, Effect::ClaimWanted { pool, .. } if *pool == slot_pool()));
+    let claims_it =
+        outcome.effects().iter().any(|e| matches!(e, Effect::ClaimWanted { pool, .. } if *pool == slot_pool()));
     assert!(
         !claims_it,
         "ci:team-b, under no quota, claimed a slot of quota team-a's pool {}: {:?}",
