@@ -121,8 +121,9 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
                     if pool.held.get(value) != Some(holder) {
                         return Err(format!("pool {}: {value} granted to {holder} is not in the held map", pool.name));
                     }
-                    // Excluded since it was granted is allowed: it stays held until freed.
-                    if !in_range(&pool.kind, value) {
+                    // Excluded since it was granted is allowed: it stays held until freed; so is a slot above a count
+                    // lowered since (handed out before, below the fresh index).
+                    if !in_range(&pool.kind, value, pool.next_fresh) {
                         return Err(format!("pool {}: {value} is not an identifier of the pool", pool.name));
                     }
                 }
@@ -174,13 +175,13 @@ pub fn check(state: &PartitionState) -> Result<(), String> {
 }
 
 /// True when `value` is within the range of `kind` (its exclusions and reserved addresses included).
-fn in_range(kind: &leasehold_schemas::pool::PoolKind, value: &PoolValue) -> bool {
+fn in_range(kind: &leasehold_schemas::pool::PoolKind, value: &PoolValue, next_fresh: u64) -> bool {
     use leasehold_schemas::pool::PoolKind;
     let idx = match (kind, value) {
         (PoolKind::Ipv4 { network, .. }, PoolValue::Ipv4(addr)) => {
             u64::from(u32::from(*addr).wrapping_sub(u32::from(*network)))
         }
-        (PoolKind::Slots { .. }, PoolValue::Slot(slot)) => u64::from(*slot),
+        (PoolKind::Slots { .. }, PoolValue::Slot(slot)) => return u64::from(*slot) < kind.size().max(next_fresh),
         (PoolKind::Ports { first, .. }, PoolValue::Port(port)) => u64::from(port.wrapping_sub(*first)),
         _ => return false,
     };

@@ -992,7 +992,6 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// When the least recently freed identifier finishes its cool-down.
     /// How many more identifiers the pool, defined as `kind`, may hand out once `leaving` of its holders have let
     /// go: for slots, never more held than the count, so a count lowered below what is held (a quota lowered) hands
     /// out nothing until fewer are held, whichever slots they hold; any other kind is bounded by its identifiers.
@@ -1005,6 +1004,7 @@ impl Pool {
         }
     }
 
+    /// When the least recently freed identifier finishes its cool-down.
     pub fn next_cooled_at(&self) -> Option<Timestamp> {
         self.cooling.keys().next().map(|(freed_at, _)| freed_at.saturating_add(self.cooldown))
     }

@@ -506,7 +506,7 @@ fn a_commit_charges_the_placement_s_principal_to_its_quota() {
             Effects(&["reservation-ended", "resource-allocated", "resource-releasing"]),
         ),
         case(
-            "naming no principal (no quota in use when the sweeper planned it): no slot",
+            "naming no principal where quotas are recorded (planned from a view before them): refused, asked again",
             |w| {
                 bound_for_team(w, 2);
             },
@@ -514,7 +514,7 @@ fn a_commit_charges_the_placement_s_principal_to_its_quota() {
                 let token = w.state().agent(&w.a()).unwrap().reservations[&w.r()].token;
                 w.sys(commit(w, token))
             },
-            Effects(&["reservation-ended", "resource-allocated", "create-ordered"]),
+            Rejected(InvalidState, &["a commit names its placement's issuer"]),
         ),
     ]);
 }

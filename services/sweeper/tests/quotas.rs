@@ -291,7 +291,7 @@ fn a_lowered_quota_charges_nothing_more_until_fewer_are_held() {
     assert_eq!(w.charged().len(), 1);
 }
 
-/// Red team: a placement's commit names its principal only if the sweeper's view of the agent's partition records a
+/// Red team (fixed): a placement's commit names its principal only if the sweeper's view of the agent's partition records a
 /// quota. A view taken before `op.set-quota` reached that partition plans a commit with no principal; decided after,
 /// in a partition that does record the quota, it makes the placement's resource with no slot, and the principal's
 /// next allocation takes the one slot there is: two of its resources at once under a maximum of 1.
@@ -321,9 +321,10 @@ fn a_commit_planned_before_the_quota_reached_the_agent_s_partition_still_charges
     assert!(w.states.values().all(|s| s.resource(placed).is_none()), "not committed yet");
     let before_quota = w.states.clone();
     w.set_quota(1, true);
-    // The sweeper's view is behind: it plans the commit as if no quota were in use.
+    // The sweeper's view is behind: it plans the commit as if no quota were in use. Refused: the partition records a
+    // quota, so the commit must name its principal; a sweeper with a fresh view asks again.
     w.sweep_confused(&before_quota, 1, false);
-    assert!(w.states.values().any(|s| s.resource(placed).is_some()), "committed");
+    assert!(w.states.values().all(|s| s.resource(placed).is_none()), "a commit naming no principal makes nothing");
     let direct = w.allocate_as(PRINCIPALS[1], &agent, "container", true);
     w.settle();
     let created: Vec<ResourceId> = w

@@ -479,6 +479,22 @@ impl<'s> Decider<'s> {
                 ),
             );
         }
+        // An issuer under a quota is a tenant: it sends what a producer bound to a principal may send, so it can
+        // neither raise its quota nor change the pools that count it.
+        if envelope.class == CommandClass::Op
+            && !command.is_producer_request()
+            && let Some((quota, _)) = self.state.quota_of(&envelope.issuer)
+        {
+            return reject(
+                RejectionKind::NotPermitted,
+                format!(
+                    "{} is under quota {quota}: it sends allocations, placements, leases and what it does to \
+                     resources; {} is the operator's",
+                    envelope.issuer,
+                    command.type_name()
+                ),
+            );
+        }
         match command {
             Command::Allocate(c) => self.allocate(c),
             Command::Acquire(c) => self.acquire(c),

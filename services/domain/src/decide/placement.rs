@@ -91,6 +91,7 @@ impl<'s> Decider<'s> {
             return reject(RejectionKind::Invalid, "a wait of 0 gives up at once; give a longer one, or none");
         }
         check_request(&command.kind, command.capacity, &command.attributes, &command.pools)?;
+        self.check_no_quota_pool(&command.pools)?;
         if command.select.len() > MAX_SELECT {
             return reject(
                 RejectionKind::Invalid,
@@ -342,6 +343,17 @@ impl<'s> Decider<'s> {
                 format!(
                     "resource id {id} is already {} here; no resource is made for this placement",
                     existing.reference()
+                ),
+            );
+        }
+        // A commit planned from a view that had not seen the quotas names no principal: refused, so the sweeper asks
+        // again from a view that has, and no placement escapes a quota recorded here.
+        if command.principal.is_none() && !self.state.quotas.is_empty() {
+            return reject(
+                RejectionKind::InvalidState,
+                format!(
+                    "quotas are recorded in this partition: a commit names its placement's issuer (principal) so its \
+                     quota counts resource {id}"
                 ),
             );
         }

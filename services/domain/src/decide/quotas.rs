@@ -190,6 +190,23 @@ impl<'s> Decider<'s> {
     }
 }
 
+impl Decider<'_> {
+    /// Refuses a request that names a quota's pool among its own: a slot is claimed only through its issuer's
+    /// quota, so nobody fills another's.
+    pub(super) fn check_no_quota_pool(&self, pools: &[PoolName]) -> Verdict {
+        if let Some((pool, (quota, _, _))) = pools.iter().find_map(|p| Some((p, self.state.quota_counted_by(p)?))) {
+            return reject(
+                RejectionKind::Invalid,
+                format!(
+                    "pool {pool} counts quota {quota}; a resource claims a slot of it only through its issuer's quota, \
+                     never by naming it"
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
 /// Why an allocation is refused at once: its principal's quota allows none of its kind.
 pub(super) fn refusal(quota: &QuotaName, kind: &str, principal: &Issuer) -> Rejection {
     Rejection::new(

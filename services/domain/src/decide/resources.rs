@@ -181,6 +181,7 @@ impl<'s> Decider<'s> {
             return reject(RejectionKind::Invalid, "a wait of 0 gives up at once; give a longer one, or none");
         }
         check_request(&command.kind, command.capacity, &command.attributes, &command.pools)?;
+        self.check_no_quota_pool(&command.pools)?;
         let charge = self.quota_charge(Some(self.issuer), &command.kind);
         if let QuotaCharge::Refused { quota, kind } = &charge {
             return Err(super::quotas::refusal(quota, kind, self.issuer));
