@@ -814,7 +814,7 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
                     let mut words =
                         crate::words::accepted(&format!("allocate {reference}"), &outcomes, &Clock::system());
                     match quota {
-                        QuotaSlot::Bound(pool) => words.push_str(&format!("; bound a slot of quota pool {pool}")),
+                        QuotaSlot::Bound(pool) => words.push_str(&format!("; its quota's slot is bound (pool {pool})")),
                         QuotaSlot::Undecided(pool) => words.push_str(&format!(
                             "; no slot of quota pool {pool} bound within {}: `leasehold get {reference}` shows \
                              what became of it",

@@ -202,10 +202,11 @@ async fn set(args: QuotaSetArgs, gateway: &Gateway, global: &GlobalArgs) -> anyh
             );
         }
     }
+    // The kinds counted by a pool before (a maximum of 0 has none).
     let before: BTreeSet<String> = views
         .iter()
         .filter_map(|view| view.quotas.get(name.as_str()))
-        .flat_map(|quota| quota.max.keys().cloned())
+        .flat_map(|quota| quota.max.iter().filter(|(_, max)| **max > 0).map(|(kind, _)| kind.clone()))
         .collect();
     let issuer = crate::produce::sender(global)?;
     let transport = crate::produce::transport(global, &args.produce.nats).await?;
@@ -287,9 +288,9 @@ async fn set(args: QuotaSetArgs, gateway: &Gateway, global: &GlobalArgs) -> anyh
     let pool_words: Vec<String> = pools
         .iter()
         .map(|p| match p.change {
-            PoolChange::Defined => format!("{} defined with {} slots", p.pool, p.slots),
-            PoolChange::Changed => format!("{} changed to {} slots", p.pool, p.slots),
-            PoolChange::Unchanged => format!("{} has {} slots already", p.pool, p.slots),
+            PoolChange::Defined => format!("{} defined with {}", p.pool, slots_text(p.slots)),
+            PoolChange::Changed => format!("{} changed to {}", p.pool, slots_text(p.slots)),
+            PoolChange::Unchanged => format!("{} has {} already", p.pool, slots_text(p.slots)),
         })
         .collect();
     let mut rows = vec![
@@ -302,10 +303,12 @@ async fn set(args: QuotaSetArgs, gateway: &Gateway, global: &GlobalArgs) -> anyh
     }
     text.push_str(&output::fields(&rows));
     for (kind, pool) in &dropped {
-        text.push_str(&leasehold_schemas::text::escape_for_display(&format!(
+        let line = format!(
             "kind {kind} is no longer limited: its pool {pool} is left as it is (what holds a slot keeps it until the \
-             resource ends); delete it with `leasehold pool delete {pool}` once it is empty\n"
-        )));
+             resource ends); delete it with `leasehold pool delete {pool}` once it is empty"
+        );
+        text.push_str(&leasehold_schemas::text::escape_for_display(&line));
+        text.push('\n');
     }
     output::emit(&text);
     Ok(())
@@ -368,6 +371,11 @@ async fn send(
     let kept = status.clone();
     crate::produce::accepted(status, format, what)?;
     Ok((kept, true))
+}
+
+/// `1 slot`, `2 slots`
+fn slots_text(n: u32) -> String {
+    if n == 1 { "1 slot".to_owned() } else { format!("{n} slots") }
 }
 
 /// `dir=2, vm=5`
@@ -514,12 +522,13 @@ fn ls_table(quotas: &[QuotaUse], n_partitions: usize) -> String {
         if !says.is_empty() {
             text.push_str(&leasehold_schemas::text::escape_for_display(&format!(
                 "quota {}: the partitions disagree: shown as {} of {n_partitions} have it; {} (a `quota set` that did \
-                 not reach every partition?): run `leasehold quota set {}` again with the whole quota to align them\n",
+                 not reach every partition?): run `leasehold quota set {}` again with the whole quota to align them",
                 quota.name,
                 quota.partitions.len(),
                 says.join("; "),
                 quota.name
             )));
+            text.push('\n');
         }
     }
     text
