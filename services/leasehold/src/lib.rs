@@ -179,7 +179,8 @@ enum PoolCmd {
     /// Change a pool: give its whole new definition. Grow it (--ipv4 with the same network and a shorter prefix,
     /// more --slots, --ports with the same first port and a later last one), change its --exclude list (all of
     /// it: an address no longer given becomes usable; one newly given stays with its holder until freed, then is
-    /// never handed out), or its --cooldown. Shrinking is refused.
+    /// never handed out), or its --cooldown. A slot pool may get fewer slots (a slot above the new count stays with
+    /// its holder until freed); an address or port pool only grows.
     Update(produce::PoolDefineArgs),
     /// Delete a pool nobody holds or waits for.
     Delete(produce::PoolDeleteArgs),
