@@ -16,7 +16,8 @@
 //! ```
 //!
 //! - [`gateway`]: [`Gateway`] (submit, submit in batches, read, follow outcomes), [`CommandStatus`], [`Follower`].
-//! - [`produce`]: [`Producer`], [`Transport`] (the gateway or JetStream), [`submit_to_log`], [`LeaseRecord`].
+//! - [`produce`]: [`Producer`], [`Transport`] (the gateway, JetStream, or JetStream as a producer bound to a
+//!   principal: [`Producer::bound`]), [`submit_to_log`], [`LeaseRecord`].
 //! - [`error`]: [`Error`] and [`OutcomeUnknown`].
 //!
 //! Architecture invariant: this crate compiles no server. It names no gateway, projector, worker or domain crate, no
@@ -34,4 +35,6 @@ pub use gateway::{
     BatchItem, BatchRefusal, CommandStatus, Cursor, DEFAULT_SERVER, DeadLetterInfo, Feed, Follower, Gateway,
     RejectionInfo, SeqOutcome, TOKEN_ENV, bearer_token,
 };
-pub use produce::{LeaseRecord, LeaseRef, PlacementRecord, Producer, Transport, submit_to_log};
+pub use produce::{
+    LeaseRecord, LeaseRef, PlacementRecord, Producer, Transport, publish_subject, submit_to_log, submit_to_log_as,
+};

@@ -56,11 +56,22 @@ pub fn envelope(issuer: &Issuer, id: Option<CommandId>, body: impl Into<Command>
     Envelope::new(id, issuer.clone(), Timestamp(unix_ms(SystemTime::now())), body)
 }
 
-/// Where commands go: the gateway, or JetStream itself.
+/// Where commands go: the gateway, or JetStream itself, as any producer or as one bound to a principal.
 #[derive(Debug)]
 pub enum Transport {
     Gateway(Gateway),
     Nats(JetStream),
+    /// JetStream, as a producer bound to `principal` (schema version 6; made with [`Transport::bound`]): each
+    /// command is published on `lh.in.op@<principal>.<key>.<id>` ([`subjects::bound_ingress_subject`]), the only
+    /// subjects a NATS user made with `leasehold credentials producer NAME --principal P` may publish on. The writer
+    /// takes a command stored there only if its issuer is the principal and it is a producer's request
+    /// ([`Command::is_producer_request`]); this transport refuses any other before it is sent ([`publish_subject`]).
+    ///
+    /// [`subjects::bound_ingress_subject`]: leasehold_schemas::subjects::bound_ingress_subject
+    BoundNats {
+        log: JetStream,
+        principal: Issuer,
+    },
 }
 
 impl From<Gateway> for Transport {
@@ -80,11 +91,48 @@ impl Transport {
         Ok(Transport::Nats(log))
     }
 
+    /// The same JetStream transport, publishing as a producer bound to `principal` ([`Transport::BoundNats`]): what
+    /// a process whose NATS user may publish only on `lh.in.op@<principal>.>` must use. Invalid through a gateway
+    /// (the gateway records its token's principal as the issuer: nothing to bind) and for a principal that cannot be
+    /// a subject token (one with `.`, `*` or `>`).
+    pub fn bound(self, principal: Issuer) -> Result<Self, Error> {
+        if !leasehold_schemas::subjects::is_bindable(principal.as_str()) {
+            return Err(Error::invalid(format!(
+                "principal {principal} cannot be bound to a NATS producer: it must be one subject token (no `.`, `*` \
+                 or `>`)"
+            )));
+        }
+        match self {
+            Transport::Gateway(_) => Err(Error::invalid(format!(
+                "a producer is bound to principal {principal} only on NATS: through a gateway, the gateway records \
+                 its token's principal as the issuer"
+            ))),
+            Transport::Nats(log) | Transport::BoundNats { log, .. } => Ok(Transport::BoundNats { log, principal }),
+        }
+    }
+
+    /// The principal this transport publishes as, when it is bound to one.
+    pub fn principal(&self) -> Option<&Issuer> {
+        match self {
+            Transport::BoundNats { principal, .. } => Some(principal),
+            Transport::Gateway(_) | Transport::Nats(_) => None,
+        }
+    }
+
+    /// The log, when commands go straight to JetStream (no gateway, and so no read model, to ask).
+    pub fn log(&self) -> Option<&JetStream> {
+        match self {
+            Transport::Nats(log) | Transport::BoundNats { log, .. } => Some(log),
+            Transport::Gateway(_) => None,
+        }
+    }
+
     /// Sends `envelope` and waits up to `timeout` for its outcome (`pending` when none came in time).
     pub async fn submit(&self, envelope: &Envelope, timeout: Duration) -> Result<CommandStatus, Error> {
         match self {
             Transport::Gateway(gateway) => gateway.submit(envelope, timeout).await,
             Transport::Nats(log) => submit_to_log(log, envelope, timeout).await,
+            Transport::BoundNats { log, principal } => submit_to_log_as(log, envelope, Some(principal), timeout).await,
         }
     }
 
@@ -94,7 +142,7 @@ impl Transport {
             Transport::Gateway(gateway) => {
                 Ok(Follower::new(gateway.clone(), Some(key.token()), Some(from)).into_stream())
             }
-            Transport::Nats(log) => {
+            Transport::Nats(log) | Transport::BoundNats { log, .. } => {
                 let filter = key_filter(log, key);
                 Ok(log
                     .follow(filter, from)
@@ -122,6 +170,48 @@ const HISTORY_BATCH: usize = 1000;
 /// before is answered with its first decision (the writer decides an id once: it appends nothing for a copy sent
 /// again, even after the log's duplicate window).
 pub async fn submit_to_log<L: Log>(log: &L, envelope: &Envelope, timeout: Duration) -> Result<CommandStatus, Error> {
+    submit_to_log_as(log, envelope, None, timeout).await
+}
+
+/// The subject `envelope` is published on: its ingress subject (`lh.in.op.<key>.<id>`), or, for a producer bound
+/// to `principal`, the bound one (`lh.in.op@<principal>.<key>.<id>`). A bound producer's command is refused here,
+/// before anything is sent, when the writer would dead-letter it: another issuer's, or one that is not a
+/// producer's request (pools, policy, quotas and agents are the operator's).
+pub fn publish_subject(envelope: &Envelope, bound: Option<&Issuer>) -> Result<String, Error> {
+    let Some(principal) = bound else {
+        return Ok(leasehold_schemas::subjects::ingress_subject_of(&envelope.body));
+    };
+    if envelope.issuer != *principal {
+        return Err(Error::refused(format!(
+            "command {} names issuer {}, but this producer is bound to principal {principal}: it sends as \
+             {principal} only (the writer would dead-letter the command)",
+            envelope.command_id, envelope.issuer
+        )));
+    }
+    if !envelope.body.is_producer_request() {
+        return Err(Error::refused(format!(
+            "{} is the operator's: a producer bound to principal {principal} sends only allocations, placements, \
+             leases and what it does to resources; send it as an operator, unbound",
+            envelope.type_name()
+        )));
+    }
+    leasehold_schemas::subjects::bound_ingress_subject(&envelope.body, principal).ok_or_else(|| {
+        Error::invalid(format!(
+            "principal {principal} cannot be bound to a NATS producer: it must be one subject token (no `.`, `*` or \
+             `>`)"
+        ))
+    })
+}
+
+/// [`submit_to_log`], as a producer bound to `bound` when given: published on the subject [`publish_subject`]
+/// gives (refused there, nothing sent, when a bound producer may not send it).
+pub async fn submit_to_log_as<L: Log>(
+    log: &L,
+    envelope: &Envelope,
+    bound: Option<&Issuer>,
+    timeout: Duration,
+) -> Result<CommandStatus, Error> {
+    let subject = publish_subject(envelope, bound)?;
     let command_id = envelope.command_id.to_string();
     let key = envelope.body.key();
     let filter = key_filter(log, &key);
@@ -133,7 +223,6 @@ pub async fn submit_to_log<L: Log>(log: &L, envelope: &Envelope, timeout: Durati
         .map_err(|e| Error::transport_because("reading where the outcomes are", e))?;
     let payload =
         leasehold_schemas::codec::encode_command(envelope).map_err(|e| Error::decode("encoding the command", e))?;
-    let subject = leasehold_schemas::subjects::ingress_subject_of(&envelope.body);
     let published = match log.publish_command(&subject, &command_id, payload.into()).await {
         Ok(published) => published,
         // Refused: nothing was stored.
@@ -649,6 +738,26 @@ impl Producer {
         Producer { timeout, ..self }
     }
 
+    /// The same producer, bound to its issuer as principal ([`Transport::bound`]): on NATS, its commands go on
+    /// `lh.in.op@<issuer>.>`, the only subjects a user made with `leasehold credentials producer NAME --principal
+    /// <issuer>` may publish on, and the writer holds it to that issuer. Invalid through a gateway, whose token
+    /// fixes the issuer.
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// use leasehold_client::{Producer, Transport};
+    /// use leasehold_log::jetstream::JetStreamConfig;
+    ///
+    /// let transport = Transport::nats(JetStreamConfig::new("nats://127.0.0.1:4222", 0)).await?;
+    /// let producer = Producer::new(transport, "ci:team-a".parse()?).bound()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn bound(self) -> Result<Self, Error> {
+        let transport = self.transport.bound(self.issuer.clone())?;
+        Ok(Producer { transport, ..self })
+    }
+
     pub fn transport(&self) -> &Transport {
         &self.transport
     }
@@ -904,6 +1013,43 @@ mod tests {
         let status = submit_to_log(&log, &envelope, Duration::from_secs(5)).await.unwrap();
         assert_eq!((status.status.as_str(), status.duplicate, status.command_seq), ("accepted", true, Some(first)));
         assert_eq!(log.last_command_seq().await.unwrap(), first + 1, "stored again (past the window)");
+    }
+
+    #[tokio::test]
+    async fn a_bound_producer_publishes_on_its_principal_s_subject_and_nothing_it_may_not_send() {
+        let log = leasehold_log::embedded::Embedded::in_memory(4, Arc::new(|| Timestamp(1_767_225_600_000))).unwrap();
+        let principal = Issuer::new("ci:team-a").unwrap();
+        let body = Allocate::new("w1".parse().unwrap(), REF[3..].parse().unwrap(), "dir", 1);
+        let mine = envelope(&principal, None, body.clone());
+        assert_eq!(publish_subject(&mine, None).unwrap(), format!("lh.in.op.w1.{}", &REF[3..]));
+        assert_eq!(publish_subject(&mine, Some(&principal)).unwrap(), format!("lh.in.op@ci:team-a.w1.{}", &REF[3..]));
+        // Stored on the bound subject (nobody decides it here: pending at the timeout).
+        let status = submit_to_log_as(&log, &mine, Some(&principal), Duration::from_millis(100)).await.unwrap();
+        assert_eq!(status.status, "pending");
+        let stored = log.command_at(status.command_seq.unwrap()).await.unwrap().expect("stored");
+        assert_eq!(leasehold_schemas::subjects::bound_principal(&stored.subject), Some("ci:team-a"), "{stored:?}");
+        // What the writer would dead-letter is refused before anything is sent.
+        let before = log.last_command_seq().await.unwrap();
+        let other = envelope(&Issuer::new("ci:team-b").unwrap(), None, body);
+        let error = submit_to_log_as(&log, &other, Some(&principal), Duration::ZERO).await.unwrap_err();
+        assert_eq!(error.kind(), crate::ErrorKind::Refused);
+        assert!(error.to_string().contains("bound to principal ci:team-a: it sends as ci:team-a only"), "{error}");
+        let pool = leasehold_schemas::command::DeletePool { pool: "ips".parse().unwrap() };
+        let operator = envelope(&principal, None, pool);
+        let error = submit_to_log_as(&log, &operator, Some(&principal), Duration::ZERO).await.unwrap_err();
+        assert!(error.to_string().starts_with("op.delete-pool is the operator's"), "{error}");
+        assert_eq!(log.last_command_seq().await.unwrap(), before, "nothing was published");
+        // Only NATS binds, and only a principal that is one subject token.
+        let gateway = Transport::Gateway(Gateway::new("http://127.0.0.1:7420").unwrap());
+        assert_eq!(gateway.bound(principal).unwrap_err().kind(), crate::ErrorKind::Invalid);
+        let dotted = Issuer::new("ci.team").unwrap();
+        assert!(
+            publish_subject(
+                &envelope(&dotted, None, Allocate::new("w1".parse().unwrap(), ResourceId::generate(), "dir", 1)),
+                Some(&dotted)
+            )
+            .is_err()
+        );
     }
 
     #[tokio::test]

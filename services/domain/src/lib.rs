@@ -22,7 +22,8 @@ pub use apply::{FoldError, apply};
 pub use decide::{
     Ctx, DECIDER_VERSION, DEFAULT_DRAIN_GRACE, Decided, EFFECT_BUDGET_BYTES, MAX_ATTRIBUTE_KEY_BYTES,
     MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES, MAX_CAPACITY, MAX_HOLDER_BYTES, MAX_ID_AHEAD, MAX_MESSAGE_BYTES,
-    MAX_POOL_EXCLUSIONS, MAX_POOLS_PER_RESOURCE, MAX_PRIORITY_CAPS, MAX_QUEUED, MAX_TEXT_BYTES, MAX_UNIT_BYTES,
-    WriterError, abandon_pending, continue_work, decide, encode_part, expected_listing, internal_error_outcome,
+    MAX_POOL_EXCLUSIONS, MAX_POOLS_PER_RESOURCE, MAX_PRIORITY_CAPS, MAX_QUEUED, MAX_QUOTA_KINDS, MAX_QUOTA_PRINCIPALS,
+    MAX_TEXT_BYTES, MAX_UNIT_BYTES, WriterError, abandon_pending, continue_work, decide, encode_part, expected_listing,
+    internal_error_outcome,
 };
 pub use state::PartitionState;

@@ -74,9 +74,10 @@ pub(crate) async fn run(args: PublishArgs, global: &GlobalArgs) -> anyhow::Resul
     } else {
         std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?
     };
-    let issuer = match &global.issuer {
-        Some(given) => Some(produce::issuer(Some(given))?),
-        None => None,
+    // `--as-principal` makes every command its principal's (a bound producer sends as it only).
+    let issuer = match (&global.issuer, &global.as_principal) {
+        (None, None) => None,
+        _ => Some(produce::sender(global)?),
     };
     let mut lines =
         parse(&text, issuer.as_ref()).with_context(|| format!("{}: nothing was sent", args.file.display()))?;
@@ -87,6 +88,26 @@ pub(crate) async fn run(args: PublishArgs, global: &GlobalArgs) -> anyhow::Resul
         }
     }
     let transport = produce::transport(global, &args.nats).await?;
+    // A bound producer's line the writer would dead-letter (an operator's command) is refused before any is sent.
+    if let Some(principal) = transport.principal() {
+        let bad: Vec<String> = lines
+            .iter()
+            .filter_map(|line| {
+                leasehold_client::publish_subject(&line.envelope, Some(principal))
+                    .err()
+                    .map(|e| format!("line {}: {}", line.number, leasehold_schemas::text::shown(&e)))
+            })
+            .collect();
+        if !bad.is_empty() {
+            return Err(output::ShownError(format!(
+                "{}: {} line(s) a producer bound to {principal} may not send; nothing was sent:\n  {}",
+                args.file.display(),
+                bad.len(),
+                bad.join("\n  ")
+            ))
+            .into());
+        }
+    }
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
     let mut answers = Vec::with_capacity(lines.len());
@@ -131,7 +152,8 @@ pub(crate) async fn run(args: PublishArgs, global: &GlobalArgs) -> anyhow::Resul
 async fn send(transport: &Transport, envelopes: &[Envelope]) -> anyhow::Result<Vec<BatchItem>> {
     match transport {
         Transport::Gateway(gateway) => Ok(gateway.submit_many(envelopes).await?),
-        Transport::Nats(log) => publish_to_log(log, envelopes).await,
+        Transport::Nats(log) => publish_to_log(log, envelopes, None).await,
+        Transport::BoundNats { log, principal } => publish_to_log(log, envelopes, Some(principal)).await,
     }
 }
 
@@ -231,6 +253,12 @@ fn resend_command(args: &PublishArgs, global: &GlobalArgs, line: usize) -> Strin
         if let Some(creds) = &args.nats.creds {
             words.extend(["--creds".to_owned(), produce::shell_word(&creds.display().to_string())]);
         }
+        if let Some(seed) = &args.nats.nkey_seed {
+            words.extend(["--nkey-seed".to_owned(), produce::shell_word(&seed.display().to_string())]);
+        }
+        if let Some(prefix) = &args.nats.inbox_prefix {
+            words.extend(["--inbox-prefix".to_owned(), produce::shell_word(prefix)]);
+        }
         if let Some(user) = &args.nats.user {
             words.extend([
                 "--user".to_owned(),
@@ -242,6 +270,9 @@ fn resend_command(args: &PublishArgs, global: &GlobalArgs, line: usize) -> Strin
     }
     if let Some(issuer) = &global.issuer {
         words.extend(["--issuer".to_owned(), produce::shell_word(issuer)]);
+    }
+    if let Some(principal) = &global.as_principal {
+        words.extend(["--as-principal".to_owned(), produce::shell_word(principal)]);
     }
     words.join(" ")
 }
@@ -302,13 +333,17 @@ fn parse(text: &str, issuer: Option<&leasehold_schemas::Issuer>) -> anyhow::Resu
 /// each as the gateway's batch endpoint would ([`leasehold_log::settle_publish`]): a duplicate must be this very
 /// command (409 otherwise), a refusal of the log is a 400, a publish the log could not answer a 503 (it may have been
 /// stored). An error only when no command could be published at all (the log unreachable): nothing was stored.
-async fn publish_to_log<L: Log>(log: &L, envelopes: &[Envelope]) -> anyhow::Result<Vec<BatchItem>> {
+async fn publish_to_log<L: Log>(
+    log: &L,
+    envelopes: &[Envelope],
+    bound: Option<&leasehold_schemas::Issuer>,
+) -> anyhow::Result<Vec<BatchItem>> {
     use leasehold_log::NotStored;
     let mut commands = Vec::with_capacity(envelopes.len());
     for envelope in envelopes {
         let payload = codec::encode_command(envelope).with_context(|| format!("encoding {}", envelope.command_id))?;
         commands.push(leasehold_log::Publish {
-            subject: leasehold_schemas::subjects::ingress_subject_of(&envelope.body),
+            subject: leasehold_client::publish_subject(envelope, bound)?,
             msg_id: envelope.command_id.to_string(),
             payload: payload.into(),
         });
@@ -499,7 +534,7 @@ mod tests {
         let log = Embedded::in_memory(2, system_clock()).unwrap();
         let (a, b) = (allocate(CommandId::generate()), allocate(CommandId::generate()));
         let another = allocate(a.command_id);
-        let answers = publish_to_log(&log, &[a.clone(), b.clone(), a.clone(), another]).await.unwrap();
+        let answers = publish_to_log(&log, &[a.clone(), b.clone(), a.clone(), another], None).await.unwrap();
         let summary: Vec<(Option<u64>, bool, Option<u16>)> = answers
             .iter()
             .map(|answer| match answer {

@@ -9,7 +9,7 @@
 
 use anyhow::Context;
 use leasehold_log::jetstream::{CMD_STREAM, DLQ_STREAM, EVT_STREAM, SNAPSHOT_BUCKET, WORKERS_BUCKET, agent_consumer};
-use leasehold_schemas::ids::AgentName;
+use leasehold_schemas::ids::{AgentName, Issuer};
 use leasehold_schemas::subjects::partition_of_agent;
 
 /// Who the user is.
@@ -19,8 +19,10 @@ pub(crate) enum Role {
     Agent { name: AgentName, partition: u32 },
     /// A `serve --roles worker,projector` process of a log of `partitions`: the writers and the read models.
     Worker { partitions: u32 },
-    /// A producer (an operator's CLI with `--nats`, a service that sends `op` commands).
-    Producer,
+    /// A producer (an operator's CLI with `--nats`, a service that sends `op` commands); bound to `principal` when
+    /// given: it may publish only on `lh.in.op@<principal>.>`, and the writer takes from there only that principal's
+    /// own requests (allocations, placements, leases, what it does to resources).
+    Producer { principal: Option<Issuer> },
     /// The sweeper: time-driven `sys` commands.
     Sweeper,
 }
@@ -154,8 +156,16 @@ pub(crate) fn permissions(role: &Role, inbox: &str) -> Permissions {
             }
             out
         }
-        Role::Producer => {
+        Role::Producer { principal: None } => {
             let mut out = vec![grant("lh.in.op.>", "op commands (never agent or sys)")];
+            out.extend(read_only());
+            out
+        }
+        Role::Producer { principal: Some(principal) } => {
+            let mut out = vec![grant(
+                format!("lh.in.op@{principal}.>"),
+                "its own requests as its principal: the subject is its identity (the writer holds the issuer to it)",
+            )];
             out.extend(read_only());
             out
         }
@@ -252,6 +262,12 @@ pub(crate) struct ServiceCredentialsArgs {
     /// Which role: worker (serve --roles worker,projector), producer, sweeper.
     #[arg(value_enum)]
     role: ServiceRole,
+    /// A producer only: bind it to principal P. Its user may publish only on lh.in.op@P.> (run it with
+    /// `--as-principal P`), and the writer takes from there only P's own allocations, placements, leases and
+    /// resource commands, with issuer P: it can neither speak as another issuer (a quota counts P's resources) nor
+    /// send an operator's command.
+    #[arg(long, value_name = "P")]
+    principal: Option<String>,
     #[command(flatten)]
     args: CredentialsArgs,
 }
@@ -272,7 +288,7 @@ pub(crate) fn agent(args: CredentialsArgs) -> anyhow::Result<()> {
 
 /// `leasehold credentials worker|producer|sweeper NAME`.
 pub(crate) fn service(args: ServiceCredentialsArgs) -> anyhow::Result<()> {
-    let ServiceCredentialsArgs { role, args } = args;
+    let ServiceCredentialsArgs { role, principal, args } = args;
     anyhow::ensure!(
         !args.name.is_empty() && args.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
         "NAME: letters, digits, - and _ only (it is also the user's inbox prefix)"
@@ -281,15 +297,31 @@ pub(crate) fn service(args: ServiceCredentialsArgs) -> anyhow::Result<()> {
         ServiceRole::Worker => {
             (Role::Worker { partitions: args.partitions()? }, "worker (serve --roles worker,projector)")
         }
-        ServiceRole::Producer => (Role::Producer, "producer"),
+        ServiceRole::Producer => {
+            let principal = principal.as_deref().map(crate::produce::bound_principal).transpose()?;
+            (Role::Producer { principal }, "producer")
+        }
         ServiceRole::Sweeper => (Role::Sweeper, "sweeper"),
     };
+    if let (Some(given), Role::Worker { .. } | Role::Sweeper) = (&principal, &role) {
+        return Err(crate::policy::BadCommandLine(format!(
+            "--principal {}: only a producer is bound to a principal",
+            leasehold_schemas::text::shown(given)
+        ))
+        .into());
+    }
+    let (bound, what) = match &role {
+        Role::Producer { principal: Some(principal) } => {
+            (format!(" --as-principal {principal}"), format!("{what} {} (as principal {principal})", args.name))
+        }
+        _ => (String::new(), format!("{what} {}", args.name)),
+    };
     let hint = format!(
-        "leasehold ... --nats URL --inbox-prefix {}{}",
+        "leasehold ... --nats URL --inbox-prefix {}{}{bound}",
         inbox_prefix(&args.name),
         if args.nkey { " --nkey-seed SEED_FILE" } else { " --user USER --password PASSWORD" }
     );
-    print(&role, &args.name, args.nkey, &format!("{what} {}", args.name), &hint);
+    print(&role, &args.name, args.nkey, &what, &hint);
     Ok(())
 }
 
@@ -349,7 +381,8 @@ mod tests {
 
     #[test]
     fn only_writers_publish_outcomes() {
-        for role in [Role::Producer, Role::Sweeper] {
+        let bound = Role::Producer { principal: Some(Issuer::new("ci:team-a").unwrap()) };
+        for role in [Role::Producer { principal: None }, bound, Role::Sweeper] {
             let p = permissions(&role, "_INBOX_x");
             assert!(!p.publish.iter().any(|g| g.subject.starts_with("lh.evt") || g.subject.starts_with("lh.dlq")));
             assert!(!p.publish.iter().any(|g| g.subject.contains("STREAM.CREATE")
@@ -366,6 +399,27 @@ mod tests {
         assert!(!worker.publish.iter().any(|g| g.subject.contains(&format!("PURGE.{EVT_STREAM}"))
             || g.subject.contains("STREAM.DELETE")
             || g.subject.contains("STREAM.UPDATE")));
+    }
+
+    #[test]
+    fn a_bound_producer_publishes_only_as_its_principal() {
+        let principal = Issuer::new("ci:team-a").unwrap();
+        let bound = permissions(&Role::Producer { principal: Some(principal) }, "_INBOX_team-a");
+        let ingress: Vec<&str> =
+            bound.publish.iter().map(|g| g.subject.as_str()).filter(|s| s.starts_with("lh.")).collect();
+        assert_eq!(ingress, ["lh.in.op@ci:team-a.>"], "only its own subjects: never lh.in.op.>");
+        // Everything else is what any producer reads with.
+        let free = permissions(&Role::Producer { principal: None }, "_INBOX_team-a");
+        assert_eq!(free.publish[0].subject, "lh.in.op.>");
+        assert_eq!(bound.publish[1..], free.publish[1..]);
+        assert_eq!(bound.subscribe, free.subscribe);
+        let block = user_block(&Auth::Password { user: "team-a".into(), password: "p".into() }, &bound);
+        assert!(block.contains("\"lh.in.op@ci:team-a.>\"  # its own requests as its principal"), "{block}");
+        // A principal that is not one subject token cannot be bound.
+        for bad in ["ci.team", "ci*", "a>", "has space", ""] {
+            assert!(crate::produce::bound_principal(bad).is_err(), "{bad:?}");
+        }
+        assert!(crate::produce::bound_principal("ci:team-a").is_ok());
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod policy;
 mod produce;
 mod projection;
 mod query;
+mod quota;
 mod ready;
 mod serve;
 mod stop;
@@ -62,6 +63,12 @@ pub(crate) struct GlobalArgs {
     /// gateway with tokens records your token's principal instead.
     #[arg(long, global = true)]
     pub(crate) issuer: Option<String>,
+    /// With --nats: send as a producer bound to principal P, as the NATS user `leasehold credentials producer NAME
+    /// --principal P` makes must (it may publish only on lh.in.op@P.>). The issuer is P, each command goes on
+    /// lh.in.op@P.<key>.<id>, and the writer dead-letters anything stored there that is not P's own allocation,
+    /// placement, lease or resource command. Refused without --nats: a gateway records its token's principal.
+    #[arg(long, global = true, value_name = "P")]
+    pub(crate) as_principal: Option<String>,
     /// The bearer token for a gateway with --tokens, on the first line of FILE. The environment variable
     /// LEASEHOLD_TOKEN is read when neither this nor --gateway-token is given.
     #[arg(long, global = true, value_name = "FILE", conflicts_with = "gateway_token")]
@@ -135,6 +142,9 @@ enum Cmd {
     /// The cluster policy, recorded in the log: agent timeouts, the loss breaker, the default claim cool-down.
     #[command(subcommand)]
     Policy(policy::PolicyCmd),
+    /// Quotas: the most resources of each kind some principals (issuers) may hold at once, across the cluster.
+    #[command(subcommand)]
+    Quota(quota::QuotaCmd),
 
     /// Show one resource: `<agent>.<id>`, or the id alone for one allocated without --agent (where its placement
     /// went, or what it waits on).
@@ -169,7 +179,8 @@ enum PoolCmd {
     /// Change a pool: give its whole new definition. Grow it (--ipv4 with the same network and a shorter prefix,
     /// more --slots, --ports with the same first port and a later last one), change its --exclude list (all of
     /// it: an address no longer given becomes usable; one newly given stays with its holder until freed, then is
-    /// never handed out), or its --cooldown. Shrinking is refused.
+    /// never handed out), or its --cooldown. A slot pool may get fewer slots (a slot above the new count stays with
+    /// its holder until freed); an address or port pool only grows.
     Update(produce::PoolDefineArgs),
     /// Delete a pool nobody holds or waits for.
     Delete(produce::PoolDeleteArgs),
@@ -287,6 +298,10 @@ fn run() -> anyhow::Result<()> {
         Cmd::Policy(cmd) => {
             output::errors_as(cli.global.output);
             client_runtime()?.block_on(policy::run(cmd, &cli.global))?
+        }
+        Cmd::Quota(cmd) => {
+            output::errors_as(cli.global.output);
+            client_runtime()?.block_on(quota::run(cmd, &cli.global))?
         }
         Cmd::Get { resource: query::GetTarget::Resource(resource) } => {
             query_cmd(query::QueryCmd::Get(resource), &cli.global)?

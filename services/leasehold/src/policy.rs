@@ -200,7 +200,7 @@ async fn set(args: PolicySetArgs, views: Vec<PolicyView>, global: &GlobalArgs) -
     for (view, policy) in &planned {
         check(policy, view.partition)?;
     }
-    let issuer = crate::produce::issuer(global.issuer.as_deref())?;
+    let issuer = crate::produce::sender(global)?;
     // One line for the whole cluster, not one per partition (JSON: each partition's command status).
     let (mut changed, mut unchanged_in, mut statuses) = (Vec::new(), Vec::new(), Vec::new());
     let mut now_in_force = None;
@@ -526,7 +526,7 @@ pub(crate) async fn check_seeded<L: Log>(
 }
 
 /// Partitions as ranges: "partitions 0..32 (32)", "partition 3", "partitions 0..4, 6 (5)".
-fn partitions_text(partitions: &[u32]) -> String {
+pub(crate) fn partitions_text(partitions: &[u32]) -> String {
     let mut ranges: Vec<(u32, u32)> = Vec::new();
     for &p in partitions {
         match ranges.last_mut() {

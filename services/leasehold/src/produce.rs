@@ -13,6 +13,7 @@ use leasehold_schemas::command::{
     PlacementStrategy, Release, ReleaseLease, Renew, ReportFailureByOperator, RetireAgent, UncordonAgent, Unpause,
     UnretireAgent, Update, UpdatePool,
 };
+use leasehold_schemas::outcome::ReleaseCause;
 use leasehold_schemas::pool::PoolKind;
 use leasehold_schemas::{
     AgentName, Command, CommandId, Effect, Envelope, Issuer, LeaseId, Millis, PoolName, Position, ResourceId,
@@ -25,6 +26,7 @@ use crate::GlobalArgs;
 use crate::client::{CommandStatus, Error, SeqOutcome};
 use crate::nats_args::NatsArgs;
 use crate::output::{self, Clock, OutputFormat};
+use crate::policy::BadCommandLine;
 
 /// What every producer command takes besides its own arguments. The NATS flags are `serve`'s, told what they mean
 /// here; the replica count is the log's own (read with its partition count), so a producer does not show it.
@@ -411,6 +413,35 @@ pub(crate) fn issuer(given: Option<&str>) -> anyhow::Result<Issuer> {
         .unwrap_or_else(|| Issuer::new("cli").expect("a valid issuer")))
 }
 
+/// The issuer of this process's commands: `--as-principal`'s principal (refused with an `--issuer` that differs),
+/// else [`issuer`].
+pub(crate) fn sender(global: &GlobalArgs) -> anyhow::Result<Issuer> {
+    let Some(principal) = global.as_principal.as_deref() else { return issuer(global.issuer.as_deref()) };
+    let principal = bound_principal(principal)?;
+    if let Some(given) = global.issuer.as_deref().filter(|given| *given != principal.as_str()) {
+        return Err(BadCommandLine(format!(
+            "--issuer {} and --as-principal {principal} disagree: a producer bound to a principal sends as that \
+             principal only; leave --issuer out",
+            shown(given)
+        ))
+        .into());
+    }
+    Ok(principal)
+}
+
+/// A principal a NATS producer can be bound to (`--as-principal`, `credentials producer --principal`): an issuer
+/// that is one subject token.
+pub(crate) fn bound_principal(text: &str) -> Result<Issuer, BadCommandLine> {
+    let principal = Issuer::new(text).map_err(|e| BadCommandLine(format!("principal {}: {e}", shown(text))))?;
+    if !leasehold_schemas::subjects::is_bindable(text) {
+        return Err(BadCommandLine(format!(
+            "principal {principal} cannot be bound to a NATS producer: its subjects are lh.in.op@<principal>.>, so a \
+             principal is one subject token (no `.`, `*` or `>`)"
+        )));
+    }
+    Ok(principal)
+}
+
 /// A map of attributes, refusing a name given twice.
 fn attributes(pairs: &[(String, String)]) -> anyhow::Result<BTreeMap<String, String>> {
     let mut map = BTreeMap::new();
@@ -448,12 +479,21 @@ pub(crate) fn pool_kind(args: &PoolDefineArgs) -> anyhow::Result<PoolKind> {
     Ok(kind)
 }
 
-/// Where the commands of this process go: JetStream with `--nats`, else the gateway of `--server`.
+/// Where the commands of this process go: JetStream with `--nats` (as a producer bound to `--as-principal`'s
+/// principal when given), else the gateway of `--server` (refused with `--as-principal`: the gateway records its
+/// token's principal as the issuer).
 pub(crate) async fn transport(global: &GlobalArgs, nats: &NatsArgs) -> anyhow::Result<Transport> {
+    let principal = global.as_principal.as_deref().map(bound_principal).transpose()?;
     // Partitions 0: learn the partition count from the streams `serve` created.
-    match nats.config(0) {
-        None => Ok(Transport::Gateway(crate::client::gateway(global)?)),
-        Some(config) => Ok(Transport::nats(config).await?),
+    match (nats.config(0), principal) {
+        (None, None) => Ok(Transport::Gateway(crate::client::gateway(global)?)),
+        (None, Some(principal)) => Err(BadCommandLine(format!(
+            "--as-principal {principal} is for --nats only (a NATS user that may publish only as {principal}): \
+             through a gateway, the gateway records its token's principal as the issuer; leave --as-principal out"
+        ))
+        .into()),
+        (Some(config), None) => Ok(Transport::nats(config).await?),
+        (Some(config), Some(principal)) => Ok(Transport::nats(config).await?.bound(principal)?),
     }
 }
 
@@ -595,6 +635,64 @@ fn allocated_resource(reference: &ResourceRef, outcomes: &[SeqOutcome]) -> serde
     record
 }
 
+/// What became of the quota slot an allocation claimed (its issuer's quota charges its kind).
+#[derive(Debug)]
+enum QuotaSlot {
+    /// It claimed none, or gave a `--wait` (it queues for a slot: not followed).
+    NotCharged,
+    /// Bound: the allocation goes on (its create is ordered once every pool has bound).
+    Bound(PoolName),
+    /// The resource was released (over quota: the quota was full and it gave no wait).
+    Released(ReleaseCause),
+    /// Neither within the timeout.
+    Undecided(PoolName),
+}
+
+/// An allocation by an issuer under a quota claims a slot of the quota's pool besides the pools it named. Without
+/// `--wait`, it is released at once when the quota is full: this follows the resource's outcomes from after
+/// `outcomes` until the slot is bound or the resource released, for at most `timeout`, so that `allocate` says
+/// which instead of leaving a refusal to be found later.
+async fn quota_slot(
+    transport: &Transport,
+    reference: &ResourceRef,
+    named: &[PoolName],
+    wait: Option<Millis>,
+    outcomes: &[SeqOutcome],
+    timeout: Duration,
+) -> anyhow::Result<QuotaSlot> {
+    use futures::StreamExt as _;
+    let mine = |resource: &ResourceId| *resource == reference.resource;
+    let effects = || outcomes.iter().flat_map(|o| o.outcome.effects());
+    let charged = effects().find_map(|effect| match effect {
+        Effect::ClaimWanted { resource, pool } if mine(resource) && !named.contains(pool) => Some(pool.clone()),
+        _ => None,
+    });
+    let Some(pool) = charged.filter(|_| wait.is_none()) else { return Ok(QuotaSlot::NotCharged) };
+    let fate = |effect: &Effect| match effect {
+        Effect::ClaimBound { resource, pool: bound, .. } if mine(resource) && *bound == pool => {
+            Some(QuotaSlot::Bound(pool.clone()))
+        }
+        Effect::ResourceReleasing { resource, cause } if mine(resource) => Some(QuotaSlot::Released(cause.clone())),
+        _ => None,
+    };
+    if let Some(decided) = effects().find_map(fate) {
+        return Ok(decided);
+    }
+    let from = outcomes.iter().map(|o| o.seq).max().unwrap_or(0) + 1;
+    let mut events = transport.follow(&leasehold_schemas::Key::Agent(reference.agent.clone()), from).await?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let event = match tokio::time::timeout_at(deadline, events.next()).await {
+            Err(_) => return Ok(QuotaSlot::Undecided(pool)),
+            Ok(None) => bail!("allocate {reference}: the outcome stream ended while it waited for its quota's slot"),
+            Ok(Some(event)) => event?,
+        };
+        if let Some(decided) = event.outcome.effects().iter().find_map(fate) {
+            return Ok(decided);
+        }
+    }
+}
+
 /// `allocate` without `--agent`: a placement. Prints the reference once placed (and, on stderr, where and why);
 /// with `--wait`, says once on stderr what it waits for each time that changes.
 async fn place(args: AllocateArgs, issuer: &Issuer, global: &GlobalArgs) -> anyhow::Result<()> {
@@ -641,7 +739,7 @@ async fn place(args: AllocateArgs, issuer: &Issuer, global: &GlobalArgs) -> anyh
                 Transport::Gateway(gateway) => {
                     gateway.get::<serde_json::Value>(&["v1", "resources", &reference], &[]).await?
                 }
-                Transport::Nats(_) => None,
+                _ => None,
             };
             let value = serde_json::json!({ "placement": record, "said": words, "resource": resource_record });
             output::emit(&output::json(&value)?);
@@ -670,7 +768,7 @@ async fn place(args: AllocateArgs, issuer: &Issuer, global: &GlobalArgs) -> anyh
 
 /// Runs one producer command.
 pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Result<()> {
-    let issuer = issuer(global.issuer.as_deref())?;
+    let issuer = sender(global)?;
     let format = global.output;
     match command {
         ProduceCmd::Allocate(args) if args.agent.is_none() => place(args, &issuer, global).await?,
@@ -687,7 +785,7 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
                 capacity: args.capacity,
                 attributes: attributes(&args.attrs)?,
                 parent: args.parent,
-                pools: args.pools,
+                pools: args.pools.clone(),
                 wait: args.wait,
             };
             let envelope = envelope(&issuer, args.produce.command_id, body);
@@ -696,10 +794,34 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
             let command_id = status.command_id.clone();
             let outcomes = accepted(status, format, &format!("allocate {reference}"))?;
             leasehold_client::produce::check_allocated(&command_id, &reference, &outcomes)?;
+            let quota = quota_slot(&transport, &reference, &args.pools, args.wait, &outcomes, args.produce.timeout);
+            let quota = match quota.await? {
+                QuotaSlot::Released(cause) => bail!(
+                    "allocate {reference}: accepted, then released: {}{}",
+                    crate::words::release_cause(&cause),
+                    match cause {
+                        ReleaseCause::OverQuota { max, .. } if max > 0 => {
+                            "; give --wait DURATION to queue for a slot, or release one of them"
+                        }
+                        _ => "",
+                    }
+                ),
+                other => other,
+            };
             match format {
                 OutputFormat::Table => {
                     output::emit(&format!("{reference}\n"));
-                    let words = crate::words::accepted(&format!("allocate {reference}"), &outcomes, &Clock::system());
+                    let mut words =
+                        crate::words::accepted(&format!("allocate {reference}"), &outcomes, &Clock::system());
+                    match quota {
+                        QuotaSlot::Bound(pool) => words.push_str(&format!("; its quota's slot is bound (pool {pool})")),
+                        QuotaSlot::Undecided(pool) => words.push_str(&format!(
+                            "; no slot of quota pool {pool} bound within {}: `leasehold get {reference}` shows \
+                             what became of it",
+                            humantime::format_duration(args.produce.timeout)
+                        )),
+                        QuotaSlot::NotCharged | QuotaSlot::Released(_) => {}
+                    }
                     eprintln!("{}", leasehold_schemas::text::escape_for_display(&words));
                 }
                 OutputFormat::Json => {
@@ -707,7 +829,7 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
                         Transport::Gateway(gateway) => {
                             gateway.get::<serde_json::Value>(&["v1", "resources", &reference.to_string()], &[]).await?
                         }
-                        Transport::Nats(_) => None,
+                        _ => None,
                     };
                     let record = record.unwrap_or_else(|| allocated_resource(&reference, &outcomes));
                     output::emit(&output::json(&record)?);
@@ -992,8 +1114,18 @@ async fn decided(
     envelope: &Envelope,
 ) -> anyhow::Result<leasehold_client::CommandStatus> {
     let transport = transport(global, &produce.nats).await?;
-    let sent = transport.submit(envelope, produce.timeout).await;
-    settle(sent, envelope, produce.timeout, global.output, None)
+    decided_through(&transport, global.output, produce.timeout, envelope).await
+}
+
+/// [`decided`], through a transport made already (a command line that sends several commands connects once).
+pub(crate) async fn decided_through(
+    transport: &Transport,
+    format: OutputFormat,
+    timeout: Duration,
+    envelope: &Envelope,
+) -> anyhow::Result<leasehold_client::CommandStatus> {
+    let sent = transport.submit(envelope, timeout).await;
+    settle(sent, envelope, timeout, format, None)
 }
 
 async fn acquire(args: AcquireArgs, issuer: &Issuer, global: &GlobalArgs) -> anyhow::Result<()> {
@@ -1145,6 +1277,12 @@ fn wait_again(args: &AcquireArgs, global: &GlobalArgs, command_id: &str, lease: 
         if let Some(creds) = &nats.creds {
             words.extend(["--creds".to_owned(), shell_word(&creds.display().to_string())]);
         }
+        if let Some(seed) = &nats.nkey_seed {
+            words.extend(["--nkey-seed".to_owned(), shell_word(&seed.display().to_string())]);
+        }
+        if let Some(prefix) = &nats.inbox_prefix {
+            words.extend(["--inbox-prefix".to_owned(), shell_word(prefix)]);
+        }
         if let Some(user) = &nats.user {
             // The password is not repeated on stderr.
             words.extend(["--user".to_owned(), shell_word(user), "--password".to_owned(), "PASSWORD".to_owned()]);
@@ -1152,6 +1290,9 @@ fn wait_again(args: &AcquireArgs, global: &GlobalArgs, command_id: &str, lease: 
     }
     if let Some(issuer) = &global.issuer {
         words.extend(["--issuer".to_owned(), shell_word(issuer)]);
+    }
+    if let Some(principal) = &global.as_principal {
+        words.extend(["--as-principal".to_owned(), shell_word(principal)]);
     }
     words.join(" ")
 }

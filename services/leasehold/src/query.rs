@@ -454,6 +454,12 @@ fn cause_text(cause: &Value) -> String {
             format!("a drain asked for by {}, {when}", cell(&fields["by"]))
         }
         "wait-timeout" => format!("waiting {} for its pools", output::duration(fields["waited"].as_u64())),
+        "over-quota" => match serde_json::from_value(cause.clone()) {
+            Ok(leasehold_schemas::outcome::ReleaseCause::OverQuota { quota, kind, max, held, holders }) => {
+                leasehold_cli_common::timeline::over_quota(&quota, &kind, max, held, &holders)
+            }
+            _ => cell(cause),
+        },
         _ => cell(cause),
     }
 }
@@ -996,6 +1002,13 @@ mod tests {
         assert_eq!(cause_text(&cause), "a drain asked for by op:alice, at its deadline");
         let cause = serde_json::json!({"drained": {"by": "op:alice", "deadline": false}});
         assert_eq!(cause_text(&cause), "a drain asked for by op:alice, idle past its grace");
+        let holders = ["w1.019b76da-9478-7111-9111-111111111111", "w1.019b76da-9478-7111-9111-111111111112"];
+        let cause = serde_json::json!({"over-quota": {"quota": "team-a", "kind": "dir", "max": 2, "held": 2,
+            "holders": holders}});
+        assert_eq!(
+            cause_text(&cause),
+            format!("quota team-a is full for dir, 2 of 2 held: {}, {}; it gave no wait", holders[0], holders[1])
+        );
     }
 
     #[test]

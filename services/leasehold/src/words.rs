@@ -159,6 +159,11 @@ fn sentence(outcome: &Outcome, position: u64, effect: &Effect, clock: &Clock) ->
     })
 }
 
+/// Why a resource is released, in a few words (raw text, to be escaped where it is shown).
+pub(crate) fn release_cause(cause: &ReleaseCause) -> String {
+    timeline_cause(cause)
+}
+
 /// A release cause other than a producer's own release, in a few words.
 fn timeline_cause(cause: &ReleaseCause) -> String {
     match cause {

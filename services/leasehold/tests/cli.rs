@@ -1110,3 +1110,169 @@ fn http_get(address: &str, path: &str) -> String {
     stream.read_to_string(&mut answer).expect("read");
     answer
 }
+
+/// A quota across the 4 partitions: `quota set` defines its pool and records it everywhere (a bad one is refused
+/// with exit 2 before anything is sent, a principal already under another quota with exit 1); allocations by its
+/// principal up to the maximum are made, the next one without `--wait` is released at once (`allocate` exits 1 naming
+/// the quota and its holders, `get` says so too), one with `--wait` waits for a slot and is made when a holder is
+/// released. `quota ls` shows held/max and the holders, and which partitions lack a quota; `quota rm` removes it.
+#[test]
+fn a_quota_caps_what_its_principals_hold_across_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("w1")).unwrap();
+    let server = Server::start(&dir.path().join("data"), &[format!("w1=dir:{}", dir.path().join("w1").display())]);
+    wait_registered(&server, "w1");
+    let team_a = ["--issuer", "ci:team-a"];
+
+    // Nonsense is refused before anything is sent.
+    let bad = server.run(&["quota", "set", "team-a", "--max", "a.b=2", "--principal", "ci:team-a"]);
+    assert_eq!(code(&bad), 2, "{}", text_of(&bad));
+    assert!(
+        text(&bad.stderr).contains("no dot") && text(&bad.stderr).contains("nothing was sent"),
+        "{}",
+        text_of(&bad)
+    );
+    assert_eq!(code(&server.run(&["quota", "set", "team-a", "--max", "dir=2"])), 2, "a principal is required");
+    assert_eq!(server.json(&["pool", "ls"]), serde_json::json!([]), "nothing was sent");
+
+    // Set: the pool first (slots as the maximum, orphans held, no cool-down), then every partition.
+    let set = server.run(&["quota", "set", "team-a", "--max", "dir=2", "--max", "gpu=0", "--principal", "ci:team-a"]);
+    assert_eq!(code(&set), 0, "{}", text_of(&set));
+    let said = text(&set.stdout);
+    assert!(said.starts_with("quota set team-a: accepted in partitions 0..4 (4)\n"), "{said}");
+    assert!(said.contains("quota-team-a-dir defined with 2 slots") && said.contains("gpu=0 (none at all)"), "{said}");
+    let pools = server.json(&["pool", "ls"]);
+    assert_eq!(pools.as_array().map(Vec::len), Some(1), "no pool for a maximum of 0: {pools:#}");
+    assert_eq!(pools[0]["name"], "quota-team-a-dir");
+    assert_eq!(pools[0]["kind"]["slots"]["count"], 2);
+    assert_eq!((pools[0]["orphans"].as_str(), pools[0]["cooldown_ms"].as_u64()), (Some("hold"), Some(0)));
+    let again = server.run(&["quota", "set", "team-a", "--max", "dir=2", "--max", "gpu=0", "--principal", "ci:team-a"]);
+    let said = text(&again.stdout);
+    assert!(said.starts_with("quota set team-a: unchanged in partitions 0..4 (4)"), "{}", text_of(&again));
+    assert!(said.contains("quota-team-a-dir has 2 slots already"), "{said}");
+
+    // A principal is under one quota: refused with exit 1, nothing sent (no pool for team-b).
+    let other = server.run(&["quota", "set", "team-b", "--max", "dir=1", "--principal", "ci:team-a"]);
+    assert_eq!(code(&other), 1, "{}", text_of(&other));
+    assert!(text(&other.stderr).contains("principal ci:team-a is already under quota team-a"), "{}", text_of(&other));
+    assert_eq!(server.json(&["pool", "ls"]).as_array().map(Vec::len), Some(1));
+
+    // Two allocations fit; each holds a slot once made.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let made = server.json(&[&["allocate", "--agent", "w1", "--kind", "dir"][..], &team_a].concat());
+        held.push(str_of(&made, "ref").to_owned());
+    }
+    for reference in &held {
+        server.wait_for(&["get", reference], "made with its quota's slot", |r| {
+            r["state"] == "active"
+                && r["claims"][0]["pool"] == "quota-team-a-dir"
+                && r["claims"][0]["status"] == "bound"
+        });
+    }
+    // The third, with no wait: accepted, then released at once; allocate says why and exits 1.
+    let id = ResourceId::generate().to_string();
+    let over = server.run(&[&["allocate", "--agent", "w1", "--kind", "dir", "--id", &id][..], &team_a].concat());
+    assert_eq!(code(&over), 1, "{}", text_of(&over));
+    let stderr = text(&over.stderr);
+    let mut sorted = held.clone();
+    sorted.sort();
+    assert!(
+        stderr.contains(&format!(
+            "allocate w1.{id}: accepted, then released: quota team-a is full for dir, 2 of 2 held: {}, {}; it gave no \
+             wait; give --wait DURATION to queue for a slot",
+            sorted[0], sorted[1]
+        )),
+        "{stderr}"
+    );
+    let over_ref = format!("w1.{id}");
+    let shown = server.run(&["get", &over_ref]);
+    assert!(text(&shown.stdout).contains("quota team-a is full for dir, 2 of 2 held"), "{}", text_of(&shown));
+    // A maximum of 0 refuses outright; another issuer is not counted.
+    let none = server.run(&[&["allocate", "--agent", "w1", "--kind", "gpu"][..], &team_a].concat());
+    assert_eq!(code(&none), 1, "{}", text_of(&none));
+    assert!(text(&none.stderr).contains("quota team-a of ci:team-a allows no gpu"), "{}", text_of(&none));
+    let free = server.json(&["allocate", "--agent", "w1", "--kind", "dir", "--issuer", "ci:team-b"]);
+    assert_eq!(free["claims"], serde_json::json!([]), "{free:#}");
+
+    // With --wait it queues for a slot.
+    let waiting =
+        server.json(&[&["allocate", "--agent", "w1", "--kind", "dir", "--wait", "5min"][..], &team_a].concat());
+    let waiting_ref = str_of(&waiting, "ref").to_owned();
+    assert_eq!(waiting["state"], "pending", "{waiting:#}");
+    assert_eq!(waiting["claims"][0]["status"], "wanted", "{waiting:#}");
+    let quotas = server.wait_for(&["quota", "ls"], "2 held and 1 waiting", |q| q[0]["kinds"][0]["waiting"] == 1);
+    let dir_use = &quotas[0]["kinds"][0];
+    assert_eq!(quotas[0]["name"], "team-a");
+    assert_eq!(quotas[0]["principals"], serde_json::json!(["ci:team-a"]));
+    assert_eq!(
+        (dir_use["kind"].as_str(), dir_use["held"].as_u64(), dir_use["max"].as_u64()),
+        (Some("dir"), Some(2), Some(2))
+    );
+    let holders: Vec<&str> =
+        dir_use["holders"].as_array().unwrap().iter().map(|h| h["holder"].as_str().unwrap()).collect();
+    assert_eq!(holders, sorted.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(quotas[0]["missing_in"], serde_json::json!([]));
+    let table = text(&server.run(&["quota", "ls"]).stdout);
+    let row = table.lines().find(|l| l.contains(" dir ")).unwrap_or_else(|| panic!("no dir row: {table}"));
+    assert!(row.starts_with("team-a  ci:team-a") && row.contains("2/2") && row.contains(&sorted[0]), "{table}");
+    assert!(table.lines().any(|l| l.contains(" gpu ") && l.contains("none allowed")), "{table}");
+
+    // A holder released: the waiting one gets its slot and is made.
+    assert_eq!(code(&server.run(&["release", &held[0]])), 0);
+    server.wait_for(&["get", &waiting_ref], "the waiting allocation made", |r| r["state"] == "active");
+    let quotas = server.wait_for(&["quota", "ls"], "the new holder", |q| {
+        q[0]["kinds"][0]["holders"].as_array().is_some_and(|h| h.iter().any(|h| h["holder"] == waiting_ref.as_str()))
+    });
+    assert_eq!((quotas[0]["kinds"][0]["held"].as_u64(), quotas[0]["kinds"][0]["waiting"].as_u64()), (Some(2), Some(0)));
+
+    // A quota only one partition has (sent there alone): `quota ls` says the others lack it.
+    let key = str_of(&server.json(&["policy", "show"])[0], "key").to_owned();
+    let body = leasehold_schemas::command::SetQuota {
+        key: key.parse().unwrap(),
+        partition: 0,
+        quota: "half".parse().unwrap(),
+        max: [("vm".to_owned(), 1)].into(),
+        principals: vec![leasehold_schemas::Issuer::new("ci:half").unwrap()],
+    };
+    let now = leasehold_schemas::Timestamp(
+        u64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap(),
+    );
+    let envelope = leasehold_schemas::Envelope::new(
+        leasehold_schemas::CommandId::generate(),
+        leasehold_schemas::Issuer::new("op:test").unwrap(),
+        now,
+        body,
+    );
+    let file = dir.path().join("half.ndjson");
+    std::fs::write(&file, format!("{}\n", leasehold_schemas::codec::command_to_json(&envelope).unwrap())).unwrap();
+    assert_eq!(code(&server.run(&["publish", "--file", file.to_str().unwrap()])), 0);
+    let quotas = server.wait_for(&["quota", "ls"], "quota half in partition 0", |q| q[0]["name"] == "half");
+    assert_eq!(quotas[0]["partitions"], serde_json::json!([0]));
+    assert_eq!(quotas[0]["missing_in"], serde_json::json!([1, 2, 3]));
+    let table = text(&server.run(&["quota", "ls"]).stdout);
+    assert!(table.contains("0/1 (pool quota-half-vm missing)"), "{table}");
+    assert!(
+        table.contains("quota half: the partitions disagree: shown as 1 of 4 have it; not set in partitions 1..4 (3)"),
+        "{table}"
+    );
+
+    // Removed everywhere; its pool is left, and its principal's allocations claim no slot any more.
+    let rm = server.run(&["quota", "rm", "team-a"]);
+    assert_eq!(code(&rm), 0, "{}", text_of(&rm));
+    let said = text(&rm.stdout);
+    assert!(said.starts_with("quota rm team-a: removed from partitions 0..4 (4)\n"), "{said}");
+    assert!(said.contains("keeps its slot until each resource ends"), "{said}");
+    assert!(
+        said.contains("its pools are left: quota-team-a-dir; delete each with `leasehold pool delete NAME`"),
+        "{said}"
+    );
+    server.wait_for(&["quota", "ls"], "team-a gone", |q| {
+        q.as_array().is_some_and(|q| q.iter().all(|q| q["name"] != "team-a"))
+    });
+    let unlimited = server.json(&[&["allocate", "--agent", "w1", "--kind", "dir"][..], &team_a].concat());
+    assert_eq!(unlimited["claims"], serde_json::json!([]), "{unlimited:#}");
+    let twice = server.run(&["quota", "rm", "team-a"]);
+    assert_eq!(code(&twice), 0);
+    assert!(text(&twice.stdout).contains("no partition has quota team-a: nothing to remove"), "{}", text_of(&twice));
+}

@@ -17,19 +17,19 @@ const PARTITIONS: u32 = 8;
 const AGENTS: [&str; 3] = ["a", "b", "c"];
 
 /// What `leasehold-e2e ARGS` printed (it must succeed).
-fn generate(args: &[&str]) -> String {
+pub(crate) fn generate(args: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold-e2e")).args(args).output().expect("run");
     assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).expect("utf-8")
 }
 
 /// The user block of a credentials output.
-fn block(text: &str) -> String {
+pub(crate) fn block(text: &str) -> String {
     let start = text.find("\n{\n").expect("a block") + 1;
     text[start..].to_owned()
 }
 
-fn password(text: &str) -> String {
+pub(crate) fn password(text: &str) -> String {
     let line = text.lines().find(|l| l.trim_start().starts_with("password:")).expect("a password");
     line.split('"').nth(1).expect("quoted").to_owned()
 }

@@ -18,6 +18,7 @@ mod pools;
 mod publish;
 mod python_producer;
 mod queues;
+mod quotas;
 mod readiness;
 mod replay;
 mod stopping;

@@ -14,6 +14,7 @@ mod leases;
 mod placement;
 mod pools;
 mod quotas;
+pub use quotas::{MAX_QUOTA_KINDS, MAX_QUOTA_PRINCIPALS};
 mod reports;
 
 pub use reports::expected_listing;

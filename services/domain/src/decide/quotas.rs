@@ -18,9 +18,9 @@ use super::{Decider, Verdict, echo, reject};
 use crate::state::{ClaimSlot, PendingClock, ResourceState};
 
 /// The most principals one quota names.
-pub(crate) const MAX_QUOTA_PRINCIPALS: usize = 64;
+pub const MAX_QUOTA_PRINCIPALS: usize = 64;
 /// The most kinds one quota limits.
-pub(crate) const MAX_QUOTA_KINDS: usize = 16;
+pub const MAX_QUOTA_KINDS: usize = 16;
 
 /// What a principal's quota asks of an allocation of a kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
