@@ -693,6 +693,49 @@ async fn quota_slot(
     }
 }
 
+/// The quota slot of a placed resource: its commit is the first outcome about it in its agent's partition after
+/// `from` (the placement's own outcome); what it claimed is followed from there as [`quota_slot`] does.
+async fn placed_quota_slot(
+    transport: &Transport,
+    reference: &ResourceRef,
+    named: &[PoolName],
+    wait: Option<Millis>,
+    from: u64,
+    timeout: Duration,
+) -> anyhow::Result<QuotaSlot> {
+    use futures::StreamExt as _;
+    if wait.is_some() {
+        return Ok(QuotaSlot::NotCharged);
+    }
+    let mut events = transport.follow(&leasehold_schemas::Key::Agent(reference.agent.clone()), from + 1).await?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let event = match tokio::time::timeout_at(deadline, events.next()).await {
+            // Not seen within the timeout: say nothing of a slot (the placement's words stand).
+            Err(_) => return Ok(QuotaSlot::NotCharged),
+            Ok(None) => bail!("allocate {reference}: the outcome stream ended while it waited for the commit"),
+            Ok(Some(event)) => event?,
+        };
+        let mine = |resource: &ResourceId| *resource == reference.resource;
+        let effects = event.outcome.effects();
+        if !effects.iter().any(|effect| matches!(effect, Effect::ResourceAllocated { resource, .. } if mine(resource)))
+        {
+            continue;
+        }
+        // Made and released in the same commit (a quota of 0 for its kind, its agent retired, its parent gone).
+        let ended_at_birth = effects.iter().find_map(|effect| match effect {
+            Effect::ResourceReleasing { resource, cause } if mine(resource) => Some(cause.clone()),
+            _ => None,
+        });
+        if let Some(cause) = ended_at_birth {
+            return Ok(QuotaSlot::Released(cause));
+        }
+        {
+            return quota_slot(transport, reference, named, wait, std::slice::from_ref(&event), timeout).await;
+        }
+    }
+}
+
 /// `allocate` without `--agent`: a placement. Prints the reference once placed (and, on stderr, where and why);
 /// with `--wait`, says once on stderr what it waits for each time that changes.
 async fn place(args: AllocateArgs, issuer: &Issuer, global: &GlobalArgs) -> anyhow::Result<()> {
@@ -726,7 +769,31 @@ async fn place(args: AllocateArgs, issuer: &Issuer, global: &GlobalArgs) -> anyh
             }
         })
         .await?;
-    let words = record.describe(&body);
+    let mut words = record.describe(&body);
+    // Placed: its commit, in the agent's partition, charges the issuer's quota, if any. Without a wait, follow the
+    // slot as `allocate --agent` does: over quota the resource made is released at once.
+    let placed = record.reference.as_deref().filter(|_| record.state == "placed").map(str::parse::<ResourceRef>);
+    if let Some(reference) = placed.transpose().ok().flatten() {
+        match placed_quota_slot(&transport, &reference, &body.pools, body.wait, from, args.produce.timeout).await? {
+            QuotaSlot::Released(cause) => bail!(
+                "allocate {resource}: placed on {}, then released: {}{}",
+                reference.agent,
+                crate::words::release_cause(&cause),
+                match cause {
+                    ReleaseCause::OverQuota { max, .. } if max > 0 => {
+                        "; give --wait DURATION to queue for a slot, or release one of them"
+                    }
+                    _ => "",
+                }
+            ),
+            QuotaSlot::Bound(pool) => words.push_str(&format!("; its quota's slot is bound (pool {pool})")),
+            QuotaSlot::Undecided(pool) => words.push_str(&format!(
+                "; no slot of quota pool {pool} bound within {}: `leasehold get {reference}` shows what became of it",
+                humantime::format_duration(args.produce.timeout)
+            )),
+            QuotaSlot::NotCharged => {}
+        }
+    }
     match (record.state.as_str(), format) {
         ("placed", OutputFormat::Table) => {
             let reference = record.reference.clone().unwrap_or_default();
@@ -778,6 +845,7 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
             let agent = args.agent.clone().expect("the placement's arm takes allocations without an agent");
             let reference = ResourceRef::new(agent.clone(), resource);
             output::know("ref", &reference);
+            let kind = args.kind.clone();
             let body = Allocate {
                 agent,
                 resource,
@@ -814,6 +882,14 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
                     let mut words =
                         crate::words::accepted(&format!("allocate {reference}"), &outcomes, &Clock::system());
                     match quota {
+                        // What the decision said ("waiting for an identifier of pool quota-...") is over: say what is.
+                        QuotaSlot::Bound(pool) if args.pools.is_empty() => {
+                            words = format!(
+                                "allocated {reference}: {kind}, pending; its quota's slot is bound (pool {pool}); {} \
+                                 is asked to create it",
+                                reference.agent
+                            );
+                        }
                         QuotaSlot::Bound(pool) => words.push_str(&format!("; its quota's slot is bound (pool {pool})")),
                         QuotaSlot::Undecided(pool) => words.push_str(&format!(
                             "; no slot of quota pool {pool} bound within {}: `leasehold get {reference}` shows \

@@ -1120,7 +1120,10 @@ fn http_get(address: &str, path: &str) -> String {
 fn a_quota_caps_what_its_principals_hold_across_partitions() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("w1")).unwrap();
-    let server = Server::start(&dir.path().join("data"), &[format!("w1=dir:{}", dir.path().join("w1").display())]);
+    let agents = [format!("w1=dir:{}", dir.path().join("w1").display())];
+    // Room declared for `dir`: an allocation that names no agent (a placement) can be placed.
+    let server =
+        Server::start_with(&dir.path().join("data"), None, "127.0.0.1:0", &agents, &["--agent-capacity", "w1:dir=10"]);
     wait_registered(&server, "w1");
     let team_a = ["--issuer", "ci:team-a"];
 
@@ -1188,6 +1191,14 @@ fn a_quota_caps_what_its_principals_hold_across_partitions() {
     let over_ref = format!("w1.{id}");
     let shown = server.run(&["get", &over_ref]);
     assert!(text(&shown.stdout).contains("quota team-a is full for dir, 2 of 2 held"), "{}", text_of(&shown));
+    // A placement (no --agent) is charged at its commit: placed, then released over quota; allocate says so.
+    let placed = server.run(&[&["allocate", "--kind", "dir"][..], &team_a].concat());
+    assert_eq!(code(&placed), 1, "{}", text_of(&placed));
+    assert!(
+        text(&placed.stderr).contains("placed on w1, then released: quota team-a is full for dir, 2 of 2 held"),
+        "{}",
+        text_of(&placed)
+    );
     // A maximum of 0 refuses outright; another issuer is not counted.
     let none = server.run(&[&["allocate", "--agent", "w1", "--kind", "gpu"][..], &team_a].concat());
     assert_eq!(code(&none), 1, "{}", text_of(&none));
