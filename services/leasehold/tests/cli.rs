@@ -1381,7 +1381,9 @@ fn policy_commands_send_the_gateway_token() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, "op:admin admintoken-0123456789abcdef\n").unwrap();
-    let server = serve_w1_with_room(dir.path(), &["--tokens", tokens.to_str().unwrap()]);
+    // No agent: only the policy matters here (and `wait_registered` asks without a token).
+    let server =
+        Server::start_with(&dir.path().join("data"), None, "127.0.0.1:0", &[], &["--tokens", tokens.to_str().unwrap()]);
     let token = ["--gateway-token", "admintoken-0123456789abcdef"];
     let quotas = server.run(&[&["quota", "ls"][..], &token].concat());
     assert_eq!(code(&quotas), 0, "quota ls sends the token: {}", text_of(&quotas));
@@ -1402,4 +1404,20 @@ fn a_refused_principal_is_echoed_escaped() {
     assert_eq!(code(&output), 2, "{}", text_of(&output));
     let stderr = text(&output.stderr);
     assert!(!stderr.contains(['\u{1b}', '\u{7}', '\u{202e}']), "raw control characters on stderr: {stderr:?}");
+}
+
+/// Quota `a` limiting kind `b-c` counts with the pool `quota-a-b-c`, which is already quota `a-b`'s pool for kind
+/// `c`. The partitions refuse the second quota, but `quota set` changed the pool first: quota `a-b` then allowed 100
+/// `c` instead of 1, through a command that was refused. A refused `quota set` must leave the other quota's pool as
+/// it was (checked before any pool is touched).
+#[test]
+fn a_refused_quota_set_does_not_change_another_quota_s_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_w1_with_room(dir.path(), &[]);
+    assert_eq!(code(&server.run(&["quota", "set", "a-b", "--max", "c=1", "--principal", "ci:ab"])), 0);
+    let clash = server.run(&["quota", "set", "a", "--max", "b-c=100", "--principal", "ci:a"]);
+    assert_ne!(code(&clash), 0, "{}", text_of(&clash));
+    let pools = server.json(&["pool", "ls"]);
+    let pool = pools.as_array().unwrap().iter().find(|p| p["name"] == "quota-a-b-c").expect("quota a-b's pool");
+    assert_eq!(pool["kind"]["slots"]["count"], 1, "quota a-b's pool was changed by a refused quota set: {pool:#}");
 }
