@@ -392,3 +392,22 @@ fn an_outsider_cannot_take_a_slot_of_another_s_quota() {
         outcome.effects()
     );
 }
+
+/// Red team: an operator that names itself among a quota's principals becomes a tenant by its own hand: from then on
+/// every operator command of its (`quota rm`, `quota set`, pools, policy, agents) is refused as a tenant's, so the
+/// quota can no longer be undone by it; behind a gateway with one operator token nobody can undo it short of
+/// editing the tokens file. A quota that would put its own sender under it is refused, naming why.
+#[test]
+fn an_operator_cannot_put_itself_under_a_quota() {
+    let mut w = World::new();
+    let outcome = w.op(set(&[("container", 2)], &[TEAM, OP]));
+    assert!(
+        outcome.rejection().is_some(),
+        "{OP} put itself under quota team-a and can no longer remove it: {:?}",
+        outcome.effects()
+    );
+    let mut w = World::new();
+    accepted(&w.op(set(&[("container", 2)], &[TEAM])));
+    let removed = w.op(set(&[], &[]));
+    assert!(removed.rejection().is_none(), "the operator removes what it set: {removed:?}");
+}

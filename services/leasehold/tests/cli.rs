@@ -1287,3 +1287,137 @@ fn a_quota_caps_what_its_principals_hold_across_partitions() {
     assert_eq!(code(&twice), 0);
     assert!(text(&twice.stdout).contains("no partition has quota team-a: nothing to remove"), "{}", text_of(&twice));
 }
+
+/// A served gateway with agent `w1` (room for 10 `dir`) under `dir`, with `extra` flags for `serve`.
+fn serve_w1_with_room(dir: &Path, extra: &[&str]) -> Server {
+    std::fs::create_dir_all(dir.join("w1")).unwrap();
+    let agents = [format!("w1=dir:{}", dir.join("w1").display())];
+    let flags = [&["--agent-capacity", "w1:dir=10"][..], extra].concat();
+    let server = Server::start_with(&dir.join("data"), None, "127.0.0.1:0", &agents, &flags);
+    wait_registered(&server, "w1");
+    server
+}
+
+/// A quota lowered to 0 for a kind ("none at all") while one of its principals holds one and another allocation
+/// waits for a slot: `quota ls` must still show what is held and waits (it showed `none allowed`, 0 held, no
+/// holder), and when the holder is released the waiter must not be made (the quota's pool kept its old count, so the
+/// waiter got the freed slot and the principal held a `dir` under a maximum of 0).
+#[test]
+fn a_quota_lowered_to_zero_hands_no_freed_slot_to_a_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_w1_with_room(dir.path(), &[]);
+    let team_a = ["--issuer", "ci:team-a"];
+    assert_eq!(code(&server.run(&["quota", "set", "team-a", "--max", "dir=1", "--principal", "ci:team-a"])), 0);
+    let holder = server.json(&[&["allocate", "--agent", "w1", "--kind", "dir"][..], &team_a].concat());
+    let holder = str_of(&holder, "ref").to_owned();
+    server.wait_for(&["get", &holder], "the holder made", |r| r["state"] == "active");
+    let waiter =
+        server.json(&[&["allocate", "--agent", "w1", "--kind", "dir", "--wait", "5min"][..], &team_a].concat());
+    let waiter = str_of(&waiter, "ref").to_owned();
+    server.wait_for(&["quota", "ls"], "1 held, 1 waiting", |q| q[0]["kinds"][0]["waiting"] == 1);
+
+    let zero = server.run(&["quota", "set", "team-a", "--max", "dir=0", "--principal", "ci:team-a"]);
+    assert_eq!(code(&zero), 0, "{}", text_of(&zero));
+    let mut wrong = Vec::new();
+    let quotas = server.json(&["quota", "ls"]);
+    let dir_use = &quotas[0]["kinds"][0];
+    if dir_use["held"] != 1 || dir_use["waiting"] != 1 {
+        wrong.push(format!("quota ls after lowering to 0 hides what is held and waits: {dir_use:#}"));
+    }
+
+    assert_eq!(code(&server.run(&["release", &holder])), 0);
+    server.wait_for(&["get", &holder], "the holder destroyed", |r| r["state"] == "destroyed");
+    let decided = server.wait_for(&["get", &waiter], "the waiter decided", |r| {
+        r["state"] != "pending" || r["claims"][0]["status"] != "wanted"
+    });
+    if decided["state"] == "active" || decided["claims"][0]["status"] == "bound" {
+        wrong.push(format!("a waiter got a slot of a quota whose maximum is 0: {decided:#}"));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// A placement with `--wait` by a principal whose quota allows none of the kind is made and released in the same
+/// commit; `allocate` must not print its reference and exit 0 as if it were placed (it skipped following the commit
+/// whenever a wait was given).
+#[test]
+fn a_placement_with_a_wait_released_at_its_commit_is_not_reported_placed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_w1_with_room(dir.path(), &[]);
+    assert_eq!(code(&server.run(&["quota", "set", "team-a", "--max", "dir=0", "--principal", "ci:team-a"])), 0);
+    let placed = server.run(&["allocate", "--kind", "dir", "--wait", "30s", "--issuer", "ci:team-a"]);
+    assert_eq!(code(&placed), 1, "{}", text_of(&placed));
+    assert!(text(&placed.stderr).contains("quota team-a allows no dir"), "{}", text_of(&placed));
+}
+
+/// `quota rm` while an allocation waits for a slot of the quota's pool: the principal's new allocations claim no
+/// slot at once, so the one that waited must not go on waiting for a quota that no longer exists (it stayed
+/// `pending` until a holder freed a slot or its wait ran out, behind allocations made after it).
+#[test]
+fn a_removed_quota_leaves_no_allocation_waiting_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_w1_with_room(dir.path(), &[]);
+    let team_a = ["--issuer", "ci:team-a"];
+    assert_eq!(code(&server.run(&["quota", "set", "team-a", "--max", "dir=1", "--principal", "ci:team-a"])), 0);
+    let holder = server.json(&[&["allocate", "--agent", "w1", "--kind", "dir"][..], &team_a].concat());
+    server.wait_for(&["get", str_of(&holder, "ref")], "the holder made", |r| r["state"] == "active");
+    let waiter =
+        server.json(&[&["allocate", "--agent", "w1", "--kind", "dir", "--wait", "5min"][..], &team_a].concat());
+    let waiter = str_of(&waiter, "ref").to_owned();
+    server.wait_for(&["quota", "ls"], "1 waiting", |q| q[0]["kinds"][0]["waiting"] == 1);
+
+    assert_eq!(code(&server.run(&["quota", "rm", "team-a"])), 0);
+    let later = server.json(&[&["allocate", "--agent", "w1", "--kind", "dir"][..], &team_a].concat());
+    server.wait_for(&["get", str_of(&later, "ref")], "a later allocation made", |r| r["state"] == "active");
+    server.wait_for(&["get", &waiter], "the earlier waiter no longer waiting for the removed quota", |r| {
+        r["state"] != "pending"
+    });
+}
+
+/// `policy show` and `policy set` against a gateway with `--tokens`, given a token: they sent none (the gateway
+/// refused them: "refused the request without a token"), so an operator of such a gateway could not see or change
+/// the policy from the command line.
+#[test]
+fn policy_commands_send_the_gateway_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "op:admin admintoken-0123456789abcdef\n").unwrap();
+    // No agent: only the policy matters here (and `wait_registered` asks without a token).
+    let server =
+        Server::start_with(&dir.path().join("data"), None, "127.0.0.1:0", &[], &["--tokens", tokens.to_str().unwrap()]);
+    let token = ["--gateway-token", "admintoken-0123456789abcdef"];
+    let quotas = server.run(&[&["quota", "ls"][..], &token].concat());
+    assert_eq!(code(&quotas), 0, "quota ls sends the token: {}", text_of(&quotas));
+    let show = server.run(&[&["policy", "show"][..], &token].concat());
+    assert_eq!(code(&show), 0, "{}", text_of(&show));
+    let set = server.run(&[&["policy", "set", "--claim-cooldown", "1s"][..], &token].concat());
+    assert_eq!(code(&set), 0, "{}", text_of(&set));
+}
+
+/// A principal or kind that the command line refuses is named in its error escaped: a bidi override (U+202E) or an
+/// escape sequence in `--principal` must not reach the terminal (clap's own `invalid value '...'` echoed it raw).
+#[test]
+fn a_refused_principal_is_echoed_escaped() {
+    let output = Command::new(BIN)
+        .args(["quota", "set", "t", "--max", "dir=1", "--principal", "ci:\u{1b}]0;owned\u{7}x\u{202e}lave"])
+        .output()
+        .expect("run");
+    assert_eq!(code(&output), 2, "{}", text_of(&output));
+    let stderr = text(&output.stderr);
+    assert!(!stderr.contains(['\u{1b}', '\u{7}', '\u{202e}']), "raw control characters on stderr: {stderr:?}");
+}
+
+/// Quota `a` limiting kind `b-c` counts with the pool `quota-a-b-c`, which is already quota `a-b`'s pool for kind
+/// `c`. The partitions refuse the second quota, but `quota set` changed the pool first: quota `a-b` then allowed 100
+/// `c` instead of 1, through a command that was refused. A refused `quota set` must leave the other quota's pool as
+/// it was (checked before any pool is touched).
+#[test]
+fn a_refused_quota_set_does_not_change_another_quota_s_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_w1_with_room(dir.path(), &[]);
+    assert_eq!(code(&server.run(&["quota", "set", "a-b", "--max", "c=1", "--principal", "ci:ab"])), 0);
+    let clash = server.run(&["quota", "set", "a", "--max", "b-c=100", "--principal", "ci:a"]);
+    assert_ne!(code(&clash), 0, "{}", text_of(&clash));
+    let pools = server.json(&["pool", "ls"]);
+    let pool = pools.as_array().unwrap().iter().find(|p| p["name"] == "quota-a-b-c").expect("quota a-b's pool");
+    assert_eq!(pool["kind"]["slots"]["count"], 1, "quota a-b's pool was changed by a refused quota set: {pool:#}");
+}
