@@ -246,6 +246,20 @@ fn over_quota_is_refused_without_a_wait() {
             Rejected(NothingToDo, &["may wait for quota team-a until"]),
         ),
         case(
+            "with a wait, but the quota now allows none of its kind: released, nothing will come",
+            |w| {
+                w.registered();
+                team_quota(w, 2);
+                accepted(&allocate_as(w, TEAM, |c| c.wait = Some(secs(60))));
+                accepted(&w.op(set(&[("container", 0)], &[TEAM])));
+            },
+            |w| {
+                let command = over_quota_of(w);
+                w.sys(command)
+            },
+            Effects(&["resource-releasing"]),
+        ),
+        case(
             "from a partition that is not the pool's",
             waiting,
             |w| {

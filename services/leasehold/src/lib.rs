@@ -239,8 +239,29 @@ fn exit_status(error: &anyhow::Error) -> u8 {
     }
 }
 
+/// Prints clap's refusal of the command line and exits with its status (2; help and version: 0). An error echoes what
+/// was given (`invalid value '...'`), which may hold escape sequences or bidi overrides: each line goes through the
+/// one escaping every other message uses. Help and version are leasehold's own text, printed as they are.
+fn parse_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let rendered = e.render().to_string();
+    let escaped: Vec<String> =
+        rendered.lines().map(|line| leasehold_schemas::text::escape_for_display(line).into_owned()).collect();
+    eprintln!("{}", escaped.join("\n"));
+    std::process::exit(e.exit_code());
+}
+
 fn run() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => parse_error(e),
+    };
     match cli.command {
         Cmd::Demo { keep, driver } => {
             let summary = demo::run(&mut std::io::stdout(), keep.as_deref(), driver)?;

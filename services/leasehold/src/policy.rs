@@ -21,7 +21,6 @@ use leasehold_worker::{WriterConfig, fold_partition};
 use tokio_util::sync::CancellationToken;
 
 use crate::GlobalArgs;
-use crate::client::Gateway;
 use crate::output::{self, OutputFormat, Table};
 use crate::produce::{ProduceArgs, parse_millis};
 
@@ -166,7 +165,7 @@ pub(crate) enum PolicyCmd {
 }
 
 pub(crate) async fn run(cmd: PolicyCmd, global: &GlobalArgs) -> anyhow::Result<()> {
-    let gateway = Gateway::new(&global.server)?;
+    let gateway = crate::client::gateway(global)?;
     let views: Vec<PolicyView> = gateway
         .get(&["v1", "policy"], &[])
         .await?

@@ -704,9 +704,6 @@ async fn placed_quota_slot(
     timeout: Duration,
 ) -> anyhow::Result<QuotaSlot> {
     use futures::StreamExt as _;
-    if wait.is_some() {
-        return Ok(QuotaSlot::NotCharged);
-    }
     let mut events = transport.follow(&leasehold_schemas::Key::Agent(reference.agent.clone()), from + 1).await?;
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
@@ -1277,7 +1274,7 @@ impl QueueWatch {
                 eprintln!("lease {lease} waits (its place in the queue is shown through a gateway, not with --nats)");
                 None
             }
-            None => crate::client::Gateway::new(&global.server).ok(),
+            None => crate::client::gateway(global).ok(),
         };
         QueueWatch { gateway, resource: args.resource.to_string(), lease: lease.to_string(), last: Default::default() }
     }

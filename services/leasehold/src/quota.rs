@@ -202,6 +202,28 @@ async fn set(args: QuotaSetArgs, gateway: &Gateway, global: &GlobalArgs) -> anyh
             );
         }
     }
+    // A pool name is `quota-<name>-<kind>`: another quota's pool may have the same name (`a-b` and `c` against `a`
+    // and `b-c`). Refused here, before any pool is touched: a partition refuses the quota too, but only after the
+    // pool was changed.
+    for kind in wanted.max.keys() {
+        let mine = quota_pool(name, kind).expect("checked in Wanted::of");
+        let theirs = views.iter().flat_map(|view| &view.quotas).find_map(|(other, quota)| {
+            let other_name = QuotaName::new(other.as_str()).ok().filter(|q| q != name)?;
+            quota.max.keys().find(|k| quota_pool(&other_name, k).as_ref() == Some(&mine)).map(|k| (other, k))
+        });
+        if let Some((other, other_kind)) = theirs {
+            bail!(
+                "quota set {name}: kind {kind} would be counted by pool {mine}, which counts kind {other_kind} of quota                  {other}; name the quota otherwise; nothing was sent"
+            );
+        }
+    }
+    let existing: BTreeSet<String> = gateway
+        .get::<Vec<PoolView>>(&["v1", "pools"], &[])
+        .await?
+        .context("/v1/pools is not there")?
+        .into_iter()
+        .map(|pool| pool.name)
+        .collect();
     // The kinds counted by a pool before (a maximum of 0 has none).
     let before: BTreeSet<String> = views
         .iter()
@@ -215,11 +237,12 @@ async fn set(args: QuotaSetArgs, gateway: &Gateway, global: &GlobalArgs) -> anyh
     // The pools first: a partition that records the quota counts its principals' allocations there at once.
     let mut pools = Vec::new();
     for (kind, max) in &wanted.max {
-        if *max == 0 {
+        let pool = quota_pool(name, kind).expect("checked in Wanted::of");
+        if *max == 0 && !existing.contains(pool.as_str()) {
             // None of the kind at all: allocations are refused outright, nothing is counted.
             continue;
         }
-        let pool = quota_pool(name, kind).expect("checked in Wanted::of");
+        // Lowered to none: the pool is closed (0 slots), so what waits for a slot gets none.
         let change = slots_pool(&transport, &issuer, &pool, *max, format, timeout).await?;
         pools.push(PoolSet { kind: kind.clone(), pool: pool.to_string(), slots: *max, change });
     }
@@ -325,17 +348,24 @@ async fn slots_pool(
     timeout: std::time::Duration,
 ) -> anyhow::Result<PoolChange> {
     let kind = PoolKind::Slots { count };
-    let define =
-        DefinePool { pool: pool.clone(), kind: kind.clone(), cooldown: Some(Millis(0)), orphans: OrphanPolicy::Hold };
-    let envelope = crate::produce::envelope(issuer, None, define);
-    let status = crate::produce::decided_through(transport, format, timeout, &envelope).await?;
-    match rejection_kind(&status) {
-        None if status.status == "accepted" => return Ok(PoolChange::Defined),
-        Some("already-done") => return Ok(PoolChange::Unchanged),
-        Some("already-exists") => {}
-        _ => {
-            crate::produce::accepted(status, format, &format!("quota set: pool define {pool}"))?;
-            return Ok(PoolChange::Defined);
+    // No pool is defined with 0 slots; one that exists is closed so (a quota lowered to none).
+    if count > 0 {
+        let define = DefinePool {
+            pool: pool.clone(),
+            kind: kind.clone(),
+            cooldown: Some(Millis(0)),
+            orphans: OrphanPolicy::Hold,
+        };
+        let envelope = crate::produce::envelope(issuer, None, define);
+        let status = crate::produce::decided_through(transport, format, timeout, &envelope).await?;
+        match rejection_kind(&status) {
+            None if status.status == "accepted" => return Ok(PoolChange::Defined),
+            Some("already-done") => return Ok(PoolChange::Unchanged),
+            Some("already-exists") => {}
+            _ => {
+                crate::produce::accepted(status, format, &format!("quota set: pool define {pool}"))?;
+                return Ok(PoolChange::Defined);
+            }
         }
     }
     let update = UpdatePool { pool: pool.clone(), kind, cooldown: Some(Millis(0)), orphans: Some(OrphanPolicy::Hold) };
@@ -447,8 +477,10 @@ async fn ls(gateway: &Gateway, format: OutputFormat) -> anyhow::Result<()> {
             .collect();
         let mut kinds = Vec::new();
         for (kind, max) in &quota.max {
-            let pool = QuotaName::new(name.as_str()).ok().and_then(|q| quota_pool(&q, kind)).filter(|_| *max > 0);
+            let pool = QuotaName::new(name.as_str()).ok().and_then(|q| quota_pool(&q, kind));
             let record = pool.as_ref().and_then(|pool| pools.iter().find(|p| p.name == pool.as_str()));
+            // A maximum of 0 has a pool only if it was lowered to none (the pool closed, its holders still there).
+            let pool = pool.filter(|_| *max > 0 || record.is_some());
             let holders: Vec<HolderView> = match (&pool, record) {
                 (Some(pool), Some(_)) => gateway.get(&["v1", "pools", pool.as_str()], &[]).await?.unwrap_or_default(),
                 _ => Vec::new(),
@@ -555,9 +587,12 @@ async fn rm(args: QuotaRmArgs, gateway: &Gateway, global: &GlobalArgs) -> anyhow
     let pools: BTreeSet<String> = views
         .iter()
         .filter_map(|view| view.quotas.get(name.as_str()))
-        .flat_map(|quota| quota.max.iter().filter(|(_, max)| **max > 0))
-        .filter_map(|(kind, _)| quota_pool(name, kind).map(|pool| pool.to_string()))
+        .flat_map(|quota| quota.max.keys())
+        .filter_map(|kind| quota_pool(name, kind).map(|pool| pool.to_string()))
         .collect();
+    // Only pools that exist (a maximum of 0 given at once has none).
+    let records: Vec<PoolView> = gateway.get(&["v1", "pools"], &[]).await?.unwrap_or_default();
+    let pools: BTreeSet<String> = pools.into_iter().filter(|p| records.iter().any(|r| r.name == *p)).collect();
     let issuer = crate::produce::sender(global)?;
     let transport = crate::produce::transport(global, &args.produce.nats).await?;
     let (format, timeout) = (global.output, args.produce.timeout);
@@ -585,6 +620,18 @@ async fn rm(args: QuotaRmArgs, gateway: &Gateway, global: &GlobalArgs) -> anyhow
         }
         statuses.push(status);
     }
+    // Allocations that wait for a slot of its pools claimed it before the quota went: each pool grows to hold them
+    // all, so every one is served at once, as an allocation made now would be (it claims no slot).
+    let mut served = Vec::new();
+    for record in records.iter().filter(|r| pools.contains(&r.name) && r.waiting > 0) {
+        let count = record.kind.get("slots").and_then(|s| s["count"].as_u64()).unwrap_or(0);
+        let wanted = u32::try_from(record.held + record.waiting).unwrap_or(u32::MAX);
+        if u64::from(wanted) > count {
+            let pool = PoolName::new(record.name.as_str()).context("a quota's pool name")?;
+            slots_pool(&transport, &issuer, &pool, wanted, format, timeout).await?;
+            served.push(format!("{} ({} waiting)", record.name, record.waiting));
+        }
+    }
     if format == OutputFormat::Json {
         let report =
             RmReport { quota: name.as_str(), removed_in, absent_in, pools: pools.into_iter().collect(), statuses };
@@ -600,6 +647,12 @@ async fn rm(args: QuotaRmArgs, gateway: &Gateway, global: &GlobalArgs) -> anyhow
         text.push_str(&format!(" (not set in {})", partitions_text(&absent_in)));
     }
     text.push_str("\nwhat its principals hold keeps its slot until each resource ends; new allocations claim none");
+    if !served.is_empty() {
+        text.push_str(&format!(
+            "\nallocations that waited for a slot are served: {} grew to hold them",
+            served.join(", ")
+        ));
+    }
     if !pools.is_empty() {
         let pools: Vec<String> = pools.into_iter().collect();
         text.push_str(&format!(

@@ -1321,8 +1321,14 @@ fn a_quota_lowered_to_zero_hands_no_freed_slot_to_a_waiter() {
     let mut wrong = Vec::new();
     let quotas = server.json(&["quota", "ls"]);
     let dir_use = &quotas[0]["kinds"][0];
-    if dir_use["held"] != 1 || dir_use["waiting"] != 1 {
-        wrong.push(format!("quota ls after lowering to 0 hides what is held and waits: {dir_use:#}"));
+    if dir_use["held"] != 1 || dir_use["pool_slots"] != 0 {
+        wrong.push(format!("quota ls after lowering to 0 hides what is held, or the pool is not closed: {dir_use:#}"));
+    }
+    // Nothing will come for the waiter: it is released over quota at once, wait or not.
+    let released = server.wait_for(&["get", &waiter], "the waiter released", |r| r["state"] != "pending");
+    let said = released.to_string();
+    if !said.contains("\"over-quota\"") {
+        wrong.push(format!("the waiter's release does not name the quota: {released:#}"));
     }
 
     assert_eq!(code(&server.run(&["release", &holder])), 0);

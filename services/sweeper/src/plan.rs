@@ -214,13 +214,15 @@ fn pool_work(states: &States, partition: u32, pool: &Pool, out: &mut Vec<Planned
                 }
             }
             Holding::Waiting { source, queued_at } => {
-                // Queued on a quota's pool by an allocation that gave no wait: refused rather than left waiting.
-                let no_wait = here.is_some_and(|r| {
+                // Queued on a quota's pool by an allocation that gave no wait, or whose quota now allows none of its
+                // kind (lowered to 0): refused rather than left waiting.
+                let none_allowed = home.quota_counted_by(name).map(|(_, _, max)| max == 0);
+                let refused = here.is_some_and(|r| {
                     r.state == ResourceState::Pending
                         && matches!(r.claims.get(name), Some(ClaimSlot::Wanted { wanted_at }) if *wanted_at == source.position)
-                        && !matches!(r.pending_clock, Some(PendingClock::WaitsUntil(_)))
+                        && (!matches!(r.pending_clock, Some(PendingClock::WaitsUntil(_))) || none_allowed == Some(true))
                 });
-                if no_wait && home.quota_counted_by(name).is_some() {
+                if refused && none_allowed.is_some() {
                     let mut holders: Vec<ResourceRef> = pool.held.values().cloned().collect();
                     holders.sort();
                     holders.truncate(MAX_QUOTA_HOLDERS_NAMED);

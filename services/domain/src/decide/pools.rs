@@ -171,7 +171,11 @@ impl<'s> Decider<'s> {
     /// available.
     pub(super) fn update_pool(&mut self, command: &UpdatePool) -> Verdict {
         let pool = self.pool(&command.pool)?;
-        check_kind(&pool.name, &command.kind)?;
+        // A slot pool may be closed (0 slots: a quota lowered to none), though none is defined so: its holders keep
+        // their slots until they let go, and nothing is handed out.
+        if command.kind != (PoolKind::Slots { count: 0 }) {
+            check_kind(&pool.name, &command.kind)?;
+        }
         if let Err(problem) = grows_from(&pool.kind, &command.kind) {
             return reject(RejectionKind::Invalid, format!("pool {}: {problem}", pool.name));
         }

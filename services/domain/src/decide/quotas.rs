@@ -91,6 +91,16 @@ impl<'s> Decider<'s> {
                 format!("quota {name} limits {} kinds; at most {MAX_QUOTA_KINDS}", command.max.len()),
             );
         }
+        if command.principals.contains(self.issuer) {
+            return reject(
+                RejectionKind::Invalid,
+                format!(
+                    "quota {name} names its own sender {}: under a quota an issuer sends only a producer's requests, so \
+                     it could not change or remove the quota again; set it as another issuer",
+                    self.issuer
+                ),
+            );
+        }
         let mut principals = command.principals.clone();
         principals.sort();
         principals.dedup();
@@ -133,8 +143,8 @@ impl<'s> Decider<'s> {
         Ok(())
     }
 
-    /// A holder's claim on a quota's pool was queued, and its allocation gave no wait: it is released, naming the
-    /// quota and what holds it.
+    /// A holder's claim on a quota's pool was queued, and its allocation gave no wait (or its quota now allows none
+    /// of its kind): it is released, naming the quota and what holds it.
     pub(super) fn over_quota(&mut self, command: &OverQuota) -> Verdict {
         let pool_home = partition_of_key(&Key::Pool(command.pool.clone()), self.state.partitions);
         if command.source.partition != pool_home {
@@ -172,7 +182,10 @@ impl<'s> Decider<'s> {
                 format!("resource {holder} does not wait for a slot of pool {}", command.pool),
             );
         }
-        if let Some(PendingClock::WaitsUntil(until)) = resource.pending_clock {
+        // One that gave a wait waits, unless the quota now allows none of its kind (lowered to 0): nothing will come.
+        if let Some(PendingClock::WaitsUntil(until)) = resource.pending_clock
+            && max > 0
+        {
             return reject(
                 RejectionKind::NothingToDo,
                 format!("resource {holder} may wait for quota {quota} until {until}"),
