@@ -318,8 +318,10 @@ pub struct DefinePool {
 }
 
 /// Change a pool's definition: grow it (IPv4: the same network address with a shorter prefix; slots: more of them;
-/// ports: the same first port and a later last one), change its exclusions, or its cool-down. Shrinking is refused.
-/// An identifier excluded while held stays held until freed, and is never handed out again after that.
+/// ports: the same first port and a later last one), change its exclusions, or its cool-down. A slot pool may also
+/// get fewer slots, even none (a quota lowered): what is held stays held, and nothing is handed out while as many as
+/// the count are held. Shrinking an IPv4 or port pool is refused. An identifier excluded while held stays held until
+/// freed, and is never handed out again after that.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpdatePool {
