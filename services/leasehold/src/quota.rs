@@ -231,6 +231,13 @@ async fn set(args: QuotaSetArgs, gateway: &Gateway, global: &GlobalArgs) -> anyh
         .flat_map(|quota| quota.max.iter().filter(|(_, max)| **max > 0).map(|(kind, _)| kind.clone()))
         .collect();
     let issuer = crate::produce::sender(global)?;
+    if wanted.principals.contains(&issuer) {
+        bail!(
+            "quota set {name}: it names its own sender {issuer}: under a quota an issuer sends only a producer's \
+             requests, so it could not change or remove the quota again; set it as another issuer (--issuer); nothing \
+             was sent"
+        );
+    }
     let transport = crate::produce::transport(global, &args.produce.nats).await?;
     let (format, timeout) = (global.output, args.produce.timeout);
 

@@ -1159,6 +1159,11 @@ fn a_quota_caps_what_its_principals_hold_across_partitions() {
     assert_eq!(code(&other), 1, "{}", text_of(&other));
     assert!(text(&other.stderr).contains("principal ci:team-a is already under quota team-a"), "{}", text_of(&other));
     assert_eq!(server.json(&["pool", "ls"]).as_array().map(Vec::len), Some(1));
+    // Nor may a quota name its own sender (under it, the sender could not change it again): nothing sent.
+    let own = server.run(&["quota", "set", "own", "--max", "dir=1", "--principal", "op:own", "--issuer", "op:own"]);
+    assert_eq!(code(&own), 1, "{}", text_of(&own));
+    assert!(text(&own.stderr).contains("names its own sender op:own"), "{}", text_of(&own));
+    assert_eq!(server.json(&["pool", "ls"]).as_array().map(Vec::len), Some(1));
 
     // Two allocations fit; each holds a slot once made.
     let mut held = Vec::new();
