@@ -722,6 +722,12 @@ pub fn quota_pool(quota: &QuotaName, kind: &str) -> Option<PoolName> {
     PoolName::new(format!("quota-{quota}-{kind}")).ok()
 }
 
+/// The kind `pool` would count for `quota`, read from its name (the inverse of [`quota_pool`], without building a
+/// name): `Some("container")` for `quota-team-a-container` and `team-a`.
+pub fn quota_kind_of<'p>(pool: &'p PoolName, quota: &QuotaName) -> Option<&'p str> {
+    pool.as_str().strip_prefix("quota-")?.strip_prefix(quota.as_str())?.strip_prefix('-')
+}
+
 /// To a holder (schema version 6): its claim on a quota's pool was queued there (the quota is full), and its
 /// allocation gave no `wait`, so it is refused rather than left waiting. `source`: the pool's `claim-queued`
 /// (its partition and position); `held` and `holders` (at most [`MAX_QUOTA_HOLDERS_NAMED`]): the pool's holders as

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
 use leasehold_schemas::Uuid;
-use leasehold_schemas::command::{HandleDigest, quota_pool};
+use leasehold_schemas::command::{HandleDigest, quota_kind_of};
 use leasehold_schemas::ids::{
     AgentName, CommandId, Issuer, LeaseId, Millis, ObsStamp, PoolName, Position, QuotaName, ResourceId, ResourceRef,
     Source, Timestamp,
@@ -246,9 +246,8 @@ impl PartitionState {
     /// The quota and kind that `pool` counts, if it is one of the pools of a quota recorded here.
     pub fn quota_counted_by(&self, pool: &PoolName) -> Option<(&QuotaName, &str, u32)> {
         self.quotas.iter().find_map(|(name, quota)| {
-            quota.max.iter().find_map(|(kind, max)| {
-                (quota_pool(name, kind).as_ref() == Some(pool)).then_some((name, kind.as_str(), *max))
-            })
+            let (kind, max) = quota.max.get_key_value(quota_kind_of(pool, name)?)?;
+            Some((name, kind.as_str(), *max))
         })
     }
 

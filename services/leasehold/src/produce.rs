@@ -660,7 +660,6 @@ async fn quota_slot(
     outcomes: &[SeqOutcome],
     timeout: Duration,
 ) -> anyhow::Result<QuotaSlot> {
-    use futures::StreamExt as _;
     let mine = |resource: &ResourceId| *resource == reference.resource;
     let effects = || outcomes.iter().flat_map(|o| o.outcome.effects());
     let charged = effects().find_map(|effect| match effect {
@@ -678,19 +677,55 @@ async fn quota_slot(
     if let Some(decided) = effects().find_map(fate) {
         return Ok(decided);
     }
-    let from = outcomes.iter().map(|o| o.seq).max().unwrap_or(0) + 1;
-    let mut events = transport.follow(&leasehold_schemas::Key::Agent(reference.agent.clone()), from).await?;
+    let from = outcomes.iter().map(|o| o.seq).max().unwrap_or(0);
+    let decided = follow_agent(transport, reference, from, timeout, "its quota's slot", |event| {
+        event.outcome.effects().iter().find_map(fate)
+    });
+    Ok(decided.await?.unwrap_or(QuotaSlot::Undecided(pool)))
+}
+
+/// Follows the outcomes of `reference`'s agent after sequence `from` until `seen` finds what it looks for, for at most
+/// `timeout` (`None`: not seen by then). `what` names what it waits for, should the stream end.
+async fn follow_agent<T>(
+    transport: &Transport,
+    reference: &ResourceRef,
+    from: u64,
+    timeout: Duration,
+    what: &str,
+    mut seen: impl FnMut(&leasehold_client::SeqOutcome) -> Option<T>,
+) -> anyhow::Result<Option<T>> {
+    use futures::StreamExt as _;
+    let mut events = transport.follow(&leasehold_schemas::Key::Agent(reference.agent.clone()), from + 1).await?;
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let event = match tokio::time::timeout_at(deadline, events.next()).await {
-            Err(_) => return Ok(QuotaSlot::Undecided(pool)),
-            Ok(None) => bail!("allocate {reference}: the outcome stream ended while it waited for its quota's slot"),
+            Err(_) => return Ok(None),
+            Ok(None) => bail!("allocate {reference}: the outcome stream ended while it waited for {what}"),
             Ok(Some(event)) => event?,
         };
-        if let Some(decided) = event.outcome.effects().iter().find_map(fate) {
-            return Ok(decided);
+        if let Some(found) = seen(&event) {
+            return Ok(Some(found));
         }
     }
+}
+
+/// The words of an allocation released before it was made: its cause, and what to do over a quota.
+fn released_because(cause: &ReleaseCause) -> String {
+    let hint = match cause {
+        ReleaseCause::OverQuota { max, .. } if *max > 0 => {
+            "; give --wait DURATION to queue for a slot, or release one of them"
+        }
+        _ => "",
+    };
+    format!("{}{hint}", crate::words::release_cause(cause))
+}
+
+/// What is said of a quota slot not bound within the timeout.
+fn undecided(pool: &PoolName, reference: &ResourceRef, timeout: Duration) -> String {
+    format!(
+        "; no slot of quota pool {pool} bound within {}: `leasehold get {reference}` shows what became of it",
+        humantime::format_duration(timeout)
+    )
 }
 
 /// The quota slot of a placed resource: its commit is the first outcome about it in its agent's partition after
@@ -703,33 +738,25 @@ async fn placed_quota_slot(
     from: u64,
     timeout: Duration,
 ) -> anyhow::Result<QuotaSlot> {
-    use futures::StreamExt as _;
-    let mut events = transport.follow(&leasehold_schemas::Key::Agent(reference.agent.clone()), from + 1).await?;
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let event = match tokio::time::timeout_at(deadline, events.next()).await {
-            // Not seen within the timeout: say nothing of a slot (the placement's words stand).
-            Err(_) => return Ok(QuotaSlot::NotCharged),
-            Ok(None) => bail!("allocate {reference}: the outcome stream ended while it waited for the commit"),
-            Ok(Some(event)) => event?,
-        };
-        let mine = |resource: &ResourceId| *resource == reference.resource;
-        let effects = event.outcome.effects();
-        if !effects.iter().any(|effect| matches!(effect, Effect::ResourceAllocated { resource, .. } if mine(resource)))
-        {
-            continue;
-        }
-        // Made and released in the same commit (a quota of 0 for its kind, its agent retired, its parent gone).
-        let ended_at_birth = effects.iter().find_map(|effect| match effect {
-            Effect::ResourceReleasing { resource, cause } if mine(resource) => Some(cause.clone()),
-            _ => None,
-        });
-        if let Some(cause) = ended_at_birth {
-            return Ok(QuotaSlot::Released(cause));
-        }
-        {
-            return quota_slot(transport, reference, named, wait, std::slice::from_ref(&event), timeout).await;
-        }
+    let mine = |resource: &ResourceId| *resource == reference.resource;
+    let commit = follow_agent(transport, reference, from, timeout, "the commit", |event| {
+        let made = event
+            .outcome
+            .effects()
+            .iter()
+            .any(|effect| matches!(effect, Effect::ResourceAllocated { resource, .. } if mine(resource)));
+        made.then(|| event.clone())
+    });
+    // Not seen within the timeout: say nothing of a slot (the placement's words stand).
+    let Some(commit) = commit.await? else { return Ok(QuotaSlot::NotCharged) };
+    // Made and released in the same commit (a quota of 0 for its kind, its agent retired, its parent gone).
+    let ended_at_birth = commit.outcome.effects().iter().find_map(|effect| match effect {
+        Effect::ResourceReleasing { resource, cause } if mine(resource) => Some(cause.clone()),
+        _ => None,
+    });
+    match ended_at_birth {
+        Some(cause) => Ok(QuotaSlot::Released(cause)),
+        None => quota_slot(transport, reference, named, wait, std::slice::from_ref(&commit), timeout).await,
     }
 }
 
@@ -772,22 +799,11 @@ async fn place(args: AllocateArgs, issuer: &Issuer, global: &GlobalArgs) -> anyh
     let placed = record.reference.as_deref().filter(|_| record.state == "placed").map(str::parse::<ResourceRef>);
     if let Some(reference) = placed.transpose().ok().flatten() {
         match placed_quota_slot(&transport, &reference, &body.pools, body.wait, from, args.produce.timeout).await? {
-            QuotaSlot::Released(cause) => bail!(
-                "allocate {resource}: placed on {}, then released: {}{}",
-                reference.agent,
-                crate::words::release_cause(&cause),
-                match cause {
-                    ReleaseCause::OverQuota { max, .. } if max > 0 => {
-                        "; give --wait DURATION to queue for a slot, or release one of them"
-                    }
-                    _ => "",
-                }
-            ),
+            QuotaSlot::Released(cause) => {
+                bail!("allocate {resource}: placed on {}, then released: {}", reference.agent, released_because(&cause))
+            }
             QuotaSlot::Bound(pool) => words.push_str(&format!("; its quota's slot is bound (pool {pool})")),
-            QuotaSlot::Undecided(pool) => words.push_str(&format!(
-                "; no slot of quota pool {pool} bound within {}: `leasehold get {reference}` shows what became of it",
-                humantime::format_duration(args.produce.timeout)
-            )),
+            QuotaSlot::Undecided(pool) => words.push_str(&undecided(&pool, &reference, args.produce.timeout)),
             QuotaSlot::NotCharged => {}
         }
     }
@@ -861,16 +877,9 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
             leasehold_client::produce::check_allocated(&command_id, &reference, &outcomes)?;
             let quota = quota_slot(&transport, &reference, &args.pools, args.wait, &outcomes, args.produce.timeout);
             let quota = match quota.await? {
-                QuotaSlot::Released(cause) => bail!(
-                    "allocate {reference}: accepted, then released: {}{}",
-                    crate::words::release_cause(&cause),
-                    match cause {
-                        ReleaseCause::OverQuota { max, .. } if max > 0 => {
-                            "; give --wait DURATION to queue for a slot, or release one of them"
-                        }
-                        _ => "",
-                    }
-                ),
+                QuotaSlot::Released(cause) => {
+                    bail!("allocate {reference}: accepted, then released: {}", released_because(&cause))
+                }
                 other => other,
             };
             match format {
@@ -888,11 +897,9 @@ pub(crate) async fn run(command: ProduceCmd, global: &GlobalArgs) -> anyhow::Res
                             );
                         }
                         QuotaSlot::Bound(pool) => words.push_str(&format!("; its quota's slot is bound (pool {pool})")),
-                        QuotaSlot::Undecided(pool) => words.push_str(&format!(
-                            "; no slot of quota pool {pool} bound within {}: `leasehold get {reference}` shows \
-                             what became of it",
-                            humantime::format_duration(args.produce.timeout)
-                        )),
+                        QuotaSlot::Undecided(pool) => {
+                            words.push_str(&undecided(&pool, &reference, args.produce.timeout))
+                        }
                         QuotaSlot::NotCharged | QuotaSlot::Released(_) => {}
                     }
                     eprintln!("{}", leasehold_schemas::text::escape_for_display(&words));

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, bail};
 use leasehold_projector::{HolderView, PolicyView, PoolView, QuotaView};
-use leasehold_schemas::command::{DefinePool, SetQuota, UpdatePool, quota_pool};
+use leasehold_schemas::command::{DefinePool, SetQuota, UpdatePool, quota_kind_of, quota_pool};
 use leasehold_schemas::ids::QuotaName;
 use leasehold_schemas::pool::{OrphanPolicy, PoolKind};
 use leasehold_schemas::{Issuer, Key, Millis, PoolName};
@@ -209,7 +209,7 @@ async fn set(args: QuotaSetArgs, gateway: &Gateway, global: &GlobalArgs) -> anyh
         let mine = quota_pool(name, kind).expect("checked in Wanted::of");
         let theirs = views.iter().flat_map(|view| &view.quotas).find_map(|(other, quota)| {
             let other_name = QuotaName::new(other.as_str()).ok().filter(|q| q != name)?;
-            quota.max.keys().find(|k| quota_pool(&other_name, k).as_ref() == Some(&mine)).map(|k| (other, k))
+            quota_kind_of(&mine, &other_name).filter(|k| quota.max.contains_key(*k)).map(|k| (other, k))
         });
         if let Some((other, other_kind)) = theirs {
             bail!(

@@ -160,6 +160,8 @@ fn resource_at<'a>(state: &'a PartitionState, reference: &ResourceRef) -> Option
 /// A pool's side: grants to carry to their holders, claims to free, waiters to serve after a cool-down.
 fn pool_work(states: &States, partition: u32, pool: &Pool, out: &mut Vec<Planned>) {
     let name = &pool.name;
+    // The holders an over-quota refusal names: sorted once per pool, however many wait.
+    let mut named_holders: Option<Vec<ResourceRef>> = None;
     for (holder, holding) in &pool.holders {
         let Some(home) = holder_state(states, holder) else { continue };
         let here = resource_at(home, holder);
@@ -223,9 +225,12 @@ fn pool_work(states: &States, partition: u32, pool: &Pool, out: &mut Vec<Planned
                         && (!matches!(r.pending_clock, Some(PendingClock::WaitsUntil(_))) || none_allowed == Some(true))
                 });
                 if refused && none_allowed.is_some() {
-                    let mut holders: Vec<ResourceRef> = pool.held.values().cloned().collect();
-                    holders.sort();
-                    holders.truncate(MAX_QUOTA_HOLDERS_NAMED);
+                    let holders = named_holders.get_or_insert_with(|| {
+                        let mut holders: Vec<ResourceRef> = pool.held.values().cloned().collect();
+                        holders.sort();
+                        holders.truncate(MAX_QUOTA_HOLDERS_NAMED);
+                        holders
+                    });
                     out.push(Planned::now(
                         format!("over-quota {name} {holder} {}", queued_at),
                         OverQuota {
@@ -233,7 +238,7 @@ fn pool_work(states: &States, partition: u32, pool: &Pool, out: &mut Vec<Planned
                             pool: name.clone(),
                             source: Source { partition, position: *queued_at },
                             held: u32::try_from(pool.held.len()).unwrap_or(u32::MAX),
-                            holders,
+                            holders: holders.clone(),
                         },
                     ));
                 }
