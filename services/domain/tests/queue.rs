@@ -54,9 +54,7 @@ fn queued(w: &mut World) -> LeaseId {
 
 /// An active resource `w.r()` of capacity 1 whose one lease is held, and one lease queued behind it.
 fn busy_with_one_waiting(w: &mut World) {
-    w.registered().pending_with(|c| c.capacity = 1);
-    let (agent, resource) = (w.a(), w.r());
-    accepted(&w.report_created(&agent, resource));
+    w.active_with(|c| c.capacity = 1);
     w.leased(None);
     queued(w);
 }
@@ -114,9 +112,7 @@ fn acquire_on_a_busy_resource() {
         case(
             "with a wait timeout it queues",
             |w| {
-                w.registered().pending_with(|c| c.capacity = 1);
-                let (agent, resource) = (w.a(), w.r());
-                accepted(&w.report_created(&agent, resource));
+                w.active_with(|c| c.capacity = 1);
                 w.leased(None);
             },
             |w| ask(w, 0, Some(secs(60))).1,
@@ -235,9 +231,7 @@ fn room_made_grants_the_head_of_the_queue() {
         case(
             "an expiry",
             |w| {
-                w.registered().pending_with(|c| c.capacity = 1);
-                let (agent, resource) = (w.a(), w.r());
-                accepted(&w.report_created(&agent, resource));
+                w.active_with(|c| c.capacity = 1);
                 w.leased(Some(secs(30)));
                 queued(w);
                 w.advance(secs(31));
@@ -483,9 +477,7 @@ fn max_lease_time() {
         case(
             "a renew past it is accepted when nobody waits",
             |w| {
-                w.registered().pending_with(|c| c.capacity = 1);
-                let (agent, resource) = (w.a(), w.r());
-                accepted(&w.report_created(&agent, resource));
+                w.active_with(|c| c.capacity = 1);
                 w.leased(Some(Millis::from_mins(10)));
                 accepted(&update(w, None, Some(Millis::from_mins(30))));
                 w.advance(Millis::from_mins(9));
@@ -499,9 +491,7 @@ fn max_lease_time() {
 #[test]
 fn the_queue_is_bounded() {
     let mut w = World::new();
-    w.registered().pending_with(|c| c.capacity = 1);
-    let (agent, resource) = (w.a(), w.r());
-    accepted(&w.report_created(&agent, resource));
+    w.active_with(|c| c.capacity = 1);
     w.leased(None);
     for _ in 0..leasehold_domain::MAX_QUEUED {
         queued(&mut w);
@@ -517,9 +507,7 @@ fn the_queue_is_bounded() {
 #[test]
 fn a_higher_priority_is_granted_first_then_the_earliest() {
     let mut w = World::new();
-    w.registered().pending_with(|c| c.capacity = 1);
-    let (agent, resource) = (w.a(), w.r());
-    accepted(&w.report_created(&agent, resource));
+    w.active_with(|c| c.capacity = 1);
     accepted(&caps(&mut w, &[("op:", 5)]));
     w.leased(None);
     let (first_low, _) = ask(&mut w, 0, Some(Millis::from_mins(30)));
@@ -536,9 +524,7 @@ fn a_higher_priority_is_granted_first_then_the_earliest() {
 #[test]
 fn a_waiter_ages_past_later_arrivals_of_higher_priority() {
     let mut w = World::new();
-    w.registered().pending_with(|c| c.capacity = 1);
-    let (agent, resource) = (w.a(), w.r());
-    accepted(&w.report_created(&agent, resource));
+    w.active_with(|c| c.capacity = 1);
     accepted(&caps(&mut w, &[("op:", 3)]));
     w.leased(None);
     let (old, _) = ask(&mut w, 0, Some(Millis::from_hours(1)));
@@ -549,9 +535,7 @@ fn a_waiter_ages_past_later_arrivals_of_higher_priority() {
     assert_eq!(granted(&release_oldest(&mut w)), [new]);
     // One step less, and the newcomer of the cap's priority would have come first.
     let mut w = World::new();
-    w.registered().pending_with(|c| c.capacity = 1);
-    let (agent, resource) = (w.a(), w.r());
-    accepted(&w.report_created(&agent, resource));
+    w.active_with(|c| c.capacity = 1);
     accepted(&caps(&mut w, &[("op:", 3)]));
     w.leased(None);
     let (old, _) = ask(&mut w, 0, Some(Millis::from_hours(1)));
@@ -663,9 +647,7 @@ fn submit(w: &World, outcome: &Outcome, waiters: &mut BTreeMap<LeaseId, Waiter>)
 
 fn run(steps: &[Step]) -> Result<(), TestCaseError> {
     let mut w = World::new();
-    w.registered().pending_with(|c| c.capacity = 1);
-    let (agent, resource) = (w.a(), w.r());
-    accepted(&w.report_created(&agent, resource));
+    w.active_with(|c| c.capacity = 1);
     accepted(&caps(&mut w, &[("op:", CAP)]));
     let mut waiters: BTreeMap<LeaseId, Waiter> = BTreeMap::new();
     for step in steps {

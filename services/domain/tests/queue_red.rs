@@ -356,16 +356,14 @@ fn a_priority_on_a_pending_resource_with_room_is_not_refused_as_a_full_queue() {
 #[test]
 fn a_failed_health_check_breaks_the_waiters_with_the_holders_reason() {
     let mut w = World::new();
-    w.registered().pending_with(|c| c.capacity = 1);
-    let (agent, resource) = (w.a(), w.r());
-    accepted(&w.report_created(&agent, resource));
+    w.active_with(|c| c.capacity = 1);
     w.leased(None);
     let waiter = w.acquire_cmd(None, Some(Millis::from_mins(10)));
     let waiter_id = waiter.lease;
     assert_eq!(effect_names(&w.op(waiter)), ["lease-queued"]);
     let reference = w.rref();
     accepted(&w.operator_failure(&reference, "slow disk"));
-    let outcome = w.health_of(resource, false, "probe failed");
+    let outcome = w.health_of(w.r(), false, "probe failed");
     let reason = outcome.effects().iter().find_map(|e| match e {
         Effect::LeaseBroken { lease, reason } if *lease == waiter_id => Some(*reason),
         _ => None,

@@ -15,12 +15,12 @@ use leasehold_schemas::outcome::{Effect, FreeCause, GarbageCause};
 use leasehold_schemas::pool::{OrphanPolicy, PoolKind, PoolValue};
 use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::{AgentName, Command, PoolName, ResourceId, ResourceRef, Uuid};
-use leasehold_sweeper::plan::{Planned, States};
+use leasehold_sweeper::plan::Planned;
 use proptest::prelude::*;
 
 mod support;
 
-use support::World;
+use support::{Confusion, World};
 
 /// Agents that are called stalled after 3 s of silence and gone after 6 s (and a third of 3 s).
 fn quick() -> AgentSettings {
@@ -52,6 +52,16 @@ impl World {
         body.pools = vec![ips()];
         self.send("producer", body);
         id
+    }
+
+    /// Fifteen seconds in steps of three, only `talking` heartbeating, an honest sweeper settling each step: long
+    /// enough for a silent agent of [`quick`] settings to be declared gone.
+    fn fifteen_seconds_hearing_only(&mut self, talking: &AgentName) {
+        for _ in 0..5 {
+            self.advance(Millis::from_secs(3));
+            self.heartbeat(talking);
+            self.settle();
+        }
     }
 
     fn heartbeat(&mut self, agent: &AgentName) {
@@ -153,11 +163,7 @@ fn a_held_identifier_waits_for_the_agent_or_an_operator_and_the_pool_records_why
     w.settle();
     assert_eq!(w.granted_to(waiter), None, "one slot: the second waits");
     // w1 falls silent and is declared gone; w2 keeps talking.
-    for _ in 0..5 {
-        w.advance(Millis::from_secs(3));
-        w.heartbeat(&w2);
-        w.settle();
-    }
+    w.fifteen_seconds_hearing_only(&w2);
     assert!(w.is_gone(&w1));
     assert_eq!(w.held(), vec![(ResourceRef::new(w1.clone(), first), value)], "the orphan keeps it");
     assert_eq!(w.granted_to(waiter), None, "nobody else gets what an orphan holds");
@@ -173,11 +179,7 @@ fn a_held_identifier_waits_for_the_agent_or_an_operator_and_the_pool_records_why
 
     // The waiter's agent goes silent too; this time an operator frees the slot, on record.
     let third = w.allocate(&w1);
-    for _ in 0..5 {
-        w.advance(Millis::from_secs(3));
-        w.heartbeat(&w1);
-        w.settle();
-    }
+    w.fifteen_seconds_hearing_only(&w1);
     assert!(w.is_gone(&w2));
     assert_eq!(w.held(), vec![(ResourceRef::new(w2.clone(), waiter), value)]);
     assert_eq!(w.granted_to(third), None);
@@ -203,11 +205,7 @@ fn release_frees_at_orphaning_as_before() {
     let first = w.allocate(&w1);
     w.settle();
     let waiter = w.allocate(&w2);
-    for _ in 0..5 {
-        w.advance(Millis::from_secs(3));
-        w.heartbeat(&w2);
-        w.settle();
-    }
+    w.fifteen_seconds_hearing_only(&w2);
     assert!(w.is_gone(&w1));
     assert!(w.held().is_empty());
     assert_eq!(w.granted_to(waiter), w.granted_to(first), "the orphan's slot went to the waiter");
@@ -321,18 +319,14 @@ proptest! {
         // Spread over the partitions: each agent, and the pool, may be decided in a partition of its own.
         let agents = [w.register_quick("w1"), w.register_quick("w2"), w.register_quick("w3")];
         w.define(3, OrphanPolicy::Hold);
-        let mut views: Vec<States> = vec![w.states.clone()];
-        let mut planned: Vec<Command> = Vec::new();
+        let mut confused = Confusion::new(&w);
         for step in steps {
             match step {
                 Step::Allocate { agent } => {
                     w.allocate(&agents[agent]);
                 }
-                Step::Sweep { back, order, twice } => {
-                    let view = &views[views.len().saturating_sub(1 + back)];
-                    planned.extend(w.sweep_confused(view, order, twice));
-                }
-                Step::Replay { pick, n } => w.replay(&planned, pick, n),
+                Step::Sweep { back, order, twice } => confused.sweep(&mut w, back, order, twice),
+                Step::Replay { pick, n } => confused.replay(&mut w, pick, n),
                 Step::Time { secs, silent } => {
                     w.advance(Millis::from_secs(secs));
                     for (i, agent) in agents.iter().enumerate() {
@@ -353,14 +347,7 @@ proptest! {
                     }
                 }
                 Step::Release { n, confirm } => {
-                    let live: Vec<(AgentName, ResourceId)> = w
-                        .states
-                        .values()
-                        .flat_map(|s| s.resources())
-                        .filter(|r| !r.state.has_left())
-                        .map(|r| (r.agent.clone(), r.id))
-                        .collect();
-                    if let Some((agent, id)) = live.get(n % live.len().max(1)).cloned() {
+                    if let Some((agent, id)) = w.nth_resource(n, |r| !r.state.has_left()) {
                         w.send("producer", Release { agent: agent.clone(), resource: id, reason: None });
                         if confirm && !w.is_gone(&agent) {
                             w.destroyed(&agent, id);
@@ -369,10 +356,7 @@ proptest! {
                 }
             }
             check(&w);
-            views.push(w.states.clone());
-            if views.len() > 8 {
-                views.remove(0);
-            }
+            confused.remember(&w);
         }
         // An honest sweeper, and an operator who frees what orphans still hold: every identifier whose holder ended
         // is back in the pool, and the pool recorded why for each orphan's.
@@ -432,11 +416,7 @@ fn a_holder_keeps_the_policy_of_its_grant_when_the_pool_changes_before_the_bind(
     w.send("op:alice", update).expect("updated");
     w.settle();
     let waiter = w.allocate(&w2);
-    for _ in 0..5 {
-        w.advance(Millis::from_secs(3));
-        w.heartbeat(&w2);
-        w.settle();
-    }
+    w.fifteen_seconds_hearing_only(&w2);
     assert!(w.is_gone(&w1));
     assert_eq!(w.held(), vec![(ResourceRef::new(w1.clone(), first), value)], "granted under hold: the orphan keeps it");
     assert_eq!(w.granted_to(waiter), None, "nobody else gets what an orphan granted under hold holds");

@@ -13,12 +13,12 @@ use leasehold_schemas::ids::{Key, Millis};
 use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::subjects::{partition_of_agent, partition_of_key};
 use leasehold_schemas::{AgentName, Command, ResourceId};
-use leasehold_sweeper::plan::{Planned, States};
+use leasehold_sweeper::plan::Planned;
 use proptest::prelude::*;
 
 mod support;
 
-use support::{PARTITIONS, World};
+use support::{Confusion, PARTITIONS, World};
 
 impl World {
     fn place(&mut self, select: &[(&str, &str)], strategy: PlacementStrategy, wait: Option<Millis>) -> ResourceId {
@@ -371,9 +371,8 @@ proptest! {
             w.register_declaring("w2", &[("zone", "a")], &[("container", 1)]),
             w.register_declaring("w3", &[("zone", "a")], &[("container", 2)]),
         ];
-        let mut views: Vec<States> = vec![w.states.clone()];
+        let mut confused = Confusion::new(&w);
         let mut ids = BTreeSet::new();
-        let mut planned: Vec<Command> = Vec::new();
         for step in steps {
             match step {
                 Step::Place { pack, wait } => {
@@ -381,19 +380,9 @@ proptest! {
                     let wait = wait.then_some(Millis::from_secs(60));
                     ids.insert(w.place(&[("zone", "a")], strategy, wait));
                 }
-                Step::Sweep { back, order, twice } => {
-                    let view = &views[views.len().saturating_sub(1 + back)];
-                    planned.extend(w.sweep_confused(view, order, twice));
-                }
+                Step::Sweep { back, order, twice } => confused.sweep(&mut w, back, order, twice),
                 Step::Release { n, confirm } => {
-                    let live: Vec<(AgentName, ResourceId)> = w
-                        .states
-                        .values()
-                        .flat_map(|s| s.resources())
-                        .filter(|r| !r.state.is_terminal())
-                        .map(|r| (r.agent.clone(), r.id))
-                        .collect();
-                    if let Some((agent, id)) = live.get(n % live.len().max(1)).cloned() {
+                    if let Some((agent, id)) = w.nth_resource(n, |r| !r.state.is_terminal()) {
                         w.release(&agent, id);
                         if confirm {
                             w.destroyed(&agent, id);
@@ -409,13 +398,10 @@ proptest! {
                     }
                 }
                 Step::Tick { secs } => w.advance(Millis::from_secs(secs)),
-                Step::Replay { pick, n } => w.replay(&planned, pick, n),
+                Step::Replay { pick, n } => confused.replay(&mut w, pick, n),
             }
             check(&w, &agents, &ids);
-            views.push(w.states.clone());
-            if views.len() > 8 {
-                views.remove(0);
-            }
+            confused.remember(&w);
         }
         // An honest sweeper finishes the work: every request ends placed, refused or waiting, and still nothing
         // is over capacity or made twice; no reservation is left but those of requests still seeking.

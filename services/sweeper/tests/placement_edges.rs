@@ -270,11 +270,10 @@ mod wide {
     use leasehold_schemas::ids::{Key, Millis, Position};
     use leasehold_schemas::outcome::Effect;
     use leasehold_schemas::subjects::partition_of_key;
-    use leasehold_schemas::{AgentName, Command, ResourceId};
-    use leasehold_sweeper::plan::States;
+    use leasehold_schemas::{AgentName, ResourceId};
     use proptest::prelude::*;
 
-    use super::support::{PARTITIONS, World};
+    use super::support::{Confusion, PARTITIONS, World};
     use super::{bound_to, holders, place, register_again};
 
     #[derive(Debug, Clone)]
@@ -423,10 +422,9 @@ mod wide {
                     if_no_policy: false, gc: None, max_priority: None,
                 }).expect("the horizon is set");
             }
-            let mut views: Vec<States> = vec![w.states.clone()];
+            let mut confused = Confusion::new(&w);
             let mut ids = BTreeSet::new();
             let mut order_of_ids = Vec::new();
-            let mut planned: Vec<Command> = Vec::new();
             let mut seen = 0;
             let mut cancelled = BTreeSet::new();
             for step in steps {
@@ -450,20 +448,10 @@ mod wide {
                             w.send("producer", CancelPlacement { resource: *id, reason: None });
                         }
                     }
-                    Step::Sweep { back, order, twice } => {
-                        let view = &views[views.len().saturating_sub(1 + back)];
-                        planned.extend(w.sweep_confused(view, order, twice));
-                    }
-                    Step::Replay { pick, n } => w.replay(&planned, pick, n),
+                    Step::Sweep { back, order, twice } => confused.sweep(&mut w, back, order, twice),
+                    Step::Replay { pick, n } => confused.replay(&mut w, pick, n),
                     Step::Release { n, confirm } => {
-                        let live: Vec<(AgentName, ResourceId)> = w
-                            .states
-                            .values()
-                            .flat_map(|s| s.resources())
-                            .filter(|r| !r.state.is_terminal())
-                            .map(|r| (r.agent.clone(), r.id))
-                            .collect();
-                        if let Some((agent, id)) = live.get(n % live.len().max(1)).cloned() {
+                        if let Some((agent, id)) = w.nth_resource(n, |r| !r.state.is_terminal()) {
                             w.send("producer", Release { agent: agent.clone(), resource: id, reason: None });
                             if confirm && w.state_of(&agent).agent(&agent).unwrap().status() != "gone" {
                                 w.destroyed(&agent, id);
@@ -495,10 +483,7 @@ mod wide {
                 }
                 seen = note_given_back(&w, seen, &mut cancelled);
                 check(&w, &agents, &ids, &cancelled);
-                views.push(w.states.clone());
-                if views.len() > 8 {
-                    views.remove(0);
-                }
+                confused.remember(&w);
             }
             // An honest sweeper, agents back and taking work, time past every wait.
             for agent in &agents {

@@ -12,13 +12,12 @@ use leasehold_schemas::ids::{Millis, QuotaName};
 use leasehold_schemas::outcome::{Effect, ReleaseCause};
 use leasehold_schemas::pool::{OrphanPolicy, PoolKind};
 use leasehold_schemas::subjects::settings_key;
-use leasehold_schemas::{AgentName, Command, Issuer, PoolName, ResourceId};
-use leasehold_sweeper::plan::States;
+use leasehold_schemas::{AgentName, Issuer, PoolName, ResourceId};
 use proptest::prelude::*;
 
 mod support;
 
-use support::{PARTITIONS, World};
+use support::{Confusion, PARTITIONS, World};
 
 const PRINCIPALS: [&str; 2] = ["ci:team-a", "ci:team-a-nightly"];
 const OUTSIDER: &str = "ci:team-b";
@@ -164,8 +163,7 @@ proptest! {
             agents.iter().map(|a| leasehold_schemas::subjects::partition_of_agent(a, PARTITIONS)).collect();
         prop_assert!(partitions.len() >= 2, "the agents are spread over partitions");
         w.set_quota(MAX, true);
-        let mut views: Vec<States> = vec![w.states.clone()];
-        let mut planned: Vec<Command> = Vec::new();
+        let mut confused = Confusion::new(&w);
         let mut without_wait: Vec<ResourceId> = Vec::new();
         for step in steps {
             match step {
@@ -177,20 +175,10 @@ proptest! {
                         without_wait.push(id);
                     }
                 }
-                Step::Sweep { back, order, twice } => {
-                    let view = &views[views.len().saturating_sub(1 + back)];
-                    planned.extend(w.sweep_confused(view, order, twice));
-                }
-                Step::Replay { pick, n } => w.replay(&planned, pick, n),
+                Step::Sweep { back, order, twice } => confused.sweep(&mut w, back, order, twice),
+                Step::Replay { pick, n } => confused.replay(&mut w, pick, n),
                 Step::Release { n, confirm } => {
-                    let live: Vec<(AgentName, ResourceId)> = w
-                        .states
-                        .values()
-                        .flat_map(|s| s.resources())
-                        .filter(|r| !r.state.is_terminal())
-                        .map(|r| (r.agent.clone(), r.id))
-                        .collect();
-                    if let Some((agent, id)) = live.get(n % live.len().max(1)).cloned() {
+                    if let Some((agent, id)) = w.nth_resource(n, |r| !r.state.is_terminal()) {
                         w.send("producer", Release { agent: agent.clone(), resource: id, reason: None });
                         if confirm {
                             w.destroyed(&agent, id);
@@ -205,10 +193,7 @@ proptest! {
                 }
             }
             never_over(&w, MAX);
-            views.push(w.states.clone());
-            if views.len() > 8 {
-                views.remove(0);
-            }
+            confused.remember(&w);
         }
         // An honest sweeper: every allocation over the quota without a wait is released, naming the quota; none is
         // left waiting for a slot.

@@ -183,7 +183,12 @@ impl World {
 
     /// A registered agent with an active resource `w.r()`.
     pub fn active(&mut self) -> &mut Self {
-        self.registered().pending();
+        self.active_with(|_| {})
+    }
+
+    /// A registered agent and `w.r()`, allocated with `edit` and reported created.
+    pub fn active_with(&mut self, edit: impl FnOnce(&mut Allocate)) -> &mut Self {
+        self.registered().pending_with(edit);
         let (agent, resource) = (self.a(), self.r());
         accepted(&self.report_created(&agent, resource));
         self

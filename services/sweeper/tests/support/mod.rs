@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use leasehold_domain::state::Resource;
 use leasehold_domain::{Ctx, Decided, PartitionState, apply, continue_work, decide};
 use leasehold_schemas::command::{Cascade, Register, SyncReport};
 use leasehold_schemas::ids::{Key, Millis, ResourceRef, Timestamp};
@@ -195,5 +196,55 @@ impl World {
 
     pub(crate) fn effects(&self) -> impl Iterator<Item = &Effect> {
         self.outcomes.iter().flat_map(|o| o.effects())
+    }
+}
+
+impl World {
+    /// The `n`-th resource (counting round) among those `keep` takes, in every partition: what a step that picks "some
+    /// resource" acts on.
+    pub(crate) fn nth_resource(&self, n: usize, keep: impl Fn(&Resource) -> bool) -> Option<(AgentName, ResourceId)> {
+        let picked: Vec<(AgentName, ResourceId)> = self
+            .states
+            .values()
+            .flat_map(|s| s.resources())
+            .filter(|r| keep(r))
+            .map(|r| (r.agent.clone(), r.id))
+            .collect();
+        picked.get(n % picked.len().max(1)).cloned()
+    }
+}
+
+/// What a confused sweeper works from: the partitions' states after each of the last steps (it plans from any of
+/// them, as a sweeper whose view is behind would), and every request it sent (replayed later).
+pub(crate) struct Confusion {
+    views: Vec<States>,
+    planned: Vec<Command>,
+}
+
+impl Confusion {
+    /// The views a confused sweeper keeps.
+    const VIEWS: usize = 8;
+
+    pub(crate) fn new(w: &World) -> Confusion {
+        Confusion { views: vec![w.states.clone()], planned: Vec::new() }
+    }
+
+    /// Sends what the view of `back` steps ago plans due now (see [`World::sweep_confused`]).
+    pub(crate) fn sweep(&mut self, w: &mut World, back: usize, order: u64, twice: bool) {
+        let view = &self.views[self.views.len().saturating_sub(1 + back)];
+        self.planned.extend(w.sweep_confused(view, order, twice));
+    }
+
+    /// Sends again `n` of the requests sent so far (see [`World::replay`]).
+    pub(crate) fn replay(&self, w: &mut World, pick: u64, n: usize) {
+        w.replay(&self.planned, pick, n);
+    }
+
+    /// Keeps the states after a step, the last [`Confusion::VIEWS`] of them.
+    pub(crate) fn remember(&mut self, w: &World) {
+        self.views.push(w.states.clone());
+        if self.views.len() > Self::VIEWS {
+            self.views.remove(0);
+        }
     }
 }
