@@ -100,6 +100,17 @@ impl DeadLetters {
         Ok(index.all.iter().filter(|d| d.seq >= from).take(max).cloned().collect())
     }
 
+    /// How many dead letters there are, and the latest `max` of them, newest first.
+    pub(crate) async fn latest<L: Log>(
+        &self,
+        log: &L,
+        max: usize,
+    ) -> Result<(usize, Vec<DeadView>), leasehold_log::Error> {
+        let mut index = self.inner.lock().await;
+        self.refresh(log, &mut index).await?;
+        Ok((index.all.len(), index.all.iter().rev().take(max).cloned().collect()))
+    }
+
     /// The dead letter of the command stored at `source_seq`, if it was dead-lettered.
     pub(crate) async fn by_source<L: Log>(
         &self,

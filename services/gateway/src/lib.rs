@@ -8,6 +8,7 @@
 //!   GET  /v1/leases?resource=  /v1/leases/{ref}  /v1/agents  /v1/pools  /v1/pools/{name}  /v1/dlq
 //!   GET  /v1/events?key=&from=                  outcomes as server-sent events, following
 //!   GET  /healthz  /readyz  /metrics
+//!   GET  /ui/...                                the operator's view: HTML pages (read-only)
 //! ```
 //!
 //! Commands are decoded with the strict decoding of `schemas` (a 400 names the field path and the value; nothing is
@@ -38,6 +39,7 @@ mod export;
 mod metrics;
 mod queries;
 mod ready;
+mod ui;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -182,6 +184,7 @@ impl Failures {
 /// hold no token, and they show counts and roles, not names).
 pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
     let tokens = api.config.tokens.clone();
+    let api_for_ui = api.clone();
     let gate = || axum::middleware::from_fn_with_state(api.config.ready.clone(), ready::gate);
     let v1 = Router::new()
         .route("/v1/commands", post(commands::post::<L>).route_layer(gate()))
@@ -203,11 +206,15 @@ pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
         .route("/v1/export", get(export::export::<L>))
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(api);
-    let v1 = match tokens {
-        Some(tokens) => v1.route_layer(axum::middleware::from_fn_with_state(tokens, auth::authenticate)),
-        None => v1,
+    let ui = ui::router(api_for_ui, health.clone());
+    let (v1, ui) = match tokens {
+        Some(tokens) => (
+            v1.route_layer(axum::middleware::from_fn_with_state(tokens.clone(), auth::authenticate)),
+            ui.route_layer(axum::middleware::from_fn_with_state(tokens, auth::authenticate)),
+        ),
+        None => (v1, ui),
     };
-    v1.merge(metrics_only(health))
+    v1.merge(ui).merge(metrics_only(health))
 }
 
 /// `/healthz`, `/readyz` and `/metrics` alone: what a process that runs no gateway role serves.

@@ -162,6 +162,12 @@ impl WorkerMetrics {
         self.lag_seconds.get_or_create(&PartitionLabel { partition }).set(seconds.max(0.0));
     }
 
+    /// The last lag (seconds) the writers of this process measured on `partition`: how far behind the newest command
+    /// the last one they decided was, by log time; `None` where they never decided one.
+    pub fn lag_seconds(&self, partition: u32) -> Option<f64> {
+        self.lag_seconds.get(&PartitionLabel { partition }).map(|gauge| gauge.get())
+    }
+
     pub(crate) fn appended(&self, records: usize) {
         self.append_records.observe(records as f64);
     }
