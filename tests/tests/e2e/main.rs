@@ -5,6 +5,7 @@ mod agents;
 mod api;
 mod auth;
 mod authz;
+mod browser;
 mod cli;
 mod crash;
 mod dead_letters;
