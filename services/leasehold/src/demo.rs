@@ -73,10 +73,25 @@ pub(crate) struct Summary {
     pub(crate) nothing_left: bool,
 }
 
+/// Whether the services stay up once the story is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// Stop them and exit (the default).
+    No,
+    /// Keep them up, for the operator's view and the command line, until Ctrl-C (or SIGTERM).
+    UntilInterrupted,
+}
+
 /// Runs the story, writing the timeline to `out`.
 /// With `keep`, the data directory (the log and the projection) is copied there at the end, for an audit
-/// (`leasehold-replay --data DIR ...`).
-pub(crate) fn run(out: &mut (dyn Write + Send), keep: Option<&Path>, driver: DemoDriver) -> anyhow::Result<Summary> {
+/// (`leasehold-replay --data DIR ...`). With [`Hold::UntilInterrupted`], the services stay up after the story until
+/// the process is interrupted, then stop as they do without it.
+pub(crate) fn run(
+    out: &mut (dyn Write + Send),
+    keep: Option<&Path>,
+    driver: DemoDriver,
+    hold: Hold,
+) -> anyhow::Result<Summary> {
     if let Some(keep) = keep
         && keep.exists()
     {
@@ -95,6 +110,7 @@ pub(crate) fn run(out: &mut (dyn Write + Send), keep: Option<&Path>, driver: Dem
                 let services = Services::start(dir.path(), agents).await?;
                 let mut demo = Demo::new(&mut *out, services).await?;
                 let script = demo.script().await;
+                let script = demo.hold(script, hold).await;
                 (demo.finish(script).await, None)
             }
             DemoDriver::Docker => {
@@ -103,6 +119,7 @@ pub(crate) fn run(out: &mut (dyn Write + Send), keep: Option<&Path>, driver: Dem
                     let services = Services::start(dir.path(), stage.agents()).await?;
                     let mut demo = Demo::new(&mut *out, services).await?;
                     let script = demo.docker_script(&stage).await;
+                    let script = demo.hold(script, hold).await;
                     demo.finish(script).await
                 }
                 .await;
@@ -163,6 +180,8 @@ struct Services {
     shutdown: CancellationToken,
     tasks: tokio::task::JoinSet<anyhow::Result<()>>,
     gateway: Gateway,
+    /// The operator's view: `http://ADDRESS/ui`.
+    ui: String,
     agents: Vec<AgentRun>,
     projector: tokio::task::JoinHandle<anyhow::Result<Projector>>,
 }
@@ -271,7 +290,8 @@ impl Services {
             runs.push(agent);
         }
         let gateway = Gateway::new(&format!("http://{address}"))?;
-        Ok(Services { log, data, shutdown, tasks, gateway, agents: runs, projector })
+        let ui = format!("http://{address}/ui");
+        Ok(Services { log, data, shutdown, tasks, gateway, ui, agents: runs, projector })
     }
 }
 
@@ -296,7 +316,32 @@ impl<'o> Demo<'o> {
                 }
             }
         });
+        writeln!(out, "leasehold demo: the operator's view is at {} while the demo runs", services.ui)?;
         Ok(Demo { out, services, feed, printed_through: 0, start_ms: None, summary: Summary::default() })
+    }
+
+    /// After a story told without a failure, with [`Hold::UntilInterrupted`]: says the services stay up and where,
+    /// then waits for Ctrl-C (SIGINT) or SIGTERM. Returns how the story ended, for [`Demo::finish`].
+    async fn hold(&mut self, script: anyhow::Result<()>, hold: Hold) -> anyhow::Result<()> {
+        if script.is_err() || hold == Hold::No {
+            return script;
+        }
+        writeln!(
+            self.out,
+            "\n== the story is told; the services stay up until Ctrl-C\n   the operator's view: {}\n   the command \
+             line: LEASEHOLD_SERVER={} leasehold ls",
+            self.services.ui,
+            self.services.ui.trim_end_matches("/ui"),
+        )?;
+        self.out.flush()?;
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("listening for SIGTERM")?;
+        tokio::select! {
+            interrupted = tokio::signal::ctrl_c() => interrupted.context("listening for Ctrl-C")?,
+            _ = terminate.recv() => {}
+        }
+        writeln!(self.out, "\n== interrupted: the services stop")?;
+        Ok(())
     }
 
     async fn script(&mut self) -> anyhow::Result<()> {
@@ -772,7 +817,7 @@ mod tests {
             return;
         }
         let mut out = Vec::new();
-        let summary = run(&mut out, None, DemoDriver::Docker);
+        let summary = run(&mut out, None, DemoDriver::Docker, Hold::No);
         let text = String::from_utf8(out).unwrap();
         let summary = summary.unwrap_or_else(|e| panic!("{e:#}\n{text}"));
         assert!(summary.addresses_real, "{text}");
@@ -787,7 +832,7 @@ mod tests {
     #[test]
     fn the_demo_runs_the_real_services_and_tells_the_whole_story() {
         let mut out = Vec::new();
-        let summary = run(&mut out, None, DemoDriver::Dir).unwrap();
+        let summary = run(&mut out, None, DemoDriver::Dir, Hold::No).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(summary.lease_waited_then_granted, "{text}");
         assert!(summary.double_release_one_noop, "{text}");
@@ -796,6 +841,8 @@ mod tests {
         assert!(summary.address_reused_after_cooldown, "{text}");
         assert!(summary.refold_matches, "{text}");
         for line in [
+            "leasehold demo: the operator's view is at http://127.0.0.1:",
+            "/ui while the demo runs",
             "agent registered: this position is its epoch",
             "waits on pending",
             "rejected: already-done: resource w1.",

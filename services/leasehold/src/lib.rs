@@ -91,6 +91,10 @@ enum Cmd {
         /// removes at the end with everything else it made.
         #[arg(long, value_enum, default_value_t = demo::DemoDriver::Dir)]
         driver: demo::DemoDriver,
+        /// Keep the services up after the story, for the operator's view (the /ui address it prints) and the
+        /// command line, until Ctrl-C; then stop and clean up as without it.
+        #[arg(long)]
+        hold: bool,
     },
     /// Run leasehold's roles over the embedded log (the default) or NATS JetStream.
     Serve(serve::ServeArgs),
@@ -263,8 +267,9 @@ fn run() -> anyhow::Result<()> {
         Err(e) => parse_error(e),
     };
     match cli.command {
-        Cmd::Demo { keep, driver } => {
-            let summary = demo::run(&mut std::io::stdout(), keep.as_deref(), driver)?;
+        Cmd::Demo { keep, driver, hold } => {
+            let hold = if hold { demo::Hold::UntilInterrupted } else { demo::Hold::No };
+            let summary = demo::run(&mut std::io::stdout(), keep.as_deref(), driver, hold)?;
             if !summary.refold_matches {
                 anyhow::bail!("folding the demo's outcomes from scratch gave different read models");
             }

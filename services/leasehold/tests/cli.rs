@@ -1432,3 +1432,81 @@ fn a_refused_quota_set_does_not_change_another_quota_s_pool() {
     let pool = pools.as_array().unwrap().iter().find(|p| p["name"] == "quota-a-b-c").expect("quota a-b's pool");
     assert_eq!(pool["kind"]["slots"]["count"], 1, "quota a-b's pool was changed by a refused quota set: {pool:#}");
 }
+
+/// `demo --help` offers `--hold`; `demo --hold` tells the story, says where the operator's view is and that the
+/// services stay up, serves `/ui` there until interrupted (SIGINT, by its pid, as Ctrl-C sends), then stops them and
+/// exits 0 with the story's end (the read models folded again match).
+#[test]
+fn the_demo_prints_the_operators_view_and_holds_the_services_until_interrupted() {
+    let help = Command::new(BIN).args(["demo", "--help"]).output().expect("run leasehold demo --help");
+    assert!(help.status.success(), "{}", text(&help.stderr));
+    let help = text(&help.stdout);
+    assert!(help.contains("--hold") && help.contains("until Ctrl-C"), "{help}");
+
+    let mut child = Command::new(BIN)
+        .args(["demo", "--hold"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn leasehold demo --hold");
+    let guard = Killed(child.id());
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (lines_tx, lines) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    let next_line = |what: &str, seen: &mut Vec<String>| -> String {
+        let line = lines
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("waiting for {what}: {e}; so far:\n{}", seen.join("\n")));
+        seen.push(line.clone());
+        line
+    };
+    // The address comes first, while the story runs.
+    let first = next_line("the operator's view", &mut seen);
+    let ui = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://127.0.0.1:") && w.ends_with("/ui"))
+        .unwrap_or_else(|| panic!("the first line names no /ui address: {first}"))
+        .to_owned();
+    while !next_line("the story's end", &mut seen).contains("the services stay up until Ctrl-C") {}
+    let again = next_line("the address again", &mut seen);
+    assert!(again.contains(&ui), "{again} (said first: {ui})");
+
+    let address = ui.trim_start_matches("http://").trim_end_matches("/ui");
+    let answer = http_get(address, "/ui");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("Overview") && answer.contains("w1") && answer.contains("w2"), "{answer}");
+
+    let sent = Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("run kill");
+    assert!(sent.success(), "kill -INT: {sent}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("ask whether the demo runs") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the demo did not stop within 60s of SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::mem::forget(guard);
+    reader.join().expect("the reader thread");
+    seen.extend(lines.try_iter());
+    let all = seen.join("\n");
+    assert!(status.success(), "{status}\n{all}");
+    assert!(all.contains("interrupted: the services stop"), "{all}");
+    assert!(all.contains("folding them from scratch gives the same read models: yes"), "{all}");
+}
+
+/// Kills the process of this pid when dropped (a test that fails half-way leaves nothing running).
+struct Killed(u32);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-KILL", &self.0.to_string()]).status();
+    }
+}
