@@ -62,6 +62,22 @@ pub(crate) struct ServeArgs {
     /// port is published on the host's loopback only. Commands then carry the issuer they claim.
     #[arg(long, conflicts_with = "tokens")]
     insecure_no_auth: bool,
+    /// With --tokens: how long a session of the operator's view (/ui) lasts from its login, at most 400 days. The
+    /// login page trades a token for a session; the session only reads.
+    #[arg(long, default_value = "12h", value_parser = humantime::parse_duration)]
+    ui_session_ttl: Duration,
+    /// Browsers reach this gateway over TLS, through something in front of it that ends TLS (this build serves
+    /// plain HTTP only): the operator's view's session cookies are then marked Secure, never sent without TLS.
+    #[arg(long)]
+    behind_tls: bool,
+    /// The most streams of GET /v1/events (the command line's `watch`, the operator's view's live feed) open at
+    /// once; one more is answered 503 with Retry-After.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    events_max_streams: u32,
+    /// A stream of events whose client reads nothing for this long while events wait for it is ended and its
+    /// connection closed (the client resumes from its last event id); counted in leasehold_event_streams_dropped.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    events_stall_timeout: Duration,
     /// Run an agent in this process: NAME=DRIVER, the driver being dir:PATH (one directory per resource under
     /// PATH) or docker:[ENDPOINT] (containers and volumes on a Docker daemon). Repeatable. On one machine this is how agents run, since the embedded log is one process's.
     #[arg(long = "agent", value_name = "NAME=DRIVER")]
@@ -279,6 +295,15 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
             "the gateway serves the read models of the projector in the same process: run --roles gateway,projector"
         );
     }
+    if args.ui_session_ttl.is_zero() || args.ui_session_ttl > leasehold_gateway::MAX_SESSION_TTL {
+        return Err(crate::policy::BadCommandLine(
+            "--ui-session-ttl must be longer than 0 and at most 400 days (browsers keep a cookie no longer)".into(),
+        )
+        .into());
+    }
+    if args.events_stall_timeout.is_zero() {
+        return Err(crate::policy::BadCommandLine("--events-stall-timeout must be longer than 0".into()).into());
+    }
     if args.sweep_interval.is_zero() || args.sweep_retry.is_zero() {
         return Err(
             crate::policy::BadCommandLine("--sweep-interval and --sweep-retry must be longer than 0".into()).into()
@@ -340,6 +365,8 @@ async fn serve<L: Log>(
     };
     let projection_metrics =
         projector.as_ref().map(|p| leasehold_gateway::ProjectionMetrics::register(&mut registry, p.reader()));
+    let events_metrics =
+        args.roles.contains(&Role::Gateway).then(|| leasehold_gateway::EventsMetrics::register(&mut registry));
     let worker_metrics =
         args.roles.contains(&Role::Worker).then(|| leasehold_worker::WorkerMetrics::register(&mut registry));
     let sweeper_metrics =
@@ -390,6 +417,11 @@ async fn serve<L: Log>(
                 Some(tokens) => {
                     let principals = tokens.principals().iter().map(|p| p.as_str()).collect::<Vec<_>>().join(", ");
                     println!("gateway: bearer tokens of {principals}; each command's issuer is its caller's principal");
+                    println!(
+                        "gateway: the operator's view (/ui) logs in with a token for a read-only session of {}{}",
+                        humantime::format_duration(args.ui_session_ttl),
+                        if args.behind_tls { " (Secure cookies: behind TLS)" } else { "" }
+                    );
                 }
                 None => println!("gateway: no authentication (no --tokens): each command's issuer is what it says"),
             }
@@ -399,6 +431,11 @@ async fn serve<L: Log>(
                 ingest_batch: usize::from(args.ingest_batch),
                 ready: ReadyCheck::new(move || waits.waiting_on()),
                 list_ended_for: args.list_ended_for,
+                ui_session_ttl: args.ui_session_ttl,
+                behind_tls: args.behind_tls,
+                events_max_streams: usize::try_from(args.events_max_streams).unwrap_or(usize::MAX),
+                events_stall_timeout: args.events_stall_timeout,
+                events_metrics: events_metrics.clone().unwrap_or_default(),
                 ..Default::default()
             };
             let api = leasehold_gateway::Api::new(log.clone(), projector, config, shutdown.clone());
