@@ -648,6 +648,7 @@ mod tests {
 
     #[test]
     fn without_tokens_the_gateway_listens_on_loopback_only_unless_told_it_is_guarded() {
+        // The operator's view (/ui) is served by the same router on the same --listen: the rule covers it too.
         for listen in ["127.0.0.1:0", "[::1]:7420"] {
             let ok = checked(&["--listen", listen]).unwrap_or_else(|e| panic!("{listen}: {e:#}"));
             assert!(ok.tokens.is_none());
@@ -657,6 +658,21 @@ mod tests {
         assert!(checked(&["--listen", "10.1.2.3:7420", "--insecure-no-auth"]).is_ok());
         // A process without the gateway serves /healthz and /metrics only: nothing to guard.
         assert!(checked(&["--roles", "worker", "--listen", "0.0.0.0:7421"]).is_ok());
+    }
+
+    #[test]
+    fn the_view_s_sessions_and_the_event_streams_take_sane_bounds() {
+        for ttl in ["0s", "401days"] {
+            let refused = checked(&["--ui-session-ttl", ttl]).err().unwrap_or_else(|| panic!("{ttl} is refused"));
+            assert!(refused.to_string().contains("--ui-session-ttl must be longer than 0"), "{refused}");
+        }
+        for ttl in ["1s", "12h", "400days"] {
+            assert!(checked(&["--ui-session-ttl", ttl, "--behind-tls"]).is_ok(), "{ttl}");
+        }
+        let refused = checked(&["--events-stall-timeout", "0s"]).err().expect("zero is refused");
+        assert!(refused.to_string().contains("--events-stall-timeout must be longer than 0"), "{refused}");
+        assert!(checked(&["--events-max-streams", "0"]).is_err(), "no stream at all is no feed");
+        assert!(checked(&["--events-max-streams", "1", "--events-stall-timeout", "250ms"]).is_ok());
     }
 
     #[test]
