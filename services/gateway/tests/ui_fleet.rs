@@ -184,7 +184,8 @@ async fn seeded() -> Seeded {
     let subnet = PoolKind::Ipv4 { network: "10.1.0.0".parse().expect("an address"), prefix_len: 29, exclude: vec![] };
     accepted(f.send(OP, define("hold-ips", subnet, Millis::from_mins(1), OrphanPolicy::Hold)));
     accepted(f.send(OP, define("one", PoolKind::Slots { count: 1 }, Millis::from_secs(1), OrphanPolicy::Release)));
-    let counting = define("quota-team-a-container", PoolKind::Slots { count: 3 }, Millis::from_secs(1), OrphanPolicy::Release);
+    let counting =
+        define("quota-team-a-container", PoolKind::Slots { count: 3 }, Millis::from_secs(1), OrphanPolicy::Release);
     accepted(f.send(OP, counting));
     let quota = SetQuota {
         key: leasehold_schemas::subjects::settings_key(0, 1),
@@ -216,7 +217,11 @@ async fn seeded() -> Seeded {
     f.allocate(OP, &stalled, &[]);
 
     // An agent of its own settings that is declared gone after five minutes: its resource keeps its address.
-    let quick = AgentSettings { stall_after: Millis::from_secs(30), orphan_after: Millis::from_mins(5), ..AgentSettings::DEFAULT };
+    let quick = AgentSettings {
+        stall_after: Millis::from_secs(30),
+        orphan_after: Millis::from_mins(5),
+        ..AgentSettings::DEFAULT
+    };
     f.register(&gone, |r| r.settings = Some(quick));
     let orphan = f.active(OP, &gone, &["hold-ips"]);
 
@@ -284,18 +289,17 @@ async fn seeded() -> Seeded {
     // The log, as a writer would have appended the driver's outcomes, and the projection folded from it.
     let dir = tempfile::tempdir().expect("a temporary directory");
     let log = Embedded::open(dir.path(), 1).expect("the embedded log");
-    let records: Vec<OutcomeRecord> = f
-        .d
-        .outcomes()
-        .iter()
-        .map(|outcome| OutcomeRecord {
-            key: outcome.command.key.token(),
-            cmd_id: outcome.command.id.to_string(),
-            cmd_seq: outcome.cmd_seq,
-            part: outcome.part,
-            payload: codec::encode_outcome(outcome).expect("encode").into(),
-        })
-        .collect();
+    let records: Vec<OutcomeRecord> =
+        f.d.outcomes()
+            .iter()
+            .map(|outcome| OutcomeRecord {
+                key: outcome.command.key.token(),
+                cmd_id: outcome.command.id.to_string(),
+                cmd_seq: outcome.cmd_seq,
+                part: outcome.part,
+                payload: codec::encode_outcome(outcome).expect("encode").into(),
+            })
+            .collect();
     let mut fence = 0;
     for slice in records.chunks(500) {
         match log.append(0, fence, slice).await {
@@ -441,13 +445,19 @@ async fn the_pools_page_shows_sizes_fills_and_the_quotas_holders() {
     let ips = row(&body, "/ui/pools/ips");
     assert!(ips.contains("8 slots"), "{ips}");
     assert!(ips.contains("1 / 8 (12%)"), "held of its size: {ips}");
-    assert!(ips.contains("<td class=\"num\">1</td><td>release</td><td>24h</td>"), "cooling now, orphans, cool-down: {ips}");
+    assert!(
+        ips.contains("<td class=\"num\">1</td><td>release</td><td>24h</td>"),
+        "cooling now, orphans, cool-down: {ips}"
+    );
     let subnet = row(&body, "/ui/pools/hold-ips");
     assert!(subnet.contains("IPv4 <code>10.1.0.0/29</code>"), "{subnet}");
     assert!(subnet.contains("1 / 6 (16%)"), "a /29 hands out 6 addresses: {subnet}");
     assert!(subnet.contains("<td>hold</td>"), "{subnet}");
     let one = row(&body, "/ui/pools/one");
-    assert!(one.contains("<span class=\"badge bad\">1 / 1 (100%)</span></td><td class=\"num\">1</td>"), "full, one waits: {one}");
+    assert!(
+        one.contains("<span class=\"badge bad\">1 / 1 (100%)</span></td><td class=\"num\">1</td>"),
+        "full, one waits: {one}"
+    );
 
     let quotas = &body[body.find("id=\"quotas\"").expect("a quotas section")..];
     assert!(quotas.contains("<bdi>team-a</bdi>"), "{quotas}");
@@ -467,7 +477,10 @@ async fn a_pools_page_lists_held_orphan_held_cooling_and_waiting() {
     assert!(held.contains(&format!("href=\"/ui/resources/{}\"", s.live_held)), "its holder: {held}");
     assert!(!held.contains("held for an orphan"));
     let cooling = &ips[ips.find("id=\"cooling\"").expect("cooling")..];
-    assert!(cooling.contains("<td class=\"mono\">slot 1</td><td><time datetime=\""), "cooling, with its end: {cooling}");
+    assert!(
+        cooling.contains("<td class=\"mono\">slot 1</td><td><time datetime=\""),
+        "cooling, with its end: {cooling}"
+    );
 
     let subnet = ok(&s.app, "/ui/pools/hold-ips").await;
     let held = row(&subnet, &format!("/ui/resources/{}", s.orphan));
@@ -497,7 +510,10 @@ async fn a_pools_page_lists_held_orphan_held_cooling_and_waiting() {
 
 /// The `data-seq` of every line of the feed, in page order.
 fn seqs(body: &str) -> Vec<u64> {
-    body.split("data-seq=\"").skip(1).map(|rest| rest[..rest.find('"').expect("quoted")].parse().expect("a number")).collect()
+    body.split("data-seq=\"")
+        .skip(1)
+        .map(|rest| rest[..rest.find('"').expect("quoted")].parse().expect("a number"))
+        .collect()
 }
 
 #[tokio::test]
@@ -572,7 +588,9 @@ async fn an_event_names_what_its_outcome_is_about() {
                 .filter_map(|line| line.strip_prefix("data: "))
                 .filter_map(|data| serde_json::from_str(data).ok())
                 .collect();
-            if let Some(grant) = events.into_iter().find(|e| e["about"]["resources"].as_array().is_some_and(|r| !r.is_empty())) {
+            if let Some(grant) =
+                events.into_iter().find(|e| e["about"]["resources"].as_array().is_some_and(|r| !r.is_empty()))
+            {
                 return grant;
             }
         }

@@ -174,8 +174,7 @@ pub(crate) async fn list<L: Log>(
         Err(e) => return unavailable(e),
     };
     let now = now_ms();
-    let shown: Vec<&AgentView> =
-        agents.iter().filter(|a| health.is_none_or(|h| health_of(a).contains(&h))).collect();
+    let shown: Vec<&AgentView> = agents.iter().filter(|a| health.is_none_or(|h| health_of(a).contains(&h))).collect();
     let body = html! {
         form.filters method="get" action="/ui/agents" {
             label {

@@ -148,7 +148,11 @@ pub(crate) async fn get<L: Log>(
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Response {
     let bad = |why: Markup| {
-        problem(StatusCode::BAD_REQUEST, "Bad filter", html! { p { (why) } p { a href="/ui/feed" { "The whole feed" } } })
+        problem(
+            StatusCode::BAD_REQUEST,
+            "Bad filter",
+            html! { p { (why) } p { a href="/ui/feed" { "The whole feed" } } },
+        )
     };
     let pairs = match query {
         Ok(Query(pairs)) => pairs,
@@ -188,6 +192,15 @@ pub(crate) fn line(seq: u64, outcome: &Outcome) -> Markup {
         _ => None,
     };
     let pools: Vec<&String> = about.pools.iter().filter(|p| Some(*p) != key_pool.as_ref()).collect();
+    // What it is about, by sort (its key's pool is linked already), each sort a group of links.
+    let groups: Vec<(&str, &str, Vec<&String>)> = [
+        ("resource", "/ui/resources", about.resources.iter().collect()),
+        ("lease", "/ui/leases", about.leases.iter().collect()),
+        ("pool", "/ui/pools", pools),
+    ]
+    .into_iter()
+    .filter(|(_, _, names)| !names.is_empty())
+    .collect();
     let command = &outcome.command;
     let class = match outcome.rejection() {
         Some(_) => Some("rejected"),
@@ -210,14 +223,13 @@ pub(crate) fn line(seq: u64, outcome: &Outcome) -> Markup {
                     span.badge.bad { "rejected" } " " (bdi(&rejection.to_string()))
                 }
             }
-            @if !(about.resources.is_empty() && about.leases.is_empty() && pools.is_empty()) {
+            @if !groups.is_empty() {
                 div.effects {
                     "about "
-                    @for (i, r) in about.resources.iter().enumerate() { @if i > 0 { ", " } "resource " (link("/ui/resources", r)) }
-                    @if !about.resources.is_empty() && !about.leases.is_empty() { "; " }
-                    @for (i, l) in about.leases.iter().enumerate() { @if i > 0 { ", " } "lease " (link("/ui/leases", l)) }
-                    @if !(about.resources.is_empty() && about.leases.is_empty()) && !pools.is_empty() { "; " }
-                    @for (i, p) in pools.iter().enumerate() { @if i > 0 { ", " } "pool " (link("/ui/pools", p)) }
+                    @for (g, (word, prefix, names)) in groups.iter().enumerate() {
+                        @if g > 0 { "; " }
+                        @for (i, name) in names.iter().enumerate() { @if i > 0 { ", " } (word) " " (link(prefix, name)) }
+                    }
                     @if about.more > 0 { " and " (about.more) " more" }
                 }
             }

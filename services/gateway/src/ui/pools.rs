@@ -25,7 +25,8 @@ fn kind_of(pool: &PoolView) -> Option<PoolKind> {
 
 /// A definition in words: `IPv4 10.0.0.0/24 without 10.0.0.1`, `16 slots`, `ports 8000–8099`.
 fn kind_text(pool: &PoolView) -> Markup {
-    let list = |items: Vec<String>| if items.is_empty() { String::new() } else { format!(" without {}", items.join(", ")) };
+    let list =
+        |items: Vec<String>| if items.is_empty() { String::new() } else { format!(" without {}", items.join(", ")) };
     match kind_of(pool) {
         Some(PoolKind::Ipv4 { network, prefix_len, exclude }) => {
             let exclude = list(exclude.iter().map(ToString::to_string).collect());
