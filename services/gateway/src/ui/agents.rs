@@ -134,7 +134,7 @@ fn health_filter(pairs: &[(String, String)]) -> Result<Option<&'static str>, Res
     let mut health = None;
     for (name, value) in pairs {
         if name != "health" {
-            return Err(bad_query(html! { "This page takes only " code { "health" } ", not " code { (name) } "." }));
+            return Err(bad_query(html! { "This page takes only " code { "health" } ", not " (bdi(name)) "." }));
         }
         if value.is_empty() {
             continue;
