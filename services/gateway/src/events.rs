@@ -3,7 +3,8 @@
 //!
 //! The stream opens with `event: open`, `id: <from - 1>`, `data: {"from": N}`: where it starts, so that a client
 //! that reconnects before any outcome came (`Last-Event-ID`) misses none decided in between. Then each event is
-//! `event: outcome`, `id: <seq>`, `data: {"seq": N, "outcome": {...}}`. A client that reconnects with
+//! `event: outcome`, `id: <seq>`, `data: {"seq": N, "outcome": {...}, "about": {...}}` (`about`: what the outcome
+//! is about, to link to, see [`About`]). A client that reconnects with
 //! `Last-Event-ID` resumes after it. An error (the log gone, an outcome that cannot be read) is one `event: error`
 //! whose data is `{"error": "..."}`, and the stream ends.
 //!
@@ -246,8 +247,82 @@ impl EventsMetrics {
 fn event(stored: &StoredOutcome) -> Result<Event, String> {
     let outcome = codec::decode_outcome(&stored.payload)
         .map_err(|e| format!("the outcome at {} cannot be read: {e}", stored.seq))?;
-    let data = serde_json::json!({ "seq": stored.seq, "outcome": outcome });
+    let data = serde_json::json!({ "seq": stored.seq, "about": About::of(&outcome), "outcome": outcome });
     Ok(Event::default().event("outcome").id(stored.seq.to_string()).data(data.to_string()))
+}
+
+/// The most things of each sort [`About`] names.
+pub(crate) const ABOUT_MAX: usize = 20;
+
+/// What an outcome is about, named as the API names each (to link to): the agent or pool of its key, and the
+/// resources (`<agent>.<id>`), leases (`<agent>.<lease id>`) and pools its effects mention
+/// ([`leasehold_schemas::mentions::Mentions`]). At most [`ABOUT_MAX`] of each sort; `more` counts the others (a
+/// report may mention thousands of resources). The live feed's lines, on the page and in its script, are made from
+/// it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct About {
+    pub(crate) agents: Vec<String>,
+    pub(crate) pools: Vec<String>,
+    pub(crate) resources: Vec<String>,
+    pub(crate) leases: Vec<String>,
+    pub(crate) more: usize,
+}
+
+impl About {
+    pub(crate) fn of(outcome: &leasehold_schemas::Outcome) -> About {
+        let mut about = About::default();
+        let mut seen = std::collections::HashSet::new();
+        let mut add = |list: &mut Vec<String>, more: &mut usize, sort: &'static str, name: String| {
+            if seen.insert((sort, name.clone())) {
+                if list.len() < ABOUT_MAX { list.push(name) } else { *more += 1 }
+            }
+        };
+        // The resources and leases an agent's effects name by id are that agent's.
+        let agent = match &outcome.command.key {
+            Key::Agent(agent) => {
+                add(&mut about.agents, &mut about.more, "agent", agent.to_string());
+                Some(agent)
+            }
+            Key::Pool(pool) => {
+                add(&mut about.pools, &mut about.more, "pool", pool.to_string());
+                None
+            }
+            Key::Placement(_) => None,
+        };
+        for effect in outcome.effects() {
+            let m = leasehold_schemas::mentions::Mentions::of(effect);
+            if let Some(agent) = agent {
+                for id in &m.resources {
+                    add(&mut about.resources, &mut about.more, "resource", format!("{agent}.{id}"));
+                }
+                for id in &m.leases {
+                    add(&mut about.leases, &mut about.more, "lease", format!("{agent}.{id}"));
+                }
+            }
+            if !m.elsewhere.is_empty() {
+                // Named there by id only: the effect itself names each by reference.
+                let mut refs = Vec::new();
+                references_in(&serde_json::to_value(effect).unwrap_or_default(), &mut refs);
+                for reference in refs.into_iter().filter(|r| m.elsewhere.contains(&r.resource)) {
+                    add(&mut about.resources, &mut about.more, "resource", reference.to_string());
+                }
+            }
+            for pool in &m.pools {
+                add(&mut about.pools, &mut about.more, "pool", pool.to_string());
+            }
+        }
+        about
+    }
+}
+
+/// Every text in `value` that is a resource reference (`<agent>.<id>`), in order.
+fn references_in(value: &serde_json::Value, out: &mut Vec<leasehold_schemas::ResourceRef>) {
+    match value {
+        serde_json::Value::String(text) => out.extend(text.parse().ok()),
+        serde_json::Value::Array(items) => items.iter().for_each(|item| references_in(item, out)),
+        serde_json::Value::Object(fields) => fields.values().for_each(|field| references_in(field, out)),
+        _ => {}
+    }
 }
 
 /// `{"error": ...}` as the stream's last event, its message escaped for display as [`crate::error`]'s are.

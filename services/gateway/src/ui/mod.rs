@@ -9,9 +9,12 @@
 //! What a producer or an agent wrote (a holder, an attribute, a reason) is shown inside `<bdi>`, so a right-to-left
 //! override in it cannot reorder the text around it; values carried in links are percent-encoded.
 
+mod agents;
+mod feed;
 mod layout;
 mod login;
 mod overview;
+mod pools;
 
 use std::sync::Arc;
 
@@ -44,6 +47,11 @@ pub(crate) fn router<L: Log>(api: Arc<Api<L>>, health: Health, access: Option<Ar
     let pages = Router::new()
         .route("/ui", get(overview::get::<L>))
         .route("/ui/", get(overview::get::<L>))
+        .route("/ui/agents", get(agents::list::<L>))
+        .route("/ui/agents/{name}", get(agents::one::<L>))
+        .route("/ui/pools", get(pools::list::<L>))
+        .route("/ui/pools/{name}", get(pools::one::<L>))
+        .route("/ui/feed", get(feed::get::<L>))
         .route("/ui/assets/{file}", get(asset))
         .route("/ui/login", get(login::form::<L>).post(login::login::<L>))
         .route("/ui/logout", post(login::logout::<L>))

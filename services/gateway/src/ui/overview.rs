@@ -176,7 +176,7 @@ async fn render<L: Log>(ui: &Ui<L>) -> Result<Markup, String> {
                     @for health in HEALTHS {
                         @let listed = by_health.get(health).map(Vec::as_slice).unwrap_or_default();
                         tr {
-                            td { (health) }
+                            td { a href={ "/ui/agents?health=" (encode(health)) } { (health) } }
                             td.num { (listed.len()) }
                             td {
                                 @for (i, agent) in listed.iter().take(10).enumerate() {
