@@ -48,6 +48,10 @@ const PARTITIONS: u32 = 4;
 /// A holder that would run a script if a page put it in as HTML, with a right-to-left override after it that would
 /// turn the text after it around if a page did not isolate it.
 const HOLDER: &str = "<script>window.__xss=1</script><img src=x>\u{202E}gnp.exe";
+/// An issuer (printable ASCII without spaces or quotes) that would run a script if a page put it in as HTML.
+const ISSUER: &str = "op:<script>window.__xss=2</script><img/src=x>";
+/// The token of `op:alice` in the login test's `--tokens` file.
+const TOKEN: &str = "e2e-browser-alice-0123456789abcdef";
 /// The browser window's width; screenshots are as tall as the page (up to [`MAX_SHOT_HEIGHT`]).
 const WIDTH: u32 = 1280;
 const MAX_SHOT_HEIGHT: u32 = 4000;
@@ -212,23 +216,40 @@ impl Browser {
         serde_json::from_value(found).expect("a list of texts")
     }
 
-    /// Fails the test unless the page shows [`HOLDER`] as literal text in one `<bdi>`, and nothing of it ran: no
-    /// `window.__xss`, no element the holder names, no script but the UI's own.
-    async fn holder_is_text(&self, page: &str) {
+    /// Fails the test unless the page shows `text` (from outside: a holder, an issuer) as literal text in one
+    /// `<bdi>`, and nothing of it ran: no `window.__xss`, no element it names, no script but the UI's own.
+    async fn shows_as_text(&self, page: &str, text: &str) {
         let isolated = self.isolated().await;
-        assert!(
-            isolated.iter().any(|t| t == HOLDER),
-            "{page}: the holder is not one <bdi> of literal text: {isolated:?}"
-        );
+        assert!(isolated.iter().any(|t| t == text), "{page}: {text:?} is not one <bdi> of literal text: {isolated:?}");
         let ran = self
             .script(
                 "return { xss: typeof window.__xss, images: document.images.length, \
                  scripts: Array.from(document.scripts, s => s.getAttribute('src')) }",
             )
             .await;
-        assert_eq!(ran["xss"], "undefined", "{page}: the holder's script ran: {ran}");
-        assert_eq!(ran["images"], 0, "{page}: the holder's <img> became an element: {ran}");
+        assert_eq!(ran["xss"], "undefined", "{page}: the script in {text:?} ran: {ran}");
+        assert_eq!(ran["images"], 0, "{page}: the <img> in {text:?} became an element: {ran}");
         assert_eq!(ran["scripts"], json!(["/ui/assets/app.js"]), "{page}: scripts other than the UI's: {ran}");
+    }
+
+    /// Fails the test unless the page's title is `title` (an error page has its own).
+    async fn titled(&self, title: &str) {
+        let shown = self.client.title().await.expect("the page's title");
+        assert_eq!(shown, format!("{title} · leasehold"), "the page's text:\n{}", self.text().await);
+    }
+
+    /// The text of the first element `css` selects whose text holds `holding`.
+    async fn text_of(&self, css: &str, holding: &str) -> Option<String> {
+        let found = self
+            .client
+            .execute(
+                "return Array.from(document.querySelectorAll(arguments[0]), e => e.innerText)\
+                 .find(t => t.includes(arguments[1])) || null",
+                vec![json!(css), json!(holding)],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("look for {css} holding {holding:?}: {e}"));
+        found.as_str().map(str::to_owned)
     }
 
     /// Saves the page as `NAME.png` in the screenshots directory, the window as tall as the page.
@@ -335,15 +356,17 @@ async fn seed_stuck(data: &Path, root: &Path) -> String {
     format!("w2.{volume}")
 }
 
-/// A `serve` of the embedded log in `dir/data` on 127.0.0.1, with agent `w1` (a dir driver) in it.
+/// A `serve` of the embedded log in `dir/data` on 127.0.0.1, with agent `w1` (a dir driver) in it; the command
+/// line talks to it with `token` when it has one.
 struct Served {
     serve: Proc,
     server: String,
     dir: PathBuf,
+    token: Option<&'static str>,
 }
 
 impl Served {
-    async fn start(dir: &Path, extra: &[&str]) -> Served {
+    async fn start(dir: &Path, extra: &[&str], token: Option<&'static str>) -> Served {
         let data = dir.join("data").display().to_string();
         let agent = format!("w1=dir:{}", dir.join("w1").display());
         let partitions = PARTITIONS.to_string();
@@ -352,7 +375,7 @@ impl Served {
         args.extend_from_slice(extra);
         let mut serve = Proc::spawn(dir, "serve", &args);
         let server = serve.ready().await;
-        let served = Served { serve, server, dir: dir.to_owned() };
+        let served = Served { serve, server, dir: dir.to_owned(), token };
         until("w1 live", async || {
             let agents = served.json(&["agents"]).await;
             let w1 = agents.as_array().and_then(|a| a.iter().find(|a| a["name"] == "w1").cloned());
@@ -365,17 +388,14 @@ impl Served {
         served
     }
 
-    /// `leasehold --server SERVER ARGS` (with `env`); fails the test unless it exits 0.
-    async fn cli_with(&self, args: &[&str], env: &[(&str, &str)]) -> Ran {
+    /// `leasehold --server SERVER ARGS`; fails the test unless it exits 0.
+    async fn cli(&self, args: &[&str]) -> Ran {
         let mut argv = vec!["--server", self.server.as_str()];
         argv.extend_from_slice(args);
-        let ran = run_cli(&self.dir, &argv, env).await;
+        let env: Vec<(&str, &str)> = self.token.iter().map(|t| ("LEASEHOLD_TOKEN", *t)).collect();
+        let ran = run_cli(&self.dir, &argv, &env).await;
         assert_eq!(ran.code, Some(0), "leasehold {args:?}: {ran:?}\n{}", self.serve.tail());
         ran
-    }
-
-    async fn cli(&self, args: &[&str]) -> Ran {
-        self.cli_with(args, &[]).await
     }
 
     /// `leasehold --output json ARGS`, parsed.
@@ -386,8 +406,58 @@ impl Served {
         serde_json::from_str(&ran.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {ran:?}"))
     }
 
+    /// Allocates a `kind` on w1 (with `extra` flags) and waits until it is active; its record.
+    async fn active(&self, kind: &str, extra: &[&str]) -> Value {
+        let mut args = vec!["allocate", "--agent", "w1", "--kind", kind];
+        args.extend_from_slice(extra);
+        let reference = self.cli(&args).await.stdout.trim().to_owned();
+        until(&format!("{reference} active"), async || {
+            let record = self.json(&["get", &reference]).await;
+            if record["state"] == "active" { Ok(record) } else { Err(record.to_string()) }
+        })
+        .await
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.server)
+    }
+}
+
+/// What the pages are tested on: the seeded log (a volume stuck pending on the stalled `w2`) with a `serve` going on
+/// with it, a pool `net` (10.9.0.0/30) one address of which a container on w1 holds, and a volume on w1 allocated by
+/// [`ISSUER`] whose lease [`HOLDER`] holds.
+struct World {
+    served: Served,
+    /// The volume stuck pending on w2.
+    stuck: String,
+    /// The container holding an address of `net`, and the address.
+    pooled: String,
+    address: String,
+    /// The leased volume, its allocation's command id, and the lease.
+    volume: String,
+    allocation: String,
+    lease: String,
+}
+
+impl World {
+    async fn start(dir: &Path) -> World {
+        let stuck = seed_stuck(&dir.join("data"), &dir.join("w2")).await;
+        let served = Served::start(dir, &[], None).await;
+        served.cli(&["pool", "define", "net", "--ipv4", "10.9.0.0/30"]).await;
+        let container = served.active("container", &["--pool", "net"]).await;
+        let pooled = container["ref"].as_str().expect("a reference").to_owned();
+        let address = container["claims"][0]["id"].as_str().unwrap_or_else(|| panic!("an address: {container}"));
+        let address = address.to_owned();
+        let allocation = leasehold_schemas::CommandId::generate().to_string();
+        let volume = served.active("volume", &["--command-id", &allocation, "--issuer", ISSUER]).await;
+        let volume = volume["ref"].as_str().expect("a reference").to_owned();
+        let lease = served.json(&["acquire", &volume, "--holder", HOLDER, "--ttl", "1h"]).await;
+        let lease = lease["id"].as_str().unwrap_or_else(|| panic!("a lease id: {lease}")).to_owned();
+        World { served, stuck, pooled, address, volume, allocation, lease }
+    }
+
+    fn url(&self, path: &str) -> String {
+        self.served.url(path)
     }
 }
 
@@ -402,21 +472,184 @@ fn encode(text: &str) -> String {
         .collect()
 }
 
+fn temporary_dir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("lh-e2e-browser-").tempdir().expect("a temporary directory")
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The tests.
 
+/// The overview, agents and pools pages: what is stuck and what it waits on, each agent's health, who holds an
+/// address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_overview_shows_what_is_stuck_and_why_in_a_real_browser() {
-    let dir = tempfile::Builder::new().prefix("lh-e2e-browser-").tempdir().expect("a temporary directory");
+async fn the_overview_agents_and_pools_pages_show_what_is_stuck_and_who_holds_what() {
+    let dir = temporary_dir();
     let Some(browser) = Browser::start(dir.path()).await else { return };
-    let stuck = seed_stuck(&dir.path().join("data"), &dir.path().join("w2")).await;
-    let served = Served::start(dir.path(), &[]).await;
+    let world = World::start(dir.path()).await;
+    let stuck = world.stuck.as_str();
 
-    let text = browser.open(&served.url("/ui"), &["Stuck", &stuck, "waiting for w2 to create it"]).await;
-    assert!(text.contains("w2 last heard from"), "the overview says when w2 was last heard from:\n{text}");
-    let title = browser.client.title().await.expect("the page's title");
-    assert!(title.contains("Overview"), "{title}");
+    let text =
+        browser.open(&world.url("/ui"), &["Stuck", stuck, "waiting for w2 to create it", "w2 last heard from"]).await;
+    browser.titled("Overview").await;
+    let row = browser.text_of("tr", stuck).await.unwrap_or_else(|| panic!("no row of {stuck}:\n{text}"));
+    assert!(row.contains("waiting for w2 to create it") && row.contains("stalled"), "the stuck row: {row}");
+    let pools = browser.text_of("tr", "net").await.unwrap_or_else(|| panic!("no row of pool net:\n{text}"));
+    assert!(pools.contains('1'), "net holds one address: {pools}");
     browser.screenshot("overview").await;
+
+    browser.open(&world.url("/ui/agents"), &["w1", "w2"]).await;
+    browser.titled("Agents").await;
+    let w2 = browser.text_of("tr", "w2").await.expect("a row of w2");
+    assert!(w2.contains("stalled"), "{w2}");
+    let w1 = browser.text_of("tr", "w1").await.expect("a row of w1");
+    assert!(w1.contains("live"), "{w1}");
+    browser.screenshot("agents").await;
+
+    browser.open(&world.url("/ui/agents/w2"), &["Health", "stalled", stuck]).await;
+    browser.titled("Agent w2").await;
+    browser.screenshot("agent").await;
+
+    browser.open(&world.url("/ui/pools"), &["net", "10.9.0.0/30"]).await;
+    browser.titled("Pools").await;
+    browser.screenshot("pools").await;
+
+    browser.open(&world.url("/ui/pools/net"), &["Held", &world.address, &world.pooled]).await;
+    browser.titled("Pool net").await;
+    let held = browser.text_of("tr", &world.address).await.expect("a row of the address");
+    assert!(held.contains(&world.pooled), "the address's holder: {held}");
+    browser.screenshot("pool").await;
     browser.stop().await;
-    drop(served);
+}
+
+/// The resources, resource, lease and command pages: what a resource waits on; a holder and an issuer that look like
+/// markup show as text and run nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_resource_pages_show_what_waits_and_outside_text_as_text() {
+    let dir = temporary_dir();
+    let Some(browser) = Browser::start(dir.path()).await else { return };
+    let world = World::start(dir.path()).await;
+    let (stuck, volume, lease) = (world.stuck.as_str(), world.volume.as_str(), world.lease.as_str());
+
+    browser.open(&world.url("/ui/resources"), &[stuck, volume, &world.pooled]).await;
+    browser.titled("Resources").await;
+    let row = browser.text_of("tr", stuck).await.expect("a row of the stuck volume");
+    assert!(row.contains("waiting for w2 to create it"), "{row}");
+    browser.shows_as_text("/ui/resources", HOLDER).await;
+    browser.screenshot("resources").await;
+
+    // Filtered by the holder: the query value comes back in the form as a value, not as markup.
+    browser.open(&world.url(&format!("/ui/resources?holder={}", encode(HOLDER))), &[volume]).await;
+    let text = browser.text().await;
+    assert!(!text.contains(stuck), "only what the holder holds:\n{text}");
+    let field = browser.script("return document.querySelector('input[name=holder]').value").await;
+    assert_eq!(field, HOLDER, "the filter's field holds the holder as given");
+    browser.shows_as_text("/ui/resources?holder=", HOLDER).await;
+
+    browser
+        .open(&world.url(&format!("/ui/resources/{}", encode(stuck))), &["waiting for w2 to create it", "pending"])
+        .await;
+    browser.titled(&format!("Resource {stuck}")).await;
+    browser.screenshot("resource").await;
+
+    browser.open(&world.url(&format!("/ui/resources/{}", encode(volume))), &["Leases", lease, "active"]).await;
+    browser.shows_as_text("a resource's page", HOLDER).await;
+    browser.screenshot("resource-leased").await;
+
+    browser.open(&world.url(&format!("/ui/leases/{}", encode(lease))), &["Holder", volume, "active"]).await;
+    browser.shows_as_text("a lease's page", HOLDER).await;
+    browser.screenshot("lease").await;
+
+    browser.open(&world.url(&format!("/ui/commands/{}", world.allocation)), &["Issuer", "accepted", volume]).await;
+    browser.titled(&format!("Command {}", world.allocation)).await;
+    browser.shows_as_text("a command's page", ISSUER).await;
+    browser.screenshot("command").await;
+    browser.stop().await;
+}
+
+/// The live feed adds a command decided after the page opened, its issuer (markup-like) as text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_feed_shows_a_command_decided_after_the_page_opened() {
+    let dir = temporary_dir();
+    let Some(browser) = Browser::start(dir.path()).await else { return };
+    let served = Served::start(dir.path(), &[], None).await;
+    let volume = served.active("volume", &[]).await;
+    let volume = volume["ref"].as_str().expect("a reference").to_owned();
+
+    browser.open(&served.url("/ui/feed"), &["Following:", &volume]).await;
+    browser.titled("Live feed").await;
+    let before = browser.script("return document.querySelectorAll('#feed li').length").await;
+    assert!(browser.text_of("#feed li", ISSUER).await.is_none(), "nothing of the issuer before the command");
+
+    let lease = served.json(&["--issuer", ISSUER, "acquire", &volume, "--holder", HOLDER, "--ttl", "1h"]).await;
+    let lease = lease["id"].as_str().unwrap_or_else(|| panic!("a lease id: {lease}")).to_owned();
+    let line = until("the acquisition in the feed", async || {
+        let line = browser.text_of("#feed li.new", &lease).await;
+        line.ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    assert!(line.contains("op.acquire") && line.contains(ISSUER) && line.contains("accepted"), "{line}");
+    let after = browser.script("return document.querySelectorAll('#feed li').length").await;
+    assert!(after.as_u64() > before.as_u64(), "{before} lines before, {after} after");
+    browser.shows_as_text("the live feed", ISSUER).await;
+    browser.screenshot("feed").await;
+    browser.stop().await;
+}
+
+/// With `--tokens`, the view sends a browser to its login page; a wrong token is refused there (no cookie, still
+/// not let in), the right one opens the overview with a session cookie the page's script cannot read, and logging
+/// out ends it. The token never shows in an address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_view_takes_the_right_token_at_its_login_and_refuses_a_wrong_one() {
+    let dir = temporary_dir();
+    let Some(browser) = Browser::start(dir.path()).await else { return };
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("op:alice {TOKEN}\n")).expect("write the token file");
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod 600");
+    let tokens = tokens.display().to_string();
+    let served = Served::start(dir.path(), &["--tokens", &tokens], Some(TOKEN)).await;
+    let at = async || browser.client.current_url().await.expect("the address");
+
+    browser.open(&served.url("/ui"), &["Token"]).await;
+    browser.titled("Log in").await;
+    let url = at().await;
+    assert_eq!((url.path(), url.query()), ("/ui/login", Some("next=%2Fui")), "{url}");
+    browser.screenshot("login").await;
+
+    let log_in = async |token: &str| {
+        let field = browser.client.find(fantoccini::Locator::Css("#token")).await.expect("the token field");
+        field.send_keys(token).await.expect("type the token");
+        let button = browser.client.find(fantoccini::Locator::Css("form.login button[type=submit]")).await;
+        button.expect("the login button").click().await.expect("press it");
+    };
+    log_in("e2e-browser-alice-0123456789abcdeF").await;
+    browser.expect("the login page", &["That token is not one this gateway knows"]).await;
+    browser.titled("Log in").await;
+    let url = at().await;
+    assert_eq!(url.path(), "/ui/login", "{url}");
+    assert!(!url.as_str().contains("0123456789"), "a token in the address: {url}");
+    let cookies = browser.client.get_all_cookies().await.expect("the cookies");
+    assert!(cookies.is_empty(), "a refused login sets no cookie: {cookies:?}");
+    browser.open(&served.url("/ui/agents"), &["Token"]).await;
+    assert_eq!(at().await.path(), "/ui/login", "still not let in");
+
+    log_in(TOKEN).await;
+    browser.expect("the agents page after the login", &["w1", "Log out"]).await;
+    browser.titled("Agents").await;
+    let url = at().await;
+    assert_eq!(url.path(), "/ui/agents", "back where it was going: {url}");
+    assert!(!url.as_str().contains(TOKEN), "the token in the address: {url}");
+    let cookies = browser.client.get_all_cookies().await.expect("the cookies");
+    assert!(cookies.len() == 1 && cookies[0].http_only() == Some(true), "one HttpOnly session cookie: {cookies:?}");
+    assert!(!cookies[0].value().contains(TOKEN), "the cookie is a session, not the token: {cookies:?}");
+    let seen = browser.script("return document.cookie").await;
+    assert_eq!(seen, "", "the page's script cannot read the session");
+    browser.open(&served.url("/ui"), &["Overview", "op:alice"]).await;
+    browser.screenshot("logged-in").await;
+
+    let button = browser.client.find(fantoccini::Locator::XPath("//button[normalize-space()='Log out']")).await;
+    button.expect("the logout button").click().await.expect("press it");
+    browser.expect("the login page after logging out", &["Token"]).await;
+    browser.open(&served.url("/ui"), &["Token"]).await;
+    assert_eq!(at().await.path(), "/ui/login", "logged out: {}", at().await);
+    browser.stop().await;
 }
