@@ -9,8 +9,13 @@
 //! What a producer or an agent wrote (a holder, an attribute, a reason) is shown inside `<bdi>`, so a right-to-left
 //! override in it cannot reorder the text around it; values carried in links are percent-encoded.
 
+mod command;
 mod layout;
+mod lease;
 mod overview;
+mod parts;
+mod resource;
+mod resources;
 
 use std::sync::Arc;
 
@@ -39,6 +44,10 @@ pub(crate) fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
     Router::new()
         .route("/ui", get(overview::get::<L>))
         .route("/ui/", get(overview::get::<L>))
+        .route("/ui/resources", get(resources::get::<L>))
+        .route("/ui/resources/{reference}", get(resource::get::<L>))
+        .route("/ui/leases/{reference}", get(lease::get::<L>))
+        .route("/ui/commands/{id}", get(command::get::<L>))
         .route("/ui/assets/{file}", get(asset))
         .route("/ui/{*rest}", get(not_found))
         .with_state(ui)
