@@ -50,6 +50,11 @@ pub(crate) async fn get<L: Log>(
     };
     let body = html! {
         (form(&query))
+        p.note {
+            (listed.records.len()) " shown, in reference order"
+            @if !query.all { "; those that ended over an hour ago are left out unless \"all\" is ticked" }
+            "."
+        }
         (table(&listed.records, &agents, now_ms()))
         (pager(&query, listed.next.as_deref()))
     };
