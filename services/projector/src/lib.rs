@@ -32,9 +32,9 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 pub use views::{
-    AgentView, BreakerView, ClaimView, CordonView, DestroyBlockedView, DrainView, DriverView, HolderView, LeaseBrief,
-    LeaseView, PlacementView, PolicyView, PoolView, QuarantineView, QueuePlace, QuotaView, ResourceView, WaitingOn,
-    queue_places,
+    AgentView, BreakerView, ClaimView, CoolingView, CordonView, DestroyBlockedView, DrainView, DriverView, HolderView,
+    LeaseBrief, LeaseView, PlacementView, PolicyView, PoolView, QuarantineView, QueuePlace, QuotaView, ResourceView,
+    WaitingOn, queue_places,
 };
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -60,7 +60,7 @@ const COUNTS: TableDefinition<(&str, &str), u64> = TableDefinition::new("counts"
 
 /// The layout of the read models. A projection of another layout (made by another build) is dropped when opened
 /// and folded again from sequence 1: the log is the truth, the projection a cache of it.
-pub const PROJECTION_VERSION: u64 = 7;
+pub const PROJECTION_VERSION: u64 = 8;
 /// The outcomes table of layout 1, keyed without the command sequence: dropped with the rest.
 const OUTCOMES_V1: TableDefinition<(&str, u32), (u64, &str)> = TableDefinition::new("outcomes");
 

@@ -1,6 +1,6 @@
 //! `GET /ui/commands/{id}`: where one command stands, as `GET /v1/commands/{id}` says it — its outcome (each part:
-//! the decision, the effects, who issued it and when, where it is in the log) with links to what the effects name,
-//! or its dead letter (why, and on which subject).
+//! the decision, the effects, who issued it and when, where it is in the log) with links to what it is about, or
+//! its dead letter (why, and on which subject).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -9,16 +9,15 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use leasehold_log::Log;
-use leasehold_schemas::ids::{Key, ResourceId};
-use leasehold_schemas::mentions::Mentions;
+use leasehold_schemas::Outcome;
 use leasehold_schemas::outcome::Effect;
-use leasehold_schemas::{Outcome, ResourceRef};
 use maud::{Markup, html};
 use serde_json::Value;
 
 use super::parts::{path_param, refused};
 use super::{Page, Ui, bdi, link, page, timestamp};
 use crate::commands::{CommandStatus, DeadLetterView, PositionedOutcome, lookup};
+use crate::events::About;
 
 pub(crate) async fn get<L: Log>(State(ui): State<Arc<Ui<L>>>, id: Result<Path<String>, PathRejection>) -> Response {
     let id = match path_param(id) {
@@ -55,7 +54,6 @@ fn render(status: &CommandStatus) -> Markup {
 fn outcome(part: &PositionedOutcome) -> Markup {
     let outcome = &part.outcome;
     let command = &outcome.command;
-    let named = Named::of(outcome);
     html! {
         section.outcome {
             h2 { "Outcome " (outcome.part + 1) " " span.note { "(outcome sequence " (part.seq) ")" } }
@@ -84,7 +82,7 @@ fn outcome(part: &PositionedOutcome) -> Markup {
                     }
                 }
             }
-            (named.links())
+            (about(outcome))
         }
     }
 }
@@ -119,86 +117,40 @@ fn effect_text(effect: &Effect) -> String {
     }
 }
 
-/// What an outcome names, by the references the pages take: its subject (an agent or a pool) and what each effect
-/// mentions.
-#[derive(Debug, Default)]
-struct Named {
-    resources: BTreeSet<String>,
-    leases: BTreeSet<String>,
-    agents: BTreeSet<String>,
-    pools: BTreeSet<String>,
-}
-
-impl Named {
-    fn of(outcome: &Outcome) -> Named {
-        let mut named = Named::default();
-        // An agent's outcome names its own resources and leases by id; their references are `<agent>.<id>`.
-        let agent = match &outcome.command.key {
-            Key::Agent(agent) => Some(agent.as_str()),
-            Key::Pool(pool) => {
-                named.pools.insert(pool.to_string());
-                None
-            }
-            Key::Placement(_) => None,
-        };
-        for effect in outcome.effects() {
-            let mentions = Mentions::of(effect);
-            if let Some(agent) = agent {
-                named.resources.extend(mentions.resources.iter().map(|id| format!("{agent}.{id}")));
-                named.leases.extend(mentions.leases.iter().map(|id| format!("{agent}.{id}")));
-            }
-            named.pools.extend(mentions.pools.iter().map(|pool| pool.to_string()));
-            if !mentions.elsewhere.is_empty()
-                && let Ok(fields) = serde_json::to_value(effect)
-            {
-                references_in(&fields, &mentions.elsewhere, &mut named.resources);
-            }
-        }
-        named.agents.extend(agent.map(str::to_owned));
-        named.agents.extend(named.resources.iter().filter_map(|r| r.split_once('.').map(|(a, _)| a.to_owned())));
-        named
-    }
-
-    fn links(&self) -> Markup {
-        let lists: [(&str, &str, &BTreeSet<String>); 4] = [
-            ("Resources", "/ui/resources", &self.resources),
-            ("Leases", "/ui/leases", &self.leases),
-            ("Agents", "/ui/agents", &self.agents),
-            ("Pools", "/ui/pools", &self.pools),
-        ];
-        html! {
-            @if lists.iter().any(|(_, _, names)| !names.is_empty()) {
-                dl.fields.named {
-                    @for (label, prefix, names) in lists {
-                        @if !names.is_empty() {
-                            dt { (label) }
-                            dd {
-                                @for (i, name) in names.iter().enumerate() {
-                                    @if i > 0 { ", " }
-                                    (link(prefix, name))
-                                }
+/// Links to what `outcome` is about ([`About`]: its subject, and the resources, leases and pools its effects
+/// mention), with the agents of those resources.
+fn about(outcome: &Outcome) -> Markup {
+    let about = About::of(outcome);
+    let mut agents: BTreeSet<&str> = about.agents.iter().map(String::as_str).collect();
+    agents.extend(about.resources.iter().filter_map(|r| r.split_once('.').map(|(agent, _)| agent)));
+    let agents: Vec<&str> = agents.into_iter().collect();
+    let resources: Vec<&str> = about.resources.iter().map(String::as_str).collect();
+    let leases: Vec<&str> = about.leases.iter().map(String::as_str).collect();
+    let pools: Vec<&str> = about.pools.iter().map(String::as_str).collect();
+    let lists = [
+        ("Resources", "/ui/resources", resources),
+        ("Leases", "/ui/leases", leases),
+        ("Agents", "/ui/agents", agents),
+        ("Pools", "/ui/pools", pools),
+    ];
+    html! {
+        @if lists.iter().any(|(_, _, names)| !names.is_empty()) {
+            dl.fields.about {
+                @for (label, prefix, names) in &lists {
+                    @if !names.is_empty() {
+                        dt { (label) }
+                        dd {
+                            @for (i, name) in names.iter().enumerate() {
+                                @if i > 0 { ", " }
+                                (link(prefix, name))
                             }
                         }
                     }
                 }
+                @if about.more > 0 {
+                    dt { "And" } dd { (about.more) " more" }
+                }
             }
         }
-    }
-}
-
-/// The resource references in `value` (an effect in JSON, where a reference is the text `<agent>.<id>`) whose
-/// resource is one of `ids`: how an effect names a resource of another partition.
-fn references_in(value: &Value, ids: &[ResourceId], out: &mut BTreeSet<String>) {
-    match value {
-        Value::String(text) => {
-            if let Ok(reference) = text.parse::<ResourceRef>()
-                && ids.contains(&reference.resource)
-            {
-                out.insert(reference.to_string());
-            }
-        }
-        Value::Array(items) => items.iter().for_each(|item| references_in(item, ids, out)),
-        Value::Object(map) => map.values().for_each(|item| references_in(item, ids, out)),
-        Value::Null | Value::Bool(_) | Value::Number(_) => {}
     }
 }
