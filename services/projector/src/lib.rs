@@ -893,6 +893,26 @@ impl Reader {
         self.all(AGENTS)
     }
 
+    /// The records of the agents named in `names` that have one, by name, read in one transaction: what a page of
+    /// resources needs of their agents, without reading every agent.
+    pub fn agents_named<'n>(
+        &self,
+        names: impl IntoIterator<Item = &'n str>,
+    ) -> Result<BTreeMap<String, AgentView>, Error> {
+        let read = self.db.begin_read().map_err(storage)?;
+        let table = read.open_table(AGENTS).map_err(storage)?;
+        let mut out = BTreeMap::new();
+        for name in names {
+            if out.contains_key(name) {
+                continue;
+            }
+            if let Some(json) = table.get(name).map_err(storage)? {
+                out.insert(name.to_owned(), from_json(json.value())?);
+            }
+        }
+        Ok(out)
+    }
+
     /// How many resource and lease records are in each state: `(("resources" | "leases", state), n)`.
     pub fn counts(&self) -> Result<Vec<StateCount>, Error> {
         let read = self.db.begin_read().map_err(storage)?;

@@ -10,11 +10,16 @@
 //! override in it cannot reorder the text around it; values carried in links are percent-encoded.
 
 mod agents;
+mod command;
 mod feed;
 mod layout;
+mod lease;
 mod login;
 mod overview;
+mod parts;
 mod pools;
+mod resource;
+mod resources;
 
 use std::sync::Arc;
 
@@ -47,6 +52,10 @@ pub(crate) fn router<L: Log>(api: Arc<Api<L>>, health: Health, access: Option<Ar
     let pages = Router::new()
         .route("/ui", get(overview::get::<L>))
         .route("/ui/", get(overview::get::<L>))
+        .route("/ui/resources", get(resources::get::<L>))
+        .route("/ui/resources/{reference}", get(resource::get::<L>))
+        .route("/ui/leases/{reference}", get(lease::get::<L>))
+        .route("/ui/commands/{id}", get(command::get::<L>))
         .route("/ui/agents", get(agents::list::<L>))
         .route("/ui/agents/{name}", get(agents::one::<L>))
         .route("/ui/pools", get(pools::list::<L>))
