@@ -52,8 +52,10 @@ const HOLDER: &str = "<script>window.__xss=1</script><img src=x>\u{202E}gnp.exe"
 const ISSUER: &str = "op:<script>window.__xss=2</script><img/src=x>";
 /// The token of `op:alice` in the login test's `--tokens` file.
 const TOKEN: &str = "e2e-browser-alice-0123456789abcdef";
-/// The browser window's width; screenshots are as tall as the page (up to [`MAX_SHOT_HEIGHT`]).
+/// The browser window's size; screenshots are as tall as the page (from [`MIN_SHOT_HEIGHT`] to [`MAX_SHOT_HEIGHT`]).
 const WIDTH: u32 = 1280;
+const HEIGHT: u32 = 900;
+const MIN_SHOT_HEIGHT: u32 = 400;
 const MAX_SHOT_HEIGHT: u32 = 4000;
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -143,7 +145,7 @@ impl Browser {
         .into_iter()
         .chain([
             format!("--user-data-dir={}", profile.path().display()),
-            format!("--window-size={WIDTH},900"),
+            format!("--window-size={WIDTH},{HEIGHT}"),
             "about:blank".to_owned(),
         ])
         .collect::<Vec<_>>();
@@ -252,16 +254,18 @@ impl Browser {
         found.as_str().map(str::to_owned)
     }
 
-    /// Saves the page as `NAME.png` in the screenshots directory, the window as tall as the page.
+    /// Saves the page as `NAME.png` in the screenshots directory, the window's inside as tall as the page.
     async fn screenshot(&self, name: &str) {
-        let height = self.script("return document.documentElement.scrollHeight").await.as_u64().unwrap_or(900);
-        let height = u32::try_from(height).unwrap_or(MAX_SHOT_HEIGHT).clamp(600, MAX_SHOT_HEIGHT);
+        // The window's size counts its frame: what it adds is the outer height less the inner one.
+        let sizes = self.script("return [document.body.scrollHeight, window.outerHeight - window.innerHeight]").await;
+        let [content, frame] = [0, 1].map(|i| sizes[i].as_u64().and_then(|n| u32::try_from(n).ok()).unwrap_or(0));
+        let height = content.clamp(MIN_SHOT_HEIGHT, MAX_SHOT_HEIGHT) + frame;
         self.client.set_window_size(WIDTH, height).await.expect("resize the window");
         let png = self.client.screenshot().await.unwrap_or_else(|e| panic!("a screenshot of {name}: {e}"));
         assert!(png.starts_with(b"\x89PNG"), "{name}: the screenshot is not a PNG");
         let path = self.shots.join(format!("{name}.png"));
         std::fs::write(&path, png).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-        self.client.set_window_size(WIDTH, 900).await.expect("resize the window back");
+        self.client.set_window_size(WIDTH, HEIGHT).await.expect("resize the window back");
     }
 
     /// Ends the WebDriver session, then stops chromedriver and Chromium.
