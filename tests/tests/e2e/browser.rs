@@ -7,6 +7,7 @@
 //!   text. The overview lists the volume as stuck, saying what it waits on; the resources, resource, lease, command,
 //!   agents, agent, pools and pool pages each show what they must (what a resource waits on, who holds an address);
 //!   the holder shows as literal text in an isolated `<bdi>` and runs nothing.
+//! - One resource's timeline lists its allocation and its lease's grant, oldest first, each linking to its command.
 //! - The live feed (`/ui/feed`) shows a command decided after the page opened, with the same holder as text.
 //! - With `--tokens`, the view asks for a login: a wrong token is refused, the right one opens the overview.
 //!
@@ -655,5 +656,36 @@ async fn the_view_takes_the_right_token_at_its_login_and_refuses_a_wrong_one() {
     browser.expect("the login page after logging out", &["Token"]).await;
     browser.open(&served.url("/ui"), &["Token"]).await;
     assert_eq!(at().await.path(), "/ui/login", "logged out: {}", at().await);
+    browser.stop().await;
+}
+
+/// One resource's timeline: the leased volume's page lists its allocation (by its markup-like issuer, shown as text)
+/// and the lease's grant, oldest first, each linking to its command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_page_shows_its_timeline() {
+    let dir = temporary_dir();
+    let Some(browser) = Browser::start(dir.path()).await else { return };
+    let world = World::start(dir.path()).await;
+    let page = format!("/ui/resources/{}", encode(&world.volume));
+
+    browser.open(&world.url(&page), &["Timeline", "op.allocate", "op.acquire"]).await;
+    let allocated = browser.text_of("#timeline li", "op.allocate").await.expect("the allocation's step");
+    assert!(allocated.contains(ISSUER) && allocated.contains("accepted"), "{allocated}");
+    let acquired = browser.text_of("#timeline li", "op.acquire").await.expect("the acquisition's step");
+    assert!(acquired.contains("accepted"), "{acquired}");
+    let order = browser
+        .script(
+            "const steps = Array.from(document.querySelectorAll('#timeline li'), li => li.innerText); \
+             return [steps.findIndex(t => t.includes('op.allocate')), steps.findIndex(t => t.includes('op.acquire'))]",
+        )
+        .await;
+    assert!(order[0].as_i64() < order[1].as_i64(), "oldest first: {order}");
+    let link = format!("/ui/commands/{}", world.allocation);
+    let links = browser
+        .script("return Array.from(document.querySelectorAll('#timeline a'), a => a.getAttribute('href'))")
+        .await;
+    assert!(links.as_array().is_some_and(|l| l.iter().any(|h| h == &Value::from(link.as_str()))), "{links}");
+    browser.shows_as_text("a resource's timeline", ISSUER).await;
+    browser.screenshot("resource-timeline").await;
     browser.stop().await;
 }
