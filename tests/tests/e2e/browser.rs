@@ -66,8 +66,9 @@ const MAX_SHOT_HEIGHT: u32 = 4000;
 /// attached to it; both are stopped by their pids (each its own process group) when this is dropped.
 struct Browser {
     client: Client,
-    chromium: Child,
-    driver: Child,
+    // The session ends before chromedriver stops, which stops before Chromium (fields drop in order).
+    _driver: Group,
+    _chromium: Group,
     /// The profile, removed once the browser is stopped.
     _profile: tempfile::TempDir,
     /// Where the screenshots go.
@@ -81,7 +82,7 @@ fn on_path(program: &str) -> Option<PathBuf> {
 
 /// Starts `program ARGS` as the leader of a process group of its own (so that what it starts is stopped with it),
 /// its stdout and stderr in `NAME.out` and `NAME.err` of `dir`.
-fn spawn_group(dir: &Path, name: &str, program: &Path, args: &[String]) -> (Child, PathBuf) {
+fn spawn_group(dir: &Path, name: &str, program: &Path, args: &[String]) -> (Group, PathBuf) {
     let out = dir.join(format!("{name}.out"));
     let child = Command::new(program)
         .args(args)
@@ -92,7 +93,7 @@ fn spawn_group(dir: &Path, name: &str, program: &Path, args: &[String]) -> (Chil
         .process_group(0)
         .spawn()
         .unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
-    (child, out)
+    (Group(child), out)
 }
 
 /// Asks `check` until it answers something, at most [`STEP`]; fails the test saying what was awaited and what
@@ -105,6 +106,27 @@ async fn until<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>)
             Err(last) => assert!(Instant::now() < deadline, "waited {STEP:?} for {what}; last: {last}"),
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// A process started as the leader of its own process group: killed with the whole group, by the group's id (its
+/// pid), when dropped, so that a test that fails half-way leaves nothing running.
+struct Group(Child);
+
+impl Group {
+    /// How it exited, if it has.
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.0.try_wait().expect("ask whether the process runs")
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if self.exited().is_none() {
+            let group = format!("-{}", self.0.id());
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).stdin(Stdio::null()).status();
+            let _ = self.0.wait();
+        }
     }
 }
 
@@ -154,7 +176,7 @@ impl Browser {
         // Chromium writes the port it listens on (its DevTools) into the profile once it listens.
         let port_file = profile.path().join("DevToolsActivePort");
         let devtools = until("chromium's DevToolsActivePort", async || {
-            if let Some(status) = chromium.try_wait().expect("ask whether chromium runs") {
+            if let Some(status) = chromium.exited() {
                 panic!("chromium exited with {status}: {}", read(&dir.join("chromium.err")));
             }
             let text = std::fs::read_to_string(&port_file).map_err(|e| e.to_string())?;
@@ -164,7 +186,7 @@ impl Browser {
         let (mut driver, driver_out) =
             spawn_group(dir, "chromedriver", &chromedriver, &["--port=0".to_owned(), "--log-level=WARNING".to_owned()]);
         let driver_port = until("chromedriver's port", async || {
-            if let Some(status) = driver.try_wait().expect("ask whether chromedriver runs") {
+            if let Some(status) = driver.exited() {
                 panic!("chromedriver exited with {status}: {}", read(&dir.join("chromedriver.err")));
             }
             let text = read(&driver_out);
@@ -185,7 +207,7 @@ impl Browser {
             .unwrap_or_else(|e| panic!("a WebDriver session on chromedriver: {e}"));
         let shots = screenshot_dir();
         std::fs::create_dir_all(&shots).unwrap_or_else(|e| panic!("create {}: {e}", shots.display()));
-        Some(Browser { client, chromium, driver, _profile: profile, shots })
+        Some(Browser { client, _driver: driver, _chromium: chromium, _profile: profile, shots })
     }
 
     /// Opens `url` and waits until the page's text holds each of `texts`; returns the text.
@@ -272,19 +294,6 @@ impl Browser {
     /// Ends the WebDriver session, then stops chromedriver and Chromium.
     async fn stop(self) {
         let _ = self.client.clone().close().await;
-    }
-}
-
-impl Drop for Browser {
-    fn drop(&mut self) {
-        for child in [&mut self.driver, &mut self.chromium] {
-            if matches!(child.try_wait(), Ok(None)) {
-                // The group's id is the leader's pid: its helpers (Chromium's renderers) go with it.
-                let group = format!("-{}", child.id());
-                let _ = Command::new("kill").args(["-KILL", "--", &group]).stdin(Stdio::null()).status();
-                let _ = child.wait();
-            }
-        }
     }
 }
 
