@@ -3,12 +3,13 @@
 //!
 //! - The pages: a log whose first outcomes are five minutes old (an agent `w2` registered, went down, and a volume
 //!   was allocated on it) is restored into a data directory; `serve` runs on it with an agent `w1` of its own, and the
-//!   command line adds a pool with a held address and a lease whose holder is `<script>...</script>`, U+202E and more
-//!   text. The overview lists the volume as stuck, saying what it waits on; the resources, resource, lease, command,
-//!   agents, agent, pools and pool pages each show what they must (what a resource waits on, who holds an address);
-//!   the holder shows as literal text in an isolated `<bdi>` and runs nothing.
+//!   command line adds a pool with a held address, and a volume allocated by an issuer `op:<script>...` whose lease's
+//!   holder is `<script>...</script>`, U+202E and more text. The overview lists the stuck volume, saying what it waits
+//!   on; the resources, resource, lease, command, agents, agent, pools and pool pages each show what they must (what a
+//!   resource waits on, who holds an address); the holder and the issuer show as literal text, each in an isolated
+//!   `<bdi>`, and run nothing.
 //! - One resource's timeline lists its allocation and its lease's grant, oldest first, each linking to its command.
-//! - The live feed (`/ui/feed`) shows a command decided after the page opened, with the same holder as text.
+//! - The live feed (`/ui/feed`) shows a command decided after the page opened, its markup-like issuer as text.
 //! - With `--tokens`, the view asks for a login: a wrong token is refused, the right one opens the overview.
 //!
 //! Each page is saved as a PNG screenshot under the target directory (`ui-screenshots/NAME.png`). Chromium runs
@@ -66,7 +67,7 @@ const MAX_SHOT_HEIGHT: u32 = 4000;
 /// attached to it; both are stopped by their pids (each its own process group) when this is dropped.
 struct Browser {
     client: Client,
-    // The session ends before chromedriver stops, which stops before Chromium (fields drop in order).
+    // chromedriver stops before Chromium (fields drop in order).
     _driver: Group,
     _chromium: Group,
     /// The profile, removed once the browser is stopped.
@@ -96,8 +97,8 @@ fn spawn_group(dir: &Path, name: &str, program: &Path, args: &[String]) -> (Grou
     (Group(child), out)
 }
 
-/// Asks `check` until it answers something, at most [`STEP`]; fails the test saying what was awaited and what
-/// `last` says of the last look.
+/// Asks `check` until it answers something, at most [`STEP`]; fails the test saying what was awaited and what the
+/// last look found.
 async fn until<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
     let deadline = Instant::now() + STEP;
     loop {
@@ -122,7 +123,8 @@ impl Group {
 
 impl Drop for Group {
     fn drop(&mut self) {
-        if self.exited().is_none() {
+        // Not `exited`: a panic here, while a failing test unwinds, would abort the whole test binary.
+        if matches!(self.0.try_wait(), Ok(None)) {
             let group = format!("-{}", self.0.id());
             let _ = Command::new("kill").args(["-KILL", "--", &group]).stdin(Stdio::null()).status();
             let _ = self.0.wait();
