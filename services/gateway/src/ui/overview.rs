@@ -159,7 +159,7 @@ async fn render<L: Log>(ui: &Ui<L>) -> Result<Markup, String> {
             table {
                 thead { tr { th { "Records" } th { "State" } th.num { "How many" } } }
                 tbody {
-                    @for ((what, state), n) in &counts {
+                    @for ((what, state), n) in counts.iter().filter(|(_, n)| *n > 0) {
                         tr {
                             td { (what) }
                             td {
