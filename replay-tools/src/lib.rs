@@ -52,8 +52,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Cmd {
     /// Every command and event touching a resource or a lease (AGENT.ID, ID, resource:ID or lease:ID), an agent
-    /// (NAME or agent:NAME) or a pool (@NAME), in log order: sequence, time, issuer, command, outcome, the state
-    /// after. A resource's history holds its leases' and its claims' steps too.
+    /// (NAME or agent:NAME), a pool (@NAME) or one of its identifiers (@NAME/VALUE: @net/10.0.0.7, @gpu/slot 3),
+    /// in log order: sequence, time, issuer, command, outcome, the state after. A resource's history holds its
+    /// leases' and its claims' steps too; the gateway's `GET /v1/resources/{ref}/history` answers the same steps.
     History { target: String },
     /// Who held a pool's identifier at a moment (or over all time), since when, through which commands, and when
     /// and why it was let go.
