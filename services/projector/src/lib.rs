@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt};
 use leasehold_domain::{DECIDER_VERSION, PartitionState, apply};
-use leasehold_log::{Log, OutcomeFilter, StoredOutcome};
+use leasehold_log::{CommandRecord, Log, OutcomeFilter, StoredOutcome};
 use leasehold_schemas::codec;
 use leasehold_schemas::ids::{Key, LeaseId, ResourceId};
 use leasehold_schemas::outcome::Effect;
@@ -277,18 +277,18 @@ impl Projector {
     /// commands: a step without effect is indexed in no timeline ([`timeline`]). [`Projector::run`] and
     /// [`Projector::catch_up`] read those steps' commands from the log ([`Projector::apply_batch_from`]).
     pub fn apply_batch(&mut self, batch: &[StoredOutcome]) -> Result<(), Error> {
-        self.apply_batch_said(batch, &BTreeMap::new())
+        self.apply_batch_commands(batch, &BTreeMap::new())
     }
 
-    /// [`Projector::apply_batch`], with what the commands of its steps said, by command sequence ([`timeline::Said`]:
-    /// only those of steps without effect are read).
-    pub fn apply_batch_said(
+    /// [`Projector::apply_batch`], with the commands its outcomes answer, by command sequence (as many as the
+    /// caller holds: only those of steps without effect are read, [`timeline::Said`]).
+    pub fn apply_batch_commands(
         &mut self,
         batch: &[StoredOutcome],
-        said: &BTreeMap<u64, timeline::Said>,
+        commands: &BTreeMap<u64, CommandRecord>,
     ) -> Result<(), Error> {
         let decoded = batch.iter().map(decode).collect();
-        self.apply_decoded(batch, decoded, said)
+        self.apply_decoded(batch, decoded, commands)
     }
 
     /// [`Projector::apply_batch`], reading from `log` the commands of the steps without effect (a rejection names
@@ -306,20 +306,20 @@ impl Projector {
         // A few reads at a time: on JetStream each is a round trip.
         let commands: Vec<_> =
             futures::stream::iter(wanted).map(|seq| log.command_at(seq)).buffered(COMMAND_READS).collect().await;
-        let mut said = BTreeMap::new();
+        let mut held = BTreeMap::new();
         for command in commands {
             if let Some(command) = command? {
-                said.insert(command.seq, timeline::Said::of(&command.subject, &command.payload));
+                held.insert(command.seq, command);
             }
         }
-        self.apply_decoded(batch, decoded, &said)
+        self.apply_decoded(batch, decoded, &held)
     }
 
     fn apply_decoded(
         &mut self,
         batch: &[StoredOutcome],
         decoded: Vec<Result<Outcome, Error>>,
-        said: &BTreeMap<u64, timeline::Said>,
+        commands: &BTreeMap<u64, CommandRecord>,
     ) -> Result<(), Error> {
         if let Some(why) = &self.failed {
             return Err(Error::Refused(format!("this projector failed earlier ({why}): open it again to resume")));
@@ -333,7 +333,7 @@ impl Projector {
         if batch.is_empty() {
             return Ok(());
         }
-        let result = self.apply_batch_once(batch, decoded, said);
+        let result = self.apply_batch_once(batch, decoded, commands);
         if let Err(e) = &result {
             self.failed = Some(e.to_string());
         }
@@ -344,7 +344,7 @@ impl Projector {
         &mut self,
         batch: &[StoredOutcome],
         decoded: Vec<Result<Outcome, Error>>,
-        said: &BTreeMap<u64, timeline::Said>,
+        commands: &BTreeMap<u64, CommandRecord>,
     ) -> Result<(), Error> {
         let txn = self.db.begin_write().map_err(storage)?;
         {
@@ -361,7 +361,13 @@ impl Projector {
                 let touched = Touched::of(state, &outcome);
                 // The things it concerns, with the leases known before it: in memory while their partition keeps
                 // them, then in the leases' records (a command may name a lease long gone).
-                let concerns = timeline::concerns(&outcome, said.get(&outcome.cmd_seq), |lease| {
+                let said = match commands.get(&outcome.cmd_seq) {
+                    Some(command) if outcome.effects().is_empty() => {
+                        Some(timeline::Said::of(&command.subject, &command.payload))
+                    }
+                    _ => None,
+                };
+                let concerns = timeline::concerns(&outcome, said.as_ref(), |lease| {
                     state.lease(lease).map(|l| l.resource).or_else(|| tables.resource_of(&outcome.command.key, lease))
                 });
                 apply(state, &outcome).map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
