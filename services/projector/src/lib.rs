@@ -1,7 +1,8 @@
 //! leasehold's projector: it folds outcomes into read models in redb — resources (by reference, by agent, by
-//! state), leases (by id, by resource), agents, pools and who holds each identifier, and every outcome by command
-//! id, kept forever — with the last applied sequence and each partition's chain position in the same write
-//! transaction, many outcomes per transaction.
+//! state), leases (by id, by resource), agents, pools and who holds each identifier, every outcome by command id,
+//! kept forever, and the timeline index (each resource's, lease's and pool identifier's steps, [`timeline`]) —
+//! with the last applied sequence and each partition's chain position in the same write transaction, many outcomes
+//! per transaction.
 //!
 //! It folds with the domain's own `apply` (one partition state per partition, in memory) and writes the records an
 //! outcome touched, so a read model can never disagree with the writer's view. It checks every partition's

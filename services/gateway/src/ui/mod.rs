@@ -11,6 +11,7 @@
 
 mod layout;
 mod overview;
+mod timeline;
 
 use std::sync::Arc;
 
