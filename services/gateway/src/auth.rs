@@ -1,5 +1,6 @@
 //! Who is calling: the bearer tokens of `leasehold serve --tokens FILE`, each naming a principal, and the layer that
-//! refuses (401) a request to `/v1/...` without one of them. The principal it finds is the issuer the gateway records
+//! refuses (401) a request to `/v1/...` without one of them (or, for a read, without a session of the operator's
+//! view: [`crate::session`]). The principal it finds is the issuer the gateway records
 //! on the commands of that request (`commands::post`): "who released what" is a fact of the gateway's, not a claim of
 //! the body's.
 //!
@@ -21,13 +22,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 use leasehold_schemas::ids::Issuer;
 use sha2::{Digest, Sha256};
+use tokio::time::Instant;
 
 use crate::error;
+use crate::session::Access;
 
 /// The shortest token taken: 16 characters of a random alphabet are more than a network attacker can guess.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -231,23 +234,49 @@ fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
 #[derive(Debug, Clone)]
 pub(crate) struct Principal(pub(crate) Issuer);
 
-/// Lets a request through with its [`Principal`] when it carries `Authorization: Bearer <one of the tokens>`;
-/// otherwise answers 401 with `WWW-Authenticate: Bearer` and the handler never runs (nothing is published).
-pub(crate) async fn authenticate(State(tokens): State<Arc<Tokens>>, mut request: Request, next: Next) -> Response {
-    let presented = request.headers().get(header::AUTHORIZATION).map(|value| {
+/// The bearer token of a request's `Authorization` header: `None` without the header, `Some(None)` when it is not
+/// `Bearer <token>`.
+pub(crate) fn bearer_of(request: &Request) -> Option<Option<String>> {
+    request.headers().get(header::AUTHORIZATION).map(|value| {
         value.to_str().ok().and_then(|text| {
             let (scheme, token) = text.trim().split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then(|| token.trim().to_owned())
         })
-    });
+    })
+}
+
+/// Whether a request only reads: what a session of the operator's view may do.
+pub(crate) fn reads(method: &Method) -> bool {
+    method == Method::GET || method == Method::HEAD
+}
+
+/// Lets a request to `/v1/...` through with its [`Principal`] when it carries `Authorization: Bearer <one of the
+/// tokens>`, or, when it only reads (`GET`, `HEAD`), the cookie of a live session of the operator's view (the live
+/// feed's `EventSource` cannot send a header); otherwise answers 401 with `WWW-Authenticate: Bearer` and the handler
+/// never runs (nothing is published). A command with a session cookie and no token is refused like one with
+/// nothing: a session only reads.
+pub(crate) async fn authenticate(State(access): State<Arc<Access>>, mut request: Request, next: Next) -> Response {
+    let presented = bearer_of(&request);
     let had_header = presented.is_some();
     let refusal = match presented {
         None => {
-            "this gateway needs `Authorization: Bearer <token>`, a token of its --tokens file (the command line: \
+            if reads(request.method())
+                && let Some(principal) = access.session_principal(request.headers(), Instant::now())
+            {
+                request.extensions_mut().insert(Principal(principal));
+                return next.run(request).await;
+            }
+            if !reads(request.method()) && Access::has_session_cookie(request.headers()) {
+                "a session of the operator's view only reads (GET): a command needs `Authorization: Bearer <token>`, a \
+                 token of the gateway's --tokens file (the command line: LEASEHOLD_TOKEN, --token-file or \
+                 --gateway-token)"
+            } else {
+                "this gateway needs `Authorization: Bearer <token>`, a token of its --tokens file (the command line: \
                  LEASEHOLD_TOKEN, --token-file or --gateway-token)"
+            }
         }
         Some(None) => "the Authorization header is not `Bearer <token>`",
-        Some(Some(token)) => match tokens.principal_of(&token) {
+        Some(Some(token)) => match access.tokens.principal_of(&token) {
             Some(principal) => {
                 request.extensions_mut().insert(Principal(principal.clone()));
                 return next.run(request).await;
@@ -255,7 +284,7 @@ pub(crate) async fn authenticate(State(tokens): State<Arc<Tokens>>, mut request:
             None => "the bearer token is not one this gateway knows: check it against the gateway's --tokens file",
         },
     };
-    tracing::info!(path = request.uri().path(), "refused a request without a valid bearer token");
+    tracing::info!(path = request.uri().path(), "refused a request without a valid bearer token or session");
     let mut response = error(StatusCode::UNAUTHORIZED, refusal);
     let challenge =
         if had_header { r#"Bearer realm="leasehold", error="invalid_token""# } else { r#"Bearer realm="leasehold""# };

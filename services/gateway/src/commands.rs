@@ -152,7 +152,7 @@ pub(crate) struct Refusal {
 }
 
 impl Refusal {
-    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Refusal { status, message: message.into() }
     }
 
@@ -444,15 +444,25 @@ pub(crate) async fn get<L: Log>(
         Ok(query) => query,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad query: {}", e.body_text())),
     };
-    if let Err(e) = id.parse::<CommandId>() {
-        return error(StatusCode::BAD_REQUEST, format!("{id:?} is not a command id: {e}"));
+    match lookup(&api, &id, query.seq).await {
+        Ok(status) => Json(status).into_response(),
+        Err(refusal) => refusal.into_response(),
     }
-    match status_of(&api, &id, query.seq).await {
-        Ok(Some(status)) => Json(status).into_response(),
-        Ok(None) => error(
+}
+
+/// Where command `id` stands, as `GET /v1/commands/{id}[?seq=N]` answers it: its outcome, or its dead letter. A
+/// text that is not a command id is a 400, a command with neither a 404, a projection or log that cannot be read
+/// a 503.
+pub(crate) async fn lookup<L: Log>(api: &Api<L>, id: &str, seq: Option<u64>) -> Result<CommandStatus, Refusal> {
+    if let Err(e) = id.parse::<CommandId>() {
+        return Err(Refusal::new(StatusCode::BAD_REQUEST, format!("{id:?} is not a command id: {e}")));
+    }
+    match status_of(api, id, seq).await {
+        Ok(Some(status)) => Ok(status),
+        Ok(None) => Err(Refusal::new(
             StatusCode::NOT_FOUND,
             format!("no outcome and no dead letter for command {id}: it was not published, or is not decided yet"),
-        ),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+        )),
+        Err(e) => Err(Refusal::new(StatusCode::SERVICE_UNAVAILABLE, e)),
     }
 }

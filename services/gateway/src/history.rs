@@ -17,7 +17,7 @@ use leasehold_log::Log;
 use leasehold_projector::timeline::{self, Row, Thing};
 use leasehold_projector::{At, History};
 use leasehold_schemas::codec;
-use leasehold_schemas::ids::{AgentName, LeaseId, PoolName, ResourceRef};
+use leasehold_schemas::ids::{LeaseId, PoolName};
 
 use crate::{Api, error, unavailable};
 
@@ -162,22 +162,14 @@ fn bad_query(e: QueryRejection) -> Response {
 
 /// A resource's reference (`<agent>.<id>`) as the thing its history is kept for.
 pub(crate) fn resource_thing(reference: &str) -> Result<Thing, String> {
-    reference
-        .parse::<ResourceRef>()
-        .map(|r| Thing::Resource(r.resource))
-        .map_err(|e| format!("{reference:?} is not a resource reference <agent>.<id>: {e}"))
+    crate::queries::resource_ref(reference).map(|r| Thing::Resource(r.resource))
 }
 
 /// A lease's reference (`<agent>.<lease id>`) as the thing its history is kept for.
 pub(crate) fn lease_thing(reference: &str) -> Result<Thing, String> {
-    let (agent, lease) = reference
-        .split_once('.')
-        .ok_or_else(|| format!("{reference:?} is not a lease reference <agent>.<lease id>: no '.'"))?;
-    AgentName::new(agent).map_err(|e| format!("{reference:?} is not a lease reference <agent>.<lease id>: {e}"))?;
-    lease
-        .parse::<LeaseId>()
-        .map(Thing::Lease)
-        .map_err(|e| format!("{reference:?} is not a lease reference <agent>.<lease id>: {e}"))
+    crate::queries::check_lease_ref(reference)?;
+    let (_, lease) = reference.split_once('.').ok_or_else(|| format!("{reference:?}: no lease id"))?;
+    lease.parse::<LeaseId>().map(Thing::Lease).map_err(|e| format!("{reference:?}: {e}"))
 }
 
 /// `GET /v1/resources/{ref}/history?after=&before=&limit=`

@@ -25,8 +25,9 @@
 //!
 //! With [`GatewayConfig::tokens`], every `/v1/...` request needs `Authorization: Bearer <token>` (401 otherwise,
 //! before anything is read or published), and a command's issuer is the principal of its token, whatever its body
-//! says ([`auth`]). Without tokens (development, on loopback: `leasehold serve` enforces that), the body's issuer
-//! stays.
+//! says ([`auth`]). The operator's view trades a token for a read-only session at its login page ([`session`]): its
+//! cookie is taken on reads (`GET`, `HEAD`) only. Without tokens (development, on loopback: `leasehold serve`
+//! enforces that), the body's issuer stays.
 
 #![forbid(unsafe_code)]
 // Handlers answer errors as ready responses, once per request: boxing them would save nothing that matters.
@@ -35,6 +36,7 @@
 mod auth;
 mod batch;
 mod commands;
+mod connection;
 mod dead;
 mod events;
 mod export;
@@ -42,6 +44,7 @@ mod history;
 mod metrics;
 mod queries;
 mod ready;
+mod session;
 mod ui;
 
 use std::sync::Arc;
@@ -61,8 +64,10 @@ pub use auth::{MIN_TOKEN_LEN, TokenFileError, TokenFileErrorKind, Tokens};
 pub use batch::{BatchAnswer, BatchRefusal, MAX_BATCH_BYTES, MAX_BATCH_COMMANDS};
 pub use commands::{CommandStatus, DeadLetterView, PositionedOutcome};
 pub use dead::DeadView;
+pub use events::EventsMetrics;
 pub use metrics::ProjectionMetrics;
 pub use ready::{Readiness, ReadyCheck};
+pub use session::MAX_SESSION_TTL;
 
 /// Settings of the gateway.
 #[derive(Debug, Clone)]
@@ -83,6 +88,24 @@ pub struct GatewayConfig {
     /// How long after it ended a terminal record (a destroyed resource, a released lease...) is still listed by
     /// `GET /v1/resources` and `/v1/leases` without `all=true`.
     pub list_ended_for: Duration,
+    /// With tokens: how long a session of the operator's view lasts from its login (at most [`MAX_SESSION_TTL`]).
+    pub ui_session_ttl: Duration,
+    /// With tokens: the most sessions of the operator's view kept at once; a login beyond it ends the oldest.
+    pub ui_sessions_max: usize,
+    /// Whether browsers reach the gateway over TLS (a proxy in front of it ends TLS): session cookies are then
+    /// `Secure`, never sent over plain HTTP.
+    pub behind_tls: bool,
+    /// The most streams of `GET /v1/events` open at once; one more is answered 503 with `Retry-After`.
+    pub events_max_streams: usize,
+    /// How long a stream of events waits for a client that does not read (its connection full, the events between
+    /// the log and it all waiting) before it ends the stream and closes the connection; the client resumes from
+    /// its last id.
+    pub events_stall_timeout: Duration,
+    /// How many events wait, per stream, between the log and a client's connection (beyond what the connection's
+    /// buffers hold): when they are all waiting, the client is not reading.
+    pub events_buffer: usize,
+    /// The counts of the streams of events (open, refused, dropped), registered by whoever owns the registry.
+    pub events_metrics: EventsMetrics,
 }
 
 impl Default for GatewayConfig {
@@ -94,6 +117,13 @@ impl Default for GatewayConfig {
             ingest_batch: leasehold_log::MAX_APPEND_RECORDS,
             ready: ReadyCheck::ready(),
             list_ended_for: Duration::from_secs(3600),
+            ui_session_ttl: Duration::from_secs(12 * 3600),
+            ui_sessions_max: 10_000,
+            behind_tls: false,
+            events_max_streams: 256,
+            events_stall_timeout: Duration::from_secs(30),
+            events_buffer: 64,
+            events_metrics: EventsMetrics::default(),
         }
     }
 }
@@ -107,6 +137,8 @@ pub struct Api<L: Log> {
     reader: Reader,
     applied: tokio::sync::watch::Receiver<u64>,
     dead: dead::DeadLetters,
+    /// The open streams of `GET /v1/events`, at most [`GatewayConfig::events_max_streams`].
+    event_streams: Arc<tokio::sync::Semaphore>,
     config: GatewayConfig,
     shutdown: CancellationToken,
 }
@@ -123,7 +155,17 @@ impl<L: Log> Api<L> {
     pub fn new(log: L, projector: &Projector, config: GatewayConfig, shutdown: CancellationToken) -> Arc<Self> {
         let (reader, applied) = (projector.reader(), projector.subscribe());
         let ingest = leasehold_log::ingest::Ingest::start(log.clone(), config.ingest_batch);
-        Arc::new(Api { log, ingest, reader, applied, dead: dead::DeadLetters::default(), config, shutdown })
+        let event_streams = Arc::new(tokio::sync::Semaphore::new(config.events_max_streams));
+        Arc::new(Api {
+            log,
+            ingest,
+            reader,
+            applied,
+            dead: dead::DeadLetters::default(),
+            event_streams,
+            config,
+            shutdown,
+        })
     }
 }
 
@@ -182,11 +224,15 @@ impl Failures {
     }
 }
 
-/// The whole API: `/v1/...`, `/healthz`, `/readyz` and `/metrics`. With tokens, every `/v1/...` route answers 401 to a
-/// request without a valid bearer token; `/healthz`, `/readyz` and `/metrics` never ask for one (probes and scrapers
-/// hold no token, and they show counts and roles, not names).
+/// The whole API: `/v1/...`, `/ui/...`, `/healthz`, `/readyz` and `/metrics`. With tokens, every `/v1/...` route
+/// answers 401 to a request without a valid bearer token (a read may carry a session of the operator's view
+/// instead), and every page of `/ui` but its login page asks for a session; `/healthz`, `/readyz` and `/metrics` never
+/// ask for one (probes and scrapers hold no token, and they show counts and roles, not names).
 pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
-    let tokens = api.config.tokens.clone();
+    let access = api.config.tokens.clone().map(|tokens| {
+        let sessions = session::Sessions::new(api.config.ui_session_ttl, api.config.ui_sessions_max);
+        Arc::new(session::Access::new(tokens, sessions, api.config.behind_tls))
+    });
     let api_for_ui = api.clone();
     let gate = || axum::middleware::from_fn_with_state(api.config.ready.clone(), ready::gate);
     let v1 = Router::new()
@@ -212,14 +258,11 @@ pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
         .route("/v1/export", get(export::export::<L>))
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(api);
-    let ui = ui::router(api_for_ui, health.clone());
-    let (v1, ui) = match tokens {
-        Some(tokens) => (
-            v1.route_layer(axum::middleware::from_fn_with_state(tokens.clone(), auth::authenticate)),
-            ui.route_layer(axum::middleware::from_fn_with_state(tokens, auth::authenticate)),
-        ),
-        None => (v1, ui),
+    let v1 = match &access {
+        Some(access) => v1.route_layer(axum::middleware::from_fn_with_state(access.clone(), auth::authenticate)),
+        None => v1,
     };
+    let ui = ui::router(api_for_ui, health.clone(), access);
     v1.merge(ui).merge(metrics_only(health))
 }
 
@@ -242,13 +285,17 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
     error(StatusCode::METHOD_NOT_ALLOWED, format!("{} does not take {method}", uri.path()))
 }
 
-/// Serves `router` on `listener` until `shutdown`; open streams of events end with it.
+/// Serves `router` on `listener` until `shutdown`; open streams of events end with it. Each connection can be closed
+/// from inside a request ([`connection`]): a stream of events whose client stopped reading closes its connection.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
+    let service = router.into_make_service_with_connect_info::<connection::Connection>();
+    axum::serve(connection::Listener::new(listener), service)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
 }
 
 #[derive(Serialize)]

@@ -1,6 +1,7 @@
 //! The read models: resources, leases, agents, pools, dead letters.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -14,7 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Api, error, path_param, unavailable};
 
-const RESOURCE_STATES: &[&str] =
+/// Every state a resource may be in, in the order of its life.
+pub(crate) const RESOURCE_STATES: &[&str] =
     &["pending", "active", "paused", "suspect", "releasing", "destroyed", "lost", "orphaned", "failed"];
 
 fn found<T: Serialize>(what: &str, name: &str, value: Result<Option<T>, leasehold_projector::Error>) -> Response {
@@ -44,16 +46,16 @@ pub(crate) async fn resource<L: Log>(
         Ok(reference) => reference,
         Err(response) => return response,
     };
-    let parsed: ResourceRef = match reference.parse() {
+    let parsed = match resource_ref(&reference) {
         Ok(parsed) => parsed,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("{reference:?} is not a resource reference <agent>.<id>: {e}"),
-            );
-        }
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     found("resource", &reference, api.reader.resource(&parsed))
+}
+
+/// `reference` read as a resource reference, `<agent>.<id>`; `Err` says why it is not one (a 400).
+pub(crate) fn resource_ref(reference: &str) -> Result<ResourceRef, String> {
+    reference.parse().map_err(|e| format!("{reference:?} is not a resource reference <agent>.<id>: {e}"))
 }
 
 /// The most records one page holds (`limit` above it is this).
@@ -62,23 +64,25 @@ const MAX_PAGE: usize = 10_000;
 /// The query of a list (`GET /v1/resources`, `GET /v1/leases`): filters, `all`, and keyset paging (`after`, `limit`).
 /// `attr` may be given several times (`attr=team=ci&attr=zone=a`): every one must match.
 #[derive(Debug, Default)]
-struct ListQuery {
+pub(crate) struct ListQuery {
+    /// The query as given, in order: what the link to the next page carries.
     pairs: Vec<(String, String)>,
-    agent: Option<String>,
-    state: Option<String>,
-    kind: Option<String>,
+    pub(crate) agent: Option<String>,
+    pub(crate) state: Option<String>,
+    pub(crate) kind: Option<String>,
     resource: Option<String>,
-    holder: Option<String>,
-    attrs: Vec<(String, String)>,
-    all: bool,
-    after: Option<String>,
-    limit: Option<usize>,
+    pub(crate) holder: Option<String>,
+    pub(crate) attrs: Vec<(String, String)>,
+    pub(crate) all: bool,
+    pub(crate) after: Option<String>,
+    pub(crate) limit: Option<usize>,
 }
 
 impl ListQuery {
-    /// Reads `pairs`, taking only the names in `allowed` (anything else is a 400, as an unknown field is elsewhere).
-    fn parse(pairs: Vec<(String, String)>, allowed: &[&str]) -> Result<ListQuery, Response> {
-        let bad = |message: String| error(StatusCode::BAD_REQUEST, format!("bad query: {message}"));
+    /// Reads `pairs`, taking only the names in `allowed` (anything else is a 400, as an unknown field is elsewhere);
+    /// `Err` says what is wrong.
+    fn parse(pairs: Vec<(String, String)>, allowed: &[&str]) -> Result<ListQuery, String> {
+        let bad = |message: String| format!("bad query: {message}");
         let mut query = ListQuery::default();
         for (name, value) in &pairs {
             if !allowed.contains(&name.as_str()) {
@@ -121,7 +125,7 @@ impl ListQuery {
 
     /// Terminal records that ended before this log time are left out: `shown_for` (an hour by default) before now
     /// by this process's clock, unless `all` is given.
-    fn ended_before(&self, shown_for: std::time::Duration) -> Option<u64> {
+    fn ended_before(&self, shown_for: Duration) -> Option<u64> {
         if self.all {
             return None;
         }
@@ -139,19 +143,25 @@ impl ListQuery {
         };
         let mut response = Json(page.records).into_response();
         if let Some(next) = page.next {
-            let mut query: Vec<String> = self
-                .pairs
-                .iter()
-                .filter(|(name, _)| name != "after")
-                .map(|(name, value)| format!("{}={}", encode(name), encode(value)))
-                .collect();
-            query.push(format!("after={}", encode(&next)));
-            let link = format!("<{path}?{}>; rel=\"next\"", query.join("&"));
+            let link = format!("<{path}?{}>; rel=\"next\"", self.query_after(Some(&next)));
             if let Ok(value) = axum::http::HeaderValue::from_str(&link) {
                 response.headers_mut().insert(axum::http::header::LINK, value);
             }
         }
         response
+    }
+
+    /// The query string of the same list from `after` on (`None`: from its start): every pair as given but
+    /// `after`, each percent-encoded, then `after`. What the link to the next page carries.
+    pub(crate) fn query_after(&self, after: Option<&str>) -> String {
+        let mut query: Vec<String> = self
+            .pairs
+            .iter()
+            .filter(|(name, _)| name != "after")
+            .map(|(name, value)| format!("{}={}", encode(name), encode(value)))
+            .collect();
+        query.extend(after.map(|after| format!("after={}", encode(after))));
+        query.join("&")
     }
 }
 
@@ -177,22 +187,34 @@ pub(crate) async fn resources<L: Log>(
         Ok(query) => query,
         Err(e) => return bad_query(e),
     };
-    let query = match ListQuery::parse(pairs, &["agent", "state", "kind", "attr", "holder", "all", "after", "limit"]) {
-        Ok(query) => query,
-        Err(response) => return response,
-    };
+    match resource_list(pairs, api.config.list_ended_for) {
+        Ok(ResourceList { query, filters }) => query.answer("/v1/resources", api.reader.resources_page(&filters)),
+        Err(message) => error(StatusCode::BAD_REQUEST, message),
+    }
+}
+
+/// A list of resources as asked for: the query (whose pairs the link to the next page carries) and the read
+/// model's filters it makes.
+#[derive(Debug)]
+pub(crate) struct ResourceList {
+    pub(crate) query: ListQuery,
+    pub(crate) filters: ResourceQuery,
+}
+
+/// Reads and checks `pairs` as `GET /v1/resources` takes them (`agent`, `state`, `kind`, `attr`, `holder`, `all`,
+/// `after`, `limit`): records that ended more than `ended_for` ago are left out unless `all` is given. `Err` says
+/// what is wrong with the query (a 400).
+pub(crate) fn resource_list(pairs: Vec<(String, String)>, ended_for: Duration) -> Result<ResourceList, String> {
+    let query = ListQuery::parse(pairs, &["agent", "state", "kind", "attr", "holder", "all", "after", "limit"])?;
     if let Some(agent) = &query.agent
         && let Err(e) = AgentName::new(agent.as_str())
     {
-        return error(StatusCode::BAD_REQUEST, format!("bad query: agent: {e}"));
+        return Err(format!("bad query: agent: {e}"));
     }
     if let Some(state) = &query.state
         && !RESOURCE_STATES.contains(&state.as_str())
     {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("bad query: state {state:?} is not one of {}", RESOURCE_STATES.join(", ")),
-        );
+        return Err(format!("bad query: state {state:?} is not one of {}", RESOURCE_STATES.join(", ")));
     }
     let filters = ResourceQuery {
         agent: query.agent.clone(),
@@ -200,11 +222,11 @@ pub(crate) async fn resources<L: Log>(
         kind: query.kind.clone(),
         attrs: query.attrs.clone(),
         holder: query.holder.clone(),
-        ended_before: query.ended_before(api.config.list_ended_for),
+        ended_before: query.ended_before(ended_for),
         after: query.after.clone(),
         limit: query.limit,
     };
-    query.answer("/v1/resources", api.reader.resources_page(&filters))
+    Ok(ResourceList { query, filters })
 }
 
 /// `GET /v1/leases?resource=&holder=&attr=k=v&all=&after=&limit=`
@@ -218,7 +240,7 @@ pub(crate) async fn leases<L: Log>(
     };
     let query = match ListQuery::parse(pairs, &["resource", "holder", "attr", "all", "after", "limit"]) {
         Ok(query) => query,
-        Err(response) => return response,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     let resource = match &query.resource {
         None => None,
@@ -247,20 +269,22 @@ pub(crate) async fn lease<L: Log>(
         Ok(reference) => reference,
         Err(response) => return response,
     };
-    let parsed = reference
+    if let Err(message) = check_lease_ref(&reference) {
+        return error(StatusCode::BAD_REQUEST, message);
+    }
+    found("lease", &reference, api.reader.lease(&reference))
+}
+
+/// Whether `reference` is a lease reference, `<agent>.<lease id>`; `Err` says why not (a 400).
+pub(crate) fn check_lease_ref(reference: &str) -> Result<(), String> {
+    reference
         .split_once('.')
         .ok_or_else(|| "no '.' between the agent and the lease id".to_owned())
         .and_then(|(agent, lease)| {
             AgentName::new(agent).map_err(|e| e.to_string())?;
-            lease.parse::<LeaseId>().map_err(|e| e.to_string())
-        });
-    if let Err(e) = parsed {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("{reference:?} is not a lease reference <agent>.<lease id>: {e}"),
-        );
-    }
-    found("lease", &reference, api.reader.lease(&reference))
+            lease.parse::<LeaseId>().map(|_| ()).map_err(|e| e.to_string())
+        })
+        .map_err(|e| format!("{reference:?} is not a lease reference <agent>.<lease id>: {e}"))
 }
 
 pub(crate) async fn agents<L: Log>(State(api): State<Arc<Api<L>>>) -> Response {

@@ -56,7 +56,9 @@ async fn submit(gateway: &Gateway, issuer: &str, body: impl Into<Command>, corre
         let (status, _, answer) = get(gateway, &format!("/v1/commands/{id}")).await;
         let parts: Vec<Outcome> = answer["outcomes"]
             .as_array()
-            .map(|parts| parts.iter().map(|p| serde_json::from_value(p["outcome"].clone()).expect("an outcome")).collect())
+            .map(|parts| {
+                parts.iter().map(|p| serde_json::from_value(p["outcome"].clone()).expect("an outcome")).collect()
+            })
             .unwrap_or_default();
         if status == StatusCode::OK && parts.last().is_some_and(|o: &Outcome| !o.continues()) {
             return parts;
@@ -193,8 +195,7 @@ async fn the_gateways_history_is_replays_without_the_state() {
     let releasing = submit(&gateway, "op:alice", release, None).await;
     let (ordered, _) = effect(accepted(&releasing), "resource-releasing");
     effect(&releasing, "lease-broken");
-    let destroyed =
-        ReportDestroyed { agent: agent.clone(), epoch, obs: 3, resource: r1, ordered: ordered.position };
+    let destroyed = ReportDestroyed { agent: agent.clone(), epoch, obs: 3, resource: r1, ordered: ordered.position };
     let destroyed = submit(&gateway, "worker-b", destroyed, None).await;
     let (releasable, _) = effect(accepted(&destroyed), "claim-releasable");
     let free = Free {
@@ -253,12 +254,16 @@ async fn the_gateways_history_is_replays_without_the_state() {
     assert!(r1_rows[9].effects.is_empty() && r1_rows[9].rejection.is_some());
     assert_eq!((r1_rows[1].partition, r1_rows[13].partition), (grant.partition, grant.partition), "the pool's");
     assert_eq!(r1_rows[14].outcome, "rejected", "the acquire after the destroy names R1 in its body");
-    assert_eq!(commands(&answers[2]), ["op.acquire", "op.renew", "op.renew", "op.renew", "op.release-lease", "op.renew"]);
+    assert_eq!(
+        commands(&answers[2]),
+        ["op.acquire", "op.renew", "op.renew", "op.renew", "op.release-lease", "op.renew"]
+    );
     assert_eq!(commands(&answers[3]), ["op.acquire", "op.release"], "L2 granted, then broken by the release");
     assert_eq!(commands(&answers[4]), ["sys.claim", "sys.bind-claim", "agent.report-destroyed", "sys.free"]);
 
     // Older pages: from the newest, `before=` the first step of each page.
-    let (status, link, page) = get(&gateway, &format!("/v1/resources/{r1_ref}/history?before=18446744073709551615&limit=4")).await;
+    let (status, link, page) =
+        get(&gateway, &format!("/v1/resources/{r1_ref}/history?before=18446744073709551615&limit=4")).await;
     assert_eq!(status, StatusCode::OK);
     let page: Vec<Row> = serde_json::from_value(page).expect("rows");
     assert_eq!(page, r1_rows[r1_rows.len() - 4..], "the newest four");

@@ -62,6 +62,22 @@ pub(crate) struct ServeArgs {
     /// port is published on the host's loopback only. Commands then carry the issuer they claim.
     #[arg(long, conflicts_with = "tokens")]
     insecure_no_auth: bool,
+    /// With --tokens: how long a session of the operator's view (/ui) lasts from its login, at most 400 days. The
+    /// login page trades a token for a session; the session only reads.
+    #[arg(long, default_value = "12h", value_parser = humantime::parse_duration)]
+    ui_session_ttl: Duration,
+    /// Browsers reach this gateway over TLS, through something in front of it that ends TLS (this build serves
+    /// plain HTTP only): the operator's view's session cookies are then marked Secure, never sent without TLS.
+    #[arg(long)]
+    behind_tls: bool,
+    /// The most streams of GET /v1/events (the command line's `watch`, the operator's view's live feed) open at
+    /// once; one more is answered 503 with Retry-After.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    events_max_streams: u32,
+    /// A stream of events whose client reads nothing for this long while events wait for it is ended and its
+    /// connection closed (the client resumes from its last event id); counted in leasehold_event_streams_dropped.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    events_stall_timeout: Duration,
     /// Run an agent in this process: NAME=DRIVER, the driver being dir:PATH (one directory per resource under
     /// PATH) or docker:[ENDPOINT] (containers and volumes on a Docker daemon). Repeatable. On one machine this is how agents run, since the embedded log is one process's.
     #[arg(long = "agent", value_name = "NAME=DRIVER")]
@@ -279,6 +295,15 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
             "the gateway serves the read models of the projector in the same process: run --roles gateway,projector"
         );
     }
+    if args.ui_session_ttl.is_zero() || args.ui_session_ttl > leasehold_gateway::MAX_SESSION_TTL {
+        return Err(crate::policy::BadCommandLine(
+            "--ui-session-ttl must be longer than 0 and at most 400 days (browsers keep a cookie no longer)".into(),
+        )
+        .into());
+    }
+    if args.events_stall_timeout.is_zero() {
+        return Err(crate::policy::BadCommandLine("--events-stall-timeout must be longer than 0".into()).into());
+    }
     if args.sweep_interval.is_zero() || args.sweep_retry.is_zero() {
         return Err(
             crate::policy::BadCommandLine("--sweep-interval and --sweep-retry must be longer than 0".into()).into()
@@ -340,6 +365,8 @@ async fn serve<L: Log>(
     };
     let projection_metrics =
         projector.as_ref().map(|p| leasehold_gateway::ProjectionMetrics::register(&mut registry, p.reader()));
+    let events_metrics =
+        args.roles.contains(&Role::Gateway).then(|| leasehold_gateway::EventsMetrics::register(&mut registry));
     let worker_metrics =
         args.roles.contains(&Role::Worker).then(|| leasehold_worker::WorkerMetrics::register(&mut registry));
     let sweeper_metrics =
@@ -390,6 +417,11 @@ async fn serve<L: Log>(
                 Some(tokens) => {
                     let principals = tokens.principals().iter().map(|p| p.as_str()).collect::<Vec<_>>().join(", ");
                     println!("gateway: bearer tokens of {principals}; each command's issuer is its caller's principal");
+                    println!(
+                        "gateway: the operator's view (/ui) logs in with a token for a read-only session of {}{}",
+                        humantime::format_duration(args.ui_session_ttl),
+                        if args.behind_tls { " (Secure cookies: behind TLS)" } else { "" }
+                    );
                 }
                 None => println!("gateway: no authentication (no --tokens): each command's issuer is what it says"),
             }
@@ -399,6 +431,11 @@ async fn serve<L: Log>(
                 ingest_batch: usize::from(args.ingest_batch),
                 ready: ReadyCheck::new(move || waits.waiting_on()),
                 list_ended_for: args.list_ended_for,
+                ui_session_ttl: args.ui_session_ttl,
+                behind_tls: args.behind_tls,
+                events_max_streams: usize::try_from(args.events_max_streams).unwrap_or(usize::MAX),
+                events_stall_timeout: args.events_stall_timeout,
+                events_metrics: events_metrics.clone().unwrap_or_default(),
                 ..Default::default()
             };
             let api = leasehold_gateway::Api::new(log.clone(), projector, config, shutdown.clone());
@@ -611,6 +648,7 @@ mod tests {
 
     #[test]
     fn without_tokens_the_gateway_listens_on_loopback_only_unless_told_it_is_guarded() {
+        // The operator's view (/ui) is served by the same router on the same --listen: the rule covers it too.
         for listen in ["127.0.0.1:0", "[::1]:7420"] {
             let ok = checked(&["--listen", listen]).unwrap_or_else(|e| panic!("{listen}: {e:#}"));
             assert!(ok.tokens.is_none());
@@ -620,6 +658,21 @@ mod tests {
         assert!(checked(&["--listen", "10.1.2.3:7420", "--insecure-no-auth"]).is_ok());
         // A process without the gateway serves /healthz and /metrics only: nothing to guard.
         assert!(checked(&["--roles", "worker", "--listen", "0.0.0.0:7421"]).is_ok());
+    }
+
+    #[test]
+    fn the_view_s_sessions_and_the_event_streams_take_sane_bounds() {
+        for ttl in ["0s", "401days"] {
+            let refused = checked(&["--ui-session-ttl", ttl]).err().unwrap_or_else(|| panic!("{ttl} is refused"));
+            assert!(refused.to_string().contains("--ui-session-ttl must be longer than 0"), "{refused}");
+        }
+        for ttl in ["1s", "12h", "400days"] {
+            assert!(checked(&["--ui-session-ttl", ttl, "--behind-tls"]).is_ok(), "{ttl}");
+        }
+        let refused = checked(&["--events-stall-timeout", "0s"]).err().expect("zero is refused");
+        assert!(refused.to_string().contains("--events-stall-timeout must be longer than 0"), "{refused}");
+        assert!(checked(&["--events-max-streams", "0"]).is_err(), "no stream at all is no feed");
+        assert!(checked(&["--events-max-streams", "1", "--events-stall-timeout", "250ms"]).is_ok());
     }
 
     #[test]

@@ -34,9 +34,9 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 pub use views::{
-    AgentView, BreakerView, ClaimView, CordonView, DestroyBlockedView, DrainView, DriverView, HolderView, LeaseBrief,
-    LeaseView, PlacementView, PolicyView, PoolView, QuarantineView, QueuePlace, QuotaView, ResourceView, WaitingOn,
-    queue_places,
+    AgentView, BreakerView, ClaimView, CoolingView, CordonView, DestroyBlockedView, DrainView, DriverView, HolderView,
+    LeaseBrief, LeaseView, PlacementView, PolicyView, PoolView, QuarantineView, QueuePlace, QuotaView, ResourceView,
+    WaitingOn, queue_places,
 };
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -65,9 +65,9 @@ const COUNTS: TableDefinition<(&str, &str), u64> = TableDefinition::new("counts"
 const TIMELINE: TableDefinition<(&str, u64), (&str, u64, u32, bool, Vec<u32>)> = TableDefinition::new("timeline");
 
 /// The layout of the read models. A projection of another layout (made by another build) is dropped when opened
-/// and folded again from sequence 1: the log is the truth, the projection a cache of it. Layout 8 added the
+/// and folded again from sequence 1: the log is the truth, the projection a cache of it. Layout 9 added the
 /// timeline index ([`TIMELINE`]).
-pub const PROJECTION_VERSION: u64 = 8;
+pub const PROJECTION_VERSION: u64 = 9;
 /// The outcomes table of layout 1, keyed without the command sequence: dropped with the rest.
 const OUTCOMES_V1: TableDefinition<(&str, u32), (u64, &str)> = TableDefinition::new("outcomes");
 
@@ -1029,6 +1029,26 @@ impl Reader {
 
     pub fn agents(&self) -> Result<Vec<AgentView>, Error> {
         self.all(AGENTS)
+    }
+
+    /// The records of the agents named in `names` that have one, by name, read in one transaction: what a page of
+    /// resources needs of their agents, without reading every agent.
+    pub fn agents_named<'n>(
+        &self,
+        names: impl IntoIterator<Item = &'n str>,
+    ) -> Result<BTreeMap<String, AgentView>, Error> {
+        let read = self.db.begin_read().map_err(storage)?;
+        let table = read.open_table(AGENTS).map_err(storage)?;
+        let mut out = BTreeMap::new();
+        for name in names {
+            if out.contains_key(name) {
+                continue;
+            }
+            if let Some(json) = table.get(name).map_err(storage)? {
+                out.insert(name.to_owned(), from_json(json.value())?);
+            }
+        }
+        Ok(out)
     }
 
     /// How many resource and lease records are in each state: `(("resources" | "leases", state), n)`.

@@ -492,9 +492,25 @@ pub struct PoolView {
     pub cooling: u64,
     /// When each of those cool-downs ends (unix ms, earliest first).
     pub cooling_until: Vec<u64>,
+    /// The same cool-downs with their identifiers, earliest end first: what the operator's pool page lists. Empty in
+    /// records written before it was kept (the projection is folded again when its layout changes).
+    #[serde(default)]
+    pub cooling_values: Vec<CoolingView>,
+    /// The holders waiting for an identifier (`<agent>.<resource id>`), first come first: the order the pool grants
+    /// them in.
+    #[serde(default)]
+    pub waiters: Vec<String>,
     /// Log time of the outcome this record is as of (unix ms).
     pub updated_at: u64,
     pub as_of: u64,
+}
+
+/// One freed identifier of a pool still cooling, and when its cool-down ends (unix ms): until then the pool does not
+/// hand it out again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoolingView {
+    pub value: String,
+    pub until: u64,
 }
 
 /// A placement: an allocation that named no agent, and where it went.
@@ -766,13 +782,15 @@ impl PoolView {
     /// The record of `pool` as of the outcome at `as_of`, decided at `updated_at`. The pool keeps a freed identifier
     /// in its cooling queue until it is handed out again, cooled or not: only those still cooling then count.
     pub fn of(pool: &Pool, as_of: u64, updated_at: Timestamp) -> Self {
-        let cooling_until: Vec<u64> = pool
+        // The queue is in order of the frees, so of the ends too: the earliest first.
+        let cooling_values: Vec<CoolingView> = pool
             .cooling
-            .keys()
-            .map(|(freed_at, _)| freed_at.saturating_add(pool.cooldown))
-            .filter(|until| *until > updated_at)
-            .map(|until| until.0)
+            .iter()
+            .map(|((freed_at, _), value)| (freed_at.saturating_add(pool.cooldown), value))
+            .filter(|(until, _)| *until > updated_at)
+            .map(|(until, value)| CoolingView { value: value.to_string(), until: until.0 })
             .collect();
+        let cooling_until: Vec<u64> = cooling_values.iter().map(|c| c.until).collect();
         PoolView {
             name: pool.name.to_string(),
             kind: json(&pool.kind),
@@ -782,16 +800,19 @@ impl PoolView {
             waiting: pool.waiters.len() as u64,
             cooling: cooling_until.len() as u64,
             cooling_until,
+            cooling_values,
+            waiters: pool.waiters.values().map(ToString::to_string).collect(),
             updated_at: updated_at.0,
             as_of,
         }
     }
 
     /// The record as of `now` (unix ms; never before the record's own time): `cooling` counts only the cool-downs
-    /// not ended by then.
+    /// not ended by then, and `cooling_until` and `cooling_values` list only those.
     pub fn at(mut self, now: u64) -> Self {
         let now = now.max(self.updated_at);
         self.cooling_until.retain(|until| *until > now);
+        self.cooling_values.retain(|cooling| cooling.until > now);
         self.cooling = self.cooling_until.len() as u64;
         self
     }

@@ -327,6 +327,12 @@ fn a_pool_counts_as_cooling_only_what_has_not_cooled_down() {
     let second_until = second.decided_at.0 + Millis::from_hours(2).0;
     assert_eq!((view.cooling, view.cooling_until.clone()), (2, vec![first_until, second_until]));
     assert_eq!(view.updated_at, second.decided_at.0);
+    // With their identifiers (fresh ones are handed out first: slots 0 then 1), earliest end first.
+    let cooling = |view: &leasehold_projector::PoolView| -> Vec<(String, u64)> {
+        view.cooling_values.iter().map(|c| (c.value.clone(), c.until)).collect()
+    };
+    assert_eq!(cooling(&view), [("slot 0".to_owned(), first_until), ("slot 1".to_owned(), second_until)]);
+    assert_eq!(cooling(&view.clone().at(first_until)), [("slot 1".to_owned(), second_until)]);
     assert_eq!(view.clone().at(first_until).cooling, 1, "the first cooled down at its end");
     assert_eq!(view.clone().at(T0.0).cooling, 2, "never counted as of before the record's own time");
     assert_eq!(view.at(second_until + 1).cooling, 0);
@@ -338,4 +344,30 @@ fn a_pool_counts_as_cooling_only_what_has_not_cooled_down() {
     feed(&mut projector, d.outcomes());
     let view = projector.reader().pools().expect("pools").remove(0);
     assert_eq!(view.cooling, 1, "only the one freed just now cools: {view:?}");
+    assert_eq!(view.cooling_values.len(), 1, "{view:?}");
+}
+
+/// A pool's record names the holders that wait for an identifier, first come first, while they wait.
+#[test]
+fn a_full_pool_lists_who_waits_for_it() {
+    let mut d = Driver::new(0, 1, T0);
+    let mut projector = Projector::in_memory(1).expect("a projection");
+    let pool = PoolName::new("one").expect("a name");
+    let define = DefinePool {
+        pool: pool.clone(),
+        kind: PoolKind::Slots { count: 1 },
+        cooldown: Some(Millis::from_secs(1)),
+        orphans: leasehold_schemas::pool::OrphanPolicy::Release,
+    };
+    accepted(d.submit("op:alice", define));
+    let agent = AgentName::new("w1").expect("a name");
+    let holders: Vec<ResourceRef> = (0..3).map(|_| ResourceRef::new(agent.clone(), d.new_resource_id())).collect();
+    for (n, holder) in holders.iter().enumerate() {
+        let source = Source { partition: 0, position: Position(n as u64 + 1) };
+        accepted(d.submit("sweeper-1", Claim { pool: pool.clone(), holder: holder.clone(), source }));
+    }
+    feed(&mut projector, d.outcomes());
+    let view = projector.reader().pools().expect("pools").remove(0);
+    let waiting: Vec<String> = holders[1..].iter().map(ToString::to_string).collect();
+    assert_eq!((view.held, view.waiting, view.waiters.clone()), (1, 2, waiting), "{view:?}");
 }

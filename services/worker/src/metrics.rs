@@ -162,8 +162,8 @@ impl WorkerMetrics {
         self.lag_seconds.get_or_create(&PartitionLabel { partition }).set(seconds.max(0.0));
     }
 
-    /// The last lag (seconds) the writers of this process measured on `partition`: how far behind the newest command
-    /// the last one they decided was, by log time; `None` where they never decided one.
+    /// The last lag (seconds) the writers of this process measured on `partition`: how long the last command they
+    /// decided there had waited since its log time (0 once they are idle); `None` where they never served it.
     pub fn lag_seconds(&self, partition: u32) -> Option<f64> {
         self.lag_seconds.get(&PartitionLabel { partition }).map(|gauge| gauge.get())
     }

@@ -577,10 +577,42 @@ fn writers_under_seeded_faults_decide_as_one_writer_would() {
         return;
     }
     let seeds: u64 = std::env::var("LH_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
-    let mut total = Faults::default();
-    for seed in 0..seeds {
-        total += simulate(seed);
-    }
+    // Seeds are independent (each its own runtime and log), so they run on every core: a thread takes the next seed
+    // not taken yet. Which thread runs a seed changes nothing in it.
+    let next = std::sync::atomic::AtomicU64::new(0);
+    // A failed seed stops the other threads at their next seed (its own panic fails the test).
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let total = std::thread::scope(|scope| {
+        let runners: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut faults = Faults::default();
+                    loop {
+                        let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if seed >= seeds || failed.load(std::sync::atomic::Ordering::Relaxed) {
+                            return faults;
+                        }
+                        match std::panic::catch_unwind(|| simulate(seed)) {
+                            Ok(found) => faults += found,
+                            Err(panic) => {
+                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                                std::panic::resume_unwind(panic)
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut total = Faults::default();
+        for runner in runners {
+            match runner.join() {
+                Ok(faults) => total += faults,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        total
+    });
     eprintln!("{seeds} seeds: {total:?}");
     // Every kind of fault happened (a fault layer that never fires tests nothing).
     for (name, n) in [

@@ -12,16 +12,33 @@ const NAV: &[(&str, &str)] = &[
     ("/ui/feed", "Live feed"),
 ];
 
-/// A page's title and which navigation entry it belongs to.
+tokio::task_local! {
+    /// Who the request being answered came from, when the gateway has tokens: set by the access gate of the pages
+    /// around the whole handler, so that every page's header offers to log out without each page asking for it.
+    static SIGNED_IN: leasehold_schemas::ids::Issuer;
+}
+
+/// Runs `answer` (a page's handler) as a request of `principal`: the pages it renders show who is signed in and a
+/// "Log out" button.
+pub(crate) async fn signed_in<F: std::future::Future>(
+    principal: leasehold_schemas::ids::Issuer,
+    answer: F,
+) -> F::Output {
+    SIGNED_IN.scope(principal, answer).await
+}
+
+/// A page's title, which navigation entry it belongs to, and who is signed in (with tokens; none without).
 #[derive(Debug, Clone)]
 pub(crate) struct Page {
     title: String,
     section: Option<&'static str>,
+    signed_in: Option<leasehold_schemas::ids::Issuer>,
 }
 
 impl Page {
+    /// A page titled `title`; who is signed in is the principal of the request being answered ([`signed_in`]).
     pub(crate) fn new(title: impl Into<String>) -> Self {
-        Page { title: title.into(), section: None }
+        Page { title: title.into(), section: None, signed_in: SIGNED_IN.try_with(Clone::clone).ok() }
     }
 
     /// Marks the navigation entry at `path` as the current section.
@@ -53,6 +70,12 @@ pub(crate) fn page(page: Page, body: Markup) -> Markup {
                             } @else {
                                 a href=(path) { (label) }
                             }
+                        }
+                    }
+                    @if let Some(principal) = &page.signed_in {
+                        span.who { (bdi(principal.as_str())) }
+                        form method="post" action="/ui/logout" {
+                            button type="submit" { "Log out" }
                         }
                     }
                 }

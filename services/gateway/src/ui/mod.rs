@@ -9,8 +9,17 @@
 //! What a producer or an agent wrote (a holder, an attribute, a reason) is shown inside `<bdi>`, so a right-to-left
 //! override in it cannot reorder the text around it; values carried in links are percent-encoded.
 
+mod agents;
+mod command;
+mod feed;
 mod layout;
+mod lease;
+mod login;
 mod overview;
+mod parts;
+mod pools;
+mod resource;
+mod resources;
 mod timeline;
 
 use std::sync::Arc;
@@ -19,31 +28,50 @@ use axum::Router;
 use axum::extract::Path;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use leasehold_log::Log;
 use maud::{Markup, html};
 
+use crate::session::Access;
 use crate::{Api, Health};
 
-pub(crate) use layout::{Page, age, bdi, encode, link, now_ms, page, timestamp};
+pub(crate) use layout::{Page, age, bdi, encode, link, now_ms, page, signed_in, timestamp};
 
 /// What the pages read: the API's state (log and read models) and the process's health (readiness, failures, the
 /// writers' metrics when this process runs them).
 pub(crate) struct Ui<L: Log> {
     pub(crate) api: Arc<Api<L>>,
     pub(crate) health: Health,
+    /// The tokens and sessions, when the gateway has tokens: every page but the login page and the assets then
+    /// needs a session (or a bearer token), [`login::gate`].
+    pub(crate) access: Option<Arc<Access>>,
 }
 
-/// The pages, under `/ui`.
-pub(crate) fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
-    let ui = Arc::new(Ui { api, health });
-    Router::new()
+/// The pages, under `/ui`. With `access` (tokens), a page asked for without a session redirects to the login page.
+pub(crate) fn router<L: Log>(api: Arc<Api<L>>, health: Health, access: Option<Arc<Access>>) -> Router {
+    let ui = Arc::new(Ui { api, health, access: access.clone() });
+    let pages = Router::new()
         .route("/ui", get(overview::get::<L>))
         .route("/ui/", get(overview::get::<L>))
+        .route("/ui/resources", get(resources::get::<L>))
+        .route("/ui/resources/{reference}", get(resource::get::<L>))
+        .route("/ui/leases/{reference}", get(lease::get::<L>))
+        .route("/ui/commands/{id}", get(command::get::<L>))
+        .route("/ui/agents", get(agents::list::<L>))
+        .route("/ui/agents/{name}", get(agents::one::<L>))
+        .route("/ui/pools", get(pools::list::<L>))
+        .route("/ui/pools/{name}", get(pools::one::<L>))
+        .route("/ui/feed", get(feed::get::<L>))
         .route("/ui/assets/{file}", get(asset))
+        .route("/ui/login", get(login::form::<L>).post(login::login::<L>))
+        .route("/ui/logout", post(login::logout::<L>))
         .route("/ui/{*rest}", get(not_found))
-        .with_state(ui)
-        .layer(axum::middleware::map_response(security_headers))
+        .with_state(ui);
+    let pages = match access {
+        Some(access) => pages.route_layer(axum::middleware::from_fn_with_state(access, login::gate)),
+        None => pages,
+    };
+    pages.layer(axum::middleware::map_response(security_headers))
 }
 
 /// The headers every answer under `/ui` carries: only this origin's script, style and connections; no framing; no

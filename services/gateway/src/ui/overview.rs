@@ -62,6 +62,10 @@ pub(crate) fn health_of(agent: &AgentView) -> Vec<&'static str> {
 pub(crate) const HEALTHS: &[&str] =
     &["live", "stalled", "gone", "breaker tripped", "retired", "cordoned", "draining", "driver unavailable"];
 
+/// The stuck resources of one state: the state, its threshold (minutes), each stuck resource with how long it has
+/// waited (longest first), and whether the scan stopped before the state's end.
+type StuckInState<'a> = (&'a str, u64, Vec<(ResourceView, u64)>, bool);
+
 pub(crate) async fn get<L: Log>(State(ui): State<Arc<Ui<L>>>) -> Response {
     match render(&ui).await {
         Ok(markup) => markup.into_response(),
@@ -76,14 +80,14 @@ async fn render<L: Log>(ui: &Ui<L>) -> Result<Markup, String> {
     let agents = reader.agents().map_err(|e| e.to_string())?;
     let pools = reader.pools().map_err(|e| e.to_string())?;
     let applied = reader.applied().map_err(|e| e.to_string())?;
-    let mut stuck: Vec<(&str, u64, Vec<(ResourceView, u64)>, bool)> = Vec::new();
+    let mut stuck: Vec<StuckInState<'_>> = Vec::new();
     for (state, minutes) in STUCK_AFTER {
         let query =
             ResourceQuery { state: Some((*state).to_owned()), limit: Some(STUCK_SCAN), ..ResourceQuery::default() };
         let page = reader.resources_page(&query).map_err(|e| e.to_string())?;
         let mut found: Vec<(ResourceView, u64)> =
             page.records.into_iter().filter_map(|r| stuck_for(&r, now).map(|waited| (r, waited))).collect();
-        found.sort_by(|a, b| b.1.cmp(&a.1));
+        found.sort_by_key(|b| std::cmp::Reverse(b.1));
         stuck.push((state, *minutes, found, page.next.is_some()));
     }
     let mut lags = Vec::new();
@@ -172,7 +176,7 @@ async fn render<L: Log>(ui: &Ui<L>) -> Result<Markup, String> {
                     @for health in HEALTHS {
                         @let listed = by_health.get(health).map(Vec::as_slice).unwrap_or_default();
                         tr {
-                            td { (health) }
+                            td { a href={ "/ui/agents?health=" (encode(health)) } { (health) } }
                             td.num { (listed.len()) }
                             td {
                                 @for (i, agent) in listed.iter().take(10).enumerate() {

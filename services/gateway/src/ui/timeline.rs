@@ -14,20 +14,19 @@ use crate::history::{PageQuery, Step, Steps};
 /// The steps one page of the UI shows.
 pub(crate) const PAGE_STEPS: usize = 50;
 
+/// Where the page's timeline starts and how many steps it shows, from the page's query: without `before` or `after`,
+/// the newest steps. A bad query is the message of a 400 page.
+pub(crate) fn page_of(query: &PageQuery) -> Result<(At, usize), String> {
+    query.at(At::Last).map(|(at, limit)| (at, limit.min(PAGE_STEPS))).map_err(|e| format!("bad query: {e}"))
+}
+
 /// The timeline section of `thing`'s page at `base` (its path: the pager's links go back to it with `?before=` or
-/// `?after=`). `query` is the page's own query; without `before` or `after` it shows the newest steps. A timeline
-/// that cannot be read says so in its section, and the rest of the page still shows.
-pub(crate) async fn for_thing<L: Log>(api: &Api<L>, thing: &Thing, query: &PageQuery, base: &str) -> Markup {
-    let page = query
-        .at(At::Last)
-        .map_err(|e| format!("bad query: {e}"))
-        .map(|(at, limit)| (at, limit.min(PAGE_STEPS)));
-    match page {
-        Ok((at, limit)) => match crate::history::steps(api, thing, at, limit).await {
-            Ok(steps) => section(&steps, base),
-            Err(e) => unreadable(&e.to_string()),
-        },
-        Err(e) => unreadable(&e),
+/// `?after=`), from `at`, `limit` steps ([`page_of`]). A timeline that cannot be read says so in its section, and
+/// the rest of the page still shows.
+pub(crate) async fn for_thing<L: Log>(api: &Api<L>, thing: &Thing, (at, limit): (At, usize), base: &str) -> Markup {
+    match crate::history::steps(api, thing, at, limit).await {
+        Ok(steps) => section(&steps, base),
+        Err(e) => unreadable(&e.to_string()),
     }
 }
 
