@@ -62,7 +62,9 @@ const COUNTS: TableDefinition<(&str, &str), u64> = TableDefinition::new("counts"
 /// The timeline index: (thing key ([`timeline::Thing::key`]), outcome sequence) -> (command id, command sequence,
 /// part: the outcome's key in [`OUTCOMES`]; whether the command told it, not the outcome; the indexes of the
 /// outcome's effects about the thing). A thing's history reads its own rows, not the log.
-const TIMELINE: TableDefinition<(&str, u64), (&str, u64, u32, bool, Vec<u32>)> = TableDefinition::new("timeline");
+const TIMELINE: TableDefinition<(&str, u64), TimelineRow> = TableDefinition::new("timeline");
+/// A row of [`TIMELINE`]: (command id, command sequence, part, told by the command, effect indexes).
+type TimelineRow = (&'static str, u64, u32, bool, Vec<u32>);
 
 /// The layout of the read models. A projection of another layout (made by another build) is dropped when opened
 /// and folded again from sequence 1: the log is the truth, the projection a cache of it. Layout 9 added the
@@ -502,7 +504,7 @@ struct Tables<'t> {
     policies: redb::Table<'t, u32, &'static str>,
     outcomes: redb::Table<'t, (&'static str, u64, u32), (u64, &'static str)>,
     counts: redb::Table<'t, (&'static str, &'static str), u64>,
-    timeline: redb::Table<'t, (&'static str, u64), (&'static str, u64, u32, bool, Vec<u32>)>,
+    timeline: redb::Table<'t, (&'static str, u64), TimelineRow>,
 }
 
 /// What an outcome touches: resources and leases (with their states before it), and pool identifiers.
@@ -1271,7 +1273,7 @@ fn timeline_digest(read: &redb::ReadTransaction) -> Result<String, Error> {
             continue;
         }
         let key: Vec<u8> = <(&str, u64) as redb::Value>::as_bytes(&key);
-        let value: Vec<u8> = <(&str, u64, u32, bool, Vec<u32>) as redb::Value>::as_bytes(&value);
+        let value: Vec<u8> = <TimelineRow as redb::Value>::as_bytes(&value);
         hash.update((key.len() as u64).to_le_bytes());
         hash.update(&key);
         hash.update((value.len() as u64).to_le_bytes());
