@@ -261,9 +261,10 @@ pub(crate) async fn authenticate(State(access): State<Arc<Access>>, mut request:
     let refusal = match presented {
         None => {
             if reads(request.method())
-                && let Some(principal) = access.session_principal(request.headers(), Instant::now())
+                && let Some((principal, end)) = access.session_of(request.headers(), Instant::now())
             {
                 request.extensions_mut().insert(Principal(principal));
+                request.extensions_mut().insert(end);
                 return next.run(request).await;
             }
             if !reads(request.method()) && Access::has_session_cookie(request.headers()) {

@@ -40,6 +40,7 @@ use tokio::sync::mpsc::{self, error::SendTimeoutError};
 use tokio_util::sync::CancellationToken;
 
 use crate::connection::Connection;
+use crate::session::SessionEnd;
 use crate::{Api, error, unavailable};
 
 #[derive(Debug, Deserialize)]
@@ -60,6 +61,7 @@ fn parse_key(text: &str) -> Result<Key, String> {
 pub(crate) async fn events<L: Log>(
     State(api): State<Arc<Api<L>>>,
     connection: Option<Extension<ConnectInfo<Connection>>>,
+    session: Option<Extension<SessionEnd>>,
     query: Result<Query<EventsQuery>, QueryRejection>,
     headers: HeaderMap,
 ) -> Response {
@@ -117,7 +119,9 @@ pub(crate) async fn events<L: Log>(
     let (sender, receiver) = mpsc::channel(api.config.events_buffer.max(1));
     let open_stream = OpenStream::new(permit, metrics);
     let cut = connection.map(|Extension(ConnectInfo(connection))| connection);
-    tokio::spawn(follow(feed, sender, open_stream, api.config.events_stall_timeout, cut, api.shutdown.clone()));
+    let session = session.map(|Extension(end)| end);
+    let stall = api.config.events_stall_timeout;
+    tokio::spawn(follow(feed, sender, open_stream, stall, cut, session, api.shutdown.clone()));
     let shutdown = api.shutdown.clone();
     let open =
         Event::default().event("open").id((from - 1).to_string()).data(serde_json::json!({ "from": from }).to_string());
@@ -133,8 +137,9 @@ pub(crate) async fn events<L: Log>(
 /// How long a client refused for too many streams is asked to wait.
 const RETRY_AFTER_SECONDS: &str = "5";
 
-/// Moves the outcomes of `feed` to `sender` (the response's end) until the client goes, the log fails, or
-/// `shutdown`. A client that takes none for `stall` while every place between is full is not reading: its stream
+/// Moves the outcomes of `feed` to `sender` (the response's end) until the client goes, the log fails, the session
+/// of the operator's view it was opened under ends (logout, expiry: a last `event: error` says so), or `shutdown`.
+/// A client that takes none for `stall` while every place between is full is not reading: its stream
 /// ends, its connection (when known) is cut, and the drop is counted.
 async fn follow(
     mut feed: BoxStream<'static, Result<StoredOutcome, leasehold_log::Error>>,
@@ -142,13 +147,26 @@ async fn follow(
     open_stream: OpenStream,
     stall: Duration,
     connection: Option<Connection>,
+    session: Option<SessionEnd>,
     shutdown: CancellationToken,
 ) {
+    let session_over = async {
+        match &session {
+            Some(end) => end.over().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(session_over);
     loop {
         let next = tokio::select! {
             next = feed.next() => next,
             () = sender.closed() => return,
             () = shutdown.cancelled() => return,
+            () = &mut session_over => {
+                // Said if there is room for it; the stream ends either way, and a reconnect meets the login.
+                let _ = sender.try_send(error_event("the session ended (logged out or expired): log in again"));
+                return;
+            }
         };
         let (event, last) = match next {
             Some(Ok(stored)) => match event(&stored) {
@@ -161,6 +179,7 @@ async fn follow(
         let sent = tokio::select! {
             sent = sender.send_timeout(event, stall) => sent,
             () = shutdown.cancelled() => return,
+            () = &mut session_over => return,
         };
         match sent {
             Ok(()) if !last => {}

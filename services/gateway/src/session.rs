@@ -20,6 +20,7 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use leasehold_schemas::ids::Issuer;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::auth::Tokens;
 
@@ -56,7 +57,13 @@ impl Access {
     /// The principal of the first live session among the request's session cookies, if any (a browser may send
     /// the cookie twice, an old one beside a new one).
     pub(crate) fn session_principal(&self, headers: &HeaderMap, now: Instant) -> Option<Issuer> {
-        session_ids(headers).find_map(|id| self.sessions.principal(id, now))
+        self.session_of(headers, now).map(|(principal, _)| principal)
+    }
+
+    /// The principal of the first live session among the request's session cookies, with when that session ends:
+    /// what a stream opened under it (the live feed) stops at.
+    pub(crate) fn session_of(&self, headers: &HeaderMap, now: Instant) -> Option<(Issuer, SessionEnd)> {
+        session_ids(headers).find_map(|id| self.sessions.lookup(id, now))
     }
 
     /// Whether the request carries a session cookie at all (live or not): a refusal can then say that a session
@@ -157,6 +164,26 @@ struct Session {
     principal: Issuer,
     expires: Instant,
     serial: u64,
+    /// Cancelled when the session ends before its expiry (logout, or dropped for the bound).
+    ended: CancellationToken,
+}
+
+/// When a session ends: at its expiry, or earlier when it is ended (logout, or the oldest dropped for the bound).
+/// A stream of events opened under a session carries it, and stops there: logging out stops an open live feed too.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionEnd {
+    pub(crate) expires: Instant,
+    pub(crate) ended: CancellationToken,
+}
+
+impl SessionEnd {
+    /// Resolves when the session is over.
+    pub(crate) async fn over(&self) {
+        tokio::select! {
+            () = self.ended.cancelled() => {}
+            () = tokio::time::sleep_until(self.expires) => {}
+        }
+    }
 }
 
 impl Sessions {
@@ -179,22 +206,33 @@ impl Sessions {
         store.purge(now);
         while store.by_digest.len() >= self.max {
             let Some((_, oldest)) = store.by_age.pop_first() else { break };
-            store.by_digest.remove(&oldest);
+            if let Some(dropped) = store.by_digest.remove(&oldest) {
+                dropped.ended.cancel();
+            }
         }
         let serial = store.next;
         store.next += 1;
         store.by_age.insert(serial, digest);
-        store.by_digest.insert(digest, Session { principal, expires: now + self.ttl, serial });
+        let ended = CancellationToken::new();
+        store.by_digest.insert(digest, Session { principal, expires: now + self.ttl, serial, ended });
         Ok(id)
     }
 
     /// The principal of the session `id`, if it is live at `now`. An expired one is refused and forgotten (with
     /// every other that expired).
+    #[cfg(test)]
     pub(crate) fn principal(&self, id: &str, now: Instant) -> Option<Issuer> {
+        self.lookup(id, now).map(|(principal, _)| principal)
+    }
+
+    /// The principal of the session `id`, if it is live at `now`, and when it ends.
+    fn lookup(&self, id: &str, now: Instant) -> Option<(Issuer, SessionEnd)> {
         let digest = digest(id);
         let mut store = self.lock();
         store.purge(now);
-        store.by_digest.get(&digest).map(|session| session.principal.clone())
+        store.by_digest.get(&digest).map(|session| {
+            (session.principal.clone(), SessionEnd { expires: session.expires, ended: session.ended.clone() })
+        })
     }
 
     /// Ends the session `id` (logout); answers whether it was live.
@@ -203,6 +241,7 @@ impl Sessions {
         match store.by_digest.remove(&digest(id)) {
             Some(session) => {
                 store.by_age.remove(&session.serial);
+                session.ended.cancel();
                 true
             }
             None => false,
@@ -231,7 +270,9 @@ impl Store {
             }
             let digest = *digest;
             self.by_age.remove(&serial);
-            self.by_digest.remove(&digest);
+            if let Some(expired) = self.by_digest.remove(&digest) {
+                expired.ended.cancel();
+            }
         }
     }
 }

@@ -259,6 +259,36 @@ async fn logout_ends_the_session_on_the_gateway() {
     assert_eq!(get(&gw.app, "/ui", Some(&other)).await.status, StatusCode::OK);
 }
 
+/// A live feed opened under a session ends when the session does: a tab left open on the feed stops streaming at
+/// logout (and at expiry, which ends the session the same way), with a last event saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logout_ends_a_live_feed_opened_under_the_session() {
+    let gw = Gateway::start_with(with_tokens(), false).await;
+    let cookie = login(&gw.app, ALICE, None).await.session_cookie();
+    let feed = gw
+        .app
+        .clone()
+        .oneshot(request(Method::GET, "/v1/events", Some(&cookie)).body(Body::empty()).expect("a request"));
+    let feed = feed.await.expect("an answer");
+    assert_eq!(feed.status(), StatusCode::OK);
+    let mut body = feed.into_body();
+
+    let logout = request(Method::POST, "/ui/logout", Some(&cookie)).body(Body::empty()).expect("a request");
+    assert_eq!(call(&gw.app, logout).await.status, StatusCode::SEE_OTHER);
+
+    // The stream says the session ended and ends: the body is whole within the deadline.
+    let mut text = String::new();
+    let read = tokio::time::timeout(DEADLINE, async {
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.expect("a frame").into_data() {
+                text.push_str(&String::from_utf8_lossy(&data));
+            }
+        }
+    });
+    assert!(read.await.is_ok(), "the feed went on after logout: {text}");
+    assert!(text.contains("event: error") && text.contains("the session ended"), "{text}");
+}
+
 /// Time is paused: the session expires when the clock is moved past its life, without waiting.
 #[tokio::test(start_paused = true)]
 async fn an_expired_session_is_refused() {

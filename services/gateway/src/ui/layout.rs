@@ -57,6 +57,7 @@ pub(crate) fn page(page: Page, body: Markup) -> Markup {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (page.title) " · leasehold" }
+                link rel="icon" href="/ui/assets/icon.svg" type="image/svg+xml";
                 link rel="stylesheet" href="/ui/assets/app.css";
                 script src="/ui/assets/app.js" defer {}
             }

@@ -37,13 +37,23 @@ fn is_open(path: &str) -> bool {
 
 /// `next` if it is a page of the view the browser may be sent to after a login, else the overview: a path under
 /// `/ui` (not the login or logout page), of printable ASCII without backslashes (which some browsers read as `/`),
-/// at most [`MAX_NEXT_LEN`] bytes. Being a path that starts with `/ui`, it cannot name another host.
+/// without dot segments, at most [`MAX_NEXT_LEN`] bytes. Being a path that starts with `/ui`, it cannot name another
+/// host; without dot segments, it stays under `/ui` once the browser resolves it.
 pub(crate) fn local_next(next: Option<&str>) -> &str {
     let Some(next) = next else { return HOME };
     let under_ui = next == "/ui" || next.starts_with("/ui/") || next.starts_with("/ui?");
     let plain = next.bytes().all(|b| b.is_ascii_graphic() && b != b'\\');
     let login_again = next.starts_with("/ui/login") || next.starts_with("/ui/logout");
-    if under_ui && plain && !login_again && next.len() <= MAX_NEXT_LEN { next } else { HOME }
+    let path = next.split(['?', '#']).next().unwrap_or_default();
+    let stays = !path.split('/').any(is_dot_segment);
+    if under_ui && plain && stays && !login_again && next.len() <= MAX_NEXT_LEN { next } else { HOME }
+}
+
+/// Whether a path segment is one a browser resolves away (`.`) or up (`..`), percent-encoded dots included: the URL
+/// standard reads `%2e` as a dot in them, so `/ui/%2e%2e/v1/export` is `/v1/export`.
+fn is_dot_segment(segment: &str) -> bool {
+    let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
+    decoded == "." || decoded == ".."
 }
 
 /// Lets a request for a page through when it carries a valid bearer token, or, when it only reads, the cookie of a
@@ -215,7 +225,16 @@ mod tests {
 
     #[test]
     fn only_pages_of_the_view_are_places_to_go_back_to() {
-        for kept in ["/ui", "/ui/", "/ui/resources?state=active&agent=w1", "/ui?x=1", "/ui/agents/w%201"] {
+        for kept in [
+            "/ui",
+            "/ui/",
+            "/ui/resources?state=active&agent=w1",
+            "/ui?x=1",
+            "/ui/agents/w%201",
+            "/ui/resources?after=w1..x",
+            "/ui/feed?key=..",
+            "/ui/resources/w1.01a21f25-d79b-7604-a845-02dcc82f575c",
+        ] {
             assert_eq!(local_next(Some(kept)), kept);
         }
         for refused in [
@@ -232,6 +251,13 @@ mod tests {
             "/ui/a b",
             "/ui/\u{202e}",
             "",
+            "/ui/../v1/export",
+            "/ui/..//evil.example/x",
+            "/ui/%2e%2e/v1/agents",
+            "/ui/.%2E/metrics",
+            "/ui/%2E./metrics",
+            "/ui/./../v1/dlq?x=1",
+            "/ui/..",
         ] {
             assert_eq!(local_next(Some(refused)), HOME, "{refused:?}");
         }

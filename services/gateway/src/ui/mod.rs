@@ -96,12 +96,14 @@ async fn security_headers(mut response: Response) -> Response {
 
 const CSS: &str = include_str!("assets/app.css");
 const SCRIPT: &str = include_str!("assets/app.js");
+const ICON: &str = include_str!("assets/icon.svg");
 
 /// `GET /ui/assets/{file}`: the style sheet and the script (cached for an hour: they change only with the binary).
 async fn asset(Path(file): Path<String>) -> Response {
     let (body, kind) = match file.as_str() {
         "app.css" => (CSS, "text/css; charset=utf-8"),
         "app.js" => (SCRIPT, "text/javascript; charset=utf-8"),
+        "icon.svg" => (ICON, "image/svg+xml"),
         _ => return not_found().await,
     };
     ([(header::CONTENT_TYPE, kind), (header::CACHE_CONTROL, "public, max-age=3600")], body).into_response()

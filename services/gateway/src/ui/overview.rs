@@ -78,7 +78,13 @@ async fn render<L: Log>(ui: &Ui<L>) -> Result<Markup, String> {
     let now = now_ms();
     let counts = reader.counts().map_err(|e| e.to_string())?;
     let agents = reader.agents().map_err(|e| e.to_string())?;
-    let pools = reader.pools().map_err(|e| e.to_string())?;
+    let mut pools = reader.pools().map_err(|e| e.to_string())?;
+    // Fullest first (a pool whose size cannot be read last), then by name.
+    let fullness = |pool: &leasehold_projector::views::PoolView| match super::pools::size_of(pool) {
+        Some(size) if size > 0 => pool.held.saturating_mul(1_000_000) / size,
+        _ => 0,
+    };
+    pools.sort_by(|a, b| fullness(b).cmp(&fullness(a)).then_with(|| a.name.cmp(&b.name)));
     let applied = reader.applied().map_err(|e| e.to_string())?;
     let mut stuck: Vec<StuckInState<'_>> = Vec::new();
     for (state, minutes) in STUCK_AFTER {
@@ -153,7 +159,7 @@ async fn render<L: Log>(ui: &Ui<L>) -> Result<Markup, String> {
             table {
                 thead { tr { th { "Records" } th { "State" } th.num { "How many" } } }
                 tbody {
-                    @for ((what, state), n) in &counts {
+                    @for ((what, state), n) in counts.iter().filter(|(_, n)| *n > 0) {
                         tr {
                             td { (what) }
                             td {
@@ -191,16 +197,17 @@ async fn render<L: Log>(ui: &Ui<L>) -> Result<Markup, String> {
             }
         }
         section id="pools" {
-            h2 { "Pools" }
+            h2 { "Pools by fill" }
             @if pools.is_empty() { p { "No pool is defined." } }
             @else {
+                p.note { "Fullest first: held identifiers of what the pool can hand out." }
                 table {
-                    thead { tr { th { "Pool" } th.num { "Held" } th.num { "Waiting" } th.num { "Cooling" } } }
+                    thead { tr { th { "Pool" } th { "Fill" } th.num { "Waiting" } th.num { "Cooling" } } }
                     tbody {
                         @for pool in &pools {
                             tr {
                                 td { (link("/ui/pools", &pool.name)) }
-                                td.num { (pool.held) }
+                                td { (super::pools::fill(pool)) }
                                 td.num { (pool.waiting) }
                                 td.num { (pool.cooling_until.iter().filter(|until| **until > now).count()) }
                             }

@@ -43,12 +43,12 @@ fn kind_text(pool: &PoolView) -> Markup {
 }
 
 /// How many identifiers the pool can hand out, by the domain's own count (`None`: its definition cannot be read).
-fn size_of(pool: &PoolView) -> Option<u64> {
+pub(crate) fn size_of(pool: &PoolView) -> Option<u64> {
     kind_of(pool).map(|kind| kind.n_usable())
 }
 
 /// `held / size (n%)`, or only `held` where the size is not known.
-fn fill(pool: &PoolView) -> Markup {
+pub(crate) fn fill(pool: &PoolView) -> Markup {
     match size_of(pool) {
         Some(size) if size > 0 => {
             let percent = pool.held.saturating_mul(100) / size;

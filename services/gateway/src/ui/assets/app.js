@@ -107,6 +107,10 @@ function followFeed(list) {
     return;
   }
   const source = new EventSource(list.dataset.events);
+  // Leaving the page closes the stream, so a page kept in the back-forward cache holds none of the gateway's bounded
+  // streams; coming back to such a page reloads it, to render what was decided meanwhile and follow again.
+  window.addEventListener("pagehide", () => source.close());
+  window.addEventListener("pageshow", (event) => { if (event.persisted) window.location.reload(); });
   // Both the connection's own open and the stream's first event (`open`) mean it follows.
   source.addEventListener("open", () => say("Following: each outcome decided from now on is added at the top."));
   source.addEventListener("outcome", (event) => {
