@@ -5,14 +5,20 @@
 //! pool's side of its claims (decided in the pool's partition, interleaved by log sequence); an agent's holds the
 //! pool's grants and frees of its resources. The fold learns which leases are a resource's, and which resources an
 //! agent's, from the effects before (`lease-waiting`, `lease-granted`, `resource-allocated`).
+//!
+//! Which steps concern a resource, a lease or a pool identifier is decided by [`leasehold_projector::timeline`], the
+//! rule the projection's timeline index follows too: `GET /v1/resources/{ref}/history` answers the same rows (all
+//! but the state after each step, which takes a fold).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
 
 use leasehold_domain::PartitionState;
 use leasehold_domain::state::ClaimSlot;
+use leasehold_projector::timeline::{self, Said, Thing};
 use leasehold_schemas::mentions::Mentions;
-use leasehold_schemas::outcome::{Decision, Effect};
+use leasehold_schemas::outcome::Effect;
+use leasehold_schemas::pool::PoolValue;
 use leasehold_schemas::{AgentName, Key, LeaseId, PoolName, ResourceId, ResourceRef, codec};
 use serde::Serialize;
 use serde_json::json;
@@ -30,6 +36,8 @@ pub enum Target {
     Name(AgentName, Option<PoolName>),
     /// A bare id: a resource's or a lease's.
     Id(ResourceId, LeaseId),
+    /// One identifier of a pool: `@POOL/VALUE` (`@net/10.0.0.7`, `@gpu/slot 3`, `@web/port 8080`).
+    Value(PoolName, PoolValue),
 }
 
 impl std::str::FromStr for Target {
@@ -37,6 +45,13 @@ impl std::str::FromStr for Target {
 
     fn from_str(text: &str) -> Result<Self, String> {
         let text = text.trim();
+        if let Some((pool, value)) =
+            text.strip_prefix('@').or_else(|| text.strip_prefix("pool:")).and_then(|p| p.split_once('/'))
+        {
+            let pool = PoolName::new(pool).map_err(|e| e.to_string())?;
+            let value = timeline::parse_value(value, None)?;
+            return Ok(Target::Value(pool, value));
+        }
         if let Some(pool) = text.strip_prefix('@') {
             return PoolName::new(pool).map(Target::Pool).map_err(|e| e.to_string());
         }
@@ -65,74 +80,86 @@ impl std::str::FromStr for Target {
         match AgentName::new(text) {
             Ok(agent) => Ok(Target::Name(agent, PoolName::new(text).ok())),
             Err(e) => Err(format!(
-                "{text:?} is none of a resource (AGENT.ID or ID), a lease id, an agent or a pool (@NAME): {e}"
+                "{text:?} is none of a resource (AGENT.ID or ID), a lease id, an agent, a pool (@NAME) or a pool's \
+                 identifier (@NAME/VALUE): {e}"
             )),
         }
     }
 }
 
-/// One step of a thing's history.
+/// One step of a thing's history: the row the projection's timeline answers too ([`timeline::Row`]), and the thing
+/// after it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
-    pub seq: u64,
-    pub partition: u32,
-    /// The log time of the command (RFC 3339).
-    pub time: String,
-    pub command: String,
-    pub command_id: String,
-    pub issuer: String,
-    /// The command's correlation id, when it carries one and the log still holds it.
-    pub correlation_id: Option<String>,
-    pub part: u32,
-    /// `accepted` or `rejected`.
-    pub outcome: &'static str,
-    pub rejection: Option<String>,
-    /// The effects about the thing, each with its position.
-    pub effects: Vec<String>,
+    #[serde(flatten)]
+    pub step: timeline::Row,
     /// The thing after this step.
     pub state: serde_json::Value,
 }
 
-/// What the fold has learnt about the thing asked for from the steps so far: the leases of a resource, the resources
-/// of an agent. Their effects concern it too, though they do not name it.
+impl std::ops::Deref for Row {
+    type Target = timeline::Row;
+
+    fn deref(&self) -> &timeline::Row {
+        &self.step
+    }
+}
+
+/// What the fold has learnt from the steps so far: which resource each lease is (every lease: a command may name
+/// one long after it ended), and the resources of the agent asked about. Their effects concern the resource and the
+/// agent too, though they do not name them.
 #[derive(Debug, Default)]
 struct Known {
-    leases: HashSet<LeaseId>,
+    leases: HashMap<LeaseId, ResourceId>,
     resources: HashSet<ResourceId>,
 }
 
 impl Known {
     /// Learns from `step` (before its effects are selected: an acquire names its lease and its resource together).
     fn learn(&mut self, target: &Target, step: &Step) {
-        let resource = match target {
-            Target::Resource(id) | Target::Id(id, _) => Some(*id),
-            _ => None,
-        };
+        self.leases.extend(timeline::leases_made(&step.outcome));
         let agent = match (target, &step.outcome.command.key) {
             (Target::Agent(agent) | Target::Name(agent, _), Key::Agent(key)) => agent == key,
             _ => false,
         };
-        for effect in step.outcome.effects() {
-            match effect {
-                Effect::LeaseWaiting { lease, resource: of, .. } | Effect::LeaseGranted { lease, resource: of, .. }
-                    if Some(*of) == resource =>
-                {
-                    self.leases.insert(*lease);
-                }
-                Effect::ResourceAllocated { resource, .. } if agent => {
+        if agent {
+            for effect in step.outcome.effects() {
+                if let Effect::ResourceAllocated { resource, .. } = effect {
                     self.resources.insert(*resource);
                 }
-                _ => {}
             }
         }
     }
 }
 
 impl Target {
-    /// The effects of `step` about this thing, and whether the step is about it at all.
-    fn select(&self, step: &Step, known: &Known) -> Option<Vec<String>> {
+    /// The indexes of `step`'s effects about this thing, and whether the step is about it at all.
+    fn select(&self, step: &Step, known: &Known) -> Option<Vec<u32>> {
+        let things = match self {
+            Target::Resource(id) => vec![Thing::Resource(*id)],
+            Target::Lease(id) => vec![Thing::Lease(*id)],
+            Target::Id(resource, lease) => vec![Thing::Resource(*resource), Thing::Lease(*lease)],
+            Target::Value(pool, value) => vec![Thing::Value(pool.clone(), *value)],
+            Target::Agent(_) | Target::Pool(_) | Target::Name(..) => return self.select_whole(step, known),
+        };
+        // The rule the projection's timeline follows: the command is read only for a step without effect.
+        let said = match &step.command {
+            Some(command) if step.outcome.effects().is_empty() => Some(Said::of(&command.subject, &command.payload)),
+            _ => None,
+        };
+        let concerns = timeline::concerns(&step.outcome, said.as_ref(), |lease| known.leases.get(&lease).copied());
+        let mut about = concerns.iter().filter(|c| things.contains(&c.thing)).peekable();
+        about.peek()?;
+        let mut effects: Vec<u32> = about.flat_map(|c| c.effects.iter().copied()).collect();
+        effects.sort_unstable();
+        effects.dedup();
+        Some(effects)
+    }
+
+    /// [`Target::select`] for an agent or a whole pool: every step of its own partition's key, and the steps of
+    /// others about it (a pool's grants to the agent's resources, a holder's claims on the pool).
+    fn select_whole(&self, step: &Step, known: &Known) -> Option<Vec<u32>> {
         let outcome = &step.outcome;
-        let subject_token = step.command.as_ref().and_then(|c| c.subject.rsplit('.').next().map(str::to_owned));
         let key = &outcome.command.key;
         let whole_subject = match self {
             Target::Agent(agent) => matches!(key, Key::Agent(a) if a == agent),
@@ -142,69 +169,41 @@ impl Target {
             }
             _ => false,
         };
-        let its_lease = |m: &Mentions<'_>| m.leases.iter().any(|l| known.leases.contains(l));
         let its_resource =
             |m: &Mentions<'_>| m.resources.iter().chain(&m.elsewhere).any(|r| known.resources.contains(r));
         let effect_matches = |m: &Mentions<'_>| match self {
-            Target::Resource(id) => m.names_resource(*id) || its_lease(m),
-            Target::Lease(id) => m.leases.contains(id),
-            Target::Id(resource, lease) => m.names_resource(*resource) || m.leases.contains(lease) || its_lease(m),
             Target::Pool(pool) => m.pools.contains(&pool),
             Target::Name(_, Some(pool)) => m.pools.contains(&pool) || its_resource(m),
             Target::Agent(_) | Target::Name(_, None) => its_resource(m),
+            Target::Resource(_) | Target::Lease(_) | Target::Id(..) | Target::Value(..) => false,
         };
-        let effects: Vec<String> = outcome
-            .positioned_effects()
+        let effects: Vec<u32> = (0u32..)
+            .zip(outcome.effects())
             .filter(|(_, e)| whole_subject || effect_matches(&Mentions::of(e)))
-            .map(|(position, e)| format!("{} {}", position.0, leasehold_cli_common::output::effect(e)))
+            .map(|(i, _)| i)
             .collect();
         if whole_subject || !effects.is_empty() {
             return Some(effects);
         }
-        // No effect names it (a rejection, a no-op): the command itself may (a rejected acquire names its
-        // resource in its body, its subject names the lease).
-        let about_command = match (self, &subject_token) {
-            (Target::Resource(id), Some(token)) if *token == id.to_string() => true,
-            (Target::Lease(id), Some(token)) if *token == id.to_string() => true,
-            (Target::Id(resource, lease), Some(token))
-                if *token == resource.to_string() || *token == lease.to_string() =>
-            {
-                true
-            }
-            // A command about one of the resource's leases (a renew or a release refused).
-            (Target::Resource(_) | Target::Id(..), Some(token))
-                if token.parse::<LeaseId>().is_ok_and(|l| known.leases.contains(&l)) =>
-            {
-                true
-            }
-            _ => step.command.as_ref().is_some_and(|c| self.named_in(&c.payload)),
-        };
-        about_command.then_some(effects)
+        // No effect names it (a rejection, a no-op): the command itself may name the pool.
+        step.command.as_ref().is_some_and(|c| self.named_in(&c.payload)).then_some(effects)
     }
 
-    /// Whether a command's payload names this thing anywhere in its body.
+    /// Whether a command's payload names this pool in its body.
     fn named_in(&self, payload: &[u8]) -> bool {
-        let pool_target = matches!(self, Target::Pool(_) | Target::Name(_, Some(_)));
-        let (texts, raw): (Vec<String>, Vec<Vec<u8>>) = match self {
-            Target::Resource(id) => (vec![id.to_string()], vec![id.as_uuid().as_bytes().to_vec()]),
-            Target::Lease(id) => (vec![id.to_string()], vec![id.as_uuid().as_bytes().to_vec()]),
-            Target::Id(resource, lease) => (
-                vec![resource.to_string(), lease.to_string()],
-                vec![resource.as_uuid().as_bytes().to_vec(), lease.as_uuid().as_bytes().to_vec()],
-            ),
-            Target::Pool(pool) | Target::Name(_, Some(pool)) => (vec![pool.to_string()], vec![]),
-            Target::Agent(_) | Target::Name(_, None) => return false,
+        let texts = match self {
+            Target::Pool(pool) | Target::Name(_, Some(pool)) => vec![pool.to_string()],
+            _ => return false,
         };
-        // A cheap look at the bytes first (the binary form holds a uuid's 16 bytes, JSON its text), then the
-        // decoded body.
+        // A cheap look at the bytes first, then the decoded body.
         let contains = |needle: &[u8]| !needle.is_empty() && payload.windows(needle.len()).any(|w| w == needle);
-        if !raw.iter().any(|r| contains(r)) && !texts.iter().any(|t| contains(t.as_bytes())) {
+        if !texts.iter().any(|t| contains(t.as_bytes())) {
             return false;
         }
         let Ok(envelope) = codec::decode_command(payload) else { return false };
         let Ok(json) = codec::command_to_json(&envelope) else { return false };
         let Ok(body) = serde_json::from_str::<serde_json::Value>(&json) else { return false };
-        if pool_target { names_pool(&body["body"], &texts) } else { names(&body["body"], &texts) }
+        names_pool(&body["body"], &texts)
     }
 
     /// The thing after `step`. A resource, a lease or an agent is in its agent's partition, which is not the step's
@@ -230,17 +229,20 @@ impl Target {
                 Key::Pool(key) if key == pool => pool_state(here, pool, step),
                 _ => agent_state(home(&|s| s.agent(agent).is_some()), agent),
             },
+            Target::Value(pool, value) => value_state(home(&|s| s.pool(pool).is_some()), pool, value),
         }
     }
 }
 
-/// Whether a JSON value holds one of `texts` as a string, anywhere.
-fn names(value: &serde_json::Value, texts: &[String]) -> bool {
-    match value {
-        serde_json::Value::String(s) => texts.iter().any(|t| t == s),
-        serde_json::Value::Array(items) => items.iter().any(|v| names(v, texts)),
-        serde_json::Value::Object(map) => map.values().any(|v| names(v, texts)),
-        _ => false,
+/// A pool identifier in its pool: who holds it, or since when it cools down.
+fn value_state(state: &PartitionState, pool: &PoolName, value: &PoolValue) -> serde_json::Value {
+    let Some(found) = state.pool(pool) else { return json!(null) };
+    if let Some(holder) = found.held.get(value) {
+        return json!({ "held_by": holder.to_string() });
+    }
+    match found.cooling.iter().find(|(_, v)| *v == value) {
+        Some(((freed_at, _), _)) => json!({ "cooling_since": freed_at.to_string() }),
+        None => json!({ "free": true }),
     }
 }
 
@@ -347,7 +349,7 @@ pub async fn history(
         progress(step.seq());
         known.learn(target, step);
         if let Some(effects) = target.select(step, &known) {
-            rows.push(row(fold, step, target, effects));
+            rows.push(row(fold, step, target, &effects));
         }
         ControlFlow::Continue(())
     })
@@ -355,24 +357,9 @@ pub async fn history(
     Ok(rows)
 }
 
-fn row(fold: &Fold, step: &Step, target: &Target, effects: Vec<String>) -> Row {
-    let outcome = &step.outcome;
-    let (verdict, rejection) = match &outcome.decision {
-        Decision::Accepted { .. } => ("accepted", None),
-        Decision::Rejected(r) => ("rejected", Some(r.to_string())),
-    };
+fn row(fold: &Fold, step: &Step, target: &Target, effects: &[u32]) -> Row {
     Row {
-        seq: step.seq(),
-        partition: step.partition(),
-        time: outcome.log_time.to_string(),
-        command: outcome.command.type_name.clone(),
-        command_id: outcome.command.id.to_string(),
-        issuer: outcome.command.issuer.to_string(),
-        correlation_id: step.correlation_id(),
-        part: outcome.part,
-        outcome: verdict,
-        rejection,
-        effects,
+        step: timeline::Row::new(step.seq(), &step.outcome, effects, step.correlation_id()),
         state: target.state_in(fold, step),
     }
 }
@@ -395,7 +382,7 @@ pub fn render(rows: &[Row]) -> String {
             row.correlation_id.as_ref().map(|c| format!(", correlation {}", shown(c))).unwrap_or_default(),
             match &row.rejection {
                 Some(r) => format!("rejected: {}", shown(r)),
-                None => row.outcome.to_owned(),
+                None => row.outcome.clone(),
             },
         ));
         for effect in &row.effects {

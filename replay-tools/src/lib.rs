@@ -20,6 +20,7 @@ pub mod state_at;
 pub mod verify;
 pub mod why;
 
+use std::collections::{BTreeMap, VecDeque};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,6 +31,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use leasehold_cli_common::output::{OutputFormat, json};
+use leasehold_log::CommandRecord;
 use leasehold_log::export::{self, Entry};
 use leasehold_schemas::PoolName;
 use leasehold_schemas::pool::PoolValue;
@@ -52,8 +54,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Cmd {
     /// Every command and event touching a resource or a lease (AGENT.ID, ID, resource:ID or lease:ID), an agent
-    /// (NAME or agent:NAME) or a pool (@NAME), in log order: sequence, time, issuer, command, outcome, the state
-    /// after. A resource's history holds its leases' and its claims' steps too.
+    /// (NAME or agent:NAME), a pool (@NAME) or one of its identifiers (@NAME/VALUE: @net/10.0.0.7, @gpu/slot 3),
+    /// in log order: sequence, time, issuer, command, outcome, the state after. A resource's history holds its
+    /// leases' and its claims' steps too; the gateway's `GET /v1/resources/{ref}/history` answers the same steps.
     History { target: String },
     /// Who held a pool's identifier at a moment (or over all time), since when, through which commands, and when
     /// and why it was let go.
@@ -397,13 +400,28 @@ async fn rebuild(
     let dir = projection
         .or_else(|| args.data.clone())
         .ok_or_else(|| anyhow::anyhow!("say which projection to rebuild: --projection DIR (with --data, its own)"))?;
-    let entries = source.outcomes(None).await?;
+    // From a log, its outcomes, and the commands of the steps without effect only (read by the projector, as
+    // `serve`'s does); from a file or a server, every entry (the commands come in the stream anyway).
+    let entries = match source {
+        Source::Embedded { .. } | Source::Nats { .. } => source.outcomes(None).await?,
+        Source::File { .. } | Source::Server { .. } => source.entries(None).await?,
+    };
     let mut projector = leasehold_projector::Projector::open(&dir, entries.partitions).with_context(|| {
         format!("opening the projection in {} (is `leasehold serve` running on it?)", dir.display())
     })?;
     let started = Instant::now();
     let mut progress = Progress::new(entries.last_outcome, "rebuild");
-    let rebuilt = rebuild_projection(&mut projector, entries.entries, |seq| progress.at(seq)).await;
+    let rebuilt = match source {
+        Source::Embedded { log, .. } => {
+            rebuild_from_log(&mut projector, log, entries.entries, |seq| progress.at(seq)).await
+        }
+        Source::Nats { log, .. } => {
+            rebuild_from_log(&mut projector, log, entries.entries, |seq| progress.at(seq)).await
+        }
+        Source::File { .. } | Source::Server { .. } => {
+            rebuild_projection(&mut projector, entries.entries, |seq| progress.at(seq)).await
+        }
+    };
     progress.done();
     rebuilt?;
     let elapsed = started.elapsed();
@@ -429,7 +447,8 @@ async fn rebuild(
 
 /// Drops every read model of `projector` and folds `entries`' outcomes into it again from sequence 1, in batches of
 /// [`leasehold_projector::MAX_BATCH`] (one write transaction each); `progress` is told each outcome's sequence.
-/// What `rebuild` does, and what the replay benchmark times.
+/// What `rebuild` does, and what the replay benchmark times. The commands among `entries`, if any, go with the
+/// outcomes that answer them: a step without effect is in the timeline of what its command names.
 pub async fn rebuild_projection(
     projector: &mut leasehold_projector::Projector,
     mut entries: futures::stream::BoxStream<'static, Result<Entry, leasehold_log::Error>>,
@@ -437,17 +456,59 @@ pub async fn rebuild_projection(
 ) -> anyhow::Result<()> {
     projector.drop_all()?;
     let mut batch = Vec::with_capacity(leasehold_projector::MAX_BATCH);
+    // Each partition's commands not yet answered, in sequence, and those the batch's outcomes answer.
+    let mut waiting: BTreeMap<u32, VecDeque<CommandRecord>> = BTreeMap::new();
+    let mut answered = BTreeMap::new();
     while let Some(entry) = entries.next().await {
+        match entry? {
+            Entry::Command { partition, record } => waiting.entry(partition).or_default().push_back(record),
+            Entry::Outcome(o) => {
+                progress(o.seq);
+                if let Some(queue) = waiting.get_mut(&o.partition) {
+                    // Commands before the one answered got no outcome (a duplicate, a heartbeat that changed
+                    // nothing); the one answered stays for the next parts of its decision.
+                    while queue.front().is_some_and(|c| c.seq < o.cmd_seq) {
+                        queue.pop_front();
+                    }
+                    if let Some(command) = queue.front().filter(|c| c.seq == o.cmd_seq) {
+                        answered.insert(command.seq, command.clone());
+                    }
+                }
+                batch.push(o);
+                if batch.len() >= leasehold_projector::MAX_BATCH {
+                    projector.apply_batch_commands(&batch, &answered)?;
+                    batch.clear();
+                    answered.clear();
+                }
+            }
+            Entry::DeadLetter { .. } => {}
+        }
+    }
+    projector.apply_batch_commands(&batch, &answered)?;
+    Ok(())
+}
+
+/// [`rebuild_projection`] from `log`'s outcomes (`outcomes`, no command), the projector reading from `log` the
+/// commands of the steps without effect ([`leasehold_projector::Projector::apply_batch_from`]).
+async fn rebuild_from_log<L: leasehold_log::Log>(
+    projector: &mut leasehold_projector::Projector,
+    log: &L,
+    mut outcomes: futures::stream::BoxStream<'static, Result<Entry, leasehold_log::Error>>,
+    mut progress: impl FnMut(u64),
+) -> anyhow::Result<()> {
+    projector.drop_all()?;
+    let mut batch = Vec::with_capacity(leasehold_projector::MAX_BATCH);
+    while let Some(entry) = outcomes.next().await {
         if let Entry::Outcome(o) = entry? {
             progress(o.seq);
             batch.push(o);
             if batch.len() >= leasehold_projector::MAX_BATCH {
-                projector.apply_batch(&batch)?;
+                projector.apply_batch_from(log, &batch).await?;
                 batch.clear();
             }
         }
     }
-    projector.apply_batch(&batch)?;
+    projector.apply_batch_from(log, &batch).await?;
     Ok(())
 }
 

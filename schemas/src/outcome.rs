@@ -838,6 +838,23 @@ pub enum GarbageCause {
 }
 
 impl Effect {
+    /// The effect as `name {its fields}`: its JSON form without the outer object (`lease-released
+    /// {"lease":"..."}`, or the bare name for an effect without fields). Exact, not made safe to show: what the
+    /// command lines print as JSON and what a timeline's rows carry (the gateway's and `leasehold-replay`'s alike).
+    pub fn as_text(&self) -> String {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(map)) if map.len() == 1 => {
+                let (name, fields) = map.into_iter().next().expect("one entry");
+                match fields {
+                    serde_json::Value::Object(inner) if inner.is_empty() => name,
+                    fields => format!("{name} {fields}"),
+                }
+            }
+            Ok(other) => other.to_string(),
+            Err(e) => format!("{} (unprintable: {e})", self.name()),
+        }
+    }
+
     /// A short stable name for logs and timelines.
     pub fn name(&self) -> &'static str {
         match self {

@@ -301,17 +301,7 @@ pub fn cell(value: &serde_json::Value) -> String {
 /// An effect as `name {its fields}` (its JSON form, without the outer object): exact, for JSON output. To show
 /// it to people, [`shown_effect`].
 pub fn effect(effect: &leasehold_schemas::Effect) -> String {
-    match serde_json::to_value(effect) {
-        Ok(serde_json::Value::Object(map)) if map.len() == 1 => {
-            let (name, fields) = map.into_iter().next().expect("one entry");
-            match fields {
-                serde_json::Value::Object(inner) if inner.is_empty() => name,
-                fields => format!("{name} {fields}"),
-            }
-        }
-        Ok(other) => other.to_string(),
-        Err(e) => format!("{} (unprintable: {e})", effect.name()),
-    }
+    effect.as_text()
 }
 
 /// [`effect`] made safe to show: its JSON with every control and bidi character a JSON escape (the same value).

@@ -6,6 +6,8 @@
 //!   GET  /v1/commands/{id}                      its outcome, or "dead-lettered" with the reason
 //!   GET  /v1/resources/{ref}  /v1/resources?agent=&state=&kind=
 //!   GET  /v1/leases?resource=  /v1/leases/{ref}  /v1/agents  /v1/pools  /v1/pools/{name}  /v1/dlq
+//!   GET  /v1/resources/{ref}/history  /v1/leases/{ref}/history  /v1/pools/{name}/{value}/history
+//!                                               the steps about it, from the timeline index (?after=&before=&limit=)
 //!   GET  /v1/events?key=&from=                  outcomes as server-sent events, following
 //!   GET  /healthz  /readyz  /metrics
 //!   GET  /ui/...                                the operator's view: HTML pages (read-only)
@@ -38,6 +40,7 @@ mod connection;
 mod dead;
 mod events;
 mod export;
+mod history;
 mod metrics;
 mod queries;
 mod ready;
@@ -239,12 +242,15 @@ pub fn router<L: Log>(api: Arc<Api<L>>, health: Health) -> Router {
         .route("/v1/commands/{id}", get(commands::get::<L>))
         .route("/v1/resources", get(queries::resources::<L>))
         .route("/v1/resources/{reference}", get(queries::resource::<L>))
+        .route("/v1/resources/{reference}/history", get(history::resource::<L>))
         .route("/v1/leases", get(queries::leases::<L>))
         .route("/v1/leases/{reference}", get(queries::lease::<L>))
+        .route("/v1/leases/{reference}/history", get(history::lease::<L>))
         .route("/v1/agents", get(queries::agents::<L>))
         .route("/v1/pools", get(queries::pools::<L>))
         .route("/v1/policy", get(queries::policy::<L>))
         .route("/v1/pools/{name}", get(queries::pool_holders::<L>))
+        .route("/v1/pools/{name}/{value}/history", get(history::value::<L>))
         .route("/v1/placements", get(queries::placements::<L>))
         .route("/v1/placements/{id}", get(queries::placement::<L>))
         .route("/v1/dlq", get(queries::dead_letters::<L>))

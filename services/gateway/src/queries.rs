@@ -166,7 +166,7 @@ impl ListQuery {
 }
 
 /// `text` percent-encoded for a query string (every byte but the unreserved ones of RFC 3986).
-fn encode(text: &str) -> String {
+pub(crate) fn encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
         if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {

@@ -305,3 +305,57 @@ fn encode(text: &str) -> String {
         })
         .collect()
 }
+
+/// The `<section id="timeline">` of a page.
+fn timeline(html: &str) -> &str {
+    let start = html.find("<section id=\"timeline\">").unwrap_or_else(|| panic!("no timeline in {html}"));
+    let end = start + html[start..].find("</section>").expect("the section ends");
+    &html[start..end]
+}
+
+/// How many lines the timeline's list holds: steps (each opens with its time and its command) and folded runs.
+fn steps_shown(section: &str) -> usize {
+    section.matches("</time> · <strong>").count() + section.matches(" routine steps from ").count()
+}
+
+#[tokio::test]
+async fn a_resource_and_a_lease_show_their_timelines_in_pages() {
+    let s = seeded().await;
+    let active = &s.by_state["active"];
+    let html = page(&s.app, &format!("/ui/resources/{active}")).await;
+    let section = timeline(&html);
+    assert!(section.contains("<ol class=\"timeline\">"), "{section}");
+    for command in ["op.allocate", "agent.report-created", "op.acquire"] {
+        assert!(section.contains(&format!("<bdi>{command}</bdi>")), "{command} in {section}");
+    }
+    assert!(section.contains("href=\"/ui/commands/"), "each step links its command: {section}");
+    assert!(section.contains(EVIL_ESCAPED), "the lease's holder, in its grant's effect: {section}");
+    assert!(section.contains("<time datetime=\""), "{section}");
+    assert!(!section.contains("rel=\"prev\""), "every step on one page: {section}");
+
+    // One step a page: the newest, with a link to the older ones, whose page links back to the newer.
+    let newest = page(&s.app, &format!("/ui/resources/{active}?limit=1")).await;
+    let section = timeline(&newest);
+    assert_eq!(steps_shown(section), 1, "{section}");
+    let older = href_of(section, "← older steps").expect("a link to the older steps");
+    assert!(older.starts_with(&format!("/ui/resources/{}?before=", encode(active))), "{older}");
+    let older = older.split('#').next().expect("a path");
+    let before = page(&s.app, older).await;
+    let section = timeline(&before);
+    assert!(steps_shown(section) >= 2, "the older steps: {section}");
+    assert!(href_of(section, "newer steps →").is_some(), "{section}");
+    assert!(section.contains("<bdi>op.allocate</bdi>"), "{section}");
+
+    // A lease's page: its own steps, from its acquire.
+    let html = page(&s.app, &format!("/ui/leases/{}", s.held_lease)).await;
+    let section = timeline(&html);
+    assert!(section.contains("<bdi>op.acquire</bdi>") && section.contains(EVIL_ESCAPED), "{section}");
+    assert!(!section.contains("op.allocate"), "not its resource's other steps: {section}");
+    assert_shown_as_text(&html, "a lease's timeline");
+
+    // A query the timeline does not take is a 400 page.
+    for bad in ["?before=soon", "?after=1&before=2", "?colour=red"] {
+        let (status, _, body) = get(&s.app, &format!("/ui/resources/{active}{bad}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+    }
+}

@@ -1,7 +1,8 @@
 //! leasehold's projector: it folds outcomes into read models in redb — resources (by reference, by agent, by
-//! state), leases (by id, by resource), agents, pools and who holds each identifier, and every outcome by command
-//! id, kept forever — with the last applied sequence and each partition's chain position in the same write
-//! transaction, many outcomes per transaction.
+//! state), leases (by id, by resource), agents, pools and who holds each identifier, every outcome by command id,
+//! kept forever, and the timeline index (each resource's, lease's and pool identifier's steps, [`timeline`]) —
+//! with the last applied sequence and each partition's chain position in the same write transaction, many outcomes
+//! per transaction.
 //!
 //! It folds with the domain's own `apply` (one partition state per partition, in memory) and writes the records an
 //! outcome touched, so a read model can never disagree with the writer's view. It checks every partition's
@@ -13,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod timeline;
 pub mod views;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,7 +23,7 @@ use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt};
 use leasehold_domain::{DECIDER_VERSION, PartitionState, apply};
-use leasehold_log::{Log, OutcomeFilter, StoredOutcome};
+use leasehold_log::{CommandRecord, Log, OutcomeFilter, StoredOutcome};
 use leasehold_schemas::codec;
 use leasehold_schemas::ids::{Key, LeaseId, ResourceId};
 use leasehold_schemas::outcome::Effect;
@@ -57,10 +59,17 @@ const POLICIES: TableDefinition<u32, &str> = TableDefinition::new("policies");
 const OUTCOMES: TableDefinition<(&str, u64, u32), (u64, &str)> = TableDefinition::new("outcomes_by_command");
 /// ("resources" | "leases", state) -> how many records are in that state (for metrics).
 const COUNTS: TableDefinition<(&str, &str), u64> = TableDefinition::new("counts");
+/// The timeline index: (thing key ([`timeline::Thing::key`]), outcome sequence) -> (command id, command sequence,
+/// part: the outcome's key in [`OUTCOMES`]; whether the command told it, not the outcome; the indexes of the
+/// outcome's effects about the thing). A thing's history reads its own rows, not the log.
+const TIMELINE: TableDefinition<(&str, u64), TimelineRow> = TableDefinition::new("timeline");
+/// A row of [`TIMELINE`]: (command id, command sequence, part, told by the command, effect indexes).
+type TimelineRow = (&'static str, u64, u32, bool, Vec<u32>);
 
 /// The layout of the read models. A projection of another layout (made by another build) is dropped when opened
-/// and folded again from sequence 1: the log is the truth, the projection a cache of it.
-pub const PROJECTION_VERSION: u64 = 8;
+/// and folded again from sequence 1: the log is the truth, the projection a cache of it. Layout 9 added the
+/// timeline index ([`TIMELINE`]).
+pub const PROJECTION_VERSION: u64 = 9;
 /// The outcomes table of layout 1, keyed without the command sequence: dropped with the rest.
 const OUTCOMES_V1: TableDefinition<(&str, u32), (u64, &str)> = TableDefinition::new("outcomes");
 
@@ -68,6 +77,8 @@ const OUTCOMES_V1: TableDefinition<(&str, u32), (u64, &str)> = TableDefinition::
 pub const FILE_NAME: &str = "projection.redb";
 /// The most outcomes written in one transaction.
 pub const MAX_BATCH: usize = 1000;
+/// The most commands read at once for the timeline (those of steps without effect).
+const COMMAND_READS: usize = 16;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
@@ -239,7 +250,14 @@ impl Projector {
             .ok_or_else(|| Error::Undecodable { seq, detail: format!("there is no partition {partition}") })
     }
 
-    fn check(&self, stored: &StoredOutcome, expected_prev: u64) -> Result<Outcome, Error> {
+    /// Checks `stored` against its partition's chain, then its decoded body (`decoded`, from [`decode`]) against
+    /// its headers: a broken chain is reported before a body that does not read.
+    fn check(
+        &self,
+        stored: &StoredOutcome,
+        expected_prev: u64,
+        decoded: Result<Outcome, Error>,
+    ) -> Result<Outcome, Error> {
         if stored.prev_seq != expected_prev {
             return Err(Error::ChainBroken {
                 partition: stored.partition,
@@ -248,8 +266,7 @@ impl Projector {
                 expected: expected_prev,
             });
         }
-        let outcome = codec::decode_outcome(&stored.payload)
-            .map_err(|e| Error::Undecodable { seq: stored.seq, detail: e.to_string() })?;
+        let outcome = decoded?;
         if outcome.decider_version > DECIDER_VERSION {
             return Err(Error::NewerDecider { seq: stored.seq, version: outcome.decider_version });
         }
@@ -259,8 +276,54 @@ impl Projector {
         Ok(outcome)
     }
 
-    /// Applies `batch` (outcomes in log order, each after the last applied) in one write transaction.
+    /// Applies `batch` (outcomes in log order, each after the last applied) in one write transaction, without the
+    /// commands: a step without effect is indexed in no timeline ([`timeline`]). [`Projector::run`] and
+    /// [`Projector::catch_up`] read those steps' commands from the log ([`Projector::apply_batch_from`]).
     pub fn apply_batch(&mut self, batch: &[StoredOutcome]) -> Result<(), Error> {
+        self.apply_batch_commands(batch, &BTreeMap::new())
+    }
+
+    /// [`Projector::apply_batch`], with the commands its outcomes answer, by command sequence (as many as the
+    /// caller holds: only those of steps without effect are read, [`timeline::Said`]).
+    pub fn apply_batch_commands(
+        &mut self,
+        batch: &[StoredOutcome],
+        commands: &BTreeMap<u64, CommandRecord>,
+    ) -> Result<(), Error> {
+        let decoded = batch.iter().map(decode).collect();
+        self.apply_decoded(batch, decoded, commands)
+    }
+
+    /// [`Projector::apply_batch`], reading from `log` the commands of the steps without effect (a rejection names
+    /// what it refused only in its command), while the log holds them.
+    pub async fn apply_batch_from<L: Log>(&mut self, log: &L, batch: &[StoredOutcome]) -> Result<(), Error> {
+        let decoded: Vec<Result<Outcome, Error>> = batch.iter().map(decode).collect();
+        let wanted: BTreeSet<u64> = batch
+            .iter()
+            .zip(&decoded)
+            .filter_map(|(stored, outcome)| match outcome {
+                Ok(outcome) if stored.seq > self.applied && outcome.effects().is_empty() => Some(outcome.cmd_seq),
+                _ => None,
+            })
+            .collect();
+        // A few reads at a time: on JetStream each is a round trip.
+        let commands: Vec<_> =
+            futures::stream::iter(wanted).map(|seq| log.command_at(seq)).buffered(COMMAND_READS).collect().await;
+        let mut held = BTreeMap::new();
+        for command in commands {
+            if let Some(command) = command? {
+                held.insert(command.seq, command);
+            }
+        }
+        self.apply_decoded(batch, decoded, &held)
+    }
+
+    fn apply_decoded(
+        &mut self,
+        batch: &[StoredOutcome],
+        decoded: Vec<Result<Outcome, Error>>,
+        commands: &BTreeMap<u64, CommandRecord>,
+    ) -> Result<(), Error> {
         if let Some(why) = &self.failed {
             return Err(Error::Refused(format!("this projector failed earlier ({why}): open it again to resume")));
         }
@@ -273,30 +336,47 @@ impl Projector {
         if batch.is_empty() {
             return Ok(());
         }
-        let result = self.apply_batch_once(batch);
+        let result = self.apply_batch_once(batch, decoded, commands);
         if let Err(e) = &result {
             self.failed = Some(e.to_string());
         }
         result
     }
 
-    fn apply_batch_once(&mut self, batch: &[StoredOutcome]) -> Result<(), Error> {
+    fn apply_batch_once(
+        &mut self,
+        batch: &[StoredOutcome],
+        decoded: Vec<Result<Outcome, Error>>,
+        commands: &BTreeMap<u64, CommandRecord>,
+    ) -> Result<(), Error> {
         let txn = self.db.begin_write().map_err(storage)?;
         {
             let mut tables = Tables::open(&txn)?;
-            for stored in batch {
+            for (stored, decoded) in batch.iter().zip(decoded) {
                 if stored.seq <= self.applied {
                     continue;
                 }
                 let expected = self.chain.get(&stored.partition).copied().unwrap_or(0);
-                let outcome = self.check(stored, expected)?;
+                let outcome = self.check(stored, expected, decoded)?;
                 let state = self.state(stored.partition, stored.seq)?;
                 // What the outcome touches, with the resources' states before it (to move them in the index by
                 // state), from memory: the tables hold the same.
                 let touched = Touched::of(state, &outcome);
+                // The things it concerns, with the leases known before it: in memory while their partition keeps
+                // them, then in the leases' records (a command may name a lease long gone).
+                let said = match commands.get(&outcome.cmd_seq) {
+                    Some(command) if outcome.effects().is_empty() => {
+                        Some(timeline::Said::of(&command.subject, &command.payload))
+                    }
+                    _ => None,
+                };
+                let concerns = timeline::concerns(&outcome, said.as_ref(), |lease| {
+                    state.lease(lease).map(|l| l.resource).or_else(|| tables.resource_of(&outcome.command.key, lease))
+                });
                 apply(state, &outcome).map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
                 let state = &self.states[&stored.partition];
                 tables.write(state, &outcome, stored, &touched)?;
+                tables.index(&outcome, stored.seq, &concerns)?;
                 self.chain.insert(stored.partition, stored.seq);
                 tables.chain.insert(stored.partition, stored.seq).map_err(storage)?;
                 self.applied = stored.seq;
@@ -316,7 +396,7 @@ impl Projector {
             if batch.is_empty() {
                 return Ok(self.applied);
             }
-            self.apply_batch(&batch)?;
+            self.apply_batch_from(log, &batch).await?;
         }
     }
 
@@ -341,7 +421,7 @@ impl Projector {
                     _ => break,
                 }
             }
-            self.apply_batch(&batch)?;
+            self.apply_batch_from(log, &batch).await?;
         }
     }
 
@@ -385,6 +465,7 @@ fn drop_tables(txn: &redb::WriteTransaction) -> Result<(), Error> {
     txn.delete_table(OUTCOMES_V1).map_err(storage)?;
     txn.delete_table(CHAIN).map_err(storage)?;
     txn.delete_table(COUNTS).map_err(storage)?;
+    txn.delete_table(TIMELINE).map_err(storage)?;
     txn.open_table(META).map_err(storage)?.insert("applied", 0).map_err(storage)?;
     Ok(())
 }
@@ -404,6 +485,7 @@ fn create_tables(txn: &redb::WriteTransaction) -> Result<(), Error> {
     txn.open_table(POLICIES).map_err(storage)?;
     txn.open_table(OUTCOMES).map_err(storage)?;
     txn.open_table(COUNTS).map_err(storage)?;
+    txn.open_table(TIMELINE).map_err(storage)?;
     Ok(())
 }
 
@@ -422,6 +504,7 @@ struct Tables<'t> {
     policies: redb::Table<'t, u32, &'static str>,
     outcomes: redb::Table<'t, (&'static str, u64, u32), (u64, &'static str)>,
     counts: redb::Table<'t, (&'static str, &'static str), u64>,
+    timeline: redb::Table<'t, (&'static str, u64), TimelineRow>,
 }
 
 /// What an outcome touches: resources and leases (with their states before it), and pool identifiers.
@@ -472,6 +555,7 @@ impl<'t> Tables<'t> {
             policies: txn.open_table(POLICIES).map_err(storage)?,
             outcomes: txn.open_table(OUTCOMES).map_err(storage)?,
             counts: txn.open_table(COUNTS).map_err(storage)?,
+            timeline: txn.open_table(TIMELINE).map_err(storage)?,
         })
     }
 
@@ -595,6 +679,26 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
+    /// The resource of `lease`, from its record (`<agent>.<lease id>`): a lease of an agent's outcome is that
+    /// agent's.
+    fn resource_of(&self, key: &Key, lease: LeaseId) -> Option<ResourceId> {
+        let Key::Agent(agent) = key else { return None };
+        let record = self.leases.get(format!("{agent}.{lease}").as_str()).ok()??;
+        let view: LeaseView = from_json(record.value()).ok()?;
+        view.resource.parse::<ResourceRef>().ok().map(|r| r.resource)
+    }
+
+    /// Writes the timeline rows of the outcome at `seq`: one per thing it concerns.
+    fn index(&mut self, outcome: &Outcome, seq: u64, concerns: &[timeline::Concern]) -> Result<(), Error> {
+        let id = outcome.command.id.to_string();
+        for concern in concerns {
+            let key = concern.thing.key();
+            let row = (id.as_str(), outcome.cmd_seq, outcome.part, concern.told_by_command, concern.effects.clone());
+            self.timeline.insert((key.as_str(), seq), row).map_err(storage)?;
+        }
+        Ok(())
+    }
+
     /// Writes a resource's record and its index entries; `before` is its state before the outcome (none if new).
     fn write_resource(&mut self, view: &ResourceView, before: Option<&'static str>) -> Result<(), Error> {
         let reference = view.reference.as_str();
@@ -621,6 +725,11 @@ impl<'t> Tables<'t> {
         self.counts.insert((what, after), n + 1).map_err(storage)?;
         Ok(())
     }
+}
+
+/// The body of a stored outcome.
+fn decode(stored: &StoredOutcome) -> Result<Outcome, Error> {
+    codec::decode_outcome(&stored.payload).map_err(|e| Error::Undecodable { seq: stored.seq, detail: e.to_string() })
 }
 
 fn to_json(value: &impl serde::Serialize) -> Result<String, Error> {
@@ -680,6 +789,37 @@ pub struct LeaseQuery {
 pub struct Page<T> {
     pub records: Vec<T>,
     pub next: Option<String>,
+}
+
+/// Where a page of a timeline starts ([`Reader::history`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum At {
+    /// The oldest steps.
+    First,
+    /// The steps after this outcome sequence (the `newer` of the page before).
+    After(u64),
+    /// The steps before this outcome sequence (the `older` of the page after), the nearest ones.
+    Before(u64),
+    /// The newest steps.
+    Last,
+}
+
+/// One step of a thing's timeline: the outcome at `seq` and which of its effects are about the thing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimelineEntry {
+    pub seq: u64,
+    pub outcome: Outcome,
+    /// Indexes into the outcome's effects ([`timeline::Concern::effects`]).
+    pub effects: Vec<u32>,
+}
+
+/// A page of a timeline, oldest first, and where the pages beside it start: `older` (ask [`At::Before`] it) when
+/// steps come before this page, `newer` ([`At::After`]) when steps come after it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct History {
+    pub entries: Vec<TimelineEntry>,
+    pub older: Option<u64>,
+    pub newer: Option<u64>,
 }
 
 /// Whether a record that ended at `terminal_at` is left out for having ended before `ended_before`.
@@ -993,6 +1133,63 @@ impl Reader {
         Ok(out)
     }
 
+    /// A page of `thing`'s timeline ([`timeline`]): at most `limit` of the steps that concern it, in log order,
+    /// from where `at` says, each read back from the outcomes by command (the index holds no copy). It reads the
+    /// thing's own rows only, however long the log.
+    pub fn history(&self, thing: &timeline::Thing, at: At, limit: usize) -> Result<History, Error> {
+        use std::ops::Bound;
+        let read = self.db.begin_read().map_err(storage)?;
+        let index = read.open_table(TIMELINE).map_err(storage)?;
+        let outcomes = read.open_table(OUTCOMES).map_err(storage)?;
+        let key = thing.key();
+        let key = key.as_str();
+        let (low, high) = match at {
+            At::First | At::Last => (Bound::Included((key, 0)), Bound::Included((key, u64::MAX))),
+            At::After(seq) => (Bound::Excluded((key, seq)), Bound::Included((key, u64::MAX))),
+            At::Before(seq) => (Bound::Included((key, 0)), Bound::Excluded((key, seq))),
+        };
+        let range = index.range::<(&str, u64)>((low, high)).map_err(storage)?;
+        let rows: Vec<_> = match at {
+            At::First | At::After(_) => range.take(limit).collect(),
+            At::Last | At::Before(_) => {
+                let mut rows: Vec<_> = range.rev().take(limit).collect();
+                rows.reverse();
+                rows
+            }
+        };
+        let mut entries = Vec::with_capacity(rows.len());
+        for row in rows {
+            let (row_key, value) = row.map_err(storage)?;
+            let seq = row_key.value().1;
+            let (command_id, cmd_seq, part, _, effects) = value.value();
+            let Some(found) = outcomes.get((command_id, cmd_seq, part)).map_err(storage)? else {
+                return Err(Error::Storage(format!("the timeline names outcome {seq}, which the projection lacks")));
+            };
+            entries.push(TimelineEntry { seq, outcome: from_json(found.value().1)?, effects });
+        }
+        let exists = |low: Bound<(&str, u64)>, high: Bound<(&str, u64)>| -> Result<bool, Error> {
+            Ok(index.range::<(&str, u64)>((low, high)).map_err(storage)?.next().is_some())
+        };
+        let (older, newer) = match (entries.first(), entries.last()) {
+            (Some(first), Some(last)) => (
+                exists(Bound::Included((key, 0)), Bound::Excluded((key, first.seq)))?.then_some(first.seq),
+                exists(Bound::Excluded((key, last.seq)), Bound::Included((key, u64::MAX)))?.then_some(last.seq),
+            ),
+            // Nothing in the range asked for: the way back to what is on the other side of it.
+            _ => match at {
+                At::After(seq) => (
+                    exists(Bound::Included((key, 0)), Bound::Included((key, seq)))?.then_some(seq.saturating_add(1)),
+                    None,
+                ),
+                At::Before(seq) => {
+                    (None, exists(Bound::Included((key, seq)), Bound::Included((key, u64::MAX)))?.then_some(seq - 1))
+                }
+                At::First | At::Last => (None, None),
+            },
+        };
+        Ok(History { entries, older, newer })
+    }
+
     fn all<T: serde::de::DeserializeOwned>(&self, def: TableDefinition<&str, &str>) -> Result<Vec<T>, Error> {
         let read = self.db.begin_read().map_err(storage)?;
         let table = read.open_table(def).map_err(storage)?;
@@ -1059,7 +1256,30 @@ fn digests_of(read: &redb::ReadTransaction) -> Result<BTreeMap<&'static str, Str
     out.insert("resources_by_state", digest(read, RESOURCES_BY_STATE)?);
     out.insert("chain", digest(read, CHAIN)?);
     out.insert("counts", digest(read, COUNTS)?);
+    out.insert("timeline", timeline_digest(read)?);
     Ok(out)
+}
+
+/// The digest of the timeline rows the outcomes give. The rows a command told (a step without effect is about what
+/// its command names) are left out: a rebuild finds them again only while the log holds their commands, and the
+/// command log forgets (30 days on JetStream) while outcomes stay.
+fn timeline_digest(read: &redb::ReadTransaction) -> Result<String, Error> {
+    let table = read.open_table(TIMELINE).map_err(storage)?;
+    let mut hash = Sha256::new();
+    for entry in table.iter().map_err(storage)? {
+        let (key, value) = entry.map_err(storage)?;
+        let (key, value) = (key.value(), value.value());
+        if value.3 {
+            continue;
+        }
+        let key: Vec<u8> = <(&str, u64) as redb::Value>::as_bytes(&key);
+        let value: Vec<u8> = <TimelineRow as redb::Value>::as_bytes(&value);
+        hash.update((key.len() as u64).to_le_bytes());
+        hash.update(&key);
+        hash.update((value.len() as u64).to_le_bytes());
+        hash.update(&value);
+    }
+    Ok(hex(&hash.finalize()))
 }
 
 fn digest<K: redb::Key + 'static, V: redb::Value + 'static>(

@@ -12,13 +12,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use leasehold_log::embedded::{Embedded, EmbeddedOwner};
 use leasehold_log::intercept::{Intercept, Intercepted};
 use leasehold_log::{Error as LogError, Log, OutcomeFilter, StoredOutcome};
-use leasehold_projector::{Error, LeaseQuery, Projector, Reader, ResourceQuery, ResourceView};
+use leasehold_projector::timeline::Thing;
+use leasehold_projector::{At, Error, History, LeaseQuery, Projector, Reader, ResourceQuery, ResourceView};
 use leasehold_schemas::command::{Acquire, Allocate, Claim, DefinePool, Register, Release, ReportCreated};
 use leasehold_schemas::ids::{
     AgentName, CommandId, Issuer, LeaseId, PoolName, Position, ResourceId, ResourceRef, Source, Timestamp,
 };
 use leasehold_schemas::outcome::Effect;
-use leasehold_schemas::pool::PoolKind;
+use leasehold_schemas::pool::{PoolKind, PoolValue};
 use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::subjects::{ingress_subject_of, partition_of_agent};
 use leasehold_schemas::{Command, Envelope, Outcome, Uuid, codec};
@@ -173,12 +174,8 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
         .await;
     let token = position_of(&acquired, |e| matches!(e, Effect::LeaseGranted { .. }));
     client.submit("ops", Release { agent: w1.clone(), resource: ids[3], reason: Some("done".into()) }).await;
-    let rejected = client
-        .submit(
-            "ops",
-            Release { agent: w1.clone(), resource: ResourceId::from_parts(Client::now().0, [9; 10]), reason: None },
-        )
-        .await;
+    let unknown = ResourceId::from_parts(Client::now().0, [9; 10]);
+    let rejected = client.submit("ops", Release { agent: w1.clone(), resource: unknown, reason: None }).await;
     assert!(rejected.rejection().is_some(), "a release of an unknown resource is a recorded rejection");
 
     // What the read models say.
@@ -250,6 +247,52 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
     assert_eq!(holders.len(), 1);
     assert_eq!(holders[0].holder, format!("w1.{}", ids[0]));
 
+    // The timeline index: each thing's steps, read from its own rows.
+    let timelines = [
+        Thing::Resource(ids[0]),
+        Thing::Resource(ids[1]),
+        Thing::Resource(ids[3]),
+        Thing::Resource(unknown),
+        Thing::Lease(lease),
+        Thing::Value(pool.clone(), PoolValue::Slot(0)),
+    ];
+    let histories = |reader: &Reader| -> Vec<History> {
+        timelines.iter().map(|thing| reader.history(thing, At::First, 100).unwrap()).collect()
+    };
+    let commands_of = |history: &History| -> Vec<String> {
+        history.entries.iter().map(|e| e.outcome.command.type_name.clone()).collect()
+    };
+    let before = histories(&reader);
+    assert_eq!(commands_of(&before[0]), ["op.allocate", "sys.claim"], "the pool's grant is in the holder's timeline");
+    assert_eq!(commands_of(&before[1]), ["op.allocate", "agent.report-created", "op.acquire"]);
+    assert_eq!(commands_of(&before[2]), ["op.allocate", "agent.report-created", "op.release"]);
+    assert_eq!(commands_of(&before[3]), ["op.release"], "a rejection is in the timeline of what its command names");
+    assert!(before[3].entries[0].effects.is_empty() && before[3].entries[0].outcome.rejection().is_some());
+    assert_eq!(commands_of(&before[4]), ["op.acquire"]);
+    assert_eq!(commands_of(&before[5]), ["sys.claim"], "the slot's grant");
+    // Pages of one, both ways, give the same steps.
+    let every = &before[1].entries;
+    let (mut forward, mut at) = (Vec::new(), At::First);
+    loop {
+        let page = reader.history(&timelines[1], at, 1).unwrap();
+        forward.extend(page.entries.iter().map(|e| e.seq));
+        match page.newer {
+            Some(newer) => at = At::After(newer),
+            None => break,
+        }
+    }
+    let (mut backward, mut at) = (Vec::new(), At::Last);
+    loop {
+        let page = reader.history(&timelines[1], at, 1).unwrap();
+        backward.splice(0..0, page.entries.iter().map(|e| e.seq));
+        match page.older {
+            Some(older) => at = At::Before(older),
+            None => break,
+        }
+    }
+    let seqs: Vec<u64> = every.iter().map(|e| e.seq).collect();
+    assert_eq!((&forward, &backward), (&seqs, &seqs), "pages of one step, newer and older");
+
     shutdown.cancel();
     assert!(worker.await.unwrap().stopped.is_empty());
     let projector = projecting.await.unwrap();
@@ -299,6 +342,17 @@ async fn the_read_models_say_what_the_log_decided_and_rebuild_the_same() {
     assert_ne!(projector.digests().unwrap(), digests);
     assert_eq!(projector.catch_up(&log).await.unwrap(), applied);
     assert_eq!(projector.digests().unwrap(), digests, "a rebuild from sequence 1 gives the same content");
+    assert_eq!(histories(&projector.reader()), before, "the rebuilt timeline, with the rejection its command told");
+
+    // Without the commands (a log whose commands aged out), the timeline digest is the same: it covers what the
+    // outcomes say; the rejection, which only its command names, is then in no timeline.
+    let outcomes = log.read_outcomes(&OutcomeFilter::All, 1, 10_000).await.unwrap();
+    projector.drop_all().unwrap();
+    projector.apply_batch(&outcomes).unwrap();
+    assert_eq!(projector.digests().unwrap()["timeline"], digests["timeline"]);
+    let reader = projector.reader();
+    assert!(reader.history(&Thing::Resource(unknown), At::First, 100).unwrap().entries.is_empty());
+    assert_eq!(reader.history(&Thing::Resource(ids[1]), At::First, 100).unwrap(), before[1]);
 }
 
 /// Counts the outcomes read by partition.

@@ -1,11 +1,11 @@
 //! `GET /ui/leases/{ref}`: one lease — its holder, state, token, resource, times, place in the queue, priority, and
-//! why it ended.
+//! why it ended — and its timeline ([`super::timeline`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use leasehold_log::Log;
 use leasehold_projector::views::{LeaseView, QueuePlace, ResourceView, queue_places};
@@ -13,8 +13,9 @@ use leasehold_projector::{Error, Reader};
 use maud::{Markup, html};
 
 use super::parts::{bad_request, detail, not_found, path_param, state, time_or_dash};
-use super::{Page, Ui, bdi, link, now_ms, page, unavailable};
-use crate::queries::{check_lease_ref, resource_ref};
+use super::{Page, Ui, bdi, encode, link, now_ms, page, timeline, unavailable};
+use crate::history::{PageQuery, lease_thing};
+use crate::queries::resource_ref;
 
 /// The live leases of `resource` (waiting or active, first come first), each as its own record, and the place in the
 /// queue of each waiting one at `now`: read by the lease ids its record lists, so a resource with a long past costs
@@ -39,17 +40,27 @@ pub(crate) fn place_text(place: &QueuePlace) -> String {
     format!("#{} in the queue (effective priority {})", place.position, place.effective_priority)
 }
 
+/// `GET /ui/leases/{ref}[?before=SEQ|after=SEQ]`: the query pages its timeline (the newest steps without one).
 pub(crate) async fn get<L: Log>(
     State(ui): State<Arc<Ui<L>>>,
     reference: Result<Path<String>, PathRejection>,
+    query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Response {
     let reference = match path_param(reference) {
         Ok(reference) => reference,
         Err(response) => return response,
     };
-    if let Err(message) = check_lease_ref(&reference) {
-        return bad_request(&message);
-    }
+    let steps = match query {
+        Ok(Query(query)) => match timeline::page_of(&query) {
+            Ok(steps) => steps,
+            Err(message) => return bad_request(&message),
+        },
+        Err(e) => return bad_request(&format!("bad query: {}", e.body_text())),
+    };
+    let thing = match lease_thing(&reference) {
+        Ok(thing) => thing,
+        Err(message) => return bad_request(&message),
+    };
     let reader = &ui.api.reader;
     let lease = match reader.lease(&reference) {
         Ok(Some(lease)) => lease,
@@ -67,8 +78,11 @@ pub(crate) async fn get<L: Log>(
             Err(e) => return unavailable(e),
         }
     }
+    let base = format!("/ui/leases/{}", encode(&reference));
+    let timeline = timeline::for_thing(&ui.api, &thing, steps, &base).await;
     let title = format!("Lease {reference}");
-    page(Page::new(title).under("/ui/resources"), fields(&lease, place)).into_response()
+    let body = html! { (fields(&lease, place)) (timeline) };
+    page(Page::new(title).under("/ui/resources"), body).into_response()
 }
 
 fn fields(lease: &LeaseView, place: Option<QueuePlace>) -> Markup {

@@ -20,6 +20,7 @@ mod parts;
 mod pools;
 mod resource;
 mod resources;
+mod timeline;
 
 use std::sync::Arc;
 

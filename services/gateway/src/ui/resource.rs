@@ -1,14 +1,14 @@
 //! `GET /ui/resources/{ref}`: one resource — its fields, what it waits on, its claims, its live leases with their
 //! places in the queue, a quarantined handle or a blocked destroy, and the command that created it.
 //!
-//! The page is read ([`read`]) and then rendered ([`render`]) with an optional timeline: the section of the
-//! resource's history is made elsewhere and given to `render`.
+//! The page is read ([`read`]) and then rendered ([`render`]) with its timeline, the section of its history made by
+//! [`super::timeline`] from the projection's timeline index (paged by the page's `?before=` and `?after=`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use leasehold_log::{Log, OutcomeFilter};
 use leasehold_projector::views::{LeaseView, QueuePlace, ResourceView};
@@ -16,7 +16,8 @@ use maud::{Markup, html};
 
 use super::lease::{live_leases, place_text};
 use super::parts::{attributes, bad_request, detail, not_found, path_param, state, stuck_badge, time_or_dash};
-use super::{Page, Ui, bdi, link, now_ms, page, timestamp, unavailable};
+use super::{Page, Ui, bdi, encode, link, now_ms, page, timeline, timestamp, unavailable};
+use crate::history::{PageQuery, resource_thing};
 use crate::queries::resource_ref;
 
 /// What the page of one resource shows, as read at `now` (unix ms).
@@ -30,18 +31,34 @@ pub(crate) struct Shown {
     pub(crate) now: u64,
 }
 
+/// `GET /ui/resources/{ref}[?before=SEQ|after=SEQ]`: the query pages its timeline (the newest steps without one).
 pub(crate) async fn get<L: Log>(
     State(ui): State<Arc<Ui<L>>>,
     reference: Result<Path<String>, PathRejection>,
+    query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Response {
     let reference = match path_param(reference) {
         Ok(reference) => reference,
         Err(response) => return response,
     };
-    match read(&ui, &reference).await {
-        Ok(shown) => render(&shown, None).into_response(),
-        Err(response) => response,
-    }
+    let steps = match query {
+        Ok(Query(query)) => match timeline::page_of(&query) {
+            Ok(steps) => steps,
+            Err(message) => return bad_request(&message),
+        },
+        Err(e) => return bad_request(&format!("bad query: {}", e.body_text())),
+    };
+    let shown = match read(&ui, &reference).await {
+        Ok(shown) => shown,
+        Err(response) => return response,
+    };
+    let thing = match resource_thing(&reference) {
+        Ok(thing) => thing,
+        Err(message) => return bad_request(&message),
+    };
+    let base = format!("/ui/resources/{}", encode(&reference));
+    let timeline = timeline::for_thing(&ui.api, &thing, steps, &base).await;
+    render(&shown, Some(timeline)).into_response()
 }
 
 /// Reads what the page of resource `reference` shows; a bad reference is a 400 page, an unknown one a 404 page.
