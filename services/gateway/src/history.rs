@@ -178,18 +178,7 @@ pub(crate) async fn resource<L: Log>(
     reference: Result<Path<String>, PathRejection>,
     query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Response {
-    let reference = match crate::path_param(reference) {
-        Ok(reference) => reference,
-        Err(response) => return response,
-    };
-    let Query(query) = match query {
-        Ok(query) => query,
-        Err(e) => return bad_query(e),
-    };
-    match resource_thing(&reference) {
-        Ok(thing) => answer(&api, &format!("/v1/resources/{reference}/history"), &thing, &query).await,
-        Err(e) => error(StatusCode::BAD_REQUEST, e),
-    }
+    by_reference(&api, reference, query, "resources", resource_thing).await
 }
 
 /// `GET /v1/leases/{ref}/history?after=&before=&limit=`
@@ -197,6 +186,17 @@ pub(crate) async fn lease<L: Log>(
     State(api): State<Arc<Api<L>>>,
     reference: Result<Path<String>, PathRejection>,
     query: Result<Query<PageQuery>, QueryRejection>,
+) -> Response {
+    by_reference(&api, reference, query, "leases", lease_thing).await
+}
+
+/// The history of the thing `reference` names in `/v1/<collection>/{ref}/history`, read as `thing_of` reads it.
+async fn by_reference<L: Log>(
+    api: &Api<L>,
+    reference: Result<Path<String>, PathRejection>,
+    query: Result<Query<PageQuery>, QueryRejection>,
+    collection: &str,
+    thing_of: fn(&str) -> Result<Thing, String>,
 ) -> Response {
     let reference = match crate::path_param(reference) {
         Ok(reference) => reference,
@@ -206,8 +206,8 @@ pub(crate) async fn lease<L: Log>(
         Ok(query) => query,
         Err(e) => return bad_query(e),
     };
-    match lease_thing(&reference) {
-        Ok(thing) => answer(&api, &format!("/v1/leases/{reference}/history"), &thing, &query).await,
+    match thing_of(&reference) {
+        Ok(thing) => answer(api, &format!("/v1/{collection}/{reference}/history"), &thing, &query).await,
         Err(e) => error(StatusCode::BAD_REQUEST, e),
     }
 }

@@ -188,6 +188,21 @@ pub struct Health {
     pub ready: Readiness,
 }
 
+impl Health {
+    /// The health of a process that runs `roles` with nothing registered, stopped or waited on yet, and no gauges of
+    /// a projection: where a test, or a tool that serves the API alone, starts.
+    pub fn of_roles(roles: &[&str]) -> Health {
+        Health {
+            roles: roles.iter().map(|role| (*role).to_owned()).collect(),
+            registry: Arc::new(Registry::default()),
+            projection: None,
+            failures: Failures::default(),
+            workers: None,
+            ready: Readiness::default(),
+        }
+    }
+}
+
 /// What stopped in this process, said by whoever runs the roles.
 #[derive(Debug, Clone, Default)]
 pub struct Failures(Arc<std::sync::Mutex<Stopped>>);

@@ -165,7 +165,8 @@ impl ListQuery {
     }
 }
 
-/// `text` percent-encoded for a query string (every byte but the unreserved ones of RFC 3986).
+/// `text` percent-encoded for a query string or a path segment (every byte but the unreserved ones of RFC 3986):
+/// the API's links and the operator's view's.
 pub(crate) fn encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {

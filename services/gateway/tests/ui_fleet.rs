@@ -309,14 +309,7 @@ async fn seeded() -> Seeded {
     }
     let mut projector = Projector::in_memory(1).expect("a projection");
     projector.catch_up(&log).await.expect("the projection folds the log");
-    let health = Health {
-        roles: vec!["projector".to_owned(), "gateway".to_owned()],
-        registry: Arc::new(Registry::default()),
-        projection: None,
-        failures: Failures::default(),
-        workers: None,
-        ready: Default::default(),
-    };
+    let health = Health::of_roles(&["projector", "gateway"]);
     let shutdown = CancellationToken::new();
     let app = router(Api::new(log, &projector, GatewayConfig::default(), shutdown.clone()), health);
     Seeded {

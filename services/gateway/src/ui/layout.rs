@@ -102,18 +102,7 @@ pub(crate) fn timestamp(ms: u64) -> Markup {
     html! { time datetime=(at) { (shown) } }
 }
 
-/// `text` percent-encoded for a path segment or a query value: every byte but RFC 3986's unreserved ones.
-pub(crate) fn encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
-}
+pub(crate) use crate::queries::encode;
 
 /// A link to `prefix/<name>` (the name percent-encoded) showing the name isolated.
 pub(crate) fn link(prefix: &str, name: &str) -> Markup {

@@ -46,16 +46,9 @@ pub(crate) async fn get<L: Log>(
     reference: Result<Path<String>, PathRejection>,
     query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Response {
-    let reference = match path_param(reference) {
-        Ok(reference) => reference,
+    let (reference, steps) = match timeline::reference_and_steps(reference, query) {
+        Ok(asked) => asked,
         Err(response) => return response,
-    };
-    let steps = match query {
-        Ok(Query(query)) => match timeline::page_of(&query) {
-            Ok(steps) => steps,
-            Err(message) => return bad_request(&message),
-        },
-        Err(e) => return bad_request(&format!("bad query: {}", e.body_text())),
     };
     let thing = match lease_thing(&reference) {
         Ok(thing) => thing,

@@ -75,14 +75,7 @@ pub(crate) fn listed(n: usize) -> Listed {
     refs.sort();
     let dir = tempfile::tempdir().expect("a temporary directory");
     let log = Embedded::open(dir.path(), 1).expect("the embedded log");
-    let health = Health {
-        roles: vec!["projector".to_owned(), "gateway".to_owned()],
-        registry: Arc::new(Registry::default()),
-        projection: None,
-        failures: Failures::default(),
-        workers: None,
-        ready: Default::default(),
-    };
+    let health = Health::of_roles(&["projector", "gateway"]);
     let shutdown = CancellationToken::new();
     let app = router(Api::new(log, &projector, GatewayConfig::default(), shutdown.clone()), health);
     Listed { app, refs, shutdown, _dir: dir, _projector: projector }
