@@ -8,7 +8,6 @@
 //! it escaped and isolated in `<bdi>`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -16,7 +15,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use leasehold_domain::driver::Driver;
-use leasehold_gateway::{Api, Failures, GatewayConfig, Health, router};
+use leasehold_gateway::{Api, GatewayConfig, Health, router};
 use leasehold_log::embedded::Embedded;
 use leasehold_log::{Appended, Log, OutcomeRecord};
 use leasehold_projector::Projector;
@@ -28,7 +27,6 @@ use leasehold_schemas::ids::{AgentName, Issuer, Millis, PoolName, Position, Quot
 use leasehold_schemas::pool::{OrphanPolicy, PoolKind};
 use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::{Command, Outcome, Uuid, codec};
-use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 

@@ -12,7 +12,7 @@ use leasehold_projector::views::{LeaseView, QueuePlace, ResourceView, queue_plac
 use leasehold_projector::{Error, Reader};
 use maud::{Markup, html};
 
-use super::parts::{bad_request, detail, not_found, path_param, state, time_or_dash};
+use super::parts::{bad_request, detail, not_found, state, time_or_dash};
 use super::{Page, Ui, bdi, encode, link, now_ms, page, timeline, unavailable};
 use crate::history::{PageQuery, lease_thing};
 use crate::queries::resource_ref;

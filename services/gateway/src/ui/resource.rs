@@ -15,7 +15,7 @@ use leasehold_projector::views::{LeaseView, QueuePlace, ResourceView};
 use maud::{Markup, html};
 
 use super::lease::{live_leases, place_text};
-use super::parts::{attributes, bad_request, detail, not_found, path_param, state, stuck_badge, time_or_dash};
+use super::parts::{attributes, bad_request, detail, not_found, state, stuck_badge, time_or_dash};
 use super::{Page, Ui, bdi, encode, link, now_ms, page, timeline, timestamp, unavailable};
 use crate::history::{PageQuery, resource_thing};
 use crate::queries::resource_ref;

@@ -1,22 +1,19 @@
 //! A gateway over a projection of `n` resources of one agent (every tenth with `shard=3`...), built from the
 //! domain's own decisions without a log: for the list tests and the paging bench.
 
-use std::sync::Arc;
-
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use leasehold_domain::driver::Driver;
-use leasehold_gateway::{Api, Failures, GatewayConfig, Health, router};
+use leasehold_gateway::{Api, GatewayConfig, Health, router};
 use leasehold_log::StoredOutcome;
 use leasehold_log::embedded::Embedded;
 use leasehold_projector::Projector;
 use leasehold_schemas::command::{Allocate, Register};
 use leasehold_schemas::ids::{AgentName, Timestamp};
 use leasehold_schemas::{Uuid, codec};
-use prometheus_client::registry::Registry;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;

@@ -5,7 +5,6 @@
 //! dead letter's reason — is [`EVIL`]: markup and a right-to-left override, which the pages must show as text.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
@@ -13,7 +12,7 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use leasehold_domain::driver::Driver;
-use leasehold_gateway::{Api, Failures, GatewayConfig, Health, router};
+use leasehold_gateway::{Api, GatewayConfig, Health, router};
 use leasehold_log::embedded::Embedded;
 use leasehold_log::{Appended, DeadLetter, LetterId, Log, OutcomeRecord};
 use leasehold_projector::Projector;
@@ -26,7 +25,6 @@ use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::{OrphanPolicy, PoolKind};
 use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::{Command, Outcome, Uuid, codec};
-use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
