@@ -527,10 +527,19 @@ impl Touched {
                     resource.state.name()
                 ));
             }
-            let live = state.live_leases_of(resource).count() as u64;
-            if live > u64::from(resource.capacity) {
-                return Err(format!("resource {id} has {live} live leases over its capacity {}", resource.capacity));
+            // Only granted leases take capacity: waiting ones (queued on a busy resource, or waiting for it to be
+            // made) hold none.
+            let active = state
+                .live_leases_of(resource)
+                .filter(|lease| matches!(lease.state, leasehold_domain::state::LeaseState::Active { .. }))
+                .count() as u64;
+            if active > u64::from(resource.capacity) {
+                return Err(format!(
+                    "resource {id} has {active} active leases over its capacity {}",
+                    resource.capacity
+                ));
             }
+            let live = state.live_leases_of(resource).count() as u64;
             if resource.state.has_left() && live > 0 {
                 return Err(format!("resource {id} is {} with {live} live lease(s)", resource.state.name()));
             }

@@ -459,3 +459,25 @@ async fn why_says_an_orphans_address_was_freed_once_its_agent_confirmed_the_dest
         format!("orphan of gone agent worker-b, destroy confirmed by worker-b at {}", confirmed[0].decided_at);
     assert_eq!(holding.freed_because.as_deref(), Some(expected.as_str()));
 }
+
+/// A lease that queues on a busy resource takes no capacity: `verify` passes a log where one is granted and another
+/// waits behind it (it once counted the waiting one against the capacity and failed the log at the queue).
+#[tokio::test]
+async fn verify_passes_a_log_where_a_lease_queues_behind_another() {
+    let mut story = Story::begin();
+    story.acquire(None);
+    let queued = Acquire {
+        agent: story.agent.clone(),
+        resource: story.resource,
+        lease: story.log.partitions[0].new_lease_id(),
+        holder: "build-43".into(),
+        ttl: None,
+        wait_timeout: Some(Millis::from_secs(60)),
+        priority: 0,
+    };
+    let outcomes = story.log.submit("op:alice", queued);
+    effect_at(&outcomes, "lease-queued");
+    let verifier = leasehold_replay::verify::Verifier::new(2, None).expect("a verifier");
+    let report = verifier.run(story.log.entries(), |_| {}).await.expect("the log reads");
+    assert!(report.failure.is_none(), "{:?}", report.failure);
+}

@@ -271,6 +271,10 @@ async fn the_gateways_history_is_replays_without_the_state() {
     assert!(link.contains(&format!("before={}&limit=4>; rel=\"prev\"", page[0].seq)), "{link}");
     assert!(!link.contains("rel=\"next\""), "nothing newer: {link}");
 
+    // Before the first sequence there is nothing, and nothing to link to (it once panicked the handler).
+    let (status, link, rows) = get(&gateway, &format!("/v1/resources/{r1_ref}/history?before=0")).await;
+    assert_eq!((status, link, rows), (StatusCode::OK, None, Value::Array(vec![])));
+
     // A thing nothing concerns has no step; a bad reference, identifier or query is a 400.
     let (status, _, rows) = get(&gateway, &format!("/v1/resources/{agent}.{}/history", ResourceId::generate())).await;
     assert_eq!((status, rows), (StatusCode::OK, Value::Array(vec![])));

@@ -82,6 +82,19 @@ pub(crate) enum Hold {
     UntilInterrupted,
 }
 
+/// `story`, unless Ctrl-C (SIGINT) or SIGTERM comes first: then an error that says so, and the demo stops its
+/// services and cleans up (the temporary directory; on docker, what it made on the daemon) as after any story that
+/// failed, instead of dying with its signal and leaving them behind.
+async fn unless_interrupted(story: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("listening for SIGTERM")?;
+    tokio::select! {
+        told = story => told,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted (Ctrl-C) during the story")),
+        _ = terminate.recv() => Err(anyhow::anyhow!("terminated (SIGTERM) during the story")),
+    }
+}
+
 /// Runs the story, writing the timeline to `out`.
 /// With `keep`, the data directory (the log and the projection) is copied there at the end, for an audit
 /// (`leasehold-replay --data DIR ...`). With [`Hold::UntilInterrupted`], the services stay up after the story until
@@ -109,7 +122,7 @@ pub(crate) fn run(
                 });
                 let services = Services::start(dir.path(), agents).await?;
                 let mut demo = Demo::new(&mut *out, services).await?;
-                let script = demo.script().await;
+                let script = unless_interrupted(demo.script()).await;
                 let script = demo.hold(script, hold).await;
                 (demo.finish(script).await, None)
             }
@@ -118,7 +131,7 @@ pub(crate) fn run(
                 let summary = async {
                     let services = Services::start(dir.path(), stage.agents()).await?;
                     let mut demo = Demo::new(&mut *out, services).await?;
-                    let script = demo.docker_script(&stage).await;
+                    let script = unless_interrupted(demo.docker_script(&stage)).await;
                     let script = demo.hold(script, hold).await;
                     demo.finish(script).await
                 }

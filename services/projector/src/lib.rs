@@ -1181,6 +1181,8 @@ impl Reader {
                     exists(Bound::Included((key, 0)), Bound::Included((key, seq)))?.then_some(seq.saturating_add(1)),
                     None,
                 ),
+                // Before 0 there is nothing, and no sequence to name the way back with (after 0 is the first).
+                At::Before(0) => (None, None),
                 At::Before(seq) => {
                     (None, exists(Bound::Included((key, seq)), Bound::Included((key, u64::MAX)))?.then_some(seq - 1))
                 }

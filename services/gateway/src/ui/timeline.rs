@@ -39,7 +39,8 @@ pub(crate) fn reference_and_steps(
 /// the rest of the page still shows.
 pub(crate) async fn for_thing<L: Log>(api: &Api<L>, thing: &Thing, (at, limit): (At, usize), base: &str) -> Markup {
     match crate::history::steps(api, thing, at, limit).await {
-        Ok(steps) => section(&steps, base),
+        // A page size asked for goes on in the pager's links; the default one is left out of them.
+        Ok(steps) => section(&steps, base, (limit != PAGE_STEPS).then_some(limit)),
         Err(e) => unreadable(&e.to_string()),
     }
 }
@@ -78,7 +79,8 @@ fn lines(steps: &[Step]) -> Vec<Line<'_>> {
 
 /// The timeline section: `<section id="timeline">` with an `ol.timeline` of the page's steps, oldest first, and links
 /// to the older and newer pages (back to `base`).
-pub(crate) fn section(page: &Steps, base: &str) -> Markup {
+pub(crate) fn section(page: &Steps, base: &str, limit: Option<usize>) -> Markup {
+    let limit = limit.map(|limit| format!("&limit={limit}")).unwrap_or_default();
     html! {
         section id="timeline" {
             h2 { "Timeline" }
@@ -102,10 +104,10 @@ pub(crate) fn section(page: &Steps, base: &str) -> Markup {
             @if page.older.is_some() || page.newer.is_some() {
                 nav.pager aria-label="timeline pages" {
                     @if let Some(older) = page.older {
-                        a href={ (base) "?before=" (older) "#timeline" } rel="prev" { "← older steps" }
+                        a href={ (base) "?before=" (older) (limit) "#timeline" } rel="prev" { "← older steps" }
                     }
                     @if let Some(newer) = page.newer {
-                        a href={ (base) "?after=" (newer) "#timeline" } rel="next" { "newer steps →" }
+                        a href={ (base) "?after=" (newer) (limit) "#timeline" } rel="next" { "newer steps →" }
                     }
                 }
             }
@@ -213,7 +215,7 @@ mod tests {
             older: Some(1),
             newer: None,
         };
-        let html = section(&steps, "/ui/resources/a.x").into_string();
+        let html = section(&steps, "/ui/resources/a.x", None).into_string();
         assert_eq!(html.matches("<li class=\"routine\">").count(), 2, "one run folded, one routine step alone: {html}");
         assert!(html.contains("3 routine steps from"), "{html}");
         assert!(html.contains("<bdi>op.renew</bdi> ×2, <bdi>agent.sync</bdi> ×1"), "{html}");
@@ -223,11 +225,16 @@ mod tests {
         assert!(html.contains("href=\"/ui/commands/id%2F1\""), "the command id is percent-encoded: {html}");
         assert!(html.contains("href=\"/ui/resources/a.x?before=1#timeline\""), "{html}");
         assert!(!html.contains("?after="), "no newer page: {html}");
+        let sized = section(&steps, "/ui/resources/a.x", Some(3)).into_string();
+        assert!(
+            sized.contains("href=\"/ui/resources/a.x?before=1&amp;limit=3#timeline\""),
+            "the page size goes on: {sized}"
+        );
     }
 
     #[test]
     fn an_empty_timeline_says_so() {
-        let html = section(&Steps { steps: vec![], older: None, newer: None }, "/ui/leases/a.x").into_string();
+        let html = section(&Steps { steps: vec![], older: None, newer: None }, "/ui/leases/a.x", None).into_string();
         assert!(html.contains("Nothing on record concerns it."), "{html}");
         assert!(!html.contains("pager"), "{html}");
     }
