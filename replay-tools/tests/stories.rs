@@ -465,7 +465,11 @@ async fn why_says_an_orphans_address_was_freed_once_its_agent_confirmed_the_dest
 #[tokio::test]
 async fn verify_passes_a_log_where_a_lease_queues_behind_another() {
     let mut story = Story::begin();
-    story.acquire(None);
+    let state = story.log.agent_partition(&story.agent).state();
+    let capacity = state.resource(story.resource).expect("the story's resource").capacity;
+    for _ in 0..capacity {
+        story.acquire(None);
+    }
     let queued = Acquire {
         agent: story.agent.clone(),
         resource: story.resource,
