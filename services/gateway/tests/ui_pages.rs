@@ -339,12 +339,22 @@ async fn a_resource_and_a_lease_show_their_timelines_in_pages() {
     assert_eq!(steps_shown(section), 1, "{section}");
     let older = href_of(section, "← older steps").expect("a link to the older steps");
     assert!(older.starts_with(&format!("/ui/resources/{}?before=", encode(active))), "{older}");
-    let older = older.split('#').next().expect("a path");
-    let before = page(&s.app, older).await;
-    let section = timeline(&before);
-    assert!(steps_shown(section) >= 2, "the older steps: {section}");
-    assert!(href_of(section, "newer steps →").is_some(), "{section}");
-    assert!(section.contains("<bdi>op.allocate</bdi>"), "{section}");
+    // The older pages keep the page size asked for, one step each, back to the allocation; each links to the newer.
+    assert!(older.contains("&limit=1#timeline"), "the page size goes on: {older}");
+    let mut older = Some(older);
+    let mut walked = 0;
+    let mut reached_the_allocation = false;
+    while let Some(link) = older.take() {
+        walked += 1;
+        assert!(walked < 20, "more older pages than the resource has steps");
+        let before = page(&s.app, link.split('#').next().expect("a path")).await;
+        let section = timeline(&before);
+        assert_eq!(steps_shown(section), 1, "the older steps, one a page: {section}");
+        assert!(href_of(section, "newer steps →").is_some(), "{section}");
+        reached_the_allocation |= section.contains("<bdi>op.allocate</bdi>");
+        older = href_of(section, "← older steps");
+    }
+    assert!(reached_the_allocation, "the oldest page holds the allocation");
 
     // A lease's page: its own steps, from its acquire.
     let html = page(&s.app, &format!("/ui/leases/{}", s.held_lease)).await;
