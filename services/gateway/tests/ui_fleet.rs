@@ -550,7 +550,13 @@ async fn the_feed_shows_the_latest_outcomes_filtered_and_says_what_it_follows() 
     let cordon = ok(&s.app, "/ui/feed?type=op.cordon-agent&key=cordoned1").await;
     assert_eq!(seqs(&cordon).len(), 1, "{cordon}");
 
-    for bad in ["/ui/feed?key=%3Cscript%3E", "/ui/feed?type=op.nothing", "/ui/feed?colour=red"] {
+    for bad in [
+        "/ui/feed?key=%3Cscript%3E",
+        "/ui/feed?type=op.nothing",
+        "/ui/feed?colour=red",
+        "/ui/feed?rejected=1&rejected=0",
+        "/ui/feed?key=w1&key=w2",
+    ] {
         let (status, body) = page(&s.app, bad).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
         assert!(!body.contains("<script>"), "{bad}");

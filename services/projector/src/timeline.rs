@@ -85,6 +85,8 @@ pub fn parse_value(text: &str, kind: Option<&leasehold_schemas::pool::PoolKind>)
         (Some(PoolKind::Ports { .. }), Ok(n)) => {
             u16::try_from(n).map(PoolValue::Port).map_err(|_| format!("{text:?}: too big for a port"))
         }
+        // Without the pool's kind (replay names a pool it has not read yet), a bare number could be either.
+        (None, Ok(_)) => Err(format!("{text:?}: say which it is, `slot {text}` or `port {text}`")),
         _ => Err(format!(
             "{text:?} is not a pool identifier: an IPv4 address, `slot N` or `port N` (a bare N for a pool of slots \
              or ports)"
@@ -338,7 +340,8 @@ mod tests {
         assert_eq!(parse_value("port 8080", None), Ok(PoolValue::Port(8080)));
         let slots = leasehold_schemas::pool::PoolKind::Slots { count: 4 };
         assert_eq!(parse_value("3", Some(&slots)), Ok(PoolValue::Slot(3)));
-        assert!(parse_value("3", None).is_err(), "a bare number needs the pool's kind");
+        let bare = parse_value("3", None).expect_err("a bare number needs the pool's kind");
+        assert!(bare.contains("`slot 3` or `port 3`"), "{bare}");
         assert!(parse_value("slot x", None).is_err());
     }
 }

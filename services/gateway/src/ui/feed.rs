@@ -43,8 +43,16 @@ struct Filters {
 impl Filters {
     fn parse(pairs: &[(String, String)]) -> Result<Filters, Markup> {
         let mut filters = Filters::default();
+        let mut seen: Vec<&str> = Vec::new();
         for (name, value) in pairs {
             let value = value.trim();
+            // A filter given twice would mean whichever came last: it is refused, as the API refuses it.
+            if ["key", "type", "rejected"].contains(&name.as_str()) {
+                if seen.contains(&name.as_str()) {
+                    return Err(html! { code { (name) } " is given twice." });
+                }
+                seen.push(name);
+            }
             match name.as_str() {
                 "key" if value.is_empty() => {}
                 "key" => match value.parse::<Key>() {
