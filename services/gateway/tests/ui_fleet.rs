@@ -290,13 +290,7 @@ async fn seeded() -> Seeded {
     let records: Vec<OutcomeRecord> =
         f.d.outcomes()
             .iter()
-            .map(|outcome| OutcomeRecord {
-                key: outcome.command.key.token(),
-                cmd_id: outcome.command.id.to_string(),
-                cmd_seq: outcome.cmd_seq,
-                part: outcome.part,
-                payload: codec::encode_outcome(outcome).expect("encode").into(),
-            })
+            .map(|outcome| OutcomeRecord::of(outcome, codec::encode_outcome(outcome).expect("encode").into()))
             .collect();
     let mut fence = 0;
     for slice in records.chunks(500) {

@@ -44,6 +44,19 @@ pub struct OutcomeRecord {
     pub payload: Bytes,
 }
 
+impl OutcomeRecord {
+    /// The record of `outcome`, whose encoding is `payload`: its key, command and part as the headers carry them.
+    pub fn of(outcome: &leasehold_schemas::Outcome, payload: Bytes) -> Self {
+        OutcomeRecord {
+            key: outcome.command.key.token(),
+            cmd_id: outcome.command.id.to_string(),
+            cmd_seq: outcome.cmd_seq,
+            part: outcome.part,
+            payload,
+        }
+    }
+}
+
 impl fmt::Debug for OutcomeRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OutcomeRecord")

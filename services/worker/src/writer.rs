@@ -457,13 +457,7 @@ impl<L: Log> Writer<L> {
         if outcome.part > 0 {
             self.counts.parts += 1;
         }
-        let record = OutcomeRecord {
-            key: outcome.command.key.token(),
-            cmd_id: outcome.command.id.to_string(),
-            cmd_seq: outcome.cmd_seq,
-            part: outcome.part,
-            payload: Bytes::from(bytes),
-        };
+        let record = OutcomeRecord::of(&outcome, Bytes::from(bytes));
         self.group.bytes += record.payload.len();
         self.group.records.push(record);
         self.group.last_command = Some(outcome.command.id);

@@ -16,6 +16,7 @@ use leasehold_schemas::settings::AgentSettings;
 use maud::{Markup, html};
 
 use super::overview::{HEALTHS, health_of, stuck_for};
+use super::parts::{name_param, not_found};
 use super::{Page, Ui, age, bdi, encode, link, now_ms, page, problem, timestamp, unavailable};
 
 /// How many of an agent's resources its page lists (the resources page, filtered by the agent, has them all).
@@ -232,24 +233,13 @@ pub(crate) async fn list<L: Log>(
 
 /// `GET /ui/agents/{name}`
 pub(crate) async fn one<L: Log>(State(ui): State<Arc<Ui<L>>>, name: Result<Path<String>, PathRejection>) -> Response {
-    let name = match name {
-        Ok(Path(name)) => name,
-        Err(e) => return problem(StatusCode::BAD_REQUEST, "Bad agent name", html! { p { (e.body_text()) } }),
+    let name = match name_param(name, "an agent name", |n| AgentName::new(n)) {
+        Ok(name) => name,
+        Err(response) => return response,
     };
-    if let Err(e) = AgentName::new(name.as_str()) {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "Bad agent name",
-            html! { p { (bdi(&name)) " is not an agent name: " (e.to_string()) } },
-        );
-    }
     match render(&ui, &name) {
         Ok(Some(markup)) => markup.into_response(),
-        Ok(None) => problem(
-            StatusCode::NOT_FOUND,
-            "No such agent",
-            html! { p { "No agent " (bdi(&name)) " has registered. " a href="/ui/agents" { "Every agent" } } },
-        ),
+        Ok(None) => not_found("agent", &name),
         Err(e) => unavailable(e),
     }
 }

@@ -12,7 +12,7 @@ use leasehold_projector::views::{LeaseView, QueuePlace, ResourceView, queue_plac
 use leasehold_projector::{Error, Reader};
 use maud::{Markup, html};
 
-use super::parts::{bad_request, detail, not_found, state, time_or_dash};
+use super::parts::{detail, not_found, state, time_or_dash};
 use super::{Page, Ui, bdi, encode, link, now_ms, page, timeline, unavailable};
 use crate::history::{PageQuery, lease_thing};
 use crate::queries::resource_ref;
@@ -46,13 +46,9 @@ pub(crate) async fn get<L: Log>(
     reference: Result<Path<String>, PathRejection>,
     query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Response {
-    let (reference, steps) = match timeline::reference_and_steps(reference, query) {
+    let (reference, thing, steps) = match timeline::asked(reference, query, lease_thing) {
         Ok(asked) => asked,
         Err(response) => return response,
-    };
-    let thing = match lease_thing(&reference) {
-        Ok(thing) => thing,
-        Err(message) => return bad_request(&message),
     };
     let reader = &ui.api.reader;
     let lease = match reader.lease(&reference) {

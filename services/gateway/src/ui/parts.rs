@@ -95,6 +95,23 @@ pub(crate) fn path_param(path: Result<Path<String>, PathRejection>) -> Result<St
     path.map(|Path(param)| param).map_err(|e| bad_request(&format!("bad path: {}", e.body_text())))
 }
 
+/// A page's one path parameter as a name `check` takes (an agent's, a pool's), or the 400 page saying why not.
+pub(crate) fn name_param<T, E: std::fmt::Display>(
+    path: Result<Path<String>, PathRejection>,
+    what: &str,
+    check: impl FnOnce(&str) -> Result<T, E>,
+) -> Result<String, Response> {
+    let name = path_param(path)?;
+    match check(&name) {
+        Ok(_) => Ok(name),
+        Err(e) => Err(problem(
+            StatusCode::BAD_REQUEST,
+            "Bad request",
+            html! { p.error { (bdi(&name)) " is not " (what) ": " (e.to_string()) } },
+        )),
+    }
+}
+
 /// A 400 page saying what is wrong with the request.
 pub(crate) fn bad_request(message: &str) -> Response {
     problem(StatusCode::BAD_REQUEST, "Bad request", html! { p.error { (bdi(message)) } })

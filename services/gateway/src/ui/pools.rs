@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use leasehold_log::Log;
 use leasehold_projector::views::{HolderView, PoolView, QuotaView};
@@ -16,7 +15,8 @@ use leasehold_schemas::ids::{Millis, PoolName, QuotaName, ResourceRef};
 use leasehold_schemas::pool::PoolKind;
 use maud::{Markup, html};
 
-use super::{Page, Ui, bdi, encode, link, now_ms, page, problem, timestamp, unavailable};
+use super::parts::{name_param, not_found};
+use super::{Page, Ui, bdi, encode, link, now_ms, page, timestamp, unavailable};
 
 /// The pool's definition, as the domain reads it (`None`: a record this build cannot read).
 fn kind_of(pool: &PoolView) -> Option<PoolKind> {
@@ -220,24 +220,13 @@ fn render_list<L: Log>(ui: &Ui<L>) -> Result<Markup, leasehold_projector::Error>
 
 /// `GET /ui/pools/{name}`
 pub(crate) async fn one<L: Log>(State(ui): State<Arc<Ui<L>>>, name: Result<Path<String>, PathRejection>) -> Response {
-    let name = match name {
-        Ok(Path(name)) => name,
-        Err(e) => return problem(StatusCode::BAD_REQUEST, "Bad pool name", html! { p { (e.body_text()) } }),
+    let name = match name_param(name, "a pool name", |n| PoolName::new(n)) {
+        Ok(name) => name,
+        Err(response) => return response,
     };
-    if let Err(e) = PoolName::new(name.as_str()) {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "Bad pool name",
-            html! { p { (bdi(&name)) " is not a pool name: " (e.to_string()) } },
-        );
-    }
     match render_one(&ui, &name) {
         Ok(Some(markup)) => markup.into_response(),
-        Ok(None) => problem(
-            StatusCode::NOT_FOUND,
-            "No such pool",
-            html! { p { "No pool " (bdi(&name)) " is defined. " a href="/ui/pools" { "Every pool" } } },
-        ),
+        Ok(None) => not_found("pool", &name),
         Err(e) => unavailable(e),
     }
 }

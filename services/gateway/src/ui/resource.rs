@@ -37,17 +37,13 @@ pub(crate) async fn get<L: Log>(
     reference: Result<Path<String>, PathRejection>,
     query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Response {
-    let (reference, steps) = match timeline::reference_and_steps(reference, query) {
+    let (reference, thing, steps) = match timeline::asked(reference, query, resource_thing) {
         Ok(asked) => asked,
         Err(response) => return response,
     };
     let shown = match read(&ui, &reference).await {
         Ok(shown) => shown,
         Err(response) => return response,
-    };
-    let thing = match resource_thing(&reference) {
-        Ok(thing) => thing,
-        Err(message) => return bad_request(&message),
     };
     let base = format!("/ui/resources/{}", encode(&reference));
     let timeline = timeline::for_thing(&ui.api, &thing, steps, &base).await;

@@ -20,18 +20,20 @@ pub(crate) fn page_of(query: &PageQuery) -> Result<(At, usize), String> {
     query.at(At::Last).map(|(at, limit)| (at, limit.min(PAGE_STEPS))).map_err(|e| format!("bad query: {e}"))
 }
 
-/// A page with a timeline (`/ui/resources/{ref}`, `/ui/leases/{ref}`): the reference of its path and the steps its
-/// query asks for, or the 400 page that says what is wrong with them.
-pub(crate) fn reference_and_steps(
+/// A page with a timeline (`/ui/resources/{ref}`, `/ui/leases/{ref}`): the reference of its path, the thing
+/// `thing_of` reads it as, and the steps its query asks for, or the 400 page that says what is wrong with them.
+pub(crate) fn asked(
     reference: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
     query: Result<axum::extract::Query<PageQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<(String, (At, usize)), axum::response::Response> {
+    thing_of: fn(&str) -> Result<Thing, String>,
+) -> Result<(String, Thing, (At, usize)), axum::response::Response> {
     let reference = super::parts::path_param(reference)?;
     let steps = match query {
         Ok(axum::extract::Query(query)) => page_of(&query).map_err(|message| super::parts::bad_request(&message))?,
         Err(e) => return Err(super::parts::bad_request(&format!("bad query: {}", e.body_text()))),
     };
-    Ok((reference, steps))
+    let thing = thing_of(&reference).map_err(|message| super::parts::bad_request(&message))?;
+    Ok((reference, thing, steps))
 }
 
 /// The timeline section of `thing`'s page at `base` (its path: the pager's links go back to it with `?before=` or

@@ -305,13 +305,7 @@ async fn append(log: &Embedded, outcomes: &[Outcome]) {
     for chunk in outcomes.chunks(log.max_append_records()) {
         let records: Vec<OutcomeRecord> = chunk
             .iter()
-            .map(|outcome| OutcomeRecord {
-                key: outcome.command.key.token(),
-                cmd_id: outcome.command.id.to_string(),
-                cmd_seq: outcome.cmd_seq,
-                part: outcome.part,
-                payload: Bytes::from(codec::encode_outcome(outcome).expect("encode")),
-            })
+            .map(|outcome| OutcomeRecord::of(outcome, Bytes::from(codec::encode_outcome(outcome).expect("encode"))))
             .collect();
         match log.append(0, fence, &records).await {
             Appended::Landed { last, .. } => fence = last,
