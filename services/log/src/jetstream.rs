@@ -1030,14 +1030,24 @@ fn publish_command_error(subject: &str, e: PublishError) -> Error {
     match e.kind() {
         PublishErrorKind::MaxPayloadExceeded => Error::Refused(format!("the command is too large: {e}")),
         PublishErrorKind::StreamNotFound => Error::Unavailable(format!("no stream takes {subject}: {e}")),
-        PublishErrorKind::Other
-            if std::error::Error::source(&e)
-                .is_some_and(|s| s.downcast_ref::<async_nats::jetstream::Error>().is_some()) =>
+        PublishErrorKind::Other => match std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<async_nats::jetstream::Error>())
+            .map(async_nats::jetstream::Error::error_code)
         {
-            Error::Refused(format!("the log refused the command: {e}"))
-        }
+            Some(code) if in_process_elsewhere(code) => {
+                Error::Unavailable(format!("the command is being stored by an earlier publish of it: {e}"))
+            }
+            Some(_) => Error::Refused(format!("the log refused the command: {e}")),
+            None => unavailable("the command was not acknowledged", e),
+        },
         _ => unavailable("the command was not acknowledged", e),
     }
+}
+
+/// A refusal that only says another publish of the same command id is being stored right now (a retry sent while
+/// the first attempt's answer is late): sending it again later gets the first copy's answer, a duplicate.
+fn in_process_elsewhere(code: ErrorCode) -> bool {
+    code == ErrorCode::STREAM_DUPLICATE_MESSAGE_CONFLICT
 }
 
 /// What a refused or failed outcome publish means: a server's refusal as [`refused_append`] says, anything else
@@ -2088,6 +2098,12 @@ mod tests {
         assert!(matches!(batch_refusal(10174, "atomic publish is disabled", false), Appended::TooLarge(_)));
         assert!(matches!(batch_refusal(10201, "duplicate message id", false), Appended::Unknown(_)));
         assert!(matches!(batch_answer(b"garbage"), BatchAnswer::Garbled(_)));
+    }
+
+    #[test]
+    fn a_retry_while_the_first_copy_is_stored_is_tried_again_not_refused() {
+        assert!(in_process_elsewhere(ErrorCode::STREAM_DUPLICATE_MESSAGE_CONFLICT));
+        assert!(!in_process_elsewhere(ErrorCode::STREAM_WRONG_LAST_SEQUENCE));
     }
 
     #[test]

@@ -1,0 +1,302 @@
+//! The checks, made from outside after the run has settled: the streams read directly (no leasehold server asked),
+//! the agents' machines listed by their own means (the directories, `docker ps`), and `leasehold-replay verify`
+//! run as its own process over the same log with the stopped projector's tables.
+//!
+//! Safety (each a violation, failing the run):
+//! - every acknowledged command has exactly one decision: one outcome record per part, all of one command sequence
+//!   (`twice`), and none missing where its partition decided later commands (`skipped`), nor a command the log
+//!   acknowledged and does not hold (`lost`, seen as a decided-later partition with no outcome);
+//! - each partition's outcomes are in command order, each decision's parts 0, 1, ... in a row, and every outcome's
+//!   `Lh-Prev-Seq` names the partition's outcome before it (`order`, `chain`);
+//! - nothing is on an agent's machine that the log does not hold as there (`leftover`): a directory or container of a
+//!   resource the fold of the log has destroyed, or never heard of;
+//! - `leasehold-replay verify` passes (`verify`): it re-decides every command, checks the domain's invariants at every
+//!   step (an identifier never bound to two live resources among them; the workload's pool holds its orphans'
+//!   addresses, so there is no orphan exception to count) and compares the projection with a fresh fold.
+//!
+//! Liveness (reported, not failing): acknowledged commands still undecided when the settle period ended.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use leasehold_domain::state::ResourceState;
+use leasehold_log::jetstream::JetStream;
+use leasehold_log::{Log, OutcomeFilter, StoredOutcome};
+use leasehold_replay::fold::Fold;
+use leasehold_schemas::ResourceId;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::producer::Acked;
+
+/// A page of outcomes read at once.
+const PAGE: usize = 1_000;
+
+/// One broken promise.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Violation {
+    pub(crate) kind: &'static str,
+    pub(crate) detail: String,
+}
+
+/// What the checks found.
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct Findings {
+    pub(crate) violations: Vec<Violation>,
+    /// Acknowledged commands not decided when the settle period ended.
+    pub(crate) undecided: Vec<String>,
+    pub(crate) outcomes: u64,
+    pub(crate) verify: Option<serde_json::Value>,
+    /// Objects on the machines, all of which the log holds.
+    pub(crate) on_machines: u64,
+}
+
+impl Findings {
+    fn violation(&mut self, kind: &'static str, detail: String) {
+        self.violations.push(Violation { kind, detail });
+    }
+}
+
+/// Where an agent keeps its resources, for the leftover check.
+#[derive(Debug, Clone)]
+pub(crate) enum Machine {
+    /// The dir driver's root.
+    Dir { agent: String, root: PathBuf },
+    /// The docker driver: objects labelled with the agent.
+    Docker { agent: String },
+}
+
+/// Every outcome of the log, in order, and each partition's last one checked against the stream's own count.
+pub(crate) async fn read_all(log: &JetStream) -> anyhow::Result<Vec<StoredOutcome>> {
+    let mut all = Vec::new();
+    let mut from = 1;
+    loop {
+        let page = log.read_outcomes(&OutcomeFilter::All, from, PAGE).await?;
+        let Some(last) = page.last() else { break };
+        from = last.seq + 1;
+        all.extend(page);
+    }
+    for partition in 0..log.partitions() {
+        let end = log.last_outcome_seq(partition).await?;
+        let seen = all.iter().rev().find(|o| o.partition == partition).map_or(0, |o| o.seq);
+        anyhow::ensure!(
+            seen == end,
+            "partition {partition}'s last outcome is {end}, but reading the stream ended at {seen}"
+        );
+    }
+    Ok(all)
+}
+
+/// Waits until every acknowledged command has an outcome, at most `bound`: the commands still without one.
+pub(crate) async fn settle(log: &JetStream, acked: &[Acked], bound: Duration) -> anyhow::Result<Vec<String>> {
+    let deadline = Instant::now() + bound;
+    loop {
+        let outcomes = read_all(log).await;
+        let missing: Vec<String> = match &outcomes {
+            Ok(outcomes) => {
+                let decided: std::collections::HashSet<&str> = outcomes.iter().map(|o| o.cmd_id.as_str()).collect();
+                acked.iter().filter(|a| !decided.contains(a.id.as_str())).map(|a| a.id.clone()).collect()
+            }
+            Err(_) => acked.iter().map(|a| a.id.clone()).collect(),
+        };
+        if missing.is_empty() || Instant::now() > deadline {
+            return Ok(missing);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The checks on the outcomes alone: one decision per acknowledged command, order and chain per partition.
+pub(crate) fn check_outcomes(outcomes: &[StoredOutcome], acked: &[Acked], findings: &mut Findings) {
+    findings.outcomes = outcomes.len() as u64;
+    // Per command id: every (command sequence, part) recorded.
+    let mut by_id: HashMap<&str, Vec<(u64, u32, u64)>> = HashMap::new();
+    for o in outcomes {
+        by_id.entry(o.cmd_id.as_str()).or_default().push((o.cmd_seq, o.part, o.seq));
+    }
+    let mut decided_through: BTreeMap<u32, u64> = BTreeMap::new();
+    for o in outcomes {
+        let through = decided_through.entry(o.partition).or_default();
+        *through = (*through).max(o.cmd_seq);
+    }
+    for a in acked {
+        match by_id.get(a.id.as_str()) {
+            None => {
+                let through = decided_through.get(&a.partition).copied().unwrap_or(0);
+                if through > a.seq {
+                    findings.violation(
+                        "skipped",
+                        format!(
+                            "command {} ({}, LH_CMD {}) has no outcome, though partition {} decided through \
+                             command {through}",
+                            a.id, a.type_name, a.seq, a.partition
+                        ),
+                    );
+                } else {
+                    findings.undecided.push(a.id.clone());
+                }
+            }
+            Some(records) => {
+                let mut seqs: Vec<u64> = records.iter().map(|r| r.0).collect();
+                seqs.dedup();
+                let mut parts: Vec<(u64, u32)> = records.iter().map(|r| (r.0, r.1)).collect();
+                parts.sort_unstable();
+                let before = parts.len();
+                parts.dedup();
+                if seqs.len() > 1 || parts.len() != before {
+                    let at: Vec<String> = records.iter().map(|r| format!("{} (part {})", r.2, r.1)).collect();
+                    findings.violation(
+                        "twice",
+                        format!("command {} ({}) was decided more than once: outcomes {}", a.id, a.type_name, at.join(", ")),
+                    );
+                }
+            }
+        }
+    }
+    // Order and chain, per partition.
+    let mut last: HashMap<u32, &StoredOutcome> = HashMap::new();
+    for o in outcomes {
+        let previous = last.insert(o.partition, o);
+        let prev_seq = previous.map_or(0, |p| p.seq);
+        if o.prev_seq != prev_seq {
+            findings.violation(
+                "chain",
+                format!(
+                    "outcome {} of partition {} names {} as the one before it; the partition's was {prev_seq}",
+                    o.seq, o.partition, o.prev_seq
+                ),
+            );
+        }
+        let in_order = match previous {
+            None => o.part == 0,
+            Some(p) if p.cmd_seq == o.cmd_seq && p.cmd_id == o.cmd_id => o.part == p.part + 1,
+            Some(p) => o.cmd_seq > p.cmd_seq && o.part == 0,
+        };
+        if !in_order {
+            let before = previous.map_or("nothing".to_owned(), |p| {
+                format!("outcome {} (command {} part {})", p.seq, p.cmd_seq, p.part)
+            });
+            findings.violation(
+                "order",
+                format!(
+                    "outcome {} of partition {} (command {} part {}) follows {before}",
+                    o.seq, o.partition, o.cmd_seq, o.part
+                ),
+            );
+        }
+    }
+}
+
+/// The resources each agent's machine may hold: those the fold of the whole log has on it and not destroyed.
+pub(crate) async fn live_resources(log: &JetStream) -> anyhow::Result<HashMap<String, HashMap<ResourceId, String>>> {
+    let mut fold = Fold::new(log.partitions());
+    let mut entries = leasehold_log::export::entries(log.clone(), None);
+    while let Some(entry) = entries.next().await {
+        if let Some(step) = fold.admit(entry?).map_err(|f| anyhow::anyhow!("folding the log: {f:?}"))? {
+            fold.apply(&step).map_err(|f| anyhow::anyhow!("folding the log: {f:?}"))?;
+        }
+    }
+    let mut out: HashMap<String, HashMap<ResourceId, String>> = HashMap::new();
+    for state in fold.states() {
+        for resource in state.resources() {
+            let name = match &resource.state {
+                ResourceState::Destroyed { .. } => "destroyed",
+                ResourceState::Lost { .. } => "lost",
+                ResourceState::Releasing { .. } => "releasing",
+                ResourceState::Pending => "pending",
+                _ => "live",
+            };
+            out.entry(resource.agent.to_string()).or_default().insert(resource.id, name.to_owned());
+        }
+    }
+    Ok(out)
+}
+
+/// The resource ids on a machine, as its driver would find them (canonical ids only).
+pub(crate) async fn on_machine(machine: &Machine) -> anyhow::Result<Vec<ResourceId>> {
+    match machine {
+        Machine::Dir { root, .. } => {
+            let mut out = Vec::new();
+            let Ok(entries) = std::fs::read_dir(root) else { return Ok(out) };
+            for entry in entries {
+                let entry = entry?;
+                if entry.file_type()?.is_dir()
+                    && let Some(id) = entry.file_name().to_str().and_then(|n| n.parse::<ResourceId>().ok())
+                {
+                    out.push(id);
+                }
+            }
+            Ok(out)
+        }
+        Machine::Docker { agent } => {
+            let label = format!("label=io.leasehold.agent={agent}");
+            let format = "{{.Label \"io.leasehold.resource\"}}";
+            let mut out = Vec::new();
+            for what in [&["ps", "-a"][..], &["volume", "ls"][..]] {
+                let listed = tokio::process::Command::new("docker")
+                    .args(what)
+                    .args(["--filter", &label, "--format", format])
+                    .output()
+                    .await?;
+                anyhow::ensure!(listed.status.success(), "docker {}: {}", what.join(" "), String::from_utf8_lossy(&listed.stderr));
+                for line in String::from_utf8_lossy(&listed.stdout).lines() {
+                    if let Ok(id) = line.trim().parse::<ResourceId>() {
+                        out.push(id);
+                    }
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// Nothing on the machines that the log does not hold there.
+pub(crate) async fn check_machines(log: &JetStream, machines: &[Machine], findings: &mut Findings) -> anyhow::Result<()> {
+    let live = live_resources(log).await?;
+    for machine in machines {
+        let agent = match machine {
+            Machine::Dir { agent, .. } | Machine::Docker { agent } => agent,
+        };
+        let held = live.get(agent.as_str());
+        for id in on_machine(machine).await? {
+            findings.on_machines += 1;
+            match held.and_then(|h| h.get(&id)).map(String::as_str) {
+                None => findings.violation(
+                    "leftover",
+                    format!("{agent}'s machine holds {id}, which the log never gave {agent}"),
+                ),
+                Some("destroyed") => findings.violation(
+                    "leftover",
+                    format!("{agent}'s machine still holds {id}, which the log says was destroyed"),
+                ),
+                Some(_) => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `leasehold-replay verify --output json` over the log and `projection`, as its own process (this binary).
+pub(crate) async fn verify(exe: &Path, nats: &str, projection: &Path, findings: &mut Findings) -> anyhow::Result<()> {
+    let out = tokio::process::Command::new(exe)
+        .env("LEASEHOLD_CHAOS_EXEC", "replay")
+        .args(["--nats", nats, "verify", "--output", "json", "--projection"])
+        .arg(projection)
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: Option<serde_json::Value> = serde_json::from_str(stdout.trim())
+        .ok()
+        .or_else(|| stdout.lines().rev().find_map(|l| serde_json::from_str(l).ok()));
+    if !out.status.success() {
+        let failure = report
+            .as_ref()
+            .and_then(|r| r.get("failure"))
+            .map_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_owned(), ToString::to_string);
+        findings.violation("verify", format!("leasehold-replay verify failed ({}): {failure}", out.status));
+    }
+    findings.verify = report;
+    Ok(())
+}

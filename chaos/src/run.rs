@@ -1,0 +1,525 @@
+//! One run: the cluster, the servers and agents, the producer and the nemesis, then the settle period and the
+//! checks.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use leasehold_log::jetstream::{JetStream, JetStreamConfig};
+use leasehold_schemas::ids::AgentName;
+use serde_json::json;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::check::{self, Findings, Machine, Violation};
+use crate::nemesis::{self, Fault, Planned};
+use crate::net::{self, Net};
+use crate::procs::{self, Proc, Spec};
+use crate::producer::{Produced, Producer, Target};
+use crate::Options;
+
+const NODES: u8 = 3;
+const WORKERS: usize = 3;
+/// How long a process may take to come up.
+const START: Duration = Duration::from_secs(60);
+/// The decisions split into parts after this many bytes of effects (the test-only small part size), so that most
+/// decisions with more than one effect are split and a crash can fall between two parts.
+const SPLIT_BUDGET: &str = "64";
+/// The busybox image the docker agent's containers run (imported, never pulled).
+const IMAGE_ATTR: &str = "image";
+/// The containers' command: a sleep that ends at once on SIGTERM.
+const CONTAINER_CMD: &str = r#"["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]"#;
+
+/// What a run found.
+#[derive(Debug)]
+pub(crate) struct Report {
+    pub(crate) seed: u64,
+    pub(crate) minutes: f64,
+    pub(crate) produced: Produced,
+    pub(crate) faults: BTreeMap<&'static str, u64>,
+    pub(crate) violations: Vec<Violation>,
+    pub(crate) findings: Findings,
+    pub(crate) self_test: Option<String>,
+    pub(crate) dir: PathBuf,
+}
+
+impl Report {
+    pub(crate) fn summary(&self) -> String {
+        let faults: u64 = self.faults.values().sum();
+        let verdict = match (&self.self_test, self.violations.is_empty()) {
+            (Some(test), false) => format!("self-test {test}: the checks caught it"),
+            (Some(test), true) => format!("self-test {test}: NOT caught"),
+            (None, true) => "no violation".to_owned(),
+            (None, false) => format!("{} VIOLATION(S), files kept in {}", self.violations.len(), self.dir.display()),
+        };
+        format!(
+            "leasehold-chaos seed {} over {:.1} min: {} commands acknowledged ({} not), {} outcomes, {faults} faults, \
+             {} objects on the machines, {} undecided after the settle period: {verdict}",
+            self.seed,
+            self.minutes,
+            self.produced.acked.len(),
+            self.produced.unacked,
+            self.findings.outcomes,
+            self.findings.on_machines,
+            self.findings.undecided.len(),
+        )
+    }
+
+    pub(crate) fn json(&self) -> String {
+        json!({
+            "seed": self.seed,
+            "minutes": self.minutes,
+            "acked": self.produced.acked.len(),
+            "unacked": self.produced.unacked,
+            "publish_retries": self.produced.retries,
+            "skewed_issuer_clocks": self.produced.skewed,
+            "outcomes": self.findings.outcomes,
+            "faults": self.faults,
+            "violations": self.violations,
+            "liveness": { "undecided_after_settle": self.findings.undecided },
+            "objects_on_machines": self.findings.on_machines,
+            "verify": self.findings.verify.as_ref().map(|v| json!({
+                "outcomes": v.get("outcomes"),
+                "commands": v.get("commands"),
+                "redecided": v.get("redecided").and_then(|r| r.get("count")),
+                "projection": v.get("projection"),
+            })),
+            "refused": self.produced.refused,
+            "self_test": self.self_test,
+        })
+        .to_string()
+    }
+}
+
+/// The run's processes.
+struct Fleet {
+    nodes: Vec<Proc>,
+    workers: Vec<Proc>,
+    projector: Proc,
+    agents: Vec<Proc>,
+}
+
+pub(crate) async fn run(options: Options) -> anyhow::Result<Report> {
+    if !net::is_root() {
+        bail!("the harness makes network namespaces and must run as root");
+    }
+    let nats_server = procs::nats_server_binary()?;
+    let exe = std::env::current_exe().context("the harness's own path")?;
+    let (dir, keep_dir) = match &options.dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            (dir.clone(), true)
+        }
+        None => {
+            let dir = std::env::temp_dir().join(format!("leasehold-chaos-{}-{}", options.seed, std::process::id()));
+            std::fs::create_dir_all(&dir)?;
+            (dir, false)
+        }
+    };
+    let docker = match options.docker.as_str() {
+        "off" => false,
+        "on" => true,
+        _ => {
+            let answers = docker_answers().await;
+            if !answers && std::env::var("CI").as_deref() == Ok("true") {
+                bail!("the docker daemon does not answer (docker info failed); under CI=true the docker agent must run");
+            }
+            answers
+        }
+    };
+    let image = if docker {
+        remove_docker_objects(None).await;
+        Some(import_image().await?)
+    } else {
+        None
+    };
+    let mut letters = vec!['a', 'b'];
+    if docker {
+        letters.push('c');
+    }
+    let id = format!("{:04x}", (options.seed.wrapping_mul(0x9e37_79b9) ^ u64::from(std::process::id())) & 0xffff);
+    let net = Net::create(&id, NODES, &letters)?;
+    eprintln!("leasehold-chaos: run {id} in {}", dir.display());
+
+    let urls: Vec<String> = (1..=NODES).map(|i| format!("nats://{}:4222", Net::node_addr(i))).collect();
+    let nats = urls.join(",");
+    let mut fleet = start_fleet(&options, &net, &dir, &exe, &nats_server, &nats, &letters, docker).await?;
+
+    let mut config = JetStreamConfig::new(nats.clone(), options.partitions);
+    config.replicas = 3;
+    let log = JetStream::connect(config).await.context("the producer's connection")?;
+    let mut targets: Vec<Target> = letters
+        .iter()
+        .filter(|k| **k != 'c')
+        .map(|k| Target { agent: agent_name(&id, *k), kind: "dir".to_owned(), attributes: BTreeMap::new() })
+        .collect();
+    if let Some(image) = &image {
+        let mut attributes = BTreeMap::new();
+        attributes.insert(IMAGE_ATTR.to_owned(), image.clone());
+        attributes.insert("cmd".to_owned(), CONTAINER_CMD.to_owned());
+        targets.push(Target { agent: agent_name(&id, 'c'), kind: "container".to_owned(), attributes });
+    }
+    let stop = CancellationToken::new();
+    let producer = Producer::new(log.clone(), options.partitions, targets, options.seed, options.pace);
+    let producing = tokio::spawn(producer.run(stop.clone()));
+
+    let total = Duration::from_secs_f64(options.minutes * 60.0);
+    let plan = if options.self_test.is_some() {
+        Vec::new()
+    } else {
+        nemesis::schedule(options.seed, total, WORKERS, letters.len(), NODES)
+    };
+    let faults = nemesis(&plan, total, &mut fleet, &net).await;
+
+    stop.cancel();
+    let produced = producing.await.context("the producer")?;
+    // Every fault ends: the network heals, everything frozen thaws, everything down starts again.
+    net.heal()?;
+    for proc in fleet.all() {
+        proc.thaw()?;
+        if !proc.running() {
+            proc.start()?;
+        }
+    }
+
+    let mut findings = Findings::default();
+    let missing = check::settle(&log, &produced.acked, options.settle).await?;
+    eprintln!("leasehold-chaos: settled, {} acknowledged commands without an outcome", missing.len());
+    // The agents have had every outcome; give them the time of a few syncs to make their machines agree.
+    let machines: Vec<Machine> = letters
+        .iter()
+        .map(|k| match k {
+            'c' => Machine::Docker { agent: agent_name(&id, *k).to_string() },
+            _ => Machine::Dir { agent: agent_name(&id, *k).to_string(), root: dir.join(format!("machine-{k}")) },
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut probe = Findings::default();
+        check::check_machines(&log, &machines, &mut probe).await?;
+        if probe.violations.is_empty() || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // The projector stops cleanly, then everything else; the cluster stays up for the reading.
+    let projection = dir.join("projector");
+    fleet.projector.stop(Duration::from_secs(30)).await;
+    for proc in fleet.workers.iter_mut().chain(fleet.agents.iter_mut()) {
+        proc.stop(Duration::from_secs(30)).await;
+    }
+    let outcomes = check::read_all(&log).await?;
+    check::check_outcomes(&outcomes, &produced.acked, &mut findings);
+    check::check_machines(&log, &machines, &mut findings).await?;
+    check::verify(&exe, &nats, &projection, &mut findings).await?;
+
+    let mut faults = faults;
+    let crashes: u64 = fleet.workers.iter().map(|w| w.stderr().matches("fault point: crash after part").count() as u64).sum();
+    faults.insert("crashed_between_parts", crashes);
+    for proc in fleet.nodes.iter_mut() {
+        proc.stop(Duration::from_secs(10)).await;
+    }
+    drop(fleet);
+    drop(net);
+    if docker {
+        remove_docker_objects(Some(&id)).await;
+    }
+    let violations = findings.violations.clone();
+    if violations.is_empty() && !keep_dir {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(Report {
+        seed: options.seed,
+        minutes: options.minutes,
+        produced,
+        faults,
+        violations,
+        findings,
+        self_test: options.self_test.clone(),
+        dir,
+    })
+}
+
+impl Fleet {
+    fn all(&mut self) -> impl Iterator<Item = &mut Proc> {
+        self.nodes
+            .iter_mut()
+            .chain(self.workers.iter_mut())
+            .chain(std::iter::once(&mut self.projector))
+            .chain(self.agents.iter_mut())
+    }
+}
+
+/// Agent `k` of run `id`: `chaos-<id>-<k>`, so that what a run leaves in Docker names the run.
+fn agent_name(id: &str, k: char) -> AgentName {
+    AgentName::new(format!("chaos-{id}-{k}")).expect("a valid agent name")
+}
+
+/// Removes the containers and volumes of the docker agents of runs whose harness is gone (`only`: of that run).
+async fn remove_docker_objects(only: Option<&str>) {
+    let format = "{{.Name}}\t{{.Label \"io.leasehold.agent\"}}";
+    for (list, remove) in [(["ps", "-a"], ["rm", "-f", "-v"]), (["volume", "ls"], ["volume", "rm", "-f"])] {
+        let Ok(listed) = tokio::process::Command::new("docker")
+            .args(list)
+            .args(["--filter", "label=io.leasehold.agent", "--format", format])
+            .output()
+            .await
+        else {
+            return;
+        };
+        for line in String::from_utf8_lossy(&listed.stdout).lines() {
+            let Some((name, agent)) = line.split_once('\t') else { continue };
+            let Some(run) = agent.strip_prefix("chaos-").and_then(|rest| rest.split('-').next()) else { continue };
+            let ours = match only {
+                Some(id) => run == id,
+                None => !net::run_alive(run),
+            };
+            if ours {
+                let _ = tokio::process::Command::new("docker").args(remove).arg(name.trim_start_matches('/')).output().await;
+            }
+        }
+    }
+}
+
+fn leasehold(exe: &Path, name: &str, args: Vec<String>, netns: Option<String>) -> Spec {
+    Spec {
+        name: name.to_owned(),
+        program: exe.to_owned(),
+        args,
+        env: vec![
+            ("LEASEHOLD_CHAOS_EXEC".to_owned(), "leasehold".to_owned()),
+            ("RUST_LOG".to_owned(), "info".to_owned()),
+            ("NO_COLOR".to_owned(), "1".to_owned()),
+            ("LEASEHOLD_FAULT_SPLIT_BUDGET".to_owned(), SPLIT_BUDGET.to_owned()),
+        ],
+        netns,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn start_fleet(
+    options: &Options,
+    net: &Net,
+    dir: &Path,
+    exe: &Path,
+    nats_server: &Path,
+    nats: &str,
+    letters: &[char],
+    docker: bool,
+) -> anyhow::Result<Fleet> {
+    // The nodes.
+    let mut nodes = Vec::new();
+    for i in 1..=NODES {
+        let node_dir = dir.join(format!("n{i}"));
+        std::fs::create_dir_all(&node_dir)?;
+        let addr = Net::node_addr(i);
+        let routes: Vec<String> =
+            (1..=NODES).filter(|j| *j != i).map(|j| format!("nats-route://{}:6222", Net::node_addr(j))).collect();
+        let config = format!(
+            "server_name: n{i}\nlisten: \"{addr}:4222\"\nhttp: \"{addr}:8222\"\n\
+             jetstream {{\n  store_dir: {:?}\n  sync_interval: always\n}}\n\
+             cluster {{\n  name: lhc\n  listen: \"{addr}:6222\"\n  routes: [{}]\n}}\n",
+            node_dir.join("store").display().to_string(),
+            routes.join(", ")
+        );
+        let config_path = node_dir.join("server.conf");
+        std::fs::write(&config_path, config)?;
+        let spec = Spec {
+            name: format!("nats-n{i}"),
+            program: nats_server.to_owned(),
+            args: vec!["-c".to_owned(), config_path.display().to_string()],
+            env: Vec::new(),
+            netns: Some(net.node_ns(i)),
+        };
+        let mut node = Proc::new(spec, dir);
+        node.start()?;
+        nodes.push(node);
+    }
+    wait_for_cluster(nats).await?;
+
+    let partitions = options.partitions.to_string();
+    let common = |data: PathBuf| {
+        vec![
+            "--nats".to_owned(),
+            nats.to_owned(),
+            "--replicas".to_owned(),
+            "3".to_owned(),
+            "--partitions".to_owned(),
+            partitions.clone(),
+            "--data".to_owned(),
+            data.display().to_string(),
+            "--listen".to_owned(),
+            "127.0.0.1:0".to_owned(),
+        ]
+    };
+    let mut workers = Vec::new();
+    for w in 0..WORKERS {
+        let mut args = vec!["serve".to_owned(), "--roles".to_owned(), "worker".to_owned()];
+        args.extend(common(dir.join(format!("worker{w}"))));
+        args.extend(["--name".to_owned(), format!("chaos-w{w}"), "--priority-timeout".to_owned(), "5s".to_owned()]);
+        let mut spec = leasehold(exe, &format!("worker{w}"), args, None);
+        if w == 0 {
+            match options.self_test.as_deref() {
+                Some("double") => spec.env.push(("LEASEHOLD_FAULT_DOUBLE_OUTCOME".to_owned(), "20".to_owned())),
+                Some("skip") => spec.env.push(("LEASEHOLD_FAULT_SKIP_OUTCOME".to_owned(), "20".to_owned())),
+                _ => {}
+            }
+        }
+        let mut worker = Proc::new(spec, dir);
+        worker.start()?;
+        // The first one creates the streams; the others find them.
+        worker.wait_for("listening on http://", START).await?;
+        workers.push(worker);
+    }
+    let mut args = vec!["serve".to_owned(), "--roles".to_owned(), "projector,gateway,sweeper".to_owned()];
+    args.extend(common(dir.join("projector")));
+    let mut projector = Proc::new(leasehold(exe, "projector", args, None), dir);
+    projector.start()?;
+    projector.wait_for("listening on http://", START).await?;
+
+    let mut agents = Vec::new();
+    for k in letters {
+        let driver = match k {
+            'c' if docker => "docker:".to_owned(),
+            _ => format!("dir:{}", dir.join(format!("machine-{k}")).display()),
+        };
+        let args = vec![
+            "agent".to_owned(),
+            "run".to_owned(),
+            "--name".to_owned(),
+            agent_name(net.id(), *k).to_string(),
+            "--driver".to_owned(),
+            driver,
+            "--nats".to_owned(),
+            nats.to_owned(),
+            "--partitions".to_owned(),
+            partitions.clone(),
+            "--sync-interval".to_owned(),
+            "1s".to_owned(),
+        ];
+        let mut agent = Proc::new(leasehold(exe, &format!("agent-{k}"), args, Some(net.agent_ns(*k))), dir);
+        agent.start()?;
+        agents.push(agent);
+    }
+    for agent in &mut agents {
+        agent.wait_for("registered and caught up", START).await?;
+    }
+    Ok(Fleet { nodes, workers, projector, agents })
+}
+
+/// Waits until the cluster has a JetStream meta leader (streams can be made).
+async fn wait_for_cluster(nats: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + START;
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let attempt = async {
+            let servers: Vec<async_nats::ServerAddr> =
+                nats.split(',').map(|u| u.parse().map_err(|e| format!("{u}: {e}"))).collect::<Result<_, _>>()?;
+            let client = async_nats::ConnectOptions::new()
+                .connection_timeout(Duration::from_secs(2))
+                .request_timeout(Some(Duration::from_secs(2)))
+                .connect(servers)
+                .await
+                .map_err(|e| e.to_string())?;
+            async_nats::jetstream::new(client).query_account().await.map(|_| ()).map_err(|e| e.to_string())
+        };
+        match attempt.await {
+            Ok(()) => return Ok(()),
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("the cluster had no JetStream meta leader in {START:?}: {last}")
+}
+
+/// Runs the schedule: each fault starts and ends at its planned moment. The counts of faults made, by kind.
+async fn nemesis(plan: &[Planned], total: Duration, fleet: &mut Fleet, net: &Net) -> BTreeMap<&'static str, u64> {
+    enum Event {
+        Start(Fault),
+        End(Fault),
+    }
+    let mut events: Vec<(Duration, usize, Event)> = Vec::new();
+    for (i, p) in plan.iter().enumerate() {
+        events.push((p.at, 2 * i + 1, Event::Start(p.fault)));
+        events.push((p.at + p.length, 2 * i, Event::End(p.fault)));
+    }
+    events.sort_by_key(|(at, order, _)| (*at, *order));
+    let started = Instant::now();
+    let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for (at, _, event) in events {
+        tokio::time::sleep_until(started + at).await;
+        let result = match event {
+            Event::Start(fault) => {
+                *counts.entry(fault.kind()).or_default() += 1;
+                eprintln!("leasehold-chaos: {:>6.1}s start {fault:?}", at.as_secs_f64());
+                begin(fault, fleet, net)
+            }
+            Event::End(fault) => end(fault, fleet, net),
+        };
+        if let Err(e) = result {
+            eprintln!("leasehold-chaos: {fault_time:.1}s: {e:#}", fault_time = at.as_secs_f64());
+        }
+    }
+    tokio::time::sleep_until(started + total).await;
+    counts
+}
+
+fn begin(fault: Fault, fleet: &mut Fleet, net: &Net) -> anyhow::Result<()> {
+    match fault {
+        Fault::KillWorker(w) => fleet.workers[w].kill9(),
+        Fault::KillProjector => fleet.projector.kill9(),
+        Fault::KillAgent(k) => fleet.agents[k].kill9(),
+        Fault::FreezeNode(i) => fleet.nodes[usize::from(i) - 1].freeze()?,
+        Fault::FreezeAgent(k) => fleet.agents[k].freeze()?,
+        Fault::PartitionNode(i) => net.isolate_node_from_peers(i)?,
+        Fault::IsolateNode(i) => net.isolate_node(i)?,
+        Fault::PartitionAgent(k) => net.cut_agent(agent_letter(k))?,
+        Fault::CrashBetweenParts(w) => {
+            let worker = &mut fleet.workers[w];
+            worker.kill9();
+            worker.start_with(&[("LEASEHOLD_FAULT_CRASH_AFTER_PART".to_owned(), "1".to_owned())])?;
+        }
+    }
+    Ok(())
+}
+
+fn end(fault: Fault, fleet: &mut Fleet, net: &Net) -> anyhow::Result<()> {
+    match fault {
+        Fault::KillWorker(w) => fleet.workers[w].start(),
+        Fault::KillProjector => fleet.projector.start(),
+        Fault::KillAgent(k) => fleet.agents[k].start(),
+        Fault::FreezeNode(i) => fleet.nodes[usize::from(i) - 1].thaw(),
+        Fault::FreezeAgent(k) => fleet.agents[k].thaw(),
+        Fault::PartitionNode(i) | Fault::IsolateNode(i) => net.heal_ns(&net.node_ns(i)),
+        Fault::PartitionAgent(k) => net.heal_ns(&net.agent_ns(agent_letter(k))),
+        Fault::CrashBetweenParts(w) => {
+            // Crashed at the fault point, or never reached one: started again as it normally runs.
+            let worker = &mut fleet.workers[w];
+            worker.kill9();
+            worker.start()
+        }
+    }
+}
+
+fn agent_letter(k: usize) -> char {
+    (b'a' + k as u8) as char
+}
+
+async fn docker_answers() -> bool {
+    tokio::process::Command::new("docker")
+        .arg("info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success())
+}
+
+/// The busybox image, imported from the machine's static busybox as the docker tests do (nothing is pulled).
+async fn import_image() -> anyhow::Result<String> {
+    let busybox = leasehold_agent::docker::find_busybox().map_err(|e| anyhow::anyhow!(e))?;
+    leasehold_agent::docker::import_busybox_image("", &busybox)
+        .await
+        .map_err(|e| anyhow::anyhow!("importing the busybox image: {e}"))
+}
