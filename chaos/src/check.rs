@@ -279,13 +279,22 @@ pub(crate) async fn check_machines(log: &JetStream, machines: &[Machine], findin
 }
 
 /// `leasehold-replay verify --output json` over the log and `projection`, as its own process (this binary).
-pub(crate) async fn verify(exe: &Path, nats: &str, projection: &Path, findings: &mut Findings) -> anyhow::Result<()> {
+/// Its output is kept in `dir` (`verify.out`, `verify.err`).
+pub(crate) async fn verify(
+    exe: &Path,
+    nats: &str,
+    projection: &Path,
+    dir: &Path,
+    findings: &mut Findings,
+) -> anyhow::Result<()> {
     let out = tokio::process::Command::new(exe)
         .env("LEASEHOLD_CHAOS_EXEC", "replay")
         .args(["--nats", nats, "verify", "--output", "json", "--projection"])
         .arg(projection)
         .output()
         .await?;
+    std::fs::write(dir.join("verify.out"), &out.stdout)?;
+    std::fs::write(dir.join("verify.err"), &out.stderr)?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let report: Option<serde_json::Value> = serde_json::from_str(stdout.trim())
         .ok()
@@ -296,6 +305,9 @@ pub(crate) async fn verify(exe: &Path, nats: &str, projection: &Path, findings: 
             .and_then(|r| r.get("failure"))
             .map_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_owned(), ToString::to_string);
         findings.violation("verify", format!("leasehold-replay verify failed ({}): {failure}", out.status));
+    }
+    if out.status.success() && report.as_ref().and_then(|r| r.pointer("/report/projection")).is_none_or(|p| p.is_null()) {
+        findings.violation("verify", "leasehold-replay verify compared no projection with the log".to_owned());
     }
     findings.verify = report;
     Ok(())

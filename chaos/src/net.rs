@@ -1,13 +1,15 @@
 //! The network the harness cuts: one network namespace per nats-server node and per agent, joined by veth pairs
 //! named by the run's id, so a partition is a firewall rule in one namespace and nothing else on the machine moves.
 //!
-//! - Node `i` (1..=3) listens on `10.217.0.i`, an address on its namespace's loopback, reached over a point-to-point
+//! Every address is in `10.<b>.0.0/16`, `b` drawn from the run's id (100..=199), so two runs rarely meet:
+//! - Node `i` (1..=3) listens on `10.<b>.0.i`, an address on its namespace's loopback, reached over a point-to-point
 //!   link from every namespace that may talk to it (`/32` routes, no default route: a cut link never falls back to
 //!   something else that answers).
 //! - The root namespace (workers, projector, gateway, sweeper, the producer and the checker) has a link to each node:
-//!   `lc<id>r<i>` here, `lc<id><i>r` there, `10.215.<i>.0/30`.
-//! - Nodes `i < j` are linked by `lc<id><i><j>` / `lc<id><j><i>`, `10.216.<i><j>.0/30`.
-//! - Agent `k` (its own namespace) has a link to each node: `lc<id><k><i>` / `lc<id><i><k>`, `10.214.<10k+i>.0/30`.
+//!   `lc<id>r<i>` here, `lc<id><i>r` there, `10.<b>.<10+i>.0/30`.
+//! - Nodes `i < j` are linked by `lc<id><i><j>` / `lc<id><j><i>`, `10.<b>.<100+10i+j>.0/30`.
+//! - Agent number `n` (0, 1, ...; letter `k`, its own namespace) has a link to each node: `lc<id><k><i>` /
+//!   `lc<id><i><k>`, `10.<b>.<200+10n+i>.0/30`.
 //!
 //! A partition drops packets (an nftables table `lhc` in the namespace: input and output chains), so connections
 //! hang as on a real network instead of failing fast; healing flushes the chains. Links are never taken down: a
@@ -32,6 +34,8 @@ const PREFIX: &str = "lhc-";
 #[derive(Debug)]
 pub(crate) struct Net {
     id: String,
+    /// The second octet of every address of the run.
+    b: u8,
     nodes: u8,
     agents: Vec<char>,
     /// Namespaces made so far (removed at the end in reverse).
@@ -80,8 +84,17 @@ pub(crate) fn is_root() -> bool {
 
 impl Net {
     /// The address node `i` (1-based) listens on.
-    pub(crate) fn node_addr(i: u8) -> Ipv4Addr {
-        Ipv4Addr::new(10, 217, 0, i)
+    pub(crate) fn node_addr(&self, i: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, self.b, 0, i)
+    }
+
+    /// The `/30` numbered `n` of the run's range, and its two ends.
+    fn pair(&self, n: usize) -> (String, String) {
+        (format!("10.{}.{n}.1/30", self.b), format!("10.{}.{n}.2/30", self.b))
+    }
+
+    fn via(&self, n: usize, end: u8) -> String {
+        format!("10.{}.{n}.{end}", self.b)
     }
 
     /// The run's id (four hex digits), in every name the run gives.
@@ -104,7 +117,8 @@ impl Net {
         std::fs::create_dir_all(MARKERS).with_context(|| format!("cannot create {MARKERS}"))?;
         let marker = Path::new(MARKERS).join(id);
         std::fs::write(&marker, std::process::id().to_string())?;
-        let mut net = Net { id: id.to_owned(), nodes, agents: agents.to_vec(), made: Vec::new(), marker };
+        let b = 100 + (u16::from_str_radix(id, 16).unwrap_or(0) % 100) as u8;
+        let mut net = Net { id: id.to_owned(), b, nodes, agents: agents.to_vec(), made: Vec::new(), marker };
         if let Err(e) = net.build() {
             net.destroy();
             return Err(e);
@@ -117,34 +131,36 @@ impl Net {
         for i in 1..=self.nodes {
             let ns = self.node_ns(i);
             self.namespace(&ns)?;
-            let addr = format!("{}/32", Net::node_addr(i));
+            let addr = format!("{}/32", self.node_addr(i));
             run("ip", &["-n", &ns, "addr", "add", &addr, "dev", "lo"])?;
             // The root's link to the node.
-            let (here, there) = (format!("lc{id}r{i}"), format!("lc{id}{i}r"));
-            self.link(None, &here, &format!("10.215.{i}.1/30"), &ns, &there, &format!("10.215.{i}.2/30"))?;
-            run("ip", &["route", "add", &format!("{}/32", Net::node_addr(i)), "via", &format!("10.215.{i}.2")])?;
+            let n = 10 + usize::from(i);
+            let (here, there) = self.pair(n);
+            self.link(None, &format!("lc{id}r{i}"), &here, &ns, &format!("lc{id}{i}r"), &there)?;
+            run("ip", &["route", "add", &addr, "via", &self.via(n, 2)])?;
         }
         for i in 1..=self.nodes {
             for j in (i + 1)..=self.nodes {
-                let (a, b) = (format!("lc{id}{i}{j}"), format!("lc{id}{j}{i}"));
                 let (ns_i, ns_j) = (self.node_ns(i), self.node_ns(j));
-                self.link(Some(&ns_i), &a, &format!("10.216.{i}{j}.1/30"), &ns_j, &b, &format!("10.216.{i}{j}.2/30"))?;
-                let to_j = format!("{}/32", Net::node_addr(j));
-                run("ip", &["-n", &ns_i, "route", "add", &to_j, "via", &format!("10.216.{i}{j}.2")])?;
-                let to_i = format!("{}/32", Net::node_addr(i));
-                run("ip", &["-n", &ns_j, "route", "add", &to_i, "via", &format!("10.216.{i}{j}.1")])?;
+                let n = 100 + 10 * usize::from(i) + usize::from(j);
+                let (end_i, end_j) = self.pair(n);
+                self.link(Some(&ns_i), &format!("lc{id}{i}{j}"), &end_i, &ns_j, &format!("lc{id}{j}{i}"), &end_j)?;
+                let to_j = format!("{}/32", self.node_addr(j));
+                run("ip", &["-n", &ns_i, "route", "add", &to_j, "via", &self.via(n, 2)])?;
+                let to_i = format!("{}/32", self.node_addr(i));
+                run("ip", &["-n", &ns_j, "route", "add", &to_i, "via", &self.via(n, 1)])?;
             }
         }
-        for (n, k) in self.agents.clone().into_iter().enumerate() {
+        for (number, k) in self.agents.clone().into_iter().enumerate() {
             let ns = self.agent_ns(k);
             self.namespace(&ns)?;
             for i in 1..=self.nodes {
-                let net = 10 * (n + 1) + usize::from(i);
-                let (here, there) = (format!("lc{id}{k}{i}"), format!("lc{id}{i}{k}"));
+                let n = 200 + 10 * number + usize::from(i);
+                let (here, there) = self.pair(n);
                 let node_ns = self.node_ns(i);
-                self.link(Some(&ns), &here, &format!("10.214.{net}.1/30"), &node_ns, &there, &format!("10.214.{net}.2/30"))?;
-                let to = format!("{}/32", Net::node_addr(i));
-                run("ip", &["-n", &ns, "route", "add", &to, "via", &format!("10.214.{net}.2")])?;
+                self.link(Some(&ns), &format!("lc{id}{k}{i}"), &here, &node_ns, &format!("lc{id}{i}{k}"), &there)?;
+                let to = format!("{}/32", self.node_addr(i));
+                run("ip", &["-n", &ns, "route", "add", &to, "via", &self.via(n, 2)])?;
             }
         }
         let all: Vec<String> = self.made.clone();

@@ -32,7 +32,7 @@ pub(crate) const POOL: &str = "net";
 /// At most this many publishes wait for their ack at once.
 const IN_FLIGHT: usize = 8;
 /// How many times a command whose ack did not come is published again (same id).
-const ATTEMPTS: u32 = 4;
+const ATTEMPTS: u32 = 8;
 
 /// An agent the workload allocates on, and the kind of resource it makes.
 #[derive(Debug, Clone)]

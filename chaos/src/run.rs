@@ -80,10 +80,12 @@ impl Report {
             "liveness": { "undecided_after_settle": self.findings.undecided },
             "objects_on_machines": self.findings.on_machines,
             "verify": self.findings.verify.as_ref().map(|v| json!({
-                "outcomes": v.get("outcomes"),
-                "commands": v.get("commands"),
-                "redecided": v.get("redecided").and_then(|r| r.get("count")),
-                "projection": v.get("projection"),
+                "ok": v.get("ok"),
+                "outcomes": v.pointer("/report/outcomes"),
+                "commands": v.pointer("/report/commands"),
+                "redecided": v.pointer("/report/redecided/count"),
+                "full_checks": v.pointer("/report/full_checks"),
+                "projection": v.pointer("/report/projection"),
             })),
             "refused": self.produced.refused,
             "self_test": self.self_test,
@@ -142,7 +144,7 @@ pub(crate) async fn run(options: Options) -> anyhow::Result<Report> {
     let net = Net::create(&id, NODES, &letters)?;
     eprintln!("leasehold-chaos: run {id} in {}", dir.display());
 
-    let urls: Vec<String> = (1..=NODES).map(|i| format!("nats://{}:4222", Net::node_addr(i))).collect();
+    let urls: Vec<String> = (1..=NODES).map(|i| format!("nats://{}:4222", net.node_addr(i))).collect();
     let nats = urls.join(",");
     let mut fleet = start_fleet(&options, &net, &dir, &exe, &nats_server, &nats, &letters, docker).await?;
 
@@ -212,7 +214,7 @@ pub(crate) async fn run(options: Options) -> anyhow::Result<Report> {
     let outcomes = check::read_all(&log).await?;
     check::check_outcomes(&outcomes, &produced.acked, &mut findings);
     check::check_machines(&log, &machines, &mut findings).await?;
-    check::verify(&exe, &nats, &projection, &mut findings).await?;
+    check::verify(&exe, &nats, &projection, &dir, &mut findings).await?;
 
     let mut faults = faults;
     let crashes: u64 = fleet.workers.iter().map(|w| w.stderr().matches("fault point: crash after part").count() as u64).sum();
@@ -258,11 +260,14 @@ fn agent_name(id: &str, k: char) -> AgentName {
 
 /// Removes the containers and volumes of the docker agents of runs whose harness is gone (`only`: of that run).
 async fn remove_docker_objects(only: Option<&str>) {
-    let format = "{{.Name}}\t{{.Label \"io.leasehold.agent\"}}";
-    for (list, remove) in [(["ps", "-a"], ["rm", "-f", "-v"]), (["volume", "ls"], ["volume", "rm", "-f"])] {
+    let label = "{{.Label \"io.leasehold.agent\"}}";
+    let (containers, volumes) = (format!("{{{{.Names}}}}\t{label}"), format!("{{{{.Name}}}}\t{label}"));
+    for (list, format, remove) in
+        [(["ps", "-a"], &containers, ["rm", "-f", "-v"]), (["volume", "ls"], &volumes, ["volume", "rm", "-f"])]
+    {
         let Ok(listed) = tokio::process::Command::new("docker")
             .args(list)
-            .args(["--filter", "label=io.leasehold.agent", "--format", format])
+            .args(["--filter", "label=io.leasehold.agent", "--format", format.as_str()])
             .output()
             .await
         else {
@@ -313,9 +318,9 @@ async fn start_fleet(
     for i in 1..=NODES {
         let node_dir = dir.join(format!("n{i}"));
         std::fs::create_dir_all(&node_dir)?;
-        let addr = Net::node_addr(i);
+        let addr = net.node_addr(i);
         let routes: Vec<String> =
-            (1..=NODES).filter(|j| *j != i).map(|j| format!("nats-route://{}:6222", Net::node_addr(j))).collect();
+            (1..=NODES).filter(|j| *j != i).map(|j| format!("nats-route://{}:6222", net.node_addr(j))).collect();
         let config = format!(
             "server_name: n{i}\nlisten: \"{addr}:4222\"\nhttp: \"{addr}:8222\"\n\
              jetstream {{\n  store_dir: {:?}\n  sync_interval: always\n}}\n\
