@@ -4,8 +4,8 @@
 //!
 //! Safety (each a violation, failing the run):
 //! - every acknowledged command has exactly one decision: one outcome record per part, all of one command sequence
-//!   (`twice`), and none missing where its partition decided later commands (`skipped`), nor a command the log
-//!   acknowledged and does not hold (`lost`, seen as a decided-later partition with no outcome);
+//!   (`twice`), and none missing where its partition decided later commands (`skipped`);
+//! - every acknowledged command is in `LH_CMD` at the sequence its ack gave, under its id (`lost`);
 //! - each partition's outcomes are in command order, each decision's parts 0, 1, ... in a row, and every outcome's
 //!   `Lh-Prev-Seq` names the partition's outcome before it (`order`, `chain`);
 //! - nothing is on an agent's machine that the log does not hold as there (`leftover`): a directory or container of a
@@ -25,7 +25,7 @@ use leasehold_domain::state::ResourceState;
 use leasehold_log::jetstream::JetStream;
 use leasehold_log::{Log, OutcomeFilter, StoredOutcome};
 use leasehold_replay::fold::Fold;
-use leasehold_schemas::ResourceId;
+use leasehold_schemas::{ResourceId, codec};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -106,6 +106,38 @@ pub(crate) async fn settle(log: &JetStream, acked: &[Acked], bound: Duration) ->
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// Every acknowledged command is in `LH_CMD` where its ack said, under its id; those that are not are `lost`
+/// (acknowledged writes the log dropped, or an ack that named another command's place).
+pub(crate) async fn check_commands(log: &JetStream, acked: &[Acked], findings: &mut Findings) -> anyhow::Result<()> {
+    let mut held: HashMap<u64, String> = HashMap::new();
+    for partition in 0..log.partitions() {
+        let mut after = 0;
+        loop {
+            let page = log.read_commands(partition, after, PAGE).await?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            for record in page {
+                let id = codec::peek_command_id(&record.payload).map_or_else(String::new, |id| id.to_string());
+                held.insert(record.seq, id);
+            }
+        }
+    }
+    for a in acked {
+        match held.get(&a.seq) {
+            Some(id) if *id == a.id => {}
+            Some(other) => findings.violation(
+                "lost",
+                format!("command {} ({}) was acknowledged at LH_CMD {}, which holds {other}", a.id, a.type_name, a.seq),
+            ),
+            None => findings.violation(
+                "lost",
+                format!("command {} ({}) was acknowledged at LH_CMD {}, which the log does not hold", a.id, a.type_name, a.seq),
+            ),
+        }
+    }
+    Ok(())
 }
 
 /// The checks on the outcomes alone: one decision per acknowledged command, order and chain per partition.

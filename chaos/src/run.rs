@@ -212,6 +212,7 @@ pub(crate) async fn run(options: Options) -> anyhow::Result<Report> {
         proc.stop(Duration::from_secs(30)).await;
     }
     let outcomes = check::read_all(&log).await?;
+    check::check_commands(&log, &produced.acked, &mut findings).await?;
     check::check_outcomes(&outcomes, &produced.acked, &mut findings);
     check::check_machines(&log, &machines, &mut findings).await?;
     check::verify(&exe, &nats, &projection, &dir, &mut findings).await?;
