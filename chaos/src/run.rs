@@ -205,7 +205,10 @@ pub(crate) async fn run(options: Options) -> anyhow::Result<Report> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    // The projector stops cleanly, then everything else; the cluster stays up for the reading.
+    // The projector catches up with the whole log (at most 30 s), stops cleanly, then everything else; the cluster
+    // stays up for the reading.
+    let end = check::read_all(&log).await?.last().map_or(0, |o| o.seq);
+    projector_caught_up(&mut fleet.projector, end, Duration::from_secs(30)).await;
     let projection = dir.join("projector");
     fleet.projector.stop(Duration::from_secs(30)).await;
     for proc in fleet.workers.iter_mut().chain(fleet.agents.iter_mut()) {
@@ -528,4 +531,30 @@ async fn import_image() -> anyhow::Result<String> {
     leasehold_agent::docker::import_busybox_image("", &busybox)
         .await
         .map_err(|e| anyhow::anyhow!("importing the busybox image: {e}"))
+}
+
+/// Waits until the projector says (`leasehold_projection_applied_seq` on its /metrics) it applied outcome `end`, at
+/// most `limit`; `verify` then compares the whole log with its tables (a projector that is behind is compared as of
+/// what it applied).
+async fn projector_caught_up(projector: &mut Proc, end: u64, limit: Duration) {
+    let address = projector
+        .stdout()
+        .lines()
+        .rev()
+        .find_map(|l| l.split_whitespace().find(|w| w.starts_with("http://")).map(str::to_owned));
+    let Some(address) = address else { return };
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        let applied = async {
+            let text = http.get(format!("{address}/metrics")).send().await.ok()?.text().await.ok()?;
+            let line = text.lines().find(|l| l.starts_with("leasehold_projection_applied_seq"))?;
+            line.split_whitespace().last()?.parse::<f64>().ok()
+        };
+        if applied.await.is_some_and(|seq| seq >= end as f64) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("leasehold-chaos: the projector had not applied outcome {end} after {limit:?}");
 }
