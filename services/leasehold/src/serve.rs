@@ -286,6 +286,9 @@ fn roles(roles: &[Role]) -> String {
 struct Checked {
     agents: Vec<(leasehold_schemas::ids::AgentName, leasehold_agent::AnyDriver)>,
     tokens: Option<Arc<leasehold_gateway::Tokens>>,
+    /// The writers' test-only faults the environment names (`LEASEHOLD_FAULT_*`; the chaos harness's).
+    #[cfg(feature = "fault-points")]
+    faults: Option<Arc<leasehold_worker::faults::FaultPoints>>,
 }
 
 fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
@@ -328,7 +331,19 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
     };
     let agents = crate::agents::parse_all(&args.agents, args.env_file_dir.as_deref())?;
     crate::agents::check_declared(&agents, &args.agent_labels, &args.agent_capacity)?;
-    Ok(Checked { agents, tokens })
+    #[cfg(feature = "fault-points")]
+    let faults = leasehold_worker::faults::FaultPoints::from_env()
+        .map_err(|e| crate::policy::BadCommandLine(format!("test-only fault point {e}")))?;
+    #[cfg(feature = "fault-points")]
+    if let Some(faults) = &faults {
+        eprintln!("leasehold serve: test-only fault points armed: {}", faults.plan());
+    }
+    Ok(Checked {
+        agents,
+        tokens,
+        #[cfg(feature = "fault-points")]
+        faults,
+    })
 }
 
 /// The token file, refused (naming the line) when malformed; a file others can read is taken with a warning, since
@@ -350,7 +365,9 @@ async fn serve<L: Log>(
     running: &Running,
 ) -> anyhow::Result<()> {
     let name = args.name.clone().unwrap_or_else(default_name);
-    let Checked { agents, tokens } = checked;
+    #[cfg(feature = "fault-points")]
+    let faults = checked.faults.clone();
+    let Checked { agents, tokens, .. } = checked;
     let mut registry = prometheus_client::registry::Registry::default();
     let failures = leasehold_gateway::Failures::default();
     let mut tasks = tokio::task::JoinSet::new();
@@ -493,6 +510,10 @@ async fn serve<L: Log>(
         config.writer.rolling_out_schema = args.rolling_out_schema;
         config.writer.max_append_records = usize::from(args.max_append_records);
         config.writer.metrics = Some(metrics.clone());
+        #[cfg(feature = "fault-points")]
+        if let Some(faults) = &faults {
+            faults.install(&mut config.writer);
+        }
         println!("worker {name}: serving its share of partitions 0..{}", log.partitions());
         let (log, shutdown) = (log.clone(), shutdown.clone());
         let held: crate::stop::Detail = Arc::new(move || {

@@ -46,6 +46,11 @@ impl Server {
 
     /// [`Server::start_at`], with `extra` flags for `serve`.
     fn start_with(data: &Path, nats: Option<&str>, listen: &str, agents: &[String], extra: &[&str]) -> Server {
+        Server::launch(Server::command(data, nats, listen, agents, extra), None)
+    }
+
+    /// `serve` as [`Server::start_with`] runs it.
+    fn command(data: &Path, nats: Option<&str>, listen: &str, agents: &[String], extra: &[&str]) -> Command {
         std::fs::create_dir_all(data).expect("create the data directory");
         let mut command = Command::new(BIN);
         command.args(["serve", "--partitions", "4", "--listen", listen, "--data"]).arg(data).args(extra);
@@ -55,13 +60,26 @@ impl Server {
         for agent in agents {
             command.arg("--agent").arg(agent);
         }
+        command
+    }
+
+    /// Starts `command` (a `serve`); its stderr goes to this test's, or line by line to `stderr` if given.
+    fn launch(mut command: Command, stderr: Option<mpsc::Sender<String>>) -> Server {
         let mut child = command
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(if stderr.is_some() { Stdio::piped() } else { Stdio::inherit() })
             .spawn()
             .expect("spawn leasehold serve");
+        if let Some(lines) = stderr {
+            let piped = child.stderr.take().expect("piped stderr");
+            std::thread::spawn(move || {
+                for line in BufReader::new(piped).lines().map_while(Result::ok) {
+                    let _ = lines.send(line);
+                }
+            });
+        }
         // `serve` prints where it listens; the rest of its output is drained so that it never blocks on a full pipe.
         let stdout = child.stdout.take().expect("piped stdout");
         let (address_tx, address_rx) = mpsc::channel();
@@ -1509,4 +1527,71 @@ impl Drop for Killed {
     fn drop(&mut self) {
         let _ = Command::new("kill").args(["-KILL", &self.0.to_string()]).status();
     }
+}
+
+/// The chaos harness's fault points (feature `fault-points`, on in this crate's tests through its dev-dependency on
+/// itself): `serve` reads the `LEASEHOLD_FAULT_*` variables before it opens anything, refuses a bad one, and with
+/// `SPLIT_BUDGET=1` and `CRASH_AFTER_PART=1` aborts between the parts of an agent's retirement, saying so on stderr.
+#[test]
+fn serve_reads_the_fault_points_and_crashes_between_two_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let refused = Command::new(BIN)
+        .args(["serve", "--partitions", "1", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .env("LEASEHOLD_FAULT_CRASH_AFTER_PART", "0")
+        .output()
+        .expect("run serve");
+    assert_eq!(code(&refused), 2, "{}", text_of(&refused));
+    assert!(
+        text(&refused.stderr).contains("LEASEHOLD_FAULT_CRASH_AFTER_PART=\"0\": not a whole number of at least 1"),
+        "{}",
+        text_of(&refused)
+    );
+    assert!(!data.join("log.redb").exists(), "nothing was opened");
+
+    let root = dir.path().join("w1");
+    std::fs::create_dir_all(&root).unwrap();
+    let agents = [format!("w1=dir:{}", root.display())];
+    let mut command = Server::command(&data, None, "127.0.0.1:0", &agents, &[]);
+    command.env("LEASEHOLD_FAULT_SPLIT_BUDGET", "1").env("LEASEHOLD_FAULT_CRASH_AFTER_PART", "1");
+    let (lines_tx, lines) = mpsc::channel();
+    let mut server = Server::launch(command, Some(lines_tx));
+    wait_registered(&server, "w1");
+    for _ in 0..2 {
+        let made = server.json(&["allocate", "--agent", "w1", "--kind", "dir"]);
+        let reference = str_of(&made, "ref").to_owned();
+        server.wait_for(&["get", &reference], "the resource created", |r| r["state"] == "active");
+    }
+    // Its answer may never come: the process dies under it.
+    let _ = server.run(&["agent", "retire", "w1"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().expect("wait for serve") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "serve did not crash within 30 s of the retirement");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(6), "aborted (SIGABRT), as kill -9 would end it: {status:?}");
+    // Every line, up to the end of its stderr (the reader stops there).
+    let mut said = Vec::new();
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(10)) {
+        said.push(line);
+    }
+    assert!(
+        said.iter().any(|l| l
+            == "leasehold serve: test-only fault points armed: LEASEHOLD_FAULT_SPLIT_BUDGET=1 \
+                LEASEHOLD_FAULT_CRASH_AFTER_PART=1"),
+        "{said:#?}"
+    );
+    let crashes: Vec<&String> = said.iter().filter(|l| l.starts_with("fault point: ")).collect();
+    assert_eq!(crashes.len(), 1, "{said:#?}");
+    assert!(
+        crashes[0].starts_with("fault point: crash after part 1 of the decision of command ")
+            && crashes[0].rsplit_once(" on partition ").is_some_and(|(_, p)| p.parse::<u32>().is_ok_and(|p| p < 4)),
+        "{}",
+        crashes[0]
+    );
 }

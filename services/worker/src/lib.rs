@@ -4,12 +4,15 @@
 //! - [`writer`]: one partition's writer: load, decide, append, reload on any unclean answer.
 //! - [`run`]: a worker: it asks the log to own partitions, runs a writer on each one it gets, takes partitions
 //!   nobody serves, and gives its partitions up on shutdown.
+//! - `faults` (feature `fault-points` only, for the chaos harness): test-only faults injected in the writers.
 //!
 //! Ownership is for liveness; the fence is for safety: two writers that both believe they own a partition cannot
 //! both append, and the loser reloads from the log.
 
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "fault-points")]
+pub mod faults;
 pub mod metrics;
 pub mod writer;
 

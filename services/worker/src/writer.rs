@@ -128,6 +128,9 @@ pub struct WriterConfig {
     pub snapshot_every: u64,
     /// Where decisions, lag, dead letters and reloads are counted for `/metrics` (none: not counted).
     pub metrics: Option<crate::WorkerMetrics>,
+    /// Test-only faults to inject (the chaos harness's; see [`crate::faults`]).
+    #[cfg(feature = "fault-points")]
+    pub faults: Option<std::sync::Arc<crate::faults::FaultPoints>>,
 }
 
 impl Default for WriterConfig {
@@ -144,6 +147,8 @@ impl Default for WriterConfig {
             rolling_out_schema: None,
             snapshot_every: 10_000,
             metrics: None,
+            #[cfg(feature = "fault-points")]
+            faults: None,
         }
     }
 }
@@ -181,6 +186,9 @@ pub struct Writer<L: Log> {
     /// The most records one append carries: the configuration's and the log's limit, halved each time the log
     /// says an append was too large (a server's batch limit).
     append_cap: usize,
+    /// The first part committed next is followed by a copy of itself (a fault point).
+    #[cfg(feature = "fault-points")]
+    double_next: bool,
 }
 
 impl<L: Log> Writer<L> {
@@ -202,6 +210,8 @@ impl<L: Log> Writer<L> {
             since_snapshot: folded,
             group: Group::default(),
             config,
+            #[cfg(feature = "fault-points")]
+            double_next: false,
         })
     }
 
@@ -374,6 +384,13 @@ impl<L: Log> Writer<L> {
             }
         };
         self.counts.decided += 1;
+        #[cfg(feature = "fault-points")]
+        match self.config.faults.as_ref().map(|faults| faults.on_decided(envelope.command_id)) {
+            // A lost decision: nothing appended or applied, and the command acked with the others.
+            Some(crate::faults::Action::Skip) => return Ok(()),
+            Some(crate::faults::Action::Double) => self.double_next = true,
+            Some(crate::faults::Action::Record) | None => {}
+        }
         let rejected = outcome.rejection().is_some();
         self.commit(outcome, |state, detail| internal_error_outcome(state, &ctx, &envelope, detail)).await?;
         self.group.decided.push((envelope.type_name(), rejected, started));
@@ -414,6 +431,8 @@ impl<L: Log> Writer<L> {
         fallback: impl Fn(&PartitionState, &str) -> Result<Outcome, WriterError>,
     ) -> Result<(), Failure> {
         let partition = self.state.partition();
+        #[cfg(feature = "fault-points")]
+        let double = outcome.part == 0 && std::mem::take(&mut self.double_next);
         let (outcome, bytes) = encode(outcome)?;
         let applied = catch_unwind(AssertUnwindSafe(|| apply(&mut self.state, &outcome)));
         let (outcome, bytes) = match applied {
@@ -461,10 +480,26 @@ impl<L: Log> Writer<L> {
         self.group.bytes += record.payload.len();
         self.group.records.push(record);
         self.group.last_command = Some(outcome.command.id);
+        #[cfg(feature = "fault-points")]
+        if double {
+            // A buggy writer's second decision of the command, chained right after the first: applied never.
+            let (copy, bytes) = encode(crate::faults::copy_of(&outcome))?;
+            let record = OutcomeRecord::of(&copy, Bytes::from(bytes));
+            self.group.bytes += record.payload.len();
+            self.group.records.push(record);
+        }
         if self.group.records.len() >= self.config.max_append_records.clamp(1, leasehold_log::MAX_APPEND_RECORDS)
             || self.group.bytes >= self.config.max_append_bytes
         {
             self.flush(true).await?;
+        }
+        #[cfg(feature = "fault-points")]
+        if let Some(faults) = self.config.faults.clone()
+            && faults.crash_due(&outcome)
+        {
+            // The part is in the log before the process dies; the rest of the decision is not.
+            self.flush(true).await?;
+            faults.crash(&outcome, partition);
         }
         Ok(())
     }
