@@ -321,7 +321,7 @@ pub(crate) async fn verify(
 ) -> anyhow::Result<()> {
     let out = tokio::process::Command::new(exe)
         .env("LEASEHOLD_CHAOS_EXEC", "replay")
-        .args(["--nats", nats, "verify", "--output", "json", "--projection"])
+        .args(["--nats", nats, "verify", "--output", "json", "--split-budget", crate::run::SPLIT_BUDGET, "--projection"])
         .arg(projection)
         .output()
         .await?;

@@ -87,7 +87,7 @@ pub(crate) fn schedule(seed: u64, total: Duration, workers: usize, agents: usize
         };
         let length = match fault {
             Fault::KillWorker(_) | Fault::KillAgent(_) | Fault::KillProjector => ms(500, 5_000, &mut rng),
-            Fault::CrashBetweenParts(_) => ms(3_000, 8_000, &mut rng),
+            Fault::CrashBetweenParts(_) => ms(8_000, 20_000, &mut rng),
             _ => ms(1_000, 9_000, &mut rng),
         };
         let target = fault.target();

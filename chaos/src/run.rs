@@ -25,7 +25,7 @@ const WORKERS: usize = 3;
 const START: Duration = Duration::from_secs(60);
 /// The decisions split into parts after this many bytes of effects (the test-only small part size), so that most
 /// decisions with more than one effect are split and a crash can fall between two parts.
-const SPLIT_BUDGET: &str = "64";
+pub(crate) const SPLIT_BUDGET: &str = "64";
 /// The busybox image the docker agent's containers run (imported, never pulled).
 const IMAGE_ATTR: &str = "image";
 /// The containers' command: a sleep that ends at once on SIGTERM.

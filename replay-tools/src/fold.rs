@@ -143,6 +143,13 @@ impl Fold {
         }
     }
 
+    /// Folds as writers splitting long decisions after `bytes` of effects (not the core's budget) did, so that
+    /// re-deciding gives the parts they recorded.
+    pub fn with_split_budget(mut self, bytes: usize) -> Self {
+        self.states = self.states.into_iter().map(|s| s.with_split_budget(bytes)).collect();
+        self
+    }
+
     pub fn partitions(&self) -> u32 {
         self.states.len() as u32
     }

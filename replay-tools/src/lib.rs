@@ -87,6 +87,11 @@ pub enum Cmd {
         /// A projection directory to compare with a fresh fold (with --data, the data directory's own is compared).
         #[arg(long)]
         projection: Option<PathBuf>,
+        /// Re-decide as writers that split long decisions after this many bytes of effects did: the test-only
+        /// small part size of the chaos harness's writers (`leasehold-worker`'s `fault-points` feature). Where a
+        /// decision splits changes nothing in its effects, but the recorded parts are compared one by one.
+        #[arg(long, hide = true)]
+        split_budget: Option<usize>,
     },
     /// Writes the log from its start (up to --to) to a self-contained, checksummed file.
     Export {
@@ -207,7 +212,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let state = state?;
             print(output, &state, || state_at::render(&state))?;
         }
-        Cmd::Verify { projection } => return verify(&Source::open(args).await?, projection, output).await,
+        Cmd::Verify { projection, split_budget } => {
+            return verify(&Source::open(args).await?, projection, split_budget, output).await;
+        }
         Cmd::Export { file, to } => export_to(&Source::open(args).await?, &file, to, output).await?,
         Cmd::Rebuild { projection } => rebuild(&Source::open(args).await?, projection, args, output).await?,
         Cmd::Import { file } => {
@@ -242,7 +249,12 @@ fn pool_and_number(text: &str, flag: &str) -> anyhow::Result<(PoolName, u32)> {
     Ok((pool, n))
 }
 
-async fn verify(source: &Source, projection: Option<PathBuf>, output: OutputFormat) -> anyhow::Result<ExitCode> {
+async fn verify(
+    source: &Source,
+    projection: Option<PathBuf>,
+    split_budget: Option<usize>,
+    output: OutputFormat,
+) -> anyhow::Result<ExitCode> {
     let projection_dir = projection.or_else(|| source.embedded().map(|(_, dir)| dir.clone()));
     let mut note = None;
     let recorded = match &projection_dir {
@@ -276,7 +288,10 @@ async fn verify(source: &Source, projection: Option<PathBuf>, output: OutputForm
     let entries = source.entries(None).await?;
     let started = Instant::now();
     let mut progress = Progress::new(entries.last_outcome, "verify");
-    let verifier = verify::Verifier::new(entries.partitions, recorded)?;
+    let mut verifier = verify::Verifier::new(entries.partitions, recorded)?;
+    if let Some(bytes) = split_budget {
+        verifier = verifier.with_split_budget(bytes);
+    }
     let report = verifier.run(entries.entries, |s| progress.at(s)).await;
     progress.done();
     let report = report?;

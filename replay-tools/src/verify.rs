@@ -138,6 +138,12 @@ impl Verifier {
         })
     }
 
+    /// Re-decides as writers splitting long decisions after `bytes` of effects did (tests' small part size).
+    pub fn with_split_budget(mut self, bytes: usize) -> Self {
+        self.fold = self.fold.with_split_budget(bytes);
+        self
+    }
+
     /// Checks every entry of `entries`; stops at the first failure. `progress` is told each outcome's sequence.
     pub async fn run(
         mut self,
