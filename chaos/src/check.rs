@@ -3,13 +3,15 @@
 //! run as its own process over the same log with the stopped projector's tables.
 //!
 //! Safety (each a violation, failing the run):
-//! - every acknowledged command has exactly one decision: one outcome record per part, all of one command sequence
-//!   (`twice`), and none missing where its partition decided later commands (`skipped`);
+//! - every command has at most one decision: one outcome record per part, all of one command sequence (`twice`;
+//!   checked for every command in the log, the agents' too), and every acknowledged command has one, none missing
+//!   where its partition decided later commands (`skipped`);
 //! - every acknowledged command is in `LH_CMD` at the sequence its ack gave, under its id (`lost`);
 //! - each partition's outcomes are in command order, each decision's parts 0, 1, ... in a row, and every outcome's
 //!   `Lh-Prev-Seq` names the partition's outcome before it (`order`, `chain`);
 //! - nothing is on an agent's machine that the log does not hold as there (`leftover`): a directory or container of a
 //!   resource the fold of the log has destroyed, or never heard of;
+//! - the log folds with the domain's own fold (`fold`);
 //! - `leasehold-replay verify` passes (`verify`): it re-decides every command, checks the domain's invariants at every
 //!   step (an identifier never bound to two live resources among them; the workload's pool holds its orphans'
 //!   addresses, so there is no orphan exception to count) and compares the projection with a fresh fold.
@@ -143,48 +145,41 @@ pub(crate) async fn check_commands(log: &JetStream, acked: &[Acked], findings: &
 /// The checks on the outcomes alone: one decision per acknowledged command, order and chain per partition.
 pub(crate) fn check_outcomes(outcomes: &[StoredOutcome], acked: &[Acked], findings: &mut Findings) {
     findings.outcomes = outcomes.len() as u64;
-    // Per command id: every (command sequence, part) recorded.
+    // Per command id (the producer's and everyone else's): every (command sequence, part, outcome) recorded.
     let mut by_id: HashMap<&str, Vec<(u64, u32, u64)>> = HashMap::new();
     for o in outcomes {
         by_id.entry(o.cmd_id.as_str()).or_default().push((o.cmd_seq, o.part, o.seq));
+    }
+    for (id, records) in &by_id {
+        let mut seqs: Vec<u64> = records.iter().map(|r| r.0).collect();
+        seqs.sort_unstable();
+        seqs.dedup();
+        let mut parts: Vec<(u64, u32)> = records.iter().map(|r| (r.0, r.1)).collect();
+        parts.sort_unstable();
+        let before = parts.len();
+        parts.dedup();
+        if seqs.len() > 1 || parts.len() != before {
+            let at: Vec<String> = records.iter().map(|r| format!("{} (command {} part {})", r.2, r.0, r.1)).collect();
+            findings.violation("twice", format!("command {id} was decided more than once: outcomes {}", at.join(", ")));
+        }
     }
     let mut decided_through: BTreeMap<u32, u64> = BTreeMap::new();
     for o in outcomes {
         let through = decided_through.entry(o.partition).or_default();
         *through = (*through).max(o.cmd_seq);
     }
-    for a in acked {
-        match by_id.get(a.id.as_str()) {
-            None => {
-                let through = decided_through.get(&a.partition).copied().unwrap_or(0);
-                if through > a.seq {
-                    findings.violation(
-                        "skipped",
-                        format!(
-                            "command {} ({}, LH_CMD {}) has no outcome, though partition {} decided through \
-                             command {through}",
-                            a.id, a.type_name, a.seq, a.partition
-                        ),
-                    );
-                } else {
-                    findings.undecided.push(a.id.clone());
-                }
-            }
-            Some(records) => {
-                let mut seqs: Vec<u64> = records.iter().map(|r| r.0).collect();
-                seqs.dedup();
-                let mut parts: Vec<(u64, u32)> = records.iter().map(|r| (r.0, r.1)).collect();
-                parts.sort_unstable();
-                let before = parts.len();
-                parts.dedup();
-                if seqs.len() > 1 || parts.len() != before {
-                    let at: Vec<String> = records.iter().map(|r| format!("{} (part {})", r.2, r.1)).collect();
-                    findings.violation(
-                        "twice",
-                        format!("command {} ({}) was decided more than once: outcomes {}", a.id, a.type_name, at.join(", ")),
-                    );
-                }
-            }
+    for a in acked.iter().filter(|a| !by_id.contains_key(a.id.as_str())) {
+        let through = decided_through.get(&a.partition).copied().unwrap_or(0);
+        if through > a.seq {
+            findings.violation(
+                "skipped",
+                format!(
+                    "command {} ({}, LH_CMD {}) has no outcome, though partition {} decided through command {through}",
+                    a.id, a.type_name, a.seq, a.partition
+                ),
+            );
+        } else {
+            findings.undecided.push(a.id.clone());
         }
     }
     // Order and chain, per partition.
@@ -221,13 +216,23 @@ pub(crate) fn check_outcomes(outcomes: &[StoredOutcome], acked: &[Acked], findin
     }
 }
 
+/// What the fold of the log says is on each agent's machine: each resource it has on it, by state (`Err`: the log
+/// cannot be folded, which is itself a violation).
+type Held = HashMap<String, HashMap<ResourceId, String>>;
+
 /// The resources each agent's machine may hold: those the fold of the whole log has on it and not destroyed.
-pub(crate) async fn live_resources(log: &JetStream) -> anyhow::Result<HashMap<String, HashMap<ResourceId, String>>> {
+pub(crate) async fn live_resources(log: &JetStream) -> anyhow::Result<Result<Held, String>> {
     let mut fold = Fold::new(log.partitions());
     let mut entries = leasehold_log::export::entries(log.clone(), None);
     while let Some(entry) = entries.next().await {
-        if let Some(step) = fold.admit(entry?).map_err(|f| anyhow::anyhow!("folding the log: {f:?}"))? {
-            fold.apply(&step).map_err(|f| anyhow::anyhow!("folding the log: {f:?}"))?;
+        let step = match fold.admit(entry?) {
+            Ok(step) => step,
+            Err(failure) => return Ok(Err(format!("{failure:?}"))),
+        };
+        if let Some(step) = step
+            && let Err(failure) = fold.apply(&step)
+        {
+            return Ok(Err(format!("{failure:?}")));
         }
     }
     let mut out: HashMap<String, HashMap<ResourceId, String>> = HashMap::new();
@@ -243,7 +248,7 @@ pub(crate) async fn live_resources(log: &JetStream) -> anyhow::Result<HashMap<St
             out.entry(resource.agent.to_string()).or_default().insert(resource.id, name.to_owned());
         }
     }
-    Ok(out)
+    Ok(Ok(out))
 }
 
 /// The resource ids on a machine, as its driver would find them (canonical ids only).
@@ -286,7 +291,13 @@ pub(crate) async fn on_machine(machine: &Machine) -> anyhow::Result<Vec<Resource
 
 /// Nothing on the machines that the log does not hold there.
 pub(crate) async fn check_machines(log: &JetStream, machines: &[Machine], findings: &mut Findings) -> anyhow::Result<()> {
-    let live = live_resources(log).await?;
+    let live = match live_resources(log).await? {
+        Ok(live) => live,
+        Err(failure) => {
+            findings.violation("fold", format!("the log cannot be folded, so the machines were not compared: {failure}"));
+            return Ok(());
+        }
+    };
     for machine in machines {
         let agent = match machine {
             Machine::Dir { agent, .. } | Machine::Docker { agent } => agent,

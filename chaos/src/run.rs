@@ -362,8 +362,11 @@ async fn start_fleet(
             "127.0.0.1:0".to_owned(),
         ]
     };
+    // The self-test runs its one faulty worker alone: a partition handed to another worker is read again from its
+    // last outcome, which decides a skipped command after all (the log is the cursor).
+    let count = if options.self_test.is_some() { 1 } else { WORKERS };
     let mut workers = Vec::new();
-    for w in 0..WORKERS {
+    for w in 0..count {
         let mut args = vec!["serve".to_owned(), "--roles".to_owned(), "worker".to_owned()];
         args.extend(common(dir.join(format!("worker{w}"))));
         args.extend(["--name".to_owned(), format!("chaos-w{w}"), "--priority-timeout".to_owned(), "5s".to_owned()]);

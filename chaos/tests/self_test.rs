@@ -26,7 +26,7 @@ fn can_run() -> bool {
 /// Runs the harness with `--self-test which` and returns its JSON line's violations' kinds.
 fn self_test(which: &str) -> Vec<String> {
     let out = Command::new(env!("CARGO_BIN_EXE_leasehold-chaos"))
-        .args(["--self-test", which, "--minutes", "0.2", "--seed", "5", "--docker", "off", "--settle", "30s"])
+        .args(["--self-test", which, "--minutes", "0.1", "--seed", "5", "--docker", "off", "--settle", "30s"])
         .output()
         .expect("run leasehold-chaos");
     let stdout = String::from_utf8_lossy(&out.stdout);
