@@ -98,7 +98,8 @@ pub(crate) fn permissions(role: &Role, inbox: &str) -> Permissions {
                 grant(format!("lh.in.agent.{name}.>"), "its own observations: the subject is its identity"),
                 grant(
                     format!("$JS.API.CONSUMER.CREATE.{EVT_STREAM}.{consumer}.lh.evt.{partition}.{name}"),
-                    "creates its one consumer, filtered on its one outcome subject",
+                    "creates its one consumer (named from its secret: no other user can name it), filtered on its one \
+                     outcome subject",
                 ),
                 grant(
                     format!("$JS.API.CONSUMER.MSG.NEXT.{EVT_STREAM}.{consumer}"),
