@@ -5,7 +5,10 @@
 //!
 //! The JetStream API subjects each role gets were probed against nats-server 2.15 (tests/tests/e2e/authz.rs runs
 //! every role under them). An agent's permissions name its one consumer and its one filter subject, so it can
-//! neither read another agent's outcomes nor touch the streams.
+//! neither read another agent's outcomes nor touch the streams. That consumer's name is derived from the secret
+//! generated here ([`agent_consumer`]): the readers' wildcard grants on `LH_EVT` consumers would allow it, but no
+//! role may list consumer names or subscribe to the JetStream advisories that carry them, so no other user can
+//! learn it.
 
 use anyhow::Context;
 use leasehold_log::jetstream::{CMD_STREAM, DLQ_STREAM, EVT_STREAM, SNAPSHOT_BUCKET, WORKERS_BUCKET, agent_consumer};
@@ -15,8 +18,8 @@ use leasehold_schemas::subjects::partition_of_agent;
 /// Who the user is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Role {
-    /// One agent, whose events are in `partition`.
-    Agent { name: AgentName, partition: u32 },
+    /// One agent, whose events are in `partition`, read through its consumer `consumer` (see [`agent_consumer`]).
+    Agent { name: AgentName, partition: u32, consumer: String },
     /// A `serve --roles worker,projector` process of a log of `partitions`: the writers and the read models.
     Worker { partitions: u32 },
     /// A producer (an operator's CLI with `--nats`, a service that sends `op` commands); bound to `principal` when
@@ -90,13 +93,13 @@ fn snapshot_reads() -> Vec<Grant> {
 pub(crate) fn permissions(role: &Role, inbox: &str) -> Permissions {
     let subscribe = vec![grant(format!("{inbox}.>"), "its own replies (its client uses this inbox prefix)")];
     let publish = match role {
-        Role::Agent { name, partition, .. } => {
-            let consumer = agent_consumer(name.as_str());
+        Role::Agent { name, partition, consumer } => {
             vec![
                 grant(format!("lh.in.agent.{name}.>"), "its own observations: the subject is its identity"),
                 grant(
                     format!("$JS.API.CONSUMER.CREATE.{EVT_STREAM}.{consumer}.lh.evt.{partition}.{name}"),
-                    "creates its one consumer, filtered on its one outcome subject",
+                    "creates its one consumer (named from its secret: no other user can name it), filtered on its one \
+                     outcome subject",
                 ),
                 grant(
                     format!("$JS.API.CONSUMER.MSG.NEXT.{EVT_STREAM}.{consumer}"),
@@ -177,6 +180,27 @@ pub(crate) fn permissions(role: &Role, inbox: &str) -> Permissions {
         }
     };
     Permissions { publish, subscribe }
+}
+
+/// A fresh user: how it proves who it is, and the secret it connects with (its password, or its nkey seed).
+struct Fresh {
+    auth: Auth,
+    secret: String,
+}
+
+impl Fresh {
+    /// A fresh nkey (with `nkey`) or a fresh random password for user `name`.
+    fn new(name: &str, nkey: bool) -> Fresh {
+        if nkey {
+            let pair = nkeys::KeyPair::new_user();
+            // `seed()` fails only for a key pair made from a public key.
+            let seed = pair.seed().unwrap_or_default();
+            Fresh { auth: Auth::Nkey { public: pair.public_key() }, secret: seed }
+        } else {
+            let password = random_password();
+            Fresh { auth: Auth::Password { user: name.to_owned(), password: password.clone() }, secret: password }
+        }
+    }
 }
 
 /// How the user proves who it is.
@@ -277,12 +301,15 @@ pub(crate) fn agent(args: CredentialsArgs) -> anyhow::Result<()> {
     let name = AgentName::new(args.name.as_str()).context("NAME")?;
     let partitions = args.partitions()?;
     let partition = partition_of_agent(&name, partitions);
-    let role = Role::Agent { name: name.clone(), partition };
+    let fresh = Fresh::new(name.as_str(), args.nkey);
+    // The agent derives the same name from the secret it connects with.
+    let consumer = agent_consumer(name.as_str(), Some(&fresh.secret));
+    let role = Role::Agent { name: name.clone(), partition, consumer };
     let hint = format!(
         "leasehold agent run --name {name} --partitions {partitions} --driver DRIVER --nats URL{}",
         if args.nkey { " --nkey-seed SEED_FILE" } else { " --user USER --password PASSWORD" }
     );
-    print(&role, name.as_str(), args.nkey, &format!("agent {name} (partition {partition} of {partitions})"), &hint);
+    print(&role, name.as_str(), fresh, &format!("agent {name} (partition {partition} of {partitions})"), &hint);
     Ok(())
 }
 
@@ -321,25 +348,19 @@ pub(crate) fn service(args: ServiceCredentialsArgs) -> anyhow::Result<()> {
         inbox_prefix(&args.name),
         if args.nkey { " --nkey-seed SEED_FILE" } else { " --user USER --password PASSWORD" }
     );
-    print(&role, &args.name, args.nkey, &what, &hint);
+    print(&role, &args.name, Fresh::new(&args.name, args.nkey), &what, &hint);
     Ok(())
 }
 
-fn print(role: &Role, name: &str, nkey: bool, what: &str, hint: &str) {
+fn print(role: &Role, name: &str, fresh: Fresh, what: &str, hint: &str) {
     let permissions = permissions(role, &inbox_prefix(name));
-    let auth = if nkey {
-        let pair = nkeys::KeyPair::new_user();
-        // `seed()` fails only for a key pair made from a public key.
-        let seed = pair.seed().unwrap_or_default();
+    if let Auth::Nkey { .. } = fresh.auth {
         println!("# the nkey seed of {what}: keep it secret, give it to the process with --nkey-seed FILE");
-        println!("-----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n");
-        Auth::Nkey { public: pair.public_key() }
-    } else {
-        Auth::Password { user: name.to_owned(), password: random_password() }
-    };
+        println!("-----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n", fresh.secret);
+    }
     println!("# leasehold: the NATS user of {what}; paste into the users list of the account that holds the log");
     println!("# run it as: {hint}");
-    print!("{}", user_block(&auth, &permissions));
+    print!("{}", user_block(&fresh.auth, &permissions));
 }
 
 fn partitions_from_server(nats: &crate::nats_args::NatsArgs) -> anyhow::Result<u32> {
@@ -363,17 +384,19 @@ mod tests {
     #[test]
     fn an_agent_may_read_only_its_own_subject_through_its_own_consumer() {
         let name = AgentName::new("res-a").unwrap();
-        let role = Role::Agent { name, partition: 7 };
+        let consumer = agent_consumer("res-a", Some("pw"));
+        let role = Role::Agent { name, partition: 7, consumer };
         let p = permissions(&role, "_INBOX_res-a");
         let publish: Vec<&str> = p.publish.iter().map(|g| g.subject.as_str()).collect();
+        let tagged = "lh-agent-res-a-082917c2630fa3e619743c5de36cdb0a";
         assert_eq!(
             publish,
             [
-                "lh.in.agent.res-a.>",
-                "$JS.API.CONSUMER.CREATE.LH_EVT.lh-agent-res-a.lh.evt.7.res-a",
-                "$JS.API.CONSUMER.MSG.NEXT.LH_EVT.lh-agent-res-a",
-                "$JS.API.CONSUMER.DELETE.LH_EVT.lh-agent-res-a",
-                "$JS.API.CONSUMER.INFO.LH_EVT.lh-agent-res-a",
+                "lh.in.agent.res-a.>".to_owned(),
+                format!("$JS.API.CONSUMER.CREATE.LH_EVT.{tagged}.lh.evt.7.res-a"),
+                format!("$JS.API.CONSUMER.MSG.NEXT.LH_EVT.{tagged}"),
+                format!("$JS.API.CONSUMER.DELETE.LH_EVT.{tagged}"),
+                format!("$JS.API.CONSUMER.INFO.LH_EVT.{tagged}"),
             ]
         );
         assert_eq!(p.subscribe.iter().map(|g| g.subject.as_str()).collect::<Vec<_>>(), ["_INBOX_res-a.>"]);
@@ -420,6 +443,50 @@ mod tests {
             assert!(crate::produce::bound_principal(bad).is_err(), "{bad:?}");
         }
         assert!(crate::produce::bound_principal("ci:team-a").is_ok());
+    }
+
+    /// Whether NATS subject pattern `pattern` (with `*` and `>`) matches `subject`.
+    fn matches(pattern: &str, subject: &str) -> bool {
+        let (mut pattern, mut subject) = (pattern.split('.'), subject.split('.'));
+        loop {
+            match (pattern.next(), subject.next()) {
+                (Some(">"), Some(_)) => return true,
+                (Some(p), Some(s)) if p == "*" || p == s => {}
+                (None, None) => return true,
+                _ => return false,
+            }
+        }
+    }
+
+    #[test]
+    fn no_role_may_learn_the_name_of_an_agents_consumer() {
+        assert!(matches("$JS.API.CONSUMER.MSG.NEXT.LH_EVT.*", "$JS.API.CONSUMER.MSG.NEXT.LH_EVT.x"));
+        assert!(matches("$JS.>", "$JS.EVENT.ADVISORY.CONSUMER.CREATED.LH_EVT.x"));
+        assert!(!matches("$JS.API.CONSUMER.CREATE.LH_EVT.>", "$JS.API.CONSUMER.CREATE.LH_EVT"));
+        let agent =
+            Role::Agent { name: AgentName::new("a").unwrap(), partition: 0, consumer: agent_consumer("a", Some("pw")) };
+        let roles = [
+            agent,
+            Role::Worker { partitions: 4 },
+            Role::Producer { principal: None },
+            Role::Producer { principal: Some(Issuer::new("ci:team-a").unwrap()) },
+            Role::Sweeper,
+        ];
+        let listings = ["$JS.API.CONSUMER.NAMES.LH_EVT", "$JS.API.CONSUMER.LIST.LH_EVT"];
+        let advisories = ["$JS.EVENT.ADVISORY.CONSUMER.CREATED.LH_EVT.x", "$JS.EVENT.METRIC.CONSUMER.ACK.LH_EVT.x"];
+        for role in &roles {
+            let p = permissions(role, "_INBOX_x");
+            for subject in listings.iter().chain(&advisories) {
+                let granted: Vec<&str> =
+                    p.publish.iter().map(|g| g.subject.as_str()).filter(|g| matches(g, subject)).collect();
+                assert!(granted.is_empty(), "{role:?} may publish {subject} through {granted:?}");
+            }
+            for subject in &advisories {
+                let granted: Vec<&str> =
+                    p.subscribe.iter().map(|g| g.subject.as_str()).filter(|g| matches(g, subject)).collect();
+                assert!(granted.is_empty(), "{role:?} may read {subject} through {granted:?}");
+            }
+        }
     }
 
     #[test]

@@ -172,8 +172,36 @@ impl JetStreamConfig {
 }
 
 /// The name of the one consumer an agent reads its outcomes through (its credentials name it).
-pub fn agent_consumer(agent: &str) -> String {
-    format!("lh-agent-{agent}")
+///
+/// With the `secret` the agent connects with (its password, or its nkey seed), the name carries a tag derived from
+/// it, `lh-agent-<name>-<tag>`: 32 hex characters of SHA-256 over a fixed label, the name and the secret. Readers may
+/// create, pull from and delete consumers on `LH_EVT` by any name (a NATS permission matches whole tokens only), but
+/// no other user can compute this one, and none may list consumer names, so none can take the agent's outcomes from
+/// it. Without a secret (a server without authentication, a `.creds` file whose permissions its operator writes),
+/// the name is `lh-agent-<name>`.
+pub fn agent_consumer(agent: &str, secret: Option<&str>) -> String {
+    use sha2::{Digest, Sha256};
+    let Some(secret) = secret else { return format!("lh-agent-{agent}") };
+    let digest = Sha256::new()
+        .chain_update(b"leasehold agent consumer\0")
+        .chain_update(agent.as_bytes())
+        .chain_update(b"\0")
+        .chain_update(secret.as_bytes())
+        .finalize();
+    let tag: String = digest[..16].iter().map(|byte| format!("{byte:02x}")).collect();
+    format!("lh-agent-{agent}-{tag}")
+}
+
+/// The nkey user seed (`SU...`) in `path`: the first line that is one (a file may hold the whole output of
+/// `leasehold credentials --nkey`).
+fn read_nkey_seed(path: &std::path::Path) -> Result<String, Error> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Refused(format!("cannot read the nkey seed file {}: {e}", path.display())))?;
+    text.lines()
+        .map(str::trim)
+        .find(|line| line.starts_with("SU"))
+        .map(str::to_owned)
+        .ok_or_else(|| Error::Refused(format!("{} holds no nkey user seed (SU...)", path.display())))
 }
 
 /// A handle on the JetStream log (cheap to clone).
@@ -197,14 +225,23 @@ struct Inner {
     config: JetStreamConfig,
     /// `None` on an agent's restricted connection, which may not read the streams' state.
     streams: Option<Streams>,
+    /// On an agent's restricted connection, the one consumer it reads its outcomes through ([`agent_consumer`]).
+    agent_consumer: Option<String>,
     /// The most commands one ingest batch carries: halved when the server refuses a batch as too large (an
     /// operator's `max_msgs`), so ingest does not stage and abandon doomed batches again and again.
     ingest_cap: AtomicUsize,
 }
 
 impl Inner {
-    fn new(client: async_nats::Client, js: Context, config: JetStreamConfig, streams: Option<Streams>) -> Arc<Inner> {
-        Arc::new(Inner { client, js, config, streams, ingest_cap: AtomicUsize::new(crate::MAX_APPEND_RECORDS) })
+    fn new(
+        client: async_nats::Client,
+        js: Context,
+        config: JetStreamConfig,
+        streams: Option<Streams>,
+        agent_consumer: Option<String>,
+    ) -> Arc<Inner> {
+        let ingest_cap = AtomicUsize::new(crate::MAX_APPEND_RECORDS);
+        Arc::new(Inner { client, js, config, streams, agent_consumer, ingest_cap })
     }
 }
 
@@ -261,6 +298,8 @@ impl JetStream {
             .name("leasehold")
             .connection_timeout(config.request_timeout)
             .request_timeout(Some(config.request_timeout));
+        // What an agent's consumer name is derived from: the secret it proves itself with.
+        let mut secret = None;
         match &config.credentials {
             Credentials::None => {}
             Credentials::CredsFile(path) => {
@@ -271,16 +310,12 @@ impl JetStream {
             }
             Credentials::UserPassword { user, password } => {
                 options = options.user_and_password(user.clone(), password.clone());
+                secret = Some(password.clone());
             }
             Credentials::NkeySeedFile(path) => {
-                let seed = std::fs::read_to_string(path)
-                    .map_err(|e| Error::Refused(format!("cannot read the nkey seed file {}: {e}", path.display())))?;
-                let seed = seed
-                    .lines()
-                    .map(str::trim)
-                    .find(|line| line.starts_with("SU"))
-                    .ok_or_else(|| Error::Refused(format!("{} holds no nkey user seed (SU...)", path.display())))?;
-                options = options.nkey(seed.to_owned());
+                let seed = read_nkey_seed(path)?;
+                options = options.nkey(seed.clone());
+                secret = Some(seed);
             }
         }
         if let Some(prefix) = &config.inbox_prefix {
@@ -307,7 +342,9 @@ impl JetStream {
             if !is_token(agent) {
                 return Err(Error::Refused(format!("{agent:?} is not an agent name")));
             }
-            return Ok(JetStream { inner: Inner::new(client, js, config, None) });
+            // Its name is never logged: a reader who learned it could pull the agent's outcomes from it.
+            let consumer = agent_consumer(agent, secret.as_deref());
+            return Ok(JetStream { inner: Inner::new(client, js, config, None, Some(consumer)) });
         }
         let mut config = config;
         // A client of an existing log (an agent, a producer) takes it as its creator made it, and has no say in how
@@ -345,7 +382,7 @@ impl JetStream {
             _ => config.priority_timeout,
         };
         let streams = Streams { cmd, evt, dlq, snapshots, workers, worker_ttl, evt_atomic, cmd_atomic };
-        Ok(JetStream { inner: Inner::new(client, js, config, Some(streams)) })
+        Ok(JetStream { inner: Inner::new(client, js, config, Some(streams), None) })
     }
 
     /// Up to `max` stored outcomes from sequence `from`, each as its sequence, subject and headers as the server
@@ -1422,9 +1459,11 @@ impl Log for JetStream {
     }
 
     fn follow(&self, filter: OutcomeFilter, from: u64) -> BoxStream<'static, Result<StoredOutcome, Error>> {
-        match &self.inner.config.agent {
-            Some(agent) => follow_as_agent(self.clone(), agent.clone(), filter, from),
-            None => follow(self.clone(), filter, from),
+        match (&self.inner.config.agent, &self.inner.agent_consumer) {
+            (Some(agent), Some(consumer)) => {
+                follow_as_agent(self.clone(), agent.clone(), consumer.clone(), filter, from)
+            }
+            _ => follow(self.clone(), filter, from),
         }
     }
 
@@ -2003,15 +2042,16 @@ fn followed<E: fmt::Display>(
     stored_outcome(seq, &message.subject, message.headers.as_ref(), message.payload)
 }
 
-/// An agent's outcomes, read as its restricted user may: through its one consumer, `lh-agent-<name>` on `LH_EVT`
-/// with the one filter subject `lh.evt.<p>.<name>`, created with the filtered create subject
-/// (`$JS.API.CONSUMER.CREATE.LH_EVT.lh-agent-<name>.lh.evt.<p>.<name>`, server 2.10+) so a permission can name
-/// both. A consumer left from before is deleted first (a consumer's start cannot be changed). Unlike the ordered
-/// consumer of [`follow`], which renames its consumer on every recreate, the name stays the agent's; on a gap or a
-/// failure the stream ends with an error and the agent follows again from its last sequence.
+/// An agent's outcomes, read as its restricted user may: through its one consumer on `LH_EVT` (`consumer`, named
+/// by [`agent_consumer`]) with the one filter subject `lh.evt.<p>.<name>`, created with the filtered create subject
+/// (`$JS.API.CONSUMER.CREATE.LH_EVT.<consumer>.lh.evt.<p>.<name>`, server 2.10+) so a permission can name both. A
+/// consumer left from before is deleted first (a consumer's start cannot be changed). Unlike the ordered consumer
+/// of [`follow`], which renames its consumer on every recreate, the name stays the agent's; on a gap or a failure
+/// the stream ends with an error and the agent follows again from its last sequence.
 fn follow_as_agent(
     log: JetStream,
     agent: String,
+    consumer: String,
     filter: OutcomeFilter,
     from: u64,
 ) -> BoxStream<'static, Result<StoredOutcome, Error>> {
@@ -2024,20 +2064,28 @@ fn follow_as_agent(
         return futures::stream::once(async move { Err(refused) }).boxed();
     }
     enum State {
-        Start(JetStream, String, String, u64),
+        Start {
+            log: JetStream,
+            agent: String,
+            consumer: String,
+            subject: String,
+            from: u64,
+        },
         /// The messages, and the consumer sequence the next one must carry.
         Following(consumer::pull::Stream, u64),
         Done,
     }
     let subject = filter.subject();
-    futures::stream::unfold(State::Start(log, agent, subject, from), |state| async move {
+    futures::stream::unfold(State::Start { log, agent, consumer, subject, from }, |state| async move {
         let (mut messages, expected) = match state {
             State::Done => return None,
             State::Following(messages, expected) => (messages, expected),
-            State::Start(log, agent, subject, from) => match agent_messages(&log, &agent, subject, from).await {
-                Ok(messages) => (messages, 1),
-                Err(e) => return Some((Err(e), State::Done)),
-            },
+            State::Start { log, agent, consumer, subject, from } => {
+                match agent_messages(&log, &agent, &consumer, subject, from).await {
+                    Ok(messages) => (messages, 1),
+                    Err(e) => return Some((Err(e), State::Done)),
+                }
+            }
         };
         match followed(messages.next().await, Some(expected)) {
             Ok(outcome) => Some((Ok(outcome), State::Following(messages, expected + 1))),
@@ -2047,19 +2095,19 @@ fn follow_as_agent(
     .boxed()
 }
 
-/// The agent's consumer on `subject` from `from`, made anew, and its messages.
+/// The agent's consumer `name` on `subject` from `from`, made anew, and its messages.
 async fn agent_messages(
     log: &JetStream,
     agent: &str,
+    name: &str,
     subject: String,
     from: u64,
 ) -> Result<consumer::pull::Stream, Error> {
     let js = &log.inner.js;
-    let name = agent_consumer(agent);
     // Not there is fine; any other failure shows again when it is created.
-    let _ = js.delete_consumer_from_stream(&name, EVT_STREAM).await;
+    let _ = js.delete_consumer_from_stream(name, EVT_STREAM).await;
     let config = consumer::pull::Config {
-        name: Some(name.clone()),
+        name: Some(name.to_owned()),
         description: Some(format!("leasehold: the outcomes of agent {agent}")),
         filter_subject: subject,
         deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: from.max(1) },
@@ -2072,7 +2120,7 @@ async fn agent_messages(
     let consumer = js
         .create_consumer_on_stream(config, EVT_STREAM)
         .await
-        .map_err(|e| unavailable(&format!("cannot create consumer {name} on {EVT_STREAM}"), e))?;
+        .map_err(|e| unavailable(&format!("cannot create the consumer of agent {agent} on {EVT_STREAM}"), e))?;
     consumer.messages().await.map_err(|e| unavailable("cannot follow the outcomes", e))
 }
 
@@ -2112,6 +2160,20 @@ mod tests {
         assert_eq!(acked_sequence("$JS.ACK._.szMpdrwD.LH_CMD.lh-writer-7.2.50.9.1795409385075890669.0"), Some(50));
         assert_eq!(acked_sequence("$JS.ACK.LH_CMD.lh-writer-7.1.3"), None);
         assert_eq!(acked_sequence("_INBOX.x"), None);
+    }
+
+    #[test]
+    fn an_agent_consumer_is_named_by_its_secret() {
+        // SHA-256("leasehold agent consumer\0res-a\0pw"), computed apart from this code (Python's hashlib).
+        assert_eq!(agent_consumer("res-a", Some("pw")), "lh-agent-res-a-082917c2630fa3e619743c5de36cdb0a");
+        assert_eq!(agent_consumer("res-a", None), "lh-agent-res-a");
+        // Another secret, or the same secret of another agent, is another name.
+        assert_ne!(agent_consumer("res-a", Some("pw2")), agent_consumer("res-a", Some("pw")));
+        assert_ne!(agent_consumer("res-b", Some("pw")).replace("res-b", "res-a"), agent_consumer("res-a", Some("pw")));
+        // The longest agent name (63 characters) gives 105, well under the server's 255.
+        let longest = "a".repeat(63);
+        assert_eq!(agent_consumer(&longest, Some("pw")).len(), 105);
+        assert!(is_token(&agent_consumer(&longest, Some("pw"))));
     }
 
     #[test]

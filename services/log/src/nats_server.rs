@@ -313,11 +313,14 @@ fn nats_server_binary() -> Option<PathBuf> {
 
 /// A client of a test server that sees the server's permission errors: what a restricted user may not do is
 /// detected from the `-ERR 'Permissions Violation ...'` the server sends (async-nats hands it to the event
-/// callback as `ServerError::Other`), never from a missing answer.
+/// callback as `ServerError::Other`), never from a missing answer (async-nats 0.51 has no error of its own for a
+/// refused request: it times out).
 #[derive(Debug)]
 pub struct PermissionProbe {
     client: async_nats::Client,
     errors: tokio::sync::mpsc::UnboundedReceiver<String>,
+    /// How many markers [`PermissionProbe::verdicts`] has sent (each has its own subject).
+    markers: u64,
 }
 
 /// How a probe proves who it is.
@@ -329,6 +332,64 @@ pub enum ProbeAuth {
 
 /// How long a probe waits for the server's permission error: a guard against a hang, never the detector.
 const PROBE_GUARD: Duration = Duration::from_secs(20);
+
+/// The most tries sent before one marker: async-nats drops server errors beyond its event queue's 128.
+const TRIES_PER_MARKER: usize = 100;
+
+/// The payload of a probe's publishes: not JSON, so a JetStream API request that reads it is answered with an
+/// error (see [`Try::Publish`] for the ones that do not read it).
+const PROBE_PAYLOAD: &[u8] = b"leasehold permission probe";
+
+/// One thing a [`PermissionProbe`] tries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Try {
+    /// A publish with a reply inbox, as a JetStream API request or a stream publish is sent. It carries
+    /// `Nats-Expected-Stream: lh-permission-probe`, so no stream stores it, and its payload is not JSON, so an API
+    /// request that reads one (a create, a get) is answered with an error. A request that reads none acts: a delete
+    /// deletes, and a purge takes a payload that is not a request for "purge everything" (nats-server 2.15). Probe
+    /// those on names that do not exist, or with [`Try::PublishWith`].
+    Publish(String),
+    /// A publish of this payload, for a request that must be well formed to do nothing (a purge with a filter that
+    /// matches no message).
+    PublishWith(String, &'static [u8]),
+    /// A subscription (dropped once the verdict is in).
+    Subscribe(String),
+}
+
+impl Try {
+    /// The subject tried.
+    pub fn subject(&self) -> &str {
+        match self {
+            Try::Publish(subject) | Try::PublishWith(subject, _) | Try::Subscribe(subject) => subject,
+        }
+    }
+
+    /// How the server's permission error names this try (`Permissions Violation for Publish to "x"`).
+    fn violation_names(&self) -> String {
+        match self {
+            Try::Publish(subject) | Try::PublishWith(subject, _) => format!("for Publish to \"{subject}\""),
+            Try::Subscribe(subject) => format!("for Subscription to \"{subject}\""),
+        }
+    }
+}
+
+impl std::fmt::Display for Try {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Try::Publish(subject) | Try::PublishWith(subject, _) => write!(f, "publish {subject}"),
+            Try::Subscribe(subject) => write!(f, "subscribe {subject}"),
+        }
+    }
+}
+
+/// What the server did with one [`Try`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// No permission error for it came back before the marker's.
+    Allowed,
+    /// The server's permission error.
+    Refused(String),
+}
 
 impl PermissionProbe {
     /// Connects to `url` as `auth`, its replies under `inbox_prefix`.
@@ -350,7 +411,101 @@ impl PermissionProbe {
             ProbeAuth::NkeySeed(seed) => options.nkey(seed),
         };
         let client = options.connect(url).await.map_err(|e| format!("connect to {url}: {e}"))?;
-        Ok(PermissionProbe { client, errors })
+        Ok(PermissionProbe { client, errors, markers: 0 })
+    }
+
+    /// The connection, for requests whose answers a test reads.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// Tries each of `tries` and says what the server did with each. After a batch of them the probe publishes a
+    /// marker on a subject no user may publish to: the server handles a connection's messages in order and sends
+    /// each permission error as it refuses, so every error for the batch arrives before the marker's, and a try
+    /// with none before it was allowed. The marker's error ends the wait, so an allowed try costs one round trip,
+    /// never a timeout.
+    pub async fn verdicts(&mut self, tries: &[Try]) -> Result<Vec<Verdict>, String> {
+        let mut verdicts = Vec::with_capacity(tries.len());
+        for batch in tries.chunks(TRIES_PER_MARKER) {
+            verdicts.extend(self.batch_verdicts(batch).await?);
+        }
+        Ok(verdicts)
+    }
+
+    async fn batch_verdicts(&mut self, tries: &[Try]) -> Result<Vec<Verdict>, String> {
+        let mut subscribers = Vec::new();
+        for attempt in tries {
+            match attempt {
+                Try::Publish(subject) => self.publish(subject, PROBE_PAYLOAD).await?,
+                Try::PublishWith(subject, payload) => self.publish(subject, payload).await?,
+                Try::Subscribe(subject) => subscribers.push(
+                    self.client.subscribe(subject.clone()).await.map_err(|e| format!("subscribe {subject}: {e}"))?,
+                ),
+            }
+        }
+        self.markers += 1;
+        let marker = format!("lh-permission-probe.marker.{}", self.markers);
+        self.client
+            .publish(marker.clone(), bytes::Bytes::new())
+            .await
+            .map_err(|e| format!("publish the marker: {e}"))?;
+        self.client.flush().await.map_err(|e| format!("flush: {e}"))?;
+        let mut verdicts = vec![Verdict::Allowed; tries.len()];
+        let marker_named = format!("for Publish to \"{marker}\"");
+        let deadline = tokio::time::Instant::now() + PROBE_GUARD;
+        loop {
+            let text = match tokio::time::timeout_at(deadline, self.errors.recv()).await {
+                Ok(Some(text)) => text,
+                Ok(None) => return Err("the connection closed".to_owned()),
+                Err(_) => {
+                    return Err(format!(
+                        "no permission error for the marker {marker} within {PROBE_GUARD:?}: may this user publish \
+                         anything?"
+                    ));
+                }
+            };
+            if !text.contains("Permissions Violation") {
+                continue;
+            }
+            if text.contains(&marker_named) {
+                return Ok(verdicts);
+            }
+            for (attempt, verdict) in tries.iter().zip(verdicts.iter_mut()) {
+                if text.contains(&attempt.violation_names()) {
+                    *verdict = Verdict::Refused(text.clone());
+                }
+            }
+        }
+    }
+
+    async fn publish(&self, subject: &str, payload: &'static [u8]) -> Result<(), String> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Expected-Stream", "lh-permission-probe");
+        self.client
+            .publish_with_reply_and_headers(
+                subject.to_owned(),
+                self.client.new_inbox(),
+                headers,
+                bytes::Bytes::from_static(payload),
+            )
+            .await
+            .map_err(|e| format!("publish {subject}: {e}"))
+    }
+
+    /// Whether the server accepts a publish to `subject` from this user (see [`PermissionProbe::verdicts`]).
+    pub async fn publish_allowed(&mut self, subject: &str) -> Result<(), String> {
+        match self.verdicts(&[Try::Publish(subject.to_owned())]).await?.remove(0) {
+            Verdict::Allowed => Ok(()),
+            Verdict::Refused(violation) => Err(violation),
+        }
+    }
+
+    /// Whether the server accepts a subscription to `subject` from this user.
+    pub async fn subscribe_allowed(&mut self, subject: &str) -> Result<(), String> {
+        match self.verdicts(&[Try::Subscribe(subject.to_owned())]).await?.remove(0) {
+            Verdict::Allowed => Ok(()),
+            Verdict::Refused(violation) => Err(violation),
+        }
     }
 
     /// The next permission error that names `subject` (earlier errors about other subjects are skipped).
@@ -384,20 +539,5 @@ impl PermissionProbe {
         let _subscriber = self.client.subscribe(subject.to_owned()).await.map_err(|e| format!("subscribe: {e}"))?;
         self.client.flush().await.map_err(|e| format!("flush: {e}"))?;
         self.violation_naming(subject).await
-    }
-
-    /// Sends a JetStream API request the user may not send, as async-nats' request API does, and returns the
-    /// server's permission error and what the request itself answered (async-nats 0.51 has no error of its own
-    /// for it: the request ends when its own timeout, 2 s here, runs out).
-    pub async fn request_refused(&mut self, subject: &str) -> Result<(String, String), String> {
-        let (client, owned) = (self.client.clone(), subject.to_owned());
-        let request = tokio::spawn(async move { client.request(owned, bytes::Bytes::from_static(b"{}")).await });
-        let violation = self.violation_naming(subject).await?;
-        let answered = match request.await {
-            Ok(Ok(message)) => format!("an answer: {:?} {:?}", message.status, message.description),
-            Ok(Err(e)) => format!("{:?}: {e}", e.kind()),
-            Err(e) => format!("the request task failed: {e}"),
-        };
-        Ok((violation, answered))
     }
 }

@@ -7,11 +7,14 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use leasehold_log::conformance::{self, own_within};
 use leasehold_log::embedded::{Embedded, system_clock};
-use leasehold_log::jetstream::{CMD_STREAM, JetStream, JetStreamConfig, writer_consumer};
-use leasehold_log::nats_server::{NatsCluster, NatsServer, ServerOptions};
-use leasehold_log::{Appended, Error, Log, Owner};
+use leasehold_log::jetstream::{
+    CMD_STREAM, Credentials, DLQ_STREAM, EVT_STREAM, JetStream, JetStreamConfig, agent_consumer, writer_consumer,
+};
+use leasehold_log::nats_server::{NatsCluster, NatsServer, PermissionProbe, ProbeAuth, ServerOptions, Try, Verdict};
+use leasehold_log::{Appended, Error, Log, OutcomeFilter, Owner};
 use tokio::time::Instant;
 
 const PARTITIONS: u32 = 4;
@@ -361,7 +364,7 @@ async fn the_fence_holds_on_an_r3_cluster() {
     let log = connect().await;
     conformance::stale_fence_refused(log.clone()).await;
     let js = async_nats::jetstream::new(log.client().clone());
-    for stream in ["LH_CMD", "LH_EVT", "LH_DLQ"] {
+    for stream in ["LH_CMD", "LH_EVT", DLQ_STREAM] {
         js.delete_stream(stream).await.expect("remove the stream");
     }
     let log = connect().await;
@@ -443,4 +446,97 @@ async fn too_many_open_batches_is_busy_and_retried_as_it_is() {
 async fn publish_commands_answers_each() {
     let Some((_server, log)) = fresh().await else { return };
     conformance::publish_commands_answers_each(log).await;
+}
+
+/// An agent with the longest name (63 characters) and a secret follows its outcomes through the consumer named
+/// from them (105 characters: nats-server 2.15 takes it), and that is the consumer the server holds.
+#[tokio::test]
+async fn an_agent_follows_through_the_consumer_its_secret_names() {
+    let Some((server, log)) = fresh().await else { return };
+    let agent = "a".repeat(63);
+    let partition = leasehold_schemas::subjects::partition_of(&agent, PARTITIONS);
+    let landed = conformance::append_one(&log, partition, 0, conformance::record(&agent, 1, 0)).await;
+    // A server without authentication takes any user and password: enough to name the consumer.
+    let config = JetStreamConfig {
+        credentials: Credentials::UserPassword { user: agent.clone(), password: "its secret".to_owned() },
+        agent: Some(agent.clone()),
+        ..config(server.url(), PARTITIONS)
+    };
+    let restricted = JetStream::connect(config).await.expect("connect as the agent");
+    let mut follower = restricted.follow(OutcomeFilter::Key { partition, key: agent.clone() }, 1);
+    let first = tokio::time::timeout(Duration::from_secs(10), follower.next())
+        .await
+        .expect("an outcome within 10 s")
+        .expect("the follower goes on")
+        .expect("a readable outcome");
+    assert_eq!((first.seq, first.key.as_str()), (landed, agent.as_str()));
+    let name = agent_consumer(&agent, Some("its secret"));
+    assert_eq!(name.len(), 105);
+    let js = async_nats::jetstream::new(log.client().clone());
+    let info = js.get_stream(EVT_STREAM).await.expect("stream").consumer_info(&name).await.expect("its consumer");
+    assert_eq!(info.config.filter_subject, format!("lh.evt.{partition}.{agent}"));
+}
+
+/// What a permission probe tells apart, on a server with one restricted user: a refused publish or subscription
+/// comes back as refused, an allowed one as allowed within one round trip, and an allowed probe of a stream's
+/// subject or of an API request that reads its payload as a request stores and changes nothing.
+#[tokio::test]
+async fn a_permission_probe_tells_allowed_from_refused_and_changes_nothing() {
+    let options = ServerOptions {
+        extra: Some(
+            "authorization {\n  users = [\n    { user: admin, password: admin }\n    { user: probe, password: probe, \
+             permissions: { publish: { allow: [\"lh.>\", \"$JS.API.>\"] }, subscribe: { allow: [\"_INBOX_probe.>\"] } } }\n  ]\n}"
+                .to_owned(),
+        ),
+        ..Default::default()
+    };
+    let Some(server) = NatsServer::start_with(options) else { return };
+    let admin = Credentials::UserPassword { user: "admin".to_owned(), password: "admin".to_owned() };
+    let log = JetStream::connect(JetStreamConfig { credentials: admin, ..config(server.url(), PARTITIONS) })
+        .await
+        .expect("connect as the admin");
+    let key = &conformance::keys_in(0, PARTITIONS, 1)[0];
+    conformance::append_one(&log, 0, 0, conformance::record(key, 1, 0)).await;
+    publish(&log, key, 0).await;
+    let js = async_nats::jetstream::new(log.client().clone());
+    js.publish("lh.dlq.0.x", Bytes::from_static(b"a letter")).await.expect("publish").await.expect("stored");
+    let state = |name: &'static str| {
+        let js = js.clone();
+        async move {
+            let info = js.get_stream(name).await.expect("stream").info().await.expect("info").clone();
+            (info.state.messages, info.state.last_sequence, info.state.consumer_count)
+        }
+    };
+    let before = [state(CMD_STREAM).await, state(EVT_STREAM).await, state(DLQ_STREAM).await];
+
+    let auth = ProbeAuth::Password { user: "probe".to_owned(), password: "probe".to_owned() };
+    let mut probe = PermissionProbe::connect(server.url(), auth, "_INBOX_probe").await.expect("connect");
+    let tries = [
+        Try::Publish(format!("lh.evt.0.{key}")),
+        Try::Publish(format!("lh.in.op.{key}._")),
+        Try::Publish("lh.dlq.0.y".to_owned()),
+        // A purge reads a payload that is not a request as "everything": the probe says what to purge.
+        Try::PublishWith("$JS.API.STREAM.PURGE.LH_DLQ".to_owned(), br#"{"filter":"lh.dlq.none"}"#),
+        Try::Publish("$JS.API.STREAM.CREATE.LH_EVT".to_owned()),
+        Try::Publish("$JS.API.CONSUMER.CREATE.LH_EVT.probe.lh.evt.>".to_owned()),
+        Try::Subscribe("_INBOX_probe.x".to_owned()),
+        Try::Publish("lh-other.x".to_owned()),
+        Try::Subscribe("lh.evt.>".to_owned()),
+    ];
+    let verdicts = probe.verdicts(&tries).await.expect("verdicts");
+    let refused: Vec<String> = tries
+        .iter()
+        .zip(&verdicts)
+        .filter(|(_, verdict)| matches!(verdict, Verdict::Refused(_)))
+        .map(|(attempt, _)| attempt.to_string())
+        .collect();
+    assert_eq!(refused, ["publish lh-other.x", "subscribe lh.evt.>"]);
+    probe.publish_allowed("lh.x").await.expect("allowed");
+    probe.subscribe_allowed("_INBOX_probe.y").await.expect("allowed");
+    assert!(probe.publish_allowed("lh-other.y").await.is_err());
+    assert!(probe.subscribe_allowed("lh.y").await.is_err());
+    // Nothing the allowed probes reached changed: a round trip on the admin's connection follows them.
+    log.client().flush().await.expect("flush");
+    let after = [state(CMD_STREAM).await, state(EVT_STREAM).await, state(DLQ_STREAM).await];
+    assert_eq!(after, before, "(messages, last sequence, consumers) of LH_CMD, LH_EVT, LH_DLQ");
 }
