@@ -23,6 +23,7 @@
 //! letters. A failing seed prints itself; `LH_SIM_SEED=N` replays it exactly, `LH_SIM_SEEDS=N` runs more.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -130,9 +131,9 @@ type SimLog = Intercepted<Embedded, Faulty>;
 struct LogClock {
     base: tokio::time::Instant,
     /// Milliseconds added by the jumps so far (below zero after more back than forward).
-    offset: std::sync::atomic::AtomicI64,
+    offset: AtomicI64,
     /// The reading the embedded log took last (at the latest publish).
-    last_reading: std::sync::atomic::AtomicU64,
+    last_reading: AtomicU64,
     /// Command sequence -> the reading at its publish.
     stamped: Mutex<BTreeMap<u64, Timestamp>>,
 }
@@ -150,9 +151,9 @@ impl LogClock {
     /// Reads the clock (what the embedded log calls when it stamps a publish).
     fn read(&self) -> Timestamp {
         let elapsed = i64::try_from(self.base.elapsed().as_millis()).unwrap_or(i64::MAX);
-        let offset = self.offset.load(std::sync::atomic::Ordering::SeqCst);
+        let offset = self.offset.load(Ordering::SeqCst);
         let reading = u64::try_from(START as i64 + elapsed + offset).expect("the clock stays after 1970");
-        self.last_reading.store(reading, std::sync::atomic::Ordering::SeqCst);
+        self.last_reading.store(reading, Ordering::SeqCst);
         Timestamp(reading)
     }
 
@@ -163,16 +164,16 @@ impl LogClock {
     }
 
     fn jump(&self, by_ms: i64) {
-        self.offset.fetch_add(by_ms, std::sync::atomic::Ordering::SeqCst);
+        self.offset.fetch_add(by_ms, Ordering::SeqCst);
     }
 
     fn offset(&self) -> i64 {
-        self.offset.load(std::sync::atomic::Ordering::SeqCst)
+        self.offset.load(Ordering::SeqCst)
     }
 
     /// Records that the command just published at `seq` was stamped with the clock's last reading.
     fn published(&self, seq: u64) {
-        let reading = Timestamp(self.last_reading.load(std::sync::atomic::Ordering::SeqCst));
+        let reading = Timestamp(self.last_reading.load(Ordering::SeqCst));
         self.stamped.lock().unwrap().insert(seq, reading);
     }
 
@@ -848,7 +849,7 @@ fn writers_under_seeded_faults_decide_as_one_writer_would() {
     let seeds: u64 = std::env::var("LH_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
     // Seeds are independent (each its own runtime and log), so they run on every core: a thread takes the next seed
     // not taken yet. Which thread runs a seed changes nothing in it.
-    let next = std::sync::atomic::AtomicU64::new(0);
+    let next = AtomicU64::new(0);
     // A failed seed stops the other threads at their next seed (its own panic fails the test).
     let failed = std::sync::atomic::AtomicBool::new(false);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
