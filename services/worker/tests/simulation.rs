@@ -7,10 +7,15 @@
 //! one record to a thousand), so the same faults hit batches: a batch abandoned half-way (nothing stored), a commit
 //! answer lost after the batch landed, too many open batches, a batch over a server's limit (appended again in
 //! smaller slices), a takeover between two batches of one decision's parts. A producer publishes a seeded workload
-//! meanwhile: registrations, allocations, reports, heartbeats, leases, releases, retirements decided in parts (one
-//! mid-workload, one at the end), retried commands, garbage and commands on the wrong subject. Writers store
-//! snapshots every few outcomes and load from them; the fault layer sometimes offers a snapshot no writer may use
-//! (another decider version, past the log's end, garbage) instead.
+//! meanwhile: registrations, allocations, reports, heartbeats, leases (some with a ttl or a wait timeout, renewed with
+//! the token their grant gave), the sweeper's requests that time makes due (a lease expired, a wait timed out, an
+//! agent stalled; early ones are refused), releases, retirements decided in parts (one mid-workload, one at the
+//! end), retried commands, garbage and commands on the wrong subject. Between commands the log's clock jumps forward
+//! (minutes to hours) or back (seconds to minutes): the writers see log time that is not monotonic, as a JetStream
+//! stream's is when its leader moves to a server whose clock is behind (the embedded log itself never stamps a time
+//! below the last; the writers and the reference read the clock's own reading). Writers store snapshots every few
+//! outcomes and load from them; the fault layer sometimes offers a snapshot no writer may use (another decider
+//! version, past the log's end, garbage) instead.
 //!
 //! After each seed: the outcomes in the log are exactly those one fault-free writer makes from the same command log
 //! (so every command has exactly one outcome, in command order, each part once), the chain is unbroken, the state
@@ -18,6 +23,7 @@
 //! letters. A failing seed prints itself; `LH_SIM_SEED=N` replays it exactly, `LH_SIM_SEEDS=N` runs more.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,8 +33,11 @@ use leasehold_domain::{Ctx, DECIDER_VERSION, Decided, PartitionState, apply, con
 use leasehold_log::embedded::{Embedded, EmbeddedOwner};
 use leasehold_log::intercept::{Intercept, Intercepted, SeededRng};
 use leasehold_log::{Appended, CommandRecord, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Snapshot};
-use leasehold_schemas::command::{Acquire, Allocate, Heartbeat, Register, Release, ReportCreated, RetireAgent};
-use leasehold_schemas::ids::{AgentName, CommandId, Issuer, LeaseId, Position, ResourceId, Timestamp};
+use leasehold_schemas::command::{
+    Acquire, Allocate, ExpireLease, Heartbeat, MarkStalled, Register, Release, Renew, ReportCreated, RetireAgent,
+    WaitTimeout,
+};
+use leasehold_schemas::ids::{AgentName, CommandId, Issuer, LeaseId, Millis, Position, ResourceId, Timestamp};
 use leasehold_schemas::settings::AgentSettings;
 use leasehold_schemas::subjects::{ingress_subject_of, partition_of_agent};
 use leasehold_schemas::{Command, Effect, Envelope, Outcome, Uuid, codec};
@@ -59,6 +68,16 @@ struct Faults {
     batches_busy: u64,
     batches_too_large: u64,
     moves_between_batches_of_parts: u64,
+    /// The log's clock jumped between two commands.
+    time_jumps_forward: u64,
+    time_jumps_back: u64,
+    /// Not faults: what the jumps reached in the outcomes (a decision at a log time below an earlier one's; time
+    /// ending leases, waits and agents' liveness), so that a workload the jumps do not touch fails the run.
+    decided_back_in_time: u64,
+    leases_expired: u64,
+    leases_renewed: u64,
+    waits_timed_out: u64,
+    agents_stalled: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -78,6 +97,13 @@ impl std::ops::AddAssign for Faults {
         self.batches_busy += f.batches_busy;
         self.batches_too_large += f.batches_too_large;
         self.moves_between_batches_of_parts += f.moves_between_batches_of_parts;
+        self.time_jumps_forward += f.time_jumps_forward;
+        self.time_jumps_back += f.time_jumps_back;
+        self.decided_back_in_time += f.decided_back_in_time;
+        self.leases_expired += f.leases_expired;
+        self.leases_renewed += f.leases_renewed;
+        self.waits_timed_out += f.waits_timed_out;
+        self.agents_stalled += f.agents_stalled;
     }
 }
 
@@ -86,6 +112,7 @@ impl std::ops::AddAssign for Faults {
 struct Faulty {
     rng: Arc<Mutex<Rng>>,
     faults: Arc<Mutex<Faults>>,
+    clock: Arc<LogClock>,
 }
 
 impl std::fmt::Debug for Faulty {
@@ -96,6 +123,72 @@ impl std::fmt::Debug for Faulty {
 
 /// The embedded log as one worker of the simulation sees it.
 type SimLog = Intercepted<Embedded, Faulty>;
+
+/// The log's clock: simulated time since the start, moved by the jumps so far. The embedded log stamps a command
+/// with the latest reading it has given (it never goes back); a JetStream stream stamps its leader's clock, which
+/// does. What the writers (and the reference) read is the clock's own reading at the publish, as JetStream's.
+#[derive(Debug)]
+struct LogClock {
+    base: tokio::time::Instant,
+    /// Milliseconds added by the jumps so far (below zero after more back than forward).
+    offset: AtomicI64,
+    /// The reading the embedded log took last (at the latest publish).
+    last_reading: AtomicU64,
+    /// Command sequence -> the reading at its publish.
+    stamped: Mutex<BTreeMap<u64, Timestamp>>,
+}
+
+impl LogClock {
+    fn new() -> Self {
+        LogClock {
+            base: tokio::time::Instant::now(),
+            offset: Default::default(),
+            last_reading: Default::default(),
+            stamped: Mutex::default(),
+        }
+    }
+
+    /// Reads the clock (what the embedded log calls when it stamps a publish).
+    fn read(&self) -> Timestamp {
+        let elapsed = i64::try_from(self.base.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let offset = self.offset.load(Ordering::SeqCst);
+        let reading = u64::try_from(START as i64 + elapsed + offset).expect("the clock stays after 1970");
+        self.last_reading.store(reading, Ordering::SeqCst);
+        Timestamp(reading)
+    }
+
+    /// The issuers' clock (what they stamp their ids and `issued_at` with): simulated time since the start, which
+    /// no jump of the log's clock moves.
+    fn issuers_now(&self) -> Timestamp {
+        Timestamp(START + u64::try_from(self.base.elapsed().as_millis()).unwrap_or(0))
+    }
+
+    fn jump(&self, by_ms: i64) {
+        self.offset.fetch_add(by_ms, Ordering::SeqCst);
+    }
+
+    fn offset(&self) -> i64 {
+        self.offset.load(Ordering::SeqCst)
+    }
+
+    /// Records that the command just published at `seq` was stamped with the clock's last reading.
+    fn published(&self, seq: u64) {
+        let reading = Timestamp(self.last_reading.load(Ordering::SeqCst));
+        self.stamped.lock().unwrap().insert(seq, reading);
+    }
+
+    /// `command` with the time the clock read at its publish. Every command is recorded as it is published, before
+    /// the producer yields (on this one thread, no writer reads a command in between).
+    fn as_stamped(&self, mut command: CommandRecord) -> CommandRecord {
+        command.time = *self
+            .stamped
+            .lock()
+            .unwrap()
+            .get(&command.seq)
+            .unwrap_or_else(|| panic!("command {} was read before its publish was recorded", command.seq));
+        command
+    }
+}
 
 impl Faulty {
     fn roll(&self, percent: u64) -> bool {
@@ -218,12 +311,14 @@ impl Owner for SimOwner {
             self.log.drop_owner(partition);
         }
         let mut batch = self.inner.next_commands(after, max, wait).await?;
+        batch = batch.into_iter().map(|c| self.faults.clock.as_stamped(c)).collect();
         if after > 0 && self.faults.roll(10) {
             // Deliveries of commands already handled come back before the new ones.
             self.faults.count(|f| f.redeliveries += 1);
             let from = after.saturating_sub(1 + self.faults.below(4));
             let mut old = self.log.read_commands(partition, from, 2).await?;
             old.retain(|c| c.seq <= after);
+            let mut old: Vec<CommandRecord> = old.into_iter().map(|c| self.faults.clock.as_stamped(c)).collect();
             old.append(&mut batch);
             batch = old;
         }
@@ -250,8 +345,14 @@ impl Owner for SimOwner {
 /// What the producer publishes.
 struct Workload {
     rng: Rng,
+    /// Draws the jumps of the log's clock, apart from `rng`.
+    clock_rng: Rng,
+    clock: Arc<LogClock>,
+    faults: Arc<Mutex<Faults>>,
     agents: Vec<(AgentName, Position)>,
     resources: Vec<(usize, ResourceId)>,
+    /// Leases asked for, with the agent (index) of their resource.
+    leases: Vec<(usize, LeaseId)>,
     obs: BTreeMap<usize, u64>,
     published: Vec<Envelope>,
     n_ids: u64,
@@ -260,10 +361,6 @@ struct Workload {
 }
 
 impl Workload {
-    fn now() -> Timestamp {
-        Timestamp(START + u64::try_from(tokio::time::Instant::now().elapsed().as_millis()).unwrap_or(0))
-    }
-
     fn entropy(&mut self) -> [u8; 10] {
         self.n_ids += 1;
         let mut entropy = [0u8; 10];
@@ -276,14 +373,61 @@ impl Workload {
         Envelope::new(id, Issuer::new(issuer).unwrap(), at, body)
     }
 
-    fn next_command(&mut self, at: Timestamp) -> Envelope {
+    /// Sometimes moves the log's clock before the next command: forward by a minute to three hours, or back by a
+    /// second to three minutes (never more than four minutes behind the issuers' clock in all, past which every id
+    /// they make would be refused as stamped ahead of the log). True after a jump forward.
+    fn maybe_jump(&mut self) -> bool {
+        let roll = self.clock_rng.below(100);
+        if roll < 4 {
+            let by = 60_000 + self.clock_rng.below(3 * 3_600_000);
+            self.clock.jump(i64::try_from(by).unwrap());
+            self.faults.lock().unwrap().time_jumps_forward += 1;
+            return true;
+        }
+        if roll < 10 {
+            let by = i64::try_from(1_000 + self.clock_rng.below(180_000)).unwrap();
+            if self.clock.offset() - by >= -240_000 {
+                self.clock.jump(-by);
+                self.faults.lock().unwrap().time_jumps_back += 1;
+            }
+        }
+        false
+    }
+
+    /// What a sweeper asks for once time has passed: the expiry or the wait timeout of the latest leases, and an
+    /// agent's stall (each refused if it is not due after all).
+    fn sweep(&mut self, at: Timestamp) -> Vec<Envelope> {
+        let latest: Vec<(usize, LeaseId)> = self.leases.iter().rev().take(4).copied().collect();
+        let mut asks = Vec::new();
+        for (owner, lease) in latest {
+            let agent = self.agents[owner].0.clone();
+            let ask: Command = if self.rng.chance(70) {
+                ExpireLease { agent, lease }.into()
+            } else {
+                WaitTimeout { agent, lease }.into()
+            };
+            asks.push(self.envelope("sweeper", ask, at));
+        }
+        let agent = self.agents[self.rng.below(self.agents.len() as u64) as usize].0.clone();
+        asks.push(self.envelope("sweeper", MarkStalled { agent }, at));
+        asks
+    }
+
+    /// A ttl or a wait of a second to two minutes (`percent` of the time), or none: short enough that the jumps of
+    /// the log's clock, and often the workload's own time, see it end.
+    fn maybe_millis(&mut self, percent: u64) -> Option<Millis> {
+        self.rng.chance(percent).then(|| Millis(1_000 + self.rng.below(120_000)))
+    }
+
+    async fn next_command(&mut self, log: &Embedded, at: Timestamp) -> Envelope {
         let a = self.rng.below(self.agents.len() as u64) as usize;
         let (agent, epoch) = self.agents[a].clone();
         let pick = self.rng.below(100);
         let resource =
             (!self.resources.is_empty()).then(|| self.resources[self.rng.below(self.resources.len() as u64) as usize]);
-        match (pick, resource) {
-            (0..30, _) | (_, None) => {
+        let lease = (!self.leases.is_empty()).then(|| self.leases[self.rng.below(self.leases.len() as u64) as usize]);
+        match (pick, resource, lease) {
+            (0..25, _, _) | (_, None, _) => {
                 let resource = ResourceId::from_parts(at.0, self.entropy());
                 self.resources.push((a, resource));
                 let body = Allocate {
@@ -298,29 +442,39 @@ impl Workload {
                 };
                 self.envelope("ci", body, at)
             }
-            (30..55, Some((owner, resource))) => {
+            (25..45, Some((owner, resource)), _) => {
                 let (agent, epoch) = self.agents[owner].clone();
                 let obs = self.obs.entry(owner).or_insert(0);
                 *obs += 1;
                 let body = ReportCreated { agent: agent.clone(), epoch, obs: *obs, resource, native_id: None };
                 self.envelope(agent.as_str(), body, at)
             }
-            (55..70, _) => self.envelope(agent.clone().as_str(), Heartbeat { agent, epoch }, at),
-            (70..85, Some((owner, resource))) => {
+            (45..57, _, _) => self.envelope(agent.clone().as_str(), Heartbeat { agent, epoch }, at),
+            (57..71, Some((owner, resource)), _) | (71..89, Some((owner, resource)), None) => {
                 let agent = self.agents[owner].0.clone();
                 let lease = LeaseId::from_parts(at.0, self.entropy());
-                let body = Acquire {
-                    agent,
-                    resource,
-                    lease,
-                    holder: "job".to_owned(),
-                    ttl: None,
-                    wait_timeout: None,
-                    priority: 0,
-                };
+                self.leases.push((owner, lease));
+                let (ttl, wait_timeout) = (self.maybe_millis(60), self.maybe_millis(30));
+                let body = Acquire { agent, resource, lease, holder: "job".to_owned(), ttl, wait_timeout, priority: 0 };
                 self.envelope("ci", body, at)
             }
-            (_, Some((owner, resource))) => {
+            (71..77, _, Some((owner, lease))) => {
+                // Renewed with the token of its grant, once granted; before, with a wrong one.
+                let agent = self.agents[owner].0.clone();
+                let token = token_of(log, &self.clock, &agent, lease).await.unwrap_or(Position(1));
+                let ttl = self.maybe_millis(50);
+                self.envelope("ci", Renew { agent, lease, token, ttl }, at)
+            }
+            (77..83, _, Some((owner, lease))) => {
+                let agent = self.agents[owner].0.clone();
+                self.envelope("sweeper", ExpireLease { agent, lease }, at)
+            }
+            (83..86, _, Some((owner, lease))) => {
+                let agent = self.agents[owner].0.clone();
+                self.envelope("sweeper", WaitTimeout { agent, lease }, at)
+            }
+            (86..89, _, _) => self.envelope("sweeper", MarkStalled { agent }, at),
+            (_, Some((owner, resource)), _) => {
                 let agent = self.agents[owner].0.clone();
                 self.envelope("ops", Release { agent, resource, reason: None }, at)
             }
@@ -328,59 +482,84 @@ impl Workload {
     }
 }
 
-async fn publish(log: &Embedded, envelope: &Envelope, msg_id: &str) -> u64 {
+/// The token of `lease`: the position of its grant, if one fault-free writer deciding the commands published so
+/// far grants it (so the workload is the seed's alone, whatever the writers have decided yet).
+async fn token_of(log: &Embedded, clock: &LogClock, agent: &AgentName, lease: LeaseId) -> Option<Position> {
+    let (outcomes, _, _) = reference(log, clock, partition_of_agent(agent, PARTITIONS)).await;
+    outcomes.iter().find_map(|o| {
+        o.positioned_effects().find_map(|(position, effect)| {
+            matches!(effect, Effect::LeaseGranted { lease: granted, .. } if *granted == lease).then_some(position)
+        })
+    })
+}
+
+/// Publishes `envelope` and records the log clock's reading for it; returns its sequence.
+async fn publish(log: &Embedded, clock: &LogClock, envelope: &Envelope, msg_id: &str) -> u64 {
     let payload = codec::encode_command(envelope).unwrap();
-    log.publish_command(&ingress_subject_of(&envelope.body), msg_id, payload.into()).await.unwrap().seq
+    publish_bytes(log, clock, &ingress_subject_of(&envelope.body), msg_id, payload.into()).await
+}
+
+async fn publish_bytes(log: &Embedded, clock: &LogClock, subject: &str, msg_id: &str, payload: Bytes) -> u64 {
+    let published = log.publish_command(subject, msg_id, payload).await.unwrap();
+    assert!(!published.duplicate, "every publish of the simulation has a message id of its own");
+    clock.published(published.seq);
+    published.seq
 }
 
 async fn produce(log: Embedded, mut work: Workload, n: usize) -> Workload {
+    let clock = work.clock.clone();
     for i in 0..n {
         if i == n / 2 {
             // Mid-workload, an agent retires: the release of what it holds is decided in parts, and the commands
             // after it wait for every part.
-            let at = Workload::now();
+            let at = clock.issuers_now();
             let agent = work.agents[2].0.clone();
             let envelope = work.envelope("ops", RetireAgent::new(agent), at);
-            publish(&log, &envelope, &envelope.command_id.to_string()).await;
+            publish(&log, &clock, &envelope, &envelope.command_id.to_string()).await;
         }
         tokio::time::sleep(Duration::from_millis(work.rng.below(400))).await;
-        let at = Workload::now();
+        let at = clock.issuers_now();
+        if work.maybe_jump() {
+            for ask in work.sweep(at) {
+                publish(&log, &clock, &ask, &ask.command_id.to_string()).await;
+            }
+        }
         let roll = work.rng.below(100);
         if roll < 4 && !work.published.is_empty() {
             // A producer retries a command after the dedupe window: the writer answers it from the log.
             let earlier = work.published[work.rng.below(work.published.len() as u64) as usize].clone();
-            publish(&log, &earlier, &format!("{}-retry-{}", earlier.command_id, work.n_ids)).await;
+            publish(&log, &clock, &earlier, &format!("{}-retry-{}", earlier.command_id, work.n_ids)).await;
             work.n_ids += 1;
         } else if roll < 7 {
             let subject = format!("lh.in.op.{}._", work.agents[0].0);
             let garbage =
                 [b"\x01\xff\xfe".as_slice(), b"{\"schema_version\":1", b"", b"\x07zz"][work.rng.below(4) as usize];
-            let seq = log.publish_command(&subject, &format!("junk-{}", work.n_ids), Bytes::from_static(garbage)).await;
+            let msg_id = format!("junk-{}", work.n_ids);
+            let seq = publish_bytes(&log, &clock, &subject, &msg_id, Bytes::from_static(garbage)).await;
             work.n_ids += 1;
-            work.bad.insert(seq.unwrap().seq);
+            work.bad.insert(seq);
         } else if roll < 9 {
             // A command about one agent published on another agent's subject.
-            let envelope = work.next_command(at);
+            let envelope = work.next_command(&log, at).await;
             let other = work.agents.iter().find(|(a, _)| Some(a) != Some(&key_agent(&envelope))).cloned();
             if let Some((other, _)) = other {
                 let subject = ingress_subject_of(&envelope.body)
                     .replace(&format!(".{}.", key_agent(&envelope)), &format!(".{other}."));
                 let payload = codec::encode_command(&envelope).unwrap();
-                let seq =
-                    log.publish_command(&subject, &envelope.command_id.to_string(), payload.into()).await.unwrap();
-                work.bad.insert(seq.seq);
+                let seq = publish_bytes(&log, &clock, &subject, &envelope.command_id.to_string(), payload.into()).await;
+                work.bad.insert(seq);
             }
         } else {
-            let envelope = work.next_command(at);
-            publish(&log, &envelope, &envelope.command_id.to_string()).await;
+            let envelope = work.next_command(&log, at).await;
+            publish(&log, &clock, &envelope, &envelope.command_id.to_string()).await;
             work.published.push(envelope);
         }
     }
     // The last act: one agent retires, and the release of everything it holds is decided in parts.
-    let at = Workload::now();
+    let at = clock.issuers_now();
     let agent = work.agents[0].0.clone();
     let envelope = work.envelope("ops", RetireAgent::new(agent), at);
-    publish(&log, &envelope, &envelope.command_id.to_string()).await;
+    publish(&log, &clock, &envelope, &envelope.command_id.to_string()).await;
     work
 }
 
@@ -392,8 +571,9 @@ fn key_agent(envelope: &Envelope) -> AgentName {
     }
 }
 
-/// What one fault-free writer makes of partition `p`'s command log: its outcomes and its state.
-async fn reference(log: &Embedded, p: u32) -> (Vec<Outcome>, PartitionState, BTreeSet<u64>) {
+/// What one fault-free writer makes of partition `p`'s command log (read as the writers read it, with the log
+/// clock's readings): its outcomes and its state.
+async fn reference(log: &Embedded, clock: &LogClock, p: u32) -> (Vec<Outcome>, PartitionState, BTreeSet<u64>) {
     let mut state = PartitionState::new(p, PARTITIONS).with_split_budget(SPLIT_BUDGET);
     let mut outcomes = Vec::new();
     let mut dead = BTreeSet::new();
@@ -403,6 +583,7 @@ async fn reference(log: &Embedded, p: u32) -> (Vec<Outcome>, PartitionState, BTr
         let Some(last) = batch.last() else { break };
         after = last.seq;
         for command in batch {
+            let command = clock.as_stamped(command);
             let Ok(envelope) = admit(p, PARTITIONS, &command) else {
                 dead.insert(command.seq);
                 continue;
@@ -434,13 +615,13 @@ async fn logged(log: &Embedded, p: u32) -> Vec<Outcome> {
 }
 
 /// Registers the agents first and learns their epochs from a driver that decides the same registrations.
-async fn register(log: &Embedded, rng: &mut Rng) -> Vec<(AgentName, Position)> {
+async fn register(log: &Embedded, clock: &LogClock, rng: &mut Rng) -> Vec<(AgentName, Position)> {
     let names: Vec<AgentName> = ["w0", "w1", "w2"].iter().map(|n| AgentName::new(*n).unwrap()).collect();
     let mut drivers: BTreeMap<u32, Driver> = BTreeMap::new();
     let mut agents = Vec::new();
     for (i, agent) in names.into_iter().enumerate() {
         let p = partition_of_agent(&agent, PARTITIONS);
-        let at = Workload::now();
+        let at = clock.issuers_now();
         let body = Register {
             settings: Some(AgentSettings::default()),
             ..Register::new(agent.clone(), Uuid::from_u128(u128::from(rng.next_u64()) | 1 << 100))
@@ -457,26 +638,29 @@ async fn register(log: &Embedded, rng: &mut Rng) -> Vec<(AgentName, Position)> {
             .positioned_effects()
             .find_map(|(position, effect)| matches!(effect, Effect::AgentRegistered { .. }).then_some(position))
             .expect("a first registration is accepted");
-        publish(log, &envelope, &envelope.command_id.to_string()).await;
+        publish(log, clock, &envelope, &envelope.command_id.to_string()).await;
         agents.push((agent, epoch));
     }
     agents
 }
 
 async fn run_seed(seed: u64) -> Faults {
-    let base = tokio::time::Instant::now();
-    let clock: leasehold_log::embedded::Clock =
-        Arc::new(move || Timestamp(START + u64::try_from(base.elapsed().as_millis()).unwrap_or(0)));
-    let log = Embedded::in_memory(PARTITIONS, clock).unwrap();
+    let clock = Arc::new(LogClock::new());
+    let reads = clock.clone();
+    let log = Embedded::in_memory(PARTITIONS, Arc::new(move || reads.read())).unwrap();
     let mut rng = Rng::new(seed);
-    let agents = register(&log, &mut rng).await;
+    let agents = register(&log, &clock, &mut rng).await;
     let faults = Arc::new(Mutex::new(Faults::default()));
     let shutdown = CancellationToken::new();
     let mut workers = Vec::new();
     for (w, name) in ["worker-a", "worker-b"].into_iter().enumerate() {
         let sim: SimLog = Intercepted {
             log: log.clone(),
-            hooks: Faulty { rng: Arc::new(Mutex::new(Rng::new(seed ^ (0xa5a5 + w as u64)))), faults: faults.clone() },
+            hooks: Faulty {
+                rng: Arc::new(Mutex::new(Rng::new(seed ^ (0xa5a5 + w as u64)))),
+                faults: faults.clone(),
+                clock: clock.clone(),
+            },
         };
         let config = WorkerConfig {
             name: name.to_owned(),
@@ -498,8 +682,12 @@ async fn run_seed(seed: u64) -> Faults {
     }
     let work = Workload {
         rng: Rng::new(seed.wrapping_mul(31)),
+        clock_rng: Rng::new(seed ^ 0x71c0_c10c),
+        clock: clock.clone(),
+        faults: faults.clone(),
         agents,
         resources: Vec::new(),
+        leases: Vec::new(),
         obs: BTreeMap::new(),
         published: Vec::new(),
         n_ids: 0,
@@ -507,15 +695,18 @@ async fn run_seed(seed: u64) -> Faults {
     };
     let n = 20 + (seed % 40) as usize;
     let work = produce(log.clone(), work, n).await;
+    let bad = work.bad.clone();
+    drop(work);
 
     let mut expected = BTreeMap::new();
     let mut expected_dead = BTreeSet::new();
     for p in 0..PARTITIONS {
-        let (outcomes, state, dead) = reference(&log, p).await;
+        let (outcomes, state, dead) = reference(&log, &clock, p).await;
         expected_dead.extend(dead);
+        check_times(seed, p, &outcomes, &mut faults.lock().unwrap());
         expected.insert(p, (outcomes, state));
     }
-    assert_eq!(expected_dead, work.bad, "seed {seed}: the bad commands are exactly what one writer dead-letters");
+    assert_eq!(expected_dead, bad, "seed {seed}: the bad commands are exactly what one writer dead-letters");
     // Wait (in simulated time) until the workers have caught up.
     let give_up = tokio::time::Instant::now() + Duration::from_secs(3600);
     loop {
@@ -553,7 +744,86 @@ async fn run_seed(seed: u64) -> Faults {
     let dead: BTreeSet<u64> =
         log.read_dead_letters(1, 10_000).await.unwrap().into_iter().map(|(_, l)| l.source_seq).collect();
     assert_eq!(dead, expected_dead, "seed {seed}: dead letters");
-    Arc::try_unwrap(faults).map(|m| m.into_inner().unwrap()).unwrap_or_default()
+    // Taken, not unwrapped: a task the runtime has not dropped yet may still hold a clone.
+    std::mem::take(&mut *faults.lock().unwrap())
+}
+
+/// Checks what the domain promises whatever the log's clock does (the writers see it go back) in one partition's
+/// outcomes, and counts what the jumps reached: no decision is made at a time before an earlier one, nor before its
+/// own log time; a ttl or a wait runs from the decision that starts it; no lease expires and no wait times out
+/// before its time.
+fn check_times(seed: u64, p: u32, outcomes: &[Outcome], f: &mut Faults) {
+    let mut latest_log_time = Timestamp(0);
+    let mut last_decided = Timestamp(0);
+    // Lease -> when it expires (active) or stops waiting (waiting or queued).
+    let mut deadlines: BTreeMap<LeaseId, Timestamp> = BTreeMap::new();
+    for o in outcomes {
+        let at = format!("seed {seed}, partition {p}, command {} part {}", o.cmd_seq, o.part);
+        assert!(
+            o.decided_at >= last_decided,
+            "{at}: decided at {}, before an earlier decision ({last_decided})",
+            o.decided_at
+        );
+        last_decided = o.decided_at;
+        if o.part == 0 {
+            assert!(
+                o.decided_at >= o.log_time,
+                "{at}: decided at {}, before its log time {}",
+                o.decided_at,
+                o.log_time
+            );
+            if o.log_time < latest_log_time {
+                f.decided_back_in_time += 1;
+            }
+            latest_log_time = latest_log_time.max(o.log_time);
+        }
+        for effect in o.effects() {
+            match effect {
+                Effect::LeaseGranted { lease, ttl, expires_at, .. }
+                | Effect::LeaseRenewed { lease, ttl, expires_at } => {
+                    assert_eq!(
+                        *expires_at,
+                        ttl.map(|ttl| o.decided_at.saturating_add(ttl)),
+                        "{at}: the ttl of lease {lease} runs from this decision"
+                    );
+                    if matches!(effect, Effect::LeaseRenewed { .. }) {
+                        f.leases_renewed += 1;
+                    }
+                    match expires_at {
+                        Some(expires_at) => deadlines.insert(*lease, *expires_at),
+                        None => deadlines.remove(lease),
+                    };
+                }
+                Effect::LeaseWaiting { lease, wait_until: Some(until), .. }
+                | Effect::LeaseQueued { lease, wait_until: Some(until), .. } => {
+                    assert!(*until > o.decided_at, "{at}: lease {lease} waits until {until}, not after this decision");
+                    deadlines.insert(*lease, *until);
+                }
+                Effect::LeaseExpired { lease } => {
+                    let due =
+                        deadlines.get(lease).unwrap_or_else(|| panic!("{at}: lease {lease} expired without a ttl"));
+                    assert!(
+                        *due <= o.decided_at,
+                        "{at}: lease {lease} expired at {} before its time {due}",
+                        o.decided_at
+                    );
+                    f.leases_expired += 1;
+                }
+                Effect::LeaseFailed { lease } if o.command.type_name == "sys.wait-timeout" => {
+                    let due =
+                        deadlines.get(lease).unwrap_or_else(|| panic!("{at}: lease {lease} timed out without a wait"));
+                    assert!(
+                        *due <= o.decided_at,
+                        "{at}: the wait of lease {lease} timed out at {} before {due}",
+                        o.decided_at
+                    );
+                    f.waits_timed_out += 1;
+                }
+                Effect::AgentStalled { .. } => f.agents_stalled += 1,
+                _ => {}
+            }
+        }
+    }
 }
 
 fn simulate(seed: u64) -> Faults {
@@ -579,7 +849,7 @@ fn writers_under_seeded_faults_decide_as_one_writer_would() {
     let seeds: u64 = std::env::var("LH_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
     // Seeds are independent (each its own runtime and log), so they run on every core: a thread takes the next seed
     // not taken yet. Which thread runs a seed changes nothing in it.
-    let next = std::sync::atomic::AtomicU64::new(0);
+    let next = AtomicU64::new(0);
     // A failed seed stops the other threads at their next seed (its own panic fails the test).
     let failed = std::sync::atomic::AtomicBool::new(false);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -631,6 +901,13 @@ fn writers_under_seeded_faults_decide_as_one_writer_would() {
         ("too many open batches", total.batches_busy),
         ("batches over a server limit", total.batches_too_large),
         ("takeovers between batches of one decision's parts", total.moves_between_batches_of_parts),
+        ("jumps of the log's clock forward", total.time_jumps_forward),
+        ("jumps of the log's clock back", total.time_jumps_back),
+        ("decisions at a log time below an earlier one's", total.decided_back_in_time),
+        ("leases expired", total.leases_expired),
+        ("leases renewed", total.leases_renewed),
+        ("waits timed out", total.waits_timed_out),
+        ("agents stalled", total.agents_stalled),
     ] {
         assert!(n > 0 || seeds < 50, "no {name} fault in {seeds} seeds");
     }
