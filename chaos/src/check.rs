@@ -135,7 +135,10 @@ pub(crate) async fn check_commands(log: &JetStream, acked: &[Acked], findings: &
             ),
             None => findings.violation(
                 "lost",
-                format!("command {} ({}) was acknowledged at LH_CMD {}, which the log does not hold", a.id, a.type_name, a.seq),
+                format!(
+                    "command {} ({}) was acknowledged at LH_CMD {}, which the log does not hold",
+                    a.id, a.type_name, a.seq
+                ),
             ),
         }
     }
@@ -202,9 +205,8 @@ pub(crate) fn check_outcomes(outcomes: &[StoredOutcome], acked: &[Acked], findin
             Some(p) => o.cmd_seq > p.cmd_seq && o.part == 0,
         };
         if !in_order {
-            let before = previous.map_or("nothing".to_owned(), |p| {
-                format!("outcome {} (command {} part {})", p.seq, p.cmd_seq, p.part)
-            });
+            let before = previous
+                .map_or("nothing".to_owned(), |p| format!("outcome {} (command {} part {})", p.seq, p.cmd_seq, p.part));
             findings.violation(
                 "order",
                 format!(
@@ -277,7 +279,12 @@ pub(crate) async fn on_machine(machine: &Machine) -> anyhow::Result<Vec<Resource
                     .args(["--filter", &label, "--format", format])
                     .output()
                     .await?;
-                anyhow::ensure!(listed.status.success(), "docker {}: {}", what.join(" "), String::from_utf8_lossy(&listed.stderr));
+                anyhow::ensure!(
+                    listed.status.success(),
+                    "docker {}: {}",
+                    what.join(" "),
+                    String::from_utf8_lossy(&listed.stderr)
+                );
                 for line in String::from_utf8_lossy(&listed.stdout).lines() {
                     if let Ok(id) = line.trim().parse::<ResourceId>() {
                         out.push(id);
@@ -290,11 +297,16 @@ pub(crate) async fn on_machine(machine: &Machine) -> anyhow::Result<Vec<Resource
 }
 
 /// Nothing on the machines that the log does not hold there.
-pub(crate) async fn check_machines(log: &JetStream, machines: &[Machine], findings: &mut Findings) -> anyhow::Result<()> {
+pub(crate) async fn check_machines(
+    log: &JetStream,
+    machines: &[Machine],
+    findings: &mut Findings,
+) -> anyhow::Result<()> {
     let live = match live_resources(log).await? {
         Ok(live) => live,
         Err(failure) => {
-            findings.violation("fold", format!("the log cannot be folded, so the machines were not compared: {failure}"));
+            findings
+                .violation("fold", format!("the log cannot be folded, so the machines were not compared: {failure}"));
             return Ok(());
         }
     };
@@ -306,10 +318,8 @@ pub(crate) async fn check_machines(log: &JetStream, machines: &[Machine], findin
         for id in on_machine(machine).await? {
             findings.on_machines += 1;
             match held.and_then(|h| h.get(&id)).map(String::as_str) {
-                None => findings.violation(
-                    "leftover",
-                    format!("{agent}'s machine holds {id}, which the log never gave {agent}"),
-                ),
+                None => findings
+                    .violation("leftover", format!("{agent}'s machine holds {id}, which the log never gave {agent}")),
                 Some("destroyed") => findings.violation(
                     "leftover",
                     format!("{agent}'s machine still holds {id}, which the log says was destroyed"),
@@ -332,7 +342,16 @@ pub(crate) async fn verify(
 ) -> anyhow::Result<()> {
     let out = tokio::process::Command::new(exe)
         .env("LEASEHOLD_CHAOS_EXEC", "replay")
-        .args(["--nats", nats, "verify", "--output", "json", "--split-budget", crate::run::SPLIT_BUDGET, "--projection"])
+        .args([
+            "--nats",
+            nats,
+            "verify",
+            "--output",
+            "json",
+            "--split-budget",
+            crate::run::SPLIT_BUDGET,
+            "--projection",
+        ])
         .arg(projection)
         .output()
         .await?;
@@ -349,7 +368,8 @@ pub(crate) async fn verify(
             .map_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_owned(), ToString::to_string);
         findings.violation("verify", format!("leasehold-replay verify failed ({}): {failure}", out.status));
     }
-    if out.status.success() && report.as_ref().and_then(|r| r.pointer("/report/projection")).is_none_or(|p| p.is_null()) {
+    if out.status.success() && report.as_ref().and_then(|r| r.pointer("/report/projection")).is_none_or(|p| p.is_null())
+    {
         findings.violation("verify", "leasehold-replay verify compared no projection with the log".to_owned());
     }
     findings.verify = report;

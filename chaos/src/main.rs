@@ -74,7 +74,22 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(run::run(options)) {
+    // Ctrl-C or SIGTERM drops the run: every process it started is killed and its namespaces and links removed (what
+    // it made in Docker goes at the start of the next run).
+    let interrupted = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => "SIGTERM",
+        }
+    };
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            report = run::run(options) => report,
+            signal = interrupted => Err(anyhow::anyhow!("stopped by {signal}; everything the run started is stopped")),
+        }
+    });
+    match outcome {
         Ok(report) => {
             println!("{}", report.summary());
             println!("{}", report.json());

@@ -92,9 +92,8 @@ pub(crate) fn schedule(seed: u64, total: Duration, workers: usize, agents: usize
         };
         let target = fault.target();
         let free = busy_until.get(&target).is_none_or(|until| *until <= at);
-        let workers_busy = (0..workers)
-            .filter(|w| busy_until.get(&format!("worker{w}")).is_some_and(|until| *until > at))
-            .count();
+        let workers_busy =
+            (0..workers).filter(|w| busy_until.get(&format!("worker{w}")).is_some_and(|until| *until > at)).count();
         let leaves_a_worker = !target.starts_with("worker") || workers_busy + 1 < workers;
         if free && leaves_a_worker {
             // A little room after each fault before the same target is hit again.

@@ -262,6 +262,12 @@ fn remove_dead_runs() {
             continue;
         }
         let marker = Path::new(MARKERS).join(id);
+        // What still runs in it (its harness died without stopping it: kill -9) goes first.
+        if let Ok(pids) = Command::new("ip").args(["netns", "pids", ns]).output() {
+            for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-9", pid]).status();
+            }
+        }
         for i in 1..=9 {
             let _ = Command::new("ip").args(["link", "del", &format!("lc{id}r{i}")]).stderr(Stdio::null()).status();
         }

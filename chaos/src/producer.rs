@@ -87,7 +87,6 @@ pub(crate) struct Producer {
     pace: Duration,
 }
 
-
 impl Producer {
     pub(crate) fn new(log: JetStream, partitions: u32, targets: Vec<Target>, seed: u64, pace: Duration) -> Producer {
         Producer {
@@ -135,7 +134,8 @@ impl Producer {
             now
         };
         let envelope = Envelope::new(CommandId::generate(), self.issuer.clone(), Timestamp(issued), body);
-        let (log, produced, partitions, stop) = (self.log.clone(), self.produced.clone(), self.partitions, stop.clone());
+        let (log, produced, partitions, stop) =
+            (self.log.clone(), self.produced.clone(), self.partitions, stop.clone());
         if skewed {
             produced.lock().expect("the producer's record").skewed += 1;
         }
@@ -209,7 +209,13 @@ impl Producer {
 }
 
 /// Publishes `envelope` until the log acknowledges it (same id each time) or the attempts run out.
-async fn publish(log: &JetStream, envelope: &Envelope, partitions: u32, produced: &Mutex<Produced>, stop: &CancellationToken) {
+async fn publish(
+    log: &JetStream,
+    envelope: &Envelope,
+    partitions: u32,
+    produced: &Mutex<Produced>,
+    stop: &CancellationToken,
+) {
     let subject = match publish_subject(envelope, None) {
         Ok(subject) => subject,
         Err(e) => panic!("the workload made a command without a subject: {e}"),

@@ -12,12 +12,12 @@ use serde_json::json;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::Options;
 use crate::check::{self, Findings, Machine, Violation};
 use crate::nemesis::{self, Fault, Planned};
 use crate::net::{self, Net};
 use crate::procs::{self, Proc, Spec};
 use crate::producer::{Produced, Producer, Target};
-use crate::Options;
 
 const NODES: u8 = 3;
 const WORKERS: usize = 3;
@@ -125,7 +125,9 @@ pub(crate) async fn run(options: Options) -> anyhow::Result<Report> {
         _ => {
             let answers = docker_answers().await;
             if !answers && std::env::var("CI").as_deref() == Ok("true") {
-                bail!("the docker daemon does not answer (docker info failed); under CI=true the docker agent must run");
+                bail!(
+                    "the docker daemon does not answer (docker info failed); under CI=true the docker agent must run"
+                );
             }
             answers
         }
@@ -222,7 +224,8 @@ pub(crate) async fn run(options: Options) -> anyhow::Result<Report> {
     check::verify(&exe, &nats, &projection, &dir, &mut findings).await?;
 
     let mut faults = faults;
-    let crashes: u64 = fleet.workers.iter().map(|w| w.stderr().matches("fault point: crash after part").count() as u64).sum();
+    let crashes: u64 =
+        fleet.workers.iter().map(|w| w.stderr().matches("fault point: crash after part").count() as u64).sum();
     faults.insert("crashed_between_parts", crashes);
     for proc in fleet.nodes.iter_mut() {
         proc.stop(Duration::from_secs(10)).await;
@@ -286,7 +289,11 @@ async fn remove_docker_objects(only: Option<&str>) {
                 None => !net::run_alive(run),
             };
             if ours {
-                let _ = tokio::process::Command::new("docker").args(remove).arg(name.trim_start_matches('/')).output().await;
+                let _ = tokio::process::Command::new("docker")
+                    .args(remove)
+                    .arg(name.trim_start_matches('/'))
+                    .output()
+                    .await;
             }
         }
     }

@@ -17,7 +17,8 @@ fn can_run() -> bool {
     if root && server {
         return true;
     }
-    let why = format!("the chaos self-test needs root (network namespaces) and nats-server (root: {root}, server: {server})");
+    let why =
+        format!("the chaos self-test needs root (network namespaces) and nats-server (root: {root}, server: {server})");
     assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}; under CI=true it must run");
     eprintln!("skipped: {why}");
     false
