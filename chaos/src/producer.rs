@@ -93,7 +93,7 @@ impl Producer {
             log,
             partitions,
             targets,
-            rng: SeededRng::new(seed ^ 0x5eed_0f_c0ffee),
+            rng: SeededRng::new(seed ^ 0x5eed_0fc0_ffee),
             issuer: Issuer::new("chaos-producer").expect("a valid issuer"),
             known: Known::default(),
             produced: Arc::new(Mutex::new(Produced::default())),
