@@ -21,6 +21,7 @@ mod net;
 mod procs;
 mod producer;
 mod run;
+mod watch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -51,6 +51,9 @@ pub(crate) struct Acked {
     pub(crate) seq: u64,
     pub(crate) partition: u32,
     pub(crate) type_name: String,
+    /// When the ack came.
+    #[serde(skip)]
+    pub(crate) at: std::time::Instant,
 }
 
 /// What the producer did.
@@ -226,8 +229,13 @@ async fn publish(
     for attempt in 1..=ATTEMPTS {
         match log.publish_command(&subject, &id, payload.clone()).await {
             Ok(published) => {
-                let acked =
-                    Acked { id, seq: published.seq, partition, type_name: envelope.body.type_name().to_owned() };
+                let acked = Acked {
+                    id,
+                    seq: published.seq,
+                    partition,
+                    type_name: envelope.body.type_name().to_owned(),
+                    at: std::time::Instant::now(),
+                };
                 produced.lock().expect("the producer's record").acked.push(acked);
                 return;
             }

@@ -18,8 +18,11 @@ use crate::nemesis::{self, Fault, Planned};
 use crate::net::{self, Net};
 use crate::procs::{self, Proc, Spec};
 use crate::producer::{Produced, Producer, Target};
+use crate::watch::{self, Latency};
 
 const NODES: u8 = 3;
+/// A command decided later than this after its ack counts against liveness (reported, not a violation).
+const LIVENESS_BOUND: Duration = Duration::from_secs(30);
 const WORKERS: usize = 3;
 /// How long a process may take to come up.
 const START: Duration = Duration::from_secs(60);
@@ -42,6 +45,7 @@ pub(crate) struct Report {
     pub(crate) findings: Findings,
     pub(crate) self_test: Option<String>,
     pub(crate) dir: PathBuf,
+    pub(crate) latency: Latency,
 }
 
 impl Report {
@@ -55,7 +59,8 @@ impl Report {
         };
         format!(
             "leasehold-chaos seed {} over {:.1} min: {} commands acknowledged ({} not), {} outcomes, {faults} faults, \
-             {} objects on the machines, {} undecided after the settle period: {verdict}",
+             {} objects on the machines, {} undecided after the settle period, ack to decision p99 {:.2} s (max \
+             {:.1} s, {} over {:.0} s): {verdict}",
             self.seed,
             self.minutes,
             self.produced.acked.len(),
@@ -63,6 +68,10 @@ impl Report {
             self.findings.outcomes,
             self.findings.on_machines,
             self.findings.undecided.len(),
+            self.latency.p99_s,
+            self.latency.max_s,
+            self.latency.over_bound,
+            self.latency.bound_s,
         )
     }
 
@@ -77,7 +86,10 @@ impl Report {
             "outcomes": self.findings.outcomes,
             "faults": self.faults,
             "violations": self.violations,
-            "liveness": { "undecided_after_settle": self.findings.undecided },
+            "liveness": {
+                "undecided_after_settle": self.findings.undecided,
+                "decision_latency": self.latency,
+            },
             "objects_on_machines": self.findings.on_machines,
             "verify": self.findings.verify.as_ref().map(|v| json!({
                 "ok": v.get("ok"),
@@ -165,6 +177,8 @@ pub(crate) async fn run(options: Options) -> anyhow::Result<Report> {
         targets.push(Target { agent: agent_name(&id, 'c'), kind: "container".to_owned(), attributes });
     }
     let stop = CancellationToken::new();
+    let (seen, watching) = (watch::Seen::default(), CancellationToken::new());
+    let watcher = tokio::spawn(watch::watch(log.clone(), seen.clone(), watching.clone()));
     let producer = Producer::new(log.clone(), options.partitions, targets, options.seed, options.pace);
     let producing = tokio::spawn(producer.run(stop.clone()));
 
@@ -189,6 +203,12 @@ pub(crate) async fn run(options: Options) -> anyhow::Result<Report> {
 
     let mut findings = Findings::default();
     let missing = check::settle(&log, &produced.acked, options.settle).await?;
+    // The follower catches up with the decisions the log holds (at most 10 s more); what it has not seen then, it
+    // never saw.
+    seen.caught_up(produced.acked.iter().filter(|a| !missing.contains(&a.id)), Duration::from_secs(10)).await;
+    watching.cancel();
+    let _ = watcher.await;
+    let latency = watch::latency(&produced.acked, &seen, LIVENESS_BOUND);
     eprintln!("leasehold-chaos: settled, {} acknowledged commands without an outcome", missing.len());
     // The agents have had every outcome; give them the time of a few syncs to make their machines agree.
     let machines: Vec<Machine> = letters
@@ -248,6 +268,7 @@ pub(crate) async fn run(options: Options) -> anyhow::Result<Report> {
         findings,
         self_test: options.self_test.clone(),
         dir,
+        latency,
     })
 }
 
