@@ -5,6 +5,8 @@
 
 #![cfg(feature = "fault-points")]
 
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,37 +15,15 @@ use leasehold_log::jetstream::{JetStream, JetStreamConfig};
 use leasehold_log::nats_server::NatsServer;
 use leasehold_log::{Log, OutcomeFilter, StoredOutcome};
 use leasehold_schemas::command::{Allocate, Register, RetireAgent};
-use leasehold_schemas::ids::{AgentName, CommandId, Issuer, ResourceId, Timestamp};
+use leasehold_schemas::ids::{AgentName, CommandId, ResourceId, Timestamp};
 use leasehold_schemas::settings::AgentSettings;
-use leasehold_schemas::subjects::ingress_subject_of;
-use leasehold_schemas::{Command, Envelope, Uuid, codec};
+use leasehold_schemas::{Uuid, codec};
 use leasehold_worker::faults::{FaultPlan, FaultPoints, Fired};
 use leasehold_worker::{Error, Report, WorkerConfig, WriterConfig, fold_partition};
+use support::{Producer, START};
 use tokio_util::sync::CancellationToken;
 
-const START: u64 = 1_800_000_000_000;
-
-struct Producer<L: Log> {
-    log: L,
-    n: u64,
-}
-
 impl<L: Log> Producer<L> {
-    /// Publishes a command and returns its id.
-    async fn publish(&mut self, issuer: &str, body: impl Into<Command>) -> CommandId {
-        self.n += 1;
-        let mut entropy = [0u8; 10];
-        entropy[2..].copy_from_slice(&self.n.to_be_bytes());
-        let at = Timestamp(START + self.n);
-        let envelope = Envelope::new(CommandId::from_parts(at.0, entropy), Issuer::new(issuer).unwrap(), at, body);
-        let payload = codec::encode_command(&envelope).unwrap();
-        self.log
-            .publish_command(&ingress_subject_of(&envelope.body), &envelope.command_id.to_string(), payload.into())
-            .await
-            .unwrap();
-        envelope.command_id
-    }
-
     async fn allocate(&mut self, agent: &AgentName) -> CommandId {
         self.n += 1;
         let resource = ResourceId::from_parts(START + self.n, [7; 10]);
@@ -121,7 +101,7 @@ fn chained(outcomes: &[StoredOutcome]) -> bool {
 async fn a_crash_comes_between_two_parts_of_a_decision_and_only_once() {
     for k in [1u32, 2] {
         let log = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
-        let mut producer = Producer { log: log.clone(), n: 0 };
+        let mut producer = Producer::new(log.clone());
         let (w0, w1) = (AgentName::new("w0").unwrap(), AgentName::new("w1").unwrap());
         producer.register(&w0).await;
         producer.register(&w1).await;
@@ -175,7 +155,7 @@ async fn a_crash_comes_between_two_parts_of_a_decision_and_only_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_crash_without_a_decision_in_parts() {
     let log = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
-    let mut producer = Producer { log: log.clone(), n: 0 };
+    let mut producer = Producer::new(log.clone());
     let w0 = AgentName::new("w0").unwrap();
     producer.register(&w0).await;
     producer.allocate(&w0).await;
@@ -194,7 +174,7 @@ async fn no_crash_without_a_decision_in_parts() {
 /// `DOUBLE_OUTCOME=2`: the second command decided has two first parts in the log, both accepted on one unbroken
 /// chain; the writer goes on deciding; a later fold of the partition refuses the copy.
 async fn a_doubled_outcome_is_stored_and_the_writer_goes_on<L: Log>(log: L) {
-    let mut producer = Producer { log: log.clone(), n: 0 };
+    let mut producer = Producer::new(log.clone());
     let w0 = AgentName::new("w0").unwrap();
     let register = producer.register(&w0).await;
     let doubled = producer.allocate(&w0).await;
@@ -245,7 +225,7 @@ async fn a_doubled_outcome_is_stored_and_the_writer_goes_on_jetstream() {
 /// `SKIP_OUTCOME=2`: the second command decided gets no outcome, yet the writer passes it and decides the next;
 /// a worker that loads the partition afterwards (another process) does not decide it either: it is lost.
 async fn a_skipped_outcome_is_lost_for_good<L: Log>(log: L) {
-    let mut producer = Producer { log: log.clone(), n: 0 };
+    let mut producer = Producer::new(log.clone());
     let w0 = AgentName::new("w0").unwrap();
     let register = producer.register(&w0).await;
     let skipped = producer.allocate(&w0).await;

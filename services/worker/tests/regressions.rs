@@ -1,5 +1,7 @@
 //! Regressions red-team reviews found in the writers, each as it was triggered (the last two on a real nats-server).
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -9,15 +11,13 @@ use leasehold_log::intercept::{Intercept, Intercepted};
 use leasehold_log::jetstream::{JetStream, JetStreamConfig};
 use leasehold_log::nats_server::{NatsServer, ServerOptions};
 use leasehold_log::{CommandRecord, Error, Log, OutcomeFilter, StoredOutcome};
+use leasehold_schemas::Uuid;
 use leasehold_schemas::command::{Allocate, Register, RetireAgent};
-use leasehold_schemas::ids::{AgentName, CommandId, Issuer, ResourceId, Timestamp};
+use leasehold_schemas::ids::{AgentName, ResourceId, Timestamp};
 use leasehold_schemas::settings::AgentSettings;
-use leasehold_schemas::subjects::ingress_subject_of;
-use leasehold_schemas::{Command, Envelope, Uuid, codec};
 use leasehold_worker::{Report, WorkerConfig, WriterConfig};
+use support::{Producer, START};
 use tokio_util::sync::CancellationToken;
-
-const START: u64 = 1_800_000_000_000;
 
 /// Makes `command_at` fail (unavailable) the next `n` times.
 #[derive(Debug, Clone)]
@@ -38,25 +38,7 @@ impl Intercept<Embedded> for FailCommandAt {
     }
 }
 
-struct Producer<L: Log> {
-    log: L,
-    n: u64,
-}
-
 impl<L: Log> Producer<L> {
-    async fn publish(&mut self, issuer: &str, body: impl Into<Command>) {
-        self.n += 1;
-        let mut entropy = [0u8; 10];
-        entropy[2..].copy_from_slice(&self.n.to_be_bytes());
-        let at = Timestamp(START + self.n);
-        let envelope = Envelope::new(CommandId::from_parts(at.0, entropy), Issuer::new(issuer).unwrap(), at, body);
-        let payload = codec::encode_command(&envelope).unwrap();
-        self.log
-            .publish_command(&ingress_subject_of(&envelope.body), &envelope.command_id.to_string(), payload.into())
-            .await
-            .unwrap();
-    }
-
     fn resource(&mut self) -> ResourceId {
         self.n += 1;
         ResourceId::from_parts(START + self.n, [7; 10])
@@ -99,7 +81,7 @@ async fn stop(shutdown: CancellationToken, worker: tokio::task::JoinHandle<Repor
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_in_parts_is_finished_before_the_next_command_of_its_batch() {
     let log = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
-    let mut producer = Producer { log: log.clone(), n: 0 };
+    let mut producer = Producer::new(log.clone());
     let agent = AgentName::new("w0").unwrap();
     producer.publish("w0", register(&agent)).await;
     for _ in 0..3 {
@@ -129,7 +111,7 @@ async fn a_decision_in_parts_is_finished_before_the_next_command_of_its_batch() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transient_failure_while_loading_does_not_stop_the_partition() {
     let inner = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
-    let mut producer = Producer { log: inner.clone(), n: 0 };
+    let mut producer = Producer::new(inner.clone());
     let agent = AgentName::new("w0").unwrap();
     producer.publish("w0", register(&agent)).await;
     let log = Intercepted { log: inner.clone(), hooks: FailCommandAt(Arc::new(AtomicU32::new(0))) };
@@ -276,7 +258,7 @@ impl Intercept<Embedded> for BusyBatches {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_commands_go_out_as_one_append_and_busy_is_retried_without_a_reload() {
     let inner = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
-    let mut producer = Producer { log: inner.clone(), n: 0 };
+    let mut producer = Producer::new(inner.clone());
     let agent = AgentName::new("w0").unwrap();
     producer.publish("w0", register(&agent)).await;
     for _ in 0..40 {
@@ -312,7 +294,7 @@ async fn a_server_batch_limit_below_the_group_is_met_with_smaller_appends() {
         ..JetStreamConfig::new(server.url(), 1)
     };
     let log = JetStream::connect(config).await.expect("connect");
-    let mut producer = Producer { log: log.clone(), n: 0 };
+    let mut producer = Producer::new(log.clone());
     let agent = AgentName::new("w0").unwrap();
     producer.publish("w0", register(&agent)).await;
     for _ in 0..29 {
@@ -346,7 +328,7 @@ async fn late_append_answers_never_double_an_outcome() {
         ..JetStreamConfig::new(server.url(), 1)
     };
     let log = JetStream::connect(base.clone()).await.expect("connect");
-    let mut producer = Producer { log: log.clone(), n: 0 };
+    let mut producer = Producer::new(log.clone());
     let agents: Vec<AgentName> = (0..20).map(|i| AgentName::new(format!("w{i}")).unwrap()).collect();
     for agent in &agents {
         producer.publish(agent.as_str(), register(agent)).await;
