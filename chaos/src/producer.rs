@@ -31,6 +31,8 @@ use tokio_util::sync::CancellationToken;
 pub(crate) const POOL: &str = "net";
 /// At most this many publishes wait for their ack at once.
 const IN_FLIGHT: usize = 8;
+/// The most resources the workload keeps asked for at once (across agents).
+const MAX_RESOURCES: usize = 60;
 /// How many times a command whose ack did not come is published again (same id).
 const ATTEMPTS: u32 = 8;
 
@@ -147,8 +149,13 @@ impl Producer {
 
     /// The next command of the workload.
     fn next_command(&mut self) -> Command {
-        let roll = self.rng.below(100);
+        let mut roll = self.rng.below(100);
         let known = &mut self.known;
+        // The live set stays bounded: past it an allocation becomes a release, so a long run is as busy at its end as
+        // at its start (agents' reports and the fold grow with what is held, not with how long the run is).
+        if roll < 30 && known.resources.len() >= MAX_RESOURCES {
+            roll = 70;
+        }
         if roll < 30 || known.resources.is_empty() {
             let target = &self.targets[self.rng.below(self.targets.len() as u64) as usize];
             let resource = ResourceId::generate();
