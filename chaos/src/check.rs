@@ -362,10 +362,7 @@ pub(crate) async fn verify(
         .ok()
         .or_else(|| stdout.lines().rev().find_map(|l| serde_json::from_str(l).ok()));
     if !out.status.success() {
-        let failure = report
-            .as_ref()
-            .and_then(|r| r.get("failure"))
-            .map_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_owned(), ToString::to_string);
+        let failure = verify_failure(report.as_ref(), &String::from_utf8_lossy(&out.stderr));
         findings.violation("verify", format!("leasehold-replay verify failed ({}): {failure}", out.status));
     }
     if out.status.success() && report.as_ref().and_then(|r| r.pointer("/report/projection")).is_none_or(|p| p.is_null())
@@ -374,4 +371,34 @@ pub(crate) async fn verify(
     }
     findings.verify = report;
     Ok(())
+}
+
+/// Why `verify` failed, for the violation: the report's `failure` (`verify --output json` prints
+/// `{"ok": false, "report": {"failure": {...}, ...}, ...}`), or its stderr when it printed no report.
+fn verify_failure(report: Option<&serde_json::Value>, stderr: &str) -> String {
+    report
+        .and_then(|r| r.pointer("/report/failure"))
+        .filter(|f| !f.is_null())
+        .map_or_else(|| stderr.trim().to_owned(), ToString::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_verify_is_reported_with_its_failure() {
+        let report = serde_json::json!({
+            "ok": false,
+            "report": {
+                "failure": { "detail": "10.99.0.2 of pool net is granted twice", "partition": 2, "seq": 272 },
+                "outcomes": 271
+            }
+        });
+        let failure = verify_failure(Some(&report), "");
+        assert!(failure.contains("granted twice") && failure.contains("272"), "{failure}");
+        assert_eq!(verify_failure(None, " cannot connect \n"), "cannot connect");
+        let no_failure = serde_json::json!({ "ok": false, "report": { "failure": null } });
+        assert_eq!(verify_failure(Some(&no_failure), "exit 1"), "exit 1");
+    }
 }
