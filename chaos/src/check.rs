@@ -53,6 +53,9 @@ pub(crate) struct Findings {
     pub(crate) verify: Option<serde_json::Value>,
     /// Objects on the machines, all of which the log holds.
     pub(crate) on_machines: u64,
+    /// Resources the log still has releasing or pending when the machines were compared (liveness).
+    pub(crate) releasing: u64,
+    pub(crate) pending: u64,
 }
 
 impl Findings {
@@ -70,8 +73,13 @@ pub(crate) enum Machine {
     Docker { agent: String },
 }
 
-/// Every outcome of the log, in order, and each partition's last one checked against the stream's own count.
+/// Every outcome of the log, in order, read through at least each partition's last outcome as the log said it was
+/// before the reading began (writers may go on appending meanwhile: what comes after is read too, or not).
 pub(crate) async fn read_all(log: &JetStream) -> anyhow::Result<Vec<StoredOutcome>> {
+    let mut ends = Vec::new();
+    for partition in 0..log.partitions() {
+        ends.push(log.last_outcome_seq(partition).await?);
+    }
     let mut all = Vec::new();
     let mut from = 1;
     loop {
@@ -80,12 +88,11 @@ pub(crate) async fn read_all(log: &JetStream) -> anyhow::Result<Vec<StoredOutcom
         from = last.seq + 1;
         all.extend(page);
     }
-    for partition in 0..log.partitions() {
-        let end = log.last_outcome_seq(partition).await?;
-        let seen = all.iter().rev().find(|o| o.partition == partition).map_or(0, |o| o.seq);
+    for (partition, end) in ends.into_iter().enumerate() {
+        let seen = all.iter().rev().find(|o| o.partition as usize == partition).map_or(0, |o| o.seq);
         anyhow::ensure!(
-            seen == end,
-            "partition {partition}'s last outcome is {end}, but reading the stream ended at {seen}"
+            seen >= end,
+            "partition {partition}'s last outcome was {end}, but reading the stream ended at {seen}"
         );
     }
     Ok(all)
@@ -310,6 +317,10 @@ pub(crate) async fn check_machines(
             return Ok(());
         }
     };
+    findings.releasing =
+        live.values().flat_map(HashMap::values).filter(|state| state.as_str() == "releasing").count() as u64;
+    findings.pending =
+        live.values().flat_map(HashMap::values).filter(|state| state.as_str() == "pending").count() as u64;
     for machine in machines {
         let agent = match machine {
             Machine::Dir { agent, .. } | Machine::Docker { agent } => agent,

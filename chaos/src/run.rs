@@ -88,6 +88,9 @@ impl Report {
             "violations": self.violations,
             "liveness": {
                 "undecided_after_settle": self.findings.undecided,
+                "commands_undecided_in_log": self.findings.verify.as_ref().and_then(|v| v.pointer("/report/undecided")),
+                "resources_releasing_after_settle": self.findings.releasing,
+                "resources_pending_after_settle": self.findings.pending,
                 "decision_latency": self.latency,
             },
             "objects_on_machines": self.findings.on_machines,
@@ -144,18 +147,20 @@ pub(crate) async fn run(options: Options) -> anyhow::Result<Report> {
             answers
         }
     };
+    let mut letters = vec!['a', 'b'];
+    if docker {
+        letters.push('c');
+    }
+    // From the seed alone: the agents' names carry it, and they say which partition each agent is in.
+    let id = format!("{:04x}", (options.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) & 0xffff);
+    // Making the network first removes what dead runs left (and stops their agents, so they make nothing more).
+    let net = Net::create(&id, NODES, &letters)?;
     let image = if docker {
         remove_docker_objects(None).await;
         Some(import_image().await?)
     } else {
         None
     };
-    let mut letters = vec!['a', 'b'];
-    if docker {
-        letters.push('c');
-    }
-    let id = format!("{:04x}", (options.seed.wrapping_mul(0x9e37_79b9) ^ u64::from(std::process::id())) & 0xffff);
-    let net = Net::create(&id, NODES, &letters)?;
     eprintln!("leasehold-chaos: run {id} in {}", dir.display());
 
     let urls: Vec<String> = (1..=NODES).map(|i| format!("nats://{}:4222", net.node_addr(i))).collect();
@@ -370,7 +375,7 @@ async fn start_fleet(
             env: Vec::new(),
             netns: Some(net.node_ns(i)),
         };
-        let mut node = Proc::new(spec, dir);
+        let mut node = Proc::new(spec, dir).registered(net.pids_file());
         node.start()?;
         nodes.push(node);
     }
@@ -407,7 +412,7 @@ async fn start_fleet(
                 _ => {}
             }
         }
-        let mut worker = Proc::new(spec, dir);
+        let mut worker = Proc::new(spec, dir).registered(net.pids_file());
         worker.start()?;
         // The first one creates the streams; the others find them.
         worker.wait_for("listening on http://", START).await?;
@@ -415,7 +420,7 @@ async fn start_fleet(
     }
     let mut args = vec!["serve".to_owned(), "--roles".to_owned(), "projector,gateway,sweeper".to_owned()];
     args.extend(common(dir.join("projector")));
-    let mut projector = Proc::new(leasehold(exe, "projector", args, None), dir);
+    let mut projector = Proc::new(leasehold(exe, "projector", args, None), dir).registered(net.pids_file());
     projector.start()?;
     projector.wait_for("listening on http://", START).await?;
 
@@ -439,7 +444,8 @@ async fn start_fleet(
             "--sync-interval".to_owned(),
             "1s".to_owned(),
         ];
-        let mut agent = Proc::new(leasehold(exe, &format!("agent-{k}"), args, Some(net.agent_ns(*k))), dir);
+        let mut agent = Proc::new(leasehold(exe, &format!("agent-{k}"), args, Some(net.agent_ns(*k))), dir)
+            .registered(net.pids_file());
         agent.start()?;
         agents.push(agent);
     }

@@ -26,8 +26,12 @@ fn can_run() -> bool {
 
 /// Runs the harness with `--self-test which` and returns its JSON line's violations' kinds.
 fn self_test(which: &str) -> Vec<String> {
+    // The run fails on purpose, so it would keep its files: they go with this directory.
+    let dir = tempfile::tempdir().expect("a directory");
     let out = Command::new(env!("CARGO_BIN_EXE_leasehold-chaos"))
         .args(["--self-test", which, "--minutes", "0.1", "--seed", "5", "--docker", "off", "--settle", "30s"])
+        .arg("--dir")
+        .arg(dir.path())
         .output()
         .expect("run leasehold-chaos");
     let stdout = String::from_utf8_lossy(&out.stdout);
