@@ -9,8 +9,8 @@
 //!   says which ranges.
 //! - The domain's invariants at every step, on what the step touched: nothing leaves a terminal state, leases
 //!   within capacity and none on a resource that left, an identifier is never handed out while held nor bound to
-//!   two resources, a claim is freed only after its holder's partition let it go (with a terminal state, or as a
-//!   returned grant); and every invariant of the domain over a whole partition every
+//!   two resources, nor handed out again before its pool's cool-down has passed since it was freed, a claim is
+//!   freed only after its holder's partition let it go (with a terminal state, or as a returned grant); and every invariant of the domain over a whole partition every
 //!   [`FULL_CHECK_EVERY`] outcomes of it and at the end.
 //! - The projection's tables equal a fresh fold (a digest per table), when there is a projection to compare.
 
@@ -593,6 +593,22 @@ fn check_grants(state: &PartitionState, step: &Step) -> Result<(), Failure> {
                         step.seq(),
                         step.partition(),
                         format!("{value} of pool {name} is granted twice in one decision"),
+                    ));
+                }
+                // A freed identifier rests its pool's cool-down before it is handed out again.
+                let now = step.outcome.decided_at;
+                let resting = pool.cooling.iter().find(|(_, v)| *v == value).map(|((freed, _), _)| *freed);
+                if let Some(freed) = resting.filter(|freed| freed.0.saturating_add(pool.cooldown.0) > now.0) {
+                    return Err(Failure::outcome(
+                        step.seq(),
+                        step.partition(),
+                        format!(
+                            "{value} of pool {name} is granted to {holder} {} ms before its cool-down ends (freed at \
+                             {}, cool-down {} ms)",
+                            freed.0 + pool.cooldown.0 - now.0,
+                            freed.0,
+                            pool.cooldown.0
+                        ),
                     ));
                 }
                 granted.push(*value);
