@@ -110,7 +110,7 @@ impl Producer {
     pub(crate) async fn run(mut self, stop: CancellationToken) -> Produced {
         let define = DefinePool {
             pool: PoolName::new(POOL).expect("a pool name"),
-            kind: PoolKind::Ipv4 { network: std::net::Ipv4Addr::new(10, 99, 0, 0), prefix_len: 26, exclude: vec![] },
+            kind: PoolKind::Ipv4 { network: std::net::Ipv4Addr::new(10, 99, 0, 0), prefix_len: 28, exclude: vec![] },
             cooldown: Some(Millis(2_000)),
             orphans: OrphanPolicy::Hold,
         };
