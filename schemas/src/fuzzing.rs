@@ -22,7 +22,7 @@ pub fn command_bincode(bytes: &[u8]) {
     same_in_json(&envelope, &again);
 }
 
-/// A command in the JSON form, as the gateway and `leasehold produce --file` take it from producers
+/// A command in the JSON form, as the gateway and `leasehold publish --file` take it from producers
 /// ([`codec::command_from_json`]).
 pub fn command_json(bytes: &[u8]) {
     let peeked = codec::peek_command_id(bytes);
