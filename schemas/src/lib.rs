@@ -8,6 +8,7 @@
 //! - [`codec`]: the one bincode configuration and the JSON form for producers in other languages.
 //! - [`subjects`]: NATS subject layout and the partition function (byte-for-byte NATS's `partition()`).
 //! - [`text`]: how free text from commands is shown to people (control and bidi characters escaped).
+//! - `fuzzing` (hidden): the bodies of the fuzz targets of these decoders, shared with the corpus replay test.
 //!
 //! Nothing here has behaviour beyond validation and encoding. bincode is not self-describing, so no type in this
 //! crate uses `skip_serializing_if`, `flatten`, `untagged` or `tag`; golden fixtures under `tests/fixtures/`
@@ -19,6 +20,8 @@ pub mod api;
 pub mod codec;
 pub mod command;
 pub mod envelope;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ids;
 pub mod mentions;
 pub mod outcome;

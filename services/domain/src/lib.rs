@@ -15,6 +15,8 @@ mod apply;
 mod decide;
 pub mod driver;
 pub mod due;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod invariants;
 pub mod state;
 

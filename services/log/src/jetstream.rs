@@ -830,7 +830,7 @@ enum Place {
 
 /// What the server answered to a message of an atomic batch.
 #[derive(Debug, PartialEq, Eq)]
-enum BatchAnswer {
+pub(crate) enum BatchAnswer {
     /// The first message was taken (an empty answer).
     Taken,
     /// The batch was stored: the commit's acknowledgement.
@@ -846,7 +846,7 @@ enum BatchAnswer {
     Garbled(String),
 }
 
-fn batch_answer(payload: &[u8]) -> BatchAnswer {
+pub(crate) fn batch_answer(payload: &[u8]) -> BatchAnswer {
     if payload.is_empty() {
         return BatchAnswer::Taken;
     }
@@ -872,7 +872,7 @@ fn batch_answer(payload: &[u8]) -> BatchAnswer {
 
 /// What a refused atomic batch means: [`refused_append`] of its code, saying which message was refused (a refused
 /// first message never opened the batch).
-fn batch_refusal(code: u64, description: &str, first: bool) -> Appended {
+pub(crate) fn batch_refusal(code: u64, description: &str, first: bool) -> Appended {
     let which = if first { "first message" } else { "commit" };
     refused_append(ErrorCode(code), &format!("{which} refused ({code}): {description}"))
 }
@@ -1100,7 +1100,7 @@ fn append_error(e: &PublishError) -> Appended {
 }
 
 /// The number after the last `marker` in `text`.
-fn sequence_after(text: &str, marker: &str) -> Option<u64> {
+pub(crate) fn sequence_after(text: &str, marker: &str) -> Option<u64> {
     let rest = &text[text.rfind(marker)? + marker.len()..];
     rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
@@ -1210,7 +1210,7 @@ fn header<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
 }
 
 /// An outcome as stored, or `Refused` naming its sequence and what is missing.
-fn stored_outcome(
+pub(crate) fn stored_outcome(
     seq: u64,
     subject: &str,
     headers: Option<&HeaderMap>,
@@ -1244,13 +1244,16 @@ fn stored_outcome(
     })
 }
 
-fn stored_dead_letter(message: StreamMessage) -> Result<(u64, DeadLetter), Error> {
-    let seq = message.sequence;
-    let refused =
-        |what: &str| Error::Refused(format!("dead letter {seq} on {} is not leasehold's: {what}", message.subject));
-    let headers = Some(&message.headers);
-    let partition = message
-        .subject
+/// A dead letter as stored, or `Refused` naming its sequence and what is missing.
+pub(crate) fn stored_dead_letter(
+    seq: u64,
+    subject: &str,
+    headers: &HeaderMap,
+    payload: Bytes,
+) -> Result<(u64, DeadLetter), Error> {
+    let refused = |what: &str| Error::Refused(format!("dead letter {seq} on {subject} is not leasehold's: {what}"));
+    let headers = Some(headers);
+    let partition = subject
         .split('.')
         .nth(2)
         .and_then(|p| p.parse().ok())
@@ -1264,13 +1267,13 @@ fn stored_dead_letter(message: StreamMessage) -> Result<(u64, DeadLetter), Error
             .ok_or_else(|| refused(&format!("no {HEADER_DLQ_SOURCE_SUBJECT} header")))?
             .to_owned(),
         reason: header(headers, HEADER_DLQ_REASON).unwrap_or_default().to_owned(),
-        payload: message.payload.clone(),
         // A letter stored before ids were recorded has neither header: its payload's header names it, if anything.
         command_id: match (header(headers, HEADER_CMD_ID), header(headers, HEADER_DLQ_PRODUCER_ID)) {
             (Some(id), _) => Some(LetterId { id: id.to_owned(), verified: true }),
             (None, Some(id)) => Some(LetterId { id: id.to_owned(), verified: false }),
-            (None, None) => LetterId::read_from(&message.payload),
+            (None, None) => LetterId::read_from(&payload),
         },
+        payload,
     };
     Ok((seq, letter))
 }
@@ -1339,7 +1342,7 @@ impl JetStream {
 }
 
 /// A dead letter as a message on its subject, stored once per source sequence (`dlq:<seq>`).
-fn dead_letter_message(letter: &DeadLetter) -> Result<(String, PublishMessage), Error> {
+pub(crate) fn dead_letter_message(letter: &DeadLetter) -> Result<(String, PublishMessage), Error> {
     let mut headers = HeaderMap::new();
     headers.insert(HEADER_DLQ_REASON, header_value(HEADER_DLQ_REASON, &letter.header_reason())?);
     headers.insert(HEADER_DLQ_SOURCE_SEQ, letter.source_seq.to_string());
@@ -1496,7 +1499,7 @@ impl Log for JetStream {
 
     async fn read_dead_letters(&self, from: u64, max: usize) -> Result<Vec<(u64, DeadLetter)>, Error> {
         let messages = self.read_through(DLQ_STREAM, "lh.dlq.>", true, from, max).await?;
-        messages.into_iter().map(stored_dead_letter).collect()
+        messages.into_iter().map(|m| stored_dead_letter(m.sequence, &m.subject, &m.headers, m.payload)).collect()
     }
 
     async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), Error> {
@@ -1730,7 +1733,7 @@ impl fmt::Debug for JetStreamOwner {
 
 /// The stream sequence in a delivery's ack subject (`$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...`, or with
 /// a domain and an account hash first).
-fn acked_sequence(reply: &str) -> Option<u64> {
+pub(crate) fn acked_sequence(reply: &str) -> Option<u64> {
     let tokens: Vec<&str> = reply.strip_prefix("$JS.ACK.")?.split('.').collect();
     let index = match tokens.len() {
         7 => 3,

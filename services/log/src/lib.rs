@@ -19,6 +19,7 @@
 //! - [`conformance`]: the test functions every backend passes, run against both.
 //! - [`export`]: the whole log as one portable, checksummed file (or HTTP body), and its import into a new embedded
 //!   data directory.
+//! - `fuzzing` (hidden): the bodies of the fuzz targets of these decoders, shared with the corpus replay test.
 //!
 //! Architecture invariant: only this crate names `async_nats` or the log's redb tables.
 
@@ -31,6 +32,8 @@ pub mod embedded;
 pub mod export;
 #[cfg(feature = "embedded")]
 mod follow;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ingest;
 pub mod intercept;
 pub mod jetstream;
