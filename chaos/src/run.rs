@@ -379,7 +379,7 @@ async fn start_fleet(
         node.start()?;
         nodes.push(node);
     }
-    wait_for_cluster(nats).await?;
+    wait_for_cluster(&format!("nats://{}:4222", net.node_addr(1))).await?;
 
     let partitions = options.partitions.to_string();
     let common = |data: PathBuf| {
@@ -456,28 +456,15 @@ async fn start_fleet(
 }
 
 /// Waits until the cluster has a JetStream meta leader (streams can be made).
-async fn wait_for_cluster(nats: &str) -> anyhow::Result<()> {
+async fn wait_for_cluster(node: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + START;
-    let mut last = String::new();
-    while Instant::now() < deadline {
-        let attempt = async {
-            let servers: Vec<async_nats::ServerAddr> =
-                nats.split(',').map(|u| u.parse().map_err(|e| format!("{u}: {e}"))).collect::<Result<_, _>>()?;
-            let client = async_nats::ConnectOptions::new()
-                .connection_timeout(Duration::from_secs(2))
-                .request_timeout(Some(Duration::from_secs(2)))
-                .connect(servers)
-                .await
-                .map_err(|e| e.to_string())?;
-            async_nats::jetstream::new(client).query_account().await.map(|_| ()).map_err(|e| e.to_string())
-        };
-        match attempt.await {
+    loop {
+        match leasehold_log::nats_server::meta_leader_ready(node).await {
             Ok(()) => return Ok(()),
-            Err(e) => last = e,
+            Err(e) if Instant::now() > deadline => bail!("the cluster had no JetStream meta leader in {START:?}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    bail!("the cluster had no JetStream meta leader in {START:?}: {last}")
 }
 
 /// Runs the schedule: each fault starts and ends at its planned moment. The counts of faults made, by kind.

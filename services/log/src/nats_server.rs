@@ -179,8 +179,9 @@ impl Drop for NatsCluster {
     }
 }
 
-/// Whether the cluster answers JetStream account requests (it does only once a meta leader exists).
-async fn meta_leader_ready(url: &str) -> Result<(), String> {
+/// Whether the cluster `url` (one node's) belongs to answers JetStream account requests (it does only once a meta
+/// leader exists).
+pub async fn meta_leader_ready(url: &str) -> Result<(), String> {
     let client = async_nats::ConnectOptions::new()
         .connection_timeout(Duration::from_secs(2))
         .request_timeout(Some(Duration::from_secs(2)))
