@@ -101,17 +101,22 @@ pub(crate) async fn read_all(log: &JetStream) -> anyhow::Result<Vec<StoredOutcom
 /// Waits until every acknowledged command has an outcome, at most `bound`: the commands still without one.
 pub(crate) async fn settle(log: &JetStream, acked: &[Acked], bound: Duration) -> anyhow::Result<Vec<String>> {
     let deadline = Instant::now() + bound;
+    let mut waiting: std::collections::HashSet<&str> = acked.iter().map(|a| a.id.as_str()).collect();
+    // Each round reads only the outcomes after the last one read.
+    let mut from = 1;
     loop {
-        let outcomes = read_all(log).await;
-        let missing: Vec<String> = match &outcomes {
-            Ok(outcomes) => {
-                let decided: std::collections::HashSet<&str> = outcomes.iter().map(|o| o.cmd_id.as_str()).collect();
-                acked.iter().filter(|a| !decided.contains(a.id.as_str())).map(|a| a.id.clone()).collect()
+        // A read that fails (a server away) is tried again next round.
+        if let Ok(page) = log.read_outcomes(&OutcomeFilter::All, from, PAGE).await
+            && let Some(last) = page.last()
+        {
+            from = last.seq + 1;
+            for outcome in &page {
+                waiting.remove(outcome.cmd_id.as_str());
             }
-            Err(_) => acked.iter().map(|a| a.id.clone()).collect(),
-        };
-        if missing.is_empty() || Instant::now() > deadline {
-            return Ok(missing);
+            continue;
+        }
+        if waiting.is_empty() || Instant::now() > deadline {
+            return Ok(acked.iter().filter(|a| waiting.contains(a.id.as_str())).map(|a| a.id.clone()).collect());
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -225,11 +230,21 @@ pub(crate) fn check_outcomes(outcomes: &[StoredOutcome], acked: &[Acked], findin
     }
 }
 
-/// What the fold of the log says is on each agent's machine: each resource it has on it, by state (`Err`: the log
-/// cannot be folded, which is itself a violation).
-type Held = HashMap<String, HashMap<ResourceId, String>>;
+/// Where a resource of the fold stands, as far as its machine is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Standing {
+    Pending,
+    Live,
+    Releasing,
+    Lost,
+    Destroyed,
+}
 
-/// The resources each agent's machine may hold: those the fold of the whole log has on it and not destroyed.
+/// What the fold of the log says is on each agent's machine: each resource it has on it, by standing.
+type Held = HashMap<String, HashMap<ResourceId, Standing>>;
+
+/// The resources each agent's machine may hold: those the fold of the whole log has on it and not destroyed (`Err`:
+/// the log cannot be folded, which is itself a violation).
 pub(crate) async fn live_resources(log: &JetStream) -> anyhow::Result<Result<Held, String>> {
     let mut fold = Fold::new(log.partitions());
     let mut entries = leasehold_log::export::entries(log.clone(), None);
@@ -244,17 +259,17 @@ pub(crate) async fn live_resources(log: &JetStream) -> anyhow::Result<Result<Hel
             return Ok(Err(format!("{failure:?}")));
         }
     }
-    let mut out: HashMap<String, HashMap<ResourceId, String>> = HashMap::new();
+    let mut out = Held::new();
     for state in fold.states() {
         for resource in state.resources() {
-            let name = match &resource.state {
-                ResourceState::Destroyed { .. } => "destroyed",
-                ResourceState::Lost { .. } => "lost",
-                ResourceState::Releasing { .. } => "releasing",
-                ResourceState::Pending => "pending",
-                _ => "live",
+            let standing = match &resource.state {
+                ResourceState::Destroyed { .. } => Standing::Destroyed,
+                ResourceState::Lost { .. } => Standing::Lost,
+                ResourceState::Releasing { .. } => Standing::Releasing,
+                ResourceState::Pending => Standing::Pending,
+                _ => Standing::Live,
             };
-            out.entry(resource.agent.to_string()).or_default().insert(resource.id, name.to_owned());
+            out.entry(resource.agent.to_string()).or_default().insert(resource.id, standing);
         }
     }
     Ok(Ok(out))
@@ -317,10 +332,8 @@ pub(crate) async fn check_machines(
             return Ok(());
         }
     };
-    findings.releasing =
-        live.values().flat_map(HashMap::values).filter(|state| state.as_str() == "releasing").count() as u64;
-    findings.pending =
-        live.values().flat_map(HashMap::values).filter(|state| state.as_str() == "pending").count() as u64;
+    let count = |standing| live.values().flat_map(HashMap::values).filter(|s| **s == standing).count() as u64;
+    (findings.releasing, findings.pending) = (count(Standing::Releasing), count(Standing::Pending));
     for machine in machines {
         let agent = match machine {
             Machine::Dir { agent, .. } | Machine::Docker { agent } => agent,
@@ -328,10 +341,10 @@ pub(crate) async fn check_machines(
         let held = live.get(agent.as_str());
         for id in on_machine(machine).await? {
             findings.on_machines += 1;
-            match held.and_then(|h| h.get(&id)).map(String::as_str) {
+            match held.and_then(|h| h.get(&id)) {
                 None => findings
                     .violation("leftover", format!("{agent}'s machine holds {id}, which the log never gave {agent}")),
-                Some("destroyed") => findings.violation(
+                Some(Standing::Destroyed) => findings.violation(
                     "leftover",
                     format!("{agent}'s machine still holds {id}, which the log says was destroyed"),
                 ),
@@ -411,5 +424,58 @@ mod tests {
         assert_eq!(verify_failure(None, " cannot connect \n"), "cannot connect");
         let no_failure = serde_json::json!({ "ok": false, "report": { "failure": null } });
         assert_eq!(verify_failure(Some(&no_failure), "exit 1"), "exit 1");
+    }
+
+    /// Outcome `seq` of partition 0 answering command `cmd_seq` (id `id`), part `part`, after `prev_seq`.
+    fn outcome(seq: u64, id: &str, cmd_seq: u64, part: u32, prev_seq: u64) -> StoredOutcome {
+        StoredOutcome {
+            seq,
+            partition: 0,
+            key: "a".to_owned(),
+            cmd_id: id.to_owned(),
+            cmd_seq,
+            part,
+            prev_seq,
+            payload: bytes::Bytes::new(),
+        }
+    }
+
+    fn acked(id: &str, seq: u64) -> Acked {
+        Acked {
+            id: id.to_owned(),
+            seq,
+            partition: 0,
+            type_name: "op.allocate".to_owned(),
+            at: std::time::Instant::now(),
+        }
+    }
+
+    fn kinds(outcomes: &[StoredOutcome], acked: &[Acked]) -> (Vec<&'static str>, Vec<String>) {
+        let mut findings = Findings::default();
+        check_outcomes(outcomes, acked, &mut findings);
+        (findings.violations.iter().map(|v| v.kind).collect(), findings.undecided)
+    }
+
+    #[test]
+    fn a_clean_log_passes_and_each_broken_promise_has_its_kind() {
+        let acked = [acked("c1", 1), acked("c2", 2), acked("c3", 3)];
+        // c1 in two parts, then c2; c3 not decided yet (liveness, not a violation).
+        let clean = [outcome(1, "c1", 1, 0, 0), outcome(2, "c1", 1, 1, 1), outcome(3, "c2", 2, 0, 2)];
+        assert_eq!(kinds(&clean, &acked), (vec![], vec!["c3".to_owned()]));
+
+        let twice = [clean[0].clone(), clean[1].clone(), clean[2].clone(), outcome(4, "c2", 0, 0, 3)];
+        assert!(kinds(&twice, &acked).0.contains(&"twice"));
+
+        let skipped = [clean[0].clone(), clean[1].clone(), outcome(3, "c3", 3, 0, 2)];
+        assert_eq!(kinds(&skipped, &acked).0, vec!["skipped"]);
+
+        let chain = [clean[0].clone(), clean[1].clone(), outcome(3, "c2", 2, 0, 1)];
+        assert_eq!(kinds(&chain, &acked).0, vec!["chain"]);
+
+        let order = [outcome(1, "c2", 2, 0, 0), outcome(2, "c1", 1, 0, 1), outcome(3, "c1", 1, 1, 2)];
+        assert_eq!(kinds(&order, &acked).0, vec!["order"]);
+
+        let part_missing = [outcome(1, "c1", 1, 1, 0), clean[2].clone()];
+        assert_eq!(kinds(&part_missing, &acked).0, vec!["order", "chain"]);
     }
 }

@@ -24,7 +24,11 @@ impl Seen {
         let ids: Vec<&str> = decided.map(|a| a.id.as_str()).collect();
         let deadline = tokio::time::Instant::now() + limit;
         while tokio::time::Instant::now() < deadline {
-            if ids.iter().all(|id| self.0.lock().expect("the seen map").contains_key(*id)) {
+            let all = {
+                let seen = self.0.lock().expect("the seen map");
+                ids.iter().all(|id| seen.contains_key(*id))
+            };
+            if all {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
