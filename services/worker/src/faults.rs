@@ -17,11 +17,14 @@
 //!   parts name the command id (`Lh-Cmd-Id`), with the same decision. The writer applies the outcome once and goes
 //!   on; any later fold of the partition (a reload, another worker taking it over, a projector) refuses the copy
 //!   (out of order) and stops there, as it must on a log a buggy writer wrote.
-//! - `LEASEHOLD_FAULT_SKIP_OUTCOME=N`: the N-th command this process decides gets no outcome at all, yet is acked
-//!   as done: a lost decision. Nothing is appended or applied; whenever this process decides that command again (its
+//! - `LEASEHOLD_FAULT_SKIP_OUTCOME=N`: the N-th operator command (class `op`, what producers publish and a harness
+//!   records as acknowledged; counting from 1 over all its partitions) this process decides gets no outcome at all,
+//!   yet is acked as done: a lost decision. (Agents' reports and leasehold's own `sys` commands are not counted: a
+//!   harness's check of acknowledged commands could not see one of them lost, only `verify` could.) Nothing is appended or applied; whenever this process decides that command again (its
 //!   partition reloaded before a later outcome passed it), it is skipped again.
 //!
-//! `DOUBLE` and `SKIP` cannot name the same command. Each fault that fires prints one line on stderr, for a harness
+//! `DOUBLE` and `SKIP` cannot be given the same number; should both still fall on one command, it is skipped and the
+//! doubling does not fire. Each fault that fires prints one line on stderr, for a harness
 //! to count:
 //!
 //! ```text
@@ -197,6 +200,8 @@ pub struct FaultPoints {
     on_fire: OnFire,
     /// Commands decided so far.
     decided: AtomicU64,
+    /// Operator commands decided (the skip counts these).
+    operator_decided: AtomicU64,
     crashed: AtomicBool,
     doubled: OnceLock<CommandId>,
     skipped: OnceLock<CommandId>,
@@ -221,6 +226,7 @@ impl FaultPoints {
             plan,
             on_fire,
             decided: AtomicU64::new(0),
+            operator_decided: AtomicU64::new(0),
             crashed: AtomicBool::new(false),
             doubled: OnceLock::new(),
             skipped: OnceLock::new(),
@@ -249,7 +255,8 @@ impl FaultPoints {
     /// Counts a command decided (given an outcome to append) and says what becomes of its outcome. A command this
     /// process doubled or skipped before (its group did not land, or its partition reloaded) is doubled or skipped
     /// again, without counting or telling again.
-    pub(crate) fn on_decided(&self, command: CommandId) -> Action {
+    /// `operator`: the command is of class `op` (only those count for the skip).
+    pub(crate) fn on_decided(&self, command: CommandId, operator: bool) -> Action {
         if self.skipped.get() == Some(&command) {
             return Action::Skip;
         }
@@ -257,7 +264,8 @@ impl FaultPoints {
             return Action::Double;
         }
         let n = self.decided.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.plan.skip_outcome == Some(n) && self.skipped.set(command).is_ok() {
+        let operator_n = if operator { self.operator_decided.fetch_add(1, Ordering::SeqCst) + 1 } else { 0 };
+        if operator && self.plan.skip_outcome == Some(operator_n) && self.skipped.set(command).is_ok() {
             (self.on_fire)(&Fired::Skipped { command });
             return Action::Skip;
         }

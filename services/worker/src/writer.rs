@@ -385,7 +385,9 @@ impl<L: Log> Writer<L> {
         };
         self.counts.decided += 1;
         #[cfg(feature = "fault-points")]
-        match self.config.faults.as_ref().map(|faults| faults.on_decided(envelope.command_id)) {
+        match self.config.faults.as_ref().map(|faults| {
+            faults.on_decided(envelope.command_id, envelope.body.class() == leasehold_schemas::CommandClass::Op)
+        }) {
             // A lost decision: nothing appended or applied, and the command acked with the others.
             Some(crate::faults::Action::Skip) => return Ok(()),
             Some(crate::faults::Action::Double) => self.double_next = true,

@@ -222,7 +222,7 @@ async fn a_doubled_outcome_is_stored_and_the_writer_goes_on_jetstream() {
     a_doubled_outcome_is_stored_and_the_writer_goes_on(jetstream(&server).await).await;
 }
 
-/// `SKIP_OUTCOME=2`: the second command decided gets no outcome, yet the writer passes it and decides the next;
+/// `SKIP_OUTCOME=1`: the first operator command decided (after an agent's registration) gets no outcome, yet the writer passes it and decides the next;
 /// a worker that loads the partition afterwards (another process) does not decide it either: it is lost.
 async fn a_skipped_outcome_is_lost_for_good<L: Log>(log: L) {
     let mut producer = Producer::new(log.clone());
@@ -231,7 +231,7 @@ async fn a_skipped_outcome_is_lost_for_good<L: Log>(log: L) {
     let skipped = producer.allocate(&w0).await;
     let after = producer.allocate(&w0).await;
     let recorder = Recorder::default();
-    let faults = recorder.points(FaultPlan { skip_outcome: Some(2), ..FaultPlan::default() });
+    let faults = recorder.points(FaultPlan { skip_outcome: Some(1), ..FaultPlan::default() });
     let shutdown = CancellationToken::new();
     let worker = tokio::spawn(leasehold_worker::run(log.clone(), config(&faults), shutdown.clone()));
     outcomes(&log, 2).await;
