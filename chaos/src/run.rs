@@ -403,7 +403,7 @@ async fn start_fleet(
     for w in 0..count {
         let mut args = vec!["serve".to_owned(), "--roles".to_owned(), "worker".to_owned()];
         args.extend(common(dir.join(format!("worker{w}"))));
-        args.extend(["--name".to_owned(), format!("chaos-w{w}"), "--priority-timeout".to_owned(), "5s".to_owned()]);
+        args.extend(["--name".to_owned(), format!("chaos-w{w}")]);
         let mut spec = leasehold(exe, &format!("worker{w}"), args, None);
         if w == 0 {
             match options.self_test.as_deref() {

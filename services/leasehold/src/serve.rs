@@ -101,8 +101,11 @@ pub(crate) struct ServeArgs {
     gc: crate::agents::GcArgs,
     #[command(flatten)]
     log: crate::nats_args::LogArgs,
-    /// How long a worker's hold on a partition outlives it (JetStream `priority_timeout`).
-    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    /// How long a worker's hold on a partition outlives it (JetStream `priority_timeout`, and how long a worker stays
+    /// listed as alive): a survivor decides a dead worker's partitions again within about this long, and a live
+    /// worker keeps them through a pause (GC, slow disk) of up to seven eighths of it. The log's creator sets it for
+    /// the log; a later process with another value is told so and uses the log's.
+    #[arg(long, default_value = "2.5s", value_parser = humantime::parse_duration)]
     priority_timeout: Duration,
     /// How long a command delivered to a worker waits for its ack before it is delivered again.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -111,7 +114,8 @@ pub(crate) struct ServeArgs {
     /// does not fsync every write (`sync_interval: always`).
     #[arg(long, requires = "nats")]
     nats_monitor: Option<String>,
-    /// This worker's name (default: host and process id).
+    /// This worker's name, unique among live workers (default: the host's name and the --listen port, which a
+    /// restart on the same machine keeps; with port 0, the process id instead).
     #[arg(long)]
     name: Option<String>,
     /// A newer schema version being rolled out: this worker stops a partition at a command of it (for a newer worker
@@ -364,7 +368,7 @@ async fn serve<L: Log>(
     shutdown: CancellationToken,
     running: &Running,
 ) -> anyhow::Result<()> {
-    let name = args.name.clone().unwrap_or_else(default_name);
+    let name = args.name.clone().unwrap_or_else(|| default_name(args.listen.port()));
     #[cfg(feature = "fault-points")]
     let faults = checked.faults.clone();
     let Checked { agents, tokens, .. } = checked;
@@ -634,10 +638,13 @@ async fn sweep<L: Log>(
     }
 }
 
-fn default_name() -> String {
+/// A worker's name when none is given: the host's and the --listen port's, stable across restarts on one machine (so a
+/// restarted worker keeps its share of the partitions instead of moving them twice), and unique there (two processes
+/// cannot listen on one port). Port 0 is no name: the process id stands in for it.
+fn default_name(port: u16) -> String {
     let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
     let host = if host.is_empty() { "worker".to_owned() } else { host };
-    format!("{host}-{}", std::process::id())
+    if port == 0 { format!("{host}-pid{}", std::process::id()) } else { format!("{host}-{port}") }
 }
 
 #[cfg(test)]

@@ -56,6 +56,7 @@ use tokio::time::Instant;
 
 #[cfg(feature = "embedded")]
 mod bench;
+mod workers;
 
 use crate::{
     Appended, CommandRecord, DeadLetter, Error, HEADER_BATCH_INDEX, HEADER_CMD_ID, HEADER_CMD_SEQ,
@@ -74,6 +75,11 @@ pub const DLQ_STREAM: &str = "LH_DLQ";
 pub const SNAPSHOT_BUCKET: &str = "LH_SNAPSHOTS";
 /// The key-value bucket of live workers (its stream is `KV_LH_WORKERS`).
 pub const WORKERS_BUCKET: &str = "LH_WORKERS";
+/// How long a writer keeps its partition without pulling, and a worker stays listed after it last said it is alive,
+/// on a log whose creator named no other (`--priority-timeout`). A survivor takes a dead worker's partitions within
+/// about this long; a live worker keeps them through a pause of up to seven eighths of it (it pulls and says it is
+/// alive every eighth).
+pub const DEFAULT_PRIORITY_TIMEOUT: Duration = Duration::from_millis(2500);
 /// The priority group of every writer consumer.
 pub const WRITER_GROUP: &str = "writer";
 /// How long `LH_CMD` keeps a command.
@@ -162,7 +168,7 @@ impl JetStreamConfig {
             credentials: Credentials::None,
             partitions,
             replicas: 1,
-            priority_timeout: Duration::from_secs(15),
+            priority_timeout: DEFAULT_PRIORITY_TIMEOUT,
             ack_wait: Duration::from_secs(30),
             request_timeout: Duration::from_secs(5),
             inbox_prefix: None,
@@ -253,6 +259,8 @@ struct Streams {
     snapshots: ObjectStore,
     /// Live workers: one key per worker, expiring after `priority_timeout`.
     workers: async_nats::jetstream::kv::Store,
+    /// What this process has seen of `workers` ([`workers`]).
+    workers_seen: Arc<std::sync::Mutex<workers::Seen>>,
     /// How long a key of `workers` lives: the bucket's own setting (its creator's).
     worker_ttl: Duration,
     /// Whether `LH_EVT` and `LH_CMD` allow atomic batches (a log made before group commit does not, until a user
@@ -376,12 +384,13 @@ impl JetStream {
             );
         }
         let snapshots = snapshot_bucket(&js, replicas).await?;
-        let workers = workers_bucket(&js, replicas, (!client_only).then_some(config.priority_timeout)).await?;
+        let workers = workers::workers_bucket(&js, replicas, (!client_only).then_some(config.priority_timeout)).await?;
         let worker_ttl = match workers.status().await {
             Ok(status) if !status.info.config.max_age.is_zero() => status.info.config.max_age,
             _ => config.priority_timeout,
         };
-        let streams = Streams { cmd, evt, dlq, snapshots, workers, worker_ttl, evt_atomic, cmd_atomic };
+        let workers_seen = Arc::default();
+        let streams = Streams { cmd, evt, dlq, snapshots, workers, workers_seen, worker_ttl, evt_atomic, cmd_atomic };
         Ok(JetStream { inner: Inner::new(client, js, config, Some(streams), None) })
     }
 
@@ -1013,51 +1022,6 @@ async fn snapshot_bucket(js: &Context, replicas: usize) -> Result<ObjectStore, E
     }
 }
 
-/// The key-value bucket of live workers: a worker's key expires `ttl` after it last said it is alive.
-/// `ttl` `None`: a client that has no say in it (the bucket's own, or 15 s if it must be created).
-async fn workers_bucket(
-    js: &Context,
-    replicas: usize,
-    ttl: Option<Duration>,
-) -> Result<async_nats::jetstream::kv::Store, Error> {
-    let told = ttl.is_some();
-    let ttl = ttl.unwrap_or(Duration::from_secs(15));
-    match js.get_key_value(WORKERS_BUCKET).await {
-        Ok(store) => {
-            // Its creator's time-to-live holds for everyone: say so when this process was started with another.
-            if told
-                && let Ok(status) = store.status().await
-                && status.info.config.max_age != ttl
-            {
-                tracing::warn!(
-                    bucket = WORKERS_BUCKET,
-                    theirs = ?status.info.config.max_age,
-                    ours = ?ttl,
-                    "live workers expire after the bucket's time-to-live, not this process's --priority-timeout"
-                );
-            }
-            return Ok(store);
-        }
-        Err(e) if e.kind() == async_nats::jetstream::context::KeyValueErrorKind::GetBucket => {}
-        Err(e) => return Err(unavailable("cannot open the workers bucket", e)),
-    }
-    let config = async_nats::jetstream::kv::Config {
-        bucket: WORKERS_BUCKET.to_owned(),
-        description: "leasehold: live workers (a key expires when its worker stops saying it is alive)".to_owned(),
-        history: 1,
-        max_age: ttl,
-        storage: StorageType::File,
-        num_replicas: replicas,
-        ..Default::default()
-    };
-    match js.create_key_value(config).await {
-        Ok(store) => Ok(store),
-        Err(_) => {
-            js.get_key_value(WORKERS_BUCKET).await.map_err(|e| unavailable("cannot create the workers bucket", e))
-        }
-    }
-}
-
 fn snapshot_object(partition: u32) -> String {
     format!("partition-{partition}")
 }
@@ -1537,24 +1501,7 @@ impl Log for JetStream {
     }
 
     async fn workers(&self, worker: &str, alive: bool) -> Result<Vec<String>, Error> {
-        let store = &self.streams()?.workers;
-        if alive {
-            store
-                .put(worker, Bytes::from_static(b"alive"))
-                .await
-                .map_err(|e| unavailable("cannot say this worker is alive", e))?;
-        } else {
-            store.purge(worker).await.map_err(|e| unavailable("cannot say this worker is leaving", e))?;
-        }
-        let keys = store.keys().await.map_err(|e| unavailable("cannot list the workers", e))?;
-        let mut workers: Vec<String> = keys
-            .collect::<Vec<_>>()
-            .await
-            .into_iter()
-            .collect::<Result<_, _>>()
-            .map_err(|e| unavailable("cannot list the workers", e))?;
-        workers.sort();
-        Ok(workers)
+        self.live_workers(worker, alive).await
     }
 
     fn worker_ttl(&self) -> Duration {
@@ -1585,7 +1532,7 @@ impl Log for JetStream {
             inbox,
             deliveries,
             // The consumer's own timeout (its creator's), which may differ from this process's flag.
-            pull_expires: (info.config.priority_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(5)),
+            pull_expires: (info.config.priority_timeout / 8).clamp(Duration::from_millis(50), Duration::from_secs(5)),
             pin: None,
             lost: false,
             pull: None,
@@ -1688,7 +1635,7 @@ fn consumer_matches(wanted: &consumer::pull::Config, got: &consumer::Config) -> 
 /// - A 423 answers a pull whose pin id is no longer the pinned one: the pin moved, so the owner is
 ///   [`Error::Lost`] from then on. A delivery with another pin id means the same.
 /// - Pulls are sent only while the owner is used ([`Owner::next_commands`], [`Owner::done_through`]), each
-///   expiring after a quarter of `priority_timeout`, so a stuck worker loses the pin after `priority_timeout`.
+///   expiring after an eighth of `priority_timeout`, so a stuck worker loses the pin after `priority_timeout`.
 ///
 /// The server pins a client only when it has a message to deliver. So an owner may hold a partition that nobody is
 /// pinned to, because no command waits: there is nothing to decide, and two workers may both believe they own

@@ -86,7 +86,9 @@ pub struct WorkerConfig {
     pub name: String,
     /// Which partitions it may serve (all when `None`).
     pub partitions: Option<Vec<u32>>,
-    /// How often the worker looks again at who is alive and which partitions it should serve.
+    /// How often the worker looks again at who is alive and which partitions it should serve, at most (a twentieth
+    /// of the log's worker time-to-live when that is sooner), and how long a partition another worker holds waits,
+    /// at most, before it is asked for again.
     pub retry_own: Duration,
     /// A partition nobody serves for this long is taken by this worker whatever its share (default: twice the
     /// log's worker time-to-live, which on JetStream is `priority_timeout`).
@@ -141,7 +143,16 @@ enum Held {
     Adopted,
 }
 
-type PartitionTask = tokio::task::JoinHandle<(Counts, Result<(), Error>)>;
+type PartitionTask = tokio::task::JoinHandle<(Counts, Result<Served, Error>)>;
+
+/// How one try at serving a partition ended, short of an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Served {
+    /// Another worker holds it: asked again soon, then less and less often.
+    NotOwned,
+    /// Served until the hold was lost, the share moved or the worker stopped.
+    Ended,
+}
 
 /// Runs a worker until `shutdown`. It says it is alive to the log, serves its share of the partitions among the
 /// live workers (about `ceil(P / live)`), gives a partition up when the share moves to another worker, and takes
@@ -150,13 +161,15 @@ type PartitionTask = tokio::task::JoinHandle<(Counts, Result<(), Error>)>;
 pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationToken) -> Report {
     let all: Vec<u32> = config.partitions.clone().unwrap_or_else(|| (0..log.partitions()).collect());
     let takeover_after = config.takeover_after.unwrap_or(log.worker_ttl() * 2);
+    // How often this worker looks: its `retry_own`, or a twentieth of the time-to-live when that is sooner, so that a
+    // dead worker's partitions are asked for soon after it is seen gone.
+    let tick = config.retry_own.min(log.worker_ttl() / 20).max(Duration::from_millis(10));
     let check_unserved = (takeover_after / 4).max(config.retry_own);
     let mut report = Report::default();
     let mut running: BTreeMap<u32, (Held, CancellationToken, PartitionTask)> = BTreeMap::new();
     let mut unserved_since: BTreeMap<u32, tokio::time::Instant> = BTreeMap::new();
     let mut live = vec![config.name.clone()];
     let mut last_unserved_check: Option<tokio::time::Instant> = None;
-    let mut last_refresh: Option<tokio::time::Instant> = None;
     // A partition whose writer gave up for a transient reason is asked for again after a pause that doubles.
     let mut not_before: BTreeMap<u32, (tokio::time::Instant, Duration)> = BTreeMap::new();
     loop {
@@ -169,7 +182,14 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
                 Ok((counts, result)) => {
                     report.counts += counts;
                     match result {
-                        Ok(()) => {}
+                        Ok(Served::Ended) => {
+                            not_before.remove(&partition);
+                        }
+                        Ok(Served::NotOwned) => {
+                            // Held elsewhere (a dead worker's pin not yet expired, or a share not yet given up).
+                            let pause = not_before.get(&partition).map_or(tick, |(_, p)| *p * 2).min(config.retry_own);
+                            not_before.insert(partition, (tokio::time::Instant::now() + pause, pause));
+                        }
                         Err(e) if e.is_transient() => {
                             let pause = not_before.get(&partition).map_or(config.retry_own, |(_, p)| *p * 2);
                             let pause = pause.min(Duration::from_secs(30));
@@ -197,13 +217,9 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
         if shutdown.is_cancelled() {
             break;
         }
-        // Say this worker is alive (and learn who else is) a few times per time-to-live, not on every pass: on
-        // JetStream each call is a write and a listing of the bucket.
-        let refresh = last_refresh.is_none_or(|at| at.elapsed() >= log.worker_ttl() / 3);
-        let listed = if refresh { Some(log.workers(&config.name, true).await) } else { None };
-        if refresh {
-            last_refresh = Some(tokio::time::Instant::now());
-        }
+        // Say this worker is alive and learn who else is, on every pass: the log says it is alive only a few times per
+        // time-to-live however often it is asked, and answers from what it has seen (on JetStream, a watch).
+        let listed = Some(log.workers(&config.name, true).await);
         match listed {
             None => {}
             Some(Ok(mut now_live)) => {
@@ -309,7 +325,7 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
         tokio::select! {
             biased;
             () = shutdown.cancelled() => {}
-            () = tokio::time::sleep(config.retry_own) => {}
+            () = tokio::time::sleep(tick) => {}
         }
     }
     for (partition, (_, token, task)) in running {
@@ -343,13 +359,13 @@ async fn serve_once<L: Log>(
     config: &WorkerConfig,
     stop: &CancellationToken,
     tracked: &metrics::Tracked,
-) -> (Counts, Result<(), Error>) {
+) -> (Counts, Result<Served, Error>) {
     let mut owner = match log.own(partition, &config.name).await {
         Ok(Some(owner)) => owner,
-        Ok(None) => return (Counts::default(), Ok(())),
+        Ok(None) => return (Counts::default(), Ok(Served::NotOwned)),
         Err(e @ leasehold_log::Error::Unavailable(_)) => {
             tracing::warn!(partition, error = %e, "cannot ask for the partition now");
-            return (Counts::default(), Ok(()));
+            return (Counts::default(), Ok(Served::NotOwned));
         }
         Err(e) => return (Counts::default(), Err(e.into())),
     };
@@ -365,7 +381,7 @@ async fn serve_once<L: Log>(
             () = tokio::time::sleep(config.writer.poll / 2) => {
                 if let Err(e) = owner.keep_alive().await {
                     tracing::info!(partition, error = %e, "the hold was lost while loading");
-                    return (Counts::default(), Ok(()));
+                    return (Counts::default(), Ok(Served::Ended));
                 }
             }
         }
@@ -383,11 +399,11 @@ async fn serve_once<L: Log>(
     match result {
         Ok(Stop::Shutdown) => {
             owner.release().await;
-            (counts, Ok(()))
+            (counts, Ok(Served::Ended))
         }
         Ok(Stop::Lost) => {
             tracing::info!(partition, worker = %config.name, "another worker serves the partition now");
-            (counts, Ok(()))
+            (counts, Ok(Served::Ended))
         }
         Err(e) => {
             tracing::error!(partition, error = %e, "partition stopped");
