@@ -7,7 +7,8 @@
 //!
 //! `leasehold bench regrant` (how soon a released pool identifier goes to the holder waiting for it) is in
 //! `bench/regrant.rs`; `leasehold bench place` (how long a placement takes, in command round trips) in
-//! `bench/place.rs`.
+//! `bench/place.rs`; `leasehold bench takeover` (how soon a killed worker's partitions are decided again) in
+//! `bench/takeover.rs`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 mod place;
 mod regrant;
+mod takeover;
 
 /// A benchmark that measures on one log, whichever it is (`bench regrant`, `bench place`).
 pub(crate) trait OnLog {
@@ -100,6 +102,9 @@ pub(crate) enum BenchCmd {
     /// How long a placement takes (op.place to placement-bound, and to its resource allocated; p50/p99 of many
     /// rounds) beside one command's round trip, with the services of `serve` and a few agents in this process.
     Place(place::PlaceArgs),
+    /// How soon a killed worker's partitions are decided again by a survivor (p50/p99 over many kills of worker
+    /// processes under load), and how often a pin moves when it should not (kills and pauses): NATS only.
+    Takeover(takeover::TakeoverArgs),
     /// (Used by `throughput`.) Folds partition 0 of a one-partition log in a fresh process and prints the memory
     /// the fold took, per live resource, as JSON.
     #[command(hide = true)]
@@ -188,6 +193,7 @@ pub(crate) fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Memory(args) => runtime.block_on(memory(args)),
         BenchCmd::Regrant(args) => runtime.block_on(regrant::run(args)),
         BenchCmd::Place(args) => runtime.block_on(place::run(args)),
+        BenchCmd::Takeover(args) => runtime.block_on(takeover::run(args)),
     }
 }
 
@@ -462,7 +468,7 @@ pub(crate) async fn fanout<L: Log>(log: &L, agents: u64, n: u64) -> anyhow::Resu
     Ok(n as f64 / start.elapsed().as_secs_f64())
 }
 
-struct Ids(u64);
+pub(crate) struct Ids(pub(crate) u64);
 
 impl Ids {
     fn next(&mut self) -> [u8; 10] {
@@ -482,14 +488,14 @@ fn agents(partitions: u32) -> Vec<AgentName> {
     (0..partitions * 4).map(|i| AgentName::new(format!("bench-{i}")).expect("a valid name")).collect()
 }
 
-fn registration(agent: &AgentName, ids: &mut Ids) -> Envelope {
+pub(crate) fn registration(agent: &AgentName, ids: &mut Ids) -> Envelope {
     let at = now();
     let body =
         Register { settings: Some(AgentSettings::default()), ..Register::new(agent.clone(), Uuid::from_u128(7)) };
     Envelope::new(CommandId::from_parts(at.0, ids.next()), Issuer::new(agent.as_str()).expect("valid"), at, body)
 }
 
-fn allocation(agent: &AgentName, ids: &mut Ids) -> Envelope {
+pub(crate) fn allocation(agent: &AgentName, ids: &mut Ids) -> Envelope {
     let at = now();
     let resource = ResourceId::from_parts(at.0, ids.next());
     let mut attributes = BTreeMap::new();
@@ -606,6 +612,11 @@ async fn outcomes_landed<L: Log>(
 }
 
 /// The `q` quantile of `latencies` (sorted here), in milliseconds.
+/// [`quantile_ms`], in seconds.
+pub(crate) fn quantile_s(durations: &mut [Duration], q: f64) -> f64 {
+    quantile_ms(durations, q) / 1000.0
+}
+
 fn quantile_ms(latencies: &mut [Duration], q: f64) -> f64 {
     latencies.sort();
     if latencies.is_empty() {

@@ -1518,7 +1518,11 @@ impl Log for JetStream {
             return Err(Error::Refused(format!("there is no partition {partition}")));
         }
         let info = self.writer_consumer(partition).await?;
-        if pinned_client(&info).is_some() {
+        // Pinned to another client with commands waiting: that client may be a dead worker whose pin has not expired
+        // yet. The pull below then waits in the server's queue, and the server pins it the moment the old pin
+        // expires, sooner than a second ask would learn of it.
+        let pinned_elsewhere = pinned_client(&info).is_some();
+        if pinned_elsewhere && info.num_pending == 0 {
             return Ok(None);
         }
         let client = &self.inner.client;
@@ -1543,7 +1547,8 @@ impl Log for JetStream {
         };
         owner.keep_pulling().await?;
         if info.num_pending > 0 {
-            // Commands wait: the server pins the first client that pulls. Learn whether that is us.
+            // Commands wait: the server pins the first client that pulls (once the old pin, if any, is gone). Learn
+            // whether that is us.
             let deadline = Instant::now() + owner.pull_expires.min(Duration::from_secs(1));
             while owner.pin.is_none() && !owner.lost {
                 match tokio::time::timeout_at(deadline, owner.deliveries.next()).await {

@@ -234,8 +234,8 @@ pub(crate) async fn measure<L: Log>(log: &L, args: &PlaceArgs, backend: &str) ->
     let placed: BTreeSet<ResourceId> = timed.placed.iter().copied().collect();
     let counted = count_commands(log, &rounds.protocol, &placed).await?;
     let (placements_with_one_resource, placed_per_agent) = resources_made(log, &placed).await?;
-    let round_trip_p50 = quantile_s(&mut timed.round_trips, 0.50);
-    let allocated_p50 = quantile_s(&mut timed.allocated, 0.50);
+    let round_trip_p50 = super::quantile_s(&mut timed.round_trips, 0.50);
+    let allocated_p50 = super::quantile_s(&mut timed.allocated, 0.50);
     let per_placement = |n: usize| n as f64 / placed.len().max(1) as f64;
     Ok(PlaceFigures {
         backend: backend.to_owned(),
@@ -244,15 +244,15 @@ pub(crate) async fn measure<L: Log>(log: &L, args: &PlaceArgs, backend: &str) ->
         concurrency: args.concurrency,
         sweep_interval_s: args.sweep_interval.as_secs_f64(),
         plan_gap_s: plan_gap.as_secs_f64(),
-        place_wanted_p50_s: quantile_s(&mut timed.wanted, 0.50),
-        place_reserved_p50_s: quantile_s(&mut timed.reserved, 0.50),
-        place_bound_p50_s: quantile_s(&mut timed.bound, 0.50),
-        place_bound_p99_s: quantile_s(&mut timed.bound, 0.99),
+        place_wanted_p50_s: super::quantile_s(&mut timed.wanted, 0.50),
+        place_reserved_p50_s: super::quantile_s(&mut timed.reserved, 0.50),
+        place_bound_p50_s: super::quantile_s(&mut timed.bound, 0.50),
+        place_bound_p99_s: super::quantile_s(&mut timed.bound, 0.99),
         place_allocated_p50_s: allocated_p50,
-        place_allocated_p99_s: quantile_s(&mut timed.allocated, 0.99),
-        place_allocated_max_s: quantile_s(&mut timed.allocated, 1.0),
+        place_allocated_p99_s: super::quantile_s(&mut timed.allocated, 0.99),
+        place_allocated_max_s: super::quantile_s(&mut timed.allocated, 1.0),
         command_round_trip_p50_s: round_trip_p50,
-        command_round_trip_p99_s: quantile_s(&mut timed.round_trips, 0.99),
+        command_round_trip_p99_s: super::quantile_s(&mut timed.round_trips, 0.99),
         placed_in_round_trips: allocated_p50 / round_trip_p50.max(1e-9),
         commands_per_placement: per_placement(counted.values().sum()),
         commands_by_type: counted.into_iter().map(|(type_name, n)| (type_name, per_placement(n))).collect(),
@@ -561,11 +561,6 @@ async fn resources_made<L: Log>(
         }
     }
     Ok((made.values().filter(|agents| agents.len() == 1).count(), per_agent))
-}
-
-/// [`super::quantile_ms`], in seconds.
-fn quantile_s(durations: &mut [Duration], q: f64) -> f64 {
-    super::quantile_ms(durations, q) / 1000.0
 }
 
 fn print_table(f: &PlaceFigures) {

@@ -194,10 +194,10 @@ pub(crate) async fn measure<L: Log>(log: &L, args: &RegrantArgs, backend: &str) 
         stopped.context("a service panicked")??;
     }
     let (mut timed, mut round_trips) = timed?;
-    let round_trip_p50 = quantile_s(&mut round_trips, 0.50);
-    let regrant_p50 = quantile_s(&mut timed, 0.50);
+    let round_trip_p50 = super::quantile_s(&mut round_trips, 0.50);
+    let regrant_p50 = super::quantile_s(&mut timed, 0.50);
     let target = 1.0 + 2.0 * args.sweep_interval.as_secs_f64();
-    let p99 = quantile_s(&mut timed, 0.99);
+    let p99 = super::quantile_s(&mut timed, 0.99);
     Ok(RegrantFigures {
         backend: backend.to_owned(),
         rounds: args.rounds,
@@ -207,7 +207,7 @@ pub(crate) async fn measure<L: Log>(log: &L, args: &RegrantArgs, backend: &str) 
         sweep_interval_s: args.sweep_interval.as_secs_f64(),
         regrant_p50_s: regrant_p50,
         regrant_p99_s: p99,
-        regrant_max_s: quantile_s(&mut timed, 1.0),
+        regrant_max_s: super::quantile_s(&mut timed, 1.0),
         command_round_trip_p50_s: round_trip_p50,
         regrant_in_round_trips: regrant_p50 / round_trip_p50.max(1e-9),
         target_p99_s: target,
@@ -339,12 +339,6 @@ impl<L: Log> Rounds<'_, L> {
             }
         }
     }
-}
-
-/// The `q` quantile of `durations` (sorted here), in seconds.
-/// [`super::quantile_ms`], in seconds.
-fn quantile_s(durations: &mut [Duration], q: f64) -> f64 {
-    super::quantile_ms(durations, q) / 1000.0
 }
 
 fn print_table(f: &RegrantFigures) {
