@@ -261,17 +261,18 @@ async fn measure(log: &JetStream, args: &TakeoverArgs) -> anyhow::Result<Takeove
             let deadline = killed + Duration::from_secs(30);
             let mut pending = share.clone();
             while !pending.is_empty() && Instant::now() < deadline {
-                let now_seen = seen.lock().expect("seen lock");
-                pending.retain(|p| {
-                    let pinned = now_seen.first_pin_after(*p, killed);
-                    let decided = pinned.and_then(|pinned| now_seen.first_outcome_after(*p, pinned));
-                    if let (Some(pinned), Some(at)) = (pinned, decided) {
-                        pins.push(pinned.duration_since(killed));
-                        takeovers.push(at.duration_since(killed));
-                    }
-                    decided.is_none()
-                });
-                drop(now_seen);
+                {
+                    let now_seen = seen.lock().expect("seen lock");
+                    pending.retain(|p| {
+                        let pinned = now_seen.first_pin_after(*p, killed);
+                        let decided = pinned.and_then(|pinned| now_seen.first_outcome_after(*p, pinned));
+                        if let (Some(pinned), Some(at)) = (pinned, decided) {
+                            pins.push(pinned.duration_since(killed));
+                            takeovers.push(at.duration_since(killed));
+                        }
+                        decided.is_none()
+                    });
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             figures.takeovers_missed += pending.len();
