@@ -371,6 +371,7 @@ async fn serve_once<L: Log>(
     };
     tracing::debug!(partition, worker = %config.name, "serving partition");
     tracked.set(metrics::Phase::Loading);
+    let loading = tokio::time::Instant::now();
     // The hold is kept alive while the partition loads.
     let load = Writer::load(log.clone(), partition, config.writer.clone(), 0);
     tokio::pin!(load);
@@ -393,6 +394,13 @@ async fn serve_once<L: Log>(
             return (Counts::default(), Err(e));
         }
     };
+    tracing::info!(
+        partition,
+        worker = %config.name,
+        fence = writer.fence(),
+        elapsed_ms = loading.elapsed().as_millis() as u64,
+        "partition loaded"
+    );
     tracked.set(metrics::Phase::Serving);
     let result = writer.serve(&mut owner, stop).await;
     let counts = writer.counts();

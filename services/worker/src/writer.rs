@@ -123,9 +123,13 @@ pub struct WriterConfig {
     /// The newest schema version an operator declared as rolling out: a command of a schema newer than this
     /// worker's, up to it, stops the partition (a newer worker must decide it) instead of going to the dead letters.
     pub rolling_out_schema: Option<u16>,
-    /// A snapshot of the state is stored after this many outcome parts since the last one (so a load folds at most
-    /// this many after the snapshot); `0` never stores one.
+    /// A snapshot of the state is stored after this many outcome parts since the last one at most (so a load folds
+    /// at most this many after the snapshot); `0` never stores one.
     pub snapshot_every: u64,
+    /// ... and sooner, once at least this many parts landed since the last one and their bytes outweigh that
+    /// snapshot: a small state is snapshotted often, so a takeover never reads a tail longer than the snapshot
+    /// (a partition of a hundred resources loads a few hundred outcomes, not ten thousand).
+    pub snapshot_min: u64,
     /// Where decisions, lag, dead letters and reloads are counted for `/metrics` (none: not counted).
     pub metrics: Option<crate::WorkerMetrics>,
     /// Test-only faults to inject (the chaos harness's; see [`crate::faults`]).
@@ -146,6 +150,7 @@ impl Default for WriterConfig {
             split_budget: None,
             rolling_out_schema: None,
             snapshot_every: 10_000,
+            snapshot_min: 1_000,
             metrics: None,
             #[cfg(feature = "fault-points")]
             faults: None,
@@ -181,6 +186,9 @@ pub struct Writer<L: Log> {
     counts: Counts,
     /// Outcome parts appended since the last snapshot (or the load).
     since_snapshot: u64,
+    /// Their bytes (the parts appended since the load only), and the size of the last snapshot stored (0: none yet).
+    since_snapshot_bytes: u64,
+    last_snapshot_bytes: u64,
     /// What the state holds that the log does not yet: appended before anything is acked.
     group: Group,
     /// The most records one append carries: the configuration's and the log's limit, halved each time the log
@@ -208,6 +216,8 @@ impl<L: Log> Writer<L> {
             read_pos,
             counts: Counts::default(),
             since_snapshot: folded,
+            since_snapshot_bytes: 0,
+            last_snapshot_bytes: 0,
             group: Group::default(),
             config,
             #[cfg(feature = "fault-points")]
@@ -554,6 +564,7 @@ impl<L: Log> Writer<L> {
         }
         let group = std::mem::take(&mut self.group);
         self.since_snapshot += total as u64;
+        self.since_snapshot_bytes += group.bytes as u64;
         if let Some(metrics) = &self.config.metrics {
             for (type_name, rejected, started) in group.decided {
                 metrics.decided(type_name, rejected, started.elapsed());
@@ -569,7 +580,9 @@ impl<L: Log> Writer<L> {
     /// a cache: failing to store one is a warning, nothing more.
     async fn maybe_snapshot(&mut self, last_command: CommandId) {
         let every = self.config.snapshot_every;
-        if every == 0 || self.since_snapshot < every || self.state.pending().is_some() {
+        let early = self.since_snapshot >= self.config.snapshot_min.min(every)
+            && self.since_snapshot_bytes >= self.last_snapshot_bytes;
+        if every == 0 || (self.since_snapshot < every && !early) || self.state.pending().is_some() {
             return;
         }
         let partition = self.state.partition();
@@ -587,9 +600,12 @@ impl<L: Log> Writer<L> {
             last_command: Some(last_command.to_string()),
             state: Bytes::from(state),
         };
+        let size = snapshot.state.len() as u64;
         match self.log.put_snapshot(snapshot).await {
             Ok(()) => {
                 self.since_snapshot = 0;
+                self.since_snapshot_bytes = 0;
+                self.last_snapshot_bytes = size;
                 self.counts.snapshots += 1;
             }
             Err(e) => tracing::warn!(partition, error = %e, "cannot store a snapshot"),

@@ -2,8 +2,9 @@
 //! prints a table and, as its last line, one JSON object.
 //!
 //! On a NATS server with no leasehold log yet (whose leasehold streams it deletes at the end), it starts `--workers`
-//! `leasehold serve --roles worker` processes of its own binary, each with a stable name, and publishes allocations on
-//! every partition at `--rate` commands per second each. Then, `--kills` times: it waits until every worker is alive
+//! `leasehold serve --roles worker` processes of its own binary, each with a stable name, and publishes commands on
+//! every partition at `--rate` commands per second each: allocations up to `--live` resources per partition, then
+//! its agent's registrations again, so what a survivor loads stays the same from the first round to the last. Then, `--kills` times: it waits until every worker is alive
 //! and every partition is decided steadily, kills one worker with SIGKILL (in turn), and times, for each partition
 //! that was the dead worker's share, the kill to the first outcome after the partition's writer consumer was pinned
 //! to another client (the server's `consumer_group_pinned` advisory): the survivor's first decision. The dead
@@ -60,9 +61,16 @@ pub(crate) struct TakeoverArgs {
     /// Commands per second on each partition, all along.
     #[arg(long, default_value_t = 20)]
     rate: u32,
+    /// Resources allocated on each partition, at most: past them, its agent registers again (an outcome that adds
+    /// nothing to the partition's state), so a partition's load stays the same over the run.
+    #[arg(long, default_value_t = 100)]
+    live: u32,
     /// The log's `--priority-timeout` (the bench creates the log, so its value is the log's).
     #[arg(long, default_value = "2.5s", value_parser = humantime::parse_duration)]
     priority_timeout: Duration,
+    /// Keep the workers' logs (stderr) in this directory instead of a temporary one.
+    #[arg(long, hide = true)]
+    logs: Option<std::path::PathBuf>,
     /// How long the idle cost is measured (with --nats-monitor).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     idle: Duration,
@@ -74,6 +82,7 @@ pub(crate) struct TakeoverFigures {
     partitions: u32,
     workers: usize,
     rate_per_partition: u32,
+    live_per_partition: u32,
     priority_timeout_s: f64,
     kills: usize,
     /// Partitions taken over (a kill takes about `partitions / workers`).
@@ -194,11 +203,21 @@ async fn measure(log: &JetStream, args: &TakeoverArgs) -> anyhow::Result<Takeove
         }
     });
 
+    // Every writer consumer made now, before the workers ask for them all at once: on a fresh R3 log that many
+    // creations can outlast a request, and a partition its worker could not ask for in time is adopted by another,
+    // which keeps it (so the shares would not be what the rounds assume).
+    for partition in 0..args.partitions {
+        log.is_served(partition)
+            .await
+            .with_context(|| format!("making the writer consumer of partition {partition}"))?;
+    }
     let scratch = tempfile::tempdir().context("a temporary directory for the workers' logs")?;
+    let logs = args.logs.clone().unwrap_or_else(|| scratch.path().to_owned());
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
     let exe = std::env::current_exe().context("the path of this binary")?;
     let names: Vec<String> = (0..args.workers).map(|i| format!("bench-takeover-w{i}")).collect();
     let start = |name: &str| -> anyhow::Result<Worker> {
-        let stderr = std::fs::File::create(scratch.path().join(format!("{name}.log")))?;
+        let stderr = std::fs::OpenOptions::new().create(true).append(true).open(logs.join(format!("{name}.log")))?;
         let child = Command::new(&exe)
             .args(["serve", "--roles", "worker", "--listen", "127.0.0.1:0", "--name", name])
             .args(["--nats", &args.nats, "--partitions", &args.partitions.to_string()])
@@ -218,14 +237,21 @@ async fn measure(log: &JetStream, args: &TakeoverArgs) -> anyhow::Result<Takeove
         publish(log, &super::registration(agent, &mut ids)).await?;
     }
     let producer_log = log.clone();
-    let (rate, producer_agents) = (args.rate, agents.clone());
+    let (rate, live, producer_agents) = (args.rate, args.live, agents.clone());
     tasks.spawn(async move {
         let mut ids = super::Ids(1 << 40);
         let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
+        let mut allocated = 0;
         loop {
             tick.tick().await;
+            allocated += 1;
             for agent in &producer_agents {
-                if let Err(e) = publish(&producer_log, &super::allocation(agent, &mut ids)).await {
+                let envelope = if allocated <= live {
+                    super::allocation(agent, &mut ids)
+                } else {
+                    super::registration(agent, &mut ids)
+                };
+                if let Err(e) = publish(&producer_log, &envelope).await {
                     eprintln!("the producer stopped: {e:#}");
                     return;
                 }
@@ -239,6 +265,7 @@ async fn measure(log: &JetStream, args: &TakeoverArgs) -> anyhow::Result<Takeove
         partitions: args.partitions,
         workers: args.workers,
         rate_per_partition: args.rate,
+        live_per_partition: args.live,
         priority_timeout_s: ttl.as_secs_f64(),
         kills: args.kills,
         pauses: args.pauses,
@@ -389,9 +416,9 @@ async fn idle_cost(monitor: &str, window: Duration) -> anyhow::Result<f64> {
 
 fn print_table(f: &TakeoverFigures) {
     println!(
-        "leasehold bench takeover: {} log, {} partitions, {} workers, {} commands/s per partition, priority timeout \
-         {:.1} s",
-        f.backend, f.partitions, f.workers, f.rate_per_partition, f.priority_timeout_s
+        "leasehold bench takeover: {} log, {} partitions, {} workers, {} commands/s and {} resources per partition, \
+         priority timeout {:.1} s",
+        f.backend, f.partitions, f.workers, f.rate_per_partition, f.live_per_partition, f.priority_timeout_s
     );
     println!("  kill -9 to the survivor's first outcome, {} partitions over {} kills:", f.takeovers, f.kills);
     println!("    p50 {:>7.3} s", f.takeover_p50_s);
