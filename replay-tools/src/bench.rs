@@ -18,13 +18,14 @@
 //! written):
 //! - *raw read*: every frame read and its checksum checked ([`export::Reader::next_frame`]), nothing decoded: the
 //!   floor of any reader of the file, and the denominator of the file's ratios;
-//! - *read entries*: [`export::Reader::next`], every record decoded into an entry, nothing folded (for reference);
+//! - *read entries*, the *raw decode*: [`export::Reader::next`], every record decoded into an entry, nothing folded:
+//!   the denominator of the `/decode` ratios (`verify_ratio_to_decode`, `rebuild_ratio_to_decode`);
 //! - *verify*: [`Verifier`] over [`export::Reader::into_stream`], exactly what `leasehold-replay verify --file`
 //!   runs (the fold with every check, every outcome decided again and compared, the invariants) — it must report
 //!   every outcome re-decided equal;
-//! - *rebuild*: a projection in a new directory ([`Projector::open`]) dropped and folded from sequence 1 in
-//!   batches of [`leasehold_projector::MAX_BATCH`], one durable redb transaction each
-//!   ([`crate::rebuild_projection`], what `leasehold-replay rebuild` runs).
+//! - *rebuild*: a projection in a new directory ([`Projector::open`]) dropped and folded from sequence 1 in bulk
+//!   ([`crate::rebuild_projection`], what `leasehold-replay rebuild` runs: [`leasehold_projector::Bulk`], one
+//!   durable redb transaction per [`leasehold_projector::BULK_CHUNK`] outcomes).
 //!
 //! **From JetStream** (`--nats URL`, a server with no leasehold log yet, whose leasehold streams are deleted at the
 //! end; by default a `nats-server` of its own from `PATH` on a random port of 127.0.0.1, stopped by its pid at the
@@ -39,6 +40,10 @@
 //!   outcomes, each partition's commands) and header decoding `verify` gets its entries from;
 //! - *verify* as above, over [`export::entries`]; *rebuild* over the outcomes alone ([`crate::source::Source::outcomes`],
 //!   as the CLI's `rebuild` reads them: a projection needs no command), so its ratio may pass 1.
+//!
+//! For each of `verify` and `rebuild` it prints the process's resident memory when the phase started and its peak
+//! while it ran (`VmHWM`, reset at the start): what the phase holds must grow with the partitions (their states),
+//! not with the log's length.
 //!
 //! **How to read it.** Each `ratio` is the raw read's time over the phase's time, so 0.25 means the phase goes at a
 //! quarter of the speed the source can be read at: a figure that survives a noisy machine better than the rates. The
@@ -783,10 +788,10 @@ pub async fn rebuild_entries(
     dir: &Path,
     entries: BoxStream<'static, Result<Entry, leasehold_log::Error>>,
 ) -> anyhow::Result<(BTreeMap<&'static str, String>, u64, Duration)> {
-    let mut projector =
+    let projector =
         Projector::open(dir, partitions).with_context(|| format!("opening a projection in {}", dir.display()))?;
     let started = Instant::now();
-    crate::rebuild_projection(&mut projector, entries, |_| {}).await?;
+    let projector = crate::rebuild_projection(projector, entries, |_| {}).await?;
     let elapsed = started.elapsed();
     Ok((projector.digests()?, projector.applied(), elapsed))
 }
