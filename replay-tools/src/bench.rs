@@ -788,8 +788,8 @@ pub async fn rebuild_entries(
     dir: &Path,
     entries: BoxStream<'static, Result<Entry, leasehold_log::Error>>,
 ) -> anyhow::Result<(BTreeMap<&'static str, String>, u64, Duration)> {
-    let projector =
-        Projector::open(dir, partitions).with_context(|| format!("opening a projection in {}", dir.display()))?;
+    let projector = Projector::open_with_cache(dir, partitions, leasehold_projector::BULK_CACHE_BYTES)
+        .with_context(|| format!("opening a projection in {}", dir.display()))?;
     let started = Instant::now();
     let projector = crate::rebuild_projection(projector, entries, |_| {}).await?;
     let elapsed = started.elapsed();

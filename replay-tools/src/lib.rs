@@ -423,9 +423,11 @@ async fn rebuild(
         Source::Embedded { .. } | Source::Nats { .. } => source.outcomes(None).await?,
         Source::File { .. } | Source::Server { .. } => source.entries(None).await?,
     };
-    let projector = leasehold_projector::Projector::open(&dir, entries.partitions).with_context(|| {
-        format!("opening the projection in {} (is `leasehold serve` running on it?)", dir.display())
-    })?;
+    let cache = leasehold_projector::BULK_CACHE_BYTES;
+    let projector =
+        leasehold_projector::Projector::open_with_cache(&dir, entries.partitions, cache).with_context(|| {
+            format!("opening the projection in {} (is `leasehold serve` running on it?)", dir.display())
+        })?;
     let started = Instant::now();
     let mut progress = Progress::new(entries.last_outcome, "rebuild");
     let mut projector = projector;

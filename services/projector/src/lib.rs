@@ -136,7 +136,19 @@ impl Projector {
     /// Opens (or creates) the projection in `dir`.
     pub fn open(dir: &Path, partitions: u32) -> Result<Self, Error> {
         std::fs::create_dir_all(dir).map_err(|e| Error::Storage(format!("cannot create {}: {e}", dir.display())))?;
-        let db = Database::create(dir.join(FILE_NAME)).map_err(|e| match e {
+        Self::open_with(dir, partitions, &redb::Builder::new())
+    }
+
+    /// [`Projector::open`], with redb's cache at most `bytes` (redb's default is 1 GiB, which a rebuild fills as the
+    /// projection grows): what a bulk rebuild ([`Projector::into_bulk`]) opens, so that its memory does not grow with
+    /// the log's length.
+    pub fn open_with_cache(dir: &Path, partitions: u32, bytes: usize) -> Result<Self, Error> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Storage(format!("cannot create {}: {e}", dir.display())))?;
+        Self::open_with(dir, partitions, redb::Builder::new().set_cache_size(bytes))
+    }
+
+    fn open_with(dir: &Path, partitions: u32, builder: &redb::Builder) -> Result<Self, Error> {
+        let db = builder.create(dir.join(FILE_NAME)).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => {
                 Error::Refused(format!("the projection in {} is in use by another process", dir.display()))
             }
@@ -469,6 +481,8 @@ impl Projector {
 /// Outcomes a bulk rebuild folds per chunk: its writes are held in memory and written, each table as one sorted run,
 /// in one durable transaction per chunk. About 40 MB of buffers in the replay benchmark's mix.
 pub const BULK_CHUNK: usize = 50_000;
+/// The redb cache a bulk rebuild opens its projection with ([`Projector::open_with_cache`]).
+pub const BULK_CACHE_BYTES: usize = 64 << 20;
 
 /// A rebuild of a projection from sequence 1 in bulk ([`Projector::into_bulk`]): the same fold and the same writes
 /// as [`Projector::apply_batch_commands`], so the same tables (their digests equal), but each chunk of
