@@ -18,13 +18,14 @@
 //! written):
 //! - *raw read*: every frame read and its checksum checked ([`export::Reader::next_frame`]), nothing decoded: the
 //!   floor of any reader of the file, and the denominator of the file's ratios;
-//! - *read entries*: [`export::Reader::next`], every record decoded into an entry, nothing folded (for reference);
+//! - *read entries*, the *raw decode*: [`export::Reader::next`], every record decoded into an entry, nothing folded:
+//!   the denominator of the `/decode` ratios (`verify_ratio_to_decode`, `rebuild_ratio_to_decode`);
 //! - *verify*: [`Verifier`] over [`export::Reader::into_stream`], exactly what `leasehold-replay verify --file`
 //!   runs (the fold with every check, every outcome decided again and compared, the invariants) — it must report
 //!   every outcome re-decided equal;
-//! - *rebuild*: a projection in a new directory ([`Projector::open`]) dropped and folded from sequence 1 in
-//!   batches of [`leasehold_projector::MAX_BATCH`], one durable redb transaction each
-//!   ([`crate::rebuild_projection`], what `leasehold-replay rebuild` runs).
+//! - *rebuild*: a projection in a new directory ([`Projector::open`]) dropped and folded from sequence 1 in bulk
+//!   ([`crate::rebuild_projection`], what `leasehold-replay rebuild` runs: [`leasehold_projector::Bulk`], one
+//!   durable redb transaction per [`leasehold_projector::BULK_CHUNK`] outcomes).
 //!
 //! **From JetStream** (`--nats URL`, a server with no leasehold log yet, whose leasehold streams are deleted at the
 //! end; by default a `nats-server` of its own from `PATH` on a random port of 127.0.0.1, stopped by its pid at the
@@ -39,6 +40,10 @@
 //!   outcomes, each partition's commands) and header decoding `verify` gets its entries from;
 //! - *verify* as above, over [`export::entries`]; *rebuild* over the outcomes alone ([`crate::source::Source::outcomes`],
 //!   as the CLI's `rebuild` reads them: a projection needs no command), so its ratio may pass 1.
+//!
+//! For each of `verify` and `rebuild` it prints the process's resident memory when the phase started and its peak
+//! while it ran (`VmHWM`, reset at the start): what the phase holds must grow with the partitions (their states),
+//! not with the log's length.
 //!
 //! **How to read it.** Each `ratio` is the raw read's time over the phase's time, so 0.25 means the phase goes at a
 //! quarter of the speed the source can be read at: a figure that survives a noisy machine better than the rates. The
@@ -783,10 +788,10 @@ pub async fn rebuild_entries(
     dir: &Path,
     entries: BoxStream<'static, Result<Entry, leasehold_log::Error>>,
 ) -> anyhow::Result<(BTreeMap<&'static str, String>, u64, Duration)> {
-    let mut projector =
-        Projector::open(dir, partitions).with_context(|| format!("opening a projection in {}", dir.display()))?;
+    let projector = Projector::open_with_cache(dir, partitions, leasehold_projector::BULK_CACHE_BYTES)
+        .with_context(|| format!("opening a projection in {}", dir.display()))?;
     let started = Instant::now();
-    crate::rebuild_projection(&mut projector, entries, |_| {}).await?;
+    let projector = crate::rebuild_projection(projector, entries, |_| {}).await?;
     let elapsed = started.elapsed();
     Ok((projector.digests()?, projector.applied(), elapsed))
 }
@@ -811,12 +816,36 @@ pub struct SourceFigures {
     pub rebuild_effects_per_s: f64,
     /// Raw read time / rebuild time.
     pub rebuild_ratio: f64,
+    /// What the raw decode is: every entry decoded, nothing folded (issue 22's denominator).
+    pub raw_decode: &'static str,
+    pub raw_decode_s: f64,
+    pub raw_decode_outcomes_per_s: f64,
+    /// Raw decode time / verify time.
+    pub verify_ratio_to_decode: f64,
+    /// Raw decode time / rebuild time.
+    pub rebuild_ratio_to_decode: f64,
+    /// The process's resident memory when verify started, and its peak while verify ran (MB).
+    pub verify_rss_start_mb: f64,
+    pub verify_peak_rss_mb: f64,
+    /// The same for rebuild.
+    pub rebuild_rss_start_mb: f64,
+    pub rebuild_peak_rss_mb: f64,
 }
 
 impl SourceFigures {
-    fn new(raw_read: &'static str, raw: Duration, verify: Duration, rebuild: Duration, made: &Generated) -> Self {
+    fn new(
+        raw_read: &'static str,
+        raw: Duration,
+        (raw_decode, decode): (&'static str, Duration),
+        verify: &Phase,
+        rebuild: &Phase,
+        made: &Generated,
+    ) -> Self {
         let per_s = |n: u64, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
         let ratio = |d: Duration| raw.as_secs_f64() / d.as_secs_f64().max(1e-9);
+        let to_decode = |d: Duration| decode.as_secs_f64() / d.as_secs_f64().max(1e-9);
+        let (verify_memory, rebuild_memory) = (verify.memory, rebuild.memory);
+        let (verify, rebuild) = (verify.elapsed, rebuild.elapsed);
         SourceFigures {
             raw_read,
             raw_read_s: raw.as_secs_f64(),
@@ -831,8 +860,58 @@ impl SourceFigures {
             rebuild_outcomes_per_s: per_s(made.outcomes, rebuild),
             rebuild_effects_per_s: per_s(made.effects, rebuild),
             rebuild_ratio: ratio(rebuild),
+            raw_decode,
+            raw_decode_s: decode.as_secs_f64(),
+            raw_decode_outcomes_per_s: per_s(made.outcomes, decode),
+            verify_ratio_to_decode: to_decode(verify),
+            rebuild_ratio_to_decode: to_decode(rebuild),
+            verify_rss_start_mb: mb(verify_memory.start),
+            verify_peak_rss_mb: mb(verify_memory.peak),
+            rebuild_rss_start_mb: mb(rebuild_memory.start),
+            rebuild_peak_rss_mb: mb(rebuild_memory.peak),
         }
     }
+}
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / 1e6
+}
+
+/// A timed phase, with the process's resident memory when it started and at its peak while it ran.
+#[derive(Debug, Clone, Copy)]
+struct Phase {
+    elapsed: Duration,
+    memory: Memory,
+}
+
+/// Resident memory in bytes: when a phase started, and the peak while it ran.
+#[derive(Debug, Clone, Copy, Default)]
+struct Memory {
+    start: u64,
+    peak: u64,
+}
+
+/// Runs `phase`, measuring the process's peak resident memory while it runs: the peak (`VmHWM` of
+/// `/proc/self/status`) is reset to the resident memory of now first (writing 5 to `/proc/self/clear_refs`, Linux
+/// 4.0 on). Where that cannot be done (another system, no such file), the figures are 0.
+async fn measured<T>(
+    phase: impl std::future::Future<Output = anyhow::Result<(T, Duration)>>,
+) -> anyhow::Result<(T, Phase)> {
+    let reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
+    let start = if reset { status_bytes("VmRSS:") } else { 0 };
+    let (value, elapsed) = phase.await?;
+    let peak = if reset { status_bytes("VmHWM:") } else { 0 };
+    Ok((value, Phase { elapsed, memory: Memory { start, peak } }))
+}
+
+/// A `kB` line of `/proc/self/status`, in bytes (0 if it cannot be read).
+fn status_bytes(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// A read of a source beside its raw read: the file's entries decoded, JetStream's outcomes alone.
@@ -919,22 +998,32 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     };
     let mut failures = Vec::new();
 
-    eprintln!("file: raw read, read entries, verify, rebuild...");
+    eprintln!("file: raw read, raw decode, verify, rebuild...");
     let raw = read_frames(&file, made.outcomes).await?;
     let (reader, _) = open_export(&file).await?;
-    let read_entries = drain(reader.into_stream(), made.outcomes).await?;
+    let decode = drain(reader.into_stream(), made.outcomes).await?;
     let (reader, _) = open_export(&file).await?;
-    let (report, verify) = verify_entries(args.partitions, reader.into_stream()).await?;
+    let (report, verify) = measured(verify_entries(args.partitions, reader.into_stream())).await?;
     if let Err(failure) = verified("export file", &report, made.outcomes) {
         failures.push(failure);
     }
     let (reader, _) = open_export(&file).await?;
-    let (_, applied, rebuild) =
-        rebuild_entries(args.partitions, &dir.join("projection-file"), reader.into_stream()).await?;
+    let projection = dir.join("projection-file");
+    let ((_, applied), rebuild) = measured(async {
+        let (digests, applied, elapsed) = rebuild_entries(args.partitions, &projection, reader.into_stream()).await?;
+        Ok(((digests, applied), elapsed))
+    })
+    .await?;
     ensure!(applied == made.outcomes, "the rebuild from the file applied up to {applied}, not {}", made.outcomes);
-    let mut file_figures = SourceFigures::new("frames read and checksummed, not decoded", raw, verify, rebuild, &made);
-    file_figures.reference_read =
-        Some(ReferenceRead::new("read entries (decoded, not folded)", read_entries, raw, &made));
+    let mut file_figures = SourceFigures::new(
+        "frames read and checksummed, not decoded",
+        raw,
+        ("every entry decoded (export::Reader::next), nothing folded", decode),
+        &verify,
+        &rebuild,
+        &made,
+    );
+    file_figures.reference_read = Some(ReferenceRead::new("read entries (decoded, not folded)", decode, raw, &made));
     figures.file = file_figures;
 
     let server;
@@ -962,21 +1051,29 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         figures.nats_load = Some(loaded);
         eprintln!("nats: raw read, verify, rebuild...");
         let raw = drain(export::entries(log.clone(), None), made.outcomes).await?;
-        let (report, verify) = verify_entries(args.partitions, export::entries(log.clone(), None)).await?;
+        let (report, verify) = measured(verify_entries(args.partitions, export::entries(log.clone(), None))).await?;
         if let Err(failure) = verified("JetStream log", &report, made.outcomes) {
             failures.push(failure);
         }
         // As `leasehold-replay --nats URL rebuild` does: the outcomes only (a projection needs no command).
         let source = crate::source::Source::Nats { log: log.clone(), url: url.clone() };
         let outcomes = source.outcomes(None).await?.entries;
-        let (_, applied, rebuild) = rebuild_entries(args.partitions, &dir.join("projection-nats"), outcomes).await?;
+        let projection = dir.join("projection-nats");
+        let ((_, applied), rebuild) = measured(async {
+            let (digests, applied, elapsed) = rebuild_entries(args.partitions, &projection, outcomes).await?;
+            Ok(((digests, applied), elapsed))
+        })
+        .await?;
         ensure!(applied == made.outcomes, "the rebuild from JetStream applied up to {applied}, not {}", made.outcomes);
         let outcomes_only = read_outcomes(&log, made.outcomes).await?;
+        // JetStream's raw read decodes every entry already (the headers into entries, as verify gets them): it is
+        // the raw decode too.
         let mut nats_figures = SourceFigures::new(
             "export::entries drained (outcomes and commands read, headers decoded), not folded",
             raw,
-            verify,
-            rebuild,
+            ("the raw read (export::entries decodes every entry)", raw),
+            &verify,
+            &rebuild,
             &made,
         );
         nats_figures.reference_read =
@@ -1020,17 +1117,48 @@ fn print_table(f: &Figures) {
         f.export_bytes as f64 / 1e6,
         f.generate_s
     );
-    println!("  {:<6} {:<46} {:>12} {:>12} {:>8} {:>9}", "source", "phase", "outcomes/s", "effects/s", "ratio", "time");
+    println!(
+        "  {:<6} {:<46} {:>12} {:>12} {:>8} {:>9} {:>9} {:>16}",
+        "source", "phase", "outcomes/s", "effects/s", "ratio", "/decode", "time", "RSS start/peak"
+    );
     let row = |source: &str, phase: &str, outcomes_per_s: f64, effects_per_s: f64, ratio: f64, s: f64| {
-        println!("  {source:<6} {phase:<46} {outcomes_per_s:>12.0} {effects_per_s:>12.0} {ratio:>8.2} {:>8.1}s", s);
+        println!(
+            "  {source:<6} {phase:<46} {outcomes_per_s:>12.0} {effects_per_s:>12.0} {ratio:>8.2} {:>9} {:>8.1}s",
+            "", s
+        );
+    };
+    let timed = |source: &str,
+                 phase: &str,
+                 (outcomes_per_s, effects_per_s): (f64, f64),
+                 (ratio, to_decode): (f64, f64),
+                 s: f64,
+                 (start, peak): (f64, f64)| {
+        println!(
+            "  {source:<6} {phase:<46} {outcomes_per_s:>12.0} {effects_per_s:>12.0} {ratio:>8.2} {to_decode:>9.3} {s:>8.1}s {:>16}",
+            format!("{start:.0}/{peak:.0} MB")
+        );
     };
     let source = |name: &str, s: &SourceFigures, raw: &str| {
         row(name, raw, s.raw_read_outcomes_per_s, s.raw_read_effects_per_s, 1.0, s.raw_read_s);
         if let Some(r) = &s.reference_read {
             row(name, r.what, r.outcomes_per_s, r.effects_per_s, r.ratio, r.s);
         }
-        row(name, "verify", s.verify_outcomes_per_s, s.verify_effects_per_s, s.verify_ratio, s.verify_s);
-        row(name, "rebuild", s.rebuild_outcomes_per_s, s.rebuild_effects_per_s, s.rebuild_ratio, s.rebuild_s);
+        timed(
+            name,
+            "verify",
+            (s.verify_outcomes_per_s, s.verify_effects_per_s),
+            (s.verify_ratio, s.verify_ratio_to_decode),
+            s.verify_s,
+            (s.verify_rss_start_mb, s.verify_peak_rss_mb),
+        );
+        timed(
+            name,
+            "rebuild",
+            (s.rebuild_outcomes_per_s, s.rebuild_effects_per_s),
+            (s.rebuild_ratio, s.rebuild_ratio_to_decode),
+            s.rebuild_s,
+            (s.rebuild_rss_start_mb, s.rebuild_peak_rss_mb),
+        );
     };
     source("file", &f.file, "raw read (frames read and checksummed)");
     match (&f.nats, &f.nats_load, &f.nats_skipped) {
@@ -1045,5 +1173,8 @@ fn print_table(f: &Figures) {
         (_, _, Some(why)) => println!("  nats   skipped: {why}"),
         _ => {}
     }
-    println!("  ratio = raw read time / the phase's time (same source, same run)");
+    println!(
+        "  ratio = raw read time / the phase's time; /decode = raw decode time / the phase's time (the file's raw \
+         decode is its \"read entries\" row, JetStream's is its raw read); same source, same run"
+    );
 }

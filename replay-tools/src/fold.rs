@@ -101,21 +101,12 @@ struct Decisions {
     last: Option<(u64, u32, bool)>,
 }
 
+/// The fold of a whole log: one [`PartitionFold`] per partition, and the checks across partitions (a partition the
+/// log has, outcomes in sequence).
 #[derive(Debug)]
 pub struct Fold {
-    states: Vec<PartitionState>,
-    chain: Vec<u64>,
-    decisions: Vec<Decisions>,
-    waiting: Vec<VecDeque<CommandRecord>>,
+    parts: Vec<PartitionFold>,
     last_outcome: u64,
-    last_command: Vec<u64>,
-    /// The decider version of each partition's last outcome: a writer never goes back to an older one.
-    versions: Vec<u32>,
-    /// The command of each partition's decision in progress, for its later parts.
-    deciding: Vec<Option<CommandRecord>>,
-    /// Whether a command of the partition has been read: from then on, a command an outcome answers cannot be
-    /// missing for retention's sake (retention drops the oldest commands only).
-    commands_seen: Vec<bool>,
     /// Outcome parts folded.
     pub outcomes: u64,
     /// Commands read.
@@ -124,19 +115,30 @@ pub struct Fold {
     pub dead_letters: u64,
 }
 
+/// One partition's part of the fold: its state, its `Lh-Prev-Seq` chain, where its decisions stand, and its
+/// commands not answered yet. Partitions fold independently of each other, so `verify` folds them on several
+/// threads ([`crate::verify`]); [`Fold`] holds them all for the questions that fold in log order.
+#[derive(Debug)]
+pub struct PartitionFold {
+    state: PartitionState,
+    chain: u64,
+    decisions: Decisions,
+    waiting: VecDeque<CommandRecord>,
+    last_command: u64,
+    /// The decider version of the partition's last outcome: a writer never goes back to an older one.
+    version: u32,
+    /// The command of the partition's decision in progress, for its later parts.
+    deciding: Option<CommandRecord>,
+    /// Whether a command of the partition has been read: from then on, a command an outcome answers cannot be
+    /// missing for retention's sake (retention drops the oldest commands only).
+    commands_seen: bool,
+}
+
 impl Fold {
     pub fn new(partitions: u32) -> Self {
-        let n = partitions as usize;
         Fold {
-            states: (0..partitions).map(|p| PartitionState::new(p, partitions)).collect(),
-            chain: vec![0; n],
-            decisions: vec![Decisions::default(); n],
-            waiting: vec![VecDeque::new(); n],
+            parts: (0..partitions).map(|p| PartitionFold::new(p, partitions)).collect(),
             last_outcome: 0,
-            last_command: vec![0; n],
-            versions: vec![0; n],
-            commands_seen: vec![false; n],
-            deciding: vec![None; n],
             outcomes: 0,
             commands: 0,
             dead_letters: 0,
@@ -146,20 +148,20 @@ impl Fold {
     /// Folds as writers splitting long decisions after `bytes` of effects (not the core's budget) did, so that
     /// re-deciding gives the parts they recorded.
     pub fn with_split_budget(mut self, bytes: usize) -> Self {
-        self.states = self.states.into_iter().map(|s| s.with_split_budget(bytes)).collect();
+        self.parts = self.parts.into_iter().map(|p| p.with_split_budget(bytes)).collect();
         self
     }
 
     pub fn partitions(&self) -> u32 {
-        self.states.len() as u32
+        self.parts.len() as u32
     }
 
     pub fn state(&self, partition: u32) -> &PartitionState {
-        &self.states[partition as usize]
+        &self.parts[partition as usize].state
     }
 
-    pub fn states(&self) -> &[PartitionState] {
-        &self.states
+    pub fn states(&self) -> impl Iterator<Item = &PartitionState> {
+        self.parts.iter().map(|p| &p.state)
     }
 
     /// The sequence of the last outcome folded (0 before the first).
@@ -173,55 +175,121 @@ impl Fold {
     pub fn admit(&mut self, entry: Entry) -> Result<Option<Step>, Failure> {
         match entry {
             Entry::Command { partition, record } => {
-                if partition >= self.partitions() {
-                    return Err(Failure::command(record.seq, partition, "there is no such partition in this log"));
-                }
-                let p = partition as usize;
-                if record.seq <= self.last_command[p] {
-                    return Err(Failure::command(
-                        record.seq,
-                        partition,
-                        format!(
-                            "it comes after command {} of its partition: commands are out of order",
-                            self.last_command[p]
-                        ),
-                    ));
-                }
-                self.last_command[p] = record.seq;
-                self.commands_seen[p] = true;
+                check_partition("command", record.seq, partition, self.partitions())?;
+                self.parts[partition as usize].admit_command(partition, record)?;
                 self.commands += 1;
-                self.waiting[p].push_back(record);
                 Ok(None)
             }
             Entry::DeadLetter { .. } => {
                 self.dead_letters += 1;
                 Ok(None)
             }
-            Entry::Outcome(stored) => self.check(stored).map(Some),
+            Entry::Outcome(stored) => {
+                check_outcome_order(&stored, self.partitions(), self.last_outcome)?;
+                self.parts[stored.partition as usize].check(stored).map(Some)
+            }
         }
     }
 
-    fn check(&mut self, stored: StoredOutcome) -> Result<Step, Failure> {
-        let (seq, partition) = (stored.seq, stored.partition);
-        if partition >= self.partitions() {
-            return Err(Failure::outcome(seq, partition, "there is no such partition in this log"));
+    /// Folds a step into its partition's state.
+    pub fn apply(&mut self, step: &Step) -> Result<(), Failure> {
+        self.parts[step.partition() as usize].apply(step)?;
+        self.last_outcome = step.seq();
+        self.outcomes += 1;
+        Ok(())
+    }
+
+    /// The commands read that no outcome has answered (nor shown unanswered): those not decided yet.
+    pub fn undecided(&self) -> impl Iterator<Item = (u32, &CommandRecord)> {
+        self.parts.iter().enumerate().flat_map(|(p, part)| part.undecided().map(move |r| (p as u32, r)))
+    }
+}
+
+/// An entry of a partition the log does not have.
+pub fn check_partition(what: &'static str, seq: u64, partition: u32, partitions: u32) -> Result<(), Failure> {
+    if partition >= partitions {
+        return Err(Failure {
+            what,
+            seq,
+            partition: Some(partition),
+            detail: "there is no such partition in this log".to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// The checks of an outcome across partitions, before its partition's own: a partition the log has, and a sequence
+/// after the last outcome's (`last_outcome`).
+pub fn check_outcome_order(stored: &StoredOutcome, partitions: u32, last_outcome: u64) -> Result<(), Failure> {
+    let (seq, partition) = (stored.seq, stored.partition);
+    check_partition("outcome", seq, partition, partitions)?;
+    if seq <= last_outcome {
+        return Err(Failure::outcome(
+            seq,
+            partition,
+            format!("it comes after outcome {last_outcome}: the outcome log is out of order"),
+        ));
+    }
+    Ok(())
+}
+
+impl PartitionFold {
+    pub fn new(partition: u32, partitions: u32) -> Self {
+        PartitionFold {
+            state: PartitionState::new(partition, partitions),
+            chain: 0,
+            decisions: Decisions::default(),
+            waiting: VecDeque::new(),
+            last_command: 0,
+            version: 0,
+            deciding: None,
+            commands_seen: false,
         }
-        if seq <= self.last_outcome {
-            return Err(Failure::outcome(
-                seq,
+    }
+
+    /// See [`Fold::with_split_budget`].
+    pub fn with_split_budget(mut self, bytes: usize) -> Self {
+        self.state = self.state.with_split_budget(bytes);
+        self
+    }
+
+    pub fn state(&self) -> &PartitionState {
+        &self.state
+    }
+
+    /// Keeps a command of this partition (`partition`) until an outcome shows what became of it; commands come in
+    /// sequence.
+    pub fn admit_command(&mut self, partition: u32, record: CommandRecord) -> Result<(), Failure> {
+        if record.seq <= self.last_command {
+            return Err(Failure::command(
+                record.seq,
                 partition,
-                format!("it comes after outcome {}: the outcome log is out of order", self.last_outcome),
+                format!("it comes after command {} of its partition: commands are out of order", self.last_command),
             ));
         }
-        let p = partition as usize;
-        if stored.prev_seq != self.chain[p] {
+        self.last_command = record.seq;
+        self.commands_seen = true;
+        self.waiting.push_back(record);
+        Ok(())
+    }
+
+    /// The partition's commands that no outcome has answered (nor shown unanswered).
+    pub fn undecided(&self) -> impl Iterator<Item = &CommandRecord> {
+        self.waiting.iter()
+    }
+
+    /// Checks an outcome of this partition (the checks across partitions made: [`check_outcome_order`]) and
+    /// decodes it: a step, to apply with [`PartitionFold::apply`] once the caller has looked at the state before it.
+    pub fn check(&mut self, stored: StoredOutcome) -> Result<Step, Failure> {
+        let (seq, partition) = (stored.seq, stored.partition);
+        if stored.prev_seq != self.chain {
             return Err(Failure::outcome(
                 seq,
                 partition,
                 format!(
                     "its Lh-Prev-Seq says the partition's outcome before it is at {}, but it is at {}: the chain is \
                      broken (an outcome missing, or appended outside the fence)",
-                    stored.prev_seq, self.chain[p]
+                    stored.prev_seq, self.chain
                 ),
             ));
         }
@@ -260,18 +328,18 @@ impl Fold {
                 ),
             ));
         }
-        if outcome.decider_version < self.versions[p] {
+        if outcome.decider_version < self.version {
             return Err(Failure::outcome(
                 seq,
                 partition,
                 format!(
                     "it says decider version {}, older than the partition's outcomes before it ({}): writers never go \
                      back to an older decider",
-                    outcome.decider_version, self.versions[p]
+                    outcome.decider_version, self.version
                 ),
             ));
         }
-        let last = self.decisions[p].last;
+        let last = self.decisions.last;
         match (outcome.part, last) {
             (0, Some((cmd, part, true))) => {
                 return Err(Failure::outcome(
@@ -306,11 +374,11 @@ impl Fold {
         let mut unanswered = Vec::new();
         let mut command = None;
         if outcome.part == 0 {
-            while let Some(front) = self.waiting[p].front() {
+            while let Some(front) = self.waiting.front() {
                 if front.seq > outcome.cmd_seq {
                     break;
                 }
-                let record = self.waiting[p].pop_front().expect("looked at the front");
+                let record = self.waiting.pop_front().expect("looked at the front");
                 if record.seq == outcome.cmd_seq {
                     command = Some(record);
                 } else {
@@ -321,39 +389,31 @@ impl Fold {
         // A command missing after older ones of its partition were read: retention moved while a live log was read
         // (the walk reads each partition's commands in batches, and `max_age` goes on meanwhile), or the log was
         // altered. Not a failure (a healthy live log can show it), but not to be mistaken for plain retention.
-        let command_missing = outcome.part == 0 && command.is_none() && self.commands_seen[p];
+        let command_missing = outcome.part == 0 && command.is_none() && self.commands_seen;
         let command = if outcome.part == 0 {
-            self.deciding[p] = if outcome.continues() { command.clone() } else { None };
+            self.deciding = if outcome.continues() { command.clone() } else { None };
             command
         } else {
-            let command = self.deciding[p].clone();
+            let command = self.deciding.clone();
             if !outcome.continues() {
-                self.deciding[p] = None;
+                self.deciding = None;
             }
             command
         };
         Ok(Step { stored, outcome, command, unanswered, command_missing })
     }
 
-    /// Folds a step into its partition's state.
+    /// Folds a step of this partition into its state.
     pub fn apply(&mut self, step: &Step) -> Result<(), Failure> {
         let (seq, partition) = (step.seq(), step.partition());
-        let p = partition as usize;
-        match catch_unwind(AssertUnwindSafe(|| apply(&mut self.states[p], &step.outcome))) {
+        match catch_unwind(AssertUnwindSafe(|| apply(&mut self.state, &step.outcome))) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(Failure::outcome(seq, partition, format!("it does not fold: {e}"))),
             Err(_) => return Err(Failure::outcome(seq, partition, "folding it panicked")),
         }
-        self.chain[p] = seq;
-        self.versions[p] = step.outcome.decider_version;
-        self.last_outcome = seq;
-        self.decisions[p].last = Some((step.outcome.cmd_seq, step.outcome.part, step.outcome.continues()));
-        self.outcomes += 1;
+        self.chain = seq;
+        self.version = step.outcome.decider_version;
+        self.decisions.last = Some((step.outcome.cmd_seq, step.outcome.part, step.outcome.continues()));
         Ok(())
-    }
-
-    /// The commands read that no outcome has answered (nor shown unanswered): those not decided yet.
-    pub fn undecided(&self) -> impl Iterator<Item = (u32, &CommandRecord)> {
-        self.waiting.iter().enumerate().flat_map(|(p, queue)| queue.iter().map(move |r| (p as u32, r)))
     }
 }

@@ -211,7 +211,7 @@ impl Target {
     fn state_in(&self, fold: &Fold, step: &Step) -> serde_json::Value {
         let here = fold.state(step.partition());
         let home = |holds: &dyn Fn(&PartitionState) -> bool| {
-            if holds(here) { here } else { fold.states().iter().find(|s| holds(s)).unwrap_or(here) }
+            if holds(here) { here } else { fold.states().find(|s| holds(s)).unwrap_or(here) }
         };
         match self {
             Target::Resource(id) => resource_state(home(&|s| s.resource(*id).is_some()), *id),

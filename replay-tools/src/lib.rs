@@ -5,6 +5,7 @@
 //! - [`source`]: where the log is read from (an embedded data directory, JetStream, a server, an export file).
 //! - [`fold`]: the checked fold every command runs.
 //! - [`history`], [`why`], [`state_at`], [`verify`]: the questions.
+//! - [`parallel`]: work spread over the cores (`verify`'s partitions, `rebuild`'s decoding).
 //! - [`bench`]: the replay benchmark (`replay-bench`): a generated log, and the rates of `verify` and `rebuild`
 //!   beside the raw read rate of the same source.
 //!
@@ -15,6 +16,7 @@
 pub mod bench;
 pub mod fold;
 pub mod history;
+pub mod parallel;
 pub mod source;
 pub mod state_at;
 pub mod verify;
@@ -421,24 +423,27 @@ async fn rebuild(
         Source::Embedded { .. } | Source::Nats { .. } => source.outcomes(None).await?,
         Source::File { .. } | Source::Server { .. } => source.entries(None).await?,
     };
-    let mut projector = leasehold_projector::Projector::open(&dir, entries.partitions).with_context(|| {
-        format!("opening the projection in {} (is `leasehold serve` running on it?)", dir.display())
-    })?;
+    let cache = leasehold_projector::BULK_CACHE_BYTES;
+    let projector =
+        leasehold_projector::Projector::open_with_cache(&dir, entries.partitions, cache).with_context(|| {
+            format!("opening the projection in {} (is `leasehold serve` running on it?)", dir.display())
+        })?;
     let started = Instant::now();
     let mut progress = Progress::new(entries.last_outcome, "rebuild");
+    let mut projector = projector;
     let rebuilt = match source {
         Source::Embedded { log, .. } => {
-            rebuild_from_log(&mut projector, log, entries.entries, |seq| progress.at(seq)).await
+            rebuild_from_log(&mut projector, log, entries.entries, |seq| progress.at(seq)).await.map(|()| projector)
         }
         Source::Nats { log, .. } => {
-            rebuild_from_log(&mut projector, log, entries.entries, |seq| progress.at(seq)).await
+            rebuild_from_log(&mut projector, log, entries.entries, |seq| progress.at(seq)).await.map(|()| projector)
         }
         Source::File { .. } | Source::Server { .. } => {
-            rebuild_projection(&mut projector, entries.entries, |seq| progress.at(seq)).await
+            rebuild_projection(projector, entries.entries, |seq| progress.at(seq)).await
         }
     };
     progress.done();
-    rebuilt?;
+    let projector = rebuilt?;
     let elapsed = started.elapsed();
     let applied = projector.applied();
     let digests = projector.digests()?;
@@ -460,47 +465,87 @@ async fn rebuild(
     )
 }
 
-/// Drops every read model of `projector` and folds `entries`' outcomes into it again from sequence 1, in batches of
-/// [`leasehold_projector::MAX_BATCH`] (one write transaction each); `progress` is told each outcome's sequence.
-/// What `rebuild` does, and what the replay benchmark times. The commands among `entries`, if any, go with the
-/// outcomes that answer them: a step without effect is in the timeline of what its command names.
+/// How many outcomes `rebuild` reads before it folds them: the next batch is read and decoded while one is folded.
+pub const REBUILD_BATCH: usize = 4096;
+
+/// Drops every read model of `projector` and folds `entries`' outcomes into it again from sequence 1, in bulk
+/// ([`leasehold_projector::Bulk`]: the same tables as an incremental fold, written a chunk at a time); `progress` is
+/// told each outcome's sequence. Answers the projector. What `rebuild` does, and what the replay benchmark times.
+/// The commands among `entries`, if any, go with the outcomes that answer them: a step without effect is in the
+/// timeline of what its command names.
+///
+/// Three things go on at once: reading a batch of [`REBUILD_BATCH`] outcomes, decoding the batch before on every
+/// core, and folding the one before that into the projection (one thread: the fold is in log order).
 pub async fn rebuild_projection(
-    projector: &mut leasehold_projector::Projector,
+    projector: leasehold_projector::Projector,
     mut entries: futures::stream::BoxStream<'static, Result<Entry, leasehold_log::Error>>,
     mut progress: impl FnMut(u64),
-) -> anyhow::Result<()> {
-    projector.drop_all()?;
-    let mut batch = Vec::with_capacity(leasehold_projector::MAX_BATCH);
-    // Each partition's commands not yet answered, in sequence, and those the batch's outcomes answer.
+) -> anyhow::Result<leasehold_projector::Projector> {
+    type Folding = tokio::task::JoinHandle<Result<leasehold_projector::Bulk, leasehold_projector::Error>>;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut bulk = Some(projector.into_bulk()?);
+    let mut folding: Option<Folding> = None;
+    // Each partition's commands not yet answered, in sequence.
     let mut waiting: BTreeMap<u32, VecDeque<CommandRecord>> = BTreeMap::new();
-    let mut answered = BTreeMap::new();
-    while let Some(entry) = entries.next().await {
-        match entry? {
-            Entry::Command { partition, record } => waiting.entry(partition).or_default().push_back(record),
-            Entry::Outcome(o) => {
-                progress(o.seq);
-                if let Some(queue) = waiting.get_mut(&o.partition) {
-                    // Commands before the one answered got no outcome (a duplicate, a heartbeat that changed
-                    // nothing); the one answered stays for the next parts of its decision.
-                    while queue.front().is_some_and(|c| c.seq < o.cmd_seq) {
-                        queue.pop_front();
+    let mut ended = false;
+    while !ended {
+        let mut batch = Vec::with_capacity(REBUILD_BATCH);
+        // The commands the batch's outcomes answer.
+        let mut answered = BTreeMap::new();
+        while batch.len() < REBUILD_BATCH {
+            let Some(entry) = entries.next().await else {
+                ended = true;
+                break;
+            };
+            match entry? {
+                Entry::Command { partition, record } => waiting.entry(partition).or_default().push_back(record),
+                Entry::Outcome(o) => {
+                    progress(o.seq);
+                    if let Some(queue) = waiting.get_mut(&o.partition) {
+                        // Commands before the one answered got no outcome (a duplicate, a heartbeat that changed
+                        // nothing); the one answered stays for the next parts of its decision.
+                        while queue.front().is_some_and(|c| c.seq < o.cmd_seq) {
+                            queue.pop_front();
+                        }
+                        if let Some(command) = queue.front().filter(|c| c.seq == o.cmd_seq) {
+                            answered.insert(command.seq, command.clone());
+                        }
                     }
-                    if let Some(command) = queue.front().filter(|c| c.seq == o.cmd_seq) {
-                        answered.insert(command.seq, command.clone());
-                    }
+                    batch.push(o);
                 }
-                batch.push(o);
-                if batch.len() >= leasehold_projector::MAX_BATCH {
-                    projector.apply_batch_commands(&batch, &answered)?;
-                    batch.clear();
-                    answered.clear();
-                }
+                Entry::DeadLetter { .. } => {}
             }
-            Entry::DeadLetter { .. } => {}
         }
+        let decoding = tokio::task::spawn_blocking(move || {
+            let size = batch.len().div_ceil(threads).max(1);
+            let mut parts = Vec::new();
+            let mut rest = batch;
+            while rest.len() > size {
+                let tail = rest.split_off(size);
+                parts.push(std::mem::replace(&mut rest, tail));
+            }
+            parts.push(rest);
+            let decoded = crate::parallel::on_threads(parts, threads, |part| {
+                let decoded: Vec<_> = part.iter().map(leasehold_projector::decode).collect();
+                (part, decoded)
+            });
+            let (parts, decoded): (Vec<_>, Vec<_>) = decoded.into_iter().unzip();
+            (parts.into_iter().flatten().collect::<Vec<_>>(), decoded.into_iter().flatten().collect::<Vec<_>>())
+        });
+        let (batch, decoded) = decoding.await?;
+        if let Some(previous) = folding.take() {
+            bulk = Some(previous.await??);
+        }
+        let mut folder = bulk.take().expect("the bulk rebuild is back from its last batch");
+        folding = Some(tokio::task::spawn_blocking(move || {
+            folder.apply(&batch, decoded, &answered)?;
+            Ok(folder)
+        }));
     }
-    projector.apply_batch_commands(&batch, &answered)?;
-    Ok(())
+    if let Some(previous) = folding.take() {
+        bulk = Some(previous.await??);
+    }
+    Ok(bulk.expect("the bulk rebuild is back from its last batch").finish()?)
 }
 
 /// [`rebuild_projection`] from `log`'s outcomes (`outcomes`, no command), the projector reading from `log` the

@@ -27,7 +27,10 @@ use leasehold_schemas::pool::PoolValue;
 use leasehold_schemas::{LeaseId, Outcome, PoolName, Position, RejectionKind, ResourceId};
 use serde::Serialize;
 
-use crate::fold::{Failure, Fold, Step};
+use leasehold_log::export::Entry;
+
+use crate::fold::{self, Failure, PartitionFold, Step};
+use crate::parallel::{Weighed, on_threads};
 
 /// How often (in outcomes of one partition) every invariant of the domain is checked over the whole partition.
 pub const FULL_CHECK_EVERY: u64 = 10_000;
@@ -114,12 +117,106 @@ impl std::fmt::Debug for Verifier {
     }
 }
 
+/// How many entries are read before they are checked, a batch at a time: each batch's partitions are checked on
+/// several threads while the next batch is read. Two batches are held at most, so memory does not grow with the log.
+pub const BATCH_ENTRIES: usize = 8192;
+
+/// The checks of a log, partition by partition on several threads, merged in the log's order.
+///
+/// Partitions are independent: every check of a step but the claims across partitions ([`Claims`]) reads its own
+/// partition's state only. So the entries are read a batch at a time ([`BATCH_ENTRIES`]) and each batch's partitions
+/// are checked on up to [`std::thread::available_parallelism`] threads (decoding, deciding again, folding, the
+/// invariants), while the next batch is read; then the batch's results are taken in the log's order: the counts of
+/// the report, the claims across partitions, the fresh projection, and the first failure, which ends the run. The
+/// report is the one a fold of the whole log in order would give, failure included: a partition's failure stops
+/// that partition, and whatever the other partitions checked after it in the log is not counted.
 pub struct Verifier {
-    fold: Fold,
+    partitions: u32,
+    parts: Vec<PartitionCheck>,
+    /// The last outcome read (for the order check across partitions).
+    last_outcome: u64,
+    /// The last outcome folded, taken in the log's order.
+    last_taken: u64,
     report: Report,
     claims: Claims,
-    since_full: Vec<u64>,
     fresh: Option<(leasehold_projector::Projector, Projection, Vec<leasehold_log::StoredOutcome>)>,
+    threads: usize,
+}
+
+/// One partition's checks: its fold, and the outcomes since its last whole-partition check.
+#[derive(Debug)]
+struct PartitionCheck {
+    partition: u32,
+    fold: PartitionFold,
+    since_full: u64,
+}
+
+/// Where an entry of a batch is checked, in the log's order.
+#[derive(Debug)]
+enum Slot {
+    /// By its partition's thread: the next result of that partition.
+    Partition(u32),
+    DeadLetter,
+    /// Refused before any partition saw it (a partition the log has not, an outcome out of order).
+    Failed(Failure),
+}
+
+/// What checking one entry in its partition found, for the merge in the log's order.
+#[derive(Debug)]
+enum Checked {
+    Command,
+    Step(Box<StepChecked>),
+    Failed(Failure),
+}
+
+/// A step's checks in its partition: what they add to the report, and their failure, if any.
+#[derive(Debug, Default)]
+struct StepChecked {
+    seq: u64,
+    partition: u32,
+    tally: Tally,
+    /// Folded into the partition's state (counted in the report's outcomes).
+    applied: bool,
+    /// The first failure of the checks before the claims across partitions.
+    failure: Option<Failure>,
+    /// The effects the claims across partitions look at, with the pool whose outcome it is.
+    claims: Option<ClaimFacts>,
+    /// The whole-partition check made after the step, when it was due.
+    full_check: Option<Result<(), Failure>>,
+    /// The stored outcome, for the fresh projection.
+    stored: Option<leasehold_log::StoredOutcome>,
+}
+
+/// What the checks of a step add to the report.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    without_outcome: u64,
+    kind: Option<Kind>,
+}
+
+/// Which span of the report a step goes to.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Redecided,
+    CommandsGone,
+    CommandsMissing,
+    OlderDecider,
+    NewerSchema,
+}
+
+/// A step's effects about claims (in order, with their positions), and the pool it is the outcome of.
+#[derive(Debug)]
+struct ClaimFacts {
+    pool: Option<PoolName>,
+    effects: Vec<(Position, Effect)>,
+}
+
+/// A partition's checks at the end of the log.
+#[derive(Debug)]
+struct Finished {
+    full_check: Result<(), Failure>,
+    without_outcome: u64,
+    undecided: u64,
 }
 
 impl Verifier {
@@ -129,18 +226,35 @@ impl Verifier {
             Some(projection) => Some((leasehold_projector::Projector::in_memory(partitions)?, projection, Vec::new())),
             None => None,
         };
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(Verifier {
-            fold: Fold::new(partitions),
+            partitions,
+            parts: (0..partitions)
+                .map(|partition| PartitionCheck {
+                    partition,
+                    fold: PartitionFold::new(partition, partitions),
+                    since_full: 0,
+                })
+                .collect(),
+            last_outcome: 0,
+            last_taken: 0,
             report: Report { partitions, ..Report::default() },
             claims: Claims::default(),
-            since_full: vec![0; partitions as usize],
             fresh,
+            threads,
         })
     }
 
     /// Re-decides as writers splitting long decisions after `bytes` of effects did (tests' small part size).
     pub fn with_split_budget(mut self, bytes: usize) -> Self {
-        self.fold = self.fold.with_split_budget(bytes);
+        self.parts =
+            self.parts.into_iter().map(|p| PartitionCheck { fold: p.fold.with_split_budget(bytes), ..p }).collect();
+        self
+    }
+
+    /// Checks on `threads` threads at most (at least one), instead of one per core.
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads.max(1);
         self
     }
 
@@ -150,88 +264,184 @@ impl Verifier {
         mut entries: futures::stream::BoxStream<'static, Result<leasehold_log::export::Entry, leasehold_log::Error>>,
         mut progress: impl FnMut(u64),
     ) -> anyhow::Result<Report> {
-        while let Some(entry) = entries.next().await {
-            // A source that cannot be read (a damaged file, a cut stream, the log unreachable) says nothing about
-            // the log: the tool could not do what was asked.
-            let entry = entry
-                .map_err(|e| anyhow::anyhow!("reading the log after outcome {}: {e}", self.fold.last_outcome()))?;
-            let step = match self.fold.admit(entry) {
-                Ok(Some(step)) => step,
-                Ok(None) => continue,
-                Err(failure) => {
-                    self.fail(failure);
+        let projected = self.fresh.as_ref().map(|(_, recorded, _)| recorded.applied);
+        let mut in_flight: Option<tokio::task::JoinHandle<Batch>> = None;
+        loop {
+            // Read the next batch while the one before is checked.
+            let (slots, queues, end) = self.read_batch(&mut entries).await;
+            if let Some(checking) = in_flight.take() {
+                let batch = checking.await?;
+                self.parts = batch.parts;
+                if self.merge(&batch.slots, batch.results, &mut progress) {
                     return Ok(self.finish_report());
                 }
-            };
-            if let Err(failure) = self.step(&step) {
-                self.fail(failure);
-                return Ok(self.finish_report());
             }
-            progress(step.seq());
+            let done = end.is_some();
+            if !slots.is_empty() {
+                let parts = std::mem::take(&mut self.parts);
+                let threads = self.threads;
+                in_flight = Some(tokio::task::spawn_blocking(move || {
+                    let (parts, results) = check_batch(parts, queues, projected, threads);
+                    Batch { parts, slots, results }
+                }));
+            }
+            if done {
+                if let Some(checking) = in_flight.take() {
+                    let batch = checking.await?;
+                    self.parts = batch.parts;
+                    if self.merge(&batch.slots, batch.results, &mut progress) {
+                        return Ok(self.finish_report());
+                    }
+                }
+                if let Some(Err(e)) = end {
+                    // A source that cannot be read (a damaged file, a cut stream, the log unreachable) says nothing
+                    // about the log: the tool could not do what was asked.
+                    anyhow::bail!("reading the log after outcome {}: {e}", self.last_taken);
+                }
+                break;
+            }
         }
-        if let Err(failure) = self.finish() {
+        if let Err(failure) = self.finish().await {
             self.fail(failure);
         }
         Ok(self.finish_report())
+    }
+
+    /// Reads up to [`BATCH_ENTRIES`] entries, each given to its partition's queue, with the checks across
+    /// partitions made here (a partition the log has, outcomes in sequence). Answers, besides, whether nothing is
+    /// to be read after them: `Some(Ok(()))` at the end of the entries and after an entry refused here (nothing after
+    /// it is needed), `Some(Err(_))` at a read error.
+    async fn read_batch(
+        &mut self,
+        entries: &mut futures::stream::BoxStream<'static, Result<leasehold_log::export::Entry, leasehold_log::Error>>,
+    ) -> (Vec<Slot>, Vec<Vec<Entry>>, Option<Result<(), leasehold_log::Error>>) {
+        let mut slots = Vec::with_capacity(BATCH_ENTRIES);
+        let mut queues: Vec<Vec<Entry>> = (0..self.partitions).map(|_| Vec::new()).collect();
+        while slots.len() < BATCH_ENTRIES {
+            let entry = match entries.next().await {
+                None => return (slots, queues, Some(Ok(()))),
+                Some(Err(e)) => return (slots, queues, Some(Err(e))),
+                Some(Ok(entry)) => entry,
+            };
+            let checked = match &entry {
+                Entry::Command { partition, record } => {
+                    fold::check_partition("command", record.seq, *partition, self.partitions).map(|()| *partition)
+                }
+                Entry::Outcome(stored) => {
+                    fold::check_outcome_order(stored, self.partitions, self.last_outcome).map(|()| {
+                        self.last_outcome = stored.seq;
+                        stored.partition
+                    })
+                }
+                Entry::DeadLetter { .. } => {
+                    slots.push(Slot::DeadLetter);
+                    continue;
+                }
+            };
+            match checked {
+                Ok(partition) => {
+                    queues[partition as usize].push(entry);
+                    slots.push(Slot::Partition(partition));
+                }
+                Err(failure) => {
+                    slots.push(Slot::Failed(failure));
+                    return (slots, queues, Some(Ok(())));
+                }
+            }
+        }
+        (slots, queues, None)
+    }
+
+    /// Takes a checked batch in the log's order; answers whether the run ends (at a failure).
+    fn merge(&mut self, slots: &[Slot], results: Vec<Vec<Checked>>, progress: &mut impl FnMut(u64)) -> bool {
+        let mut results: Vec<std::vec::IntoIter<Checked>> = results.into_iter().map(Vec::into_iter).collect();
+        for slot in slots {
+            let checked = match slot {
+                Slot::DeadLetter => {
+                    self.report.dead_letters += 1;
+                    continue;
+                }
+                Slot::Failed(failure) => {
+                    self.fail(failure.clone());
+                    return true;
+                }
+                Slot::Partition(p) => results[*p as usize]
+                    .next()
+                    .expect("a partition's thread checks its entries up to its first failure, which ends the merge"),
+            };
+            match checked {
+                Checked::Command => self.report.commands += 1,
+                Checked::Failed(failure) => {
+                    self.fail(failure);
+                    return true;
+                }
+                Checked::Step(step) => {
+                    let seq = step.seq;
+                    if let Err(failure) = self.take_step(*step) {
+                        self.fail(failure);
+                        return true;
+                    }
+                    progress(seq);
+                }
+            }
+        }
+        false
+    }
+
+    /// A step checked in its partition, in the log's order: its counts, then what only the log's order can check.
+    fn take_step(&mut self, step: StepChecked) -> Result<(), Failure> {
+        let (seq, partition) = (step.seq, step.partition);
+        self.report.without_outcome += step.tally.without_outcome;
+        match step.tally.kind {
+            Some(Kind::Redecided) => self.report.redecided.add(seq),
+            Some(Kind::CommandsGone) => self.report.folded_only_commands_gone.add(seq),
+            Some(Kind::CommandsMissing) => self.report.folded_only_commands_missing.add(seq),
+            Some(Kind::OlderDecider) => self.report.folded_only_older_decider.add(seq),
+            Some(Kind::NewerSchema) => self.report.folded_only_newer_schema.add(seq),
+            None => {}
+        }
+        if step.applied {
+            self.report.outcomes += 1;
+            self.last_taken = seq;
+        }
+        if let Some(failure) = step.failure {
+            return Err(failure);
+        }
+        if let Some(facts) = &step.claims {
+            self.claims.check(facts).map_err(|detail| Failure::outcome(seq, partition, detail))?;
+        }
+        if let Some(full_check) = step.full_check {
+            self.report.full_checks += 1;
+            full_check?;
+        }
+        if let Some(stored) = step.stored {
+            self.project(stored)?;
+        }
+        Ok(())
     }
 
     fn fail(&mut self, failure: Failure) {
         self.report.failure.get_or_insert(failure);
     }
 
-    fn finish_report(mut self) -> Report {
-        self.report.outcomes = self.fold.outcomes;
-        self.report.commands = self.fold.commands;
-        self.report.dead_letters = self.fold.dead_letters;
+    fn finish_report(self) -> Report {
         self.report
     }
 
-    fn step(&mut self, step: &Step) -> Result<(), Failure> {
-        let partition = step.partition();
-        let before = self.fold.state(partition);
-        for record in &step.unanswered {
-            without_outcome(&mut self.report, before, record)?;
-        }
-        redecide(&mut self.report, before, step)?;
-        let touched = Touched::before(before, &step.outcome);
-        check_grants(before, step)?;
-        self.fold.apply(step)?;
-        let after = self.fold.state(partition);
-        touched.check_after(after).map_err(|detail| Failure::outcome(step.seq(), partition, detail))?;
-        self.claims.check(step).map_err(|detail| Failure::outcome(step.seq(), partition, detail))?;
-        let since = &mut self.since_full[partition as usize];
-        *since += 1;
-        if *since >= FULL_CHECK_EVERY {
-            *since = 0;
-            self.full_check(partition, step.seq())?;
-        }
-        self.project(step)?;
-        Ok(())
-    }
-
-    /// Every invariant of the domain over one partition.
-    fn full_check(&mut self, partition: u32, seq: u64) -> Result<(), Failure> {
-        self.report.full_checks += 1;
-        leasehold_domain::invariants::check(self.fold.state(partition))
-            .map_err(|e| Failure::outcome(seq, partition, format!("after it, an invariant of the domain fails: {e}")))
-    }
-
     /// Feeds the fresh projection, and compares it with the recorded one once it has reached the outcome the
-    /// recorded one is as of.
-    fn project(&mut self, step: &Step) -> Result<(), Failure> {
+    /// recorded one is as of (the partitions' threads hand over only the outcomes up to it).
+    fn project(&mut self, stored: leasehold_log::StoredOutcome) -> Result<(), Failure> {
         let Some((projector, recorded, batch)) = &mut self.fresh else { return Ok(()) };
-        if step.seq() > recorded.applied {
-            return Ok(());
-        }
-        batch.push(step.stored.clone());
-        if batch.len() >= leasehold_projector::MAX_BATCH || step.seq() == recorded.applied {
+        let (seq, partition) = (stored.seq, stored.partition);
+        batch.push(stored);
+        if batch.len() >= leasehold_projector::MAX_BATCH || seq == recorded.applied {
             projector
                 .apply_batch(batch)
-                .map_err(|e| Failure::outcome(step.seq(), step.partition(), format!("the fresh projection: {e}")))?;
+                .map_err(|e| Failure::outcome(seq, partition, format!("the fresh projection: {e}")))?;
             batch.clear();
         }
-        if step.seq() == recorded.applied {
-            self.compare_projection(step.seq(), step.partition())?;
+        if seq == recorded.applied {
+            self.compare_projection(seq, partition)?;
         }
         Ok(())
     }
@@ -264,17 +474,17 @@ impl Verifier {
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<(), Failure> {
+    async fn finish(&mut self) -> Result<(), Failure> {
+        let last_outcome = self.last_taken;
         if let Some((_, recorded, _)) = &self.fresh {
-            if recorded.applied > self.fold.last_outcome() {
+            if recorded.applied > last_outcome {
                 return Err(Failure {
                     what: "outcome",
                     seq: recorded.applied,
                     partition: None,
                     detail: format!(
-                        "the projection says it applied outcomes up to {}, but the log ends at {}",
+                        "the projection says it applied outcomes up to {}, but the log ends at {last_outcome}",
                         recorded.applied,
-                        self.fold.last_outcome()
                     ),
                 });
             }
@@ -282,36 +492,195 @@ impl Verifier {
                 self.compare_projection(0, 0)?;
             }
         }
-        for partition in 0..self.fold.partitions() {
-            self.full_check(partition, self.fold.last_outcome())?;
+        // Each partition's last whole check and its commands after its last outcome, on the partitions' threads
+        // (the states are dropped there too); then taken in partition order.
+        let parts = std::mem::take(&mut self.parts);
+        let threads = self.threads;
+        let finished = tokio::task::spawn_blocking(move || {
+            on_threads(parts, threads, |part| finish_partition(part, last_outcome))
+        })
+        .await
+        .map_err(|e| Failure {
+            what: "outcome",
+            seq: last_outcome,
+            partition: None,
+            detail: format!("the last checks of the partitions stopped: {e}"),
+        })?;
+        for part in &finished {
+            self.report.full_checks += 1;
+            part.full_check.clone()?;
         }
-        // Commands after their partition's last outcome: decided to none (a duplicate, an idle heartbeat), or not
-        // decided yet (the writer is behind, or stopped).
-        for (partition, record) in self.fold.undecided() {
-            let state = self.fold.state(partition);
-            let decided_to_none = match leasehold_worker::admit(partition, state.partitions(), record) {
-                // Dead-lettered.
-                Err(_) => true,
-                Ok(envelope) => {
-                    let ctx = Ctx { cmd_seq: record.seq, log_time: record.time };
-                    matches!(
-                        catch_unwind(AssertUnwindSafe(|| decide(state, &ctx, &envelope))),
-                        Ok(Ok(Decided::AlreadyDecided { .. } | Decided::Unchanged))
-                    )
-                }
-            };
-            if decided_to_none {
-                self.report.without_outcome += 1;
-            } else {
-                self.report.undecided += 1;
-            }
+        for part in finished {
+            self.report.without_outcome += part.without_outcome;
+            self.report.undecided += part.undecided;
         }
         Ok(())
     }
 }
 
+/// A batch checked on the partitions' threads: the partitions back, the slots in the log's order, and each
+/// partition's results in its order.
+struct Batch {
+    parts: Vec<PartitionCheck>,
+    slots: Vec<Slot>,
+    results: Vec<Vec<Checked>>,
+}
+
+/// Checks each partition's queue of a batch, partitions spread over `threads` threads; answers the partitions
+/// and their results, in partition order. `projected`: the outcome the fresh projection goes to, if any.
+fn check_batch(
+    parts: Vec<PartitionCheck>,
+    queues: Vec<Vec<Entry>>,
+    projected: Option<u64>,
+    threads: usize,
+) -> (Vec<PartitionCheck>, Vec<Vec<Checked>>) {
+    let work: Vec<(PartitionCheck, Vec<Entry>)> = parts.into_iter().zip(queues).collect();
+    on_threads(work, threads, |(mut part, queue)| {
+        let results = part.check_queue(queue, projected);
+        (part, results)
+    })
+    .into_iter()
+    .unzip()
+}
+
+impl Weighed for (PartitionCheck, Vec<Entry>) {
+    fn weight(&self) -> usize {
+        self.1.len()
+    }
+}
+
+impl Weighed for PartitionCheck {
+    fn weight(&self) -> usize {
+        self.fold.undecided().count()
+    }
+}
+
+impl PartitionCheck {
+    /// Checks a batch's entries of this partition in order, up to its first failure.
+    fn check_queue(&mut self, queue: Vec<Entry>, projected: Option<u64>) -> Vec<Checked> {
+        let mut results = Vec::with_capacity(queue.len());
+        for entry in queue {
+            let checked = match entry {
+                Entry::Command { partition, record } => match self.fold.admit_command(partition, record) {
+                    Ok(()) => Checked::Command,
+                    Err(failure) => Checked::Failed(failure),
+                },
+                Entry::Outcome(stored) => match self.fold.check(stored) {
+                    Ok(step) => Checked::Step(Box::new(self.step(step, projected))),
+                    Err(failure) => Checked::Failed(failure),
+                },
+                // Dead letters are counted in the log's order, never given to a partition.
+                Entry::DeadLetter { .. } => continue,
+            };
+            let failed = match &checked {
+                Checked::Failed(_) => true,
+                Checked::Step(step) => step.failure.is_some() || step.full_check.as_ref().is_some_and(Result::is_err),
+                Checked::Command => false,
+            };
+            results.push(checked);
+            if failed {
+                break;
+            }
+        }
+        results
+    }
+
+    /// Every check of a step that reads its partition only, in the order a fold of the whole log makes them.
+    fn step(&mut self, step: Step, projected: Option<u64>) -> StepChecked {
+        let mut checked = StepChecked { seq: step.seq(), partition: self.partition, ..StepChecked::default() };
+        if let Err(failure) = self.checks(&step, &mut checked) {
+            checked.failure = Some(failure);
+            return checked;
+        }
+        checked.claims = claim_facts(&step.outcome);
+        self.since_full += 1;
+        if self.since_full >= FULL_CHECK_EVERY {
+            self.since_full = 0;
+            checked.full_check = Some(full_check(self.fold.state(), step.seq()));
+        }
+        if projected.is_some_and(|applied| step.seq() <= applied) {
+            checked.stored = Some(step.stored);
+        }
+        checked
+    }
+
+    fn checks(&mut self, step: &Step, checked: &mut StepChecked) -> Result<(), Failure> {
+        let partition = step.partition();
+        let before = self.fold.state();
+        for record in &step.unanswered {
+            without_outcome(&mut checked.tally, before, record)?;
+        }
+        redecide(&mut checked.tally, before, step)?;
+        let touched = Touched::before(before, &step.outcome);
+        check_grants(before, step)?;
+        self.fold.apply(step)?;
+        checked.applied = true;
+        let after = self.fold.state();
+        touched.check_after(after).map_err(|detail| Failure::outcome(step.seq(), partition, detail))
+    }
+}
+
+/// Every invariant of the domain over one partition, after the outcome at `seq`.
+fn full_check(state: &PartitionState, seq: u64) -> Result<(), Failure> {
+    leasehold_domain::invariants::check(state).map_err(|e| {
+        Failure::outcome(seq, state.partition(), format!("after it, an invariant of the domain fails: {e}"))
+    })
+}
+
+/// A partition at the end of the log: the whole check, and its commands after its last outcome, decided to none (a
+/// duplicate, an idle heartbeat) or not decided yet (the writer is behind, or stopped).
+fn finish_partition(part: PartitionCheck, last_outcome: u64) -> Finished {
+    let state = part.fold.state();
+    let mut finished = Finished { full_check: full_check(state, last_outcome), without_outcome: 0, undecided: 0 };
+    for record in part.fold.undecided() {
+        let decided_to_none = match leasehold_worker::admit(state.partition(), state.partitions(), record) {
+            // Dead-lettered.
+            Err(_) => true,
+            Ok(envelope) => {
+                let ctx = Ctx { cmd_seq: record.seq, log_time: record.time };
+                matches!(
+                    catch_unwind(AssertUnwindSafe(|| decide(state, &ctx, &envelope))),
+                    Ok(Ok(Decided::AlreadyDecided { .. } | Decided::Unchanged))
+                )
+            }
+        };
+        if decided_to_none {
+            finished.without_outcome += 1;
+        } else {
+            finished.undecided += 1;
+        }
+    }
+    finished
+}
+
+/// The effects of `outcome` the claims across partitions look at, if any.
+fn claim_facts(outcome: &Outcome) -> Option<ClaimFacts> {
+    let effects: Vec<(Position, Effect)> = outcome
+        .positioned_effects()
+        .filter(|(_, effect)| {
+            matches!(
+                effect,
+                Effect::ClaimGranted { .. }
+                    | Effect::ClaimBound { .. }
+                    | Effect::ClaimReleasable { value: Some(_), token: Some(_), .. }
+                    | Effect::GrantReturned { .. }
+                    | Effect::ClaimFreed { .. }
+            )
+        })
+        .map(|(position, effect)| (position, effect.clone()))
+        .collect();
+    if effects.is_empty() {
+        return None;
+    }
+    let pool = match &outcome.command.key {
+        leasehold_schemas::Key::Pool(name) => Some(name.clone()),
+        leasehold_schemas::Key::Agent(_) | leasehold_schemas::Key::Placement(_) => None,
+    };
+    Some(ClaimFacts { pool, effects })
+}
+
 /// A command the log shows no outcome for must get none when decided again.
-fn without_outcome(report: &mut Report, state: &PartitionState, record: &CommandRecord) -> Result<(), Failure> {
+fn without_outcome(tally: &mut Tally, state: &PartitionState, record: &CommandRecord) -> Result<(), Failure> {
     let partition = state.partition();
     let envelope = match leasehold_worker::admit(partition, state.partitions(), record) {
         Ok(envelope) => envelope,
@@ -321,7 +690,7 @@ fn without_outcome(report: &mut Report, state: &PartitionState, record: &Command
     let ctx = Ctx { cmd_seq: record.seq, log_time: record.time };
     match catch_unwind(AssertUnwindSafe(|| decide(state, &ctx, &envelope))) {
         Ok(Ok(Decided::AlreadyDecided { .. } | Decided::Unchanged)) => {
-            report.without_outcome += 1;
+            tally.without_outcome += 1;
             Ok(())
         }
         Ok(Ok(Decided::Append(outcome))) => Err(Failure::command(
@@ -344,18 +713,18 @@ fn without_outcome(report: &mut Report, state: &PartitionState, record: &Command
 }
 
 /// Decides `step`'s command (or makes its part) again against the state before it: it must give the recorded outcome.
-fn redecide(report: &mut Report, state: &PartitionState, step: &Step) -> Result<(), Failure> {
+fn redecide(tally: &mut Tally, state: &PartitionState, step: &Step) -> Result<(), Failure> {
     let (seq, partition, recorded) = (step.seq(), step.partition(), &step.outcome);
     if recorded.decider_version != DECIDER_VERSION {
-        report.folded_only_older_decider.add(seq);
+        tally.kind = Some(Kind::OlderDecider);
         return Ok(());
     }
     let redecided = if recorded.part == 0 {
         let Some(record) = &step.command else {
             if step.command_missing {
-                report.folded_only_commands_missing.add(seq);
+                tally.kind = Some(Kind::CommandsMissing);
             } else {
-                report.folded_only_commands_gone.add(seq);
+                tally.kind = Some(Kind::CommandsGone);
             }
             return Ok(());
         };
@@ -365,7 +734,7 @@ fn redecide(report: &mut Report, state: &PartitionState, step: &Step) -> Result<
             Err(_)
                 if codec::decode_command(&record.payload).is_err_and(|e| e.kind() == CodecErrorKind::NewerSchema) =>
             {
-                report.folded_only_newer_schema.add(seq);
+                tally.kind = Some(Kind::NewerSchema);
                 return Ok(());
             }
             Err(why) => {
@@ -408,7 +777,7 @@ fn redecide(report: &mut Report, state: &PartitionState, step: &Step) -> Result<
         }
     };
     if same_decision(state, recorded, redecided.as_ref()) {
-        report.redecided.add(seq);
+        tally.kind = Some(Kind::Redecided);
         return Ok(());
     }
     let detail = match &redecided {
@@ -621,12 +990,10 @@ fn check_grants(state: &PartitionState, step: &Step) -> Result<(), Failure> {
 
 impl Claims {
     /// Bindings across partitions: one resource per identifier; frees only of what a holder let go.
-    fn check(&mut self, step: &Step) -> Result<(), String> {
-        let pool_key = match &step.outcome.command.key {
-            leasehold_schemas::Key::Pool(name) => Some(name),
-            leasehold_schemas::Key::Agent(_) | leasehold_schemas::Key::Placement(_) => None,
-        };
-        for (position, effect) in step.outcome.positioned_effects() {
+    fn check(&mut self, facts: &ClaimFacts) -> Result<(), String> {
+        let pool_key = facts.pool.as_ref();
+        for (position, effect) in &facts.effects {
+            let position = *position;
             match effect {
                 Effect::ClaimGranted { holder, value, .. } => {
                     if let Some(pool) = pool_key {

@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+mod buffer;
 pub mod timeline;
 pub mod views;
 
@@ -30,6 +31,8 @@ use leasehold_schemas::outcome::Effect;
 use leasehold_schemas::pool::PoolValue;
 use leasehold_schemas::{Outcome, ResourceRef};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use crate::buffer::{Pending, Tab};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
@@ -133,7 +136,19 @@ impl Projector {
     /// Opens (or creates) the projection in `dir`.
     pub fn open(dir: &Path, partitions: u32) -> Result<Self, Error> {
         std::fs::create_dir_all(dir).map_err(|e| Error::Storage(format!("cannot create {}: {e}", dir.display())))?;
-        let db = Database::create(dir.join(FILE_NAME)).map_err(|e| match e {
+        Self::open_with(dir, partitions, &redb::Builder::new())
+    }
+
+    /// [`Projector::open`], with redb's cache at most `bytes` (redb's default is 1 GiB, which a rebuild fills as the
+    /// projection grows): what a bulk rebuild ([`Projector::into_bulk`]) opens, so that its memory does not grow with
+    /// the log's length.
+    pub fn open_with_cache(dir: &Path, partitions: u32, bytes: usize) -> Result<Self, Error> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Storage(format!("cannot create {}: {e}", dir.display())))?;
+        Self::open_with(dir, partitions, redb::Builder::new().set_cache_size(bytes))
+    }
+
+    fn open_with(dir: &Path, partitions: u32, builder: &redb::Builder) -> Result<Self, Error> {
+        let db = builder.create(dir.join(FILE_NAME)).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => {
                 Error::Refused(format!("the projection in {} is in use by another process", dir.display()))
             }
@@ -352,39 +367,51 @@ impl Projector {
         let txn = self.db.begin_write().map_err(storage)?;
         {
             let mut tables = Tables::open(&txn)?;
-            for (stored, decoded) in batch.iter().zip(decoded) {
-                if stored.seq <= self.applied {
-                    continue;
-                }
-                let expected = self.chain.get(&stored.partition).copied().unwrap_or(0);
-                let outcome = self.check(stored, expected, decoded)?;
-                let state = self.state(stored.partition, stored.seq)?;
-                // What the outcome touches, with the resources' states before it (to move them in the index by
-                // state), from memory: the tables hold the same.
-                let touched = Touched::of(state, &outcome);
-                // The things it concerns, with the leases known before it: in memory while their partition keeps
-                // them, then in the leases' records (a command may name a lease long gone).
-                let said = match commands.get(&outcome.cmd_seq) {
-                    Some(command) if outcome.effects().is_empty() => {
-                        Some(timeline::Said::of(&command.subject, &command.payload))
-                    }
-                    _ => None,
-                };
-                let concerns = timeline::concerns(&outcome, said.as_ref(), |lease| {
-                    state.lease(lease).map(|l| l.resource).or_else(|| tables.resource_of(&outcome.command.key, lease))
-                });
-                apply(state, &outcome).map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
-                let state = &self.states[&stored.partition];
-                tables.write(state, &outcome, stored, &touched)?;
-                tables.index(&outcome, stored.seq, &concerns)?;
-                self.chain.insert(stored.partition, stored.seq);
-                tables.chain.insert(stored.partition, stored.seq).map_err(storage)?;
-                self.applied = stored.seq;
-            }
-            tables.meta.insert("applied", self.applied).map_err(storage)?;
+            self.fold_into(&mut tables, batch, decoded, commands)?;
         }
         txn.commit().map_err(storage)?;
         self.applied_tx.send_replace(self.applied);
+        Ok(())
+    }
+
+    /// Folds `batch` into the states and writes what each outcome changes to `tables`, with the applied sequence.
+    fn fold_into(
+        &mut self,
+        tables: &mut Tables<'_>,
+        batch: &[StoredOutcome],
+        decoded: Vec<Result<Outcome, Error>>,
+        commands: &BTreeMap<u64, CommandRecord>,
+    ) -> Result<(), Error> {
+        for (stored, decoded) in batch.iter().zip(decoded) {
+            if stored.seq <= self.applied {
+                continue;
+            }
+            let expected = self.chain.get(&stored.partition).copied().unwrap_or(0);
+            let outcome = self.check(stored, expected, decoded)?;
+            let state = self.state(stored.partition, stored.seq)?;
+            // What the outcome touches, with the resources' states before it (to move them in the index by
+            // state), from memory: the tables hold the same.
+            let touched = Touched::of(state, &outcome);
+            // The things it concerns, with the leases known before it: in memory while their partition keeps
+            // them, then in the leases' records (a command may name a lease long gone).
+            let said = match commands.get(&outcome.cmd_seq) {
+                Some(command) if outcome.effects().is_empty() => {
+                    Some(timeline::Said::of(&command.subject, &command.payload))
+                }
+                _ => None,
+            };
+            let concerns = timeline::concerns(&outcome, said.as_ref(), |lease| {
+                state.lease(lease).map(|l| l.resource).or_else(|| tables.resource_of(&outcome.command.key, lease))
+            });
+            apply(state, &outcome).map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
+            let state = &self.states[&stored.partition];
+            tables.write(state, &outcome, stored, &touched)?;
+            tables.index(&outcome, stored.seq, &concerns)?;
+            self.chain.insert(stored.partition, stored.seq);
+            tables.chain.insert(stored.partition, stored.seq).map_err(storage)?;
+            self.applied = stored.seq;
+        }
+        tables.meta.insert("applied", self.applied).map_err(storage)?;
         Ok(())
     }
 
@@ -451,6 +478,115 @@ impl Projector {
     }
 }
 
+/// Outcomes a bulk rebuild folds per chunk: its writes are held in memory and written, each table as one sorted run,
+/// in one durable transaction per chunk. About 40 MB of buffers in the replay benchmark's mix.
+pub const BULK_CHUNK: usize = 50_000;
+/// The redb cache a bulk rebuild opens its projection with ([`Projector::open_with_cache`]).
+pub const BULK_CACHE_BYTES: usize = 64 << 20;
+
+/// A rebuild of a projection from sequence 1 in bulk ([`Projector::into_bulk`]): the same fold and the same writes
+/// as [`Projector::apply_batch_commands`], so the same tables (their digests equal), but each chunk of
+/// [`BULK_CHUNK`] outcomes is written at once: a record written many times within a chunk is written once, each
+/// table's rows go in sorted, and there is one durable commit per chunk instead of one per [`MAX_BATCH`]. The
+/// memory it holds is a chunk's writes, whatever the log's length.
+///
+/// Each commit leaves a projection as of the last outcome of its chunk, which a projector opened later resumes
+/// from; a bulk rebuild dropped before [`Bulk::finish`] loses only its last chunk.
+pub struct Bulk {
+    projector: Projector,
+    buffers: Box<Buffers>,
+    txn: Option<redb::WriteTransaction>,
+    in_chunk: usize,
+    chunk: usize,
+}
+
+impl std::fmt::Debug for Bulk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bulk").field("projector", &self.projector).field("in_chunk", &self.in_chunk).finish()
+    }
+}
+
+impl Projector {
+    /// Drops every read model and starts a bulk rebuild from sequence 1 ([`Bulk`]).
+    pub fn into_bulk(mut self) -> Result<Bulk, Error> {
+        self.drop_all()?;
+        Ok(Bulk { projector: self, buffers: Box::default(), txn: None, in_chunk: 0, chunk: BULK_CHUNK })
+    }
+}
+
+impl Bulk {
+    /// Commits every `outcomes` outcomes (at least one) instead of every [`BULK_CHUNK`]: tests make chunks small to
+    /// have many.
+    pub fn with_chunk(mut self, outcomes: usize) -> Self {
+        self.chunk = outcomes.max(1);
+        self
+    }
+
+    /// Folds `batch` (outcomes in log order, each after the last applied), with `decoded` its bodies ([`decode`],
+    /// which callers may run on other threads) and the commands its outcomes answer, as
+    /// [`Projector::apply_batch_commands`] does; commits when a chunk is full.
+    pub fn apply(
+        &mut self,
+        batch: &[StoredOutcome],
+        decoded: Vec<Result<Outcome, Error>>,
+        commands: &BTreeMap<u64, CommandRecord>,
+    ) -> Result<(), Error> {
+        if let Some(why) = &self.projector.failed {
+            return Err(Error::Refused(format!("this projector failed earlier ({why}): open it again to resume")));
+        }
+        let result = self.apply_once(batch, decoded, commands);
+        if let Err(e) = &result {
+            self.projector.failed = Some(e.to_string());
+        }
+        result
+    }
+
+    fn apply_once(
+        &mut self,
+        batch: &[StoredOutcome],
+        decoded: Vec<Result<Outcome, Error>>,
+        commands: &BTreeMap<u64, CommandRecord>,
+    ) -> Result<(), Error> {
+        if self.txn.is_none() {
+            self.txn = Some(self.projector.db.begin_write().map_err(storage)?);
+        }
+        let txn = self.txn.as_ref().expect("begun above");
+        {
+            let mut tables = Tables::buffered(txn, &mut self.buffers)?;
+            self.projector.fold_into(&mut tables, batch, decoded, commands)?;
+        }
+        self.in_chunk += batch.len();
+        if self.in_chunk >= self.chunk {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the chunk's buffers and commits them.
+    fn commit(&mut self) -> Result<(), Error> {
+        let Some(txn) = self.txn.take() else { return Ok(()) };
+        self.buffers.flush(&txn)?;
+        txn.commit().map_err(storage)?;
+        self.in_chunk = 0;
+        self.projector.applied_tx.send_replace(self.projector.applied);
+        Ok(())
+    }
+
+    /// The last outcome sequence folded (written once its chunk is committed).
+    pub fn applied(&self) -> u64 {
+        self.projector.applied
+    }
+
+    /// Commits the last chunk; answers the projector, to follow the log from there.
+    pub fn finish(mut self) -> Result<Projector, Error> {
+        if let Some(why) = &self.projector.failed {
+            return Err(Error::Refused(format!("this projector failed earlier ({why}): open it again to resume")));
+        }
+        self.commit()?;
+        Ok(self.projector)
+    }
+}
+
 /// Deletes every read model and sets the applied sequence to 0 (the partition count and the layout stay).
 fn drop_tables(txn: &redb::WriteTransaction) -> Result<(), Error> {
     for table in [RESOURCES, LEASES, AGENTS, POOLS, PLACEMENTS] {
@@ -490,21 +626,71 @@ fn create_tables(txn: &redb::WriteTransaction) -> Result<(), Error> {
 }
 
 struct Tables<'t> {
-    meta: redb::Table<'t, &'static str, u64>,
-    chain: redb::Table<'t, u32, u64>,
-    resources: redb::Table<'t, &'static str, &'static str>,
-    by_agent: redb::Table<'t, (&'static str, &'static str), ()>,
-    by_state: redb::Table<'t, (&'static str, &'static str), ()>,
-    leases: redb::Table<'t, &'static str, &'static str>,
-    leases_by_resource: redb::Table<'t, (&'static str, &'static str), ()>,
-    agents: redb::Table<'t, &'static str, &'static str>,
-    pools: redb::Table<'t, &'static str, &'static str>,
-    holders: redb::Table<'t, (&'static str, &'static str), &'static str>,
-    placements: redb::Table<'t, &'static str, &'static str>,
-    policies: redb::Table<'t, u32, &'static str>,
-    outcomes: redb::Table<'t, (&'static str, u64, u32), (u64, &'static str)>,
-    counts: redb::Table<'t, (&'static str, &'static str), u64>,
-    timeline: redb::Table<'t, (&'static str, u64), TimelineRow>,
+    meta: Tab<'t, &'static str, u64>,
+    chain: Tab<'t, u32, u64>,
+    resources: Tab<'t, &'static str, &'static str>,
+    by_agent: Tab<'t, (&'static str, &'static str), ()>,
+    by_state: Tab<'t, (&'static str, &'static str), ()>,
+    leases: Tab<'t, &'static str, &'static str>,
+    leases_by_resource: Tab<'t, (&'static str, &'static str), ()>,
+    agents: Tab<'t, &'static str, &'static str>,
+    pools: Tab<'t, &'static str, &'static str>,
+    holders: Tab<'t, (&'static str, &'static str), &'static str>,
+    placements: Tab<'t, &'static str, &'static str>,
+    policies: Tab<'t, u32, &'static str>,
+    outcomes: Tab<'t, (&'static str, u64, u32), (u64, &'static str)>,
+    counts: Tab<'t, (&'static str, &'static str), u64>,
+    timeline: Tab<'t, (&'static str, u64), TimelineRow>,
+}
+
+/// A bulk rebuild's writes of the chunk in hand, one buffer per table ([`buffer`]).
+#[derive(Default)]
+struct Buffers {
+    meta: Pending,
+    chain: Pending,
+    resources: Pending,
+    by_agent: Pending,
+    by_state: Pending,
+    leases: Pending,
+    leases_by_resource: Pending,
+    agents: Pending,
+    pools: Pending,
+    holders: Pending,
+    placements: Pending,
+    policies: Pending,
+    outcomes: Pending,
+    counts: Pending,
+    timeline: Pending,
+}
+
+impl Buffers {
+    /// Writes every buffer into its table of `txn`, each as one sorted run, and empties them.
+    fn flush(&mut self, txn: &redb::WriteTransaction) -> Result<(), Error> {
+        fn into<K: redb::Key + 'static, V: redb::Value + 'static>(
+            txn: &redb::WriteTransaction,
+            def: TableDefinition<K, V>,
+            pending: &mut Pending,
+        ) -> Result<(), Error> {
+            let mut table = txn.open_table(def).map_err(storage)?;
+            buffer::flush(&mut table, pending).map_err(storage)
+        }
+        into(txn, META, &mut self.meta)?;
+        into(txn, CHAIN, &mut self.chain)?;
+        into(txn, RESOURCES, &mut self.resources)?;
+        into(txn, RESOURCES_BY_AGENT, &mut self.by_agent)?;
+        into(txn, RESOURCES_BY_STATE, &mut self.by_state)?;
+        into(txn, LEASES, &mut self.leases)?;
+        into(txn, LEASES_BY_RESOURCE, &mut self.leases_by_resource)?;
+        into(txn, AGENTS, &mut self.agents)?;
+        into(txn, POOLS, &mut self.pools)?;
+        into(txn, HOLDERS, &mut self.holders)?;
+        into(txn, PLACEMENTS, &mut self.placements)?;
+        into(txn, POLICIES, &mut self.policies)?;
+        into(txn, OUTCOMES, &mut self.outcomes)?;
+        into(txn, COUNTS, &mut self.counts)?;
+        into(txn, TIMELINE, &mut self.timeline)?;
+        Ok(())
+    }
 }
 
 /// What an outcome touches: resources and leases (with their states before it), and pool identifiers.
@@ -540,22 +726,57 @@ impl Touched {
 
 impl<'t> Tables<'t> {
     fn open(txn: &'t redb::WriteTransaction) -> Result<Self, Error> {
+        fn tab<'t, K: redb::Key + 'static, V: redb::Value + 'static>(
+            txn: &'t redb::WriteTransaction,
+            def: TableDefinition<K, V>,
+        ) -> Result<Tab<'t, K, V>, Error> {
+            txn.open_table(def).map(Tab::Direct).map_err(storage)
+        }
         Ok(Tables {
-            meta: txn.open_table(META).map_err(storage)?,
-            chain: txn.open_table(CHAIN).map_err(storage)?,
-            resources: txn.open_table(RESOURCES).map_err(storage)?,
-            by_agent: txn.open_table(RESOURCES_BY_AGENT).map_err(storage)?,
-            by_state: txn.open_table(RESOURCES_BY_STATE).map_err(storage)?,
-            leases: txn.open_table(LEASES).map_err(storage)?,
-            leases_by_resource: txn.open_table(LEASES_BY_RESOURCE).map_err(storage)?,
-            agents: txn.open_table(AGENTS).map_err(storage)?,
-            pools: txn.open_table(POOLS).map_err(storage)?,
-            holders: txn.open_table(HOLDERS).map_err(storage)?,
-            placements: txn.open_table(PLACEMENTS).map_err(storage)?,
-            policies: txn.open_table(POLICIES).map_err(storage)?,
-            outcomes: txn.open_table(OUTCOMES).map_err(storage)?,
-            counts: txn.open_table(COUNTS).map_err(storage)?,
-            timeline: txn.open_table(TIMELINE).map_err(storage)?,
+            meta: tab(txn, META)?,
+            chain: tab(txn, CHAIN)?,
+            resources: tab(txn, RESOURCES)?,
+            by_agent: tab(txn, RESOURCES_BY_AGENT)?,
+            by_state: tab(txn, RESOURCES_BY_STATE)?,
+            leases: tab(txn, LEASES)?,
+            leases_by_resource: tab(txn, LEASES_BY_RESOURCE)?,
+            agents: tab(txn, AGENTS)?,
+            pools: tab(txn, POOLS)?,
+            holders: tab(txn, HOLDERS)?,
+            placements: tab(txn, PLACEMENTS)?,
+            policies: tab(txn, POLICIES)?,
+            outcomes: tab(txn, OUTCOMES)?,
+            counts: tab(txn, COUNTS)?,
+            timeline: tab(txn, TIMELINE)?,
+        })
+    }
+
+    /// The tables of `txn` behind `buffers`: writes go to the buffers, reads see them first.
+    fn buffered(txn: &'t redb::WriteTransaction, buffers: &'t mut Buffers) -> Result<Self, Error> {
+        fn tab<'t, K: redb::Key + 'static, V: redb::Value + 'static>(
+            txn: &'t redb::WriteTransaction,
+            def: TableDefinition<K, V>,
+            pending: &'t mut Pending,
+        ) -> Result<Tab<'t, K, V>, Error> {
+            Ok(Tab::Buffered { table: txn.open_table(def).map_err(storage)?, pending })
+        }
+        let b = buffers;
+        Ok(Tables {
+            meta: tab(txn, META, &mut b.meta)?,
+            chain: tab(txn, CHAIN, &mut b.chain)?,
+            resources: tab(txn, RESOURCES, &mut b.resources)?,
+            by_agent: tab(txn, RESOURCES_BY_AGENT, &mut b.by_agent)?,
+            by_state: tab(txn, RESOURCES_BY_STATE, &mut b.by_state)?,
+            leases: tab(txn, LEASES, &mut b.leases)?,
+            leases_by_resource: tab(txn, LEASES_BY_RESOURCE, &mut b.leases_by_resource)?,
+            agents: tab(txn, AGENTS, &mut b.agents)?,
+            pools: tab(txn, POOLS, &mut b.pools)?,
+            holders: tab(txn, HOLDERS, &mut b.holders)?,
+            placements: tab(txn, PLACEMENTS, &mut b.placements)?,
+            policies: tab(txn, POLICIES, &mut b.policies)?,
+            outcomes: tab(txn, OUTCOMES, &mut b.outcomes)?,
+            counts: tab(txn, COUNTS, &mut b.counts)?,
+            timeline: tab(txn, TIMELINE, &mut b.timeline)?,
         })
     }
 
@@ -727,8 +948,8 @@ impl<'t> Tables<'t> {
     }
 }
 
-/// The body of a stored outcome.
-fn decode(stored: &StoredOutcome) -> Result<Outcome, Error> {
+/// The body of a stored outcome (for [`Bulk::apply`]).
+pub fn decode(stored: &StoredOutcome) -> Result<Outcome, Error> {
     codec::decode_outcome(&stored.payload).map_err(|e| Error::Undecodable { seq: stored.seq, detail: e.to_string() })
 }
 

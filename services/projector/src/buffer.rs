@@ -1,0 +1,103 @@
+//! The tables a batch writes to: each redb table as it is ([`Tab::Direct`], the projector following the log), or
+//! behind a buffer in memory ([`Tab::Buffered`], a bulk rebuild) that keeps the chunk's last write of every key and
+//! writes them all, in key order, when the chunk ends ([`flush`]).
+//!
+//! Both give the same content for the same writes: the fold that writes goes through the same code either way, and
+//! a read sees the buffer's write of a key before the table's. A bulk rebuild gains in that a record written many
+//! times within a chunk (a resource's through its life, the counts, the chain) is written once, and each table's rows
+//! go in as one sorted run.
+
+use std::collections::HashMap;
+
+use redb::{Key, ReadableTable, Value};
+
+/// A chunk's writes to one table: key bytes -> the value's bytes, or `None` once removed.
+pub(crate) type Pending = HashMap<Vec<u8>, Option<Vec<u8>>>;
+
+/// A table of a write transaction, written directly or through a chunk's buffer.
+pub(crate) enum Tab<'t, K: Key + 'static, V: Value + 'static> {
+    Direct(redb::Table<'t, K, V>),
+    Buffered { table: redb::Table<'t, K, V>, pending: &'t mut Pending },
+}
+
+/// A value read from a [`Tab`]: from the table, or from the buffer.
+pub(crate) enum Got<'a, V: Value + 'static> {
+    Stored(redb::AccessGuard<'a, V>),
+    Pending(&'a [u8]),
+}
+
+impl<V: Value + 'static> Got<'_, V> {
+    pub(crate) fn value(&self) -> V::SelfType<'_> {
+        match self {
+            Got::Stored(guard) => guard.value(),
+            Got::Pending(bytes) => V::from_bytes(bytes),
+        }
+    }
+}
+
+impl<'t, K: Key + 'static, V: Value + 'static> Tab<'t, K, V> {
+    pub(crate) fn insert<'k, 'v>(
+        &mut self,
+        key: impl std::borrow::Borrow<K::SelfType<'k>>,
+        value: impl std::borrow::Borrow<V::SelfType<'v>>,
+    ) -> Result<(), redb::StorageError> {
+        match self {
+            Tab::Direct(table) => table.insert(key, value).map(drop),
+            Tab::Buffered { pending, .. } => {
+                let key = K::as_bytes(key.borrow()).as_ref().to_vec();
+                pending.insert(key, Some(V::as_bytes(value.borrow()).as_ref().to_vec()));
+                Ok(())
+            }
+        }
+    }
+
+    pub(crate) fn remove<'k>(
+        &mut self,
+        key: impl std::borrow::Borrow<K::SelfType<'k>>,
+    ) -> Result<(), redb::StorageError> {
+        match self {
+            Tab::Direct(table) => table.remove(key).map(drop),
+            Tab::Buffered { pending, .. } => {
+                pending.insert(K::as_bytes(key.borrow()).as_ref().to_vec(), None);
+                Ok(())
+            }
+        }
+    }
+
+    pub(crate) fn get<'k>(
+        &self,
+        key: impl std::borrow::Borrow<K::SelfType<'k>>,
+    ) -> Result<Option<Got<'_, V>>, redb::StorageError> {
+        match self {
+            Tab::Direct(table) => Ok(table.get(key)?.map(Got::Stored)),
+            Tab::Buffered { table, pending } => {
+                let bytes = K::as_bytes(key.borrow()).as_ref().to_vec();
+                match pending.get(&bytes) {
+                    Some(Some(value)) => Ok(Some(Got::Pending(value))),
+                    Some(None) => Ok(None),
+                    None => Ok(table.get(key)?.map(Got::Stored)),
+                }
+            }
+        }
+    }
+}
+
+/// Writes a chunk's buffer of one table into it, in the table's key order (one sorted run), and empties it.
+pub(crate) fn flush<K: Key + 'static, V: Value + 'static>(
+    table: &mut redb::Table<'_, K, V>,
+    pending: &mut Pending,
+) -> Result<(), redb::StorageError> {
+    let mut rows: Vec<(Vec<u8>, Option<Vec<u8>>)> = pending.drain().collect();
+    rows.sort_unstable_by(|(a, _), (b, _)| K::compare(a, b));
+    for (key, value) in &rows {
+        match value {
+            Some(value) => {
+                table.insert(K::from_bytes(key), V::from_bytes(value))?;
+            }
+            None => {
+                table.remove(K::from_bytes(key))?;
+            }
+        }
+    }
+    Ok(())
+}
