@@ -1595,3 +1595,24 @@ fn serve_reads_the_fault_points_and_crashes_between_two_parts() {
         crashes[0]
     );
 }
+
+/// `bench takeover` runs end to end on a real server: its worker processes are killed and paused, and every partition
+/// of each dead worker's share is found taken over (its figures are a benchmark's, never asserted here).
+#[test]
+fn bench_takeover_kills_its_workers_and_finds_every_partition_taken_over() {
+    let Some(nats) = leasehold_log::nats_server::NatsServer::start() else { return };
+    let output = Command::new(BIN)
+        .args(["bench", "takeover", "--nats", nats.url(), "--partitions", "4", "--kills", "2", "--pauses", "1"])
+        .args(["--pause", "200ms", "--rate", "10", "--live", "5"])
+        .output()
+        .expect("run bench takeover");
+    let text = text_of(&output);
+    assert!(output.status.success(), "{text}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let figures: Value = serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON");
+    // Two kills, one of each worker: between them, every partition was some dead worker's share once.
+    assert_eq!(figures["takeovers"], 4, "{figures}");
+    assert_eq!(figures["takeovers_missed"], 0, "{figures}");
+    assert_eq!(figures["kills"], 2, "{figures}");
+    assert!(figures["takeover_p99_s"].as_f64().is_some_and(|s| s > 0.0), "{figures}");
+}
