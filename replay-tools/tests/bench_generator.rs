@@ -77,14 +77,7 @@ async fn its_rebuilt_projection_equals_a_fresh_fold() {
         rebuild_entries(PARTITIONS, &dir.path().join("projection"), reader(&file).await.into_stream()).await.unwrap();
     assert_eq!(applied, OUTCOMES);
 
-    let outcomes: Vec<StoredOutcome> = entries(&file)
-        .await
-        .into_iter()
-        .filter_map(|e| match e {
-            Entry::Outcome(o) => Some(o),
-            _ => None,
-        })
-        .collect();
+    let outcomes = outcomes_of(&file).await;
     let mut fresh = Projector::in_memory(PARTITIONS).unwrap();
     fresh.apply_batch(&outcomes).unwrap();
     assert_eq!(rebuilt, fresh.digests().unwrap());
@@ -118,14 +111,7 @@ async fn decided_again_at_other_log_times_it_is_the_same_log() {
 async fn a_bulk_rebuild_in_chunks_equals_an_incremental_projection() {
     let dir = tempfile::tempdir().unwrap();
     let (file, _) = generated(dir.path()).await;
-    let outcomes: Vec<StoredOutcome> = entries(&file)
-        .await
-        .into_iter()
-        .filter_map(|e| match e {
-            Entry::Outcome(o) => Some(o),
-            _ => None,
-        })
-        .collect();
+    let outcomes = outcomes_of(&file).await;
 
     let mut incremental = Projector::open(&dir.path().join("incremental"), PARTITIONS).unwrap();
     for batch in outcomes.chunks(leasehold_projector::MAX_BATCH) {
@@ -146,4 +132,16 @@ async fn a_bulk_rebuild_in_chunks_equals_an_incremental_projection() {
     drop(bulk);
     let reopened = leasehold_projector::recorded(&dir.path().join("bulk")).unwrap().expect("a projection");
     assert_eq!((reopened.applied, reopened.digests), (OUTCOMES, want));
+}
+
+/// The outcomes of the export file at `file`, in order.
+async fn outcomes_of(file: &std::path::Path) -> Vec<StoredOutcome> {
+    entries(file)
+        .await
+        .into_iter()
+        .filter_map(|e| match e {
+            Entry::Outcome(o) => Some(o),
+            _ => None,
+        })
+        .collect()
 }
