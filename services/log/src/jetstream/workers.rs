@@ -76,24 +76,36 @@ pub(super) struct Seen {
     revision: u64,
     /// This process's own last put: when it was acknowledged, and its revision.
     own_put: Option<(Instant, u64)>,
-    /// The watch task, while one runs.
-    watch: Option<tokio::task::AbortHandle>,
+    /// The oldest of this process's puts the watch has not delivered back yet (when acknowledged, and its
+    /// revision): kept until the watch delivers it, so a watch that stalls while the puts go on is found out. Judging
+    /// by the last put alone could not: it is never older than an eighth of a time-to-live.
+    unconfirmed: Option<(Instant, u64)>,
+    /// The watch task, while one runs, and when it was started.
+    watch: Option<(tokio::task::AbortHandle, Instant)>,
 }
 
 impl Drop for Seen {
     fn drop(&mut self) {
-        if let Some(watch) = self.watch.take() {
+        if let Some((watch, _)) = self.watch.take() {
             watch.abort();
         }
     }
 }
 
 impl Seen {
-    /// Whether the watch is to be believed: it runs, and it delivered this process's last put, or that put is younger
-    /// than half a time-to-live.
+    /// Whether the watch is to be believed: it runs, and every put of this process it has not delivered back yet is
+    /// younger than half a time-to-live.
     fn flowing(&self, ttl: Duration, now: Instant) -> bool {
-        let running = self.watch.as_ref().is_some_and(|w| !w.is_finished());
-        running && self.own_put.is_none_or(|(at, rev)| self.revision >= rev || now.duration_since(at) < ttl / 2)
+        let running = self.watch.as_ref().is_some_and(|(w, _)| !w.is_finished());
+        running && self.unconfirmed.is_none_or(|(at, rev)| self.revision >= rev || now.duration_since(at) < ttl / 2)
+    }
+
+    /// Records this process's put of `revision`, acknowledged `at`.
+    fn put(&mut self, at: Instant, revision: u64) {
+        self.own_put = Some((at, revision));
+        if self.unconfirmed.is_none_or(|(_, rev)| self.revision >= rev) {
+            self.unconfirmed = Some((at, revision));
+        }
     }
 
     /// The workers seen within `ttl`, sorted.
@@ -156,12 +168,13 @@ impl JetStream {
                     .put(worker, Bytes::from_static(b"alive"))
                     .await
                     .map_err(|e| unavailable("cannot say this worker is alive", e))?;
-                seen.lock().expect("workers seen lock").own_put = Some((Instant::now(), revision));
+                seen.lock().expect("workers seen lock").put(Instant::now(), revision);
             }
         } else {
             store.purge(worker).await.map_err(|e| unavailable("cannot say this worker is leaving", e))?;
             let mut seen = seen.lock().expect("workers seen lock");
             seen.own_put = None;
+            seen.unconfirmed = None;
             seen.last_put.remove(worker);
         }
         let now = Instant::now();
@@ -175,11 +188,20 @@ impl JetStream {
                 }
                 return Ok(live);
             }
-            // Not flowing: start the watch again (it may just not have started yet) and list this time.
-            if let Some(old) = seen.watch.take() {
-                old.abort();
+            // Not flowing: list this time, and start the watch again unless it ran for less than half a time-to-live
+            // (a watch just started has had no time to deliver: restarting it on every look would never let one
+            // catch up on a slow server).
+            let young = seen
+                .watch
+                .as_ref()
+                .is_some_and(|(w, started)| !w.is_finished() && now.duration_since(*started) < ttl / 2);
+            if !young {
+                if let Some((old, _)) = seen.watch.take() {
+                    old.abort();
+                }
+                let task = tokio::spawn(watch(store.clone(), streams.workers_seen.clone()));
+                seen.watch = Some((task.abort_handle(), now));
             }
-            seen.watch = Some(tokio::spawn(watch(store.clone(), streams.workers_seen.clone())).abort_handle());
         }
         let keys = store.keys().await.map_err(|e| unavailable("cannot list the workers", e))?;
         let mut workers: Vec<String> = keys
