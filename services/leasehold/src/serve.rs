@@ -114,8 +114,9 @@ pub(crate) struct ServeArgs {
     /// does not fsync every write (`sync_interval: always`).
     #[arg(long, requires = "nats")]
     nats_monitor: Option<String>,
-    /// This worker's name, unique among live workers (default: the host's name and the --listen port, which a
-    /// restart on the same machine keeps; with port 0, the process id instead).
+    /// This worker's name, unique among live workers (default: the host's name and the --listen port, with the
+    /// address when it is a specific one, which a restart on the same machine keeps; with port 0, or a host named
+    /// `localhost` or nothing, the process id instead of the port).
     #[arg(long)]
     name: Option<String>,
     /// A newer schema version being rolled out: this worker stops a partition at a command of it (for a newer worker
@@ -368,7 +369,8 @@ async fn serve<L: Log>(
     shutdown: CancellationToken,
     running: &Running,
 ) -> anyhow::Result<()> {
-    let name = args.name.clone().unwrap_or_else(|| default_name(args.listen.port()));
+    let name = args.name.clone().unwrap_or_else(|| default_name(args.listen));
+    check_worker_name(&name)?;
     #[cfg(feature = "fault-points")]
     let faults = checked.faults.clone();
     let Checked { agents, tokens, .. } = checked;
@@ -638,18 +640,62 @@ async fn sweep<L: Log>(
     }
 }
 
-/// A worker's name when none is given: the host's and the --listen port's, stable across restarts on one machine (so a
-/// restarted worker keeps its share of the partitions instead of moving them twice), and unique there (two processes
-/// cannot listen on one port). Port 0 is no name: the process id stands in for it.
-fn default_name(port: u16) -> String {
-    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
+/// A worker's name when none is given: the host's and the --listen port's (with the address before it when it is
+/// a specific one, not a wildcard or loopback), stable across restarts on one machine, so a restarted worker keeps
+/// its share of the partitions instead of moving them twice, and unique there, since two processes cannot listen on
+/// one address. A host without a name of its own (none, or `localhost`), or port 0, gives no stable name: the process
+/// id stands in for the port.
+fn default_name(listen: SocketAddr) -> String {
+    let read = |path: &str| std::fs::read_to_string(path).map(|h| h.trim().to_owned()).unwrap_or_default();
+    let mut host = read("/proc/sys/kernel/hostname");
+    if host.is_empty() {
+        host = read("/etc/hostname");
+    }
+    let anonymous = host.is_empty() || host == "localhost";
     let host = if host.is_empty() { "worker".to_owned() } else { host };
-    if port == 0 { format!("{host}-pid{}", std::process::id()) } else { format!("{host}-{port}") }
+    let host = match listen.ip() {
+        std::net::IpAddr::V4(ip) if !ip.is_unspecified() && !ip.is_loopback() => format!("{host}-{ip}"),
+        _ => host,
+    };
+    let host: String =
+        host.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '-' }).collect();
+    if anonymous || listen.port() == 0 {
+        format!("{host}-pid{}", std::process::id())
+    } else {
+        format!("{host}-{}", listen.port())
+    }
+}
+
+/// Whether `name` can be a worker's name: a key of the `LH_WORKERS` bucket (letters, digits, `-`, `_`, `=`, `/`,
+/// `.`, not starting or ending with a dot).
+fn check_worker_name(name: &str) -> anyhow::Result<()> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-_=/.".contains(c);
+    anyhow::ensure!(
+        !name.is_empty() && name.chars().all(allowed) && !name.starts_with('.') && !name.ends_with('.'),
+        "--name {name:?}: a worker's name is letters, digits, '-', '_', '=', '/' and '.' (not first or last)"
+    );
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_default_worker_name_is_stable_and_a_name_must_be_a_key() {
+        let name = default_name("127.0.0.1:7420".parse().unwrap());
+        assert_eq!(name, default_name("127.0.0.1:7420".parse().unwrap()), "the same for a restart");
+        assert!(name.ends_with("-7420") || name.contains("-pid"), "{name}");
+        assert!(default_name("127.0.0.1:0".parse().unwrap()).ends_with(&format!("-pid{}", std::process::id())));
+        let specific = default_name("10.1.2.3:7420".parse().unwrap());
+        assert!(specific.contains("-10.1.2.3-"), "a specific address is part of it: {specific}");
+        for name in [&name, &specific] {
+            check_worker_name(name).unwrap();
+        }
+        for bad in ["", "my worker", "a*", ".lead", "trail.", "ünï"] {
+            assert!(check_worker_name(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn weak_durability_is_named() {

@@ -1754,7 +1754,9 @@ impl JetStreamOwner {
     /// Sends a pull (with our pin id once we have one) unless one is in flight. Each pull that reaches the server
     /// with our pin id keeps the pin.
     async fn keep_pulling(&mut self) -> Result<(), Error> {
-        let grace = self.log.inner.config.request_timeout;
+        // A pull whose end never came (a reconnect drops waiting pulls and their 408) is sent again well within the
+        // pin's timeout, not a request timeout later: with a timeout of seconds, that would cost the pin.
+        let grace = self.log.inner.config.request_timeout.min(self.pull_expires * 2);
         if self.pull.is_some_and(|(sent, _)| sent.elapsed() < self.pull_expires + grace) {
             return Ok(());
         }

@@ -11,7 +11,7 @@ use leasehold_log::nats_server::NatsServer;
 use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_watch_makes_a_live_worker_look_gone() {
+async fn a_stalled_watch_never_makes_a_live_worker_look_gone() {
     let Some(server) = NatsServer::start() else { return };
     let config = JetStreamConfig { priority_timeout: Duration::from_secs(2), ..JetStreamConfig::new(server.url(), 2) };
     let a = JetStream::connect(config.clone()).await.unwrap();

@@ -253,7 +253,9 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
             let asks = candidates.iter().map(|&p| {
                 let log = log.clone();
                 async move {
-                    let answer = tokio::time::timeout(config.retry_own * 4, log.is_served(p)).await;
+                    // Bounded well within a time-to-live: this worker says it is alive on the same loop.
+                    let bound = (config.retry_own * 4).min(log.worker_ttl() / 4);
+                    let answer = tokio::time::timeout(bound, log.is_served(p)).await;
                     (
                         p,
                         answer

@@ -371,7 +371,8 @@ async fn steady(
         if Instant::now() > deadline {
             bail!("the workers did not settle in a minute (live: {live:?})");
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Each look is a purge of the bench's own key, seen by every worker's watch: not too often.
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
@@ -403,8 +404,9 @@ async fn publish(log: &JetStream, envelope: &leasehold_schemas::Envelope) -> any
 /// Messages in plus out of the server per second over `window` (`/varz`).
 async fn idle_cost(monitor: &str, window: Duration) -> anyhow::Result<f64> {
     let url = format!("{}/varz", monitor.trim_end_matches('/'));
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
     let read = || async {
-        let varz: serde_json::Value = reqwest::get(&url).await?.error_for_status()?.json().await?;
+        let varz: serde_json::Value = client.get(&url).send().await?.error_for_status()?.json().await?;
         let count = |field: &str| varz[field].as_f64().unwrap_or(0.0);
         anyhow::Ok((Instant::now(), count("in_msgs") + count("out_msgs")))
     };

@@ -69,9 +69,10 @@ pub(super) async fn workers_bucket(js: &Context, replicas: usize, ttl: Option<Du
 /// What this process has seen of the workers bucket.
 #[derive(Debug, Default)]
 pub(super) struct Seen {
-    /// Each worker's last put the watch delivered, on this machine's clock (a key the watch found already there
-    /// counts as seen when it was delivered).
-    last_put: HashMap<String, Instant>,
+    /// Each worker's last put the watch delivered, on this machine's clock, with its revision (a key the watch found
+    /// already there counts as seen when it was delivered, unless a watch before delivered the same revision: a
+    /// restarted watch replays the bucket, and a dead worker's last put must not look new again).
+    last_put: HashMap<String, (Instant, u64)>,
     /// The highest revision of the bucket the watch delivered.
     revision: u64,
     /// This process's own last put: when it was acknowledged, and its revision.
@@ -113,7 +114,7 @@ impl Seen {
         let mut live: Vec<String> = self
             .last_put
             .iter()
-            .filter(|(_, at)| now.duration_since(**at) < ttl)
+            .filter(|(_, (at, _))| now.duration_since(*at) < ttl)
             .map(|(name, _)| name.clone())
             .collect();
         live.sort();
@@ -143,7 +144,10 @@ async fn watch(store: kv::Store, seen: Arc<Mutex<Seen>>) {
         seen.revision = seen.revision.max(entry.revision);
         match entry.operation {
             Operation::Put => {
-                seen.last_put.insert(entry.key, now);
+                let known = seen.last_put.get(&entry.key).is_some_and(|(_, revision)| *revision == entry.revision);
+                if !known {
+                    seen.last_put.insert(entry.key, (now, entry.revision));
+                }
             }
             Operation::Delete | Operation::Purge => {
                 seen.last_put.remove(&entry.key);
@@ -180,6 +184,8 @@ impl JetStream {
         let now = Instant::now();
         {
             let mut seen = seen.lock().expect("workers seen lock");
+            // Workers long gone are forgotten (the bucket expired their keys long ago, so no watch replays them).
+            seen.last_put.retain(|_, (at, _)| now.duration_since(*at) < ttl * 4);
             if seen.flowing(ttl, now) {
                 let mut live = seen.live(ttl, now);
                 if alive && !live.iter().any(|w| w == worker) {
