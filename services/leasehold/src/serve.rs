@@ -297,6 +297,10 @@ struct Checked {
 }
 
 fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
+    // Before anything is opened or made: a name that cannot be a key would leave the worker alone and unseen.
+    if let Some(name) = &args.name {
+        check_worker_name(name)?;
+    }
     let gateway = args.roles.contains(&Role::Gateway);
     if gateway && !args.roles.contains(&Role::Projector) {
         anyhow::bail!(
@@ -370,7 +374,6 @@ async fn serve<L: Log>(
     running: &Running,
 ) -> anyhow::Result<()> {
     let name = args.name.clone().unwrap_or_else(|| default_name(args.listen));
-    check_worker_name(&name)?;
     #[cfg(feature = "fault-points")]
     let faults = checked.faults.clone();
     let Checked { agents, tokens, .. } = checked;
