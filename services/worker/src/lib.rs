@@ -219,10 +219,8 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
         }
         // Say this worker is alive and learn who else is, on every pass: the log says it is alive only a few times per
         // time-to-live however often it is asked, and answers from what it has seen (on JetStream, a watch).
-        let listed = Some(log.workers(&config.name, true).await);
-        match listed {
-            None => {}
-            Some(Ok(mut now_live)) => {
+        match log.workers(&config.name, true).await {
+            Ok(mut now_live) => {
                 if !now_live.contains(&config.name) {
                     now_live.push(config.name.clone());
                     now_live.sort();
@@ -232,7 +230,7 @@ pub async fn run<L: Log>(log: L, config: WorkerConfig, shutdown: CancellationTok
                 }
                 live = now_live;
             }
-            Some(Err(e)) => tracing::warn!(worker = %config.name, error = %e, "cannot list the live workers"),
+            Err(e) => tracing::warn!(worker = %config.name, error = %e, "cannot list the live workers"),
         }
         let now = tokio::time::Instant::now();
         let check = last_unserved_check.is_none_or(|at| now.duration_since(at) >= check_unserved);

@@ -112,21 +112,24 @@ struct Seen {
     pins: BTreeMap<u32, Vec<Instant>>,
 }
 
+/// The first of `times` (in the order they were seen, so sorted) later than `after`.
+fn first_after(times: Option<&Vec<Instant>>, after: Instant) -> Option<Instant> {
+    let times = times?;
+    times.get(times.partition_point(|at| *at <= after)).copied()
+}
+
 impl Seen {
     fn first_outcome_after(&self, partition: u32, after: Instant) -> Option<Instant> {
-        self.outcomes.get(&partition)?.iter().find(|at| **at > after).copied()
+        first_after(self.outcomes.get(&partition), after)
     }
 
     fn first_pin_after(&self, partition: u32, after: Instant) -> Option<Instant> {
-        self.pins.get(&partition)?.iter().find(|at| **at > after).copied()
+        first_after(self.pins.get(&partition), after)
     }
 
     /// How many of `partitions` were pinned anew after `from`, up to `to`.
     fn pinned_between(&self, partitions: &[u32], from: Instant, to: Instant) -> usize {
-        partitions
-            .iter()
-            .filter(|p| self.pins.get(p).is_some_and(|pins| pins.iter().any(|at| *at > from && *at <= to)))
-            .count()
+        partitions.iter().filter(|p| first_after(self.pins.get(p), from).is_some_and(|at| at <= to)).count()
     }
 
     /// Every partition decided within `window`, and none pinned anew within it.

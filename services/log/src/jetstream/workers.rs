@@ -75,8 +75,8 @@ pub(super) struct Seen {
     last_put: HashMap<String, (Instant, u64)>,
     /// The highest revision of the bucket the watch delivered.
     revision: u64,
-    /// This process's own last put: when it was acknowledged, and its revision.
-    own_put: Option<(Instant, u64)>,
+    /// When this process's own last put was acknowledged (puts are spaced by it).
+    own_put: Option<Instant>,
     /// The oldest of this process's puts the watch has not delivered back yet (when acknowledged, and its
     /// revision): kept until the watch delivers it, so a watch that stalls while the puts go on is found out. Judging
     /// by the last put alone could not: it is never older than an eighth of a time-to-live.
@@ -103,7 +103,7 @@ impl Seen {
 
     /// Records this process's put of `revision`, acknowledged `at`.
     fn put(&mut self, at: Instant, revision: u64) {
-        self.own_put = Some((at, revision));
+        self.own_put = Some(at);
         if self.unconfirmed.is_none_or(|(_, rev)| self.revision >= rev) {
             self.unconfirmed = Some((at, revision));
         }
@@ -166,7 +166,7 @@ impl JetStream {
         let seen = &streams.workers_seen;
         let now = Instant::now();
         if alive {
-            let due = seen.lock().expect("workers seen lock").own_put.is_none_or(|(at, _)| at + ttl / 8 <= now);
+            let due = seen.lock().expect("workers seen lock").own_put.is_none_or(|at| at + ttl / 8 <= now);
             if due {
                 let revision = store
                     .put(worker, Bytes::from_static(b"alive"))
