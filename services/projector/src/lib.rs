@@ -135,7 +135,6 @@ impl std::fmt::Debug for Projector {
 impl Projector {
     /// Opens (or creates) the projection in `dir`.
     pub fn open(dir: &Path, partitions: u32) -> Result<Self, Error> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::Storage(format!("cannot create {}: {e}", dir.display())))?;
         Self::open_with(dir, partitions, &redb::Builder::new())
     }
 
@@ -143,11 +142,11 @@ impl Projector {
     /// projection grows): what a bulk rebuild ([`Projector::into_bulk`]) opens, so that its memory does not grow with
     /// the log's length.
     pub fn open_with_cache(dir: &Path, partitions: u32, bytes: usize) -> Result<Self, Error> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::Storage(format!("cannot create {}: {e}", dir.display())))?;
         Self::open_with(dir, partitions, redb::Builder::new().set_cache_size(bytes))
     }
 
     fn open_with(dir: &Path, partitions: u32, builder: &redb::Builder) -> Result<Self, Error> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Storage(format!("cannot create {}: {e}", dir.display())))?;
         let db = builder.create(dir.join(FILE_NAME)).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => {
                 Error::Refused(format!("the projection in {} is in use by another process", dir.display()))
