@@ -59,6 +59,10 @@ pub(crate) struct Options {
     /// The pause between two commands of the producer.
     #[arg(long, default_value = "25ms", value_parser = humantime::parse_duration)]
     pub(crate) pace: Duration,
+    /// The workers' `--priority-timeout` (the log's creator sets it: how long a dead worker's partitions wait);
+    /// default: serve's own.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub(crate) priority_timeout: Option<Duration>,
 }
 
 fn main() -> ExitCode {

@@ -404,6 +404,9 @@ async fn start_fleet(
         let mut args = vec!["serve".to_owned(), "--roles".to_owned(), "worker".to_owned()];
         args.extend(common(dir.join(format!("worker{w}"))));
         args.extend(["--name".to_owned(), format!("chaos-w{w}")]);
+        if let Some(timeout) = options.priority_timeout {
+            args.extend(["--priority-timeout".to_owned(), format!("{}ms", timeout.as_millis())]);
+        }
         let mut spec = leasehold(exe, &format!("worker{w}"), args, None);
         if w == 0 {
             match options.self_test.as_deref() {

@@ -21,10 +21,12 @@
 //! - **Snapshots.** One object per partition (`partition-<p>`) in the object store bucket `LH_SNAPSHOTS`, which
 //!   chunks a snapshot larger than a message; the fields beside the state are the object's metadata. A snapshot
 //!   is a cache, so the bucket is created when missing and not checked.
-//! - **Ownership.** One durable pull consumer per partition on `LH_CMD` (`lh-writer-<p>`, filter `lh.cmd.<p>.>`,
-//!   explicit ack, headers only), with the `PinnedClient` priority policy and one group, `writer`. The consumer is
-//!   for liveness and acks only; the owner reads commands strictly by sequence from the cursor it is given, so
-//!   no redelivery order can make it skip one. See [`JetStreamOwner`].
+//! - **Ownership and reading.** One durable pull consumer per partition on `LH_CMD` (`lh-writer-v2-<p>`, filter
+//!   `lh.cmd.<p>.>`, `AckAll`, whole messages), with the `PinnedClient` priority policy and one group, `writer`.
+//!   Its pin is the hold; its deliveries are the commands, handed out only as far as their delivery numbers prove
+//!   that none is missing, and read by sequence from the cursor where they cannot ([`crate::reading`]), so no
+//!   redelivery order can make a writer skip one. One ack per round acks everything before it. See
+//!   [`JetStreamOwner`].
 //!
 //! Credentials go through the connect options (a creds file, or a user and password), never the URL: async-nats
 //! ignores credentials in a URL, so one with them is refused.
@@ -58,6 +60,7 @@ use tokio::time::Instant;
 mod bench;
 mod workers;
 
+use crate::reading::{Delivery, Next, Reader};
 use crate::{
     Appended, CommandRecord, DeadLetter, Error, HEADER_BATCH_INDEX, HEADER_CMD_ID, HEADER_CMD_SEQ,
     HEADER_DLQ_PRODUCER_ID, HEADER_DLQ_REASON, HEADER_DLQ_SOURCE_SEQ, HEADER_DLQ_SOURCE_SUBJECT, HEADER_PART,
@@ -105,7 +108,17 @@ const PULL_BATCH: usize = 256;
 
 /// The name of the writer consumer of `partition`.
 pub fn writer_consumer(partition: u32) -> String {
-    format!("lh-writer-{partition}")
+    format!("{WRITER_CONSUMER_PREFIX}{partition}")
+}
+
+/// The names of the writer consumers: `lh-writer-v2-<p>`. The `v2` consumers deliver whole commands and are acked
+/// all at once (`AckAll`); a log made before them has `lh-writer-<p>` consumers (explicit acks, headers only), which
+/// a worker of this version leaves alone (README, "Moving an old log over").
+pub const WRITER_CONSUMER_PREFIX: &str = "lh-writer-v2-";
+
+/// The partition a writer consumer's name names (`None`: not a writer consumer of this version).
+pub fn writer_consumer_partition(name: &str) -> Option<u32> {
+    name.strip_prefix(WRITER_CONSUMER_PREFIX)?.parse().ok()
 }
 
 /// How to prove who we are to the NATS server.
@@ -1542,7 +1555,7 @@ impl Log for JetStream {
             pull: None,
             unacked: BTreeMap::new(),
             done: 0,
-            delivered: 0,
+            reader: Reader::new(),
             checked: Instant::now(),
         };
         owner.keep_pulling().await?;
@@ -1577,17 +1590,19 @@ fn pinned_client(info: &consumer::Info) -> Option<&str> {
 }
 
 impl JetStream {
-    fn writer_consumer_config(&self, partition: u32) -> consumer::pull::Config {
+    fn writer_consumer_config(&self, partition: u32, deliver_policy: DeliverPolicy) -> consumer::pull::Config {
         let config = &self.inner.config;
         consumer::pull::Config {
             durable_name: Some(writer_consumer(partition)),
             description: Some(format!("leasehold: the writer of partition {partition}")),
             filter_subject: command_filter(partition),
-            deliver_policy: DeliverPolicy::All,
-            ack_policy: AckPolicy::Explicit,
+            deliver_policy,
+            // One ack covers every delivery up to it: a writer acks once per round, not once per command.
+            ack_policy: AckPolicy::All,
             ack_wait: config.ack_wait,
-            // The owner reads commands from the log by sequence; deliveries only pin it and wake it.
-            headers_only: true,
+            // Whole commands: the owner hands out what the deliveries prove complete (crate::reading), and reads by
+            // sequence only what they cannot vouch for.
+            headers_only: false,
             priority_policy: PriorityPolicy::PinnedClient,
             priority_groups: vec![WRITER_GROUP.to_owned()],
             priority_timeout: config.priority_timeout,
@@ -1599,20 +1614,45 @@ impl JetStream {
     async fn writer_consumer(&self, partition: u32) -> Result<consumer::Info, Error> {
         let stream = self.stream(CMD_STREAM)?;
         let name = writer_consumer(partition);
-        let wanted = self.writer_consumer_config(partition);
-        match stream.consumer_info(&name).await {
-            Ok(info) if consumer_matches(&wanted, &info.config) => return Ok(info),
-            Ok(info) => {
-                tracing::warn!(consumer = %name, have = ?info.config, "setting the writer consumer back to leasehold's settings");
-            }
-            Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => {}
+        let existing = match stream.consumer_info(&name).await {
+            Ok(info) => Some(info),
+            Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => None,
             Err(e) => return Err(unavailable(&format!("cannot read consumer {name}"), e)),
+        };
+        if let Some(info) = &existing
+            && consumer_matches(&self.writer_consumer_config(partition, DeliverPolicy::All), &info.config)
+        {
+            return Ok(info.clone());
+        }
+        // A new consumer starts after the partition's cursor (the command of its last outcome), so a log made
+        // before it does not deliver its whole retained history once; what it leaves out is decided already.
+        let deliver_policy = match self.partition_cursor(partition).await? {
+            0 => DeliverPolicy::All,
+            cursor => DeliverPolicy::ByStartSequence { start_sequence: cursor + 1 },
+        };
+        let wanted = self.writer_consumer_config(partition, deliver_policy);
+        if let Some(info) = existing {
+            tracing::warn!(consumer = %name, have = ?info.config, "setting the writer consumer back to leasehold's settings");
         }
         let created = stream
             .create_consumer(wanted)
             .await
             .map_err(|e| unavailable(&format!("cannot create consumer {name}"), e))?;
         Ok(created.cached_info().clone())
+    }
+}
+
+impl JetStream {
+    /// The command sequence of `partition`'s last outcome (0: none), read from the stream leader.
+    async fn partition_cursor(&self, partition: u32) -> Result<u64, Error> {
+        let filter = outcome_filter(partition);
+        match self.stream(EVT_STREAM)?.get_last_raw_message_by_subject(&filter).await {
+            Ok(message) => {
+                Ok(header(Some(&message.headers), crate::HEADER_CMD_SEQ).and_then(|seq| seq.parse().ok()).unwrap_or(0))
+            }
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(0),
+            Err(e) => Err(unavailable(&format!("cannot read the last message of {filter}"), e)),
+        }
     }
 }
 
@@ -1633,10 +1673,12 @@ fn consumer_matches(wanted: &consumer::pull::Config, got: &consumer::Config) -> 
 /// The hold is the pin of the partition's writer consumer. The owner pulls the consumer by hand (a pull request
 /// with the group and, once it has one, its pin id), so it sees what the server answers:
 ///
-/// - A delivery carries `Nats-Pin-Id`: the first one tells the owner it is pinned. Deliveries are headers only;
-///   the owner remembers each one's ack subject and acks it in [`Owner::done_through`] (at once if it is already
-///   done with, as an old owner's redeliveries are). It never naks and never decides from a delivery: commands
-///   are read from the log strictly by sequence after the cursor the caller gives.
+/// - A delivery carries `Nats-Pin-Id`: the first one tells the owner it is pinned. A delivery is a whole command;
+///   the owner gives it to its [`Reader`], which hands out commands strictly in sequence after the cursor the
+///   caller gives: from deliveries as far as their delivery numbers prove nothing is missing, by sequence from the
+///   log beyond that (the first delivery after a takeover, a gap). The owner acks the highest delivery done with
+///   in [`Owner::done_through`], which acks all before it (at once if it is already done with, as an old owner's
+///   redeliveries are). It never naks.
 /// - A 423 answers a pull whose pin id is no longer the pinned one: the pin moved, so the owner is
 ///   [`Error::Lost`] from then on. A delivery with another pin id means the same.
 /// - Pulls are sent only while the owner is used ([`Owner::next_commands`], [`Owner::done_through`]), each
@@ -1661,12 +1703,12 @@ pub struct JetStreamOwner {
     lost: bool,
     /// When the pull in flight was sent, and how many deliveries it may still bring.
     pull: Option<(Instant, usize)>,
-    /// Stream sequence -> ack subject of deliveries not yet acked.
+    /// Stream sequence -> ack subject of deliveries not yet acked (the consumer acks all up to the one acked).
     unacked: BTreeMap<u64, Subject>,
     /// Everything up to here is done with.
     done: u64,
-    /// The highest stream sequence delivered: a command the log holds.
-    delivered: u64,
+    /// What was delivered and read, and what may be handed out ([`Reader`]).
+    reader: Reader,
     /// When the consumer was last asked who is pinned.
     checked: Instant,
 }
@@ -1683,16 +1725,38 @@ impl fmt::Debug for JetStreamOwner {
     }
 }
 
-/// The stream sequence in a delivery's ack subject (`$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...`, or with
-/// a domain and an account hash first).
-pub(crate) fn acked_sequence(reply: &str) -> Option<u64> {
+/// What a delivery's ack subject says (`$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<time>.<pending>`,
+/// or with a domain and an account hash first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AckReply {
+    /// How many times the message was delivered (1: the first time).
+    pub(crate) delivered: u64,
+    /// Its stream sequence.
+    pub(crate) stream_seq: u64,
+    /// The consumer's delivery sequence (one more for every delivery it makes).
+    pub(crate) delivery_seq: u64,
+    /// The stored message's time, in Unix nanoseconds.
+    pub(crate) time_ns: u64,
+}
+
+pub(crate) fn ack_reply(reply: &str) -> Option<AckReply> {
     let tokens: Vec<&str> = reply.strip_prefix("$JS.ACK.")?.split('.').collect();
-    let index = match tokens.len() {
-        7 => 3,
-        n if n >= 9 => 5,
+    let first = match tokens.len() {
+        7 => 2,
+        n if n >= 9 => 4,
         _ => return None,
     };
-    tokens[index].parse().ok()
+    Some(AckReply {
+        delivered: tokens[first].parse().ok()?,
+        stream_seq: tokens[first + 1].parse().ok()?,
+        delivery_seq: tokens[first + 2].parse().ok()?,
+        time_ns: tokens[first + 3].parse().ok()?,
+    })
+}
+
+/// The stream sequence in a delivery's ack subject.
+pub(crate) fn acked_sequence(reply: &str) -> Option<u64> {
+    ack_reply(reply).map(|ack| ack.stream_seq)
 }
 
 impl JetStreamOwner {
@@ -1714,10 +1778,18 @@ impl JetStreamOwner {
                         self.pull = None;
                     }
                 }
-                if let Some(seq) = acked_sequence(&reply) {
-                    self.delivered = self.delivered.max(seq);
-                    self.unacked.insert(seq, reply);
-                }
+                let Some(ack) = ack_reply(&reply) else {
+                    tracing::warn!(partition = self.partition, %reply, "a delivery with an ack subject that does not parse");
+                    return Ok(());
+                };
+                let record = CommandRecord {
+                    seq: ack.stream_seq,
+                    subject: message.subject.to_string(),
+                    time: Timestamp(ack.time_ns / 1_000_000),
+                    payload: message.payload,
+                };
+                self.reader.delivered(Delivery { dseq: ack.delivery_seq, first: ack.delivered == 1, record });
+                self.unacked.insert(ack.stream_seq, reply);
                 Ok(())
             }
             Some(StatusCode::PIN_ID_MISMATCH) => {
@@ -1806,18 +1878,31 @@ impl JetStreamOwner {
         if self.lost { Err(Error::Lost(self.partition)) } else { Ok(()) }
     }
 
-    /// Commands after `after`, read by sequence: from any replica, and from the leader up to the highest
-    /// delivered sequence if the replica has not caught up with it.
-    async fn read(&self, after: u64, max: usize) -> Result<Vec<CommandRecord>, Error> {
+    /// Commands after `after`, read by sequence: from any replica, and from the leader up to `through` (the
+    /// highest delivered) if the replica has not caught up with it. Returns them and the sequence up to which no
+    /// other command lies.
+    async fn read(&self, after: u64, max: usize, through: u64) -> Result<(Vec<CommandRecord>, u64), Error> {
         let mut found = self.log.read_commands(self.partition, after, max).await?;
         let filter = command_filter(self.partition);
         let mut next = found.last().map_or(after, |c| c.seq) + 1;
-        while found.len() < max && next <= self.delivered {
-            let Some(message) = self.log.leader_next(CMD_STREAM, &filter, next).await? else { break };
+        let mut covered = 0;
+        while found.len() < max && next <= through {
+            let Some(message) = self.log.leader_next(CMD_STREAM, &filter, next).await? else {
+                // The leader holds nothing more: the delivery above was a command no longer held (aged out).
+                covered = through;
+                break;
+            };
             next = message.sequence + 1;
             found.push(command_record(message));
         }
-        Ok(found)
+        Ok((found, covered))
+    }
+
+    /// Reads by sequence as the reader asks, and takes the answer in.
+    async fn read_into_reader(&mut self, after: u64, max: usize, through: u64) -> Result<(), Error> {
+        let (found, covered) = self.read(after, max.clamp(1, DIRECT_BATCH), through).await?;
+        self.reader.read(after, found, covered);
+        Ok(())
     }
 
     /// Returns `found` if we may work on it: an unpinned owner first checks that nobody else is pinned.
@@ -1829,11 +1914,12 @@ impl JetStreamOwner {
         Ok(found)
     }
 
-    /// Acks every delivery up to `done`. An ack is fire and forget: a lost one means one more redelivery, which is
-    /// acked again.
+    /// Acks every delivery up to `done`, with one ack: the consumer acks all (`AckAll`) up to the highest. An ack
+    /// is fire and forget: a lost one means redeliveries, which are acked again.
     async fn ack_done(&mut self) -> Result<(), Error> {
         let later = self.unacked.split_off(&(self.done + 1));
-        for (_, reply) in std::mem::replace(&mut self.unacked, later) {
+        let done = std::mem::replace(&mut self.unacked, later);
+        if let Some((_, reply)) = done.into_iter().next_back() {
             self.log
                 .inner
                 .client
@@ -1855,12 +1941,20 @@ impl Owner for JetStreamOwner {
         self.check_held()?;
         self.ack_done().await?;
         self.keep_pulling().await?;
-        let found = self.read(after, max).await?;
-        if !found.is_empty() || max == 0 {
-            return self.hand_out(found).await;
-        }
         let deadline = Instant::now() + wait;
+        // Reads by sequence this call: a replica that lags may answer short of what was delivered; the leader
+        // completes the read, and a third read waits for the next call.
+        let mut reads = 0;
         loop {
+            match self.reader.next(after, max) {
+                Next::Ready(found) => return self.hand_out(found).await,
+                Next::Read { after: from, through } if reads < 2 => {
+                    reads += 1;
+                    self.read_into_reader(from, max, through).await?;
+                    continue;
+                }
+                Next::Read { .. } | Next::Wait => {}
+            }
             match tokio::time::timeout_at(deadline, self.deliveries.next()).await {
                 Ok(Some(message)) => {
                     self.handle(message)?;
@@ -1868,12 +1962,6 @@ impl Owner for JetStreamOwner {
                     self.check_held()?;
                     self.ack_done().await?;
                     self.keep_pulling().await?;
-                    if self.delivered > after {
-                        let found = self.read(after, max).await?;
-                        if !found.is_empty() {
-                            return self.hand_out(found).await;
-                        }
-                    }
                 }
                 Ok(None) => return Err(Error::Unavailable("the connection closed".to_owned())),
                 Err(_) => break,
@@ -1882,9 +1970,18 @@ impl Owner for JetStreamOwner {
         if self.pin.is_none() && self.checked.elapsed() >= self.pull_expires && self.pinned_elsewhere().await? {
             return Err(Error::Lost(self.partition));
         }
-        // A command may have come without a delivery (the consumer at its ack limit): read once more.
-        let found = self.read(after, max).await?;
-        self.hand_out(found).await
+        // A command may have come without a delivery (the consumer at its ack limit): read once more, after what
+        // the reader knows.
+        let from = match self.reader.next(after, max) {
+            Next::Ready(found) => return self.hand_out(found).await,
+            Next::Read { after: from, .. } => from,
+            Next::Wait => self.reader.known().unwrap_or(after),
+        };
+        self.read_into_reader(from, max, self.reader.highest()).await?;
+        match self.reader.next(after, max) {
+            Next::Ready(found) => self.hand_out(found).await,
+            Next::Read { .. } | Next::Wait => self.hand_out(Vec::new()).await,
+        }
     }
 
     async fn keep_alive(&mut self) -> Result<(), Error> {
@@ -1895,6 +1992,7 @@ impl Owner for JetStreamOwner {
 
     async fn done_through(&mut self, seq: u64) -> Result<(), Error> {
         self.done = self.done.max(seq);
+        self.reader.done_through(seq);
         self.drain()?;
         self.ack_done().await?;
         self.check_held()?;

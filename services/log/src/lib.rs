@@ -40,6 +40,7 @@ pub mod jetstream;
 pub mod nats_server;
 #[cfg(feature = "embedded")]
 pub mod raw;
+pub mod reading;
 mod record;
 
 use std::future::Future;

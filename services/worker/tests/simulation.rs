@@ -32,6 +32,7 @@ use leasehold_domain::driver::Driver;
 use leasehold_domain::{Ctx, DECIDER_VERSION, Decided, PartitionState, apply, continue_work, decide, invariants};
 use leasehold_log::embedded::{Embedded, EmbeddedOwner};
 use leasehold_log::intercept::{Intercept, Intercepted, SeededRng};
+use leasehold_log::reading::{Delivery, ModelConsumer, Next, Reader};
 use leasehold_log::{Appended, CommandRecord, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Snapshot};
 use leasehold_schemas::command::{
     Acquire, Allocate, ExpireLease, Heartbeat, MarkStalled, Register, Release, Renew, ReportCreated, RetireAgent,
@@ -59,6 +60,15 @@ struct Faults {
     moves_between_parts: u64,
     holds_dropped: u64,
     redeliveries: u64,
+    /// The consumer's side (the reading path, `leasehold_log::reading`): deliveries that went to another client,
+    /// came out of order, came late (a slow route), came twice, pending ones delivered again when their ack wait
+    /// ran out, and reads by sequence a lagging replica answered short.
+    deliveries_elsewhere: u64,
+    deliveries_reordered: u64,
+    deliveries_late: u64,
+    deliveries_doubled: u64,
+    consumer_redeliveries: u64,
+    reads_cut_short: u64,
     bad_snapshots: u64,
     snapshots_used: u64,
     /// The same faults, where the append was a batch of several records.
@@ -89,6 +99,12 @@ impl std::ops::AddAssign for Faults {
         self.moves_between_parts += f.moves_between_parts;
         self.holds_dropped += f.holds_dropped;
         self.redeliveries += f.redeliveries;
+        self.deliveries_elsewhere += f.deliveries_elsewhere;
+        self.deliveries_reordered += f.deliveries_reordered;
+        self.deliveries_late += f.deliveries_late;
+        self.deliveries_doubled += f.deliveries_doubled;
+        self.consumer_redeliveries += f.consumer_redeliveries;
+        self.reads_cut_short += f.reads_cut_short;
         self.bad_snapshots += f.bad_snapshots;
         self.snapshots_used += f.snapshots_used;
         self.batches_landed += f.batches_landed;
@@ -113,6 +129,8 @@ struct Faulty {
     rng: Arc<Mutex<Rng>>,
     faults: Arc<Mutex<Faults>>,
     clock: Arc<LogClock>,
+    /// The server's writer consumers, one per partition, shared by the workers.
+    consumers: Arc<Mutex<BTreeMap<u32, ModelConsumer>>>,
 }
 
 impl std::fmt::Debug for Faulty {
@@ -288,15 +306,97 @@ impl Intercept<Embedded> for Faulty {
 
     async fn own(&self, log: &Embedded, partition: u32, worker: &str) -> Result<Option<SimOwner>, Error> {
         let owner = log.own(partition, worker).await?;
-        Ok(owner.map(|inner| SimOwner { inner, log: log.clone(), faults: self.clone() }))
+        Ok(owner.map(|inner| SimOwner {
+            inner,
+            log: log.clone(),
+            faults: self.clone(),
+            reader: Reader::new(),
+            late: Vec::new(),
+        }))
     }
 }
 
+/// A writer's hold as the JetStream backend has it: the embedded log's hold stands for the pin, a model of the
+/// partition's consumer (shared by the workers) delivers the commands, and the reading state machine the JetStream
+/// owner runs ([`Reader`]) decides what may be handed out.
 #[derive(Debug)]
 struct SimOwner {
     inner: EmbeddedOwner,
     log: Embedded,
     faults: Faulty,
+    reader: Reader,
+    /// Deliveries held back on the way (a slow route): they arrive at a later call.
+    late: Vec<Delivery>,
+}
+
+impl SimOwner {
+    /// The consumer's deliveries for one pull, through the faults, into the reader.
+    async fn pull(&mut self) -> Result<(), Error> {
+        let partition = self.inner.partition();
+        let position = self.faults.consumers.lock().unwrap().get(&partition).map_or(0, ModelConsumer::position);
+        let log: Vec<CommandRecord> = self
+            .log
+            .read_commands(partition, position, 64)
+            .await?
+            .into_iter()
+            .map(|c| self.faults.clock.as_stamped(c))
+            .collect();
+        let max = 1 + self.faults.below(8) as usize;
+        let redeliver = self.faults.roll(8);
+        let mut batch = {
+            let mut consumers = self.faults.consumers.lock().unwrap();
+            let consumer = consumers.entry(partition).or_insert_with(|| ModelConsumer::starting_after(0));
+            if redeliver && consumer.pending() > 0 {
+                self.faults.count(|f| f.consumer_redeliveries += 1);
+            }
+            consumer.pull(&log, max, redeliver)
+        };
+        if !batch.is_empty() && self.faults.roll(8) {
+            // Delivered to another client (the other worker, pulling with a pin that has not expired yet).
+            self.faults.count(|f| f.deliveries_elsewhere += 1);
+            batch.remove(self.faults.below(batch.len() as u64) as usize);
+        }
+        if batch.len() > 1 && self.faults.roll(8) {
+            self.faults.count(|f| f.deliveries_reordered += 1);
+            let at = self.faults.below(batch.len() as u64 - 1) as usize;
+            batch.swap(at, at + 1);
+        }
+        if !batch.is_empty() && self.faults.roll(8) {
+            self.faults.count(|f| f.deliveries_late += 1);
+            self.late.push(batch.remove(0));
+        }
+        if !self.late.is_empty() && self.faults.roll(30) {
+            batch.push(self.late.remove(0));
+        }
+        if !batch.is_empty() && self.faults.roll(5) {
+            self.faults.count(|f| f.deliveries_doubled += 1);
+            batch.push(batch[0].clone());
+        }
+        for delivery in batch {
+            self.reader.delivered(delivery);
+        }
+        Ok(())
+    }
+
+    /// Answers the reader's read by sequence, from a replica that may lag.
+    async fn read(&mut self, after: u64, max: usize, through: u64) -> Result<(), Error> {
+        let partition = self.inner.partition();
+        let mut found: Vec<CommandRecord> = self
+            .log
+            .read_commands(partition, after, max.max(1))
+            .await?
+            .into_iter()
+            .map(|c| self.faults.clock.as_stamped(c))
+            .collect();
+        let mut covered = if found.len() < max.max(1) { through } else { 0 };
+        if !found.is_empty() && self.faults.roll(10) {
+            self.faults.count(|f| f.reads_cut_short += 1);
+            found.truncate(self.faults.below(found.len() as u64) as usize);
+            covered = 0;
+        }
+        self.reader.read(after, found, covered);
+        Ok(())
+    }
 }
 
 impl Owner for SimOwner {
@@ -310,10 +410,33 @@ impl Owner for SimOwner {
             self.faults.count(|f| f.holds_dropped += 1);
             self.log.drop_owner(partition);
         }
-        let mut batch = self.inner.next_commands(after, max, wait).await?;
-        batch = batch.into_iter().map(|c| self.faults.clock.as_stamped(c)).collect();
+        self.inner.keep_alive().await?;
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut batch = Vec::new();
+        'wait: for _ in 0..8 {
+            self.pull().await?;
+            for _ in 0..4 {
+                match self.reader.next(after, max) {
+                    Next::Ready(found) => {
+                        batch = found;
+                        break 'wait;
+                    }
+                    Next::Read { after: from, through } => self.read(from, max, through).await?,
+                    Next::Wait => break,
+                }
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                break;
+            }
+            // Wait for a command after what the reader knows (the embedded log wakes its owner on each).
+            let from = self.reader.known().unwrap_or(after).max(after);
+            if self.inner.next_commands(from, 1, deadline - now).await?.is_empty() {
+                break;
+            }
+        }
         if after > 0 && self.faults.roll(10) {
-            // Deliveries of commands already handled come back before the new ones.
+            // The writer's own guard: commands already handled, handed out again before the new ones.
             self.faults.count(|f| f.redeliveries += 1);
             let from = after.saturating_sub(1 + self.faults.below(4));
             let mut old = self.log.read_commands(partition, from, 2).await?;
@@ -334,6 +457,10 @@ impl Owner for SimOwner {
     }
 
     async fn done_through(&mut self, seq: u64) -> Result<(), Error> {
+        self.reader.done_through(seq);
+        if let Some(consumer) = self.faults.consumers.lock().unwrap().get_mut(&self.inner.partition()) {
+            consumer.ack(seq);
+        }
         self.inner.done_through(seq).await
     }
 
@@ -651,6 +778,7 @@ async fn run_seed(seed: u64) -> Faults {
     let mut rng = Rng::new(seed);
     let agents = register(&log, &clock, &mut rng).await;
     let faults = Arc::new(Mutex::new(Faults::default()));
+    let consumers = Arc::new(Mutex::new(BTreeMap::new()));
     let shutdown = CancellationToken::new();
     let mut workers = Vec::new();
     for (w, name) in ["worker-a", "worker-b"].into_iter().enumerate() {
@@ -660,6 +788,7 @@ async fn run_seed(seed: u64) -> Faults {
                 rng: Arc::new(Mutex::new(Rng::new(seed ^ (0xa5a5 + w as u64)))),
                 faults: faults.clone(),
                 clock: clock.clone(),
+                consumers: consumers.clone(),
             },
         };
         let config = WorkerConfig {
@@ -893,6 +1022,12 @@ fn writers_under_seeded_faults_decide_as_one_writer_would() {
         ("moves between parts", total.moves_between_parts),
         ("holds dropped", total.holds_dropped),
         ("redeliveries", total.redeliveries),
+        ("deliveries to another client", total.deliveries_elsewhere),
+        ("deliveries out of order", total.deliveries_reordered),
+        ("late deliveries", total.deliveries_late),
+        ("deliveries twice", total.deliveries_doubled),
+        ("redeliveries after the ack wait", total.consumer_redeliveries),
+        ("reads cut short by a lagging replica", total.reads_cut_short),
         ("bad snapshots", total.bad_snapshots),
         ("snapshots used", total.snapshots_used),
         ("batches landed", total.batches_landed),

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use futures::StreamExt;
-use leasehold_log::jetstream::{CMD_STREAM, JetStream, JetStreamConfig};
+use leasehold_log::jetstream::{CMD_STREAM, JetStream, JetStreamConfig, writer_consumer_partition};
 use leasehold_log::{Log, OutcomeFilter};
 use leasehold_schemas::codec;
 use leasehold_schemas::ids::AgentName;
@@ -193,7 +193,7 @@ async fn measure(log: &JetStream, args: &TakeoverArgs) -> anyhow::Result<Takeove
     tasks.spawn(async move {
         while let Some(message) = advisories.next().await {
             let consumer = message.subject.as_str().rsplit('.').next().unwrap_or_default().to_owned();
-            if let Some(partition) = consumer.strip_prefix("lh-writer-").and_then(|p| p.parse::<u32>().ok()) {
+            if let Some(partition) = writer_consumer_partition(&consumer) {
                 pins.lock().expect("seen lock").pins.entry(partition).or_default().push(Instant::now());
             }
         }

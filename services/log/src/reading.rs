@@ -1,0 +1,536 @@
+//! How a writer reads its partition's commands: strictly in sequence after its cursor, from what the consumer
+//! delivers when the deliveries prove they leave nothing out, and by sequence from the log when they do not.
+//!
+//! A [`Reader`] is the state machine alone (no I/O): the JetStream owner feeds it the consumer's deliveries and the
+//! answers of its reads by sequence, and the deterministic simulation feeds it the same from a modelled consumer
+//! (duplicates, redeliveries after a pin moves, an old owner's late deliveries, takeovers between batches), so both
+//! run this code.
+//!
+//! What a delivery proves. A JetStream consumer numbers every delivery it makes (its delivery sequence, in the ack
+//! subject): one more for each message it sends, a redelivery included. A first delivery (delivery count 1) comes
+//! from the consumer's position in the stream, which only moves forward through the messages its filter matches.
+//! So when two first deliveries have delivery sequences `j < k` and every delivery between them was a redelivery,
+//! the consumer went from the first's stream sequence straight to the second's: no command of the partition lies
+//! between them. Such a pair is a *link*; the reader chains links from a sequence it knows (its cursor, or the end
+//! of a read by sequence) and hands out only commands up to where the chain reaches ([`Reader::next`]). Whatever
+//! the chain cannot vouch for (the first delivery after a takeover, deliveries around a gap, a consumer whose
+//! numbering restarted) is read by sequence from the log instead ([`Next::Read`]). Nothing is ever handed out past
+//! a command the reader has not seen, whatever order deliveries come in.
+
+use std::collections::BTreeMap;
+
+use crate::CommandRecord;
+
+/// How many deliveries the reader remembers to find links in (the newest ones).
+const REMEMBERED: usize = 4096;
+
+/// One message the consumer delivered.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The consumer's delivery sequence: one more for every message it sends.
+    pub dseq: u64,
+    /// Whether this is the message's first delivery (delivery count 1).
+    pub first: bool,
+    /// The command (its stream sequence, subject, log time and payload).
+    pub record: CommandRecord,
+}
+
+/// What the owner should do next.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Commands to hand out, strictly in sequence after the cursor.
+    Ready(Vec<CommandRecord>),
+    /// Read by sequence after `after` (a delivery waits beyond what the reader can vouch for, or nothing is known
+    /// yet), then give the answer to [`Reader::read`]. `through`: the highest sequence delivered, which the read
+    /// should reach (from the stream's leader, if a replica lags).
+    Read { after: u64, through: u64 },
+    /// Nothing waits: wait for a delivery.
+    Wait,
+}
+
+/// A writer's reading of one partition (see the module's documentation).
+#[derive(Debug, Default)]
+pub struct Reader {
+    /// Commands at hand, by stream sequence, above `done`.
+    held: BTreeMap<u64, CommandRecord>,
+    /// Every command of the partition in `(done, known]` is in `held`; `None`: nothing known yet.
+    known: Option<u64>,
+    /// Everything up to here is done with (or before the cursor the reading started from).
+    done: u64,
+    /// Recent deliveries: delivery sequence -> (stream sequence, first delivery).
+    deliveries: BTreeMap<u64, (u64, bool)>,
+    /// Links: stream sequence -> the stream sequence of a first delivery before it, with no command between.
+    links: BTreeMap<u64, u64>,
+    /// What the reader saw.
+    pub stats: ReaderStats,
+}
+
+/// Counts of what a reader saw.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReaderStats {
+    /// Deliveries taken in.
+    pub delivered: u64,
+    /// Deliveries of a command done with or already at hand.
+    pub duplicates: u64,
+    /// Reads by sequence asked for.
+    pub reads: u64,
+    /// Times the consumer's numbering was found restarted (what it linked forgotten).
+    pub renumbered: u64,
+}
+
+impl Reader {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Takes in a delivery.
+    pub fn delivered(&mut self, delivery: Delivery) {
+        self.stats.delivered += 1;
+        let Delivery { dseq, first, record } = delivery;
+        let seq = record.seq;
+        if self.deliveries.get(&dseq).is_some_and(|&(had, _)| had != seq) {
+            // The consumer numbers its deliveries anew (reset, recreated, restored): what the old numbers said
+            // proves nothing about the new ones.
+            self.stats.renumbered += 1;
+            self.deliveries.clear();
+        }
+        self.deliveries.insert(dseq, (seq, first));
+        if self.deliveries.len() > REMEMBERED {
+            self.deliveries.pop_first();
+        }
+        if first {
+            // The first delivery just before this one (across redeliveries only), and the one just after it when
+            // that came earlier: deliveries may arrive out of order.
+            if let Some(before) = self.first_next_to(dseq, false)
+                && before < seq
+            {
+                self.link(before, seq);
+            }
+            if let Some(after) = self.first_next_to(dseq, true)
+                && seq < after
+            {
+                self.link(seq, after);
+            }
+        }
+        if seq <= self.done || self.held.contains_key(&seq) {
+            self.stats.duplicates += 1;
+            return;
+        }
+        self.held.insert(seq, record);
+    }
+
+    /// The stream sequence of the nearest first delivery before (or after) delivery `dseq`, when every delivery
+    /// between them is known and a redelivery.
+    fn first_next_to(&self, dseq: u64, after: bool) -> Option<u64> {
+        let mut at = dseq;
+        loop {
+            at = if after { at.checked_add(1)? } else { at.checked_sub(1)? };
+            let &(seq, first) = self.deliveries.get(&at)?;
+            if first {
+                return Some(seq);
+            }
+        }
+    }
+
+    fn link(&mut self, before: u64, seq: u64) {
+        if seq > self.done {
+            let at = self.links.entry(seq).or_insert(before);
+            *at = (*at).min(before);
+        }
+    }
+
+    /// Takes in a read by sequence after `after`: `records` are every command of the partition after `after`, in
+    /// order, up to the last of them, and no other lies in `(after, through]`.
+    pub fn read(&mut self, after: u64, records: Vec<CommandRecord>, through: u64) {
+        let reached = records.last().map_or(after, |r| r.seq).max(through);
+        match self.known {
+            None => {
+                // The reading starts here: what lies at or before `after` is the caller's.
+                self.done_through(after);
+                self.known = Some(reached.max(self.done));
+            }
+            Some(known) if after <= known => self.known = Some(known.max(reached)),
+            Some(_) => {}
+        }
+        for record in records {
+            if record.seq > self.done {
+                self.held.entry(record.seq).or_insert(record);
+            }
+        }
+    }
+
+    /// What to do for the commands after `after` (the caller's cursor), at most `max` of them.
+    pub fn next(&mut self, after: u64, max: usize) -> Next {
+        if after < self.done {
+            // The caller went back before what it said was done with (it reloaded from a log that holds less).
+            self.done = after;
+            self.known = None;
+        }
+        let Some(mut known) = self.known else {
+            self.stats.reads += 1;
+            return Next::Read { after, through: self.highest() };
+        };
+        if after > known {
+            // The caller is past what the reader knew (another writer decided those): nothing there is needed.
+            self.done_through(after);
+            known = after;
+        }
+        // Follow the links from what is known: in ascending order, one pass reaches as far as they go.
+        for (&seq, &before) in self.links.range(known + 1..) {
+            if before <= known {
+                known = seq;
+            }
+        }
+        self.known = Some(known);
+        let ready: Vec<CommandRecord> = self
+            .held
+            .range(after + 1..)
+            .take_while(|&(&seq, _)| seq <= known)
+            .take(max)
+            .map(|(_, r)| r.clone())
+            .collect();
+        if !ready.is_empty() || max == 0 {
+            return Next::Ready(ready);
+        }
+        if self.held.range(known + 1..).next().is_some() {
+            self.stats.reads += 1;
+            return Next::Read { after: known, through: self.highest() };
+        }
+        Next::Wait
+    }
+
+    /// Everything up to `seq` is done with: its commands and links are dropped.
+    pub fn done_through(&mut self, seq: u64) {
+        if seq <= self.done {
+            return;
+        }
+        self.done = seq;
+        self.held = self.held.split_off(&(seq + 1));
+        self.links = self.links.split_off(&(seq + 1));
+        if let Some(known) = self.known {
+            self.known = Some(known.max(seq));
+        }
+    }
+
+    /// Up to where every command is known (`None`: nothing yet).
+    pub fn known(&self) -> Option<u64> {
+        self.known
+    }
+
+    /// The highest sequence at hand (0: none).
+    pub fn highest(&self) -> u64 {
+        self.held.last_key_value().map_or(0, |(&seq, _)| seq)
+    }
+
+    /// How many commands are at hand.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+}
+
+/// A model of a JetStream pull consumer on one partition's commands, as far as a [`Reader`] can tell: its delivery
+/// numbering, its position, what it delivered and was not acked, and `AckAll`. The deterministic simulation and this
+/// module's tests deliver through it (`nats-server`'s `consumer.go`: every delivery takes the next delivery
+/// sequence; first deliveries go on from the position through the filter's messages; an ack acks everything up to
+/// it).
+#[doc(hidden)]
+#[derive(Debug, Default, Clone)]
+pub struct ModelConsumer {
+    next_dseq: u64,
+    /// The stream sequence first deliveries go on after.
+    position: u64,
+    /// Delivered and not acked: stream sequence -> (delivery count, the command).
+    pending: BTreeMap<u64, (u64, CommandRecord)>,
+}
+
+impl ModelConsumer {
+    /// A consumer whose first delivery is the first command after `start`.
+    pub fn starting_after(start: u64) -> Self {
+        ModelConsumer { next_dseq: 1, position: start, pending: BTreeMap::new() }
+    }
+
+    /// Up to `max` deliveries: the pending ones again first when `redeliver` (their ack wait ran out), then first
+    /// deliveries of `commands` (the partition's commands after the position, in order, as the log holds them).
+    pub fn pull(&mut self, commands: &[CommandRecord], max: usize, redeliver: bool) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        if redeliver {
+            for (count, record) in self.pending.values_mut().take(max) {
+                *count += 1;
+                out.push(Delivery { dseq: self.next_dseq, first: false, record: record.clone() });
+                self.next_dseq += 1;
+            }
+        }
+        let start = self.position;
+        for record in commands.iter().filter(|c| c.seq > start) {
+            if out.len() >= max {
+                break;
+            }
+            self.position = record.seq;
+            self.pending.insert(record.seq, (1, record.clone()));
+            out.push(Delivery { dseq: self.next_dseq, first: true, record: record.clone() });
+            self.next_dseq += 1;
+        }
+        out
+    }
+
+    /// `AckAll`: everything up to `seq` is acked.
+    pub fn ack(&mut self, seq: u64) {
+        self.pending = self.pending.split_off(&(seq + 1));
+    }
+
+    /// Where first deliveries go on after.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// How many deliveries wait for an ack.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use leasehold_schemas::Timestamp;
+
+    use super::*;
+
+    fn command(seq: u64) -> CommandRecord {
+        CommandRecord {
+            seq,
+            subject: format!("lh.cmd.0.op.a.{seq}"),
+            time: Timestamp(seq),
+            payload: Bytes::from(seq.to_string()),
+        }
+    }
+
+    fn delivery(dseq: u64, seq: u64, first: bool) -> Delivery {
+        Delivery { dseq, first, record: command(seq) }
+    }
+
+    fn seqs(next: Next) -> Vec<u64> {
+        match next {
+            Next::Ready(found) => found.iter().map(|c| c.seq).collect(),
+            other => panic!("expected commands, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_new_reader_reads_from_the_cursor_first() {
+        let mut reader = Reader::new();
+        reader.delivered(delivery(7, 9, true));
+        // The delivery alone proves nothing about what lies between the cursor and it.
+        assert_eq!(reader.next(4, 10), Next::Read { after: 4, through: 9 });
+        reader.read(4, vec![command(6), command(9)], 0);
+        assert_eq!(seqs(reader.next(4, 10)), vec![6, 9]);
+        assert_eq!(reader.next(9, 10), Next::Wait);
+    }
+
+    #[test]
+    fn consecutive_first_deliveries_are_handed_out_without_a_read() {
+        let mut reader = Reader::new();
+        assert_eq!(reader.next(0, 10), Next::Read { after: 0, through: 0 });
+        reader.read(0, vec![command(2)], 0);
+        reader.delivered(delivery(1, 2, true));
+        reader.delivered(delivery(2, 5, true));
+        reader.delivered(delivery(3, 11, true));
+        assert_eq!(seqs(reader.next(0, 10)), vec![2, 5, 11]);
+        assert_eq!(seqs(reader.next(2, 1)), vec![5]);
+        reader.done_through(11);
+        assert_eq!(reader.next(11, 10), Next::Wait);
+        assert_eq!(reader.stats.reads, 1);
+    }
+
+    #[test]
+    fn a_delivery_number_that_went_elsewhere_makes_a_read() {
+        let mut reader = Reader::new();
+        reader.read(0, Vec::new(), 0);
+        reader.delivered(delivery(1, 3, true));
+        assert_eq!(reader.next(0, 10), Next::Read { after: 0, through: 3 });
+        reader.read(0, vec![command(3)], 0);
+        // Delivery 2 went to another client (an old owner): 4 may hide between 3 and 8.
+        reader.delivered(delivery(3, 8, true));
+        assert_eq!(seqs(reader.next(0, 10)), vec![3]);
+        assert_eq!(reader.next(3, 10), Next::Read { after: 3, through: 8 });
+        reader.read(3, vec![command(4), command(8)], 0);
+        assert_eq!(seqs(reader.next(3, 10)), vec![4, 8]);
+    }
+
+    #[test]
+    fn redeliveries_between_two_first_deliveries_keep_the_link() {
+        let mut reader = Reader::new();
+        reader.read(0, vec![command(1), command(2)], 0);
+        reader.delivered(delivery(1, 2, true));
+        reader.delivered(delivery(2, 1, false));
+        reader.delivered(delivery(3, 2, false));
+        reader.delivered(delivery(4, 6, true));
+        assert_eq!(seqs(reader.next(0, 10)), vec![1, 2, 6]);
+        assert_eq!(reader.stats.reads, 0);
+    }
+
+    #[test]
+    fn deliveries_arriving_out_of_order_wait_for_the_one_between() {
+        let mut reader = Reader::new();
+        reader.read(0, vec![command(3)], 0);
+        reader.delivered(delivery(1, 3, true));
+        reader.delivered(delivery(3, 9, true));
+        // Delivery 2 has not come yet: 9 cannot be vouched for.
+        assert_eq!(seqs(reader.next(0, 10)), vec![3]);
+        reader.delivered(delivery(2, 5, true));
+        assert_eq!(seqs(reader.next(3, 10)), vec![5, 9]);
+    }
+
+    #[test]
+    fn a_renumbered_consumer_forgets_what_the_old_numbers_linked() {
+        let mut reader = Reader::new();
+        reader.read(0, vec![command(2)], 0);
+        reader.delivered(delivery(1, 2, true));
+        reader.delivered(delivery(2, 4, true));
+        assert_eq!(seqs(reader.next(0, 10)), vec![2, 4]);
+        reader.done_through(4);
+        // Reset: numbering starts again at 1, and delivery 2 is now another message.
+        reader.delivered(delivery(2, 10, true));
+        reader.delivered(delivery(3, 12, true));
+        assert_eq!(reader.stats.renumbered, 1);
+        assert_eq!(reader.next(4, 10), Next::Read { after: 4, through: 12 });
+    }
+
+    #[test]
+    fn a_caller_that_goes_back_is_read_for_again() {
+        let mut reader = Reader::new();
+        reader.read(0, vec![command(1), command(2), command(3)], 0);
+        assert_eq!(seqs(reader.next(0, 10)), vec![1, 2, 3]);
+        reader.done_through(3);
+        assert_eq!(reader.next(1, 10), Next::Read { after: 1, through: 0 });
+        reader.read(1, vec![command(2), command(3)], 0);
+        assert_eq!(seqs(reader.next(1, 10)), vec![2, 3]);
+    }
+
+    #[test]
+    fn a_read_short_of_the_deliveries_is_asked_again() {
+        let mut reader = Reader::new();
+        reader.delivered(delivery(5, 7, true));
+        assert_eq!(reader.next(0, 10), Next::Read { after: 0, through: 7 });
+        // A replica behind the leader answers with less than was delivered.
+        reader.read(0, vec![command(2)], 0);
+        assert_eq!(seqs(reader.next(0, 10)), vec![2]);
+        assert_eq!(reader.next(2, 10), Next::Read { after: 2, through: 7 });
+    }
+
+    /// Many seeded runs of a consumer whose deliveries are lost (they went to another client), doubled, reordered
+    /// and delivered again, whose reads by sequence may fall short, and whose caller goes back at times: what the
+    /// reader hands out is always the partition's commands in order, none skipped, and it gets them all.
+    #[test]
+    fn a_reader_never_skips_a_command_whatever_the_consumer_does() {
+        use crate::intercept::SeededRng;
+        let (mut reads, mut commands_handed) = (0, 0);
+        for seed in 0..2000 {
+            let mut rng = SeededRng::new(seed);
+            // The partition's commands: sparse stream sequences (other partitions take the rest).
+            let mut commands = Vec::new();
+            let mut seq = 0;
+            for _ in 0..(20 + rng.next_u64() % 60) {
+                seq += 1 + rng.next_u64() % 4;
+                commands.push(command(seq));
+            }
+            let mut visible = 1 + rng.next_u64() as usize % commands.len();
+            let mut consumer = ModelConsumer::starting_after(0);
+            let mut reader = Reader::new();
+            let mut cursor = 0;
+            let mut landed = 0;
+            let mut handed = Vec::new();
+            let mut late = Vec::new();
+            for _round in 0..400 {
+                if visible < commands.len() && rng.chance(60) {
+                    visible += 1 + rng.next_u64() as usize % 3;
+                    visible = visible.min(commands.len());
+                }
+                let log = &commands[..visible];
+                let mut batch = consumer.pull(log, 1 + rng.next_u64() as usize % 6, rng.chance(10));
+                if rng.chance(15) && !batch.is_empty() {
+                    // Delivered to another client.
+                    let at = rng.next_u64() as usize % batch.len();
+                    batch.remove(at);
+                }
+                if rng.chance(15) && batch.len() > 1 {
+                    // Arriving out of order (two servers on the way).
+                    let at = rng.next_u64() as usize % (batch.len() - 1);
+                    batch.swap(at, at + 1);
+                }
+                if rng.chance(10) && !batch.is_empty() {
+                    late.push(batch.remove(0));
+                }
+                if rng.chance(10) && !late.is_empty() {
+                    batch.push(late.remove(0));
+                }
+                if rng.chance(5) && !batch.is_empty() {
+                    batch.push(batch[0].clone());
+                }
+                for delivery in batch {
+                    reader.delivered(delivery);
+                }
+                if rng.chance(5) && landed < cursor {
+                    // An append did not land: the caller reloads from what did.
+                    cursor = landed;
+                    handed.retain(|&s| s <= landed);
+                }
+                for _ in 0..3 {
+                    match reader.next(cursor, 1 + rng.next_u64() as usize % 8) {
+                        Next::Ready(found) => {
+                            for c in found {
+                                handed.push(c.seq);
+                                cursor = c.seq;
+                            }
+                            if rng.chance(70) {
+                                landed = cursor;
+                                reader.done_through(landed);
+                                consumer.ack(landed);
+                            }
+                        }
+                        Next::Read { after, through } => {
+                            let from = log.iter().position(|c| c.seq > after).unwrap_or(log.len());
+                            let mut found: Vec<CommandRecord> = log[from..].iter().take(8).cloned().collect();
+                            let mut covered = 0;
+                            if rng.chance(20) && !found.is_empty() {
+                                // A replica that lags answers with a prefix.
+                                found.truncate(rng.next_u64() as usize % found.len());
+                            } else if found.len() < 8 {
+                                covered = through;
+                            }
+                            reader.read(after, found, covered);
+                        }
+                        Next::Wait => break,
+                    }
+                }
+            }
+            let expected: Vec<u64> = commands.iter().map(|c| c.seq).filter(|&s| s <= cursor).collect();
+            assert_eq!(handed, expected, "seed {seed}: handed out out of order or with a gap");
+            // Then without faults: everything comes.
+            for delivery in consumer.pull(&commands, usize::MAX, true) {
+                reader.delivered(delivery);
+            }
+            for _ in 0..100 {
+                match reader.next(cursor, 8) {
+                    Next::Ready(found) => {
+                        handed.extend(found.iter().map(|c| c.seq));
+                        cursor = found.last().map_or(cursor, |c| c.seq);
+                    }
+                    Next::Read { after, through } => {
+                        let found: Vec<CommandRecord> =
+                            commands.iter().filter(|c| c.seq > after).take(8).cloned().collect();
+                        let covered = if found.len() < 8 { through } else { 0 };
+                        reader.read(after, found, covered);
+                    }
+                    Next::Wait => break,
+                }
+            }
+            let all: Vec<u64> = commands.iter().map(|c| c.seq).collect();
+            assert_eq!(handed, all, "seed {seed}: not every command came, in order");
+            reads += reader.stats.reads;
+            commands_handed += all.len() as u64;
+        }
+        // The deliveries carry most of it: reads by sequence fill the gaps the faults make.
+        assert!(reads * 3 < commands_handed, "{reads} reads for {commands_handed} commands");
+    }
+}
