@@ -146,6 +146,10 @@ pub(crate) struct ThroughputArgs {
     /// Stream replicas on NATS (3 on a cluster).
     #[arg(long, default_value_t = 1)]
     replicas: usize,
+    /// The NATS server's HTTP monitoring URL (`http://127.0.0.1:8222`; on a cluster, the node the bench connects
+    /// to): counts the server's operations per command (`server_ops_per_command`) from its own counters.
+    #[arg(long, requires = "nats")]
+    nats_monitor: Option<String>,
 }
 
 /// Bytes of an outcome of the usual kind (an allocation with a few attributes), for the raw runs.
@@ -184,6 +188,54 @@ pub(crate) struct Figures {
     takeover_without_snapshot_s: f64,
     live_resources: u64,
     bytes_per_live_resource: f64,
+    /// Server operations per message of the raw append phase (`--nats-monitor`): about 1, the calibration.
+    raw_append_server_ops: Option<f64>,
+    /// Server operations per command decided in the group-commit phase (delivery, acks, reads, the outcome's
+    /// store, the follower's delivery; the commands were stored before it).
+    decide_server_ops_per_command: Option<f64>,
+    /// A command's whole path: its publish (as a raw append) and its decision.
+    server_ops_per_command: Option<f64>,
+}
+
+/// The server's own counters (`/varz`, `/jsz`), to count its operations between two readings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ServerCounters {
+    pub(crate) in_msgs: f64,
+    pub(crate) out_msgs: f64,
+    /// Messages in its streams.
+    pub(crate) stored: f64,
+}
+
+impl ServerCounters {
+    pub(crate) async fn read(monitor: &str) -> anyhow::Result<ServerCounters> {
+        let base = monitor.trim_end_matches('/');
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+        let get = |path: &'static str| {
+            let client = client.clone();
+            let url = format!("{base}/{path}");
+            async move {
+                let value: serde_json::Value =
+                    client.get(&url).send().await?.error_for_status()?.json().await.context("a JSON answer")?;
+                anyhow::Ok(value)
+            }
+        };
+        let varz = get("varz").await.with_context(|| format!("reading {base}/varz"))?;
+        let jsz = get("jsz").await.with_context(|| format!("reading {base}/jsz"))?;
+        let number = |value: &serde_json::Value, field: &str| value[field].as_f64().unwrap_or(0.0);
+        Ok(ServerCounters {
+            in_msgs: number(&varz, "in_msgs"),
+            out_msgs: number(&varz, "out_msgs"),
+            stored: number(&jsz, "messages"),
+        })
+    }
+
+    /// Server operations per `n` between `self` and `later`: every message the server took in or sent, a stored
+    /// message and its answer counting once (so a raw append is one), over `n`.
+    pub(crate) fn ops_until(&self, later: &ServerCounters, n: u64) -> f64 {
+        let messages = (later.in_msgs - self.in_msgs) + (later.out_msgs - self.out_msgs);
+        let stored = (later.stored - self.stored).max(0.0);
+        (messages - stored) / n.max(1) as f64
+    }
 }
 
 pub(crate) fn run(cmd: BenchCmd) -> anyhow::Result<()> {
@@ -304,7 +356,14 @@ async fn nats_phases(
     use leasehold_log::jetstream::{JetStream, JetStreamConfig};
     let n = args.commands;
     eprintln!("raw appends (up to 256 in flight, no fence)...");
+    let before = match &args.nats_monitor {
+        Some(monitor) => Some(ServerCounters::read(monitor).await?),
+        None => None,
+    };
     figures.raw_append_per_s = log.bench_raw_append(n, args.partitions, OUTCOME_BYTES, 256).await?.per_second();
+    if let (Some(monitor), Some(before)) = (&args.nats_monitor, before) {
+        figures.raw_append_server_ops = Some(before.ops_until(&ServerCounters::read(monitor).await?, n));
+    }
     eprintln!("raw fenced appends (one in flight per partition)...");
     figures.raw_fenced_per_s = log.bench_raw_fenced(n, args.partitions, OUTCOME_BYTES).await?.per_second();
     for size in [100usize, 1000] {
@@ -665,12 +724,22 @@ pub(crate) async fn end_to_end<L: Log>(log: &L, args: &ThroughputArgs, figures: 
     let from = last_outcome(log).await?;
     let decided_before = count_decided(log).await?;
     eprintln!("end to end with group commit: {} workers decide the rest...", args.workers);
+    let monitor = args.nats_monitor.as_deref();
+    let before = match monitor {
+        Some(monitor) => Some(ServerCounters::read(monitor).await?),
+        None => None,
+    };
     let start = Instant::now();
     let writers = Writers::start(log, args.workers, leasehold_log::MAX_APPEND_RECORDS);
     let rest = args.commands - decided_before;
     let (done, _) = outcomes_landed(log, from, rest).await?;
     figures.e2e_commands_per_s = rest as f64 / (done - start).as_secs_f64();
     figures.e2e_batched_per_s = figures.e2e_commands_per_s;
+    if let (Some(monitor), Some(before)) = (monitor, before) {
+        let decide = before.ops_until(&ServerCounters::read(monitor).await?, rest);
+        figures.decide_server_ops_per_command = Some(decide);
+        figures.server_ops_per_command = figures.raw_append_server_ops.map(|publish| publish + decide);
+    }
 
     eprintln!("end to end with batched publishing at the same time (latency under load)...");
     let from = last_outcome(log).await?;
@@ -869,7 +938,7 @@ fn print_table(f: &Figures) {
         "leasehold bench throughput: {} log, {} partitions, {} worker(s), {} commands per phase",
         f.backend, f.partitions, f.workers, f.commands
     );
-    let rows: [(&str, String); 25] = [
+    let rows: [(&str, String); 26] = [
         ("raw append (no fence, the log's per-message ceiling)", format!("{:>12.0} /s", f.raw_append_per_s)),
         ("raw fenced append (one in flight per partition)", format!("{:>12.0} /s", f.raw_fenced_per_s)),
         ("raw atomic batches of 100 (fenced)", format!("{:>12.0} /s", f.raw_batch_100_per_s)),
@@ -895,6 +964,15 @@ fn print_table(f: &Figures) {
         ("takeover without a snapshot", format!("{:>12.3} s", f.takeover_without_snapshot_s)),
         ("live resources in the takeover partition", format!("{:>12}", f.live_resources)),
         ("worker memory per live resource (RSS)", format!("{:>12.0} B", f.bytes_per_live_resource)),
+        (
+            "server operations per command (publish + decision)",
+            match (f.server_ops_per_command, f.raw_append_server_ops, f.decide_server_ops_per_command) {
+                (Some(all), Some(publish), Some(decide)) => {
+                    format!("{all:>12.2}    ({publish:.2} + {decide:.2}; --nats-monitor)")
+                }
+                _ => format!("{:>12}", "-  (with --nats-monitor)"),
+            },
+        ),
     ];
     for (name, value) in rows {
         println!("  {name:<52} {value}");

@@ -1937,6 +1937,9 @@ impl Owner for JetStreamOwner {
     }
 
     async fn next_commands(&mut self, after: u64, max: usize, wait: Duration) -> Result<Vec<CommandRecord>, Error> {
+        // Commands at hand are handed out without a round trip: let the connection deliver what came meanwhile (a
+        // 423 saying the pin moved) before looking, even on a single-threaded runtime.
+        tokio::task::yield_now().await;
         self.drain()?;
         self.check_held()?;
         self.ack_done().await?;

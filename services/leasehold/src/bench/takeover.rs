@@ -406,17 +406,12 @@ async fn publish(log: &JetStream, envelope: &leasehold_schemas::Envelope) -> any
 
 /// Messages in plus out of the server per second over `window` (`/varz`).
 async fn idle_cost(monitor: &str, window: Duration) -> anyhow::Result<f64> {
-    let url = format!("{}/varz", monitor.trim_end_matches('/'));
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
-    let read = || async {
-        let varz: serde_json::Value = client.get(&url).send().await?.error_for_status()?.json().await?;
-        let count = |field: &str| varz[field].as_f64().unwrap_or(0.0);
-        anyhow::Ok((Instant::now(), count("in_msgs") + count("out_msgs")))
-    };
-    let (from, before) = read().await?;
+    let before = super::ServerCounters::read(monitor).await?;
+    let from = Instant::now();
     tokio::time::sleep(window).await;
-    let (to, after) = read().await?;
-    Ok((after - before) / to.duration_since(from).as_secs_f64())
+    let after = super::ServerCounters::read(monitor).await?;
+    let messages = (after.in_msgs - before.in_msgs) + (after.out_msgs - before.out_msgs);
+    Ok(messages / from.elapsed().as_secs_f64())
 }
 
 fn print_table(f: &TakeoverFigures) {
