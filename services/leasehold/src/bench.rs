@@ -197,13 +197,11 @@ pub(crate) struct Figures {
     server_ops_per_command: Option<f64>,
 }
 
-/// The server's own counters (`/varz`, `/jsz`), to count its operations between two readings.
+/// The server's own message counters (`/varz`), to count its operations between two readings.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ServerCounters {
     pub(crate) in_msgs: f64,
     pub(crate) out_msgs: f64,
-    /// Messages in its streams.
-    pub(crate) stored: f64,
 }
 
 impl ServerCounters {
@@ -220,21 +218,16 @@ impl ServerCounters {
             }
         };
         let varz = get("varz").await.with_context(|| format!("reading {base}/varz"))?;
-        let jsz = get("jsz").await.with_context(|| format!("reading {base}/jsz"))?;
-        let number = |value: &serde_json::Value, field: &str| value[field].as_f64().unwrap_or(0.0);
-        Ok(ServerCounters {
-            in_msgs: number(&varz, "in_msgs"),
-            out_msgs: number(&varz, "out_msgs"),
-            stored: number(&jsz, "messages"),
-        })
+        let number = |field: &str| varz[field].as_f64().unwrap_or(0.0);
+        Ok(ServerCounters { in_msgs: number("in_msgs"), out_msgs: number("out_msgs") })
     }
 
-    /// Server operations per `n` between `self` and `later`: every message the server took in or sent, a stored
-    /// message and its answer counting once (so a raw append is one), over `n`.
-    pub(crate) fn ops_until(&self, later: &ServerCounters, n: u64) -> f64 {
+    /// Server operations per `n` between `self` and `later`, `stored` messages stored between them: every message
+    /// the server took in or sent, a stored message and its answer counting once (so a raw append is one). (`/jsz`
+    /// counts stored messages too, but refreshes them every few seconds: the caller knows them exactly.)
+    pub(crate) fn ops_until(&self, later: &ServerCounters, stored: u64, n: u64) -> f64 {
         let messages = (later.in_msgs - self.in_msgs) + (later.out_msgs - self.out_msgs);
-        let stored = (later.stored - self.stored).max(0.0);
-        (messages - stored) / n.max(1) as f64
+        (messages - stored as f64) / n.max(1) as f64
     }
 }
 
@@ -362,7 +355,7 @@ async fn nats_phases(
     };
     figures.raw_append_per_s = log.bench_raw_append(n, args.partitions, OUTCOME_BYTES, 256).await?.per_second();
     if let (Some(monitor), Some(before)) = (&args.nats_monitor, before) {
-        figures.raw_append_server_ops = Some(before.ops_until(&ServerCounters::read(monitor).await?, n));
+        figures.raw_append_server_ops = Some(before.ops_until(&ServerCounters::read(monitor).await?, n, n));
     }
     eprintln!("raw fenced appends (one in flight per partition)...");
     figures.raw_fenced_per_s = log.bench_raw_fenced(n, args.partitions, OUTCOME_BYTES).await?.per_second();
@@ -736,7 +729,10 @@ pub(crate) async fn end_to_end<L: Log>(log: &L, args: &ThroughputArgs, figures: 
     figures.e2e_commands_per_s = rest as f64 / (done - start).as_secs_f64();
     figures.e2e_batched_per_s = figures.e2e_commands_per_s;
     if let (Some(monitor), Some(before)) = (monitor, before) {
-        let decide = before.ops_until(&ServerCounters::read(monitor).await?, rest);
+        let after = ServerCounters::read(monitor).await?;
+        // What the phase stored: its outcomes (the commands were stored before it), read after the counters.
+        let stored = last_outcome(log).await?.saturating_sub(from);
+        let decide = before.ops_until(&after, stored, rest);
         figures.decide_server_ops_per_command = Some(decide);
         figures.server_ops_per_command = figures.raw_append_server_ops.map(|publish| publish + decide);
     }
