@@ -31,7 +31,7 @@
 //! Credentials go through the connect options (a creds file, or a user and password), never the URL: async-nats
 //! ignores credentials in a URL, so one with them is refused.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -104,7 +104,12 @@ const UPGRADE_WAIT: Duration = Duration::from_secs(2);
 /// The most messages one direct get asks for.
 const DIRECT_BATCH: usize = 1024;
 /// The most deliveries one pull of a writer consumer asks for.
-const PULL_BATCH: usize = 256;
+const PULL_BATCH: usize = 512;
+/// Pulls a writer keeps waiting at once: the next is sent when what the waiting ones may still bring falls below a
+/// pull's batch, so deliveries keep coming while the writer decides and appends.
+const PULLS_IN_FLIGHT: usize = 2;
+/// Deliveries a writer consumer sends before it waits for an ack: a few rounds of the largest append.
+const MAX_ACK_PENDING: i64 = 4 * crate::MAX_APPEND_RECORDS as i64;
 
 /// The name of the writer consumer of `partition`.
 pub fn writer_consumer(partition: u32) -> String {
@@ -1552,7 +1557,7 @@ impl Log for JetStream {
             pull_expires: (info.config.priority_timeout / 8).clamp(Duration::from_millis(50), Duration::from_secs(5)),
             pin: None,
             lost: false,
-            pull: None,
+            pulls: VecDeque::new(),
             unacked: BTreeMap::new(),
             done: 0,
             reader: Reader::new(),
@@ -1606,6 +1611,7 @@ impl JetStream {
             priority_policy: PriorityPolicy::PinnedClient,
             priority_groups: vec![WRITER_GROUP.to_owned()],
             priority_timeout: config.priority_timeout,
+            max_ack_pending: MAX_ACK_PENDING,
             ..Default::default()
         }
     }
@@ -1701,8 +1707,9 @@ pub struct JetStreamOwner {
     /// The pin id the server gave us, once it did.
     pin: Option<String>,
     lost: bool,
-    /// When the pull in flight was sent, and how many deliveries it may still bring.
-    pull: Option<(Instant, usize)>,
+    /// The pulls waiting at the server, oldest first (the server serves them in that order): when each was sent,
+    /// and how many deliveries it may still bring.
+    pulls: VecDeque<(Instant, usize)>,
     /// Stream sequence -> ack subject of deliveries not yet acked (the consumer acks all up to the one acked).
     unacked: BTreeMap<u64, Subject>,
     /// Everything up to here is done with.
@@ -1772,10 +1779,10 @@ impl JetStreamOwner {
                         Some(_) => {}
                     }
                 }
-                if let Some((_, remaining)) = &mut self.pull {
+                if let Some((_, remaining)) = self.pulls.front_mut() {
                     *remaining = remaining.saturating_sub(1);
                     if *remaining == 0 {
-                        self.pull = None;
+                        self.pulls.pop_front();
                     }
                 }
                 let Some(ack) = ack_reply(&reply) else {
@@ -1794,17 +1801,18 @@ impl JetStreamOwner {
             }
             Some(StatusCode::PIN_ID_MISMATCH) => {
                 self.lost = true;
-                self.pull = None;
+                self.pulls.clear();
                 Ok(())
             }
             Some(StatusCode::IDLE_HEARTBEAT) => Ok(()),
             Some(StatusCode::NO_RESPONDERS) => {
-                self.pull = None;
+                self.pulls.clear();
                 Err(Error::Unavailable(format!("no server answers pulls of {}", self.consumer)))
             }
             Some(status) => {
-                // 408 (the pull expired), 409 (the server ended it); "Consumer Deleted" ends the hold too.
-                self.pull = None;
+                // 408 (the pull expired), 409 (the server ended it); "Consumer Deleted" ends the hold too. Pulls
+                // expire in the order they were sent.
+                self.pulls.pop_front();
                 if message.description.as_deref().is_some_and(|d| d.contains("Consumer Deleted")) {
                     self.lost = true;
                 }
@@ -1823,13 +1831,18 @@ impl JetStreamOwner {
         Ok(())
     }
 
-    /// Sends a pull (with our pin id once we have one) unless one is in flight. Each pull that reaches the server
-    /// with our pin id keeps the pin.
+    /// Sends a pull (with our pin id once we have one) when none waits, or a second one when the waiting one has
+    /// brought half its batch. Each pull that reaches the server with our pin id keeps the pin.
     async fn keep_pulling(&mut self) -> Result<(), Error> {
-        // A pull whose end never came (a reconnect drops waiting pulls and their 408) is sent again well within the
-        // pin's timeout, not a request timeout later: with a timeout of seconds, that would cost the pin.
+        // A pull whose end never came (a reconnect drops waiting pulls and their 408) is forgotten, and sent again,
+        // well within the pin's timeout, not a request timeout later: with a timeout of seconds, that would cost
+        // the pin.
         let grace = self.log.inner.config.request_timeout.min(self.pull_expires * 2);
-        if self.pull.is_some_and(|(sent, _)| sent.elapsed() < self.pull_expires + grace) {
+        while self.pulls.front().is_some_and(|(sent, _)| sent.elapsed() >= self.pull_expires + grace) {
+            self.pulls.pop_front();
+        }
+        let outstanding: usize = self.pulls.iter().map(|(_, remaining)| remaining).sum();
+        if !self.pulls.is_empty() && (self.pulls.len() >= PULLS_IN_FLIGHT || outstanding > PULL_BATCH / 2) {
             return Ok(());
         }
         let mut request = serde_json::json!({
@@ -1850,7 +1863,7 @@ impl JetStreamOwner {
             )
             .await
             .map_err(|e| unavailable("cannot pull", e))?;
-        self.pull = Some((Instant::now(), PULL_BATCH));
+        self.pulls.push_back((Instant::now(), PULL_BATCH));
         Ok(())
     }
 
