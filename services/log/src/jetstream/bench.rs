@@ -188,7 +188,8 @@ impl JetStream {
 
     /// An outcome record chained on `prev` without a fence.
     fn unfenced_message(partition: u32, prev: u64, record: &OutcomeRecord) -> Result<(String, PublishMessage), Error> {
-        let (subject, headers) = JetStream::outcome_headers(partition, record, super::Place::Unfenced { prev })?;
+        let (subject, headers) =
+            JetStream::outcome_headers(partition, record, super::append::Place::Unfenced { prev })?;
         Ok((subject, PublishMessage::build().payload(record.payload.clone()).headers(headers)))
     }
 
