@@ -295,7 +295,7 @@ async fn embedded(dir: &Path, args: &ThroughputArgs, figures: &mut Figures) -> a
         }
     }
     let log = Embedded::open(&dir.join("log"), args.partitions)?;
-    end_to_end(&log, args, figures).await?;
+    end_to_end(&log, &log, args, figures).await?;
     drop(log);
     eprintln!("takeover of a partition holding {} outcomes...", args.takeover_outcomes);
     let takeover_dir = scratch.join("takeover");
@@ -382,7 +382,10 @@ async fn nats_phases(
             figures.fenced_append_10000_agents_per_s = rate;
         }
     }
-    end_to_end(log, args, figures).await?;
+    let writer_log =
+        &JetStream::connect(JetStreamConfig { replicas: args.replicas, ..JetStreamConfig::new(url, args.partitions) })
+            .await?;
+    end_to_end(log, writer_log, args, figures).await?;
     eprintln!("takeover of a partition holding {} outcomes (on a fresh one-partition log)...", args.takeover_outcomes);
     log.bench_reset().await?;
     let config = JetStreamConfig { replicas: args.replicas, ..JetStreamConfig::new(url, 1) };
@@ -685,7 +688,14 @@ async fn last_outcome<L: Log>(log: &L) -> anyhow::Result<u64> {
     Ok(last)
 }
 
-pub(crate) async fn end_to_end<L: Log>(log: &L, args: &ThroughputArgs, figures: &mut Figures) -> anyhow::Result<()> {
+/// The end-to-end phases. The writers run on `writer_log` (on NATS, a connection of their own, as a worker process
+/// has), the producer and the followers on `log`.
+pub(crate) async fn end_to_end<L: Log>(
+    log: &L,
+    writer_log: &L,
+    args: &ThroughputArgs,
+    figures: &mut Figures,
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         log.last_command_seq().await? == 0 && last_outcome(log).await? == 0,
         "bench throughput needs an empty log: point it at a new --data directory or a NATS server without \
@@ -709,7 +719,7 @@ pub(crate) async fn end_to_end<L: Log>(log: &L, args: &ThroughputArgs, figures: 
     eprintln!("end to end without group commit (one record per append): {} workers decide...", args.workers);
     let half = args.commands / 2;
     let start = Instant::now();
-    let writers = Writers::start(log, args.workers, 1);
+    let writers = Writers::start(writer_log, args.workers, 1);
     let (done, _) = outcomes_landed(log, 0, half).await?;
     figures.e2e_unbatched_per_s = half as f64 / (done - start).as_secs_f64();
     writers.stop().await?;
@@ -723,7 +733,7 @@ pub(crate) async fn end_to_end<L: Log>(log: &L, args: &ThroughputArgs, figures: 
         None => None,
     };
     let start = Instant::now();
-    let writers = Writers::start(log, args.workers, leasehold_log::MAX_APPEND_RECORDS);
+    let writers = Writers::start(writer_log, args.workers, leasehold_log::MAX_APPEND_RECORDS);
     let rest = args.commands - decided_before;
     let (done, _) = outcomes_landed(log, from, rest).await?;
     figures.e2e_commands_per_s = rest as f64 / (done - start).as_secs_f64();
@@ -761,7 +771,7 @@ pub(crate) async fn end_to_end<L: Log>(log: &L, args: &ThroughputArgs, figures: 
     let counts = writers.stop().await?;
     figures.mean_batch = counts.appended as f64 / counts.appends.max(1) as f64;
     eprintln!("the same without group commit...");
-    let writers = Writers::start(log, args.workers, 1);
+    let writers = Writers::start(writer_log, args.workers, 1);
     let (p50, p99) = low_load_latency(log, args.latency_samples, &agents, &mut ids).await?;
     (figures.p50_unbatched_ms, figures.p99_unbatched_ms) = (p50, p99);
     writers.stop().await?;
