@@ -63,6 +63,7 @@ impl JetStream {
             unacked: BTreeMap::new(),
             done: 0,
             reader: Reader::new(),
+            newest: (0, 0),
             checked: Instant::now(),
         };
         owner.keep_pulling().await?;
@@ -214,6 +215,9 @@ pub struct JetStreamOwner {
     done: u64,
     /// What was delivered and read, and what may be handed out ([`Reader`]).
     reader: Reader,
+    /// The newest delivery's number, and how many commands of the partition the stream held beyond it then (not
+    /// yet delivered to anyone).
+    newest: (u64, u64),
     /// When the consumer was last asked who is pinned.
     checked: Instant,
 }
@@ -242,6 +246,8 @@ pub(crate) struct AckReply {
     pub(crate) delivery_seq: u64,
     /// The stored message's time, in Unix nanoseconds.
     pub(crate) time_ns: u64,
+    /// Messages of the consumer's filter after this one not delivered yet, when it was sent.
+    pub(crate) pending: u64,
 }
 
 pub(crate) fn ack_reply(reply: &str) -> Option<AckReply> {
@@ -256,6 +262,7 @@ pub(crate) fn ack_reply(reply: &str) -> Option<AckReply> {
         stream_seq: tokens[first + 1].parse().ok()?,
         delivery_seq: tokens[first + 2].parse().ok()?,
         time_ns: tokens[first + 3].parse().ok()?,
+        pending: tokens[first + 4].parse().ok()?,
     })
 }
 
@@ -293,6 +300,9 @@ impl JetStreamOwner {
                     time: Timestamp(ack.time_ns / 1_000_000),
                     payload: message.payload,
                 };
+                if ack.delivery_seq >= self.newest.0 {
+                    self.newest = (ack.delivery_seq, ack.pending);
+                }
                 self.reader.delivered(Delivery { dseq: ack.delivery_seq, first: ack.delivered == 1, record });
                 self.unacked.insert(ack.stream_seq, reply);
                 Ok(())
@@ -327,6 +337,14 @@ impl JetStreamOwner {
             self.handle(message)?;
         }
         Ok(())
+    }
+
+    /// How many commands a batch of `ready` should wait for, at most `max`: those ready and those the waiting
+    /// pulls will bring of what the stream held beyond the newest delivery.
+    fn coming(&self, ready: usize, max: usize) -> usize {
+        let room: usize = self.pulls.iter().map(|(_, remaining)| remaining).sum();
+        let beyond = usize::try_from(self.newest.1).unwrap_or(usize::MAX);
+        ready.saturating_add(beyond.min(room)).min(max)
     }
 
     /// Sends a pull (with our pin id once we have one) when none waits, or a second one when the waiting one has
@@ -461,7 +479,12 @@ impl Owner for JetStreamOwner {
         let mut reads = 0;
         loop {
             match self.reader.next(after, max) {
-                Next::Ready(found) => return self.hand_out(found).await,
+                // Under a backlog the batch takes what the waiting pulls are bringing (the stream holds more, and
+                // they have room for it), not only what came first: batches adapt to the backlog, without a timer.
+                Next::Ready(found) if found.is_empty() || found.len() >= self.coming(found.len(), max) => {
+                    return self.hand_out(found).await;
+                }
+                Next::Ready(_) => {}
                 Next::Read { after: from, through } if reads < 2 => {
                     reads += 1;
                     self.read_into_reader(from, max, through).await?;
