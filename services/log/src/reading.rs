@@ -396,6 +396,42 @@ mod tests {
         assert_eq!(reader.next(4, 10), Next::Read { after: 4, through: 12 });
     }
 
+    /// A consumer reset (`$JS.API.CONSUMER.RESET`, `nats consumer reset`) numbers deliveries from 1 again and keeps
+    /// the pin. Here an old owner took deliveries 1 to 3 (commands 1 to 3) and this reader saw only delivery 4
+    /// (command 4). After a reset to command 1, the new numbering spends delivery 2 on a redelivery, so its delivery
+    /// 3 is command 2: it lands next to the old delivery 4 without colliding with anything remembered, and links 2
+    /// to 4 across two numberings, although 3 lies between and was never seen.
+    #[test]
+    fn a_reset_consumer_never_links_its_new_numbers_to_the_old_ones() {
+        let mut reader = Reader::new();
+        reader.delivered(delivery(4, 4, true));
+        assert_eq!(reader.next(0, 1), Next::Read { after: 0, through: 4 });
+        reader.read(0, vec![command(1)], 0);
+        assert_eq!(seqs(reader.next(0, 1)), vec![1]);
+        // The reset: 1 first, 1 again after its ack wait, then (once 1 is acked) 2.
+        reader.delivered(delivery(1, 1, true));
+        reader.delivered(delivery(2, 1, false));
+        reader.delivered(delivery(3, 2, true));
+        let mut handed = Vec::new();
+        let mut cursor = 1;
+        for _ in 0..4 {
+            match reader.next(cursor, 1) {
+                Next::Ready(found) => {
+                    for c in found {
+                        handed.push(c.seq);
+                        cursor = c.seq;
+                    }
+                }
+                Next::Read { after, .. } => {
+                    let found = (after + 1..=4).map(command).take(1).collect();
+                    reader.read(after, found, 0);
+                }
+                Next::Wait => break,
+            }
+        }
+        assert_eq!(handed, vec![2, 3, 4], "a command the reader never saw was passed over");
+    }
+
     #[test]
     fn a_caller_that_goes_back_is_read_for_again() {
         let mut reader = Reader::new();

@@ -540,3 +540,125 @@ async fn a_permission_probe_tells_allowed_from_refused_and_changes_nothing() {
     let after = [state(CMD_STREAM).await, state(EVT_STREAM).await, state(DLQ_STREAM).await];
     assert_eq!(after, before, "(messages, last sequence, consumers) of LH_CMD, LH_EVT, LH_DLQ");
 }
+
+/// An operator's consumer reset (`$JS.API.CONSUMER.RESET`, `nats consumer reset`) numbers the writer consumer's
+/// deliveries from 1 again and leaves the pin where it is, so the owner's reader lives through two numberings.
+/// Here the consumer was first moved on to command 4, an old owner took deliveries 1 and 2 (commands 4 and 5) and
+/// went away without deciding them, and the new owner, at cursor 3, saw deliveries 3 and 4 (commands 6 and 7) and
+/// read 4 by sequence. Then the consumer is reset to command 1: its new delivery 2 (command 2) lands just below the
+/// old delivery 3, which the reader takes as proof that nothing lies between 2 and 6. Command 5 must still come
+/// before 6. (The consumer is made beforehand as leasehold would, with an ack limit of 4 so the new numbering stops
+/// after its delivery 4: what the owner holds is then the same whenever it looks.)
+#[tokio::test]
+async fn a_consumer_reset_under_an_owner_never_skips_a_command() {
+    use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy, PriorityPolicy};
+
+    let Some(server) = NatsServer::start() else { return };
+    let log = JetStream::connect(JetStreamConfig {
+        priority_timeout: Duration::from_secs(10),
+        ack_wait: Duration::from_secs(30),
+        ..JetStreamConfig::new(server.url(), PARTITIONS)
+    })
+    .await
+    .expect("connect");
+    let key = &conformance::keys_in(0, PARTITIONS, 1)[0];
+    let mut seqs = Vec::new();
+    for n in 0..10 {
+        seqs.push(publish(&log, key, n).await);
+    }
+    let name = writer_consumer(0);
+    let client = log.client().clone();
+    let js = async_nats::jetstream::new(client.clone());
+    let stream = js.get_stream(CMD_STREAM).await.expect("stream");
+    stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some(name.clone()),
+            filter_subject: "lh.cmd.0.>".to_owned(),
+            deliver_policy: DeliverPolicy::All,
+            ack_policy: AckPolicy::All,
+            ack_wait: Duration::from_secs(30),
+            priority_policy: PriorityPolicy::PinnedClient,
+            priority_groups: vec!["writer".to_owned()],
+            priority_timeout: Duration::from_secs(10),
+            max_ack_pending: 4,
+            ..Default::default()
+        })
+        .await
+        .expect("the writer consumer, as leasehold makes it");
+    let reset = |seq: u64| {
+        let client = client.clone();
+        let subject = format!("$JS.API.CONSUMER.RESET.{CMD_STREAM}.{name}");
+        async move {
+            let answer = client
+                .request(subject, Bytes::from(format!("{{\"seq\":{seq}}}")))
+                .await
+                .expect("the reset is answered");
+            let answer: serde_json::Value = serde_json::from_slice(&answer.payload).expect("json");
+            assert!(answer.get("error").is_none(), "reset refused: {answer}");
+        }
+    };
+    let delivered = |consumer_seq: u64, stream_seq: u64| {
+        let stream = stream.clone();
+        let name = name.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let info = stream.consumer_info(&name).await.expect("consumer info");
+                if info.delivered.consumer_sequence == consumer_seq
+                    && info.delivered.stream_sequence == stream_seq
+                    && info.num_ack_pending == 4
+                {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "not delivered as expected: {info:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+
+    // Moved on to the fourth command; the old owner takes deliveries 1 and 2 and leaves.
+    reset(seqs[3]).await;
+    let inbox = client.new_inbox();
+    let mut old_owner = client.subscribe(inbox.clone()).await.expect("subscribe");
+    client
+        .publish_with_reply(
+            format!("$JS.API.CONSUMER.MSG.NEXT.{CMD_STREAM}.{name}"),
+            inbox,
+            Bytes::from(r#"{"batch":2,"expires":2000000000,"group":"writer"}"#),
+        )
+        .await
+        .expect("pull");
+    for expected in &seqs[3..5] {
+        let message = tokio::time::timeout(Duration::from_secs(5), old_owner.next()).await.expect("a delivery");
+        let reply = message.expect("a delivery").reply.expect("an ack subject").to_string();
+        assert_eq!(reply.split('.').nth(5).unwrap(), expected.to_string(), "{reply}");
+    }
+    drop(old_owner);
+    stream.unpin_consumer(&name, "writer").await.expect("unpin");
+
+    // The new owner at cursor 3: deliveries 3 and 4 (commands 6 and 7) come, command 4 is read by sequence.
+    let mut owner = own_within(&log, 0, "worker-b").await;
+    let got = owner.next_commands(seqs[2], 1, Duration::from_millis(500)).await.expect("commands");
+    assert_eq!(got.iter().map(|c| c.seq).collect::<Vec<_>>(), vec![seqs[3]]);
+    delivered(4, seqs[6]).await;
+
+    // The reset back to the first command: deliveries 1 to 4 are commands 1 to 4 again, then the ack limit. (The
+    // consumer's info may go on naming the old stream sequence after a reset: its delivery number and time tell.)
+    let before = stream.consumer_info(&name).await.expect("consumer info").delivered.last_active;
+    reset(seqs[0]).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        owner.keep_alive().await.expect("the reset leaves the pin");
+        let info = stream.consumer_info(&name).await.expect("consumer info");
+        if info.delivered.consumer_sequence == 4 && info.delivered.last_active > before && info.num_ack_pending == 4 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the reset consumer did not deliver again: {info:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    owner.keep_alive().await.expect("the reset leaves the pin");
+
+    let got = owner.next_commands(seqs[3], 10, Duration::from_millis(500)).await.expect("commands");
+    let got: Vec<u64> = got.iter().map(|c| c.seq).collect();
+    assert_eq!(got.first(), Some(&seqs[4]), "after {} came {got:?}: command {} was passed over", seqs[3], seqs[4]);
+}
