@@ -11,7 +11,10 @@
 //! from the consumer's position in the stream, which only moves forward through the messages its filter matches.
 //! So when two first deliveries have delivery sequences `j < k` and every delivery between them was a redelivery,
 //! the consumer went from the first's stream sequence straight to the second's: no command of the partition lies
-//! between them. Such a pair is a *link*; the reader chains links from a sequence it knows (its cursor, or the end
+//! between them. Deliveries to one owner arrive in the order they are numbered (one consumer leader, one
+//! connection; a new leader or a recreated consumer pins anew, and the owner is lost), so a number at or below one
+//! already seen means the consumer numbers anew (a reset keeps the pin): everything linked and not yet followed is
+//! forgotten. Such a pair is a *link*; the reader chains links from a sequence it knows (its cursor, or the end
 //! of a read by sequence) and hands out only commands up to where the chain reaches ([`Reader::next`]). Whatever
 //! the chain cannot vouch for (the first delivery after a takeover, deliveries around a gap, a consumer whose
 //! numbering restarted) is read by sequence from the log instead ([`Next::Read`]). Nothing is ever handed out past
@@ -88,29 +91,24 @@ impl Reader {
         self.stats.delivered += 1;
         let Delivery { dseq, first, record } = delivery;
         let seq = record.seq;
-        if self.deliveries.get(&dseq).is_some_and(|&(had, _)| had != seq) {
-            // The consumer numbers its deliveries anew (reset, recreated, restored): what the old numbers said
-            // proves nothing about the new ones.
+        if self.deliveries.last_key_value().is_some_and(|(&newest, _)| dseq <= newest) {
+            // A consumer's deliveries to one owner come in the order it numbers them, so a number at or below one
+            // seen means it numbers them anew (a reset, which keeps the pin; a restore): what the old numbers said
+            // proves nothing about the new ones, and a link between the two numberings would be false. Links not
+            // followed yet go too.
             self.stats.renumbered += 1;
             self.deliveries.clear();
+            self.links.clear();
         }
         self.deliveries.insert(dseq, (seq, first));
         if self.deliveries.len() > REMEMBERED {
             self.deliveries.pop_first();
         }
-        if first {
-            // The first delivery just before this one (across redeliveries only), and the one just after it when
-            // that came earlier: deliveries may arrive out of order.
-            if let Some(before) = self.first_next_to(dseq, false)
-                && before < seq
-            {
-                self.link(before, seq);
-            }
-            if let Some(after) = self.first_next_to(dseq, true)
-                && seq < after
-            {
-                self.link(seq, after);
-            }
+        if first
+            && let Some(before) = self.first_before(dseq)
+            && before < seq
+        {
+            self.link(before, seq);
         }
         if seq <= self.done || self.held.contains_key(&seq) {
             self.stats.duplicates += 1;
@@ -119,12 +117,12 @@ impl Reader {
         self.held.insert(seq, record);
     }
 
-    /// The stream sequence of the nearest first delivery before (or after) delivery `dseq`, when every delivery
-    /// between them is known and a redelivery.
-    fn first_next_to(&self, dseq: u64, after: bool) -> Option<u64> {
+    /// The stream sequence of the nearest first delivery before delivery `dseq`, when every delivery between them
+    /// was seen and is a redelivery.
+    fn first_before(&self, dseq: u64) -> Option<u64> {
         let mut at = dseq;
         loop {
-            at = if after { at.checked_add(1)? } else { at.checked_sub(1)? };
+            at = at.checked_sub(1)?;
             let &(seq, first) = self.deliveries.get(&at)?;
             if first {
                 return Some(seq);
@@ -370,15 +368,19 @@ mod tests {
     }
 
     #[test]
-    fn deliveries_arriving_out_of_order_wait_for_the_one_between() {
+    fn a_delivery_number_that_goes_back_is_a_new_numbering_and_makes_a_read() {
         let mut reader = Reader::new();
         reader.read(0, vec![command(3)], 0);
         reader.delivered(delivery(1, 3, true));
         reader.delivered(delivery(3, 9, true));
-        // Delivery 2 has not come yet: 9 cannot be vouched for.
+        // Delivery 2 has not come: 9 cannot be vouched for.
         assert_eq!(seqs(reader.next(0, 10)), vec![3]);
+        // A number below one seen: the consumer numbers anew, and nothing it says links to the old numbers.
         reader.delivered(delivery(2, 5, true));
-        assert_eq!(seqs(reader.next(3, 10)), vec![5, 9]);
+        assert_eq!(reader.stats.renumbered, 1);
+        assert_eq!(reader.next(3, 10), Next::Read { after: 3, through: 9 });
+        reader.read(3, vec![command(5), command(7), command(9)], 0);
+        assert_eq!(seqs(reader.next(3, 10)), vec![5, 7, 9]);
     }
 
     #[test]
@@ -414,7 +416,7 @@ mod tests {
         reader.delivered(delivery(3, 2, true));
         let mut handed = Vec::new();
         let mut cursor = 1;
-        for _ in 0..4 {
+        for _ in 0..8 {
             match reader.next(cursor, 1) {
                 Next::Ready(found) => {
                     for c in found {
