@@ -143,6 +143,17 @@ impl JetStream {
             .create_consumer(wanted)
             .await
             .map_err(|e| unavailable(&format!("cannot create consumer {name}"), e))?;
+        // A log made before these consumers has the old ones, which this version never pulls.
+        let old = format!("lh-writer-{partition}");
+        if stream.consumer_info(&old).await.is_ok() {
+            tracing::warn!(
+                partition,
+                consumer = %old,
+                "this log was made by an older leasehold: workers of that version may still serve it through their \
+                 own consumers (safe, but both sides reload); once none runs, delete the old consumer \
+                 (nats consumer rm {CMD_STREAM} {old}; README: moving a log made before the v2 consumers over)"
+            );
+        }
         Ok(created.cached_info().clone())
     }
 }
