@@ -488,14 +488,34 @@ impl Owner for JetStreamOwner {
         // Reads by sequence this call: a replica that lags may answer short of what was delivered; the leader
         // completes the read, and a third read waits for the next call.
         let mut reads = 0;
+        let mut waited = false;
         loop {
             match self.reader.next(after, max) {
-                // Under a backlog the batch takes what the waiting pulls are bringing (the stream holds more, and
-                // they have room for it), not only what came first: batches adapt to the backlog, without a timer.
-                Next::Ready(found) if found.is_empty() || found.len() >= self.coming(found.len(), max) => {
-                    return self.hand_out(found).await;
+                Next::Ready(found) => {
+                    // Under a backlog the batch takes what the waiting pulls are bringing (the stream holds more,
+                    // and they have room for it), not only what came first: batches adapt to the backlog, without
+                    // a timer. Counted by deliveries, so the batch is gathered once.
+                    let want = self.coming(found.len(), max);
+                    if waited || found.is_empty() || found.len() >= want {
+                        return self.hand_out(found).await;
+                    }
+                    waited = true;
+                    let until = self.reader.stats.delivered + (want - found.len()) as u64;
+                    drop(found);
+                    while self.reader.stats.delivered < until {
+                        match tokio::time::timeout_at(deadline, self.deliveries.next()).await {
+                            Ok(Some(message)) => {
+                                self.handle(message)?;
+                                self.check_held()?;
+                            }
+                            Ok(None) => return Err(Error::Unavailable("the connection closed".to_owned())),
+                            Err(_) => break,
+                        }
+                    }
+                    self.drain()?;
+                    self.keep_pulling().await?;
+                    continue;
                 }
-                Next::Ready(_) => {}
                 Next::Read { after: from, through } if reads < 2 => {
                     reads += 1;
                     self.read_into_reader(from, max, through).await?;
