@@ -405,6 +405,18 @@ impl JetStreamOwner {
             .map_err(|e| unavailable(&format!("cannot read consumer {}", self.consumer), e))?;
         // Deliveries that came meanwhile may have pinned us.
         self.drain()?;
+        if pinned_client(&info).is_some() && self.pin.is_none() {
+            // The pin may be ours: the server pins a pull as it delivers to it, and its answer to the info can come
+            // before that delivery. A pull of ours that is waiting either delivers (with the pin id) or ends.
+            let deadline = Instant::now() + self.pull_expires * 2;
+            while self.pin.is_none() && !self.pulls.is_empty() && !self.lost {
+                match tokio::time::timeout_at(deadline, self.deliveries.next()).await {
+                    Ok(Some(message)) => self.handle(message)?,
+                    Ok(None) => return Err(Error::Unavailable("the connection closed".to_owned())),
+                    Err(_) => break,
+                }
+            }
+        }
         let elsewhere = match (pinned_client(&info), &self.pin) {
             (None, _) => false,
             (Some(pinned), Some(mine)) => pinned != mine,
