@@ -71,15 +71,8 @@ impl JetStream {
             // Commands wait: the server pins the first client that pulls (once the old pin, if any, is gone). Learn
             // whether that is us.
             let deadline = Instant::now() + owner.pull_expires.min(Duration::from_secs(1));
-            while owner.pin.is_none() && !owner.lost {
-                match tokio::time::timeout_at(deadline, owner.deliveries.next()).await {
-                    Ok(Some(message)) => {
-                        owner.handle(message)?;
-                        owner.keep_pulling().await?;
-                    }
-                    Ok(None) => return Err(Error::Unavailable("the connection closed".to_owned())),
-                    Err(_) => break,
-                }
+            while owner.pin.is_none() && !owner.lost && owner.take_next(deadline).await? {
+                owner.keep_pulling().await?;
             }
         }
         if owner.lost {
@@ -341,6 +334,15 @@ impl JetStreamOwner {
         }
     }
 
+    /// Waits until `deadline` for the next message from the consumer and takes it in: `false` when none came.
+    async fn take_next(&mut self, deadline: Instant) -> Result<bool, Error> {
+        match tokio::time::timeout_at(deadline, self.deliveries.next()).await {
+            Ok(Some(message)) => self.handle(message).map(|()| true),
+            Ok(None) => Err(Error::Unavailable("the connection closed".to_owned())),
+            Err(_) => Ok(false),
+        }
+    }
+
     /// Takes in whatever the consumer has sent, without waiting.
     fn drain(&mut self) -> Result<(), Error> {
         while let Some(next) = self.deliveries.next().now_or_never() {
@@ -409,13 +411,7 @@ impl JetStreamOwner {
             // The pin may be ours: the server pins a pull as it delivers to it, and its answer to the info can come
             // before that delivery. A pull of ours that is waiting either delivers (with the pin id) or ends.
             let deadline = Instant::now() + self.pull_expires * 2;
-            while self.pin.is_none() && !self.pulls.is_empty() && !self.lost {
-                match tokio::time::timeout_at(deadline, self.deliveries.next()).await {
-                    Ok(Some(message)) => self.handle(message)?,
-                    Ok(None) => return Err(Error::Unavailable("the connection closed".to_owned())),
-                    Err(_) => break,
-                }
-            }
+            while self.pin.is_none() && !self.pulls.is_empty() && !self.lost && self.take_next(deadline).await? {}
         }
         let elsewhere = match (pinned_client(&info), &self.pin) {
             (None, _) => false,
@@ -514,15 +510,8 @@ impl Owner for JetStreamOwner {
                     waited = true;
                     let until = self.reader.stats.delivered + (want - found.len()) as u64;
                     drop(found);
-                    while self.reader.stats.delivered < until {
-                        match tokio::time::timeout_at(deadline, self.deliveries.next()).await {
-                            Ok(Some(message)) => {
-                                self.handle(message)?;
-                                self.check_held()?;
-                            }
-                            Ok(None) => return Err(Error::Unavailable("the connection closed".to_owned())),
-                            Err(_) => break,
-                        }
+                    while self.reader.stats.delivered < until && self.take_next(deadline).await? {
+                        self.check_held()?;
                     }
                     self.drain()?;
                     self.keep_pulling().await?;
@@ -535,17 +524,13 @@ impl Owner for JetStreamOwner {
                 }
                 Next::Read { .. } | Next::Wait => {}
             }
-            match tokio::time::timeout_at(deadline, self.deliveries.next()).await {
-                Ok(Some(message)) => {
-                    self.handle(message)?;
-                    self.drain()?;
-                    self.check_held()?;
-                    self.ack_done().await?;
-                    self.keep_pulling().await?;
-                }
-                Ok(None) => return Err(Error::Unavailable("the connection closed".to_owned())),
-                Err(_) => break,
+            if !self.take_next(deadline).await? {
+                break;
             }
+            self.drain()?;
+            self.check_held()?;
+            self.ack_done().await?;
+            self.keep_pulling().await?;
         }
         if self.pin.is_none() && self.checked.elapsed() >= self.pull_expires && self.pinned_elsewhere().await? {
             return Err(Error::Lost(self.partition));
