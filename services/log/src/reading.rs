@@ -73,8 +73,6 @@ pub struct Reader {
 pub struct ReaderStats {
     /// Deliveries taken in.
     pub delivered: u64,
-    /// Deliveries of a command done with or already at hand.
-    pub duplicates: u64,
     /// Reads by sequence asked for.
     pub reads: u64,
     /// Times the consumer's numbering was found restarted (what it linked forgotten).
@@ -110,11 +108,9 @@ impl Reader {
         {
             self.link(before, seq);
         }
-        if seq <= self.done || self.held.contains_key(&seq) {
-            self.stats.duplicates += 1;
-            return;
+        if seq > self.done {
+            self.held.entry(seq).or_insert(record);
         }
-        self.held.insert(seq, record);
     }
 
     /// The stream sequence of the nearest first delivery before delivery `dseq`, when every delivery between them
@@ -218,11 +214,6 @@ impl Reader {
     /// The highest sequence at hand (0: none).
     pub fn highest(&self) -> u64 {
         self.held.last_key_value().map_or(0, |(&seq, _)| seq)
-    }
-
-    /// How many commands are at hand.
-    pub fn held(&self) -> usize {
-        self.held.len()
     }
 }
 

@@ -199,6 +199,34 @@ async fn until_lost<O: Owner>(owner: &mut O, within: Duration) {
     }
 }
 
+/// A writer takes its commands from the consumer's deliveries: past the first read from its cursor (a new owner
+/// cannot vouch for what an earlier one was delivered), 40 commands come in order without a read for each batch.
+#[tokio::test]
+async fn an_owner_hands_out_deliveries_without_reading_each_batch_again() {
+    let Some((_server, log)) = fresh().await else { return };
+    let key = &conformance::keys_in(3, PARTITIONS, 1)[0];
+    let mut owner = log.own(3, "worker-a").await.expect("own").expect("a free partition");
+    let mut published = Vec::new();
+    for n in 0..40 {
+        published.push(publish(&log, key, n).await);
+    }
+    let (mut cursor, mut handed) = (0, Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while handed.len() < published.len() {
+        assert!(Instant::now() < deadline, "only {} of {} commands came", handed.len(), published.len());
+        let got = owner.next_commands(cursor, 10, Duration::from_millis(500)).await.expect("commands");
+        if let Some(last) = got.last() {
+            cursor = last.seq;
+            owner.done_through(cursor).await.expect("done");
+        }
+        handed.extend(got.iter().map(|c| c.seq));
+    }
+    assert_eq!(handed, published, "in order, each once");
+    let stats = owner.reading_stats();
+    assert!(stats.delivered >= 40, "{stats:?}");
+    assert!(stats.reads <= 3, "read by sequence for batch after batch: {stats:?}");
+}
+
 /// An operator's unpin moves the partition: the next owner is pinned by the next delivery, and the old one hears
 /// it is lost, whatever it asks for.
 #[tokio::test]

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy, PriorityPolicy};
 use async_nats::jetstream::context::ConsumerInfoErrorKind;
-use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::{StatusCode, Subject};
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
@@ -154,14 +153,8 @@ impl JetStream {
 impl JetStream {
     /// The command sequence of `partition`'s last outcome (0: none), read from the stream leader.
     async fn partition_cursor(&self, partition: u32) -> Result<u64, Error> {
-        let filter = outcome_filter(partition);
-        match self.stream(EVT_STREAM)?.get_last_raw_message_by_subject(&filter).await {
-            Ok(message) => {
-                Ok(header(Some(&message.headers), crate::HEADER_CMD_SEQ).and_then(|seq| seq.parse().ok()).unwrap_or(0))
-            }
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(0),
-            Err(e) => Err(unavailable(&format!("cannot read the last message of {filter}"), e)),
-        }
+        let last = self.leader_last_message(EVT_STREAM, &outcome_filter(partition)).await?;
+        Ok(last.and_then(|message| header(Some(&message.headers), crate::HEADER_CMD_SEQ)?.parse().ok()).unwrap_or(0))
     }
 }
 
@@ -276,6 +269,11 @@ pub(crate) fn acked_sequence(reply: &str) -> Option<u64> {
 }
 
 impl JetStreamOwner {
+    /// What its reader saw: deliveries taken in, reads by sequence asked for, renumberings.
+    pub fn reading_stats(&self) -> crate::reading::ReaderStats {
+        self.reader.stats
+    }
+
     /// Takes in one message from the consumer: a delivery, or the status that ends a pull.
     fn handle(&mut self, message: async_nats::Message) -> Result<(), Error> {
         match message.status {

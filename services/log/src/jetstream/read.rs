@@ -102,13 +102,18 @@ impl JetStream {
     /// The sequence of the last message of `stream` matching `filter`, read from the stream leader. `whole`: the
     /// filter takes every subject of the stream (the stream's last sequence answers at once).
     pub(super) async fn leader_last(&self, stream: &str, filter: &str, whole: bool) -> Result<Option<u64>, Error> {
-        let stream = self.stream(stream)?;
         if whole {
-            let info = stream.get_info().await.map_err(|e| unavailable("cannot read the stream state", e))?;
+            let info =
+                self.stream(stream)?.get_info().await.map_err(|e| unavailable("cannot read the stream state", e))?;
             return Ok((info.state.last_sequence > 0).then_some(info.state.last_sequence));
         }
-        match stream.get_last_raw_message_by_subject(filter).await {
-            Ok(message) => Ok(Some(message.sequence)),
+        Ok(self.leader_last_message(stream, filter).await?.map(|message| message.sequence))
+    }
+
+    /// The last message of `stream` matching `filter`, read from the stream leader.
+    pub(super) async fn leader_last_message(&self, stream: &str, filter: &str) -> Result<Option<StreamMessage>, Error> {
+        match self.stream(stream)?.get_last_raw_message_by_subject(filter).await {
+            Ok(message) => Ok(Some(message)),
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
             Err(e) => Err(unavailable(&format!("cannot read the last message of {filter}"), e)),
         }
