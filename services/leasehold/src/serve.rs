@@ -21,6 +21,7 @@ use anyhow::Context;
 use leasehold_gateway::{Readiness, ReadyCheck};
 use leasehold_log::Log;
 use leasehold_log::embedded::Embedded;
+use leasehold_log::jetstream::is_worker_name;
 use leasehold_schemas::text::shown;
 use leasehold_worker::WorkerConfig;
 use tokio_util::sync::CancellationToken;
@@ -669,12 +670,10 @@ fn default_name(listen: SocketAddr) -> String {
     }
 }
 
-/// Whether `name` can be a worker's name: a key of the `LH_WORKERS` bucket (letters, digits, `-`, `_`, `=`, `/`,
-/// `.`, not starting or ending with a dot).
+/// Whether `name` can be a worker's name (the log's rule for its keys, [`is_worker_name`]).
 fn check_worker_name(name: &str) -> anyhow::Result<()> {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || "-_=/.".contains(c);
     anyhow::ensure!(
-        !name.is_empty() && name.chars().all(allowed) && !name.starts_with('.') && !name.ends_with('.'),
+        is_worker_name(name),
         "--name {name:?}: a worker's name is letters, digits, '-', '_', '=', '/' and '.' (not first or last)"
     );
     Ok(())

@@ -59,6 +59,7 @@ pub(crate) use append::{BatchAnswer, batch_answer, batch_refusal, dead_letter_me
 pub use owner::JetStreamOwner;
 pub(crate) use owner::acked_sequence;
 pub(crate) use read::{stored_dead_letter, stored_outcome};
+pub use workers::is_worker_name;
 
 use append::publish_command_error;
 use owner::pinned_client;

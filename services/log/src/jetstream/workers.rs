@@ -220,3 +220,11 @@ impl JetStream {
         Ok(workers)
     }
 }
+
+/// Whether `name` can name a worker: a key of the `LH_WORKERS` bucket (letters, digits, `-`, `_`, `=`, `/`, `.`,
+/// not starting or ending with a dot). A name that is not would make every liveness put fail, and the worker would
+/// act as if alone.
+pub fn is_worker_name(name: &str) -> bool {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-_=/.".contains(c);
+    !name.is_empty() && name.chars().all(allowed) && !name.starts_with('.') && !name.ends_with('.')
+}
