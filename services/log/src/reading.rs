@@ -44,8 +44,10 @@ pub enum Next {
     /// Commands to hand out, strictly in sequence after the cursor.
     Ready(Vec<CommandRecord>),
     /// Read by sequence after `after` (a delivery waits beyond what the reader can vouch for, or nothing is known
-    /// yet), then give the answer to [`Reader::read`]. `through`: the highest sequence delivered, which the read
-    /// should reach (from the stream's leader, if a replica lags).
+    /// yet), then give the answer to [`Reader::read`]. `through`: the lowest sequence at hand beyond `after`, which
+    /// the read should reach (from the stream's leader, if a replica lags) and need not pass: a read that reaches it
+    /// leaves nothing unknown up to it, and the deliveries link on from there. 0 when nothing is at hand beyond
+    /// `after`: read as far as the log goes.
     Read { after: u64, through: u64 },
     /// Nothing waits: wait for a delivery.
     Wait,
@@ -162,7 +164,7 @@ impl Reader {
         }
         let Some(mut known) = self.known else {
             self.stats.reads += 1;
-            return Next::Read { after, through: self.highest() };
+            return Next::Read { after, through: self.lowest_after(after) };
         };
         if after > known {
             // The caller is past what the reader knew (another writer decided those): nothing there is needed.
@@ -186,11 +188,17 @@ impl Reader {
         if !ready.is_empty() || max == 0 {
             return Next::Ready(ready);
         }
-        if self.held.range(known + 1..).next().is_some() {
+        let beyond = self.lowest_after(known);
+        if beyond > 0 {
             self.stats.reads += 1;
-            return Next::Read { after: known, through: self.highest() };
+            return Next::Read { after: known, through: beyond };
         }
         Next::Wait
+    }
+
+    /// The lowest sequence at hand beyond `seq` (0: none).
+    fn lowest_after(&self, seq: u64) -> u64 {
+        self.held.range(seq + 1..).next().map_or(0, |(&seq, _)| seq)
     }
 
     /// Everything up to `seq` is done with: its commands and links are dropped.
@@ -209,11 +217,6 @@ impl Reader {
     /// Up to where every command is known (`None`: nothing yet).
     pub fn known(&self) -> Option<u64> {
         self.known
-    }
-
-    /// The highest sequence at hand (0: none).
-    pub fn highest(&self) -> u64 {
-        self.held.last_key_value().map_or(0, |(&seq, _)| seq)
     }
 }
 
@@ -369,7 +372,7 @@ mod tests {
         // A number below one seen: the consumer numbers anew, and nothing it says links to the old numbers.
         reader.delivered(delivery(2, 5, true));
         assert_eq!(reader.stats.renumbered, 1);
-        assert_eq!(reader.next(3, 10), Next::Read { after: 3, through: 9 });
+        assert_eq!(reader.next(3, 10), Next::Read { after: 3, through: 5 });
         reader.read(3, vec![command(5), command(7), command(9)], 0);
         assert_eq!(seqs(reader.next(3, 10)), vec![5, 7, 9]);
     }
@@ -386,7 +389,7 @@ mod tests {
         reader.delivered(delivery(2, 10, true));
         reader.delivered(delivery(3, 12, true));
         assert_eq!(reader.stats.renumbered, 1);
-        assert_eq!(reader.next(4, 10), Next::Read { after: 4, through: 12 });
+        assert_eq!(reader.next(4, 10), Next::Read { after: 4, through: 10 });
     }
 
     /// A consumer reset (`$JS.API.CONSUMER.RESET`, `nats consumer reset`) numbers deliveries from 1 again and keeps
