@@ -1,6 +1,8 @@
 //! The tables a batch writes to: each redb table as it is ([`Tab::Direct`], the projector following the log), or
 //! behind a buffer in memory ([`Tab::Buffered`], a bulk rebuild) that keeps the chunk's last write of every key and
-//! writes them all, in key order, when the chunk ends ([`flush`]).
+//! writes them all, in key order, when the chunk ends ([`flush`]). A bulk rebuild writes one chunk while it folds
+//! the next: a read then sees the chunk's own writes, then the chunk's being written, then the tables as last
+//! committed.
 //!
 //! Both give the same content for the same writes: the fold that writes goes through the same code either way, and
 //! a read sees the buffer's write of a key before the table's. A bulk rebuild gains in that a record written many
@@ -17,7 +19,7 @@ pub(crate) type Pending = HashMap<Vec<u8>, Option<Vec<u8>>>;
 /// A table of a write transaction, written directly or through a chunk's buffer.
 pub(crate) enum Tab<'t, K: Key + 'static, V: Value + 'static> {
     Direct(redb::Table<'t, K, V>),
-    Buffered { table: redb::Table<'t, K, V>, pending: &'t mut Pending },
+    Buffered { table: redb::ReadOnlyTable<K, V>, previous: Option<&'t Pending>, pending: &'t mut Pending },
 }
 
 /// A value read from a [`Tab`]: from the table, or from the buffer.
@@ -70,9 +72,9 @@ impl<'t, K: Key + 'static, V: Value + 'static> Tab<'t, K, V> {
     ) -> Result<Option<Got<'_, V>>, redb::StorageError> {
         match self {
             Tab::Direct(table) => Ok(table.get(key)?.map(Got::Stored)),
-            Tab::Buffered { table, pending } => {
+            Tab::Buffered { table, previous, pending } => {
                 let bytes = K::as_bytes(key.borrow()).as_ref().to_vec();
-                match pending.get(&bytes) {
+                match pending.get(&bytes).or_else(|| previous.and_then(|previous| previous.get(&bytes))) {
                     Some(Some(value)) => Ok(Some(Got::Pending(value))),
                     Some(None) => Ok(None),
                     None => Ok(table.get(key)?.map(Got::Stored)),
@@ -82,14 +84,14 @@ impl<'t, K: Key + 'static, V: Value + 'static> Tab<'t, K, V> {
     }
 }
 
-/// Writes a chunk's buffer of one table into it, in the table's key order (one sorted run), and empties it.
+/// Writes a chunk's buffer of one table into it, in the table's key order (one sorted run).
 pub(crate) fn flush<K: Key + 'static, V: Value + 'static>(
     table: &mut redb::Table<'_, K, V>,
-    pending: &mut Pending,
+    pending: &Pending,
 ) -> Result<(), redb::StorageError> {
-    let mut rows: Vec<(Vec<u8>, Option<Vec<u8>>)> = pending.drain().collect();
+    let mut rows: Vec<(&Vec<u8>, &Option<Vec<u8>>)> = pending.iter().collect();
     rows.sort_unstable_by(|(a, _), (b, _)| K::compare(a, b));
-    for (key, value) in &rows {
+    for (key, value) in rows {
         match value {
             Some(value) => {
                 table.insert(K::from_bytes(key), V::from_bytes(value))?;
