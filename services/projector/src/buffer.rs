@@ -46,8 +46,20 @@ impl<'t, K: Key + 'static, V: Value + 'static> Tab<'t, K, V> {
         match self {
             Tab::Direct(table) => table.insert(key, value).map(drop),
             Tab::Buffered { pending, .. } => {
-                let key = K::as_bytes(key.borrow()).as_ref().to_vec();
-                pending.insert(key, Some(V::as_bytes(value.borrow()).as_ref().to_vec()));
+                let key = K::as_bytes(key.borrow());
+                let value = V::as_bytes(value.borrow());
+                // A record written again within the chunk (a resource through its life, the counts, the chain)
+                // takes the place of its last write, in the same allocation where it fits.
+                match pending.get_mut(key.as_ref()) {
+                    Some(Some(held)) => {
+                        held.clear();
+                        held.extend_from_slice(value.as_ref());
+                    }
+                    Some(held) => *held = Some(value.as_ref().to_vec()),
+                    None => {
+                        pending.insert(key.as_ref().to_vec(), Some(value.as_ref().to_vec()));
+                    }
+                }
                 Ok(())
             }
         }
@@ -73,11 +85,12 @@ impl<'t, K: Key + 'static, V: Value + 'static> Tab<'t, K, V> {
         match self {
             Tab::Direct(table) => Ok(table.get(key)?.map(Got::Stored)),
             Tab::Buffered { table, previous, pending } => {
-                let bytes = K::as_bytes(key.borrow()).as_ref().to_vec();
-                match pending.get(&bytes).or_else(|| previous.and_then(|previous| previous.get(&bytes))) {
+                let bytes = K::as_bytes(key.borrow());
+                let bytes = bytes.as_ref();
+                match pending.get(bytes).or_else(|| previous.and_then(|previous| previous.get(bytes))) {
                     Some(Some(value)) => Ok(Some(Got::Pending(value))),
                     Some(None) => Ok(None),
-                    None => Ok(table.get(key)?.map(Got::Stored)),
+                    None => Ok(table.get(key.borrow())?.map(Got::Stored)),
                 }
             }
         }

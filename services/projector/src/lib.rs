@@ -575,20 +575,24 @@ impl Bulk {
         Ok(())
     }
 
-    /// Waits for the chunk being written to be committed.
-    fn wait(&mut self) -> Result<(), Error> {
-        let Some((_, writer)) = self.writing.take() else { return Ok(()) };
+    /// Waits for the chunk being written to be committed; answers its buffers, emptied, to hold a next chunk at the
+    /// size they grew to.
+    fn wait(&mut self) -> Result<Option<Box<Buffers>>, Error> {
+        let Some((buffers, writer)) = self.writing.take() else { return Ok(None) };
         writer.join().map_err(|_| Error::Storage("the writer of a chunk panicked".to_owned()))??;
         self.projector.applied_tx.send_replace(self.projector.applied);
-        Ok(())
+        Ok(Arc::try_unwrap(buffers).ok().map(|mut buffers| {
+            buffers.clear();
+            Box::new(buffers)
+        }))
     }
 
     /// Hands the chunk folded to a writer of its own (once the one before is committed) and starts the next.
     fn hand_over(&mut self) -> Result<(), Error> {
-        self.wait()?;
+        let emptied = self.wait()?;
         // The next chunk reads what is committed now, and the chunk handed over until it is.
         self.committed = None;
-        let buffers: Arc<Buffers> = Arc::new(*std::mem::take(&mut self.buffers));
+        let buffers: Arc<Buffers> = Arc::new(*std::mem::replace(&mut self.buffers, emptied.unwrap_or_default()));
         let (db, written) = (self.projector.db.clone(), buffers.clone());
         let writer = std::thread::Builder::new()
             .name("projection-writer".to_owned())
@@ -701,6 +705,29 @@ struct Buffers {
 }
 
 impl Buffers {
+    /// Empties every buffer, keeping its room.
+    fn clear(&mut self) {
+        for pending in [
+            &mut self.meta,
+            &mut self.chain,
+            &mut self.resources,
+            &mut self.by_agent,
+            &mut self.by_state,
+            &mut self.leases,
+            &mut self.leases_by_resource,
+            &mut self.agents,
+            &mut self.pools,
+            &mut self.holders,
+            &mut self.placements,
+            &mut self.policies,
+            &mut self.outcomes,
+            &mut self.counts,
+            &mut self.timeline,
+        ] {
+            pending.clear();
+        }
+    }
+
     /// Writes every buffer into its table of `txn`, each as one sorted run.
     fn flush(&self, txn: &redb::WriteTransaction) -> Result<(), Error> {
         fn into<K: redb::Key + 'static, V: redb::Value + 'static>(
@@ -812,7 +839,12 @@ impl<'t> Tables<'t> {
             by_agent: tab(committed, RESOURCES_BY_AGENT, p.map(|p| &p.by_agent), &mut b.by_agent)?,
             by_state: tab(committed, RESOURCES_BY_STATE, p.map(|p| &p.by_state), &mut b.by_state)?,
             leases: tab(committed, LEASES, p.map(|p| &p.leases), &mut b.leases)?,
-            leases_by_resource: tab(committed, LEASES_BY_RESOURCE, p.map(|p| &p.leases_by_resource), &mut b.leases_by_resource)?,
+            leases_by_resource: tab(
+                committed,
+                LEASES_BY_RESOURCE,
+                p.map(|p| &p.leases_by_resource),
+                &mut b.leases_by_resource,
+            )?,
             agents: tab(committed, AGENTS, p.map(|p| &p.agents), &mut b.agents)?,
             pools: tab(committed, POOLS, p.map(|p| &p.pools), &mut b.pools)?,
             holders: tab(committed, HOLDERS, p.map(|p| &p.holders), &mut b.holders)?,
