@@ -13,6 +13,11 @@
 //! has a time limit, no heartbeats), so nothing needs a sweeper. Commands and outcomes are dense from sequence 1,
 //! each command right before its outcome, and the `Lh-Prev-Seq` chain of each partition is the writers'. The log
 //! ends at `--outcomes N` (default 1,000,000); it holds about 1.5 effects per outcome (both counts are printed).
+//! The log's clock moves 1 ms every 16 commands (about a minute for a million), far within the domain's 24-hour
+//! outcome horizon, so the partitions keep every resource they ended and their states grow with the log. With
+//! `--ms-per-command M --horizon-ms H` (the file only) the clock moves M ms a command and each partition's first
+//! command sets its horizon to H: a log that spans several horizons, whose partitions forget what ended a horizon
+//! before, as a long-lived log's do; its peak memory then shows what replay holds besides the live state.
 //!
 //! **From the export file** it writes to a temporary directory (read from the page cache, having just been
 //! written):
@@ -25,7 +30,8 @@
 //!   every outcome re-decided equal;
 //! - *rebuild*: a projection in a new directory ([`Projector::open`]) dropped and folded from sequence 1 in bulk
 //!   ([`crate::rebuild_projection`], what `leasehold-replay rebuild` runs: [`leasehold_projector::Bulk`], one
-//!   durable redb transaction per [`leasehold_projector::BULK_CHUNK`] outcomes).
+//!   durable redb transaction per [`leasehold_projector::BULK_CHUNK`] outcomes, written while the next chunk is
+//!   folded).
 //!
 //! **From JetStream** (`--nats URL`, a server with no leasehold log yet, whose leasehold streams are deleted at the
 //! end; by default a `nats-server` of its own from `PATH` on a random port of 127.0.0.1, stopped by its pid at the

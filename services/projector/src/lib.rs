@@ -498,12 +498,15 @@ pub struct Bulk {
     projector: Projector,
     buffers: Box<Buffers>,
     /// The chunk being written, and its writer.
-    writing: Option<(Arc<Buffers>, std::thread::JoinHandle<Result<(), Error>>)>,
+    writing: Option<(Arc<Buffers>, Writer)>,
     /// The tables as last committed, before the chunk being written.
     committed: Option<redb::ReadTransaction>,
     in_chunk: usize,
     chunk: usize,
 }
+
+/// The thread that writes and commits a chunk of a bulk rebuild.
+type Writer = std::thread::JoinHandle<Result<(), Error>>;
 
 impl std::fmt::Debug for Bulk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
