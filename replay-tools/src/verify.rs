@@ -98,6 +98,26 @@ pub struct Projection {
     pub digests: std::collections::BTreeMap<String, String>,
 }
 
+/// The fresh fold a projection is compared with: a projection of its own in a temporary directory, built in bulk
+/// ([`leasehold_projector::Bulk`]) up to the outcome the recorded one is as of, so that its memory is two chunks'
+/// writes and redb's cache whatever the log's length.
+struct Fresh {
+    bulk: Option<leasehold_projector::Bulk>,
+    recorded: Projection,
+    batch: Vec<leasehold_log::StoredOutcome>,
+    /// Removed when the verifier is dropped.
+    _dir: tempfile::TempDir,
+}
+
+impl Fresh {
+    fn new(partitions: u32, recorded: Projection) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let cache = leasehold_projector::BULK_CACHE_BYTES;
+        let projector = leasehold_projector::Projector::open_with_cache(dir.path(), partitions, cache)?;
+        Ok(Fresh { bulk: Some(projector.into_bulk()?), recorded, batch: Vec::new(), _dir: dir })
+    }
+}
+
 /// The facts about claims that span partitions, kept across the whole fold.
 #[derive(Debug, Default)]
 struct Claims {
@@ -144,7 +164,7 @@ pub struct Verifier {
     last_taken: u64,
     report: Report,
     claims: Claims,
-    fresh: Option<(leasehold_projector::Projector, Projection, Vec<leasehold_log::StoredOutcome>)>,
+    fresh: Option<Fresh>,
     threads: usize,
     /// The partitions' threads of the run: partition `p` is checked by thread `p % workers`.
     workers: usize,
@@ -233,7 +253,7 @@ impl Verifier {
     /// A verifier of a log of `partitions` partitions; `projection`: one to compare with a fresh fold.
     pub fn new(partitions: u32, projection: Option<Projection>) -> anyhow::Result<Self> {
         let fresh = match projection {
-            Some(projection) => Some((leasehold_projector::Projector::in_memory(partitions)?, projection, Vec::new())),
+            Some(recorded) => Some(Fresh::new(partitions, recorded)?),
             None => None,
         };
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -276,7 +296,7 @@ impl Verifier {
         mut entries: futures::stream::BoxStream<'static, Result<leasehold_log::export::Entry, leasehold_log::Error>>,
         mut progress: impl FnMut(u64),
     ) -> anyhow::Result<Report> {
-        let projected = self.fresh.as_ref().map(|(_, recorded, _)| recorded.applied);
+        let projected = self.fresh.as_ref().map(|fresh| fresh.recorded.applied);
         let workers = self.threads.min(self.partitions.max(1) as usize);
         self.workers = workers;
         let mut checkers = Checkers::start(std::mem::take(&mut self.parts), workers, projected)?;
@@ -441,26 +461,32 @@ impl Verifier {
     /// Feeds the fresh projection, and compares it with the recorded one once it has reached the outcome the
     /// recorded one is as of (the partitions' threads hand over only the outcomes up to it).
     fn project(&mut self, stored: leasehold_log::StoredOutcome) -> Result<(), Failure> {
-        let Some((projector, recorded, batch)) = &mut self.fresh else { return Ok(()) };
+        let Some(fresh) = &mut self.fresh else { return Ok(()) };
         let (seq, partition) = (stored.seq, stored.partition);
-        batch.push(stored);
-        if batch.len() >= leasehold_projector::MAX_BATCH || seq == recorded.applied {
-            projector
-                .apply_batch(batch)
+        fresh.batch.push(stored);
+        if fresh.batch.len() >= leasehold_projector::MAX_BATCH || seq == fresh.recorded.applied {
+            let decoded = fresh.batch.iter().map(leasehold_projector::decode).collect();
+            let bulk = fresh.bulk.as_mut().expect("the fresh projection is compared once, at its end");
+            bulk.apply(&fresh.batch, decoded, &std::collections::BTreeMap::new())
                 .map_err(|e| Failure::outcome(seq, partition, format!("the fresh projection: {e}")))?;
-            batch.clear();
+            fresh.batch.clear();
         }
-        if seq == recorded.applied {
+        if seq == fresh.recorded.applied {
             self.compare_projection(seq, partition)?;
         }
         Ok(())
     }
 
     fn compare_projection(&mut self, seq: u64, partition: u32) -> Result<(), Failure> {
-        let Some((projector, recorded, _)) = self.fresh.take() else { return Ok(()) };
-        let fresh = projector
-            .digests()
-            .map_err(|e| Failure::outcome(seq, partition, format!("the fresh projection's digests: {e}")))?;
+        let Some(fresh) = self.fresh.take() else { return Ok(()) };
+        let recorded = &fresh.recorded;
+        let digests = |e: leasehold_projector::Error| {
+            Failure::outcome(seq, partition, format!("the fresh projection's digests: {e}"))
+        };
+        let projector =
+            fresh.bulk.expect("the fresh projection is compared once, at its end").finish().map_err(digests)?;
+        let fresh_digests = projector.digests().map_err(digests)?;
+        let fresh = &fresh_digests;
         let mut differing: Vec<String> = fresh
             .iter()
             .filter(|(table, digest)| recorded.digests.get(**table) != Some(*digest))
@@ -486,7 +512,7 @@ impl Verifier {
 
     async fn finish(&mut self) -> Result<(), Failure> {
         let last_outcome = self.last_taken;
-        if let Some((_, recorded, _)) = &self.fresh {
+        if let Some(Fresh { recorded, .. }) = &self.fresh {
             if recorded.applied > last_outcome {
                 return Err(Failure {
                     what: "outcome",
