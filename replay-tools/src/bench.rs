@@ -13,6 +13,11 @@
 //! has a time limit, no heartbeats), so nothing needs a sweeper. Commands and outcomes are dense from sequence 1,
 //! each command right before its outcome, and the `Lh-Prev-Seq` chain of each partition is the writers'. The log
 //! ends at `--outcomes N` (default 1,000,000); it holds about 1.5 effects per outcome (both counts are printed).
+//! The log's clock moves 1 ms every 16 commands (about a minute for a million), far within the domain's 24-hour
+//! outcome horizon, so the partitions keep every resource they ended and their states grow with the log. With
+//! `--ms-per-command M --horizon-ms H` (the file only) the clock moves M ms a command and each partition's first
+//! command sets its horizon to H: a log that spans several horizons, whose partitions forget what ended a horizon
+//! before, as a long-lived log's do; its peak memory then shows what replay holds besides the live state.
 //!
 //! **From the export file** it writes to a temporary directory (read from the page cache, having just been
 //! written):
@@ -25,7 +30,8 @@
 //!   every outcome re-decided equal;
 //! - *rebuild*: a projection in a new directory ([`Projector::open`]) dropped and folded from sequence 1 in bulk
 //!   ([`crate::rebuild_projection`], what `leasehold-replay rebuild` runs: [`leasehold_projector::Bulk`], one
-//!   durable redb transaction per [`leasehold_projector::BULK_CHUNK`] outcomes).
+//!   durable redb transaction per [`leasehold_projector::BULK_CHUNK`] outcomes, written while the next chunk is
+//!   folded).
 //!
 //! **From JetStream** (`--nats URL`, a server with no leasehold log yet, whose leasehold streams are deleted at the
 //! end; by default a `nats-server` of its own from `PATH` on a random port of 127.0.0.1, stopped by its pid at the
@@ -68,10 +74,11 @@ use leasehold_log::nats_server::NatsServer;
 use leasehold_log::{CommandRecord, Log, OutcomeRecord, StoredOutcome};
 use leasehold_projector::Projector;
 use leasehold_schemas::command::{
-    Acquire, Allocate, Pause, Register, Release, ReleaseLease, ReportCreated, SyncReport, Unpause, Update,
+    Acquire, Allocate, Pause, Register, Release, ReleaseLease, ReportCreated, SetPartitionSettings, SyncReport,
+    Unpause, Update,
 };
-use leasehold_schemas::ids::{AgentName, CommandId, Issuer, LeaseId, Position, ResourceId, Timestamp};
-use leasehold_schemas::subjects::{command_subject, partition_of_agent};
+use leasehold_schemas::ids::{AgentName, CommandId, Issuer, LeaseId, Millis, Position, ResourceId, Timestamp};
+use leasehold_schemas::subjects::{command_subject, partition_of_agent, settings_key};
 use leasehold_schemas::{Command, Effect, Envelope, Outcome, Uuid, codec};
 use serde::Serialize;
 
@@ -98,6 +105,14 @@ pub struct BenchArgs {
     /// The seed of the interleaving.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Milliseconds of log time between commands (default: 1 ms every 16 commands, a busy cluster's pace).
+    #[arg(long, requires = "no_nats")]
+    pub ms_per_command: Option<u64>,
+    /// Each partition's outcome horizon, set by a first command of each partition (`set-partition-settings`;
+    /// at least 60000): with `--ms-per-command`, a log that spans several horizons, whose ended resources each
+    /// partition forgets a horizon later (default: the domain's 24 hours, which the default log never reaches).
+    #[arg(long, requires = "no_nats")]
+    pub horizon_ms: Option<u64>,
     /// A NATS server with no leasehold log yet; the log loaded into it is deleted at the end (default: start a
     /// nats-server of its own from PATH).
     #[arg(long, conflicts_with = "no_nats")]
@@ -215,6 +230,10 @@ pub struct GenConfig {
     pub seed: u64,
     /// The log time of the first command; the log's clock moves 1 ms every [`COMMANDS_PER_MS`] commands.
     pub start: Timestamp,
+    /// Instead, the log's clock moves this many milliseconds every command.
+    pub ms_per_command: Option<u64>,
+    /// Each partition's outcome horizon, set by its first command (none: the domain's default).
+    pub horizon: Option<Millis>,
 }
 
 /// Commands per millisecond of the generated log's clock (about what a busy cluster takes).
@@ -259,6 +278,7 @@ struct GenAgent {
 /// Which agent and cycle a command came from, to learn from its outcome.
 #[derive(Debug, Clone, Copy)]
 enum Origin {
+    Settings,
     Register(usize),
     Cycle(usize, usize),
 }
@@ -270,6 +290,9 @@ struct Generator {
     clock: Timestamp,
     n_ids: u64,
     n_commands: u64,
+    ms_per_command: Option<u64>,
+    /// The partitions whose horizon is still to be set, with the horizon.
+    settings: Vec<(u32, u32, Millis)>,
 }
 
 /// splitmix64: a fixed, seeded interleaving with no dependency.
@@ -307,7 +330,19 @@ impl Generator {
                 cycles: vec![cycle; config.resources_per_agent],
             });
         }
-        Ok(Generator { agents, random: config.seed, clock: config.start, n_ids: 0, n_commands: 0 })
+        let settings = match config.horizon {
+            Some(horizon) => (0..config.partitions).rev().map(|p| (p, config.partitions, horizon)).collect(),
+            None => Vec::new(),
+        };
+        Ok(Generator {
+            agents,
+            random: config.seed,
+            clock: config.start,
+            n_ids: 0,
+            n_commands: 0,
+            ms_per_command: config.ms_per_command,
+            settings,
+        })
     }
 
     fn entropy(&mut self, tag: u8) -> [u8; 10] {
@@ -321,10 +356,29 @@ impl Generator {
     /// The next command: from an agent picked at random, its registration first, then a step of one of its
     /// cycles picked at random. Returns its partition, the envelope, its log time and where it came from.
     fn next(&mut self, writers: &Writers) -> anyhow::Result<(u32, Envelope, Timestamp, Origin)> {
-        if self.n_commands > 0 && self.n_commands.is_multiple_of(COMMANDS_PER_MS) {
-            self.clock = Timestamp(self.clock.0 + 1);
+        match self.ms_per_command {
+            Some(ms) if self.n_commands > 0 => self.clock = Timestamp(self.clock.0 + ms),
+            Some(_) => {}
+            None if self.n_commands > 0 && self.n_commands.is_multiple_of(COMMANDS_PER_MS) => {
+                self.clock = Timestamp(self.clock.0 + 1);
+            }
+            None => {}
         }
         self.n_commands += 1;
+        if let Some((partition, partitions, horizon)) = self.settings.pop() {
+            let now = self.clock;
+            let body = SetPartitionSettings {
+                key: settings_key(partition, partitions),
+                partition,
+                outcome_horizon: Some(horizon),
+                policy: None,
+                if_no_policy: false,
+                gc: None,
+                max_priority: None,
+            };
+            let envelope = Envelope::new(CommandId::from_parts(now.0, self.entropy(2)), issuer(OPERATOR)?, now, body);
+            return Ok((partition, envelope, now, Origin::Settings));
+        }
         let a = (next_random(&mut self.random) % self.agents.len() as u64) as usize;
         let k = (next_random(&mut self.random) % self.agents[a].cycles.len() as u64) as usize;
         let now = self.clock;
@@ -425,6 +479,7 @@ impl Generator {
     /// Learns what the next commands need from an accepted outcome (an epoch, a token) and moves the cycle on.
     fn learn(&mut self, from: Origin, outcome: &Outcome) -> anyhow::Result<()> {
         match from {
+            Origin::Settings => {}
             Origin::Register(a) => {
                 let epoch = outcome
                     .positioned_effects()
@@ -981,6 +1036,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         resources_per_agent: args.resources_per_agent,
         seed: args.seed,
         start: Timestamp(u64::try_from(start_ms)?),
+        ms_per_command: args.ms_per_command,
+        horizon: args.horizon_ms.map(Millis),
     };
     eprintln!("generating {} outcomes over {} partitions into {}...", args.outcomes, args.partitions, file.display());
     let started = Instant::now();

@@ -430,14 +430,9 @@ async fn rebuild(
         })?;
     let started = Instant::now();
     let mut progress = Progress::new(entries.last_outcome, "rebuild");
-    let mut projector = projector;
     let rebuilt = match source {
-        Source::Embedded { log, .. } => {
-            rebuild_from_log(&mut projector, log, entries.entries, |seq| progress.at(seq)).await.map(|()| projector)
-        }
-        Source::Nats { log, .. } => {
-            rebuild_from_log(&mut projector, log, entries.entries, |seq| progress.at(seq)).await.map(|()| projector)
-        }
+        Source::Embedded { log, .. } => rebuild_from_log(projector, log, entries.entries, |seq| progress.at(seq)).await,
+        Source::Nats { log, .. } => rebuild_from_log(projector, log, entries.entries, |seq| progress.at(seq)).await,
         Source::File { .. } | Source::Server { .. } => {
             rebuild_projection(projector, entries.entries, |seq| progress.at(seq)).await
         }
@@ -548,28 +543,48 @@ pub async fn rebuild_projection(
     Ok(bulk.expect("the bulk rebuild is back from its last batch").finish()?)
 }
 
-/// [`rebuild_projection`] from `log`'s outcomes (`outcomes`, no command), the projector reading from `log` the
-/// commands of the steps without effect ([`leasehold_projector::Projector::apply_batch_from`]).
+/// [`rebuild_projection`] from `log`'s outcomes (`outcomes`, no command), in bulk as well, reading from `log` the
+/// commands of the steps without effect (a rejection names what it refused only in its command), as
+/// [`leasehold_projector::Projector::apply_batch_from`] does: the same tables.
 async fn rebuild_from_log<L: leasehold_log::Log>(
-    projector: &mut leasehold_projector::Projector,
+    projector: leasehold_projector::Projector,
     log: &L,
     mut outcomes: futures::stream::BoxStream<'static, Result<Entry, leasehold_log::Error>>,
     mut progress: impl FnMut(u64),
-) -> anyhow::Result<()> {
-    projector.drop_all()?;
-    let mut batch = Vec::with_capacity(leasehold_projector::MAX_BATCH);
-    while let Some(entry) = outcomes.next().await {
-        if let Entry::Outcome(o) = entry? {
+) -> anyhow::Result<leasehold_projector::Projector> {
+    let mut bulk = projector.into_bulk()?;
+    let mut batch = Vec::with_capacity(REBUILD_BATCH);
+    loop {
+        let next = outcomes.next().await;
+        let ended = next.is_none();
+        if let Some(entry) = next
+            && let Entry::Outcome(o) = entry?
+        {
             progress(o.seq);
             batch.push(o);
-            if batch.len() >= leasehold_projector::MAX_BATCH {
-                projector.apply_batch_from(log, &batch).await?;
-                batch.clear();
+        }
+        if batch.len() >= REBUILD_BATCH || (ended && !batch.is_empty()) {
+            let decoded: Vec<_> = batch.iter().map(leasehold_projector::decode).collect();
+            let wanted: std::collections::BTreeSet<u64> = decoded
+                .iter()
+                .filter_map(|outcome| outcome.as_ref().ok().filter(|o| o.effects().is_empty()).map(|o| o.cmd_seq))
+                .collect();
+            // A few reads at a time: on JetStream each is a round trip.
+            let read: Vec<_> =
+                futures::stream::iter(wanted).map(|seq| log.command_at(seq)).buffered(16).collect().await;
+            let mut held = BTreeMap::new();
+            for command in read {
+                if let Some(command) = command? {
+                    held.insert(command.seq, command);
+                }
             }
+            bulk.apply(&batch, decoded, &held)?;
+            batch.clear();
+        }
+        if ended {
+            return Ok(bulk.finish()?);
         }
     }
-    projector.apply_batch_from(log, &batch).await?;
-    Ok(())
 }
 
 fn progress_rate(n: u64, elapsed: Duration) -> f64 {

@@ -98,6 +98,26 @@ pub struct Projection {
     pub digests: std::collections::BTreeMap<String, String>,
 }
 
+/// The fresh fold a projection is compared with: a projection of its own in a temporary directory, built in bulk
+/// ([`leasehold_projector::Bulk`]) up to the outcome the recorded one is as of, so that its memory is two chunks'
+/// writes and redb's cache whatever the log's length.
+struct Fresh {
+    bulk: Option<leasehold_projector::Bulk>,
+    recorded: Projection,
+    batch: Vec<leasehold_log::StoredOutcome>,
+    /// Removed when the verifier is dropped.
+    _dir: tempfile::TempDir,
+}
+
+impl Fresh {
+    fn new(partitions: u32, recorded: Projection) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let cache = leasehold_projector::BULK_CACHE_BYTES;
+        let projector = leasehold_projector::Projector::open_with_cache(dir.path(), partitions, cache)?;
+        Ok(Fresh { bulk: Some(projector.into_bulk()?), recorded, batch: Vec::new(), _dir: dir })
+    }
+}
+
 /// The facts about claims that span partitions, kept across the whole fold.
 #[derive(Debug, Default)]
 struct Claims {
@@ -117,16 +137,21 @@ impl std::fmt::Debug for Verifier {
     }
 }
 
-/// How many entries are read before they are checked, a batch at a time: each batch's partitions are checked on
-/// several threads while the next batch is read. Two batches are held at most, so memory does not grow with the log.
-pub const BATCH_ENTRIES: usize = 8192;
+/// How many entries are read before they are handed to the partitions' threads, a batch at a time: the threads
+/// check the batches before while the next one is read. [`IN_FLIGHT`] batches and one more are held at most, so
+/// memory does not grow with the log.
+pub const BATCH_ENTRIES: usize = 2048;
+
+/// Batches handed to the partitions' threads ahead of the merge: memory holds at most this many and one more.
+const IN_FLIGHT: usize = 8;
 
 /// The checks of a log, partition by partition on several threads, merged in the log's order.
 ///
 /// Partitions are independent: every check of a step but the claims across partitions ([`Claims`]) reads its own
-/// partition's state only. So the entries are read a batch at a time ([`BATCH_ENTRIES`]) and each batch's partitions
-/// are checked on up to [`std::thread::available_parallelism`] threads (decoding, deciding again, folding, the
-/// invariants), while the next batch is read; then the batch's results are taken in the log's order: the counts of
+/// partition's state only. So each partition is checked on one of up to [`std::thread::available_parallelism`]
+/// threads for the whole run (decoding, deciding again, folding, the invariants: partition `p` on thread
+/// `p % threads`), fed a batch at a time ([`BATCH_ENTRIES`]) while the reading goes on, up to [`IN_FLIGHT`]
+/// batches ahead; the oldest batch's results are taken in the log's order: the counts of
 /// the report, the claims across partitions, the fresh projection, and the first failure, which ends the run. The
 /// report is the one a fold of the whole log in order would give, failure included: a partition's failure stops
 /// that partition, and whatever the other partitions checked after it in the log is not counted.
@@ -139,8 +164,10 @@ pub struct Verifier {
     last_taken: u64,
     report: Report,
     claims: Claims,
-    fresh: Option<(leasehold_projector::Projector, Projection, Vec<leasehold_log::StoredOutcome>)>,
+    fresh: Option<Fresh>,
     threads: usize,
+    /// The partitions' threads of the run: partition `p` is checked by thread `p % workers`.
+    workers: usize,
 }
 
 /// One partition's checks: its fold, and the outcomes since its last whole-partition check.
@@ -149,6 +176,9 @@ struct PartitionCheck {
     partition: u32,
     fold: PartitionFold,
     since_full: u64,
+    /// A check of the partition failed: its later entries are not checked (the merge stops at that failure, or at
+    /// one before it in the log's order).
+    failed: bool,
 }
 
 /// Where an entry of a batch is checked, in the log's order.
@@ -223,7 +253,7 @@ impl Verifier {
     /// A verifier of a log of `partitions` partitions; `projection`: one to compare with a fresh fold.
     pub fn new(partitions: u32, projection: Option<Projection>) -> anyhow::Result<Self> {
         let fresh = match projection {
-            Some(projection) => Some((leasehold_projector::Projector::in_memory(partitions)?, projection, Vec::new())),
+            Some(recorded) => Some(Fresh::new(partitions, recorded)?),
             None => None,
         };
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -234,6 +264,7 @@ impl Verifier {
                     partition,
                     fold: PartitionFold::new(partition, partitions),
                     since_full: 0,
+                    failed: false,
                 })
                 .collect(),
             last_outcome: 0,
@@ -242,6 +273,7 @@ impl Verifier {
             claims: Claims::default(),
             fresh,
             threads,
+            workers: 1,
         })
     }
 
@@ -264,36 +296,32 @@ impl Verifier {
         mut entries: futures::stream::BoxStream<'static, Result<leasehold_log::export::Entry, leasehold_log::Error>>,
         mut progress: impl FnMut(u64),
     ) -> anyhow::Result<Report> {
-        let projected = self.fresh.as_ref().map(|(_, recorded, _)| recorded.applied);
-        let mut in_flight: Option<tokio::task::JoinHandle<Batch>> = None;
+        let projected = self.fresh.as_ref().map(|fresh| fresh.recorded.applied);
+        let workers = self.threads.min(self.partitions.max(1) as usize);
+        self.workers = workers;
+        let mut checkers = Checkers::start(std::mem::take(&mut self.parts), workers, projected)?;
+        // The slots of the batches handed to the partitions' threads and not merged yet, oldest first.
+        let mut pending: std::collections::VecDeque<Vec<Slot>> = std::collections::VecDeque::new();
         loop {
-            // Read the next batch while the one before is checked.
             let (slots, queues, end) = self.read_batch(&mut entries).await;
-            if let Some(checking) = in_flight.take() {
-                let batch = checking.await?;
-                self.parts = batch.parts;
-                if self.merge(&batch.slots, batch.results, &mut progress) {
+            if !slots.is_empty() {
+                checkers.hand(queues).await?;
+                pending.push_back(slots);
+            }
+            let done = end.is_some();
+            // Merge the oldest batches once enough are ahead (all of them at the end): the threads check the next
+            // ones meanwhile, each at its own pace.
+            while pending.len() > IN_FLIGHT || (done && !pending.is_empty()) {
+                let slots = pending.pop_front().expect("looked at its length");
+                let results = checkers.results().await?;
+                if self.merge(&slots, results, &mut progress) {
+                    checkers.stop().await;
                     return Ok(self.finish_report());
                 }
             }
-            let done = end.is_some();
-            if !slots.is_empty() {
-                let parts = std::mem::take(&mut self.parts);
-                let threads = self.threads;
-                in_flight = Some(tokio::task::spawn_blocking(move || {
-                    let (parts, results) = check_batch(parts, queues, projected, threads);
-                    Batch { parts, slots, results }
-                }));
-            }
-            if done {
-                if let Some(checking) = in_flight.take() {
-                    let batch = checking.await?;
-                    self.parts = batch.parts;
-                    if self.merge(&batch.slots, batch.results, &mut progress) {
-                        return Ok(self.finish_report());
-                    }
-                }
-                if let Some(Err(e)) = end {
+            if let Some(end) = end {
+                if let Err(e) = end {
+                    checkers.stop().await;
                     // A source that cannot be read (a damaged file, a cut stream, the log unreachable) says nothing
                     // about the log: the tool could not do what was asked.
                     anyhow::bail!("reading the log after outcome {}: {e}", self.last_taken);
@@ -301,6 +329,7 @@ impl Verifier {
                 break;
             }
         }
+        self.parts = checkers.finish().await?;
         if let Err(failure) = self.finish().await {
             self.fail(failure);
         }
@@ -316,7 +345,7 @@ impl Verifier {
         entries: &mut futures::stream::BoxStream<'static, Result<leasehold_log::export::Entry, leasehold_log::Error>>,
     ) -> (Vec<Slot>, Vec<Vec<Entry>>, Option<Result<(), leasehold_log::Error>>) {
         let mut slots = Vec::with_capacity(BATCH_ENTRIES);
-        let mut queues: Vec<Vec<Entry>> = (0..self.partitions).map(|_| Vec::new()).collect();
+        let mut queues: Vec<Vec<Entry>> = (0..self.workers).map(|_| Vec::with_capacity(BATCH_ENTRIES)).collect();
         while slots.len() < BATCH_ENTRIES {
             let entry = match entries.next().await {
                 None => return (slots, queues, Some(Ok(()))),
@@ -340,7 +369,7 @@ impl Verifier {
             };
             match checked {
                 Ok(partition) => {
-                    queues[partition as usize].push(entry);
+                    queues[partition as usize % self.workers].push(entry);
                     slots.push(Slot::Partition(partition));
                 }
                 Err(failure) => {
@@ -352,7 +381,8 @@ impl Verifier {
         (slots, queues, None)
     }
 
-    /// Takes a checked batch in the log's order; answers whether the run ends (at a failure).
+    /// Takes a checked batch in the log's order (`results`: each thread's, in its order); answers whether the run
+    /// ends (at a failure).
     fn merge(&mut self, slots: &[Slot], results: Vec<Vec<Checked>>, progress: &mut impl FnMut(u64)) -> bool {
         let mut results: Vec<std::vec::IntoIter<Checked>> = results.into_iter().map(Vec::into_iter).collect();
         for slot in slots {
@@ -365,7 +395,7 @@ impl Verifier {
                     self.fail(failure.clone());
                     return true;
                 }
-                Slot::Partition(p) => results[*p as usize]
+                Slot::Partition(p) => results[*p as usize % self.workers]
                     .next()
                     .expect("a partition's thread checks its entries up to its first failure, which ends the merge"),
             };
@@ -431,26 +461,32 @@ impl Verifier {
     /// Feeds the fresh projection, and compares it with the recorded one once it has reached the outcome the
     /// recorded one is as of (the partitions' threads hand over only the outcomes up to it).
     fn project(&mut self, stored: leasehold_log::StoredOutcome) -> Result<(), Failure> {
-        let Some((projector, recorded, batch)) = &mut self.fresh else { return Ok(()) };
+        let Some(fresh) = &mut self.fresh else { return Ok(()) };
         let (seq, partition) = (stored.seq, stored.partition);
-        batch.push(stored);
-        if batch.len() >= leasehold_projector::MAX_BATCH || seq == recorded.applied {
-            projector
-                .apply_batch(batch)
+        fresh.batch.push(stored);
+        if fresh.batch.len() >= leasehold_projector::MAX_BATCH || seq == fresh.recorded.applied {
+            let decoded = fresh.batch.iter().map(leasehold_projector::decode).collect();
+            let bulk = fresh.bulk.as_mut().expect("the fresh projection is compared once, at its end");
+            bulk.apply(&fresh.batch, decoded, &std::collections::BTreeMap::new())
                 .map_err(|e| Failure::outcome(seq, partition, format!("the fresh projection: {e}")))?;
-            batch.clear();
+            fresh.batch.clear();
         }
-        if seq == recorded.applied {
+        if seq == fresh.recorded.applied {
             self.compare_projection(seq, partition)?;
         }
         Ok(())
     }
 
     fn compare_projection(&mut self, seq: u64, partition: u32) -> Result<(), Failure> {
-        let Some((projector, recorded, _)) = self.fresh.take() else { return Ok(()) };
-        let fresh = projector
-            .digests()
-            .map_err(|e| Failure::outcome(seq, partition, format!("the fresh projection's digests: {e}")))?;
+        let Some(fresh) = self.fresh.take() else { return Ok(()) };
+        let recorded = &fresh.recorded;
+        let digests = |e: leasehold_projector::Error| {
+            Failure::outcome(seq, partition, format!("the fresh projection's digests: {e}"))
+        };
+        let projector =
+            fresh.bulk.expect("the fresh projection is compared once, at its end").finish().map_err(digests)?;
+        let fresh_digests = projector.digests().map_err(digests)?;
+        let fresh = &fresh_digests;
         let mut differing: Vec<String> = fresh
             .iter()
             .filter(|(table, digest)| recorded.digests.get(**table) != Some(*digest))
@@ -476,7 +512,7 @@ impl Verifier {
 
     async fn finish(&mut self) -> Result<(), Failure> {
         let last_outcome = self.last_taken;
-        if let Some((_, recorded, _)) = &self.fresh {
+        if let Some(Fresh { recorded, .. }) = &self.fresh {
             if recorded.applied > last_outcome {
                 return Err(Failure {
                     what: "outcome",
@@ -518,35 +554,125 @@ impl Verifier {
     }
 }
 
-/// A batch checked on the partitions' threads: the partitions back, the slots in the log's order, and each
-/// partition's results in its order.
-struct Batch {
-    parts: Vec<PartitionCheck>,
-    slots: Vec<Slot>,
-    results: Vec<Vec<Checked>>,
+/// The partitions' threads: partition `p` is checked by thread `p % threads`, which holds its state for the whole
+/// run. Each batch gives every thread its entries (in the log's order) and takes back their results, so a thread
+/// goes on with the next batch while another finishes this one: no thread waits for the others but at the end.
+struct Checkers {
+    inputs: Vec<tokio::sync::mpsc::Sender<Vec<Entry>>>,
+    outputs: Vec<tokio::sync::mpsc::UnboundedReceiver<Vec<Checked>>>,
+    threads: Vec<std::thread::JoinHandle<Vec<PartitionCheck>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// Checks each partition's queue of a batch, partitions spread over `threads` threads; answers the partitions
-/// and their results, in partition order. `projected`: the outcome the fresh projection goes to, if any.
-fn check_batch(
-    parts: Vec<PartitionCheck>,
-    queues: Vec<Vec<Entry>>,
-    projected: Option<u64>,
-    threads: usize,
-) -> (Vec<PartitionCheck>, Vec<Vec<Checked>>) {
-    let work: Vec<(PartitionCheck, Vec<Entry>)> = parts.into_iter().zip(queues).collect();
-    on_threads(work, threads, |(mut part, queue)| {
-        let results = part.check_queue(queue, projected);
-        (part, results)
-    })
-    .into_iter()
-    .unzip()
-}
-
-impl Weighed for (PartitionCheck, Vec<Entry>) {
-    fn weight(&self) -> usize {
-        self.1.len()
+impl Checkers {
+    fn start(parts: Vec<PartitionCheck>, workers: usize, projected: Option<u64>) -> anyhow::Result<Self> {
+        let mut groups: Vec<Vec<PartitionCheck>> = (0..workers).map(|_| Vec::new()).collect();
+        for part in parts {
+            groups[part.partition as usize % workers].push(part);
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut checkers = Checkers { inputs: Vec::new(), outputs: Vec::new(), threads: Vec::new(), stop };
+        for group in groups {
+            let (input, mut batches) = tokio::sync::mpsc::channel::<Vec<Entry>>(IN_FLIGHT + 2);
+            let (results, output) = tokio::sync::mpsc::unbounded_channel();
+            let stop = checkers.stop.clone();
+            let thread = std::thread::Builder::new().name("verify-partitions".to_owned()).spawn(move || {
+                let mut group = group;
+                while let Some(batch) = batches.blocking_recv() {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    if results.send(check_entries(&mut group, workers, batch, projected)).is_err() {
+                        break;
+                    }
+                }
+                group
+            })?;
+            checkers.inputs.push(input);
+            checkers.outputs.push(output);
+            checkers.threads.push(thread);
+        }
+        Ok(checkers)
     }
+
+    /// Gives each thread its entries of the next batch.
+    async fn hand(&mut self, queues: Vec<Vec<Entry>>) -> anyhow::Result<()> {
+        for (input, queue) in self.inputs.iter().zip(queues) {
+            if input.send(queue).await.is_err() {
+                anyhow::bail!("the checks of the partitions stopped (a thread of them ended)");
+            }
+        }
+        Ok(())
+    }
+
+    /// Each thread's results of the oldest batch not taken yet.
+    async fn results(&mut self) -> anyhow::Result<Vec<Vec<Checked>>> {
+        let mut results = Vec::with_capacity(self.outputs.len());
+        for output in &mut self.outputs {
+            match output.recv().await {
+                Some(checked) => results.push(checked),
+                None => anyhow::bail!("the checks of the partitions stopped (a thread of them ended)"),
+            }
+        }
+        Ok(results)
+    }
+
+    /// Ends the threads: what they have not checked yet is not needed.
+    async fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = self.finish().await;
+    }
+
+    /// Ends the threads once they have checked everything handed to them; answers the partitions in order.
+    async fn finish(self) -> anyhow::Result<Vec<PartitionCheck>> {
+        let Checkers { inputs, outputs, threads, .. } = self;
+        drop(inputs);
+        drop(outputs);
+        let groups = tokio::task::spawn_blocking(move || {
+            threads.into_iter().map(std::thread::JoinHandle::join).collect::<Vec<_>>()
+        })
+        .await?;
+        let mut parts = Vec::new();
+        for group in groups {
+            match group {
+                Ok(group) => parts.extend(group),
+                Err(_) => anyhow::bail!("the checks of the partitions stopped (a thread of them panicked)"),
+            }
+        }
+        parts.sort_by_key(|part| part.partition);
+        Ok(parts)
+    }
+}
+
+/// Checks one thread's entries of a batch (`group`: its partitions, partition `p` at `p / workers`), each partition
+/// up to its first failure.
+fn check_entries(
+    group: &mut [PartitionCheck],
+    workers: usize,
+    batch: Vec<Entry>,
+    projected: Option<u64>,
+) -> Vec<Checked> {
+    let mut results = Vec::with_capacity(batch.len());
+    for entry in batch {
+        let partition = match &entry {
+            Entry::Command { partition, .. } => *partition,
+            Entry::Outcome(stored) => stored.partition,
+            // Dead letters are counted in the log's order, never given to a partition.
+            Entry::DeadLetter { .. } => continue,
+        };
+        let part = &mut group[partition as usize / workers];
+        if part.failed {
+            continue;
+        }
+        let checked = part.check_entry(entry, projected);
+        part.failed = match &checked {
+            Checked::Failed(_) => true,
+            Checked::Step(step) => step.failure.is_some() || step.full_check.as_ref().is_some_and(Result::is_err),
+            Checked::Command => false,
+        };
+        results.push(checked);
+    }
+    results
 }
 
 impl Weighed for PartitionCheck {
@@ -556,33 +682,19 @@ impl Weighed for PartitionCheck {
 }
 
 impl PartitionCheck {
-    /// Checks a batch's entries of this partition in order, up to its first failure.
-    fn check_queue(&mut self, queue: Vec<Entry>, projected: Option<u64>) -> Vec<Checked> {
-        let mut results = Vec::with_capacity(queue.len());
-        for entry in queue {
-            let checked = match entry {
-                Entry::Command { partition, record } => match self.fold.admit_command(partition, record) {
-                    Ok(()) => Checked::Command,
-                    Err(failure) => Checked::Failed(failure),
-                },
-                Entry::Outcome(stored) => match self.fold.check(stored) {
-                    Ok(step) => Checked::Step(Box::new(self.step(step, projected))),
-                    Err(failure) => Checked::Failed(failure),
-                },
-                // Dead letters are counted in the log's order, never given to a partition.
-                Entry::DeadLetter { .. } => continue,
-            };
-            let failed = match &checked {
-                Checked::Failed(_) => true,
-                Checked::Step(step) => step.failure.is_some() || step.full_check.as_ref().is_some_and(Result::is_err),
-                Checked::Command => false,
-            };
-            results.push(checked);
-            if failed {
-                break;
-            }
+    /// Checks an entry of this partition (not a dead letter).
+    fn check_entry(&mut self, entry: Entry, projected: Option<u64>) -> Checked {
+        match entry {
+            Entry::Command { partition, record } => match self.fold.admit_command(partition, record) {
+                Ok(()) => Checked::Command,
+                Err(failure) => Checked::Failed(failure),
+            },
+            Entry::Outcome(stored) => match self.fold.check(stored) {
+                Ok(step) => Checked::Step(Box::new(self.step(step, projected))),
+                Err(failure) => Checked::Failed(failure),
+            },
+            Entry::DeadLetter { .. } => Checked::Command,
         }
-        results
     }
 
     /// Every check of a step that reads its partition only, in the order a fold of the whole log makes them.

@@ -21,6 +21,8 @@ async fn generated(dir: &std::path::Path) -> (std::path::PathBuf, Generated) {
         resources_per_agent: 3,
         seed: 7,
         start: Timestamp(1_800_000_000_000),
+        ms_per_command: None,
+        horizon: None,
     };
     let made = generate(&config, &file).await.expect("the generator makes its log");
     (file, made)

@@ -38,6 +38,8 @@ async fn source_flags_go_before_or_after_the_subcommand() {
         resources_per_agent: 2,
         seed: 3,
         start: Timestamp(1_800_000_000_000),
+        ms_per_command: None,
+        horizon: None,
     };
     generate(&config, &file).await.expect("a generated log");
     let (after, before) = (dir.path().join("after"), dir.path().join("before"));

@@ -212,6 +212,8 @@ async fn retention_moving_during_the_walk_is_reported_not_failed() {
         resources_per_agent: 3,
         seed: 7,
         start: Timestamp(1_800_000_000_000),
+        ms_per_command: None,
+        horizon: None,
     };
     generate(&config, &file).await.expect("a generated log");
     let data = dir.path().join("data");

@@ -100,7 +100,7 @@ impl fmt::Display for CodecErrorKind {
     }
 }
 
-pub(crate) fn encode_into<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), CodecError> {
+pub(crate) fn encode_into<T: Serialize>(value: &T, out: &mut impl std::io::Write) -> Result<(), CodecError> {
     bincode::serde::encode_into_std_write(value, out, CONFIG)
         .map(|_| ())
         .map_err(|e| CodecError::new(CodecErrorKind::Encode, format!("cannot encode: {e}")))
@@ -371,7 +371,18 @@ pub fn encode_command(envelope: &Envelope) -> Result<Vec<u8>, CodecError> {
 /// Encodes a command in the layout of schema `version`.
 fn encode_command_in(version: u16, envelope: &Envelope) -> Result<Vec<u8>, CodecError> {
     let mut out = vec![FORMAT_BINCODE_V1];
-    encode_into(&version, &mut out)?;
+    encode_command_after_tag(version, envelope, &mut out)?;
+    check_size(&out, MAX_COMMAND_BYTES, "command")?;
+    Ok(out)
+}
+
+/// Writes a command in the layout of schema `version`, after its format tag, to `out`.
+fn encode_command_after_tag(
+    version: u16,
+    envelope: &Envelope,
+    out: &mut impl std::io::Write,
+) -> Result<(), CodecError> {
+    encode_into(&version, out)?;
     let header = Header {
         type_name: envelope.type_name().to_owned(),
         command_id: envelope.command_id,
@@ -381,10 +392,30 @@ fn encode_command_in(version: u16, envelope: &Envelope) -> Result<Vec<u8>, Codec
         correlation_id: envelope.correlation_id,
         causation_id: envelope.causation_id,
     };
-    encode_into(&header, &mut out)?;
-    crate::command::legacy::encode_body(version, &envelope.body, &mut out)?;
-    check_size(&out, MAX_COMMAND_BYTES, "command")?;
-    Ok(out)
+    encode_into(&header, out)?;
+    crate::command::legacy::encode_body(version, &envelope.body, out)
+}
+
+/// A writer that compares what it is given with `expected`, from its start, instead of keeping it: whether an
+/// encoding gives exactly some bytes, without a second copy of them.
+struct SameAs<'a> {
+    expected: &'a [u8],
+    /// Whether everything written so far is `expected`'s start.
+    same: bool,
+}
+
+impl std::io::Write for SameAs<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self.expected.strip_prefix(buf) {
+            Some(rest) if self.same => self.expected = rest,
+            _ => self.same = false,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Decodes a command in either form (bincode, or JSON if it starts with `{`).
@@ -499,7 +530,9 @@ fn decode_command_bincode(bytes: &[u8]) -> Result<Envelope, CodecError> {
     };
     // One layout per command, as the README says (a number in as few bytes as it takes, map keys in order): a
     // command has one byte form, so its bytes name it.
-    if encode_command_in(schema_version, &envelope)?[1..] != *bytes {
+    let mut same = SameAs { expected: bytes, same: true };
+    encode_command_after_tag(schema_version, &envelope, &mut same)?;
+    if !(same.same && same.expected.is_empty()) {
         return Err(CodecError::new(
             CodecErrorKind::Malformed,
             "not in the canonical bincode form: a number written in more bytes than it takes, or map keys out of order",

@@ -903,7 +903,7 @@ macro_rules! commands {
                 }
             }
 
-            pub(crate) fn encode_body(&self, out: &mut Vec<u8>) -> Result<(), crate::codec::CodecError> {
+            pub(crate) fn encode_body(&self, out: &mut impl std::io::Write) -> Result<(), crate::codec::CodecError> {
                 match self {
                     $( Command::$variant(body) => crate::codec::encode_into(body, out), )*
                 }
@@ -1386,7 +1386,7 @@ pub(crate) mod legacy {
     pub(crate) fn encode_body(
         version: u16,
         command: &Command,
-        out: &mut Vec<u8>,
+        out: &mut impl std::io::Write,
     ) -> Result<(), crate::codec::CodecError> {
         if version < oldest_version(command) {
             return Err(crate::codec::CodecError::new(

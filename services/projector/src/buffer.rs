@@ -1,6 +1,8 @@
 //! The tables a batch writes to: each redb table as it is ([`Tab::Direct`], the projector following the log), or
 //! behind a buffer in memory ([`Tab::Buffered`], a bulk rebuild) that keeps the chunk's last write of every key and
-//! writes them all, in key order, when the chunk ends ([`flush`]).
+//! writes them all, in key order, when the chunk ends ([`flush`]). A bulk rebuild writes one chunk while it folds
+//! the next: a read then sees the chunk's own writes, then the chunk's being written, then the tables as last
+//! committed.
 //!
 //! Both give the same content for the same writes: the fold that writes goes through the same code either way, and
 //! a read sees the buffer's write of a key before the table's. A bulk rebuild gains in that a record written many
@@ -17,7 +19,7 @@ pub(crate) type Pending = HashMap<Vec<u8>, Option<Vec<u8>>>;
 /// A table of a write transaction, written directly or through a chunk's buffer.
 pub(crate) enum Tab<'t, K: Key + 'static, V: Value + 'static> {
     Direct(redb::Table<'t, K, V>),
-    Buffered { table: redb::Table<'t, K, V>, pending: &'t mut Pending },
+    Buffered { table: redb::ReadOnlyTable<K, V>, previous: Option<&'t Pending>, pending: &'t mut Pending },
 }
 
 /// A value read from a [`Tab`]: from the table, or from the buffer.
@@ -44,8 +46,20 @@ impl<'t, K: Key + 'static, V: Value + 'static> Tab<'t, K, V> {
         match self {
             Tab::Direct(table) => table.insert(key, value).map(drop),
             Tab::Buffered { pending, .. } => {
-                let key = K::as_bytes(key.borrow()).as_ref().to_vec();
-                pending.insert(key, Some(V::as_bytes(value.borrow()).as_ref().to_vec()));
+                let key = K::as_bytes(key.borrow());
+                let value = V::as_bytes(value.borrow());
+                // A record written again within the chunk (a resource through its life, the counts, the chain)
+                // takes the place of its last write, in the same allocation where it fits.
+                match pending.get_mut(key.as_ref()) {
+                    Some(Some(held)) => {
+                        held.clear();
+                        held.extend_from_slice(value.as_ref());
+                    }
+                    Some(held) => *held = Some(value.as_ref().to_vec()),
+                    None => {
+                        pending.insert(key.as_ref().to_vec(), Some(value.as_ref().to_vec()));
+                    }
+                }
                 Ok(())
             }
         }
@@ -70,26 +84,27 @@ impl<'t, K: Key + 'static, V: Value + 'static> Tab<'t, K, V> {
     ) -> Result<Option<Got<'_, V>>, redb::StorageError> {
         match self {
             Tab::Direct(table) => Ok(table.get(key)?.map(Got::Stored)),
-            Tab::Buffered { table, pending } => {
-                let bytes = K::as_bytes(key.borrow()).as_ref().to_vec();
-                match pending.get(&bytes) {
+            Tab::Buffered { table, previous, pending } => {
+                let bytes = K::as_bytes(key.borrow());
+                let bytes = bytes.as_ref();
+                match pending.get(bytes).or_else(|| previous.and_then(|previous| previous.get(bytes))) {
                     Some(Some(value)) => Ok(Some(Got::Pending(value))),
                     Some(None) => Ok(None),
-                    None => Ok(table.get(key)?.map(Got::Stored)),
+                    None => Ok(table.get(key.borrow())?.map(Got::Stored)),
                 }
             }
         }
     }
 }
 
-/// Writes a chunk's buffer of one table into it, in the table's key order (one sorted run), and empties it.
+/// Writes a chunk's buffer of one table into it, in the table's key order (one sorted run).
 pub(crate) fn flush<K: Key + 'static, V: Value + 'static>(
     table: &mut redb::Table<'_, K, V>,
-    pending: &mut Pending,
+    pending: &Pending,
 ) -> Result<(), redb::StorageError> {
-    let mut rows: Vec<(Vec<u8>, Option<Vec<u8>>)> = pending.drain().collect();
+    let mut rows: Vec<(&Vec<u8>, &Option<Vec<u8>>)> = pending.iter().collect();
     rows.sort_unstable_by(|(a, _), (b, _)| K::compare(a, b));
-    for (key, value) in &rows {
+    for (key, value) in rows {
         match value {
             Some(value) => {
                 table.insert(K::from_bytes(key), V::from_bytes(value))?;

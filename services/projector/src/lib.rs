@@ -478,7 +478,8 @@ impl Projector {
 }
 
 /// Outcomes a bulk rebuild folds per chunk: its writes are held in memory and written, each table as one sorted run,
-/// in one durable transaction per chunk. About 40 MB of buffers in the replay benchmark's mix.
+/// in one durable transaction per chunk, while the next chunk is folded. About 40 MB of buffers a chunk in the
+/// replay benchmark's mix (two chunks are held: the one folded and the one written).
 pub const BULK_CHUNK: usize = 50_000;
 /// The redb cache a bulk rebuild opens its projection with ([`Projector::open_with_cache`]).
 pub const BULK_CACHE_BYTES: usize = 64 << 20;
@@ -486,18 +487,26 @@ pub const BULK_CACHE_BYTES: usize = 64 << 20;
 /// A rebuild of a projection from sequence 1 in bulk ([`Projector::into_bulk`]): the same fold and the same writes
 /// as [`Projector::apply_batch_commands`], so the same tables (their digests equal), but each chunk of
 /// [`BULK_CHUNK`] outcomes is written at once: a record written many times within a chunk is written once, each
-/// table's rows go in sorted, and there is one durable commit per chunk instead of one per [`MAX_BATCH`]. The
-/// memory it holds is a chunk's writes, whatever the log's length.
+/// table's rows go in sorted, and there is one durable commit per chunk instead of one per [`MAX_BATCH`]. A chunk is
+/// written and committed on a thread of its own while the next one is folded; the fold reads its own writes, then
+/// the chunk being written, then the tables as last committed (a read transaction). The memory it holds is two
+/// chunks' writes, whatever the log's length.
 ///
 /// Each commit leaves a projection as of the last outcome of its chunk, which a projector opened later resumes
-/// from; a bulk rebuild dropped before [`Bulk::finish`] loses only its last chunk.
+/// from; a bulk rebuild dropped before [`Bulk::finish`] loses at most its last two chunks.
 pub struct Bulk {
     projector: Projector,
     buffers: Box<Buffers>,
-    txn: Option<redb::WriteTransaction>,
+    /// The chunk being written, and its writer.
+    writing: Option<(Arc<Buffers>, Writer)>,
+    /// The tables as last committed, before the chunk being written.
+    committed: Option<redb::ReadTransaction>,
     in_chunk: usize,
     chunk: usize,
 }
+
+/// The thread that writes and commits a chunk of a bulk rebuild.
+type Writer = std::thread::JoinHandle<Result<(), Error>>;
 
 impl std::fmt::Debug for Bulk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -509,7 +518,14 @@ impl Projector {
     /// Drops every read model and starts a bulk rebuild from sequence 1 ([`Bulk`]).
     pub fn into_bulk(mut self) -> Result<Bulk, Error> {
         self.drop_all()?;
-        Ok(Bulk { projector: self, buffers: Box::default(), txn: None, in_chunk: 0, chunk: BULK_CHUNK })
+        Ok(Bulk {
+            projector: self,
+            buffers: Box::default(),
+            writing: None,
+            committed: None,
+            in_chunk: 0,
+            chunk: BULK_CHUNK,
+        })
     }
 }
 
@@ -523,7 +539,7 @@ impl Bulk {
 
     /// Folds `batch` (outcomes in log order, each after the last applied), with `decoded` its bodies ([`decode`],
     /// which callers may run on other threads) and the commands its outcomes answer, as
-    /// [`Projector::apply_batch_commands`] does; commits when a chunk is full.
+    /// [`Projector::apply_batch_commands`] does; hands the chunk to its writer when it is full.
     pub fn apply(
         &mut self,
         batch: &[StoredOutcome],
@@ -546,28 +562,47 @@ impl Bulk {
         decoded: Vec<Result<Outcome, Error>>,
         commands: &BTreeMap<u64, CommandRecord>,
     ) -> Result<(), Error> {
-        if self.txn.is_none() {
-            self.txn = Some(self.projector.db.begin_write().map_err(storage)?);
+        if self.committed.is_none() {
+            self.committed = Some(self.projector.db.begin_read().map_err(storage)?);
         }
-        let txn = self.txn.as_ref().expect("begun above");
+        let committed = self.committed.as_ref().expect("begun above");
+        let previous = self.writing.as_ref().map(|(buffers, _)| buffers.as_ref());
         {
-            let mut tables = Tables::buffered(txn, &mut self.buffers)?;
+            let mut tables = Tables::buffered(committed, previous, &mut self.buffers)?;
             self.projector.fold_into(&mut tables, batch, decoded, commands)?;
         }
         self.in_chunk += batch.len();
         if self.in_chunk >= self.chunk {
-            self.commit()?;
+            self.hand_over()?;
         }
         Ok(())
     }
 
-    /// Writes the chunk's buffers and commits them.
-    fn commit(&mut self) -> Result<(), Error> {
-        let Some(txn) = self.txn.take() else { return Ok(()) };
-        self.buffers.flush(&txn)?;
-        txn.commit().map_err(storage)?;
-        self.in_chunk = 0;
+    /// Waits for the chunk being written to be committed; answers its buffers, emptied, to hold a next chunk at the
+    /// size they grew to.
+    fn wait(&mut self) -> Result<Option<Box<Buffers>>, Error> {
+        let Some((buffers, writer)) = self.writing.take() else { return Ok(None) };
+        writer.join().map_err(|_| Error::Storage("the writer of a chunk panicked".to_owned()))??;
         self.projector.applied_tx.send_replace(self.projector.applied);
+        Ok(Arc::try_unwrap(buffers).ok().map(|mut buffers| {
+            buffers.clear();
+            Box::new(buffers)
+        }))
+    }
+
+    /// Hands the chunk folded to a writer of its own (once the one before is committed) and starts the next.
+    fn hand_over(&mut self) -> Result<(), Error> {
+        let emptied = self.wait()?;
+        // The next chunk reads what is committed now, and the chunk handed over until it is.
+        self.committed = None;
+        let buffers: Arc<Buffers> = Arc::new(*std::mem::replace(&mut self.buffers, emptied.unwrap_or_default()));
+        let (db, written) = (self.projector.db.clone(), buffers.clone());
+        let writer = std::thread::Builder::new()
+            .name("projection-writer".to_owned())
+            .spawn(move || write_chunk(&db, &written))
+            .map_err(storage)?;
+        self.writing = Some((buffers, writer));
+        self.in_chunk = 0;
         Ok(())
     }
 
@@ -576,14 +611,24 @@ impl Bulk {
         self.projector.applied
     }
 
-    /// Commits the last chunk; answers the projector, to follow the log from there.
+    /// Commits the last chunks; answers the projector, to follow the log from there.
     pub fn finish(mut self) -> Result<Projector, Error> {
         if let Some(why) = &self.projector.failed {
             return Err(Error::Refused(format!("this projector failed earlier ({why}): open it again to resume")));
         }
-        self.commit()?;
+        self.wait()?;
+        self.committed = None;
+        write_chunk(&self.projector.db, &self.buffers)?;
+        self.projector.applied_tx.send_replace(self.projector.applied);
         Ok(self.projector)
     }
+}
+
+/// Writes a chunk's buffers, each table as one sorted run, in one durable transaction.
+fn write_chunk(db: &Database, buffers: &Buffers) -> Result<(), Error> {
+    let txn = db.begin_write().map_err(storage)?;
+    buffers.flush(&txn)?;
+    txn.commit().map_err(storage)
 }
 
 /// Deletes every read model and sets the applied sequence to 0 (the partition count and the layout stay).
@@ -663,31 +708,54 @@ struct Buffers {
 }
 
 impl Buffers {
-    /// Writes every buffer into its table of `txn`, each as one sorted run, and empties them.
-    fn flush(&mut self, txn: &redb::WriteTransaction) -> Result<(), Error> {
+    /// Empties every buffer, keeping its room.
+    fn clear(&mut self) {
+        for pending in [
+            &mut self.meta,
+            &mut self.chain,
+            &mut self.resources,
+            &mut self.by_agent,
+            &mut self.by_state,
+            &mut self.leases,
+            &mut self.leases_by_resource,
+            &mut self.agents,
+            &mut self.pools,
+            &mut self.holders,
+            &mut self.placements,
+            &mut self.policies,
+            &mut self.outcomes,
+            &mut self.counts,
+            &mut self.timeline,
+        ] {
+            pending.clear();
+        }
+    }
+
+    /// Writes every buffer into its table of `txn`, each as one sorted run.
+    fn flush(&self, txn: &redb::WriteTransaction) -> Result<(), Error> {
         fn into<K: redb::Key + 'static, V: redb::Value + 'static>(
             txn: &redb::WriteTransaction,
             def: TableDefinition<K, V>,
-            pending: &mut Pending,
+            pending: &Pending,
         ) -> Result<(), Error> {
             let mut table = txn.open_table(def).map_err(storage)?;
             buffer::flush(&mut table, pending).map_err(storage)
         }
-        into(txn, META, &mut self.meta)?;
-        into(txn, CHAIN, &mut self.chain)?;
-        into(txn, RESOURCES, &mut self.resources)?;
-        into(txn, RESOURCES_BY_AGENT, &mut self.by_agent)?;
-        into(txn, RESOURCES_BY_STATE, &mut self.by_state)?;
-        into(txn, LEASES, &mut self.leases)?;
-        into(txn, LEASES_BY_RESOURCE, &mut self.leases_by_resource)?;
-        into(txn, AGENTS, &mut self.agents)?;
-        into(txn, POOLS, &mut self.pools)?;
-        into(txn, HOLDERS, &mut self.holders)?;
-        into(txn, PLACEMENTS, &mut self.placements)?;
-        into(txn, POLICIES, &mut self.policies)?;
-        into(txn, OUTCOMES, &mut self.outcomes)?;
-        into(txn, COUNTS, &mut self.counts)?;
-        into(txn, TIMELINE, &mut self.timeline)?;
+        into(txn, META, &self.meta)?;
+        into(txn, CHAIN, &self.chain)?;
+        into(txn, RESOURCES, &self.resources)?;
+        into(txn, RESOURCES_BY_AGENT, &self.by_agent)?;
+        into(txn, RESOURCES_BY_STATE, &self.by_state)?;
+        into(txn, LEASES, &self.leases)?;
+        into(txn, LEASES_BY_RESOURCE, &self.leases_by_resource)?;
+        into(txn, AGENTS, &self.agents)?;
+        into(txn, POOLS, &self.pools)?;
+        into(txn, HOLDERS, &self.holders)?;
+        into(txn, PLACEMENTS, &self.placements)?;
+        into(txn, POLICIES, &self.policies)?;
+        into(txn, OUTCOMES, &self.outcomes)?;
+        into(txn, COUNTS, &self.counts)?;
+        into(txn, TIMELINE, &self.timeline)?;
         Ok(())
     }
 }
@@ -750,32 +818,44 @@ impl<'t> Tables<'t> {
         })
     }
 
-    /// The tables of `txn` behind `buffers`: writes go to the buffers, reads see them first.
-    fn buffered(txn: &'t redb::WriteTransaction, buffers: &'t mut Buffers) -> Result<Self, Error> {
+    /// The tables behind `buffers`: writes go to the buffers; reads see them first, then `previous` (the chunk
+    /// being written), then the tables as `committed` has them.
+    fn buffered(
+        committed: &redb::ReadTransaction,
+        previous: Option<&'t Buffers>,
+        buffers: &'t mut Buffers,
+    ) -> Result<Self, Error> {
         fn tab<'t, K: redb::Key + 'static, V: redb::Value + 'static>(
-            txn: &'t redb::WriteTransaction,
+            committed: &redb::ReadTransaction,
             def: TableDefinition<K, V>,
+            previous: Option<&'t Pending>,
             pending: &'t mut Pending,
         ) -> Result<Tab<'t, K, V>, Error> {
-            Ok(Tab::Buffered { table: txn.open_table(def).map_err(storage)?, pending })
+            Ok(Tab::Buffered { table: committed.open_table(def).map_err(storage)?, previous, pending })
         }
         let b = buffers;
+        let p = previous;
         Ok(Tables {
-            meta: tab(txn, META, &mut b.meta)?,
-            chain: tab(txn, CHAIN, &mut b.chain)?,
-            resources: tab(txn, RESOURCES, &mut b.resources)?,
-            by_agent: tab(txn, RESOURCES_BY_AGENT, &mut b.by_agent)?,
-            by_state: tab(txn, RESOURCES_BY_STATE, &mut b.by_state)?,
-            leases: tab(txn, LEASES, &mut b.leases)?,
-            leases_by_resource: tab(txn, LEASES_BY_RESOURCE, &mut b.leases_by_resource)?,
-            agents: tab(txn, AGENTS, &mut b.agents)?,
-            pools: tab(txn, POOLS, &mut b.pools)?,
-            holders: tab(txn, HOLDERS, &mut b.holders)?,
-            placements: tab(txn, PLACEMENTS, &mut b.placements)?,
-            policies: tab(txn, POLICIES, &mut b.policies)?,
-            outcomes: tab(txn, OUTCOMES, &mut b.outcomes)?,
-            counts: tab(txn, COUNTS, &mut b.counts)?,
-            timeline: tab(txn, TIMELINE, &mut b.timeline)?,
+            meta: tab(committed, META, p.map(|p| &p.meta), &mut b.meta)?,
+            chain: tab(committed, CHAIN, p.map(|p| &p.chain), &mut b.chain)?,
+            resources: tab(committed, RESOURCES, p.map(|p| &p.resources), &mut b.resources)?,
+            by_agent: tab(committed, RESOURCES_BY_AGENT, p.map(|p| &p.by_agent), &mut b.by_agent)?,
+            by_state: tab(committed, RESOURCES_BY_STATE, p.map(|p| &p.by_state), &mut b.by_state)?,
+            leases: tab(committed, LEASES, p.map(|p| &p.leases), &mut b.leases)?,
+            leases_by_resource: tab(
+                committed,
+                LEASES_BY_RESOURCE,
+                p.map(|p| &p.leases_by_resource),
+                &mut b.leases_by_resource,
+            )?,
+            agents: tab(committed, AGENTS, p.map(|p| &p.agents), &mut b.agents)?,
+            pools: tab(committed, POOLS, p.map(|p| &p.pools), &mut b.pools)?,
+            holders: tab(committed, HOLDERS, p.map(|p| &p.holders), &mut b.holders)?,
+            placements: tab(committed, PLACEMENTS, p.map(|p| &p.placements), &mut b.placements)?,
+            policies: tab(committed, POLICIES, p.map(|p| &p.policies), &mut b.policies)?,
+            outcomes: tab(committed, OUTCOMES, p.map(|p| &p.outcomes), &mut b.outcomes)?,
+            counts: tab(committed, COUNTS, p.map(|p| &p.counts), &mut b.counts)?,
+            timeline: tab(committed, TIMELINE, p.map(|p| &p.timeline), &mut b.timeline)?,
         })
     }
 
