@@ -77,6 +77,8 @@ pub struct ReaderStats {
     pub delivered: u64,
     /// Reads by sequence asked for.
     pub reads: u64,
+    /// Commands the reads by sequence brought.
+    pub read_records: u64,
     /// Times the consumer's numbering was found restarted (what it linked forgotten).
     pub renumbered: u64,
 }
@@ -148,6 +150,7 @@ impl Reader {
             Some(known) if after <= known => self.known = Some(known.max(reached)),
             Some(_) => {}
         }
+        self.stats.read_records += records.len() as u64;
         for record in records {
             if record.seq > self.done {
                 self.held.entry(record.seq).or_insert(record);
