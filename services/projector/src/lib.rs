@@ -1611,3 +1611,68 @@ fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, Error> {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use leasehold_schemas::Uuid;
+    use leasehold_schemas::command::Register;
+    use leasehold_schemas::ids::{AgentName, Timestamp};
+
+    use super::*;
+
+    /// `n` outcomes of partition 0 of 1, each registering an agent of its own, chained from sequence 1.
+    fn registrations(n: u64) -> Vec<StoredOutcome> {
+        let mut driver = leasehold_domain::driver::Driver::new(0, 1, Timestamp(1_800_000_000_000));
+        (1..=n)
+            .map(|seq| {
+                let name = format!("w{seq}");
+                let agent = AgentName::new(&name).unwrap();
+                let outcome = driver.submit(&name, Register::new(agent, Uuid::from_u128(u128::from(seq))));
+                StoredOutcome {
+                    seq,
+                    partition: 0,
+                    key: outcome.command.key.token(),
+                    cmd_id: format!("c{seq}"),
+                    cmd_seq: seq,
+                    part: 0,
+                    prev_seq: seq - 1,
+                    payload: Bytes::from(codec::encode_outcome(&outcome).unwrap()),
+                }
+            })
+            .collect()
+    }
+
+    fn committed_applied(db: &Database) -> u64 {
+        let txn = db.begin_read().unwrap();
+        txn.open_table(META).unwrap().get("applied").unwrap().map_or(0, |v| v.value())
+    }
+
+    /// The applied sequence a projector announces ([`Projector::subscribe`]) is one its tables hold: "wait on it for
+    /// an outcome to be projected". A bulk rebuild that has committed one chunk, and folded part of the next, may
+    /// announce the first chunk only, when the writer of that chunk is done (what handing the next chunk over and
+    /// finishing do first).
+    #[test]
+    fn a_bulk_rebuild_announces_only_what_it_has_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let projector = Projector::open(dir.path(), 1).unwrap();
+        let announced = projector.subscribe();
+        let outcomes = registrations(6);
+        let mut bulk = projector.into_bulk().unwrap().with_chunk(4);
+        let decode_all = |batch: &[StoredOutcome]| batch.iter().map(decode).collect::<Vec<_>>();
+        bulk.apply(&outcomes[..4], decode_all(&outcomes[..4]), &BTreeMap::new()).unwrap();
+        bulk.apply(&outcomes[4..], decode_all(&outcomes[4..]), &BTreeMap::new()).unwrap();
+        assert_eq!(bulk.applied(), 6);
+        // The first chunk's writer is done: what is committed is the first chunk, the rest is in memory.
+        let _ = bulk.wait().unwrap();
+        let committed = committed_applied(&bulk.projector.db);
+        assert_eq!(committed, 4, "the first chunk is committed");
+        assert!(
+            *announced.borrow() <= committed,
+            "announced {} as projected while the tables hold outcomes up to {committed}",
+            *announced.borrow()
+        );
+        let projector = bulk.finish().unwrap();
+        assert_eq!((*announced.borrow(), committed_applied(&projector.db)), (6, 6));
+    }
+}
