@@ -497,8 +497,8 @@ pub const BULK_CACHE_BYTES: usize = 64 << 20;
 pub struct Bulk {
     projector: Projector,
     buffers: Box<Buffers>,
-    /// The chunk being written, and its writer.
-    writing: Option<(Arc<Buffers>, Writer)>,
+    /// The chunk being written, its writer, and the outcome it ends at (announced once it is committed).
+    writing: Option<(Arc<Buffers>, Writer, u64)>,
     /// The tables as last committed, before the chunk being written.
     committed: Option<redb::ReadTransaction>,
     in_chunk: usize,
@@ -566,7 +566,7 @@ impl Bulk {
             self.committed = Some(self.projector.db.begin_read().map_err(storage)?);
         }
         let committed = self.committed.as_ref().expect("begun above");
-        let previous = self.writing.as_ref().map(|(buffers, _)| buffers.as_ref());
+        let previous = self.writing.as_ref().map(|(buffers, _, _)| buffers.as_ref());
         {
             let mut tables = Tables::buffered(committed, previous, &mut self.buffers)?;
             self.projector.fold_into(&mut tables, batch, decoded, commands)?;
@@ -578,12 +578,13 @@ impl Bulk {
         Ok(())
     }
 
-    /// Waits for the chunk being written to be committed; answers its buffers, emptied, to hold a next chunk at the
-    /// size they grew to.
+    /// Waits for the chunk being written to be committed, and announces the outcome it ends at (not the one folded
+    /// since: its tables do not hold that yet); answers its buffers, emptied, to hold a next chunk at the size they
+    /// grew to.
     fn wait(&mut self) -> Result<Option<Box<Buffers>>, Error> {
-        let Some((buffers, writer)) = self.writing.take() else { return Ok(None) };
+        let Some((buffers, writer, ends_at)) = self.writing.take() else { return Ok(None) };
         writer.join().map_err(|_| Error::Storage("the writer of a chunk panicked".to_owned()))??;
-        self.projector.applied_tx.send_replace(self.projector.applied);
+        self.projector.applied_tx.send_replace(ends_at);
         Ok(Arc::try_unwrap(buffers).ok().map(|mut buffers| {
             buffers.clear();
             Box::new(buffers)
@@ -601,7 +602,7 @@ impl Bulk {
             .name("projection-writer".to_owned())
             .spawn(move || write_chunk(&db, &written))
             .map_err(storage)?;
-        self.writing = Some((buffers, writer));
+        self.writing = Some((buffers, writer, self.projector.applied));
         self.in_chunk = 0;
         Ok(())
     }
