@@ -271,6 +271,58 @@ async fn the_next_owner_reads_only_the_gap_a_stopped_writer_left() {
     assert!(stats.read_records >= 90 && stats.read_records <= 120, "{stats:?}");
 }
 
+/// Under a backlog the consumer delivers until 4,000 deliveries wait for an ack, then stops until one comes. A
+/// writer that takes batches smaller than the consumer delivers (150 here, each appended) holds thousands
+/// undecided and defers its acks; when what it holds runs short of a batch it waits for the deliveries the pulls
+/// are to bring, and those must not be held back by the acks it has not sent: no call waits out its poll while the
+/// backlog lasts. (Fails when that wait does not ack first: a stall of the whole poll every 8,000 commands.)
+#[tokio::test]
+async fn a_busy_writer_is_never_kept_waiting_by_the_acks_it_defers() {
+    let Some((_server, log)) = fresh().await else { return };
+    let key = &conformance::keys_in(1, PARTITIONS, 1)[0];
+    let total = 40_000;
+    for chunk in 0..total / 500 {
+        let commands: Vec<leasehold_log::Publish> = (0..500)
+            .map(|i| {
+                let n = chunk * 500 + i;
+                leasehold_log::Publish {
+                    subject: format!("lh.in.op.{key}.c{n}"),
+                    msg_id: format!("{key}-{n}"),
+                    payload: Bytes::from(format!("{n}")),
+                }
+            })
+            .collect();
+        assert!(log.publish_commands(&commands).await.iter().all(Result::is_ok), "published");
+    }
+    let mut owner = log.own(1, "worker-a").await.expect("own").expect("a free partition");
+    let poll = Duration::from_millis(500);
+    let (mut cursor, mut handed) = (0, 0);
+    let mut fence = log.last_outcome_seq(1).await.expect("the fence");
+    let mut stalls = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while handed < total {
+        assert!(Instant::now() < deadline, "only {handed} of {total} commands came");
+        let started = Instant::now();
+        let got = owner.next_commands(cursor, 150, poll).await.expect("commands");
+        let took = started.elapsed();
+        handed += got.len();
+        if took >= poll * 4 / 5 && handed < total {
+            stalls.push((handed, took));
+        }
+        if let Some(last) = got.last() {
+            // The writer's work: the batch's outcomes, appended in one.
+            let records: Vec<_> = got.iter().map(|c| conformance::record(key, c.seq, 0)).collect();
+            match log.append(1, fence, &records).await {
+                Appended::Landed { last, .. } => fence = last,
+                other => panic!("the append did not land: {other:?}"),
+            }
+            cursor = last.seq;
+            owner.done_through(cursor).await.expect("done");
+        }
+    }
+    assert!(stalls.is_empty(), "calls that waited out the poll with {total} commands in the log: {stalls:?}");
+}
+
 /// An operator's unpin moves the partition: the next owner is pinned by the next delivery, and the old one hears
 /// it is lost, whatever it asks for.
 #[tokio::test]
