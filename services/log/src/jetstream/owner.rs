@@ -549,6 +549,9 @@ impl Owner for JetStreamOwner {
                     waited = true;
                     let until = self.reader.stats.delivered + (want - found.len()) as u64;
                     drop(found);
+                    // A wait like any other: the deliveries it waits for may be held back by the consumer's ack
+                    // limit, which only the acks deferred so far lift.
+                    self.ack_done(true).await?;
                     while self.reader.stats.delivered < until && self.take_next(deadline).await? {
                         self.check_held()?;
                     }
