@@ -1676,4 +1676,20 @@ mod tests {
         let projector = bulk.finish().unwrap();
         assert_eq!((*announced.borrow(), committed_applied(&projector.db)), (6, 6));
     }
+
+    /// A bulk rebuild dropped before it finishes (its caller failed) leaves the projection to be opened again at
+    /// once, to resume from what it committed: the writer of its last chunk does not keep the database open behind
+    /// it.
+    #[test]
+    fn a_bulk_rebuild_dropped_midway_can_be_opened_again_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let outcomes = registrations(3000);
+        let mut bulk = Projector::open(dir.path(), 1).unwrap().into_bulk().unwrap().with_chunk(3000);
+        let decoded = outcomes.iter().map(decode).collect();
+        // A whole chunk: it goes to its writer.
+        bulk.apply(&outcomes, decoded, &BTreeMap::new()).unwrap();
+        drop(bulk);
+        let reopened = Projector::open(dir.path(), 1).expect("the projection opens again");
+        assert_eq!(reopened.applied(), 3000, "the chunk handed over was committed");
+    }
 }
