@@ -493,7 +493,8 @@ pub const BULK_CACHE_BYTES: usize = 64 << 20;
 /// chunks' writes, whatever the log's length.
 ///
 /// Each commit leaves a projection as of the last outcome of its chunk, which a projector opened later resumes
-/// from; a bulk rebuild dropped before [`Bulk::finish`] loses at most its last two chunks.
+/// from; a bulk rebuild dropped before [`Bulk::finish`] loses the chunk it was folding (dropping it waits for the
+/// chunk being written to be committed).
 pub struct Bulk {
     projector: Projector,
     buffers: Box<Buffers>,
@@ -505,8 +506,24 @@ pub struct Bulk {
     chunk: usize,
 }
 
-/// The thread that writes and commits a chunk of a bulk rebuild.
-type Writer = std::thread::JoinHandle<Result<(), Error>>;
+/// The thread that writes and commits a chunk of a bulk rebuild. Dropped (the rebuild dropped before it
+/// finished), it waits for the thread: the thread holds the database, which could not be opened again meanwhile.
+struct Writer(Option<std::thread::JoinHandle<Result<(), Error>>>);
+
+impl Writer {
+    fn join(mut self) -> Result<(), Error> {
+        let thread = self.0.take().expect("joined once");
+        thread.join().map_err(|_| Error::Storage("the writer of a chunk panicked".to_owned()))?
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if let Some(thread) = self.0.take() {
+            let _ = thread.join();
+        }
+    }
+}
 
 impl std::fmt::Debug for Bulk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -583,7 +600,7 @@ impl Bulk {
     /// grew to.
     fn wait(&mut self) -> Result<Option<Box<Buffers>>, Error> {
         let Some((buffers, writer, ends_at)) = self.writing.take() else { return Ok(None) };
-        writer.join().map_err(|_| Error::Storage("the writer of a chunk panicked".to_owned()))??;
+        writer.join()?;
         self.projector.applied_tx.send_replace(ends_at);
         Ok(Arc::try_unwrap(buffers).ok().map(|mut buffers| {
             buffers.clear();
@@ -602,7 +619,7 @@ impl Bulk {
             .name("projection-writer".to_owned())
             .spawn(move || write_chunk(&db, &written))
             .map_err(storage)?;
-        self.writing = Some((buffers, writer, self.projector.applied));
+        self.writing = Some((buffers, Writer(Some(writer)), self.projector.applied));
         self.in_chunk = 0;
         Ok(())
     }
