@@ -147,3 +147,29 @@ async fn outcomes_of(file: &std::path::Path) -> Vec<StoredOutcome> {
         })
         .collect()
 }
+
+/// A horizon the domain refuses (under a minute), or a pace of the clock that runs it past the end of time, ends the
+/// generator with an error, not a panic (nor, built for release, a clock that wraps round).
+#[tokio::test]
+async fn the_generator_refuses_a_horizon_or_a_pace_the_log_cannot_have() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = GenConfig {
+        outcomes: 50,
+        partitions: PARTITIONS,
+        agents_per_partition: 1,
+        resources_per_agent: 1,
+        seed: 7,
+        start: Timestamp(1_800_000_000_000),
+        ms_per_command: Some(1_000),
+        horizon: Some(leasehold_schemas::ids::Millis(59_999)),
+    };
+    let short = generate(&config, &dir.path().join("short.lhexport")).await.expect_err("a horizon under a minute");
+    assert!(short.to_string().contains("horizon"), "{short}");
+    let far = GenConfig { ms_per_command: Some(u64::MAX), horizon: None, ..config };
+    let far = generate(&far, &dir.path().join("far.lhexport")).await.expect_err("a clock past the end of time");
+    assert!(far.to_string().contains("--ms-per-command"), "{far}");
+    // At the limits, a log is made.
+    let fine =
+        GenConfig { ms_per_command: Some(60_000), horizon: Some(leasehold_schemas::ids::Millis(60_000)), ..config };
+    generate(&fine, &dir.path().join("fine.lhexport")).await.expect("a log over several horizons");
+}
