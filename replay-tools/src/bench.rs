@@ -357,7 +357,12 @@ impl Generator {
     /// cycles picked at random. Returns its partition, the envelope, its log time and where it came from.
     fn next(&mut self, writers: &Writers) -> anyhow::Result<(u32, Envelope, Timestamp, Origin)> {
         match self.ms_per_command {
-            Some(ms) if self.n_commands > 0 => self.clock = Timestamp(self.clock.0 + ms),
+            Some(ms) if self.n_commands > 0 => {
+                let Some(clock) = self.clock.0.checked_add(ms) else {
+                    anyhow::bail!("the log's clock runs past the end of time at {ms} ms a command (--ms-per-command)");
+                };
+                self.clock = Timestamp(clock);
+            }
             Some(_) => {}
             None if self.n_commands > 0 && self.n_commands.is_multiple_of(COMMANDS_PER_MS) => {
                 self.clock = Timestamp(self.clock.0 + 1);
