@@ -568,4 +568,112 @@ mod tests {
         // The deliveries carry most of it: reads by sequence fill the gaps the faults make.
         assert!(reads * 3 < commands_handed, "{reads} reads for {commands_handed} commands");
     }
+    /// A read by sequence as the JetStream owner makes it (`JetStreamOwner::read`): bounded by `through` (a command
+    /// at hand), 8 first then twice as many from where the last answer ended, each answer from a replica that may lag
+    /// (a prefix of the log), then the leader one by one up to `through`; `covered = through` once the read passed
+    /// it without a gap, even when it holds `max` commands.
+    fn owner_read(
+        rng: &mut crate::intercept::SeededRng,
+        log: &[CommandRecord],
+        after: u64,
+        max: usize,
+        through: u64,
+    ) -> (Vec<CommandRecord>, u64) {
+        let replica = |rng: &mut crate::intercept::SeededRng, after: u64, ask: usize| -> Vec<CommandRecord> {
+            // A replica holds a prefix of the log.
+            let held = if rng.chance(30) { rng.next_u64() as usize % (log.len() + 1) } else { log.len() };
+            log[..held].iter().filter(|c| c.seq > after).take(ask).cloned().collect()
+        };
+        let bounded = through > after;
+        let mut ask = if bounded { max.min(8) } else { max };
+        let mut found = replica(rng, after, ask);
+        let mut answered = found.len();
+        while bounded && answered == ask && found.len() < max {
+            let Some(last) = found.last().map(|c| c.seq).filter(|&last| last < through) else { break };
+            ask = (ask * 2).min(max - found.len());
+            let more = replica(rng, last, ask);
+            answered = more.len();
+            found.extend(more);
+        }
+        let mut next = found.last().map_or(after, |c| c.seq) + 1;
+        let mut covered = 0;
+        while found.len() < max && next <= through {
+            let Some(message) = log.iter().find(|c| c.seq >= next) else {
+                covered = through;
+                break;
+            };
+            next = message.seq + 1;
+            found.push(message.clone());
+        }
+        if bounded && next > through {
+            covered = through;
+        }
+        (found, covered)
+    }
+
+    /// The reader fed as the JetStream owner feeds it (its bounded reads, lagging replicas, deliveries lost,
+    /// doubled, reordered and late): what it hands out is the partition's commands in order, none skipped.
+    #[test]
+    fn a_reader_fed_by_the_owners_bounded_reads_never_skips_a_command() {
+        use crate::intercept::SeededRng;
+        for seed in 0..2000 {
+            let mut rng = SeededRng::new(seed);
+            let mut commands = Vec::new();
+            let mut seq = 0;
+            for _ in 0..(20 + rng.next_u64() % 60) {
+                seq += 1 + rng.next_u64() % 4;
+                commands.push(command(seq));
+            }
+            let mut visible = 1 + rng.next_u64() as usize % commands.len();
+            let mut consumer = ModelConsumer::starting_after(0);
+            let mut reader = Reader::new();
+            let (mut cursor, mut handed, mut late) = (0, Vec::new(), Vec::new());
+            for _round in 0..400 {
+                if visible < commands.len() && rng.chance(60) {
+                    visible = (visible + 1 + rng.next_u64() as usize % 3).min(commands.len());
+                }
+                let log = &commands[..visible];
+                let mut batch = consumer.pull(log, 1 + rng.next_u64() as usize % 6, rng.chance(10));
+                if rng.chance(15) && !batch.is_empty() {
+                    let at = rng.next_u64() as usize % batch.len();
+                    batch.remove(at);
+                }
+                if rng.chance(15) && batch.len() > 1 {
+                    let at = rng.next_u64() as usize % (batch.len() - 1);
+                    batch.swap(at, at + 1);
+                }
+                if rng.chance(10) && !batch.is_empty() {
+                    late.push(batch.remove(0));
+                }
+                if rng.chance(10) && !late.is_empty() {
+                    batch.push(late.remove(0));
+                }
+                for delivery in batch {
+                    reader.delivered(delivery);
+                }
+                for _ in 0..3 {
+                    let max = 1 + rng.next_u64() as usize % 12;
+                    match reader.next(cursor, max) {
+                        Next::Ready(found) => {
+                            for c in found {
+                                handed.push(c.seq);
+                                cursor = c.seq;
+                            }
+                            if rng.chance(70) {
+                                reader.done_through(cursor);
+                                consumer.ack(cursor);
+                            }
+                        }
+                        Next::Read { after, through } => {
+                            let (found, covered) = owner_read(&mut rng, log, after, max, through);
+                            reader.read(after, found, covered);
+                        }
+                        Next::Wait => break,
+                    }
+                }
+            }
+            let expected: Vec<u64> = commands.iter().map(|c| c.seq).filter(|&s| s <= cursor).collect();
+            assert_eq!(handed, expected, "seed {seed}: handed out out of order or with a gap");
+        }
+    }
 }
