@@ -44,10 +44,8 @@ pub enum Next {
     /// Commands to hand out, strictly in sequence after the cursor.
     Ready(Vec<CommandRecord>),
     /// Read by sequence after `after` (a delivery waits beyond what the reader can vouch for, or nothing is known
-    /// yet), then give the answer to [`Reader::read`]. `through`: the lowest sequence at hand beyond `after`, which
-    /// the read should reach (from the stream's leader, if a replica lags) and need not pass: a read that reaches it
-    /// leaves nothing unknown up to it, and the deliveries link on from there. 0 when nothing is at hand beyond
-    /// `after`: read as far as the log goes.
+    /// yet), then give the answer to [`Reader::read`]. `through`: the highest sequence delivered, which the read
+    /// should reach (from the stream's leader, if a replica lags).
     Read { after: u64, through: u64 },
     /// Nothing waits: wait for a delivery.
     Wait,
@@ -77,8 +75,6 @@ pub struct ReaderStats {
     pub delivered: u64,
     /// Reads by sequence asked for.
     pub reads: u64,
-    /// Commands the reads by sequence brought.
-    pub read_records: u64,
     /// Times the consumer's numbering was found restarted (what it linked forgotten).
     pub renumbered: u64,
 }
@@ -150,7 +146,6 @@ impl Reader {
             Some(known) if after <= known => self.known = Some(known.max(reached)),
             Some(_) => {}
         }
-        self.stats.read_records += records.len() as u64;
         for record in records {
             if record.seq > self.done {
                 self.held.entry(record.seq).or_insert(record);
@@ -167,7 +162,7 @@ impl Reader {
         }
         let Some(mut known) = self.known else {
             self.stats.reads += 1;
-            return Next::Read { after, through: self.lowest_after(after) };
+            return Next::Read { after, through: self.highest() };
         };
         if after > known {
             // The caller is past what the reader knew (another writer decided those): nothing there is needed.
@@ -191,17 +186,11 @@ impl Reader {
         if !ready.is_empty() || max == 0 {
             return Next::Ready(ready);
         }
-        let beyond = self.lowest_after(known);
-        if beyond > 0 {
+        if self.held.range(known + 1..).next().is_some() {
             self.stats.reads += 1;
-            return Next::Read { after: known, through: beyond };
+            return Next::Read { after: known, through: self.highest() };
         }
         Next::Wait
-    }
-
-    /// The lowest sequence at hand beyond `seq` (0: none).
-    fn lowest_after(&self, seq: u64) -> u64 {
-        self.held.range(seq + 1..).next().map_or(0, |(&seq, _)| seq)
     }
 
     /// Everything up to `seq` is done with: its commands and links are dropped.
@@ -220,6 +209,11 @@ impl Reader {
     /// Up to where every command is known (`None`: nothing yet).
     pub fn known(&self) -> Option<u64> {
         self.known
+    }
+
+    /// The highest sequence at hand (0: none).
+    pub fn highest(&self) -> u64 {
+        self.held.last_key_value().map_or(0, |(&seq, _)| seq)
     }
 }
 
@@ -375,7 +369,7 @@ mod tests {
         // A number below one seen: the consumer numbers anew, and nothing it says links to the old numbers.
         reader.delivered(delivery(2, 5, true));
         assert_eq!(reader.stats.renumbered, 1);
-        assert_eq!(reader.next(3, 10), Next::Read { after: 3, through: 5 });
+        assert_eq!(reader.next(3, 10), Next::Read { after: 3, through: 9 });
         reader.read(3, vec![command(5), command(7), command(9)], 0);
         assert_eq!(seqs(reader.next(3, 10)), vec![5, 7, 9]);
     }
@@ -392,7 +386,7 @@ mod tests {
         reader.delivered(delivery(2, 10, true));
         reader.delivered(delivery(3, 12, true));
         assert_eq!(reader.stats.renumbered, 1);
-        assert_eq!(reader.next(4, 10), Next::Read { after: 4, through: 10 });
+        assert_eq!(reader.next(4, 10), Next::Read { after: 4, through: 12 });
     }
 
     /// A consumer reset (`$JS.API.CONSUMER.RESET`, `nats consumer reset`) numbers deliveries from 1 again and keeps
@@ -567,113 +561,5 @@ mod tests {
         }
         // The deliveries carry most of it: reads by sequence fill the gaps the faults make.
         assert!(reads * 3 < commands_handed, "{reads} reads for {commands_handed} commands");
-    }
-    /// A read by sequence as the JetStream owner makes it (`JetStreamOwner::read`): bounded by `through` (a command
-    /// at hand), 8 first then twice as many from where the last answer ended, each answer from a replica that may lag
-    /// (a prefix of the log), then the leader one by one up to `through`; `covered = through` once the read passed
-    /// it without a gap, even when it holds `max` commands.
-    fn owner_read(
-        rng: &mut crate::intercept::SeededRng,
-        log: &[CommandRecord],
-        after: u64,
-        max: usize,
-        through: u64,
-    ) -> (Vec<CommandRecord>, u64) {
-        let replica = |rng: &mut crate::intercept::SeededRng, after: u64, ask: usize| -> Vec<CommandRecord> {
-            // A replica holds a prefix of the log.
-            let held = if rng.chance(30) { rng.next_u64() as usize % (log.len() + 1) } else { log.len() };
-            log[..held].iter().filter(|c| c.seq > after).take(ask).cloned().collect()
-        };
-        let bounded = through > after;
-        let mut ask = if bounded { max.min(8) } else { max };
-        let mut found = replica(rng, after, ask);
-        let mut answered = found.len();
-        while bounded && answered == ask && found.len() < max {
-            let Some(last) = found.last().map(|c| c.seq).filter(|&last| last < through) else { break };
-            ask = (ask * 2).min(max - found.len());
-            let more = replica(rng, last, ask);
-            answered = more.len();
-            found.extend(more);
-        }
-        let mut next = found.last().map_or(after, |c| c.seq) + 1;
-        let mut covered = 0;
-        while found.len() < max && next <= through {
-            let Some(message) = log.iter().find(|c| c.seq >= next) else {
-                covered = through;
-                break;
-            };
-            next = message.seq + 1;
-            found.push(message.clone());
-        }
-        if bounded && next > through {
-            covered = through;
-        }
-        (found, covered)
-    }
-
-    /// The reader fed as the JetStream owner feeds it (its bounded reads, lagging replicas, deliveries lost,
-    /// doubled, reordered and late): what it hands out is the partition's commands in order, none skipped.
-    #[test]
-    fn a_reader_fed_by_the_owners_bounded_reads_never_skips_a_command() {
-        use crate::intercept::SeededRng;
-        for seed in 0..2000 {
-            let mut rng = SeededRng::new(seed);
-            let mut commands = Vec::new();
-            let mut seq = 0;
-            for _ in 0..(20 + rng.next_u64() % 60) {
-                seq += 1 + rng.next_u64() % 4;
-                commands.push(command(seq));
-            }
-            let mut visible = 1 + rng.next_u64() as usize % commands.len();
-            let mut consumer = ModelConsumer::starting_after(0);
-            let mut reader = Reader::new();
-            let (mut cursor, mut handed, mut late) = (0, Vec::new(), Vec::new());
-            for _round in 0..400 {
-                if visible < commands.len() && rng.chance(60) {
-                    visible = (visible + 1 + rng.next_u64() as usize % 3).min(commands.len());
-                }
-                let log = &commands[..visible];
-                let mut batch = consumer.pull(log, 1 + rng.next_u64() as usize % 6, rng.chance(10));
-                if rng.chance(15) && !batch.is_empty() {
-                    let at = rng.next_u64() as usize % batch.len();
-                    batch.remove(at);
-                }
-                if rng.chance(15) && batch.len() > 1 {
-                    let at = rng.next_u64() as usize % (batch.len() - 1);
-                    batch.swap(at, at + 1);
-                }
-                if rng.chance(10) && !batch.is_empty() {
-                    late.push(batch.remove(0));
-                }
-                if rng.chance(10) && !late.is_empty() {
-                    batch.push(late.remove(0));
-                }
-                for delivery in batch {
-                    reader.delivered(delivery);
-                }
-                for _ in 0..3 {
-                    let max = 1 + rng.next_u64() as usize % 12;
-                    match reader.next(cursor, max) {
-                        Next::Ready(found) => {
-                            for c in found {
-                                handed.push(c.seq);
-                                cursor = c.seq;
-                            }
-                            if rng.chance(70) {
-                                reader.done_through(cursor);
-                                consumer.ack(cursor);
-                            }
-                        }
-                        Next::Read { after, through } => {
-                            let (found, covered) = owner_read(&mut rng, log, after, max, through);
-                            reader.read(after, found, covered);
-                        }
-                        Next::Wait => break,
-                    }
-                }
-            }
-            let expected: Vec<u64> = commands.iter().map(|c| c.seq).filter(|&s| s <= cursor).collect();
-            assert_eq!(handed, expected, "seed {seed}: handed out out of order or with a gap");
-        }
     }
 }

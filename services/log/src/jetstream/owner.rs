@@ -18,8 +18,6 @@ use super::{CMD_STREAM, EVT_STREAM, JetStream, WRITER_GROUP, unavailable, writer
 use crate::reading::{Delivery, Next, Reader};
 use crate::{CommandRecord, Error, Log, Owner};
 
-/// The commands a read by sequence up to a command at hand asks for first (see [`JetStreamOwner::read`]).
-const FIRST_READ: usize = 8;
 /// The most deliveries one pull of a writer consumer asks for.
 const PULL_BATCH: usize = 512;
 /// Pulls a writer keeps waiting at once: the next is sent when what the waiting ones may still bring falls below a
@@ -27,9 +25,6 @@ const PULL_BATCH: usize = 512;
 const PULLS_IN_FLIGHT: usize = 2;
 /// Deliveries a writer consumer sends before it waits for an ack: a few rounds of the largest append.
 const MAX_ACK_PENDING: i64 = 4 * crate::MAX_APPEND_RECORDS as i64;
-/// Deliveries done with that a busy writer leaves unacked before it acks them (one ack covers them all): a
-/// quarter of what the consumer lets wait for an ack, so deliveries never stop for want of one.
-const ACK_EVERY: usize = crate::MAX_APPEND_RECORDS;
 
 pub(super) fn pinned_client(info: &consumer::Info) -> Option<&str> {
     info.priority_groups.iter().find(|g| g.group == WRITER_GROUP).and_then(|g| g.pinned_client_id.as_deref())
@@ -66,8 +61,6 @@ impl JetStream {
             pulls: VecDeque::new(),
             unacked: BTreeMap::new(),
             done: 0,
-            acked: Instant::now(),
-            delivered_unacked: 0,
             reader: Reader::new(),
             newest: (0, 0),
             checked: Instant::now(),
@@ -217,10 +210,6 @@ pub struct JetStreamOwner {
     unacked: BTreeMap<u64, Subject>,
     /// Everything up to here is done with.
     done: u64,
-    /// When the last ack was sent: a busy writer acks at least once a pull's expiry.
-    acked: Instant,
-    /// Deliveries since the last ack.
-    delivered_unacked: usize,
     /// What was delivered and read, and what may be handed out ([`Reader`]).
     reader: Reader,
     /// The newest delivery's number, and how many commands of the partition the stream held beyond it then (not
@@ -318,7 +307,6 @@ impl JetStreamOwner {
                 }
                 self.reader.delivered(Delivery { dseq: ack.delivery_seq, first: ack.delivered == 1, record });
                 self.unacked.insert(ack.stream_seq, reply);
-                self.delivered_unacked += 1;
                 Ok(())
             }
             Some(StatusCode::PIN_ID_MISMATCH) => {
@@ -436,26 +424,11 @@ impl JetStreamOwner {
         if self.lost { Err(Error::Lost(self.partition)) } else { Ok(()) }
     }
 
-    /// Commands after `after`, read by sequence: from any replica, and from the leader up to `through` if the
-    /// replica has not caught up with it. Returns them and the sequence up to which no other command lies.
-    ///
-    /// `through` (when past `after`) is a command at hand: the read need not go beyond it, but a read by sequence
-    /// cannot be told where to stop, only how many to answer. So it asks for a few first and twice as many each
-    /// time after, until it passes `through`: the gap before a delivery is usually empty or short (the commands a
-    /// writer that stopped had been delivered and had not decided), and a takeover no longer reads a whole batch
-    /// again that the consumer is delivering anyway.
+    /// Commands after `after`, read by sequence: from any replica, and from the leader up to `through` (the
+    /// highest delivered) if the replica has not caught up with it. Returns them and the sequence up to which no
+    /// other command lies.
     async fn read(&self, after: u64, max: usize, through: u64) -> Result<(Vec<CommandRecord>, u64), Error> {
-        let bounded = through > after;
-        let mut ask = if bounded { max.min(FIRST_READ) } else { max };
-        let mut found = self.log.read_commands(self.partition, after, ask).await?;
-        let mut answered = found.len();
-        while bounded && answered == ask && found.len() < max {
-            let Some(last) = found.last().map(|c| c.seq).filter(|&last| last < through) else { break };
-            ask = (ask * 2).min(max - found.len());
-            let more = self.log.read_commands(self.partition, last, ask).await?;
-            answered = more.len();
-            found.extend(more);
-        }
+        let mut found = self.log.read_commands(self.partition, after, max).await?;
         let filter = command_filter(self.partition);
         let mut next = found.last().map_or(after, |c| c.seq) + 1;
         let mut covered = 0;
@@ -467,10 +440,6 @@ impl JetStreamOwner {
             };
             next = message.sequence + 1;
             found.push(command_record(message));
-        }
-        if bounded && next > through {
-            // Read without a gap from `after` up to the command at hand.
-            covered = through;
         }
         Ok((found, covered))
     }
@@ -493,15 +462,7 @@ impl JetStreamOwner {
 
     /// Acks every delivery up to `done`, with one ack: the consumer acks all (`AckAll`) up to the highest. An ack
     /// is fire and forget: a lost one means redeliveries, which are acked again.
-    ///
-    /// Unless `now`, a writer with work at hand acks only once [`ACK_EVERY`] deliveries are done with or a pull's
-    /// expiry has passed since its last ack: under a backlog one ack covers many rounds, not one each. Before it
-    /// waits, on release, and when asked `now`, it acks what is done.
-    async fn ack_done(&mut self, now: bool) -> Result<(), Error> {
-        let owed = self.unacked.first_key_value().is_some_and(|(seq, _)| *seq <= self.done);
-        if !owed || (!now && self.delivered_unacked < ACK_EVERY && self.acked.elapsed() < self.pull_expires) {
-            return Ok(());
-        }
+    async fn ack_done(&mut self) -> Result<(), Error> {
         let later = self.unacked.split_off(&(self.done + 1));
         let done = std::mem::replace(&mut self.unacked, later);
         if let Some((_, reply)) = done.into_iter().next_back() {
@@ -511,8 +472,6 @@ impl JetStreamOwner {
                 .publish(reply, Bytes::from_static(b"+ACK"))
                 .await
                 .map_err(|e| unavailable("cannot ack", e))?;
-            self.acked = Instant::now();
-            self.delivered_unacked = 0;
         }
         Ok(())
     }
@@ -529,7 +488,7 @@ impl Owner for JetStreamOwner {
         tokio::task::yield_now().await;
         self.drain()?;
         self.check_held()?;
-        self.ack_done(false).await?;
+        self.ack_done().await?;
         self.keep_pulling().await?;
         let deadline = Instant::now() + wait;
         // Reads by sequence this call: a replica that lags may answer short of what was delivered; the leader
@@ -549,9 +508,6 @@ impl Owner for JetStreamOwner {
                     waited = true;
                     let until = self.reader.stats.delivered + (want - found.len()) as u64;
                     drop(found);
-                    // A wait like any other: the deliveries it waits for may be held back by the consumer's ack
-                    // limit, which only the acks deferred so far lift.
-                    self.ack_done(true).await?;
                     while self.reader.stats.delivered < until && self.take_next(deadline).await? {
                         self.check_held()?;
                     }
@@ -559,23 +515,19 @@ impl Owner for JetStreamOwner {
                     self.keep_pulling().await?;
                     continue;
                 }
-                // With nothing at hand to read up to, a waiting pull's deliveries come first: reading a batch
-                // by sequence now would fetch what they are bringing (a takeover's first call), and the read
-                // after the wait covers a consumer that delivers nothing.
-                Next::Read { after: from, through } if reads < 2 && (through > from || self.pulls.is_empty()) => {
+                Next::Read { after: from, through } if reads < 2 => {
                     reads += 1;
                     self.read_into_reader(from, max, through).await?;
                     continue;
                 }
                 Next::Read { .. } | Next::Wait => {}
             }
-            // Nothing to hand out: what is done is acked before waiting.
-            self.ack_done(true).await?;
             if !self.take_next(deadline).await? {
                 break;
             }
             self.drain()?;
             self.check_held()?;
+            self.ack_done().await?;
             self.keep_pulling().await?;
         }
         if self.pin.is_none() && self.checked.elapsed() >= self.pull_expires && self.pinned_elsewhere().await? {
@@ -583,12 +535,12 @@ impl Owner for JetStreamOwner {
         }
         // A command may have come without a delivery (the consumer at its ack limit): read once more, after what
         // the reader knows.
-        let (from, through) = match self.reader.next(after, max) {
+        let from = match self.reader.next(after, max) {
             Next::Ready(found) => return self.hand_out(found).await,
-            Next::Read { after: from, through } => (from, through),
-            Next::Wait => (self.reader.known().unwrap_or(after), 0),
+            Next::Read { after: from, .. } => from,
+            Next::Wait => self.reader.known().unwrap_or(after),
         };
-        self.read_into_reader(from, max, through).await?;
+        self.read_into_reader(from, max, self.reader.highest()).await?;
         match self.reader.next(after, max) {
             Next::Ready(found) => self.hand_out(found).await,
             Next::Read { .. } | Next::Wait => self.hand_out(Vec::new()).await,
@@ -605,14 +557,14 @@ impl Owner for JetStreamOwner {
         self.done = self.done.max(seq);
         self.reader.done_through(seq);
         self.drain()?;
-        self.ack_done(false).await?;
+        self.ack_done().await?;
         self.check_held()?;
         self.keep_pulling().await
     }
 
     async fn release(mut self) {
         if self.drain().is_ok() {
-            let _ = self.ack_done(true).await;
+            let _ = self.ack_done().await;
         }
         if self.lost || self.pin.is_none() {
             return;
