@@ -564,20 +564,7 @@ async fn rebuild_from_log<L: leasehold_log::Log>(
             batch.push(o);
         }
         if batch.len() >= REBUILD_BATCH || (ended && !batch.is_empty()) {
-            let decoded: Vec<_> = batch.iter().map(leasehold_projector::decode).collect();
-            let wanted: std::collections::BTreeSet<u64> = decoded
-                .iter()
-                .filter_map(|outcome| outcome.as_ref().ok().filter(|o| o.effects().is_empty()).map(|o| o.cmd_seq))
-                .collect();
-            // A few reads at a time: on JetStream each is a round trip.
-            let read: Vec<_> =
-                futures::stream::iter(wanted).map(|seq| log.command_at(seq)).buffered(16).collect().await;
-            let mut held = BTreeMap::new();
-            for command in read {
-                if let Some(command) = command? {
-                    held.insert(command.seq, command);
-                }
-            }
+            let (decoded, held) = leasehold_projector::decode_with_commands(log, &batch, 0).await?;
             bulk.apply(&batch, decoded, &held)?;
             batch.clear();
         }

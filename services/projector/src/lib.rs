@@ -132,6 +132,34 @@ impl std::fmt::Debug for Projector {
     }
 }
 
+/// `batch` decoded, with the commands of its steps without effect past `after` read from `log` (a rejection names
+/// what it refused only in its command): what [`Projector::apply_batch_from`] and a bulk rebuild from a log apply.
+pub async fn decode_with_commands<L: Log>(
+    log: &L,
+    batch: &[StoredOutcome],
+    after: u64,
+) -> Result<(Vec<Result<Outcome, Error>>, BTreeMap<u64, CommandRecord>), Error> {
+    let decoded: Vec<Result<Outcome, Error>> = batch.iter().map(decode).collect();
+    let wanted: BTreeSet<u64> = batch
+        .iter()
+        .zip(&decoded)
+        .filter_map(|(stored, outcome)| match outcome {
+            Ok(outcome) if stored.seq > after && outcome.effects().is_empty() => Some(outcome.cmd_seq),
+            _ => None,
+        })
+        .collect();
+    // A few reads at a time: on JetStream each is a round trip.
+    let commands: Vec<_> =
+        futures::stream::iter(wanted).map(|seq| log.command_at(seq)).buffered(COMMAND_READS).collect().await;
+    let mut held = BTreeMap::new();
+    for command in commands {
+        if let Some(command) = command? {
+            held.insert(command.seq, command);
+        }
+    }
+    Ok((decoded, held))
+}
+
 impl Projector {
     /// Opens (or creates) the projection in `dir`.
     pub fn open(dir: &Path, partitions: u32) -> Result<Self, Error> {
@@ -311,24 +339,7 @@ impl Projector {
     /// [`Projector::apply_batch`], reading from `log` the commands of the steps without effect (a rejection names
     /// what it refused only in its command), while the log holds them.
     pub async fn apply_batch_from<L: Log>(&mut self, log: &L, batch: &[StoredOutcome]) -> Result<(), Error> {
-        let decoded: Vec<Result<Outcome, Error>> = batch.iter().map(decode).collect();
-        let wanted: BTreeSet<u64> = batch
-            .iter()
-            .zip(&decoded)
-            .filter_map(|(stored, outcome)| match outcome {
-                Ok(outcome) if stored.seq > self.applied && outcome.effects().is_empty() => Some(outcome.cmd_seq),
-                _ => None,
-            })
-            .collect();
-        // A few reads at a time: on JetStream each is a round trip.
-        let commands: Vec<_> =
-            futures::stream::iter(wanted).map(|seq| log.command_at(seq)).buffered(COMMAND_READS).collect().await;
-        let mut held = BTreeMap::new();
-        for command in commands {
-            if let Some(command) = command? {
-                held.insert(command.seq, command);
-            }
-        }
+        let (decoded, held) = decode_with_commands(log, batch, self.applied).await?;
         self.apply_decoded(batch, decoded, &held)
     }
 
