@@ -520,6 +520,9 @@ async fn serve<L: Log>(
         config.writer.rolling_out_schema = args.rolling_out_schema;
         config.writer.max_append_records = usize::from(args.max_append_records);
         config.writer.metrics = Some(metrics.clone());
+        // Deciding what the log already sent takes at most a fifth of the grace, so the partitions are still
+        // given back within it.
+        config.writer.stop_grace = config.writer.stop_grace.min(args.stop.shutdown_grace / 5);
         #[cfg(feature = "fault-points")]
         if let Some(faults) = &faults {
             faults.install(&mut config.writer);

@@ -286,6 +286,22 @@ pub trait Owner: Send + 'static {
     /// Tells the log that every command up to `seq` is done with (its outcome landed, or it needed none).
     fn done_through(&mut self, seq: u64) -> impl Future<Output = Result<(), Error>> + Send;
 
+    /// For a clean stop: everything up to `after` is done with; gives, strictly in sequence after it and up to
+    /// `max`, the commands this owner was already sent (and those on their way: what its waiting pulls have room
+    /// for of what the log held, waited for up to `wait`), asking the log for nothing more. A writer decides them
+    /// before it releases the partition, so the next owner is not sent them again. An empty list when none are at
+    /// hand (a log that sends nothing ahead never has any). `Err(Error::Lost)` when another worker serves the
+    /// partition now.
+    fn in_hand(
+        &mut self,
+        after: u64,
+        max: usize,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Vec<CommandRecord>, Error>> + Send {
+        let _ = (after, max, wait);
+        async { Ok(Vec::new()) }
+    }
+
     /// Gives the partition up so another worker takes it at once.
     fn release(self) -> impl Future<Output = ()> + Send;
 }

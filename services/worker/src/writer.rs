@@ -130,6 +130,11 @@ pub struct WriterConfig {
     /// snapshot: a small state is snapshotted often, so a takeover never reads a tail longer than the snapshot
     /// (a partition of a hundred resources loads a few hundred outcomes, not ten thousand).
     pub snapshot_min: u64,
+    /// A clean stop stores a snapshot when at least this many parts landed since the last one (or were folded at
+    /// the load), so the next owner loads it rather than the tail; `0`: never.
+    pub snapshot_on_stop: u64,
+    /// How long a clean stop may spend deciding the commands the log already sent (see `Writer::stop_cleanly`).
+    pub stop_grace: Duration,
     /// Where decisions, lag, dead letters and reloads are counted for `/metrics` (none: not counted).
     pub metrics: Option<crate::WorkerMetrics>,
     /// Test-only faults to inject (the chaos harness's; see [`crate::faults`]).
@@ -151,6 +156,8 @@ impl Default for WriterConfig {
             rolling_out_schema: None,
             snapshot_every: 10_000,
             snapshot_min: 1_000,
+            snapshot_on_stop: 100,
+            stop_grace: Duration::from_secs(2),
             metrics: None,
             #[cfg(feature = "fault-points")]
             faults: None,
@@ -189,6 +196,8 @@ pub struct Writer<L: Log> {
     /// Their bytes (the parts appended since the load only), and the size of the last snapshot stored (0: none yet).
     since_snapshot_bytes: u64,
     last_snapshot_bytes: u64,
+    /// The command the partition's last outcome answers (`None`: no outcome yet), for a snapshot.
+    last_command: Option<CommandId>,
     /// What the state holds that the log does not yet: appended before anything is acked.
     group: Group,
     /// The most records one append carries: the configuration's and the log's limit, halved each time the log
@@ -218,6 +227,7 @@ impl<L: Log> Writer<L> {
             since_snapshot: folded,
             since_snapshot_bytes: 0,
             last_snapshot_bytes: 0,
+            last_command,
             group: Group::default(),
             config,
             #[cfg(feature = "fault-points")]
@@ -255,11 +265,11 @@ impl<L: Log> Writer<L> {
                 Err(Failure::Fatal(e)) => return self.stop_on(e).await,
             }
             if shutdown.is_cancelled() {
-                return Ok(Stop::Shutdown);
+                return self.stop_cleanly(owner).await;
             }
             let batch = tokio::select! {
                 biased;
-                () = shutdown.cancelled() => return Ok(Stop::Shutdown),
+                () = shutdown.cancelled() => return self.stop_cleanly(owner).await,
                 batch = owner.next_commands(self.read_pos, self.config.max_batch, self.config.poll) => batch,
             };
             let batch = match batch {
@@ -319,6 +329,65 @@ impl<L: Log> Writer<L> {
         }
     }
 
+    /// A clean stop, once every outcome of the commands handled landed: decides the commands the log already sent
+    /// this owner (the next one would be sent them again), for at most `stop_grace`, then stores a snapshot if the
+    /// tail since the last one is long enough to be worth it, so the next owner loads a snapshot and nothing more
+    /// (a rolling restart, a worker handing its partitions over). Whatever does not land cleanly ends it at once,
+    /// with no snapshot: the state may hold what did not land.
+    async fn stop_cleanly(&mut self, owner: &mut L::Owner) -> Result<Stop, Error> {
+        let deadline = tokio::time::Instant::now() + self.config.stop_grace;
+        loop {
+            let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if wait.is_zero() {
+                return Ok(Stop::Shutdown);
+            }
+            let batch = match owner.in_hand(self.read_pos, self.config.max_batch, wait).await {
+                Ok(batch) => batch,
+                Err(leasehold_log::Error::Lost(_)) => return Ok(Stop::Lost),
+                Err(e) => {
+                    tracing::debug!(partition = self.state.partition(), error = %e, "stopping without what is at hand");
+                    return Ok(Stop::Shutdown);
+                }
+            };
+            if batch.is_empty() {
+                break;
+            }
+            for command in batch {
+                if command.seq <= self.read_pos {
+                    continue;
+                }
+                let handled = match self.handle(&command).await {
+                    Ok(()) => self.finish_parts().await,
+                    Err(failure) => Err(failure),
+                };
+                match handled {
+                    Ok(()) => self.read_pos = command.seq,
+                    Err(Failure::Unclean(unclean)) => {
+                        tracing::info!(partition = self.state.partition(), why = %unclean.why, "stopping: not clean");
+                        return Ok(Stop::Shutdown);
+                    }
+                    Err(Failure::Fatal(e)) => return self.stop_on(e).await,
+                }
+            }
+            match self.flush(false).await {
+                Ok(()) => {}
+                Err(Failure::Unclean(unclean)) => {
+                    tracing::info!(partition = self.state.partition(), why = %unclean.why, "stopping: not clean");
+                    return Ok(Stop::Shutdown);
+                }
+                Err(Failure::Fatal(e)) => return self.stop_on(e).await,
+            }
+        }
+        let enough = self.config.snapshot_on_stop;
+        if enough > 0
+            && self.since_snapshot >= enough
+            && let Some(last_command) = self.last_command
+        {
+            self.store_snapshot(last_command).await;
+        }
+        Ok(Stop::Shutdown)
+    }
+
     /// Stops the partition on `e` (what a retry cannot mend), after appending the group in hand: the commands
     /// before the one that stopped it were decided cleanly, as a writer without group commit would have appended
     /// them. No snapshot: the state may hold what failed.
@@ -333,9 +402,10 @@ impl<L: Log> Writer<L> {
     async fn reload(&mut self, unclean: Unclean) -> Result<(), Error> {
         tracing::info!(partition = self.state.partition(), why = %unclean.why, "append not clean: reloading");
         let partition = self.state.partition();
-        let Folded { state, fence, folded, .. } =
+        let Folded { state, fence, folded, last_command } =
             fold_partition(&self.log, partition, unclean.at_least, &self.config).await?;
         self.state = state;
+        self.last_command = last_command;
         self.fence = fence;
         self.read_pos = self.state.cursor();
         self.since_snapshot = folded;
@@ -570,8 +640,11 @@ impl<L: Log> Writer<L> {
                 metrics.decided(type_name, rejected, started.elapsed());
             }
         }
-        if snapshot && let Some(last_command) = group.last_command {
-            self.maybe_snapshot(last_command).await;
+        if let Some(last_command) = group.last_command {
+            self.last_command = Some(last_command);
+            if snapshot {
+                self.maybe_snapshot(last_command).await;
+            }
         }
         Ok(())
     }
@@ -582,7 +655,15 @@ impl<L: Log> Writer<L> {
         let every = self.config.snapshot_every;
         let early = self.since_snapshot >= self.config.snapshot_min.min(every)
             && self.since_snapshot_bytes >= self.last_snapshot_bytes;
-        if every == 0 || (self.since_snapshot < every && !early) || self.state.pending().is_some() {
+        if every == 0 || (self.since_snapshot < every && !early) {
+            return;
+        }
+        self.store_snapshot(last_command).await;
+    }
+
+    /// Stores a snapshot of the state, whose last outcome answers `last_command`, unless a decision is unfinished.
+    async fn store_snapshot(&mut self, last_command: CommandId) {
+        if self.state.pending().is_some() {
             return;
         }
         let partition = self.state.partition();

@@ -350,3 +350,114 @@ async fn late_append_answers_never_double_an_outcome() {
     let p0: Vec<_> = outcomes.iter().collect();
     assert!(p0.windows(2).all(|w| w[1].prev_seq == w[0].seq), "the chain is unbroken");
 }
+
+/// Every outcome in the log, read in pages (a read answers at most one batch).
+async fn all_outcomes<L: Log>(log: &L) -> Vec<StoredOutcome> {
+    let mut all: Vec<StoredOutcome> = Vec::new();
+    loop {
+        let from = all.last().map_or(1, |o| o.seq + 1);
+        let page = log.read_outcomes(&OutcomeFilter::All, from, 10_000).await.unwrap();
+        if page.is_empty() {
+            return all;
+        }
+        all.extend(page);
+    }
+}
+
+/// Holds the third append until the test lets it go, and says when it holds it.
+#[derive(Debug, Clone, Default)]
+struct HoldThirdAppend {
+    appends: Arc<AtomicU32>,
+    held: Arc<tokio::sync::Notify>,
+    go: Arc<tokio::sync::Notify>,
+}
+
+impl Intercept<JetStream> for HoldThirdAppend {
+    type Owner = leasehold_log::jetstream::JetStreamOwner;
+
+    async fn own(&self, log: &JetStream, partition: u32, worker: &str) -> Result<Option<Self::Owner>, Error> {
+        log.own(partition, worker).await
+    }
+
+    async fn append(
+        &self,
+        log: &JetStream,
+        partition: u32,
+        fence: u64,
+        records: &[leasehold_log::OutcomeRecord],
+    ) -> leasehold_log::Appended {
+        if self.appends.fetch_add(1, Ordering::SeqCst) == 2 {
+            self.held.notify_one();
+            self.go.notified().await;
+        }
+        log.append(partition, fence, records).await
+    }
+}
+
+/// A clean stop in the middle of a backlog (a rolling restart): the writer decides the commands the consumer had
+/// already sent it before it gives the partition up, so none is sent to the next owner again (the server holds no
+/// delivery unacked), and it stores a snapshot, so the next owner loads no tail. The next owner decides the rest:
+/// every command once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_decides_what_it_was_sent_and_leaves_a_snapshot() {
+    let Some(server) = NatsServer::start() else { return };
+    let log = JetStream::connect(JetStreamConfig::new(server.url(), 1)).await.expect("connect");
+    let mut producer = Producer::new(log.clone());
+    let agent = AgentName::new("w0").unwrap();
+    producer.publish("w0", register(&agent)).await;
+    let total = 1_500;
+    for _ in 1..total {
+        let resource = producer.resource();
+        producer.publish("ci", allocate(&agent, resource)).await;
+    }
+    let config = |name: &str| WorkerConfig {
+        writer: WriterConfig { max_batch: 50, ..WriterConfig::default() },
+        ..WorkerConfig::new(name)
+    };
+    let hooks = HoldThirdAppend::default();
+    let held = Intercepted { log: log.clone(), hooks: hooks.clone() };
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(leasehold_worker::run(held, config("first"), shutdown.clone()));
+    tokio::time::timeout(Duration::from_secs(20), hooks.held.notified()).await.expect("a third append");
+    // Asked to stop with two groups landed, the third in flight, and the consumer's pulls delivering.
+    shutdown.cancel();
+    hooks.go.notify_one();
+    let report = tokio::time::timeout(Duration::from_secs(20), worker).await.expect("the stop ends").unwrap();
+    assert!(report.stopped.is_empty(), "{:?}", report.stopped);
+    let decided = all_outcomes(&log).await.iter().filter(|o| o.part == 0).count();
+    assert!(decided > 150, "the stop decided what was at hand, not only the group in flight: {decided}");
+    assert!(decided < total, "the test needs a backlog the first owner was not sent whole: {decided}");
+
+    let js = async_nats::jetstream::new(log.client().clone());
+    let stream = js.get_stream(leasehold_log::jetstream::CMD_STREAM).await.expect("stream");
+    // The release's ack is a message of its own: the server may answer a question asked after it first.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = stream.consumer_info(leasehold_log::jetstream::writer_consumer(0)).await.expect("consumer info");
+        if info.num_ack_pending == 0 && info.num_redelivered == 0 {
+            break;
+        }
+        let late = tokio::time::Instant::now() >= deadline;
+        assert!(!late, "what the first owner was sent waits to be sent again: {info:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let last = log.last_outcome_seq(0).await.unwrap();
+    let snapshot = log.latest_snapshot(0).await.unwrap().expect("a snapshot stored at the stop");
+    assert_eq!(snapshot.fence, last, "the snapshot is of the state at the last outcome");
+    let folded = leasehold_worker::fold_partition(&log, 0, 0, &WriterConfig::default()).await.unwrap();
+    assert_eq!(folded.folded, 0, "the next owner loads the snapshot and no tail");
+
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(leasehold_worker::run(log.clone(), config("second"), shutdown.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let seqs = loop {
+        let seqs: Vec<u64> = all_outcomes(&log).await.iter().filter(|o| o.part == 0).map(|o| o.cmd_seq).collect();
+        if seqs.len() >= total || tokio::time::Instant::now() >= deadline {
+            break seqs;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let report = stop(shutdown, worker).await;
+    assert!(report.stopped.is_empty(), "{:?}", report.stopped);
+    assert_eq!(seqs, (1..=total as u64).collect::<Vec<u64>>(), "one outcome per command, in order");
+}

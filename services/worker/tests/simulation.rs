@@ -88,11 +88,16 @@ struct Faults {
     leases_renewed: u64,
     waits_timed_out: u64,
     agents_stalled: u64,
+    /// A worker asked to stop mid-run (a rolling restart), and the stops that decided commands it had been sent.
+    clean_stops: u64,
+    decided_at_a_stop: u64,
 }
 
 impl std::ops::AddAssign for Faults {
     fn add_assign(&mut self, f: Faults) {
         self.busy += f.busy;
+        self.clean_stops += f.clean_stops;
+        self.decided_at_a_stop += f.decided_at_a_stop;
         self.timed_out += f.timed_out;
         self.acks_lost += f.acks_lost;
         self.stalls += f.stalls;
@@ -131,6 +136,9 @@ struct Faulty {
     clock: Arc<LogClock>,
     /// The server's writer consumers, one per partition, shared by the workers.
     consumers: Arc<Mutex<BTreeMap<u32, ModelConsumer>>>,
+    /// This worker's stop, when the seed has it asked to stop mid-run (a rolling restart): an owner asks for it
+    /// once, as it hands out a batch with more delivered behind it.
+    stop: Option<CancellationToken>,
 }
 
 impl std::fmt::Debug for Faulty {
@@ -449,6 +457,14 @@ impl Owner for SimOwner {
             let again = batch[0].clone();
             batch.insert(1.min(batch.len()), again);
         }
+        if let Some(stop) = &self.faults.stop
+            && !stop.is_cancelled()
+            && self.reader.highest() > batch.last().map_or(after, |c| c.seq)
+            && self.faults.roll(20)
+        {
+            self.faults.count(|f| f.clean_stops += 1);
+            stop.cancel();
+        }
         Ok(batch)
     }
 
@@ -462,6 +478,21 @@ impl Owner for SimOwner {
             consumer.ack(seq);
         }
         self.inner.done_through(seq).await
+    }
+
+    async fn in_hand(&mut self, after: u64, max: usize, _wait: Duration) -> Result<Vec<CommandRecord>, Error> {
+        self.done_through(after).await?;
+        // What the pulls in flight still bring.
+        self.pull().await?;
+        match self.reader.next(after, max) {
+            Next::Ready(found) => {
+                if !found.is_empty() {
+                    self.faults.count(|f| f.decided_at_a_stop += 1);
+                }
+                Ok(found)
+            }
+            Next::Read { .. } | Next::Wait => Ok(Vec::new()),
+        }
     }
 
     async fn release(self) {
@@ -782,6 +813,9 @@ async fn run_seed(seed: u64) -> Faults {
     let shutdown = CancellationToken::new();
     let mut workers = Vec::new();
     for (w, name) in ["worker-a", "worker-b"].into_iter().enumerate() {
+        // On even seeds the first worker is asked to stop mid-run: it decides what it was sent, snapshots and gives
+        // its partitions up; the other takes them over.
+        let stop = shutdown.child_token();
         let sim: SimLog = Intercepted {
             log: log.clone(),
             hooks: Faulty {
@@ -789,6 +823,7 @@ async fn run_seed(seed: u64) -> Faults {
                 faults: faults.clone(),
                 clock: clock.clone(),
                 consumers: consumers.clone(),
+                stop: (w == 0 && seed.is_multiple_of(2)).then(|| stop.clone()),
             },
         };
         let config = WorkerConfig {
@@ -807,7 +842,7 @@ async fn run_seed(seed: u64) -> Faults {
                 ..WriterConfig::default()
             },
         };
-        workers.push(tokio::spawn(leasehold_worker::run(sim, config, shutdown.clone())));
+        workers.push(tokio::spawn(leasehold_worker::run(sim, config, stop)));
     }
     let work = Workload {
         rng: Rng::new(seed.wrapping_mul(31)),
@@ -1040,6 +1075,8 @@ fn writers_under_seeded_faults_decide_as_one_writer_would() {
         ("jumps of the log's clock back", total.time_jumps_back),
         ("decisions at a log time below an earlier one's", total.decided_back_in_time),
         ("leases expired", total.leases_expired),
+        ("workers stopped cleanly mid-run", total.clean_stops),
+        ("clean stops that decided what they had been sent", total.decided_at_a_stop),
         ("leases renewed", total.leases_renewed),
         ("waits timed out", total.waits_timed_out),
         ("agents stalled", total.agents_stalled),

@@ -562,6 +562,25 @@ impl Owner for JetStreamOwner {
         self.keep_pulling().await
     }
 
+    async fn in_hand(&mut self, after: u64, max: usize, wait: Duration) -> Result<Vec<CommandRecord>, Error> {
+        self.done = self.done.max(after);
+        self.reader.done_through(after);
+        self.drain()?;
+        self.check_held()?;
+        // What the waiting pulls still bring of what the stream held beyond the newest delivery: the server sends
+        // it whether or not we stop, so it is decided here rather than sent to the next owner again.
+        let deadline = Instant::now() + wait;
+        while self.coming(0, usize::MAX) > 0 && self.take_next(deadline).await? {
+            self.drain()?;
+            self.check_held()?;
+        }
+        match self.reader.next(after, max) {
+            Next::Ready(found) => self.hand_out(found).await,
+            // Past a gap the deliveries cannot vouch for: a read by sequence is the next owner's to make.
+            Next::Read { .. } | Next::Wait => Ok(Vec::new()),
+        }
+    }
+
     async fn release(mut self) {
         if self.drain().is_ok() {
             let _ = self.ack_done().await;
