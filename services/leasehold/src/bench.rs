@@ -711,22 +711,22 @@ pub(crate) async fn end_to_end<L: Log>(
     eprintln!("publishing {} commands one by one (64 in flight)...", alone.len());
     let (took, _) = publish_all(log, alone.to_vec(), Publishing::Alone).await?;
     figures.publish_per_s = alone.len() as f64 / took.as_secs_f64();
-    eprintln!("publishing {} commands with batched ingest (256 callers)...", batched.len());
-    let (took, _) = publish_all(log, batched.to_vec(), Publishing::Batched).await?;
-    figures.publish_batched_per_s = batched.len() as f64 / took.as_secs_f64();
 
-    // The commands are in the log: each phase decides a fresh `commands` of them, the first without group commit.
+    // Each end-to-end phase decides the commands published for it, stored before its writers start: the first
+    // without group commit, the second with it.
     eprintln!("end to end without group commit (one record per append): {} workers decide...", args.workers);
-    let half = args.commands / 2;
+    let half = alone.len() as u64;
     let start = Instant::now();
     let writers = Writers::start(writer_log, args.workers, 1);
     let (done, _) = outcomes_landed(log, 0, half).await?;
     figures.e2e_unbatched_per_s = half as f64 / (done - start).as_secs_f64();
     writers.stop().await?;
-    // What the first writers decided past `half` before they stopped is decided already: count from there.
+    eprintln!("publishing {} commands with batched ingest (256 callers)...", batched.len());
+    let (took, _) = publish_all(log, batched.to_vec(), Publishing::Batched).await?;
+    figures.publish_batched_per_s = batched.len() as f64 / took.as_secs_f64();
     let from = last_outcome(log).await?;
     let decided_before = count_decided(log).await?;
-    eprintln!("end to end with group commit: {} workers decide the rest...", args.workers);
+    eprintln!("end to end with group commit: {} workers decide them...", args.workers);
     let monitor = args.nats_monitor.as_deref();
     let before = match monitor {
         Some(monitor) => Some(ServerCounters::read(monitor).await?),
