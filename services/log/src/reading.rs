@@ -44,9 +44,12 @@ pub enum Next {
     /// Commands to hand out, strictly in sequence after the cursor.
     Ready(Vec<CommandRecord>),
     /// Read by sequence after `after` (a delivery waits beyond what the reader can vouch for, or nothing is known
-    /// yet), then give the answer to [`Reader::read`]. `through`: the highest sequence delivered, which the read
-    /// should reach (from the stream's leader, if a replica lags).
-    Read { after: u64, through: u64 },
+    /// yet), then give the answer to [`Reader::read`]. `through`: the sequence the read should reach (from the
+    /// stream's leader, if a replica lags). `bounded`: it is the lowest first delivery at hand beyond `after`, and
+    /// the read need not pass it (the links carry on from there; the gap before it is usually empty or a few
+    /// commands); otherwise it is the highest delivered (what is at hand beyond `after` are redeliveries, which
+    /// link nothing), and the read takes as much as it may.
+    Read { after: u64, through: u64, bounded: bool },
     /// Nothing waits: wait for a delivery.
     Wait,
 }
@@ -75,6 +78,8 @@ pub struct ReaderStats {
     pub delivered: u64,
     /// Reads by sequence asked for.
     pub reads: u64,
+    /// Commands the reads by sequence brought.
+    pub read_records: u64,
     /// Times the consumer's numbering was found restarted (what it linked forgotten).
     pub renumbered: u64,
 }
@@ -136,6 +141,7 @@ impl Reader {
     /// Takes in a read by sequence after `after`: `records` are every command of the partition after `after`, in
     /// order, up to the last of them, and no other lies in `(after, through]`.
     pub fn read(&mut self, after: u64, records: Vec<CommandRecord>, through: u64) {
+        self.stats.read_records += records.len() as u64;
         let reached = records.last().map_or(after, |r| r.seq).max(through);
         match self.known {
             None => {
@@ -162,7 +168,7 @@ impl Reader {
         }
         let Some(mut known) = self.known else {
             self.stats.reads += 1;
-            return Next::Read { after, through: self.highest() };
+            return self.read_after(after);
         };
         if after > known {
             // The caller is past what the reader knew (another writer decided those): nothing there is needed.
@@ -188,9 +194,18 @@ impl Reader {
         }
         if self.held.range(known + 1..).next().is_some() {
             self.stats.reads += 1;
-            return Next::Read { after: known, through: self.highest() };
+            return self.read_after(known);
         }
         Next::Wait
+    }
+
+    /// A read by sequence after `seq`: up to the lowest first delivery beyond it, or as far as it may.
+    fn read_after(&self, seq: u64) -> Next {
+        let first = self.deliveries.values().filter(|&&(at, first)| first && at > seq).map(|&(at, _)| at).min();
+        match first {
+            Some(first) => Next::Read { after: seq, through: first, bounded: true },
+            None => Next::Read { after: seq, through: self.highest(), bounded: false },
+        }
     }
 
     /// Everything up to `seq` is done with: its commands and links are dropped.
@@ -310,7 +325,7 @@ mod tests {
         let mut reader = Reader::new();
         reader.delivered(delivery(7, 9, true));
         // The delivery alone proves nothing about what lies between the cursor and it.
-        assert_eq!(reader.next(4, 10), Next::Read { after: 4, through: 9 });
+        assert_eq!(reader.next(4, 10), Next::Read { after: 4, through: 9, bounded: true });
         reader.read(4, vec![command(6), command(9)], 0);
         assert_eq!(seqs(reader.next(4, 10)), vec![6, 9]);
         assert_eq!(reader.next(9, 10), Next::Wait);
@@ -319,7 +334,7 @@ mod tests {
     #[test]
     fn consecutive_first_deliveries_are_handed_out_without_a_read() {
         let mut reader = Reader::new();
-        assert_eq!(reader.next(0, 10), Next::Read { after: 0, through: 0 });
+        assert_eq!(reader.next(0, 10), Next::Read { after: 0, through: 0, bounded: false });
         reader.read(0, vec![command(2)], 0);
         reader.delivered(delivery(1, 2, true));
         reader.delivered(delivery(2, 5, true));
@@ -336,12 +351,12 @@ mod tests {
         let mut reader = Reader::new();
         reader.read(0, Vec::new(), 0);
         reader.delivered(delivery(1, 3, true));
-        assert_eq!(reader.next(0, 10), Next::Read { after: 0, through: 3 });
+        assert_eq!(reader.next(0, 10), Next::Read { after: 0, through: 3, bounded: true });
         reader.read(0, vec![command(3)], 0);
         // Delivery 2 went to another client (an old owner): 4 may hide between 3 and 8.
         reader.delivered(delivery(3, 8, true));
         assert_eq!(seqs(reader.next(0, 10)), vec![3]);
-        assert_eq!(reader.next(3, 10), Next::Read { after: 3, through: 8 });
+        assert_eq!(reader.next(3, 10), Next::Read { after: 3, through: 8, bounded: true });
         reader.read(3, vec![command(4), command(8)], 0);
         assert_eq!(seqs(reader.next(3, 10)), vec![4, 8]);
     }
@@ -369,7 +384,7 @@ mod tests {
         // A number below one seen: the consumer numbers anew, and nothing it says links to the old numbers.
         reader.delivered(delivery(2, 5, true));
         assert_eq!(reader.stats.renumbered, 1);
-        assert_eq!(reader.next(3, 10), Next::Read { after: 3, through: 9 });
+        assert_eq!(reader.next(3, 10), Next::Read { after: 3, through: 5, bounded: true });
         reader.read(3, vec![command(5), command(7), command(9)], 0);
         assert_eq!(seqs(reader.next(3, 10)), vec![5, 7, 9]);
     }
@@ -386,7 +401,7 @@ mod tests {
         reader.delivered(delivery(2, 10, true));
         reader.delivered(delivery(3, 12, true));
         assert_eq!(reader.stats.renumbered, 1);
-        assert_eq!(reader.next(4, 10), Next::Read { after: 4, through: 12 });
+        assert_eq!(reader.next(4, 10), Next::Read { after: 4, through: 10, bounded: true });
     }
 
     /// A consumer reset (`$JS.API.CONSUMER.RESET`, `nats consumer reset`) numbers deliveries from 1 again and keeps
@@ -398,7 +413,7 @@ mod tests {
     fn a_reset_consumer_never_links_its_new_numbers_to_the_old_ones() {
         let mut reader = Reader::new();
         reader.delivered(delivery(4, 4, true));
-        assert_eq!(reader.next(0, 1), Next::Read { after: 0, through: 4 });
+        assert_eq!(reader.next(0, 1), Next::Read { after: 0, through: 4, bounded: true });
         reader.read(0, vec![command(1)], 0);
         assert_eq!(seqs(reader.next(0, 1)), vec![1]);
         // The reset: 1 first, 1 again after its ack wait, then (once 1 is acked) 2.
@@ -431,7 +446,7 @@ mod tests {
         reader.read(0, vec![command(1), command(2), command(3)], 0);
         assert_eq!(seqs(reader.next(0, 10)), vec![1, 2, 3]);
         reader.done_through(3);
-        assert_eq!(reader.next(1, 10), Next::Read { after: 1, through: 0 });
+        assert_eq!(reader.next(1, 10), Next::Read { after: 1, through: 0, bounded: false });
         reader.read(1, vec![command(2), command(3)], 0);
         assert_eq!(seqs(reader.next(1, 10)), vec![2, 3]);
     }
@@ -440,11 +455,11 @@ mod tests {
     fn a_read_short_of_the_deliveries_is_asked_again() {
         let mut reader = Reader::new();
         reader.delivered(delivery(5, 7, true));
-        assert_eq!(reader.next(0, 10), Next::Read { after: 0, through: 7 });
+        assert_eq!(reader.next(0, 10), Next::Read { after: 0, through: 7, bounded: true });
         // A replica behind the leader answers with less than was delivered.
         reader.read(0, vec![command(2)], 0);
         assert_eq!(seqs(reader.next(0, 10)), vec![2]);
-        assert_eq!(reader.next(2, 10), Next::Read { after: 2, through: 7 });
+        assert_eq!(reader.next(2, 10), Next::Read { after: 2, through: 7, bounded: true });
     }
 
     /// Many seeded runs of a consumer whose deliveries are lost (they went to another client), doubled, reordered
@@ -517,14 +532,16 @@ mod tests {
                                 consumer.ack(landed);
                             }
                         }
-                        Next::Read { after, through } => {
+                        Next::Read { after, through, bounded } => {
                             let from = log.iter().position(|c| c.seq > after).unwrap_or(log.len());
                             let mut found: Vec<CommandRecord> = log[from..].iter().take(8).cloned().collect();
                             let mut covered = 0;
+                            let passed = bounded && found.last().is_some_and(|c| c.seq >= through);
                             if rng.chance(20) && !found.is_empty() {
                                 // A replica that lags answers with a prefix.
                                 found.truncate(rng.next_u64() as usize % found.len());
-                            } else if found.len() < 8 {
+                            } else if found.len() < 8 || passed {
+                                // The end of the log, or (a read up to a first delivery) past it.
                                 covered = through;
                             }
                             reader.read(after, found, covered);
@@ -545,7 +562,7 @@ mod tests {
                         handed.extend(found.iter().map(|c| c.seq));
                         cursor = found.last().map_or(cursor, |c| c.seq);
                     }
-                    Next::Read { after, through } => {
+                    Next::Read { after, through, .. } => {
                         let found: Vec<CommandRecord> =
                             commands.iter().filter(|c| c.seq > after).take(8).cloned().collect();
                         let covered = if found.len() < 8 { through } else { 0 };
@@ -561,5 +578,115 @@ mod tests {
         }
         // The deliveries carry most of it: reads by sequence fill the gaps the faults make.
         assert!(reads * 3 < commands_handed, "{reads} reads for {commands_handed} commands");
+    }
+
+    /// A read by sequence as the JetStream owner makes it (`JetStreamOwner::read`): bounded by `through` (a command
+    /// at hand), 8 first then twice as many from where the last answer ended, each answer from a replica that may lag
+    /// (a prefix of the log), then the leader one by one up to `through`; `covered = through` once the read passed
+    /// it without a gap, even when it holds `max` commands.
+    fn owner_read(
+        rng: &mut crate::intercept::SeededRng,
+        log: &[CommandRecord],
+        after: u64,
+        max: usize,
+        through: u64,
+        bounded: bool,
+    ) -> (Vec<CommandRecord>, u64) {
+        let replica = |rng: &mut crate::intercept::SeededRng, after: u64, ask: usize| -> Vec<CommandRecord> {
+            // A replica holds a prefix of the log.
+            let held = if rng.chance(30) { rng.next_u64() as usize % (log.len() + 1) } else { log.len() };
+            log[..held].iter().filter(|c| c.seq > after).take(ask).cloned().collect()
+        };
+        let bounded = bounded && through > after;
+        let mut ask = if bounded { max.min(8) } else { max };
+        let mut found = replica(rng, after, ask);
+        let mut answered = found.len();
+        while bounded && answered == ask && found.len() < max {
+            let Some(last) = found.last().map(|c| c.seq).filter(|&last| last < through) else { break };
+            ask = (ask * 2).min(max - found.len());
+            let more = replica(rng, last, ask);
+            answered = more.len();
+            found.extend(more);
+        }
+        let mut next = found.last().map_or(after, |c| c.seq) + 1;
+        let mut covered = 0;
+        while found.len() < max && next <= through {
+            let Some(message) = log.iter().find(|c| c.seq >= next) else {
+                covered = through;
+                break;
+            };
+            next = message.seq + 1;
+            found.push(message.clone());
+        }
+        if bounded && next > through {
+            covered = through;
+        }
+        (found, covered)
+    }
+
+    /// The reader fed as the JetStream owner feeds it (its bounded reads, lagging replicas, deliveries lost,
+    /// doubled, reordered and late): what it hands out is the partition's commands in order, none skipped.
+    #[test]
+    fn a_reader_fed_by_the_owners_bounded_reads_never_skips_a_command() {
+        use crate::intercept::SeededRng;
+        for seed in 0..2000 {
+            let mut rng = SeededRng::new(seed);
+            let mut commands = Vec::new();
+            let mut seq = 0;
+            for _ in 0..(20 + rng.next_u64() % 60) {
+                seq += 1 + rng.next_u64() % 4;
+                commands.push(command(seq));
+            }
+            let mut visible = 1 + rng.next_u64() as usize % commands.len();
+            let mut consumer = ModelConsumer::starting_after(0);
+            let mut reader = Reader::new();
+            let (mut cursor, mut handed, mut late) = (0, Vec::new(), Vec::new());
+            for _round in 0..400 {
+                if visible < commands.len() && rng.chance(60) {
+                    visible = (visible + 1 + rng.next_u64() as usize % 3).min(commands.len());
+                }
+                let log = &commands[..visible];
+                let mut batch = consumer.pull(log, 1 + rng.next_u64() as usize % 6, rng.chance(10));
+                if rng.chance(15) && !batch.is_empty() {
+                    let at = rng.next_u64() as usize % batch.len();
+                    batch.remove(at);
+                }
+                if rng.chance(15) && batch.len() > 1 {
+                    let at = rng.next_u64() as usize % (batch.len() - 1);
+                    batch.swap(at, at + 1);
+                }
+                if rng.chance(10) && !batch.is_empty() {
+                    late.push(batch.remove(0));
+                }
+                if rng.chance(10) && !late.is_empty() {
+                    batch.push(late.remove(0));
+                }
+                for delivery in batch {
+                    reader.delivered(delivery);
+                }
+                for _ in 0..3 {
+                    let max = 1 + rng.next_u64() as usize % 12;
+                    match reader.next(cursor, max) {
+                        Next::Ready(found) => {
+                            for c in found {
+                                handed.push(c.seq);
+                                cursor = c.seq;
+                            }
+                            if rng.chance(70) {
+                                reader.done_through(cursor);
+                                consumer.ack(cursor);
+                            }
+                        }
+                        Next::Read { after, through, bounded } => {
+                            let (found, covered) = owner_read(&mut rng, log, after, max, through, bounded);
+                            reader.read(after, found, covered);
+                        }
+                        Next::Wait => break,
+                    }
+                }
+            }
+            let expected: Vec<u64> = commands.iter().map(|c| c.seq).filter(|&s| s <= cursor).collect();
+            assert_eq!(handed, expected, "seed {seed}: handed out out of order or with a gap");
+        }
     }
 }

@@ -227,6 +227,102 @@ async fn an_owner_hands_out_deliveries_without_reading_each_batch_again() {
     assert!(stats.reads <= 3, "read by sequence for batch after batch: {stats:?}");
 }
 
+/// A writer that stops leaves commands it was delivered and did not decide (its pulls ran ahead). The next owner
+/// reads them by sequence up to the first command the consumer delivers to it, a few at first and twice as many
+/// each time: not a whole batch of commands the consumer is delivering anyway.
+#[tokio::test]
+async fn the_next_owner_reads_only_the_gap_a_stopped_writer_left() {
+    let Some((_server, log)) = fresh().await else { return };
+    let key = &conformance::keys_in(1, PARTITIONS, 1)[0];
+    let mut published = Vec::new();
+    for n in 0..100 {
+        published.push(publish(&log, key, n).await);
+    }
+    let mut a = log.own(1, "worker-a").await.expect("own").expect("a free partition");
+    let mut cursor = 0;
+    while cursor < published[9] {
+        let got = a.next_commands(cursor, 10, Duration::from_millis(500)).await.expect("commands");
+        for command in got.iter().filter(|c| c.seq <= published[9]) {
+            cursor = command.seq;
+        }
+        a.done_through(cursor).await.expect("done");
+    }
+    assert!(a.reading_stats().delivered > 10, "a's pull ran ahead: {:?}", a.reading_stats());
+    a.release().await;
+    for n in 100..200 {
+        published.push(publish(&log, key, n).await);
+    }
+    let mut b = own_within(&log, 1, "worker-b").await;
+    let mut handed = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while handed.len() < published.len() - 10 {
+        assert!(Instant::now() < deadline, "only {} of {} commands came", handed.len(), published.len() - 10);
+        let got = b.next_commands(cursor, 1000, Duration::from_millis(500)).await.expect("commands");
+        if let Some(last) = got.last() {
+            cursor = last.seq;
+            b.done_through(cursor).await.expect("done");
+        }
+        handed.extend(got.iter().map(|c| c.seq));
+    }
+    assert_eq!(handed, published[10..], "in order, each once");
+    let stats = b.reading_stats();
+    // The gap is the 90 commands a did not decide: reads of 8, 16, 32 and 64 pass it. A read of a whole batch
+    // brought all 190.
+    assert!(stats.read_records >= 90 && stats.read_records <= 120, "{stats:?}");
+}
+
+/// Under a backlog the consumer delivers until 4,000 deliveries wait for an ack, then stops until one comes. A
+/// writer that takes batches smaller than the consumer delivers (150 here, each appended) holds thousands
+/// undecided and defers its acks; when what it holds runs short of a batch it waits for the deliveries the pulls
+/// are to bring, and those must not be held back by the acks it has not sent: no call waits out its poll while the
+/// backlog lasts. (Fails when that wait does not ack first: a stall of the whole poll every 8,000 commands.)
+#[tokio::test]
+async fn a_busy_writer_is_never_kept_waiting_by_the_acks_it_defers() {
+    let Some((_server, log)) = fresh().await else { return };
+    let key = &conformance::keys_in(1, PARTITIONS, 1)[0];
+    let total = 40_000;
+    for chunk in 0..total / 500 {
+        let commands: Vec<leasehold_log::Publish> = (0..500)
+            .map(|i| {
+                let n = chunk * 500 + i;
+                leasehold_log::Publish {
+                    subject: format!("lh.in.op.{key}.c{n}"),
+                    msg_id: format!("{key}-{n}"),
+                    payload: Bytes::from(format!("{n}")),
+                }
+            })
+            .collect();
+        assert!(log.publish_commands(&commands).await.iter().all(Result::is_ok), "published");
+    }
+    let mut owner = log.own(1, "worker-a").await.expect("own").expect("a free partition");
+    let poll = Duration::from_millis(500);
+    let (mut cursor, mut handed) = (0, 0);
+    let mut fence = log.last_outcome_seq(1).await.expect("the fence");
+    let mut stalls = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while handed < total {
+        assert!(Instant::now() < deadline, "only {handed} of {total} commands came");
+        let started = Instant::now();
+        let got = owner.next_commands(cursor, 150, poll).await.expect("commands");
+        let took = started.elapsed();
+        handed += got.len();
+        if took >= poll * 4 / 5 && handed < total {
+            stalls.push((handed, took));
+        }
+        if let Some(last) = got.last() {
+            // The writer's work: the batch's outcomes, appended in one.
+            let records: Vec<_> = got.iter().map(|c| conformance::record(key, c.seq, 0)).collect();
+            match log.append(1, fence, &records).await {
+                Appended::Landed { last, .. } => fence = last,
+                other => panic!("the append did not land: {other:?}"),
+            }
+            cursor = last.seq;
+            owner.done_through(cursor).await.expect("done");
+        }
+    }
+    assert!(stalls.is_empty(), "calls that waited out the poll with {total} commands in the log: {stalls:?}");
+}
+
 /// An operator's unpin moves the partition: the next owner is pinned by the next delivery, and the old one hears
 /// it is lost, whatever it asks for.
 #[tokio::test]

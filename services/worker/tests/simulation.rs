@@ -387,7 +387,7 @@ impl SimOwner {
     }
 
     /// Answers the reader's read by sequence, from a replica that may lag.
-    async fn read(&mut self, after: u64, max: usize, through: u64) -> Result<(), Error> {
+    async fn read(&mut self, after: u64, max: usize, through: u64, bounded: bool) -> Result<(), Error> {
         let partition = self.inner.partition();
         let mut found: Vec<CommandRecord> = self
             .log
@@ -397,6 +397,11 @@ impl SimOwner {
             .map(|c| self.faults.clock.as_stamped(c))
             .collect();
         let mut covered = if found.len() < max.max(1) { through } else { 0 };
+        if bounded && let Some(at) = found.iter().position(|c| c.seq >= through) {
+            // A read up to a first delivery stops once it passes it, as the JetStream owner's does.
+            found.truncate(at + 1);
+            covered = through;
+        }
         if !found.is_empty() && self.faults.roll(10) {
             self.faults.count(|f| f.reads_cut_short += 1);
             found.truncate(self.faults.below(found.len() as u64) as usize);
@@ -429,7 +434,7 @@ impl Owner for SimOwner {
                         batch = found;
                         break 'wait;
                     }
-                    Next::Read { after: from, through } => self.read(from, max, through).await?,
+                    Next::Read { after: from, through, bounded } => self.read(from, max, through, bounded).await?,
                     Next::Wait => break,
                 }
             }

@@ -18,6 +18,8 @@ use super::{CMD_STREAM, EVT_STREAM, JetStream, WRITER_GROUP, unavailable, writer
 use crate::reading::{Delivery, Next, Reader};
 use crate::{CommandRecord, Error, Log, Owner};
 
+/// The commands a read by sequence up to a first delivery asks for first (see [`JetStreamOwner::read`]).
+const FIRST_READ: usize = 8;
 /// The most deliveries one pull of a writer consumer asks for.
 const PULL_BATCH: usize = 512;
 /// Pulls a writer keeps waiting at once: the next is sent when what the waiting ones may still bring falls below a
@@ -424,11 +426,31 @@ impl JetStreamOwner {
         if self.lost { Err(Error::Lost(self.partition)) } else { Ok(()) }
     }
 
-    /// Commands after `after`, read by sequence: from any replica, and from the leader up to `through` (the
-    /// highest delivered) if the replica has not caught up with it. Returns them and the sequence up to which no
-    /// other command lies.
-    async fn read(&self, after: u64, max: usize, through: u64) -> Result<(Vec<CommandRecord>, u64), Error> {
-        let mut found = self.log.read_commands(self.partition, after, max).await?;
+    /// Commands after `after`, read by sequence: from any replica, and from the leader up to `through` if the
+    /// replica has not caught up with it. Returns them and the sequence up to which no other command lies.
+    ///
+    /// `bounded`: `through` is a first delivery at hand, and the read need not go beyond it (the deliveries link on
+    /// from there). A read by sequence cannot be told where to stop, only how many to answer, so it asks for a few
+    /// first and twice as many each time after, until it passes `through`: a new owner reads the gap before the
+    /// consumer's first delivery (usually none), not a whole batch the consumer is delivering anyway.
+    async fn read(
+        &self,
+        after: u64,
+        max: usize,
+        through: u64,
+        bounded: bool,
+    ) -> Result<(Vec<CommandRecord>, u64), Error> {
+        let bounded = bounded && through > after;
+        let mut ask = if bounded { max.min(FIRST_READ) } else { max };
+        let mut found = self.log.read_commands(self.partition, after, ask).await?;
+        let mut answered = found.len();
+        while bounded && answered == ask && found.len() < max {
+            let Some(last) = found.last().map(|c| c.seq).filter(|&last| last < through) else { break };
+            ask = (ask * 2).min(max - found.len());
+            let more = self.log.read_commands(self.partition, last, ask).await?;
+            answered = more.len();
+            found.extend(more);
+        }
         let filter = command_filter(self.partition);
         let mut next = found.last().map_or(after, |c| c.seq) + 1;
         let mut covered = 0;
@@ -441,12 +463,16 @@ impl JetStreamOwner {
             next = message.sequence + 1;
             found.push(command_record(message));
         }
+        if bounded && next > through {
+            // Read without a gap from `after` up to the first delivery.
+            covered = covered.max(through);
+        }
         Ok((found, covered))
     }
 
     /// Reads by sequence as the reader asks, and takes the answer in.
-    async fn read_into_reader(&mut self, after: u64, max: usize, through: u64) -> Result<(), Error> {
-        let (found, covered) = self.read(after, max.clamp(1, DIRECT_BATCH), through).await?;
+    async fn read_into_reader(&mut self, after: u64, max: usize, through: u64, bounded: bool) -> Result<(), Error> {
+        let (found, covered) = self.read(after, max.clamp(1, DIRECT_BATCH), through, bounded).await?;
         self.reader.read(after, found, covered);
         Ok(())
     }
@@ -515,9 +541,14 @@ impl Owner for JetStreamOwner {
                     self.keep_pulling().await?;
                     continue;
                 }
-                Next::Read { after: from, through } if reads < 2 => {
+                // With nothing at hand to read up to, a waiting pull's deliveries come first: reading a batch by
+                // sequence now would fetch what they are bringing (a new owner's first call), and the read after
+                // the wait covers a consumer that delivers nothing.
+                Next::Read { after: from, through, bounded }
+                    if reads < 2 && (through > from || self.pulls.is_empty()) =>
+                {
                     reads += 1;
-                    self.read_into_reader(from, max, through).await?;
+                    self.read_into_reader(from, max, through, bounded).await?;
                     continue;
                 }
                 Next::Read { .. } | Next::Wait => {}
@@ -535,12 +566,12 @@ impl Owner for JetStreamOwner {
         }
         // A command may have come without a delivery (the consumer at its ack limit): read once more, after what
         // the reader knows.
-        let from = match self.reader.next(after, max) {
+        let (from, through, bounded) = match self.reader.next(after, max) {
             Next::Ready(found) => return self.hand_out(found).await,
-            Next::Read { after: from, .. } => from,
-            Next::Wait => self.reader.known().unwrap_or(after),
+            Next::Read { after: from, through, bounded } => (from, through, bounded),
+            Next::Wait => (self.reader.known().unwrap_or(after), self.reader.highest(), false),
         };
-        self.read_into_reader(from, max, self.reader.highest()).await?;
+        self.read_into_reader(from, max, through, bounded).await?;
         match self.reader.next(after, max) {
             Next::Ready(found) => self.hand_out(found).await,
             Next::Read { .. } | Next::Wait => self.hand_out(Vec::new()).await,
