@@ -151,8 +151,9 @@ pub fn check_subject(subject: &str, command: &Command) -> Result<(), SubjectMism
     })
 }
 
-/// Whether `text` is exactly what `pieces` writes.
-fn spells(text: &str, pieces: std::fmt::Arguments<'_>) -> bool {
+/// Whether `text` is exactly what `pieces` writes, found without writing it out (`format_args!`): how the checks
+/// every command and outcome goes through compare a stored token with what a body says.
+pub fn spells(text: &str, pieces: std::fmt::Arguments<'_>) -> bool {
     /// What is left of the text to match; the writing stops at the first piece that differs.
     struct Rest<'a>(&'a str);
     impl std::fmt::Write for Rest<'_> {
