@@ -12,6 +12,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use leasehold_domain::{DECIDER_VERSION, PartitionState, apply};
 use leasehold_log::export::Entry;
 use leasehold_log::{CommandRecord, StoredOutcome};
+use leasehold_schemas::subjects::spells;
 use leasehold_schemas::{Outcome, codec};
 
 /// Folds `entries` to their end, or until `visit` breaks, calling it with each step once applied (and the fold, for
@@ -317,8 +318,11 @@ impl PartitionFold {
             ));
         }
         // The subject and the command id too: an agent reads only its own subject.
-        let key = outcome.command.key.token();
-        if stored.key != key || stored.cmd_id != outcome.command.id.to_string() {
+        let (key, id) = (&outcome.command.key, &outcome.command.id);
+        if !spells(&stored.key, format_args!("{}", key.token_display()))
+            || !spells(&stored.cmd_id, format_args!("{id}"))
+        {
+            let key = key.token();
             return Err(Failure::outcome(
                 seq,
                 partition,
@@ -415,5 +419,54 @@ impl PartitionFold {
         self.version = step.outcome.decider_version;
         self.decisions.last = Some((step.outcome.cmd_seq, step.outcome.part, step.outcome.continues()));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use leasehold_domain::driver::Driver;
+    use leasehold_schemas::Uuid;
+    use leasehold_schemas::command::Register;
+    use leasehold_schemas::ids::{AgentName, Timestamp};
+
+    use super::*;
+
+    /// A registration's outcome at sequence 1 of partition 0 of 1, stored under its own key and command id.
+    fn registration() -> StoredOutcome {
+        let mut driver = Driver::new(0, 1, Timestamp(1_800_000_000_000));
+        let outcome = driver.submit("w1", Register::new(AgentName::new("w1").unwrap(), Uuid::from_u128(1)));
+        StoredOutcome {
+            seq: 1,
+            partition: 0,
+            key: outcome.command.key.token(),
+            cmd_id: outcome.command.id.to_string(),
+            cmd_seq: outcome.cmd_seq,
+            part: 0,
+            prev_seq: 0,
+            payload: Bytes::from(codec::encode_outcome(&outcome).unwrap()),
+        }
+    }
+
+    /// An outcome stored under another key or another command id than its body's (an agent would read it on the
+    /// wrong subject) fails its check; under its own, it passes. The key and the id are compared with no copy of
+    /// them made, so a longer or shorter text must fail as well as a different one.
+    #[test]
+    fn an_outcome_stored_under_another_key_or_command_id_fails() {
+        let stored = registration();
+        assert!(PartitionFold::new(0, 1).check(stored.clone()).is_ok());
+        let id = stored.cmd_id.clone();
+        let wrong = [
+            StoredOutcome { key: "w2".to_owned(), ..stored.clone() },
+            StoredOutcome { key: "w1x".to_owned(), ..stored.clone() },
+            StoredOutcome { key: "w".to_owned(), ..stored.clone() },
+            StoredOutcome { cmd_id: format!("{id}0"), ..stored.clone() },
+            StoredOutcome { cmd_id: id[..id.len() - 1].to_owned(), ..stored.clone() },
+        ];
+        for stored in wrong {
+            let (key, id) = (stored.key.clone(), stored.cmd_id.clone());
+            let failure = PartitionFold::new(0, 1).check(stored).expect_err("another key or command id");
+            assert!(failure.detail.contains("is stored under key"), "{key} {id}: {failure}");
+        }
     }
 }

@@ -460,7 +460,7 @@ async fn rebuild(
     )
 }
 
-/// How many outcomes `rebuild` reads before it folds them: the next batch is read and decoded while one is folded.
+/// How many outcomes `rebuild` reads before it folds them: the next batch is read while one is decoded and folded.
 pub const REBUILD_BATCH: usize = 4096;
 
 /// Drops every read model of `projector` and folds `entries`' outcomes into it again from sequence 1, in bulk
@@ -469,15 +469,15 @@ pub const REBUILD_BATCH: usize = 4096;
 /// The commands among `entries`, if any, go with the outcomes that answer them: a step without effect is in the
 /// timeline of what its command names.
 ///
-/// Three things go on at once: reading a batch of [`REBUILD_BATCH`] outcomes, decoding the batch before on every
-/// core, and folding the one before that into the projection (one thread: the fold is in log order).
+/// Two things go on at once: reading a batch of [`REBUILD_BATCH`] outcomes, and decoding and folding the one before
+/// into the projection, its partitions on every core ([`leasehold_projector::Bulk`]), while the chunk before is
+/// written.
 pub async fn rebuild_projection(
     projector: leasehold_projector::Projector,
     mut entries: futures::stream::BoxStream<'static, Result<Entry, leasehold_log::Error>>,
     mut progress: impl FnMut(u64),
 ) -> anyhow::Result<leasehold_projector::Projector> {
     type Folding = tokio::task::JoinHandle<Result<leasehold_projector::Bulk, leasehold_projector::Error>>;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut bulk = Some(projector.into_bulk()?);
     let mut folding: Option<Folding> = None;
     // Each partition's commands not yet answered, in sequence.
@@ -511,29 +511,12 @@ pub async fn rebuild_projection(
                 Entry::DeadLetter { .. } => {}
             }
         }
-        let decoding = tokio::task::spawn_blocking(move || {
-            let size = batch.len().div_ceil(threads).max(1);
-            let mut parts = Vec::new();
-            let mut rest = batch;
-            while rest.len() > size {
-                let tail = rest.split_off(size);
-                parts.push(std::mem::replace(&mut rest, tail));
-            }
-            parts.push(rest);
-            let decoded = crate::parallel::on_threads(parts, threads, |part| {
-                let decoded: Vec<_> = part.iter().map(leasehold_projector::decode).collect();
-                (part, decoded)
-            });
-            let (parts, decoded): (Vec<_>, Vec<_>) = decoded.into_iter().unzip();
-            (parts.into_iter().flatten().collect::<Vec<_>>(), decoded.into_iter().flatten().collect::<Vec<_>>())
-        });
-        let (batch, decoded) = decoding.await?;
         if let Some(previous) = folding.take() {
             bulk = Some(previous.await??);
         }
         let mut folder = bulk.take().expect("the bulk rebuild is back from its last batch");
         folding = Some(tokio::task::spawn_blocking(move || {
-            folder.apply(&batch, decoded, &answered)?;
+            folder.apply_encoded(&batch, &answered)?;
             Ok(folder)
         }));
     }

@@ -108,7 +108,9 @@ async fn decided_again_at_other_log_times_it_is_the_same_log() {
 
 /// `rebuild`'s bulk path, committed in many small chunks (reads of records written chunks before, records
 /// removed from an index in a later chunk), gives every table the digest an incremental projection of the same
-/// log gives, the timeline index included.
+/// log gives, the timeline index and the counts by state included: folded on one thread, and with the partitions
+/// dealt out to several (three, unevenly: each keeps its own buffers, and the counts are added up at each chunk's
+/// end).
 #[tokio::test]
 async fn a_bulk_rebuild_in_chunks_equals_an_incremental_projection() {
     let dir = tempfile::tempdir().unwrap();
@@ -119,21 +121,33 @@ async fn a_bulk_rebuild_in_chunks_equals_an_incremental_projection() {
     for batch in outcomes.chunks(leasehold_projector::MAX_BATCH) {
         incremental.apply_batch(batch).unwrap();
     }
-    let mut bulk = Projector::open(&dir.path().join("bulk"), PARTITIONS).unwrap().into_bulk().unwrap().with_chunk(150);
-    for batch in outcomes.chunks(64) {
-        let decoded = batch.iter().map(leasehold_projector::decode).collect();
-        bulk.apply(batch, decoded, &std::collections::BTreeMap::new()).unwrap();
-    }
-    let bulk = bulk.finish().unwrap();
-
-    let (want, got) = (incremental.digests().unwrap(), bulk.digests().unwrap());
+    let want = incremental.digests().unwrap();
     assert!(want.contains_key("timeline") && want.contains_key("counts"), "{want:?}");
-    assert_eq!(got, want, "every table's digest");
-    assert_eq!((bulk.applied(), incremental.applied()), (OUTCOMES, OUTCOMES));
-    // What the bulk path committed is what a projector opened on it reads.
-    drop(bulk);
-    let reopened = leasehold_projector::recorded(&dir.path().join("bulk")).unwrap().expect("a projection");
-    assert_eq!((reopened.applied, reopened.digests), (OUTCOMES, want));
+    for threads in [1, 3] {
+        let path = dir.path().join(format!("bulk-{threads}"));
+        let mut bulk =
+            Projector::open(&path, PARTITIONS).unwrap().into_bulk().unwrap().with_chunk(150).with_threads(threads);
+        for (i, batch) in outcomes.chunks(64).enumerate() {
+            // Bodies decoded by the caller, and by the threads that fold them.
+            if i % 2 == 0 {
+                let decoded = batch.iter().map(leasehold_projector::decode).collect();
+                bulk.apply(batch, decoded, &std::collections::BTreeMap::new()).unwrap();
+            } else {
+                bulk.apply_encoded(batch, &std::collections::BTreeMap::new()).unwrap();
+            }
+        }
+        let bulk = bulk.finish().unwrap();
+
+        let got = bulk.digests().unwrap();
+        assert_eq!(got, want, "every table's digest, folded on {threads} thread(s)");
+        assert_eq!((bulk.applied(), incremental.applied()), (OUTCOMES, OUTCOMES));
+        // The partitions' states come back from the threads: the projector follows the log from there.
+        assert!(bulk.states() == incremental.states(), "the partition states, folded on {threads} thread(s)");
+        // What the bulk path committed is what a projector opened on it reads.
+        drop(bulk);
+        let reopened = leasehold_projector::recorded(&path).unwrap().expect("a projection");
+        assert_eq!((reopened.applied, &reopened.digests), (OUTCOMES, &want));
+    }
 }
 
 /// The outcomes of the export file at `file`, in order.

@@ -392,9 +392,23 @@ impl Key {
     pub fn token(&self) -> String {
         match self {
             Key::Agent(agent) => agent.as_str().to_owned(),
-            Key::Pool(pool) => format!("@{pool}"),
-            Key::Placement(resource) => format!("~{resource}"),
+            Key::Pool(_) | Key::Placement(_) => self.token_display().to_string(),
         }
+    }
+
+    /// [`Key::token`], written where it is wanted without a `String` of its own (a subject checked piece by piece).
+    pub fn token_display(&self) -> impl fmt::Display + '_ {
+        struct Token<'a>(&'a Key);
+        impl fmt::Display for Token<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self.0 {
+                    Key::Agent(agent) => f.write_str(agent.as_str()),
+                    Key::Pool(pool) => write!(f, "@{pool}"),
+                    Key::Placement(resource) => write!(f, "~{resource}"),
+                }
+            }
+        }
+        Token(self)
     }
 }
 

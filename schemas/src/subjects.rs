@@ -125,11 +125,15 @@ pub struct SubjectMismatch {
 /// the sender publish on, so a body about another agent, pool or resource is refused; and a resource's command
 /// history stays one subject filter.
 pub fn check_subject(subject: &str, command: &Command) -> Result<(), SubjectMismatch> {
-    let expected_tail = format!("{}.{}.{}", command.class().token(), command.key().token(), command.subject_id());
+    let key = command.key();
     let tail = subject_tail(subject);
-    if tail == Some(expected_tail.as_str()) {
+    // Compared piece by piece, with no subject of its own built: every command a writer or `verify` takes comes
+    // through here.
+    let (class_token, id) = (command.class().token(), command.subject_id());
+    if tail.is_some_and(|tail| spells(tail, format_args!("{class_token}.{}.{id}", key.token_display()))) {
         return Ok(());
     }
+    let expected_tail = format!("{class_token}.{}.{id}", key.token());
     // An `op` command of a bound producer: `op@<principal>` in place of `op` (the principal is checked apart).
     let bound = tail.and_then(|tail| {
         let (class, rest) = tail.split_once('.')?;
@@ -145,6 +149,21 @@ pub fn check_subject(subject: &str, command: &Command) -> Result<(), SubjectMism
         type_name: command.type_name(),
         expected: format!("lh.in.{expected_tail}"),
     })
+}
+
+/// Whether `text` is exactly what `pieces` writes, found without writing it out (`format_args!`): how the checks
+/// every command and outcome goes through compare a stored token with what a body says.
+pub fn spells(text: &str, pieces: std::fmt::Arguments<'_>) -> bool {
+    /// What is left of the text to match; the writing stops at the first piece that differs.
+    struct Rest<'a>(&'a str);
+    impl std::fmt::Write for Rest<'_> {
+        fn write_str(&mut self, piece: &str) -> std::fmt::Result {
+            self.0 = self.0.strip_prefix(piece).ok_or(std::fmt::Error)?;
+            Ok(())
+        }
+    }
+    let mut rest = Rest(text);
+    std::fmt::write(&mut rest, pieces).is_ok() && rest.0.is_empty()
 }
 
 /// The subject a writer consumes for one partition.

@@ -16,6 +16,61 @@ use redb::{Key, ReadableTable, Value};
 /// A chunk's writes to one table: key bytes -> the value's bytes, or `None` once removed.
 pub(crate) type Pending = HashMap<Vec<u8>, Option<Vec<u8>>>;
 
+/// A chunk's rows of a table whose rows are only ever added, each once (the outcomes by command, the timeline): no
+/// key is looked up, so they are kept in the order written, and sorted when the chunk is written. Their bytes go
+/// end to end in one buffer, which keeps its room from chunk to chunk: the bulk of a chunk's writes (every outcome
+/// in JSON) costs no allocation of its own, and no memory handed back and taken again.
+#[derive(Default)]
+pub(crate) struct Rows {
+    bytes: Vec<u8>,
+    /// Each row's start in `bytes`, its key's length and its value's.
+    rows: Vec<(usize, usize, usize)>,
+}
+
+impl Rows {
+    fn push(&mut self, key: &[u8], value: &[u8]) {
+        self.rows.push((self.bytes.len(), key.len(), value.len()));
+        self.bytes.extend_from_slice(key);
+        self.bytes.extend_from_slice(value);
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.rows.iter().map(|&(start, key, value)| {
+            let (key, rest) = self.bytes[start..].split_at(key);
+            (key, &rest[..value])
+        })
+    }
+
+    /// Empties the rows, keeping their room.
+    pub(crate) fn clear(&mut self) {
+        self.bytes.clear();
+        self.rows.clear();
+    }
+}
+
+/// A table only ever added to, of a write transaction, written directly or into a chunk's [`Rows`]. It has no
+/// reads: a fold never reads what it adds there.
+pub(crate) enum AddOnly<'t, K: Key + 'static, V: Value + 'static> {
+    Direct(redb::Table<'t, K, V>),
+    Buffered(&'t mut Rows),
+}
+
+impl<K: Key + 'static, V: Value + 'static> AddOnly<'_, K, V> {
+    pub(crate) fn insert<'k, 'v>(
+        &mut self,
+        key: impl std::borrow::Borrow<K::SelfType<'k>>,
+        value: impl std::borrow::Borrow<V::SelfType<'v>>,
+    ) -> Result<(), redb::StorageError> {
+        match self {
+            AddOnly::Direct(table) => table.insert(key, value).map(drop),
+            AddOnly::Buffered(rows) => {
+                rows.push(K::as_bytes(key.borrow()).as_ref(), V::as_bytes(value.borrow()).as_ref());
+                Ok(())
+            }
+        }
+    }
+}
+
 /// A table of a write transaction, written directly or through a chunk's buffer.
 pub(crate) enum Tab<'t, K: Key + 'static, V: Value + 'static> {
     Direct(redb::Table<'t, K, V>),
@@ -46,20 +101,7 @@ impl<'t, K: Key + 'static, V: Value + 'static> Tab<'t, K, V> {
         match self {
             Tab::Direct(table) => table.insert(key, value).map(drop),
             Tab::Buffered { pending, .. } => {
-                let key = K::as_bytes(key.borrow());
-                let value = V::as_bytes(value.borrow());
-                // A record written again within the chunk (a resource through its life, the counts, the chain)
-                // takes the place of its last write, in the same allocation where it fits.
-                match pending.get_mut(key.as_ref()) {
-                    Some(Some(held)) => {
-                        held.clear();
-                        held.extend_from_slice(value.as_ref());
-                    }
-                    Some(held) => *held = Some(value.as_ref().to_vec()),
-                    None => {
-                        pending.insert(key.as_ref().to_vec(), Some(value.as_ref().to_vec()));
-                    }
-                }
+                put::<K, V>(pending, key, value);
                 Ok(())
             }
         }
@@ -97,12 +139,35 @@ impl<'t, K: Key + 'static, V: Value + 'static> Tab<'t, K, V> {
     }
 }
 
-/// Writes a chunk's buffer of one table into it, in the table's key order (one sorted run).
-pub(crate) fn flush<K: Key + 'static, V: Value + 'static>(
+/// Writes `key` -> `value` of a table of keys `K` and values `V` into a chunk's buffer of it.
+pub(crate) fn put<'k, 'v, K: Key + 'static, V: Value + 'static>(
+    pending: &mut Pending,
+    key: impl std::borrow::Borrow<K::SelfType<'k>>,
+    value: impl std::borrow::Borrow<V::SelfType<'v>>,
+) {
+    let key = K::as_bytes(key.borrow());
+    let value = V::as_bytes(value.borrow());
+    // A record written again within the chunk (a resource through its life, the counts, the chain) takes the place
+    // of its last write, in the same allocation where it fits.
+    match pending.get_mut(key.as_ref()) {
+        Some(Some(held)) => {
+            held.clear();
+            held.extend_from_slice(value.as_ref());
+        }
+        Some(held) => *held = Some(value.as_ref().to_vec()),
+        None => {
+            pending.insert(key.as_ref().to_vec(), Some(value.as_ref().to_vec()));
+        }
+    }
+}
+
+/// Writes a chunk's buffers of one table (one per thread of the fold: their keys differ) into it, in the table's
+/// key order (one sorted run).
+pub(crate) fn flush<'p, K: Key + 'static, V: Value + 'static>(
     table: &mut redb::Table<'_, K, V>,
-    pending: &Pending,
+    buffers: impl Iterator<Item = &'p Pending>,
 ) -> Result<(), redb::StorageError> {
-    let mut rows: Vec<(&Vec<u8>, &Option<Vec<u8>>)> = pending.iter().collect();
+    let mut rows: Vec<(&Vec<u8>, &Option<Vec<u8>>)> = buffers.flat_map(|pending| pending.iter()).collect();
     rows.sort_unstable_by(|(a, _), (b, _)| K::compare(a, b));
     for (key, value) in rows {
         match value {
@@ -113,6 +178,21 @@ pub(crate) fn flush<K: Key + 'static, V: Value + 'static>(
                 table.remove(K::from_bytes(key))?;
             }
         }
+    }
+    Ok(())
+}
+
+/// Writes a chunk's rows of a table only added to (one [`Rows`] per thread of the fold: their keys differ) into it,
+/// in the table's key order (one sorted run). A key added twice keeps its last row, as a table written in turn would.
+pub(crate) fn flush_rows<'r, K: Key + 'static, V: Value + 'static>(
+    table: &mut redb::Table<'_, K, V>,
+    buffers: impl Iterator<Item = &'r Rows>,
+) -> Result<(), redb::StorageError> {
+    let mut rows: Vec<(&[u8], &[u8])> = buffers.flat_map(Rows::iter).collect();
+    // Stable: of a key added twice (by one thread, so in its order), the last row goes in last.
+    rows.sort_by(|(a, _), (b, _)| K::compare(a, b));
+    for (key, value) in rows {
+        table.insert(K::from_bytes(key), V::from_bytes(value))?;
     }
     Ok(())
 }

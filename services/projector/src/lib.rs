@@ -32,7 +32,7 @@ use leasehold_schemas::pool::PoolValue;
 use leasehold_schemas::{Outcome, ResourceRef};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use crate::buffer::{Pending, Tab};
+use crate::buffer::{AddOnly, Pending, Rows, Tab};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
@@ -108,6 +108,81 @@ pub enum Error {
 
 fn storage(e: impl std::fmt::Display) -> Error {
     Error::Storage(e.to_string())
+}
+
+/// Checks `stored` against its partition's chain (`expected_prev`, the partition's last outcome), then its decoded
+/// body (`decoded`, from [`decode`]) against its headers: a broken chain is reported before a body that does not
+/// read.
+fn check(stored: &StoredOutcome, expected_prev: u64, decoded: Result<Outcome, Error>) -> Result<Outcome, Error> {
+    if stored.prev_seq != expected_prev {
+        return Err(Error::ChainBroken {
+            partition: stored.partition,
+            seq: stored.seq,
+            prev_seq: stored.prev_seq,
+            expected: expected_prev,
+        });
+    }
+    let outcome = decoded?;
+    if outcome.decider_version > DECIDER_VERSION {
+        return Err(Error::NewerDecider { seq: stored.seq, version: outcome.decider_version });
+    }
+    if outcome.partition != stored.partition || outcome.cmd_seq != stored.cmd_seq || outcome.part != stored.part {
+        return Err(Error::Undecodable { seq: stored.seq, detail: "its headers do not match its body".to_owned() });
+    }
+    Ok(outcome)
+}
+
+/// The partition states a fold goes on from, with each partition's last outcome (its chain) and the last outcome
+/// folded: a projector's, or the share of one of a bulk rebuild's threads ([`Bulk`]).
+struct FoldState<'a> {
+    states: &'a mut BTreeMap<u32, PartitionState>,
+    chain: &'a mut BTreeMap<u32, u64>,
+    applied: &'a mut u64,
+}
+
+impl FoldState<'_> {
+    /// Folds `outcomes` (in log order, with their decoded bodies) into the states and writes what each changes to
+    /// `tables`, with each partition's chain position; an outcome at or before the last applied one is skipped.
+    fn fold<'s>(
+        &mut self,
+        tables: &mut Tables<'_>,
+        outcomes: impl IntoIterator<Item = (&'s StoredOutcome, Result<Outcome, Error>)>,
+        commands: &BTreeMap<u64, CommandRecord>,
+    ) -> Result<(), Error> {
+        for (stored, decoded) in outcomes {
+            if stored.seq <= *self.applied {
+                continue;
+            }
+            let expected = self.chain.get(&stored.partition).copied().unwrap_or(0);
+            let outcome = check(stored, expected, decoded)?;
+            let state = self.states.get_mut(&stored.partition).ok_or_else(|| Error::Undecodable {
+                seq: stored.seq,
+                detail: format!("there is no partition {}", stored.partition),
+            })?;
+            // What the outcome touches, with the resources' states before it (to move them in the index by
+            // state), from memory: the tables hold the same.
+            let touched = Touched::of(state, &outcome);
+            // The things it concerns, with the leases known before it: in memory while their partition keeps
+            // them, then in the leases' records (a command may name a lease long gone).
+            let said = match commands.get(&outcome.cmd_seq) {
+                Some(command) if outcome.effects().is_empty() => {
+                    Some(timeline::Said::of(&command.subject, &command.payload))
+                }
+                _ => None,
+            };
+            let concerns = timeline::concerns(&outcome, said.as_ref(), |lease| {
+                state.lease(lease).map(|l| l.resource).or_else(|| tables.resource_of(&outcome.command.key, lease))
+            });
+            apply(state, &outcome).map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
+            let state = &*state;
+            tables.write(state, &outcome, stored, &touched)?;
+            tables.index(&outcome, stored.seq, &concerns)?;
+            self.chain.insert(stored.partition, stored.seq);
+            tables.chain.insert(stored.partition, stored.seq).map_err(storage)?;
+            *self.applied = stored.seq;
+        }
+        Ok(())
+    }
 }
 
 /// The projector: partition states in memory, read models in redb.
@@ -286,38 +361,6 @@ impl Projector {
         Ok(())
     }
 
-    fn state(&mut self, partition: u32, seq: u64) -> Result<&mut PartitionState, Error> {
-        self.states
-            .get_mut(&partition)
-            .ok_or_else(|| Error::Undecodable { seq, detail: format!("there is no partition {partition}") })
-    }
-
-    /// Checks `stored` against its partition's chain, then its decoded body (`decoded`, from [`decode`]) against
-    /// its headers: a broken chain is reported before a body that does not read.
-    fn check(
-        &self,
-        stored: &StoredOutcome,
-        expected_prev: u64,
-        decoded: Result<Outcome, Error>,
-    ) -> Result<Outcome, Error> {
-        if stored.prev_seq != expected_prev {
-            return Err(Error::ChainBroken {
-                partition: stored.partition,
-                seq: stored.seq,
-                prev_seq: stored.prev_seq,
-                expected: expected_prev,
-            });
-        }
-        let outcome = decoded?;
-        if outcome.decider_version > DECIDER_VERSION {
-            return Err(Error::NewerDecider { seq: stored.seq, version: outcome.decider_version });
-        }
-        if outcome.partition != stored.partition || outcome.cmd_seq != stored.cmd_seq || outcome.part != stored.part {
-            return Err(Error::Undecodable { seq: stored.seq, detail: "its headers do not match its body".to_owned() });
-        }
-        Ok(outcome)
-    }
-
     /// Applies `batch` (outcomes in log order, each after the last applied) in one write transaction, without the
     /// commands: a step without effect is indexed in no timeline ([`timeline`]). [`Projector::run`] and
     /// [`Projector::catch_up`] read those steps' commands from the log ([`Projector::apply_batch_from`]).
@@ -392,35 +435,8 @@ impl Projector {
         decoded: Vec<Result<Outcome, Error>>,
         commands: &BTreeMap<u64, CommandRecord>,
     ) -> Result<(), Error> {
-        for (stored, decoded) in batch.iter().zip(decoded) {
-            if stored.seq <= self.applied {
-                continue;
-            }
-            let expected = self.chain.get(&stored.partition).copied().unwrap_or(0);
-            let outcome = self.check(stored, expected, decoded)?;
-            let state = self.state(stored.partition, stored.seq)?;
-            // What the outcome touches, with the resources' states before it (to move them in the index by
-            // state), from memory: the tables hold the same.
-            let touched = Touched::of(state, &outcome);
-            // The things it concerns, with the leases known before it: in memory while their partition keeps
-            // them, then in the leases' records (a command may name a lease long gone).
-            let said = match commands.get(&outcome.cmd_seq) {
-                Some(command) if outcome.effects().is_empty() => {
-                    Some(timeline::Said::of(&command.subject, &command.payload))
-                }
-                _ => None,
-            };
-            let concerns = timeline::concerns(&outcome, said.as_ref(), |lease| {
-                state.lease(lease).map(|l| l.resource).or_else(|| tables.resource_of(&outcome.command.key, lease))
-            });
-            apply(state, &outcome).map_err(|e| Error::Fold { seq: stored.seq, detail: e.to_string() })?;
-            let state = &self.states[&stored.partition];
-            tables.write(state, &outcome, stored, &touched)?;
-            tables.index(&outcome, stored.seq, &concerns)?;
-            self.chain.insert(stored.partition, stored.seq);
-            tables.chain.insert(stored.partition, stored.seq).map_err(storage)?;
-            self.applied = stored.seq;
-        }
+        let mut folding = FoldState { states: &mut self.states, chain: &mut self.chain, applied: &mut self.applied };
+        folding.fold(tables, batch.iter().zip(decoded), commands)?;
         tables.meta.insert("applied", self.applied).map_err(storage)?;
         Ok(())
     }
@@ -503,18 +519,68 @@ pub const BULK_CACHE_BYTES: usize = 64 << 20;
 /// the chunk being written, then the tables as last committed (a read transaction). The memory it holds is two
 /// chunks' writes, whatever the log's length.
 ///
+/// The partitions are folded on several threads ([`Bulk::with_threads`]; one per core by default), partition `p` by
+/// thread `p % threads`, each with buffers of its own: every record of the read models but two belongs to the
+/// partition of the outcome that writes it (a resource, a lease, an agent, a pool and its holders, a placement, a
+/// policy, an outcome, a timeline row: the domain changes only the aggregate of an outcome's key), so the threads
+/// never write nor read one another's rows. The two shared records are the applied sequence, written once per
+/// chunk, and the counts by state, which the threads keep as changes and which are added up at each chunk's end:
+/// each partition's share of a count is its records in that state, never below zero, so their sum is the count an
+/// incremental fold reaches, and the chunk writes it for every count its outcomes touched.
+///
 /// Each commit leaves a projection as of the last outcome of its chunk, which a projector opened later resumes
 /// from; a bulk rebuild dropped before [`Bulk::finish`] loses the chunk it was folding (dropping it waits for the
 /// chunk being written to be committed).
 pub struct Bulk {
+    /// The projector rebuilt: its partition states and chain positions are with the threads' shares until
+    /// [`Bulk::finish`] gives them back.
     projector: Projector,
-    buffers: Box<Buffers>,
-    /// The chunk being written, its writer, and the outcome it ends at (announced once it is committed).
-    writing: Option<(Arc<Buffers>, Writer, u64)>,
-    /// The tables as last committed, before the chunk being written.
-    committed: Option<redb::ReadTransaction>,
+    shares: Vec<Share>,
+    /// The chunk being written (each share's buffers), its writer, and the outcome it ends at (announced once it is
+    /// committed).
+    writing: Option<(Arc<Vec<Buffers>>, Writer, u64)>,
+    /// How many records of each kind are in each state, as of the last chunk handed over.
+    counts: Counts,
     in_chunk: usize,
     chunk: usize,
+}
+
+/// Records in a state, by kind (`resources`, `leases`) then state: the counts, or a chunk's changes to them.
+type Counts<N = u64> = BTreeMap<&'static str, BTreeMap<String, N>>;
+
+/// The partitions one thread of a bulk rebuild folds, with their chunk's writes.
+struct Share {
+    states: BTreeMap<u32, PartitionState>,
+    chain: BTreeMap<u32, u64>,
+    /// The last outcome this share folded.
+    applied: u64,
+    buffers: Box<Buffers>,
+    /// The chunk's changes to the counts.
+    counted: Counts<i64>,
+    /// The tables as last committed, before the chunk being written.
+    committed: Option<redb::ReadTransaction>,
+}
+
+impl Share {
+    /// Folds `outcomes` (this share's, in log order; bodies not decoded yet are decoded here), reading `previous`
+    /// (this share's writes in the chunk being written) and the tables as last committed.
+    fn fold(
+        &mut self,
+        db: &Database,
+        previous: Option<&Buffers>,
+        outcomes: Vec<(&StoredOutcome, Option<Result<Outcome, Error>>)>,
+        commands: &BTreeMap<u64, CommandRecord>,
+    ) -> Result<(), Error> {
+        if self.committed.is_none() {
+            self.committed = Some(db.begin_read().map_err(storage)?);
+        }
+        let committed = self.committed.as_ref().expect("begun above");
+        let mut tables = Tables::buffered(committed, previous, &mut self.buffers, &mut self.counted)?;
+        let mut folding = FoldState { states: &mut self.states, chain: &mut self.chain, applied: &mut self.applied };
+        let outcomes =
+            outcomes.into_iter().map(|(stored, decoded)| (stored, decoded.unwrap_or_else(|| decode(stored))));
+        folding.fold(&mut tables, outcomes, commands)
+    }
 }
 
 /// The thread that writes and commits a chunk of a bulk rebuild. Dropped (the rebuild dropped before it
@@ -538,7 +604,11 @@ impl Drop for Writer {
 
 impl std::fmt::Debug for Bulk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Bulk").field("projector", &self.projector).field("in_chunk", &self.in_chunk).finish()
+        f.debug_struct("Bulk")
+            .field("projector", &self.projector)
+            .field("threads", &self.shares.len())
+            .field("in_chunk", &self.in_chunk)
+            .finish()
     }
 }
 
@@ -546,14 +616,17 @@ impl Projector {
     /// Drops every read model and starts a bulk rebuild from sequence 1 ([`Bulk`]).
     pub fn into_bulk(mut self) -> Result<Bulk, Error> {
         self.drop_all()?;
-        Ok(Bulk {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut bulk = Bulk {
             projector: self,
-            buffers: Box::default(),
+            shares: Vec::new(),
             writing: None,
-            committed: None,
+            counts: Counts::new(),
             in_chunk: 0,
             chunk: BULK_CHUNK,
-        })
+        };
+        bulk.share(threads);
+        Ok(bulk)
     }
 }
 
@@ -565,6 +638,40 @@ impl Bulk {
         self
     }
 
+    /// Folds the partitions on `threads` threads (at least one, at most one per partition) instead of one per core.
+    /// Before the first outcome only: a share's chunk is not split.
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        if self.projector.applied == 0 {
+            self.share(threads);
+        }
+        self
+    }
+
+    /// Deals the partitions out to `threads` shares, partition `p` to share `p % threads`.
+    fn share(&mut self, threads: usize) {
+        let threads = threads.clamp(1, self.projector.partitions.max(1) as usize);
+        for share in self.shares.drain(..) {
+            self.projector.states.extend(share.states);
+            self.projector.chain.extend(share.chain);
+        }
+        self.shares = (0..threads)
+            .map(|_| Share {
+                states: BTreeMap::new(),
+                chain: BTreeMap::new(),
+                applied: self.projector.applied,
+                buffers: Box::default(),
+                counted: Counts::new(),
+                committed: None,
+            })
+            .collect();
+        for (partition, state) in std::mem::take(&mut self.projector.states) {
+            self.shares[partition as usize % threads].states.insert(partition, state);
+        }
+        for (partition, at) in std::mem::take(&mut self.projector.chain) {
+            self.shares[partition as usize % threads].chain.insert(partition, at);
+        }
+    }
+
     /// Folds `batch` (outcomes in log order, each after the last applied), with `decoded` its bodies ([`decode`],
     /// which callers may run on other threads) and the commands its outcomes answer, as
     /// [`Projector::apply_batch_commands`] does; hands the chunk to its writer when it is full.
@@ -572,6 +679,24 @@ impl Bulk {
         &mut self,
         batch: &[StoredOutcome],
         decoded: Vec<Result<Outcome, Error>>,
+        commands: &BTreeMap<u64, CommandRecord>,
+    ) -> Result<(), Error> {
+        self.apply_some(batch, decoded.into_iter().map(Some).collect(), commands)
+    }
+
+    /// [`Bulk::apply`], each body decoded by the thread that folds its partition.
+    pub fn apply_encoded(
+        &mut self,
+        batch: &[StoredOutcome],
+        commands: &BTreeMap<u64, CommandRecord>,
+    ) -> Result<(), Error> {
+        self.apply_some(batch, batch.iter().map(|_| None).collect(), commands)
+    }
+
+    fn apply_some(
+        &mut self,
+        batch: &[StoredOutcome],
+        decoded: Vec<Option<Result<Outcome, Error>>>,
         commands: &BTreeMap<u64, CommandRecord>,
     ) -> Result<(), Error> {
         if let Some(why) = &self.projector.failed {
@@ -587,18 +712,34 @@ impl Bulk {
     fn apply_once(
         &mut self,
         batch: &[StoredOutcome],
-        decoded: Vec<Result<Outcome, Error>>,
+        decoded: Vec<Option<Result<Outcome, Error>>>,
         commands: &BTreeMap<u64, CommandRecord>,
     ) -> Result<(), Error> {
-        if self.committed.is_none() {
-            self.committed = Some(self.projector.db.begin_read().map_err(storage)?);
+        let threads = self.shares.len();
+        let mut outcomes: Vec<Vec<_>> = (0..threads).map(|_| Vec::with_capacity(batch.len() / threads + 1)).collect();
+        for (stored, decoded) in batch.iter().zip(decoded) {
+            outcomes[stored.partition as usize % threads].push((stored, decoded));
         }
-        let committed = self.committed.as_ref().expect("begun above");
-        let previous = self.writing.as_ref().map(|(buffers, _, _)| buffers.as_ref());
-        {
-            let mut tables = Tables::buffered(committed, previous, &mut self.buffers)?;
-            self.projector.fold_into(&mut tables, batch, decoded, commands)?;
-        }
+        let db = self.projector.db.as_ref();
+        let previous = self.writing.as_ref().map(|(chunk, _, _)| chunk.as_slice());
+        let work: Vec<_> =
+            self.shares.iter_mut().zip(outcomes).enumerate().filter(|(_, (_, o))| !o.is_empty()).collect();
+        let fold = |(i, (share, outcomes)): (usize, (&mut Share, Vec<_>))| {
+            share.fold(db, previous.map(|chunk| &chunk[i]), outcomes, commands)
+        };
+        // Every share but the first on a thread of its own, the first on this one; the first failure in share order.
+        let results: Vec<Result<(), Error>> = std::thread::scope(|scope| {
+            let mut work = work.into_iter();
+            let here = work.next();
+            let others: Vec<_> = work.map(|w| scope.spawn(move || fold(w))).collect();
+            let mut results = vec![here.map_or(Ok(()), fold)];
+            for other in others {
+                results.push(other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+            }
+            results
+        });
+        results.into_iter().collect::<Result<(), Error>>()?;
+        self.projector.applied = self.shares.iter().map(|share| share.applied).max().unwrap_or(0);
         self.in_chunk += batch.len();
         if self.in_chunk >= self.chunk {
             self.hand_over()?;
@@ -609,28 +750,54 @@ impl Bulk {
     /// Waits for the chunk being written to be committed, and announces the outcome it ends at (not the one folded
     /// since: its tables do not hold that yet); answers its buffers, emptied, to hold a next chunk at the size they
     /// grew to.
-    fn wait(&mut self) -> Result<Option<Box<Buffers>>, Error> {
-        let Some((buffers, writer, ends_at)) = self.writing.take() else { return Ok(None) };
+    fn wait(&mut self) -> Result<Option<Vec<Buffers>>, Error> {
+        let Some((chunk, writer, ends_at)) = self.writing.take() else { return Ok(None) };
         writer.join()?;
         self.projector.applied_tx.send_replace(ends_at);
-        Ok(Arc::try_unwrap(buffers).ok().map(|mut buffers| {
-            buffers.clear();
-            Box::new(buffers)
+        Ok(Arc::try_unwrap(chunk).ok().map(|mut chunk| {
+            chunk.iter_mut().for_each(Buffers::clear);
+            chunk
         }))
+    }
+
+    /// Ends the chunk folded: the counts its outcomes changed and the applied sequence go into its writes (the
+    /// first share's buffers); answers its buffers, each share given `emptied` ones (or new ones) for the next.
+    fn end_chunk(&mut self, emptied: Option<Vec<Buffers>>) -> Vec<Buffers> {
+        let mut emptied = emptied.into_iter().flatten();
+        let mut chunk: Vec<Buffers> = self
+            .shares
+            .iter_mut()
+            .map(|share| {
+                share.committed = None;
+                let next = emptied.next().map(Box::new).unwrap_or_default();
+                *std::mem::replace(&mut share.buffers, next)
+            })
+            .collect();
+        let first = &mut chunk[0];
+        for share in &mut self.shares {
+            for (what, changes) in std::mem::take(&mut share.counted) {
+                for (state, change) in changes {
+                    let total = self.counts.entry(what).or_default().entry(state.clone()).or_default();
+                    *total = total.saturating_add_signed(change);
+                    buffer::put::<(&str, &str), u64>(&mut first.counts, (what, state.as_str()), *total);
+                }
+            }
+        }
+        buffer::put::<&str, u64>(&mut first.meta, "applied", self.projector.applied);
+        chunk
     }
 
     /// Hands the chunk folded to a writer of its own (once the one before is committed) and starts the next.
     fn hand_over(&mut self) -> Result<(), Error> {
         let emptied = self.wait()?;
         // The next chunk reads what is committed now, and the chunk handed over until it is.
-        self.committed = None;
-        let buffers: Arc<Buffers> = Arc::new(*std::mem::replace(&mut self.buffers, emptied.unwrap_or_default()));
-        let (db, written) = (self.projector.db.clone(), buffers.clone());
+        let chunk = Arc::new(self.end_chunk(emptied));
+        let (db, written) = (self.projector.db.clone(), chunk.clone());
         let writer = std::thread::Builder::new()
             .name("projection-writer".to_owned())
             .spawn(move || write_chunk(&db, &written))
             .map_err(storage)?;
-        self.writing = Some((buffers, Writer(Some(writer)), self.projector.applied));
+        self.writing = Some((chunk, Writer(Some(writer)), self.projector.applied));
         self.in_chunk = 0;
         Ok(())
     }
@@ -646,17 +813,21 @@ impl Bulk {
             return Err(Error::Refused(format!("this projector failed earlier ({why}): open it again to resume")));
         }
         self.wait()?;
-        self.committed = None;
-        write_chunk(&self.projector.db, &self.buffers)?;
+        let chunk = self.end_chunk(None);
+        write_chunk(&self.projector.db, &chunk)?;
+        for share in self.shares.drain(..) {
+            self.projector.states.extend(share.states);
+            self.projector.chain.extend(share.chain);
+        }
         self.projector.applied_tx.send_replace(self.projector.applied);
         Ok(self.projector)
     }
 }
 
-/// Writes a chunk's buffers, each table as one sorted run, in one durable transaction.
-fn write_chunk(db: &Database, buffers: &Buffers) -> Result<(), Error> {
+/// Writes a chunk's buffers (each share's), each table as one sorted run, in one durable transaction.
+fn write_chunk(db: &Database, chunk: &[Buffers]) -> Result<(), Error> {
     let txn = db.begin_write().map_err(storage)?;
-    buffers.flush(&txn)?;
+    Buffers::flush(chunk, &txn)?;
     txn.commit().map_err(storage)
 }
 
@@ -711,12 +882,15 @@ struct Tables<'t> {
     holders: Tab<'t, (&'static str, &'static str), &'static str>,
     placements: Tab<'t, &'static str, &'static str>,
     policies: Tab<'t, u32, &'static str>,
-    outcomes: Tab<'t, (&'static str, u64, u32), (u64, &'static str)>,
+    outcomes: AddOnly<'t, (&'static str, u64, u32), (u64, &'static str)>,
     counts: Tab<'t, (&'static str, &'static str), u64>,
-    timeline: Tab<'t, (&'static str, u64), TimelineRow>,
+    timeline: AddOnly<'t, (&'static str, u64), TimelineRow>,
+    /// A bulk rebuild's changes to the counts, kept apart from the table ([`Bulk`]); `None`: written to `counts`.
+    counted: Option<&'t mut Counts<i64>>,
 }
 
-/// A bulk rebuild's writes of the chunk in hand, one buffer per table ([`buffer`]).
+/// A bulk rebuild's writes of the chunk in hand (one thread's share of it): a buffer per table ([`buffer`]), rows in
+/// the order added for the tables only ever added to.
 #[derive(Default)]
 struct Buffers {
     meta: Pending,
@@ -731,9 +905,9 @@ struct Buffers {
     holders: Pending,
     placements: Pending,
     policies: Pending,
-    outcomes: Pending,
+    outcomes: Rows,
     counts: Pending,
-    timeline: Pending,
+    timeline: Rows,
 }
 
 impl Buffers {
@@ -752,39 +926,42 @@ impl Buffers {
             &mut self.holders,
             &mut self.placements,
             &mut self.policies,
-            &mut self.outcomes,
             &mut self.counts,
-            &mut self.timeline,
         ] {
             pending.clear();
         }
+        self.outcomes.clear();
+        self.timeline.clear();
     }
 
-    /// Writes every buffer into its table of `txn`, each as one sorted run.
-    fn flush(&self, txn: &redb::WriteTransaction) -> Result<(), Error> {
+    /// Writes the buffers of a chunk (each share's) into their tables of `txn`, each table as one sorted run.
+    fn flush(chunk: &[Buffers], txn: &redb::WriteTransaction) -> Result<(), Error> {
         fn into<K: redb::Key + 'static, V: redb::Value + 'static>(
             txn: &redb::WriteTransaction,
             def: TableDefinition<K, V>,
-            pending: &Pending,
+            chunk: &[Buffers],
+            pending: impl Fn(&Buffers) -> &Pending,
         ) -> Result<(), Error> {
             let mut table = txn.open_table(def).map_err(storage)?;
-            buffer::flush(&mut table, pending).map_err(storage)
+            buffer::flush(&mut table, chunk.iter().map(pending)).map_err(storage)
         }
-        into(txn, META, &self.meta)?;
-        into(txn, CHAIN, &self.chain)?;
-        into(txn, RESOURCES, &self.resources)?;
-        into(txn, RESOURCES_BY_AGENT, &self.by_agent)?;
-        into(txn, RESOURCES_BY_STATE, &self.by_state)?;
-        into(txn, LEASES, &self.leases)?;
-        into(txn, LEASES_BY_RESOURCE, &self.leases_by_resource)?;
-        into(txn, AGENTS, &self.agents)?;
-        into(txn, POOLS, &self.pools)?;
-        into(txn, HOLDERS, &self.holders)?;
-        into(txn, PLACEMENTS, &self.placements)?;
-        into(txn, POLICIES, &self.policies)?;
-        into(txn, OUTCOMES, &self.outcomes)?;
-        into(txn, COUNTS, &self.counts)?;
-        into(txn, TIMELINE, &self.timeline)?;
+        into(txn, META, chunk, |b| &b.meta)?;
+        into(txn, CHAIN, chunk, |b| &b.chain)?;
+        into(txn, RESOURCES, chunk, |b| &b.resources)?;
+        into(txn, RESOURCES_BY_AGENT, chunk, |b| &b.by_agent)?;
+        into(txn, RESOURCES_BY_STATE, chunk, |b| &b.by_state)?;
+        into(txn, LEASES, chunk, |b| &b.leases)?;
+        into(txn, LEASES_BY_RESOURCE, chunk, |b| &b.leases_by_resource)?;
+        into(txn, AGENTS, chunk, |b| &b.agents)?;
+        into(txn, POOLS, chunk, |b| &b.pools)?;
+        into(txn, HOLDERS, chunk, |b| &b.holders)?;
+        into(txn, PLACEMENTS, chunk, |b| &b.placements)?;
+        into(txn, POLICIES, chunk, |b| &b.policies)?;
+        let mut outcomes = txn.open_table(OUTCOMES).map_err(storage)?;
+        buffer::flush_rows(&mut outcomes, chunk.iter().map(|b| &b.outcomes)).map_err(storage)?;
+        into(txn, COUNTS, chunk, |b| &b.counts)?;
+        let mut timeline = txn.open_table(TIMELINE).map_err(storage)?;
+        buffer::flush_rows(&mut timeline, chunk.iter().map(|b| &b.timeline)).map_err(storage)?;
         Ok(())
     }
 }
@@ -841,18 +1018,20 @@ impl<'t> Tables<'t> {
             holders: tab(txn, HOLDERS)?,
             placements: tab(txn, PLACEMENTS)?,
             policies: tab(txn, POLICIES)?,
-            outcomes: tab(txn, OUTCOMES)?,
+            outcomes: AddOnly::Direct(txn.open_table(OUTCOMES).map_err(storage)?),
             counts: tab(txn, COUNTS)?,
-            timeline: tab(txn, TIMELINE)?,
+            timeline: AddOnly::Direct(txn.open_table(TIMELINE).map_err(storage)?),
+            counted: None,
         })
     }
 
     /// The tables behind `buffers`: writes go to the buffers; reads see them first, then `previous` (the chunk
-    /// being written), then the tables as `committed` has them.
+    /// being written), then the tables as `committed` has them. The counts' changes go to `counted`.
     fn buffered(
         committed: &redb::ReadTransaction,
         previous: Option<&'t Buffers>,
         buffers: &'t mut Buffers,
+        counted: &'t mut Counts<i64>,
     ) -> Result<Self, Error> {
         fn tab<'t, K: redb::Key + 'static, V: redb::Value + 'static>(
             committed: &redb::ReadTransaction,
@@ -882,9 +1061,10 @@ impl<'t> Tables<'t> {
             holders: tab(committed, HOLDERS, p.map(|p| &p.holders), &mut b.holders)?,
             placements: tab(committed, PLACEMENTS, p.map(|p| &p.placements), &mut b.placements)?,
             policies: tab(committed, POLICIES, p.map(|p| &p.policies), &mut b.policies)?,
-            outcomes: tab(committed, OUTCOMES, p.map(|p| &p.outcomes), &mut b.outcomes)?,
+            outcomes: AddOnly::Buffered(&mut b.outcomes),
             counts: tab(committed, COUNTS, p.map(|p| &p.counts), &mut b.counts)?,
-            timeline: tab(committed, TIMELINE, p.map(|p| &p.timeline), &mut b.timeline)?,
+            timeline: AddOnly::Buffered(&mut b.timeline),
+            counted: Some(counted),
         })
     }
 
@@ -1044,6 +1224,20 @@ impl<'t> Tables<'t> {
     /// Moves one record of `what` from state `before` (none: a new record) to `after` in the counts.
     fn count(&mut self, what: &'static str, before: Option<&str>, after: &str) -> Result<(), Error> {
         if before == Some(after) {
+            return Ok(());
+        }
+        if let Some(counted) = &mut self.counted {
+            let counted = counted.entry(what).or_default();
+            let mut change = |state: &str, by: i64| match counted.get_mut(state) {
+                Some(n) => *n += by,
+                None => {
+                    counted.insert(state.to_owned(), by);
+                }
+            };
+            if let Some(before) = before {
+                change(before, -1);
+            }
+            change(after, 1);
             return Ok(());
         }
         if let Some(before) = before {
