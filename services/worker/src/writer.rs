@@ -291,17 +291,8 @@ impl<L: Log> Writer<L> {
                 metrics.lag(self.state.partition(), 0.0);
             }
             for command in batch {
-                if command.seq <= self.read_pos {
-                    // Delivered again: handled already (its outcome is in the log, or it needed none).
-                    continue;
-                }
-                // A decision in parts is finished before the next command of the batch.
-                let handled = match self.handle(&command).await {
-                    Ok(()) => self.finish_parts().await,
-                    Err(failure) => Err(failure),
-                };
-                match handled {
-                    Ok(()) => self.read_pos = command.seq,
+                match self.take(&command).await {
+                    Ok(()) => {}
                     Err(Failure::Unclean(unclean)) => {
                         self.reload(unclean).await?;
                         break;
@@ -353,15 +344,8 @@ impl<L: Log> Writer<L> {
                 break;
             }
             for command in batch {
-                if command.seq <= self.read_pos {
-                    continue;
-                }
-                let handled = match self.handle(&command).await {
-                    Ok(()) => self.finish_parts().await,
-                    Err(failure) => Err(failure),
-                };
-                match handled {
-                    Ok(()) => self.read_pos = command.seq,
+                match self.take(&command).await {
+                    Ok(()) => {}
                     Err(Failure::Unclean(unclean)) => {
                         tracing::info!(partition = self.state.partition(), why = %unclean.why, "stopping: not clean");
                         return Ok(Stop::Shutdown);
@@ -386,6 +370,19 @@ impl<L: Log> Writer<L> {
             self.store_snapshot(last_command).await;
         }
         Ok(Stop::Shutdown)
+    }
+
+    /// Handles the next command of a batch, its parts finished before the next (a decision in parts is), and moves
+    /// the cursor past it. One delivered again is skipped: it was handled (its outcome is in the log, or it needed
+    /// none).
+    async fn take(&mut self, command: &CommandRecord) -> Result<(), Failure> {
+        if command.seq <= self.read_pos {
+            return Ok(());
+        }
+        self.handle(command).await?;
+        self.finish_parts().await?;
+        self.read_pos = command.seq;
+        Ok(())
     }
 
     /// Stops the partition on `e` (what a retry cannot mend), after appending the group in hand: the commands
