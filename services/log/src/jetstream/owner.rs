@@ -360,6 +360,12 @@ impl JetStreamOwner {
         ready.saturating_add(beyond.min(room)).min(max)
     }
 
+    /// How many more deliveries the consumer sends before it waits for an ack: its limit, less those of ours it
+    /// waits for (an old owner's unacked deliveries count too, so this may be more than the server will send).
+    fn ack_room(&self) -> usize {
+        usize::try_from(MAX_ACK_PENDING).unwrap_or(usize::MAX).saturating_sub(self.unacked.len())
+    }
+
     /// Sends a pull (with our pin id once we have one) when none waits, or a second one when the waiting one has
     /// brought half its batch. Each pull that reaches the server with our pin id keeps the pin.
     async fn keep_pulling(&mut self) -> Result<(), Error> {
@@ -598,10 +604,14 @@ impl Owner for JetStreamOwner {
         self.reader.done_through(after);
         self.drain()?;
         self.check_held()?;
+        // Acked first, as before any wait: a consumer at its ack limit sends nothing more until it is.
+        self.ack_done().await?;
         // What the waiting pulls still bring of what the stream held beyond the newest delivery: the server sends
-        // it whether or not we stop, so it is decided here rather than sent to the next owner again.
+        // it whether or not we stop, so it is decided here rather than sent to the next owner again. No more than
+        // the consumer's ack limit leaves room for: at the limit it sends nothing, and waiting for it would spend
+        // the whole stop on deliveries that never come.
         let deadline = Instant::now() + wait;
-        while self.coming(0, usize::MAX) > 0 && self.take_next(deadline).await? {
+        while self.coming(0, self.ack_room()) > 0 && self.take_next(deadline).await? {
             self.drain()?;
             self.check_held()?;
         }
