@@ -64,7 +64,9 @@ impl JetStream {
             unacked: BTreeMap::new(),
             done: 0,
             reader: Reader::new(),
-            newest: (0, 0),
+            // Before any delivery: what the consumer had not delivered to anyone when we asked (an earlier owner's
+            // deliveries it did not ack are not sent again before their ack wait runs out).
+            newest: (0, info.num_pending),
             checked: Instant::now(),
         };
         owner.keep_pulling().await?;
@@ -549,9 +551,10 @@ impl Owner for JetStreamOwner {
                 }
                 // With nothing at hand to read up to, a waiting pull's deliveries come first: reading a batch by
                 // sequence now would fetch what they are bringing (a new owner's first call), and the read after
-                // the wait covers a consumer that delivers nothing.
+                // the wait covers a consumer that delivers nothing. Unless the consumer had nothing left to send:
+                // what an earlier owner was delivered comes again only after its ack wait, so it is read now.
                 Next::Read { after: from, through, bounded }
-                    if reads < 2 && (through > from || self.pulls.is_empty()) =>
+                    if reads < 2 && (through > from || self.pulls.is_empty() || self.newest.1 == 0) =>
                 {
                     reads += 1;
                     self.read_into_reader(from, max, through, bounded).await?;
