@@ -787,3 +787,34 @@ async fn a_consumer_reset_under_an_owner_never_skips_a_command() {
     let got: Vec<u64> = got.iter().map(|c| c.seq).collect();
     assert_eq!(got.first(), Some(&seqs[4]), "after {} came {got:?}: command {} was passed over", seqs[3], seqs[4]);
 }
+
+/// A writer that stops (or dies) leaves commands it was delivered and did not decide, and no new command comes:
+/// the consumer sends those again only once their ack wait runs out (30 s), and nothing else. The next owner's
+/// first call must read them by sequence, not wait out its poll for deliveries the consumer will not make.
+#[tokio::test]
+async fn the_next_owner_does_not_wait_its_poll_for_what_the_last_one_was_delivered() {
+    let Some((_server, log)) = fresh().await else { return };
+    let key = &conformance::keys_in(1, PARTITIONS, 1)[0];
+    let mut published = Vec::new();
+    for n in 0..100 {
+        published.push(publish(&log, key, n).await);
+    }
+    let mut a = log.own(1, "worker-a").await.expect("own").expect("a free partition");
+    let mut cursor = 0;
+    while cursor < published[9] {
+        let got = a.next_commands(cursor, 10, Duration::from_millis(500)).await.expect("commands");
+        for command in got.iter().filter(|c| c.seq <= published[9]) {
+            cursor = command.seq;
+        }
+        a.done_through(cursor).await.expect("done");
+    }
+    assert!(a.reading_stats().delivered > 10, "a's pull ran ahead: {:?}", a.reading_stats());
+    a.release().await;
+    let mut b = own_within(&log, 1, "worker-b").await;
+    let poll = Duration::from_secs(4);
+    let started = Instant::now();
+    let got = b.next_commands(cursor, 1000, poll).await.expect("commands");
+    let took = started.elapsed();
+    assert_eq!(got.iter().map(|c| c.seq).collect::<Vec<_>>(), published[10..], "in order, each once");
+    assert!(took < poll / 2, "the first call waited {took:?} of its {poll:?} poll for deliveries that never came");
+}

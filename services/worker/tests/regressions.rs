@@ -461,3 +461,85 @@ async fn a_clean_stop_decides_what_it_was_sent_and_leaves_a_snapshot() {
     assert!(report.stopped.is_empty(), "{:?}", report.stopped);
     assert_eq!(seqs, (1..=total as u64).collect::<Vec<u64>>(), "one outcome per command, in order");
 }
+
+/// Holds the append numbered `at` (from 0) until the test lets it go, and says when it holds it.
+#[derive(Debug, Clone, Default)]
+struct HoldAppendAt {
+    at: u32,
+    appends: Arc<AtomicU32>,
+    held: Arc<tokio::sync::Notify>,
+    go: Arc<tokio::sync::Notify>,
+}
+
+impl Intercept<JetStream> for HoldAppendAt {
+    type Owner = leasehold_log::jetstream::JetStreamOwner;
+
+    async fn own(&self, log: &JetStream, partition: u32, worker: &str) -> Result<Option<Self::Owner>, Error> {
+        log.own(partition, worker).await
+    }
+
+    async fn append(
+        &self,
+        log: &JetStream,
+        partition: u32,
+        fence: u64,
+        records: &[leasehold_log::OutcomeRecord],
+    ) -> leasehold_log::Appended {
+        if self.appends.fetch_add(1, Ordering::SeqCst) == self.at {
+            self.held.notify_one();
+            self.go.notified().await;
+        }
+        log.append(partition, fence, records).await
+    }
+}
+
+/// A clean stop under a deep backlog, with the writer's consumer at its ack limit (it delivers ahead of the
+/// decisions until as many deliveries as it allows wait for an ack): the consumer sends nothing more until it is
+/// acked, so waiting for what the pulls "still bring" waits for nothing. The stop must decide what it holds within
+/// its grace, not spend the grace waiting, and leave its snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_at_the_consumers_ack_limit_does_not_wait_for_deliveries_that_never_come() {
+    let Some(server) = NatsServer::start() else { return };
+    let mut js_config = JetStreamConfig::new(server.url(), 1);
+    // Pulls expire long after the stop's grace: only an answer from the server, never an expiry, ends a wait.
+    js_config.priority_timeout = Duration::from_secs(40);
+    let log = JetStream::connect(js_config).await.expect("connect");
+    let mut producer = Producer::new(log.clone());
+    let agent = AgentName::new("w0").unwrap();
+    producer.publish("w0", register(&agent)).await;
+    let total = 10_000;
+    for _ in 1..total {
+        let resource = producer.resource();
+        producer.publish("ci", allocate(&agent, resource)).await;
+    }
+    let config = WorkerConfig {
+        writer: WriterConfig { max_batch: 100, stop_grace: Duration::from_secs(3), ..WriterConfig::default() },
+        ..WorkerConfig::new("first")
+    };
+    let hooks = HoldAppendAt { at: 30, ..HoldAppendAt::default() };
+    let held = Intercepted { log: log.clone(), hooks: hooks.clone() };
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(leasehold_worker::run(held, config, shutdown.clone()));
+    tokio::time::timeout(Duration::from_secs(30), hooks.held.notified()).await.expect("a thirty-first append");
+    let js = async_nats::jetstream::new(log.client().clone());
+    let stream = js.get_stream(leasehold_log::jetstream::CMD_STREAM).await.expect("stream");
+    let consumer = leasehold_log::jetstream::writer_consumer(0);
+    let info = stream.consumer_info(&consumer).await.expect("consumer info");
+    let limit = info.config.max_ack_pending;
+    assert!(
+        i64::try_from(info.num_ack_pending).unwrap() >= limit,
+        "the test needs the consumer at its ack limit ({limit}): {info:?}"
+    );
+    shutdown.cancel();
+    hooks.go.notify_one();
+    let report = tokio::time::timeout(Duration::from_secs(30), worker).await.expect("the stop ends").unwrap();
+    assert!(report.stopped.is_empty(), "{:?}", report.stopped);
+    let decided = all_outcomes(&log).await.iter().filter(|o| o.part == 0).count();
+    assert!(decided < total, "the test needs a backlog the first owner was not sent whole: {decided}");
+    let last = log.last_outcome_seq(0).await.unwrap();
+    let snapshot = log.latest_snapshot(0).await.unwrap().expect("a snapshot");
+    assert_eq!(
+        snapshot.fence, last,
+        "the stop decided what it held within its grace and left a snapshot of it ({decided} decided)"
+    );
+}

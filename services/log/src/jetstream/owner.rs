@@ -64,7 +64,9 @@ impl JetStream {
             unacked: BTreeMap::new(),
             done: 0,
             reader: Reader::new(),
-            newest: (0, 0),
+            // Before any delivery: what the consumer had not delivered to anyone when we asked (an earlier owner's
+            // deliveries it did not ack are not sent again before their ack wait runs out).
+            newest: (0, info.num_pending),
             checked: Instant::now(),
         };
         owner.keep_pulling().await?;
@@ -360,6 +362,12 @@ impl JetStreamOwner {
         ready.saturating_add(beyond.min(room)).min(max)
     }
 
+    /// How many more deliveries the consumer sends before it waits for an ack: its limit, less those of ours it
+    /// waits for (an old owner's unacked deliveries count too, so this may be more than the server will send).
+    fn ack_room(&self) -> usize {
+        usize::try_from(MAX_ACK_PENDING).unwrap_or(usize::MAX).saturating_sub(self.unacked.len())
+    }
+
     /// Sends a pull (with our pin id once we have one) when none waits, or a second one when the waiting one has
     /// brought half its batch. Each pull that reaches the server with our pin id keeps the pin.
     async fn keep_pulling(&mut self) -> Result<(), Error> {
@@ -543,9 +551,10 @@ impl Owner for JetStreamOwner {
                 }
                 // With nothing at hand to read up to, a waiting pull's deliveries come first: reading a batch by
                 // sequence now would fetch what they are bringing (a new owner's first call), and the read after
-                // the wait covers a consumer that delivers nothing.
+                // the wait covers a consumer that delivers nothing. Unless the consumer had nothing left to send:
+                // what an earlier owner was delivered comes again only after its ack wait, so it is read now.
                 Next::Read { after: from, through, bounded }
-                    if reads < 2 && (through > from || self.pulls.is_empty()) =>
+                    if reads < 2 && (through > from || self.pulls.is_empty() || self.newest.1 == 0) =>
                 {
                     reads += 1;
                     self.read_into_reader(from, max, through, bounded).await?;
@@ -598,10 +607,14 @@ impl Owner for JetStreamOwner {
         self.reader.done_through(after);
         self.drain()?;
         self.check_held()?;
+        // Acked first, as before any wait: a consumer at its ack limit sends nothing more until it is.
+        self.ack_done().await?;
         // What the waiting pulls still bring of what the stream held beyond the newest delivery: the server sends
-        // it whether or not we stop, so it is decided here rather than sent to the next owner again.
+        // it whether or not we stop, so it is decided here rather than sent to the next owner again. No more than
+        // the consumer's ack limit leaves room for: at the limit it sends nothing, and waiting for it would spend
+        // the whole stop on deliveries that never come.
         let deadline = Instant::now() + wait;
-        while self.coming(0, usize::MAX) > 0 && self.take_next(deadline).await? {
+        while self.coming(0, self.ack_room()) > 0 && self.take_next(deadline).await? {
             self.drain()?;
             self.check_held()?;
         }
