@@ -227,16 +227,12 @@ async fn an_owner_hands_out_deliveries_without_reading_each_batch_again() {
     assert!(stats.reads <= 3, "read by sequence for batch after batch: {stats:?}");
 }
 
-/// A writer that stops leaves commands it was delivered and did not decide (its pulls ran ahead). The next owner
-/// reads them by sequence up to the first command the consumer delivers to it, a few at first and twice as many
-/// each time: not a whole batch of commands the consumer is delivering anyway.
-#[tokio::test]
-async fn the_next_owner_reads_only_the_gap_a_stopped_writer_left() {
-    let Some((_server, log)) = fresh().await else { return };
-    let key = &conformance::keys_in(1, PARTITIONS, 1)[0];
+/// 100 commands on partition 1, of which a first owner decides the first ten and stops, its pull having run
+/// ahead: answers them and its cursor.
+async fn stopped_after_ten(log: &JetStream, key: &str) -> (Vec<u64>, u64) {
     let mut published = Vec::new();
     for n in 0..100 {
-        published.push(publish(&log, key, n).await);
+        published.push(publish(log, key, n).await);
     }
     let mut a = log.own(1, "worker-a").await.expect("own").expect("a free partition");
     let mut cursor = 0;
@@ -249,6 +245,17 @@ async fn the_next_owner_reads_only_the_gap_a_stopped_writer_left() {
     }
     assert!(a.reading_stats().delivered > 10, "a's pull ran ahead: {:?}", a.reading_stats());
     a.release().await;
+    (published, cursor)
+}
+
+/// A writer that stops leaves commands it was delivered and did not decide (its pulls ran ahead). The next owner
+/// reads them by sequence up to the first command the consumer delivers to it, a few at first and twice as many
+/// each time: not a whole batch of commands the consumer is delivering anyway.
+#[tokio::test]
+async fn the_next_owner_reads_only_the_gap_a_stopped_writer_left() {
+    let Some((_server, log)) = fresh().await else { return };
+    let key = &conformance::keys_in(1, PARTITIONS, 1)[0];
+    let (mut published, mut cursor) = stopped_after_ten(&log, key).await;
     for n in 100..200 {
         published.push(publish(&log, key, n).await);
     }
@@ -795,21 +802,7 @@ async fn a_consumer_reset_under_an_owner_never_skips_a_command() {
 async fn the_next_owner_does_not_wait_its_poll_for_what_the_last_one_was_delivered() {
     let Some((_server, log)) = fresh().await else { return };
     let key = &conformance::keys_in(1, PARTITIONS, 1)[0];
-    let mut published = Vec::new();
-    for n in 0..100 {
-        published.push(publish(&log, key, n).await);
-    }
-    let mut a = log.own(1, "worker-a").await.expect("own").expect("a free partition");
-    let mut cursor = 0;
-    while cursor < published[9] {
-        let got = a.next_commands(cursor, 10, Duration::from_millis(500)).await.expect("commands");
-        for command in got.iter().filter(|c| c.seq <= published[9]) {
-            cursor = command.seq;
-        }
-        a.done_through(cursor).await.expect("done");
-    }
-    assert!(a.reading_stats().delivered > 10, "a's pull ran ahead: {:?}", a.reading_stats());
-    a.release().await;
+    let (published, cursor) = stopped_after_ten(&log, key).await;
     let mut b = own_within(&log, 1, "worker-b").await;
     let poll = Duration::from_secs(4);
     let started = Instant::now();

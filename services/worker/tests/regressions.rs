@@ -364,33 +364,14 @@ async fn all_outcomes<L: Log>(log: &L) -> Vec<StoredOutcome> {
     }
 }
 
-/// Holds the third append until the test lets it go, and says when it holds it.
-#[derive(Debug, Clone, Default)]
-struct HoldThirdAppend {
-    appends: Arc<AtomicU32>,
-    held: Arc<tokio::sync::Notify>,
-    go: Arc<tokio::sync::Notify>,
-}
-
-impl Intercept<JetStream> for HoldThirdAppend {
-    type Owner = leasehold_log::jetstream::JetStreamOwner;
-
-    async fn own(&self, log: &JetStream, partition: u32, worker: &str) -> Result<Option<Self::Owner>, Error> {
-        log.own(partition, worker).await
-    }
-
-    async fn append(
-        &self,
-        log: &JetStream,
-        partition: u32,
-        fence: u64,
-        records: &[leasehold_log::OutcomeRecord],
-    ) -> leasehold_log::Appended {
-        if self.appends.fetch_add(1, Ordering::SeqCst) == 2 {
-            self.held.notify_one();
-            self.go.notified().await;
-        }
-        log.append(partition, fence, records).await
+/// A log on one partition holding `total` commands: an agent's registration, then allocations on it.
+async fn backlog(log: &JetStream, total: usize) {
+    let mut producer = Producer::new(log.clone());
+    let agent = AgentName::new("w0").unwrap();
+    producer.publish("w0", register(&agent)).await;
+    for _ in 1..total {
+        let resource = producer.resource();
+        producer.publish("ci", allocate(&agent, resource)).await;
     }
 }
 
@@ -402,19 +383,13 @@ impl Intercept<JetStream> for HoldThirdAppend {
 async fn a_clean_stop_decides_what_it_was_sent_and_leaves_a_snapshot() {
     let Some(server) = NatsServer::start() else { return };
     let log = JetStream::connect(JetStreamConfig::new(server.url(), 1)).await.expect("connect");
-    let mut producer = Producer::new(log.clone());
-    let agent = AgentName::new("w0").unwrap();
-    producer.publish("w0", register(&agent)).await;
     let total = 1_500;
-    for _ in 1..total {
-        let resource = producer.resource();
-        producer.publish("ci", allocate(&agent, resource)).await;
-    }
+    backlog(&log, total).await;
     let config = |name: &str| WorkerConfig {
         writer: WriterConfig { max_batch: 50, ..WriterConfig::default() },
         ..WorkerConfig::new(name)
     };
-    let hooks = HoldThirdAppend::default();
+    let hooks = HoldAppendAt { at: 2, ..HoldAppendAt::default() };
     let held = Intercepted { log: log.clone(), hooks: hooks.clone() };
     let shutdown = CancellationToken::new();
     let worker = tokio::spawn(leasehold_worker::run(held, config("first"), shutdown.clone()));
@@ -504,14 +479,8 @@ async fn a_clean_stop_at_the_consumers_ack_limit_does_not_wait_for_deliveries_th
     // Pulls expire long after the stop's grace: only an answer from the server, never an expiry, ends a wait.
     js_config.priority_timeout = Duration::from_secs(40);
     let log = JetStream::connect(js_config).await.expect("connect");
-    let mut producer = Producer::new(log.clone());
-    let agent = AgentName::new("w0").unwrap();
-    producer.publish("w0", register(&agent)).await;
     let total = 10_000;
-    for _ in 1..total {
-        let resource = producer.resource();
-        producer.publish("ci", allocate(&agent, resource)).await;
-    }
+    backlog(&log, total).await;
     let config = WorkerConfig {
         writer: WriterConfig { max_batch: 100, stop_grace: Duration::from_secs(3), ..WriterConfig::default() },
         ..WorkerConfig::new("first")
