@@ -320,6 +320,32 @@ mod tests {
         }
     }
 
+    /// A pull of what `log` holds from `consumer`, through a route's faults: a delivery gone to another client,
+    /// two arriving out of order, one held back on the way (into `late`) and one held back before arriving.
+    fn faulty_pull(
+        rng: &mut crate::intercept::SeededRng,
+        consumer: &mut ModelConsumer,
+        log: &[CommandRecord],
+        late: &mut Vec<Delivery>,
+    ) -> Vec<Delivery> {
+        let mut batch = consumer.pull(log, 1 + rng.next_u64() as usize % 6, rng.chance(10));
+        if rng.chance(15) && !batch.is_empty() {
+            let at = rng.next_u64() as usize % batch.len();
+            batch.remove(at);
+        }
+        if rng.chance(15) && batch.len() > 1 {
+            let at = rng.next_u64() as usize % (batch.len() - 1);
+            batch.swap(at, at + 1);
+        }
+        if rng.chance(10) && !batch.is_empty() {
+            late.push(batch.remove(0));
+        }
+        if rng.chance(10) && !late.is_empty() {
+            batch.push(late.remove(0));
+        }
+        batch
+    }
+
     #[test]
     fn a_new_reader_reads_from_the_cursor_first() {
         let mut reader = Reader::new();
@@ -491,23 +517,7 @@ mod tests {
                     visible = visible.min(commands.len());
                 }
                 let log = &commands[..visible];
-                let mut batch = consumer.pull(log, 1 + rng.next_u64() as usize % 6, rng.chance(10));
-                if rng.chance(15) && !batch.is_empty() {
-                    // Delivered to another client.
-                    let at = rng.next_u64() as usize % batch.len();
-                    batch.remove(at);
-                }
-                if rng.chance(15) && batch.len() > 1 {
-                    // Arriving out of order (two servers on the way).
-                    let at = rng.next_u64() as usize % (batch.len() - 1);
-                    batch.swap(at, at + 1);
-                }
-                if rng.chance(10) && !batch.is_empty() {
-                    late.push(batch.remove(0));
-                }
-                if rng.chance(10) && !late.is_empty() {
-                    batch.push(late.remove(0));
-                }
+                let mut batch = faulty_pull(&mut rng, &mut consumer, log, &mut late);
                 if rng.chance(5) && !batch.is_empty() {
                     batch.push(batch[0].clone());
                 }
@@ -646,21 +656,7 @@ mod tests {
                     visible = (visible + 1 + rng.next_u64() as usize % 3).min(commands.len());
                 }
                 let log = &commands[..visible];
-                let mut batch = consumer.pull(log, 1 + rng.next_u64() as usize % 6, rng.chance(10));
-                if rng.chance(15) && !batch.is_empty() {
-                    let at = rng.next_u64() as usize % batch.len();
-                    batch.remove(at);
-                }
-                if rng.chance(15) && batch.len() > 1 {
-                    let at = rng.next_u64() as usize % (batch.len() - 1);
-                    batch.swap(at, at + 1);
-                }
-                if rng.chance(10) && !batch.is_empty() {
-                    late.push(batch.remove(0));
-                }
-                if rng.chance(10) && !late.is_empty() {
-                    batch.push(late.remove(0));
-                }
+                let batch = faulty_pull(&mut rng, &mut consumer, log, &mut late);
                 for delivery in batch {
                     reader.delivered(delivery);
                 }
