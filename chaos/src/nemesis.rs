@@ -1,7 +1,9 @@
 //! The nemesis's schedule: drawn from the seed alone before the run starts, so a seed always injects the same faults
 //! at the same moments for the same lengths.
 //!
-//! The faults: kill -9 of a worker, of the projector or of an agent (each started again when the fault ends);
+//! The faults: kill -9 of a worker, of the projector or of an agent (each started again when the fault ends); SIGTERM
+//! of a worker (a rolling restart: its clean stop decides what it was sent, snapshots and gives its partitions back;
+//! started again when the fault ends, killed first if it has not exited by then);
 //! SIGSTOP of a nats-server node or of an agent (SIGCONT at the end); a node cut off from the other nodes (its
 //! clients still reach it) or from everyone; an agent cut off from every server; and a crash between two parts of a
 //! split decision (a worker started again with the test-only fault point that aborts it right after the first part
@@ -20,6 +22,7 @@ use leasehold_log::intercept::SeededRng;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fault {
     KillWorker(usize),
+    StopWorker(usize),
     KillProjector,
     KillAgent(usize),
     FreezeNode(u8),
@@ -35,6 +38,7 @@ impl Fault {
     pub(crate) fn kind(self) -> &'static str {
         match self {
             Fault::KillWorker(_) => "kill_worker",
+            Fault::StopWorker(_) => "stop_worker",
             Fault::KillProjector => "kill_projector",
             Fault::KillAgent(_) => "kill_agent",
             Fault::FreezeNode(_) => "freeze_node",
@@ -49,7 +53,7 @@ impl Fault {
     /// What it is done to, one name per thing that must not be under two faults at once.
     fn target(self) -> String {
         match self {
-            Fault::KillWorker(w) | Fault::CrashBetweenParts(w) => format!("worker{w}"),
+            Fault::KillWorker(w) | Fault::StopWorker(w) | Fault::CrashBetweenParts(w) => format!("worker{w}"),
             Fault::KillProjector => "projector".to_owned(),
             Fault::KillAgent(k) | Fault::FreezeAgent(k) | Fault::PartitionAgent(k) => format!("agent{k}"),
             Fault::FreezeNode(_) | Fault::PartitionNode(_) | Fault::IsolateNode(_) => "nats".to_owned(),
@@ -75,7 +79,8 @@ pub(crate) fn schedule(seed: u64, total: Duration, workers: usize, agents: usize
     while at < total {
         let pick = |rng: &mut SeededRng, n: usize| rng.below(n as u64) as usize;
         let fault = match rng.below(100) {
-            0..=19 => Fault::KillWorker(pick(&mut rng, workers)),
+            0..=13 => Fault::KillWorker(pick(&mut rng, workers)),
+            14..=19 => Fault::StopWorker(pick(&mut rng, workers)),
             20..=27 => Fault::KillProjector,
             28..=39 => Fault::KillAgent(pick(&mut rng, agents)),
             40..=51 => Fault::FreezeNode(1 + pick(&mut rng, usize::from(nodes)) as u8),
@@ -88,6 +93,8 @@ pub(crate) fn schedule(seed: u64, total: Duration, workers: usize, agents: usize
         let length = match fault {
             Fault::KillWorker(_) | Fault::KillAgent(_) | Fault::KillProjector => ms(500, 5_000, &mut rng),
             Fault::CrashBetweenParts(_) => ms(8_000, 20_000, &mut rng),
+            // Long enough for the clean stop (at most a fifth of its 10 s grace for the writers) most times.
+            Fault::StopWorker(_) => ms(2_500, 8_000, &mut rng),
             _ => ms(1_000, 9_000, &mut rng),
         };
         let target = fault.target();
@@ -116,7 +123,7 @@ mod tests {
         assert_eq!(one, schedule(7, total, 3, 3, 3));
         assert_ne!(one, schedule(8, total, 3, 3, 3));
         let kinds: std::collections::BTreeSet<&str> = one.iter().map(|p| p.fault.kind()).collect();
-        assert_eq!(kinds.len(), 9, "every kind of fault in ten minutes: {kinds:?}");
+        assert_eq!(kinds.len(), 10, "every kind of fault in ten minutes: {kinds:?}");
         for (i, a) in one.iter().enumerate() {
             for b in &one[i + 1..] {
                 let overlap = b.at < a.at + a.length;

@@ -145,6 +145,12 @@ impl Proc {
         Ok(())
     }
 
+    /// SIGTERM (thawed first), without waiting for it to exit.
+    pub(crate) fn terminate(&mut self) -> anyhow::Result<()> {
+        self.thaw()?;
+        self.signal("-TERM")
+    }
+
     /// SIGTERM (thawed first), then waits for it to exit, at most `limit`, then SIGKILL.
     pub(crate) async fn stop(&mut self, limit: Duration) {
         if !self.running() {

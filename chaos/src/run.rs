@@ -505,6 +505,7 @@ async fn nemesis(plan: &[Planned], total: Duration, fleet: &mut Fleet, net: &Net
 fn begin(fault: Fault, fleet: &mut Fleet, net: &Net) -> anyhow::Result<()> {
     match fault {
         Fault::KillWorker(w) => fleet.workers[w].kill9(),
+        Fault::StopWorker(w) => fleet.workers[w].terminate()?,
         Fault::KillProjector => fleet.projector.kill9(),
         Fault::KillAgent(k) => fleet.agents[k].kill9(),
         Fault::FreezeNode(i) => fleet.nodes[usize::from(i) - 1].freeze()?,
@@ -524,6 +525,14 @@ fn begin(fault: Fault, fleet: &mut Fleet, net: &Net) -> anyhow::Result<()> {
 fn end(fault: Fault, fleet: &mut Fleet, net: &Net) -> anyhow::Result<()> {
     match fault {
         Fault::KillWorker(w) => fleet.workers[w].start(),
+        Fault::StopWorker(w) => {
+            // Stopped cleanly by now, most times; a stop that has not ended is cut short, as an operator's would be.
+            let worker = &mut fleet.workers[w];
+            if worker.running() {
+                worker.kill9();
+            }
+            worker.start()
+        }
         Fault::KillProjector => fleet.projector.start(),
         Fault::KillAgent(k) => fleet.agents[k].start(),
         Fault::FreezeNode(i) => fleet.nodes[usize::from(i) - 1].thaw(),
