@@ -386,7 +386,7 @@ async fn a_clean_stop_decides_what_it_was_sent_and_leaves_a_snapshot() {
     let total = 1_500;
     backlog(&log, total).await;
     let config = |name: &str| WorkerConfig {
-        writer: WriterConfig { max_batch: 50, ..WriterConfig::default() },
+        writer: WriterConfig { max_batch: 50, snapshot_on_stop: 100, ..WriterConfig::default() },
         ..WorkerConfig::new(name)
     };
     let hooks = HoldAppendAt { at: 2, ..HoldAppendAt::default() };
@@ -482,7 +482,12 @@ async fn a_clean_stop_at_the_consumers_ack_limit_does_not_wait_for_deliveries_th
     let total = 10_000;
     backlog(&log, total).await;
     let config = WorkerConfig {
-        writer: WriterConfig { max_batch: 100, stop_grace: Duration::from_secs(3), ..WriterConfig::default() },
+        writer: WriterConfig {
+            max_batch: 100,
+            stop_grace: Duration::from_secs(3),
+            snapshot_on_stop: 100,
+            ..WriterConfig::default()
+        },
         ..WorkerConfig::new("first")
     };
     let hooks = HoldAppendAt { at: 30, ..HoldAppendAt::default() };
