@@ -22,7 +22,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::CommandRecord;
+use crate::{CommandRecord, Error};
+
+/// The commands a read by sequence up to a first delivery asks for first (see [`read_by_sequence`]).
+const FIRST_READ: usize = 8;
 
 /// How many deliveries the reader remembers to find links in (the newest ones).
 const REMEMBERED: usize = 4096;
@@ -293,6 +296,57 @@ impl ModelConsumer {
     }
 }
 
+/// A read by sequence of up to `max` commands after `after`, as [`Next::Read`] asks: `replica(after, ask)` answers
+/// up to `ask` commands after `after` from any replica (one that lags answers a prefix of the log), `leader(seq)`
+/// the first command at or after `seq` from the stream's leader (`None`: it holds none). The replica's answer is
+/// completed from the leader up to `through`. Returns the commands and the sequence up to which no other command
+/// lies, for [`Reader::read`].
+///
+/// `bounded`: `through` is a first delivery at hand, and the read need not go beyond it (the deliveries link on
+/// from there). A read by sequence cannot be told where to stop, only how many to answer, so it asks for a few
+/// first and twice as many each time after, until it passes `through`: a new owner reads the gap before the
+/// consumer's first delivery (usually none), not a whole batch the consumer is delivering anyway.
+pub async fn read_by_sequence<R, L>(
+    after: u64,
+    max: usize,
+    through: u64,
+    bounded: bool,
+    mut replica: impl FnMut(u64, usize) -> R,
+    mut leader: impl FnMut(u64) -> L,
+) -> Result<(Vec<CommandRecord>, u64), Error>
+where
+    R: Future<Output = Result<Vec<CommandRecord>, Error>>,
+    L: Future<Output = Result<Option<CommandRecord>, Error>>,
+{
+    let bounded = bounded && through > after;
+    let mut ask = if bounded { max.min(FIRST_READ) } else { max };
+    let mut found = replica(after, ask).await?;
+    let mut answered = found.len();
+    while bounded && answered == ask && found.len() < max {
+        let Some(last) = found.last().map(|c| c.seq).filter(|&last| last < through) else { break };
+        ask = (ask * 2).min(max - found.len());
+        let more = replica(last, ask).await?;
+        answered = more.len();
+        found.extend(more);
+    }
+    let mut next = found.last().map_or(after, |c| c.seq) + 1;
+    let mut covered = 0;
+    while found.len() < max && next <= through {
+        let Some(command) = leader(next).await? else {
+            // The leader holds nothing more: the delivery was a command no longer held (aged out).
+            covered = through;
+            break;
+        };
+        next = command.seq + 1;
+        found.push(command);
+    }
+    if bounded && next > through {
+        // Read without a gap from `after` up to the first delivery.
+        covered = covered.max(through);
+    }
+    Ok((found, covered))
+}
+
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
@@ -318,6 +372,22 @@ mod tests {
             Next::Ready(found) => found.iter().map(|c| c.seq).collect(),
             other => panic!("expected commands, got {other:?}"),
         }
+    }
+
+    /// A partition's commands: sparse stream sequences (other partitions take the rest).
+    fn partition_commands(rng: &mut crate::intercept::SeededRng) -> Vec<CommandRecord> {
+        let mut seq = 0;
+        (0..(20 + rng.next_u64() % 60))
+            .map(|_| {
+                seq += 1 + rng.next_u64() % 4;
+                command(seq)
+            })
+            .collect()
+    }
+
+    /// How many of `total` commands the log holds after a round: a few more, at times.
+    fn more_visible(rng: &mut crate::intercept::SeededRng, visible: usize, total: usize) -> usize {
+        if visible < total && rng.chance(60) { (visible + 1 + rng.next_u64() as usize % 3).min(total) } else { visible }
     }
 
     /// A pull of what `log` holds from `consumer`, through a route's faults: a delivery gone to another client,
@@ -497,13 +567,7 @@ mod tests {
         let (mut reads, mut commands_handed) = (0, 0);
         for seed in 0..2000 {
             let mut rng = SeededRng::new(seed);
-            // The partition's commands: sparse stream sequences (other partitions take the rest).
-            let mut commands = Vec::new();
-            let mut seq = 0;
-            for _ in 0..(20 + rng.next_u64() % 60) {
-                seq += 1 + rng.next_u64() % 4;
-                commands.push(command(seq));
-            }
+            let commands = partition_commands(&mut rng);
             let mut visible = 1 + rng.next_u64() as usize % commands.len();
             let mut consumer = ModelConsumer::starting_after(0);
             let mut reader = Reader::new();
@@ -512,10 +576,7 @@ mod tests {
             let mut handed = Vec::new();
             let mut late = Vec::new();
             for _round in 0..400 {
-                if visible < commands.len() && rng.chance(60) {
-                    visible += 1 + rng.next_u64() as usize % 3;
-                    visible = visible.min(commands.len());
-                }
+                visible = more_visible(&mut rng, visible, commands.len());
                 let log = &commands[..visible];
                 let mut batch = faulty_pull(&mut rng, &mut consumer, log, &mut late);
                 if rng.chance(5) && !batch.is_empty() {
@@ -590,10 +651,8 @@ mod tests {
         assert!(reads * 3 < commands_handed, "{reads} reads for {commands_handed} commands");
     }
 
-    /// A read by sequence as the JetStream owner makes it (`JetStreamOwner::read`): bounded by `through` (a command
-    /// at hand), 8 first then twice as many from where the last answer ended, each answer from a replica that may lag
-    /// (a prefix of the log), then the leader one by one up to `through`; `covered = through` once the read passed
-    /// it without a gap, even when it holds `max` commands.
+    /// A read by sequence as the JetStream owner makes it ([`read_by_sequence`]), from replicas that may lag (each
+    /// answer from a prefix of the log) and a leader that holds it all.
     fn owner_read(
         rng: &mut crate::intercept::SeededRng,
         log: &[CommandRecord],
@@ -602,36 +661,16 @@ mod tests {
         through: u64,
         bounded: bool,
     ) -> (Vec<CommandRecord>, u64) {
-        let replica = |rng: &mut crate::intercept::SeededRng, after: u64, ask: usize| -> Vec<CommandRecord> {
-            // A replica holds a prefix of the log.
+        use futures::FutureExt;
+        let replica = |after: u64, ask: usize| {
             let held = if rng.chance(30) { rng.next_u64() as usize % (log.len() + 1) } else { log.len() };
-            log[..held].iter().filter(|c| c.seq > after).take(ask).cloned().collect()
+            std::future::ready(Ok(log[..held].iter().filter(|c| c.seq > after).take(ask).cloned().collect()))
         };
-        let bounded = bounded && through > after;
-        let mut ask = if bounded { max.min(8) } else { max };
-        let mut found = replica(rng, after, ask);
-        let mut answered = found.len();
-        while bounded && answered == ask && found.len() < max {
-            let Some(last) = found.last().map(|c| c.seq).filter(|&last| last < through) else { break };
-            ask = (ask * 2).min(max - found.len());
-            let more = replica(rng, last, ask);
-            answered = more.len();
-            found.extend(more);
-        }
-        let mut next = found.last().map_or(after, |c| c.seq) + 1;
-        let mut covered = 0;
-        while found.len() < max && next <= through {
-            let Some(message) = log.iter().find(|c| c.seq >= next) else {
-                covered = through;
-                break;
-            };
-            next = message.seq + 1;
-            found.push(message.clone());
-        }
-        if bounded && next > through {
-            covered = through;
-        }
-        (found, covered)
+        let leader = |next: u64| std::future::ready(Ok(log.iter().find(|c| c.seq >= next).cloned()));
+        read_by_sequence(after, max, through, bounded, replica, leader)
+            .now_or_never()
+            .expect("answered at once")
+            .expect("a read")
     }
 
     /// The reader fed as the JetStream owner feeds it (its bounded reads, lagging replicas, deliveries lost,
@@ -641,20 +680,13 @@ mod tests {
         use crate::intercept::SeededRng;
         for seed in 0..2000 {
             let mut rng = SeededRng::new(seed);
-            let mut commands = Vec::new();
-            let mut seq = 0;
-            for _ in 0..(20 + rng.next_u64() % 60) {
-                seq += 1 + rng.next_u64() % 4;
-                commands.push(command(seq));
-            }
+            let commands = partition_commands(&mut rng);
             let mut visible = 1 + rng.next_u64() as usize % commands.len();
             let mut consumer = ModelConsumer::starting_after(0);
             let mut reader = Reader::new();
             let (mut cursor, mut handed, mut late) = (0, Vec::new(), Vec::new());
             for _round in 0..400 {
-                if visible < commands.len() && rng.chance(60) {
-                    visible = (visible + 1 + rng.next_u64() as usize % 3).min(commands.len());
-                }
+                visible = more_visible(&mut rng, visible, commands.len());
                 let log = &commands[..visible];
                 let batch = faulty_pull(&mut rng, &mut consumer, log, &mut late);
                 for delivery in batch {

@@ -32,7 +32,7 @@ use leasehold_domain::driver::Driver;
 use leasehold_domain::{Ctx, DECIDER_VERSION, Decided, PartitionState, apply, continue_work, decide, invariants};
 use leasehold_log::embedded::{Embedded, EmbeddedOwner};
 use leasehold_log::intercept::{Intercept, Intercepted, SeededRng};
-use leasehold_log::reading::{Delivery, ModelConsumer, Next, Reader};
+use leasehold_log::reading::{Delivery, ModelConsumer, Next, Reader, read_by_sequence};
 use leasehold_log::{Appended, CommandRecord, Error, Log, OutcomeFilter, OutcomeRecord, Owner, Snapshot};
 use leasehold_schemas::command::{
     Acquire, Allocate, ExpireLease, Heartbeat, MarkStalled, Register, Release, Renew, ReportCreated, RetireAgent,
@@ -389,24 +389,26 @@ impl SimOwner {
     /// Answers the reader's read by sequence, from a replica that may lag.
     async fn read(&mut self, after: u64, max: usize, through: u64, bounded: bool) -> Result<(), Error> {
         let partition = self.inner.partition();
-        let mut found: Vec<CommandRecord> = self
-            .log
-            .read_commands(partition, after, max.max(1))
-            .await?
-            .into_iter()
-            .map(|c| self.faults.clock.as_stamped(c))
-            .collect();
-        let mut covered = if found.len() < max.max(1) { through } else { 0 };
-        if bounded && let Some(at) = found.iter().position(|c| c.seq >= through) {
-            // A read up to a first delivery stops once it passes it, as the JetStream owner's does.
-            found.truncate(at + 1);
-            covered = through;
-        }
-        if !found.is_empty() && self.faults.roll(10) {
-            self.faults.count(|f| f.reads_cut_short += 1);
-            found.truncate(self.faults.below(found.len() as u64) as usize);
-            covered = 0;
-        }
+        let (log, faults) = (&self.log, &self.faults);
+        let replica = |after: u64, ask: usize| async move {
+            let mut found: Vec<CommandRecord> = log
+                .read_commands(partition, after, ask)
+                .await?
+                .into_iter()
+                .map(|c| faults.clock.as_stamped(c))
+                .collect();
+            if !found.is_empty() && faults.roll(10) {
+                // A replica that lags answers with a prefix.
+                faults.count(|f| f.reads_cut_short += 1);
+                found.truncate(faults.below(found.len() as u64) as usize);
+            }
+            Ok(found)
+        };
+        let leader = |next: u64| async move {
+            Ok(log.read_commands(partition, next - 1, 1).await?.into_iter().next().map(|c| faults.clock.as_stamped(c)))
+        };
+        // The JetStream owner's read, over the faulty replicas and the embedded log as the leader.
+        let (found, covered) = read_by_sequence(after, max.max(1), through, bounded, replica, leader).await?;
         self.reader.read(after, found, covered);
         Ok(())
     }

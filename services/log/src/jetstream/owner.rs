@@ -15,11 +15,9 @@ use tokio::time::Instant;
 
 use super::read::{DIRECT_BATCH, command_record, header};
 use super::{CMD_STREAM, EVT_STREAM, JetStream, WRITER_GROUP, unavailable, writer_consumer};
-use crate::reading::{Delivery, Next, Reader};
+use crate::reading::{Delivery, Next, Reader, read_by_sequence};
 use crate::{CommandRecord, Error, Log, Owner};
 
-/// The commands a read by sequence up to a first delivery asks for first (see [`JetStreamOwner::read`]).
-const FIRST_READ: usize = 8;
 /// The most deliveries one pull of a writer consumer asks for.
 const PULL_BATCH: usize = 512;
 /// Pulls a writer keeps waiting at once: the next is sent when what the waiting ones may still bring falls below a
@@ -434,13 +432,8 @@ impl JetStreamOwner {
         if self.lost { Err(Error::Lost(self.partition)) } else { Ok(()) }
     }
 
-    /// Commands after `after`, read by sequence: from any replica, and from the leader up to `through` if the
-    /// replica has not caught up with it. Returns them and the sequence up to which no other command lies.
-    ///
-    /// `bounded`: `through` is a first delivery at hand, and the read need not go beyond it (the deliveries link on
-    /// from there). A read by sequence cannot be told where to stop, only how many to answer, so it asks for a few
-    /// first and twice as many each time after, until it passes `through`: a new owner reads the gap before the
-    /// consumer's first delivery (usually none), not a whole batch the consumer is delivering anyway.
+    /// Commands after `after`, read by sequence (see [`read_by_sequence`]): from any replica, and from the leader
+    /// one at a time where a replica lags.
     async fn read(
         &self,
         after: u64,
@@ -448,34 +441,23 @@ impl JetStreamOwner {
         through: u64,
         bounded: bool,
     ) -> Result<(Vec<CommandRecord>, u64), Error> {
-        let bounded = bounded && through > after;
-        let mut ask = if bounded { max.min(FIRST_READ) } else { max };
-        let mut found = self.log.read_commands(self.partition, after, ask).await?;
-        let mut answered = found.len();
-        while bounded && answered == ask && found.len() < max {
-            let Some(last) = found.last().map(|c| c.seq).filter(|&last| last < through) else { break };
-            ask = (ask * 2).min(max - found.len());
-            let more = self.log.read_commands(self.partition, last, ask).await?;
-            answered = more.len();
-            found.extend(more);
-        }
-        let filter = command_filter(self.partition);
-        let mut next = found.last().map_or(after, |c| c.seq) + 1;
-        let mut covered = 0;
-        while found.len() < max && next <= through {
-            let Some(message) = self.log.leader_next(CMD_STREAM, &filter, next).await? else {
-                // The leader holds nothing more: the delivery above was a command no longer held (aged out).
-                covered = through;
-                break;
-            };
-            next = message.sequence + 1;
-            found.push(command_record(message));
-        }
-        if bounded && next > through {
-            // Read without a gap from `after` up to the first delivery.
-            covered = covered.max(through);
-        }
-        Ok((found, covered))
+        let (log, partition) = (&self.log, self.partition);
+        let filter = &command_filter(partition);
+        read_by_sequence(
+            after,
+            max,
+            through,
+            bounded,
+            |after, ask| log.read_commands(partition, after, ask),
+            |next| async move { Ok(log.leader_next(CMD_STREAM, filter, next).await?.map(command_record)) },
+        )
+        .await
+    }
+
+    /// Everything up to `seq` is done with: acked at the next ack, dropped by the reader.
+    fn mark_done(&mut self, seq: u64) {
+        self.done = self.done.max(seq);
+        self.reader.done_through(seq);
     }
 
     /// Reads by sequence as the reader asks, and takes the answer in.
@@ -594,8 +576,7 @@ impl Owner for JetStreamOwner {
     }
 
     async fn done_through(&mut self, seq: u64) -> Result<(), Error> {
-        self.done = self.done.max(seq);
-        self.reader.done_through(seq);
+        self.mark_done(seq);
         self.drain()?;
         self.ack_done().await?;
         self.check_held()?;
@@ -603,8 +584,7 @@ impl Owner for JetStreamOwner {
     }
 
     async fn in_hand(&mut self, after: u64, max: usize, wait: Duration) -> Result<Vec<CommandRecord>, Error> {
-        self.done = self.done.max(after);
-        self.reader.done_through(after);
+        self.mark_done(after);
         self.drain()?;
         self.check_held()?;
         // Acked first, as before any wait: a consumer at its ack limit sends nothing more until it is.
