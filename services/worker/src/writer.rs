@@ -346,17 +346,7 @@ impl<L: Log> Writer<L> {
             if batch.is_empty() {
                 break;
             }
-            for command in batch {
-                match self.take(&command).await {
-                    Ok(()) => {}
-                    Err(Failure::Unclean(unclean)) => {
-                        tracing::info!(partition = self.state.partition(), why = %unclean.why, "stopping: not clean");
-                        return Ok(Stop::Shutdown);
-                    }
-                    Err(Failure::Fatal(e)) => return self.stop_on(e).await,
-                }
-            }
-            match self.flush(false).await {
+            match self.take_all(&batch).await {
                 Ok(()) => {}
                 Err(Failure::Unclean(unclean)) => {
                     tracing::info!(partition = self.state.partition(), why = %unclean.why, "stopping: not clean");
@@ -373,6 +363,14 @@ impl<L: Log> Writer<L> {
             self.store_snapshot(last_command).await;
         }
         Ok(Stop::Shutdown)
+    }
+
+    /// Takes every command of `batch`, then appends their outcomes in one group (no snapshot).
+    async fn take_all(&mut self, batch: &[CommandRecord]) -> Result<(), Failure> {
+        for command in batch {
+            self.take(command).await?;
+        }
+        self.flush(false).await
     }
 
     /// Handles the next command of a batch, its parts finished before the next (a decision in parts is), and moves
