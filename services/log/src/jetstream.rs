@@ -581,20 +581,32 @@ impl Log for JetStream {
     }
 
     async fn latest_snapshot(&self, partition: u32) -> Result<Option<Snapshot>, Error> {
-        // A snapshot replaced while it is read loses its chunks under the reader, which then waits forever: each
-        // read gets a deadline (2 s plus 10 MB/s of its size), a read that misses it is tried again (it finds the
-        // newer snapshot), and after three misses the writer folds from the first outcome instead.
+        // A snapshot replaced while it is read loses its chunks under the reader: the read notices within 100 ms
+        // (`snapshot_body`) and the next try reads the newer one. Each read also gets a deadline (2 s plus 10 MB/s
+        // of its size) for what it cannot notice; after three tries that stalled or were too short for the size, or a snapshot replaced under ten reads in a
+        // row, the writer folds from the first outcome instead.
         let mut deadline = Duration::from_secs(2);
-        for _ in 0..3 {
+        let (mut missed, mut replaced) = (0, 0);
+        while missed < 3 && replaced < 10 {
             match tokio::time::timeout(deadline, self.read_snapshot(partition, deadline)).await {
                 Ok(Ok(read)) => return Ok(read.map(|(snapshot, _)| snapshot)),
                 Ok(Err(SnapshotRead::Failed(e))) => return Err(e),
-                Ok(Err(SnapshotRead::TooSlowFor(size))) => deadline = snapshot_deadline(size),
-                Err(_) => tracing::warn!(partition, "a snapshot read stalled (replaced while read?): trying again"),
+                Ok(Err(SnapshotRead::TooSlowFor(size))) => {
+                    missed += 1;
+                    deadline = snapshot_deadline(size);
+                }
+                Ok(Err(SnapshotRead::Replaced)) => {
+                    replaced += 1;
+                    tracing::debug!(partition, "the snapshot was replaced while read: reading the newer one");
+                }
+                Err(_) => {
+                    missed += 1;
+                    tracing::warn!(partition, "a snapshot read stalled: trying again");
+                }
             }
         }
         Err(Error::Unavailable(format!(
-            "the snapshot of partition {partition} could not be read (replaced while read?)"
+            "the snapshot of partition {partition} could not be read (replaced while read, or stalled)"
         )))
     }
 

@@ -131,10 +131,9 @@ pub struct WriterConfig {
     /// (a partition of a hundred resources loads a few hundred outcomes, not ten thousand).
     pub snapshot_min: u64,
     /// A clean stop stores a snapshot when at least this many parts landed since the last one (or were folded at
-    /// the load), so the next owner loads it rather than the tail; `0` (the default): never. Off because a snapshot
-    /// replaced while the next owner reads it stalls that read for 2 s (`Log::latest_snapshot` on JetStream), and a
-    /// handover is when both happen: under the chaos harness's rolling restarts it doubled the p99 from
-    /// acknowledgement to decision. The running rule (`snapshot_min`) already bounds the tail to about 1,000 parts.
+    /// the load), so the next owner loads it rather than the tail; `0`: never. A handover is when an old owner
+    /// stores a snapshot and the next one reads it: a read that finds its snapshot replaced reads the newer one at
+    /// once (`Log::latest_snapshot` on JetStream).
     pub snapshot_on_stop: u64,
     /// How long a clean stop may spend deciding the commands the log already sent (see `Writer::stop_cleanly`).
     pub stop_grace: Duration,
@@ -159,7 +158,7 @@ impl Default for WriterConfig {
             rolling_out_schema: None,
             snapshot_every: 10_000,
             snapshot_min: 1_000,
-            snapshot_on_stop: 0,
+            snapshot_on_stop: 100,
             stop_grace: Duration::from_secs(2),
             metrics: None,
             #[cfg(feature = "fault-points")]

@@ -267,19 +267,30 @@ impl JetStream {
         partition: u32,
         deadline: Duration,
     ) -> Result<Option<(Snapshot, usize)>, SnapshotRead> {
-        use tokio::io::AsyncReadExt;
         let name = snapshot_object(partition);
         let snapshots = &self.streams().map_err(SnapshotRead::Failed)?.snapshots;
-        let mut object = match snapshots.get(&name).await {
-            Ok(object) => object,
-            Err(e) if e.kind() == object_store::GetErrorKind::NotFound => return Ok(None),
+        match snapshots.get(&name).await {
+            Ok(object) => self.snapshot_body(partition, object, deadline).await.map(Some),
+            Err(e) if e.kind() == object_store::GetErrorKind::NotFound => Ok(None),
             Err(e) => {
-                return Err(SnapshotRead::Failed(unavailable(
-                    &format!("cannot read the snapshot of partition {partition}"),
-                    e,
-                )));
+                Err(SnapshotRead::Failed(unavailable(&format!("cannot read the snapshot of partition {partition}"), e)))
             }
-        };
+        }
+    }
+
+    /// The snapshot `object` of `partition` holds, read while it is still the latest.
+    ///
+    /// Storing a snapshot stores its chunks, then its description, then removes the chunks of the one it replaces. A
+    /// reader still on those chunks would wait for them forever, so a read that takes a while asks now and then
+    /// whether its snapshot is still the one described: if not, it stops at once (`Replaced`), and the caller reads
+    /// the newer one.
+    pub(super) async fn snapshot_body(
+        &self,
+        partition: u32,
+        mut object: object_store::Object,
+        deadline: Duration,
+    ) -> Result<(Snapshot, usize), SnapshotRead> {
+        use tokio::io::AsyncReadExt;
         let size = object.info().size;
         if snapshot_deadline(size) > deadline {
             // Too large to read in this try's deadline: the caller gives the next one more time.
@@ -299,10 +310,29 @@ impl JetStream {
                 )))
             })?;
         let fence = field("lh-fence").map_err(SnapshotRead::Failed)?;
+        let nuid = object.info().nuid.clone();
         let mut state = Vec::with_capacity(size);
-        object.read_to_end(&mut state).await.map_err(|e| {
-            SnapshotRead::Failed(unavailable(&format!("cannot read the snapshot of partition {partition}"), e))
-        })?;
+        {
+            let read = object.read_to_end(&mut state);
+            tokio::pin!(read);
+            let mut ask = tokio::time::interval_at(Instant::now() + STILL_LATEST_EVERY, STILL_LATEST_EVERY);
+            loop {
+                tokio::select! {
+                    read = &mut read => {
+                        read.map_err(|e| SnapshotRead::Failed(unavailable(
+                            &format!("cannot read the snapshot of partition {partition}"),
+                            e,
+                        )))?;
+                        break;
+                    }
+                    _ = ask.tick() => {
+                        if !self.still_latest_snapshot(partition, &nuid).await {
+                            return Err(SnapshotRead::Replaced);
+                        }
+                    }
+                }
+            }
+        }
         let snapshot = Snapshot {
             partition,
             decider_version,
@@ -310,9 +340,23 @@ impl JetStream {
             last_command: metadata.get("lh-last-command").cloned(),
             state: Bytes::from(state),
         };
-        Ok(Some((snapshot, size)))
+        Ok((snapshot, size))
+    }
+
+    /// Whether the latest snapshot of `partition` is still the one whose chunks are `nuid`. When the server cannot
+    /// say, it is taken to be: the read's deadline still bounds the wait.
+    async fn still_latest_snapshot(&self, partition: u32, nuid: &str) -> bool {
+        let Ok(streams) = self.streams() else { return true };
+        match streams.snapshots.info(snapshot_object(partition)).await {
+            Ok(info) => info.nuid == nuid && !info.deleted,
+            Err(e) if e.kind() == object_store::InfoErrorKind::NotFound => false,
+            Err(_) => true,
+        }
     }
 }
+
+/// How often a snapshot read still going asks whether its snapshot was replaced.
+const STILL_LATEST_EVERY: Duration = Duration::from_millis(100);
 
 /// How long reading a snapshot of `size` bytes may take: 2 s, plus 10 MB/s.
 pub(super) fn snapshot_deadline(size: usize) -> Duration {
@@ -322,6 +366,8 @@ pub(super) fn snapshot_deadline(size: usize) -> Duration {
 /// Why a snapshot read gave nothing.
 pub(super) enum SnapshotRead {
     Failed(Error),
+    /// A newer snapshot replaced it while it was read: read that one.
+    Replaced,
     /// The snapshot is this large: read it with a longer deadline.
     TooSlowFor(usize),
 }
@@ -478,4 +524,40 @@ async fn agent_messages(
         .await
         .map_err(|e| unavailable(&format!("cannot create the consumer of agent {agent} on {EVT_STREAM}"), e))?;
     consumer.messages().await.map_err(|e| unavailable("cannot follow the outcomes", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Log;
+    use crate::jetstream::JetStreamConfig;
+    use crate::nats_server::NatsServer;
+
+    fn snapshot(fence: u64, byte: u8) -> Snapshot {
+        Snapshot {
+            partition: 1,
+            decider_version: 1,
+            fence,
+            last_command: Some(format!("cmd-{fence}")),
+            // Several chunks (the object store's are 128 KiB).
+            state: Bytes::from(vec![byte; 300_000]),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_replaced_while_it_is_read_is_noticed_and_the_newer_one_read() {
+        let Some(server) = NatsServer::start() else { return };
+        let log = JetStream::connect(JetStreamConfig::new(server.url(), 2)).await.expect("connect");
+        log.put_snapshot(snapshot(10, 1)).await.expect("the first snapshot");
+        // A reader has the first snapshot's description; a writer replaces it before its chunks are read.
+        let opened = log.streams().unwrap().snapshots.get(snapshot_object(1)).await.expect("open the first");
+        log.put_snapshot(snapshot(20, 2)).await.expect("the second snapshot");
+        // Without the check the read waits for the removed chunks forever; the minute only bounds a broken build.
+        let read = tokio::time::timeout(Duration::from_secs(60), log.snapshot_body(1, opened, Duration::from_secs(60)))
+            .await
+            .expect("the read notices the replacement instead of waiting for the removed chunks");
+        assert!(matches!(read, Err(SnapshotRead::Replaced)), "the old snapshot's read ends as replaced");
+        let latest = log.latest_snapshot(1).await.expect("read").expect("a snapshot");
+        assert_eq!((latest.fence, latest.state.len(), latest.state[0]), (20, 300_000, 2), "the newer snapshot, whole");
+    }
 }
