@@ -185,6 +185,7 @@ pub(crate) async fn run(options: Options) -> anyhow::Result<Report> {
     let (seen, watching) = (watch::Seen::default(), CancellationToken::new());
     let watcher = tokio::spawn(watch::watch(log.clone(), seen.clone(), watching.clone()));
     let producer = Producer::new(log.clone(), options.partitions, targets, options.seed, options.pace);
+    let began = std::time::Instant::now();
     let producing = tokio::spawn(producer.run(stop.clone()));
 
     let total = Duration::from_secs_f64(options.minutes * 60.0);
@@ -213,7 +214,7 @@ pub(crate) async fn run(options: Options) -> anyhow::Result<Report> {
     seen.caught_up(produced.acked.iter().filter(|a| !missing.contains(&a.id)), Duration::from_secs(10)).await;
     watching.cancel();
     let _ = watcher.await;
-    let latency = watch::latency(&produced.acked, &seen, LIVENESS_BOUND);
+    let latency = watch::latency(&produced.acked, &seen, LIVENESS_BOUND, began);
     eprintln!("leasehold-chaos: settled, {} acknowledged commands without an outcome", missing.len());
     // The agents have had every outcome; give them the time of a few syncs to make their machines agree.
     let machines: Vec<Machine> = letters

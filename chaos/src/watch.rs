@@ -72,19 +72,46 @@ pub(crate) struct Latency {
     pub(crate) p50_s: f64,
     pub(crate) p99_s: f64,
     pub(crate) max_s: f64,
+    /// The slowest decisions, slowest first: where to look in a kept run's logs (`--dir`).
+    pub(crate) slowest: Vec<Slow>,
 }
 
-pub(crate) fn latency(acked: &[Acked], seen: &Seen, bound: Duration) -> Latency {
+/// One slow decision: when its command was acknowledged (seconds since the producer started, the nemesis's clock
+/// too), its partition and type, and how long its decision took to be seen.
+#[derive(Debug, Serialize)]
+pub(crate) struct Slow {
+    pub(crate) acked_at_s: f64,
+    pub(crate) partition: u32,
+    #[serde(rename = "type")]
+    pub(crate) type_name: String,
+    pub(crate) latency_s: f64,
+}
+
+/// How many of the slowest decisions the summary names.
+const SLOWEST: usize = 10;
+
+pub(crate) fn latency(acked: &[Acked], seen: &Seen, bound: Duration, began: Instant) -> Latency {
     let seen = seen.0.lock().expect("the seen map");
-    let mut times: Vec<f64> = Vec::new();
+    let mut decided: Vec<(f64, &Acked)> = Vec::new();
     let mut unseen = 0;
     for a in acked {
         match seen.get(&a.id) {
-            Some(at) => times.push(at.saturating_duration_since(a.at).as_secs_f64()),
+            Some(at) => decided.push((at.saturating_duration_since(a.at).as_secs_f64(), a)),
             None => unseen += 1,
         }
     }
-    times.sort_by(f64::total_cmp);
+    decided.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let slowest = decided
+        .iter()
+        .take(SLOWEST)
+        .map(|(latency, a)| Slow {
+            acked_at_s: a.at.saturating_duration_since(began).as_secs_f64(),
+            partition: a.partition,
+            type_name: a.type_name.clone(),
+            latency_s: *latency,
+        })
+        .collect();
+    let times: Vec<f64> = decided.iter().rev().map(|(latency, _)| *latency).collect();
     let at = |q: f64| times.get(((times.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
     Latency {
         bound_s: bound.as_secs_f64(),
@@ -93,5 +120,6 @@ pub(crate) fn latency(acked: &[Acked], seen: &Seen, bound: Duration) -> Latency 
         p50_s: at(0.5),
         p99_s: at(0.99),
         max_s: times.last().copied().unwrap_or(0.0),
+        slowest,
     }
 }

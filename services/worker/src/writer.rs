@@ -849,10 +849,21 @@ async fn fold<L: Log>(
             Err(e) => return Err(e.into()),
         }
     };
-    let (mut state, mut prev, mut last_command) = match usable_snapshot(log, partition, target).await {
-        Some(start) => start,
-        None => (PartitionState::new(partition, log.partitions()), 0, None),
+    let start = loop {
+        match usable_snapshot(log, partition, target).await {
+            Ok(start) => break start,
+            Err(why) if tokio::time::Instant::now() < give_up => {
+                tracing::warn!(partition, %why, "the log is unavailable; retrying the load");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(why) => {
+                tracing::warn!(partition, %why, "cannot read the snapshot; folding from the first outcome");
+                break None;
+            }
+        }
     };
+    let (mut state, mut prev, mut last_command) =
+        start.unwrap_or_else(|| (PartitionState::new(partition, log.partitions()), 0, None));
     let budget = config.split_budget.unwrap_or(leasehold_domain::EFFECT_BUDGET_BYTES);
     state = state.with_split_budget(budget);
     let filter = OutcomeFilter::Partition(partition);
@@ -934,17 +945,20 @@ pub fn fold_outcome(state: &mut PartitionState, stored: &leasehold_log::StoredOu
 
 /// The latest snapshot of `partition`, if it can be used: made by this decider version, for this partition, at an
 /// outcome the log holds (at or below `last`), and decodable. Anything else is ignored with a warning: a snapshot is
-/// a cache, and the log is the truth.
+/// a cache, and the log is the truth. A log that is unavailable now is an error (why): the caller tries again
+/// rather than fold every outcome because of a leader election.
 async fn usable_snapshot<L: Log>(
     log: &L,
     partition: u32,
     last: u64,
-) -> Option<(PartitionState, u64, Option<CommandId>)> {
+) -> Result<Option<(PartitionState, u64, Option<CommandId>)>, String> {
     let snapshot = match log.latest_snapshot(partition).await {
-        Ok(snapshot) => snapshot?,
+        Ok(Some(snapshot)) => snapshot,
+        Ok(None) => return Ok(None),
+        Err(leasehold_log::Error::Unavailable(why)) => return Err(why),
         Err(e) => {
             tracing::warn!(partition, error = %e, "cannot read the snapshot; folding from the first outcome");
-            return None;
+            return Ok(None);
         }
     };
     if snapshot.decider_version != DECIDER_VERSION || snapshot.partition != partition || snapshot.fence > last {
@@ -954,7 +968,7 @@ async fn usable_snapshot<L: Log>(
             fence = snapshot.fence,
             "ignoring a snapshot of another decider version or beyond the log"
         );
-        return None;
+        return Ok(None);
     }
     if snapshot.fence > 0 {
         // The outcome at the fence must be the one the snapshot was made after (a log recreated under a surviving
@@ -964,6 +978,7 @@ async fn usable_snapshot<L: Log>(
             Ok(found) => found.first().is_some_and(|o| {
                 o.seq == snapshot.fence && snapshot.last_command.as_ref().is_none_or(|id| *id == o.cmd_id)
             }),
+            Err(leasehold_log::Error::Unavailable(why)) => return Err(why.clone()),
             Err(_) => false,
         };
         if !matches {
@@ -972,22 +987,22 @@ async fn usable_snapshot<L: Log>(
                 fence = snapshot.fence,
                 "ignoring a snapshot whose fence is not its outcome in the log"
             );
-            return None;
+            return Ok(None);
         }
     }
     let state = match PartitionState::from_snapshot(&snapshot.state) {
         Ok(state) if state.partition() == partition && state.partitions() == log.partitions() => state,
         Ok(_) => {
             tracing::warn!(partition, "ignoring a snapshot of another partition");
-            return None;
+            return Ok(None);
         }
         Err(e) => {
             tracing::warn!(partition, error = %e, "ignoring a snapshot that does not decode");
-            return None;
+            return Ok(None);
         }
     };
     let last_command = snapshot.last_command.as_deref().and_then(|id| id.parse::<CommandId>().ok());
-    Some((state, snapshot.fence, last_command))
+    Ok(Some((state, snapshot.fence, last_command)))
 }
 
 /// The command log must be the one the outcomes answer: the command at the cursor (if the log still holds it) is

@@ -175,6 +175,55 @@ async fn a_panic_while_loading_stops_the_partition_on_record() {
     );
 }
 
+/// Makes `latest_snapshot` fail (unavailable, as in a leader election) the next `n` times.
+#[derive(Debug, Clone)]
+struct FailSnapshotReads(Arc<AtomicU32>);
+
+impl Intercept<Embedded> for FailSnapshotReads {
+    type Owner = EmbeddedOwner;
+
+    async fn own(&self, log: &Embedded, partition: u32, worker: &str) -> Result<Option<EmbeddedOwner>, Error> {
+        log.own(partition, worker).await
+    }
+
+    async fn latest_snapshot(&self, log: &Embedded, partition: u32) -> Result<Option<leasehold_log::Snapshot>, Error> {
+        if self.0.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(Error::Unavailable("simulated: no stream leader".to_owned()));
+        }
+        log.latest_snapshot(partition).await
+    }
+}
+
+/// A load whose snapshot read meets an unavailable log (a leader election) reads the snapshot again once the log
+/// answers: it used to fold the partition from its first outcome instead, seconds more for a long partition, right
+/// when the log had just come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_read_that_meets_an_unavailable_log_is_tried_again_not_folded_around() {
+    let inner = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
+    let mut producer = Producer::new(inner.clone());
+    let agent = AgentName::new("w0").unwrap();
+    producer.publish("w0", register(&agent)).await;
+    for _ in 0..11 {
+        let resource = producer.resource();
+        producer.publish("ci", allocate(&agent, resource)).await;
+    }
+    let writer = WriterConfig { snapshot_every: 5, snapshot_min: 5, ..WriterConfig::default() };
+    let config = WorkerConfig { writer: writer.clone(), ..WorkerConfig::new("worker") };
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(leasehold_worker::run(inner.clone(), config, shutdown.clone()));
+    let outcomes = first_parts(&inner, 12).await;
+    assert!(stop(shutdown, worker).await.stopped.is_empty());
+    let snapshot = inner.latest_snapshot(0).await.unwrap().expect("a snapshot every 5 parts");
+    let tail = outcomes.iter().filter(|o| o.seq > snapshot.fence).count() as u64;
+    assert!(tail < outcomes.len() as u64, "the snapshot covers some outcomes: fence {}", snapshot.fence);
+
+    let log = Intercepted { log: inner.clone(), hooks: FailSnapshotReads(Arc::new(AtomicU32::new(2))) };
+    let folded = leasehold_worker::fold_partition(&log, 0, 0, &writer).await.unwrap();
+    assert_eq!(log.hooks.0.load(Ordering::SeqCst), 0, "both failures were met");
+    assert_eq!(folded.folded, tail, "the load started from the snapshot, not from the first outcome");
+    assert_eq!(folded.fence, outcomes.last().unwrap().seq);
+}
+
 /// Whether a partition is served takes 30 s to answer; counts the questions.
 #[derive(Debug, Clone, Default)]
 struct SlowIsServed(Arc<AtomicU32>);
