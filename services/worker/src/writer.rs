@@ -849,15 +849,24 @@ async fn fold<L: Log>(
             Err(e) => return Err(e.into()),
         }
     };
+    // The snapshot may take half of what is left of the deadline, each read included (one on JetStream can take
+    // seconds): a snapshot that stays unreadable must leave the fold from the first outcome time to ride out the
+    // log as well, within the deadline.
+    let now = tokio::time::Instant::now();
+    let snapshot_give_up = now + give_up.saturating_duration_since(now) / 2;
     let start = loop {
-        match usable_snapshot(log, partition, target).await {
-            Ok(start) => break start,
-            Err(why) if tokio::time::Instant::now() < give_up => {
+        match tokio::time::timeout_at(snapshot_give_up, usable_snapshot(log, partition, target)).await {
+            Ok(Ok(start)) => break start,
+            Ok(Err(why)) if tokio::time::Instant::now() < snapshot_give_up => {
                 tracing::warn!(partition, %why, "the log is unavailable; retrying the load");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            Err(why) => {
+            Ok(Err(why)) => {
                 tracing::warn!(partition, %why, "cannot read the snapshot; folding from the first outcome");
+                break None;
+            }
+            Err(_) => {
+                tracing::warn!(partition, "the snapshot could not be read in time; folding from the first outcome");
                 break None;
             }
         }

@@ -1,4 +1,4 @@
-//! Regressions red-team reviews found in the writers, each as it was triggered (the last two on a real nats-server).
+//! Regressions red-team reviews found in the writers, each as it was triggered (some on a real nats-server).
 
 mod support;
 
@@ -565,4 +565,64 @@ async fn a_clean_stop_at_the_consumers_ack_limit_does_not_wait_for_deliveries_th
         snapshot.fence, last,
         "the stop decided what it held within its grace and left a snapshot of it ({decided} decided)"
     );
+}
+
+/// Makes `read_outcomes` fail (unavailable, as in a leader election) the next `n` times.
+#[derive(Debug, Clone)]
+struct FailOutcomeReads(Arc<AtomicU32>);
+
+impl Intercept<JetStream> for FailOutcomeReads {
+    type Owner = leasehold_log::jetstream::JetStreamOwner;
+
+    async fn own(&self, log: &JetStream, partition: u32, worker: &str) -> Result<Option<Self::Owner>, Error> {
+        log.own(partition, worker).await
+    }
+
+    async fn read_outcomes(
+        &self,
+        log: &JetStream,
+        filter: &OutcomeFilter,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<StoredOutcome>, Error> {
+        if self.0.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(Error::Unavailable("simulated: no stream leader".to_owned()));
+        }
+        log.read_outcomes(filter, from, max).await
+    }
+}
+
+/// A snapshot no read can finish (its chunks are gone from the bucket: each read stalls, and the log gives up on
+/// it after three, 6 s) is unavailable every time it is asked for. Retrying it for the whole load's deadline left the
+/// fold from the first outcome none: the load ran past its deadline, and the first failed read of that fold (a
+/// leader election) failed the load, so every takeover of the partition waited out the deadline and failed. The
+/// snapshot may take half of what is left; the fold from the first outcome has the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_that_cannot_be_read_leaves_the_fold_from_the_first_outcome_its_share_of_the_deadline() {
+    let Some(server) = NatsServer::start() else { return };
+    let log = JetStream::connect(JetStreamConfig::new(server.url(), 1)).await.expect("connect");
+    backlog(&log, 20).await;
+    let writer = WriterConfig { snapshot_every: 5, snapshot_min: 5, ..WriterConfig::default() };
+    let config = WorkerConfig { writer: writer.clone(), ..WorkerConfig::new("worker") };
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(leasehold_worker::run(log.clone(), config, shutdown.clone()));
+    let outcomes = first_parts(&log, 20).await;
+    assert!(stop(shutdown, worker).await.stopped.is_empty());
+
+    let js = async_nats::jetstream::new(log.client().clone());
+    let bucket = js.get_object_store(leasehold_log::jetstream::SNAPSHOT_BUCKET).await.expect("the bucket");
+    let info = bucket.info("partition-0").await.expect("a snapshot every 5 parts");
+    let stream = js.get_stream(format!("OBJ_{}", leasehold_log::jetstream::SNAPSHOT_BUCKET)).await.expect("stream");
+    let chunks = format!("$O.{}.C.{}", leasehold_log::jetstream::SNAPSHOT_BUCKET, info.nuid);
+    stream.purge().filter(chunks).await.expect("purge the snapshot's chunks");
+
+    let writer = WriterConfig { reload_deadline: Duration::from_secs(8), ..writer };
+    let log = Intercepted { log: log.clone(), hooks: FailOutcomeReads(Arc::new(AtomicU32::new(1))) };
+    let started = std::time::Instant::now();
+    let folded = leasehold_worker::fold_partition(&log, 0, 0, &writer).await;
+    let took = started.elapsed();
+    let folded = folded.expect("the fold from the first outcome rides out a failed read");
+    assert_eq!(log.hooks.0.load(Ordering::SeqCst), 0, "the failure was met");
+    assert_eq!(folded.folded, outcomes.len() as u64, "folded from the first outcome");
+    assert!(took <= writer.reload_deadline, "the load took {took:?}, past its deadline");
 }
