@@ -1,7 +1,8 @@
 //! A log with some of its calls intercepted, for tests and simulations: [`Intercepted`] delegates every call of the
 //! [`Log`] trait to the log it wraps, except those its [`Intercept`] hooks take over (publishes, appends, reads of the
-//! command at a sequence, snapshot and outcome reads and follows, whether a partition is served, ownership). A fault layer, a gate that
-//! holds an append, or a log whose reads fail for a while each write only their hooks.
+//! command at a sequence, snapshot stores and reads, outcome reads and follows, whether a partition is served,
+//! ownership). A fault layer, a gate that holds an append, or a log whose reads fail for a while each write only
+//! their hooks.
 
 use std::future::Future;
 use std::time::Duration;
@@ -65,6 +66,10 @@ pub trait Intercept<L: Log>: Clone + Send + Sync + 'static {
 
     fn latest_snapshot(&self, log: &L, partition: u32) -> impl Future<Output = Result<Option<Snapshot>, Error>> + Send {
         log.latest_snapshot(partition)
+    }
+
+    fn put_snapshot(&self, log: &L, snapshot: Snapshot) -> impl Future<Output = Result<(), Error>> + Send {
+        log.put_snapshot(snapshot)
     }
 
     fn is_served(&self, log: &L, partition: u32) -> impl Future<Output = Result<bool, Error>> + Send {
@@ -145,7 +150,7 @@ impl<L: Log, I: Intercept<L>> Log for Intercepted<L, I> {
     }
 
     async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), Error> {
-        self.log.put_snapshot(snapshot).await
+        self.hooks.put_snapshot(&self.log, snapshot).await
     }
 
     async fn latest_snapshot(&self, partition: u32) -> Result<Option<Snapshot>, Error> {

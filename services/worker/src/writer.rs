@@ -323,8 +323,8 @@ impl<L: Log> Writer<L> {
     }
 
     /// A clean stop, once every outcome of the commands handled landed: decides the commands the log already sent
-    /// this owner (the next one would be sent them again), for at most `stop_grace`, then stores a snapshot if the
-    /// tail since the last one is long enough to be worth it, so the next owner loads a snapshot and nothing more
+    /// this owner (the next one would be sent them again), then stores a snapshot if the tail since the last one is
+    /// long enough to be worth it, all in at most `stop_grace`, so the next owner loads a snapshot and nothing more
     /// (a rolling restart, a worker handing its partitions over). Whatever does not land cleanly ends it at once,
     /// with no snapshot: the state may hold what did not land.
     async fn stop_cleanly(&mut self, owner: &mut L::Owner) -> Result<Stop, Error> {
@@ -358,8 +358,13 @@ impl<L: Log> Writer<L> {
         if enough > 0
             && self.since_snapshot >= enough
             && let Some(last_command) = self.last_command
+            // Within the stop's grace too: a log that does not answer keeps the snapshot, not the stop.
+            && tokio::time::timeout_at(deadline, self.store_snapshot(last_command)).await.is_err()
         {
-            self.store_snapshot(last_command).await;
+            tracing::info!(
+                partition = self.state.partition(),
+                "stopping without a snapshot: the log did not store it in time"
+            );
         }
         Ok(Stop::Shutdown)
     }

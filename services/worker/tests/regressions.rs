@@ -3,7 +3,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use leasehold_log::embedded::{Embedded, EmbeddedOwner};
@@ -222,6 +222,65 @@ async fn a_snapshot_read_that_meets_an_unavailable_log_is_tried_again_not_folded
     assert_eq!(log.hooks.0.load(Ordering::SeqCst), 0, "both failures were met");
     assert_eq!(folded.folded, tail, "the load started from the snapshot, not from the first outcome");
     assert_eq!(folded.fence, outcomes.last().unwrap().seq);
+}
+
+/// Once `hang` is set, `put_snapshot` never answers (a log that stops answering as the worker stops); counts the
+/// stores it holds.
+#[derive(Debug, Clone, Default)]
+struct HangSnapshotStores {
+    hang: Arc<AtomicBool>,
+    held: Arc<AtomicU32>,
+}
+
+impl Intercept<Embedded> for HangSnapshotStores {
+    type Owner = EmbeddedOwner;
+
+    async fn own(&self, log: &Embedded, partition: u32, worker: &str) -> Result<Option<EmbeddedOwner>, Error> {
+        log.own(partition, worker).await
+    }
+
+    async fn put_snapshot(&self, log: &Embedded, snapshot: leasehold_log::Snapshot) -> Result<(), Error> {
+        if self.hang.load(Ordering::SeqCst) {
+            self.held.fetch_add(1, Ordering::SeqCst);
+            std::future::pending::<()>().await;
+        }
+        log.put_snapshot(snapshot).await
+    }
+}
+
+/// The snapshot at a clean stop is stored within the stop's grace: a log that does not answer keeps the snapshot,
+/// not the stop (it used to wait for the store as long as the log took).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_whose_snapshot_is_not_stored_still_ends_within_its_grace() {
+    let inner = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
+    let mut producer = Producer::new(inner.clone());
+    let agent = AgentName::new("w0").unwrap();
+    producer.publish("w0", register(&agent)).await;
+    for _ in 0..120 {
+        let resource = producer.resource();
+        producer.publish("ci", allocate(&agent, resource)).await;
+    }
+    let log = Intercepted { log: inner.clone(), hooks: HangSnapshotStores::default() };
+    // No snapshot while serving; one at the stop (121 parts since none).
+    let writer = WriterConfig {
+        snapshot_every: 10_000,
+        snapshot_min: 10_000,
+        snapshot_on_stop: 100,
+        stop_grace: Duration::from_secs(1),
+        ..WriterConfig::default()
+    };
+    let config = WorkerConfig { writer, ..WorkerConfig::new("worker") };
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(leasehold_worker::run(log.clone(), config, shutdown.clone()));
+    first_parts(&inner, 121).await;
+    log.hooks.hang.store(true, Ordering::SeqCst);
+    // The bound only keeps a broken build from hanging the test run.
+    let report = tokio::time::timeout(Duration::from_secs(60), stop(shutdown, worker))
+        .await
+        .expect("the stop ends though its snapshot is never stored");
+    assert!(report.stopped.is_empty(), "{:?}", report.stopped);
+    assert_eq!(log.hooks.held.load(Ordering::SeqCst), 1, "the stop tried to store its snapshot");
+    assert!(inner.latest_snapshot(0).await.unwrap().is_none(), "no snapshot was stored");
 }
 
 /// Whether a partition is served takes 30 s to answer; counts the questions.
