@@ -53,6 +53,19 @@ fn register(agent: &AgentName) -> Register {
     Register { settings: Some(AgentSettings::default()), ..Register::new(agent.clone(), Uuid::from_u128(7)) }
 }
 
+/// A one-partition log holding agent `w0`'s registration and `allocations` allocations on it.
+async fn registered_and_allocated(allocations: usize) -> Embedded {
+    let inner = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
+    let mut producer = Producer::new(inner.clone());
+    let agent = AgentName::new("w0").unwrap();
+    producer.publish("w0", register(&agent)).await;
+    for _ in 0..allocations {
+        let resource = producer.resource();
+        producer.publish("ci", allocate(&agent, resource)).await;
+    }
+    inner
+}
+
 /// Waits (bounded: 20 s) until the log holds `n` first parts of outcomes.
 async fn first_parts<L: Log>(log: &L, n: usize) -> Vec<StoredOutcome> {
     first_parts_within(log, n, Duration::from_secs(20)).await
@@ -199,14 +212,7 @@ impl Intercept<Embedded> for FailSnapshotReads {
 /// when the log had just come back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_read_that_meets_an_unavailable_log_is_tried_again_not_folded_around() {
-    let inner = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
-    let mut producer = Producer::new(inner.clone());
-    let agent = AgentName::new("w0").unwrap();
-    producer.publish("w0", register(&agent)).await;
-    for _ in 0..11 {
-        let resource = producer.resource();
-        producer.publish("ci", allocate(&agent, resource)).await;
-    }
+    let inner = registered_and_allocated(11).await;
     let writer = WriterConfig { snapshot_every: 5, snapshot_min: 5, ..WriterConfig::default() };
     let config = WorkerConfig { writer: writer.clone(), ..WorkerConfig::new("worker") };
     let shutdown = CancellationToken::new();
@@ -252,14 +258,7 @@ impl Intercept<Embedded> for HangSnapshotStores {
 /// not the stop (it used to wait for the store as long as the log took).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_stop_whose_snapshot_is_not_stored_still_ends_within_its_grace() {
-    let inner = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
-    let mut producer = Producer::new(inner.clone());
-    let agent = AgentName::new("w0").unwrap();
-    producer.publish("w0", register(&agent)).await;
-    for _ in 0..120 {
-        let resource = producer.resource();
-        producer.publish("ci", allocate(&agent, resource)).await;
-    }
+    let inner = registered_and_allocated(120).await;
     let log = Intercepted { log: inner.clone(), hooks: HangSnapshotStores::default() };
     // No snapshot while serving; one at the stop (121 parts since none).
     let writer = WriterConfig {
