@@ -583,8 +583,8 @@ impl Log for JetStream {
     async fn latest_snapshot(&self, partition: u32) -> Result<Option<Snapshot>, Error> {
         // A snapshot replaced while it is read loses its chunks under the reader: the read notices within 100 ms
         // (`snapshot_body`) and the next try reads the newer one. Each read also gets a deadline (2 s plus 10 MB/s
-        // of its size) for what it cannot notice; after three tries that stalled or were too short for the size, or a snapshot replaced under ten reads in a
-        // row, the writer folds from the first outcome instead.
+        // of its size) for what it cannot notice. Three tries that stalled or were too short for the size, or ten
+        // replaced under the read, and the log is unavailable for it now (the writer's load decides what next).
         let mut deadline = Duration::from_secs(2);
         let (mut missed, mut replaced) = (0, 0);
         while missed < 3 && replaced < 10 {

@@ -454,10 +454,14 @@ impl JetStreamOwner {
         .await
     }
 
-    /// Everything up to `seq` is done with: acked at the next ack, dropped by the reader.
-    fn mark_done(&mut self, seq: u64) {
+    /// Everything up to `seq` is done with (acked, dropped by the reader): takes in what came meanwhile, acks, and
+    /// says whether we still hold the partition.
+    async fn settle(&mut self, seq: u64) -> Result<(), Error> {
         self.done = self.done.max(seq);
         self.reader.done_through(seq);
+        self.drain()?;
+        self.ack_done().await?;
+        self.check_held()
     }
 
     /// Reads by sequence as the reader asks, and takes the answer in.
@@ -576,19 +580,13 @@ impl Owner for JetStreamOwner {
     }
 
     async fn done_through(&mut self, seq: u64) -> Result<(), Error> {
-        self.mark_done(seq);
-        self.drain()?;
-        self.ack_done().await?;
-        self.check_held()?;
+        self.settle(seq).await?;
         self.keep_pulling().await
     }
 
     async fn in_hand(&mut self, after: u64, max: usize, wait: Duration) -> Result<Vec<CommandRecord>, Error> {
-        self.mark_done(after);
-        self.drain()?;
-        self.check_held()?;
         // Acked first, as before any wait: a consumer at its ack limit sends nothing more until it is.
-        self.ack_done().await?;
+        self.settle(after).await?;
         // What the waiting pulls still bring of what the stream held beyond the newest delivery: the server sends
         // it whether or not we stop, so it is decided here rather than sent to the next owner again. No more than
         // the consumer's ack limit leaves room for: at the limit it sends nothing, and waiting for it would spend

@@ -290,7 +290,6 @@ impl JetStream {
         mut object: object_store::Object,
         deadline: Duration,
     ) -> Result<(Snapshot, usize), SnapshotRead> {
-        use tokio::io::AsyncReadExt;
         let size = object.info().size;
         if snapshot_deadline(size) > deadline {
             // Too large to read in this try's deadline: the caller gives the next one more time.
@@ -310,29 +309,8 @@ impl JetStream {
                 )))
             })?;
         let fence = field("lh-fence").map_err(SnapshotRead::Failed)?;
-        let nuid = object.info().nuid.clone();
         let mut state = Vec::with_capacity(size);
-        {
-            let read = object.read_to_end(&mut state);
-            tokio::pin!(read);
-            let mut ask = tokio::time::interval_at(Instant::now() + STILL_LATEST_EVERY, STILL_LATEST_EVERY);
-            loop {
-                tokio::select! {
-                    read = &mut read => {
-                        read.map_err(|e| SnapshotRead::Failed(unavailable(
-                            &format!("cannot read the snapshot of partition {partition}"),
-                            e,
-                        )))?;
-                        break;
-                    }
-                    _ = ask.tick() => {
-                        if !self.still_latest_snapshot(partition, &nuid).await {
-                            return Err(SnapshotRead::Replaced);
-                        }
-                    }
-                }
-            }
-        }
+        self.read_while_latest(partition, &mut object, &mut state).await?;
         let snapshot = Snapshot {
             partition,
             decider_version,
@@ -341,6 +319,35 @@ impl JetStream {
             state: Bytes::from(state),
         };
         Ok((snapshot, size))
+    }
+
+    /// Reads `object`'s chunks into `state`, asking every [`STILL_LATEST_EVERY`] whether it is still the latest
+    /// snapshot of `partition`: `Replaced` as soon as it is not (its chunks are going, or gone).
+    async fn read_while_latest(
+        &self,
+        partition: u32,
+        object: &mut object_store::Object,
+        state: &mut Vec<u8>,
+    ) -> Result<(), SnapshotRead> {
+        use tokio::io::AsyncReadExt;
+        let nuid = object.info().nuid.clone();
+        let read = object.read_to_end(state);
+        tokio::pin!(read);
+        let mut ask = tokio::time::interval_at(Instant::now() + STILL_LATEST_EVERY, STILL_LATEST_EVERY);
+        loop {
+            tokio::select! {
+                read = &mut read => {
+                    return read.map(drop).map_err(|e| {
+                        SnapshotRead::Failed(unavailable(&format!("cannot read the snapshot of partition {partition}"), e))
+                    });
+                }
+                _ = ask.tick() => {
+                    if !self.still_latest_snapshot(partition, &nuid).await {
+                        return Err(SnapshotRead::Replaced);
+                    }
+                }
+            }
+        }
     }
 
     /// Whether the latest snapshot of `partition` is still the one whose chunks are `nuid`. When the server cannot
