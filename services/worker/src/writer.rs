@@ -357,9 +357,8 @@ impl<L: Log> Writer<L> {
         let enough = self.config.snapshot_on_stop;
         if enough > 0
             && self.since_snapshot >= enough
-            && let Some(last_command) = self.last_command
             // Within the stop's grace too: a log that does not answer keeps the snapshot, not the stop.
-            && tokio::time::timeout_at(deadline, self.store_snapshot(last_command)).await.is_err()
+            && tokio::time::timeout_at(deadline, self.store_snapshot()).await.is_err()
         {
             tracing::info!(
                 partition = self.state.partition(),
@@ -642,10 +641,10 @@ impl<L: Log> Writer<L> {
                 metrics.decided(type_name, rejected, started.elapsed());
             }
         }
-        if let Some(last_command) = group.last_command {
-            self.last_command = Some(last_command);
+        if group.last_command.is_some() {
+            self.last_command = group.last_command;
             if snapshot {
-                self.maybe_snapshot(last_command).await;
+                self.maybe_snapshot().await;
             }
         }
         Ok(())
@@ -653,18 +652,19 @@ impl<L: Log> Writer<L> {
 
     /// Stores a snapshot when enough outcomes landed since the last one and no decision is unfinished. A snapshot is
     /// a cache: failing to store one is a warning, nothing more.
-    async fn maybe_snapshot(&mut self, last_command: CommandId) {
+    async fn maybe_snapshot(&mut self) {
         let every = self.config.snapshot_every;
         let early = self.since_snapshot >= self.config.snapshot_min.min(every)
             && self.since_snapshot_bytes >= self.last_snapshot_bytes;
         if every == 0 || (self.since_snapshot < every && !early) {
             return;
         }
-        self.store_snapshot(last_command).await;
+        self.store_snapshot().await;
     }
 
-    /// Stores a snapshot of the state, whose last outcome answers `last_command`, unless a decision is unfinished.
-    async fn store_snapshot(&mut self, last_command: CommandId) {
+    /// Stores a snapshot of the state at its last outcome, unless it has none or a decision is unfinished.
+    async fn store_snapshot(&mut self) {
+        let Some(last_command) = self.last_command else { return };
         if self.state.pending().is_some() {
             return;
         }
@@ -841,39 +841,26 @@ async fn fold<L: Log>(
     config: &WriterConfig,
 ) -> Result<Folded, Error> {
     let give_up = tokio::time::Instant::now() + config.reload_deadline;
-    let target = loop {
-        if exactly {
-            break at_least;
-        }
-        match log.last_outcome_seq(partition).await {
-            Ok(last) => break last.max(at_least),
-            Err(leasehold_log::Error::Unavailable(why)) if tokio::time::Instant::now() < give_up => {
-                tracing::warn!(partition, %why, "the log is unavailable; retrying the load");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => return Err(e.into()),
-        }
+    let target = if exactly {
+        at_least
+    } else {
+        until_available(partition, give_up, || log.last_outcome_seq(partition)).await?.max(at_least)
     };
     // The snapshot may take half of what is left of the deadline, each read included (one on JetStream can take
     // seconds): a snapshot that stays unreadable must leave the fold from the first outcome time to ride out the
     // log as well, within the deadline.
     let now = tokio::time::Instant::now();
     let snapshot_give_up = now + give_up.saturating_duration_since(now) / 2;
-    let start = loop {
-        match tokio::time::timeout_at(snapshot_give_up, usable_snapshot(log, partition, target)).await {
-            Ok(Ok(start)) => break start,
-            Ok(Err(why)) if tokio::time::Instant::now() < snapshot_give_up => {
-                tracing::warn!(partition, %why, "the log is unavailable; retrying the load");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Ok(Err(why)) => {
-                tracing::warn!(partition, %why, "cannot read the snapshot; folding from the first outcome");
-                break None;
-            }
-            Err(_) => {
-                tracing::warn!(partition, "the snapshot could not be read in time; folding from the first outcome");
-                break None;
-            }
+    let snapshot = until_available(partition, snapshot_give_up, || usable_snapshot(log, partition, target));
+    let start = match tokio::time::timeout_at(snapshot_give_up, snapshot).await {
+        Ok(Ok(start)) => start,
+        Ok(Err(e)) => {
+            tracing::warn!(partition, error = %e, "cannot read the snapshot; folding from the first outcome");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(partition, "the snapshot could not be read in time; folding from the first outcome");
+            None
         }
     };
     let (mut state, mut prev, mut last_command) =
@@ -883,15 +870,7 @@ async fn fold<L: Log>(
     let filter = OutcomeFilter::Partition(partition);
     let mut folded = 0u64;
     loop {
-        let batch = match log.read_outcomes(&filter, prev + 1, 512).await {
-            Ok(batch) => batch,
-            Err(leasehold_log::Error::Unavailable(why)) if tokio::time::Instant::now() < give_up => {
-                tracing::warn!(partition, %why, "the log is unavailable; retrying the load");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let batch = until_available(partition, give_up, || log.read_outcomes(&filter, prev + 1, 512)).await?;
         if batch.is_empty() {
             if prev >= target {
                 return Ok(Folded { state, fence: prev, last_command, folded });
@@ -922,6 +901,24 @@ async fn fold<L: Log>(
             prev = stored.seq;
             last_command = Some(outcome.command.id);
             folded += 1;
+        }
+    }
+}
+
+/// Asks the log with `ask` until it answers something other than unavailable (a leader election), or `give_up`
+/// passes: then that answer.
+async fn until_available<T, F: Future<Output = Result<T, leasehold_log::Error>>>(
+    partition: u32,
+    give_up: tokio::time::Instant,
+    mut ask: impl FnMut() -> F,
+) -> Result<T, leasehold_log::Error> {
+    loop {
+        match ask().await {
+            Err(leasehold_log::Error::Unavailable(why)) if tokio::time::Instant::now() < give_up => {
+                tracing::warn!(partition, %why, "the log is unavailable; retrying the load");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            answer => return answer,
         }
     }
 }
@@ -959,17 +956,17 @@ pub fn fold_outcome(state: &mut PartitionState, stored: &leasehold_log::StoredOu
 
 /// The latest snapshot of `partition`, if it can be used: made by this decider version, for this partition, at an
 /// outcome the log holds (at or below `last`), and decodable. Anything else is ignored with a warning: a snapshot is
-/// a cache, and the log is the truth. A log that is unavailable now is an error (why): the caller tries again
-/// rather than fold every outcome because of a leader election.
+/// a cache, and the log is the truth. A log that is unavailable now is the one error: the caller tries again rather
+/// than fold every outcome because of a leader election.
 async fn usable_snapshot<L: Log>(
     log: &L,
     partition: u32,
     last: u64,
-) -> Result<Option<(PartitionState, u64, Option<CommandId>)>, String> {
+) -> Result<Option<(PartitionState, u64, Option<CommandId>)>, leasehold_log::Error> {
     let snapshot = match log.latest_snapshot(partition).await {
         Ok(Some(snapshot)) => snapshot,
         Ok(None) => return Ok(None),
-        Err(leasehold_log::Error::Unavailable(why)) => return Err(why),
+        Err(e @ leasehold_log::Error::Unavailable(_)) => return Err(e),
         Err(e) => {
             tracing::warn!(partition, error = %e, "cannot read the snapshot; folding from the first outcome");
             return Ok(None);
@@ -988,11 +985,11 @@ async fn usable_snapshot<L: Log>(
         // The outcome at the fence must be the one the snapshot was made after (a log recreated under a surviving
         // snapshot bucket has other outcomes there).
         let at_fence = log.read_outcomes(&OutcomeFilter::Partition(partition), snapshot.fence, 1).await;
-        let matches = match &at_fence {
+        let matches = match at_fence {
             Ok(found) => found.first().is_some_and(|o| {
                 o.seq == snapshot.fence && snapshot.last_command.as_ref().is_none_or(|id| *id == o.cmd_id)
             }),
-            Err(leasehold_log::Error::Unavailable(why)) => return Err(why.clone()),
+            Err(e @ leasehold_log::Error::Unavailable(_)) => return Err(e),
             Err(_) => false,
         };
         if !matches {

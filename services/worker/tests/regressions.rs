@@ -31,7 +31,7 @@ impl Intercept<Embedded> for FailCommandAt {
     }
 
     async fn command_at(&self, log: &Embedded, seq: u64) -> Result<Option<CommandRecord>, Error> {
-        if self.0.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+        if fails_now(&self.0) {
             return Err(Error::Unavailable("request timed out (a leader election)".to_owned()));
         }
         log.command_at(seq).await
@@ -53,17 +53,9 @@ fn register(agent: &AgentName) -> Register {
     Register { settings: Some(AgentSettings::default()), ..Register::new(agent.clone(), Uuid::from_u128(7)) }
 }
 
-/// A one-partition log holding agent `w0`'s registration and `allocations` allocations on it.
-async fn registered_and_allocated(allocations: usize) -> Embedded {
-    let inner = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
-    let mut producer = Producer::new(inner.clone());
-    let agent = AgentName::new("w0").unwrap();
-    producer.publish("w0", register(&agent)).await;
-    for _ in 0..allocations {
-        let resource = producer.resource();
-        producer.publish("ci", allocate(&agent, resource)).await;
-    }
-    inner
+/// Whether the call a countdown of failures stands for fails: while any are left, taking one.
+fn fails_now(left: &AtomicU32) -> bool {
+    left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
 }
 
 /// Waits (bounded: 20 s) until the log holds `n` first parts of outcomes.
@@ -200,7 +192,7 @@ impl Intercept<Embedded> for FailSnapshotReads {
     }
 
     async fn latest_snapshot(&self, log: &Embedded, partition: u32) -> Result<Option<leasehold_log::Snapshot>, Error> {
-        if self.0.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+        if fails_now(&self.0) {
             return Err(Error::Unavailable("simulated: no stream leader".to_owned()));
         }
         log.latest_snapshot(partition).await
@@ -212,7 +204,8 @@ impl Intercept<Embedded> for FailSnapshotReads {
 /// when the log had just come back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_read_that_meets_an_unavailable_log_is_tried_again_not_folded_around() {
-    let inner = registered_and_allocated(11).await;
+    let inner = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
+    backlog(&inner, 12).await;
     let writer = WriterConfig { snapshot_every: 5, snapshot_min: 5, ..WriterConfig::default() };
     let config = WorkerConfig { writer: writer.clone(), ..WorkerConfig::new("worker") };
     let shutdown = CancellationToken::new();
@@ -258,7 +251,8 @@ impl Intercept<Embedded> for HangSnapshotStores {
 /// not the stop (it used to wait for the store as long as the log took).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_stop_whose_snapshot_is_not_stored_still_ends_within_its_grace() {
-    let inner = registered_and_allocated(120).await;
+    let inner = Embedded::in_memory(1, Arc::new(|| Timestamp(START + 60_000))).unwrap();
+    backlog(&inner, 121).await;
     let log = Intercepted { log: inner.clone(), hooks: HangSnapshotStores::default() };
     // No snapshot while serving; one at the stop (121 parts since none).
     let writer = WriterConfig {
@@ -351,9 +345,7 @@ impl Intercept<Embedded> for BusyBatches {
         records: &[leasehold_log::OutcomeRecord],
     ) -> leasehold_log::Appended {
         self.sizes.lock().unwrap().push(records.len());
-        if records.len() > 1
-            && self.busy_left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
-        {
+        if records.len() > 1 && fails_now(&self.busy_left) {
             return leasehold_log::Appended::Busy("too many open batches (10210)".to_owned());
         }
         log.append(partition, fence, records).await
@@ -472,7 +464,7 @@ async fn all_outcomes<L: Log>(log: &L) -> Vec<StoredOutcome> {
 }
 
 /// A log on one partition holding `total` commands: an agent's registration, then allocations on it.
-async fn backlog(log: &JetStream, total: usize) {
+async fn backlog<L: Log>(log: &L, total: usize) {
     let mut producer = Producer::new(log.clone());
     let agent = AgentName::new("w0").unwrap();
     producer.publish("w0", register(&agent)).await;
@@ -643,7 +635,7 @@ impl Intercept<JetStream> for FailOutcomeReads {
         from: u64,
         max: usize,
     ) -> Result<Vec<StoredOutcome>, Error> {
-        if self.0.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+        if fails_now(&self.0) {
             return Err(Error::Unavailable("simulated: no stream leader".to_owned()));
         }
         log.read_outcomes(filter, from, max).await
